@@ -1,0 +1,1 @@
+"""The `launch` command: what users type."""
