@@ -1,0 +1,136 @@
+"""The runtime's configuration: one frozen object with nested parts.
+
+Every part checks itself in `__post_init__` and names the field and the value it rejects.
+argparse lives only in `launch/`; it builds these.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cadence.errors import CadenceError
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+ROLES = ("draft", "verifier", "sparse", "loader")
+
+
+class ConfigError(CadenceError, ValueError):
+    """A configuration value that cannot work."""
+
+
+def _require(ok: bool, name: str, value, what: str) -> None:
+    if not ok:
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
+
+
+def _positive(part: str, obj, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        _require(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, f"{part}.{n}", v, "> 0")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds. Each timeout error names the field to raise."""
+
+    hello_s: float = 60.0  # process start -> HELLO (interpreter start and imports)
+    init_s: float = 120.0  # INIT -> READY (the actor's heavy setup: loading weights)
+    ready_s: float = 180.0  # `wait_ready`: every actor spawned together is READY
+    request_s: float = 60.0  # `call` and the pipeline: a request -> its reply
+    heartbeat_s: float = 30.0  # silence after which a READY actor counts as hung (longer than any step)
+    shutdown_s: float = 1.0  # STOP -> exit, before the process tree is killed
+
+    def __post_init__(self):
+        _positive("timeouts", self, "hello_s", "init_s", "ready_s", "request_s", "heartbeat_s", "shutdown_s")
+
+    @property
+    def heartbeat_every_s(self) -> float:
+        """How often actors send a heartbeat: several per heartbeat_s, at least once a second."""
+        return min(self.heartbeat_s / 4, 1.0)
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    budget_bytes: int = 8 * GiB  # everything the run may hold: processes + arena
+    arena_bytes: int = 64 * MiB  # the shared arena: streaming slots + tensor exchange
+    stream_bytes: int = 32 * MiB  # the part of the arena the loader may fill: its memory bound
+    role_bytes: dict = field(default_factory=dict)  # planned bytes per role (weights, KV, activations)
+    sample_s: float = 1.0  # live USS/PSS sampling period; 0 turns it off
+
+    def __post_init__(self):
+        _positive("memory", self, "budget_bytes", "arena_bytes")
+        _require(type(self.stream_bytes) is int and 0 <= self.stream_bytes <= self.arena_bytes,
+                 "memory.stream_bytes", self.stream_bytes, f"an int in [0, memory.arena_bytes={self.arena_bytes}]")
+        _require(isinstance(self.role_bytes, dict), "memory.role_bytes", self.role_bytes, "a dict of role -> bytes")
+        for role, n in self.role_bytes.items():
+            _require(type(n) is int and n >= 0, f"memory.role_bytes[{role!r}]", n, "an int >= 0")
+        _require(isinstance(self.sample_s, (int, float)) and self.sample_s >= 0, "memory.sample_s", self.sample_s, ">= 0")
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """How a target layer's work splits between the verifier and the CPU sparse-attention worker."""
+
+    attn_sparse_share: float = 0.25  # share of attention done as the sparse (tree x tree) part
+    linear_cpu_share: float = 0.0  # column share of the linear layers given to the CPU worker
+
+    def __post_init__(self):
+        for n in ("attn_sparse_share", "linear_cpu_share"):
+            v = getattr(self, n)
+            _require(isinstance(v, (int, float)) and 0.0 <= v < 1.0, f"partition.{n}", v, "in [0, 1)")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """The draft -> load -> verify loop of one generation step."""
+
+    n_layers: int = 8  # target layers streamed per verification
+    layer_bytes: int = 1 * MiB  # one streaming slot
+    verify_width: int = 8  # a tree this large is verified even if the draft is confident
+    alpha: float = 0.5  # initial fallback threshold: verify once tree confidence Tc < alpha
+    alpha_step: float = 0.1  # relative alpha change after each verification
+    load_depth: int = 2  # loads in flight at once
+    max_tokens: int = 64  # stop after this many accepted tokens
+    draft_shares_unit: bool = True  # draft and verifier on one unit: never compute at once
+
+    def __post_init__(self):
+        _positive("pipeline", self, "n_layers", "layer_bytes", "verify_width", "load_depth", "max_tokens")
+        for n in ("n_layers", "layer_bytes", "verify_width", "load_depth", "max_tokens"):
+            _require(type(getattr(self, n)) is int, f"pipeline.{n}", getattr(self, n), "an int")
+        _require(0.0 < self.alpha < 1.0, "pipeline.alpha", self.alpha, "in (0, 1)")
+        _require(0.0 <= self.alpha_step < 1.0, "pipeline.alpha_step", self.alpha_step, "in [0, 1)")
+
+
+def default_trace_dir() -> Path:
+    return Path(__file__).resolve().parents[1] / "traces"
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    enabled: bool = True
+    dir: str | None = None  # default: traces/ at the repository root
+    max_events: int = 1_000_000  # beyond this, spans are counted and dropped
+
+    def __post_init__(self):
+        _positive("trace", self, "max_events")
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir) if self.dir else default_trace_dir()
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+
+    def __post_init__(self):
+        slot = -(-self.pipeline.layer_bytes // 4096) * 4096  # slots are 4 KiB aligned
+        if self.memory.stream_bytes < 2 * slot:
+            raise ConfigError(
+                f"memory.stream_bytes={self.memory.stream_bytes} holds fewer than two streaming slots of "
+                f"pipeline.layer_bytes={slot}; raise memory.stream_bytes or lower pipeline.layer_bytes")

@@ -1,0 +1,105 @@
+"""The memory ledger: what the run plans to hold, and what each process holds now.
+
+Plan: named lines (role weights, KV, the arena, ...) that must sum to at most the budget;
+`plan` refuses, naming the shortfall and the largest lines, when they cannot. Live: USS (pages
+only this process holds) and PSS (its fair share of shared pages, e.g. the arena) per actor,
+sampled with psutil; the monitor and the trace's memory counter read `last`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psutil
+
+from cadence.errors import CadenceError
+
+
+class BudgetError(CadenceError):
+    """A memory plan that does not fit the budget."""
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class Plan:
+    lines: tuple[tuple[str, int], ...]  # (what, bytes), in the order given
+    budget: int
+
+    @property
+    def total(self) -> int:
+        return sum(n for _, n in self.lines)
+
+    @property
+    def headroom(self) -> int:
+        return self.budget - self.total
+
+    def report(self) -> str:
+        rows = [f"  {what:<24} {fmt_bytes(n):>12}" for what, n in self.lines]
+        rows.append(f"  {'total':<24} {fmt_bytes(self.total):>12} of {fmt_bytes(self.budget)} budget")
+        return "\n".join(rows)
+
+
+@dataclass(frozen=True)
+class Usage:
+    role: str
+    pid: int
+    uss: int
+    pss: int
+    rss: int
+
+
+class MemoryLedger:
+    def __init__(self, budget_bytes: int):
+        if budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be > 0, got {budget_bytes}")
+        self.budget = budget_bytes
+        self.plan_: Plan | None = None
+        self.last: dict[str, Usage] = {}
+        self.peak_pss_total = 0
+
+    def plan(self, role_bytes: dict[str, int], arena_bytes: int, extra: dict[str, int] | None = None) -> Plan:
+        """Check that the per-role plan plus the arena fits the budget; raise BudgetError if not."""
+        lines = [(role, int(n)) for role, n in role_bytes.items()]
+        lines.append(("shared arena", int(arena_bytes)))
+        lines += [(what, int(n)) for what, n in (extra or {}).items()]
+        plan = Plan(tuple(lines), self.budget)
+        if plan.headroom < 0:
+            biggest = ", ".join(f"{w} {fmt_bytes(n)}" for w, n in sorted(lines, key=lambda x: -x[1])[:3])
+            raise BudgetError(
+                f"the memory plan needs {fmt_bytes(plan.total)} but memory.budget_bytes is {fmt_bytes(self.budget)} "
+                f"(short by {fmt_bytes(-plan.headroom)}; largest: {biggest}); raise memory.budget_bytes "
+                f"or shrink memory.arena_bytes / memory.role_bytes")
+        self.plan_ = plan
+        return plan
+
+    def sample(self, pids: dict[str, int]) -> dict[str, Usage]:
+        """USS/PSS/RSS of each role's process now (its children included). Vanished processes are skipped."""
+        out = {}
+        for role, pid in pids.items():
+            try:
+                procs = [psutil.Process(pid)]
+                procs += procs[0].children(recursive=True)
+                uss = pss = rss = 0
+                for p in procs:
+                    m = p.memory_full_info()
+                    uss, pss, rss = uss + m.uss, pss + getattr(m, "pss", m.uss), rss + m.rss
+                out[role] = Usage(role, pid, uss, pss, rss)
+            except psutil.Error:
+                continue
+        self.last = out
+        self.peak_pss_total = max(self.peak_pss_total, self.pss_total())
+        return out
+
+    def pss_total(self) -> int:
+        return sum(u.pss for u in self.last.values())
+
+    def report(self) -> str:
+        rows = [f"  {u.role:<12} pid {u.pid:<8} uss {fmt_bytes(u.uss):>11}  pss {fmt_bytes(u.pss):>11}"
+                for u in self.last.values()]
+        rows.append(f"  {'total pss':<12} {'':<12} {fmt_bytes(self.pss_total()):>11} of {fmt_bytes(self.budget)} budget")
+        return "\n".join(rows)

@@ -1,0 +1,422 @@
+"""The scheduler: owns the run (arena, sockets, actor processes, trace) and talks to its actors.
+
+    with Scheduler(config) as s:                      # plan memory, sweep, arena, ROUTER, watchdog
+        s.spawn("verifier", FakeVerifierActor, {...})  # HELLO -> INIT -> READY, each step timed
+        reply = s.call("verifier", "verify_layer", {...}, {"w": desc})
+        rid = s.send("loader", "load", ...); events = s.poll(0.1)   # replies, deaths, errors
+    # exit: STOP, join to timeouts.shutdown_s, kill the trees, unlink, write traces/<run-id>.json
+
+Deaths are seen two ways: a DEAD frame (the actor's own last word) and the process sentinel (a
+pidfd in the same zmq Poller), so a SIGKILLed actor is noticed at once. Either way the caller
+gets one `ActorDead(role, reason)`. A watchdog process unlinks everything if we die instead.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections import Counter, deque
+
+import zmq
+
+from actors import wire
+from actors.tracing import Tracer
+from cadence.errors import CadenceError
+from scheduler.config import RuntimeConfig
+from scheduler.errors import ActorDead, ActorError, RequestTimeout
+from scheduler.events import DeadEvent, ErrorEvent, ReplyEvent, Pending
+from scheduler.exchange import TensorExchange
+from scheduler.ledger import MemoryLedger
+from scheduler.procs import (DEAD, INITIALIZING, READY, STARTING, STOPPING, ActorProc, bind_router, close_sentinel,
+                             exit_reason, kill_tree, sigint_deferred, start_actor)
+from scheduler.trace import TraceSink
+from shm.arena import ALIGN, Arena, new_run_id, segment_name, sweep_dead_segments
+from shm.slots import SlotAllocator
+from shm.watchdog import Watchdog
+
+log = logging.getLogger("cadence.scheduler")
+_ROLE = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
+
+
+class Scheduler(TensorExchange):
+    def __init__(self, config: RuntimeConfig | None = None, run_id: str | None = None):
+        self.config = config or RuntimeConfig()
+        self.run_id = run_id or new_run_id()
+        self.pid = os.getpid()
+        self.t0_ns = time.monotonic_ns()
+        self.tracer = Tracer(self.config.trace.enabled)
+        self.trace = TraceSink(self.run_id, self.config.trace, self.t0_ns)
+        self.trace.name_process(self.pid, "scheduler")
+        self.ledger = MemoryLedger(self.config.memory.budget_bytes)
+        self.actors: dict[str, ActorProc] = {}
+        self.arenas: dict[str, Arena] = {}
+        self.events: deque = deque()
+        self.trace_path = None
+        self.bad_frames = 0  # malformed frames received (each was answered with an Error)
+        self._pending: dict[int, Pending] = {}
+        self._queued: Counter = Counter()  # role -> requests awaiting a reply (not abandoned)
+        self._sentinels: dict[int, str] = {}
+        self._next_req = 1
+        self._next_sample = 0.0
+        self._router = self._zctx = self._poller = self._watchdog = None
+        self.run_dir = None
+        self._started = self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> "Scheduler":
+        self.start()
+        return self
+
+    def __exit__(self, et, ev, tb) -> bool:
+        if et is KeyboardInterrupt:
+            log.warning("cadence: run %s interrupted (Ctrl-C); stopping %s", self.run_id, ", ".join(self.actors) or "nothing")
+        self.shutdown()
+        return False
+
+    def start(self) -> None:
+        mem = self.config.memory
+        self.plan = self.ledger.plan(mem.role_bytes, mem.arena_bytes)  # refuse before creating anything
+        sweep_dead_segments()
+        self._started = True
+        try:
+            self.run_dir = tempfile.mkdtemp(prefix=f"cadence-{self.run_id}-")
+            self._watchdog = Watchdog(self.run_id)
+            self._watchdog.guard_dir(self.run_dir)
+            self._watchdog.guard_segment(segment_name(self.run_id, "main"))
+            self.arena = Arena.create(self.run_id, "main", mem.arena_bytes)
+            self.arenas[self.arena.name] = self.arena
+            stream = mem.stream_bytes // ALIGN * ALIGN
+            self.stream_slots = SlotAllocator(stream, name="the loader slots", setting="memory.stream_bytes")
+            self.slots = SlotAllocator(self.arena.nbytes - stream, base=stream, name="the exchange part of the arena",
+                                       setting="memory.arena_bytes")
+            self._zctx = zmq.Context()
+            self.endpoint = f"ipc://{self.run_dir}/ctl"
+            self._router = bind_router(self._zctx, self.endpoint)
+            self._poller = zmq.Poller()
+            self._poller.register(self._router, zmq.POLLIN)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def spawn(self, role: str, actor, init: dict | None = None, wait: bool = True) -> ActorProc:
+        """Start an actor process. `actor` is an Actor subclass or 'module:Class'; `init` (msgpack-able)
+        reaches its `__init__`. With `wait`, returns once it is READY; else call `wait_ready` later
+        (spawning several first lets them start in parallel). Spawn from the thread that lives as long
+        as the run, normally the main one: the kernel's parent-death signal follows the spawning thread."""
+        if not self._started or self._closed:
+            raise CadenceError("spawn needs a started scheduler: use `with Scheduler(config) as s:`")
+        if not _ROLE.match(role):
+            raise CadenceError(f"role must be lowercase letters, digits or '_', got {role!r}")
+        if role in self.actors and self.actors[role].alive:
+            raise CadenceError(f"a {role} actor is already running (pid {self.actors[role].pid})")
+        path = actor if isinstance(actor, str) else f"{actor.__module__}:{actor.__qualname__}"
+        if path.startswith("__main__:"):
+            raise CadenceError(f"actor class {path} must live in an importable module, not in __main__")
+        init = dict(init or {})
+        try:
+            wire.encode(wire.Init(init, [], 0, 0.0, False))
+        except wire.WireError as e:
+            raise CadenceError(f"the init for the {role} actor cannot be sent: {e}") from None
+        t = self.config.timeouts
+        proc = start_actor(role, path, init, self.endpoint, init_wait_s=t.hello_s + t.init_s)
+        proc.deadline = time.monotonic() + t.hello_s
+        self.actors[role] = proc
+        self.trace.name_process(proc.pid, role)  # processes appear in spawn order
+        self._sentinels[proc.sentinel] = role
+        self._poller.register(proc.sentinel, zmq.POLLIN)
+        if wait:
+            self.wait_ready([role])
+        return proc
+
+    def wait_ready(self, roles: list[str] | None = None, timeout: float | None = None) -> None:
+        """Until every named actor (default: all) is READY; ActorDead if one dies or misses a step."""
+        roles = roles or list(self.actors)
+        limit = timeout if timeout is not None else self.config.timeouts.ready_s
+        deadline = time.monotonic() + limit
+        while True:
+            for r in roles:
+                if self.actors[r].state == DEAD:
+                    raise ActorDead(r, self.actors[r].reason)
+            waiting = [r for r in roles if self.actors[r].state != READY]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise CadenceError(f"the {', '.join(waiting)} actor(s) were not READY within {limit:g} s (raise timeouts.ready_s)")
+            self._pump(0.05)
+
+    def shutdown(self) -> None:
+        """Ask every actor to stop, wait up to timeouts.shutdown_s, kill what is left, clean up."""
+        if self._closed:
+            return
+        self._closed = True
+        with sigint_deferred():
+            try:
+                if self._poller is not None:
+                    self._stop_actors()
+            finally:
+                self._release()
+
+    def _stop_actors(self) -> None:
+        live = [p for p in self.actors.values() if p.popen.poll() is None]
+        for p in live:
+            if p.state != DEAD:
+                p.state = STOPPING
+            try:
+                self._send_frames(p.role, wire.encode(wire.Stop("shutdown")))
+            except (zmq.ZMQError, ActorDead):
+                pass
+        deadline = time.monotonic() + self.config.timeouts.shutdown_s
+        while any(p.popen.poll() is None for p in live) and time.monotonic() < deadline:
+            self._pump(0.02)  # collects the last trace batches as actors exit
+        for p in live:
+            if p.popen.poll() is None:
+                log.warning("cadence: the %s actor did not stop within %g s (timeouts.shutdown_s); killing it",
+                            p.role, self.config.timeouts.shutdown_s)
+                kill_tree(p.popen, timeout=0.5)
+        self._pump(0)
+        for p in self.actors.values():
+            if p.state != DEAD:
+                p.state, p.reason = DEAD, "was stopped"
+
+    def _release(self) -> None:
+        steps = [
+            lambda: self._router is not None and self._router.close(linger=0),
+            lambda: self._zctx is not None and self._zctx.term(),
+            *[lambda p=p: close_sentinel(p) for p in self.actors.values()],
+            *[lambda a=a: (a.close(), a.unlink()) for a in self.arenas.values()],
+            lambda: self.run_dir and shutil.rmtree(self.run_dir, ignore_errors=True),
+            lambda: self._watchdog is not None and self._watchdog.close(),
+            self._write_trace,
+        ]
+        for step in steps:
+            try:
+                step()
+            except Exception:
+                log.exception("cadence: cleanup step failed (the watchdog and the next run's sweep cover it)")
+
+    def _write_trace(self) -> None:
+        self.trace.add(self.pid, self.tracer.drain())
+        self.trace_path = self.trace.write()
+        if self.trace_path:
+            log.info("cadence: trace written to %s", self.trace_path)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def send(self, role: str, op: str, args: dict | None = None, tensors: dict | None = None, lease: bool = True) -> int:
+        """Queue a request; returns its id. With `lease`, every slot a descriptor points into is
+        leased to `role` until its reply (or death), so it cannot be reused while being read."""
+        proc = self._live(role)
+        req_id = self._next_req
+        self._next_req += 1
+        wire_tensors, leases = self._wire_tensors(role, tensors or {}, lease)
+        flow = req_id if self.tracer.enabled else None
+        try:
+            with self.tracer.span(f"send {op}", cat="scheduler", args={"to": role, "req": req_id}, flow_out=flow):
+                self._send_frames(proc.role, wire.encode(wire.Request(op, args or {}, wire_tensors, req_id, flow)))
+        except BaseException:
+            for alloc, slot in leases:
+                alloc.release(slot, role)
+            raise
+        self._pending[req_id] = Pending(role, op, leases)
+        self._count_queue(role, +1)
+        return req_id
+
+    def call(self, role: str, op: str, args: dict | None = None, tensors: dict | None = None,
+             timeout: float | None = None) -> wire.Reply:
+        """Send and wait for the reply. ActorError if the op failed, ActorDead, RequestTimeout."""
+        limit = timeout if timeout is not None else self.config.timeouts.request_s
+        with self.tracer.span(f"call {op}", cat="scheduler", args={"to": role}):
+            req_id = self.send(role, op, args, tensors)
+            deadline = time.monotonic() + limit
+            while True:
+                for ev in self.events:
+                    if isinstance(ev, ReplyEvent) and ev.reply.req_id == req_id:
+                        self.events.remove(ev)
+                        if not ev.reply.ok:
+                            raise ActorError(role, op, req_id, ev.reply.error)
+                        return ev.reply
+                proc = self.actors[role]
+                if proc.state == DEAD:
+                    raise ActorDead(role, proc.reason)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._abandon(req_id)
+                    raise RequestTimeout(role, op, req_id, limit)
+                self._pump(min(remaining, 0.1))
+
+    def poll(self, timeout: float = 0.0) -> list:
+        """Everything that happened: ReplyEvent, DeadEvent, ErrorEvent. Waits up to `timeout` for one."""
+        deadline = time.monotonic() + timeout
+        self._pump(0)
+        while not self.events:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._pump(min(remaining, 0.1))
+        out = list(self.events)
+        self.events.clear()
+        return out
+
+    def pending(self, role: str | None = None) -> int:
+        """Requests awaiting a reply, to `role` or to anyone."""
+        return self._queued[role] if role is not None else sum(self._queued.values())
+
+    def send_raw(self, role: str, frames: list[bytes]) -> None:
+        """Any frames at all to an actor (tests, tools): it must answer, not die."""
+        self._send_frames(self._live(role).role, frames)
+
+    # -- the event pump ------------------------------------------------------------------------
+
+    def _live(self, role: str) -> ActorProc:
+        proc = self.actors.get(role)
+        if proc is None:
+            raise CadenceError(f"there is no {role} actor; spawn it first")
+        if proc.state == DEAD:
+            raise ActorDead(role, proc.reason)
+        if proc.state != READY:
+            raise CadenceError(f"the {role} actor is not READY yet ({proc.state}); call wait_ready first")
+        return proc
+
+    def _send_frames(self, role: str, frames: list) -> None:
+        try:
+            self._router.send_multipart([role.encode(), *frames])
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            proc = self.actors[role]
+            deadline = time.monotonic() + 1.0
+            while proc.state != DEAD and time.monotonic() < deadline:
+                self._pump(0.05)  # its socket closed, so it is exiting: let the sentinel say how
+            if proc.state != DEAD:
+                self._give_up(proc, "closed its socket")
+            raise ActorDead(role, proc.reason) from None
+
+    def _pump(self, timeout_s: float) -> None:
+        ready = dict(self._poller.poll(max(timeout_s, 0) * 1000))
+        if self._router in ready:
+            # EVENTS rather than recv until zmq.Again: an exception per pump costs more than the message
+            while self._router.get(zmq.EVENTS) & zmq.POLLIN:
+                self._on_frames(self._router.recv_multipart(zmq.NOBLOCK))
+        for fd in ready:
+            if fd in self._sentinels:
+                self._on_exit(self.actors[self._sentinels[fd]])
+        self._check_deadlines()
+        self._maybe_sample()
+
+    def _on_frames(self, frames: list) -> None:
+        role = frames[0].decode(errors="replace")
+        proc = self.actors.get(role)
+        if proc is None:
+            log.warning("cadence: dropped a message from unknown peer %r", role)
+            return
+        proc.last_seen = time.monotonic()
+        try:
+            msg = wire.decode(frames[1:])
+        except wire.WireError as e:
+            self.bad_frames += 1
+            if self.bad_frames <= 10 or self.bad_frames % 1000 == 0:  # a flood must not flood the log
+                log.warning("cadence: bad frame #%d, from the %s actor: %s", self.bad_frames, role, e)
+            return self._answer(proc, wire.Error(None, str(e)))
+        kind = type(msg)
+        if kind is wire.Reply:
+            self._on_reply(role, msg)
+        elif kind is wire.TraceBatch:
+            self.trace.add(msg.pid, msg.events)
+        elif kind is wire.Heartbeat:
+            pass
+        elif kind is wire.Hello and proc.state == STARTING:
+            proc.state, proc.deadline = INITIALIZING, time.monotonic() + self.config.timeouts.init_s
+            init = wire.Init(proc.init, list(self.arenas), self.t0_ns, self.config.timeouts.heartbeat_every_s, self.tracer.enabled)
+            self._answer(proc, init)
+        elif kind is wire.Ready and proc.state == INITIALIZING:
+            proc.state, proc.actor, proc.ops = READY, msg.actor, msg.ops
+            self.trace.name_process(proc.pid, f"{role} ({msg.actor})")
+        elif kind is wire.Dead:
+            proc.said = msg.reason
+            if proc.state not in (STOPPING, DEAD):
+                self._mark_dead(proc, msg.reason)
+        elif kind is wire.Error:
+            pending = self._pending.get(msg.req_id) if msg.req_id is not None else None
+            if pending is not None and pending.role == role:
+                self._on_reply(role, wire.Reply(msg.req_id, False, {}, {}, msg.message))
+            else:
+                self.events.append(ErrorEvent(role, msg.message))
+        else:
+            self._answer(proc, wire.Error(None, f"unexpected {kind.__name__} from the {role} actor in state {proc.state}"))
+
+    def _answer(self, proc: ActorProc, msg: wire.Msg) -> None:
+        try:
+            self._send_frames(proc.role, wire.encode(msg))
+        except ActorDead:
+            pass
+
+    def _on_reply(self, role: str, reply: wire.Reply) -> None:
+        p = self._pending.get(reply.req_id)
+        if p is None or p.role != role:
+            log.debug("dropped a reply to unknown request %d from %s", reply.req_id, role)
+            return
+        del self._pending[reply.req_id]
+        for alloc, slot in p.leases:
+            alloc.release(slot, role)
+        if p.abandoned:
+            return
+        self.events.append(ReplyEvent(role, p.op, reply))
+        self._count_queue(role, -1)
+
+    def _abandon(self, req_id: int) -> None:
+        p = self._pending.get(req_id)
+        if p is not None:
+            # the actor may still read these slots: they stay leased until its late reply (or death)
+            p.abandoned = True
+            self._count_queue(p.role, -1)
+
+    def _on_exit(self, proc: ActorProc) -> None:
+        self._poller.unregister(proc.sentinel)
+        self._sentinels.pop(proc.sentinel, None)
+        close_sentinel(proc)
+        rc = proc.popen.wait()  # the pidfd said it exited: this only reaps
+        if proc.state == STOPPING:
+            proc.state, proc.reason = DEAD, "was stopped"
+        elif proc.state != DEAD:
+            self._mark_dead(proc, proc.said or exit_reason(rc))
+
+    def _give_up(self, proc: ActorProc, reason: str) -> None:
+        kill_tree(proc.popen, timeout=0.5)
+        self._mark_dead(proc, reason)
+
+    def _mark_dead(self, proc: ActorProc, reason: str) -> None:
+        proc.state, proc.reason = DEAD, reason
+        log.error("cadence: the %s actor %s", proc.role, reason)
+        for req_id in [r for r, p in self._pending.items() if p.role == proc.role]:
+            for alloc, slot in self._pending.pop(req_id).leases:
+                alloc.release(slot, proc.role)  # a dead reader reads nothing more
+        self._count_queue(proc.role, -self._queued[proc.role])
+        self.tracer.instant(f"{proc.role} died", cat="scheduler", args={"reason": reason})
+        self.events.append(DeadEvent(proc.role, reason))
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for proc in self.actors.values():
+            reason = proc.overdue(now, self.config.timeouts)
+            if reason:
+                self._give_up(proc, reason)
+
+    def _count_queue(self, role: str, delta: int) -> None:
+        self._queued[role] += delta
+        if self.tracer.enabled:
+            self.tracer.counter(f"queue {role}", {"pending": self._queued[role]})
+
+    def _maybe_sample(self) -> None:
+        every = self.config.memory.sample_s
+        now = time.monotonic()
+        if not every or now < self._next_sample:
+            return
+        self._next_sample = now + every
+        pids = {r: p.pid for r, p in self.actors.items() if p.state == READY}
+        pids["scheduler"] = self.pid
+        self.ledger.sample(pids)
+        self.tracer.counter("memory", {"pss_total": self.ledger.pss_total(), "budget": self.ledger.budget})

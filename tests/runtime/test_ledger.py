@@ -1,0 +1,78 @@
+"""The memory ledger (plan arithmetic, live USS/PSS) and the config's own checks."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cadence.errors import CadenceError
+from scheduler.config import GiB, MiB, MemoryConfig, PartitionConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
+from scheduler.ledger import BudgetError, MemoryLedger, fmt_bytes
+from scheduler.runtime import Scheduler
+from shm.arena import run_segments
+
+
+def test_plan_that_fits_reports_its_lines():
+    plan = MemoryLedger(4 * GiB).plan({"draft": 1 * GiB, "verifier": 2 * GiB}, 512 * MiB)
+    assert plan.total == 3 * GiB + 512 * MiB and plan.headroom == 512 * MiB
+    assert "shared arena" in plan.report() and "4.00 GiB budget" in plan.report()
+
+
+def test_plan_that_does_not_fit_names_the_shortfall_and_the_setting():
+    with pytest.raises(BudgetError) as e:
+        MemoryLedger(2 * GiB).plan({"draft": 1 * GiB, "verifier": 1536 * MiB}, 256 * MiB)
+    msg = str(e.value)
+    assert "needs 2.75 GiB but memory.budget_bytes is 2.00 GiB (short by 768.00 MiB" in msg
+    assert "largest: verifier 1.50 GiB" in msg and "raise memory.budget_bytes" in msg
+    assert isinstance(e.value, CadenceError) and "\n" not in msg
+
+
+def test_scheduler_refuses_a_plan_before_creating_anything():
+    cfg = RuntimeConfig(memory=MemoryConfig(budget_bytes=64 * MiB, arena_bytes=32 * MiB, stream_bytes=16 * MiB,
+                                            role_bytes={"verifier": 48 * MiB}))
+    s = Scheduler(cfg)
+    with pytest.raises(BudgetError, match="short by 16.00 MiB"):
+        with s:
+            pass
+    assert not run_segments(s.run_id)
+
+
+def test_live_accounting_sees_a_real_process():
+    child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(40 << 20); time.sleep(30)"])
+    try:
+        ledger = MemoryLedger(1 * GiB)
+        for _ in range(50):  # until the child has touched its 40 MiB
+            usage = ledger.sample({"draft": child.pid, "gone": 2**22 + 12345})
+            if usage["draft"].uss > 40 * MiB:
+                break
+            time.sleep(0.05)
+        assert set(usage) == {"draft"}  # a vanished pid is skipped, not an error
+        u = usage["draft"]
+        assert 40 * MiB < u.uss <= u.pss <= u.rss
+        assert ledger.pss_total() == u.pss and "draft" in ledger.report()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_fmt_bytes():
+    assert [fmt_bytes(n) for n in (12, 2048, 3 * MiB, 5 * GiB)] == ["12 B", "2.00 KiB", "3.00 MiB", "5.00 GiB"]
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: Timeouts(init_s=0), r"timeouts.init_s must be > 0, got 0"),
+    (lambda: Timeouts(heartbeat_s=-1.0), r"timeouts.heartbeat_s must be > 0, got -1.0"),
+    (lambda: MemoryConfig(stream_bytes=128 * MiB, arena_bytes=64 * MiB), r"memory.stream_bytes must be an int in \[0, memory.arena_bytes"),
+    (lambda: MemoryConfig(role_bytes={"draft": -1}), r"memory.role_bytes\['draft'\] must be an int >= 0, got -1"),
+    (lambda: PartitionConfig(attn_sparse_share=1.5), r"partition.attn_sparse_share must be in \[0, 1\), got 1.5"),
+    (lambda: PipelineConfig(n_layers=0), r"pipeline.n_layers must be > 0, got 0"),
+    (lambda: PipelineConfig(alpha=1.0), r"pipeline.alpha must be in \(0, 1\), got 1.0"),
+    (lambda: TraceConfig(max_events=0), r"trace.max_events must be > 0"),
+    (lambda: RuntimeConfig(memory=MemoryConfig(stream_bytes=1 * MiB), pipeline=PipelineConfig(layer_bytes=1 * MiB)),
+     r"memory.stream_bytes=1048576 holds fewer than two streaming slots of pipeline.layer_bytes=1048576"),
+])
+def test_config_rejects_bad_values_naming_field_and_value(make, match):
+    with pytest.raises(CadenceError, match=match):
+        make()

@@ -1,0 +1,123 @@
+"""Chrome traces: the sink writes Trace Event Format that validates; the validator catches what
+Perfetto / chrome://tracing would drop or misdraw; a real fake run produces a valid file."""
+from __future__ import annotations
+
+import json
+import time
+
+from actors.tracing import Tracer
+from scheduler.config import TraceConfig
+from scheduler.pipeline import run_pipeline
+from scheduler.runtime import Scheduler
+from scheduler.trace import TraceSink, validate_trace
+from tests.runtime.conftest import assert_clean
+from tests.runtime.fake_run import policy_for, small_config, spawn_fakes
+
+
+def _sink(tmp_path):
+    return TraceSink("1x00", TraceConfig(dir=str(tmp_path)), time.monotonic_ns())
+
+
+def test_sink_writes_valid_trace_with_names_nesting_counters_and_flows(tmp_path):
+    sink = _sink(tmp_path)
+    sched, actor = Tracer(), Tracer()
+    with sched.span("send verify", cat="scheduler", flow_out=7):
+        pass
+    with actor.span("verify_layer", cat="verifier", args={"req": 7}, flow_in=7):
+        with actor.span("compute", cat="verifier"):
+            time.sleep(0.001)
+    sched.counter("memory", {"used": 10, "budget": 100})
+    sink.name_process(1, "scheduler")
+    sink.name_process(2, "verifier (FakeVerifierActor)")
+    sink.add(1, sched.drain())
+    sink.add(2, actor.drain())
+    path = sink.write()
+    assert path == tmp_path / "1x00.json"
+    obj = json.loads(path.read_text())
+    assert validate_trace(obj) == []
+    evs = obj["traceEvents"]
+    names = {(e["pid"], e["args"]["name"]) for e in evs if e["name"] == "process_name"}
+    assert names == {(1, "scheduler"), (2, "verifier (FakeVerifierActor)")}
+    assert {e["name"] for e in evs if e["ph"] == "X"} == {"send verify", "verify_layer", "compute"}
+    s = next(e for e in evs if e["ph"] == "s")
+    f = next(e for e in evs if e["ph"] == "f")
+    assert s["id"] == f["id"] == 7 and f["bp"] == "e" and f["ts"] >= s["ts"]
+    c = next(e for e in evs if e["ph"] == "C")
+    assert c["args"] == {"used": 10, "budget": 100}
+    x = next(e for e in evs if e["name"] == "compute")
+    assert x["dur"] >= 1000  # microseconds: the 1 ms sleep
+
+
+def test_sink_drops_flows_that_never_ended_and_junk_from_actors(tmp_path):
+    sink = _sink(tmp_path)
+    tr = Tracer()
+    with tr.span("send load", flow_out=1):  # its actor died before handling it
+        pass
+    sink.name_process(1, "scheduler")
+    sink.add(1, tr.drain())
+    sink.add(2, [{"ph": "X", "name": "x", "ts": "soon"}, {"ph": "B", "name": "y"}, "junk",
+                 {"ph": "C", "name": "m", "ts": 1, "args": {"v": float("nan")}}])
+    obj = sink.to_json()
+    assert validate_trace(obj) == []
+    assert obj["otherData"]["unpaired_flow_events"] == 1 and obj["otherData"]["rejected_events"] == 4
+    assert not [e for e in obj["traceEvents"] if e["ph"] in "sf"]
+
+
+def test_sink_caps_events(tmp_path):
+    sink = TraceSink("1x01", TraceConfig(dir=str(tmp_path), max_events=5), 0)
+    sink.add(1, [{"ph": "X", "name": "x", "ts": i * 10, "dur": 1, "tid": 1} for i in range(8)])
+    assert sink.dropped == 3 and len(sink.to_json()["traceEvents"]) == 5
+
+
+def _ev(ph, name, ts, pid=1, tid=1, **kw):
+    return {"ph": ph, "name": name, "ts": ts, "pid": pid, "tid": tid, **kw}
+
+
+NAMES = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "p"}},
+         {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "t"}}]
+
+
+def test_validator_catches_what_viewers_would_drop():
+    assert validate_trace({"nope": 1}) == ["the trace is neither a list of events nor an object with a traceEvents list"]
+    crossing = NAMES + [_ev("X", "a", 0, dur=10), _ev("X", "b", 5, dur=10)]
+    assert any("'b' on pid 1 tid 1 starts inside 'a' but ends after it" in p for p in validate_trace(crossing))
+    nested = NAMES + [_ev("X", "a", 0, dur=10), _ev("X", "b", 2, dur=8), _ev("X", "c", 10, dur=1)]
+    assert validate_trace(nested) == []
+    unpaired = NAMES + [_ev("X", "a", 0, dur=10), _ev("s", "r", 1, id=3, cat="flow")]
+    assert any("flow flow/3 has 1 start(s) and 0 end(s)" in p for p in validate_trace(unpaired))
+    unbound = NAMES + [_ev("X", "a", 0, dur=10), _ev("s", "r", 1, id=3, cat="flow"), _ev("f", "r", 20, id=3, cat="flow", bp="e")]
+    assert any("is inside no slice" in p for p in validate_trace(unbound))
+    backwards = NAMES + [_ev("X", "a", 0, dur=10), _ev("s", "r", 8, id=3, cat="flow"), _ev("f", "r", 2, id=3, cat="flow", bp="e")]
+    assert any("ends before it starts" in p for p in validate_trace(backwards))
+    unnamed = [_ev("X", "a", 0, dur=1, pid=9)]
+    assert {"process 9 has events but no process_name", "thread 1 of process 9 has slices but no thread_name"} <= set(validate_trace(unnamed))
+    bad = NAMES + [_ev("X", "a", 0), _ev("C", "m", 0, args={"v": "x"}), _ev("Q", "q", 0), {"ph": "X", "name": "n", "ts": 0}]
+    problems = validate_trace(bad)
+    assert any("lacks a dur" in p for p in problems) and any("needs numeric args" in p for p in problems)
+    assert any("unknown phase 'Q'" in p for p in problems) and any("lacks a string name or an int pid" in p for p in problems)
+
+
+def test_fake_run_writes_one_valid_trace(tmp_path):
+    with Scheduler(small_config(tmp_path, max_tokens=16)) as s:
+        pids = spawn_fakes(s, seed=3)
+        run_pipeline(s, policy_for(s))
+    path = tmp_path / f"{s.run_id}.json"
+    assert s.trace_path == path and [p.name for p in tmp_path.iterdir()] == [path.name]
+    obj = json.loads(path.read_text())
+    assert validate_trace(obj) == []
+    evs = obj["traceEvents"]
+    procs = {e["args"]["name"] for e in evs if e["name"] == "process_name"}
+    assert procs == {"scheduler", "draft (FakeDraftActor)", "verifier (FakeVerifierActor)",
+                     "sparse (FakeSparseAttnActor)", "loader (FakeLoaderActor)"}
+    by_pid = {e["pid"] for e in evs if e["ph"] == "X"}
+    assert by_pid == set(pids.values()) | {s.pid}  # every process recorded spans
+    ops = {e["name"] for e in evs if e["ph"] == "X"}
+    assert {"draft_step", "load", "verify_layer", "sparse_attn", "compute", "send load"} <= ops
+    counters = {e["name"] for e in evs if e["ph"] == "C"}
+    assert {"memory", "loader slots", "queue loader", "queue verifier"} <= counters
+    slots = [e["args"] for e in evs if e["ph"] == "C" and e["name"] == "loader slots"]
+    assert all(c["used"] <= c["bound"] for c in slots) and max(c["used"] for c in slots) > 0
+    flows = [e for e in evs if e["ph"] in "sf"]
+    assert len(flows) > 50 and len(flows) % 2 == 0
+    assert obj["otherData"]["run_id"] == s.run_id and obj["otherData"]["unpaired_flow_events"] == 0
+    assert_clean(s.run_id, list(pids.values()))
