@@ -19,4 +19,5 @@ def stores_dir() -> Path:
 
 
 def kernels_dir() -> Path:
-    return home() / "kernels"
+    """Compiled CPU kernels; $CADENCE_KERNELS_DIR overrides (tests share one build across homes)."""
+    return Path(os.environ.get("CADENCE_KERNELS_DIR") or home() / "kernels")

@@ -1,0 +1,73 @@
+"""`launch run`: generate from a prompt or a prompt set, streaming text, optionally writing JSON rows."""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from cadence.errors import CadenceError
+from launch.prompts import Prompt, load_prompts
+from launch.results import write_rows
+from launch.runner import MODES, RunConfig, Runner, print_text
+from models import linear, registry
+from models.sampling import SamplingConfig
+
+
+def add_model_args(p):
+    p.add_argument("--target", default=registry.DEFAULT_TARGET, help="target model: a default name, a .gguf file or an HF directory")
+    p.add_argument("--draft", default=registry.DEFAULT_DRAFT, help="draft model for the speculative modes")
+    p.add_argument("--dtype", "--format", dest="fmt", default="bf16", help=f"weight format: {', '.join(linear.FORMATS)}")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chat", default="auto", choices=("auto", "on", "off"),
+                   help="apply the model's chat template (auto: for prompt kinds copy/open)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+
+
+def add_parser(sub):
+    p = sub.add_parser("run", help="generate text")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="one prompt (raw text)")
+    src.add_argument("--prompts", help="a JSONL prompt set: {\"id\", \"kind\", \"prompt\"} per line")
+    p.add_argument("--mode", default="target", choices=MODES)
+    add_model_args(p)
+    p.add_argument("--json", dest="json_out", help="write one JSON row per prompt to this file")
+    p.set_defaults(func=cmd_run)
+
+
+def setup_threads(args):
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise CadenceError("--device cuda was asked for but torch sees no CUDA device; use --device cpu")
+
+
+def run_config(args, mode: str) -> RunConfig:
+    return RunConfig(target=args.target, draft=args.draft, fmt=args.fmt, mode=mode, max_new_tokens=args.max_new_tokens,
+                     sampling=SamplingConfig(args.temperature, args.top_p, args.seed), chat=args.chat, device=args.device)
+
+
+def cmd_run(args) -> int:
+    setup_threads(args)
+    cfg = run_config(args, args.mode)
+    if args.prompts:
+        prompts = load_prompts(args.prompts)
+    else:
+        prompts = [Prompt("prompt", "complete", args.prompt if args.prompt is not None else "def quicksort(items):\n")]
+    linear.check_format(cfg.fmt)
+    runner = Runner(cfg)
+    rows = []
+    for p in prompts:
+        if len(prompts) > 1:
+            print(f"\n── {p.id} ({p.kind})", flush=True)
+        row = runner.run(p, on_text=print_text)
+        rows.append(row)
+        print(f"\n[{len(row['new_token_ids'])} tokens in {row['wall_s']:.2f} s, {row['tokens_per_s']:.2f} tok/s, "
+              f"mode {row['mode']}, {cfg.fmt}]", file=sys.stderr, flush=True)
+    if args.json_out:
+        write_rows(args.json_out, rows)
+        print(f"wrote {len(rows)} rows to {args.json_out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,39 @@
+"""The JSON rows `launch run --json` and `launch bench --json` write: a public contract.
+
+One row per (prompt, mode). Fields every row has (see README "JSON rows"):
+  id, kind, mode, target, draft, format, chat, prompt_token_ids, new_token_ids, text,
+  wall_s, prefill_s, tokens_per_s, peak_rss_bytes, stats
+"""
+from __future__ import annotations
+
+import json
+import resource
+from pathlib import Path
+
+ROW_FIELDS = ("id", "kind", "mode", "target", "draft", "format", "chat", "prompt_token_ids", "new_token_ids",
+              "text", "wall_s", "prefill_s", "tokens_per_s", "peak_rss_bytes", "stats")
+
+
+def peak_rss_bytes(extra_pids_peak: int = 0) -> int:
+    """Peak resident set of this process (and, if given, the peaks of its actors added)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 + extra_pids_peak
+
+
+def make_row(**fields) -> dict:
+    """A row from its fields; tokens_per_s is derived from new_token_ids and wall_s."""
+    missing = [f for f in ROW_FIELDS if f not in fields and f != "tokens_per_s"]
+    if missing:
+        raise ValueError(f"row is missing {missing}")
+    n, wall = len(fields["new_token_ids"]), fields["wall_s"]
+    fields["tokens_per_s"] = round(n / wall, 3) if wall > 0 else 0.0
+    fields["wall_s"] = round(wall, 4)
+    fields["prefill_s"] = round(fields["prefill_s"], 4)
+    return {k: fields[k] for k in ROW_FIELDS} | {k: v for k, v in fields.items() if k not in ROW_FIELDS}
+
+
+def write_rows(path: str | Path, rows: list[dict]):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n]\n")
+    tmp.replace(path)

@@ -1,0 +1,84 @@
+"""Which keys each new token sees, and attention over the KV cache.
+
+A block of T new tokens is written to cache slots [L, L+T). Row r sees the committed slots
+[0, n_shared) and then its own list of slots, in position order: for a causal block, the new
+slots up to itself; for a token tree, the slots of its ancestors and itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from models import kernels
+
+
+@dataclass(frozen=True)
+class Visibility:
+    n_shared: int
+    ptr: torch.Tensor  # int32 [T + 1]
+    idx: torch.Tensor  # int32 [nnz], absolute cache slots
+
+    @property
+    def rows(self) -> int:
+        return self.ptr.numel() - 1
+
+    @staticmethod
+    def causal(cache_len: int, T: int) -> "Visibility":
+        lens = torch.arange(1, T + 1, dtype=torch.int32)
+        ptr = torch.zeros(T + 1, dtype=torch.int32)
+        ptr[1:] = lens.cumsum(0)
+        idx = torch.cat([torch.arange(cache_len, cache_len + r + 1, dtype=torch.int32) for r in range(T)])
+        return Visibility(cache_len, ptr, idx)
+
+    @staticmethod
+    def tree(cache_len: int, parents: Sequence[int]) -> "Visibility":
+        """parents[r] is the index of row r's parent in the block (-1: child of the committed context)."""
+        rows: list[list[int]] = []
+        for r, p in enumerate(parents):
+            if p >= r:
+                raise ValueError(f"tree nodes must come after their parents (node {r}, parent {p})")
+            rows.append((rows[p] if p >= 0 else []) + [cache_len + r])
+        ptr = torch.tensor([0] + [len(x) for x in rows], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        idx = torch.tensor([s for x in rows for s in x], dtype=torch.int32)
+        return Visibility(cache_len, ptr, idx)
+
+    @staticmethod
+    def from_mask(mask: torch.Tensor) -> "Visibility":
+        """mask [T, S] bool over cache slots 0..S-1 (a query sees slot s where mask is True)."""
+        mask = mask.bool()
+        full = mask.all(dim=0)
+        n_shared = int(full.long().cumprod(0).sum().item())
+        rows = [torch.nonzero(m[n_shared:]).flatten() + n_shared for m in mask]
+        ptr = torch.tensor([0] + [len(x) for x in rows], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        idx = torch.cat(rows).to(torch.int32) if rows else torch.zeros(0, dtype=torch.int32)
+        return Visibility(n_shared, ptr, idx)
+
+    def dense_mask(self, n_slots: int) -> torch.Tensor:
+        mask = torch.zeros(self.rows, n_slots, dtype=torch.bool)
+        mask[:, : self.n_shared] = True
+        for r in range(self.rows):
+            mask[r, self.idx[self.ptr[r]:self.ptr[r + 1]].long()] = True
+        return mask
+
+    def depths(self) -> torch.Tensor:
+        """Number of keys each row sees minus one: its position if the context starts at 0."""
+        return (self.ptr[1:] - self.ptr[:-1]).long() + self.n_shared - 1
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility, scale: float) -> torch.Tensor:
+    """q [T, H, D] -> [T, H, D] over k/v cache [Hkv, cap, D]."""
+    if q.device.type == "cpu" and kernels.available():
+        return kernels.attention(q.contiguous(), k_cache, v_cache, vis.n_shared, vis.ptr, vis.idx, scale)
+    # Elsewhere (CUDA, no compiler): torch's SDPA over a dense mask. Not batch-invariant.
+    T, H, D = q.shape
+    n = int(vis.idx.max().item()) + 1 if vis.idx.numel() else vis.n_shared
+    n = max(n, vis.n_shared)
+    mask = vis.dense_mask(n).to(q.device)
+    rep = H // k_cache.shape[0]
+    k = k_cache[:, :n].repeat_interleave(rep, 0)
+    v = v_cache[:, :n].repeat_interleave(rep, 0)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale)
+    return out.transpose(0, 1)

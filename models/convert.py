@@ -1,0 +1,124 @@
+"""Convert a model source (GGUF / HF) into a weight store, once per source hash and format."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cadence import paths
+from cadence.errors import CadenceError
+from models import linear, registry
+from models.pull import is_pulled, model_path, pull
+from models.source import canonical_names, open_source, sha256_file
+from models.store import WeightStore, StoreWriter
+
+LINEAR = ("attn_qkv", "attn_out", "ffn_gate_up", "ffn_down", "head")
+
+
+def is_linear(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in LINEAR
+
+
+def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str = "", progress: Progress | None = None) -> Path:
+    """Write `source` as a weight store at `out_dir` (atomically: a `.partial` dir renamed at the end)."""
+    linear.check_format(fmt)
+    args = source.args
+    names = canonical_names(args)
+    if args.tied_embeddings and fmt not in linear.FLOAT_DTYPES:
+        names.append(("head", "head"))  # a quantized head of its own; the embedding stays float for lookup
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    writer = StoreWriter(tmp)
+    own = progress is None
+    progress = progress or Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    task = progress.add_task(f"convert {label or out_dir.name} -> {fmt}", total=len(names))
+    t0 = time.time()
+    try:
+        if own:
+            progress.start()
+        for group, name in names:
+            w = torch.from_numpy(source.get("embed" if name == "head" and args.tied_embeddings else name))
+            if is_linear(name):
+                arrays, meta = linear.encode(w, fmt, group_size=group_size)
+                writer.add(group, name, fmt, arrays, meta)
+            else:
+                dtype = linear.float_dtype(fmt) if name == "embed" else torch.float32
+                writer.add(group, name, "float", {"w": w.to(dtype)})
+            progress.advance(task)
+        writer.finish({"model": args.to_dict(), "format": fmt, "group_size": group_size,
+                       "source": {"kind": source.kind, "path": str(source.path), "sha256": source.identity()},
+                       "convert_seconds": round(time.time() - t0, 1)}, source.tokenizer)
+    except BaseException:
+        writer.abort()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if own:
+            progress.stop()
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def _hash_index() -> Path:
+    return paths.stores_dir() / "source-hashes.json"
+
+
+def source_identity(path: Path) -> str:
+    """sha256 of a model file, cached by (path, size, mtime) so a large file is hashed once."""
+    st = path.stat()
+    key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    idx_path = _hash_index()
+    try:
+        idx = json.loads(idx_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        idx = {}
+    if key not in idx:
+        idx[key] = sha256_file(path) if path.is_file() else open_source(path).identity()
+        idx_path.parent.mkdir(parents=True, exist_ok=True)
+        idx_path.write_text(json.dumps(idx))
+    return idx[key]
+
+
+def resolve(model: str) -> tuple[str, Path, str]:
+    """(label, source path, source sha256) for a registry name or a path; pulls registry models."""
+    if model in registry.MODELS:
+        spec = registry.spec(model)
+        if not is_pulled(spec):
+            pull(spec)
+        return spec.name, model_path(spec), spec.sha256
+    path = Path(model).expanduser()
+    if not path.exists():
+        registry.spec(model)  # raises the "unknown model" sentence for names that are not paths
+    return path.stem if path.is_file() else path.name, path, source_identity(path)
+
+
+def store_dir(label: str, sha: str, fmt: str) -> Path:
+    return paths.stores_dir() / f"{label}-{fmt}-{sha[:12]}"
+
+
+def ensure_store(model: str, fmt: str, group_size: int = 32) -> WeightStore:
+    """The weight store of `model` in `fmt`, converting it on first use."""
+    linear.check_format(fmt)
+    label, path, sha = resolve(model)
+    out = store_dir(label, sha, fmt if fmt != "int4" else f"int4g{group_size}")
+    if not (out / "manifest.json").is_file():
+        convert(open_source(path, sha), out, fmt, group_size=group_size, label=label)
+    return WeightStore(out)
+
+
+def known_stores() -> list[WeightStore]:
+    root = paths.stores_dir()
+    stores = []
+    for d in sorted(root.glob("*")) if root.exists() else []:
+        if (d / "manifest.json").is_file():
+            try:
+                stores.append(WeightStore(d))
+            except CadenceError:
+                pass
+    return stores

@@ -1,0 +1,176 @@
+/* Canonical attention over a KV cache with per-row visible keys (causal blocks, token trees).
+ *
+ * A row's output depends only on its own ordered key sequence: the keys are cut into chunks of
+ * CH consecutive keys by their index in that sequence, each chunk is reduced in one fixed order
+ * to (max m, sum l, unnormalised output o), and chunks merge left to right. A token scored
+ * inside a tree therefore gets bit-for-bit the output it gets when decoded alone, whatever the
+ * batch, the tree shape or the thread: the ground on which speculative decoding is lossless.
+ *
+ * Layouts: q, out [T, H, D]; k, v cache [Hkv, cap, D]; lse [T, H] (optional).
+ * Row r sees cache slots [0, n_shared) and then slots idx[ptr[r] .. ptr[r+1]), in that order.
+ */
+#include "vec.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+static constexpr int CH = 32;
+
+/* dot(q, k) over D in one fixed order: two accumulators over 16-wide steps, then hsum. */
+static inline float dot(const float *a, const float *b, int D) {
+    v8f acc0 = v8_splat(0.0f), acc1 = v8_splat(0.0f);
+    int i = 0;
+    for (; i + 16 <= D; i += 16) {
+        acc0 += v8_load(a + i) * v8_load(b + i);
+        acc1 += v8_load(a + i + 8) * v8_load(b + i + 8);
+    }
+    for (; i + 8 <= D; i += 8) acc0 += v8_load(a + i) * v8_load(b + i);
+    float s = v8_hsum(acc0 + acc1);
+    for (; i < D; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* Four dots at once, each in exactly dot()'s order (same bits), for more independent work. */
+static inline void dot4(const float *a, const float *const *b, int D, float *out) {
+    if (D % 16 != 0) {
+        for (int t = 0; t < 4; t++) out[t] = dot(a, b[t], D);
+        return;
+    }
+    v8f x0 = v8_splat(0.0f), x1 = x0, y0 = x0, y1 = x0, z0 = x0, z1 = x0, w0 = x0, w1 = x0;
+    for (int i = 0; i < D; i += 16) {
+        v8f a0 = v8_load(a + i), a1 = v8_load(a + i + 8);
+        x0 += a0 * v8_load(b[0] + i); x1 += a1 * v8_load(b[0] + i + 8);
+        y0 += a0 * v8_load(b[1] + i); y1 += a1 * v8_load(b[1] + i + 8);
+        z0 += a0 * v8_load(b[2] + i); z1 += a1 * v8_load(b[2] + i + 8);
+        w0 += a0 * v8_load(b[3] + i); w1 += a1 * v8_load(b[3] + i + 8);
+    }
+    out[0] = v8_hsum(x0 + x1);
+    out[1] = v8_hsum(y0 + y1);
+    out[2] = v8_hsum(z0 + z1);
+    out[3] = v8_hsum(w0 + w1);
+}
+
+struct ChunkState {
+    float m, l;
+};
+
+/* One chunk of n <= CH keys: m = max score, l = sum exp(s - m), oc = sum exp(s - m) v.
+ * Sums run over keys in order; lanes run over the head dimension. */
+static ChunkState chunk(const float *q, const float *const *kp, const float *const *vp, int n, int D, float scale,
+                        float *oc) {
+    alignas(32) float s[CH];
+    int j = 0;
+    for (; j + 4 <= n; j += 4) dot4(q, kp + j, D, s + j);
+    for (; j < n; j++) s[j] = dot(q, kp[j], D);
+    float m = -INFINITY;
+    for (j = 0; j < n; j++) {
+        s[j] *= scale;
+        m = std::max(m, s[j]);
+    }
+    for (j = n; j < CH; j++) s[j] = m - 1000.0f; /* exp underflows to exactly 0 */
+    for (j = 0; j < CH; j += 8) v8_store(s + j, v8_exp(v8_load(s + j) - m));
+    float l = 0.0f;
+    for (j = 0; j < n; j++) l += s[j];
+    int d = 0;
+    for (; d + 32 <= D; d += 32) { /* four independent chains hide the FMA latency */
+        v8f a0 = v8_splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+        for (j = 0; j < n; j++) {
+            const v8f p = v8_splat(s[j]);
+            const float *v = vp[j] + d;
+            a0 += p * v8_load(v);
+            a1 += p * v8_load(v + 8);
+            a2 += p * v8_load(v + 16);
+            a3 += p * v8_load(v + 24);
+        }
+        v8_store(oc + d, a0);
+        v8_store(oc + d + 8, a1);
+        v8_store(oc + d + 16, a2);
+        v8_store(oc + d + 24, a3);
+    }
+    for (; d + 8 <= D; d += 8) {
+        v8f acc = v8_splat(0.0f);
+        for (j = 0; j < n; j++) acc += s[j] * v8_load(vp[j] + d);
+        v8_store(oc + d, acc);
+    }
+    for (; d < D; d++) {
+        float acc = 0.0f;
+        for (j = 0; j < n; j++) acc += s[j] * vp[j][d];
+        oc[d] = acc;
+    }
+    return {m, l};
+}
+
+/* Fold a chunk's state into the running state (m, l, o). */
+static void merge(float *m, float *l, float *o, ChunkState c, const float *oc, int D, bool first) {
+    if (first) {
+        *m = c.m;
+        *l = c.l;
+        std::copy(oc, oc + D, o);
+        return;
+    }
+    float mn = std::max(*m, c.m);
+    float a = scalar_exp(*m - mn), b = scalar_exp(c.m - mn);
+    *l = *l * a + c.l * b;
+    int d = 0;
+    v8f va = v8_splat(a), vb = v8_splat(b);
+    for (; d + 8 <= D; d += 8) v8_store(o + d, v8_load(o + d) * va + v8_load(oc + d) * vb);
+    for (; d < D; d++) o[d] = o[d] * a + oc[d] * b;
+    *m = mn;
+}
+
+static constexpr int RB = 4; /* rows per work item */
+
+extern "C" void cad_attention(const float *q, const float *kc, const float *vc, float *out, float *lse, int T, int H,
+                              int Hkv, int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx,
+                              float scale, int nthreads) {
+    const int G = H / Hkv;
+    const int nblocks = (T + RB - 1) / RB;
+    const int nfull = n_shared / CH;
+#pragma omp parallel for schedule(dynamic) num_threads(nthreads)
+    for (int item = 0; item < Hkv * nblocks; item++) {
+        const int kh = item % Hkv, r0 = (item / Hkv) * RB, r1 = std::min(T, r0 + RB);
+        const float *K = kc + (size_t)kh * cap * D, *V = vc + (size_t)kh * cap * D;
+        std::vector<float> m(RB * G), l(RB * G), o((size_t)RB * G * D), oc(D);
+        const float *kp[CH], *vp[CH];
+        /* Chunks made only of shared keys: loaded once, used by every row and head of the item. */
+        for (int c = 0; c < nfull; c++) {
+            for (int j = 0; j < CH; j++) {
+                kp[j] = K + (size_t)(c * CH + j) * D;
+                vp[j] = V + (size_t)(c * CH + j) * D;
+            }
+            for (int r = r0; r < r1; r++)
+                for (int g = 0; g < G; g++) {
+                    const int s = (r - r0) * G + g;
+                    ChunkState cs = chunk(q + ((size_t)r * H + kh * G + g) * D, kp, vp, CH, D, scale, oc.data());
+                    merge(&m[s], &l[s], &o[(size_t)s * D], cs, oc.data(), D, c == 0);
+                }
+        }
+        /* The rest of each row: the shared tail after the last full chunk, then its own keys. */
+        std::vector<int32_t> slots;
+        for (int r = r0; r < r1; r++) {
+            slots.clear();
+            for (int t = nfull * CH; t < n_shared; t++) slots.push_back(t);
+            for (int t = ptr[r]; t < ptr[r + 1]; t++) slots.push_back(idx[t]);
+            for (size_t c0 = 0; c0 < slots.size(); c0 += CH) {
+                const int n = (int)std::min<size_t>(CH, slots.size() - c0);
+                for (int j = 0; j < n; j++) {
+                    kp[j] = K + (size_t)slots[c0 + j] * D;
+                    vp[j] = V + (size_t)slots[c0 + j] * D;
+                }
+                for (int g = 0; g < G; g++) {
+                    const int s = (r - r0) * G + g;
+                    ChunkState cs = chunk(q + ((size_t)r * H + kh * G + g) * D, kp, vp, n, D, scale, oc.data());
+                    merge(&m[s], &l[s], &o[(size_t)s * D], cs, oc.data(), D, nfull == 0 && c0 == 0);
+                }
+            }
+            for (int g = 0; g < G; g++) {
+                const int s = (r - r0) * G + g, h = kh * G + g;
+                float *dst = out + ((size_t)r * H + h) * D;
+                const float inv = 1.0f / l[s];
+                for (int d = 0; d < D; d++) dst[d] = o[(size_t)s * D + d] * inv;
+                if (lse) lse[(size_t)r * H + h] = m[s] + std::log(l[s]);
+            }
+        }
+    }
+}

@@ -1,0 +1,54 @@
+/* Eight-lane float vectors (GCC vector extensions: AVX2 on x86-64-v3, two halves of a zmm on
+ * AVX-512, NEON pairs on Arm) and the few operations the kernels share. Every reduction here
+ * has one fixed order, so a result depends only on its inputs, never on batch size or thread. */
+#pragma once
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v8fu __attribute__((vector_size(32), aligned(4), may_alias));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline v8f v8_load(const float *p) { return *(const v8fu *)p; }
+static inline void v8_store(float *p, v8f v) { *(v8fu *)p = v; }
+static inline v8f v8_splat(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
+
+/* Pairwise horizontal sum in a fixed order. */
+static inline float v8_hsum(v8f v) {
+    float a = (v[0] + v[4]) + (v[2] + v[6]);
+    float b = (v[1] + v[5]) + (v[3] + v[7]);
+    return a + b;
+}
+
+static inline v8f v8_max(v8f a, v8f b) { return a > b ? a : b; }
+
+/* exp(x) for eight lanes: Cephes' single-precision polynomial, about 1 ulp. */
+static inline v8f v8_exp(v8f x) {
+    const v8f hi = v8_splat(88.3762626647949f), lo = v8_splat(-87.3365447504f);
+    x = x > hi ? hi : x;
+    v8i under = x < lo;
+    x = x < lo ? lo : x;
+    v8f fx = x * 1.44269504088896341f + 0.5f;
+    v8i n = __builtin_convertvector(fx, v8i);
+    v8f fn = __builtin_convertvector(n, v8f);
+    fn = fn > fx ? fn - 1.0f : fn; /* floor */
+    n = __builtin_convertvector(fn, v8i);
+    x = x - fn * 0.693359375f;
+    x = x - fn * -2.12194440e-4f;
+    v8f z = x * x;
+    v8f y = v8_splat(1.9875691500E-4f);
+    y = y * x + 1.3981999507E-3f;
+    y = y * x + 8.3334519073E-3f;
+    y = y * x + 4.1665795894E-2f;
+    y = y * x + 1.6666665459E-1f;
+    y = y * x + 5.0000001201E-1f;
+    y = y * z + x + 1.0f;
+    v8i bits = (n + 127) << 23;
+    v8f pow2;
+    memcpy(&pow2, &bits, sizeof pow2);
+    y = y * pow2;
+    return under ? v8_splat(0.0f) : y;
+}
+
+static inline float scalar_exp(float x) { return v8_exp(v8_splat(x))[0]; }

@@ -1,0 +1,124 @@
+"""cadence's own CPU kernels (models/csrc), compiled once per machine and loaded with ctypes.
+
+They exist for one property torch's CPU kernels do not promise: a row's result depends only
+on that row, never on how many rows are computed with it. With it, a token verified inside a
+tree gets exactly the logits it gets when decoded alone. The library is built with the
+machine's compiler (`-march=native`) into $CADENCE_HOME/kernels, keyed by source, flags and
+CPU, and links OpenMP from the runtime torch already loaded, so both share one thread pool.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from cadence import paths
+from cadence.errors import CadenceError
+
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = ("attention.cpp", "linear.cpp")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu++17", "-fno-math-errno"]
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+_SIGNATURES = {
+    "cad_attention": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, ctypes.c_float, _I],
+    "cad_linear": [_P, _P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _I],
+}
+# weight formats of cad_linear
+F32, BF16, F16, Q8, Q4 = range(5)
+
+
+def _cpu_key() -> str:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        flags = next((ln for ln in info.splitlines() if ln.startswith(("flags", "Features"))), "")
+        model = next((ln for ln in info.splitlines() if ln.startswith("model name")), "")
+    except OSError:
+        flags = model = ""
+    return f"{platform.machine()} {model} {flags}"
+
+
+def _build() -> Path:
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        raise CadenceError("no C++ compiler found to build cadence's CPU kernels: install g++ (Debian: apt-get install g++)")
+    h = hashlib.sha256()
+    for name in sorted(p.name for p in CSRC.iterdir()):
+        h.update(name.encode() + (CSRC / name).read_bytes())
+    h.update(" ".join(FLAGS).encode() + _cpu_key().encode() + cxx.encode())
+    out = paths.kernels_dir() / f"libcadence-{h.hexdigest()[:16]}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        tmp_out = Path(tmp) / out.name
+        cmd = [cxx, *FLAGS, *(str(CSRC / s) for s in SOURCES), "-o", str(tmp_out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:300])
+            raise CadenceError(f"building cadence's CPU kernels failed ({first}); check that g++ supports C++17")
+        os.replace(tmp_out, out)
+    return out
+
+
+@lru_cache(maxsize=1)
+def lib() -> ctypes.CDLL:
+    # torch is imported above, so its libgomp is already loaded and ours resolves to it.
+    so = ctypes.CDLL(str(_build()))
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(so, name)
+        fn.argtypes = argtypes
+        fn.restype = None
+    return so
+
+
+def available() -> bool:
+    try:
+        lib()
+        return True
+    except CadenceError:
+        return False
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_shared: int,
+              ptr: torch.Tensor, idx: torch.Tensor, scale: float, want_lse: bool = False):
+    """Attention of T query rows over a cache.
+
+    q [T, H, D] fp32; k_cache, v_cache [Hkv, cap, D] fp32; row r sees slots [0, n_shared) then
+    idx[ptr[r]:ptr[r+1]] (int32, in position order). Returns out [T, H, D] (and lse [T, H]).
+    """
+    T, H, D = q.shape
+    Hkv, cap, _ = k_cache.shape
+    assert q.dtype == torch.float32 and q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert ptr.dtype == torch.int32 and idx.dtype == torch.int32 and ptr.numel() == T + 1
+    out = torch.empty_like(q)
+    lse = torch.empty(T, H, dtype=torch.float32) if want_lse else None
+    lib().cad_attention(_ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(out), _ptr(lse), T, H, Hkv, D, cap, n_shared,
+                        _ptr(ptr), _ptr(idx), scale, torch.get_num_threads())
+    return (out, lse) if want_lse else out
+
+
+def linear(x: torch.Tensor, fmt: int, n: int, k: int, w: torch.Tensor, scale: torch.Tensor | None = None,
+           s16: torch.Tensor | None = None, m16: torch.Tensor | None = None, group: int = 0) -> torch.Tensor:
+    """y [M, n] = x [M, k] W^T, fp32 in and out; W in one of the formats above (see csrc/linear.cpp)."""
+    assert x.dtype == torch.float32 and x.shape[-1] == k and k % 16 == 0
+    x = x.contiguous()
+    y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+    m = x.numel() // k
+    if m:
+        lib().cad_linear(_ptr(x), _ptr(y), m, fmt, n, k, group, _ptr(w), _ptr(scale), _ptr(s16), _ptr(m16),
+                         torch.get_num_threads())
+    return y

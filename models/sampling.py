@@ -1,0 +1,61 @@
+"""Token choice: greedy, or temperature with nucleus (top-p) filtering from a seeded generator."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cadence.errors import CadenceError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise CadenceError(f"temperature={self.temperature} must be >= 0 (0 means greedy)")
+        if not 0 < self.top_p <= 1:
+            raise CadenceError(f"top_p={self.top_p} must be in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """The distribution tokens are drawn from: softmax(logits / T), restricted to the top-p nucleus.
+
+    logits [..., V] -> probabilities [..., V] (fp32). Greedy is the one-hot of the argmax.
+    """
+    if cfg.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    p = torch.softmax(logits.float() / cfg.temperature, dim=-1)
+    if cfg.top_p < 1.0:
+        sp, order = p.sort(dim=-1, descending=True)
+        keep = (sp.cumsum(-1) - sp) < cfg.top_p  # the smallest prefix whose mass reaches top_p
+        sp = sp * keep
+        p = torch.zeros_like(p).scatter(-1, order, sp)
+        p = p / p.sum(-1, keepdim=True)
+    return p
+
+
+class Sampler:
+    def __init__(self, cfg: SamplingConfig):
+        self.cfg = cfg
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+
+    def draw(self, p: torch.Tensor) -> int:
+        """One token from distribution p [V]."""
+        return int(torch.multinomial(p, 1, generator=self.gen).item())
+
+    def uniform(self) -> float:
+        return float(torch.rand((), generator=self.gen).item())
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        """Next token from logits [V]."""
+        if self.cfg.greedy:
+            return int(logits.argmax().item())
+        return self.draw(probs(logits, self.cfg))

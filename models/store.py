@@ -1,0 +1,145 @@
+"""The weight store: `manifest.json` + `weights.bin` + `tokenizer.json` in one directory.
+
+`weights.bin` holds every array at a 4 KiB-aligned offset, grouped in the order a
+layer-by-layer reader needs them: `embed`, `layer.0` ... `layer.N-1`, `head`. Each group is
+one contiguous byte range, so the loader reads a layer with one large (direct) read and the
+engine maps arrays out of that buffer with no copy.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cadence.errors import CadenceError
+from models.config import ModelArgs
+from models.tokenizer import TokenizerInfo, loads_info
+
+ALIGN = 4096
+FORMAT_VERSION = 1
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8,
+          "uint8": torch.uint8, "int32": torch.int32}
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+class StoreWriter:
+    """Appends arrays group by group; `finish` writes the manifest last, so a store without one is incomplete."""
+
+    def __init__(self, directory: Path):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=False)
+        self.f = open(self.dir / "weights.bin", "wb")
+        self.pos = 0
+        self.tensors: dict[str, dict] = {}
+        self.groups: list[dict] = []
+
+    def add(self, group: str, name: str, fmt: str, arrays: dict[str, torch.Tensor], meta: dict | None = None):
+        if not self.groups or self.groups[-1]["name"] != group:
+            if any(g["name"] == group for g in self.groups):
+                raise ValueError(f"group {group} written twice")
+            self.groups.append({"name": group, "offset": _align(self.pos), "nbytes": 0, "tensors": []})
+        entry = {"format": fmt, "arrays": {}, **(meta or {})}
+        for key, t in arrays.items():
+            t = t.detach().contiguous().cpu()
+            off = _align(self.pos)
+            self.f.write(b"\0" * (off - self.pos))
+            raw = t.view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
+            self.f.write(memoryview(raw).cast("B"))
+            self.pos = off + raw.nbytes
+            entry["arrays"][key] = {"offset": off, "nbytes": raw.nbytes, "dtype": _dtype_name(t), "shape": list(t.shape)}
+        self.tensors[name] = entry
+        g = self.groups[-1]
+        g["tensors"].append(name)
+        g["nbytes"] = _align(self.pos) - g["offset"]
+
+    def finish(self, manifest: dict, tokenizer: TokenizerInfo):
+        self.f.write(b"\0" * (_align(self.pos) - self.pos))
+        self.f.close()
+        (self.dir / "tokenizer.json").write_text(tokenizer.tokenizer_json)
+        manifest = {"format_version": FORMAT_VERSION, **manifest, "align": ALIGN, "file": "weights.bin",
+                    "file_bytes": _align(self.pos), "groups": self.groups, "tensors": self.tensors,
+                    "tokenizer": tokenizer.to_dict()}
+        tmp = self.dir / "manifest.json.tmp"
+        tmp.write_text(json.dumps(manifest, indent=1))
+        os.replace(tmp, self.dir / "manifest.json")
+
+    def abort(self):
+        if not self.f.closed:
+            self.f.close()
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    offset: int
+    nbytes: int
+    tensors: tuple[str, ...]
+
+
+class WeightStore:
+    def __init__(self, directory: Path):
+        self.dir = Path(directory)
+        mpath = self.dir / "manifest.json"
+        if not mpath.is_file():
+            raise CadenceError(f"{self.dir} is not a complete weight store (no manifest.json); delete it and convert again")
+        try:
+            self.manifest = json.loads(mpath.read_text())
+        except json.JSONDecodeError as e:
+            raise CadenceError(f"{mpath} is damaged ({e}); delete {self.dir} and convert again") from None
+        if self.manifest.get("format_version") != FORMAT_VERSION:
+            raise CadenceError(f"{self.dir} was written by another cadence version; delete it and convert again")
+        self.args = ModelArgs.from_dict(self.manifest["model"])
+        self.format: str = self.manifest["format"]
+        self.path = self.dir / self.manifest["file"]
+        size = self.path.stat().st_size if self.path.exists() else -1
+        if size != self.manifest["file_bytes"]:
+            raise CadenceError(f"{self.path} has {size} bytes, the manifest says {self.manifest['file_bytes']}; delete {self.dir} and convert again")
+        self.groups = {g["name"]: Group(g["name"], g["offset"], g["nbytes"], tuple(g["tensors"])) for g in self.manifest["groups"]}
+        self.tensors: dict[str, dict] = self.manifest["tensors"]
+
+    @property
+    def tokenizer_info(self) -> TokenizerInfo:
+        return loads_info((self.dir / "tokenizer.json").read_text(), self.manifest["tokenizer"])
+
+    def group_names(self) -> list[str]:
+        return list(self.groups)
+
+    def views(self, group: str, buf: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
+        """Arrays of a group as zero-copy views into `buf`, which holds that group's bytes."""
+        g = self.groups[group]
+        out = {}
+        for name in g.tensors:
+            arrays = {}
+            for key, a in self.tensors[name]["arrays"].items():
+                lo = a["offset"] - g.offset
+                raw = buf[lo:lo + a["nbytes"]]
+                arrays[key] = raw.view(DTYPES[a["dtype"]]).view(a["shape"])
+            out[name] = arrays
+        return out
+
+    def read_all(self) -> torch.Tensor:
+        """The whole weights file in one uint8 tensor (for resident weights)."""
+        buf = torch.empty(self.manifest["file_bytes"], dtype=torch.uint8)
+        with open(self.path, "rb", buffering=0) as f:
+            mv = memoryview(buf.numpy())
+            got = 0
+            while got < len(mv):
+                n = f.readinto(mv[got:])
+                if not n:
+                    raise CadenceError(f"{self.path} ended early; delete {self.dir} and convert again")
+                got += n
+        return buf
+
+    def group_bytes(self) -> dict[str, int]:
+        return {name: g.nbytes for name, g in self.groups.items()}

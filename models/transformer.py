@@ -1,0 +1,135 @@
+"""Our transformer for the Llama / Qwen2 family: RMSNorm, rotary embeddings, GQA, SwiGLU.
+
+`forward` scores a block of new tokens with explicit positions and an explicit visibility
+(causal, a token tree, or any mask), writes their keys and values to the cache as pending
+entries, and the caller keeps the ones it wants (`KVCache.commit`). Weights come layer by
+layer from a provider, so they can be resident or streamed.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from cadence.errors import CadenceError
+from models.attention import Visibility, attend
+from models.config import ModelArgs
+
+
+class KVCache:
+    """Keys and values [n_layers, Hkv, capacity, D]; slots [0, length) are committed."""
+
+    def __init__(self, args: ModelArgs, capacity: int, device: str | torch.device = "cpu"):
+        shape = (args.n_layers, args.n_kv_heads, capacity, args.head_dim)
+        self.k = torch.zeros(shape, dtype=torch.float32, device=device)
+        self.v = torch.zeros(shape, dtype=torch.float32, device=device)
+        self.capacity = capacity
+        self.length = 0
+        self.pending = 0
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * 4
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        # k, v: [T, Hkv, D] -> slots [length, length + T)
+        T = k.shape[0]
+        self.k[layer, :, self.length:self.length + T] = k.transpose(0, 1)
+        self.v[layer, :, self.length:self.length + T] = v.transpose(0, 1)
+
+    def commit(self, keep: Sequence[int] | None = None):
+        """Keep pending entries `keep` (ascending indices into the last block) in order; drop the rest."""
+        if keep is None:
+            self.length += self.pending
+        else:
+            keep = list(keep)
+            if any(b <= a for a, b in zip(keep, keep[1:])) or (keep and not 0 <= keep[0] <= keep[-1] < self.pending):
+                raise ValueError(f"keep={keep} must be ascending indices into the {self.pending} pending entries")
+            n, L = len(keep), self.length
+            if keep != list(range(n)):
+                src = torch.tensor(keep, device=self.k.device) + L
+                self.k[:, :, L:L + n] = self.k[:, :, src]
+                self.v[:, :, L:L + n] = self.v[:, :, src]
+            self.length += n
+        self.pending = 0
+
+    def rewind(self, length: int):
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot rewind a cache of {self.length} entries to {length}")
+        self.length, self.pending = length, 0
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+class Rotary:
+    """cos/sin tables for rotate-half RoPE, grown on demand."""
+
+    def __init__(self, head_dim: int, base: float, device):
+        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float().to(device) / head_dim))
+        self.cos = self.sin = torch.empty(0, head_dim, device=device)
+
+    def tables(self, positions: torch.Tensor):
+        need = int(positions.max().item()) + 1
+        if need > self.cos.shape[0]:
+            n = max(need, 2 * self.cos.shape[0], 256)
+            freqs = torch.outer(torch.arange(n, device=self.inv_freq.device).float(), self.inv_freq)
+            emb = torch.cat([freqs, freqs], dim=-1)
+            self.cos, self.sin = emb.cos(), emb.sin()
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [T, 1, D]
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rot * sin
+
+
+class Transformer:
+    def __init__(self, args: ModelArgs, weights, device: str | torch.device = "cpu"):
+        self.args, self.weights, self.device = args, weights, torch.device(device)
+        self.rotary = Rotary(args.head_dim, args.rope_base, self.device)
+        self.scale = 1.0 / math.sqrt(args.head_dim)
+
+    def new_cache(self, capacity: int) -> KVCache:
+        if capacity > self.args.context_length:
+            raise CadenceError(f"{capacity} tokens exceed the model's context of {self.args.context_length}; "
+                               "shorten the prompt or lower --max-new-tokens")
+        return KVCache(self.args, capacity, self.device)
+
+    def block(self, i: int, x: torch.Tensor, cos, sin, cache: KVCache, vis: Visibility) -> torch.Tensor:
+        a, w = self.args, self.weights.layer(i)
+        T = x.shape[0]
+        qkv = w.qkv(rms_norm(x, w.attn_norm, a.norm_eps))
+        q, k, v = qkv.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
+        q = rope(q.view(T, a.n_heads, a.head_dim), cos, sin)
+        k = rope(k.view(T, a.n_kv_heads, a.head_dim), cos, sin)
+        cache.write(i, k, v.view(T, a.n_kv_heads, a.head_dim))
+        o = attend(q, cache.k[i], cache.v[i], vis, self.scale)  # [T, H, D]
+        x = x + w.attn_out(o.reshape(T, a.q_dim))
+        gate, up = w.gate_up(rms_norm(x, w.ffn_norm, a.norm_eps)).chunk(2, dim=-1)
+        return x + w.down(F.silu(gate) * up)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                vis: Visibility | None = None, logits_rows: torch.Tensor | slice | None = None) -> torch.Tensor:
+        """tokens, positions [T] -> logits [T', vocab] fp32 for `logits_rows` (default all rows).
+
+        The block's keys/values land in cache slots [cache.length, cache.length + T) as pending;
+        call `cache.commit(keep)` afterwards. `vis` defaults to causal over the whole cache.
+        """
+        T = tokens.shape[0]
+        if cache.length + T > cache.capacity:
+            raise CadenceError(f"the KV cache holds {cache.capacity} tokens and {cache.length + T} are needed; "
+                               "lower --max-new-tokens or shorten the prompt")
+        vis = vis or Visibility.causal(cache.length, T)
+        x = self.weights.embed[tokens].float()
+        cos, sin = self.rotary.tables(positions)
+        for i in range(self.args.n_layers):
+            x = self.block(i, x, cos, sin, cache, vis)
+        cache.pending = T
+        if logits_rows is not None:
+            x = x[logits_rows]
+        head = self.weights.head
+        return head.out(rms_norm(x, head.norm, self.args.norm_eps)).float()

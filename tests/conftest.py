@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny random models (no files) and the real default models (pulled on demand)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.config import ModelArgs
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+DEV_PROMPTS = SHARED / "prompts" / "dev.jsonl"
+
+torch.set_num_threads(os.cpu_count() or 1)
+
+
+def dev_prompts() -> list[dict]:
+    return [json.loads(line) for line in DEV_PROMPTS.read_text().splitlines() if line.strip()]
+
+
+TINY = {
+    # Qwen2-like: qkv bias, GQA, untied head, head_dim 16
+    "qwen": ModelArgs(arch="qwen2", vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
+                      norm_eps=1e-6, rope_base=10000.0, context_length=512, qkv_bias=True, tied_embeddings=False),
+    # Llama-like: no bias, tied head, MHA
+    "llama": ModelArgs(arch="llama", vocab_size=283, dim=96, n_layers=3, n_heads=3, n_kv_heads=3, ffn_dim=128,
+                       norm_eps=1e-5, rope_base=10000.0, context_length=512, qkv_bias=False, tied_embeddings=True),
+}
+
+
+@pytest.fixture(params=sorted(TINY))
+def tiny_args(request) -> ModelArgs:
+    return TINY[request.param]
+
+
+_loaded: dict = {}
+
+
+def real_model(name: str, fmt: str):
+    """A real default model, converted to `fmt` once per test session."""
+    from models import engine
+
+    key = (name, fmt)
+    if key not in _loaded:
+        _loaded[key] = engine.load(name, fmt)
+    return _loaded[key]

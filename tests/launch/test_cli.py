@@ -1,0 +1,94 @@
+"""The `launch` command as a user meets it: JSON rows, and bad input ending in one clear sentence."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cadence import paths
+
+from launch.results import ROW_FIELDS
+from models.weights import random_tensors
+from tests.conftest import TINY
+from tests.models.tiny_files import write_gguf
+
+
+def launch(*args, home, check=False):
+    env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
+    p = subprocess.run([sys.executable, "-m", "launch.cli", *args], capture_output=True, text=True, env=env, timeout=600)
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    args = TINY["qwen"]
+    return write_gguf(tmp_path_factory.mktemp("m") / "tiny.gguf", args, random_tensors(args, seed=5))
+
+
+def _one_clear_line(p):
+    assert p.returncode != 0
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    assert "Traceback" not in p.stderr and len(lines) == 1 and lines[0].startswith("launch: "), p.stderr
+    return lines[0]
+
+
+def test_run_writes_the_json_contract(tiny_gguf, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "kind": "complete", "prompt": "the cat"}\n{"id": "b", "kind": "copy", "prompt": "in he"}\n')
+    out = tmp_path / "rows.json"
+    p = launch("run", "--target", str(tiny_gguf), "--dtype", "int4", "--prompts", str(prompts), "--max-new-tokens", "5",
+               "--json", str(out), home=tmp_path / "home", check=True)
+    rows = json.loads(out.read_text())
+    assert [r["id"] for r in rows] == ["a", "b"]
+    for r in rows:
+        assert set(ROW_FIELDS) <= set(r)
+        assert len(r["new_token_ids"]) == 5 and r["wall_s"] > 0 and r["peak_rss_bytes"] > 0
+        assert r["tokens_per_s"] == pytest.approx(5 / r["wall_s"], rel=0.01)
+    assert rows[0]["chat"] is False and rows[1]["chat"] is True  # --chat auto: instructions get the template
+
+
+def test_sampling_is_reproducible_with_a_seed(tiny_gguf, tmp_path):
+    runs = []
+    for _ in range(2):
+        out = tmp_path / "s.json"
+        launch("run", "--target", str(tiny_gguf), "--prompt", "in", "--max-new-tokens", "8", "--temperature", "1.0",
+               "--top-p", "0.9", "--seed", "3", "--json", str(out), home=tmp_path / "home", check=True)
+        runs.append(json.loads(out.read_text())[0]["new_token_ids"])
+    assert runs[0] == runs[1]
+
+
+def test_unknown_model(tmp_path):
+    line = _one_clear_line(launch("run", "--target", "gpt-17", "--prompt", "x", home=tmp_path))
+    assert "unknown model 'gpt-17'" in line
+
+
+def test_missing_file(tmp_path):
+    line = _one_clear_line(launch("run", "--target", str(tmp_path / "absent.gguf"), "--prompt", "x", home=tmp_path))
+    assert "absent.gguf" in line
+
+
+def test_corrupt_gguf(tiny_gguf, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(tiny_gguf.read_bytes()[:3000])
+    line = _one_clear_line(launch("run", "--target", str(bad), "--prompt", "x", home=tmp_path))
+    assert "bad.gguf" in line and ("truncated" in line or "damaged" in line)
+
+
+def test_prompt_longer_than_context(tiny_gguf, tmp_path):
+    line = _one_clear_line(launch("run", "--target", str(tiny_gguf), "--prompt", "the cat " * 400, home=tmp_path))
+    assert "context" in line and "--max-new-tokens" in line
+
+
+def test_bad_prompt_file(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text("not json\n")
+    line = _one_clear_line(launch("run", "--prompts", str(f), home=tmp_path))
+    assert "p.jsonl:1" in line
+
+
+def test_models_list(tmp_path):
+    p = launch("models", "list", home=tmp_path, check=True)
+    assert "qwen2.5-coder-1.5b" in p.stdout

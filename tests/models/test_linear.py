@@ -1,0 +1,76 @@
+"""Linear kernels per format: right against float math, and a row's result independent of its batch."""
+import pytest
+import torch
+
+from models import linear
+
+WIDTHS = [1, 2, 3, 4, 5, 8, 16, 17, 32, 64]
+
+
+def _weight(n, k, seed=0):
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+@pytest.mark.parametrize("fmt", linear.FORMATS)
+@pytest.mark.parametrize("n,k", [(7, 64), (130, 96), (256, 576), (37, 1536)])
+def test_matches_float_math_of_the_stored_weights(fmt, n, k):
+    w = _weight(n, k)
+    lin = linear.decode(fmt, *linear.encode(w, fmt, group_size=32))
+    x = torch.randn(64, k, generator=torch.Generator().manual_seed(1))
+    ref = (x.double() @ lin.dequantized().double().T).float()
+    for m in WIDTHS:
+        y = lin(x[:m])
+        assert y.shape == (m, n)
+        # fp32 accumulation of K products: a few ulps of the largest partial sums
+        assert (y - ref[:m]).abs().max() <= 1e-5 * (x[:m].abs() @ lin.dequantized().abs().T).max()
+
+
+@pytest.mark.parametrize("fmt", linear.FORMATS)
+def test_rows_are_batch_invariant(fmt):
+    w = _weight(203, 320, seed=2)
+    lin = linear.decode(fmt, *linear.encode(w, fmt, group_size=64))
+    x = torch.randn(64, 320, generator=torch.Generator().manual_seed(3))
+    full = lin(x)
+    for m in WIDTHS:
+        assert torch.equal(lin(x[:m]), full[:m])
+    for i in (0, 17, 63):
+        assert torch.equal(lin(x[i:i + 1])[0], full[i])
+
+
+@pytest.mark.parametrize("fmt,bound", [("bf16", 0.005), ("fp16", 0.001), ("int8", 0.01), ("int4", 0.12)])
+def test_quantization_error_is_what_the_format_promises(fmt, bound):
+    w = _weight(256, 512, seed=4)
+    arrays, meta = linear.encode(w, fmt, group_size=32)
+    assert 0 < meta["error"] < bound
+    lin = linear.decode(fmt, arrays, meta)
+    assert float((lin.dequantized() - w).norm() / w.norm()) == pytest.approx(meta["error"], rel=1e-3, abs=1e-6)
+
+
+def test_int4_groups_of_64_are_finer_than_nothing_and_coarser_than_32():
+    w = _weight(64, 512, seed=5)
+    e32 = linear.encode(w, "int4", group_size=32)[1]["error"]
+    e64 = linear.encode(w, "int4", group_size=64)[1]["error"]
+    assert e32 < e64 < 0.2
+
+
+def test_int4_codes_roundtrip_packing():
+    w = _weight(8, 64, seed=6)
+    lin = linear.decode("int4", *linear.encode(w, "int4", group_size=32))
+    codes = lin.codes()
+    assert codes.max() <= 15 and codes.dtype == torch.uint8
+    assert lin.nbytes() == 8 * 32 + 2 * 2 * 8 * 2
+
+
+def test_bias_is_added():
+    w = _weight(16, 32)
+    b = torch.arange(16.0)
+    lin = linear.decode("fp32", *linear.encode(w, "fp32"), bias=b)
+    x = torch.randn(3, 32)
+    assert torch.allclose(lin(x), x @ w.T + b, atol=1e-5)
+
+
+def test_unknown_format_is_refused():
+    from cadence.errors import CadenceError
+
+    with pytest.raises(CadenceError, match="not known"):
+        linear.encode(_weight(4, 16), "int3")

@@ -1,0 +1,127 @@
+"""Weight store: conversion from real (tiny) GGUF and HF files, layout, round trips, refusal of bad input."""
+import os
+
+import pytest
+import torch
+
+from cadence.errors import CadenceError
+from models import linear
+from models.convert import convert, ensure_store
+from models.source import GGUFSource, HFSource, canonical_names
+from models.store import ALIGN, WeightStore
+from models.transformer import Transformer
+from models.weights import ResidentWeights, TensorWeights, random_tensors
+from tests.models.tiny_files import write_gguf, write_hf_dir
+
+
+@pytest.fixture
+def tiny(tiny_args):
+    return tiny_args, random_tensors(tiny_args, seed=11)
+
+
+def test_gguf_source_reads_back_the_hf_layout(tiny, tmp_path):
+    args, t = tiny
+    src = GGUFSource(write_gguf(tmp_path / "m.gguf", args, t))
+    import dataclasses
+
+    assert dataclasses.replace(src.args, norm_eps=args.norm_eps) == args  # GGUF keeps eps as float32
+    assert src.args.norm_eps == pytest.approx(args.norm_eps)
+    for _, name in canonical_names(args):
+        assert torch.equal(torch.from_numpy(src.get(name)), t[name].float()), name  # q/k un-permuted for llama
+
+
+def test_store_layout_is_aligned_and_in_reading_order(tiny, tmp_path):
+    args, t = tiny
+    st = WeightStore(convert(GGUFSource(write_gguf(tmp_path / "m.gguf", args, t)), tmp_path / "store", "int4"))
+    names = list(st.groups)
+    assert names == ["embed"] + [f"layer.{i}" for i in range(args.n_layers)] + ["head"]
+    end = 0
+    for g in st.groups.values():
+        assert g.offset % ALIGN == 0 and g.nbytes % ALIGN == 0 and g.offset >= end
+        end = g.offset + g.nbytes
+        for name in g.tensors:
+            for a in st.tensors[name]["arrays"].values():
+                assert a["offset"] % ALIGN == 0 and g.offset <= a["offset"] < g.offset + g.nbytes
+    assert end == st.manifest["file_bytes"] == os.path.getsize(st.path)
+    assert all(0 < st.tensors[n]["error"] < 0.2 for n in st.tensors if st.tensors[n]["format"] == "int4")
+    assert "head" in st.tensors  # a tied model gets its own quantized head
+
+
+@pytest.mark.parametrize("fmt", linear.FORMATS)
+def test_store_model_equals_in_memory_model(tiny, tmp_path, fmt):
+    args, t = tiny
+    st = WeightStore(convert(GGUFSource(write_gguf(tmp_path / "m.gguf", args, t)), tmp_path / "store", fmt))
+    ours = Transformer(st.args, ResidentWeights(st))
+    ref = Transformer(args, TensorWeights(args, t, fmt))
+    ids = torch.randint(0, args.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
+    a = ours.forward(ids, torch.arange(12), ours.new_cache(16))
+    b = ref.forward(ids, torch.arange(12), ref.new_cache(16))
+    assert torch.equal(a, b)
+
+
+def test_quantized_gguf_blocks_are_dequantized(tiny, tmp_path):
+    args, t = tiny
+    src = GGUFSource(write_gguf(tmp_path / "q.gguf", args, t, qtype="Q8_0"))
+    w = torch.from_numpy(src.get("blk.0.ffn_down"))
+    ref = t["blk.0.ffn_down"]
+    assert not torch.equal(w, ref) and float((w - ref).norm() / ref.norm()) < 0.01
+
+
+def test_hf_directory_converts_and_matches_transformers(tiny, tmp_path):
+    args, t = tiny
+    d = write_hf_dir(tmp_path / "hf", args, t)
+    st = WeightStore(convert(HFSource(d), tmp_path / "store", "fp32"))
+    ours = Transformer(st.args, ResidentWeights(st))
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    ids = torch.randint(0, args.vocab_size, (20,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+    got = ours.forward(ids, torch.arange(20), ours.new_cache(24))
+    assert (got - ref).abs().max() < 1e-4
+
+
+def test_conversion_is_keyed_by_source_and_format(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("CADENCE_HOME", str(tmp_path / "home"))
+    args, t = tiny
+    path = write_gguf(tmp_path / "m.gguf", args, t)
+    a = ensure_store(str(path), "bf16")
+    b = ensure_store(str(path), "bf16")
+    c = ensure_store(str(path), "int8")
+    assert a.dir == b.dir != c.dir
+    assert a.manifest["source"]["sha256"] == c.manifest["source"]["sha256"]
+
+
+def _stores(home):
+    d = home / "stores"
+    return sorted(p.name for p in d.iterdir() if p.is_dir()) if d.exists() else []
+
+
+@pytest.mark.parametrize("damage", ["magic", "truncate", "header"])
+def test_damaged_gguf_is_refused_before_anything_is_written(tiny, tmp_path, monkeypatch, damage):
+    home = tmp_path / "home"
+    monkeypatch.setenv("CADENCE_HOME", str(home))
+    args, t = tiny
+    path = write_gguf(tmp_path / "m.gguf", args, t)
+    data = bytearray(path.read_bytes())
+    if damage == "magic":
+        data[:4] = b"XXXX"
+    elif damage == "truncate":
+        data = data[: len(data) - 5000]
+    else:
+        data[24:32] = (2**40).to_bytes(8, "little")  # an absurd key count
+    path.write_bytes(bytes(data))
+    with pytest.raises(CadenceError) as e:
+        ensure_store(str(path), "fp32")
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+    assert _stores(home) == []
+
+
+def test_missing_and_unknown_models_are_refused(tmp_path):
+    with pytest.raises(CadenceError, match="unknown model 'nonesuch'"):
+        ensure_store("nonesuch", "fp32")
+    with pytest.raises(CadenceError, match="does not exist"):
+        GGUFSource(tmp_path / "absent.gguf")
+    with pytest.raises(CadenceError, match="config.json"):
+        HFSource(tmp_path)

@@ -1,0 +1,116 @@
+"""Our transformer on tiny random models: trees, caches and blocks give exactly the sequential result."""
+import pytest
+import torch
+
+from cadence.errors import CadenceError
+from models.attention import Visibility
+from models.transformer import Transformer
+from models.weights import TensorWeights, random_tensors
+
+
+def _model(args, fmt="fp32", seed=0):
+    return Transformer(args, TensorWeights(args, random_tensors(args, seed), fmt))
+
+
+def _sequential_logits(model, ids):
+    cache = model.new_cache(len(ids) + 1)
+    out = []
+    for i, t in enumerate(ids):
+        out.append(model.forward(torch.tensor([t]), torch.tensor([i]), cache)[0])
+        cache.commit()
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4"])
+def test_causal_block_equals_token_by_token(tiny_args, fmt):
+    model = _model(tiny_args, fmt)
+    ids = torch.randint(0, tiny_args.vocab_size, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    cache = model.new_cache(64)
+    block = model.forward(torch.tensor(ids), torch.arange(40), cache)
+    assert torch.equal(block, _sequential_logits(model, ids))
+
+
+def _random_tree(n, g):
+    return [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int4"])
+def test_tree_forward_equals_each_path_run_alone(tiny_args, fmt):
+    g = torch.Generator().manual_seed(2)
+    model = _model(tiny_args, fmt)
+    prefix = torch.randint(0, tiny_args.vocab_size, (9,), generator=g).tolist()
+    parents = _random_tree(15, g)
+    tokens = torch.randint(0, tiny_args.vocab_size, (15,), generator=g).tolist()
+    depth = [0] * 15
+    for i, p in enumerate(parents):
+        depth[i] = 0 if p < 0 else depth[p] + 1
+    cache = model.new_cache(64)
+    model.forward(torch.tensor(prefix), torch.arange(9), cache)
+    cache.commit()
+    vis = Visibility.tree(cache.length, parents)
+    tree_logits = model.forward(torch.tensor(tokens), torch.tensor(depth) + 9, cache, vis)
+    for node in range(15):
+        path = []
+        n = node
+        while n >= 0:
+            path.append(tokens[n])
+            n = parents[n]
+        seq = _sequential_logits(model, prefix + path[::-1])
+        assert torch.equal(tree_logits[node], seq[-1]), f"node {node}"
+
+
+def test_commit_keeps_the_accepted_path(tiny_args):
+    g = torch.Generator().manual_seed(3)
+    model = _model(tiny_args)
+    prefix = torch.randint(0, tiny_args.vocab_size, (6,), generator=g).tolist()
+    parents = [-1, 0, 0, 1, 2, 3]  # accept the path 0 -> 1 -> 3 -> 5
+    tokens = torch.randint(0, tiny_args.vocab_size, (6,), generator=g).tolist()
+    depth = [0, 1, 1, 2, 2, 3]
+    cache = model.new_cache(32)
+    model.forward(torch.tensor(prefix), torch.arange(6), cache)
+    cache.commit()
+    model.forward(torch.tensor(tokens), torch.tensor(depth) + 6, cache, Visibility.tree(6, parents))
+    cache.commit([0, 1, 3, 5])
+    assert cache.length == 10
+    nxt = 11
+    after = model.forward(torch.tensor([nxt]), torch.tensor([10]), cache)[0]
+    seq = _sequential_logits(model, prefix + [tokens[0], tokens[1], tokens[3], tokens[5], nxt])
+    assert torch.equal(after, seq[-1])
+
+
+def test_rewind_then_redo_gives_the_same_logits(tiny_args):
+    model = _model(tiny_args)
+    cache = model.new_cache(32)
+    model.forward(torch.arange(5), torch.arange(5), cache)
+    cache.commit()
+    a = model.forward(torch.tensor([7, 8]), torch.tensor([5, 6]), cache)
+    cache.commit()
+    cache.rewind(5)
+    b = model.forward(torch.tensor([7, 8]), torch.tensor([5, 6]), cache)
+    assert torch.equal(a, b)
+
+
+def test_mask_visibility_is_the_general_form(tiny_args):
+    model = _model(tiny_args)
+    cache = model.new_cache(32)
+    model.forward(torch.arange(4), torch.arange(4), cache)
+    cache.commit()
+    parents = [-1, 0, 0]
+    tree = Visibility.tree(4, parents)
+    a = model.forward(torch.tensor([1, 2, 3]), torch.tensor([4, 5, 5]), cache, tree)
+    cache.rewind(4)
+    b = model.forward(torch.tensor([1, 2, 3]), torch.tensor([4, 5, 5]), cache, Visibility.from_mask(tree.dense_mask(7)))
+    assert torch.equal(a, b)
+
+
+def test_bad_keep_and_full_cache_are_refused(tiny_args):
+    model = _model(tiny_args)
+    cache = model.new_cache(8)
+    model.forward(torch.arange(3), torch.arange(3), cache)
+    with pytest.raises(ValueError):
+        cache.commit([2, 1])
+    cache.commit()
+    with pytest.raises(CadenceError, match="KV cache holds 8"):
+        model.forward(torch.arange(6), torch.arange(3, 9), cache)
+    with pytest.raises(CadenceError, match="context"):
+        model.new_cache(tiny_args.context_length + 1)
