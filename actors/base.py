@@ -53,7 +53,7 @@ class ActorContext:
     log: logging.Logger
 
     def send(self, msg: wire.Msg) -> None:
-        self.sock.send_multipart(wire.encode(msg))
+        wire.send(self.sock, wire.encode(msg))
 
 
 class Actor:
@@ -129,7 +129,7 @@ class Actor:
         next_flush = time.monotonic() + TRACE_FLUSH_S
         while not ctx.stop:
             try:
-                frames = ctx.sock.recv_multipart(copy=True)
+                frames = wire.recv(ctx.sock)
             except zmq.Again:
                 frames = None
             if frames is not None:
@@ -159,7 +159,7 @@ class Actor:
                 frames = wire.encode(reply)
             except wire.WireError as e:
                 frames = wire.encode(wire.Reply(msg.req_id, False, {}, {}, f"op {msg.op!r} returned something the wire cannot carry: {e}"))
-            self.ctx.sock.send_multipart(frames)
+            wire.send(self.ctx.sock, frames)
         elif isinstance(msg, wire.Stop):
             self.ctx.stop.requested = True
         elif isinstance(msg, wire.Error):
@@ -211,19 +211,19 @@ def _logger(role: str) -> logging.Logger:
 def _wait_init(sock: zmq.Socket, flag: StopFlag, deadline: float, log: logging.Logger) -> wire.Init | None:
     while not flag and time.monotonic() < deadline:
         try:
-            frames = sock.recv_multipart()
+            frames = wire.recv(sock)
         except zmq.Again:
             continue
         try:
             msg = wire.decode(frames)
         except wire.WireError as e:
-            sock.send_multipart(wire.encode(wire.Error(None, str(e))))
+            wire.send(sock, wire.encode(wire.Error(None, str(e))))
             continue
         if isinstance(msg, wire.Init):
             return msg
         if isinstance(msg, wire.Stop):
             return None
-        sock.send_multipart(wire.encode(wire.Error(None, f"expected INIT, got {type(msg).__name__}")))
+        wire.send(sock, wire.encode(wire.Error(None, f"expected INIT, got {type(msg).__name__}")))
     if not flag:
         log.error("no INIT from the scheduler; exiting")
     return None
@@ -244,7 +244,7 @@ def actor_main(spec: dict) -> int:
     sock.connect(spec["endpoint"])
 
     def say(msg: wire.Msg) -> None:
-        sock.send_multipart(wire.encode(msg))
+        wire.send(sock, wire.encode(msg))
 
     actor = None
     try:

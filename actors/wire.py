@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar, Union
 
 import msgpack
+import zmq
 
 from cadence.errors import CadenceError
 from shm.desc import InlineTensor, TensorDesc
@@ -20,6 +21,9 @@ from shm.desc import InlineTensor, TensorDesc
 MAX_BODY = 64 << 20  # a control message larger than this is a bug, not a message
 
 _EXT_DESC, _EXT_INLINE = 1, 2
+
+
+_MISSING = object()
 
 
 class WireError(CadenceError):
@@ -121,8 +125,12 @@ def _accepted(hint) -> tuple:
     return (typing.get_origin(hint) or hint,)
 
 
-# per type: (field name, accepted python types) in declaration order
+# per type: (field name, accepted python types) in declaration order. msgpack hands back exact
+# types (dict, list, str, bytes, int, float, bool, None), so decode checks `type(v) in types`,
+# which also keeps True out of an int field.
 _SCHEMA = {c: tuple((f.name, _accepted(typing.get_type_hints(c)[f.name])) for f in fields(c)) for c in TYPES.values()}
+_HEAD = {c: bytes([c.TYPE]) for c in TYPES.values()}
+_MORE = int(zmq.SNDMORE)  # pyzmq's flag enums cost microseconds per operation; ints do not
 
 
 def _default(obj):
@@ -147,11 +155,10 @@ def encode(msg: Msg) -> list[bytes]:
     """Two frames: the type byte and the msgpack body. Raises WireError for a body msgpack cannot hold."""
     cls = type(msg)
     try:
-        body = msgpack.packb({name: getattr(msg, name) for name, _ in _SCHEMA[cls]},
-                             default=_default, use_bin_type=True, strict_types=False)
+        body = msgpack.packb(msg.__dict__, default=_default, use_bin_type=True)  # the fields, in order
     except (TypeError, ValueError, OverflowError) as e:
         raise WireError(f"cannot encode {cls.__name__}: {e} (send plain dicts, lists, numbers, strings, bytes and tensor descriptors)") from None
-    return [cls.TYPE.to_bytes(1, "little"), body]
+    return [_HEAD[cls], body]
 
 
 def decode(frames: list) -> Msg:
@@ -175,12 +182,11 @@ def decode(frames: list) -> Msg:
         raise WireError(f"{cls.__name__} body must be a map, got {type(obj).__name__}")
     kwargs = {}
     for name, types in _SCHEMA[cls]:
-        if name not in obj:
-            raise WireError(f"{cls.__name__} is missing field '{name}'")
-        value = obj.pop(name)
-        # bool is an int in python; do not let True pass for a count
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            if float in types and type(value) is int:
+        value = obj.pop(name, _MISSING)
+        if type(value) not in types:
+            if value is _MISSING:
+                raise WireError(f"{cls.__name__} is missing field '{name}'")
+            if type(value) is int and float in types:
                 value = float(value)
             else:
                 raise WireError(f"{cls.__name__}.{name} must be {' or '.join(t.__name__ for t in types)}, got {type(value).__name__}")
@@ -188,6 +194,27 @@ def decode(frames: list) -> Msg:
     if obj:
         raise WireError(f"{cls.__name__} has unknown field(s) {', '.join(map(str, obj))}")
     tensors = kwargs.get("tensors")
-    if tensors is not None and not all(isinstance(v, (TensorDesc, InlineTensor)) for v in tensors.values()):
+    if tensors and not all(type(v) in (TensorDesc, InlineTensor) for v in tensors.values()):
         raise WireError(f"{cls.__name__}.tensors values must be tensor descriptors or inline tensors")
-    return cls(**kwargs)
+    msg = object.__new__(cls)  # every field checked above: skip the frozen __init__'s setattr calls
+    msg.__dict__.update(kwargs)
+    return msg
+
+
+def recv(sock, flags: int = 0) -> list[bytes]:
+    """recv_multipart without a getsockopt per frame (each one builds an enum in pyzmq)."""
+    f = sock.recv(flags, copy=False)
+    parts = [f.bytes]
+    while f.more:
+        f = sock.recv(flags, copy=False)
+        parts.append(f.bytes)
+    return parts
+
+
+def send(sock, frames: list, prefix: bytes | None = None) -> None:
+    """send_multipart without its per-frame enum arithmetic; `prefix` is a ROUTER's peer identity."""
+    if prefix is not None:
+        sock.send(prefix, _MORE)
+    for f in frames[:-1]:
+        sock.send(f, _MORE)
+    sock.send(frames[-1])

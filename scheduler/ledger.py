@@ -3,10 +3,12 @@
 Plan: named lines (role weights, KV, the arena, ...) that must sum to at most the budget;
 `plan` refuses, naming the shortfall and the largest lines, when they cannot. Live: USS (pages
 only this process holds) and PSS (its fair share of shared pages, e.g. the arena) per actor,
-sampled with psutil; the monitor and the trace's memory counter read `last`.
+sampled with psutil on a background thread (a sample of a torch-sized process takes the kernel
+~10 ms, too long for the scheduler's loop); the monitor and the trace's memory counter read `last`.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import psutil
@@ -60,7 +62,12 @@ class MemoryLedger:
         self.budget = budget_bytes
         self.plan_: Plan | None = None
         self.last: dict[str, Usage] = {}
+        self.samples = 0  # how many samples `last` has seen
         self.peak_pss_total = 0
+        self._watched: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def plan(self, role_bytes: dict[str, int], arena_bytes: int, extra: dict[str, int] | None = None) -> Plan:
         """Check that the per-role plan plus the arena fits the budget; raise BudgetError if not."""
@@ -92,8 +99,34 @@ class MemoryLedger:
             except psutil.Error:
                 continue
         self.last = out
+        self.samples += 1
         self.peak_pss_total = max(self.peak_pss_total, self.pss_total())
         return out
+
+    def watch(self, role: str, pid: int) -> None:
+        with self._lock:
+            self._watched[role] = pid
+
+    def unwatch(self, role: str) -> None:
+        with self._lock:
+            self._watched.pop(role, None)
+
+    def start_sampling(self, every_s: float) -> None:
+        """Sample the watched processes now and every `every_s` seconds, off the caller's thread."""
+        def loop():
+            while True:
+                with self._lock:
+                    pids = dict(self._watched)
+                self.sample(pids)
+                if self._stop.wait(every_s):
+                    return
+        self._thread = threading.Thread(target=loop, name="memory-ledger", daemon=True)
+        self._thread.start()
+
+    def stop_sampling(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
 
     def pss_total(self) -> int:
         return sum(u.pss for u in self.last.values())

@@ -39,6 +39,7 @@ from shm.watchdog import Watchdog
 
 log = logging.getLogger("cadence.scheduler")
 _ROLE = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
 class Scheduler(TensorExchange):
@@ -60,7 +61,7 @@ class Scheduler(TensorExchange):
         self._queued: Counter = Counter()  # role -> requests awaiting a reply (not abandoned)
         self._sentinels: dict[int, str] = {}
         self._next_req = 1
-        self._next_sample = 0.0
+        self._samples_seen = 0
         self._router = self._zctx = self._poller = self._watchdog = None
         self.run_dir = None
         self._started = self._closed = False
@@ -82,6 +83,9 @@ class Scheduler(TensorExchange):
         self.plan = self.ledger.plan(mem.role_bytes, mem.arena_bytes)  # refuse before creating anything
         sweep_dead_segments()
         self._started = True
+        self.ledger.watch("scheduler", self.pid)
+        if mem.sample_s:
+            self.ledger.start_sampling(mem.sample_s)
         try:
             self.run_dir = tempfile.mkdtemp(prefix=f"cadence-{self.run_id}-")
             self._watchdog = Watchdog(self.run_id)
@@ -184,6 +188,7 @@ class Scheduler(TensorExchange):
 
     def _release(self) -> None:
         steps = [
+            self.ledger.stop_sampling,
             lambda: self._router is not None and self._router.close(linger=0),
             lambda: self._zctx is not None and self._zctx.term(),
             *[lambda p=p: close_sentinel(p) for p in self.actors.values()],
@@ -283,7 +288,7 @@ class Scheduler(TensorExchange):
 
     def _send_frames(self, role: str, frames: list) -> None:
         try:
-            self._router.send_multipart([role.encode(), *frames])
+            wire.send(self._router, frames, prefix=role.encode())
         except zmq.ZMQError as e:
             if e.errno != zmq.EHOSTUNREACH:
                 raise
@@ -298,9 +303,9 @@ class Scheduler(TensorExchange):
     def _pump(self, timeout_s: float) -> None:
         ready = dict(self._poller.poll(max(timeout_s, 0) * 1000))
         if self._router in ready:
-            # EVENTS rather than recv until zmq.Again: an exception per pump costs more than the message
-            while self._router.get(zmq.EVENTS) & zmq.POLLIN:
-                self._on_frames(self._router.recv_multipart(zmq.NOBLOCK))
+            # drain all before checking deadlines: a backlog of heartbeats must not look like silence
+            while self._router.getsockopt(_EVENTS) & _POLLIN:  # ints: pyzmq's flag enums are slow
+                self._on_frames(wire.recv(self._router, _NOBLOCK))
         for fd in ready:
             if fd in self._sentinels:
                 self._on_exit(self.actors[self._sentinels[fd]])
@@ -334,6 +339,7 @@ class Scheduler(TensorExchange):
             self._answer(proc, init)
         elif kind is wire.Ready and proc.state == INITIALIZING:
             proc.state, proc.actor, proc.ops = READY, msg.actor, msg.ops
+            self.ledger.watch(role, proc.pid)
             self.trace.name_process(proc.pid, f"{role} ({msg.actor})")
         elif kind is wire.Dead:
             proc.said = msg.reason
@@ -390,6 +396,7 @@ class Scheduler(TensorExchange):
 
     def _mark_dead(self, proc: ActorProc, reason: str) -> None:
         proc.state, proc.reason = DEAD, reason
+        self.ledger.unwatch(proc.role)
         log.error("cadence: the %s actor %s", proc.role, reason)
         for req_id in [r for r, p in self._pending.items() if p.role == proc.role]:
             for alloc, slot in self._pending.pop(req_id).leases:
@@ -411,12 +418,7 @@ class Scheduler(TensorExchange):
             self.tracer.counter(f"queue {role}", {"pending": self._queued[role]})
 
     def _maybe_sample(self) -> None:
-        every = self.config.memory.sample_s
-        now = time.monotonic()
-        if not every or now < self._next_sample:
-            return
-        self._next_sample = now + every
-        pids = {r: p.pid for r, p in self.actors.items() if p.state == READY}
-        pids["scheduler"] = self.pid
-        self.ledger.sample(pids)
-        self.tracer.counter("memory", {"pss_total": self.ledger.pss_total(), "budget": self.ledger.budget})
+        """The ledger samples on its own thread; a new sample becomes a trace counter here."""
+        if self.ledger.samples != self._samples_seen:
+            self._samples_seen = self.ledger.samples
+            self.tracer.counter("memory", {"pss_total": self.ledger.pss_total(), "budget": self.ledger.budget})

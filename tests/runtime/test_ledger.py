@@ -12,6 +12,7 @@ from scheduler.config import GiB, MiB, MemoryConfig, PartitionConfig, PipelineCo
 from scheduler.ledger import BudgetError, MemoryLedger, fmt_bytes
 from scheduler.runtime import Scheduler
 from shm.arena import run_segments
+from tests.runtime.conftest import wait_until
 
 
 def test_plan_that_fits_reports_its_lines():
@@ -76,3 +77,20 @@ def test_fmt_bytes():
 def test_config_rejects_bad_values_naming_field_and_value(make, match):
     with pytest.raises(CadenceError, match=match):
         make()
+
+
+def test_background_sampling_follows_watched_processes():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    ledger = MemoryLedger(1 * GiB)
+    try:
+        ledger.watch("loader", child.pid)
+        ledger.start_sampling(0.05)
+        assert wait_until(lambda: "loader" in ledger.last, 5)
+        ledger.unwatch("loader")
+        n = ledger.samples
+        assert wait_until(lambda: ledger.samples > n + 1 and "loader" not in ledger.last, 5)
+    finally:
+        ledger.stop_sampling()
+        child.kill()
+        child.wait()
+    assert not ledger._thread.is_alive()
