@@ -100,6 +100,11 @@ class Actor:
         from shm import tensors
         return tensors.put(self.arena, at, tensor)
 
+    def beat(self) -> None:
+        """Say "alive" from inside a long op (between layers, say), so a step may outlast
+        timeouts.heartbeat_s without counting as hung. Main thread only, like every send."""
+        self.ctx.send(wire.Heartbeat(time.monotonic_ns()))
+
     def close(self) -> None:
         """Release what `__init__` took (files, threads). Called once the loop has ended."""
 

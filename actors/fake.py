@@ -70,7 +70,12 @@ class FakeActor(Actor):
                 time.sleep(seconds)
 
     def op_sleep(self, args, tensors):
-        time.sleep(float(args.get("s", 0.0)))
+        """Sleep `s` seconds, in `beats` slices with a heartbeat after each (0: silent)."""
+        beats = int(args.get("beats", 0))
+        for _ in range(max(beats, 1)):
+            time.sleep(float(args.get("s", 0.0)) / max(beats, 1))
+            if beats:
+                self.beat()
         return {"slept": args.get("s", 0.0)}
 
     def op_fail(self, args, tensors):

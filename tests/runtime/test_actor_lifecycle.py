@@ -124,6 +124,13 @@ def test_hung_actor_is_killed_after_heartbeat_timeout():
     assert_clean(s.run_id, [pid])
 
 
+def test_a_long_step_that_beats_is_not_hung():
+    with run(heartbeat_s=0.6) as s:
+        s.spawn("draft", FakeDraftActor)
+        assert s.call("draft", "sleep", {"s": 1.5, "beats": 10}).ok  # 1.5 s > heartbeat_s, beating every 0.15 s
+    assert_clean(s.run_id)
+
+
 def test_sigkill_is_seen_by_the_sentinel():
     with run() as s:
         pid = s.spawn("draft", FakeDraftActor).pid
