@@ -1,16 +1,18 @@
-/* y[M, N] = x[M, K] W[N, K]^T for dense (fp32, bf16, fp16) and weight-only quantized (int8 per
- * output channel, int4 per group of G with fp16 scale and minimum) weights; x and y are fp32.
+/* y[M, N] = x[M, K] W[N, K]^T with fp32 x and y, for dense (fp32, bf16, fp16) and weight-only
+ * quantized (int8 per output channel, int4 per group of G) weights.
  *
- * Each output y[m, n] is reduced in one fixed order: two eight-lane accumulators alternate over
- * 16-wide steps of k, then one horizontal sum. The order depends on K alone, never on M, on the
- * tiling or on the thread that computes it, so a row's result is the same in any batch.
+ * Each output y[m, n] is reduced in one fixed order that depends on K alone, never on M, the
+ * tiling or the thread: a row's result is the same in any batch (see attention.cpp for why).
  *
- * Weights are decoded block by block (NT rows x KB columns) into an fp32 scratch tile, once per
- * block, and that tile is used by every activation row: a decode step (M = 1) reads each weight
- * once, and a verification of M tokens costs M FMAs per weight on top of the same decoding.
+ * Dense formats: weights are decoded block by block into an fp32 tile that every activation row
+ * uses; two eight-lane accumulators alternate over 16-wide steps of k, then one horizontal sum.
  *
- * int4 layout: q[N, K/2] bytes; within each group of G, byte j holds weight j (low nibble) and
- * weight j + G/2 (high nibble); w = q * scale + min with scale, min fp16 [N, K/G].
+ * Quantized formats work as llama.cpp does: each activation row is quantized in blocks of 32 to
+ * int8 with an fp32 scale d (x ~ d * qx), and blocks are multiplied in integers (maddubs):
+ *   int8:  y = s_n * sum_b d_b * <qw_b, qx_b>
+ *   int4:  y = sum_b d_b * s_g * <q_b, qx_b> + sum_b m_g * d_b * sum(qx_b)      (w = q * s + m)
+ * int4 layout: q[N, K/2] bytes; in each group of G, byte j holds weight j (low nibble) and weight
+ * j + G/2 (high nibble); s, m fp16 [N, K/G]. int8: qw int8 [N, K] in [-127, 127], s fp32 [N].
  */
 #include "vec.hpp"
 
@@ -20,18 +22,11 @@
 #include <immintrin.h>
 #endif
 
-static constexpr int NT = 4; /* weight rows per tile (the micro-kernel below is written for 4) */
-static constexpr int KB = 512; /* columns per tile; a multiple of 64 */
+static constexpr int NT = 4;   /* weight rows per tile (the dense micro-kernel is written for 4) */
+static constexpr int KB = 512; /* dense: columns per tile */
+static constexpr int QB = 32;  /* activation quantization block */
 
 enum Fmt { F32 = 0, BF16 = 1, F16 = 2, Q8 = 3, Q4 = 4 };
-
-struct Weights {
-    int fmt, N, K, G;
-    const void *w;       /* F32/BF16/F16: [N, K]; Q8: int8 [N, K]; Q4: uint8 [N, K/2] */
-    const float *scale;  /* Q8: [N] */
-    const uint16_t *s16; /* Q4: fp16 scale [N, K/G] */
-    const uint16_t *m16; /* Q4: fp16 min [N, K/G] */
-};
 
 static inline float half_to_float(uint16_t h) {
     _Float16 f;
@@ -39,19 +34,16 @@ static inline float half_to_float(uint16_t h) {
     return (float)f;
 }
 
+/* ---------------------------------------------------------------- dense formats */
+
 #ifdef __AVX2__
 static inline v8f m2v(__m256 a) { v8f v; memcpy(&v, &a, sizeof v); return v; }
+static inline __m256 v2m(v8f v) { __m256 a; memcpy(&a, &v, sizeof a); return a; }
 static inline v8f bf16x8(const uint16_t *p) {
     __m256i i = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
     return m2v(_mm256_castsi256_ps(i));
 }
 static inline v8f f16x8(const uint16_t *p) { return m2v(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p))); }
-static inline v8f i8x8(const int8_t *p) {
-    return m2v(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))));
-}
-static inline v8f u8x8(const uint8_t *p) {
-    return m2v(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p))));
-}
 #else
 static inline v8f bf16x8(const uint16_t *p) {
     v8i v;
@@ -65,69 +57,9 @@ static inline v8f f16x8(const uint16_t *p) {
     for (int i = 0; i < 8; i++) f[i] = half_to_float(p[i]);
     return f;
 }
-static inline v8f i8x8(const int8_t *p) {
-    v8f f;
-    for (int i = 0; i < 8; i++) f[i] = (float)p[i];
-    return f;
-}
-static inline v8f u8x8(const uint8_t *p) {
-    v8f f;
-    for (int i = 0; i < 8; i++) f[i] = (float)p[i];
-    return f;
-}
 #endif
 
-/* Decode weight row n, columns [k0, k0 + kn) into dst (fp32). */
-static void decode_row(const Weights &W, int n, int k0, int kn, float *dst) {
-    const size_t row = (size_t)n * W.K;
-    switch (W.fmt) {
-    case BF16: {
-        const uint16_t *p = (const uint16_t *)W.w + row + k0;
-        for (int k = 0; k < kn; k += 8) v8_store(dst + k, bf16x8(p + k));
-        break;
-    }
-    case F16: {
-        const uint16_t *p = (const uint16_t *)W.w + row + k0;
-        for (int k = 0; k < kn; k += 8) v8_store(dst + k, f16x8(p + k));
-        break;
-    }
-    case Q8: {
-        const int8_t *p = (const int8_t *)W.w + row + k0;
-        for (int k = 0; k < kn; k += 8) v8_store(dst + k, i8x8(p + k));
-        break;
-    }
-    case Q4: {
-        const int G = W.G, half = G / 2, ng = W.K / G;
-        const uint8_t *p = (const uint8_t *)W.w + row / 2;
-        for (int g = k0 / G; g < (k0 + kn) / G; g++) {
-            const uint8_t *b = p + (size_t)g * half;
-            const v8f s = v8_splat(half_to_float(W.s16[(size_t)n * ng + g]));
-            const v8f m = v8_splat(half_to_float(W.m16[(size_t)n * ng + g]));
-            float *d = dst + g * G - k0;
-            for (int j = 0; j < half; j += 16) { /* 16 bytes: weights j..j+15 (low), j+half.. (high) */
-#ifdef __AVX2__
-                const __m128i raw = _mm_loadu_si128((const __m128i *)(b + j)), mask = _mm_set1_epi8(15);
-                const __m128i lo = _mm_and_si128(raw, mask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-                v8_store(d + j, m2v(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo))) * s + m);
-                v8_store(d + j + 8, m2v(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)))) * s + m);
-                v8_store(d + half + j, m2v(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi))) * s + m);
-                v8_store(d + half + j + 8, m2v(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)))) * s + m);
-#else
-                for (int i = 0; i < 16; i++) {
-                    d[j + i] = (float)(b[j + i] & 15) * s[0] + m[0];
-                    d[half + j + i] = (float)(b[j + i] >> 4) * s[0] + m[0];
-                }
-#endif
-            }
-        }
-        break;
-    }
-    }
-}
-
-extern "C" void cad_linear(const float *x, float *y, int M, int fmt, int N, int K, int G, const void *w,
-                           const float *scale, const uint16_t *s16, const uint16_t *m16, int nthreads) {
-    const Weights W{fmt, N, K, G, w, scale, s16, m16};
+static void dense(const float *x, float *y, int M, int fmt, int N, int K, const void *w, int nthreads) {
     const int ntiles = (N + NT - 1) / NT;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -141,12 +73,15 @@ extern "C" void cad_linear(const float *x, float *y, int M, int fmt, int N, int 
                 const int kn = std::min(KB, K - k0);
                 const float *rows[NT];
                 for (int j = 0; j < nt; j++) {
+                    const size_t off = (size_t)(n0 + j) * K + k0;
+                    float *d = tile.data() + (size_t)j * KB;
                     if (fmt == F32) {
-                        rows[j] = (const float *)w + (size_t)(n0 + j) * K + k0;
-                    } else {
-                        decode_row(W, n0 + j, k0, kn, tile.data() + (size_t)j * KB);
-                        rows[j] = tile.data() + (size_t)j * KB;
+                        rows[j] = (const float *)w + off;
+                        continue;
                     }
+                    const uint16_t *p = (const uint16_t *)w + off;
+                    for (int k = 0; k < kn; k += 8) v8_store(d + k, fmt == BF16 ? bf16x8(p + k) : f16x8(p + k));
+                    rows[j] = d;
                 }
                 for (int j = nt; j < NT; j++) rows[j] = rows[0]; /* a short last tile: computed, not stored */
                 for (int m = 0; m < M; m++) {
@@ -168,10 +103,218 @@ extern "C" void cad_linear(const float *x, float *y, int M, int fmt, int N, int 
                 }
             }
             for (int m = 0; m < M; m++)
-                for (int j = 0; j < nt; j++) {
-                    float s = v8_hsum(acc[((size_t)m * NT + j) * 2] + acc[((size_t)m * NT + j) * 2 + 1]);
-                    y[(size_t)m * N + n0 + j] = fmt == Q8 ? s * scale[n0 + j] : s;
-                }
+                for (int j = 0; j < nt; j++)
+                    y[(size_t)m * N + n0 + j] = v8_hsum(acc[((size_t)m * NT + j) * 2] + acc[((size_t)m * NT + j) * 2 + 1]);
         }
     }
+}
+
+/* ---------------------------------------------------------------- quantized formats */
+
+struct QAct {
+    std::vector<int8_t> q; /* [M, K] */
+    std::vector<float> d;  /* [M, K/QB] scale per block */
+    std::vector<float> xs; /* [M, K/QB] d * sum(q) per block */
+};
+
+static void quantize_rows(const float *x, int M, int K, QAct &a) {
+    const int nb = K / QB;
+    a.q.resize((size_t)M * K);
+    a.d.resize((size_t)M * nb);
+    a.xs.resize((size_t)M * nb);
+    for (int m = 0; m < M; m++)
+        for (int b = 0; b < nb; b++) {
+            const float *xb = x + (size_t)m * K + b * QB;
+            float amax = 0.0f;
+            for (int i = 0; i < QB; i++) amax = std::max(amax, std::fabs(xb[i]));
+            const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int8_t *qb = &a.q[(size_t)m * K + b * QB];
+            int sum = 0;
+            for (int i = 0; i < QB; i++) {
+                qb[i] = (int8_t)std::nearbyint(xb[i] * id);
+                sum += qb[i];
+            }
+            a.d[(size_t)m * nb + b] = d;
+            a.xs[(size_t)m * nb + b] = d * (float)sum;
+        }
+}
+
+/* <u, s> for 32 unsigned (0..127) and 32 signed bytes, as eight int32 partial sums -> float. */
+#ifdef __AVX2__
+static inline v8f dot32(__m256i u, __m256i s) {
+    const __m256i p16 = _mm256_maddubs_epi16(u, s);
+    return m2v(_mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1))));
+}
+#endif
+
+/* The 32 codes of block b of an int4 weight row, unsigned bytes (0..15). */
+static inline void unpack_q4(const uint8_t *row, int G, int b, uint8_t *out32) {
+    const int half = G / 2, g = (b * QB) / G, off = (b * QB) % G; /* off: 0, or 32 in a group of 64 */
+    const uint8_t *p = row + (size_t)g * half;
+    for (int i = 0; i < QB; i++) {
+        const int k = off + i;
+        out32[i] = k < half ? (p[k] & 15) : (p[k - half] >> 4);
+    }
+}
+
+#ifdef __AVX2__
+static inline __m256i unpack_q4_avx2(const uint8_t *row, int G, int b) {
+    const __m256i mask = _mm256_set1_epi8(15);
+    if (G == 32) { /* 16 bytes: low nibbles are codes 0..15, high nibbles 16..31 */
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(row + (size_t)b * 16));
+        const __m128i lo = _mm_and_si128(raw, _mm256_castsi256_si128(mask));
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm256_castsi256_si128(mask));
+        return _mm256_set_m128i(hi, lo);
+    }
+    /* G == 64: 32 bytes; block 2g takes the low nibbles, block 2g + 1 the high ones */
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(row + (size_t)(b / 2) * 32));
+    return (b & 1) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask) : _mm256_and_si256(raw, mask);
+}
+#endif
+
+#ifdef __AVX2__
+/* MT activation rows x NT weight rows, all blocks: accumulators stay in registers. */
+template <int MT>
+static inline void q_micro(int fmt, int nb, int K, const uint8_t *codes, const int8_t *const *wrow, const float *coef,
+                           const QAct &a, int m0, __m256 out[MT][NT]) {
+    __m256 acc[MT][NT];
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int b = 0; b < nb; b++) {
+        __m256i vx[MT];
+        for (int i = 0; i < MT; i++) vx[i] = _mm256_loadu_si256((const __m256i *)&a.q[(size_t)(m0 + i) * K + b * QB]);
+        for (int j = 0; j < NT; j++) {
+            __m256i vw, vs;
+            if (fmt == Q4) {
+                vw = _mm256_load_si256((const __m256i *)(codes + ((size_t)j * nb + b) * QB));
+            } else {
+                vs = _mm256_loadu_si256((const __m256i *)(wrow[j] + b * QB));
+                vw = _mm256_sign_epi8(vs, vs);
+            }
+            for (int i = 0; i < MT; i++) {
+                const __m256i sx = fmt == Q4 ? vx[i] : _mm256_sign_epi8(vx[i], vs);
+                const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(vw, sx), ones));
+                acc[i][j] = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(coef + ((size_t)(m0 + i) * NT + j) * nb + b), acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NT; j++) out[i][j] = acc[i][j];
+}
+#endif
+
+static void quantized(const float *x, float *y, int M, int fmt, int N, int K, int G, const void *w,
+                      const float *scale, const uint16_t *s16, const uint16_t *m16, int nthreads) {
+    const int nb = K / QB, ng = fmt == Q4 ? K / G : 0, per = fmt == Q4 ? G / QB : 1;
+    QAct a;
+    quantize_rows(x, M, K, a);
+    std::vector<float> xsg((size_t)M * ng, 0.0f); /* per group: sum over its blocks of d * sum(qx) */
+    for (int m = 0; m < M; m++)
+        for (int b = 0; b < nb && fmt == Q4; b++) xsg[(size_t)m * ng + (b * QB) / G] += a.xs[(size_t)m * nb + b];
+    const int ntiles = (N + NT - 1) / NT;
+#pragma omp parallel num_threads(nthreads)
+    {
+        std::vector<float> sb((size_t)NT * nb, 1.0f), coef((size_t)M * NT * nb);
+        std::vector<uint8_t> codes((size_t)NT * nb * QB + 32);
+        uint8_t *cd = codes.data() + ((32 - ((uintptr_t)codes.data() & 31)) & 31); /* 32-byte aligned */
+#pragma omp for schedule(static)
+        for (int t = 0; t < ntiles; t++) {
+            const int n0 = t * NT, nt = std::min(NT, N - n0);
+            const int8_t *wrow[NT];
+            int nrow[NT];
+            for (int j = 0; j < NT; j++) {
+                const int n = nrow[j] = n0 + std::min(j, nt - 1); /* a short last tile repeats its last row */
+                wrow[j] = (const int8_t *)w + (size_t)n * K;
+                if (fmt != Q4) continue;
+                const uint8_t *row = (const uint8_t *)w + (size_t)n * (K / 2);
+                for (int b = 0; b < nb; b++) {
+#ifdef __AVX2__
+                    _mm256_store_si256((__m256i *)(cd + ((size_t)j * nb + b) * QB), unpack_q4_avx2(row, G, b));
+#else
+                    unpack_q4(row, G, b, cd + ((size_t)j * nb + b) * QB);
+#endif
+                }
+                const uint16_t *sr = s16 + (size_t)n * ng;
+                float *sj = &sb[(size_t)j * nb];
+                int g = 0;
+                for (; g + 8 <= ng; g += 8) {
+                    const v8f v = f16x8(sr + g);
+                    if (per == 1) {
+                        v8_store(sj + g, v);
+                    } else {
+                        for (int i = 0; i < 8; i++) sj[(g + i) * 2] = sj[(g + i) * 2 + 1] = v[i];
+                    }
+                }
+                for (; g < ng; g++)
+                    for (int r = 0; r < per; r++) sj[g * per + r] = half_to_float(sr[g]);
+            }
+            /* coef[m][j][b] = d[m][b] * scale of block b of row j */
+            for (int m = 0; m < M; m++)
+                for (int j = 0; j < NT; j++) {
+                    float *c = &coef[((size_t)m * NT + j) * nb];
+                    const float *d = &a.d[(size_t)m * nb], *sc = &sb[(size_t)j * nb];
+                    for (int b = 0; b < nb; b++) c[b] = d[b] * sc[b];
+                }
+            for (int m0 = 0; m0 < M;) {
+                const int mt = M - m0 >= 2 ? 2 : 1;
+                float dots[2][NT];
+#ifdef __AVX2__
+                __m256 out[2][NT];
+                if (mt == 2)
+                    q_micro<2>(fmt, nb, K, cd, wrow, coef.data(), a, m0, out);
+                else
+                    q_micro<1>(fmt, nb, K, cd, wrow, coef.data(), a, m0, out);
+                for (int i = 0; i < mt; i++)
+                    for (int j = 0; j < NT; j++) dots[i][j] = v8_hsum(m2v(out[i][j]));
+#else
+                for (int i = 0; i < mt; i++)
+                    for (int j = 0; j < NT; j++) {
+                        v8f acc = v8_splat(0.0f);
+                        const int8_t *qx = &a.q[(size_t)(m0 + i) * K];
+                        for (int b = 0; b < nb; b++) {
+                            const uint8_t *wc = cd + ((size_t)j * nb + b) * QB;
+                            v8f dot;
+                            for (int l = 0; l < 8; l++) {
+                                int sum = 0;
+                                for (int k = b * QB + l * 4; k < b * QB + l * 4 + 4; k++) {
+                                    const int wv = fmt == Q4 ? wc[k - b * QB] : wrow[j][k];
+                                    sum += wv * qx[k];
+                                }
+                                dot[l] = (float)sum;
+                            }
+                            acc = dot * v8_splat(coef[((size_t)(m0 + i) * NT + j) * nb + b]) + acc;
+                        }
+                        dots[i][j] = v8_hsum(acc);
+                    }
+#endif
+                for (int i = 0; i < mt; i++)
+                    for (int j = 0; j < nt; j++) {
+                        float s = dots[i][j];
+                        if (fmt == Q4) { /* the minimum's share: sum_g m_g * sum over the group's blocks of d * sum(qx) */
+                            const float *xg = &xsg[(size_t)(m0 + i) * ng];
+                            const uint16_t *mr = m16 + (size_t)nrow[j] * ng;
+                            v8f t8 = v8_splat(0.0f);
+                            int g = 0;
+                            for (; g + 8 <= ng; g += 8) t8 = f16x8(mr + g) * v8_load(xg + g) + t8;
+                            float t2 = v8_hsum(t8);
+                            for (; g < ng; g++) t2 += half_to_float(mr[g]) * xg[g];
+                            s += t2;
+                        } else {
+                            s *= scale[n0 + j];
+                        }
+                        y[(size_t)(m0 + i) * N + n0 + j] = s;
+                    }
+                m0 += mt;
+            }
+        }
+    }
+}
+
+extern "C" void cad_linear(const float *x, float *y, int M, int fmt, int N, int K, int G, const void *w,
+                           const float *scale, const uint16_t *s16, const uint16_t *m16, int nthreads) {
+    if (fmt == Q8 || fmt == Q4)
+        quantized(x, y, M, fmt, N, K, G, w, scale, s16, m16, nthreads);
+    else
+        dense(x, y, M, fmt, N, K, w, nthreads);
 }
