@@ -186,7 +186,7 @@ def _cpu_model() -> str:
 def run(args) -> int:
     from scheduler.runtime import Scheduler
 
-    sizes = [s for s in SIZES if s <= args.max_mib * MiB]
+    sizes = [s for s in SIZES if s <= args.max_mib * MiB] or SIZES[:1]
     arena = max(sizes) + 16 * MiB
     config = RuntimeConfig(
         memory=MemoryConfig(budget_bytes=8 * GiB, arena_bytes=arena, stream_bytes=64 * KiB, sample_s=0),
@@ -205,7 +205,7 @@ def run(args) -> int:
         finally:
             req.close(linger=0)
             zctx.term()
-    out["memcpy"] = bench_memcpy()
+    out["memcpy"] = bench_memcpy(args.memcpy_mib * MiB)
     print(format_table(out))
     if args.json:
         with open(args.json, "w") as f:
@@ -237,4 +237,5 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", metavar="OUT", help="also write the results as JSON to OUT")
     p.add_argument("--rounds", type=int, default=5000, help="round trips timed for the RTT (default 5000)")
     p.add_argument("--max-mib", type=int, default=256, help="largest tensor handed off, in MiB (default 256)")
+    p.add_argument("--memcpy-mib", type=int, default=256, help="buffer size for the memcpy reference (default 256)")
     p.set_defaults(func=run)
