@@ -30,9 +30,21 @@ class ErrorEvent:
     message: str
 
 
+@dataclass(frozen=True)
+class ActorStatus:
+    """One actor as the scheduler sees it now (`Scheduler.actor_status`): what the monitor shows."""
+    role: str
+    pid: int
+    state: str  # starting | initializing | ready | stopping | dead
+    op: str | None  # its oldest request awaiting a reply: what it works on now (None: idle)
+    op_since: float | None  # time.monotonic() when that request was sent
+    queued: int  # requests sent to it and not yet answered
+
+
 @dataclass
 class Pending:
     role: str
     op: str
     leases: list  # (allocator, slot) pairs released when the reply comes
     abandoned: bool = False  # the caller gave up waiting; a late reply only releases the leases
+    sent: float = 0.0  # time.monotonic() of the send

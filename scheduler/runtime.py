@@ -27,7 +27,7 @@ from actors.tracing import Tracer
 from cadence.errors import CadenceError
 from scheduler.config import RuntimeConfig
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
-from scheduler.events import DeadEvent, ErrorEvent, ReplyEvent, Pending
+from scheduler.events import ActorStatus, DeadEvent, ErrorEvent, ReplyEvent, Pending
 from scheduler.exchange import TensorExchange
 from scheduler.ledger import MemoryLedger
 from scheduler.procs import (DEAD, INITIALIZING, READY, STARTING, STOPPING, ActorProc, bind_router, close_sentinel,
@@ -55,6 +55,7 @@ class Scheduler(TensorExchange):
         self.actors: dict[str, ActorProc] = {}
         self.arenas: dict[str, Arena] = {}
         self.events: deque = deque()
+        self._listeners: list = []  # add_listener: called with each event as it arrives
         self.trace_path = None
         self.bad_frames = 0  # malformed frames received (each was answered with an Error)
         self._pending: dict[int, Pending] = {}
@@ -226,7 +227,7 @@ class Scheduler(TensorExchange):
             for alloc, slot in leases:
                 alloc.release(slot, role)
             raise
-        self._pending[req_id] = Pending(role, op, leases)
+        self._pending[req_id] = Pending(role, op, leases, sent=time.monotonic())
         self._count_queue(role, +1)
         return req_id
 
@@ -269,6 +270,26 @@ class Scheduler(TensorExchange):
     def pending(self, role: str | None = None) -> int:
         """Requests awaiting a reply, to `role` or to anyone."""
         return self._queued[role] if role is not None else sum(self._queued.values())
+
+    def add_listener(self, fn) -> None:
+        """Call `fn(event)` for every ReplyEvent, DeadEvent and ErrorEvent as the loop receives it,
+        before `poll`/`call` hand it out: the monitor's feed. It runs inside the loop, so it must
+        be quick; one that raises is logged and removed."""
+        self._listeners.append(fn)
+
+    def actor_status(self) -> list[ActorStatus]:
+        """Each actor's pid, handshake state and current op (its oldest unanswered request).
+        Cheap, and safe to call from another thread: it reads copies of the tables."""
+        oldest: dict[str, tuple[int, Pending]] = {}
+        for req_id, p in list(self._pending.items()):
+            if p.role not in oldest or req_id < oldest[p.role][0]:
+                oldest[p.role] = (req_id, p)
+        out = []
+        for role, proc in list(self.actors.items()):
+            p = oldest.get(role, (0, None))[1]
+            out.append(ActorStatus(role, proc.pid, proc.state, p.op if p else None, p.sent if p else None,
+                                   self._queued[role]))
+        return out
 
     def send_raw(self, role: str, frames: list[bytes]) -> None:
         """Any frames at all to an actor (tests, tools): it must answer, not die."""
@@ -350,7 +371,7 @@ class Scheduler(TensorExchange):
             if pending is not None and pending.role == role:
                 self._on_reply(role, wire.Reply(msg.req_id, False, {}, {}, msg.message))
             else:
-                self.events.append(ErrorEvent(role, msg.message))
+                self._emit(ErrorEvent(role, msg.message))
         else:
             self._answer(proc, wire.Error(None, f"unexpected {kind.__name__} from the {role} actor in state {proc.state}"))
 
@@ -370,8 +391,17 @@ class Scheduler(TensorExchange):
             alloc.release(slot, role)
         if p.abandoned:
             return
-        self.events.append(ReplyEvent(role, p.op, reply))
+        self._emit(ReplyEvent(role, p.op, reply))
         self._count_queue(role, -1)
+
+    def _emit(self, ev) -> None:
+        self.events.append(ev)
+        for fn in tuple(self._listeners) if self._listeners else ():
+            try:
+                fn(ev)
+            except Exception:
+                log.exception("cadence: an event listener failed; it is removed")
+                self._listeners.remove(fn)
 
     def _abandon(self, req_id: int) -> None:
         p = self._pending.get(req_id)
@@ -403,7 +433,7 @@ class Scheduler(TensorExchange):
                 alloc.release(slot, proc.role)  # a dead reader reads nothing more
         self._count_queue(proc.role, -self._queued[proc.role])
         self.tracer.instant(f"{proc.role} died", cat="scheduler", args={"reason": reason})
-        self.events.append(DeadEvent(proc.role, reason))
+        self._emit(DeadEvent(proc.role, reason))
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()

@@ -1,7 +1,8 @@
 """One Chrome trace per run: `traces/<run-id>.json` in Trace Event Format.
 
 Actors ship span batches (ts/dur in ns on CLOCK_MONOTONIC); the scheduler adds its own spans,
-counters (memory used vs budget, queue depths) and flows. `write` turns ns into microseconds
+counters (memory used vs budget, queue depths, tokens, alpha) and flows, and `link`s the spans
+that served two requests (a draft tree -> its verification). `write` turns ns into microseconds
 since the run's t0, names every process and thread (`M`), keeps only flows whose start and end
 both arrived, and writes one file that opens as it is in Perfetto and chrome://tracing.
 `validate_trace` is the check tests (and `launch trace summary`) run on such a file.
@@ -50,6 +51,7 @@ class TraceSink:
         self._procs: dict[int, tuple[str, int]] = {}  # pid -> (name, sort index)
         self.dropped = 0
         self.rejected = 0
+        self._links: list[tuple] = []  # (from (pid, req), to (pid, req), name, cat)
 
     def name_process(self, pid: int, name: str) -> None:
         """Name (or rename) a process; the first naming fixes its place in the list."""
@@ -71,14 +73,38 @@ class TraceSink:
     def counter(self, pid: int, name: str, values: dict, ts_ns: int) -> None:
         self.add(pid, [{"ph": "C", "name": name, "ts": ts_ns, "tid": 0, "args": dict(values)}])
 
+    def link(self, src: tuple[int, int], dst: tuple[int, int], name: str, cat: str) -> None:
+        """A flow from the span that served request `src` = (actor pid, req id) to the one that
+        served `dst`; resolved at write time from the spans' args.req (`Actor.handle` sets it).
+        A link whose spans never arrived (an actor died) is left out."""
+        if self.config.enabled:
+            self._links.append((src, dst, name, cat))
+
+    def _link_events(self) -> list[dict]:
+        if not self._links:
+            return []
+        served = {}
+        for ev in self._events:
+            if ev["ph"] == "X" and "req" in ev.get("args", ()) and "to" not in ev["args"]:  # not the scheduler's "send"
+                served[(ev["pid"], ev["args"]["req"])] = ev
+        out = []
+        for i, (src, dst, name, cat) in enumerate(self._links, 1):
+            a, b = served.get(src), served.get(dst)
+            if a is None or b is None or a["ts"] + a["dur"] // 2 > b["ts"] + b["dur"] // 2:
+                continue
+            out.append({"ph": "s", "name": name, "cat": cat, "id": i, "ts": a["ts"] + a["dur"] // 2, "pid": a["pid"], "tid": a["tid"]})
+            out.append({"ph": "f", "bp": "e", "name": name, "cat": cat, "id": i, "ts": b["ts"] + b["dur"] // 2,
+                        "pid": b["pid"], "tid": b["tid"]})
+        return out
+
     def to_json(self) -> dict:
         out: list[dict] = []
         for pid, (name, sort) in self._procs.items():
             out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
             out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": sort}})
-        flows: dict[int, list[dict]] = defaultdict(list)
+        flows: dict[tuple, list[dict]] = defaultdict(list)  # (cat, id) -> its events, as the validator pairs them
         timed = []
-        for ev in self._events:
+        for ev in self._events + self._link_events():
             if ev["ph"] == "M":
                 out.append(dict(ev))
                 continue
@@ -87,7 +113,7 @@ class TraceSink:
             if "dur" in ev:
                 e["dur"] = ev["dur"] / 1000
             if e["ph"] in "sf":
-                flows[e["id"]].append(e)
+                flows[(e.get("cat"), e["id"])].append(e)
             else:
                 timed.append(e)
         unpaired = 0

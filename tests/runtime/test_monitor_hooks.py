@@ -1,0 +1,84 @@
+"""The hooks the monitor reads: event listeners, the actor table with current ops, the pipeline's
+per-round callback and counters, and flows linking the spans of two requests."""
+from __future__ import annotations
+
+import json
+import time
+
+from actors.fake import FakeDraftActor
+from actors.tracing import Tracer
+from scheduler.config import TraceConfig
+from scheduler.events import DeadEvent, ReplyEvent
+from scheduler.pipeline import RoundDone, run_pipeline
+from scheduler.runtime import Scheduler
+from scheduler.trace import TraceSink, validate_trace
+from tests.runtime.fake_run import policy_for, small_config, spawn_fakes
+
+
+def test_listener_sees_events_and_actor_status_shows_the_current_op(tmp_path):
+    seen = []
+    with Scheduler(small_config(None)) as s:
+        s.spawn("draft", FakeDraftActor, {})
+        s.add_listener(seen.append)
+        s.add_listener(lambda ev: 1 / 0)  # a broken listener is dropped, the loop goes on
+        [st] = s.actor_status()
+        assert (st.role, st.pid, st.state, st.op, st.queued) == ("draft", s.actors["draft"].pid, "ready", None, 0)
+        t0 = time.monotonic()
+        req = s.send("draft", "sleep", {"s": 0.3})
+        [st] = s.actor_status()
+        assert st.op == "sleep" and t0 <= st.op_since <= time.monotonic() and st.queued == 1
+        assert s.call("draft", "ping", {"x": 1}).result == {"x": 1}  # the sleep's reply arrives first
+        assert [(type(e), e.op) for e in seen] == [(ReplyEvent, "sleep"), (ReplyEvent, "ping")]
+        assert seen[0].reply.req_id == req and len(s._listeners) == 1
+        assert [e.reply.req_id for e in s.poll(0)] == [req]  # listeners do not consume events
+        [st] = s.actor_status()
+        assert st.op is None and st.queued == 0
+        s.actors["draft"].popen.kill()
+        deadline = time.monotonic() + 5
+        while not any(isinstance(e, DeadEvent) for e in seen) and time.monotonic() < deadline:
+            s.poll(0.05)
+        assert any(isinstance(e, DeadEvent) and e.role == "draft" for e in seen)
+        assert s.actor_status()[0].state == "dead"
+
+
+def test_pipeline_reports_each_round_and_writes_its_counters_and_tree_flows(tmp_path):
+    rounds: list[RoundDone] = []
+    with Scheduler(small_config(tmp_path, max_tokens=20)) as s:
+        pids = spawn_fakes(s, seed=5)
+        res = run_pipeline(s, policy_for(s), on_round=rounds.append)
+    assert [r.round for r in rounds] == list(range(1, res.rounds + 1))
+    assert sum(r.new_tokens for r in rounds) == rounds[-1].tokens == res.tokens
+    assert all(0 <= r.accepted <= r.tree for r in rounds) and rounds[-1].alpha == res.alpha
+    obj = json.loads(s.trace_path.read_text())
+    assert validate_trace(obj) == [] and obj["otherData"]["unpaired_flow_events"] == 0
+    evs = obj["traceEvents"]
+    counter = lambda name: [e["args"] for e in evs if e["ph"] == "C" and e["name"] == name]
+    assert [c["total"] for c in counter("tokens")] == [r.tokens for r in rounds]
+    assert [c["alpha"] for c in counter("alpha")] == [r.alpha for r in rounds]
+    assert [(c["length"], c["tree"]) for c in counter("accepted")] == [(r.accepted, r.tree) for r in rounds]
+    tree = [e for e in evs if e["ph"] in "sf" and e["cat"] == "tree"]
+    starts = [e for e in tree if e["ph"] == "s"]
+    assert len(starts) == res.rounds and len(tree) == 2 * res.rounds  # one arrow per verified tree
+    assert {e["pid"] for e in starts} == {pids["draft"]}
+    assert {e["pid"] for e in tree if e["ph"] == "f"} == {pids["verifier"]}
+
+
+def test_sink_links_the_spans_that_served_two_requests(tmp_path):
+    sink = TraceSink("1x02", TraceConfig(dir=str(tmp_path)), 0)
+    draft, verifier = Tracer(), Tracer()
+    with draft.span("draft_step", cat="draft", args={"req": 1}):
+        pass
+    time.sleep(0.001)
+    with verifier.span("verify_layer", cat="verifier", args={"req": 2}):
+        pass
+    sink.name_process(10, "draft")
+    sink.name_process(20, "verifier")
+    sink.add(10, draft.drain())
+    sink.add(20, verifier.drain())
+    sink.link((10, 1), (20, 2), "draft tree", "tree")
+    sink.link((10, 1), (20, 99), "draft tree", "tree")  # its verification never arrived: left out
+    sink.link((20, 2), (10, 1), "backwards", "tree")  # would end before it starts: left out
+    obj = sink.to_json()
+    assert validate_trace(obj) == []
+    flows = [e for e in obj["traceEvents"] if e["ph"] in "sf"]
+    assert [(e["ph"], e["pid"], e["name"]) for e in flows] == [("s", 10, "draft tree"), ("f", 20, "draft tree")]
