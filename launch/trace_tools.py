@@ -1,0 +1,333 @@
+"""`launch trace summary`: where a run's time went, from its Chrome trace alone.
+
+Pure functions over a trace dict (Trace Event Format, ts/dur in microseconds), so they work on
+any trace the runtime writes and are tested on hand-made traces with known answers.
+
+Every complete (`X`) span gets a category from its `cat` (the fake actors use their role, the
+real ones `draft`, `verify`, `load`, `attention`) or, for `wait:<what>` / `idle` names, `wait`.
+Unknown categories count as `other`. Per thread, work is the union of its spans minus the union
+of its wait spans (a `wait:layer` nested in a `verify` span is waiting, not verifying); a process
+is busy when any of its threads works. The window is the extent of all spans.
+
+- busy % per actor (process): its work / the window;
+- compute/I-O overlap: how much of the time a load ran was also spent computing (draft, verify,
+  attention) somewhere, i.e. the share of I/O hidden behind compute;
+- verifier waits: its `wait:<what>` spans, plus the gaps between its spans, put down to what was
+  running meanwhile: a load (`layer`), drafting (`tree`), the sparse worker (`attention`), or
+  nothing (`idle`);
+- time per generated token: each instant of the window goes to one bucket, the first that is
+  busy in the order verify (incl. attention) > draft > load > other > idle, divided by the
+  tokens (the pipeline's `tokens` counter, or given).
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# what `cat` says -> our category
+CATEGORIES = {
+    "draft": "draft", "verify": "verify", "verifier": "verify", "attention": "attention", "sparse": "attention",
+    "load": "load", "loader": "load", "io": "load", "wait": "wait", "idle": "wait", "scheduler": "scheduler",
+}
+COMPUTE = ("draft", "verify", "attention")
+SPLIT = ("verify", "draft", "load", "other", "idle")  # priority order of the per-token split
+
+
+def load_trace(path) -> dict:
+    """A trace file as a dict with `traceEvents` (a bare event list is wrapped)."""
+    obj = json.loads(Path(path).read_text())
+    return {"traceEvents": obj} if isinstance(obj, list) else obj
+
+
+def events_of(trace) -> list[dict]:
+    evs = trace.get("traceEvents") if isinstance(trace, dict) else trace
+    return [e for e in evs or [] if isinstance(e, dict)]
+
+
+def category(ev: dict) -> str:
+    name = ev.get("name") or ""
+    if name.startswith("wait:") or name in ("wait", "idle"):
+        return "wait"
+    return CATEGORIES.get(ev.get("cat") or "", "other")
+
+
+def wait_what(ev: dict) -> str:
+    name = ev.get("name") or ""
+    return (name[5:] or "?") if name.startswith("wait:") else name
+
+
+# -- interval algebra over sorted, disjoint (start, end) lists ---------------------------------
+
+def union(iv) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(iv):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def length(iv) -> float:
+    return sum(e - s for s, e in iv)
+
+
+def intersect(a, b) -> list[tuple[float, float]]:
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if s < e:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(a, b) -> list[tuple[float, float]]:
+    out, j = [], 0
+    for s, e in a:
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        k, cur = j, s
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+# -- the summary ----------------------------------------------------------------------------
+
+@dataclass
+class ActorSummary:
+    pid: int
+    name: str  # process_name, e.g. "verifier (FakeVerifierActor)"
+    role: str  # its first word
+    threads: int
+    busy_s: float
+    busy_pct: float
+    by_category: dict[str, float]  # category -> seconds of work
+    top_ops: list[tuple[str, int, float]]  # (span name, count, seconds summed), largest first
+
+
+@dataclass
+class TraceSummary:
+    run_id: str | None
+    window_s: float
+    actors: list[ActorSummary]
+    io_s: float  # time any load ran
+    compute_s: float  # time any draft / verify / attention ran
+    overlap_s: float  # both at once
+    verifier_busy_s: float
+    waits: dict[str, tuple[int, float]]  # from wait:<what> spans: what -> (count, seconds)
+    gaps: dict[str, float]  # verifier gaps by what ran meanwhile: layer | tree | attention | idle
+    tokens: int | None
+    split_s: dict[str, float]  # SPLIT bucket -> seconds (sums to the window)
+    categories: dict[str, float] = field(default_factory=dict)  # category -> seconds any thread did it
+
+    @property
+    def overlap_pct(self) -> float | None:
+        """Share of I/O time hidden behind compute; None if nothing was loaded."""
+        return 100.0 * self.overlap_s / self.io_s if self.io_s else None
+
+    @property
+    def per_token_ms(self) -> dict[str, float] | None:
+        if not self.tokens:
+            return None
+        return {k: 1000.0 * v / self.tokens for k, v in self.split_s.items()}
+
+
+def _names(evs) -> tuple[dict, dict]:
+    procs, threads = {}, {}
+    for e in evs:
+        if e.get("ph") == "M" and isinstance(e.get("args"), dict):
+            if e.get("name") == "process_name":
+                procs[e.get("pid")] = str(e["args"].get("name"))
+            elif e.get("name") == "thread_name":
+                threads[(e.get("pid"), e.get("tid"))] = str(e["args"].get("name"))
+    return procs, threads
+
+
+def _tokens(evs) -> int | None:
+    """The pipeline's `tokens` counter (its last total); else the sum over `accepted` counters."""
+    totals = [e["args"].get("total") for e in evs if e.get("ph") == "C" and e.get("name") == "tokens"
+              and isinstance(e.get("args"), dict)]
+    totals = [t for t in totals if isinstance(t, (int, float))]
+    if totals:
+        return int(max(totals))
+    acc = [e["args"].get("length") for e in evs if e.get("ph") == "C" and e.get("name") == "accepted"
+           and isinstance(e.get("args"), dict)]
+    acc = [a for a in acc if isinstance(a, (int, float))]
+    return int(sum(a + 1 for a in acc)) if acc else None
+
+
+def summarize(trace, tokens: int | None = None) -> TraceSummary:
+    evs = events_of(trace)
+    procs, _ = _names(evs)
+    spans = [e for e in evs if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))
+             and isinstance(e.get("dur"), (int, float))]
+    # per thread: category -> intervals; waits kept apart
+    work: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    waits_iv: dict[tuple, list] = defaultdict(list)
+    ops: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
+    waits: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    roles = {pid: (name.split() or ["?"])[0] for pid, name in procs.items()}
+    for e in spans:
+        pid, key = e.get("pid"), (e.get("pid"), e.get("tid"))
+        iv = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        cat = category(e)
+        op = ops[pid][e.get("name", "?")]
+        op[0] += 1
+        op[1] += iv[1] - iv[0]
+        if cat == "wait":
+            waits_iv[key].append(iv)
+            if roles.get(pid) == "verifier" or "verifier" not in roles.values():
+                w = waits[wait_what(e)]
+                w[0] += 1
+                w[1] += (iv[1] - iv[0]) / 1e6
+        else:
+            work[key][cat].append(iv)
+    window = union([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in spans])
+    w0, w1 = (window[0][0], window[-1][1]) if window else (0.0, 0.0)
+    span_s = (w1 - w0) / 1e6
+
+    # work per thread (minus its waits) -> per process, per category
+    cat_iv: dict[str, list] = defaultdict(list)
+    proc_iv: dict = defaultdict(list)
+    proc_cat: dict = defaultdict(lambda: defaultdict(list))
+    threads: dict = defaultdict(set)
+    for key in set(work) | set(waits_iv):
+        pid = key[0]
+        threads[pid].add(key[1])
+        waited = union(waits_iv.get(key, []))
+        for cat, ivs in work.get(key, {}).items():
+            w = subtract(union(ivs), waited)
+            cat_iv[cat] += w
+            proc_iv[pid] += w
+            proc_cat[pid][cat] += w
+    cat_u = {c: union(v) for c, v in cat_iv.items()}
+
+    actors = []
+    for pid in sorted(threads, key=lambda p: (list(procs).index(p) if p in procs else len(procs), str(p))):
+        busy = length(union(proc_iv[pid])) / 1e6
+        top = sorted(((n, c, t / 1e6) for n, (c, t) in ops[pid].items()), key=lambda x: -x[2])[:5]
+        actors.append(ActorSummary(pid, procs.get(pid, f"pid {pid}"), roles.get(pid, f"pid {pid}"), len(threads[pid]),
+                                   busy, 100.0 * busy / span_s if span_s else 0.0,
+                                   {c: length(union(v)) / 1e6 for c, v in sorted(proc_cat[pid].items())}, top))
+
+    io = cat_u.get("load", [])
+    compute = union([iv for c in COMPUTE for iv in cat_u.get(c, [])])
+
+    # the verifier's gaps, put down to what ran meanwhile
+    vpids = [p for p, r in roles.items() if r == "verifier"] or sorted({k[0] for k, c in work.items() if "verify" in c})
+    v_work = union([iv for p in vpids for iv in proc_iv.get(p, [])])
+    v_wait = union([iv for k, v in waits_iv.items() if k[0] in vpids for iv in v])
+    gaps: dict[str, float] = {}
+    if v_work:
+        rest = subtract([(w0, w1)], union(v_work + v_wait))
+        for what, cat in (("layer", "load"), ("tree", "draft"), ("attention", "attention")):
+            got = intersect(rest, cat_u.get(cat, []))
+            gaps[what] = length(got) / 1e6
+            rest = subtract(rest, union(got))
+        gaps["idle"] = length(rest) / 1e6
+
+    # each instant of the window to one bucket
+    split: dict[str, float] = {}
+    rest = [(w0, w1)] if w1 > w0 else []
+    for bucket, cats in (("verify", ("verify", "attention")), ("draft", ("draft",)), ("load", ("load",)), ("other", ("other",))):
+        got = intersect(rest, union([iv for c in cats for iv in cat_u.get(c, [])]))
+        split[bucket] = length(got) / 1e6
+        rest = subtract(rest, got)
+    split["idle"] = length(rest) / 1e6
+
+    return TraceSummary(
+        run_id=(trace.get("otherData") or {}).get("run_id") if isinstance(trace, dict) else None,
+        window_s=span_s, actors=actors, io_s=length(io) / 1e6, compute_s=length(compute) / 1e6,
+        overlap_s=length(intersect(io, compute)) / 1e6,
+        verifier_busy_s=length(v_work) / 1e6,
+        waits={k: (c, s) for k, (c, s) in sorted(waits.items(), key=lambda x: -x[1][1])},
+        gaps=gaps, tokens=tokens if tokens is not None else _tokens(evs), split_s=split,
+        categories={c: length(v) / 1e6 for c, v in sorted(cat_u.items())})
+
+
+# -- output --------------------------------------------------------------------------------------
+
+def summary_dict(s: TraceSummary) -> dict:
+    return {
+        "run_id": s.run_id, "window_s": s.window_s, "tokens": s.tokens,
+        "actors": [{"pid": a.pid, "name": a.name, "role": a.role, "threads": a.threads, "busy_s": a.busy_s,
+                    "busy_pct": a.busy_pct, "by_category_s": a.by_category,
+                    "top_ops": [{"name": n, "count": c, "s": t} for n, c, t in a.top_ops]} for a in s.actors],
+        "io_s": s.io_s, "compute_s": s.compute_s, "overlap_s": s.overlap_s, "overlap_pct": s.overlap_pct,
+        "verifier": {"busy_s": s.verifier_busy_s, "waits": {k: {"count": c, "s": t} for k, (c, t) in s.waits.items()},
+                     "gaps_s": s.gaps},
+        "split_s": s.split_s, "per_token_ms": s.per_token_ms, "categories_s": s.categories,
+    }
+
+
+def _pct(x: float, whole: float) -> str:
+    return f"{100.0 * x / whole:5.1f}%" if whole else "    -"
+
+
+def format_summary(s: TraceSummary) -> str:
+    w = s.window_s
+    out = [f"trace {s.run_id or '?'}: {w * 1000:.1f} ms of spans, "
+           f"{s.tokens if s.tokens is not None else '?'} tokens generated"]
+    out += ["", f"{'actor':<32} {'threads':>7} {'busy':>9} {'busy %':>7}  top ops (count, ms)"]
+    for a in s.actors:
+        top = ", ".join(f"{n} ({c}, {t * 1000:.1f})" for n, c, t in a.top_ops[:3])
+        out.append(f"{a.name[:32]:<32} {a.threads:>7} {a.busy_s * 1000:>6.1f} ms {a.busy_pct:>6.1f}%  {top}")
+    ov = s.overlap_pct
+    out += ["", f"I/O {s.io_s * 1000:.1f} ms, compute {s.compute_s * 1000:.1f} ms, both at once {s.overlap_s * 1000:.1f} ms: "
+            + (f"{ov:.1f}% of I/O overlapped with compute" if ov is not None else "no I/O spans")]
+    if s.verifier_busy_s or s.waits:
+        out += ["", f"verifier: busy {s.verifier_busy_s * 1000:.1f} ms ({_pct(s.verifier_busy_s, w).strip()} of the window)"]
+        for what, (n, t) in s.waits.items():
+            out.append(f"  wait:{what:<18} {n:>6} spans {t * 1000:>9.1f} ms {_pct(t, w)}")
+        for what, t in s.gaps.items():
+            if t > 0:
+                out.append(f"  gap, {'waiting for ' + what if what != 'idle' else 'nothing running':<24} {t * 1000:>9.1f} ms {_pct(t, w)}")
+    per = s.per_token_ms
+    out += ["", "time split (each instant once: verify > draft > load > other > idle)"
+            + (f", per generated token ({s.tokens}):" if per else ":")]
+    for k in SPLIT:
+        if k == "other" and not s.split_s.get(k):
+            continue
+        v = s.split_s.get(k, 0.0)
+        out.append(f"  {k:<8} {v * 1000:>9.1f} ms {_pct(v, w)}" + (f"   {per[k]:>8.2f} ms/token" if per else ""))
+    if per:
+        out.append(f"  {'total':<8} {w * 1000:>9.1f} ms         {sum(per.values()):>8.2f} ms/token")
+    others = {c: t for c, t in s.categories.items() if c == "other" and t}
+    if others:
+        out.append(f"  (spans of unknown categories counted as other: {others['other'] * 1000:.1f} ms)")
+    return "\n".join(out)
+
+
+# -- `launch run --trace PATH` -------------------------------------------------------------------
+
+def trace_dir(wanted: str | None) -> str | None:
+    """The directory for `TraceConfig(dir=...)`: PATH itself, or a .json PATH's folder (None: the default)."""
+    if wanted is None:
+        return None
+    p = Path(wanted)
+    return str(p.parent) if p.suffix == ".json" else str(p)
+
+
+def place_trace(written: Path | None, wanted: str | None) -> Path | None:
+    """After the run: a .json PATH receives the trace the scheduler wrote as <run-id>.json."""
+    if written is None or wanted is None or Path(wanted).suffix != ".json":
+        return written
+    target = Path(wanted)
+    if Path(written).resolve() != target.resolve():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        Path(written).replace(target)
+    return target
