@@ -107,9 +107,20 @@ def ensure_store(model: str, fmt: str, group_size: int = 32) -> WeightStore:
     linear.check_format(fmt)
     label, path, sha = resolve(model)
     out = store_dir(label, sha, fmt if fmt != "int4" else f"int4g{group_size}")
+    if (out / "manifest.json").is_file() and not _current(out):
+        shutil.rmtree(out)  # written by another version of cadence: a cache, so convert again
     if not (out / "manifest.json").is_file():
         convert(open_source(path, sha), out, fmt, group_size=group_size, label=label)
     return WeightStore(out)
+
+
+def _current(store: Path) -> bool:
+    from models.store import FORMAT_VERSION
+
+    try:
+        return json.loads((store / "manifest.json").read_text()).get("format_version") == FORMAT_VERSION
+    except (OSError, json.JSONDecodeError):
+        return False
 
 
 def known_stores() -> list[WeightStore]:

@@ -24,14 +24,17 @@ from cadence import paths
 from cadence.errors import CadenceError
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("attention.cpp", "linear.cpp")
+SOURCES = ("attention.cpp", "linear.cpp", "ops.cpp")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu++17", "-fno-math-errno"]
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _SIGNATURES = {
     "cad_attention": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, ctypes.c_float, _I],
-    "cad_linear": [_P, _P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _I],
+    "cad_linear": [_P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _I],
+    "cad_rmsnorm": [_P, _P, _P, _I, _I, ctypes.c_float],
+    "cad_qkv_rope": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I],
+    "cad_swiglu": [_P, _P, _I, _I],
 }
 # weight formats of cad_linear
 F32, BF16, F16, Q8, Q4 = range(5)
@@ -111,14 +114,46 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_s
     return (out, lse) if want_lse else out
 
 
-def linear(x: torch.Tensor, fmt: int, n: int, k: int, w: torch.Tensor, scale: torch.Tensor | None = None,
-           s16: torch.Tensor | None = None, m16: torch.Tensor | None = None, group: int = 0) -> torch.Tensor:
-    """y [M, n] = x [M, k] W^T, fp32 in and out; W in one of the formats above (see csrc/linear.cpp)."""
-    assert x.dtype == torch.float32 and x.shape[-1] == k and k % 16 == 0
+def linear(x: torch.Tensor, fmt: int, n: int, k: int, w: torch.Tensor, *extra: torch.Tensor,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """y [M, n] = x [M, k] W^T, fp32 in and out; W in one of the formats above (see csrc/linear.cpp).
+
+    `extra`: int8: (scale,); int4: (sub-scales, sub-minimums, super-scales, super-minimums).
+    With `out`, the product is added to it in place (out += x W^T) and `out` is returned.
+    """
+    assert x.dtype == torch.float32 and x.shape[-1] == k and k % 32 == 0
     x = x.contiguous()
-    y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+    acc = out is not None
+    y = out if acc else torch.empty(*x.shape[:-1], n, dtype=torch.float32)
     m = x.numel() // k
+    a = [_ptr(t) for t in extra] + [None] * (4 - len(extra))
     if m:
-        lib().cad_linear(_ptr(x), _ptr(y), m, fmt, n, k, group, _ptr(w), _ptr(scale), _ptr(s16), _ptr(m16),
-                         torch.get_num_threads())
+        lib().cad_linear(_ptr(x), _ptr(y), m, fmt, n, k, _ptr(w), *a, torch.get_num_threads(), int(acc))
     return y
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    lib().cad_rmsnorm(_ptr(x), _ptr(w), _ptr(out), x.numel() // x.shape[-1], x.shape[-1], eps)
+    return out
+
+
+def qkv_rope(qkv: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int, slot0: int) -> torch.Tensor:
+    """Split qkv [T, (H + 2 Hkv) hd], add the bias, rotate q and k; k, v go into the layer's cache at
+    slots slot0.. ; returns q [T, H, hd]."""
+    T = qkv.shape[0]
+    hkv, cap, hd = k_cache.shape
+    assert hd <= 1024 and pos.dtype == torch.int64 and qkv.is_contiguous()
+    q = torch.empty(T, n_heads, hd, dtype=torch.float32)
+    lib().cad_qkv_rope(_ptr(qkv), _ptr(bias), _ptr(pos), _ptr(cos), _ptr(sin), _ptr(q), _ptr(k_cache), _ptr(v_cache),
+                       T, n_heads, hkv, hd, cap, slot0)
+    return q
+
+
+def swiglu(gu: torch.Tensor) -> torch.Tensor:
+    T, f2 = gu.shape
+    out = torch.empty(T, f2 // 2, dtype=torch.float32)
+    lib().cad_swiglu(_ptr(gu.contiguous()), _ptr(out), T, f2 // 2)
+    return out

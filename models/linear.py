@@ -5,7 +5,9 @@ in cadence's own kernel (models/csrc/linear.cpp), whose result for a row never d
 other rows of the batch; elsewhere (CUDA) in torch. Formats:
   fp32, bf16, fp16   dense weights
   int8               weight-only, symmetric, one fp32 scale per output channel
-  int4               weight-only, asymmetric groups of G (32 or 64) with fp16 scale and minimum
+  int4               weight-only, groups of 32 with 8-bit scale and minimum under fp16 scales per 256
+                     (llama.cpp's Q4_K layout, with 8-bit instead of 6-bit sub-scales)
+Quantized formats multiply in integers: activations are rounded to int8 per block of 256 per row.
 """
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ from models import kernels
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _KERNEL_FMT = {torch.float32: kernels.F32, torch.bfloat16: kernels.BF16, torch.float16: kernels.F16}
-GROUP_SIZES = (32, 64)
+GROUP_SIZES = (32, 64)  # int4 quantization groups; 64 shares one sub-scale across two groups of 32
+SUB, SUPER = 32, 256  # int4 sub-block and super-block; activations are quantized per super-block
+ACT_BLOCK = SUPER
 
 
 def _use_kernel(t: torch.Tensor, k: int) -> bool:
-    return t.device.type == "cpu" and k % 16 == 0 and kernels.available()
+    return t.device.type == "cpu" and k % 32 == 0 and kernels.available()
 
 
 class Linear:
@@ -35,8 +39,15 @@ class Linear:
         y = self.matmul(x)
         return y if self.bias is None else y + self.bias
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x W^T (no bias); with `out`, added to it in place: the residual connection."""
         raise NotImplementedError
+
+    def _torch_add(self, y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        if out is None:
+            return y
+        out += y
+        return out
 
     def dequantized(self) -> torch.Tensor:
         """W as fp32 [N, K], exactly as this format represents it."""
@@ -53,11 +64,11 @@ class DenseLinear(Linear):
         self.fmt = {v: k for k, v in FLOAT_DTYPES.items()}[w.dtype]
         self.kernel = _use_kernel(w, self.k)
 
-    def matmul(self, x):
+    def matmul(self, x, out=None):
         if self.kernel:
             raw = self.w if self.w.dtype == torch.float32 else self.w.view(torch.int16)
-            return kernels.linear(x, _KERNEL_FMT[self.w.dtype], self.n, self.k, raw)
-        return F.linear(x.to(self.w.dtype), self.w).float()
+            return kernels.linear(x, _KERNEL_FMT[self.w.dtype], self.n, self.k, raw, out=out)
+        return self._torch_add(F.linear(x.to(self.w.dtype), self.w).float(), out)
 
     def dequantized(self):
         return self.w.float()
@@ -75,12 +86,12 @@ class Int8Linear(Linear):
         self.kernel = _use_kernel(q, self.k)
         self._dense = None
 
-    def matmul(self, x):
+    def matmul(self, x, out=None):
         if self.kernel:
-            return kernels.linear(x, kernels.Q8, self.n, self.k, self.q, scale=self.scale)
+            return kernels.linear(x, kernels.Q8, self.n, self.k, self.q, self.scale, out=out)
         if self._dense is None:  # no kernel here: keep a bf16 copy
             self._dense = self.dequantized().to(torch.bfloat16)
-        return F.linear(x.to(torch.bfloat16), self._dense).float()
+        return self._torch_add(F.linear(x.to(torch.bfloat16), self._dense).float(), out)
 
     def dequantized(self):
         return self.q.float() * self.scale[:, None]
@@ -92,34 +103,36 @@ class Int8Linear(Linear):
 class Int4Linear(Linear):
     fmt = "int4"
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group: int,
+    def __init__(self, q: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, s: torch.Tensor, m: torch.Tensor,
                  bias: torch.Tensor | None = None):
         super().__init__(q.shape[0], q.shape[1] * 2, bias)
-        self.q, self.scale, self.min, self.group = q, scale, minimum, group
+        self.q, self.sc, self.mn, self.s, self.m = q, sc, mn, s, m
         self.kernel = _use_kernel(q, self.k)
         self._dense = None
 
-    def matmul(self, x):
+    def matmul(self, x, out=None):
         if self.kernel:
-            return kernels.linear(x, kernels.Q4, self.n, self.k, self.q, s16=self.scale.view(torch.int16),
-                                  m16=self.min.view(torch.int16), group=self.group)
+            return kernels.linear(x, kernels.Q4, self.n, self.k, self.q, self.sc, self.mn, self.s.view(torch.int16),
+                                  self.m.view(torch.int16), out=out)
         if self._dense is None:
             self._dense = self.dequantized().to(torch.bfloat16)
-        return F.linear(x.to(torch.bfloat16), self._dense).float()
+        return self._torch_add(F.linear(x.to(torch.bfloat16), self._dense).float(), out)
 
     def codes(self) -> torch.Tensor:
         """The 4-bit codes as uint8 [N, K]."""
-        g, half = self.group, self.group // 2
-        b = self.q.view(self.n, self.k // g, half)
+        b = self.q.view(self.n, self.k // SUB, SUB // 2)
         return torch.cat([b & 15, b >> 4], dim=-1).view(self.n, self.k)
 
     def dequantized(self):
-        g = self.group
-        codes = self.codes().view(self.n, self.k // g, g).float()
-        return (codes * self.scale.float()[..., None] + self.min.float()[..., None]).view(self.n, self.k)
+        ng = self.k // SUB
+        per_group = lambda t: t.float().repeat_interleave(SUPER // SUB, dim=1)[:, :ng]  # super-block value per group
+        scale = per_group(self.s) * self.sc.float()  # [N, K/32]
+        offset = per_group(self.m) * self.mn.float()
+        codes = self.codes().view(self.n, ng, SUB).float()
+        return (codes * scale[..., None] - offset[..., None]).view(self.n, self.k)
 
     def nbytes(self):
-        return self.q.numel() + (self.scale.numel() + self.min.numel()) * 2
+        return self.q.numel() + self.sc.numel() + self.mn.numel() + (self.s.numel() + self.m.numel()) * 2
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict]:
@@ -129,20 +142,37 @@ def quantize_int8(w: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 def quantize_int4(w: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """w ~ S sc q - M mn: codes q 0..15 per weight, 8-bit sc, mn per group of 32, fp16 S, M per 256."""
     n, k = w.shape
     if group not in GROUP_SIZES:
         raise CadenceError(f"int4 group size {group} is not supported; use 32 or 64")
     if k % group:
         raise CadenceError(f"int4 with groups of {group} needs the input width ({k}) to be a multiple of {group}; try --group-size 32")
+    ng, nsb = k // SUB, -(-k // SUPER)
     wg = w.view(n, k // group, group)
-    lo, hi = wg.amin(-1), wg.amax(-1)
-    # fp16 scale and minimum, rounded first so that the codes fit the values the kernel will use
-    scale = ((hi - lo) / 15.0).clamp(min=1e-8).half()
-    minimum = lo.half()
-    q = torch.round((wg - minimum.float()[..., None]) / scale.float()[..., None]).clamp(0, 15).to(torch.uint8)
-    half = group // 2
-    packed = (q[..., :half] | (q[..., half:] << 4)).reshape(n, k // 2).contiguous()
-    return {"q": packed, "scale": scale, "min": minimum}, {"group": group}
+    lo = wg.amin(-1).clamp(max=0)
+    hi = wg.amax(-1)
+    scale = ((hi - lo) / 15.0).repeat_interleave(group // SUB, dim=1)  # [N, K/32]
+    offset = (-lo).repeat_interleave(group // SUB, dim=1)
+    pad = nsb * (SUPER // SUB) - ng  # a short last super-block
+
+    def super_of(t):  # [N, K/32] -> per super-block max / 255, fp16
+        t = torch.nn.functional.pad(t, (0, pad)).view(n, nsb, SUPER // SUB)
+        return (t.amax(-1) / 255.0).half()
+
+    def sub_of(t, sup):  # 8-bit multiples of the (fp16-rounded) super value
+        sup_g = sup.float().repeat_interleave(SUPER // SUB, dim=1)[:, :ng]
+        q8 = torch.where(sup_g > 0, torch.round(t / sup_g.clamp(min=1e-30)), torch.zeros_like(t)).clamp(0, 255)
+        return q8.to(torch.uint8), sup_g * q8
+
+    s16, m16 = super_of(scale), super_of(offset)
+    sc, scale_q = sub_of(scale, s16)
+    mn, offset_q = sub_of(offset, m16)
+    wq = w.view(n, ng, SUB)
+    codes = torch.where(scale_q[..., None] > 0, torch.round((wq + offset_q[..., None]) / scale_q[..., None].clamp(min=1e-30)),
+                        torch.zeros_like(wq)).clamp(0, 15).to(torch.uint8)
+    packed = (codes[..., :SUB // 2] | (codes[..., SUB // 2:] << 4)).reshape(n, k // 2).contiguous()
+    return {"q": packed, "sc": sc.contiguous(), "mn": mn.contiguous(), "s": s16.contiguous(), "m": m16.contiguous()}, {"group": group}
 
 
 def _relative_error(w: torch.Tensor, lin: Linear) -> float:
@@ -169,7 +199,7 @@ def decode(fmt: str, arrays: dict[str, torch.Tensor], meta: dict, bias: torch.Te
         return DenseLinear(arrays["w"], bias)
     if fmt == "int8":
         return Int8Linear(arrays["q"], arrays["scale"], bias)
-    return Int4Linear(arrays["q"], arrays["scale"], arrays["min"], int(meta["group"]), bias)
+    return Int4Linear(arrays["q"], arrays["sc"], arrays["mn"], arrays["s"], arrays["m"], bias)
 
 
 FORMATS = (*FLOAT_DTYPES, "int8", "int4")

@@ -20,7 +20,7 @@ from models.config import ModelArgs
 from models.tokenizer import TokenizerInfo, loads_info
 
 ALIGN = 4096
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: int4 as 8-bit sub-scales under fp16 super-scales
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8,
           "uint8": torch.uint8, "int32": torch.int32}
 

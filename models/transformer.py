@@ -14,12 +14,18 @@ import torch
 import torch.nn.functional as F
 
 from cadence.errors import CadenceError
+from models import kernels
 from models.attention import Visibility, attend
 from models.config import ModelArgs
 
 
 class KVCache:
-    """Keys and values [n_layers, Hkv, capacity, D]; slots [0, length) are committed."""
+    """Keys and values [n_layers, Hkv, capacity, D].
+
+    Slots [0, length) are committed; slots [length, end) are pending: written by forwards since
+    the last commit (a verified block, or a draft tree fed one node at a time). `commit(keep)`
+    keeps the chosen pending entries, in order, and drops the rest.
+    """
 
     def __init__(self, args: ModelArgs, capacity: int, device: str | torch.device = "cpu"):
         shape = (args.n_layers, args.n_kv_heads, capacity, args.head_dim)
@@ -29,17 +35,21 @@ class KVCache:
         self.length = 0
         self.pending = 0
 
+    @property
+    def end(self) -> int:
+        return self.length + self.pending
+
     def nbytes(self) -> int:
         return 2 * self.k.numel() * 4
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        # k, v: [T, Hkv, D] -> slots [length, length + T)
-        T = k.shape[0]
-        self.k[layer, :, self.length:self.length + T] = k.transpose(0, 1)
-        self.v[layer, :, self.length:self.length + T] = v.transpose(0, 1)
+        # k, v: [T, Hkv, D] -> slots [end, end + T)
+        T, e = k.shape[0], self.end
+        self.k[layer, :, e:e + T] = k.transpose(0, 1)
+        self.v[layer, :, e:e + T] = v.transpose(0, 1)
 
     def commit(self, keep: Sequence[int] | None = None):
-        """Keep pending entries `keep` (ascending indices into the last block) in order; drop the rest."""
+        """Keep pending entries `keep` (ascending indices into the pending slots) in order; drop the rest."""
         if keep is None:
             self.length += self.pending
         else:
@@ -71,13 +81,15 @@ class Rotary:
         self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float().to(device) / head_dim))
         self.cos = self.sin = torch.empty(0, head_dim, device=device)
 
-    def tables(self, positions: torch.Tensor):
-        need = int(positions.max().item()) + 1
+    def ensure(self, need: int):
         if need > self.cos.shape[0]:
             n = max(need, 2 * self.cos.shape[0], 256)
             freqs = torch.outer(torch.arange(n, device=self.inv_freq.device).float(), self.inv_freq)
             emb = torch.cat([freqs, freqs], dim=-1)
-            self.cos, self.sin = emb.cos(), emb.sin()
+            self.cos, self.sin = emb.cos().contiguous(), emb.sin().contiguous()
+
+    def tables(self, positions: torch.Tensor):
+        self.ensure(int(positions.max().item()) + 1)
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [T, 1, D]
 
 
@@ -92,12 +104,25 @@ class Transformer:
         self.args, self.weights, self.device = args, weights, torch.device(device)
         self.rotary = Rotary(args.head_dim, args.rope_base, self.device)
         self.scale = 1.0 / math.sqrt(args.head_dim)
+        # CPU: the fused row-wise kernels of models/csrc/ops.cpp; elsewhere: torch ops
+        self.fused = self.device.type == "cpu" and args.dim % 16 == 0 and args.head_dim <= 1024 and kernels.available()
 
     def new_cache(self, capacity: int) -> KVCache:
         if capacity > self.args.context_length:
             raise CadenceError(f"{capacity} tokens exceed the model's context of {self.args.context_length}; "
                                "shorten the prompt or lower --max-new-tokens")
         return KVCache(self.args, capacity, self.device)
+
+    def block_fused(self, i: int, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, vis: Visibility) -> torch.Tensor:
+        a, w = self.args, self.weights.layer(i)
+        T = x.shape[0]
+        qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps))
+        q = kernels.qkv_rope(qkv, w.qkv.bias, positions, self.rotary.cos, self.rotary.sin, cache.k[i], cache.v[i],
+                             a.n_heads, cache.end)
+        o = attend(q, cache.k[i], cache.v[i], vis, self.scale)  # [T, H, D]
+        w.attn_out.matmul(o.view(T, a.q_dim), out=x)  # x += o W_o^T
+        w.down.matmul(kernels.swiglu(w.gate_up.matmul(kernels.rmsnorm(x, w.ffn_norm, a.norm_eps))), out=x)
+        return x
 
     def block(self, i: int, x: torch.Tensor, cos, sin, cache: KVCache, vis: Visibility) -> torch.Tensor:
         a, w = self.args, self.weights.layer(i)
@@ -116,20 +141,27 @@ class Transformer:
                 vis: Visibility | None = None, logits_rows: torch.Tensor | slice | None = None) -> torch.Tensor:
         """tokens, positions [T] -> logits [T', vocab] fp32 for `logits_rows` (default all rows).
 
-        The block's keys/values land in cache slots [cache.length, cache.length + T) as pending;
+        The block's keys/values land in cache slots [cache.end, cache.end + T) as pending entries;
         call `cache.commit(keep)` afterwards. `vis` defaults to causal over the whole cache.
         """
         T = tokens.shape[0]
-        if cache.length + T > cache.capacity:
-            raise CadenceError(f"the KV cache holds {cache.capacity} tokens and {cache.length + T} are needed; "
+        if cache.end + T > cache.capacity:
+            raise CadenceError(f"the KV cache holds {cache.capacity} tokens and {cache.end + T} are needed; "
                                "lower --max-new-tokens or shorten the prompt")
-        vis = vis or Visibility.causal(cache.length, T)
+        vis = vis or Visibility.causal(cache.end, T)
         x = self.weights.embed[tokens].float()
-        cos, sin = self.rotary.tables(positions)
-        for i in range(self.args.n_layers):
-            x = self.block(i, x, cos, sin, cache, vis)
-        cache.pending = T
+        if self.fused:
+            self.rotary.ensure(int(positions.max().item()) + 1)
+            positions = positions.to(torch.int64).contiguous()
+            for i in range(self.args.n_layers):
+                x = self.block_fused(i, x, positions, cache, vis)
+        else:
+            cos, sin = self.rotary.tables(positions)
+            for i in range(self.args.n_layers):
+                x = self.block(i, x, cos, sin, cache, vis)
+        cache.pending += T
         if logits_rows is not None:
             x = x[logits_rows]
         head = self.weights.head
-        return head.out(rms_norm(x, head.norm, self.args.norm_eps)).float()
+        h = kernels.rmsnorm(x, head.norm, self.args.norm_eps) if self.fused else rms_norm(x, head.norm, self.args.norm_eps)
+        return head.out(h).float()

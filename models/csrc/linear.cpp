@@ -1,5 +1,5 @@
 /* y[M, N] = x[M, K] W[N, K]^T with fp32 x and y, for dense (fp32, bf16, fp16) and weight-only
- * quantized (int8 per output channel, int4 per group of G) weights.
+ * quantized (int8 per output channel, int4 in blocks) weights.
  *
  * Each output y[m, n] is reduced in one fixed order that depends on K alone, never on M, the
  * tiling or the thread: a row's result is the same in any batch (see attention.cpp for why).
@@ -7,12 +7,14 @@
  * Dense formats: weights are decoded block by block into an fp32 tile that every activation row
  * uses; two eight-lane accumulators alternate over 16-wide steps of k, then one horizontal sum.
  *
- * Quantized formats work as llama.cpp does: each activation row is quantized in blocks of 32 to
- * int8 with an fp32 scale d (x ~ d * qx), and blocks are multiplied in integers (maddubs):
- *   int8:  y = s_n * sum_b d_b * <qw_b, qx_b>
- *   int4:  y = sum_b d_b * s_g * <q_b, qx_b> + sum_b m_g * d_b * sum(qx_b)      (w = q * s + m)
- * int4 layout: q[N, K/2] bytes; in each group of G, byte j holds weight j (low nibble) and weight
- * j + G/2 (high nibble); s, m fp16 [N, K/G]. int8: qw int8 [N, K] in [-127, 127], s fp32 [N].
+ * Quantized formats multiply in integers, as llama.cpp's K-quants do. Each activation row is
+ * quantized per super-block of 256 to int8 with one fp32 scale (x ~ d qx). Within a super-block
+ * the int8 x int8 (or x int4) products and the int4 8-bit sub-scales are summed in int32
+ * (maddubs, then madd), and only once per super-block does the sum meet a float scale:
+ *   int8:  y = s_n  * sum_sb d_sb * sum_k qw qx
+ *   int4:  y = sum_sb d_sb * (S_sb * sum_g sc_g <q_g, qx_g>  -  M_sb * sum_g mn_g sum(qx_g))
+ * with w = S_sb sc_g q - M_sb mn_g (q 0..15; sc, mn 8-bit per 32; S, M fp16 per 256).
+ * int4 codes: q[N, K/2] bytes; in each group of 32, byte j holds weight j (low nibble) and j + 16.
  */
 #include "vec.hpp"
 
@@ -24,7 +26,8 @@
 
 static constexpr int NT = 4;   /* weight rows per tile (the dense micro-kernel is written for 4) */
 static constexpr int KB = 512; /* dense: columns per tile */
-static constexpr int QB = 32;  /* activation quantization block */
+static constexpr int QG = 32;  /* int4 sub-block: one 8-bit scale and minimum */
+static constexpr int SB = 256; /* super-block: activation scale, int4 fp16 scales; the last may be short */
 
 enum Fmt { F32 = 0, BF16 = 1, F16 = 2, Q8 = 3, Q4 = 4 };
 
@@ -59,7 +62,7 @@ static inline v8f f16x8(const uint16_t *p) {
 }
 #endif
 
-static void dense(const float *x, float *y, int M, int fmt, int N, int K, const void *w, int nthreads) {
+static void dense(const float *x, float *y, int M, int fmt, int N, int K, const void *w, int nthreads, int accumulate) {
     const int ntiles = (N + NT - 1) / NT;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -104,7 +107,11 @@ static void dense(const float *x, float *y, int M, int fmt, int N, int K, const 
             }
             for (int m = 0; m < M; m++)
                 for (int j = 0; j < nt; j++)
-                    y[(size_t)m * N + n0 + j] = v8_hsum(acc[((size_t)m * NT + j) * 2] + acc[((size_t)m * NT + j) * 2 + 1]);
+                {
+                    const float s = v8_hsum(acc[((size_t)m * NT + j) * 2] + acc[((size_t)m * NT + j) * 2 + 1]);
+                    float &out = y[(size_t)m * N + n0 + j];
+                    out = accumulate ? out + s : s;
+                }
         }
     }
 }
@@ -112,198 +119,248 @@ static void dense(const float *x, float *y, int M, int fmt, int N, int K, const 
 /* ---------------------------------------------------------------- quantized formats */
 
 struct QAct {
-    std::vector<int8_t> q; /* [M, K] */
-    std::vector<float> d;  /* [M, K/QB] scale per block */
-    std::vector<float> xs; /* [M, K/QB] d * sum(q) per block */
+    std::vector<int8_t> q;  /* [M, K] */
+    std::vector<float> d;   /* [M, NSB] scale per super-block */
+    std::vector<float> xs;  /* [M, K/QG] d * sum(q) per 32-group: what a group's minimum multiplies */
 };
 
 static void quantize_rows(const float *x, int M, int K, QAct &a) {
-    const int nb = K / QB;
+    const int nsb = (K + SB - 1) / SB, ng = K / QG;
     a.q.resize((size_t)M * K);
-    a.d.resize((size_t)M * nb);
-    a.xs.resize((size_t)M * nb);
+    a.d.resize((size_t)M * nsb);
+    a.xs.resize((size_t)M * ng);
     for (int m = 0; m < M; m++)
-        for (int b = 0; b < nb; b++) {
-            const float *xb = x + (size_t)m * K + b * QB;
+        for (int sb = 0; sb < nsb; sb++) {
+            const int k0 = sb * SB, kn = std::min(SB, K - k0);
+            const float *xb = x + (size_t)m * K + k0;
             float amax = 0.0f;
-            for (int i = 0; i < QB; i++) amax = std::max(amax, std::fabs(xb[i]));
-            const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int8_t *qb = &a.q[(size_t)m * K + b * QB];
-            int sum = 0;
-            for (int i = 0; i < QB; i++) {
-                qb[i] = (int8_t)std::nearbyint(xb[i] * id);
-                sum += qb[i];
+            for (int i = 0; i < kn; i++) amax = std::max(amax, std::fabs(xb[i]));
+            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int8_t *qb = &a.q[(size_t)m * K + k0];
+            for (int i = 0; i < kn; i++) qb[i] = (int8_t)std::nearbyint(xb[i] * id);
+            const float d = amax / 127.0f;
+            a.d[(size_t)m * nsb + sb] = d;
+            for (int g = 0; g < kn / QG; g++) {
+                int sum = 0;
+                for (int i = 0; i < QG; i++) sum += qb[g * QG + i];
+                a.xs[(size_t)m * ng + k0 / QG + g] = d * (float)sum;
             }
-            a.d[(size_t)m * nb + b] = d;
-            a.xs[(size_t)m * nb + b] = d * (float)sum;
         }
 }
 
-/* <u, s> for 32 unsigned (0..127) and 32 signed bytes, as eight int32 partial sums -> float. */
-#ifdef __AVX2__
-static inline v8f dot32(__m256i u, __m256i s) {
-    const __m256i p16 = _mm256_maddubs_epi16(u, s);
-    return m2v(_mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1))));
-}
-#endif
+struct QWeights {
+    int fmt, N, K;
+    const void *w;      /* int8 [N, K] or int4 codes [N, K/2] */
+    const float *scale; /* int8: [N] */
+    const uint8_t *sc;  /* int4: [N, K/32] */
+    const uint8_t *mn;  /* int4: [N, K/32] */
+    const uint16_t *S;  /* int4: fp16 [N, NSB] */
+    const uint16_t *Mn; /* int4: fp16 [N, NSB] */
+};
 
-/* The 32 codes of block b of an int4 weight row, unsigned bytes (0..15). */
-static inline void unpack_q4(const uint8_t *row, int G, int b, uint8_t *out32) {
-    const int half = G / 2, g = (b * QB) / G, off = (b * QB) % G; /* off: 0, or 32 in a group of 64 */
-    const uint8_t *p = row + (size_t)g * half;
-    for (int i = 0; i < QB; i++) {
-        const int k = off + i;
-        out32[i] = k < half ? (p[k] & 15) : (p[k - half] >> 4);
+/* The 32 codes of group g of an int4 row, as unsigned bytes. */
+static inline void unpack_group(const uint8_t *row, int g, uint8_t *out) {
+    const uint8_t *p = row + (size_t)g * 16;
+#ifdef __AVX2__
+    const __m128i raw = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(15);
+    _mm_store_si128((__m128i *)out, _mm_and_si128(raw, mask));
+    _mm_store_si128((__m128i *)(out + 16), _mm_and_si128(_mm_srli_epi16(raw, 4), mask));
+#else
+    for (int i = 0; i < 16; i++) out[i] = p[i] & 15, out[16 + i] = p[i] >> 4;
+#endif
+}
+
+/* The minimums' share of one output: sum_g off_g * xs_g, a lane per group in blocks of eight,
+ * then the tail. One out-of-line function, so every caller gets the same float operations. */
+__attribute__((noinline)) static float min_share(const float *off, const float *xs, int ng) {
+    v8f t8 = v8_splat(0.0f);
+    int g = 0;
+    for (; g + 8 <= ng; g += 8) t8 = v8_load(off + g) * v8_load(xs + g) + t8;
+    float tail = 0.0f;
+    for (; g < ng; g++) tail += off[g] * xs[g];
+    return v8_hsum(t8) + tail;
+}
+
+/* off[g] = M_sb(g) * mn_g for one int4 weight row. */
+static inline void group_minimums(const QWeights &W, size_t n, float *off) {
+    const int ng = W.K / QG, nsb = (W.K + SB - 1) / SB;
+    const uint8_t *mn = W.mn + n * ng;
+    for (int sb = 0; sb < nsb; sb++) {
+        const float mf = half_to_float(W.Mn[n * nsb + sb]);
+        const int g0 = sb * SB / QG, g1 = std::min(ng, g0 + SB / QG);
+        int g = g0;
+#ifdef __AVX2__
+        if (g1 - g0 == 8) {
+            const v8f m8 = m2v(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + g0)))));
+            v8_store(off + g0, m8 * v8_splat(mf));
+            g = g1;
+        }
+#endif
+        for (; g < g1; g++) off[g] = mf * (float)mn[g];
     }
 }
 
-#ifdef __AVX2__
-static inline __m256i unpack_q4_avx2(const uint8_t *row, int G, int b) {
-    const __m256i mask = _mm256_set1_epi8(15);
-    if (G == 32) { /* 16 bytes: low nibbles are codes 0..15, high nibbles 16..31 */
-        const __m128i raw = _mm_loadu_si128((const __m128i *)(row + (size_t)b * 16));
-        const __m128i lo = _mm_and_si128(raw, _mm256_castsi256_si128(mask));
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm256_castsi256_si128(mask));
-        return _mm256_set_m128i(hi, lo);
-    }
-    /* G == 64: 32 bytes; block 2g takes the low nibbles, block 2g + 1 the high ones */
-    const __m256i raw = _mm256_loadu_si256((const __m256i *)(row + (size_t)(b / 2) * 32));
-    return (b & 1) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask) : _mm256_and_si256(raw, mask);
-}
-#endif
-
-#ifdef __AVX2__
-/* MT activation rows x NT weight rows, all blocks: accumulators stay in registers. */
-template <int MT>
-static inline void q_micro(int fmt, int nb, int K, const uint8_t *codes, const int8_t *const *wrow, const float *coef,
-                           const QAct &a, int m0, __m256 out[MT][NT]) {
-    __m256 acc[MT][NT];
+/* One tile: NT (= 4) weight rows `rows`, activation rows m0 .. m0 + MT (MT = 1 or 2).
+ * codes [NT, K/QG, 32]: the tile's int4 codes unpacked; sc16 [NT, K/QG]: sub-scales as int16;
+ * Sf [NT, NSB]: super-scales as floats; off [NT, K/QG]: each group's minimum M_sb mn_g as a float. */
+template <int FMT, int MT>
+static void q_rows(const QWeights &W, const QAct &a, int m0, const int *rows, const uint8_t *codes, const int16_t *sc16,
+                   const float *Sf, const float *off, float out[][NT]) {
+    const int K = W.K, nsb = (K + SB - 1) / SB, ng = K / QG;
+    v8f accv[MT][NT];
     for (int i = 0; i < MT; i++)
-        for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int b = 0; b < nb; b++) {
-        __m256i vx[MT];
-        for (int i = 0; i < MT; i++) vx[i] = _mm256_loadu_si256((const __m256i *)&a.q[(size_t)(m0 + i) * K + b * QB]);
+        for (int j = 0; j < NT; j++) accv[i][j] = v8_splat(0.0f);
+    for (int sb = 0; sb < nsb; sb++) {
+        const int g0 = sb * SB / QG, g1 = std::min(ng, g0 + SB / QG);
+#ifdef __AVX2__
+        const __m256i ones = _mm256_set1_epi16(1);
+        /* Accumulators as named locals (not an array) so they stay in registers: MT x NT <= 8. */
+        __m256i c00 = _mm256_setzero_si256(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00, c13 = c00;
+        for (int g = g0; g < g1; g++) {
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)&a.q[(size_t)m0 * K + g * QG]);
+            const __m256i x1 = MT == 2 ? _mm256_loadu_si256((const __m256i *)&a.q[(size_t)(m0 + 1) * K + g * QG]) : x0;
+#define CAD_STEP(J, C0, C1)                                                                                          \
+    {                                                                                                                \
+        if (FMT == Q4) {                                                                                             \
+            const __m256i vw = _mm256_load_si256((const __m256i *)(codes + ((size_t)J * ng + g) * QG));              \
+            const __m256i vs = _mm256_set1_epi16(sc16[(size_t)J * ng + g]);                                         \
+            C0 = _mm256_add_epi32(C0, _mm256_madd_epi16(_mm256_maddubs_epi16(vw, x0), vs));                         \
+            if (MT == 2) C1 = _mm256_add_epi32(C1, _mm256_madd_epi16(_mm256_maddubs_epi16(vw, x1), vs));            \
+        } else {                                                                                                     \
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)((const int8_t *)W.w + (size_t)rows[J] * K + g * QG)); \
+            const __m256i vw = _mm256_sign_epi8(raw, raw);                                                           \
+            C0 = _mm256_add_epi32(C0, _mm256_madd_epi16(_mm256_maddubs_epi16(vw, _mm256_sign_epi8(x0, raw)), ones)); \
+            if (MT == 2)                                                                                             \
+                C1 = _mm256_add_epi32(C1, _mm256_madd_epi16(_mm256_maddubs_epi16(vw, _mm256_sign_epi8(x1, raw)), ones)); \
+        }                                                                                                            \
+    }
+            CAD_STEP(0, c00, c10)
+            CAD_STEP(1, c01, c11)
+            CAD_STEP(2, c02, c12)
+            CAD_STEP(3, c03, c13)
+#undef CAD_STEP
+        }
+        const __m256i acc[2][NT] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}};
+#endif
+        for (int i = 0; i < MT; i++) {
+            const float d = a.d[(size_t)(m0 + i) * nsb + sb];
+            const int8_t *qx = &a.q[(size_t)(m0 + i) * K];
+            (void)qx;
+            for (int j = 0; j < NT; j++) {
+#ifdef __AVX2__
+                v8i ii;
+                memcpy(&ii, &acc[i][j], sizeof ii);
+#else
+                v8i ii = {0, 0, 0, 0, 0, 0, 0, 0};
+                for (int g = g0; g < g1; g++)
+                    for (int k = 0; k < QG; k++) {
+                        const int wv = FMT == Q4 ? (int)codes[((size_t)j * ng + g) * QG + k] * sc16[(size_t)j * ng + g]
+                                                 : ((const int8_t *)W.w)[(size_t)rows[j] * K + g * QG + k];
+                        ii[k / 4] += wv * qx[g * QG + k];
+                    }
+#endif
+                const v8f f = __builtin_convertvector(ii, v8f);
+                accv[i][j] = f * v8_splat(FMT == Q4 ? d * Sf[(size_t)j * nsb + sb] : d) + accv[i][j];
+            }
+        }
+    }
+    for (int i = 0; i < MT; i++)
         for (int j = 0; j < NT; j++) {
-            __m256i vw, vs;
-            if (fmt == Q4) {
-                vw = _mm256_load_si256((const __m256i *)(codes + ((size_t)j * nb + b) * QB));
-            } else {
-                vs = _mm256_loadu_si256((const __m256i *)(wrow[j] + b * QB));
-                vw = _mm256_sign_epi8(vs, vs);
-            }
-            for (int i = 0; i < MT; i++) {
-                const __m256i sx = fmt == Q4 ? vx[i] : _mm256_sign_epi8(vx[i], vs);
-                const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(vw, sx), ones));
-                acc[i][j] = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(coef + ((size_t)(m0 + i) * NT + j) * nb + b), acc[i][j]);
+            const float mins = FMT == Q4 ? min_share(off + (size_t)j * ng, &a.xs[(size_t)(m0 + i) * ng], ng) : 0.0f;
+            out[i][j] = v8_hsum(accv[i][j]) - mins;
+        }
+}
+
+#ifdef __AVX2__
+/* Q4, one activation row: codes, sub-scales and minimums decoded in registers, no tile buffers.
+ * Same arithmetic as q_rows (exact integer sums, then the same float steps in the same order). */
+static void q4_row(const QWeights &W, const QAct &a, int m, const int *rows, float *out) {
+    const int K = W.K, nsb = (K + SB - 1) / SB, ng = K / QG;
+    const __m128i mask = _mm_set1_epi8(15);
+    v8f accv[NT];
+    for (int j = 0; j < NT; j++) accv[j] = v8_splat(0.0f);
+    const float *xs = &a.xs[(size_t)m * ng];
+    for (int sb = 0; sb < nsb; sb++) {
+        const int g0 = sb * SB / QG, g1 = std::min(ng, g0 + SB / QG);
+        const float d = a.d[(size_t)m * nsb + sb];
+        __m256i acc[NT];
+        for (int j = 0; j < NT; j++) acc[j] = _mm256_setzero_si256();
+        for (int g = g0; g < g1; g++) {
+            const __m256i vx = _mm256_loadu_si256((const __m256i *)&a.q[(size_t)m * K + g * QG]);
+            for (int j = 0; j < NT; j++) {
+                const __m128i raw = _mm_loadu_si128((const __m128i *)((const uint8_t *)W.w + (size_t)rows[j] * (K / 2) + g * 16));
+                const __m256i vw = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
+                const __m256i vs = _mm256_set1_epi16((int16_t)W.sc[(size_t)rows[j] * ng + g]);
+                acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(vw, vx), vs));
             }
         }
+        for (int j = 0; j < NT; j++) {
+            const size_t n = rows[j];
+            v8i ii;
+            memcpy(&ii, &acc[j], sizeof ii);
+            accv[j] = __builtin_convertvector(ii, v8f) * v8_splat(d * half_to_float(W.S[n * nsb + sb])) + accv[j];
+        }
     }
-    for (int i = 0; i < MT; i++)
-        for (int j = 0; j < NT; j++) out[i][j] = acc[i][j];
+    float off[SB * 64 / QG]; /* K up to 16384 */
+    for (int j = 0; j < NT; j++) {
+        group_minimums(W, rows[j], off);
+        out[j] = v8_hsum(accv[j]) - min_share(off, xs, ng);
+    }
 }
 #endif
 
-static void quantized(const float *x, float *y, int M, int fmt, int N, int K, int G, const void *w,
-                      const float *scale, const uint16_t *s16, const uint16_t *m16, int nthreads) {
-    const int nb = K / QB, ng = fmt == Q4 ? K / G : 0, per = fmt == Q4 ? G / QB : 1;
+template <int FMT>
+static void quantized(const float *x, float *y, int M, const QWeights &W, int nthreads, int accumulate) {
+    const int N = W.N, K = W.K, ng = K / QG, nsb = (K + SB - 1) / SB;
     QAct a;
     quantize_rows(x, M, K, a);
-    std::vector<float> xsg((size_t)M * ng, 0.0f); /* per group: sum over its blocks of d * sum(qx) */
-    for (int m = 0; m < M; m++)
-        for (int b = 0; b < nb && fmt == Q4; b++) xsg[(size_t)m * ng + (b * QB) / G] += a.xs[(size_t)m * nb + b];
     const int ntiles = (N + NT - 1) / NT;
 #pragma omp parallel num_threads(nthreads)
     {
-        std::vector<float> sb((size_t)NT * nb, 1.0f), coef((size_t)M * NT * nb);
-        std::vector<uint8_t> codes((size_t)NT * nb * QB + 32);
-        uint8_t *cd = codes.data() + ((32 - ((uintptr_t)codes.data() & 31)) & 31); /* 32-byte aligned */
+        std::vector<uint8_t> buf((size_t)NT * ng * QG + 32);
+        uint8_t *codes = buf.data() + ((32 - ((uintptr_t)buf.data() & 31)) & 31); /* 32-byte aligned */
+        std::vector<int16_t> sc16((size_t)NT * ng);
+        std::vector<float> Sf((size_t)NT * nsb), off((size_t)NT * ng);
 #pragma omp for schedule(static)
         for (int t = 0; t < ntiles; t++) {
             const int n0 = t * NT, nt = std::min(NT, N - n0);
-            const int8_t *wrow[NT];
-            int nrow[NT];
-            for (int j = 0; j < NT; j++) {
-                const int n = nrow[j] = n0 + std::min(j, nt - 1); /* a short last tile repeats its last row */
-                wrow[j] = (const int8_t *)w + (size_t)n * K;
-                if (fmt != Q4) continue;
-                const uint8_t *row = (const uint8_t *)w + (size_t)n * (K / 2);
-                for (int b = 0; b < nb; b++) {
+            int rows[NT];
+            for (int j = 0; j < NT; j++) rows[j] = n0 + std::min(j, nt - 1); /* a short tile repeats its last row */
 #ifdef __AVX2__
-                    _mm256_store_si256((__m256i *)(cd + ((size_t)j * nb + b) * QB), unpack_q4_avx2(row, G, b));
-#else
-                    unpack_q4(row, G, b, cd + ((size_t)j * nb + b) * QB);
-#endif
+            if (FMT == Q4 && M == 1 && K <= 16384) {
+                float out[NT];
+                q4_row(W, a, 0, rows, out);
+                for (int j = 0; j < nt; j++) {
+                    float &o = y[n0 + j];
+                    o = accumulate ? o + out[j] : out[j];
                 }
-                const uint16_t *sr = s16 + (size_t)n * ng;
-                float *sj = &sb[(size_t)j * nb];
-                int g = 0;
-                for (; g + 8 <= ng; g += 8) {
-                    const v8f v = f16x8(sr + g);
-                    if (per == 1) {
-                        v8_store(sj + g, v);
-                    } else {
-                        for (int i = 0; i < 8; i++) sj[(g + i) * 2] = sj[(g + i) * 2 + 1] = v[i];
-                    }
-                }
-                for (; g < ng; g++)
-                    for (int r = 0; r < per; r++) sj[g * per + r] = half_to_float(sr[g]);
+                continue;
             }
-            /* coef[m][j][b] = d[m][b] * scale of block b of row j */
-            for (int m = 0; m < M; m++)
+#endif
+            if (FMT == Q4)
                 for (int j = 0; j < NT; j++) {
-                    float *c = &coef[((size_t)m * NT + j) * nb];
-                    const float *d = &a.d[(size_t)m * nb], *sc = &sb[(size_t)j * nb];
-                    for (int b = 0; b < nb; b++) c[b] = d[b] * sc[b];
+                    const size_t n = rows[j];
+                    const uint8_t *row = (const uint8_t *)W.w + n * (K / 2);
+                    for (int g = 0; g < ng; g++) {
+                        unpack_group(row, g, codes + ((size_t)j * ng + g) * QG);
+                        sc16[(size_t)j * ng + g] = W.sc[n * ng + g];
+                    }
+                    for (int sb = 0; sb < nsb; sb++) Sf[(size_t)j * nsb + sb] = half_to_float(W.S[n * nsb + sb]);
+                    group_minimums(W, n, &off[(size_t)j * ng]);
                 }
             for (int m0 = 0; m0 < M;) {
                 const int mt = M - m0 >= 2 ? 2 : 1;
-                float dots[2][NT];
-#ifdef __AVX2__
-                __m256 out[2][NT];
+                float out[2][NT];
                 if (mt == 2)
-                    q_micro<2>(fmt, nb, K, cd, wrow, coef.data(), a, m0, out);
+                    q_rows<FMT, 2>(W, a, m0, rows, codes, sc16.data(), Sf.data(), off.data(), out);
                 else
-                    q_micro<1>(fmt, nb, K, cd, wrow, coef.data(), a, m0, out);
-                for (int i = 0; i < mt; i++)
-                    for (int j = 0; j < NT; j++) dots[i][j] = v8_hsum(m2v(out[i][j]));
-#else
-                for (int i = 0; i < mt; i++)
-                    for (int j = 0; j < NT; j++) {
-                        v8f acc = v8_splat(0.0f);
-                        const int8_t *qx = &a.q[(size_t)(m0 + i) * K];
-                        for (int b = 0; b < nb; b++) {
-                            const uint8_t *wc = cd + ((size_t)j * nb + b) * QB;
-                            v8f dot;
-                            for (int l = 0; l < 8; l++) {
-                                int sum = 0;
-                                for (int k = b * QB + l * 4; k < b * QB + l * 4 + 4; k++) {
-                                    const int wv = fmt == Q4 ? wc[k - b * QB] : wrow[j][k];
-                                    sum += wv * qx[k];
-                                }
-                                dot[l] = (float)sum;
-                            }
-                            acc = dot * v8_splat(coef[((size_t)(m0 + i) * NT + j) * nb + b]) + acc;
-                        }
-                        dots[i][j] = v8_hsum(acc);
-                    }
-#endif
+                    q_rows<FMT, 1>(W, a, m0, rows, codes, sc16.data(), Sf.data(), off.data(), out);
                 for (int i = 0; i < mt; i++)
                     for (int j = 0; j < nt; j++) {
-                        float s = dots[i][j];
-                        if (fmt == Q4) { /* the minimum's share: sum_g m_g * sum over the group's blocks of d * sum(qx) */
-                            const float *xg = &xsg[(size_t)(m0 + i) * ng];
-                            const uint16_t *mr = m16 + (size_t)nrow[j] * ng;
-                            v8f t8 = v8_splat(0.0f);
-                            int g = 0;
-                            for (; g + 8 <= ng; g += 8) t8 = f16x8(mr + g) * v8_load(xg + g) + t8;
-                            float t2 = v8_hsum(t8);
-                            for (; g < ng; g++) t2 += half_to_float(mr[g]) * xg[g];
-                            s += t2;
-                        } else {
-                            s *= scale[n0 + j];
-                        }
-                        y[(size_t)(m0 + i) * N + n0 + j] = s;
+                        float s = out[i][j];
+                        if (FMT == Q8) s *= W.scale[n0 + j];
+                        float &o = y[(size_t)(m0 + i) * N + n0 + j];
+                        o = accumulate ? o + s : s;
                     }
                 m0 += mt;
             }
@@ -311,10 +368,18 @@ static void quantized(const float *x, float *y, int M, int fmt, int N, int K, in
     }
 }
 
-extern "C" void cad_linear(const float *x, float *y, int M, int fmt, int N, int K, int G, const void *w,
-                           const float *scale, const uint16_t *s16, const uint16_t *m16, int nthreads) {
-    if (fmt == Q8 || fmt == Q4)
-        quantized(x, y, M, fmt, N, K, G, w, scale, s16, m16, nthreads);
-    else
-        dense(x, y, M, fmt, N, K, w, nthreads);
+/* y = x W^T, or y += x W^T with accumulate (the residual add, in the same order as a separate add).
+ * Format arrays: int8: a1 = scale fp32 [N]; int4: a1 = sc u8, a2 = mn u8 [N, K/32], a3 = S, a4 = M fp16 [N, K/256]. */
+extern "C" void cad_linear(const float *x, float *y, int M, int fmt, int N, int K, const void *w, const void *a1,
+                           const void *a2, const void *a3, const void *a4, int nthreads, int accumulate) {
+    if (fmt == Q8 || fmt == Q4) {
+        const QWeights W{fmt, N, K, w, (const float *)a1, (const uint8_t *)a1, (const uint8_t *)a2,
+                         (const uint16_t *)a3, (const uint16_t *)a4};
+        if (fmt == Q4)
+            quantized<Q4>(x, y, M, W, nthreads, accumulate);
+        else
+            quantized<Q8>(x, y, M, W, nthreads, accumulate);
+    } else {
+        dense(x, y, M, fmt, N, K, w, nthreads, accumulate);
+    }
 }

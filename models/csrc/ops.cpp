@@ -1,0 +1,77 @@
+/* The small per-layer operations around the matrix products, fused so that a decode step is a
+ * handful of calls per layer instead of dozens of tensor ops. All are row-wise: a row's result
+ * never depends on the other rows. */
+#include "vec.hpp"
+
+#include <cmath>
+
+/* out[t] = x[t] / rms(x[t]) * w, reduced in one fixed order. */
+extern "C" void cad_rmsnorm(const float *x, const float *w, float *out, int T, int D, float eps) {
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * D;
+        float *o = out + (size_t)t * D;
+        v8f acc = v8_splat(0.0f);
+        int d = 0;
+        for (; d + 8 <= D; d += 8) {
+            const v8f v = v8_load(xr + d);
+            acc += v * v;
+        }
+        float ss = v8_hsum(acc);
+        for (; d < D; d++) ss += xr[d] * xr[d];
+        const float r = 1.0f / std::sqrt(ss / (float)D + eps);
+        d = 0;
+        const v8f vr = v8_splat(r);
+        for (; d + 8 <= D; d += 8) v8_store(o + d, v8_load(xr + d) * vr * v8_load(w + d));
+        for (; d < D; d++) o[d] = xr[d] * r * w[d];
+    }
+}
+
+static inline void rope_head(float *h, const float *cs, const float *sn, int hd) {
+    /* rotate-half: (a, b) -> (a cos - b sin, b cos + a sin) over the two halves */
+    const int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        const float a = h[i], b = h[i + half];
+        h[i] = a * cs[i] - b * sn[i];
+        h[i + half] = b * cs[i + half] + a * sn[i + half];
+    }
+}
+
+/* qkv [T, (H + 2 Hkv) hd] (+ bias) -> rotated q into q_out [T, H, hd]; rotated k and v written to
+ * the layer's cache kc, vc [Hkv, cap, hd] at slots slot0 .. slot0 + T. cos/sin tables [*, hd]. */
+extern "C" void cad_qkv_rope(const float *qkv, const float *bias, const int64_t *pos, const float *cos_t,
+                             const float *sin_t, float *q_out, float *kc, float *vc, int T, int H, int Hkv, int hd,
+                             int cap, int slot0) {
+    const int width = (H + 2 * Hkv) * hd;
+    float tmp[1024];
+    for (int t = 0; t < T; t++) {
+        const float *row = qkv + (size_t)t * width;
+        const float *cs = cos_t + (size_t)pos[t] * hd, *sn = sin_t + (size_t)pos[t] * hd;
+        for (int h = 0; h < H + 2 * Hkv; h++) {
+            float *dst;
+            if (h < H)
+                dst = q_out + ((size_t)t * H + h) * hd;
+            else if (h < H + Hkv)
+                dst = kc + ((size_t)(h - H) * cap + slot0 + t) * hd;
+            else
+                dst = vc + ((size_t)(h - H - Hkv) * cap + slot0 + t) * hd;
+            const float *src = row + (size_t)h * hd;
+            for (int i = 0; i < hd; i++) tmp[i] = bias ? src[i] + bias[(size_t)h * hd + i] : src[i];
+            if (h < H + Hkv) rope_head(tmp, cs, sn, hd);
+            for (int i = 0; i < hd; i++) dst[i] = tmp[i];
+        }
+    }
+}
+
+/* out [T, F] = silu(gate) * up, with gu [T, 2F] = [gate | up]. */
+extern "C" void cad_swiglu(const float *gu, float *out, int T, int F) {
+    for (int t = 0; t < T; t++) {
+        const float *g = gu + (size_t)t * 2 * F, *u = g + F;
+        float *o = out + (size_t)t * F;
+        int i = 0;
+        for (; i + 8 <= F; i += 8) {
+            const v8f x = v8_load(g + i);
+            v8_store(o + i, x / (v8_exp(-x) + 1.0f) * v8_load(u + i));
+        }
+        for (; i < F; i++) o[i] = g[i] / (scalar_exp(-g[i]) + 1.0f) * u[i];
+    }
+}

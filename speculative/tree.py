@@ -1,0 +1,110 @@
+"""The token tree: draft candidates hanging off the last committed token (the root).
+
+Nodes are numbered in the order they are added, so a parent always comes before its children;
+`flatten` lays the root and the nodes out as one verification block (row 0 is the root, row
+i + 1 is node i) with a parent row for each, which is what the tree attention mask needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ROOT = -1
+
+
+@dataclass
+class Node:
+    token: int
+    parent: int  # ROOT or an earlier node
+    depth: int  # 1 for the root's children
+    prob: float  # draft probability of this token given its parent
+    cum: float  # product of the probabilities from the root down to this node
+    children: list[int] = field(default_factory=list)
+    fed: bool = False  # the draft has run on this node (its children are known)
+    slot: int = -1  # its draft KV-cache slot, once fed
+
+
+class TokenTree:
+    def __init__(self, root_token: int):
+        self.root_token = root_token
+        self.nodes: list[Node] = []
+        self.root_children: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def add(self, token: int, parent: int, prob: float) -> int:
+        up = self.nodes[parent] if parent != ROOT else None
+        node = Node(token, parent, 1 if up is None else up.depth + 1, prob, prob * (1.0 if up is None else up.cum))
+        self.nodes.append(node)
+        i = len(self.nodes) - 1
+        (self.root_children if up is None else up.children).append(i)
+        return i
+
+    def children(self, i: int) -> list[int]:
+        return self.root_children if i == ROOT else self.nodes[i].children
+
+    def path(self, i: int) -> list[int]:
+        """Node indices from the root's child down to i."""
+        out = []
+        while i != ROOT:
+            out.append(i)
+            i = self.nodes[i].parent
+        return out[::-1]
+
+    def tips(self) -> list[int]:
+        """Branch tips: nodes the draft has not run on yet."""
+        return [i for i, n in enumerate(self.nodes) if not n.fed]
+
+    def branches(self) -> list[int]:
+        """One node per root-to-leaf path: its leaf."""
+        return [i for i, n in enumerate(self.nodes) if not n.children]
+
+    def tree_confidence(self) -> float:
+        """Tc: the largest cumulative confidence over the branches (LLMCad section 3.3)."""
+        return max((self.nodes[i].cum for i in self.branches()), default=1.0)
+
+    def flatten(self) -> tuple[list[int], list[int], list[int]]:
+        """(tokens, parent rows, depths) of the verification block: row 0 the root, row i + 1 node i."""
+        tokens = [self.root_token] + [n.token for n in self.nodes]
+        parents = [-1] + [n.parent + 1 for n in self.nodes]  # ROOT (-1) maps to row 0
+        depths = [0] + [n.depth for n in self.nodes]
+        return tokens, parents, depths
+
+    def tokens_of(self, path: list[int]) -> list[int]:
+        return [self.nodes[i].token for i in path]
+
+
+def longest_accepted_path(tree: TokenTree, target_choice) -> tuple[list[int], int]:
+    """Greedy verification: follow, from the root, the child whose token is the target's own choice.
+
+    `target_choice(row)` is the target's token after block row `row` (0 is the root). Returns the
+    accepted node indices and the target's token after the last of them (the correction, or the
+    bonus token when a whole branch is accepted).
+    """
+    path: list[int] = []
+    row = 0
+    while True:
+        want = target_choice(row)
+        nxt = next((c for c in tree.children(path[-1] if path else ROOT) if tree.nodes[c].token == want), None)
+        if nxt is None:
+            return path, want
+        path.append(nxt)
+        row = nxt + 1
+
+
+def best_branch(tree: TokenTree, accepted: list[int]) -> tuple[int, int]:
+    """(N_all, N_correct) of the most matching branch (LLMCad eq. 3).
+
+    The most matching branch is the draft's most confident root-to-leaf path through the accepted
+    nodes; N_all is its length and N_correct the accepted part of it.
+    """
+    start = accepted[-1] if accepted else ROOT
+    leaf, best, stack = start, -1.0, [start]
+    while stack:
+        i = stack.pop()
+        kids = tree.children(i)
+        if not kids and i != ROOT and tree.nodes[i].cum > best:
+            leaf, best = i, tree.nodes[i].cum
+        stack.extend(kids)
+    n_all = tree.nodes[leaf].depth if leaf != ROOT else 0
+    return max(n_all, len(accepted)), len(accepted)
