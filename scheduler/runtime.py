@@ -277,6 +277,10 @@ class Scheduler(TensorExchange):
         be quick; one that raises is logged and removed."""
         self._listeners.append(fn)
 
+    def remove_listener(self, fn) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
     def actor_status(self) -> list[ActorStatus]:
         """Each actor's pid, handshake state and current op (its oldest unanswered request).
         Cheap, and safe to call from another thread: it reads copies of the tables."""

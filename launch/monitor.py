@@ -1,0 +1,341 @@
+"""`launch run --monitor`: a live view of the run, built from what the runtime reports.
+
+    feed = MonitorFeed(sched)                   # launch/monitor_feed.py; MonitorFeed(None) in-process
+    mon = open_monitor(feed, args.monitor)      # Monitor (a terminal), LogMonitor, or NullMonitor
+    mon.start()
+    try:
+        run_pipeline(sched, policy, on_round=feed.on_round)  # + feed.on_text(piece) as text arrives
+    finally:
+        mon.stop()
+
+Everything drawn comes from one frozen `MonitorState` (a snapshot), so a frame is a pure function
+of it: `Monitor.render(state)` gives a Rich renderable, `LogMonitor.line(state)` one plain line.
+`Monitor` draws with `rich.live.Live`, whose own thread pulls a snapshot and redraws 4 times a
+second; the run's thread pays only for the feed's callbacks.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, replace
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.rule import Rule
+from rich.text import Text
+
+from scheduler.ledger import fmt_bytes
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+@dataclass(frozen=True)
+class ActorRow:
+    role: str
+    pid: int
+    state: str  # the scheduler's handshake state (ready, dead, ...) or "running"
+    op: str | None = None  # what it works on now; None: idle
+    op_s: float | None = None  # for how long
+    cpu_pct: float | None = None  # of one core, since the last snapshot
+    uss: int | None = None  # bytes only this process holds (the ledger's last sample)
+
+
+@dataclass(frozen=True)
+class MemoryPart:
+    name: str  # draft, target resident, streaming slots, KV, arena, ...
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class MonitorState:
+    elapsed_s: float = 0.0
+    title: str = ""
+    actors: tuple[ActorRow, ...] = ()
+    budget_bytes: int = 0
+    memory: tuple[MemoryPart, ...] = ()  # the bar's parts, in order
+    measured_bytes: int | None = None  # live PSS of every process together
+    tokens: int = 0
+    tokens_per_s: float = 0.0  # over the last few seconds
+    accepted_hist: tuple[tuple[int, int], ...] = ()  # (accepted length, verifications)
+    alpha: tuple[float, ...] = ()  # after each verification, the latest last
+    disk_gbps: float = 0.0  # over the last few seconds
+    text: str = ""  # the tail of the generated text
+    notes: tuple[str, ...] = ()  # deaths, errors
+
+    @property
+    def mean_accepted(self) -> float | None:
+        n = sum(c for _, c in self.accepted_hist)
+        return sum(k * c for k, c in self.accepted_hist) / n if n else None
+
+    @property
+    def avg_tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+# -- drawing ----------------------------------------------------------------------------------------
+
+PART_STYLES = (("draft", "cyan"), ("target", "magenta"), ("resident", "magenta"), ("stream", "yellow"),
+               ("slot", "yellow"), ("kv", "green"), ("arena", "blue"), ("pss", "red"))
+
+
+def part_style(name: str) -> str:
+    low = name.lower()
+    return next((style for key, style in PART_STYLES if key in low), "white")
+
+
+def sparkline(values, width: int = 40) -> str:
+    vals = list(values)[-width:]
+    if not vals:
+        return ""
+    lo, hi = min(vals), max(vals)
+    scale = (len(SPARK) - 1) / (hi - lo) if hi > lo else 0
+    return "".join(SPARK[round((v - lo) * scale)] if scale else SPARK[len(SPARK) // 2] for v in vals)
+
+
+def _bar(parts, budget: int, width: int) -> Text:
+    """`budget` as `width` cells: each (name, bytes) part a run of its colour, the rest free."""
+    bar = Text()
+    budget = max(budget, sum(n for _, n in parts), 1)
+    used = 0
+    for name, n in parts:
+        cells = round(width * (used + n) / budget) - round(width * used / budget)
+        used += n
+        bar.append("█" * cells, style=part_style(name))
+    bar.append("░" * max(width - bar.cell_len, 0), style="dim")
+    return bar
+
+
+def memory_bar(state: MonitorState, width: int = 60) -> Text:
+    """The memory plan's parts against the budget."""
+    return _bar([(p.name, p.nbytes) for p in state.memory], state.budget_bytes, width)
+
+
+def text_tail(text: str, width: int, lines: int) -> list[str]:
+    """The last `lines` screen lines of `text` wrapped at `width` columns (so a frame keeps its height)."""
+    out: list[str] = []
+    for line in reversed(text.splitlines()):
+        chunks = [line[i:i + width] for i in range(0, len(line), width)] or [""]
+        out[:0] = chunks
+        if len(out) >= lines:
+            break
+    return out[-lines:]
+
+
+def _fmt_opt(v, fmt: str, none: str = "-") -> str:
+    return none if v is None else format(v, fmt)
+
+
+def _source(source):
+    """(a callable giving MonitorState, the feed to close at stop or None)."""
+    if hasattr(source, "snapshot"):
+        return source.snapshot, source
+    return source, None
+
+
+def _snapshot(source, last: MonitorState) -> MonitorState:
+    """A fresh snapshot; if taking it fails, the last one with the error as a note (a dead
+    refresh thread would freeze the screen with no word why)."""
+    if source is None:
+        return last
+    try:
+        return source()
+    except Exception as e:
+        note = f"monitor: the snapshot failed: {type(e).__name__}: {e}"
+        return last if note in last.notes else replace(last, notes=last.notes + (note,))
+
+
+class Monitor:
+    """The Rich dashboard. `source`: a MonitorFeed (its `snapshot` pulled at every refresh; closed
+    at `stop`), a callable returning a MonitorState, or None (shows what `update(state)` gave last)."""
+
+    shows_text = True  # the dashboard shows the generated text: the caller need not print it
+
+    def __init__(self, source=None, console: Console | None = None, refresh_hz: float = 4.0, text_lines: int = 6):
+        self.source, self.feed = _source(source)
+        self.console = console or Console()
+        self.refresh_hz = refresh_hz
+        self.text_lines = text_lines
+        self.frames = 0  # renders so far (the overhead benchmark reads it)
+        self._state = MonitorState()
+        self._live: Live | None = None
+
+    def __enter__(self) -> "Monitor":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._live = Live(console=self.console, refresh_per_second=self.refresh_hz, get_renderable=self._frame,
+                          transient=False)
+        self._live.start()
+
+    def update(self, state: MonitorState | None = None) -> None:
+        """Show `state` from the next refresh on (a cheap store), or with none, pull the source now."""
+        self._state = state if state is not None else _snapshot(self.source, self._state)
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()  # draws the last frame
+            self._live = None
+        if self.feed is not None:
+            self.feed.close()
+
+    def _frame(self):
+        self._state = _snapshot(self.source, self._state)
+        return self.render(self._state)
+
+    def render(self, state: MonitorState | None = None):
+        """One frame. Flat on purpose (rules and lines of Text): nested panels and tables cost Rich
+        ~10 ms a frame, which the run would feel."""
+        s = state if state is not None else self._state
+        self.frames += 1
+        head = Text.assemble(
+            (f"{s.tokens}", "bold"), " tokens  ", (f"{s.tokens_per_s:.1f}", "bold green"), " tok/s",
+            f" (avg {s.avg_tokens_per_s:.1f})  mean accepted ", (_fmt_opt(s.mean_accepted, ".2f"), "bold"),
+            "  alpha ", (_fmt_opt(s.alpha[-1] if s.alpha else None, ".3f"), "bold"),
+            "  disk ", (f"{s.disk_gbps:.2f}", "bold yellow"), " GB/s")
+
+        rows = [("role", "pid", "state", "doing", "for", "CPU %", "USS")]
+        rows += [(a.role, str(a.pid), a.state, a.op or "idle", f"{a.op_s * 1000:.0f} ms" if a.op_s is not None else "",
+                  _fmt_opt(a.cpu_pct, ".0f"), fmt_bytes(a.uss) if a.uss is not None else "-") for a in s.actors]
+        widths = [max(len(r[i]) for r in rows) for i in range(7)]
+        actors = []
+        for n, r in enumerate(rows):  # a Table would cost Rich a few ms a frame
+            cells = [c.rjust(w) if i in (1, 4, 5, 6) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+            actors.append(Text(" " + "  ".join(cells), style="bold" if n == 0 else ("dim" if r[3] == "idle" else "")))
+
+        used = sum(p.nbytes for p in s.memory)
+        mem = Text.assemble("memory ", memory_bar(s, 40), f" {_short(used)} planned of {_short(s.budget_bytes)}")
+        live = None
+        if s.measured_bytes is not None:
+            live = Text.assemble("live   ", _bar([("PSS", s.measured_bytes)], s.budget_bytes, 40),
+                                 f" {_short(s.measured_bytes)} measured (PSS of every process) of {_short(s.budget_bytes)}")
+        legend = Text("       ")
+        for p in s.memory:
+            legend.append("■ ", style=part_style(p.name))
+            legend.append(f"{p.name} {_short(p.nbytes)}  ")
+
+        left = [Text("accepted length", style="bold")]
+        top = max((c for _, c in s.accepted_hist), default=0)
+        for k, c in sorted(sorted(s.accepted_hist, key=lambda x: -x[1])[:8]):  # the 8 commonest lengths
+            left.append(Text.assemble(f"{k:>3} ", ("█" * max(1, round(16 * c / top)), "green"), f" {c}"))
+        right = [Text("alpha", style="bold"), Text(sparkline(s.alpha, 40), style="cyan")]
+        if s.alpha:
+            right.append(Text(f"{min(s.alpha):.3f} .. {max(s.alpha):.3f} over {len(s.alpha)} verifications", style="dim"))
+        lower = []
+        for i in range(max(len(left), len(right))):
+            line = left[i].copy() if i < len(left) else Text()
+            line.pad_right(28 - line.cell_len)
+            if i < len(right):
+                line.append_text(right[i])
+            lower.append(line)
+
+        tail = text_tail(s.text, self.console.width, self.text_lines)
+        text = Text("\n".join(tail + [""] * (self.text_lines - len(tail))))
+        notes = [Text(n, style="bold red") for n in s.notes[-3:]]
+        return Group(Rule(f"cadence {s.title}  {s.elapsed_s:.1f} s".strip(), style="blue"), head, *actors, mem,
+                     *([live] if live else []), legend, *lower, Rule("text", style="dim"), text, *notes)
+
+
+def _short(n: float) -> str:
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{int(n)}B"
+
+
+class LogMonitor:
+    """The plain fallback when stdout is no terminal: one line every `every_s` on `file` (stderr),
+    so a piped stdout stays the generated text alone."""
+
+    shows_text = False
+
+    def __init__(self, source=None, file=None, every_s: float = 2.0):
+        self.source, self.feed = _source(source)
+        self.file = file if file is not None else sys.stderr
+        self.every_s = every_s
+        self._state = MonitorState()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "LogMonitor":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        def loop():
+            while not self._stop.wait(self.every_s):
+                self._emit()
+        self._thread = threading.Thread(target=loop, name="log-monitor", daemon=True)
+        self._thread.start()
+
+    def update(self, state: MonitorState | None = None) -> None:
+        self._state = state if state is not None else _snapshot(self.source, self._state)
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(2.0)
+            self._thread = None
+            self._emit()
+        if self.feed is not None:
+            self.feed.close()
+
+    def _emit(self) -> None:
+        self._state = _snapshot(self.source, self._state)
+        print(self.line(self._state), file=self.file, flush=True)
+
+    @staticmethod
+    def line(s: MonitorState) -> str:
+        used = sum(p.nbytes for p in s.memory)
+        mem = f"{fmt_bytes(s.measured_bytes)} PSS" if s.measured_bytes is not None else f"{fmt_bytes(used)} planned"
+        actors = "; ".join(f"{a.role} {a.state}{' ' + a.op if a.op else ''} cpu {_fmt_opt(a.cpu_pct, '.0f')}%"
+                           f" uss {fmt_bytes(a.uss) if a.uss is not None else '-'}" for a in s.actors)
+        return (f"cadence {s.elapsed_s:7.1f}s tokens {s.tokens} {s.tokens_per_s:.1f} tok/s"
+                f" accepted {_fmt_opt(s.mean_accepted, '.2f')} alpha {_fmt_opt(s.alpha[-1] if s.alpha else None, '.3f')}"
+                f" disk {s.disk_gbps:.2f} GB/s mem {mem} of {fmt_bytes(s.budget_bytes)} | {actors}"
+                + "".join(f" | {n}" for n in s.notes))
+
+
+class NullMonitor:
+    """--no-monitor."""
+
+    shows_text = False
+
+    def __init__(self, source=None):
+        self.feed = _source(source)[1]
+
+    def start(self) -> None:
+        pass
+
+    def update(self, state: MonitorState | None = None) -> None:
+        pass
+
+    def stop(self) -> None:
+        if self.feed is not None:
+            self.feed.close()
+
+
+def add_monitor_args(p) -> None:
+    """--monitor / --no-monitor / --trace PATH for `launch run`."""
+    p.add_argument("--monitor", action="store_true", default=None,
+                   help="live dashboard (the default when stdout is a terminal; plain log lines on stderr otherwise)")
+    p.add_argument("--no-monitor", dest="monitor", action="store_false", help="no dashboard, no log lines")
+    p.add_argument("--trace", metavar="PATH", help="write the Chrome trace here (a .json file, or a directory)")
+
+
+def open_monitor(source, mode: bool | None, stdout=None, console: Console | None = None):
+    """mode None (the default): the dashboard on a terminal, else nothing; True: the dashboard on
+    a terminal, else log lines on stderr; False: nothing."""
+    out = stdout if stdout is not None else sys.stdout
+    tty = bool(getattr(out, "isatty", lambda: False)())
+    if mode is False or (mode is None and not tty):
+        return NullMonitor(source)
+    if tty:
+        return Monitor(source, console=console or Console(file=out))
+    return LogMonitor(source)

@@ -1,0 +1,187 @@
+"""What the live monitor costs the run (BENCHMARKS.md, "Monitor overhead").
+
+    .venv/bin/python -m launch.monitor_bench [--pairs 20] [--tokens 80] [--cpu-s 1.5] [--json OUT]
+
+The machine this runs on is shared and noisy, so the two arms are interleaved in short blocks
+(off/on, then on/off, ...) and compared pair by pair, which cancels slow drifts in background load:
+
+- pipeline: one scheduler with the four fake actors (seeded sleeps, real arena traffic, tracing
+  on); each block is one `run_pipeline` of `tokens` tokens, with or without
+  `Monitor(MonitorFeed(sched))` drawing at 4 Hz into a terminal console (written to /dev/null);
+- cpu: a compute-bound loop in this process (torch matmuls on every core plus a little Python
+  per step, as in-process generation is) for `cpu_s` seconds a block, with or without
+  `Monitor(MonitorFeed(None))`, which also samples this process's memory once a second;
+- frame: what one frame costs (snapshot + render + write), timed alone.
+
+A monitor block includes its start and stop (one extra frame each), so the figure errs high.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+from rich.console import Console
+
+from launch.monitor import Monitor
+from launch.monitor_feed import MonitorFeed
+
+
+def _console() -> Console:
+    return Console(file=open(os.devnull, "w"), force_terminal=True, width=120)
+
+
+def _pairs(n: int, block) -> dict:
+    """`block(monitor: bool) -> dict` n times each way, alternating which goes first."""
+    out = {"off": [], "on": []}
+    for i in range(n):
+        for on in ((False, True) if i % 2 == 0 else (True, False)):
+            out["on" if on else "off"].append(block(on))
+    return out
+
+
+def _summary(arms: dict, key: str) -> dict:
+    ratios = [on[key] / off[key] for on, off in zip(arms["on"], arms["off"])]
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    total = {arm: sum(b["n"] for b in arms[arm]) / sum(b["s"] for b in arms[arm]) for arm in arms}
+    return {"median_ratio": statistics.median(ratios), "q1": q[0], "q3": q[2],
+            "total_ratio": total["on"] / total["off"], "off_rate": total["off"], "on_rate": total["on"]}
+
+
+def bench_pipeline(pairs: int, tokens: int, seed: int = 0) -> dict:
+    from actors.fake import FAKES
+    from scheduler.config import GiB, KiB, MemoryConfig, PartitionConfig, PipelineConfig, RuntimeConfig, TraceConfig
+    from scheduler.pipeline import run_pipeline
+    from scheduler.policy import PipelinePolicy
+    from scheduler.runtime import Scheduler
+
+    with tempfile.TemporaryDirectory() as traces:
+        config = RuntimeConfig(
+            memory=MemoryConfig(budget_bytes=4 * GiB, arena_bytes=1024 * KiB, stream_bytes=256 * KiB, sample_s=0.5),
+            partition=PartitionConfig(attn_sparse_share=0.3, linear_cpu_share=0.2),
+            pipeline=PipelineConfig(n_layers=8, layer_bytes=64 * KiB, verify_width=6, max_tokens=tokens),
+            trace=TraceConfig(dir=traces, max_events=10_000_000))
+        with Scheduler(config) as sched:
+            init = {"seed": seed, "stream_bytes": config.memory.stream_bytes}
+            for role, cls in FAKES.items():
+                sched.spawn(role, cls, init, wait=False)
+            sched.wait_ready()
+
+            def block(on: bool) -> dict:
+                policy = PipelinePolicy(dataclasses.replace(config.pipeline, max_tokens=tokens), config.partition,
+                                        config.memory.stream_bytes)
+                feed = MonitorFeed(sched) if on else None
+                mon = Monitor(feed, console=_console()) if on else None
+                t0 = time.perf_counter()
+                if mon:
+                    mon.start()
+                try:
+                    res = run_pipeline(sched, policy, on_round=feed.on_round if feed else None)
+                finally:
+                    if mon:
+                        mon.stop()
+                dt = time.perf_counter() - t0
+                return {"n": res.tokens, "s": dt, "rate": res.tokens / dt, "frames": mon.frames if mon else 0}
+
+            block(True)  # warm up
+            arms = _pairs(pairs, block)
+    return {"tokens": tokens, "pairs": pairs, **_summary(arms, "rate"), "blocks": arms}
+
+
+def bench_cpu(pairs: int, seconds: float) -> dict:
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    b = torch.randn(384, 384)
+
+    def block(on: bool) -> dict:
+        a = torch.randn(384, 384)
+        feed = MonitorFeed(None, title="cpu bench") if on else None
+        mon = Monitor(feed, console=_console()) if on else None
+        t0 = time.perf_counter()
+        if mon:
+            mon.start()
+        steps = 0
+        try:
+            while time.perf_counter() - t0 < seconds:
+                for _ in range(4):
+                    a = torch.tanh(a @ b) * 0.5  # the GIL is released inside
+                steps += 1
+                if feed:
+                    feed.on_tokens(1)
+                    feed.on_text(".")
+        finally:
+            if mon:
+                mon.stop()
+        dt = time.perf_counter() - t0
+        return {"n": steps, "s": dt, "rate": steps / dt, "frames": mon.frames if mon else 0}
+
+    block(True)  # warm up
+    arms = _pairs(pairs, block)
+    return {"seconds": seconds, "pairs": pairs, **_summary(arms, "rate"), "blocks": arms}
+
+
+def frame_cost(frames: int = 200) -> dict:
+    """ms per frame for snapshot + render + write, from a feed with numbers in it."""
+    feed = MonitorFeed(None, title="frame cost")
+    for i in range(200):
+        feed.on_tokens(3, accepted=i % 5, alpha=0.5 + 0.01 * (i % 7))
+        feed.on_text(f"token{i} ")
+    mon = Monitor(feed, console=_console())
+    t0 = time.perf_counter()
+    for _ in range(frames):
+        mon.console.print(mon._frame())
+    dt = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    for _ in range(frames):
+        feed.snapshot()
+    snap = time.perf_counter() - t1
+    feed.close()
+    return {"frame_ms": 1000 * dt / frames, "snapshot_ms": 1000 * snap / frames}
+
+
+def bench(pairs: int = 20, tokens: int = 80, cpu_s: float = 1.5) -> dict:
+    out = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                       "python": platform.python_version()},
+           "frame": frame_cost(), "pipeline": bench_pipeline(pairs, tokens)}
+    if cpu_s > 0:
+        out["cpu"] = bench_cpu(pairs, cpu_s)
+    return out
+
+
+def format_result(r: dict) -> str:
+    def row(what: str, x: dict, unit: str) -> str:
+        return (f"{what}: off {x['off_rate']:.1f} {unit}, on {x['on_rate']:.1f} {unit}; on/off: total "
+                f"{x['total_ratio']:.4f}, median of {x['pairs']} pairs {x['median_ratio']:.4f} "
+                f"(IQR {x['q1']:.4f}..{x['q3']:.4f}); slowdown {100 * (1 - x['median_ratio']):+.2f}%")
+    p, f = r["pipeline"], r["frame"]
+    lines = [row(f"fake-actor pipeline ({p['tokens']} tokens a block)", p, "tok/s")]
+    if "cpu" in r:
+        lines.append(row(f"compute-bound loop in-process ({r['cpu']['seconds']:g} s a block)", r["cpu"], "steps/s"))
+    lines.append(f"one frame: {f['frame_ms']:.2f} ms (snapshot {f['snapshot_ms']:.2f} ms); at 4 Hz "
+                 f"{0.4 * f['frame_ms']:.2f}% of one core")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m launch.monitor_bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=20, help="off/on pairs of blocks per workload")
+    ap.add_argument("--tokens", type=int, default=80, help="tokens per fake-actor block")
+    ap.add_argument("--cpu-s", type=float, default=1.5, help="seconds per compute-bound block (0: skip)")
+    ap.add_argument("--json", metavar="OUT")
+    args = ap.parse_args(argv)
+    r = bench(args.pairs, args.tokens, args.cpu_s)
+    print(format_result(r))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(r, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,187 @@
+"""The live monitor: renders real numbers from a fake-actor run into Rich's recording console,
+falls back to plain log lines off a terminal, and its feed keeps the right figures."""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import time
+
+from rich.console import Console
+
+from actors import wire
+from launch.monitor import (ActorRow, LogMonitor, MemoryPart, Monitor, MonitorState, NullMonitor, add_monitor_args,
+                            memory_bar, open_monitor, sparkline, text_tail)
+from launch.monitor_feed import MonitorFeed
+from launch.progress import step_progress, track_steps
+from scheduler.events import DeadEvent, ReplyEvent
+from scheduler.pipeline import run_pipeline
+from scheduler.runtime import Scheduler
+from tests.runtime.fake_run import policy_for, small_config, spawn_fakes
+
+
+def _recording(width=120) -> Console:
+    return Console(record=True, width=width, file=io.StringIO(), force_terminal=False, color_system=None)
+
+
+def test_monitor_renders_real_numbers_from_a_fake_run():
+    console = _recording()
+    rounds = []
+    with Scheduler(small_config(None, max_tokens=40)) as s:
+        pids = spawn_fakes(s, seed=2)
+        feed = MonitorFeed(s)
+        mon = Monitor(feed, console=console, refresh_hz=20)
+        mon.start()
+        try:
+            res = run_pipeline(s, policy_for(s), on_round=lambda r: (rounds.append(r), feed.on_round(r),
+                                                                       feed.on_text(f"<{r.tokens}>")))
+            time.sleep(0.3)  # let the ledger's sampler (every 0.2 s) see every actor
+            state = feed.snapshot()
+        finally:
+            mon.stop()
+    assert mon.frames >= 2  # Live's thread drew while the run went on
+    assert s._listeners == []  # stop closed the feed
+    # the snapshot: the run's real figures
+    assert state.tokens == res.tokens and sum(c for _, c in state.accepted_hist) == res.rounds
+    assert dict(state.accepted_hist) == {k: sum(r.accepted == k for r in rounds) for k in {r.accepted for r in rounds}}
+    assert state.alpha == tuple(r.alpha for r in rounds) and state.alpha[-1] == res.alpha
+    assert {a.role: a.pid for a in state.actors} == {"scheduler": os.getpid(), **pids}
+    assert all(a.state == "ready" and a.uss and a.uss > 0 for a in state.actors if a.role != "scheduler")
+    assert state.tokens_per_s > 0 and state.disk_gbps > 0  # the loader's replies carry nbytes
+    assert state.budget_bytes == s.config.memory.budget_bytes and state.measured_bytes > 0
+    assert [p.name for p in state.memory] == ["streaming slots", "arena"]
+    assert sum(p.nbytes for p in state.memory) == s.config.memory.arena_bytes
+    assert state.text.endswith(f"<{res.tokens}>")
+    # what the console shows: the last frame, drawn from the same numbers
+    text = console.export_text()
+    last = text[text.rindex("cadence run"):]
+    assert f"{res.tokens} tokens" in last and f"alpha {res.alpha:.3f}" in last
+    for role, pid in pids.items():
+        assert re.search(rf"\b{role}\s+{pid}\s+ready\b", last)
+    assert "accepted length" in last and f"<{res.tokens}>" in last and "measured (PSS" in last
+    mean = sum(r.accepted for r in rounds) / len(rounds)
+    assert f"mean accepted {mean:.2f}" in last
+
+
+STATE = MonitorState(
+    elapsed_s=12.5, title="run 1x00",
+    actors=(ActorRow("scheduler", 100, "running", None, None, 12.0, 50 << 20),
+            ActorRow("verifier", 101, "ready", "verify_layer", 0.012, 97.0, 300 << 20),
+            ActorRow("loader", 102, "dead")),
+    budget_bytes=8 << 30,
+    memory=(MemoryPart("draft", 1 << 30), MemoryPart("target resident", 3 << 30), MemoryPart("KV", 512 << 20),
+            MemoryPart("streaming slots", 256 << 20), MemoryPart("arena", 256 << 20)),
+    measured_bytes=5 << 30, tokens=120, tokens_per_s=9.75, accepted_hist=((0, 2), (1, 4), (3, 6)),
+    alpha=(0.5, 0.45, 0.55), disk_gbps=1.234, text="line one\nline two\n" + "x" * 250, notes=("the loader actor was killed",))
+
+
+def test_render_of_a_hand_made_state():
+    console = _recording(width=100)
+    mon = Monitor(console=console)
+    console.print(mon.render(STATE))
+    out = console.export_text()
+    assert "cadence run 1x00  12.5 s" in out
+    assert "120 tokens  9.8 tok/s (avg 9.6)  mean accepted 1.83  alpha 0.550  disk 1.23 GB/s" in out
+    assert re.search(r"verifier\s+101\s+ready\s+verify_layer\s+12 ms\s+97\s+300.00 MiB", out)
+    assert re.search(r"loader\s+102\s+dead\s+idle\s+-\s+-", out)
+    assert "5.0G planned of 8.0G" in out and "5.0G measured" in out and "target resident 3.0G" in out
+    assert "the loader actor was killed" in out and "0.450 .. 0.550 over 3 verifications" in out
+    assert out.count("x" * 100) == 2 and "line two" in out  # the text tail, wrapped at the width
+    assert STATE.mean_accepted == (0 * 2 + 1 * 4 + 3 * 6) / 12
+    bar = memory_bar(STATE, 40).plain
+    assert bar == "█" * 25 + "░" * 15 and len(sparkline([1, 2, 3])) == 3 and sparkline([]) == ""
+    assert text_tail("ab\ncdefg", 2, 3) == ["cd", "ef", "g"] and text_tail("", 5, 2) == []
+
+
+def test_a_failing_snapshot_is_shown_not_fatal():
+    calls = iter([STATE])
+    console = _recording()
+    mon = Monitor(lambda: next(calls), console=console)  # the second call raises StopIteration
+    for _ in range(3):
+        mon.update()
+    console.print(mon.render())
+    out = console.export_text()
+    assert "120 tokens" in out and out.count("monitor: the snapshot failed: StopIteration") == 1
+
+
+def test_plain_log_lines_when_stdout_is_not_a_terminal():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    feed = MonitorFeed(None, budget_bytes=1 << 30, title="t")
+    try:
+        assert isinstance(open_monitor(feed, None, stdout=io.StringIO()), NullMonitor)  # default off a terminal
+        assert isinstance(open_monitor(feed, False, stdout=Tty()), NullMonitor)
+        assert isinstance(open_monitor(feed, None, stdout=Tty()), Monitor)
+        mon = open_monitor(feed, True, stdout=io.StringIO())
+        assert isinstance(mon, LogMonitor) and not mon.shows_text
+        log = io.StringIO()
+        mon.file, mon.every_s = log, 0.05
+        mon.start()
+        feed.on_tokens(5, accepted=2, alpha=0.4)
+        feed.on_tokens(3, accepted=4, alpha=0.3)
+        time.sleep(0.3)
+        mon.stop()
+    finally:
+        feed.close()
+    lines = log.getvalue().splitlines()
+    assert len(lines) >= 3
+    assert re.match(r"cadence +\d+\.\ds tokens 8 [\d.]+ tok/s accepted 3.00 alpha 0.300 disk 0.00 GB/s mem .* of 1.00 GiB"
+                    r" \| main running cpu [\d-]+% uss .*", lines[-1])
+    assert "\x1b" not in log.getvalue()  # plain text
+    assert LogMonitor.line(STATE).endswith("| the loader actor was killed")
+
+
+def test_feed_callbacks():
+    feed = MonitorFeed(None, text_chars=10, alpha_points=3)
+    try:
+        for piece in ("abc", "def", "ghi", "jkl", "mno"):
+            feed.on_text(piece)
+        feed.on_text("")
+        for a in (0.1, 0.2, 0.3, 0.4):
+            feed.on_tokens(2, accepted=1, alpha=a)
+        feed.on_tokens(1)  # the prefill's token: no verification
+        ok = wire.Reply(1, True, {"nbytes": 3_000_000_000}, {}, None)
+        feed.on_event(ReplyEvent("loader", "load", ok))
+        feed.on_event(ReplyEvent("verifier", "verify_layer", wire.Reply(2, True, {"nbytes": 5}, {}, None)))  # not I/O
+        feed.on_event(DeadEvent("draft", "was killed by SIGKILL"))
+        time.sleep(0.05)
+        s = feed.snapshot()
+    finally:
+        feed.close()
+    assert s.text == "defghijklmno" and s.tokens == 9 and s.accepted_hist == ((1, 4),) and s.alpha == (0.2, 0.3, 0.4)
+    assert s.notes == ("the draft actor was killed by SIGKILL",)
+    assert s.disk_gbps > 3 / s.elapsed_s * 0.9 and s.tokens_per_s > 0
+    assert [a.role for a in s.actors] == ["main"] and s.actors[0].pid == os.getpid()
+
+
+def test_monitor_args():
+    p = argparse.ArgumentParser()
+    add_monitor_args(p)
+    assert p.parse_args([]).monitor is None and p.parse_args(["--monitor"]).monitor is True
+    assert p.parse_args(["--no-monitor"]).monitor is False
+    assert p.parse_args(["--trace", "t/run.json"]).trace == "t/run.json"
+
+
+def test_progress_bars_and_their_plain_fallback():
+    term = Console(record=True, width=100, file=io.StringIO(), force_terminal=True)
+    with step_progress("profile widths", total=3, console=term) as advance:
+        for w in (4, 8, 16):
+            advance(description=f"profile width {w}")
+    shown = term.export_text()
+    assert "profile width 16" in shown and "3/3" in shown
+    plain = Console(file=io.StringIO(), force_terminal=False)
+    assert list(track_steps([1, 2, 3], "convert", console=plain)) == [1, 2, 3]
+    assert plain.file.getvalue().splitlines()[-1].startswith("convert: 3/3 (")
+
+
+def test_overhead_bench_runs():
+    """The benchmark behind BENCHMARKS.md runs end to end (tiny; no timing is asserted)."""
+    from launch.monitor_bench import bench, format_result
+
+    r = bench(pairs=1, tokens=10, cpu_s=0.2)
+    assert r["pipeline"]["off_rate"] > 0 and r["pipeline"]["on_rate"] > 0 and r["cpu"]["median_ratio"] > 0
+    assert all(b["frames"] >= 1 for b in r["pipeline"]["blocks"]["on"])
+    assert r["frame"]["frame_ms"] > 0 and "median of 1 pairs" in format_result(r)
