@@ -9,23 +9,38 @@ import torch
 from cadence.errors import CadenceError
 from launch.prompts import Prompt, load_prompts
 from launch.results import write_rows
-from launch.runner import MODES, RunConfig, Runner, print_text
+from launch.runner import RUNTIMES, RunConfig, Runner, print_text
 from models import linear, registry
 from models.sampling import SamplingConfig
+from scheduler.speculation import MODES
+from speculative.draft import TreeConfig
+
+DEFAULT_PROMPT = "def quicksort(items):\n"
 
 
 def add_model_args(p):
     p.add_argument("--target", default=registry.DEFAULT_TARGET, help="target model: a default name, a .gguf file or an HF directory")
     p.add_argument("--draft", default=registry.DEFAULT_DRAFT, help="draft model for the speculative modes")
-    p.add_argument("--dtype", "--format", dest="fmt", default="bf16", help=f"weight format: {', '.join(linear.FORMATS)}")
+    p.add_argument("--dtype", "--format", dest="fmt", default="int4", help=f"weight format: {', '.join(linear.FORMATS)}")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chat", default="auto", choices=("auto", "on", "off"),
                    help="apply the model's chat template (auto: for prompt kinds copy/open)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads per process (default: all cores)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (cuda needs --runtime inproc)")
+    p.add_argument("--runtime", default="actors", choices=RUNTIMES,
+                   help="actors: draft and verifier as processes under the scheduler; inproc: one process")
+    t = p.add_argument_group("speculation")
+    t.add_argument("--width", type=int, default=TreeConfig.width, help="tree mode: most draft tokens per verification")
+    t.add_argument("--chain-k", type=int, default=TreeConfig.chain_k, help="chain mode: draft tokens per verification")
+    t.add_argument("--branch-threshold", type=float, default=TreeConfig.branch_threshold,
+                   help="tree mode: a candidate with at least this draft probability opens a branch")
+    t.add_argument("--alpha", type=float, default=TreeConfig.alpha, help="initial fallback threshold (verify when Tc < alpha)")
+    t.add_argument("--no-trie", action="store_true", help="tree mode: no Lookahead trie candidates")
+    t.add_argument("--fixed-width", action="store_true", help="always use the full width (no adaptive governor)")
+    p.add_argument("--trace-dir", default=None, help="where the Chrome trace goes (default: traces/)")
 
 
 def add_parser(sub):
@@ -33,7 +48,7 @@ def add_parser(sub):
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="one prompt (raw text)")
     src.add_argument("--prompts", help="a JSONL prompt set: {\"id\", \"kind\", \"prompt\"} per line")
-    p.add_argument("--mode", default="target", choices=MODES)
+    p.add_argument("--mode", default="tree", choices=MODES)
     add_model_args(p)
     p.add_argument("--json", dest="json_out", help="write one JSON row per prompt to this file")
     p.set_defaults(func=cmd_run)
@@ -45,28 +60,38 @@ def setup_threads(args):
         raise CadenceError("--device cuda was asked for but torch sees no CUDA device; use --device cpu")
 
 
+def tree_config(args, mode: str) -> TreeConfig:
+    return TreeConfig(mode="chain" if mode == "chain" else "tree", width=args.width, chain_k=args.chain_k,
+                      branch_threshold=args.branch_threshold, alpha=args.alpha, trie=not args.no_trie,
+                      adaptive=not args.fixed_width)
+
+
 def run_config(args, mode: str) -> RunConfig:
+    linear.check_format(args.fmt)
     return RunConfig(target=args.target, draft=args.draft, fmt=args.fmt, mode=mode, max_new_tokens=args.max_new_tokens,
-                     sampling=SamplingConfig(args.temperature, args.top_p, args.seed), chat=args.chat, device=args.device)
+                     sampling=SamplingConfig(args.temperature, args.top_p, args.seed), tree=tree_config(args, mode),
+                     chat=args.chat, device=args.device, runtime=args.runtime, threads=args.threads,
+                     trace_dir=args.trace_dir)
 
 
 def cmd_run(args) -> int:
     setup_threads(args)
     cfg = run_config(args, args.mode)
-    if args.prompts:
-        prompts = load_prompts(args.prompts)
-    else:
-        prompts = [Prompt("prompt", "complete", args.prompt if args.prompt is not None else "def quicksort(items):\n")]
-    linear.check_format(cfg.fmt)
-    runner = Runner(cfg)
+    prompts = load_prompts(args.prompts) if args.prompts else [
+        Prompt("prompt", "complete", args.prompt if args.prompt is not None else DEFAULT_PROMPT)]
     rows = []
-    for p in prompts:
-        if len(prompts) > 1:
-            print(f"\n── {p.id} ({p.kind})", flush=True)
-        row = runner.run(p, on_text=print_text)
-        rows.append(row)
-        print(f"\n[{len(row['new_token_ids'])} tokens in {row['wall_s']:.2f} s, {row['tokens_per_s']:.2f} tok/s, "
-              f"mode {row['mode']}, {cfg.fmt}]", file=sys.stderr, flush=True)
+    with Runner(cfg) as runner:
+        for p in prompts:
+            if len(prompts) > 1:
+                print(f"\n── {p.id} ({p.kind})", flush=True)
+            row = runner.run(p, on_text=print_text)
+            rows.append(row)
+            st = row["stats"]
+            extra = f", {st['mean_accepted']} accepted per verification" if "mean_accepted" in st else ""
+            print(f"\n[{len(row['new_token_ids'])} tokens in {row['wall_s']:.2f} s, {row['tokens_per_s']:.2f} tok/s, "
+                  f"mode {row['mode']}, {cfg.fmt}{extra}]", file=sys.stderr, flush=True)
+    if runner.trace_path:
+        print(f"trace: {runner.trace_path}", file=sys.stderr)
     if args.json_out:
         write_rows(args.json_out, rows)
         print(f"wrote {len(rows)} rows to {args.json_out}", file=sys.stderr)

@@ -1,18 +1,30 @@
-"""Load the models a mode needs once, then generate prompt after prompt; rows for the JSON contract."""
+"""Load what a mode needs once, then generate prompt after prompt; rows for the JSON contract.
+
+Runtimes: `actors` (the default) runs the verifier and draft as actor processes under the
+scheduler (shared-memory tensors, ZeroMQ control, a Chrome trace per run); `inproc` runs the same
+algorithms in this process (the reference the tests compare against).
+"""
 from __future__ import annotations
 
+import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
+
+import psutil
 
 from cadence.errors import CadenceError
 from launch.prompts import Prompt, prompt_ids
 from launch.results import make_row, peak_rss_bytes
 from models import engine
+from models.convert import ensure_store
 from models.sampling import SamplingConfig
-from models.tokenizer import StreamDecoder
+from models.tokenizer import StreamDecoder, TextTokenizer
+from scheduler.speculation import MODES
+from speculative.draft import TreeConfig
+from speculative.generate import generate_speculative
 
-MODES = ("target",)
+RUNTIMES = ("actors", "inproc")
 
 
 @dataclass(frozen=True)
@@ -20,36 +32,114 @@ class RunConfig:
     target: str
     draft: str | None
     fmt: str
-    mode: str = "target"
+    mode: str = "tree"
     max_new_tokens: int = 128
     sampling: SamplingConfig = SamplingConfig()
+    tree: TreeConfig = field(default_factory=TreeConfig)
     chat: str = "auto"
     device: str = "cpu"
+    runtime: str = "actors"
+    threads: int = 0
+    trace_dir: str | None = None
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise CadenceError(f"mode '{self.mode}' is not known; use one of {', '.join(MODES)}")
+        if self.runtime not in RUNTIMES:
+            raise CadenceError(f"runtime '{self.runtime}' is not known; use one of {', '.join(RUNTIMES)}")
         if self.max_new_tokens < 1:
             raise CadenceError(f"--max-new-tokens={self.max_new_tokens} must be at least 1")
         if self.chat not in ("auto", "on", "off"):
             raise CadenceError(f"--chat={self.chat} must be auto, on or off")
+        if self.mode != "target" and not self.draft:
+            raise CadenceError(f"mode {self.mode} needs a draft model: give --draft")
+        if self.runtime == "actors" and self.device != "cpu":
+            raise CadenceError("the actor runtime runs on the CPU for now; use --runtime inproc with --device cuda")
 
 
 class Runner:
+    """Use as a context manager: the actor runtime has processes and shared memory to release."""
+
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
-        self.target = engine.load(cfg.target, cfg.fmt, cfg.device)
+        self.sched = None
+        self.trace_path = None
+        speculative = cfg.mode != "target"
+        # Convert (once) in this process, with progress bars, before any actor starts.
+        target_store = ensure_store(cfg.target, cfg.fmt)
+        draft_store = ensure_store(cfg.draft, cfg.fmt) if speculative else None
+        if speculative and draft_store.tokenizer_info.tokenizer_json != target_store.tokenizer_info.tokenizer_json:
+            raise CadenceError(f"the draft {cfg.draft} and the target {cfg.target} have different tokenizers; "
+                               "speculative modes need a draft that shares the target's vocabulary")
+        self.tokenizer = TextTokenizer(target_store.tokenizer_info)
+        if cfg.runtime == "inproc":
+            self.target = engine.load_store(target_store, cfg.target, cfg.device)
+            self.draft = engine.load_store(draft_store, cfg.draft, cfg.device) if speculative else None
+            return
+        from scheduler.config import MemoryConfig, RuntimeConfig, TraceConfig
+        from scheduler.runtime import Scheduler
+        from scheduler.speculation import ActorSpeculation
+
+        rt = RuntimeConfig(memory=MemoryConfig(budget_bytes=psutil.virtual_memory().total),
+                           trace=TraceConfig(dir=cfg.trace_dir))
+        self.sched = Scheduler(rt).__enter__()
+        try:
+            self.spec = ActorSpeculation(self.sched, cfg.mode, str(target_store.dir),
+                                         str(draft_store.dir) if draft_store else None, cfg.sampling, cfg.tree,
+                                         cfg.threads or os.cpu_count() or 1, target_store.args.context_length,
+                                         target_store.args.vocab_size)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        if self.sched is not None:
+            sched, self.sched = self.sched, None
+            sched.shutdown()
+            self.trace_path = sched.trace_path
 
     def run(self, prompt: Prompt, on_text: Callable[[str], None] | None = None) -> dict:
-        cfg, tok = self.cfg, self.target.tokenizer
+        cfg, tok = self.cfg, self.tokenizer
         ids, chat = prompt_ids(tok, prompt, cfg.chat)
         stream = StreamDecoder(tok)
         on_tokens = (lambda new: on_text(stream.push(new))) if on_text else None
-        gen = engine.generate_target(self.target, ids, cfg.max_new_tokens, cfg.sampling, on_tokens)
+        if self.sched is not None:
+            n_ctx = self.spec.context_length
+            if len(ids) + cfg.max_new_tokens > n_ctx:  # same sentence as the in-process path
+                raise CadenceError(f"the prompt has {len(ids)} tokens and {cfg.max_new_tokens} new tokens were asked for, "
+                                   f"but the model's context holds {n_ctx}; shorten the prompt or lower --max-new-tokens")
+            gen = self.spec.generate(ids, cfg.max_new_tokens, tok.stop_ids, on_tokens)
+            extra = _actor_peaks(self.sched)
+        elif cfg.mode == "target":
+            gen = engine.generate_target(self.target, ids, cfg.max_new_tokens, cfg.sampling, on_tokens)
+            extra = 0
+        else:
+            tree = cfg.tree if cfg.tree.mode == cfg.mode else TreeConfig(**{**cfg.tree.__dict__, "mode": cfg.mode})
+            gen = generate_speculative(self.target, self.draft, ids, cfg.max_new_tokens, cfg.sampling, tree, on_tokens)
+            extra = 0
         return make_row(id=prompt.id, kind=prompt.kind, mode=cfg.mode, target=cfg.target,
                         draft=cfg.draft if cfg.mode != "target" else None, format=cfg.fmt, chat=chat,
                         prompt_token_ids=ids, new_token_ids=gen.new_ids, text=tok.decode(gen.new_ids),
-                        wall_s=gen.wall_s, prefill_s=gen.prefill_s, peak_rss_bytes=peak_rss_bytes(), stats=gen.stats)
+                        wall_s=gen.wall_s, prefill_s=gen.prefill_s, peak_rss_bytes=peak_rss_bytes(extra),
+                        stats=gen.stats, runtime=cfg.runtime)
+
+
+def _actor_peaks(sched) -> int:
+    """Sum of the actors' peak resident sets (Linux: VmHWM)."""
+    total = 0
+    for st in sched.actor_status():
+        try:
+            with open(f"/proc/{st.pid}/status") as f:
+                total += next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM"))
+        except (OSError, StopIteration, ValueError):
+            pass
+    return total
 
 
 def print_text(piece: str):

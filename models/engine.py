@@ -31,9 +31,15 @@ class LoadedModel:
 
 
 def load(model: str, fmt: str = "bf16", device: str = "cpu", group_size: int = 32) -> LoadedModel:
-    store = ensure_store(model, fmt, group_size)
+    return load_store(ensure_store(model, fmt, group_size), model, device)
+
+
+def load_store(store: WeightStore | str, name: str = "", device: str = "cpu") -> LoadedModel:
+    """A model from a weight store, every layer resident."""
+    if not isinstance(store, WeightStore):
+        store = WeightStore(store)
     weights = ResidentWeights(store, device)
-    return LoadedModel(model, store, TextTokenizer(store.tokenizer_info), Transformer(store.args, weights, device))
+    return LoadedModel(name or store.dir.name, store, TextTokenizer(store.tokenizer_info), Transformer(store.args, weights, device))
 
 
 def check_length(model: Transformer, n_prompt: int, max_new: int, slack: int = 0) -> int:

@@ -18,6 +18,7 @@ from models.sampling import Sampler, SamplingConfig, probs
 from models.transformer import Transformer
 from speculative.policy import AdaptiveThreshold, branch_candidates, pace
 from speculative.tree import ROOT, TokenTree
+from speculative.trie import TokenTrie
 
 TOP_K = 4  # candidates looked at per expansion
 
@@ -30,6 +31,9 @@ class TreeConfig:
     branch_threshold: float = 0.3
     alpha: float = 0.01
     chain_k: int = 4  # chain mode: draft tokens per verification
+    trie: bool = True  # tree mode: add Lookahead trie candidates from the prompt and output n-grams
+    trie_nodes: int = 4  # at most this many trie candidates per tree
+    adaptive: bool = True  # let the governor pick each cycle's budget (0 = plain target step)
 
     def __post_init__(self):
         if self.mode not in ("tree", "chain"):
@@ -53,8 +57,31 @@ class DraftTree:
     tree: TokenTree
     tc: float
     forwards: int
-    trials: dict[int, list[int]] = field(default_factory=dict)  # sampling: draws per node
-    dists: dict[int, torch.Tensor] = field(default_factory=dict)  # sampling: draft distribution per node
+    # sampling: per node, its children in the order they were proposed, each with the distribution
+    # it was drawn from (None: a deterministic candidate, such as a trie branch: a point mass)
+    trials: dict[int, list[tuple[int, torch.Tensor | None]]] = field(default_factory=dict)
+    trie_nodes: int = 0
+
+    def wire_trials(self) -> tuple[list[list[int]], list]:
+        """Sampling trials as [node, child, dist index or -1] rows, and the distinct distributions."""
+        rows, dists, index = [], [], {}
+        for node, tries in self.trials.items():
+            for child, q in tries:
+                k = -1
+                if q is not None:
+                    if id(q) not in index:
+                        index[id(q)] = len(dists)
+                        dists.append(q)
+                    k = index[id(q)]
+                rows.append([node, child, k])
+        return rows, dists
+
+
+def trials_from_wire(rows: list[list[int]], dists) -> dict:
+    out: dict[int, list] = {}
+    for node, child, k in rows:
+        out.setdefault(int(node), []).append((int(child), None if k < 0 else dists[k]))
+    return out
 
 
 class Drafter:
@@ -62,13 +89,28 @@ class Drafter:
         self.model, self.sampling, self.cfg = model, sampling, cfg
         self.sampler = Sampler(SamplingConfig(sampling.temperature, sampling.top_p, sampling.seed + 1))
         self.threshold = AdaptiveThreshold(cfg.alpha)
+        self.trie = TokenTrie() if cfg.trie and cfg.mode == "tree" else None
         self.cache = None
         self.pending: list[int] = []
+        self.context: list[int] = []  # every committed token: what the trie matches against
 
     def start(self, prompt_ids: list[int], capacity: int):
-        """Feed the prompt; the first generated token will arrive through `advance`."""
+        """Feed the prompt; the first generated token will arrive through `push`."""
         self.cache = self.model.new_cache(capacity)
         self.pending = list(prompt_ids)
+        self.context = list(prompt_ids)
+        if self.trie:
+            self.trie.insert(self.context)
+
+    def push(self, tokens: list[int]):
+        """Committed tokens the draft has not seen yet (the first generated token)."""
+        self.pending.extend(tokens)
+        self._remember(tokens)
+
+    def _remember(self, tokens: list[int]):
+        self.context.extend(tokens)
+        if self.trie:
+            self.trie.insert(self.context, start=len(self.context) - len(tokens) - self.trie.branch_len + 1)
 
     def _feed_pending(self) -> torch.Tensor:
         c, dev = self.cache, self.model.device
@@ -85,6 +127,9 @@ class Drafter:
             return torch.softmax(logits.float(), -1)
         return probs(logits, self.sampling)
 
+    def _child(self, t: TokenTree, node: int, tok: int) -> int | None:
+        return next((c for c in t.children(node) if t.nodes[c].token == tok), None)
+
     def _expand(self, d: DraftTree, node: int, dist: torch.Tensor, room: int):
         t = d.tree
         if self.sampling.greedy:
@@ -92,20 +137,45 @@ class Drafter:
             cands = list(zip(top.indices.tolist(), top.values.tolist()))
             if self.cfg.mode == "chain":
                 cands = cands[:1]
-            for tok, p in branch_candidates(cands, self.cfg.branch_threshold, room):
-                t.add(tok, node, p)
+            for tok, p in branch_candidates(cands, self.cfg.branch_threshold, TOP_K):
+                c = self._child(t, node, tok)
+                if c is not None:  # a trie candidate the model also proposes: trust the model's probability
+                    self._reweigh(t, c, p)
+                elif room > 0:
+                    t.add(tok, node, p)
+                    room -= 1
             return
         # Sampling: k i.i.d. draws from q, k fixed by q alone (how many candidates clear the threshold).
+        # k is fixed before drawing, so that every draw is a trial whatever token it brings.
         k = 1 if self.cfg.mode == "chain" else max(1, int((dist >= self.cfg.branch_threshold).sum()))
-        k = min(k, room)
-        d.dists[node] = dist
-        d.trials[node] = []
-        for _ in range(k):
+        trials = d.trials.setdefault(node, [])
+        for _ in range(min(k, room)):
             tok = self.sampler.draw(dist)
-            child = next((c for c in t.children(node) if t.nodes[c].token == tok), None)
+            child = self._child(t, node, tok)
             if child is None:
                 child = t.add(tok, node, float(dist[tok]))
-            d.trials[node].append(child)
+            trials.append((child, dist))
+
+    def _reweigh(self, t: TokenTree, i: int, p: float):
+        n = t.nodes[i]
+        up = t.nodes[n.parent].cum if n.parent != ROOT else 1.0
+        n.prob, n.cum = p, up * p
+        stack = list(n.children)
+        while stack:
+            c = t.nodes[stack.pop()]
+            c.cum = t.nodes[c.parent].cum * c.prob
+            stack.extend(c.children)
+
+    def _add_trie(self, d: DraftTree, room: int):
+        """Lookahead candidates for the root's continuation, deterministic (point-mass) trials."""
+        got = self.trie.retrieve(self.context, max_nodes=min(room, self.cfg.trie_nodes))
+        index = {}
+        for i, (tok, parent, p) in enumerate(zip(got.tokens, got.parents, got.probs)):
+            at = index[parent] if parent >= 0 else ROOT
+            child = d.tree.add(tok, at, p)
+            index[i] = child
+            d.trials.setdefault(at, []).append((child, None))
+        d.trie_nodes = len(got.tokens)
 
     def build_tree(self, budget: int | None = None) -> DraftTree:
         """Grow a tree of at most `budget` tokens (default: the verification width) under the root."""
@@ -113,7 +183,10 @@ class Drafter:
         budget = cfg.budget if budget is None else budget
         root = self.pending[-1]
         d = DraftTree(TokenTree(root), 1.0, 1)
-        self._expand(d, ROOT, self._dist(self._feed_pending()), budget)
+        dist = self._dist(self._feed_pending())
+        if self.trie and budget > 1:
+            self._add_trie(d, budget - 1)
+        self._expand(d, ROOT, dist, budget - len(d.tree))
         c, dev = self.cache, self.model.device
         while len(d.tree) < budget:
             if cfg.mode == "tree" and self.threshold.should_verify(d.tree.tree_confidence()):
@@ -137,6 +210,7 @@ class Drafter:
 
     def advance(self, d: DraftTree | None, path: list[int], new_tokens: list[int]):
         """After a verification: keep the accepted nodes the draft already ran on; the rest is pending."""
+        self._remember(new_tokens)
         if d is None:
             self.cache.commit([])
             self.pending.extend(new_tokens)

@@ -6,13 +6,59 @@ reference for it and what the tests compare against target-only decoding.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 from models.engine import Generation, LoadedModel, check_length
 from models.sampling import SamplingConfig
-from speculative.draft import Drafter, TreeConfig
+from speculative.draft import Drafter, DraftTree, TreeConfig
+from speculative.governor import Governor
 from speculative.tree import best_branch
 from speculative.verify import Verifier
+
+
+def budgets(cfg: TreeConfig) -> tuple[int, ...]:
+    """The draft budgets the governor chooses among."""
+    if cfg.mode == "chain":
+        return tuple(sorted({0, 1, 2, cfg.chain_k} | set(range(2, cfg.chain_k + 1, 2))))
+    return tuple(sorted({0, 2, 4, cfg.width} | set(range(2, cfg.width + 1, 2))))
+
+
+@dataclass
+class SpecStats:
+    """What a speculative run did; `as_dict` is what JSON rows carry in `stats`."""
+    verifications: int = 0
+    plain_steps: int = 0
+    accepted: int = 0  # draft tokens the target confirmed
+    drafted: int = 0  # draft tokens proposed (tree nodes)
+    trie_drafted: int = 0
+    draft_forwards: int = 0
+    target_forwards: int = 1  # the prompt
+    accepted_hist: dict[int, int] = field(default_factory=dict)
+    budget_hist: dict[int, int] = field(default_factory=dict)
+    alpha: list[float] = field(default_factory=list)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    def record_verification(self, d: DraftTree, path: list[int]):
+        self.verifications += 1
+        self.accepted += len(path)
+        self.drafted += len(d.tree)
+        self.trie_drafted += d.trie_nodes
+        self.draft_forwards += d.forwards
+        self.accepted_hist[len(path)] = self.accepted_hist.get(len(path), 0) + 1
+
+    def as_dict(self) -> dict:
+        v = max(self.verifications, 1)
+        return {
+            "verifications": self.verifications, "plain_steps": self.plain_steps, "accepted": self.accepted,
+            "drafted": self.drafted, "wasted": self.drafted - self.accepted, "trie_drafted": self.trie_drafted,
+            "draft_forwards": self.draft_forwards, "target_forwards": self.target_forwards,
+            "mean_accepted": round(self.accepted / v, 3),
+            "accepted_hist": {str(k): n for k, n in sorted(self.accepted_hist.items())},
+            "budget_hist": {str(k): n for k, n in sorted(self.budget_hist.items())},
+            "alpha": [round(a, 6) for a in self.alpha], "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
+        }
 
 
 def generate_speculative(target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], max_new: int,
@@ -21,35 +67,44 @@ def generate_speculative(target: LoadedModel, draft: LoadedModel, prompt_ids: li
     stop = target.tokenizer.stop_ids if stop_at_eos else set()
     cap = check_length(target.model, len(prompt_ids), max_new, slack=cfg.budget + 2)
     verifier, drafter = Verifier(target.model, sampling), Drafter(draft.model, sampling, cfg)
+    governor = Governor(budgets(cfg), cfg.budget) if cfg.adaptive else None
+    stats = SpecStats()
     t0 = time.perf_counter()
     first = verifier.start(prompt_ids, cap)
     drafter.start(prompt_ids, cap)
     t_prefill = time.perf_counter() - t0
     out = [first]
-    drafter.pending.append(first)
-    stats = {"verifications": 0, "accepted": 0, "drafted": 0, "draft_forwards": 0, "target_forwards": 1,
-             "accepted_hist": {}}
+    drafter.push([first])
     if on_tokens:
         on_tokens([first])
     while len(out) < max_new and out[-1] not in stop:
         remaining = max_new - len(out)
-        d = drafter.build_tree(budget=min(cfg.budget, remaining - 1)) if remaining > 1 else None
+        budget = governor.choose() if governor else cfg.budget
+        budget = min(budget, remaining - 1)
+        stats.budget_hist[budget] = stats.budget_hist.get(budget, 0) + 1
+        t_cycle = time.perf_counter()
+        d = None
+        if budget > 0:
+            d = drafter.build_tree(budget)
+            stats.draft_s += time.perf_counter() - t_cycle
+        t_verify = time.perf_counter()
         if d is None or len(d.tree) == 0:
-            nxt = verifier.step(out[-1])
-            new, path = [nxt], []
+            new, path = [verifier.step(out[-1])], []
             drafter.advance(d, [], new)
+            stats.plain_steps += 1
         else:
             v = verifier.verify(d)
             path = v.path
             new = d.tree.tokens_of(path) + [v.next_token]
             drafter.advance(d, path, new)
             drafter.update_threshold(d, *best_branch(d.tree, path))
-            stats["verifications"] += 1
-            stats["accepted"] += len(path)
-            stats["drafted"] += len(d.tree)
-            stats["draft_forwards"] += d.forwards
-            stats["accepted_hist"][len(path)] = stats["accepted_hist"].get(len(path), 0) + 1
-        stats["target_forwards"] += 1
+            stats.record_verification(d, path)
+            stats.alpha.append(drafter.threshold.alpha)
+        now = time.perf_counter()
+        stats.verify_s += now - t_verify
+        stats.target_forwards += 1
+        if governor:
+            governor.record(budget, len(new), now - t_cycle)
         for i, tok in enumerate(new):  # stop inside an accepted run
             if tok in stop or len(out) + i + 1 >= max_new:
                 new = new[:i + 1]
@@ -57,6 +112,4 @@ def generate_speculative(target: LoadedModel, draft: LoadedModel, prompt_ids: li
         out.extend(new)
         if on_tokens:
             on_tokens(new)
-    stats["wasted"] = stats["drafted"] - stats["accepted"]
-    stats["accepted_hist"] = {str(k): v for k, v in sorted(stats["accepted_hist"].items())}
-    return Generation(prompt_ids, out[:max_new], time.perf_counter() - t0, t_prefill, stats)
+    return Generation(prompt_ids, out[:max_new], time.perf_counter() - t0, t_prefill, stats.as_dict())

@@ -21,25 +21,28 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return r / s if s > 0 else p
 
 
-def accept_sampled(tree: TokenTree, trials: dict[int, list[int]], target_p: Callable[[int], torch.Tensor],
-                   draft_q: Callable[[int], torch.Tensor], uniform: Callable[[], float],
+def accept_sampled(tree: TokenTree, trials: dict[int, list[tuple[int, torch.Tensor | None]]],
+                   target_p: Callable[[int], torch.Tensor], uniform: Callable[[], float],
                    draw: Callable[[torch.Tensor], int]) -> tuple[list[int], int]:
-    """Walk the tree from the root. `trials[node]` lists the child drawn at each of the node's draws
-    (ROOT for the root; a child repeats when it was drawn twice); `target_p(row)` is the target's
-    distribution after block row `row`, `draft_q(node)` the draft's at a node. Returns the accepted
-    nodes and the next token, drawn from the target's (residual) distribution."""
+    """Walk the tree from the root. `trials[node]` lists the node's proposals in order, each a child
+    and the distribution q it was drawn from (None: a deterministic candidate, q a point mass on it;
+    a child repeats when it was drawn twice); `target_p(row)` is the target's distribution after
+    block row `row`. Returns the accepted nodes and the next token, drawn from the target's
+    (residual) distribution."""
     path: list[int] = []
     node, row = ROOT, 0
     while True:
         p = target_p(row)
-        tries = trials.get(node, [])
-        q = draft_q(node) if tries else None
-        for child in tries:
+        for child, q in trials.get(node, []):
             x = tree.nodes[child].token
-            if uniform() * float(q[x]) < float(p[x]):
+            qx = 1.0 if q is None else float(q[x])
+            if uniform() * qx < float(p[x]):
                 path.append(child)
                 node, row = child, child + 1
                 break
+            if q is None:
+                q = torch.zeros_like(p)
+                q[x] = 1.0
             p = residual(p, q)
         else:
             return path, draw(p)

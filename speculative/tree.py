@@ -73,6 +73,20 @@ class TokenTree:
     def tokens_of(self, path: list[int]) -> list[int]:
         return [self.nodes[i].token for i in path]
 
+    def to_lists(self) -> dict:
+        """The tree as plain lists (msgpack-able): what travels from the draft to the verifier."""
+        return {"root": self.root_token, "tokens": [n.token for n in self.nodes],
+                "parents": [n.parent for n in self.nodes], "probs": [n.prob for n in self.nodes]}
+
+    @classmethod
+    def from_lists(cls, d: dict) -> "TokenTree":
+        t = cls(int(d["root"]))
+        for tok, parent, p in zip(d["tokens"], d["parents"], d["probs"]):
+            if not -1 <= parent < len(t.nodes):
+                raise ValueError(f"tree node {len(t.nodes)} has parent {parent}, which does not come before it")
+            t.add(int(tok), int(parent), float(p))
+        return t
+
 
 def longest_accepted_path(tree: TokenTree, target_choice) -> tuple[list[int], int]:
     """Greedy verification: follow, from the root, the child whose token is the target's own choice.

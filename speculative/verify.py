@@ -10,7 +10,7 @@ from models.sampling import Sampler, SamplingConfig, probs
 from models.transformer import Transformer
 from speculative.draft import DraftTree
 from speculative.sampling import accept_sampled
-from speculative.tree import ROOT, longest_accepted_path
+from speculative.tree import TokenTree, longest_accepted_path
 
 
 @dataclass
@@ -42,16 +42,19 @@ class Verifier:
         return self.sampler(logits)
 
     def verify(self, d: DraftTree) -> Verdict:
+        return self.verify_tree(d.tree, d.trials)
+
+    def verify_tree(self, tree: TokenTree, trials: dict | None = None) -> Verdict:
+        """One forward over [root] + the tree, acceptance, and the cache kept to the accepted path."""
         c, dev = self.cache, self.model.device
-        tokens, parents, depths = d.tree.flatten()
+        tokens, parents, depths = tree.flatten()
         vis = Visibility.tree(c.length, parents)
         logits = self.model.forward(torch.tensor(tokens, device=dev), torch.tensor(depths, device=dev) + c.length, c, vis)
         if self.sampling.greedy:
             choice = logits.argmax(-1).tolist()
-            path, nxt = longest_accepted_path(d.tree, lambda row: choice[row])
+            path, nxt = longest_accepted_path(tree, lambda row: choice[row])
         else:
             p = lambda row: probs(logits[row], self.sampling)
-            q = lambda node: d.dists[node]
-            path, nxt = accept_sampled(d.tree, d.trials, p, q, self.sampler.uniform, self.sampler.draw)
+            path, nxt = accept_sampled(tree, trials or {}, p, self.sampler.uniform, self.sampler.draw)
         c.commit([0] + [i + 1 for i in path])  # the root and the accepted nodes, in order
         return Verdict(path, nxt, len(tokens))

@@ -1,0 +1,53 @@
+"""The draft actor: the small model, resident, growing token trees (speculative/draft.py)."""
+from __future__ import annotations
+
+import torch
+
+from actors.base import Actor, ActorContext
+from models.engine import load_store
+from models.sampling import SamplingConfig
+from speculative.draft import Drafter, TreeConfig
+from speculative.tree import best_branch
+
+
+class DraftActor(Actor):
+    role = "draft"
+
+    def __init__(self, init: dict, ctx: ActorContext):
+        super().__init__(init, ctx)
+        torch.set_num_threads(int(init.get("threads") or torch.get_num_threads()))
+        with self.trace.span("load draft", cat="setup"):
+            self.lm = load_store(init["store"], init.get("name", ""))
+        self.sampling = SamplingConfig(**init["sampling"])
+        self.cfg = TreeConfig(**init["tree"])
+        self.drafter = None
+        self.last = None  # the tree of the last `build`, until `advance`
+
+    def op_start(self, args, tensors):
+        self.drafter = Drafter(self.lm.model, self.sampling, self.cfg)
+        self.drafter.start(list(args["prompt_ids"]), int(args["capacity"]))
+        self.drafter.push(list(args["first"]))
+        return {}
+
+    def op_build(self, args, tensors):
+        """A tree of at most `budget` tokens; sampling distributions go to the slot in `dists`."""
+        d = self.last = self.drafter.build_tree(int(args["budget"]))
+        out = {**d.tree.to_lists(), "tc": d.tc, "forwards": d.forwards, "trie_nodes": d.trie_nodes}
+        if self.sampling.greedy:
+            return out
+        rows, dists = d.wire_trials()
+        out["trials"] = rows
+        if not dists:
+            return out
+        stacked = torch.stack(dists).float()
+        return out, {"dists": self.put(tensors["slot"], stacked)}
+
+    def op_advance(self, args, tensors):
+        """The verdict: accepted nodes of the last tree (empty list and no tree: a plain step) and the new tokens."""
+        d = self.last if args.get("tree", True) else None
+        path, new = list(args["path"]), list(args["new"])
+        self.drafter.advance(d, path, new)
+        if d is not None:
+            self.drafter.update_threshold(d, *best_branch(d.tree, path))
+        self.last = None
+        return {"alpha": self.drafter.threshold.alpha}

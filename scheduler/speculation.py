@@ -1,0 +1,112 @@
+"""Speculative generation through the actors: the scheduler side of `target`, `chain` and `tree`.
+
+The draft actor grows a tree, the verifier actor scores it in one pass and says which path it
+accepts, the draft keeps that path; the governor (speculative/governor.py) picks each cycle's
+budget from the throughput it measures. Only token ids and small tree descriptions travel over
+the control socket; sampling distributions travel through the shared-memory arena.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Callable
+
+from models.engine import Generation
+from models.sampling import SamplingConfig
+from scheduler.runtime import Scheduler
+from speculative.draft import TreeConfig
+from speculative.generate import SpecStats, budgets
+from speculative.governor import Governor
+
+MODES = ("target", "chain", "tree")
+
+
+class ActorSpeculation:
+    def __init__(self, sched: Scheduler, mode: str, target_store: str, draft_store: str | None,
+                 sampling: SamplingConfig, cfg: TreeConfig, threads: int, context_length: int, vocab_size: int):
+        self.s, self.mode, self.sampling, self.cfg = sched, mode, sampling, cfg
+        self.context_length, self.vocab_size = context_length, vocab_size
+        common = {"sampling": asdict(sampling), "threads": threads}
+        sched.spawn("verifier", "actors.verifier:VerifierActor", {**common, "store": target_store}, wait=False)
+        if mode != "target":
+            sched.spawn("draft", "actors.draft:DraftActor", {**common, "store": draft_store, "tree": asdict(cfg)}, wait=False)
+        sched.wait_ready()
+
+    def _capacity(self, n_prompt: int, max_new: int) -> int:
+        return min(self.context_length, n_prompt + max_new + self.cfg.budget + 2)
+
+    def generate(self, prompt_ids: list[int], max_new: int, stop: set[int],
+                 on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
+        s, cfg = self.s, self.cfg
+        cap = self._capacity(len(prompt_ids), max_new)
+        t0 = time.perf_counter()
+        first = s.call("verifier", "start", {"prompt_ids": prompt_ids, "capacity": cap}).result["token"]
+        speculative = self.mode != "target"
+        if speculative:
+            s.call("draft", "start", {"prompt_ids": prompt_ids, "capacity": cap, "first": [first]})
+        t_prefill = time.perf_counter() - t0
+        governor = Governor(budgets(cfg), cfg.budget) if speculative and cfg.adaptive else None
+        stats = SpecStats()
+        out = [first]
+        if on_tokens:
+            on_tokens([first])
+        while len(out) < max_new and out[-1] not in stop:
+            remaining = max_new - len(out)
+            budget = 0 if not speculative else min(governor.choose() if governor else cfg.budget, remaining - 1)
+            stats.budget_hist[budget] = stats.budget_hist.get(budget, 0) + 1
+            t_cycle = time.perf_counter()
+            new = self._cycle(budget, out[-1], stats)
+            now = time.perf_counter()
+            if governor:
+                governor.record(budget, len(new), now - t_cycle)
+            for i, tok in enumerate(new):
+                if tok in stop or len(out) + i + 1 >= max_new:
+                    new = new[:i + 1]
+                    break
+            out.extend(new)
+            if on_tokens:
+                on_tokens(new)
+        return Generation(prompt_ids, out[:max_new], time.perf_counter() - t0, t_prefill,
+                          stats.as_dict() if speculative else {"target_forwards": stats.target_forwards + stats.plain_steps})
+
+    def _cycle(self, budget: int, root: int, stats: SpecStats) -> list[int]:
+        s = self.s
+        stats.target_forwards += 1
+        tree = None
+        slot = None
+        if budget > 0:
+            t = time.perf_counter()
+            tensors = {}
+            if not self.sampling.greedy:  # room for the draft's distributions, one row per fed node
+                slot = s.slots.alloc((budget + 1) * self.vocab_size * 4)
+                tensors = {"slot": s.slot_desc(slot)}
+            reply = s.call("draft", "build", {"budget": budget}, tensors)
+            tree, tree_tensors = reply.result, reply.tensors
+            stats.draft_s += time.perf_counter() - t
+            if not tree["tokens"]:
+                tree = None
+        t = time.perf_counter()
+        try:
+            if tree is None:
+                nxt = s.call("verifier", "step", {"root": root}).result["token"]
+                stats.plain_steps += 1
+                if self.mode != "target":
+                    s.call("draft", "advance", {"path": [], "new": [nxt], "tree": budget > 0})
+                stats.verify_s += time.perf_counter() - t
+                return [nxt]
+            v = s.call("verifier", "verify", tree, tree_tensors).result
+        finally:
+            if slot is not None:
+                s.slots.free(slot)
+        path = list(v["path"])
+        new = [tree["tokens"][i] for i in path] + [v["next"]]
+        alpha = s.call("draft", "advance", {"path": path, "new": new}).result["alpha"]
+        stats.verify_s += time.perf_counter() - t
+        stats.verifications += 1
+        stats.accepted += len(path)
+        stats.drafted += len(tree["tokens"])
+        stats.trie_drafted += tree["trie_nodes"]
+        stats.draft_forwards += tree["forwards"]
+        stats.accepted_hist[len(path)] = stats.accepted_hist.get(len(path), 0) + 1
+        stats.alpha.append(alpha)
+        return new
