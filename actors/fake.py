@@ -69,6 +69,11 @@ class FakeActor(Actor):
             with self.trace.span("compute", cat=self.role, args={"s": round(seconds, 6)}):
                 time.sleep(seconds)
 
+    def op_reseed(self, args, tensors):
+        """Restart the RNG as `seed` (benchmarks replay one workload block after block)."""
+        self.rng = random.Random(f"{args['seed']}:{self.role}")
+        return {}
+
     def op_sleep(self, args, tensors):
         """Sleep `s` seconds, in `beats` slices with a heartbeat after each (0: silent)."""
         beats = int(args.get("beats", 0))

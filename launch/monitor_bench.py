@@ -14,6 +14,12 @@ The machine this runs on is shared and noisy, so the two arms are interleaved in
 - frame: what one frame costs (snapshot + render + write), timed alone.
 
 A monitor block includes its start and stop (one extra frame each), so the figure errs high.
+Each monitor block also reports the CPU time of the monitor's own threads (Live's refresh
+thread; the feed's memory sampler in-process) from their CPU-time clocks, a figure that
+background load hardly moves. Each
+block measures the CPU that other processes took meanwhile (all busy time, steal included, less
+this process and its actors); a pair where either block saw more than 5% of a core of that is
+"contaminated", and the ratios are reported over the clean pairs too.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ import statistics
 import tempfile
 import time
 
+import psutil
 from rich.console import Console
 
 from launch.monitor import Monitor
@@ -36,21 +43,74 @@ def _console() -> Console:
     return Console(file=open(os.devnull, "w"), force_terminal=True, width=120)
 
 
+def _monitor_threads(mon: Monitor, feed: MonitorFeed) -> list:
+    """The threads the monitor added: Rich's refresh thread (private API: best effort) and, in
+    process, the feed's memory sampler."""
+    threads = [getattr(mon._live, "_refresh_thread", None)]
+    if feed._own_ledger is not None:
+        threads.append(feed._own_ledger._thread)
+    return [t for t in threads if t is not None and t.ident is not None]
+
+
+def _thread_cpu_s(threads: list) -> float:
+    """CPU seconds the live `threads` have used (their CPU-time clocks, ns resolution)."""
+    total = 0.0
+    for t in threads:
+        try:
+            total += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except (OSError, ProcessLookupError):
+            pass
+    return total
+
+
+def _busy_s() -> float:
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def _own_s() -> float:
+    procs = [psutil.Process()]
+    procs += procs[0].children(recursive=True)
+    total = 0.0
+    for p in procs:
+        try:
+            c = p.cpu_times()
+            total += c.user + c.system
+        except psutil.Error:
+            pass
+    return total
+
+
 def _pairs(n: int, block) -> dict:
-    """`block(monitor: bool) -> dict` n times each way, alternating which goes first."""
+    """`block(monitor: bool, seed) -> dict` n times each way, alternating which goes first; each block
+    also gets `foreign`: the cores other processes kept busy meanwhile."""
     out = {"off": [], "on": []}
     for i in range(n):
         for on in ((False, True) if i % 2 == 0 else (True, False)):
-            out["on" if on else "off"].append(block(on))
+            busy, own, t0 = _busy_s(), _own_s(), time.perf_counter()
+            b = block(on, i)
+            b["foreign"] = max(0.0, (_busy_s() - busy) - (_own_s() - own)) / (time.perf_counter() - t0)
+            out["on" if on else "off"].append(b)
     return out
 
 
-def _summary(arms: dict, key: str) -> dict:
-    ratios = [on[key] / off[key] for on, off in zip(arms["on"], arms["off"])]
+def _ratios(pairs: list, key: str) -> dict:
+    ratios = [on[key] / off[key] for on, off in pairs]
+    if not ratios:
+        return {"n": 0}
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {"n": len(ratios), "median": statistics.median(ratios), "q1": q[0], "q3": q[2]}
+
+
+def _summary(arms: dict, key: str, clean_below: float = 0.05) -> dict:
+    pairs = list(zip(arms["on"], arms["off"]))
     total = {arm: sum(b["n"] for b in arms[arm]) / sum(b["s"] for b in arms[arm]) for arm in arms}
-    return {"median_ratio": statistics.median(ratios), "q1": q[0], "q3": q[2],
-            "total_ratio": total["on"] / total["off"], "off_rate": total["off"], "on_rate": total["on"]}
+    cpu = sum(b["monitor_cpu_s"] for b in arms["on"]) / sum(b["s"] for b in arms["on"])
+    clean = [(on, off) for on, off in pairs if on["foreign"] < clean_below and off["foreign"] < clean_below]
+    r = _ratios(pairs, key)
+    return {"median_ratio": r["median"], "q1": r["q1"], "q3": r["q3"], "clean": _ratios(clean, key),
+            "total_ratio": total["on"] / total["off"], "off_rate": total["off"], "on_rate": total["on"],
+            "monitor_cpu_frac": cpu}
 
 
 def bench_pipeline(pairs: int, tokens: int, seed: int = 0) -> dict:
@@ -72,7 +132,9 @@ def bench_pipeline(pairs: int, tokens: int, seed: int = 0) -> dict:
                 sched.spawn(role, cls, init, wait=False)
             sched.wait_ready()
 
-            def block(on: bool) -> dict:
+            def block(on: bool, seed: int) -> dict:
+                for role in FAKES:
+                    sched.call(role, "reseed", {"seed": seed})  # both arms of a pair replay one workload
                 policy = PipelinePolicy(dataclasses.replace(config.pipeline, max_tokens=tokens), config.partition,
                                         config.memory.stream_bytes)
                 feed = MonitorFeed(sched) if on else None
@@ -80,15 +142,18 @@ def bench_pipeline(pairs: int, tokens: int, seed: int = 0) -> dict:
                 t0 = time.perf_counter()
                 if mon:
                     mon.start()
+                cpu = 0.0
                 try:
                     res = run_pipeline(sched, policy, on_round=feed.on_round if feed else None)
                 finally:
                     if mon:
+                        cpu = _thread_cpu_s(_monitor_threads(mon, feed))
                         mon.stop()
                 dt = time.perf_counter() - t0
-                return {"n": res.tokens, "s": dt, "rate": res.tokens / dt, "frames": mon.frames if mon else 0}
+                return {"n": res.tokens, "s": dt, "rate": res.tokens / dt, "frames": mon.frames if mon else 0,
+                        "monitor_cpu_s": cpu}
 
-            block(True)  # warm up
+            block(True, -1)  # warm up
             arms = _pairs(pairs, block)
     return {"tokens": tokens, "pairs": pairs, **_summary(arms, "rate"), "blocks": arms}
 
@@ -99,14 +164,14 @@ def bench_cpu(pairs: int, seconds: float) -> dict:
     torch.set_num_threads(os.cpu_count() or 1)
     b = torch.randn(384, 384)
 
-    def block(on: bool) -> dict:
-        a = torch.randn(384, 384)
+    def block(on: bool, seed: int) -> dict:
+        a = torch.randn(384, 384, generator=torch.Generator().manual_seed(seed))
         feed = MonitorFeed(None, title="cpu bench") if on else None
         mon = Monitor(feed, console=_console()) if on else None
         t0 = time.perf_counter()
         if mon:
             mon.start()
-        steps = 0
+        steps, cpu = 0, 0.0
         try:
             while time.perf_counter() - t0 < seconds:
                 for _ in range(4):
@@ -117,11 +182,12 @@ def bench_cpu(pairs: int, seconds: float) -> dict:
                     feed.on_text(".")
         finally:
             if mon:
+                cpu = _thread_cpu_s(_monitor_threads(mon, feed))
                 mon.stop()
         dt = time.perf_counter() - t0
-        return {"n": steps, "s": dt, "rate": steps / dt, "frames": mon.frames if mon else 0}
+        return {"n": steps, "s": dt, "rate": steps / dt, "frames": mon.frames if mon else 0, "monitor_cpu_s": cpu}
 
-    block(True)  # warm up
+    block(True, -1)  # warm up
     arms = _pairs(pairs, block)
     return {"seconds": seconds, "pairs": pairs, **_summary(arms, "rate"), "blocks": arms}
 
@@ -156,9 +222,13 @@ def bench(pairs: int = 20, tokens: int = 80, cpu_s: float = 1.5) -> dict:
 
 def format_result(r: dict) -> str:
     def row(what: str, x: dict, unit: str) -> str:
+        c = x["clean"]
+        clean = (f"; over the {c['n']} clean pairs {c['median']:.4f} (IQR {c['q1']:.4f}..{c['q3']:.4f}), slowdown "
+                 f"{100 * (1 - c['median']):+.2f}%" if c["n"] else "; no clean pair")
         return (f"{what}: off {x['off_rate']:.1f} {unit}, on {x['on_rate']:.1f} {unit}; on/off: total "
                 f"{x['total_ratio']:.4f}, median of {x['pairs']} pairs {x['median_ratio']:.4f} "
-                f"(IQR {x['q1']:.4f}..{x['q3']:.4f}); slowdown {100 * (1 - x['median_ratio']):+.2f}%")
+                f"(IQR {x['q1']:.4f}..{x['q3']:.4f}), slowdown {100 * (1 - x['median_ratio']):+.2f}%{clean}; "
+                f"the monitor's threads used {100 * x['monitor_cpu_frac']:.2f}% of one core")
     p, f = r["pipeline"], r["frame"]
     lines = [row(f"fake-actor pipeline ({p['tokens']} tokens a block)", p, "tok/s")]
     if "cpu" in r:

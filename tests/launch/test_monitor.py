@@ -89,7 +89,7 @@ def test_render_of_a_hand_made_state():
     assert "the loader actor was killed" in out and "0.450 .. 0.550 over 3 verifications" in out
     assert out.count("x" * 100) == 2 and "line two" in out  # the text tail, wrapped at the width
     assert STATE.mean_accepted == (0 * 2 + 1 * 4 + 3 * 6) / 12
-    bar = memory_bar(STATE, 40).plain
+    bar = "".join(t for t, _ in memory_bar(STATE, 40))
     assert bar == "█" * 25 + "░" * 15 and len(sparkline([1, 2, 3])) == 3 and sparkline([]) == ""
     assert text_tail("ab\ncdefg", 2, 3) == ["cd", "ef", "g"] and text_tail("", 5, 2) == []
 
