@@ -356,12 +356,13 @@ class NullMonitor:
             self.feed.close()
 
 
-def add_monitor_args(p) -> None:
-    """--monitor / --no-monitor / --trace PATH for `launch run`."""
+def add_monitor_args(p, trace: bool = True) -> None:
+    """--monitor / --no-monitor (and --trace PATH) for `launch run`."""
     p.add_argument("--monitor", action="store_true", default=None,
                    help="live dashboard (the default when stdout is a terminal; plain log lines on stderr otherwise)")
     p.add_argument("--no-monitor", dest="monitor", action="store_false", help="no dashboard, no log lines")
-    p.add_argument("--trace", metavar="PATH", help="write the Chrome trace here (a .json file, or a directory)")
+    if trace:
+        p.add_argument("--trace", metavar="PATH", help="write the Chrome trace here (a .json file, or a directory)")
 
 
 def open_monitor(source, mode: bool | None, stdout=None, console: Console | None = None):

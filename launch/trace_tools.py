@@ -3,11 +3,13 @@
 Pure functions over a trace dict (Trace Event Format, ts/dur in microseconds), so they work on
 any trace the runtime writes and are tested on hand-made traces with known answers.
 
-Every complete (`X`) span gets a category from its `cat` (the fake actors use their role, the
-real ones `draft`, `verify`, `load`, `attention`) or, for `wait:<what>` / `idle` names, `wait`.
-Unknown categories count as `other`. Per thread, work is the union of its spans minus the union
-of its wait spans (a `wait:layer` nested in a `verify` span is waiting, not verifying); a process
-is busy when any of its threads works. The window is the extent of all spans.
+Every complete (`X`) span gets a category from its `cat` (actors use their role: `draft`,
+`verifier`, `sparse`, `loader`; finer spans `draft`, `verify`, `load`, `attention`) or, for
+`wait:<what>` / `idle` names and the scheduler's `call <op>` (its wait for a reply), `wait`. Unknown categories count as `other`. `setup` spans (loading
+weights before the first request) are reported apart and left out of everything else. Per thread,
+work is the union of its spans minus the union of its wait spans (a `wait:layer` nested in a
+`verify` span is waiting, not verifying); a process is busy when any of its threads works. The
+window is the extent of all spans but setup.
 
 - busy % per actor (process): its work / the window;
 - compute/I-O overlap: how much of the time a load ran was also spent computing (draft, verify,
@@ -30,6 +32,7 @@ from pathlib import Path
 CATEGORIES = {
     "draft": "draft", "verify": "verify", "verifier": "verify", "attention": "attention", "sparse": "attention",
     "load": "load", "loader": "load", "io": "load", "wait": "wait", "idle": "wait", "scheduler": "scheduler",
+    "setup": "setup",
 }
 COMPUTE = ("draft", "verify", "attention")
 SPLIT = ("verify", "draft", "load", "other", "idle")  # priority order of the per-token split
@@ -47,10 +50,10 @@ def events_of(trace) -> list[dict]:
 
 
 def category(ev: dict) -> str:
-    name = ev.get("name") or ""
-    if name.startswith("wait:") or name in ("wait", "idle"):
-        return "wait"
-    return CATEGORIES.get(ev.get("cat") or "", "other")
+    name, cat = ev.get("name") or "", ev.get("cat") or ""
+    if name.startswith("wait:") or name in ("wait", "idle") or (cat == "scheduler" and name.startswith("call ")):
+        return "wait"  # `Scheduler.call` spans enclose the wait for a reply
+    return CATEGORIES.get(cat, "other")
 
 
 def wait_what(ev: dict) -> str:
@@ -117,6 +120,7 @@ class ActorSummary:
     busy_pct: float
     by_category: dict[str, float]  # category -> seconds of work
     top_ops: list[tuple[str, int, float]]  # (span name, count, seconds summed), largest first
+    setup_s: float = 0.0  # in `setup` spans (loading), outside the window
 
 
 @dataclass
@@ -170,50 +174,87 @@ def _tokens(evs) -> int | None:
     return int(sum(a + 1 for a in acc)) if acc else None
 
 
+def exclusive(spans) -> list[tuple[float, float, object]]:
+    """Self time of nested spans on one thread: (start, end, label) of the stretches where each
+    span is the innermost one. A child sticking out of its parent is cut at the parent's end."""
+    out: list = []
+    stack: list[list] = []  # [end, label, cursor: where its self time resumes]
+
+    def close() -> None:
+        end, label, cur = stack.pop()
+        if cur < end:
+            out.append((cur, end, label))
+        if stack:
+            stack[-1][2] = max(stack[-1][2], end)
+
+    for s, e, label in sorted(spans, key=lambda x: (x[0], -x[1])):
+        while stack and stack[-1][0] <= s:
+            close()
+        if stack:
+            top = stack[-1]
+            if top[2] < s:
+                out.append((top[2], s, top[1]))
+            top[2] = max(top[2], s)
+            e = min(e, top[0])
+        stack.append([e, label, s])
+    while stack:
+        close()
+    return out
+
+
 def summarize(trace, tokens: int | None = None) -> TraceSummary:
     evs = events_of(trace)
     procs, _ = _names(evs)
     spans = [e for e in evs if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))
              and isinstance(e.get("dur"), (int, float))]
-    # per thread: category -> intervals; waits kept apart
-    work: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    waits_iv: dict[tuple, list] = defaultdict(list)
-    ops: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
-    waits: dict[str, list] = defaultdict(lambda: [0, 0.0])
     roles = {pid: (name.split() or ["?"])[0] for pid, name in procs.items()}
+    per_thread: dict[tuple, list] = defaultdict(list)
+    ops: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
+    setup: dict = defaultdict(list)
     for e in spans:
-        pid, key = e.get("pid"), (e.get("pid"), e.get("tid"))
+        pid = e.get("pid")
         iv = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
         cat = category(e)
+        if cat == "setup":
+            setup[pid].append(iv)
+            continue
         op = ops[pid][e.get("name", "?")]
         op[0] += 1
         op[1] += iv[1] - iv[0]
-        if cat == "wait":
-            waits_iv[key].append(iv)
-            if roles.get(pid) == "verifier" or "verifier" not in roles.values():
-                w = waits[wait_what(e)]
-                w[0] += 1
-                w[1] += (iv[1] - iv[0]) / 1e6
-        else:
-            work[key][cat].append(iv)
-    window = union([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in spans])
+        per_thread[(pid, e.get("tid"))].append((*iv, (cat, wait_what(e) if cat == "wait" else None)))
+    window = union([iv[:2] for ivs in per_thread.values() for iv in ivs])
     w0, w1 = (window[0][0], window[-1][1]) if window else (0.0, 0.0)
     span_s = (w1 - w0) / 1e6
 
-    # work per thread (minus its waits) -> per process, per category
+    # each thread's self time by category (the innermost span decides) -> per process, per category
+    def count_waits(pid) -> bool:  # the verifier's wait:<what> spans (anyone's, if no actor is a verifier)
+        return roles.get(pid) == "verifier" or "verifier" not in roles.values()
+
+    waits: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for (pid, _), ivs in per_thread.items():
+        if count_waits(pid):
+            for _, _, (cat, what) in ivs:
+                if cat == "wait":
+                    waits[what][0] += 1
+    waits_iv: dict[tuple, list] = defaultdict(list)
     cat_iv: dict[str, list] = defaultdict(list)
     proc_iv: dict = defaultdict(list)
     proc_cat: dict = defaultdict(lambda: defaultdict(list))
     threads: dict = defaultdict(set)
-    for key in set(work) | set(waits_iv):
+    for pid in setup:
+        threads[pid]  # a process that only loaded still gets its row
+    for key, ivs in per_thread.items():
         pid = key[0]
         threads[pid].add(key[1])
-        waited = union(waits_iv.get(key, []))
-        for cat, ivs in work.get(key, {}).items():
-            w = subtract(union(ivs), waited)
-            cat_iv[cat] += w
-            proc_iv[pid] += w
-            proc_cat[pid][cat] += w
+        for s0, s1, (cat, what) in exclusive(ivs):
+            if cat == "wait":
+                waits_iv[key].append((s0, s1))
+                if count_waits(pid):
+                    waits[what][1] += (s1 - s0) / 1e6
+            else:
+                cat_iv[cat].append((s0, s1))
+                proc_iv[pid].append((s0, s1))
+                proc_cat[pid][cat].append((s0, s1))
     cat_u = {c: union(v) for c, v in cat_iv.items()}
 
     actors = []
@@ -222,13 +263,14 @@ def summarize(trace, tokens: int | None = None) -> TraceSummary:
         top = sorted(((n, c, t / 1e6) for n, (c, t) in ops[pid].items()), key=lambda x: -x[2])[:5]
         actors.append(ActorSummary(pid, procs.get(pid, f"pid {pid}"), roles.get(pid, f"pid {pid}"), len(threads[pid]),
                                    busy, 100.0 * busy / span_s if span_s else 0.0,
-                                   {c: length(union(v)) / 1e6 for c, v in sorted(proc_cat[pid].items())}, top))
+                                   {c: length(union(v)) / 1e6 for c, v in sorted(proc_cat[pid].items())}, top,
+                                   length(union(setup.get(pid, []))) / 1e6))
 
     io = cat_u.get("load", [])
     compute = union([iv for c in COMPUTE for iv in cat_u.get(c, [])])
 
     # the verifier's gaps, put down to what ran meanwhile
-    vpids = [p for p, r in roles.items() if r == "verifier"] or sorted({k[0] for k, c in work.items() if "verify" in c})
+    vpids = [p for p, r in roles.items() if r == "verifier"] or sorted(p for p, c in proc_cat.items() if "verify" in c)
     v_work = union([iv for p in vpids for iv in proc_iv.get(p, [])])
     v_wait = union([iv for k, v in waits_iv.items() if k[0] in vpids for iv in v])
     gaps: dict[str, float] = {}
@@ -265,7 +307,7 @@ def summary_dict(s: TraceSummary) -> dict:
     return {
         "run_id": s.run_id, "window_s": s.window_s, "tokens": s.tokens,
         "actors": [{"pid": a.pid, "name": a.name, "role": a.role, "threads": a.threads, "busy_s": a.busy_s,
-                    "busy_pct": a.busy_pct, "by_category_s": a.by_category,
+                    "busy_pct": a.busy_pct, "by_category_s": a.by_category, "setup_s": a.setup_s,
                     "top_ops": [{"name": n, "count": c, "s": t} for n, c, t in a.top_ops]} for a in s.actors],
         "io_s": s.io_s, "compute_s": s.compute_s, "overlap_s": s.overlap_s, "overlap_pct": s.overlap_pct,
         "verifier": {"busy_s": s.verifier_busy_s, "waits": {k: {"count": c, "s": t} for k, (c, t) in s.waits.items()},
@@ -286,6 +328,9 @@ def format_summary(s: TraceSummary) -> str:
     for a in s.actors:
         top = ", ".join(f"{n} ({c}, {t * 1000:.1f})" for n, c, t in a.top_ops[:3])
         out.append(f"{a.name[:32]:<32} {a.threads:>7} {a.busy_s * 1000:>6.1f} ms {a.busy_pct:>6.1f}%  {top}")
+    setup = [f"{a.role} {a.setup_s:.2f} s" for a in s.actors if a.setup_s]
+    if setup:
+        out.append(f"(setup before the window, e.g. loading weights: {', '.join(setup)})")
     ov = s.overlap_pct
     out += ["", f"I/O {s.io_s * 1000:.1f} ms, compute {s.compute_s * 1000:.1f} ms, both at once {s.overlap_s * 1000:.1f} ms: "
             + (f"{ov:.1f}% of I/O overlapped with compute" if ov is not None else "no I/O spans")]

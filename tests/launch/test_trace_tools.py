@@ -7,7 +7,7 @@ import json
 import pytest
 
 from launch import cmd_trace
-from launch.trace_tools import (format_summary, intersect, length, load_trace, place_trace, subtract, summarize,
+from launch.trace_tools import (exclusive, format_summary, intersect, length, load_trace, place_trace, subtract, summarize,
                                 summary_dict, trace_dir, union)
 
 
@@ -33,7 +33,8 @@ def _x(pid, tid, name, cat, ts, dur, **args):
 HAND = {"traceEvents": [
     *_meta(1, "scheduler", [1]), *_meta(2, "draft (D)", [2]), *_meta(3, "verifier (V)", [3]),
     *_meta(4, "loader (L)", [40, 41]), *_meta(5, "sparse (S)", [5]),
-    _x(1, 1, "send load", "scheduler", 0, 2),
+    _x(1, 1, "call load", "scheduler", 0, 10), _x(1, 1, "send load", "scheduler", 0, 2),  # call: waiting for a reply
+    _x(3, 3, "load target", "setup", -5000, 4000),  # loading weights: outside the window
     _x(4, 40, "load", "load", 0, 100), _x(4, 41, "load", "load", 50, 100), _x(4, 40, "load", "load", 200, 100),
     _x(2, 2, "draft_step", "draft", 100, 100), _x(2, 2, "compute", "draft", 120, 60),
     _x(3, 3, "verify", "verify", 150, 100), _x(3, 3, "wait:layer", "verify", 150, 50),  # waits inside its own span
@@ -58,6 +59,7 @@ def test_summary_of_a_hand_made_trace():
     assert [a.role for a in s.actors] == ["scheduler", "draft", "verifier", "loader", "sparse"]
     loader = next(a for a in s.actors if a.role == "loader")
     assert loader.top_ops == [("load", 3, pytest.approx(300e-6))]
+    assert [a.setup_s for a in s.actors] == [0, 0, pytest.approx(4000e-6), 0, 0]
     # I/O [0,150] + [200,300]; compute [100,250] + [300,400]: both at once [100,150] + [200,250]
     assert (s.io_s, s.compute_s, s.overlap_s) == pytest.approx((250e-6, 250e-6, 100e-6))
     assert s.overlap_pct == pytest.approx(40.0)
@@ -75,8 +77,15 @@ def test_summary_of_a_hand_made_trace():
     text = format_summary(s)
     assert "40.0% of I/O overlapped with compute" in text and "wait:layer" in text
     assert "verifier (V)" in text and "0.04 ms/token" in text and "unknown categories" in text
+    assert "loading weights: verifier 0.00 s" in text
     assert summarize(HAND, tokens=8).per_token_ms["verify"] == pytest.approx(0.01875)
     json.dumps(summary_dict(s))  # JSON-able
+
+
+def test_self_time_of_nested_spans():
+    spans = [(0, 10, "a"), (2, 4, "b"), (3, 4, "c"), (6, 12, "d"), (20, 21, "e")]  # d sticks out of a: cut at 10
+    assert exclusive(spans) == [(0, 2, "a"), (2, 3, "b"), (3, 4, "c"), (4, 6, "a"), (6, 10, "d"), (20, 21, "e")]
+    assert exclusive([]) == []
 
 
 def test_summary_copes_with_bare_lists_and_missing_names():
