@@ -60,3 +60,16 @@ class SloppyActor(FakeActor):
 
     def op_object(self, args, tensors):
         return {"x": object()}
+
+
+class ChecksumActor(FakeActor):
+    """A consumer of loaded slots: the crc32 of the bytes a descriptor names, after an optional sleep."""
+    role = "consumer"
+
+    def op_crc(self, args, tensors):
+        import zlib
+
+        import numpy as np
+        d = tensors["x"]
+        time.sleep(float(args.get("sleep_s", 0.0)))
+        return {"crc": zlib.crc32(np.frombuffer(self.arenas[d.segment].buf, np.uint8, d.span_bytes, d.offset))}
