@@ -1,0 +1,84 @@
+"""Other engines on the same models and prompts, for `launch bench`: HF transformers and llama.cpp.
+
+Each baseline produces the same JSON rows as our modes (mode names `hf`, `hf-assisted`,
+`hf-prompt-lookup`, `llama.cpp`), generating from the same prompt token ids with greedy decoding.
+Both are optional: a baseline whose package is not installed is skipped with a note.
+"""
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import torch
+
+from launch.results import make_row, peak_rss_bytes
+from models.convert import resolve
+
+HF_MODES = ("hf", "hf-assisted", "hf-prompt-lookup")
+
+
+def available(name: str) -> bool:
+    mod = {"hf": "transformers", "llama.cpp": "llama_cpp"}[name]
+    return importlib.util.find_spec(mod) is not None and (name != "hf" or importlib.util.find_spec("accelerate") is not None)
+
+
+class HFBaseline:
+    """transformers loading the same GGUF files (dequantized to `dtype`)."""
+
+    def __init__(self, target: str, draft: str, dtype: str = "bf16"):
+        from transformers import AutoModelForCausalLM
+
+        self.dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[dtype]
+        self.dtype_name = dtype
+
+        def load(name):
+            _, path, _ = resolve(name)
+            return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=self.dtype).eval()
+
+        self.target, self.draft_name, self.target_name = load(target), draft, target
+        self.draft = load(draft) if draft else None
+
+    def run(self, mode: str, prompt, ids: list[int], chat: bool, max_new: int, stop_ids: set[int], decode) -> dict:
+        kwargs = {}
+        if mode == "hf-assisted":
+            kwargs["assistant_model"] = self.draft
+        elif mode == "hf-prompt-lookup":
+            kwargs["prompt_lookup_num_tokens"] = 10
+        inp = torch.tensor([ids])
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = self.target.generate(inp, attention_mask=torch.ones_like(inp), max_new_tokens=max_new, do_sample=False,
+                                       eos_token_id=sorted(stop_ids), pad_token_id=sorted(stop_ids)[0], **kwargs)
+        wall = time.perf_counter() - t0
+        new = out[0, len(ids):].tolist()
+        return make_row(id=prompt.id, kind=prompt.kind, mode=mode, target=self.target_name,
+                        draft=self.draft_name if mode == "hf-assisted" else None, format=f"hf-{self.dtype_name}",
+                        chat=chat, prompt_token_ids=ids, new_token_ids=new, text=decode(new), wall_s=wall, prefill_s=0.0,
+                        peak_rss_bytes=peak_rss_bytes(), stats={})
+
+
+class LlamaCppBaseline:
+    """llama-cpp-python on the same GGUF file, 2 threads (mmap; `no_repack` for memory-limited runs)."""
+
+    def __init__(self, target: str, threads: int, n_ctx: int = 2048, repack: bool = True):
+        from llama_cpp import Llama
+
+        _, path, _ = resolve(target)
+        self.name = target
+        kw = {} if repack else {"use_extra_bufts": False}
+        self.llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
+                         verbose=False, **kw)
+
+    def run(self, prompt, ids: list[int], chat: bool, max_new: int, stop_ids: set[int], decode) -> dict:
+        llm = self.llm
+        llm.reset()
+        new: list[int] = []
+        t0 = time.perf_counter()
+        for tok in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            new.append(int(tok))
+            if tok in stop_ids or len(new) >= max_new:
+                break
+        wall = time.perf_counter() - t0
+        return make_row(id=prompt.id, kind=prompt.kind, mode="llama.cpp", target=self.name, draft=None,
+                        format="gguf", chat=chat, prompt_token_ids=ids, new_token_ids=new, text=decode(new),
+                        wall_s=wall, prefill_s=0.0, peak_rss_bytes=peak_rss_bytes(), stats={})

@@ -1,0 +1,83 @@
+"""Lossless on the real pair: Qwen2.5-Coder 0.5B drafting for 1.5B, every dev prompt, 128 tokens, greedy.
+
+`chain` runs in process; `tree` runs as a user runs it: `launch run` with the draft and verifier as
+actor processes. Both must give the target's own token ids, token for token.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cadence import paths
+from launch.prompts import Prompt, prompt_ids
+from models import engine
+from models.sampling import SamplingConfig
+from speculative.draft import TreeConfig
+from speculative.generate import generate_speculative
+from tests.conftest import DEV_PROMPTS, dev_prompts, real_model
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+N = 128
+FMT = "int4"
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return real_model("qwen2.5-coder-1.5b", FMT), real_model("qwen2.5-coder-0.5b", FMT)
+
+
+@pytest.fixture(scope="module")
+def prompts(pair):
+    target, _ = pair
+    return {p["id"]: prompt_ids(target.tokenizer, Prompt(p["id"], p["kind"], p["prompt"]), "auto")[0] for p in dev_prompts()}
+
+
+@pytest.fixture(scope="module")
+def reference(pair, prompts):
+    target, _ = pair
+    return {pid: engine.generate_target(target, ids, N, SamplingConfig()).new_ids for pid, ids in prompts.items()}
+
+
+def test_chain_equals_target(pair, prompts, reference):
+    target, draft = pair
+    cfg = TreeConfig(mode="chain", chain_k=4)
+    for pid, ids in prompts.items():
+        got = generate_speculative(target, draft, ids, N, SamplingConfig(), cfg)
+        assert got.new_ids == reference[pid], pid
+        assert got.stats["verifications"] > 0
+
+
+def test_tree_over_actors_equals_target(reference, tmp_path):
+    out = tmp_path / "rows.json"
+    env = dict(os.environ, CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
+    p = subprocess.run([sys.executable, "-m", "launch.cli", "run", "--mode", "tree", "--dtype", FMT, "--prompts",
+                        str(DEV_PROMPTS), "--max-new-tokens", str(N), "--json", str(out), "--trace-dir", str(tmp_path)],
+                       capture_output=True, text=True, env=env, timeout=1800)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert {r["id"] for r in rows} == set(reference)
+    for r in rows:
+        assert r["mode"] == "tree" and r["runtime"] == "actors"
+        assert r["new_token_ids"] == reference[r["id"]], r["id"]
+    assert sum(r["stats"]["verifications"] for r in rows) > 0
+    assert list(tmp_path.glob("*.json")) != [out]  # a Chrome trace was written beside the rows
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_a_draft_equal_to_the_target_is_always_accepted(mode, prompts):
+    lm = real_model("qwen2.5-coder-0.5b", FMT)
+    cfg = TreeConfig(mode=mode, width=6, chain_k=4, trie=False, adaptive=False)
+    for pid in ("fib", "rewrite_hints"):
+        ids = prompts[pid]
+        ref = engine.generate_target(lm, ids, 48, SamplingConfig()).new_ids
+        got = generate_speculative(lm, lm, ids, 48, SamplingConfig(), cfg)
+        assert got.new_ids == ref, pid
+        hist = {int(k): v for k, v in got.stats["accepted_hist"].items()}
+        if mode == "chain":  # every drafted token accepted: each verification took the full chain
+            assert got.stats["accepted"] == got.stats["drafted"], got.stats
+        else:  # every verification accepted its most confident branch whole: alpha halved each time
+            alphas = [cfg.alpha] + got.stats["alpha"]
+            assert all(b == pytest.approx(max(a * 0.5, 1e-6), abs=1e-6) for a, b in zip(alphas, alphas[1:])), alphas
+        assert min(hist) > 0

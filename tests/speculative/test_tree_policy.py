@@ -1,0 +1,153 @@
+"""The pure parts of tree speculation on hand-made trees: paths, pacer, alpha, trie, sampled acceptance."""
+import random
+
+import pytest
+import torch
+
+from speculative.governor import Governor
+from speculative.policy import AdaptiveThreshold, branch_candidates, pace
+from speculative.sampling import accept_sampled, residual
+from speculative.tree import ROOT, TokenTree, best_branch, longest_accepted_path
+from speculative.trie import TokenTrie
+
+
+def _tree():
+    #        root(9)
+    #       /       \
+    #     a=1 .6    b=2 .3
+    #     /   \        \
+    #   c=3 .5  d=4 .3  e=5 .9
+    #    |
+    #   f=6 .8
+    t = TokenTree(9)
+    a = t.add(1, ROOT, 0.6)
+    b = t.add(2, ROOT, 0.3)
+    c = t.add(3, a, 0.5)
+    t.add(4, a, 0.3)
+    t.add(5, b, 0.9)
+    t.add(6, c, 0.8)
+    return t
+
+
+def test_flatten_gives_rows_parents_and_depths():
+    tokens, parents, depths = _tree().flatten()
+    assert tokens == [9, 1, 2, 3, 4, 5, 6]
+    assert parents == [-1, 0, 0, 1, 1, 2, 3]
+    assert depths == [0, 1, 1, 2, 2, 2, 3]
+
+
+def test_cumulative_confidence_and_tc():
+    t = _tree()
+    assert t.nodes[5].cum == pytest.approx(0.6 * 0.5 * 0.8)
+    assert t.tree_confidence() == pytest.approx(0.27)  # leaves f 0.24, d 0.18, e 0.27
+
+
+def test_longest_accepted_path_follows_the_targets_choices():
+    t = _tree()
+    # the target wants 1, then 3, then 6, then 7 (not in the tree)
+    want = {0: 1, 1: 3, 3: 6, 6: 7}
+    path, nxt = longest_accepted_path(t, lambda row: want[row])
+    assert path == [0, 2, 5] and nxt == 7
+    path, nxt = longest_accepted_path(t, lambda row: {0: 2, 2: 8}[row])
+    assert path == [1] and nxt == 8  # took b, then e (5) was wrong: 8 is the correction
+    path, nxt = longest_accepted_path(t, lambda row: 42)
+    assert path == [] and nxt == 42
+
+
+def test_best_branch_counts_the_most_confident_branch_through_the_accepted_path():
+    t = _tree()
+    assert best_branch(t, [0, 2, 5]) == (3, 3)  # all of a-c-f correct
+    assert best_branch(t, [0]) == (3, 1)  # under a, the most confident leaf is f (0.24 against d 0.18)
+    assert best_branch(t, []) == (2, 0)  # nothing accepted: the most confident branch is b-e (0.27)
+
+
+def test_pacer_grows_the_branch_furthest_below_its_confidence_share():
+    t = TokenTree(0)
+    hi = t.add(1, ROOT, 0.7)
+    lo = t.add(2, ROOT, 0.3)
+    assert pace(t, [hi, lo]) == hi  # equal depths: the confident branch deserves more
+    deep = t.add(3, hi, 0.9)
+    deeper = t.add(4, deep, 0.9)
+    t.nodes[hi].fed = t.nodes[deep].fed = True
+    # hi's branch has 3 tokens for a share of 5 * 0.567 / (0.567 + 0.3) = 3.27; lo has 1 for 1.73
+    assert pace(t, [deeper, lo]) == lo
+
+
+def test_alpha_halves_when_all_correct_and_rises_by_the_missed_share():
+    a = AdaptiveThreshold(alpha=0.01)
+    assert a.update(tc=0.2, n_all=4, n_correct=4) == pytest.approx(0.005)
+    got = a.update(tc=0.25, n_all=4, n_correct=2)
+    assert got == pytest.approx(0.005 / 0.25 ** 0.5)
+    assert a.should_verify(0.005) and not a.should_verify(0.5)
+    for _ in range(50):
+        a.update(tc=1e-9, n_all=1, n_correct=0)
+    assert a.alpha == a.ceiling
+
+
+def test_branch_candidates_keep_the_top_and_those_over_the_threshold():
+    probs = [(7, 0.5), (8, 0.31), (9, 0.29), (10, 0.01)]
+    assert branch_candidates(probs, 0.3, 8) == [(7, 0.5), (8, 0.31)]
+    assert branch_candidates([(7, 0.2), (8, 0.1)], 0.3, 8) == [(7, 0.2)]
+    assert branch_candidates(probs, 0.3, 1) == [(7, 0.5)]
+
+
+def test_trie_retrieves_the_most_frequent_continuations_of_the_longest_match():
+    trie = TokenTrie(branch_len=5)
+    trie.insert([1, 2, 3, 4, 1, 2, 3, 5, 9, 2, 3, 4])
+    d = trie.retrieve([7, 1, 2, 3], max_nodes=4)
+    assert d.prefix_len == 3 and d.tokens[:2] == [4, 5] and d.parents[:2] == [-1, -1]
+    assert d.probs[0] == pytest.approx(0.5)
+    assert trie.retrieve([6, 6], max_nodes=4).tokens == []  # nothing matches
+
+
+def test_trie_stays_under_capacity():
+    trie = TokenTrie(branch_len=4, capacity=50)
+    trie.insert(list(range(200)))
+    assert trie.size <= 50
+
+
+def test_governor_prefers_what_measured_faster_and_keeps_probing():
+    g = Governor(widths=(0, 2, 4), start=4, explore_every=3)
+    chosen = []
+    for _ in range(30):
+        w = g.choose()
+        chosen.append(w)
+        g.record(w, tokens={0: 1, 2: 2, 4: 5}[w], seconds={0: 0.1, 2: 0.15, 4: 0.3}[w])  # 10, 13.3, 16.7 tok/s
+    assert chosen[0] == 4 and 0 in chosen[:3]  # starts with its guess, measures the plain step early
+    assert chosen[-6:].count(4) >= 4
+
+
+def test_residual_is_the_normalised_positive_part():
+    p = torch.tensor([0.5, 0.3, 0.2])
+    q = torch.tensor([0.2, 0.6, 0.2])
+    assert torch.allclose(residual(p, q), torch.tensor([1.0, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree", "tree+point"])
+def test_sampled_acceptance_preserves_the_target_distribution(shape):
+    """The first emitted token is distributed as the target's p, whatever the draft's q (seed 0)."""
+    g = torch.Generator().manual_seed(0)
+    V = 6
+    p = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)
+    q = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)
+    rng = random.Random(0)
+    n = 15000
+    counts = torch.zeros(V)
+    for _ in range(n):
+        t = TokenTree(0)
+        trials = {ROOT: []}
+        if shape == "tree+point":  # a deterministic candidate (a trie branch) first
+            trials[ROOT].append((t.add(3, ROOT, 1.0), None))
+        for _ in range(1 if shape == "chain" else 2):
+            x = int(torch.multinomial(q, 1, generator=g))
+            child = next((c for c in t.children(ROOT) if t.nodes[c].token == x), None)
+            if child is None:
+                child = t.add(x, ROOT, float(q[x]))
+            trials[ROOT].append((child, q))
+        path, nxt = accept_sampled(t, trials, lambda row: p, rng.random,
+                                   lambda dist: int(torch.multinomial(dist, 1, generator=g)))
+        first = t.nodes[path[0]].token if path else nxt
+        counts[first] += 1
+    expected = p * n
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 20.5, (chi2, counts / n, p)  # 5 degrees of freedom: p < 0.001
