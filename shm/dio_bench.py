@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     dest = mmap.mmap(-1, nbytes)
     dest.write(b"\0" * nbytes)  # fault the pages in now: the arena's are, too
     rows = []
-    for mode in a.modes.split(","):
+    for mode in [m for m in a.modes.split(",") if m]:
         for t in threads:
             for c in chunks:
                 evict_page_cache([a.file])
