@@ -24,7 +24,8 @@ class DraftActor(Actor):
         self.last = None  # the tree of the last `build`, until `advance`
 
     def op_start(self, args, tensors):
-        self.drafter = Drafter(self.lm.model, self.sampling, self.cfg)
+        cfg = TreeConfig(**args["tree"]) if "tree" in args else self.cfg
+        self.drafter = Drafter(self.lm.model, self.sampling, cfg)
         self.drafter.start(list(args["prompt_ids"]), int(args["capacity"]))
         self.drafter.push(list(args["first"]))
         return {}

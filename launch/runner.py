@@ -104,8 +104,14 @@ class Runner:
             sched.shutdown()
             self.trace_path = sched.trace_path
 
-    def run(self, prompt: Prompt, on_text: Callable[[str], None] | None = None) -> dict:
+    def run(self, prompt: Prompt, on_text: Callable[[str], None] | None = None, mode: str | None = None) -> dict:
+        """Generate for one prompt; `mode` overrides the run's (target / chain / tree, same models)."""
         cfg, tok = self.cfg, self.tokenizer
+        if mode and mode != cfg.mode:
+            if mode != "target" and cfg.mode == "target":
+                raise CadenceError(f"mode {mode} needs a draft model, which a target-mode run did not load")
+            tree = TreeConfig(**{**cfg.tree.__dict__, "mode": "chain" if mode == "chain" else "tree"})
+            cfg = RunConfig(**{**cfg.__dict__, "mode": mode, "tree": tree})
         ids, chat = prompt_ids(tok, prompt, cfg.chat)
         stream = StreamDecoder(tok)
         on_tokens = (lambda new: on_text(stream.push(new))) if on_text else None
@@ -114,7 +120,7 @@ class Runner:
             if len(ids) + cfg.max_new_tokens > n_ctx:  # same sentence as the in-process path
                 raise CadenceError(f"the prompt has {len(ids)} tokens and {cfg.max_new_tokens} new tokens were asked for, "
                                    f"but the model's context holds {n_ctx}; shorten the prompt or lower --max-new-tokens")
-            gen = self.spec.generate(ids, cfg.max_new_tokens, tok.stop_ids, on_tokens)
+            gen = self.spec.generate(ids, cfg.max_new_tokens, tok.stop_ids, on_tokens, cfg.mode, cfg.tree)
             extra = _actor_peaks(self.sched)
         elif cfg.mode == "target":
             gen = engine.generate_target(self.target, ids, cfg.max_new_tokens, cfg.sampling, on_tokens)

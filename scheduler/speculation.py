@@ -26,6 +26,7 @@ class ActorSpeculation:
                  sampling: SamplingConfig, cfg: TreeConfig, threads: int, context_length: int, vocab_size: int):
         self.s, self.mode, self.sampling, self.cfg = sched, mode, sampling, cfg
         self.context_length, self.vocab_size = context_length, vocab_size
+        self.current = mode  # the mode of the generation under way
         common = {"sampling": asdict(sampling), "threads": threads}
         sched.spawn("verifier", "actors.verifier:VerifierActor", {**common, "store": target_store}, wait=False)
         if mode != "target":
@@ -33,17 +34,23 @@ class ActorSpeculation:
         sched.wait_ready()
 
     def _capacity(self, n_prompt: int, max_new: int) -> int:
-        return min(self.context_length, n_prompt + max_new + self.cfg.budget + 2)
+        return min(self.context_length, n_prompt + max_new + max(self.cfg.budget, 64) + 2)
 
     def generate(self, prompt_ids: list[int], max_new: int, stop: set[int],
-                 on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
-        s, cfg = self.s, self.cfg
+                 on_tokens: Callable[[list[int]], None] | None = None, mode: str | None = None,
+                 cfg: TreeConfig | None = None) -> Generation:
+        """Generate with this run's mode, or another one (`target` always; `chain`/`tree` need the draft)."""
+        s = self.s
+        mode, cfg = mode or self.mode, cfg or self.cfg
+        if mode != "target" and "draft" not in s.actors:
+            raise ValueError(f"mode {mode} needs the draft actor, which this run did not start")
+        self.current = mode
         cap = self._capacity(len(prompt_ids), max_new)
         t0 = time.perf_counter()
         first = s.call("verifier", "start", {"prompt_ids": prompt_ids, "capacity": cap}).result["token"]
-        speculative = self.mode != "target"
+        speculative = mode != "target"
         if speculative:
-            s.call("draft", "start", {"prompt_ids": prompt_ids, "capacity": cap, "first": [first]})
+            s.call("draft", "start", {"prompt_ids": prompt_ids, "capacity": cap, "first": [first], "tree": asdict(cfg)})
         t_prefill = time.perf_counter() - t0
         governor = Governor(budgets(cfg), cfg.budget) if speculative and cfg.adaptive else None
         stats = SpecStats()
@@ -70,6 +77,7 @@ class ActorSpeculation:
                           stats.as_dict() if speculative else {"target_forwards": stats.target_forwards + stats.plain_steps})
 
     def _cycle(self, budget: int, root: int, stats: SpecStats) -> list[int]:
+        """One draft-verify cycle (budget 0: a plain target step); returns the committed tokens."""
         s = self.s
         stats.target_forwards += 1
         tree = None
@@ -90,7 +98,7 @@ class ActorSpeculation:
             if tree is None:
                 nxt = s.call("verifier", "step", {"root": root}).result["token"]
                 stats.plain_steps += 1
-                if self.mode != "target":
+                if self.current != "target":
                     s.call("draft", "advance", {"path": [], "new": [nxt], "tree": budget > 0})
                 stats.verify_s += time.perf_counter() - t
                 return [nxt]

@@ -214,32 +214,39 @@ static void q_rows(const QWeights &W, const QAct &a, int m0, const int *rows, co
         const int g0 = sb * SB / QG, g1 = std::min(ng, g0 + SB / QG);
 #ifdef __AVX2__
         const __m256i ones = _mm256_set1_epi16(1);
-        /* Accumulators as named locals (not an array) so they stay in registers: MT x NT <= 8. */
+        /* Two weight rows at a time over the super-block's groups, so that the four accumulators,
+         * two activation vectors and the weights stay in registers (no spills). */
         __m256i c00 = _mm256_setzero_si256(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00, c13 = c00;
-        for (int g = g0; g < g1; g++) {
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)&a.q[(size_t)m0 * K + g * QG]);
-            const __m256i x1 = MT == 2 ? _mm256_loadu_si256((const __m256i *)&a.q[(size_t)(m0 + 1) * K + g * QG]) : x0;
-#define CAD_STEP(J, C0, C1)                                                                                          \
-    {                                                                                                                \
-        if (FMT == Q4) {                                                                                             \
-            const __m256i vw = _mm256_load_si256((const __m256i *)(codes + ((size_t)J * ng + g) * QG));              \
-            const __m256i vs = _mm256_set1_epi16(sc16[(size_t)J * ng + g]);                                         \
-            C0 = _mm256_add_epi32(C0, _mm256_madd_epi16(_mm256_maddubs_epi16(vw, x0), vs));                         \
-            if (MT == 2) C1 = _mm256_add_epi32(C1, _mm256_madd_epi16(_mm256_maddubs_epi16(vw, x1), vs));            \
-        } else {                                                                                                     \
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)((const int8_t *)W.w + (size_t)rows[J] * K + g * QG)); \
-            const __m256i vw = _mm256_sign_epi8(raw, raw);                                                           \
-            C0 = _mm256_add_epi32(C0, _mm256_madd_epi16(_mm256_maddubs_epi16(vw, _mm256_sign_epi8(x0, raw)), ones)); \
-            if (MT == 2)                                                                                             \
-                C1 = _mm256_add_epi32(C1, _mm256_madd_epi16(_mm256_maddubs_epi16(vw, _mm256_sign_epi8(x1, raw)), ones)); \
-        }                                                                                                            \
+#define CAD_PAIR(J0, J1, A0, A1, B0, B1)                                                                              \
+    for (int g = g0; g < g1; g++) {                                                                                   \
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)&a.q[(size_t)m0 * K + g * QG]);                         \
+        const __m256i x1 = MT == 2 ? _mm256_loadu_si256((const __m256i *)&a.q[(size_t)(m0 + 1) * K + g * QG]) : x0;    \
+        if (FMT == Q4) {                                                                                              \
+            const __m256i w0 = _mm256_load_si256((const __m256i *)(codes + ((size_t)J0 * ng + g) * QG));              \
+            const __m256i w1 = _mm256_load_si256((const __m256i *)(codes + ((size_t)J1 * ng + g) * QG));              \
+            const __m256i s0 = _mm256_set1_epi16(sc16[(size_t)J0 * ng + g]);                                         \
+            const __m256i s1 = _mm256_set1_epi16(sc16[(size_t)J1 * ng + g]);                                         \
+            A0 = _mm256_add_epi32(A0, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), s0));                           \
+            B0 = _mm256_add_epi32(B0, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x0), s1));                           \
+            if (MT == 2) {                                                                                            \
+                A1 = _mm256_add_epi32(A1, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x1), s0));                       \
+                B1 = _mm256_add_epi32(B1, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), s1));                       \
+            }                                                                                                         \
+        } else {                                                                                                      \
+            const __m256i r0 = _mm256_loadu_si256((const __m256i *)((const int8_t *)W.w + (size_t)rows[J0] * K + g * QG)); \
+            const __m256i r1 = _mm256_loadu_si256((const __m256i *)((const int8_t *)W.w + (size_t)rows[J1] * K + g * QG)); \
+            const __m256i w0 = _mm256_sign_epi8(r0, r0), w1 = _mm256_sign_epi8(r1, r1);                               \
+            A0 = _mm256_add_epi32(A0, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, _mm256_sign_epi8(x0, r0)), ones));   \
+            B0 = _mm256_add_epi32(B0, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, _mm256_sign_epi8(x0, r1)), ones));   \
+            if (MT == 2) {                                                                                            \
+                A1 = _mm256_add_epi32(A1, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, _mm256_sign_epi8(x1, r0)), ones)); \
+                B1 = _mm256_add_epi32(B1, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, _mm256_sign_epi8(x1, r1)), ones)); \
+            }                                                                                                         \
+        }                                                                                                             \
     }
-            CAD_STEP(0, c00, c10)
-            CAD_STEP(1, c01, c11)
-            CAD_STEP(2, c02, c12)
-            CAD_STEP(3, c03, c13)
-#undef CAD_STEP
-        }
+        CAD_PAIR(0, 1, c00, c10, c01, c11)
+        CAD_PAIR(2, 3, c02, c12, c03, c13)
+#undef CAD_PAIR
         const __m256i acc[2][NT] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}};
 #endif
         for (int i = 0; i < MT; i++) {

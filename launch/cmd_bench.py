@@ -1,0 +1,227 @@
+"""`launch bench`: our modes and other engines side by side in one run, ratios per prompt kind.
+
+Suites:
+  modes    target, chain, tree (one actor runtime, same weights) + HF transformers target-only,
+           assisted generation and prompt lookup + llama.cpp, on a prompt set (issue 5)
+  formats  target-only tokens/s per weight format for the 1.5B and the 0.5B + llama.cpp, the cost of
+           one verification pass at widths 1..64 per format, and quality (mean log-likelihood) (issue 3)
+  engine   our target-only fp32/bf16 against HF transformers fp32/bf16 (issue 2)
+Prompts run one after another and, for each prompt, every engine in turn, so the background
+load of a shared machine falls on all of them alike. `--json OUT` writes the same rows as
+`launch run --json`, each with its `mode`; other measurements go to `OUT` with `.extra.json`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from cadence.errors import CadenceError
+from launch import baselines
+from launch.cmd_run import add_model_args, run_config, setup_threads
+from launch.prompts import Prompt, load_prompts, prompt_ids
+from launch.results import write_rows
+from launch.runner import Runner
+
+SUITES = ("modes", "formats", "engine")
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "prompts" / "dev.jsonl"
+
+
+def add_parser(sub):
+    p = sub.add_parser("bench", help="benchmark modes and engines side by side")
+    p.add_argument("--suite", default="modes", choices=SUITES)
+    p.add_argument("--modes", default="target,chain,tree", help="our modes (suite modes)")
+    p.add_argument("--baselines", default="auto",
+                   help="comma list of hf,hf-assisted,hf-prompt-lookup,llama.cpp, 'none', or 'auto' (all installed)")
+    p.add_argument("--hf-dtype", default="bf16", choices=("bf16", "fp32", "fp16"))
+    p.add_argument("--formats", default="fp32,bf16,int8,int4", help="suite formats: weight formats to compare")
+    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL prompt set")
+    p.add_argument("--limit", type=int, default=0, help="only the first N prompts")
+    add_model_args(p)
+    p.add_argument("--json", dest="json_out", help="write the rows here")
+    p.set_defaults(func=cmd_bench)
+
+
+def _baselines(arg: str) -> list[str]:
+    names = [*baselines.HF_MODES, "llama.cpp"]
+    if arg == "none":
+        return []
+    if arg == "auto":
+        return [n for n in names if baselines.available("hf" if n.startswith("hf") else n)]
+    chosen = [x.strip() for x in arg.split(",") if x.strip()]
+    bad = [x for x in chosen if x not in names]
+    if bad:
+        raise CadenceError(f"unknown baseline {bad[0]}; use {', '.join(names)}")
+    for x in chosen:
+        if not baselines.available("hf" if x.startswith("hf") else x):
+            raise CadenceError(f"baseline {x} needs its package installed ({'transformers and accelerate' if x.startswith('hf') else 'llama-cpp-python'})")
+    return chosen
+
+
+def machine() -> str:
+    try:
+        model = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        model = platform.processor()
+    return f"{model}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+def cmd_bench(args) -> int:
+    setup_threads(args)
+    prompts = load_prompts(args.prompts)
+    if args.limit:
+        prompts = prompts[:args.limit]
+    suite = {"modes": bench_modes, "formats": bench_formats, "engine": bench_engine}[args.suite]
+    rows, extra = suite(args, prompts)
+    console = Console()
+    console.print(f"machine: {machine()}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, {time.strftime('%Y-%m-%d')}")
+    print_summary(console, rows)
+    for title, table in extra.get("tables", {}).items():
+        t = Table(title=title)
+        for c in table[0]:
+            t.add_column(str(c))
+        for r in table[1:]:
+            t.add_row(*[str(x) for x in r])
+        console.print(t)
+    if args.json_out:
+        write_rows(args.json_out, rows)
+        Path(args.json_out + ".extra.json").write_text(json.dumps({**extra, "machine": machine()}, indent=1))
+        print(f"wrote {len(rows)} rows to {args.json_out}", file=sys.stderr)
+    return 0
+
+
+def _progress(row: dict):
+    print(f"  {row['id']:<14} {row['mode']:<17} {len(row['new_token_ids']):>4} tokens {row['tokens_per_s']:>7.2f} tok/s",
+          file=sys.stderr, flush=True)
+
+
+def bench_modes(args, prompts: list[Prompt]):
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    base = _baselines(args.baselines)
+    cfg = run_config(args, "tree" if any(m != "target" for m in modes) else "target")
+    rows = []
+    with Runner(cfg) as runner:
+        hf = baselines.HFBaseline(args.target, args.draft, args.hf_dtype) if any(b.startswith("hf") for b in base) else None
+        lcpp = baselines.LlamaCppBaseline(args.target, args.threads or os.cpu_count()) if "llama.cpp" in base else None
+        tok = runner.tokenizer
+        for p in prompts:
+            ids, chat = prompt_ids(tok, p, cfg.chat)
+            for m in modes:
+                rows.append(runner.run(p, mode=m))
+                _progress(rows[-1])
+            for b in base:
+                if b.startswith("hf"):
+                    rows.append(hf.run(b, p, ids, chat, cfg.max_new_tokens, tok.stop_ids, tok.decode))
+                else:
+                    rows.append(lcpp.run(p, ids, chat, cfg.max_new_tokens, tok.stop_ids, tok.decode))
+                _progress(rows[-1])
+    return rows, {"lossless": lossless_check(rows)}
+
+
+def lossless_check(rows: list[dict]) -> dict:
+    """Per prompt: does every greedy mode of ours give the target's token ids?"""
+    ref = {r["id"]: r["new_token_ids"] for r in rows if r["mode"] == "target"}
+    out = {}
+    for r in rows:
+        if r["mode"] in ("chain", "tree") and r["id"] in ref:
+            out.setdefault(r["mode"], []).append(r["new_token_ids"] == ref[r["id"]])
+    return {m: all(v) for m, v in out.items()}
+
+
+def print_summary(console: Console, rows: list[dict]):
+    """tokens/s (total tokens / total time) per mode and prompt kind, ratio to `target`."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for r in rows:
+        fmt = r["format"]
+        for kind in (r["kind"], "all"):
+            groups[(r["mode"], fmt, r["target"], kind)].append(r)
+    kinds = sorted({k[3] for k in groups} - {"all"}) + ["all"]
+    rate = {k: sum(len(r["new_token_ids"]) for r in v) / max(sum(r["wall_s"] for r in v), 1e-9) for k, v in groups.items()}
+    t = Table(title="tokens/s (ratio to our target mode, same weights)")
+    for c in ("mode", "format", "model", *kinds, "acc/verif", "verif/token", "wasted/token"):
+        t.add_column(c)
+    for mode, fmt, target in sorted({k[:3] for k in groups}, key=lambda x: (x[2], x[1], x[0])):
+        cells = []
+        for kind in kinds:
+            r = rate.get((mode, fmt, target, kind))
+            base = rate.get(("target", fmt, target, kind))
+            cells.append("" if r is None else f"{r:.2f}" + (f" ({r / base:.2f}x)" if base and mode != "target" else ""))
+        allrows = groups[(mode, fmt, target, "all")]
+        n = sum(len(r["new_token_ids"]) for r in allrows)
+        ver = sum(r["stats"].get("verifications", 0) for r in allrows)
+        acc = sum(r["stats"].get("accepted", 0) for r in allrows)
+        wasted = sum(r["stats"].get("wasted", 0) for r in allrows)
+        spec = mode in ("chain", "tree")
+        t.add_row(mode, fmt, target, *cells, f"{acc / max(ver, 1):.2f}" if spec else "", f"{ver / max(n, 1):.3f}" if spec else "",
+                  f"{wasted / max(n, 1):.2f}" if spec else "")
+    console.print(t)
+
+
+def bench_engine(args, prompts: list[Prompt]):
+    """Issue 2: our target-only decode in fp32 and bf16 against HF transformers, 1.5B and 0.5B."""
+    rows = []
+    for model in (args.target, args.draft):
+        for fmt in ("fp32", "bf16"):
+            a = _with(args, target=model, fmt=fmt, runtime="inproc")
+            cfg = run_config(a, "target")
+            with Runner(cfg) as runner:
+                hf = baselines.HFBaseline(model, None, fmt) if baselines.available("hf") else None
+                tok = runner.tokenizer
+                for p in prompts:
+                    rows.append(runner.run(p))
+                    _progress(rows[-1])
+                    if hf:
+                        ids, chat = prompt_ids(tok, p, cfg.chat)
+                        rows.append(hf.run("hf", p, ids, chat, cfg.max_new_tokens, tok.stop_ids, tok.decode))
+                        rows[-1]["mode"] = "target"  # compare under the same mode name, told apart by format
+                        _progress(rows[-1])
+                del hf
+    return rows, {}
+
+
+def _with(args, **kw):
+    import argparse
+
+    return argparse.Namespace(**{**vars(args), **kw})
+
+
+def bench_formats(args, prompts: list[Prompt]):
+    """Issue 3: formats side by side: decode speed, the verifier's cost curve, quality."""
+    from launch.quality import cost_curve, mean_loglik
+
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    rows, curve, quality = [], [["model", "format", *[f"width {w} (ms)" for w in (1, 4, 16, 64)]]], [
+        ["model", "format", "mean log-lik", "perplexity", "delta vs bf16"]]
+    lcpp_ok = baselines.available("llama.cpp")
+    for model in (args.target, args.draft):
+        ll = {}
+        for fmt in formats:
+            cfg = run_config(_with(args, target=model, fmt=fmt, runtime="inproc"), "target")
+            with Runner(cfg) as runner:
+                for p in prompts:
+                    rows.append(runner.run(p))
+                    _progress(rows[-1])
+                curve.append([model, fmt, *[f"{t * 1e3:.1f}" for t in cost_curve(runner.target.model, (1, 4, 16, 64))]])
+                ll[fmt] = mean_loglik(runner.target, prompts)
+        for fmt in formats:
+            base = ll.get("bf16", ll.get("fp32"))
+            quality.append([model, fmt, f"{ll[fmt]:.4f}", f"{torch.exp(torch.tensor(-ll[fmt])):.3f}",
+                            f"{ll[fmt] - base:+.4f}" if base is not None else ""])
+        if lcpp_ok:
+            lcpp = baselines.LlamaCppBaseline(model, args.threads or os.cpu_count())
+            tok = runner.tokenizer
+            for p in prompts:
+                ids, chat = prompt_ids(tok, p, args.chat)
+                rows.append(lcpp.run(p, ids, chat, args.max_new_tokens, tok.stop_ids, tok.decode))
+                rows[-1]["mode"] = "target"
+                _progress(rows[-1])
+            del lcpp
+    return rows, {"tables": {"one verification pass (ms) by width": curve, "quality on the prompts": quality}}
