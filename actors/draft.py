@@ -4,7 +4,10 @@ from __future__ import annotations
 import torch
 
 from actors.base import Actor, ActorContext
-from models.engine import load_store
+from models.engine import LoadedModel, load_store
+from models.store import WeightStore
+from models.transformer import Transformer
+from models.weights import StreamingWeights
 from models.sampling import SamplingConfig
 from speculative.draft import Drafter, TreeConfig
 from speculative.tree import best_branch
@@ -17,7 +20,12 @@ class DraftActor(Actor):
         super().__init__(init, ctx)
         torch.set_num_threads(int(init.get("threads") or torch.get_num_threads()))
         with self.trace.span("load draft", cat="setup"):
-            self.lm = load_store(init["store"], init.get("name", ""))
+            if init.get("embed_on_disk"):  # under a memory budget: every group but the embedding table
+                store = WeightStore(init["store"])
+                weights = StreamingWeights(store, set(store.group_names()) - {"embed"})
+                self.lm = LoadedModel(init.get("name", ""), store, None, Transformer(store.args, weights))
+            else:
+                self.lm = load_store(init["store"], init.get("name", ""))
         self.sampling = SamplingConfig(**init["sampling"])
         self.cfg = TreeConfig(**init["tree"])
         self.drafter = None

@@ -41,6 +41,9 @@ def add_model_args(p):
     t.add_argument("--no-trie", action="store_true", help="tree mode: no Lookahead trie candidates")
     t.add_argument("--fixed-width", action="store_true", help="always use the full width (no adaptive governor)")
     p.add_argument("--trace-dir", default=None, help="where the Chrome trace goes (default: traces/)")
+    p.add_argument("--memory-budget", default=None,
+                   help="hard memory bound for the whole run, e.g. 3GiB or auto (draft + KV + half the target); "
+                        "target layers that do not fit stream from disk")
 
 
 def add_parser(sub):
@@ -71,7 +74,7 @@ def run_config(args, mode: str) -> RunConfig:
     return RunConfig(target=args.target, draft=args.draft, fmt=args.fmt, mode=mode, max_new_tokens=args.max_new_tokens,
                      sampling=SamplingConfig(args.temperature, args.top_p, args.seed), tree=tree_config(args, mode),
                      chat=args.chat, device=args.device, runtime=args.runtime, threads=args.threads,
-                     trace_dir=args.trace_dir)
+                     trace_dir=args.trace_dir, memory_budget=args.memory_budget)
 
 
 def cmd_run(args) -> int:
@@ -81,6 +84,8 @@ def cmd_run(args) -> int:
         Prompt("prompt", "complete", args.prompt if args.prompt is not None else DEFAULT_PROMPT)]
     rows = []
     with Runner(cfg) as runner:
+        if runner.plan is not None:
+            print(f"memory plan:\n{runner.plan.report()}", file=sys.stderr, flush=True)
         for p in prompts:
             if len(prompts) > 1:
                 print(f"\n── {p.id} ({p.kind})", flush=True)

@@ -41,6 +41,8 @@ class RunConfig:
     runtime: str = "actors"
     threads: int = 0
     trace_dir: str | None = None
+    memory_budget: str | None = None  # "3GiB", "auto", or None (no limit: everything resident)
+    plan_context: int = 1024  # prompt tokens the memory plan leaves KV room for
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -55,6 +57,12 @@ class RunConfig:
             raise CadenceError(f"mode {self.mode} needs a draft model: give --draft")
         if self.runtime == "actors" and self.device != "cpu":
             raise CadenceError("the actor runtime runs on the CPU for now; use --runtime inproc with --device cuda")
+        if self.mode in ("std", "stdpl") and not self.memory_budget:
+            raise CadenceError(f"mode {self.mode} streams the target under a memory budget: give --memory-budget (e.g. auto)")
+        if self.memory_budget and self.runtime != "actors":
+            raise CadenceError("--memory-budget needs the actor runtime (the I/O loader is an actor); drop --runtime inproc")
+        if self.memory_budget and self.mode == "target":
+            raise CadenceError("mode target keeps the whole target in memory; under --memory-budget use std, stdpl, chain or tree")
 
 
 class Runner:
@@ -64,7 +72,7 @@ class Runner:
         self.cfg = cfg
         self.sched = None
         self.trace_path = None
-        speculative = cfg.mode != "target"
+        speculative = cfg.mode not in ("target", "std", "stdpl")
         # Convert (once) in this process, with progress bars, before any actor starts.
         target_store = ensure_store(cfg.target, cfg.fmt)
         draft_store = ensure_store(cfg.draft, cfg.fmt) if speculative else None
@@ -72,22 +80,34 @@ class Runner:
             raise CadenceError(f"the draft {cfg.draft} and the target {cfg.target} have different tokenizers; "
                                "speculative modes need a draft that shares the target's vocabulary")
         self.tokenizer = TextTokenizer(target_store.tokenizer_info)
+        self.plan = None
         if cfg.runtime == "inproc":
             self.target = engine.load_store(target_store, cfg.target, cfg.device)
             self.draft = engine.load_store(draft_store, cfg.draft, cfg.device) if speculative else None
             return
-        from scheduler.config import MemoryConfig, RuntimeConfig, TraceConfig
+        from scheduler.config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
         from scheduler.runtime import Scheduler
         from scheduler.speculation import ActorSpeculation
 
-        rt = RuntimeConfig(memory=MemoryConfig(budget_bytes=psutil.virtual_memory().total),
-                           trace=TraceConfig(dir=cfg.trace_dir))
+        self.plan = memory_plan(cfg, target_store, draft_store) if cfg.memory_budget else None
+        if self.plan is not None:
+            p = self.plan
+            o = p.overheads
+            roles = {"draft": p.draft_weights + p.draft_kv + o.model_process + o.activations,
+                     "verifier": p.resident_bytes + p.target_kv + o.model_process + o.activations,
+                     "scheduler": o.scheduler, **({"loader": o.loader} if p.streamed else {})}
+            mem = MemoryConfig(budget_bytes=p.budget, arena_bytes=p.arena_bytes, stream_bytes=p.stream_bytes, role_bytes=roles)
+            rt = RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=max(p.slot_bytes, 1 << 20)),
+                               trace=TraceConfig(dir=cfg.trace_dir))
+        else:
+            rt = RuntimeConfig(memory=MemoryConfig(budget_bytes=psutil.virtual_memory().total),
+                               trace=TraceConfig(dir=cfg.trace_dir))
         self.sched = Scheduler(rt).__enter__()
         try:
             self.spec = ActorSpeculation(self.sched, cfg.mode, str(target_store.dir),
                                          str(draft_store.dir) if draft_store else None, cfg.sampling, cfg.tree,
                                          cfg.threads or os.cpu_count() or 1, target_store.args.context_length,
-                                         target_store.args.vocab_size)
+                                         target_store.args.vocab_size, plan=self.plan)
         except BaseException:
             self.close()
             raise
@@ -101,15 +121,21 @@ class Runner:
     def close(self):
         if self.sched is not None:
             sched, self.sched = self.sched, None
-            sched.shutdown()
-            self.trace_path = sched.trace_path
+            try:
+                if getattr(self, "spec", None) is not None:
+                    self.spec.close()
+            finally:
+                sched.shutdown()
+                self.trace_path = sched.trace_path
 
     def run(self, prompt: Prompt, on_text: Callable[[str], None] | None = None, mode: str | None = None) -> dict:
         """Generate for one prompt; `mode` overrides the run's (target / chain / tree, same models)."""
         cfg, tok = self.cfg, self.tokenizer
         if mode and mode != cfg.mode:
-            if mode != "target" and cfg.mode == "target":
-                raise CadenceError(f"mode {mode} needs a draft model, which a target-mode run did not load")
+            if mode in ("chain", "tree") and cfg.mode in ("target", "std", "stdpl"):
+                raise CadenceError(f"mode {mode} needs a draft model, which a {cfg.mode} run did not load")
+            if self.sched is not None and self.spec.streamer is not None and (mode == "std") != (cfg.mode == "std"):
+                self.spec.streamer.prefetch = mode != "std"
             tree = TreeConfig(**{**cfg.tree.__dict__, "mode": "chain" if mode == "chain" else "tree"})
             cfg = RunConfig(**{**cfg.__dict__, "mode": mode, "tree": tree})
         ids, chat = prompt_ids(tok, prompt, cfg.chat)
@@ -122,18 +148,37 @@ class Runner:
                                    f"but the model's context holds {n_ctx}; shorten the prompt or lower --max-new-tokens")
             gen = self.spec.generate(ids, cfg.max_new_tokens, tok.stop_ids, on_tokens, cfg.mode, cfg.tree)
             extra = _actor_peaks(self.sched)
-        elif cfg.mode == "target":
+        elif cfg.mode in ("target", "std", "stdpl"):
             gen = engine.generate_target(self.target, ids, cfg.max_new_tokens, cfg.sampling, on_tokens)
             extra = 0
         else:
             tree = cfg.tree if cfg.tree.mode == cfg.mode else TreeConfig(**{**cfg.tree.__dict__, "mode": cfg.mode})
             gen = generate_speculative(self.target, self.draft, ids, cfg.max_new_tokens, cfg.sampling, tree, on_tokens)
             extra = 0
+        extra_fields = {"memory_budget_bytes": self.plan.budget} if self.plan is not None else {}
         return make_row(id=prompt.id, kind=prompt.kind, mode=cfg.mode, target=cfg.target,
-                        draft=cfg.draft if cfg.mode != "target" else None, format=cfg.fmt, chat=chat,
+                        draft=cfg.draft if cfg.mode in ("chain", "tree") else None, format=cfg.fmt, chat=chat,
                         prompt_token_ids=ids, new_token_ids=gen.new_ids, text=tok.decode(gen.new_ids),
                         wall_s=gen.wall_s, prefill_s=gen.prefill_s, peak_rss_bytes=peak_rss_bytes(extra),
-                        stats=gen.stats, runtime=cfg.runtime)
+                        stats=gen.stats, runtime=cfg.runtime, **extra_fields)
+
+
+def memory_plan(cfg: RunConfig, target_store, draft_store):
+    """The plan for --memory-budget: KV room for `plan_context` prompt tokens plus the new ones."""
+    from scheduler.memplan import Overheads, plan_memory, parse_bytes
+
+    cap = cfg.plan_context + cfg.max_new_tokens + 64
+    groups = {g: target_store.groups[g].nbytes for g in target_store.group_names() if g != "embed"}
+    draft_w = sum(n for g, n in draft_store.group_bytes().items() if g != "embed") if draft_store else 0
+    draft_kv = draft_store.args.kv_bytes_per_token() * cap if draft_store else 0
+    target_kv = target_store.args.kv_bytes_per_token() * cap
+    if cfg.memory_budget == "auto":  # the fixed part and half of the target
+        o = Overheads()
+        fixed = draft_w + draft_kv + target_kv + 2 * o.model_process + o.scheduler + o.loader + 2 * o.activations + o.exchange
+        budget = fixed + sum(groups.values()) // 2
+    else:
+        budget = parse_bytes(cfg.memory_budget)
+    return plan_memory(budget, groups, draft_w, draft_kv, target_kv)
 
 
 def _actor_peaks(sched) -> int:

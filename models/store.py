@@ -12,24 +12,29 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from cadence.errors import CadenceError
 from models.config import ModelArgs
-from models.tokenizer import TokenizerInfo, loads_info
 
+# torch, numpy and the tokenizer are imported where they are used: the I/O loader reads a store's
+# manifest and nothing else, and stays a small process.
 ALIGN = 4096
 FORMAT_VERSION = 2  # 2: int4 as 8-bit sub-scales under fp16 super-scales
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8,
-          "uint8": torch.uint8, "int32": torch.int32}
+_DTYPE_NAMES = ("float32", "bfloat16", "float16", "int8", "uint8", "int32")
+
+
+def __getattr__(name):  # DTYPES: built on first use, so that importing this module needs no torch
+    if name == "DTYPES":
+        import torch
+
+        return {n: getattr(torch, n) for n in _DTYPE_NAMES}
+    raise AttributeError(name)
 
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _dtype_name(t: torch.Tensor) -> str:
+def _dtype_name(t) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
@@ -37,6 +42,8 @@ class StoreWriter:
     """Appends arrays group by group; `finish` writes the manifest last, so a store without one is incomplete."""
 
     def __init__(self, directory: Path):
+        import numpy  # noqa: F401  (the writer converts arrays; the reader of a manifest needs neither)
+
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=False)
         self.f = open(self.dir / "weights.bin", "wb")
@@ -44,7 +51,10 @@ class StoreWriter:
         self.tensors: dict[str, dict] = {}
         self.groups: list[dict] = []
 
-    def add(self, group: str, name: str, fmt: str, arrays: dict[str, torch.Tensor], meta: dict | None = None):
+    def add(self, group: str, name: str, fmt: str, arrays: dict, meta: dict | None = None):
+        import numpy as np
+        import torch
+
         if not self.groups or self.groups[-1]["name"] != group:
             if any(g["name"] == group for g in self.groups):
                 raise ValueError(f"group {group} written twice")
@@ -63,7 +73,7 @@ class StoreWriter:
         g["tensors"].append(name)
         g["nbytes"] = _align(self.pos) - g["offset"]
 
-    def finish(self, manifest: dict, tokenizer: TokenizerInfo):
+    def finish(self, manifest: dict, tokenizer):
         self.f.write(b"\0" * (_align(self.pos) - self.pos))
         self.f.close()
         (self.dir / "tokenizer.json").write_text(tokenizer.tokenizer_json)
@@ -109,14 +119,18 @@ class WeightStore:
         self.tensors: dict[str, dict] = self.manifest["tensors"]
 
     @property
-    def tokenizer_info(self) -> TokenizerInfo:
+    def tokenizer_info(self):
+        from models.tokenizer import loads_info
+
         return loads_info((self.dir / "tokenizer.json").read_text(), self.manifest["tokenizer"])
 
     def group_names(self) -> list[str]:
         return list(self.groups)
 
-    def views(self, group: str, buf: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
-        """Arrays of a group as zero-copy views into `buf`, which holds that group's bytes."""
+    def views(self, group: str, buf) -> dict:
+        """Arrays of a group as zero-copy views into `buf` (a uint8 tensor holding that group's bytes)."""
+        from models.store import DTYPES
+
         g = self.groups[group]
         out = {}
         for name in g.tensors:
@@ -128,8 +142,10 @@ class WeightStore:
             out[name] = arrays
         return out
 
-    def read_all(self) -> torch.Tensor:
+    def read_all(self):
         """The whole weights file in one uint8 tensor (for resident weights)."""
+        import torch
+
         buf = torch.empty(self.manifest["file_bytes"], dtype=torch.uint8)
         with open(self.path, "rb", buffering=0) as f:
             mv = memoryview(buf.numpy())

@@ -113,8 +113,8 @@ class Transformer:
                                "shorten the prompt or lower --max-new-tokens")
         return KVCache(self.args, capacity, self.device)
 
-    def block_fused(self, i: int, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, vis: Visibility) -> torch.Tensor:
-        a, w = self.args, self.weights.layer(i)
+    def block_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, vis: Visibility) -> torch.Tensor:
+        a = self.args
         T = x.shape[0]
         qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps))
         q = kernels.qkv_rope(qkv, w.qkv.bias, positions, self.rotary.cos, self.rotary.sin, cache.k[i], cache.v[i],
@@ -124,8 +124,8 @@ class Transformer:
         w.down.matmul(kernels.swiglu(w.gate_up.matmul(kernels.rmsnorm(x, w.ffn_norm, a.norm_eps))), out=x)
         return x
 
-    def block(self, i: int, x: torch.Tensor, cos, sin, cache: KVCache, vis: Visibility) -> torch.Tensor:
-        a, w = self.args, self.weights.layer(i)
+    def block(self, i: int, w, x: torch.Tensor, cos, sin, cache: KVCache, vis: Visibility) -> torch.Tensor:
+        a = self.args
         T = x.shape[0]
         qkv = w.qkv(rms_norm(x, w.attn_norm, a.norm_eps))
         q, k, v = qkv.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
@@ -144,6 +144,18 @@ class Transformer:
         The block's keys/values land in cache slots [cache.end, cache.end + T) as pending entries;
         call `cache.commit(keep)` afterwards. `vis` defaults to causal over the whole cache.
         """
+        from models.weights import drive
+
+        return drive(self.forward_steps(tokens, positions, cache, vis, logits_rows), self.weights)
+
+    def forward_steps(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                      vis: Visibility | None = None, logits_rows: torch.Tensor | slice | None = None):
+        """`forward` as a generator that asks for each layer's weights as it reaches it.
+
+        It yields the layer index it needs next (then "head") and takes the weights through `send`;
+        its return value is the logits. A streaming verifier feeds it layers as the loader brings
+        them, between messages; `forward` feeds it from the weight provider.
+        """
         T = tokens.shape[0]
         if cache.end + T > cache.capacity:
             raise CadenceError(f"the KV cache holds {cache.capacity} tokens and {cache.end + T} are needed; "
@@ -154,14 +166,16 @@ class Transformer:
             self.rotary.ensure(int(positions.max().item()) + 1)
             positions = positions.to(torch.int64).contiguous()
             for i in range(self.args.n_layers):
-                x = self.block_fused(i, x, positions, cache, vis)
+                w = yield i
+                x = self.block_fused(i, w, x, positions, cache, vis)
         else:
             cos, sin = self.rotary.tables(positions)
             for i in range(self.args.n_layers):
-                x = self.block(i, x, cos, sin, cache, vis)
+                w = yield i
+                x = self.block(i, w, x, cos, sin, cache, vis)
         cache.pending += T
         if logits_rows is not None:
             x = x[logits_rows]
-        head = self.weights.head
+        head = yield "head"
         h = kernels.rmsnorm(x, head.norm, self.args.norm_eps) if self.fused else rms_norm(x, head.norm, self.args.norm_eps)
         return head.out(h).float()

@@ -6,6 +6,7 @@ memory (the streaming provider of the memory-wall pipeline).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -130,3 +131,87 @@ def random_tensors(args: ModelArgs, seed: int = 0, scale: float = 0.5) -> dict[s
             fan_in = shape[-1] if len(shape) > 1 else 1
             out[name] = torch.randn(shape, generator=g) * (scale / fan_in ** 0.5 if len(shape) > 1 else 0.1)
     return out
+
+
+class EmbeddingRows:
+    """The embedding table left on disk: `rows[tokens]` reads just those rows from the store file.
+
+    A 152k-token vocabulary is a large share of a small model's bytes, and a decode step needs a
+    handful of its rows; under a memory budget they are read when needed (buffered: a few KiB).
+    """
+
+    def __init__(self, store: WeightStore):
+        a = store.tensors["embed"]["arrays"]["w"]
+        self.offset, self.shape, self.dtype = a["offset"], a["shape"], a["dtype"]
+        self.row_bytes = a["nbytes"] // self.shape[0]
+        self.fd = os.open(store.path, os.O_RDONLY)
+
+    def __getitem__(self, tokens: torch.Tensor) -> torch.Tensor:
+        from models.store import DTYPES
+
+        ids = tokens.flatten().tolist()
+        buf = bytearray(self.row_bytes * len(ids))
+        for i, t in enumerate(ids):
+            if not 0 <= t < self.shape[0]:
+                raise IndexError(f"token id {t} is outside the vocabulary of {self.shape[0]}")
+            buf[i * self.row_bytes:(i + 1) * self.row_bytes] = os.pread(self.fd, self.row_bytes, self.offset + t * self.row_bytes)
+        return torch.frombuffer(buf, dtype=DTYPES[self.dtype]).view(len(ids), self.shape[1])
+
+    def close(self):
+        os.close(self.fd)
+
+
+class StreamingWeights:
+    """Some groups resident (read once), the others handed in as views of arena slots per forward.
+
+    `layer(i)` / `head` give the resident ones; `from_buffer(group, buf)` maps a streamed group
+    that the loader put into a slot, with no copy. The embedding stays on disk (`EmbeddingRows`).
+    """
+
+    def __init__(self, store: WeightStore, resident: set[str]):
+        self.store, self.args = store, store.args
+        self.resident_groups = set(resident)
+        self.embed = EmbeddingRows(store)
+        self.layers: dict[int, LayerWeights] = {}
+        self.head: HeadWeights | None = None
+        self.buffers = {}
+        with open(store.path, "rb", buffering=0) as f:
+            for name in sorted(resident - {"embed"}, key=lambda g: store.groups[g].offset):
+                g = store.groups[name]
+                buf = torch.empty(g.nbytes, dtype=torch.uint8)
+                f.seek(g.offset)
+                f.readinto(memoryview(buf.numpy()))
+                self.buffers[name] = buf
+                self._install(name, buf)
+
+    def _install(self, name: str, buf: torch.Tensor):
+        w = self.from_buffer(name, buf)
+        if name == "head":
+            self.head = w
+        else:
+            self.layers[int(name.split(".")[1])] = w
+
+    def from_buffer(self, name: str, buf: torch.Tensor):
+        views = self.store.views(name, buf)
+        if name == "head":
+            return head_from_views(self.store, views, None)
+        return layer_from_views(self.store, int(name.split(".")[1]), views)
+
+    def layer(self, i: int) -> LayerWeights:
+        return self.layers[i]
+
+    def is_resident(self, need) -> bool:
+        return (need == "head" and self.head is not None) or need in self.layers
+
+    def nbytes(self) -> int:
+        return sum(b.numel() for b in self.buffers.values())
+
+
+def drive(steps, weights):
+    """Run a `Transformer.forward_steps`-style generator to the end with weights from `weights`."""
+    need = next(steps)
+    try:
+        while True:
+            need = steps.send(weights.head if need == "head" else weights.layer(need))
+    except StopIteration as done:
+        return done.value

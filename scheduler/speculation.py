@@ -18,20 +18,45 @@ from speculative.draft import TreeConfig
 from speculative.generate import SpecStats, budgets
 from speculative.governor import Governor
 
-MODES = ("target", "chain", "tree")
+MODES = ("target", "std", "stdpl", "chain", "tree")
+TARGET_ONLY = ("target", "std", "stdpl")  # std, stdpl: the target alone, streamed (without / with prefetch)
 
 
 class ActorSpeculation:
     def __init__(self, sched: Scheduler, mode: str, target_store: str, draft_store: str | None,
-                 sampling: SamplingConfig, cfg: TreeConfig, threads: int, context_length: int, vocab_size: int):
+                 sampling: SamplingConfig, cfg: TreeConfig, threads: int, context_length: int, vocab_size: int,
+                 plan=None, loader: dict | None = None):
+        """`plan` (scheduler/memplan.py): stream the target's groups it does not keep resident."""
         self.s, self.mode, self.sampling, self.cfg = sched, mode, sampling, cfg
         self.context_length, self.vocab_size = context_length, vocab_size
         self.current = mode  # the mode of the generation under way
+        self.streamer = None
         common = {"sampling": asdict(sampling), "threads": threads}
-        sched.spawn("verifier", "actors.verifier:VerifierActor", {**common, "store": target_store}, wait=False)
-        if mode != "target":
-            sched.spawn("draft", "actors.draft:DraftActor", {**common, "store": draft_store, "tree": asdict(cfg)}, wait=False)
+        vinit = {**common, "store": target_store}
+        if plan is not None and plan.streamed:
+            vinit["resident"] = list(plan.resident)
+            sched.spawn("loader", "actors.loader:LoaderActor", {"store_dir": target_store, "stream_bytes": plan.stream_bytes,
+                                                                 **(loader or {})}, wait=False)
+        sched.spawn("verifier", "actors.verifier:VerifierActor", vinit, wait=False)
+        if mode not in TARGET_ONLY:
+            sched.spawn("draft", "actors.draft:DraftActor", {**common, "store": draft_store, "tree": asdict(cfg),
+                                                            "embed_on_disk": plan is not None}, wait=False)
         sched.wait_ready()
+        if "loader" in sched.actors:
+            from scheduler.streaming import Streamer
+
+            sizes = sched.call("loader", "groups").result["groups"]
+            self.streamer = Streamer(sched, list(plan.streamed), {g: sizes[g] for g in plan.streamed}, prefetch=mode != "std")
+
+    def _target(self, job: str, args: dict, tensors: dict | None = None) -> dict:
+        """A verifier job (start / step / verify), resident or streamed."""
+        if self.streamer is None:
+            return self.s.call("verifier", job, args, tensors).result
+        return self.streamer.job({"job": job, **args}, tensors)
+
+    def close(self):
+        if self.streamer is not None:
+            self.streamer.drain()
 
     def _capacity(self, n_prompt: int, max_new: int) -> int:
         return min(self.context_length, n_prompt + max_new + max(self.cfg.budget, 64) + 2)
@@ -42,13 +67,13 @@ class ActorSpeculation:
         """Generate with this run's mode, or another one (`target` always; `chain`/`tree` need the draft)."""
         s = self.s
         mode, cfg = mode or self.mode, cfg or self.cfg
-        if mode != "target" and "draft" not in s.actors:
+        if mode not in TARGET_ONLY and "draft" not in s.actors:
             raise ValueError(f"mode {mode} needs the draft actor, which this run did not start")
         self.current = mode
         cap = self._capacity(len(prompt_ids), max_new)
         t0 = time.perf_counter()
-        first = s.call("verifier", "start", {"prompt_ids": prompt_ids, "capacity": cap}).result["token"]
-        speculative = mode != "target"
+        first = self._target("start", {"prompt_ids": prompt_ids, "capacity": cap})["token"]
+        speculative = mode not in TARGET_ONLY
         if speculative:
             s.call("draft", "start", {"prompt_ids": prompt_ids, "capacity": cap, "first": [first], "tree": asdict(cfg)})
         t_prefill = time.perf_counter() - t0
@@ -73,8 +98,11 @@ class ActorSpeculation:
             out.extend(new)
             if on_tokens:
                 on_tokens(new)
-        return Generation(prompt_ids, out[:max_new], time.perf_counter() - t0, t_prefill,
-                          stats.as_dict() if speculative else {"target_forwards": stats.target_forwards + stats.plain_steps})
+        st = stats.as_dict() if speculative else {"target_forwards": stats.target_forwards}
+        if self.streamer is not None:
+            st.update(self.streamer.stats.as_dict())
+            self.streamer.stats = type(self.streamer.stats)()
+        return Generation(prompt_ids, out[:max_new], time.perf_counter() - t0, t_prefill, st)
 
     def _cycle(self, budget: int, root: int, stats: SpecStats) -> list[int]:
         """One draft-verify cycle (budget 0: a plain target step); returns the committed tokens."""
@@ -96,13 +124,13 @@ class ActorSpeculation:
         t = time.perf_counter()
         try:
             if tree is None:
-                nxt = s.call("verifier", "step", {"root": root}).result["token"]
+                nxt = self._target("step", {"root": root})["token"]
                 stats.plain_steps += 1
-                if self.current != "target":
+                if self.current not in TARGET_ONLY:
                     s.call("draft", "advance", {"path": [], "new": [nxt], "tree": budget > 0})
                 stats.verify_s += time.perf_counter() - t
                 return [nxt]
-            v = s.call("verifier", "verify", tree, tree_tensors).result
+            v = self._target("verify", tree, tree_tensors)
         finally:
             if slot is not None:
                 s.slots.free(slot)

@@ -1,4 +1,10 @@
-"""The target side: one forward over the whole tree, then acceptance and the cache kept to it."""
+"""The target side: one forward over the whole tree, then acceptance and the cache kept to it.
+
+Every job (prefill, plain step, tree verification) is written as a generator over the model's
+`forward_steps`: it yields each layer it needs and takes the weights back. With all weights
+resident, `drive` feeds it at once; a streaming verifier feeds it layer by layer as the loader
+brings them in (actors/verifier.py).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,8 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from models.attention import Visibility
+from models.engine import PREFILL_CHUNK
 from models.sampling import Sampler, SamplingConfig, probs
 from models.transformer import Transformer
+from models.weights import drive
 from speculative.draft import DraftTree
 from speculative.sampling import accept_sampled
 from speculative.tree import TokenTree, longest_accepted_path
@@ -26,30 +34,34 @@ class Verifier:
         self.sampler = Sampler(sampling)
         self.cache = None
 
-    def start(self, prompt_ids: list[int], capacity: int) -> int:
-        """Prefill the prompt except nothing is left pending; returns the first generated token."""
-        from models.engine import prefill
+    # -- jobs as generators ------------------------------------------------------------------
 
-        self.cache = self.model.new_cache(capacity)
-        logits = prefill(self.model, self.cache, prompt_ids)
+    def start_steps(self, prompt_ids: list[int], capacity: int):
+        """Prefill the prompt (in chunks); returns the first generated token."""
+        self.cache = c = self.model.new_cache(capacity)
+        dev = self.model.device
+        logits = None
+        for s in range(0, len(prompt_ids), PREFILL_CHUNK):
+            chunk = torch.tensor(prompt_ids[s:s + PREFILL_CHUNK], device=dev)
+            pos = torch.arange(c.length, c.length + len(chunk), device=dev)
+            logits = (yield from self.model.forward_steps(chunk, pos, c, logits_rows=slice(-1, None)))[0]
+            c.commit()
         return self.sampler(logits)
 
-    def step(self, root: int) -> int:
-        """A plain decode step: the root alone."""
+    def step_steps(self, root: int):
+        """A plain decode step on the root."""
         c, dev = self.cache, self.model.device
-        logits = self.model.forward(torch.tensor([root], device=dev), torch.tensor([c.length], device=dev), c)[0]
+        logits = (yield from self.model.forward_steps(torch.tensor([root], device=dev), torch.tensor([c.length], device=dev), c))[0]
         c.commit()
         return self.sampler(logits)
 
-    def verify(self, d: DraftTree) -> Verdict:
-        return self.verify_tree(d.tree, d.trials)
-
-    def verify_tree(self, tree: TokenTree, trials: dict | None = None) -> Verdict:
+    def verify_steps(self, tree: TokenTree, trials: dict | None = None):
         """One forward over [root] + the tree, acceptance, and the cache kept to the accepted path."""
         c, dev = self.cache, self.model.device
         tokens, parents, depths = tree.flatten()
         vis = Visibility.tree(c.length, parents)
-        logits = self.model.forward(torch.tensor(tokens, device=dev), torch.tensor(depths, device=dev) + c.length, c, vis)
+        logits = yield from self.model.forward_steps(torch.tensor(tokens, device=dev),
+                                                     torch.tensor(depths, device=dev) + c.length, c, vis)
         if self.sampling.greedy:
             choice = logits.argmax(-1).tolist()
             path, nxt = longest_accepted_path(tree, lambda row: choice[row])
@@ -58,3 +70,17 @@ class Verifier:
             path, nxt = accept_sampled(tree, trials or {}, p, self.sampler.uniform, self.sampler.draw)
         c.commit([0] + [i + 1 for i in path])  # the root and the accepted nodes, in order
         return Verdict(path, nxt, len(tokens))
+
+    # -- the same jobs with every weight at hand -----------------------------------------------
+
+    def start(self, prompt_ids: list[int], capacity: int) -> int:
+        return drive(self.start_steps(prompt_ids, capacity), self.model.weights)
+
+    def step(self, root: int) -> int:
+        return drive(self.step_steps(root), self.model.weights)
+
+    def verify(self, d: DraftTree) -> Verdict:
+        return self.verify_tree(d.tree, d.trials)
+
+    def verify_tree(self, tree: TokenTree, trials: dict | None = None) -> Verdict:
+        return drive(self.verify_steps(tree, trials), self.model.weights)

@@ -1,0 +1,139 @@
+"""The memory plan under a budget: what stays resident, what streams, in how many slots.
+
+    draft weights + KV caches + activations + process overhead + exchange area
+      + target groups kept resident + streaming slots  <=  budget
+
+Target groups are `layer.0 .. layer.N-1` and `head`; the embedding table stays on disk (rows are
+read per token). Groups are kept resident in the order head, layer 0, layer 1, ... as long as
+they fit beside two or three streaming slots sized for the largest group still streamed (the
+head first, because it is the largest: streaming it would make every slot that large). A budget
+that cannot hold the fixed part and two slots is refused with the shortfall and the smallest
+budget that works.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cadence.errors import CadenceError
+
+MiB = 1 << 20
+ALIGN = 4096
+
+
+def fmt(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / MiB:.0f} MiB"
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """What each process costs before any model data: interpreter, torch, runtime (measured here:
+    importing torch alone is ~220 MB of private memory on this machine)."""
+    model_process: int = 240 * MiB  # the draft and the verifier: torch + kernels
+    scheduler: int = 240 * MiB  # the launch process: it imports torch for the tokenizer and stores
+    loader: int = 64 * MiB
+    activations: int = 96 * MiB  # logits and temporaries of a verification, per model process
+    exchange: int = 16 * MiB  # the arena part for tensors other than streamed layers
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    budget: int
+    draft_weights: int
+    draft_kv: int
+    target_kv: int
+    fixed: int  # everything above plus overheads and the exchange area
+    resident: tuple[str, ...]
+    streamed: tuple[str, ...]
+    resident_bytes: int
+    slot_bytes: int
+    n_slots: int
+    overheads: Overheads
+
+    @property
+    def stream_bytes(self) -> int:
+        return self.slot_bytes * self.n_slots
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.stream_bytes + self.overheads.exchange
+
+    @property
+    def total(self) -> int:
+        return self.fixed + self.resident_bytes + self.stream_bytes
+
+    def lines(self) -> list[tuple[str, int]]:
+        o = self.overheads
+        return [("draft weights", self.draft_weights), ("KV caches", self.draft_kv + self.target_kv),
+                ("process overhead", 2 * o.model_process + o.scheduler + (o.loader if self.streamed else 0)),
+                ("activations", 2 * o.activations), ("exchange arena", o.exchange),
+                (f"target resident ({len(self.resident)} groups)", self.resident_bytes),
+                (f"streaming slots ({self.n_slots} x {fmt(self.slot_bytes)})", self.stream_bytes)]
+
+    def report(self) -> str:
+        rows = [f"  {name:<34} {fmt(n):>10}" for name, n in self.lines()]
+        rows.append(f"  {'total':<34} {fmt(self.total):>10} of {fmt(self.budget)} budget")
+        return "\n".join(rows)
+
+
+def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, draft_kv: int, target_kv: int,
+                overheads: Overheads = Overheads(), max_slots: int = 3) -> MemoryPlan:
+    """`target_groups`: bytes of each streamable target group (layers in order, then head)."""
+    o = overheads
+    streaming_overhead = o.loader
+    fixed = draft_weights + draft_kv + target_kv + 2 * o.model_process + o.scheduler + 2 * o.activations + o.exchange
+    names = list(target_groups)
+    sizes = {n: _align(b) for n, b in target_groups.items()}
+    everything = sum(sizes.values())
+    if fixed + everything <= budget:  # all resident: nothing streams
+        return MemoryPlan(budget, draft_weights, draft_kv, target_kv, fixed, tuple(names), (), everything, 0, 0, o)
+    fixed += streaming_overhead
+    slot = max(sizes.values())
+    others = [b for n, b in sizes.items() if n != "head"]
+    smallest = fixed + 2 * slot  # everything streams through slots as large as the largest group
+    if "head" in sizes and others:  # or the head stays and the slots are only layer-sized
+        smallest = min(smallest, fixed + sizes["head"] + 2 * max(others))
+    if budget < smallest:
+        raise CadenceError(
+            f"a memory budget of {fmt(budget)} is too small: it must hold the draft ({fmt(draft_weights)}), the KV "
+            f"caches ({fmt(draft_kv + target_kv)}), process overhead and activations "
+            f"({fmt(fixed - draft_weights - draft_kv - target_kv)}) and two streaming slots; "
+            f"the smallest budget that works is {fmt(smallest)}")
+    order = (["head"] if "head" in sizes else []) + [n for n in names if n != "head"]
+    resident: list[str] = []
+    held = 0
+    for n in order:
+        rest = [m for m in order if m not in resident and m != n]
+        if not rest:
+            break  # keep at least one group streaming: everything did not fit
+        slot_if = max(sizes[m] for m in rest)
+        if fixed + held + sizes[n] + 2 * slot_if <= budget:
+            resident.append(n)
+            held += sizes[n]
+        else:
+            break
+    streamed = [n for n in names if n not in resident]  # in the order a forward needs them
+    slot = max(sizes[n] for n in streamed)
+    n_slots = 3 if fixed + held + 3 * slot <= budget and len(streamed) >= 3 else 2
+    return MemoryPlan(budget, draft_weights, draft_kv, target_kv, fixed, tuple(n for n in names if n in resident),
+                      tuple(streamed), held, slot, n_slots, o)
+
+
+def parse_bytes(text: str) -> int:
+    """'3GiB', '2.5G', '800MiB', '1000000000' -> bytes."""
+    t = text.strip().lower().replace(" ", "")
+    units = {"gib": 2**30, "gb": 10**9, "g": 2**30, "mib": 2**20, "mb": 10**6, "m": 2**20, "kib": 2**10, "kb": 10**3,
+             "k": 2**10, "b": 1}
+    for u, mult in units.items():
+        if t.endswith(u):
+            try:
+                return int(float(t[: -len(u)]) * mult)
+            except ValueError:
+                break
+    try:
+        return int(t)
+    except ValueError:
+        raise CadenceError(f"cannot read the memory size {text!r}; write it like 3GiB, 800MiB or a number of bytes") from None

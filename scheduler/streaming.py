@@ -1,0 +1,126 @@
+"""Target jobs over a streamed target: the loader fills arena slots, the verifier consumes them.
+
+Streamed groups are needed in one fixed order every forward (layers, then the head), so the
+loader simply works through that cycle ahead of the verifier, as far as free slots allow
+(`prefetch`, the pipelined modes: the next forward's first layers load while the draft drafts)
+or only on demand (`std`). A slot goes back to the pool when the verifier's layer op replies.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from cadence.errors import CadenceError
+from scheduler.events import DeadEvent, ErrorEvent, ReplyEvent
+from scheduler.errors import ActorDead, ActorError
+from scheduler.runtime import Scheduler
+
+
+@dataclass
+class IOStats:
+    loads: int = 0
+    bytes: int = 0
+    seconds: float = 0.0  # loader-side read time, summed
+    wait_s: float = 0.0  # time the verifier stood waiting for a layer
+    direct: bool = True
+
+    def as_dict(self) -> dict:
+        return {"loads": self.loads, "bytes_read": self.bytes, "read_s": round(self.seconds, 4),
+                "io_wait_s": round(self.wait_s, 4), "read_gbps": round(self.bytes / self.seconds / 1e9, 3) if self.seconds else 0.0,
+                "direct_io": self.direct}
+
+
+@dataclass
+class Streamer:
+    s: Scheduler
+    streamed: list[str]  # group names in the order a forward needs them
+    sizes: dict[str, int]
+    prefetch: bool
+    stats: IOStats = field(default_factory=IOStats)
+
+    def __post_init__(self):
+        self.next = 0  # index in `streamed` of the next group to load
+        self.inflight: dict[int, tuple[str, object]] = {}  # req_id -> (group, slot)
+        self.ready: dict[str, object] = {}  # group -> slot holding it
+        self.queue: list[str] = []  # groups loading or loaded, in cycle order
+
+    def _issue(self, group: str) -> bool:
+        slot = self.s.stream_slots.try_alloc(self.sizes[group])
+        if slot is None:
+            return False
+        rid = self.s.send("loader", "load", {"group": group}, {"slot": self.s.slot_desc(slot)})
+        self.inflight[rid] = (group, slot)
+        self.queue.append(group)
+        return True
+
+    def refill(self):
+        """Keep loading ahead along the cycle while slots are free (pipelined modes)."""
+        if not self.prefetch or not self.streamed:
+            return
+        while len(self.queue) < len(self.streamed) and self._issue(self.streamed[self.next]):
+            self.next = (self.next + 1) % len(self.streamed)
+
+    def on_events(self, events):
+        for ev in events:
+            if isinstance(ev, ReplyEvent) and ev.reply.req_id in self.inflight:
+                group, slot = self.inflight.pop(ev.reply.req_id)
+                if not ev.reply.ok:
+                    raise ActorError("loader", "load", ev.reply.req_id, ev.reply.error)
+                r = ev.reply.result
+                self.stats.loads += 1
+                self.stats.bytes += r["bytes"]
+                self.stats.seconds += r["seconds"]
+                self.stats.direct = self.stats.direct and r["direct"]
+                self.ready[group] = slot
+            elif isinstance(ev, DeadEvent):
+                raise ActorDead(ev.role, ev.reason)
+            elif isinstance(ev, ErrorEvent):
+                raise CadenceError(f"the {ev.role} actor could not read a message: {ev.message}")
+            # any other reply belongs to a request nobody waits for any more: dropped
+
+    def take(self, group: str):
+        """The slot holding `group`, waiting for its load (issued now if nobody asked for it yet)."""
+        if group not in self.queue:
+            if self.queue:  # the cycle went out of step (a job ended early): drop what was prefetched
+                raise CadenceError(f"streaming order broken: {group} needed but {self.queue[0]} is next")
+            self.next = self.streamed.index(group)
+            while not self._issue(group):
+                self.on_events(self.s.poll(0.05))
+            self.next = (self.next + 1) % len(self.streamed)
+        t = time.perf_counter()
+        deadline = time.monotonic() + self.s.config.timeouts.request_s
+        while group not in self.ready:
+            if time.monotonic() > deadline:
+                raise CadenceError(f"the loader did not bring {group} within {self.s.config.timeouts.request_s:.0f} s "
+                                   "(raise timeouts.request_s, or check the disk)")
+            self.on_events(self.s.poll(0.05))
+        self.stats.wait_s += time.perf_counter() - t
+        return self.ready[group]
+
+    def done_with(self, group: str):
+        slot = self.ready.pop(group)
+        assert self.queue[0] == group, (self.queue, group)
+        self.queue.pop(0)
+        self.s.stream_slots.free(slot)
+        self.refill()
+
+    def job(self, args: dict, tensors: dict | None = None) -> dict:
+        """Run one verifier job to the end, feeding it streamed layers."""
+        self.refill()
+        r = self.s.call("verifier", "begin", args, tensors).result
+        self.on_events(self.s.poll(0))
+        while "need" in r:
+            g = r["need"]
+            slot = self.take(g)
+            r = self.s.call("verifier", "layer", {"group": g}, {"slot": self.s.slot_desc(slot)}).result
+            self.done_with(g)
+            self.on_events(self.s.poll(0))
+        return r["done"]
+
+    def drain(self):
+        """Wait for loads still in flight and give their slots back (end of a run)."""
+        while self.inflight:
+            self.on_events(self.s.poll(0.05))
+        for g in list(self.ready):
+            self.s.stream_slots.free(self.ready.pop(g))
+        self.queue.clear()
