@@ -42,7 +42,7 @@ class MonitorFeed:
 
     def __init__(self, sched=None, *, budget_bytes: int | None = None, title: str = "",
                  memory_parts: Callable[[], list[MemoryPart]] | None = None,
-                 window_s: float = 3.0, text_chars: int = 4000, alpha_points: int = 240, sample_s: float = 1.0):
+                 window_s: float = 3.0, text_chars: int = 4000, alpha_points: int = 240, sample_s: float = 5.0):
         self.sched = sched
         self.title = title or (f"run {sched.run_id}" if sched is not None else "")
         self.memory_parts = memory_parts
@@ -62,7 +62,8 @@ class MonitorFeed:
         if sched is not None:
             self.ledger = sched.ledger
             sched.add_listener(self.on_event)
-        else:  # in-process run: sample our own process, as the scheduler's ledger would
+        else:  # in-process run: sample our own process, as the scheduler's ledger would (a USS sample
+            # of a torch-sized process costs the kernel ~10 ms, hence every 5 s)
             self.ledger = self._own_ledger = MemoryLedger(budget_bytes or psutil.virtual_memory().total)
             self.ledger.watch("main", os.getpid())
             self.ledger.start_sampling(sample_s)
