@@ -1,8 +1,8 @@
 """Where the monitor's numbers come from: `MonitorFeed` turns what the run reports into
 `MonitorState` snapshots.
 
-- the scheduler's events (`Scheduler.add_listener`): a loader reply's `nbytes` -> disk GB/s;
-  actor deaths -> a note;
+- the scheduler's events (`Scheduler.add_listener`): a loader reply's `nbytes` (or `bytes`) ->
+  disk GB/s; actor deaths -> a note;
 - its actor table (`Scheduler.actor_status`): pid, handshake state, current op and for how long;
 - the memory ledger: live USS per process and PSS of all (its sampling thread), and the plan's
   lines, which split the budget bar (or `memory_parts()` when the run knows better);
@@ -104,10 +104,11 @@ class MonitorFeed:
                 self._disk_ev.popleft()
 
     def on_event(self, ev) -> None:
-        """The scheduler's listener: a loader reply carrying `nbytes` was read from disk."""
+        """The scheduler's listener: a loader reply carrying `nbytes` / `bytes` was read from disk."""
         if type(ev) is ReplyEvent:
             if ev.role == "loader" and ev.reply.ok:
-                n = ev.reply.result.get("nbytes")
+                res = ev.reply.result
+                n = res.get("nbytes", res.get("bytes"))  # the fake loader's key, the real one's
                 if type(n) is int:
                     self.on_disk_bytes(n)
         elif type(ev) is DeadEvent:

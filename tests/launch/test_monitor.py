@@ -143,8 +143,8 @@ def test_feed_callbacks():
         for a in (0.1, 0.2, 0.3, 0.4):
             feed.on_tokens(2, accepted=1, alpha=a)
         feed.on_tokens(1)  # the prefill's token: no verification
-        ok = wire.Reply(1, True, {"nbytes": 3_000_000_000}, {}, None)
-        feed.on_event(ReplyEvent("loader", "load", ok))
+        feed.on_event(ReplyEvent("loader", "load", wire.Reply(1, True, {"nbytes": 2_000_000_000}, {}, None)))
+        feed.on_event(ReplyEvent("loader", "load", wire.Reply(3, True, {"group": "l0", "bytes": 10**9}, {}, None)))
         feed.on_event(ReplyEvent("verifier", "verify_layer", wire.Reply(2, True, {"nbytes": 5}, {}, None)))  # not I/O
         feed.on_event(DeadEvent("draft", "was killed by SIGKILL"))
         time.sleep(0.05)
