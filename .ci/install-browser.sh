@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# CI: what tests/launch/test_trace_html.py drives: headless Chromium, its chromedriver (Debian
-# packages chromium + chromium-driver, same version) and selenium in ./.venv. Idempotent; run
-# before the tests (as root, or with sudo available). PYTHON=... picks another interpreter.
+# CI: what tests/launch/test_trace_html.py drives: headless Chromium and its chromedriver (Debian
+# packages chromium + chromium-driver, one version; a font for the labels) and selenium in
+# ./.venv. Idempotent. Run it before the tests, as root or with sudo; PYTHON=... picks another
+# interpreter than .venv/bin/python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     echo "install-browser: apt-get install chromium chromium-driver"
     as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver fonts-dejavu-core
 fi
 py=${PYTHON:-.venv/bin/python}
 if ! "$py" -c 'import selenium' 2>/dev/null; then
