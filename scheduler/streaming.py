@@ -117,10 +117,18 @@ class Streamer:
             self.on_events(self.s.poll(0))
         return r["done"]
 
-    def drain(self):
-        """Wait for loads still in flight and give their slots back (end of a run)."""
-        while self.inflight:
-            self.on_events(self.s.poll(0.05))
+    def drain(self, timeout_s: float = 30.0):
+        """Wait for loads still in flight and give every slot back (end of a run, also after a failure)."""
+        deadline = time.monotonic() + timeout_s
+        loader = self.s.actors.get("loader")
+        while self.inflight and loader is not None and loader.alive and time.monotonic() < deadline:
+            try:
+                self.on_events(self.s.poll(0.05))
+            except CadenceError:
+                break  # the loader died or failed meanwhile: nothing more will come back
+        for _, slot in self.inflight.values():  # a dead loader's leases were released by the scheduler
+            self.s.stream_slots.free(slot)
+        self.inflight.clear()
         for g in list(self.ready):
             self.s.stream_slots.free(self.ready.pop(g))
         self.queue.clear()

@@ -1,0 +1,95 @@
+"""The memory wall on the real pair: the 1.5B target streamed under a budget, lossless, bounded, clean.
+
+A handful of dev prompts (one of each kind) and a few dozen tokens: streaming re-reads the target
+from disk for every forward, so these runs are slow by design.
+"""
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from cadence.errors import CadenceError
+from launch.prompts import Prompt, prompt_ids
+from launch.runner import RunConfig, Runner
+from models import engine
+from models.sampling import SamplingConfig
+from scheduler.errors import ActorDead
+from speculative.draft import TreeConfig
+from tests.conftest import dev_prompts, real_model
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+N = 24
+IDS = ("fib", "rewrite_hints", "explain", "sql")
+
+
+def _prompts():
+    return [Prompt(p["id"], p["kind"], p["prompt"]) for p in dev_prompts() if p["id"] in IDS]
+
+
+def _shm():
+    return {f for f in os.listdir("/dev/shm") if f.startswith("cadence-")}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    target = real_model("qwen2.5-coder-1.5b", "int4")
+    out = {}
+    for p in _prompts():
+        ids, _ = prompt_ids(target.tokenizer, p, "auto")
+        out[p.id] = engine.generate_target(target, ids, N, SamplingConfig()).new_ids
+    return out
+
+
+def _cfg(mode, tmp_path, budget="auto"):
+    return RunConfig(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", fmt="int4", mode=mode,
+                     max_new_tokens=N, tree=TreeConfig(mode="chain" if mode == "chain" else "tree"),
+                     memory_budget=budget, trace_dir=str(tmp_path))
+
+
+def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_path):
+    before = _shm()
+    cfg = _cfg("tree", tmp_path)
+    with Runner(cfg) as runner:
+        plan = runner.plan
+        assert plan.streamed and plan.n_slots >= 2  # the target really streams
+        for mode in ("tree", "chain", "stdpl", "std"):
+            for p in _prompts():
+                row = runner.run(p, mode=mode)
+                assert row["new_token_ids"] == reference[p.id], (mode, p.id)
+                assert row["memory_budget_bytes"] == plan.budget
+                assert row["stats"]["loads"] > 0 and row["stats"]["bytes_read"] > 0
+        sched = runner.sched
+        loader = sched.call("loader", "stats").result
+        runner.spec.close()  # waits for prefetched loads and gives their slots back
+        assert loader["max_end"] <= plan.stream_bytes  # the loader never wrote past its part of the arena
+        assert sched.stream_slots.peak_bytes <= plan.stream_bytes
+        assert sched.stream_slots.used_bytes == 0  # every slot released
+    assert _shm() == before
+
+
+def test_a_killed_loader_ends_the_run_with_a_reason_and_no_leak(tmp_path):
+    before = _shm()
+    with pytest.raises(ActorDead, match="loader"):
+        with Runner(_cfg("stdpl", tmp_path)) as runner:
+            pid = next(st.pid for st in runner.sched.actor_status() if st.role == "loader")
+            killer = threading.Timer(3.0, os.kill, (pid, signal.SIGKILL))
+            killer.start()
+            try:
+                for p in _prompts() * 10:
+                    runner.run(p)
+            finally:
+                killer.cancel()
+    time.sleep(0.5)
+    assert _shm() == before
+    assert not [c for c in psutil.Process().children(recursive=True) if c.is_running() and c.status() != psutil.STATUS_ZOMBIE
+                and "actors" in " ".join(c.cmdline())]
+
+
+def test_a_budget_too_small_is_refused_before_anything_starts(tmp_path):
+    before = _shm()
+    with pytest.raises(CadenceError, match="too small.*smallest budget that works is"):
+        Runner(_cfg("tree", tmp_path, budget="600MiB"))
+    assert _shm() == before
