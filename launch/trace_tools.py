@@ -5,11 +5,12 @@ any trace the runtime writes and are tested on hand-made traces with known answe
 
 Every complete (`X`) span gets a category from its `cat` (actors use their role: `draft`,
 `verifier`, `sparse`, `loader`; finer spans `draft`, `verify`, `load`, `attention`) or, for
-`wait:<what>` / `idle` names and the scheduler's `call <op>` (its wait for a reply), `wait`. Unknown categories count as `other`. `setup` spans (loading
-weights before the first request) are reported apart and left out of everything else. Per thread,
-work is the union of its spans minus the union of its wait spans (a `wait:layer` nested in a
-`verify` span is waiting, not verifying); a process is busy when any of its threads works. The
-window is the extent of all spans but setup.
+`wait:<what>` / `idle` names and the scheduler's `call <op>` (its wait for a reply), `wait`.
+Unknown categories count as `other`. `setup` spans (loading weights before the first request) are
+reported apart and left out of everything else. On each thread an instant belongs to its
+innermost span (a `wait:layer` nested in a `verify` span is waiting, not verifying; a `send`
+inside a `call` is work); a process is busy when any of its threads works, at anything but
+waiting. The window is the extent of all spans but setup.
 
 - busy % per actor (process): its work / the window;
 - compute/I-O overlap: how much of the time a load ran was also spent computing (draft, verify,
@@ -285,7 +286,8 @@ def summarize(trace, tokens: int | None = None) -> TraceSummary:
     # each instant of the window to one bucket
     split: dict[str, float] = {}
     rest = [(w0, w1)] if w1 > w0 else []
-    for bucket, cats in (("verify", ("verify", "attention")), ("draft", ("draft",)), ("load", ("load",)), ("other", ("other",))):
+    buckets = (("verify", ("verify", "attention")), ("draft", ("draft",)), ("load", ("load",)), ("other", ("other",)))
+    for bucket, cats in buckets:
         got = intersect(rest, union([iv for c in cats for iv in cat_u.get(c, [])]))
         split[bucket] = length(got) / 1e6
         rest = subtract(rest, got)
@@ -332,7 +334,8 @@ def format_summary(s: TraceSummary) -> str:
     if setup:
         out.append(f"(setup before the window, e.g. loading weights: {', '.join(setup)})")
     ov = s.overlap_pct
-    out += ["", f"I/O {s.io_s * 1000:.1f} ms, compute {s.compute_s * 1000:.1f} ms, both at once {s.overlap_s * 1000:.1f} ms: "
+    out += ["", f"I/O {s.io_s * 1000:.1f} ms, compute {s.compute_s * 1000:.1f} ms, "
+            f"both at once {s.overlap_s * 1000:.1f} ms: "
             + (f"{ov:.1f}% of I/O overlapped with compute" if ov is not None else "no I/O spans")]
     if s.verifier_busy_s or s.waits:
         out += ["", f"verifier: busy {s.verifier_busy_s * 1000:.1f} ms ({_pct(s.verifier_busy_s, w).strip()} of the window)"]
@@ -340,7 +343,8 @@ def format_summary(s: TraceSummary) -> str:
             out.append(f"  wait:{what:<18} {n:>6} spans {t * 1000:>9.1f} ms {_pct(t, w)}")
         for what, t in s.gaps.items():
             if t > 0:
-                out.append(f"  gap, {'waiting for ' + what if what != 'idle' else 'nothing running':<24} {t * 1000:>9.1f} ms {_pct(t, w)}")
+                why = "waiting for " + what if what != "idle" else "nothing running"
+                out.append(f"  gap, {why:<24} {t * 1000:>9.1f} ms {_pct(t, w)}")
     per = s.per_token_ms
     out += ["", "time split (each instant once: verify > draft > load > other > idle)"
             + (f", per generated token ({s.tokens}):" if per else ":")]

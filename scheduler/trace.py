@@ -92,7 +92,8 @@ class TraceSink:
             a, b = served.get(src), served.get(dst)
             if a is None or b is None or a["ts"] + a["dur"] // 2 > b["ts"] + b["dur"] // 2:
                 continue
-            out.append({"ph": "s", "name": name, "cat": cat, "id": i, "ts": a["ts"] + a["dur"] // 2, "pid": a["pid"], "tid": a["tid"]})
+            out.append({"ph": "s", "name": name, "cat": cat, "id": i, "ts": a["ts"] + a["dur"] // 2,
+                        "pid": a["pid"], "tid": a["tid"]})
             out.append({"ph": "f", "bp": "e", "name": name, "cat": cat, "id": i, "ts": b["ts"] + b["dur"] // 2,
                         "pid": b["pid"], "tid": b["tid"]})
         return out

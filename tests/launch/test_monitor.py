@@ -73,7 +73,8 @@ STATE = MonitorState(
     memory=(MemoryPart("draft", 1 << 30), MemoryPart("target resident", 3 << 30), MemoryPart("KV", 512 << 20),
             MemoryPart("streaming slots", 256 << 20), MemoryPart("arena", 256 << 20)),
     measured_bytes=5 << 30, tokens=120, tokens_per_s=9.75, accepted_hist=((0, 2), (1, 4), (3, 6)),
-    alpha=(0.5, 0.45, 0.55), disk_gbps=1.234, text="line one\nline two\n" + "x" * 250, notes=("the loader actor was killed",))
+    alpha=(0.5, 0.45, 0.55), disk_gbps=1.234, text="line one\nline two\n" + "x" * 250,
+    notes=("the loader actor was killed",))
 
 
 def test_render_of_a_hand_made_state():

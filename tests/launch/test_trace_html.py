@@ -27,7 +27,8 @@ def _which(*names: str) -> str | None:
     return None
 
 
-CHROMIUM = os.environ.get("CADENCE_CHROMIUM") or _which("chromium", "chromium-browser", "google-chrome", "/usr/lib/chromium/chromium")
+CHROMIUM = os.environ.get("CADENCE_CHROMIUM") or _which("chromium", "chromium-browser", "google-chrome",
+                                                        "/usr/lib/chromium/chromium")
 CHROMEDRIVER = os.environ.get("CADENCE_CHROMEDRIVER") or _which("chromedriver", "/usr/lib/chromium/chromedriver")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run", "--window-size=1400,900", "--force-device-scale-factor=1"]
@@ -137,7 +138,8 @@ def test_viewer_draws_the_trace_zooms_pans_and_shows_args_on_click(browser, fake
     vpid = fake_trace.pids["verifier"]
     span = next(e for e in trace["traceEvents"][len(trace["traceEvents"]) // 2:]
                 if e["ph"] == "X" and e["pid"] == vpid and e["name"] == "verify_layer")
-    browser.execute_script("viewer.setView(arguments[0], arguments[1])", span["ts"] - span["dur"], span["ts"] + 2 * span["dur"])
+    browser.execute_script("viewer.setView(arguments[0], arguments[1])",
+                           span["ts"] - span["dur"], span["ts"] + 2 * span["dur"])
     r = browser.execute_script("return viewer.spanScreenRect(arguments[0], arguments[1], arguments[2])",
                                vpid, span["tid"], span["ts"])
     browser.execute_script("document.getElementById('scroller').scrollTop = Math.max(0, arguments[0] - 40)", r["trackY"])
