@@ -36,11 +36,14 @@ class _Span:
         if et is not None:
             ev_.setdefault("args", {})["error"] = et.__name__
         tr.events.append(ev_)
-        mid = self.t0 + dur // 2  # flows bind to the slice that encloses them
+        # Flows bind to the slice that encloses them. A request leaves after its span began and is
+        # handled after it arrived, so start at the sender's start, end at the receiver's middle:
+        # at the sender's middle, a sender preempted after sending could start after the end.
+        mid = self.t0 + dur // 2
         if self.flow_in is not None:
             tr.events.append({"ph": "f", "bp": "e", "name": "request", "cat": "flow", "id": self.flow_in, "ts": mid, "tid": tid})
         if self.flow_out is not None:
-            tr.events.append({"ph": "s", "name": "request", "cat": "flow", "id": self.flow_out, "ts": mid, "tid": tid})
+            tr.events.append({"ph": "s", "name": "request", "cat": "flow", "id": self.flow_out, "ts": self.t0, "tid": tid})
         return False
 
 
