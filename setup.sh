@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up cadence in ./.venv: torch 2.13.0 (CPU) first, then the package, then the models.
 #   ./setup.sh          runtime only, then pulls the default models
-#   ./setup.sh --test   also the test dependencies
+#   ./setup.sh --test   also the test dependencies (and headless Chromium for the trace viewer's test)
 set -euo pipefail
 cd "$(dirname "$0")"
 extras=""
@@ -19,5 +19,9 @@ fi
 echo "cadence setup: installing cadence${extras}"
 printf 'torch==2.13.0\n' > .venv/constraints.txt
 PIP_CONSTRAINT=.venv/constraints.txt pip install -e ".${extras}"
+if [ -n "$extras" ]; then
+    # the trace viewer's test drives a real headless Chromium (Debian chromium + chromium-driver)
+    PYTHON=.venv/bin/python .ci/install-browser.sh
+fi
 echo "cadence setup: pulling the default models"
 .venv/bin/launch models pull

@@ -1,10 +1,14 @@
 """The verifier actor: the target model scoring a whole token tree in one pass (speculative/verify.py).
 
-Resident mode (`start`, `step`, `verify`): every target layer is in this process. Streaming mode
-(`begin`, `layer`), under a memory budget: only the plan's resident groups are here; a job
-(`start`, `step` or `verify`) runs until it needs a streamed layer and answers `{"need": group}`;
-the scheduler has the loader put that group into an arena slot and hands it over with `layer`;
-the reply is the next need, or `{"done": result}`.
+Resident mode (`start`, `step`, `verify`): every target layer is in this process, one op a job.
+Job mode (`begin`, then `layer` / `dense` + `merge`, until `{"done": result}`), used under a memory
+budget and with the sparse-attention worker: a job (`start`, `step` or `verify`) runs until it
+needs something from outside and says so:
+  {"need": "layer.7"}: a streamed group; the scheduler has the loader put it into an arena slot
+      and hands it over with `layer`;
+  {"need": "attn", ...}: a multi-token attention split with the sparse worker: this actor has put
+      Q into the arena; the scheduler sends the worker its chunks and this actor `dense` (its own
+      chunks) at once, then `merge` with the worker's chunk states.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from models.engine import load_store
 from models.sampling import SamplingConfig
 from models.store import WeightStore
 from models.transformer import Transformer
+from models import kernels
 from models.weights import StreamingWeights
 from speculative.draft import trials_from_wire
 from speculative.tree import TokenTree
@@ -35,11 +40,16 @@ class VerifierActor(Actor):
                 self.model = Transformer(store.args, self.weights)
             else:
                 self.model = load_store(init["store"], init.get("name", "")).model
+                self.weights = self.model.weights
+        self.worker = init.get("worker")  # {"share": dense share given to the sparse worker} or None
+        self.model.split_attention = self.worker is not None
         self.sampling = SamplingConfig(**init["sampling"])
         self.verifier = None
-        self.job = None  # streaming: the job under way (a generator) and what it waits for
+        self.job = None  # job mode: the job under way (a generator) and what it waits for
         self.need = None
         self.kind = None
+        self.slots = {}  # job mode with the worker: arena tensors for Q and the worker's chunk states
+        self.attn = None  # the attention being split: (layer, q, vis, chunk split, running state)
 
     # -- resident ---------------------------------------------------------------------------
 
@@ -71,9 +81,10 @@ class VerifierActor(Actor):
         if self.job is not None:
             raise RuntimeError(f"a {self.kind} job is still waiting for {self.need}")
         kind = args["job"]
+        self.slots = {k: self.tensor(v) for k, v in tensors.items() if k in ("q", "ch", "kv")}
         if kind == "start":
             self.verifier = Verifier(self.model, self.sampling)
-            job = self.verifier.start_steps(list(args["prompt_ids"]), int(args["capacity"]))
+            job = self.verifier.start_steps(list(args["prompt_ids"]), int(args["capacity"]), self.slots.get("kv"))
         elif kind == "step":
             job = self.verifier.step_steps(int(args["root"]))
         elif kind == "verify":
@@ -96,19 +107,60 @@ class VerifierActor(Actor):
                 return self._done(done.value)
         return self._advance(need)
 
+    def op_dense(self, args, tensors):
+        """This unit's share of a split attention: the first dense chunks, folded while the worker works."""
+        i, q, vis, c_split, _ = self.attn
+        with self.trace.span(f"dense:layer.{i}", cat="attention", args={"chunks": c_split}):
+            state = kernels.attn_dense(q, self.verifier.cache.k[i], self.verifier.cache.v[i], 0, c_split, self.model.scale)
+        self.attn = (i, q, vis, c_split, state)
+        return {}
+
+    def op_merge(self, args, tensors):
+        """Fold the worker's chunk states (in the `ch` slot) after ours, in order, and go on with the job."""
+        i, q, vis, c_split, state = self.attn
+        T, H, D = q.shape
+        maxc = int(args["maxc"])
+        ch = self.slots["ch"].view(torch.float32)[:T * H * maxc * (D + 2)].view(T, H, maxc, D + 2)
+        o = kernels.attn_merge(state, ch, torch.tensor(args["nch"], dtype=torch.int32))
+        self.attn = None
+        try:
+            need = self.job.send(o)
+        except StopIteration as done:
+            return self._done(done.value)
+        return self._advance(need)
+
     @staticmethod
     def _group(need) -> str:
         return "head" if need == "head" else f"layer.{need}"
 
+    def _resident(self, need) -> bool:
+        if not self.streaming:
+            return not isinstance(need, tuple)
+        return self.weights.is_resident(need)
+
     def _advance(self, need):
-        """Feed resident layers until the job needs a streamed one or ends."""
+        """Feed resident layers until the job needs something from outside, or ends."""
         try:
-            while self.weights.is_resident(need):
+            while self._resident(need):
                 need = self.job.send(self.weights.head if need == "head" else self.weights.layer(need))
         except StopIteration as done:
             return self._done(done.value)
         self.need = need
+        if isinstance(need, tuple):
+            return self._split_attention(need)
         return {"need": self._group(need)}
+
+    def _split_attention(self, need):
+        _, i, q, vis = need
+        T, H, D = q.shape
+        c_star = vis.n_shared // kernels.CHUNK  # chunks made of shared context only
+        c_split = int(c_star * (1.0 - float(self.worker["share"])))  # ours: [0, c_split); the worker's: the rest
+        k0 = c_split * kernels.CHUNK
+        self.slots["q"].view(torch.float32)[:q.numel()].copy_(q.flatten())
+        self.attn = (i, q, vis, c_split, None)
+        return {"need": "attn", "layer": i, "T": T, "n_shared": vis.n_shared, "ptr": vis.ptr.tolist(),
+                "idx": vis.idx.tolist(), "k0": k0, "maxc": kernels.max_chunks(vis.n_shared, vis.ptr, k0),
+                "scale": self.model.scale}
 
     def _done(self, value):
         kind, self.job, self.need = self.kind, None, None

@@ -12,7 +12,7 @@ import sys
 from cadence.errors import CadenceError
 
 # subcommand module names, in the order `launch --help` lists them
-COMMANDS = ("models", "run", "bench", "trace", "runtime_bench")
+COMMANDS = ("models", "run", "bench", "profile", "trace", "runtime_bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,10 +4,14 @@ from __future__ import annotations
 import os
 import sys
 
+import psutil
 import torch
 
 from cadence.errors import CadenceError
+from launch.monitor import add_monitor_args, open_monitor
+from launch.monitor_feed import MonitorFeed
 from launch.prompts import Prompt, load_prompts
+from launch.trace_tools import place_trace, trace_dir
 from launch.results import write_rows
 from launch.runner import RUNTIMES, RunConfig, Runner, print_text
 from models import linear, registry
@@ -40,7 +44,12 @@ def add_model_args(p):
     t.add_argument("--alpha", type=float, default=TreeConfig.alpha, help="initial fallback threshold (verify when Tc < alpha)")
     t.add_argument("--no-trie", action="store_true", help="tree mode: no Lookahead trie candidates")
     t.add_argument("--fixed-width", action="store_true", help="always use the full width (no adaptive governor)")
-    p.add_argument("--trace-dir", default=None, help="where the Chrome trace goes (default: traces/)")
+    p.add_argument("--trace-dir", default=None, help="the folder for the Chrome trace (default: traces/)")
+    p.add_argument("--profile", default=None, help="an ARCA profile (launch profile --out): its width, tree and partition")
+    p.add_argument("--sparse-worker", action="store_true",
+                   help="split tree attention with the CPU sparse-attention actor (Ghidorah); one core each")
+    p.add_argument("--worker-share", type=float, default=0.0,
+                   help="with --sparse-worker: the share of the dense attention chunks the worker takes too")
     p.add_argument("--memory-budget", default=None,
                    help="hard memory bound for the whole run, e.g. 3GiB or auto (draft + KV + half the target); "
                         "target layers that do not fit stream from disk")
@@ -54,6 +63,7 @@ def add_parser(sub):
     p.add_argument("--mode", default="tree", choices=MODES)
     add_model_args(p)
     p.add_argument("--json", dest="json_out", help="write one JSON row per prompt to this file")
+    add_monitor_args(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -63,18 +73,32 @@ def setup_threads(args):
         raise CadenceError("--device cuda was asked for but torch sees no CUDA device; use --device cpu")
 
 
-def tree_config(args, mode: str) -> TreeConfig:
-    return TreeConfig(mode="chain" if mode == "chain" else "tree", width=args.width, chain_k=args.chain_k,
+def tree_config(args, mode: str, profile: dict | None = None) -> TreeConfig:
+    tree = TreeConfig(mode="chain" if mode == "chain" else "tree", width=args.width, chain_k=args.chain_k,
                       branch_threshold=args.branch_threshold, alpha=args.alpha, trie=not args.no_trie,
                       adaptive=not args.fixed_width)
+    if profile and profile["width"] > 0 and mode == "tree":  # ARCA's width and static tree
+        tree = TreeConfig(**{**tree.__dict__, "width": profile["width"], "trie": False, "adaptive": False,
+                             "shape_parents": tuple(profile["tree"]["parents"]), "shape_ranks": tuple(profile["tree"]["ranks"])})
+    return tree
 
 
 def run_config(args, mode: str) -> RunConfig:
     linear.check_format(args.fmt)
+    profile = None
+    worker, share = args.sparse_worker, args.worker_share
+    if getattr(args, "profile", None):
+        from launch.cmd_profile import load_profile
+
+        profile = load_profile(args.profile)
+        if profile["partition"].startswith("worker:"):
+            worker, share = True, float(profile["partition"].split(":")[1])
     return RunConfig(target=args.target, draft=args.draft, fmt=args.fmt, mode=mode, max_new_tokens=args.max_new_tokens,
-                     sampling=SamplingConfig(args.temperature, args.top_p, args.seed), tree=tree_config(args, mode),
+                     sampling=SamplingConfig(args.temperature, args.top_p, args.seed), tree=tree_config(args, mode, profile),
                      chat=args.chat, device=args.device, runtime=args.runtime, threads=args.threads,
-                     trace_dir=args.trace_dir, memory_budget=args.memory_budget)
+                     trace_dir=args.trace_dir or trace_dir(getattr(args, "trace", None)),
+                     memory_budget=args.memory_budget, sparse_worker=worker,
+                     worker_share=share)
 
 
 def cmd_run(args) -> int:
@@ -86,17 +110,27 @@ def cmd_run(args) -> int:
     with Runner(cfg) as runner:
         if runner.plan is not None:
             print(f"memory plan:\n{runner.plan.report()}", file=sys.stderr, flush=True)
-        for p in prompts:
-            if len(prompts) > 1:
-                print(f"\n── {p.id} ({p.kind})", flush=True)
-            row = runner.run(p, on_text=print_text)
-            rows.append(row)
-            st = row["stats"]
-            extra = f", {st['mean_accepted']} accepted per verification" if "mean_accepted" in st else ""
-            print(f"\n[{len(row['new_token_ids'])} tokens in {row['wall_s']:.2f} s, {row['tokens_per_s']:.2f} tok/s, "
-                  f"mode {row['mode']}, {cfg.fmt}{extra}]", file=sys.stderr, flush=True)
-    if runner.trace_path:
-        print(f"trace: {runner.trace_path}", file=sys.stderr)
+        feed = MonitorFeed(runner.sched, title=f"{cfg.mode} {cfg.target} {cfg.fmt}") if runner.sched is not None else \
+            MonitorFeed(None, budget_bytes=psutil.virtual_memory().total, title=f"{cfg.mode} {cfg.target} {cfg.fmt}")
+        mon = open_monitor(feed, args.monitor)
+        on_text = feed.on_text if mon.shows_text else (lambda piece: (feed.on_text(piece), print_text(piece)))
+        mon.start()
+        try:
+            for p in prompts:
+                if len(prompts) > 1 and not mon.shows_text:
+                    print(f"\n── {p.id} ({p.kind})", flush=True)
+                row = runner.run(p, on_text=on_text, on_cycle=feed.on_tokens)
+                rows.append(row)
+                st = row["stats"]
+                extra = f", {st['mean_accepted']} accepted per verification" if "mean_accepted" in st else ""
+                print(f"\n[{len(row['new_token_ids'])} tokens in {row['wall_s']:.2f} s, {row['tokens_per_s']:.2f} tok/s, "
+                      f"mode {row['mode']}, {cfg.fmt}{extra}]", file=sys.stderr, flush=True)
+        finally:
+            mon.stop()
+            feed.close()
+    path = place_trace(runner.trace_path, getattr(args, "trace", None))
+    if path:
+        print(f"trace: {path}", file=sys.stderr)
     if args.json_out:
         write_rows(args.json_out, rows)
         print(f"wrote {len(rows)} rows to {args.json_out}", file=sys.stderr)

@@ -294,6 +294,7 @@ class LogMonitor:
         self._state = MonitorState()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._emitted = False
 
     def __enter__(self) -> "LogMonitor":
         self.start()
@@ -317,12 +318,17 @@ class LogMonitor:
             self._stop.set()
             self._thread.join(2.0)
             self._thread = None
-            self._emit()
+            # the closing line sums up a run that got going; a run that failed before its first
+            # token ends with its error sentence alone
+            self._state = _snapshot(self.source, self._state)
+            if self._state.tokens > 0 or self._emitted:
+                self._emit()
         if self.feed is not None:
             self.feed.close()
 
     def _emit(self) -> None:
         self._state = _snapshot(self.source, self._state)
+        self._emitted = True
         print(self.line(self._state), file=self.file, flush=True)
 
     @staticmethod
@@ -366,11 +372,11 @@ def add_monitor_args(p, trace: bool = True) -> None:
 
 
 def open_monitor(source, mode: bool | None, stdout=None, console: Console | None = None):
-    """mode None (the default): the dashboard on a terminal, else nothing; True: the dashboard on
-    a terminal, else log lines on stderr; False: nothing."""
+    """mode None (the default) or True: the dashboard on a terminal, else plain log lines on stderr;
+    False (--no-monitor): nothing."""
     out = stdout if stdout is not None else sys.stdout
     tty = bool(getattr(out, "isatty", lambda: False)())
-    if mode is False or (mode is None and not tty):
+    if mode is False:
         return NullMonitor(source)
     if tty:
         return Monitor(source, console=console or Console(file=out))

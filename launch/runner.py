@@ -42,6 +42,8 @@ class RunConfig:
     threads: int = 0
     trace_dir: str | None = None
     memory_budget: str | None = None  # "3GiB", "auto", or None (no limit: everything resident)
+    sparse_worker: bool = False  # split tree attention with the sparse-attention actor (Ghidorah)
+    worker_share: float = 0.0  # the share of the dense attention chunks the worker takes too
     plan_context: int = 1024  # prompt tokens the memory plan leaves KV room for
 
     def __post_init__(self):
@@ -100,14 +102,17 @@ class Runner:
             rt = RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=max(p.slot_bytes, 1 << 20)),
                                trace=TraceConfig(dir=cfg.trace_dir))
         else:
-            rt = RuntimeConfig(memory=MemoryConfig(budget_bytes=psutil.virtual_memory().total),
+            extra = (256 << 20) if cfg.sparse_worker else 0  # the KV cache moves into the arena
+            rt = RuntimeConfig(memory=MemoryConfig(budget_bytes=psutil.virtual_memory().total, arena_bytes=(64 << 20) + extra),
                                trace=TraceConfig(dir=cfg.trace_dir))
         self.sched = Scheduler(rt).__enter__()
         try:
             self.spec = ActorSpeculation(self.sched, cfg.mode, str(target_store.dir),
                                          str(draft_store.dir) if draft_store else None, cfg.sampling, cfg.tree,
                                          cfg.threads or os.cpu_count() or 1, target_store.args.context_length,
-                                         target_store.args.vocab_size, plan=self.plan)
+                                         target_store.args.vocab_size, plan=self.plan,
+                                         worker={"share": cfg.worker_share} if cfg.sparse_worker else None,
+                                         model_args=target_store.args.to_dict())
         except BaseException:
             self.close()
             raise
@@ -128,8 +133,10 @@ class Runner:
                 sched.shutdown()
                 self.trace_path = sched.trace_path
 
-    def run(self, prompt: Prompt, on_text: Callable[[str], None] | None = None, mode: str | None = None) -> dict:
-        """Generate for one prompt; `mode` overrides the run's (target / chain / tree, same models)."""
+    def run(self, prompt: Prompt, on_text: Callable[[str], None] | None = None, mode: str | None = None,
+            on_cycle: Callable | None = None) -> dict:
+        """Generate for one prompt; `mode` overrides the run's (target / chain / tree, same models);
+        `on_cycle(n_new, accepted, alpha)` after each speculation cycle (the monitor)."""
         cfg, tok = self.cfg, self.tokenizer
         if mode and mode != cfg.mode:
             if mode in ("chain", "tree") and cfg.mode in ("target", "std", "stdpl"):
@@ -146,7 +153,7 @@ class Runner:
             if len(ids) + cfg.max_new_tokens > n_ctx:  # same sentence as the in-process path
                 raise CadenceError(f"the prompt has {len(ids)} tokens and {cfg.max_new_tokens} new tokens were asked for, "
                                    f"but the model's context holds {n_ctx}; shorten the prompt or lower --max-new-tokens")
-            gen = self.spec.generate(ids, cfg.max_new_tokens, tok.stop_ids, on_tokens, cfg.mode, cfg.tree)
+            gen = self.spec.generate(ids, cfg.max_new_tokens, tok.stop_ids, on_tokens, cfg.mode, cfg.tree, on_cycle)
             extra = _actor_peaks(self.sched)
         elif cfg.mode in ("target", "std", "stdpl"):
             gen = engine.generate_target(self.target, ids, cfg.max_new_tokens, cfg.sampling, on_tokens)

@@ -31,7 +31,10 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int
 _SIGNATURES = {
     "cad_attention": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, ctypes.c_float, _I],
-    "cad_linear": [_P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _I],
+    "cad_linear": [_P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I],
+    "cad_attn_dense": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, ctypes.c_float, _I],
+    "cad_attn_chunks": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, ctypes.c_float, _I],
+    "cad_attn_merge": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I],
     "cad_rmsnorm": [_P, _P, _P, _I, _I, ctypes.c_float],
     "cad_qkv_rope": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I],
     "cad_swiglu": [_P, _P, _I, _I],
@@ -115,21 +118,69 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_s
 
 
 def linear(x: torch.Tensor, fmt: int, n: int, k: int, w: torch.Tensor, *extra: torch.Tensor,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, into: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, n] = x [M, k] W^T, fp32 in and out; W in one of the formats above (see csrc/linear.cpp).
 
     `extra`: int8: (scale,); int4: (sub-scales, sub-minimums, super-scales, super-minimums).
     With `out`, the product is added to it in place (out += x W^T) and `out` is returned.
+    With `into` (a column range of a wider [M, N] buffer, e.g. buf[:, n0:n1]), it is written there.
     """
     assert x.dtype == torch.float32 and x.shape[-1] == k and k % 32 == 0
     x = x.contiguous()
     acc = out is not None
-    y = out if acc else torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+    y = out if acc else into if into is not None else torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+    ldy = y.stride(0) if y.dim() == 2 else n
+    assert y.stride(-1) == 1 and y.shape[-1] == n
     m = x.numel() // k
     a = [_ptr(t) for t in extra] + [None] * (4 - len(extra))
     if m:
-        lib().cad_linear(_ptr(x), _ptr(y), m, fmt, n, k, _ptr(w), *a, torch.get_num_threads(), int(acc))
+        lib().cad_linear(_ptr(x), _ptr(y), m, fmt, n, k, _ptr(w), *a, torch.get_num_threads(), int(acc), ldy)
     return y
+
+
+CHUNK = 32  # keys per chunk of the canonical attention (csrc/attention.cpp: CH)
+
+
+def attn_dense(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c0: int, c1: int, scale: float,
+               state: tuple | None = None) -> tuple:
+    """Running states (m [T, H], l [T, H], o [T, H, D]) over shared-prefix chunks [c0, c1)."""
+    T, H, D = q.shape
+    Hkv, cap, _ = k_cache.shape
+    if state is None:
+        state = (torch.full((T, H), float("-inf")), torch.zeros(T, H), torch.zeros(T, H, D))
+    m, l, o = state
+    lib().cad_attn_dense(_ptr(q.contiguous()), _ptr(k_cache), _ptr(v_cache), _ptr(m), _ptr(l), _ptr(o), T, H, Hkv, D,
+                         cap, c0, c1, scale, torch.get_num_threads())
+    return state
+
+
+def max_chunks(n_shared: int, ptr: torch.Tensor, k0: int) -> int:
+    """How many chunk states a row can have from key index k0 on."""
+    longest = int((ptr[1:] - ptr[:-1]).max()) if ptr.numel() > 1 else 0
+    return max(1, -(-(max(n_shared - k0, 0) + longest) // CHUNK))
+
+
+def attn_chunks(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_shared: int, ptr: torch.Tensor,
+                idx: torch.Tensor, k0: int, scale: float, maxc: int | None = None,
+                out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's chunk states from key index k0 on: ([T, H, maxc, D + 2], counts [T]); `out`: where to write them."""
+    T, H, D = q.shape
+    Hkv, cap, _ = k_cache.shape
+    maxc = maxc or max_chunks(n_shared, ptr, k0)
+    ch = torch.empty(T, H, maxc, D + 2) if out is None else out.view(torch.float32)[:T * H * maxc * (D + 2)].view(T, H, maxc, D + 2)
+    nch = torch.zeros(T, dtype=torch.int32)
+    lib().cad_attn_chunks(_ptr(q.contiguous()), _ptr(k_cache), _ptr(v_cache), _ptr(ch), _ptr(nch), T, H, Hkv, D, cap,
+                          n_shared, _ptr(ptr), _ptr(idx), k0, maxc, scale, torch.get_num_threads())
+    return ch, nch
+
+
+def attn_merge(state: tuple, ch: torch.Tensor, nch: torch.Tensor) -> torch.Tensor:
+    """Fold chunk states into the running states in order and normalise: the attention output [T, H, D]."""
+    m, l, o = state
+    T, H, D = o.shape
+    out = torch.empty(T, H, D)
+    lib().cad_attn_merge(_ptr(m), _ptr(l), _ptr(o), _ptr(ch.contiguous()), _ptr(nch), _ptr(out), T, H, D, ch.shape[2])
+    return out
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

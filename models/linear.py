@@ -53,6 +53,19 @@ class Linear:
         """W as fp32 [N, K], exactly as this format represents it."""
         raise NotImplementedError
 
+    def rows(self, n0: int, n1: int) -> "Linear":
+        """Output columns n0..n1 as a linear of their own (views of the same weights, no copy)."""
+        raise NotImplementedError
+
+    def matmul_cols(self, x: torch.Tensor, out: torch.Tensor, n0: int, n1: int) -> None:
+        """Write output columns n0..n1 of x W^T straight into out[:, n0:n1] (a column split: each unit
+        fills its own columns of one shared buffer; no all-reduce, no copy)."""
+        part = self.rows(n0, n1)
+        if part.kernel:
+            part._kernel(x, into=out[:, n0:n1])
+        else:
+            out[:, n0:n1] = part.matmul(x)
+
     def nbytes(self) -> int:
         raise NotImplementedError
 
@@ -66,9 +79,15 @@ class DenseLinear(Linear):
 
     def matmul(self, x, out=None):
         if self.kernel:
-            raw = self.w if self.w.dtype == torch.float32 else self.w.view(torch.int16)
-            return kernels.linear(x, _KERNEL_FMT[self.w.dtype], self.n, self.k, raw, out=out)
+            return self._kernel(x, out=out)
         return self._torch_add(F.linear(x.to(self.w.dtype), self.w).float(), out)
+
+    def _kernel(self, x, **kw):
+        raw = self.w if self.w.dtype == torch.float32 else self.w.view(torch.int16)
+        return kernels.linear(x, _KERNEL_FMT[self.w.dtype], self.n, self.k, raw, **kw)
+
+    def rows(self, n0, n1):
+        return DenseLinear(self.w[n0:n1], None if self.bias is None else self.bias[n0:n1])
 
     def dequantized(self):
         return self.w.float()
@@ -86,9 +105,15 @@ class Int8Linear(Linear):
         self.kernel = _use_kernel(q, self.k)
         self._dense = None
 
+    def _kernel(self, x, **kw):
+        return kernels.linear(x, kernels.Q8, self.n, self.k, self.q, self.scale, **kw)
+
+    def rows(self, n0, n1):
+        return Int8Linear(self.q[n0:n1], self.scale[n0:n1], None if self.bias is None else self.bias[n0:n1])
+
     def matmul(self, x, out=None):
         if self.kernel:
-            return kernels.linear(x, kernels.Q8, self.n, self.k, self.q, self.scale, out=out)
+            return self._kernel(x, out=out)
         if self._dense is None:  # no kernel here: keep a bf16 copy
             self._dense = self.dequantized().to(torch.bfloat16)
         return self._torch_add(F.linear(x.to(torch.bfloat16), self._dense).float(), out)
@@ -110,10 +135,17 @@ class Int4Linear(Linear):
         self.kernel = _use_kernel(q, self.k)
         self._dense = None
 
+    def _kernel(self, x, **kw):
+        return kernels.linear(x, kernels.Q4, self.n, self.k, self.q, self.sc, self.mn, self.s.view(torch.int16),
+                              self.m.view(torch.int16), **kw)
+
+    def rows(self, n0, n1):
+        b = None if self.bias is None else self.bias[n0:n1]
+        return Int4Linear(self.q[n0:n1], self.sc[n0:n1], self.mn[n0:n1], self.s[n0:n1], self.m[n0:n1], b)
+
     def matmul(self, x, out=None):
         if self.kernel:
-            return kernels.linear(x, kernels.Q4, self.n, self.k, self.q, self.sc, self.mn, self.s.view(torch.int16),
-                                  self.m.view(torch.int16), out=out)
+            return self._kernel(x, out=out)
         if self._dense is None:
             self._dense = self.dequantized().to(torch.bfloat16)
         return self._torch_add(F.linear(x.to(torch.bfloat16), self._dense).float(), out)

@@ -27,13 +27,22 @@ class KVCache:
     keeps the chosen pending entries, in order, and drops the rest.
     """
 
-    def __init__(self, args: ModelArgs, capacity: int, device: str | torch.device = "cpu"):
+    def __init__(self, args: ModelArgs, capacity: int, device: str | torch.device = "cpu", storage: torch.Tensor | None = None):
+        """`storage`: a float32 tensor of `KVCache.numel(args, capacity)` elements to live in (shared memory)."""
         shape = (args.n_layers, args.n_kv_heads, capacity, args.head_dim)
-        self.k = torch.zeros(shape, dtype=torch.float32, device=device)
-        self.v = torch.zeros(shape, dtype=torch.float32, device=device)
+        if storage is None:
+            self.k = torch.zeros(shape, dtype=torch.float32, device=device)
+            self.v = torch.zeros(shape, dtype=torch.float32, device=device)
+        else:
+            kv = storage.view(torch.float32)[:self.numel(args, capacity)].view(2, *shape)
+            self.k, self.v = kv[0], kv[1]
         self.capacity = capacity
         self.length = 0
         self.pending = 0
+
+    @staticmethod
+    def numel(args: ModelArgs, capacity: int) -> int:
+        return 2 * args.n_layers * args.n_kv_heads * capacity * args.head_dim
 
     @property
     def end(self) -> int:
@@ -106,21 +115,28 @@ class Transformer:
         self.scale = 1.0 / math.sqrt(args.head_dim)
         # CPU: the fused row-wise kernels of models/csrc/ops.cpp; elsewhere: torch ops
         self.fused = self.device.type == "cpu" and args.dim % 16 == 0 and args.head_dim <= 1024 and kernels.available()
+        # True: attention of multi-token blocks is handed out of `forward_steps` (yield ("attn", ...)), for a
+        # sparse-attention worker to take its share; the caller sends the output [T, H, D] back.
+        self.split_attention = False
 
-    def new_cache(self, capacity: int) -> KVCache:
+    def new_cache(self, capacity: int, storage: torch.Tensor | None = None) -> KVCache:
         if capacity > self.args.context_length:
             raise CadenceError(f"{capacity} tokens exceed the model's context of {self.args.context_length}; "
                                "shorten the prompt or lower --max-new-tokens")
-        return KVCache(self.args, capacity, self.device)
+        return KVCache(self.args, capacity, self.device, storage)
 
-    def block_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, vis: Visibility) -> torch.Tensor:
+    def block_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, vis: Visibility):
+        """A generator (see `forward_steps`): yields ("attn", layer, q, vis) when attention is split out."""
         a = self.args
         T = x.shape[0]
         qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps))
         q = kernels.qkv_rope(qkv, w.qkv.bias, positions, self.rotary.cos, self.rotary.sin, cache.k[i], cache.v[i],
                              a.n_heads, cache.end)
-        o = attend(q, cache.k[i], cache.v[i], vis, self.scale)  # [T, H, D]
-        w.attn_out.matmul(o.view(T, a.q_dim), out=x)  # x += o W_o^T
+        if self.split_attention and T > 1:
+            o = yield ("attn", i, q, vis)
+        else:
+            o = attend(q, cache.k[i], cache.v[i], vis, self.scale)  # [T, H, D]
+        w.attn_out.matmul(o.reshape(T, a.q_dim), out=x)  # x += o W_o^T
         w.down.matmul(kernels.swiglu(w.gate_up.matmul(kernels.rmsnorm(x, w.ffn_norm, a.norm_eps))), out=x)
         return x
 
@@ -167,7 +183,7 @@ class Transformer:
             positions = positions.to(torch.int64).contiguous()
             for i in range(self.args.n_layers):
                 w = yield i
-                x = self.block_fused(i, w, x, positions, cache, vis)
+                x = yield from self.block_fused(i, w, x, positions, cache, vis)
         else:
             cos, sin = self.rotary.tables(positions)
             for i in range(self.args.n_layers):

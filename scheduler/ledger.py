@@ -85,12 +85,14 @@ class MemoryLedger:
         return plan
 
     def sample(self, pids: dict[str, int]) -> dict[str, Usage]:
-        """USS/PSS/RSS of each role's process now (its children included). Vanished processes are skipped."""
+        """USS/PSS/RSS of each role's process now (its children included, unless they are roles of their
+        own: the scheduler's children are the actors, counted once each). Vanished processes are skipped."""
         out = {}
+        watched = set(pids.values())
         for role, pid in pids.items():
             try:
                 procs = [psutil.Process(pid)]
-                procs += procs[0].children(recursive=True)
+                procs += [c for c in procs[0].children(recursive=True) if c.pid not in watched]
                 uss = pss = rss = 0
                 for p in procs:
                     m = p.memory_full_info()

@@ -13,6 +13,8 @@ from typing import Callable
 
 from models.engine import Generation
 from models.sampling import SamplingConfig
+from scheduler.errors import ActorDead, ActorError, RequestTimeout
+from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.runtime import Scheduler
 from speculative.draft import TreeConfig
 from speculative.generate import SpecStats, budgets
@@ -25,14 +27,22 @@ TARGET_ONLY = ("target", "std", "stdpl")  # std, stdpl: the target alone, stream
 class ActorSpeculation:
     def __init__(self, sched: Scheduler, mode: str, target_store: str, draft_store: str | None,
                  sampling: SamplingConfig, cfg: TreeConfig, threads: int, context_length: int, vocab_size: int,
-                 plan=None, loader: dict | None = None):
-        """`plan` (scheduler/memplan.py): stream the target's groups it does not keep resident."""
+                 plan=None, loader: dict | None = None, worker: dict | None = None, model_args: dict | None = None):
+        """`plan` (scheduler/memplan.py): stream the target's groups it does not keep resident.
+        `worker` ({"share": s}): split tree attention with the sparse-attention actor, which also takes
+        the share s of the dense chunks; verifier and worker then run on one core each."""
         self.s, self.mode, self.sampling, self.cfg = sched, mode, sampling, cfg
         self.context_length, self.vocab_size = context_length, vocab_size
         self.current = mode  # the mode of the generation under way
         self.streamer = None
+        self.worker = worker
+        self.model_args = model_args
+        self.kv_slot = self.job_slots = None
         common = {"sampling": asdict(sampling), "threads": threads}
         vinit = {**common, "store": target_store}
+        if worker is not None:
+            vinit.update(threads=1, worker=worker)
+            sched.spawn("sparse", "actors.sparse:SparseAttnActor", {"threads": 1, "model": model_args}, wait=False)
         if plan is not None and plan.streamed:
             vinit["resident"] = list(plan.resident)
             sched.spawn("loader", "actors.loader:LoaderActor", {"store_dir": target_store, "stream_bytes": plan.stream_bytes,
@@ -49,21 +59,82 @@ class ActorSpeculation:
             self.streamer = Streamer(sched, list(plan.streamed), {g: sizes[g] for g in plan.streamed}, prefetch=mode != "std")
 
     def _target(self, job: str, args: dict, tensors: dict | None = None) -> dict:
-        """A verifier job (start / step / verify), resident or streamed."""
-        if self.streamer is None:
-            return self.s.call("verifier", job, args, tensors).result
-        return self.streamer.job({"job": job, **args}, tensors)
+        """A verifier job (start / step / verify): one op, or a conversation when layers stream in
+        from the loader or attention is split with the sparse worker."""
+        s = self.s
+        if self.streamer is None and self.worker is None:
+            return s.call("verifier", job, args, tensors).result
+        tensors = dict(tensors or {})
+        if self.worker is not None:
+            tensors.update(self._worker_slots(job, args))
+        if self.streamer is not None:
+            self.streamer.refill()
+        r = s.call("verifier", "begin", {"job": job, **args}, tensors).result
+        while "need" in r:
+            r = self._split_attention(r) if r["need"] == "attn" else self.streamer.feed(r["need"])
+        return r["done"]
+
+    def _worker_slots(self, job: str, args: dict) -> dict:
+        """Arena room for Q and the worker's chunk states, and at each prompt the KV cache itself."""
+        s, a = self.s, self.model_args
+        out = {}
+        if self.job_slots is None:
+            rows = max(256, self.cfg.budget + 1)  # a prefill chunk, or a tree with its root
+            maxc = -(-(rows + 2 * 32) // 32)
+            q = s.slots.alloc(rows * a["n_heads"] * a["head_dim"] * 4)
+            ch = s.slots.alloc(rows * a["n_heads"] * maxc * (a["head_dim"] + 2) * 4)
+            self.job_slots = (q, ch)
+        q, ch = self.job_slots
+        out["q"], out["ch"] = s.slot_desc(q), s.slot_desc(ch)
+        if job == "start":
+            if self.kv_slot is not None:
+                s.slots.free(self.kv_slot)
+            cap = int(args["capacity"])
+            self.kv_slot = s.slots.alloc(2 * a["n_layers"] * a["n_kv_heads"] * cap * a["head_dim"] * 4)
+            out["kv"] = s.slot_desc(self.kv_slot)
+            s.call("sparse", "bind", {"capacity": cap}, {"kv": out["kv"]})
+        return out
+
+    def _split_attention(self, need: dict) -> dict:
+        """The worker computes its chunks while the verifier folds its own; then the verifier merges."""
+        s = self.s
+        q, ch = self.job_slots
+        wargs = {k: need[k] for k in ("layer", "T", "n_shared", "ptr", "idx", "k0", "maxc", "scale")}
+        rid_w = s.send("sparse", "attend", wargs, {"q": s.slot_desc(q), "out": s.slot_desc(ch)})
+        rid_v = s.send("verifier", "dense", {})
+        replies = {}
+        deadline = time.monotonic() + s.config.timeouts.request_s
+        while len(replies) < 2:
+            if time.monotonic() > deadline:
+                raise RequestTimeout("sparse", "attend", rid_w, s.config.timeouts.request_s)
+            for ev in s.poll(0.05):
+                if isinstance(ev, ReplyEvent) and ev.reply.req_id in (rid_w, rid_v):
+                    if not ev.reply.ok:
+                        who = "sparse" if ev.reply.req_id == rid_w else "verifier"
+                        raise ActorError(who, "attend" if who == "sparse" else "dense", ev.reply.req_id, ev.reply.error)
+                    replies[ev.reply.req_id] = ev.reply.result
+                elif isinstance(ev, DeadEvent):
+                    raise ActorDead(ev.role, ev.reason)
+                elif self.streamer is not None:
+                    self.streamer.on_events([ev])
+        return s.call("verifier", "merge", {"maxc": need["maxc"], "nch": replies[rid_w]["nch"]}).result
 
     def close(self):
         if self.streamer is not None:
             self.streamer.drain()
+        for slot in (self.kv_slot, *(self.job_slots or ())):
+            if slot is not None:
+                self.s.slots.free(slot)
+        self.kv_slot = self.job_slots = None
 
     def _capacity(self, n_prompt: int, max_new: int) -> int:
         return min(self.context_length, n_prompt + max_new + max(self.cfg.budget, 64) + 2)
 
     def generate(self, prompt_ids: list[int], max_new: int, stop: set[int],
                  on_tokens: Callable[[list[int]], None] | None = None, mode: str | None = None,
-                 cfg: TreeConfig | None = None) -> Generation:
+                 cfg: TreeConfig | None = None, on_cycle: Callable | None = None) -> Generation:
+        """`on_tokens(new_ids)` as tokens are committed; `on_cycle(n_new, accepted, alpha)` after each
+        cycle (accepted and alpha are None for a plain target step): the monitor's feed."""
         """Generate with this run's mode, or another one (`target` always; `chain`/`tree` need the draft)."""
         s = self.s
         mode, cfg = mode or self.mode, cfg or self.cfg
@@ -80,8 +151,11 @@ class ActorSpeculation:
         governor = Governor(budgets(cfg), cfg.budget) if speculative and cfg.adaptive else None
         stats = SpecStats()
         out = [first]
+        self.last_cycle = None
         if on_tokens:
             on_tokens([first])
+        if on_cycle:
+            on_cycle(1, None, None)
         while len(out) < max_new and out[-1] not in stop:
             remaining = max_new - len(out)
             budget = 0 if not speculative else min(governor.choose() if governor else cfg.budget, remaining - 1)
@@ -98,6 +172,10 @@ class ActorSpeculation:
             out.extend(new)
             if on_tokens:
                 on_tokens(new)
+            accepted, alpha = self.last_cycle or (None, None)
+            if on_cycle:
+                on_cycle(len(new), accepted, alpha)
+            s.tracer.counter("tokens", {"total": len(out)})
         st = stats.as_dict() if speculative else {"target_forwards": stats.target_forwards}
         if self.streamer is not None:
             st.update(self.streamer.stats.as_dict())
@@ -109,7 +187,7 @@ class ActorSpeculation:
         s = self.s
         stats.target_forwards += 1
         tree = None
-        slot = None
+        slot = build_req = None
         if budget > 0:
             t = time.perf_counter()
             tensors = {}
@@ -118,6 +196,7 @@ class ActorSpeculation:
                 tensors = {"slot": s.slot_desc(slot)}
             reply = s.call("draft", "build", {"budget": budget}, tensors)
             tree, tree_tensors = reply.result, reply.tensors
+            build_req = reply.req_id
             stats.draft_s += time.perf_counter() - t
             if not tree["tokens"]:
                 tree = None
@@ -129,7 +208,9 @@ class ActorSpeculation:
                 if self.current not in TARGET_ONLY:
                     s.call("draft", "advance", {"path": [], "new": [nxt], "tree": budget > 0})
                 stats.verify_s += time.perf_counter() - t
+                self.last_cycle = None
                 return [nxt]
+            verify_req = s._next_req
             v = self._target("verify", tree, tree_tensors)
         finally:
             if slot is not None:
@@ -145,4 +226,9 @@ class ActorSpeculation:
         stats.draft_forwards += tree["forwards"]
         stats.accepted_hist[len(path)] = stats.accepted_hist.get(len(path), 0) + 1
         stats.alpha.append(alpha)
+        self.last_cycle = (len(path), alpha)
+        s.tracer.counter("accepted", {"length": len(path), "tree": len(tree["tokens"])})
+        s.tracer.counter("alpha", {"alpha": alpha})
+        if build_req is not None:  # the arrow from the draft's tree to its verification
+            s.trace.link((s.actors["draft"].pid, build_req), (s.actors["verifier"].pid, verify_req), "draft tree", "tree")
         return new

@@ -1,4 +1,4 @@
-"""Target jobs over a streamed target: the loader fills arena slots, the verifier consumes them.
+"""A streamed target: the loader fills arena slots ahead of the verifier, which consumes them.
 
 Streamed groups are needed in one fixed order every forward (layers, then the head), so the
 loader simply works through that cycle ahead of the verifier, as far as free slots allow
@@ -104,18 +104,13 @@ class Streamer:
         self.s.stream_slots.free(slot)
         self.refill()
 
-    def job(self, args: dict, tensors: dict | None = None) -> dict:
-        """Run one verifier job to the end, feeding it streamed layers."""
-        self.refill()
-        r = self.s.call("verifier", "begin", args, tensors).result
+    def feed(self, group: str) -> dict:
+        """Hand the verifier the streamed group it waits for; its reply (the next need, or done)."""
+        slot = self.take(group)
+        r = self.s.call("verifier", "layer", {"group": group}, {"slot": self.s.slot_desc(slot)}).result
+        self.done_with(group)
         self.on_events(self.s.poll(0))
-        while "need" in r:
-            g = r["need"]
-            slot = self.take(g)
-            r = self.s.call("verifier", "layer", {"group": g}, {"slot": self.s.slot_desc(slot)}).result
-            self.done_with(g)
-            self.on_events(self.s.poll(0))
-        return r["done"]
+        return r
 
     def drain(self, timeout_s: float = 30.0):
         """Wait for loads still in flight and give every slot back (end of a run, also after a failure)."""

@@ -34,6 +34,9 @@ class TreeConfig:
     trie: bool = True  # tree mode: add Lookahead trie candidates from the prompt and output n-grams
     trie_nodes: int = 4  # at most this many trie candidates per tree
     adaptive: bool = True  # let the governor pick each cycle's budget (0 = plain target step)
+    # an ARCA tree shape (launch profile): a fixed tree of draft ranks instead of LLMCad's dynamic tree
+    shape_parents: tuple = ()
+    shape_ranks: tuple = ()
 
     def __post_init__(self):
         if self.mode not in ("tree", "chain"):
@@ -177,8 +180,48 @@ class Drafter:
             d.trials.setdefault(at, []).append((child, None))
         d.trie_nodes = len(got.tokens)
 
+    def build_static(self, budget: int) -> DraftTree:
+        """Fill an ARCA tree shape level by level: one draft forward per level, all its nodes at once."""
+        cfg, t0 = self.cfg, self.pending[-1]
+        d = DraftTree(TokenTree(t0), 1.0, 1)
+        dists = {ROOT: self._dist(self._feed_pending())}
+        c, dev = self.cache, self.model.device
+        index = {}  # shape node -> tree node
+        level = [i for i, p in enumerate(cfg.shape_parents) if p < 0]
+        while level:
+            for i in level:
+                if len(d.tree) >= budget:
+                    break
+                parent = index[cfg.shape_parents[i]] if cfg.shape_parents[i] >= 0 else ROOT
+                dist = dists[parent]
+                top = torch.topk(dist, cfg.shape_ranks[i] + 1)
+                tok, p = int(top.indices[-1]), float(top.values[-1])
+                index[i] = d.tree.add(tok, parent, p)
+            nxt = [i for i, p in enumerate(cfg.shape_parents) if p in index and i not in index]
+            feed = sorted({index[cfg.shape_parents[i]] for i in nxt})
+            if not feed or len(d.tree) >= budget:
+                break
+            anc, ptr, rows = [], [0], []
+            for j, node in enumerate(feed):  # each row sees its ancestors' slots, then its own new one
+                rows += [d.tree.nodes[a].slot for a in d.tree.path(node)[:-1]] + [c.end + j]
+                ptr.append(len(rows))
+            vis = Visibility(c.length, torch.tensor(ptr, dtype=torch.int32), torch.tensor(rows, dtype=torch.int32))
+            tokens = torch.tensor([d.tree.nodes[n].token for n in feed], device=dev)
+            pos = torch.tensor([c.length + d.tree.nodes[n].depth - 1 for n in feed], device=dev)
+            end = c.end
+            logits = self.model.forward(tokens, pos, c, vis)
+            for j, node in enumerate(feed):
+                d.tree.nodes[node].fed, d.tree.nodes[node].slot = True, end + j
+                dists[node] = self._dist(logits[j])
+            d.forwards += 1
+            level = nxt
+        d.tc = d.tree.tree_confidence()
+        return d
+
     def build_tree(self, budget: int | None = None) -> DraftTree:
         """Grow a tree of at most `budget` tokens (default: the verification width) under the root."""
+        if self.cfg.shape_parents and self.sampling.greedy:
+            return self.build_static(self.cfg.budget if budget is None else budget)
         cfg = self.cfg
         budget = cfg.budget if budget is None else budget
         root = self.pending[-1]

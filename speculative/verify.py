@@ -36,9 +36,9 @@ class Verifier:
 
     # -- jobs as generators ------------------------------------------------------------------
 
-    def start_steps(self, prompt_ids: list[int], capacity: int):
-        """Prefill the prompt (in chunks); returns the first generated token."""
-        self.cache = c = self.model.new_cache(capacity)
+    def start_steps(self, prompt_ids: list[int], capacity: int, storage: torch.Tensor | None = None):
+        """Prefill the prompt (in chunks); returns the first generated token. `storage`: where the KV cache lives."""
+        self.cache = c = self.model.new_cache(capacity, storage)
         dev = self.model.device
         logits = None
         for s in range(0, len(prompt_ids), PREFILL_CHUNK):

@@ -174,3 +174,88 @@ extern "C" void cad_attention(const float *q, const float *kc, const float *vc, 
         }
     }
 }
+
+/* ---- The same attention, split in three (Ghidorah's dense / sparse parts, merged by online softmax).
+ *
+ * A chunk state is (m, l, o[D]) as `chunk` makes it; an empty running state has l = 0. Folding chunk
+ * states left to right in chunk order gives exactly cad_attention's result, wherever each was made.
+ *   cad_attn_dense:  each row's running state folded over the shared-prefix chunks [c0, c1)
+ *                    (c1 <= n_shared / CH) into st_m, st_l [T, H], st_o [T, H, D]
+ *   cad_attn_chunks: each row's chunk states from key index k0 (a multiple of CH) to its end, into
+ *                    ch [T, H, maxc, D + 2] as (m, l, o[D]), with the count per row in nch [T]
+ *   cad_attn_merge:  fold those chunk states into the running states, normalise, write out [T, H, D]
+ */
+
+static inline void fold(float *m, float *l, float *o, ChunkState cs, const float *oc, int D) {
+    merge(m, l, o, cs, oc, D, *l == 0.0f);
+}
+
+extern "C" void cad_attn_dense(const float *q, const float *kc, const float *vc, float *st_m, float *st_l, float *st_o,
+                               int T, int H, int Hkv, int D, int cap, int c0, int c1, float scale, int nthreads) {
+    const int G = H / Hkv, nblocks = (T + RB - 1) / RB;
+#pragma omp parallel for schedule(dynamic) num_threads(nthreads)
+    for (int item = 0; item < Hkv * nblocks; item++) {
+        const int kh = item % Hkv, r0 = (item / Hkv) * RB, r1 = std::min(T, r0 + RB);
+        const float *K = kc + (size_t)kh * cap * D, *V = vc + (size_t)kh * cap * D;
+        std::vector<float> oc(D);
+        const float *kp[CH], *vp[CH];
+        for (int c = c0; c < c1; c++) {
+            for (int j = 0; j < CH; j++) {
+                kp[j] = K + (size_t)(c * CH + j) * D;
+                vp[j] = V + (size_t)(c * CH + j) * D;
+            }
+            for (int r = r0; r < r1; r++)
+                for (int g = 0; g < G; g++) {
+                    const size_t s = (size_t)r * H + kh * G + g;
+                    ChunkState cs = chunk(q + s * D, kp, vp, CH, D, scale, oc.data());
+                    fold(&st_m[s], &st_l[s], &st_o[s * D], cs, oc.data(), D);
+                }
+        }
+    }
+}
+
+extern "C" void cad_attn_chunks(const float *q, const float *kc, const float *vc, float *ch, int32_t *nch, int T, int H,
+                                int Hkv, int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx, int k0,
+                                int maxc, float scale, int nthreads) {
+    const int G = H / Hkv;
+#pragma omp parallel for schedule(dynamic) num_threads(nthreads)
+    for (int item = 0; item < Hkv * T; item++) {
+        const int kh = item % Hkv, r = item / Hkv;
+        const float *K = kc + (size_t)kh * cap * D, *V = vc + (size_t)kh * cap * D;
+        std::vector<int32_t> slots;
+        for (int t = k0; t < n_shared; t++) slots.push_back(t);
+        const int extra0 = std::max(0, k0 - n_shared); /* k0 past the shared prefix skips own keys */
+        for (int t = ptr[r] + extra0; t < ptr[r + 1]; t++) slots.push_back(idx[t]);
+        const int n = (int)((slots.size() + CH - 1) / CH);
+        if (kh == 0) nch[r] = n;
+        const float *kp[CH], *vp[CH];
+        for (int c = 0; c < n && c < maxc; c++) {
+            const int cnt = (int)std::min<size_t>(CH, slots.size() - (size_t)c * CH);
+            for (int j = 0; j < cnt; j++) {
+                kp[j] = K + (size_t)slots[c * CH + j] * D;
+                vp[j] = V + (size_t)slots[c * CH + j] * D;
+            }
+            for (int g = 0; g < G; g++) {
+                const size_t s = (size_t)r * H + kh * G + g;
+                float *dst = ch + (s * maxc + c) * (D + 2);
+                ChunkState cs = chunk(q + s * D, kp, vp, cnt, D, scale, dst + 2);
+                dst[0] = cs.m;
+                dst[1] = cs.l;
+            }
+        }
+    }
+}
+
+extern "C" void cad_attn_merge(float *st_m, float *st_l, float *st_o, const float *ch, const int32_t *nch, float *out,
+                               int T, int H, int D, int maxc) {
+    for (int r = 0; r < T; r++)
+        for (int h = 0; h < H; h++) {
+            const size_t s = (size_t)r * H + h;
+            for (int c = 0; c < nch[r] && c < maxc; c++) {
+                const float *src = ch + (s * maxc + c) * (D + 2);
+                fold(&st_m[s], &st_l[s], &st_o[s * D], ChunkState{src[0], src[1]}, src + 2, D);
+            }
+            const float inv = 1.0f / st_l[s];
+            for (int d = 0; d < D; d++) out[s * D + d] = st_o[s * D + d] * inv;
+        }
+}

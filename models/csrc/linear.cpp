@@ -62,7 +62,8 @@ static inline v8f f16x8(const uint16_t *p) {
 }
 #endif
 
-static void dense(const float *x, float *y, int M, int fmt, int N, int K, const void *w, int nthreads, int accumulate) {
+static void dense(const float *x, float *y, int M, int fmt, int N, int K, const void *w, int nthreads, int accumulate,
+                  int ldy) {
     const int ntiles = (N + NT - 1) / NT;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -109,7 +110,7 @@ static void dense(const float *x, float *y, int M, int fmt, int N, int K, const 
                 for (int j = 0; j < nt; j++)
                 {
                     const float s = v8_hsum(acc[((size_t)m * NT + j) * 2] + acc[((size_t)m * NT + j) * 2 + 1]);
-                    float &out = y[(size_t)m * N + n0 + j];
+                    float &out = y[(size_t)m * ldy + n0 + j];
                     out = accumulate ? out + s : s;
                 }
         }
@@ -317,7 +318,7 @@ static void q4_row(const QWeights &W, const QAct &a, int m, const int *rows, flo
 #endif
 
 template <int FMT>
-static void quantized(const float *x, float *y, int M, const QWeights &W, int nthreads, int accumulate) {
+static void quantized(const float *x, float *y, int M, const QWeights &W, int nthreads, int accumulate, int ldy) {
     const int N = W.N, K = W.K, ng = K / QG, nsb = (K + SB - 1) / SB;
     QAct a;
     quantize_rows(x, M, K, a);
@@ -338,7 +339,7 @@ static void quantized(const float *x, float *y, int M, const QWeights &W, int nt
                 float out[NT];
                 q4_row(W, a, 0, rows, out);
                 for (int j = 0; j < nt; j++) {
-                    float &o = y[n0 + j];
+                    float &o = y[n0 + j];  /* M == 1: the row stride does not matter */
                     o = accumulate ? o + out[j] : out[j];
                 }
                 continue;
@@ -366,7 +367,7 @@ static void quantized(const float *x, float *y, int M, const QWeights &W, int nt
                     for (int j = 0; j < nt; j++) {
                         float s = out[i][j];
                         if (FMT == Q8) s *= W.scale[n0 + j];
-                        float &o = y[(size_t)(m0 + i) * N + n0 + j];
+                        float &o = y[(size_t)(m0 + i) * ldy + n0 + j];
                         o = accumulate ? o + s : s;
                     }
                 m0 += mt;
@@ -376,17 +377,20 @@ static void quantized(const float *x, float *y, int M, const QWeights &W, int nt
 }
 
 /* y = x W^T, or y += x W^T with accumulate (the residual add, in the same order as a separate add).
+ * y's rows are ldy floats apart (ldy = N, or the width of a larger buffer whose columns this call
+ * fills: a column split writes each unit's columns straight into one shared output).
  * Format arrays: int8: a1 = scale fp32 [N]; int4: a1 = sc u8, a2 = mn u8 [N, K/32], a3 = S, a4 = M fp16 [N, K/256]. */
 extern "C" void cad_linear(const float *x, float *y, int M, int fmt, int N, int K, const void *w, const void *a1,
-                           const void *a2, const void *a3, const void *a4, int nthreads, int accumulate) {
+                           const void *a2, const void *a3, const void *a4, int nthreads, int accumulate, int ldy) {
+    if (ldy < N) ldy = N;
     if (fmt == Q8 || fmt == Q4) {
         const QWeights W{fmt, N, K, w, (const float *)a1, (const uint8_t *)a1, (const uint8_t *)a2,
                          (const uint16_t *)a3, (const uint16_t *)a4};
         if (fmt == Q4)
-            quantized<Q4>(x, y, M, W, nthreads, accumulate);
+            quantized<Q4>(x, y, M, W, nthreads, accumulate, ldy);
         else
-            quantized<Q8>(x, y, M, W, nthreads, accumulate);
+            quantized<Q8>(x, y, M, W, nthreads, accumulate, ldy);
     } else {
-        dense(x, y, M, fmt, N, K, w, nthreads, accumulate);
+        dense(x, y, M, fmt, N, K, w, nthreads, accumulate, ldy);
     }
 }

@@ -39,7 +39,7 @@ def test_run_writes_the_json_contract(tiny_gguf, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "kind": "complete", "prompt": "the cat"}\n{"id": "b", "kind": "copy", "prompt": "in he"}\n')
     out = tmp_path / "rows.json"
-    p = launch("run", "--target", str(tiny_gguf), "--dtype", "int4", "--prompts", str(prompts), "--max-new-tokens", "5",
+    p = launch("run", "--mode", "target", "--target", str(tiny_gguf), "--dtype", "int4", "--prompts", str(prompts), "--max-new-tokens", "5",
                "--json", str(out), home=tmp_path / "home", check=True)
     rows = json.loads(out.read_text())
     assert [r["id"] for r in rows] == ["a", "b"]
@@ -54,7 +54,7 @@ def test_sampling_is_reproducible_with_a_seed(tiny_gguf, tmp_path):
     runs = []
     for _ in range(2):
         out = tmp_path / "s.json"
-        launch("run", "--target", str(tiny_gguf), "--prompt", "in", "--max-new-tokens", "8", "--temperature", "1.0",
+        launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "in", "--max-new-tokens", "8", "--temperature", "1.0",
                "--top-p", "0.9", "--seed", "3", "--json", str(out), home=tmp_path / "home", check=True)
         runs.append(json.loads(out.read_text())[0]["new_token_ids"])
     assert runs[0] == runs[1]
@@ -66,19 +66,19 @@ def test_unknown_model(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    line = _one_clear_line(launch("run", "--target", str(tmp_path / "absent.gguf"), "--prompt", "x", home=tmp_path))
+    line = _one_clear_line(launch("run", "--mode", "target", "--target", str(tmp_path / "absent.gguf"), "--prompt", "x", home=tmp_path))
     assert "absent.gguf" in line
 
 
 def test_corrupt_gguf(tiny_gguf, tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(tiny_gguf.read_bytes()[:3000])
-    line = _one_clear_line(launch("run", "--target", str(bad), "--prompt", "x", home=tmp_path))
+    line = _one_clear_line(launch("run", "--mode", "target", "--target", str(bad), "--prompt", "x", home=tmp_path))
     assert "bad.gguf" in line and ("truncated" in line or "damaged" in line)
 
 
 def test_prompt_longer_than_context(tiny_gguf, tmp_path):
-    line = _one_clear_line(launch("run", "--target", str(tiny_gguf), "--prompt", "the cat " * 400, home=tmp_path))
+    line = _one_clear_line(launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "the cat " * 400, home=tmp_path))
     assert "context" in line and "--max-new-tokens" in line
 
 

@@ -113,7 +113,7 @@ def test_plain_log_lines_when_stdout_is_not_a_terminal():
 
     feed = MonitorFeed(None, budget_bytes=1 << 30, title="t")
     try:
-        assert isinstance(open_monitor(feed, None, stdout=io.StringIO()), NullMonitor)  # default off a terminal
+        assert isinstance(open_monitor(feed, None, stdout=io.StringIO()), LogMonitor)  # default off a terminal: log lines
         assert isinstance(open_monitor(feed, False, stdout=Tty()), NullMonitor)
         assert isinstance(open_monitor(feed, None, stdout=Tty()), Monitor)
         mon = open_monitor(feed, True, stdout=io.StringIO())

@@ -151,3 +151,31 @@ def test_sampled_acceptance_preserves_the_target_distribution(shape):
     expected = p * n
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 20.5, (chi2, counts / n, p)  # 5 degrees of freedom: p < 0.001
+
+
+def test_arca_acceptance_table_counts_ranks_along_correct_chains():
+    from speculative.arca import acceptance_table
+
+    # one sequence: top-1, top-1, rank 2, top-1, miss
+    acc = acceptance_table([[0, 0, 2, 0, 4]], max_depth=3, k=4)
+    # depth 1: every position tried: ranks 0,0,2,0,4 -> acc[0] = [3/5, 0, 1/5, 0]
+    assert acc[0] == pytest.approx([0.6, 0.0, 0.2, 0.0])
+    # depth 2: chains starting where depth 1 was top-1 (t = 0, 1, 3): next ranks 0, 2, 4
+    assert acc[1] == pytest.approx([1 / 3, 0.0, 1 / 3, 0.0])
+
+
+def test_arca_tree_adds_the_likeliest_node_each_time_and_choice_prefers_throughput():
+    from speculative.arca import build_tree, choose
+
+    acc = [[0.8, 0.1, 0.05, 0.0]] * 8
+    shape = build_tree(acc, 3)
+    assert shape.parents == (-1, 0, 1) and shape.ranks == (0, 0, 0)  # 0.8 > 0.64 > 0.512 > 0.1
+    assert shape.expected == pytest.approx(0.8 + 0.64 + 0.512)
+    wide = build_tree(acc, 8)
+    assert (-1, 1) in set(zip(wide.parents, wide.ranks)) or len(wide.parents) == 8
+    # verification free up to 9 rows, then costly: the best width is within that range
+    verify = {(r, "none"): (0.1 if r <= 9 else 0.1 * r / 9) for r in (2, 3, 5, 9, 17, 33, 65)}
+    rows = choose(acc, step_s=0.1, verify_s=verify, draft_level_s={1: 0.01, 2: 0.012, 4: 0.015, 8: 0.02})
+    assert rows[0]["width"] in (4, 8) and rows[0]["tokens_per_s"] > 1 / 0.1
+    slow = choose(acc, step_s=0.1, verify_s={k: 1.0 for k in verify}, draft_level_s={1: 0.5})
+    assert slow[0]["width"] == 0  # nothing pays: the target alone

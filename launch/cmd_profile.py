@@ -1,0 +1,208 @@
+"""`launch profile`: ARCA profiling on this machine; writes a profile `launch run --profile` uses.
+
+Measures (a) the draft's per-depth, per-rank acceptance on calibration prompts, (b) each unit's
+time for the linear and attention work of a target layer at verification widths 1..64 and several
+context lengths (the verifier alone on every core; or verifier and sparse-attention worker on one
+core each), (c) the draft's time per tree level; then builds the tree of each width and picks the
+width, tree and partition with the most expected accepted tokens per second (speculative/arca.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from launch.cmd_bench import DEFAULT_PROMPTS, machine
+from launch.prompts import load_prompts, prompt_ids
+from models import engine, kernels, registry
+from models.attention import Visibility
+from models.sampling import SamplingConfig
+from speculative import arca
+
+CONTEXTS = (256, 1024, 2048)
+RTT_S = 3e-4  # one control round trip between the scheduler and an actor (launch runtime-bench)
+MSGS_PER_SPLIT = 4  # need, attend, dense, merge: the messages of one split attention
+
+
+def add_parser(sub):
+    p = sub.add_parser("profile", help="ARCA: measure this machine and choose width, tree and partition")
+    p.add_argument("--target", default=registry.DEFAULT_TARGET)
+    p.add_argument("--draft", default=registry.DEFAULT_DRAFT)
+    p.add_argument("--dtype", "--format", dest="fmt", default="int4")
+    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="calibration prompts (JSONL)")
+    p.add_argument("--tokens", type=int, default=32, help="target tokens per calibration prompt")
+    p.add_argument("--out", required=True, help="where to write PROFILE.json")
+    p.set_defaults(func=cmd_profile)
+
+
+def _time(fn, reps: int = 3) -> float:
+    fn()
+    return statistics.median([_timed(fn) for _ in range(reps)])
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def calibrate(target, draft, prompts, n: int, progress, task) -> list[list[int]]:
+    """Ranks of the target's greedy tokens among the draft's top-4, teacher-forced."""
+    ranks = []
+    for p in prompts:
+        ids, _ = prompt_ids(target.tokenizer, p, "auto")
+        cont = engine.generate_target(target, ids, n, SamplingConfig(), stop_at_eos=False).new_ids
+        seq = ids + cont
+        cache = draft.model.new_cache(len(seq) + 1)
+        logits = draft.model.forward(torch.tensor(seq[:-1]), torch.arange(len(seq) - 1), cache)
+        top = torch.topk(logits[len(ids) - 1:], 4).indices  # the draft's candidates for each continuation token
+        ranks.append([next((r for r in range(4) if int(top[t, r]) == tok), 4) for t, tok in enumerate(cont)])
+        progress.advance(task)
+    return ranks
+
+
+def unit_times(lm, widths, threads: int) -> dict:
+    """One layer's linear work and attention parts, per width and context, with `threads` threads."""
+    torch.set_num_threads(threads)
+    model, a = lm.model, lm.args
+    w = model.weights.layer(0)
+    out = {}
+    for width in widths:
+        rows = width + 1
+        x = torch.randn(rows, a.dim)
+        h = torch.randn(rows, a.ffn_dim)
+
+        def linear():
+            w.qkv.matmul(x)
+            w.attn_out.matmul(torch.randn(rows, a.q_dim))
+            w.gate_up.matmul(x)
+            w.down.matmul(h)
+
+        out[("linear", rows)] = _time(linear)
+        for ctx in CONTEXTS:
+            kc, vc = torch.randn(a.n_kv_heads, ctx + rows, a.head_dim), torch.randn(a.n_kv_heads, ctx + rows, a.head_dim)
+            q = torch.randn(rows, a.n_heads, a.head_dim)
+            vis = Visibility.tree(ctx, [-1] + list(range(rows - 1)))
+            c_star = ctx // kernels.CHUNK
+            out[("dense", rows, ctx)] = _time(lambda: kernels.attn_dense(q, kc, vc, 0, c_star, model.scale))
+            out[("sparse", rows, ctx)] = _time(lambda: kernels.attn_chunks(q, kc, vc, vis.n_shared, vis.ptr, vis.idx,
+                                                                           c_star * kernels.CHUNK, model.scale))
+    return out
+
+
+def cmd_profile(args) -> int:
+    console = Console(stderr=True)
+    prompts = load_prompts(args.prompts)
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    target, draft = engine.load(args.target, args.fmt), engine.load(args.draft, args.fmt)
+    with Progress(console=console) as progress:
+        task = progress.add_task("calibration: draft acceptance", total=len(prompts))
+        ranks = calibrate(target, draft, prompts, args.tokens, progress, task)
+        acc = arca.acceptance_table(ranks)
+        task = progress.add_task("unit times: 2 threads / 1 thread", total=2)
+        both = unit_times(target, arca.WIDTHS, threads)
+        progress.advance(task)
+        one = unit_times(target, arca.WIDTHS, 1) if threads > 1 else both
+        progress.advance(task)
+        torch.set_num_threads(threads)
+        task = progress.add_task("draft and target steps", total=2)
+        step_s = engine_step(target)
+        progress.advance(task)
+        draft_level = {m: draft_step(draft, m) for m in (1, 2, 4, 8)}
+        progress.advance(task)
+    L = target.args.n_layers
+    ctx = min(CONTEXTS, key=lambda c: abs(c - 512))  # the context the choice is made for
+    verify = {}
+    for width in arca.WIDTHS:
+        rows = width + 1
+        lin2, lin1 = both[("linear", rows)], one[("linear", rows)]
+        dense2, sparse2 = both[("dense", rows, ctx)], both[("sparse", rows, ctx)]
+        dense1, sparse1 = one[("dense", rows, ctx)], one[("sparse", rows, ctx)]
+        verify[(rows, "none")] = L * (lin2 + dense2 + sparse2) + head_s(target, rows)
+        for share in (0.0, 0.25, 0.5):  # verifier core: linear + its dense share; worker core: sparse + the rest
+            mine, theirs = (1 - share) * dense1, sparse1 + share * dense1
+            verify[(rows, f"worker:{share}")] = L * (lin1 + max(mine, theirs) + MSGS_PER_SPLIT * RTT_S) + head_s(target, rows)
+    ranked = arca.choose(acc, step_s, verify, draft_level)
+    best = ranked[0]
+    t = Table(title=f"ARCA on {machine()} (context {ctx}, {args.fmt})")
+    for c in ("width", "partition", "E[accepted]", "draft ms", "verify ms", "tokens/s"):
+        t.add_column(c)
+    for r in sorted(ranked, key=lambda r: (r["width"], r["partition"])):
+        mark = " *" if r is best else ""
+        t.add_row(str(r["width"]), r["partition"], f"{r['expected']:.2f}", f"{r['draft_s'] * 1e3:.0f}",
+                  f"{r['verify_s'] * 1e3:.0f}", f"{r['tokens_per_s']:.2f}{mark}")
+    Console().print(t)
+    units = Table(title="one target layer per unit (ms): linear work, dense and sparse attention at context " + str(ctx))
+    for c in ("rows", "linear 2 cores", "linear 1 core", "dense 1 core", "sparse 1 core"):
+        units.add_column(c)
+    for width in arca.WIDTHS:
+        rows = width + 1
+        units.add_row(str(rows), *[f"{v * 1e3:.2f}" for v in (both[("linear", rows)], one[("linear", rows)],
+                                                             one[("dense", rows, ctx)], one[("sparse", rows, ctx)])])
+    Console().print(units)
+    profile = {
+        "target": args.target, "draft": args.draft, "format": args.fmt, "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"), "width": best["width"], "partition": best["partition"],
+        "tree": best.get("tree", {"parents": [], "ranks": []}), "expected_tokens_per_s": best["tokens_per_s"],
+        "acceptance": [[round(x, 4) for x in row] for row in acc], "step_s": step_s,
+        "draft_level_s": draft_level, "candidates": ranked[:20],
+        "unit_ms": {"|".join(map(str, k)): round(v * 1e3, 4) for k, v in {**{("2t",) + k: v for k, v in both.items()},
+                                                                          **{("1t",) + k: v for k, v in one.items()}}.items()},
+    }
+    Path(args.out).write_text(json.dumps(profile, indent=1))
+    why = ("the target alone: no tree pays for its draft and verification on this machine" if best["width"] == 0 else
+           f"width {best['width']}, {best['partition']}: {best['expected']:.2f} tokens expected per verification")
+    print(f"chose {why}; wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def head_s(lm, rows: int) -> float:
+    h = torch.randn(rows, lm.args.dim)
+    return _time(lambda: lm.model.weights.head.out.matmul(h), reps=2)
+
+
+def engine_step(lm, ctx: int = 300) -> float:
+    model = lm.model
+    cache = model.new_cache(ctx + 2)
+    model.forward(torch.arange(ctx) % 1000 + 100, torch.arange(ctx), cache)
+    cache.commit()
+
+    def step():
+        model.forward(torch.tensor([5]), torch.tensor([ctx]), cache)
+        cache.rewind(ctx)
+
+    return _time(step)
+
+
+def draft_step(lm, m: int, ctx: int = 300) -> float:
+    """One draft forward of m tree nodes (one level of a tree) after `ctx` tokens."""
+    model = lm.model
+    cache = model.new_cache(ctx + m + 1)
+    model.forward(torch.arange(ctx) % 1000 + 100, torch.arange(ctx), cache)
+    cache.commit()
+    vis = Visibility.tree(ctx, [-1] * m)
+
+    def step():
+        model.forward(torch.arange(m) + 7, torch.full((m,), ctx), cache, vis)
+        cache.rewind(ctx)
+
+    return _time(step)
+
+
+def load_profile(path: str) -> dict:
+    from cadence.errors import CadenceError
+
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CadenceError(f"cannot read the profile {path} ({e}); make one with `launch profile --out {path}`") from None
+

@@ -1,0 +1,49 @@
+"""Ghidorah's splits: dense + sparse attention merged by online softmax, and column-split linears."""
+import math
+
+import pytest
+import torch
+
+from models import kernels, linear
+from models.attention import Visibility
+
+
+def _tree(n, g):
+    return [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+
+
+@pytest.mark.parametrize("ctx", [0, 5, 31, 32, 100, 300])
+@pytest.mark.parametrize("T", [1, 7, 33])
+def test_dense_plus_sparse_equals_dense_masked_attention(ctx, T):
+    g = torch.Generator().manual_seed(ctx * 100 + T)
+    H, Hkv, D = 12, 2, 64
+    kc, vc = torch.randn(Hkv, ctx + T, D, generator=g), torch.randn(Hkv, ctx + T, D, generator=g)
+    q = torch.randn(T, H, D, generator=g)
+    vis = Visibility.tree(ctx, _tree(T, g))
+    scale = 1 / math.sqrt(D)
+    mask = vis.dense_mask(ctx + T)
+    k, v = kc.repeat_interleave(H // Hkv, 0), vc.repeat_interleave(H // Hkv, 0)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1).double(), k.double(), v.double(),
+                                                           attn_mask=mask, scale=scale).transpose(0, 1).float()
+    fused = kernels.attention(q, kc, vc, vis.n_shared, vis.ptr, vis.idx, scale)
+    c_star = vis.n_shared // kernels.CHUNK
+    for c in sorted({0, c_star // 2, c_star}):  # the worker takes the sparse part and the dense chunks from c on
+        state = kernels.attn_dense(q, kc, vc, 0, c, scale)
+        ch, nch = kernels.attn_chunks(q, kc, vc, vis.n_shared, vis.ptr, vis.idx, c * kernels.CHUNK, scale)
+        merged = kernels.attn_merge(state, ch, nch)
+        assert (merged - ref).abs().max() < 1e-5
+        assert torch.equal(merged, fused)  # and bit for bit what one unit computes alone
+
+
+@pytest.mark.parametrize("fmt", linear.FORMATS)
+@pytest.mark.parametrize("ratio", [0.0, 0.25, 0.5, 1.0])
+def test_column_split_linear_equals_unsplit(fmt, ratio):
+    w = torch.randn(203, 256, generator=torch.Generator().manual_seed(1)) * 0.05
+    lin = linear.decode(fmt, *linear.encode(w, fmt))
+    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(2))
+    whole = lin.matmul(x)
+    out = torch.full((9, 203), float("nan"))
+    cut = int(203 * ratio)
+    lin.matmul_cols(x, out, 0, cut)  # one unit's columns ...
+    lin.matmul_cols(x, out, cut, 203)  # ... the other's, into the same buffer
+    assert torch.equal(out, whole)

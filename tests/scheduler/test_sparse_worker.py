@@ -1,0 +1,69 @@
+"""Hetero-core verification on the real pair: the sparse-attention actor takes the tree part of
+attention (and a share of the dense chunks); the output stays the target's, token for token."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from launch.prompts import Prompt, prompt_ids
+from launch.runner import RunConfig, Runner
+from models import engine
+from models.sampling import SamplingConfig
+from scheduler.errors import ActorDead
+from speculative.draft import TreeConfig
+from tests.conftest import dev_prompts, real_model
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+N = 24
+
+
+def _prompts():
+    """One dev prompt of each kind: the worker's split is per layer and per step, so the kinds
+    (chat, code, copy, ...) are what can tell a wrong split apart; the full set runs in the
+    resident tree's lossless test."""
+    seen, out = set(), []
+    for p in dev_prompts():
+        if p["kind"] not in seen:
+            seen.add(p["kind"])
+            out.append(Prompt(p["id"], p["kind"], p["prompt"]))
+    return out
+
+
+def _shm():
+    return {f for f in os.listdir("/dev/shm") if f.startswith("cadence-")}
+
+
+def _cfg(tmp_path, share):
+    return RunConfig(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", fmt="int4", mode="tree",
+                     max_new_tokens=N, tree=TreeConfig(), sparse_worker=True, worker_share=share, trace_dir=str(tmp_path))
+
+
+def test_tree_with_the_sparse_worker_is_lossless_on_each_kind_of_dev_prompt(tmp_path):
+    target = real_model("qwen2.5-coder-1.5b", "int4")
+    before = _shm()
+    with Runner(_cfg(tmp_path, 0.5)) as runner:
+        assert "sparse" in runner.sched.actors
+        for p in _prompts():
+            ids, _ = prompt_ids(target.tokenizer, p, "auto")
+            ref = engine.generate_target(target, ids, N, SamplingConfig()).new_ids
+            row = runner.run(p)
+            assert row["new_token_ids"] == ref, p.id
+    assert _shm() == before
+
+
+def test_a_killed_worker_ends_the_run_with_a_reason_and_no_leak(tmp_path):
+    before = _shm()
+    with pytest.raises(ActorDead, match="sparse"):
+        with Runner(_cfg(tmp_path, 0.0)) as runner:
+            pid = next(st.pid for st in runner.sched.actor_status() if st.role == "sparse")
+            killer = threading.Timer(2.0, os.kill, (pid, signal.SIGKILL))
+            killer.start()
+            try:
+                for p in _prompts() * 5:
+                    runner.run(p)
+            finally:
+                killer.cancel()
+    time.sleep(0.3)
+    assert _shm() == before
