@@ -7,7 +7,7 @@ text) and the actor keeps serving; `ActorFatal` ends the actor with a DEAD frame
 
 Process life, driven by `actor_main` (run as `python -m actors '<json spec>'`):
   import the class -> HELLO -> wait INIT -> attach arenas -> `cls(init, ctx)` -> READY -> run()
-  -> on STOP / SIGINT / SIGTERM: flush the trace and exit; on a crash: DEAD(reason) and exit.
+  -> on STOP / SIGTERM: flush the trace and exit (SIGINT is the scheduler's to handle); on a crash: DEAD(reason) and exit.
 """
 from __future__ import annotations
 

@@ -5,7 +5,10 @@
   scheduler spawns actors from its main thread.)
 - A daemon thread also checks `getppid()` every 0.2 s: it covers the race where the parent died
   before prctl, and systems without prctl. Either way the actor is gone well within 1 s.
-- SIGINT / SIGTERM only set a flag; the run loop sees it within one poll interval.
+- SIGTERM only sets a flag; the run loop sees it within one poll interval. SIGINT is ignored:
+  Ctrl-C in a terminal reaches the whole process group, and the scheduler, which gets it too,
+  stops every actor itself. An actor that left on its own first would look to the scheduler like
+  a crash racing the interrupt. (A dead scheduler is covered by the two checks above.)
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ class StopFlag:
 
 
 def install_signal_flags(flag: StopFlag) -> None:
-    signal.signal(signal.SIGINT, flag.set_by_signal)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, flag.set_by_signal)
 
 

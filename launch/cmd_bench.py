@@ -6,6 +6,8 @@ Suites:
   formats  target-only tokens/s per weight format for the 1.5B and the 0.5B + llama.cpp, the cost of
            one verification pass at widths 1..64 per format, and quality (mean log-likelihood) (issue 3)
   engine   our target-only fp32/bf16 against HF transformers fp32/bf16 (issue 2)
+  attention  one layer's tree attention: dense masked, naive sparse, our sparse kernel, the
+           verifier/worker split (issue 7; launch/bench_attention.py)
 Prompts run one after another and, for each prompt, every engine in turn, so the background
 load of a shared machine falls on all of them alike. `--json OUT` writes the same rows as
 `launch run --json`, each with its `mode`; other measurements go to `OUT` with `.extra.json`.
@@ -31,14 +33,15 @@ from launch.prompts import Prompt, load_prompts, prompt_ids
 from launch.results import write_rows
 from launch.runner import Runner
 
-SUITES = ("modes", "formats", "engine")
+SUITES = ("modes", "formats", "engine", "attention")
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "prompts" / "dev.jsonl"
 
 
 def add_parser(sub):
     p = sub.add_parser("bench", help="benchmark modes and engines side by side")
     p.add_argument("--suite", default="modes", choices=SUITES)
-    p.add_argument("--modes", default="target,chain,tree", help="our modes (suite modes)")
+    p.add_argument("--modes", default=None,
+                   help="our modes (suite modes); default target,chain,tree, or std,stdpl,chain,tree under --memory-budget")
     p.add_argument("--baselines", default="auto",
                    help="comma list of hf,hf-assisted,hf-prompt-lookup,llama.cpp, 'none', or 'auto' (all installed)")
     p.add_argument("--hf-dtype", default="bf16", choices=("bf16", "fp32", "fp16"))
@@ -46,6 +49,11 @@ def add_parser(sub):
     p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL prompt set")
     p.add_argument("--limit", type=int, default=0, help="only the first N prompts")
     add_model_args(p)
+    p.add_argument("--cgroup", action="store_true",
+                   help="with --memory-budget: run each mode (and llama.cpp) in its own memory cgroup limited to the "
+                        "budget, the model files evicted from the page cache first; rows get peak_memory_bytes (root)")
+    p.add_argument("--no-repack", action="store_true",
+                   help="llama.cpp without its weight repacking (a repacked copy does not fit under a memory limit)")
     p.add_argument("--json", dest="json_out", help="write the rows here")
     p.set_defaults(func=cmd_bench)
 
@@ -79,11 +87,19 @@ def cmd_bench(args) -> int:
     prompts = load_prompts(args.prompts)
     if args.limit:
         prompts = prompts[:args.limit]
-    suite = {"modes": bench_modes, "formats": bench_formats, "engine": bench_engine}[args.suite]
+    if args.modes is None:
+        args.modes = "std,stdpl,chain,tree" if args.memory_budget else "target,chain,tree"
+    if args.cgroup and (args.suite != "modes" or not args.memory_budget):
+        raise CadenceError("--cgroup proves a memory budget: use it with --suite modes and --memory-budget (e.g. auto)")
+    suite = {"modes": bench_cgroup if args.cgroup else bench_modes, "formats": bench_formats, "engine": bench_engine,
+             "attention": bench_attention}[args.suite]
     rows, extra = suite(args, prompts)
     console = Console()
     console.print(f"machine: {machine()}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, {time.strftime('%Y-%m-%d')}")
     print_summary(console, rows)
+    if extra.get("lossless"):
+        console.print("lossless (greedy token ids equal the reference mode's on every prompt): " +
+                      ", ".join(f"{m} {'yes' if ok else 'NO'}" for m, ok in extra["lossless"].items()))
     for title, table in extra.get("tables", {}).items():
         t = Table(title=title)
         for c in table[0]:
@@ -106,7 +122,9 @@ def _progress(row: dict):
 def bench_modes(args, prompts: list[Prompt]):
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     base = _baselines(args.baselines)
-    cfg = run_config(args, "tree" if any(m != "target" for m in modes) else "target")
+    if not modes:  # baselines alone (a cgroup child): no model of ours in memory
+        return _baselines_alone(args, prompts, base), {}
+    cfg = run_config(args, "tree" if any(m not in ("target", "std", "stdpl") for m in modes) else modes[0])
     rows = []
     with Runner(cfg) as runner:
         hf = baselines.HFBaseline(args.target, args.draft, args.hf_dtype) if any(b.startswith("hf") for b in base) else None
@@ -126,12 +144,96 @@ def bench_modes(args, prompts: list[Prompt]):
     return rows, {"lossless": lossless_check(rows)}
 
 
-def lossless_check(rows: list[dict]) -> dict:
-    """Per prompt: does every greedy mode of ours give the target's token ids?"""
-    ref = {r["id"]: r["new_token_ids"] for r in rows if r["mode"] == "target"}
+def _baselines_alone(args, prompts: list[Prompt], base: list[str]) -> list[dict]:
+    from models.convert import ensure_store
+    from models.tokenizer import TextTokenizer
+
+    tok = TextTokenizer(ensure_store(args.target, args.fmt).tokenizer_info)
+    hf = baselines.HFBaseline(args.target, args.draft, args.hf_dtype) if any(b.startswith("hf") for b in base) else None
+    lcpp = baselines.LlamaCppBaseline(args.target, args.threads or os.cpu_count(), repack=not args.no_repack) \
+        if "llama.cpp" in base else None
+    rows = []
+    for p in prompts:
+        ids, chat = prompt_ids(tok, p, args.chat)
+        for b in base:
+            if b.startswith("hf"):
+                rows.append(hf.run(b, p, ids, chat, args.max_new_tokens, tok.stop_ids, tok.decode))
+            else:
+                rows.append(lcpp.run(p, ids, chat, args.max_new_tokens, tok.stop_ids, tok.decode))
+            _progress(rows[-1])
+    return rows
+
+
+def bench_cgroup(args, prompts: list[Prompt]):
+    """Issue 6, the physical proof: each mode (and llama.cpp) runs as its own `launch bench` child
+    inside a fresh memory cgroup whose limit is the budget, after the model files' cached pages were
+    evicted (pages cached outside the cgroup are not charged to it). One budget for every mode: the
+    tree's (draft + KV + the target's share), so std and stdpl get the same bytes as tree."""
+    import tempfile
+
+    from launch.runner import memory_plan
+    from models.convert import ensure_store, resolve
+    from scheduler.cgroup import run_in_cgroup
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if "target" in modes:
+        raise CadenceError("mode target keeps the whole target in memory; under --cgroup use std, stdpl, chain or tree")
+    base = [b for b in _baselines(args.baselines) if b == "llama.cpp"]  # HF offload is not run under the limit
+    cfg = run_config(args, "tree")
+    tstore, dstore = ensure_store(cfg.target, cfg.fmt), ensure_store(cfg.draft, cfg.fmt)
+    budget = memory_plan(cfg, tstore, dstore).budget
+    files = [f for d in (tstore.dir, dstore.dir) for f in sorted(Path(d).iterdir()) if f.is_file()]
+    gguf = resolve(cfg.target)[1]
+    print(f"cgroup bench: budget {budget / 2**30:.2f} GiB for every mode; target store {tstore.path.stat().st_size / 2**30:.2f} GiB",
+          file=sys.stderr, flush=True)
+    common = ["--prompts", args.prompts, "--max-new-tokens", str(args.max_new_tokens), "--target", args.target,
+              "--draft", args.draft, "--dtype", args.fmt, "--chat", args.chat, "--threads", str(args.threads),
+              "--width", str(args.width), "--chain-k", str(args.chain_k)] + \
+        (["--limit", str(args.limit)] if args.limit else []) + (["--profile", args.profile] if args.profile else []) + \
+        (["--trace-dir", args.trace_dir] if args.trace_dir else [])
+    runs = [(m, ["--modes", m, "--baselines", "none", "--memory-budget", str(budget)], files) for m in modes] + \
+        [(b, ["--modes", "", "--baselines", b, "--no-repack"], [gguf]) for b in base]
+    rows, peaks = [], []
+    with tempfile.TemporaryDirectory(prefix="cadence-cgroup-bench-") as tmp:
+        for name, extra, evict in runs:
+            out = Path(tmp) / f"{name}.json"
+            argv = [sys.executable, "-m", "launch.cli", "bench", "--suite", "modes", *extra, *common, "--json", str(out)]
+            print(f"cgroup bench: {name} under {budget / 2**30:.2f} GiB", file=sys.stderr, flush=True)
+            run = run_in_cgroup(argv, budget, evict=evict, capture=False)
+            peaks.append([name, f"{run.peak_bytes / 2**20:.0f}", f"{budget / 2**20:.0f}", f"{run.evicted_bytes / 2**20:.0f}",
+                          f"{run.still_cached_bytes / 2**20:.0f}", "yes" if run.oom_killed else "no", str(run.returncode)])
+            if run.returncode != 0 or not out.exists():
+                why = "killed by the cgroup's OOM killer" if run.oom_killed else f"exit code {run.returncode}"
+                print(f"cgroup bench: {name} failed under the budget ({why}); its rows are missing", file=sys.stderr, flush=True)
+                continue
+            for r in json.loads(out.read_text()):
+                r["memory_budget_bytes"] = budget
+                r["peak_memory_bytes"] = run.peak_bytes  # the cgroup's peak over this mode's whole run
+                rows.append(r)
+    stream = [["mode", "tokens/s", "read GB/s while loading", "loader busy % of wall", "verifier I/O wait % of wall"]]
+    for m in modes:
+        rs = [r for r in rows if r["mode"] == m]
+        if not rs:
+            continue
+        wall = sum(r["wall_s"] for r in rs)
+        n = sum(len(r["new_token_ids"]) for r in rs)
+        byt = sum(r["stats"].get("bytes_read", 0) for r in rs)
+        rd = sum(r["stats"].get("read_s", 0.0) for r in rs)
+        wait = sum(r["stats"].get("io_wait_s", 0.0) for r in rs)
+        stream.append([m, f"{n / wall:.2f}", f"{byt / rd / 1e9:.2f}" if rd else "-", f"{100 * rd / wall:.0f}",
+                       f"{100 * wait / wall:.0f}"])
+    return rows, {"lossless": lossless_check(rows, ref_mode="std"),
+                  "tables": {"cgroup peak vs budget (MiB)": [["run", "peak", "budget", "evicted before", "still cached",
+                                                             "OOM kill", "exit"], *peaks],
+                             "streaming": stream}}
+
+
+def lossless_check(rows: list[dict], ref_mode: str = "target") -> dict:
+    """Per prompt: does every greedy mode of ours give the reference mode's token ids?"""
+    ref = {r["id"]: r["new_token_ids"] for r in rows if r["mode"] == ref_mode}
     out = {}
     for r in rows:
-        if r["mode"] in ("chain", "tree") and r["id"] in ref:
+        if r["mode"] in ("chain", "tree", "stdpl") and r["mode"] != ref_mode and r["id"] in ref:
             out.setdefault(r["mode"], []).append(r["new_token_ids"] == ref[r["id"]])
     return {m: all(v) for m, v in out.items()}
 
@@ -185,6 +287,16 @@ def bench_engine(args, prompts: list[Prompt]):
                         _progress(rows[-1])
                 del hf
     return rows, {}
+
+
+def bench_attention(args, prompts: list[Prompt]):
+    """Issue 7: the attention of one target layer during tree verification, four ways."""
+    from launch import bench_attention
+    from launch.cmd_profile import RTT_S
+    from models.convert import ensure_store
+
+    table = bench_attention.run(ensure_store(args.target, args.fmt).args, RTT_S, args.threads or os.cpu_count() or 1)
+    return [], {"tables": {"tree attention of one layer (us), " + args.target: table}}
 
 
 def _with(args, **kw):

@@ -99,7 +99,7 @@ class Runner:
                      "verifier": p.resident_bytes + p.target_kv + o.model_process + o.activations,
                      "scheduler": o.scheduler, **({"loader": o.loader} if p.streamed else {})}
             mem = MemoryConfig(budget_bytes=p.budget, arena_bytes=p.arena_bytes, stream_bytes=p.stream_bytes, role_bytes=roles)
-            rt = RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=max(p.slot_bytes, 1 << 20)),
+            rt = RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=p.slot_bytes or (1 << 20)),
                                trace=TraceConfig(dir=cfg.trace_dir))
         else:
             extra = (256 << 20) if cfg.sparse_worker else 0  # the KV cache moves into the arena

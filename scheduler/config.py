@@ -130,7 +130,7 @@ class RuntimeConfig:
 
     def __post_init__(self):
         slot = -(-self.pipeline.layer_bytes // 4096) * 4096  # slots are 4 KiB aligned
-        if self.memory.stream_bytes < 2 * slot:
+        if 0 < self.memory.stream_bytes < 2 * slot:  # 0: nothing streams (the budget holds every layer)
             raise ConfigError(
                 f"memory.stream_bytes={self.memory.stream_bytes} holds fewer than two streaming slots of "
                 f"pipeline.layer_bytes={slot}; raise memory.stream_bytes or lower pipeline.layer_bytes")

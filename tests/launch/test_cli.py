@@ -92,3 +92,28 @@ def test_bad_prompt_file(tmp_path):
 def test_models_list(tmp_path):
     p = launch("models", "list", home=tmp_path, check=True)
     assert "qwen2.5-coder-1.5b" in p.stdout
+
+
+def test_bench_cgroup_runs_each_mode_under_the_budget(tiny_gguf, tmp_path):
+    """`launch bench --memory-budget auto --cgroup`: every mode in its own cgroup of the budget,
+    rows carry the budget and the cgroup's peak, which stays under it; streamed modes stay lossless."""
+    from tests.runtime.test_cgroup import INFO, WHY
+
+    if INFO is None:
+        pytest.skip(f"no usable memory cgroup here: {WHY}")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "kind": "complete", "prompt": "the cat"}\n')
+    out = tmp_path / "rows.json"
+    launch("bench", "--target", str(tiny_gguf), "--draft", str(tiny_gguf), "--dtype", "int4", "--prompts", str(prompts),
+           "--max-new-tokens", "6", "--memory-budget", "auto", "--cgroup", "--modes", "std,stdpl,tree",
+           "--baselines", "none", "--json", str(out), home=tmp_path / "home", check=True)
+    rows = json.loads(out.read_text())
+    assert sorted(r["mode"] for r in rows) == ["std", "stdpl", "tree"]
+    for r in rows:
+        assert 0 < r["peak_memory_bytes"] <= r["memory_budget_bytes"], r["mode"]
+        assert r["new_token_ids"] == rows[0]["new_token_ids"], r["mode"]
+
+
+def test_bench_cgroup_needs_a_budget(tmp_path):
+    line = _one_clear_line(launch("bench", "--cgroup", home=tmp_path))
+    assert "--memory-budget" in line

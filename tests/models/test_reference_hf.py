@@ -1,6 +1,11 @@
 """Against an outside reference: HF transformers (loading the same GGUF) on the real small models, fp32."""
+import json
+import os
+
 import pytest
 import torch
+
+from cadence import paths
 
 from launch.prompts import Prompt, prompt_ids
 from models import engine
@@ -12,10 +17,28 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 
 def _hf(name):
-    from transformers import AutoModelForCausalLM
+    """HF's own GGUF loader, dequantizing to fp32. What it built is kept under
+    $CADENCE_HOME/hf-reference (config + safetensors, keyed by the GGUF's sha256), since that
+    conversion costs about a minute a model; a later run rebuilds the model from there."""
+    from safetensors.torch import load_model, save_model
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    _, path, _ = resolve(name)
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    _, path, sha = resolve(name)
+    cache = paths.home() / "hf-reference" / f"{name}-{sha[:12]}-fp32"
+    if (cache / "model.safetensors").exists():
+        config = AutoConfig.from_pretrained(cache)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        load_model(model, cache / "model.safetensors")
+        return model.eval()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (tmp / "config.json").write_text(json.dumps(config))
+    save_model(model, tmp / "model.safetensors")
+    os.replace(tmp, cache)
+    return model
 
 
 @pytest.fixture(scope="module", params=["smollm2-135m", "qwen2.5-coder-0.5b"])
@@ -39,11 +62,17 @@ def test_logits_match_within_1e3(pair):
 
 
 def test_greedy_64_tokens_identical_on_every_dev_prompt(pair):
+    """HF generates every prompt in one left-padded batch (its positions come from the attention
+    mask), ours one prompt at a time: the same tokens either way."""
     lm, hf = pair
-    for p in dev_prompts():
-        ids = _ids(lm, p)
+    prompts = dev_prompts()
+    seqs = [_ids(lm, p) for p in prompts]
+    n = max(map(len, seqs))
+    inp = torch.tensor([[0] * (n - len(x)) + x for x in seqs])
+    mask = torch.tensor([[0] * (n - len(x)) + [1] * len(x) for x in seqs])
+    with torch.no_grad():
+        out = hf.generate(inp, attention_mask=mask, max_new_tokens=64, min_new_tokens=64, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)
+    for p, ids, ref in zip(prompts, seqs, out[:, n:].tolist()):
         ours = engine.generate_target(lm, ids, 64, SamplingConfig(), stop_at_eos=False).new_ids
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=64, min_new_tokens=64, do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert ours == out[0, len(ids):].tolist(), p["id"]
+        assert ours == ref, p["id"]

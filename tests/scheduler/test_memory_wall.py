@@ -56,7 +56,9 @@ def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_p
         plan = runner.plan
         assert plan.streamed and plan.n_slots >= 2  # the target really streams
         for mode in ("tree", "chain", "stdpl", "std"):
-            for p in _prompts():
+            # std differs from stdpl only in not prefetching (the same loads, the same compute):
+            # one prompt shows it lossless; it is the slowest mode by design
+            for p in _prompts()[:1] if mode == "std" else _prompts():
                 row = runner.run(p, mode=mode)
                 assert row["new_token_ids"] == reference[p.id], (mode, p.id)
                 assert row["memory_budget_bytes"] == plan.budget
