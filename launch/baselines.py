@@ -63,11 +63,21 @@ class LlamaCppBaseline:
     def __init__(self, target: str, threads: int, n_ctx: int = 2048, repack: bool = True):
         from llama_cpp import Llama
 
+        import llama_cpp.llama_cpp as llama_cpp  # the module Llama() takes its default parameters from
+
         _, path, _ = resolve(target)
         self.name = target
-        kw = {} if repack else {"use_extra_bufts": False}
-        self.llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
-                         verbose=False, **kw)
+        default_params = llama_cpp.llama_model_default_params
+        if not repack:  # llama.cpp's --no-repack: llama-cpp-python has no argument for it, so set the field
+            def no_repack():
+                params = default_params()
+                params.use_extra_bufts = False
+                return params
+            llama_cpp.llama_model_default_params = no_repack
+        try:
+            self.llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, verbose=False)
+        finally:
+            llama_cpp.llama_model_default_params = default_params
 
     def run(self, prompt, ids: list[int], chat: bool, max_new: int, stop_ids: set[int], decode) -> dict:
         llm = self.llm

@@ -48,10 +48,14 @@ def add_parser(sub):
     p.add_argument("--formats", default="fp32,bf16,int8,int4", help="suite formats: weight formats to compare")
     p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL prompt set")
     p.add_argument("--limit", type=int, default=0, help="only the first N prompts")
+    p.add_argument("--one-per-kind", action="store_true", help="only the first prompt of each kind (complete, copy, open, ...)")
     add_model_args(p)
     p.add_argument("--cgroup", action="store_true",
                    help="with --memory-budget: run each mode (and llama.cpp) in its own memory cgroup limited to the "
                         "budget, the model files evicted from the page cache first; rows get peak_memory_bytes (root)")
+    p.add_argument("--baseline-budget", default=None,
+                   help="with --cgroup: llama.cpp's own limit (bytes, 560MiB, or 'half-gguf': half its GGUF file); "
+                        "default: the same budget as our modes")
     p.add_argument("--no-repack", action="store_true",
                    help="llama.cpp without its weight repacking (a repacked copy does not fit under a memory limit)")
     p.add_argument("--json", dest="json_out", help="write the rows here")
@@ -85,6 +89,8 @@ def machine() -> str:
 def cmd_bench(args) -> int:
     setup_threads(args)
     prompts = load_prompts(args.prompts)
+    if args.one_per_kind:
+        prompts = [p for i, p in enumerate(prompts) if p.kind not in {q.kind for q in prompts[:i]}]
     if args.limit:
         prompts = prompts[:args.limit]
     if args.modes is None:
@@ -119,49 +125,48 @@ def _progress(row: dict):
           file=sys.stderr, flush=True)
 
 
+class _Baselines:
+    """The other engines a bench compares with, loaded once, each producing our rows."""
+
+    def __init__(self, args, base: list[str], tok):
+        self.base, self.tok, self.args = base, tok, args
+        self.hf = baselines.HFBaseline(args.target, args.draft, args.hf_dtype) if any(b.startswith("hf") for b in base) else None
+        self.lcpp = baselines.LlamaCppBaseline(args.target, args.threads or os.cpu_count(), repack=not args.no_repack) \
+            if "llama.cpp" in base else None
+
+    def run_all(self, p: Prompt, ids: list[int], chat: bool, rows: list[dict]) -> None:
+        a, tok = self.args, self.tok
+        for b in self.base:
+            if b.startswith("hf"):
+                rows.append(self.hf.run(b, p, ids, chat, a.max_new_tokens, tok.stop_ids, tok.decode))
+            else:
+                rows.append(self.lcpp.run(p, ids, chat, a.max_new_tokens, tok.stop_ids, tok.decode))
+            _progress(rows[-1])
+
+
 def bench_modes(args, prompts: list[Prompt]):
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     base = _baselines(args.baselines)
-    if not modes:  # baselines alone (a cgroup child): no model of ours in memory
-        return _baselines_alone(args, prompts, base), {}
-    cfg = run_config(args, "tree" if any(m not in ("target", "std", "stdpl") for m in modes) else modes[0])
     rows = []
-    with Runner(cfg) as runner:
-        hf = baselines.HFBaseline(args.target, args.draft, args.hf_dtype) if any(b.startswith("hf") for b in base) else None
-        lcpp = baselines.LlamaCppBaseline(args.target, args.threads or os.cpu_count()) if "llama.cpp" in base else None
-        tok = runner.tokenizer
+    if not modes:  # baselines alone (a cgroup child): no model of ours in memory
+        from models.convert import ensure_store
+        from models.tokenizer import TextTokenizer
+
+        tok = TextTokenizer(ensure_store(args.target, args.fmt).tokenizer_info)
+        others = _Baselines(args, base, tok)
         for p in prompts:
-            ids, chat = prompt_ids(tok, p, cfg.chat)
+            others.run_all(p, *prompt_ids(tok, p, args.chat), rows)
+        return rows, {}
+    cfg = run_config(args, "tree" if any(m not in ("target", "std", "stdpl") for m in modes) else modes[0])
+    with Runner(cfg) as runner:
+        others = _Baselines(args, base, runner.tokenizer)
+        for p in prompts:
+            ids, chat = prompt_ids(runner.tokenizer, p, cfg.chat)
             for m in modes:
                 rows.append(runner.run(p, mode=m))
                 _progress(rows[-1])
-            for b in base:
-                if b.startswith("hf"):
-                    rows.append(hf.run(b, p, ids, chat, cfg.max_new_tokens, tok.stop_ids, tok.decode))
-                else:
-                    rows.append(lcpp.run(p, ids, chat, cfg.max_new_tokens, tok.stop_ids, tok.decode))
-                _progress(rows[-1])
+            others.run_all(p, ids, chat, rows)
     return rows, {"lossless": lossless_check(rows)}
-
-
-def _baselines_alone(args, prompts: list[Prompt], base: list[str]) -> list[dict]:
-    from models.convert import ensure_store
-    from models.tokenizer import TextTokenizer
-
-    tok = TextTokenizer(ensure_store(args.target, args.fmt).tokenizer_info)
-    hf = baselines.HFBaseline(args.target, args.draft, args.hf_dtype) if any(b.startswith("hf") for b in base) else None
-    lcpp = baselines.LlamaCppBaseline(args.target, args.threads or os.cpu_count(), repack=not args.no_repack) \
-        if "llama.cpp" in base else None
-    rows = []
-    for p in prompts:
-        ids, chat = prompt_ids(tok, p, args.chat)
-        for b in base:
-            if b.startswith("hf"):
-                rows.append(hf.run(b, p, ids, chat, args.max_new_tokens, tok.stop_ids, tok.decode))
-            else:
-                rows.append(lcpp.run(p, ids, chat, args.max_new_tokens, tok.stop_ids, tok.decode))
-            _progress(rows[-1])
-    return rows
 
 
 def bench_cgroup(args, prompts: list[Prompt]):
@@ -189,25 +194,32 @@ def bench_cgroup(args, prompts: list[Prompt]):
     common = ["--prompts", args.prompts, "--max-new-tokens", str(args.max_new_tokens), "--target", args.target,
               "--draft", args.draft, "--dtype", args.fmt, "--chat", args.chat, "--threads", str(args.threads),
               "--width", str(args.width), "--chain-k", str(args.chain_k)] + \
-        (["--limit", str(args.limit)] if args.limit else []) + (["--profile", args.profile] if args.profile else []) + \
+        (["--limit", str(args.limit)] if args.limit else []) + (["--one-per-kind"] if args.one_per_kind else []) + (["--profile", args.profile] if args.profile else []) + \
         (["--trace-dir", args.trace_dir] if args.trace_dir else [])
-    runs = [(m, ["--modes", m, "--baselines", "none", "--memory-budget", str(budget)], files) for m in modes] + \
-        [(b, ["--modes", "", "--baselines", b, "--no-repack"], [gguf]) for b in base]
+    base_budget = budget
+    if args.baseline_budget == "half-gguf":
+        base_budget = gguf.stat().st_size // 2
+    elif args.baseline_budget:
+        from scheduler.memplan import parse_bytes
+
+        base_budget = parse_bytes(args.baseline_budget)
+    runs = [(m, ["--modes", m, "--baselines", "none", "--memory-budget", str(budget)], files, budget) for m in modes] + \
+        [(b, ["--modes", "", "--baselines", b, "--no-repack"], [gguf], base_budget) for b in base]
     rows, peaks = [], []
     with tempfile.TemporaryDirectory(prefix="cadence-cgroup-bench-") as tmp:
-        for name, extra, evict in runs:
+        for name, extra, evict, limit in runs:
             out = Path(tmp) / f"{name}.json"
             argv = [sys.executable, "-m", "launch.cli", "bench", "--suite", "modes", *extra, *common, "--json", str(out)]
-            print(f"cgroup bench: {name} under {budget / 2**30:.2f} GiB", file=sys.stderr, flush=True)
-            run = run_in_cgroup(argv, budget, evict=evict, capture=False)
-            peaks.append([name, f"{run.peak_bytes / 2**20:.0f}", f"{budget / 2**20:.0f}", f"{run.evicted_bytes / 2**20:.0f}",
+            print(f"cgroup bench: {name} under {limit / 2**30:.2f} GiB", file=sys.stderr, flush=True)
+            run = run_in_cgroup(argv, limit, evict=evict, capture=False)
+            peaks.append([name, f"{run.peak_bytes / 2**20:.0f}", f"{limit / 2**20:.0f}", f"{run.evicted_bytes / 2**20:.0f}",
                           f"{run.still_cached_bytes / 2**20:.0f}", "yes" if run.oom_killed else "no", str(run.returncode)])
             if run.returncode != 0 or not out.exists():
                 why = "killed by the cgroup's OOM killer" if run.oom_killed else f"exit code {run.returncode}"
                 print(f"cgroup bench: {name} failed under the budget ({why}); its rows are missing", file=sys.stderr, flush=True)
                 continue
             for r in json.loads(out.read_text()):
-                r["memory_budget_bytes"] = budget
+                r["memory_budget_bytes"] = limit
                 r["peak_memory_bytes"] = run.peak_bytes  # the cgroup's peak over this mode's whole run
                 rows.append(r)
     stream = [["mode", "tokens/s", "read GB/s while loading", "loader busy % of wall", "verifier I/O wait % of wall"]]

@@ -35,6 +35,7 @@ class ActorSpeculation:
         self.context_length, self.vocab_size = context_length, vocab_size
         self.current = mode  # the mode of the generation under way
         self.streamer = None
+        self.governors: dict[tuple, Governor] = {}  # per mode and budget set, kept across prompts
         self.worker = worker
         self.model_args = model_args
         self.kv_slot = self.job_slots = None
@@ -148,7 +149,10 @@ class ActorSpeculation:
         if speculative:
             s.call("draft", "start", {"prompt_ids": prompt_ids, "capacity": cap, "first": [first], "tree": asdict(cfg)})
         t_prefill = time.perf_counter() - t0
-        governor = Governor(budgets(cfg), cfg.budget) if speculative and cfg.adaptive else None
+        governor = None
+        if speculative and cfg.adaptive:  # what speculation earned on earlier prompts carries over
+            key = (mode, budgets(cfg))
+            governor = self.governors.setdefault(key, Governor(budgets(cfg), cfg.budget))
         stats = SpecStats()
         out = [first]
         self.last_cycle = None

@@ -44,8 +44,8 @@ class Governor:
         return best
 
     def record(self, width: int, tokens: int, seconds: float):
-        if seconds <= 0:
-            return
+        if seconds <= 0 or width not in self.widths:
+            return  # a budget cut short by the end of the generation says nothing about its width
         r = tokens / seconds
         old = self.rate.get(width)
         self.rate[width] = r if old is None else self.decay * old + (1 - self.decay) * r

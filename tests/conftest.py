@@ -47,3 +47,26 @@ def real_model(name: str, fmt: str):
     if key not in _loaded:
         _loaded[key] = engine.load(name, fmt)
     return _loaded[key]
+
+
+def shm_segments() -> set[str]:
+    return {f for f in os.listdir("/dev/shm") if f.startswith("cadence-")}
+
+
+def run_until_role_killed(cfg, role: str, after_s: float, prompts, rounds: int) -> None:
+    """Start a Runner on `cfg`, SIGKILL its `role` actor after `after_s` while it generates
+    `prompts` `rounds` times over; the caller expects the ActorDead this raises."""
+    import signal
+    import threading
+
+    from launch.runner import Runner
+
+    with Runner(cfg) as runner:
+        pid = next(st.pid for st in runner.sched.actor_status() if st.role == role)
+        killer = threading.Timer(after_s, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        try:
+            for p in list(prompts) * rounds:
+                runner.run(p)
+        finally:
+            killer.cancel()

@@ -105,8 +105,25 @@ def test_scheduler_sigkilled_leaves_nothing_behind(seed):
     assert line in err, err
 
 
+def _as_in_a_terminal():
+    """Its own process group with Ctrl-C's default action, as in a terminal: a shell that runs the
+    tests in the background hands its children SIGINT ignored, and Python then never raises
+    KeyboardInterrupt."""
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_the_whole_run(seed):
-    p, info = _start_fake_run(seed, start_new_session=True)  # its own process group, as in a terminal
+    p, info = _start_fake_run(seed, preexec_fn=_as_in_a_terminal)
+    try:
+        _ctrl_c_stops(p, info, seed)
+    finally:
+        if p.poll() is None:  # never leave the run behind a failed assertion
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _ctrl_c_stops(p, info, seed):
     actors = list(info["pids"].values())
     time.sleep(random.Random(seed).uniform(0.1, 0.6))
     os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group gets SIGINT

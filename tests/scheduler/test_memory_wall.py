@@ -4,8 +4,6 @@ A handful of dev prompts (one of each kind) and a few dozen tokens: streaming re
 from disk for every forward, so these runs are slow by design.
 """
 import os
-import signal
-import threading
 import time
 
 import psutil
@@ -18,7 +16,7 @@ from models import engine
 from models.sampling import SamplingConfig
 from scheduler.errors import ActorDead
 from speculative.draft import TreeConfig
-from tests.conftest import dev_prompts, real_model
+from tests.conftest import dev_prompts, real_model, run_until_role_killed
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 N = 24
@@ -75,15 +73,7 @@ def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_p
 def test_a_killed_loader_ends_the_run_with_a_reason_and_no_leak(tmp_path):
     before = _shm()
     with pytest.raises(ActorDead, match="loader"):
-        with Runner(_cfg("stdpl", tmp_path)) as runner:
-            pid = next(st.pid for st in runner.sched.actor_status() if st.role == "loader")
-            killer = threading.Timer(3.0, os.kill, (pid, signal.SIGKILL))
-            killer.start()
-            try:
-                for p in _prompts() * 10:
-                    runner.run(p)
-            finally:
-                killer.cancel()
+        run_until_role_killed(_cfg("stdpl", tmp_path), "loader", 3.0, _prompts(), 10)
     time.sleep(0.5)
     assert _shm() == before
     assert not [c for c in psutil.Process().children(recursive=True) if c.is_running() and c.status() != psutil.STATUS_ZOMBIE

@@ -1,8 +1,6 @@
 """Hetero-core verification on the real pair: the sparse-attention actor takes the tree part of
 attention (and a share of the dense chunks); the output stays the target's, token for token."""
 import os
-import signal
-import threading
 import time
 
 import pytest
@@ -13,7 +11,7 @@ from models import engine
 from models.sampling import SamplingConfig
 from scheduler.errors import ActorDead
 from speculative.draft import TreeConfig
-from tests.conftest import dev_prompts, real_model
+from tests.conftest import dev_prompts, real_model, run_until_role_killed
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 N = 24
@@ -56,14 +54,6 @@ def test_tree_with_the_sparse_worker_is_lossless_on_each_kind_of_dev_prompt(tmp_
 def test_a_killed_worker_ends_the_run_with_a_reason_and_no_leak(tmp_path):
     before = _shm()
     with pytest.raises(ActorDead, match="sparse"):
-        with Runner(_cfg(tmp_path, 0.0)) as runner:
-            pid = next(st.pid for st in runner.sched.actor_status() if st.role == "sparse")
-            killer = threading.Timer(2.0, os.kill, (pid, signal.SIGKILL))
-            killer.start()
-            try:
-                for p in _prompts() * 5:
-                    runner.run(p)
-            finally:
-                killer.cancel()
+        run_until_role_killed(_cfg(tmp_path, 0.0), "sparse", 2.0, _prompts(), 5)
     time.sleep(0.3)
     assert _shm() == before

@@ -179,3 +179,14 @@ def test_arca_tree_adds_the_likeliest_node_each_time_and_choice_prefers_throughp
     assert rows[0]["width"] in (4, 8) and rows[0]["tokens_per_s"] > 1 / 0.1
     slow = choose(acc, step_s=0.1, verify_s={k: 1.0 for k in verify}, draft_level_s={1: 0.5})
     assert slow[0]["width"] == 0  # nothing pays: the target alone
+
+
+def test_governor_ignores_budgets_cut_short_by_the_end():
+    """A run kept across prompts records cycles whose budget the end of a generation clipped
+    (3 of 4 tokens left): they are not one of its widths and must not become its choice."""
+    g = Governor(widths=(0, 2, 4), start=4)
+    g.record(3, tokens=4, seconds=0.01)  # very fast, but no width of its own
+    for _ in range(20):
+        w = g.choose()
+        assert w in (0, 2, 4)
+        g.record(w, tokens=1 + w // 2, seconds=0.1)
