@@ -208,8 +208,10 @@ class MemoryCgroup:
         while not self._stop.wait(self.sample_s):
             try:
                 self._peak = max(self._peak, self.usage_bytes())
-            except (OSError, ValueError):
-                return
+            except ValueError:
+                continue  # a torn read (a file being rewritten): the next sample will do
+            except OSError:
+                return  # the cgroup is gone
 
     def kill_all(self, timeout: float = 5.0) -> None:
         """SIGKILL every process in the cgroup and wait until it is empty."""

@@ -189,7 +189,7 @@ def test_v2_files_on_a_fake_tree(tmp_path):
         assert cg.usage_bytes() == 20 and cg.peak_bytes() == 70 * MiB
         (cg.dir / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
         assert cg.oom_kills() == 1
-        for f in cg.dir.iterdir():  # cgroupfs drops its control files with the directory
+        for f in list(cg.dir.iterdir()):  # cgroupfs drops its control files with the directory
             f.unlink()
     assert not (info.own_dir / "cadence-test").exists()
 
