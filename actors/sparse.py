@@ -26,6 +26,7 @@ class SparseAttnActor(Actor):
         torch.set_num_threads(int(init.get("threads") or 1))
         self.args = ModelArgs.from_dict(init["model"])
         self.cache = None
+        self.vis = None  # (ptr, idx) of the forward being verified: sent with its first layer only
         kernels.lib()  # build or load the kernels now, not during the first verification
 
     def op_bind(self, args, tensors):
@@ -39,8 +40,9 @@ class SparseAttnActor(Actor):
         q = self.tensor(tensors["q"])
         T, H, D = int(args["T"]), self.args.n_heads, self.args.head_dim
         q = q.view(torch.float32)[:T * H * D].view(T, H, D)
-        ptr = torch.tensor(args["ptr"], dtype=torch.int32)
-        idx = torch.tensor(args["idx"], dtype=torch.int32)
+        if "ptr" in args:
+            self.vis = (torch.tensor(args["ptr"], dtype=torch.int32), torch.tensor(args["idx"], dtype=torch.int32))
+        ptr, idx = self.vis
         with self.trace.span(f"sparse:layer.{i}", cat="attention", args={"rows": T, "k0": args["k0"]}):
             _, nch = kernels.attn_chunks(q, self.cache.k[i], self.cache.v[i], int(args["n_shared"]), ptr, idx,
                                          int(args["k0"]), float(args["scale"]), int(args["maxc"]),

@@ -50,6 +50,7 @@ class VerifierActor(Actor):
         self.kind = None
         self.slots = {}  # job mode with the worker: arena tensors for Q and the worker's chunk states
         self.attn = None  # the attention being split: (layer, q, vis, chunk split, running state)
+        self.split_vis = None  # (vis, k0, maxc) of the forward whose layers are being split: one per forward
 
     # -- resident ---------------------------------------------------------------------------
 
@@ -153,14 +154,18 @@ class VerifierActor(Actor):
     def _split_attention(self, need):
         _, i, q, vis = need
         T, H, D = q.shape
-        c_star = vis.n_shared // kernels.CHUNK  # chunks made of shared context only
-        c_split = int(c_star * (1.0 - float(self.worker["share"])))  # ours: [0, c_split); the worker's: the rest
-        k0 = c_split * kernels.CHUNK
+        first = self.split_vis is None or self.split_vis[0] is not vis  # every layer of a forward shares its vis
+        if first:
+            c_star = vis.n_shared // kernels.CHUNK  # chunks made of shared context only
+            k0 = int(c_star * (1.0 - float(self.worker["share"]))) * kernels.CHUNK  # ours: keys [0, k0); the worker's: the rest
+            self.split_vis = (vis, k0, kernels.max_chunks(vis.n_shared, vis.ptr, k0))
+        _, k0, maxc = self.split_vis
         self.slots["q"].view(torch.float32)[:q.numel()].copy_(q.flatten())
-        self.attn = (i, q, vis, c_split, None)
-        return {"need": "attn", "layer": i, "T": T, "n_shared": vis.n_shared, "ptr": vis.ptr.tolist(),
-                "idx": vis.idx.tolist(), "k0": k0, "maxc": kernels.max_chunks(vis.n_shared, vis.ptr, k0),
-                "scale": self.model.scale}
+        self.attn = (i, q, vis, k0 // kernels.CHUNK, None)
+        need = {"need": "attn", "layer": i, "T": T, "n_shared": vis.n_shared, "k0": k0, "maxc": maxc, "scale": self.model.scale}
+        if first:  # the tree's index travels once per forward; the worker keeps it for the other layers
+            need.update(ptr=vis.ptr.tolist(), idx=vis.idx.tolist())
+        return need
 
     def _done(self, value):
         kind, self.job, self.need = self.kind, None, None

@@ -9,22 +9,21 @@ on the target's attention shape (heads, KV heads, head size):
       scored and softmax-reduced with torch scatter ops, one core;
   (c) our sparse kernel for the same part (csrc/attention.cpp, blocked over 32-key chunks,
       vectorized), one core, as the sparse-attention worker runs it;
-  (d) the split ARCA prices: the verifier's dense chunks and the worker's sparse part (plus a
-      `share` of the dense chunks) at the same time, one core each (two threads here), then the
-      log-sum-exp merge; `+msg` adds the four control messages per layer the actor split costs
+  (d) the split ARCA prices, cut as the verifier actor cuts it: the verifier's dense chunks and
+      the worker's last `share` of them plus the sparse part at the same time, one core each (two
+      threads here), then the log-sum-exp merge; `+msg` adds the four control messages per layer the actor split costs
       (`RTT_S`, measured by `launch runtime-bench`).
 Times are medians of repeated calls, in microseconds per layer.
 """
 from __future__ import annotations
 
 import random
-import statistics
 import threading
-import time
 
 import torch
 import torch.nn.functional as F
 
+from launch.cmd_profile import _time
 from models import kernels
 from models.attention import Visibility
 
@@ -34,13 +33,7 @@ SHARES = (0.0, 0.25, 0.5)
 
 
 def _median_us(fn, reps: int = 7) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e6
+    return _time(fn, reps) * 1e6
 
 
 def random_tree(width: int, rng: random.Random) -> list[int]:
@@ -81,29 +74,22 @@ def _with_threads(n: int, fn):
 
 
 def split_pass(q, kc, vc, vis: Visibility, c_star: int, share: float, scale: float):
-    """Verifier: dense chunks [cut, c*) on one core; worker (a thread on the other core): chunks
-    [0, cut) and the sparse part; then the merge."""
-    cut = int(round(share * c_star))
+    """The cut the verifier actor makes: it folds dense chunks [0, cut) on one core while the worker
+    (a thread on the other core) computes the chunk states from key cut * CHUNK on (its share of the
+    dense chunks, then the sparse part); then the merge, in chunk order."""
+    cut = int(c_star * (1.0 - share))
     res = {}
 
     def worker():
         torch.set_num_threads(1)
-        st = kernels.attn_dense(q, kc, vc, 0, cut, scale) if cut else None
-        res["w"] = (st, kernels.attn_chunks(q, kc, vc, vis.n_shared, vis.ptr, vis.idx, c_star * kernels.CHUNK, scale))
+        res["w"] = kernels.attn_chunks(q, kc, vc, vis.n_shared, vis.ptr, vis.idx, cut * kernels.CHUNK, scale)
 
     t = threading.Thread(target=worker)
     t.start()
     torch.set_num_threads(1)
-    mine = kernels.attn_dense(q, kc, vc, cut, c_star, scale)
+    mine = kernels.attn_dense(q, kc, vc, 0, cut, scale)
     t.join()
-    wstate, (ch, nch) = res["w"]
-    if wstate is not None:  # fold the worker's leading chunks in front: merge states
-        m1, l1, o1 = wstate
-        m2, l2, o2 = mine
-        m = torch.maximum(m1, m2)
-        a, b = torch.exp(m1 - m), torch.exp(m2 - m)
-        mine = (m, l1 * a + l2 * b, o1 * a.unsqueeze(-1) + o2 * b.unsqueeze(-1))
-    return kernels.attn_merge(mine, ch, nch)
+    return kernels.attn_merge(mine, *res["w"])
 
 
 def run(model_args, rtt_s: float, threads: int, seed: int = 0, progress=None) -> list[list[str]]:

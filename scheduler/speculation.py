@@ -100,7 +100,7 @@ class ActorSpeculation:
         """The worker computes its chunks while the verifier folds its own; then the verifier merges."""
         s = self.s
         q, ch = self.job_slots
-        wargs = {k: need[k] for k in ("layer", "T", "n_shared", "ptr", "idx", "k0", "maxc", "scale")}
+        wargs = {k: need[k] for k in ("layer", "T", "n_shared", "ptr", "idx", "k0", "maxc", "scale") if k in need}
         rid_w = s.send("sparse", "attend", wargs, {"q": s.slot_desc(q), "out": s.slot_desc(ch)})
         rid_v = s.send("verifier", "dense", {})
         replies = {}

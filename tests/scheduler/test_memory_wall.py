@@ -3,7 +3,6 @@
 A handful of dev prompts (one of each kind) and a few dozen tokens: streaming re-reads the target
 from disk for every forward, so these runs are slow by design.
 """
-import os
 import time
 
 import psutil
@@ -16,7 +15,7 @@ from models import engine
 from models.sampling import SamplingConfig
 from scheduler.errors import ActorDead
 from speculative.draft import TreeConfig
-from tests.conftest import dev_prompts, real_model, run_until_role_killed
+from tests.conftest import dev_prompts, real_model, run_until_role_killed, shm_segments
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 N = 24
@@ -26,9 +25,6 @@ IDS = ("fib", "rewrite_hints", "explain", "sql")
 def _prompts():
     return [Prompt(p["id"], p["kind"], p["prompt"]) for p in dev_prompts() if p["id"] in IDS]
 
-
-def _shm():
-    return {f for f in os.listdir("/dev/shm") if f.startswith("cadence-")}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +44,7 @@ def _cfg(mode, tmp_path, budget="auto"):
 
 
 def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_path):
-    before = _shm()
+    before = shm_segments()
     cfg = _cfg("tree", tmp_path)
     with Runner(cfg) as runner:
         plan = runner.plan
@@ -67,21 +63,21 @@ def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_p
         assert loader["max_end"] <= plan.stream_bytes  # the loader never wrote past its part of the arena
         assert sched.stream_slots.peak_bytes <= plan.stream_bytes
         assert sched.stream_slots.used_bytes == 0  # every slot released
-    assert _shm() == before
+    assert shm_segments() == before
 
 
 def test_a_killed_loader_ends_the_run_with_a_reason_and_no_leak(tmp_path):
-    before = _shm()
+    before = shm_segments()
     with pytest.raises(ActorDead, match="loader"):
         run_until_role_killed(_cfg("stdpl", tmp_path), "loader", 3.0, _prompts(), 10)
     time.sleep(0.5)
-    assert _shm() == before
+    assert shm_segments() == before
     assert not [c for c in psutil.Process().children(recursive=True) if c.is_running() and c.status() != psutil.STATUS_ZOMBIE
                 and "actors" in " ".join(c.cmdline())]
 
 
 def test_a_budget_too_small_is_refused_before_anything_starts(tmp_path):
-    before = _shm()
+    before = shm_segments()
     with pytest.raises(CadenceError, match="too small.*smallest budget that works is"):
         Runner(_cfg("tree", tmp_path, budget="600MiB"))
-    assert _shm() == before
+    assert shm_segments() == before

@@ -1,6 +1,5 @@
 """Hetero-core verification on the real pair: the sparse-attention actor takes the tree part of
 attention (and a share of the dense chunks); the output stays the target's, token for token."""
-import os
 import time
 
 import pytest
@@ -11,7 +10,7 @@ from models import engine
 from models.sampling import SamplingConfig
 from scheduler.errors import ActorDead
 from speculative.draft import TreeConfig
-from tests.conftest import dev_prompts, real_model, run_until_role_killed
+from tests.conftest import dev_prompts, real_model, run_until_role_killed, shm_segments
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 N = 24
@@ -29,9 +28,6 @@ def _prompts():
     return out
 
 
-def _shm():
-    return {f for f in os.listdir("/dev/shm") if f.startswith("cadence-")}
-
 
 def _cfg(tmp_path, share):
     return RunConfig(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", fmt="int4", mode="tree",
@@ -40,7 +36,7 @@ def _cfg(tmp_path, share):
 
 def test_tree_with_the_sparse_worker_is_lossless_on_each_kind_of_dev_prompt(tmp_path):
     target = real_model("qwen2.5-coder-1.5b", "int4")
-    before = _shm()
+    before = shm_segments()
     with Runner(_cfg(tmp_path, 0.5)) as runner:
         assert "sparse" in runner.sched.actors
         for p in _prompts():
@@ -48,12 +44,12 @@ def test_tree_with_the_sparse_worker_is_lossless_on_each_kind_of_dev_prompt(tmp_
             ref = engine.generate_target(target, ids, N, SamplingConfig()).new_ids
             row = runner.run(p)
             assert row["new_token_ids"] == ref, p.id
-    assert _shm() == before
+    assert shm_segments() == before
 
 
 def test_a_killed_worker_ends_the_run_with_a_reason_and_no_leak(tmp_path):
-    before = _shm()
+    before = shm_segments()
     with pytest.raises(ActorDead, match="sparse"):
         run_until_role_killed(_cfg(tmp_path, 0.0), "sparse", 2.0, _prompts(), 5)
     time.sleep(0.3)
-    assert _shm() == before
+    assert shm_segments() == before
