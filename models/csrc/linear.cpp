@@ -15,6 +15,11 @@
  *   int4:  y = sum_sb d_sb * (S_sb * sum_g sc_g <q_g, qx_g>  -  M_sb * sum_g mn_g sum(qx_g))
  * with w = S_sb sc_g q - M_sb mn_g (q 0..15; sc, mn 8-bit per 32; S, M fp16 per 256).
  * int4 codes: q[N, K/2] bytes; in each group of 32, byte j holds weight j (low nibble) and j + 16.
+ * Two neighbouring groups of a super-block are one 32-byte load: its low nibbles are weights 0..15
+ * of both groups, its high nibbles weights 16..31, so the activations are kept in that order too
+ * (QAct::qp) and one maddubs covers 32 weights with no shuffling (as in llama.cpp's q4_K dot).
+ * An integer sum is exact in any order; what fixes the float result is which of the eight int32
+ * lanes each product lands in (pair_lane below), and every path here uses the same lanes.
  */
 #include "vec.hpp"
 
@@ -121,6 +126,8 @@ static void dense(const float *x, float *y, int M, int fmt, int N, int K, const 
 
 struct QAct {
     std::vector<int8_t> q;  /* [M, K] */
+    std::vector<int8_t> qp; /* [M, K] q with each pair of groups (g, g + 1) in a super-block as
+                               g[0:16] g+1[0:16] g[16:32] g+1[16:32]; a group left without a pair as is */
     std::vector<float> d;   /* [M, NSB] scale per super-block */
     std::vector<float> xs;  /* [M, K/QG] d * sum(q) per 32-group: what a group's minimum multiplies */
 };
@@ -130,6 +137,7 @@ static void quantize_rows(const float *x, int M, int K, QAct &a) {
     a.q.resize((size_t)M * K);
     a.d.resize((size_t)M * nsb);
     a.xs.resize((size_t)M * ng);
+    a.qp.resize((size_t)M * K);
     for (int m = 0; m < M; m++)
         for (int sb = 0; sb < nsb; sb++) {
             const int k0 = sb * SB, kn = std::min(SB, K - k0);
@@ -146,7 +154,23 @@ static void quantize_rows(const float *x, int M, int K, QAct &a) {
                 for (int i = 0; i < QG; i++) sum += qb[g * QG + i];
                 a.xs[(size_t)m * ng + k0 / QG + g] = d * (float)sum;
             }
+            int8_t *pb = &a.qp[(size_t)m * K + k0];
+            const int gn = kn / QG;
+            for (int g = 0; g + 1 < gn; g += 2)
+                for (int h = 0; h < 2; h++)      /* weights 0..15, then 16..31 */
+                    for (int e = 0; e < 2; e++)  /* of group g, then g + 1 */
+                        memcpy(pb + g * QG + h * 32 + e * 16, qb + (g + e) * QG + h * 16, 16);
+            if (gn & 1) memcpy(pb + (gn - 1) * QG, qb + (gn - 1) * QG, QG);
         }
+}
+
+/* The int32 lane that weight k of group g (g0: the super-block's first group) adds into: a paired
+ * group puts products of weights 4i..4i+3 and 16+4i..16+4i+3 in lane i (first of the pair) or
+ * 4 + i (second); a group left without a pair (the last of an odd count) puts weights 4i..4i+3 in
+ * lane i. */
+static inline int pair_lane(int g, int g0, int g1, int k) {
+    const bool paired = !((g - g0) == g1 - g0 - 1 && ((g1 - g0) & 1));
+    return paired ? ((g - g0) & 1) * 4 + (k & 15) / 4 : k / 4;
 }
 
 struct QWeights {
@@ -159,7 +183,7 @@ struct QWeights {
     const uint16_t *Mn; /* int4: fp16 [N, NSB] */
 };
 
-/* The 32 codes of group g of an int4 row, as unsigned bytes. */
+/* The 32 codes of group g of an int4 row, as unsigned bytes in weight order. */
 static inline void unpack_group(const uint8_t *row, int g, uint8_t *out) {
     const uint8_t *p = row + (size_t)g * 16;
 #ifdef __AVX2__
@@ -201,9 +225,42 @@ static inline void group_minimums(const QWeights &W, size_t n, float *off) {
     }
 }
 
-/* One tile: NT (= 4) weight rows `rows`, activation rows m0 .. m0 + MT (MT = 1 or 2).
- * codes [NT, K/QG, 32]: the tile's int4 codes unpacked; sc16 [NT, K/QG]: sub-scales as int16;
- * Sf [NT, NSB]: super-scales as floats; off [NT, K/QG]: each group's minimum M_sb mn_g as a float. */
+#ifdef __AVX2__
+/* Sub-scales of a pair of groups (2p, 2p + 1 of a super-block) as int16 lanes: eight of the
+ * first, then eight of the second. `s16`: the super-block's eight sub-scales as int16 in both
+ * 128-bit halves. */
+static inline __m256i pair_scales(__m256i s16, int p) {
+    const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    return _mm256_shuffle_epi8(s16, _mm256_add_epi8(pick, _mm256_set1_epi8((char)(4 * p))));
+}
+
+/* A super-block's sub-scales of one row (g1 - g0 <= 8 of them) as int16 in both halves. */
+static inline __m256i block_scales(const uint8_t *sc, int g0, int g1) {
+    __m128i b;
+    if (g1 - g0 == 8) {
+        b = _mm_loadl_epi64((const __m128i *)(sc + g0));
+    } else {
+        uint8_t t[8] = {0};
+        memcpy(t, sc + g0, g1 - g0);
+        b = _mm_loadl_epi64((const __m128i *)t);
+    }
+    return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(b));
+}
+
+/* sum of 32 weights x 32 activations of one pair of groups, scaled: lo/hi the codes' low and
+ * high nibbles, xa/xb the activations in QAct::qp order, s the pair's scales. */
+static inline __m256i pair_dot(__m256i lo, __m256i hi, __m256i xa, __m256i xb, __m256i s) {
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb)), s);
+}
+#endif
+
+/* One tile: NT (= 4) weight rows `rows`, activation rows m0 .. m0 + MT (MT = 1 or 2): int8, and
+ * int4 where there is no AVX2 (q4_tile otherwise).
+ * codes [NT, K/QG, 32]: the tile's int4 codes unpacked (AVX2: a pair of groups as their low
+ * nibbles, then their high nibbles; a group left alone, and without AVX2 every group, in weight
+ * order); sc16 [NT, K/QG]: sub-scales as int16; Sf [NT, NSB]: super-scales as floats;
+ * off [NT, K/QG]: each group's minimum M_sb mn_g as a float. */
 template <int FMT, int MT>
 static void q_rows(const QWeights &W, const QAct &a, int m0, const int *rows, const uint8_t *codes, const int16_t *sc16,
                    const float *Sf, const float *off, float out[][NT]) {
@@ -214,6 +271,7 @@ static void q_rows(const QWeights &W, const QAct &a, int m0, const int *rows, co
     for (int sb = 0; sb < nsb; sb++) {
         const int g0 = sb * SB / QG, g1 = std::min(ng, g0 + SB / QG);
 #ifdef __AVX2__
+        static_assert(FMT == Q8, "with AVX2, int4 tiles go through q4_tile");
         const __m256i ones = _mm256_set1_epi16(1);
         /* Two weight rows at a time over the super-block's groups, so that the four accumulators,
          * two activation vectors and the weights stay in registers (no spills). */
@@ -222,27 +280,14 @@ static void q_rows(const QWeights &W, const QAct &a, int m0, const int *rows, co
     for (int g = g0; g < g1; g++) {                                                                                   \
         const __m256i x0 = _mm256_loadu_si256((const __m256i *)&a.q[(size_t)m0 * K + g * QG]);                         \
         const __m256i x1 = MT == 2 ? _mm256_loadu_si256((const __m256i *)&a.q[(size_t)(m0 + 1) * K + g * QG]) : x0;    \
-        if (FMT == Q4) {                                                                                              \
-            const __m256i w0 = _mm256_load_si256((const __m256i *)(codes + ((size_t)J0 * ng + g) * QG));              \
-            const __m256i w1 = _mm256_load_si256((const __m256i *)(codes + ((size_t)J1 * ng + g) * QG));              \
-            const __m256i s0 = _mm256_set1_epi16(sc16[(size_t)J0 * ng + g]);                                         \
-            const __m256i s1 = _mm256_set1_epi16(sc16[(size_t)J1 * ng + g]);                                         \
-            A0 = _mm256_add_epi32(A0, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), s0));                           \
-            B0 = _mm256_add_epi32(B0, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x0), s1));                           \
-            if (MT == 2) {                                                                                            \
-                A1 = _mm256_add_epi32(A1, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x1), s0));                       \
-                B1 = _mm256_add_epi32(B1, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), s1));                       \
-            }                                                                                                         \
-        } else {                                                                                                      \
-            const __m256i r0 = _mm256_loadu_si256((const __m256i *)((const int8_t *)W.w + (size_t)rows[J0] * K + g * QG)); \
-            const __m256i r1 = _mm256_loadu_si256((const __m256i *)((const int8_t *)W.w + (size_t)rows[J1] * K + g * QG)); \
-            const __m256i w0 = _mm256_sign_epi8(r0, r0), w1 = _mm256_sign_epi8(r1, r1);                               \
-            A0 = _mm256_add_epi32(A0, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, _mm256_sign_epi8(x0, r0)), ones));   \
-            B0 = _mm256_add_epi32(B0, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, _mm256_sign_epi8(x0, r1)), ones));   \
-            if (MT == 2) {                                                                                            \
-                A1 = _mm256_add_epi32(A1, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, _mm256_sign_epi8(x1, r0)), ones)); \
-                B1 = _mm256_add_epi32(B1, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, _mm256_sign_epi8(x1, r1)), ones)); \
-            }                                                                                                         \
+        const __m256i r0 = _mm256_loadu_si256((const __m256i *)((const int8_t *)W.w + (size_t)rows[J0] * K + g * QG)); \
+        const __m256i r1 = _mm256_loadu_si256((const __m256i *)((const int8_t *)W.w + (size_t)rows[J1] * K + g * QG)); \
+        const __m256i w0 = _mm256_sign_epi8(r0, r0), w1 = _mm256_sign_epi8(r1, r1);                                   \
+        A0 = _mm256_add_epi32(A0, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, _mm256_sign_epi8(x0, r0)), ones));       \
+        B0 = _mm256_add_epi32(B0, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, _mm256_sign_epi8(x0, r1)), ones));       \
+        if (MT == 2) {                                                                                                \
+            A1 = _mm256_add_epi32(A1, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, _mm256_sign_epi8(x1, r0)), ones));   \
+            B1 = _mm256_add_epi32(B1, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, _mm256_sign_epi8(x1, r1)), ones));   \
         }                                                                                                             \
     }
         CAD_PAIR(0, 1, c00, c10, c01, c11)
@@ -264,7 +309,7 @@ static void q_rows(const QWeights &W, const QAct &a, int m0, const int *rows, co
                     for (int k = 0; k < QG; k++) {
                         const int wv = FMT == Q4 ? (int)codes[((size_t)j * ng + g) * QG + k] * sc16[(size_t)j * ng + g]
                                                  : ((const int8_t *)W.w)[(size_t)rows[j] * K + g * QG + k];
-                        ii[k / 4] += wv * qx[g * QG + k];
+                        ii[FMT == Q4 ? pair_lane(g, g0, g1, k) : k / 4] += wv * qx[g * QG + k];
                     }
 #endif
                 const v8f f = __builtin_convertvector(ii, v8f);
@@ -280,21 +325,89 @@ static void q_rows(const QWeights &W, const QAct &a, int m0, const int *rows, co
 }
 
 #ifdef __AVX2__
+/* Q4, MT (1..4) activation rows against one tile of NT weight rows unpacked in `codes` (pair
+ * layout, see q_rows): one weight row at a time, its codes and scales loaded once per pair of
+ * groups for all MT rows. Same integer lanes and float steps as q_rows and q4_row. */
+template <int MT>
+static void q4_tile(const QWeights &W, const QAct &a, int m0, const int *rows, const uint8_t *codes, const int16_t *sc16,
+                    const float *Sf, const float *off, float out[][NT]) {
+    const int K = W.K, nsb = (K + SB - 1) / SB, ng = K / QG;
+    v8f accv[MT][NT];
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NT; j++) accv[i][j] = v8_splat(0.0f);
+    const int8_t *xq[MT];
+    for (int i = 0; i < MT; i++) xq[i] = &a.qp[(size_t)(m0 + i) * K];
+    for (int sb = 0; sb < nsb; sb++) {
+        const int g0 = sb * SB / QG, g1 = std::min(ng, g0 + SB / QG), gp = g0 + ((g1 - g0) & ~1);
+        float d[MT];
+        for (int i = 0; i < MT; i++) d[i] = a.d[(size_t)(m0 + i) * nsb + sb];
+        for (int j = 0; j < NT; j++) {
+            const __m256i t = block_scales(W.sc + (size_t)rows[j] * ng, g0, g1);
+            __m256i acc[MT];
+            for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_si256();
+            for (int g = g0; g < gp; g += 2) {
+                const uint8_t *p = codes + ((size_t)j * ng + g) * QG;
+                const __m256i lo = _mm256_load_si256((const __m256i *)p), hi = _mm256_load_si256((const __m256i *)(p + 32));
+                const __m256i sc = pair_scales(t, (g - g0) / 2);
+                for (int i = 0; i < MT; i++)
+                    acc[i] = _mm256_add_epi32(acc[i], pair_dot(lo, hi, _mm256_loadu_si256((const __m256i *)(xq[i] + g * QG)),
+                                                               _mm256_loadu_si256((const __m256i *)(xq[i] + g * QG + 32)), sc));
+            }
+            if (gp < g1) {
+                const __m256i w = _mm256_load_si256((const __m256i *)(codes + ((size_t)j * ng + gp) * QG));
+                const __m256i sc = _mm256_set1_epi16(sc16[(size_t)j * ng + gp]);
+                for (int i = 0; i < MT; i++)
+                    acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)(xq[i] + gp * QG))), sc));
+            }
+            for (int i = 0; i < MT; i++) {
+                v8i ii;
+                memcpy(&ii, &acc[i], sizeof ii);
+                accv[i][j] = __builtin_convertvector(ii, v8f) * v8_splat(d[i] * Sf[(size_t)j * nsb + sb]) + accv[i][j];
+            }
+        }
+    }
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NT; j++)
+            out[i][j] = v8_hsum(accv[i][j]) - min_share(off + (size_t)j * ng, &a.xs[(size_t)(m0 + i) * ng], ng);
+}
+#endif
+
+#ifdef __AVX2__
 /* Q4, one activation row: codes, sub-scales and minimums decoded in registers, no tile buffers.
- * Same arithmetic as q_rows (exact integer sums, then the same float steps in the same order). */
+ * Same arithmetic as q_rows (exact integer sums in the same lanes, then the same float steps in
+ * the same order). */
 static void q4_row(const QWeights &W, const QAct &a, int m, const int *rows, float *out) {
     const int K = W.K, nsb = (K + SB - 1) / SB, ng = K / QG;
+    const size_t PF = std::min<size_t>((size_t)NT * (K / 2) + 1024, 16384); /* prefetch two tiles ahead: the hardware prefetcher
+                                                   loses NT interleaved short streams */
     const __m128i mask = _mm_set1_epi8(15);
+    const __m256i mask2 = _mm256_set1_epi8(15);
     v8f accv[NT];
     for (int j = 0; j < NT; j++) accv[j] = v8_splat(0.0f);
     const float *xs = &a.xs[(size_t)m * ng];
+    const int8_t *xq = &a.qp[(size_t)m * K];
     for (int sb = 0; sb < nsb; sb++) {
-        const int g0 = sb * SB / QG, g1 = std::min(ng, g0 + SB / QG);
+        const int g0 = sb * SB / QG, g1 = std::min(ng, g0 + SB / QG), gp = g0 + ((g1 - g0) & ~1);
         const float d = a.d[(size_t)m * nsb + sb];
-        __m256i acc[NT];
-        for (int j = 0; j < NT; j++) acc[j] = _mm256_setzero_si256();
-        for (int g = g0; g < g1; g++) {
-            const __m256i vx = _mm256_loadu_si256((const __m256i *)&a.q[(size_t)m * K + g * QG]);
+        __m256i acc[NT], s16[NT];
+        for (int j = 0; j < NT; j++) {
+            acc[j] = _mm256_setzero_si256();
+            s16[j] = block_scales(W.sc + (size_t)rows[j] * ng, g0, g1);
+        }
+        for (int g = g0; g < gp; g += 2) {
+            const __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + g * QG));
+            const __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + g * QG + 32));
+            for (int j = 0; j < NT; j++) {
+                const uint8_t *p = (const uint8_t *)W.w + (size_t)rows[j] * (K / 2) + g * 16;
+                _mm_prefetch((const char *)p + PF, _MM_HINT_T0);
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)p);
+                const __m256i lo = _mm256_and_si256(raw, mask2), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask2);
+                acc[j] = _mm256_add_epi32(acc[j], pair_dot(lo, hi, xa, xb, pair_scales(s16[j], (g - g0) / 2)));
+            }
+        }
+        if (gp < g1) { /* the last group of an odd count */
+            const int g = gp;
+            const __m256i vx = _mm256_loadu_si256((const __m256i *)(xq + g * QG));
             for (int j = 0; j < NT; j++) {
                 const __m128i raw = _mm_loadu_si128((const __m128i *)((const uint8_t *)W.w + (size_t)rows[j] * (K / 2) + g * 16));
                 const __m256i vw = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
@@ -349,20 +462,44 @@ static void quantized(const float *x, float *y, int M, const QWeights &W, int nt
                 for (int j = 0; j < NT; j++) {
                     const size_t n = rows[j];
                     const uint8_t *row = (const uint8_t *)W.w + n * (K / 2);
-                    for (int g = 0; g < ng; g++) {
-                        unpack_group(row, g, codes + ((size_t)j * ng + g) * QG);
-                        sc16[(size_t)j * ng + g] = W.sc[n * ng + g];
+                    for (int g = 0; g < ng; g++) sc16[(size_t)j * ng + g] = W.sc[n * ng + g];
+                    for (int sb = 0; sb < nsb; sb++) {
+                        const int g0 = sb * SB / QG, g1 = std::min(ng, g0 + SB / QG);
+                        int g = g0;
+#ifdef __AVX2__
+                        for (; g + 1 < g1; g += 2) { /* a pair: low nibbles of both groups, then high */
+                            /* the next tile's bytes arrive while this one is multiplied */
+                            _mm_prefetch((const char *)row + (size_t)NT * (K / 2) + (size_t)g * 16, _MM_HINT_T0);
+                            const __m256i raw = _mm256_loadu_si256((const __m256i *)(row + (size_t)g * 16));
+                            const __m256i mask = _mm256_set1_epi8(15);
+                            uint8_t *c = codes + ((size_t)j * ng + g) * QG;
+                            _mm256_store_si256((__m256i *)c, _mm256_and_si256(raw, mask));
+                            _mm256_store_si256((__m256i *)(c + 32), _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask));
+                        }
+#endif
+                        for (; g < g1; g++) unpack_group(row, g, codes + ((size_t)j * ng + g) * QG);
                     }
                     for (int sb = 0; sb < nsb; sb++) Sf[(size_t)j * nsb + sb] = half_to_float(W.S[n * nsb + sb]);
                     group_minimums(W, n, &off[(size_t)j * ng]);
                 }
             for (int m0 = 0; m0 < M;) {
-                const int mt = M - m0 >= 2 ? 2 : 1;
-                float out[2][NT];
-                if (mt == 2)
-                    q_rows<FMT, 2>(W, a, m0, rows, codes, sc16.data(), Sf.data(), off.data(), out);
-                else
-                    q_rows<FMT, 1>(W, a, m0, rows, codes, sc16.data(), Sf.data(), off.data(), out);
+                int mt = M - m0 >= 2 ? 2 : 1;
+                float out[4][NT];
+#ifdef __AVX2__
+                if constexpr (FMT == Q4) {
+                    mt = std::min(4, M - m0);
+                    if (mt == 4) q4_tile<4>(W, a, m0, rows, codes, sc16.data(), Sf.data(), off.data(), out);
+                    else if (mt == 3) q4_tile<3>(W, a, m0, rows, codes, sc16.data(), Sf.data(), off.data(), out);
+                    else if (mt == 2) q4_tile<2>(W, a, m0, rows, codes, sc16.data(), Sf.data(), off.data(), out);
+                    else q4_tile<1>(W, a, m0, rows, codes, sc16.data(), Sf.data(), off.data(), out);
+                } else
+#endif
+                {
+                    if (mt == 2)
+                        q_rows<FMT, 2>(W, a, m0, rows, codes, sc16.data(), Sf.data(), off.data(), out);
+                    else
+                        q_rows<FMT, 1>(W, a, m0, rows, codes, sc16.data(), Sf.data(), off.data(), out);
+                }
                 for (int i = 0; i < mt; i++)
                     for (int j = 0; j < nt; j++) {
                         float s = out[i][j];
