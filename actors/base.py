@@ -105,6 +105,10 @@ class Actor:
         timeouts.heartbeat_s without counting as hung. Main thread only, like every send."""
         self.ctx.send(wire.Heartbeat(time.monotonic_ns()))
 
+    def interrupted(self) -> bool:
+        """A message is waiting: a long op that may stop early (a lookahead) should end now."""
+        return bool(self.ctx.sock.poll(0, zmq.POLLIN))
+
     def close(self) -> None:
         """Release what `__init__` took (files, threads). Called once the loop has ended."""
 

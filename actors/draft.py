@@ -51,6 +51,10 @@ class DraftActor(Actor):
         stacked = torch.stack(dists).float()
         return out, {"dists": self.put(tensors["slot"], stacked)}
 
+    def op_ahead(self, args, tensors):
+        """Draft on while the target verifies the last tree, until the verdict arrives (LLMCad 3.4)."""
+        return {"steps": self.drafter.look_ahead(self.last, int(args["steps"]), stop=self.interrupted)}
+
     def op_advance(self, args, tensors):
         """The verdict: accepted nodes of the last tree (empty list and no tree: a plain step) and the new tokens."""
         d = self.last if args.get("tree", True) else None
@@ -59,4 +63,5 @@ class DraftActor(Actor):
         if d is not None:
             self.drafter.update_threshold(d, *best_branch(d.tree, path))
         self.last = None
-        return {"alpha": self.drafter.threshold.alpha}
+        dr = self.drafter
+        return {"alpha": dr.threshold.alpha, "ahead_steps": dr.ahead_steps, "ahead_reused": dr.ahead_reused}

@@ -193,7 +193,9 @@ def bench_cgroup(args, prompts: list[Prompt]):
           file=sys.stderr, flush=True)
     common = ["--prompts", args.prompts, "--max-new-tokens", str(args.max_new_tokens), "--target", args.target,
               "--draft", args.draft, "--dtype", args.fmt, "--chat", args.chat, "--threads", str(args.threads),
-              "--width", str(args.width), "--chain-k", str(args.chain_k)] + \
+              "--width", str(args.width), "--chain-k", str(args.chain_k), "--branch-threshold", str(args.branch_threshold),
+              "--alpha", str(args.alpha), "--draft-ahead", str(args.draft_ahead)] + \
+        (["--no-trie"] if args.no_trie else []) + (["--fixed-width"] if args.fixed_width else []) + \
         (["--limit", str(args.limit)] if args.limit else []) + (["--one-per-kind"] if args.one_per_kind else []) + (["--profile", args.profile] if args.profile else []) + \
         (["--trace-dir", args.trace_dir] if args.trace_dir else [])
     base_budget = budget
@@ -260,7 +262,7 @@ def print_summary(console: Console, rows: list[dict]):
     kinds = sorted({k[3] for k in groups} - {"all"}) + ["all"]
     rate = {k: sum(len(r["new_token_ids"]) for r in v) / max(sum(r["wall_s"] for r in v), 1e-9) for k, v in groups.items()}
     t = Table(title="tokens/s (ratio to our target mode, same weights)")
-    for c in ("mode", "format", "model", *kinds, "acc/verif", "verif/token", "wasted/token"):
+    for c in ("mode", "format", "model", *kinds, "acc/verif", "verif/token", "wasted/token", "ahead reused/verif"):
         t.add_column(c)
     for mode, fmt, target in sorted({k[:3] for k in groups}, key=lambda x: (x[2], x[1], x[0])):
         cells = []
@@ -273,9 +275,10 @@ def print_summary(console: Console, rows: list[dict]):
         ver = sum(r["stats"].get("verifications", 0) for r in allrows)
         acc = sum(r["stats"].get("accepted", 0) for r in allrows)
         wasted = sum(r["stats"].get("wasted", 0) for r in allrows)
+        reused = sum(r["stats"].get("ahead_reused", 0) for r in allrows)
         spec = mode in ("chain", "tree")
         t.add_row(mode, fmt, target, *cells, f"{acc / max(ver, 1):.2f}" if spec else "", f"{ver / max(n, 1):.3f}" if spec else "",
-                  f"{wasted / max(n, 1):.2f}" if spec else "")
+                  f"{wasted / max(n, 1):.2f}" if spec else "", f"{reused / max(ver, 1):.2f}" if spec else "")
     console.print(t)
 
 

@@ -44,6 +44,10 @@ def add_model_args(p):
     t.add_argument("--alpha", type=float, default=TreeConfig.alpha, help="initial fallback threshold (verify when Tc < alpha)")
     t.add_argument("--no-trie", action="store_true", help="tree mode: no Lookahead trie candidates")
     t.add_argument("--fixed-width", action="store_true", help="always use the full width (no adaptive governor)")
+    t.add_argument("--draft-ahead", type=int, default=0,
+                   help="greedy chain/tree over actors: draft forwards (on one thread) the draft may run while the "
+                        "target verifies, LLMCad's speculative drafting during verification; default 0: on a "
+                        "2-core CPU it slows the verifier more than it saves (BENCHMARKS.md)")
     p.add_argument("--trace-dir", default=None, help="the folder for the Chrome trace (default: traces/)")
     p.add_argument("--profile", default=None, help="an ARCA profile (launch profile --out): its width, tree and partition")
     p.add_argument("--sparse-worker", action="store_true",
@@ -76,7 +80,7 @@ def setup_threads(args):
 def tree_config(args, mode: str, profile: dict | None = None) -> TreeConfig:
     tree = TreeConfig(mode="chain" if mode == "chain" else "tree", width=args.width, chain_k=args.chain_k,
                       branch_threshold=args.branch_threshold, alpha=args.alpha, trie=not args.no_trie,
-                      adaptive=not args.fixed_width)
+                      adaptive=not args.fixed_width, ahead=args.draft_ahead if args.runtime == "actors" else 0)
     if profile and profile["width"] > 0 and mode == "tree":  # ARCA's width and static tree
         tree = TreeConfig(**{**tree.__dict__, "width": profile["width"], "trie": False, "adaptive": False,
                              "shape_parents": tuple(profile["tree"]["parents"]), "shape_ranks": tuple(profile["tree"]["ranks"])})

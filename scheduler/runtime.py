@@ -254,6 +254,15 @@ class Scheduler(TensorExchange):
                     raise RequestTimeout(role, op, req_id, limit)
                 self._pump(min(remaining, 0.1))
 
+    def take_reply(self, req_id: int) -> wire.Reply | None:
+        """The reply to `req_id` if it has arrived and nobody has taken it (then it is removed)."""
+        self._pump(0)
+        for ev in self.events:
+            if isinstance(ev, ReplyEvent) and ev.reply.req_id == req_id:
+                self.events.remove(ev)
+                return ev.reply
+        return None
+
     def poll(self, timeout: float = 0.0) -> list:
         """Everything that happened: ReplyEvent, DeadEvent, ErrorEvent. Waits up to `timeout` for one."""
         deadline = time.monotonic() + timeout

@@ -33,7 +33,7 @@ class ActorSpeculation:
         the share s of the dense chunks; verifier and worker then run on one core each."""
         self.s, self.mode, self.sampling, self.cfg = sched, mode, sampling, cfg
         self.context_length, self.vocab_size = context_length, vocab_size
-        self.current = mode  # the mode of the generation under way
+        self.current, self.cur_cfg = mode, cfg  # the mode and tree settings of the generation under way
         self.streamer = None
         self.governors: dict[tuple, Governor] = {}  # per mode and budget set, kept across prompts
         self.worker = worker
@@ -129,7 +129,7 @@ class ActorSpeculation:
         self.kv_slot = self.job_slots = None
 
     def _capacity(self, n_prompt: int, max_new: int) -> int:
-        return min(self.context_length, n_prompt + max_new + max(self.cfg.budget, 64) + 2)
+        return min(self.context_length, n_prompt + max_new + max(self.cfg.budget, 64) + self.cfg.ahead + 2)
 
     def generate(self, prompt_ids: list[int], max_new: int, stop: set[int],
                  on_tokens: Callable[[list[int]], None] | None = None, mode: str | None = None,
@@ -141,7 +141,7 @@ class ActorSpeculation:
         mode, cfg = mode or self.mode, cfg or self.cfg
         if mode not in TARGET_ONLY and "draft" not in s.actors:
             raise ValueError(f"mode {mode} needs the draft actor, which this run did not start")
-        self.current = mode
+        self.current, self.cur_cfg = mode, cfg
         cap = self._capacity(len(prompt_ids), max_new)
         t0 = time.perf_counter()
         first = self._target("start", {"prompt_ids": prompt_ids, "capacity": cap})["token"]
@@ -214,6 +214,10 @@ class ActorSpeculation:
                 stats.verify_s += time.perf_counter() - t
                 self.last_cycle = None
                 return [nxt]
+            ahead_req = None
+            if cfg_ahead := (self.cur_cfg.ahead if self.sampling.greedy else 0):
+                # the draft drafts on while the target verifies; the verdict (advance) interrupts it
+                ahead_req = s.send("draft", "ahead", {"steps": cfg_ahead})
             verify_req = s._next_req
             v = self._target("verify", tree, tree_tensors)
         finally:
@@ -221,7 +225,13 @@ class ActorSpeculation:
                 s.slots.free(slot)
         path = list(v["path"])
         new = [tree["tokens"][i] for i in path] + [v["next"]]
-        alpha = s.call("draft", "advance", {"path": path, "new": new}).result["alpha"]
+        adv = s.call("draft", "advance", {"path": path, "new": new}).result
+        alpha = adv["alpha"]
+        if ahead_req is not None:  # answered before `advance` (one socket, in order), unless a stream poll took it
+            r = s.take_reply(ahead_req)
+            if r is not None and not r.ok:
+                raise ActorError("draft", "ahead", ahead_req, r.error)
+        stats.ahead_steps, stats.ahead_reused = adv.get("ahead_steps", 0), adv.get("ahead_reused", 0)
         stats.verify_s += time.perf_counter() - t
         stats.verifications += 1
         stats.accepted += len(path)

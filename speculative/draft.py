@@ -34,6 +34,7 @@ class TreeConfig:
     trie: bool = True  # tree mode: add Lookahead trie candidates from the prompt and output n-grams
     trie_nodes: int = 4  # at most this many trie candidates per tree
     adaptive: bool = True  # let the governor pick each cycle's budget (0 = plain target step)
+    ahead: int = 0  # greedy: draft forwards the draft may run while the target verifies (LLMCad 3.4)
     # an ARCA tree shape (launch profile): a fixed tree of draft ranks instead of LLMCad's dynamic tree
     shape_parents: tuple = ()
     shape_ranks: tuple = ()
@@ -49,6 +50,8 @@ class TreeConfig:
             raise CadenceError(f"branch_threshold={self.branch_threshold} must be in (0, 1]")
         if not 0 <= self.alpha < 1:
             raise CadenceError(f"alpha={self.alpha} must be in [0, 1)")
+        if not 0 <= self.ahead <= 64:
+            raise CadenceError(f"draft-ahead steps {self.ahead} must be within 0..64")
 
     @property
     def budget(self) -> int:
@@ -64,6 +67,7 @@ class DraftTree:
     # it was drawn from (None: a deterministic candidate, such as a trie branch: a point mass)
     trials: dict[int, list[tuple[int, torch.Tensor | None]]] = field(default_factory=dict)
     trie_nodes: int = 0
+    dists: dict[int, torch.Tensor] = field(default_factory=dict)  # greedy: a fed node's next-token distribution
 
     def wire_trials(self) -> tuple[list[list[int]], list]:
         """Sampling trials as [node, child, dist index or -1] rows, and the distinct distributions."""
@@ -78,6 +82,24 @@ class DraftTree:
                     k = index[id(q)]
                 rows.append([node, child, k])
         return rows, dists
+
+
+@dataclass
+class Ahead:
+    """Speculative drafting during verification: a greedy chain grown from the tree's most
+    confident leaf while the target verifies the tree. `fed`: the chain's nodes the draft ran on,
+    each (token, KV slot, next-token distribution); the first is the leaf itself."""
+    leaf: int
+    fed: list[tuple[int, int, torch.Tensor]] = field(default_factory=list)
+
+
+@dataclass
+class Seed:
+    """What a reused lookahead leaves for the next tree: the root's distribution and a chain of
+    nodes already fed (their KV entries pending in the draft cache, in order)."""
+    root_dist: torch.Tensor
+    tokens: list[int]
+    dists: list[torch.Tensor]
 
 
 def trials_from_wire(rows: list[list[int]], dists) -> dict:
@@ -96,10 +118,14 @@ class Drafter:
         self.cache = None
         self.pending: list[int] = []
         self.context: list[int] = []  # every committed token: what the trie matches against
+        self.ahead: Ahead | None = None  # the lookahead of the tree under verification
+        self.seed: Seed | None = None  # a reused lookahead, for the next tree
+        self.ahead_steps = self.ahead_reused = 0  # lookahead forwards run / tokens the next tree got from them
 
     def start(self, prompt_ids: list[int], capacity: int):
         """Feed the prompt; the first generated token will arrive through `push`."""
         self.cache = self.model.new_cache(capacity)
+        self.ahead = self.seed = None
         self.pending = list(prompt_ids)
         self.context = list(prompt_ids)
         if self.trie:
@@ -224,17 +250,26 @@ class Drafter:
             return self.build_static(self.cfg.budget if budget is None else budget)
         cfg = self.cfg
         budget = cfg.budget if budget is None else budget
-        root = self.pending[-1]
-        d = DraftTree(TokenTree(root), 1.0, 1)
-        dist = self._dist(self._feed_pending())
+        seed, self.seed = self.seed, None
+        if seed is not None and not self.pending:  # the root and a chain below it were drafted during verification
+            d = DraftTree(TokenTree(self.context[-1]), 1.0, 0)
+            dist = seed.root_dist
+        else:
+            d = DraftTree(TokenTree(self.pending[-1]), 1.0, 1)
+            dist = self._dist(self._feed_pending())
+            seed = None
         if self.trie and budget > 1:
             self._add_trie(d, budget - 1)
         self._expand(d, ROOT, dist, budget - len(d.tree))
         c, dev = self.cache, self.model.device
+        if seed is not None:
+            self._plant(d, seed, dist, budget)
         while len(d.tree) < budget:
             if cfg.mode == "tree" and self.threshold.should_verify(d.tree.tree_confidence()):
                 break
-            tips = [i for i in d.tree.tips() if d.tree.nodes[i].depth < min(cfg.max_depth, budget)]
+            # a tip under an unfed node (a trie chain) waits for it: its ancestors' KV entries must exist
+            tips = [i for i in d.tree.tips() if d.tree.nodes[i].depth < min(cfg.max_depth, budget)
+                    and self._ready(d.tree, i)]
             if not tips:
                 break
             tip = pace(d.tree, tips)
@@ -247,22 +282,116 @@ class Drafter:
                                         torch.tensor([c.length + node.depth - 1], device=dev), c, vis)[0]
             node.fed, node.slot = True, slot
             d.forwards += 1
-            self._expand(d, tip, self._dist(logits), budget - len(d.tree))
+            dist = self._dist(logits)
+            if self.sampling.greedy:
+                d.dists[tip] = dist
+            self._expand(d, tip, dist, budget - len(d.tree))
         d.tc = d.tree.tree_confidence()
         return d
 
+    @staticmethod
+    def _ready(t: TokenTree, i: int) -> bool:
+        """The draft can run on node i: its parent is the root or was run on (so every ancestor was)."""
+        p = t.nodes[i].parent
+        return p == ROOT or t.nodes[p].fed
+
+    def _plant(self, d: DraftTree, seed: Seed, root_dist: torch.Tensor, budget: int):
+        """Put a reused lookahead chain into a new tree: its nodes are fed already (their KV entries
+        are the first pending slots), so they expand from their stored distributions, no forward."""
+        t, parent, pdist = d.tree, ROOT, root_dist
+        for j, (tok, dist) in enumerate(zip(seed.tokens, seed.dists)):
+            node = self._child(t, parent, tok)
+            if node is None:
+                if len(t) >= budget or (t.nodes[parent].depth if parent != ROOT else 0) >= self.cfg.max_depth:
+                    break
+                node = t.add(tok, parent, float(pdist[tok]))
+            t.nodes[node].fed, t.nodes[node].slot = True, self.cache.length + j
+            d.dists[node] = dist
+            self.ahead_reused += 1
+            self._expand(d, node, dist, budget - len(t))
+            parent, pdist = node, dist
+
+    def look_ahead(self, d: DraftTree | None, steps: int, stop=lambda: False) -> int:
+        """Speculative drafting during verification (LLMCad 3.4): while the target verifies `d`, grow a
+        greedy chain from its most confident leaf, one draft forward per step, until `stop()` (the
+        verdict has arrived) or `steps`. `advance` keeps the chain when the target accepts that leaf
+        and its next token. Returns the forwards run."""
+        self.ahead = None
+        if d is None or not len(d.tree) or steps <= 0 or not self.sampling.greedy or self.cfg.shape_parents:
+            return 0
+        t = d.tree
+        leaves = [i for i in t.branches() if self._ready(t, i)]
+        if not leaves:
+            return 0
+        leaf = max(leaves, key=lambda i: t.nodes[i].cum)
+        a = self.ahead = Ahead(leaf)
+        anc = [t.nodes[i].slot for i in t.path(leaf)[:-1]]
+        depth, tok = t.nodes[leaf].depth, t.nodes[leaf].token
+        if t.nodes[leaf].fed:  # expanded during the build, its children cut by the budget
+            a.fed.append((tok, t.nodes[leaf].slot, d.dists[leaf]))
+            anc.append(t.nodes[leaf].slot)
+            tok, depth = int(d.dists[leaf].argmax()), depth + 1
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # the verifier runs meanwhile: take one core at most
+        try:
+            n = self._chain(a, anc, tok, depth, steps, stop)
+        finally:
+            torch.set_num_threads(threads)
+        self.ahead_steps += n
+        return n
+
+    def _chain(self, a: Ahead, anc: list[int], tok: int, depth: int, steps: int, stop) -> int:
+        c, dev, n = self.cache, self.model.device, 0
+        while n < steps and c.end + 2 < c.capacity and not stop():
+            slot = c.end
+            vis = Visibility(c.length, torch.tensor([0, len(anc) + 1], dtype=torch.int32),
+                             torch.tensor(anc + [slot], dtype=torch.int32))
+            logits = self.model.forward(torch.tensor([tok], device=dev), torch.tensor([c.length + depth - 1], device=dev),
+                                        c, vis)[0]
+            dist = self._dist(logits)
+            a.fed.append((tok, slot, dist))
+            anc.append(slot)
+            tok, depth, n = int(dist.argmax()), depth + 1, n + 1
+        return n
+
     def advance(self, d: DraftTree | None, path: list[int], new_tokens: list[int]):
-        """After a verification: keep the accepted nodes the draft already ran on; the rest is pending."""
+        """After a verification: keep the accepted nodes the draft already ran on; the rest is pending.
+
+        With a lookahead from the accepted leaf whose first token is the target's own next token,
+        that token becomes the root already fed, and the rest of the chain seeds the next tree."""
         self._remember(new_tokens)
+        ahead, self.ahead, self.seed = self.ahead, None, None
         if d is None:
             self.cache.commit([])
             self.pending.extend(new_tokens)
             return
         t = d.tree
         fed = [i for i in path if t.nodes[i].fed]
+        keep = [t.nodes[i].slot for i in fed]
+        chain = []
+        if ahead is not None and path and path[-1] == ahead.leaf and ahead.fed:
+            # ahead.fed[0] is the leaf (fed now, if it was not); then the chain after it
+            if not t.nodes[ahead.leaf].fed:
+                keep.append(ahead.fed[0][1])
+                fed.append(ahead.leaf)
+            chain = ahead.fed[1:]
+            bonus = new_tokens[len(path)]
+            if chain and chain[0][0] == bonus:  # the target's next token is the chain's first: reuse it all
+                keep += [slot for _, slot, _ in chain]
+            else:
+                chain = []
         # pending slots were filled in feed order; the accepted nodes' slots, in order
-        self.cache.commit([t.nodes[i].slot - self.cache.length for i in fed])
-        self.pending = new_tokens[len(fed):]
+        L = self.cache.length
+        self.cache.commit([slot - L for slot in keep])
+        if chain:
+            root_dist = chain[0][2]
+            rest = chain[1:]
+            self.cache.length -= len(rest)  # the chain after the root stays pending, for the next tree
+            self.cache.pending = len(rest)
+            self.pending = []
+            self.seed = Seed(root_dist, [tok for tok, _, _ in rest], [dist for _, _, dist in rest])
+        else:
+            self.pending = new_tokens[len(fed):]
 
     def update_threshold(self, d: DraftTree, n_all: int, n_correct: int):
         if self.cfg.mode == "tree":

@@ -39,6 +39,8 @@ class SpecStats:
     alpha: list[float] = field(default_factory=list)
     draft_s: float = 0.0
     verify_s: float = 0.0
+    ahead_steps: int = 0  # draft forwards run during verification
+    ahead_reused: int = 0  # tree nodes that came from them, fed already
 
     def record_verification(self, d: DraftTree, path: list[int]):
         self.verifications += 1
@@ -58,6 +60,7 @@ class SpecStats:
             "accepted_hist": {str(k): n for k, n in sorted(self.accepted_hist.items())},
             "budget_hist": {str(k): n for k, n in sorted(self.budget_hist.items())},
             "alpha": [round(a, 6) for a in self.alpha], "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
+            "ahead_steps": self.ahead_steps, "ahead_reused": self.ahead_reused,
         }
 
 
@@ -65,7 +68,7 @@ def generate_speculative(target: LoadedModel, draft: LoadedModel, prompt_ids: li
                          sampling: SamplingConfig, cfg: TreeConfig,
                          on_tokens: Callable[[list[int]], None] | None = None, stop_at_eos: bool = True) -> Generation:
     stop = target.tokenizer.stop_ids if stop_at_eos else set()
-    cap = check_length(target.model, len(prompt_ids), max_new, slack=cfg.budget + 2)
+    cap = check_length(target.model, len(prompt_ids), max_new, slack=cfg.budget + cfg.ahead + 2)
     verifier, drafter = Verifier(target.model, sampling), Drafter(draft.model, sampling, cfg)
     governor = Governor(budgets(cfg), cfg.budget) if cfg.adaptive else None
     stats = SpecStats()
@@ -93,6 +96,7 @@ def generate_speculative(target: LoadedModel, draft: LoadedModel, prompt_ids: li
             drafter.advance(d, [], new)
             stats.plain_steps += 1
         else:
+            drafter.look_ahead(d, cfg.ahead)  # in one process: the draft's lookahead runs before the verdict
             v = verifier.verify(d)
             path = v.path
             new = d.tree.tokens_of(path) + [v.next_token]
@@ -112,4 +116,5 @@ def generate_speculative(target: LoadedModel, draft: LoadedModel, prompt_ids: li
         out.extend(new)
         if on_tokens:
             on_tokens(new)
+    stats.ahead_steps, stats.ahead_reused = drafter.ahead_steps, drafter.ahead_reused
     return Generation(prompt_ids, out[:max_new], time.perf_counter() - t0, t_prefill, stats.as_dict())

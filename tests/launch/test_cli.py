@@ -89,6 +89,12 @@ def test_bad_prompt_file(tmp_path):
     assert "p.jsonl:1" in line
 
 
+def test_draft_ahead_out_of_range(tiny_gguf, tmp_path):
+    line = _one_clear_line(launch("run", "--target", str(tiny_gguf), "--draft", str(tiny_gguf), "--draft-ahead", "99",
+                                  "--prompt", "x", home=tmp_path))
+    assert "draft-ahead" in line and "0..64" in line
+
+
 def test_models_list(tmp_path):
     p = launch("models", "list", home=tmp_path, check=True)
     assert "qwen2.5-coder-1.5b" in p.stdout

@@ -39,7 +39,7 @@ def reference():
 
 def _cfg(mode, tmp_path, budget="auto"):
     return RunConfig(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", fmt="int4", mode=mode,
-                     max_new_tokens=N, tree=TreeConfig(mode="chain" if mode == "chain" else "tree"),
+                     max_new_tokens=N, tree=TreeConfig(mode="chain" if mode == "chain" else "tree", ahead=4),
                      memory_budget=budget, trace_dir=str(tmp_path))
 
 
@@ -49,6 +49,7 @@ def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_p
     with Runner(cfg) as runner:
         plan = runner.plan
         assert plan.streamed and plan.n_slots >= 2  # the target really streams
+        ahead_steps = 0
         for mode in ("tree", "chain", "stdpl", "std"):
             # std differs from stdpl only in not prefetching (the same loads, the same compute):
             # one prompt shows it lossless; it is the slowest mode by design
@@ -57,6 +58,9 @@ def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_p
                 assert row["new_token_ids"] == reference[p.id], (mode, p.id)
                 assert row["memory_budget_bytes"] == plan.budget
                 assert row["stats"]["loads"] > 0 and row["stats"]["bytes_read"] > 0
+                if mode in ("tree", "chain") and row["stats"]["verifications"]:  # drafting during verification
+                    ahead_steps += row["stats"]["ahead_steps"]
+        assert ahead_steps > 0
         sched = runner.sched
         loader = sched.call("loader", "stats").result
         runner.spec.close()  # waits for prefetched loads and gives their slots back

@@ -65,10 +65,14 @@ def test_tree_over_actors_equals_target(reference, tmp_path):
     assert list(tmp_path.glob("*.json")) != [out]  # a Chrome trace was written beside the rows
 
 
-@pytest.mark.parametrize("mode", ["chain", "tree"])
-def test_a_draft_equal_to_the_target_is_always_accepted(mode, prompts):
+@pytest.mark.parametrize("mode,ahead", [("chain", 0), ("tree", 0), ("chain", 3), ("tree", 3)])
+def test_a_draft_equal_to_the_target_is_always_accepted(mode, ahead, prompts):
+    """With `ahead`, the draft drafts on from its best leaf before each verdict; that leaf and the
+    target's next token are always right here, so every next tree starts from the reused chain:
+    the draft's KV entries for it must be exactly those a fresh feed would write, or a token
+    would be rejected."""
     lm = real_model("qwen2.5-coder-0.5b", FMT)
-    cfg = TreeConfig(mode=mode, width=6, chain_k=4, trie=False, adaptive=False)
+    cfg = TreeConfig(mode=mode, width=6, chain_k=4, trie=False, adaptive=False, ahead=ahead)
     for pid in ("fib", "rewrite_hints"):
         ids = prompts[pid]
         ref = engine.generate_target(lm, ids, 48, SamplingConfig()).new_ids
@@ -77,7 +81,12 @@ def test_a_draft_equal_to_the_target_is_always_accepted(mode, prompts):
         hist = {int(k): v for k, v in got.stats["accepted_hist"].items()}
         if mode == "chain":  # every drafted token accepted: each verification took the full chain
             assert got.stats["accepted"] == got.stats["drafted"], got.stats
-        else:  # every verification accepted its most confident branch whole: alpha halved each time
+        elif not ahead:  # every verification accepted its most confident branch whole: alpha halved each time
             alphas = [cfg.alpha] + got.stats["alpha"]
             assert all(b == pytest.approx(max(a * 0.5, 1e-6), abs=1e-6) for a, b in zip(alphas, alphas[1:])), alphas
         assert min(hist) > 0
+        if ahead:  # every tree after the first grew from the chain drafted during the last verification
+            assert got.stats["ahead_steps"] == ahead * got.stats["verifications"], got.stats
+            assert got.stats["ahead_reused"] >= (ahead - 2) * (got.stats["verifications"] - 1) > 0, got.stats
+        else:
+            assert got.stats["ahead_steps"] == got.stats["ahead_reused"] == 0
