@@ -5,6 +5,8 @@ and the draft model costs a third of the target, so a tree that is rarely accept
 than the target alone. The governor keeps, per draft budget (0 = a plain target step), a moving
 average of tokens per second actually obtained, plays the best one, and now and then tries a
 neighbour so the estimates follow the text (code that is being copied, prose that is not).
+A try that loses doubles the wait before the next one (up to `max_gap` cycles): where
+speculation does not pay, probing it must not cost much either; a try that wins resets it.
 """
 from __future__ import annotations
 
@@ -15,16 +17,21 @@ from dataclasses import dataclass, field
 class Governor:
     widths: tuple[int, ...]  # candidate draft budgets, ascending; 0 means "no speculation"
     start: int  # the budget to begin with
-    explore_every: int = 6  # cycles between tries of a neighbouring budget
+    explore_every: int = 6  # cycles between tries of a neighbouring budget, at first
+    max_gap: int = 48  # ... and at most, after tries that lost
     decay: float = 0.7  # weight of the past in the moving averages
     rate: dict[int, float] = field(default_factory=dict)  # budget -> tokens per second
     cycles: int = 0
     current: int = -1
+    gap: int = 0  # cycles between tries now
+    last_try: int = 0  # the cycle of the last try
+    trying: int | None = None  # the budget being tried this cycle
 
     def __post_init__(self):
         if 0 not in self.widths:
             self.widths = (0, *self.widths)
         self.current = self.start if self.start in self.widths else self.widths[-1]
+        self.gap = self.explore_every
 
     def choose(self) -> int:
         """The draft budget for the next cycle."""
@@ -35,12 +42,14 @@ class Governor:
         if not known:
             return self.current
         best = max(known, key=known.get)
-        if self.cycles % self.explore_every == 0:
+        if self.cycles - self.last_try >= self.gap:
             i = self.widths.index(best)
             untried = [w for w in self.widths[max(0, i - 1):i + 2] if w != best]
             if untried:
                 # try the neighbour we know least about (never tried, or the less recent guess)
-                return min(untried, key=lambda w: known.get(w, -1.0))
+                self.last_try = self.cycles
+                self.trying = min(untried, key=lambda w: known.get(w, -1.0))
+                return self.trying
         return best
 
     def record(self, width: int, tokens: int, seconds: float):
@@ -49,3 +58,8 @@ class Governor:
         r = tokens / seconds
         old = self.rate.get(width)
         self.rate[width] = r if old is None else self.decay * old + (1 - self.decay) * r
+        if self.trying is not None and width == self.trying:
+            self.trying = None
+            # this try beat the best average: look again soon (the averages need a few tries to turn)
+            won = r > max((v for w, v in self.rate.items() if w != width), default=0.0)
+            self.gap = self.explore_every if won else min(2 * self.gap, self.max_gap)

@@ -117,6 +117,29 @@ def test_governor_prefers_what_measured_faster_and_keeps_probing():
     assert chosen[-6:].count(4) >= 4
 
 
+def test_governor_backs_off_probing_what_keeps_losing():
+    """The plain step wins (10 tok/s against 5): tries of budget 2 grow rarer, up to max_gap."""
+    g = Governor(widths=(0, 2), start=2, explore_every=3, max_gap=24)
+    chosen = []
+    for _ in range(200):
+        w = g.choose()
+        chosen.append(w)
+        g.record(w, tokens=1, seconds={0: 0.1, 2: 0.2}[w])
+    tries = [i for i, w in enumerate(chosen) if w == 2]
+    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] == 24 and len(tries) < 15, tries
+    # the text turns: budget 2 now pays twice the plain step; one try finds it, the tries come
+    # back to every 3 cycles until the averages turn, then the plain step is the one tried rarely
+    later = []
+    for _ in range(60):
+        w = g.choose()
+        later.append(w)
+        g.record(w, tokens={0: 1, 2: 4}[w], seconds={0: 0.1, 2: 0.2}[w])
+    first = later.index(2)
+    assert first <= 24 and later[first + 1:first + 8].count(2) >= 2
+    assert later[-20:].count(2) >= 19 and g.gap > g.explore_every
+
+
 def test_residual_is_the_normalised_positive_part():
     p = torch.tensor([0.5, 0.3, 0.2])
     q = torch.tensor([0.2, 0.6, 0.2])
