@@ -21,6 +21,7 @@ from speculative.tree import ROOT, TokenTree
 from speculative.trie import TokenTrie
 
 TOP_K = 4  # candidates looked at per expansion
+CATCH_UP = 8  # after plain target steps, the draft runs on at most this many of the tokens it missed
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class Drafter:
         self.ahead: Ahead | None = None  # the lookahead of the tree under verification
         self.seed: Seed | None = None  # a reused lookahead, for the next tree
         self.ahead_steps = self.ahead_reused = 0  # lookahead forwards run / tokens the next tree got from them
+        self.skipped = 0  # committed tokens the draft never ran on (catch-up window)
 
     def start(self, prompt_ids: list[int], capacity: int):
         """Feed the prompt; the first generated token will arrive through `push`."""
@@ -142,7 +144,17 @@ class Drafter:
             self.trie.insert(self.context, start=len(self.context) - len(tokens) - self.trie.branch_len + 1)
 
     def _feed_pending(self) -> torch.Tensor:
+        """Run the draft on the committed tokens it has not seen; the root's next-token logits.
+
+        Behind by more than CATCH_UP tokens after plain target steps (the governor found that
+        speculation did not pay), it runs on the last CATCH_UP only: a forward over all of them
+        would cost more than the try it serves can win back. Its context then has a hole, closed
+        up (positions run on from the cache), which only makes its guesses a little worse: the
+        target still decides every token. The prompt itself is always fed whole."""
         c, dev = self.cache, self.model.device
+        if c.length and len(self.pending) > CATCH_UP:
+            self.skipped += len(self.pending) - CATCH_UP
+            self.pending = self.pending[-CATCH_UP:]
         ids = torch.tensor(self.pending, device=dev)
         logits = self.model.forward(ids, torch.arange(c.length, c.length + len(ids), device=dev), c,
                                     logits_rows=slice(-1, None))[0]

@@ -213,3 +213,31 @@ def test_governor_ignores_budgets_cut_short_by_the_end():
         w = g.choose()
         assert w in (0, 2, 4)
         g.record(w, tokens=1 + w // 2, seconds=0.1)
+
+
+def test_a_draft_far_behind_catches_up_on_the_recent_tokens_only():
+    """After plain target steps the draft runs on the last CATCH_UP tokens it missed, not all of them
+    (the prompt itself it always runs whole), and drafts on from there."""
+    from models.sampling import SamplingConfig
+    from models.transformer import Transformer
+    from models.weights import TensorWeights, random_tensors
+    from speculative.draft import CATCH_UP, Drafter, TreeConfig
+    from tests.conftest import TINY
+
+    args = TINY["qwen"]
+    model = Transformer(args, TensorWeights(args, random_tensors(args, 3), "fp32"))
+    d = Drafter(model, SamplingConfig(), TreeConfig(mode="chain", chain_k=2, trie=False))
+    prompt = [5, 9, 2, 7, 3, 11, 4, 8, 6, 10, 12, 13]
+    d.start(prompt, 128)
+    d.push([14])
+    d.advance(None, [], [])  # nothing verified: the draft has not run yet
+    tree = d.build_tree()
+    assert d.cache.length == len(prompt) + 1 and d.skipped == 0 and len(tree.tree) == 2
+    d.advance(None, [], [15])  # the governor chose plain steps for a while
+    for tok in range(16, 16 + 3 * CATCH_UP):
+        d.advance(None, [], [tok])
+    behind = len(d.pending)
+    tree = d.build_tree()
+    assert d.skipped == behind - CATCH_UP and d.cache.length == len(prompt) + 1 + CATCH_UP
+    assert tree.tree.root_token == 15 + 3 * CATCH_UP and len(tree.tree) == 2
+    assert d.context[-1] == tree.tree.root_token  # the trie's view keeps every token
