@@ -239,12 +239,11 @@ class Scheduler(TensorExchange):
             req_id = self.send(role, op, args, tensors)
             deadline = time.monotonic() + limit
             while True:
-                for ev in self.events:
-                    if isinstance(ev, ReplyEvent) and ev.reply.req_id == req_id:
-                        self.events.remove(ev)
-                        if not ev.reply.ok:
-                            raise ActorError(role, op, req_id, ev.reply.error)
-                        return ev.reply
+                reply = self._pop_reply(req_id)
+                if reply is not None:
+                    if not reply.ok:
+                        raise ActorError(role, op, req_id, reply.error)
+                    return reply
                 proc = self.actors[role]
                 if proc.state == DEAD:
                     raise ActorDead(role, proc.reason)
@@ -257,6 +256,9 @@ class Scheduler(TensorExchange):
     def take_reply(self, req_id: int) -> wire.Reply | None:
         """The reply to `req_id` if it has arrived and nobody has taken it (then it is removed)."""
         self._pump(0)
+        return self._pop_reply(req_id)
+
+    def _pop_reply(self, req_id: int) -> wire.Reply | None:
         for ev in self.events:
             if isinstance(ev, ReplyEvent) and ev.reply.req_id == req_id:
                 self.events.remove(ev)

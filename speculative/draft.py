@@ -68,7 +68,7 @@ class DraftTree:
     # it was drawn from (None: a deterministic candidate, such as a trie branch: a point mass)
     trials: dict[int, list[tuple[int, torch.Tensor | None]]] = field(default_factory=dict)
     trie_nodes: int = 0
-    dists: dict[int, torch.Tensor] = field(default_factory=dict)  # greedy: a fed node's next-token distribution
+    dists: dict[int, torch.Tensor] = field(default_factory=dict)  # greedy, with lookahead: a fed node's next-token distribution
 
     def wire_trials(self) -> tuple[list[list[int]], list]:
         """Sampling trials as [node, child, dist index or -1] rows, and the distinct distributions."""
@@ -295,7 +295,7 @@ class Drafter:
             node.fed, node.slot = True, slot
             d.forwards += 1
             dist = self._dist(logits)
-            if self.sampling.greedy:
+            if self.sampling.greedy and cfg.ahead:  # a lookahead may start from this node
                 d.dists[tip] = dist
             self._expand(d, tip, dist, budget - len(d.tree))
         d.tc = d.tree.tree_confidence()

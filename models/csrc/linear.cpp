@@ -132,12 +132,12 @@ struct QAct {
     std::vector<float> xs;  /* [M, K/QG] d * sum(q) per 32-group: what a group's minimum multiplies */
 };
 
-static void quantize_rows(const float *x, int M, int K, QAct &a) {
+/* int4: also the group sums (xs) and the paired order (qp) its kernels read; int8 needs neither. */
+static void quantize_rows(const float *x, int M, int K, QAct &a, bool int4) {
     const int nsb = (K + SB - 1) / SB, ng = K / QG;
     a.q.resize((size_t)M * K);
     a.d.resize((size_t)M * nsb);
-    a.xs.resize((size_t)M * ng);
-    a.qp.resize((size_t)M * K);
+    if (int4) a.xs.resize((size_t)M * ng), a.qp.resize((size_t)M * K);
     for (int m = 0; m < M; m++)
         for (int sb = 0; sb < nsb; sb++) {
             const int k0 = sb * SB, kn = std::min(SB, K - k0);
@@ -149,6 +149,7 @@ static void quantize_rows(const float *x, int M, int K, QAct &a) {
             for (int i = 0; i < kn; i++) qb[i] = (int8_t)std::nearbyint(xb[i] * id);
             const float d = amax / 127.0f;
             a.d[(size_t)m * nsb + sb] = d;
+            if (!int4) continue;
             for (int g = 0; g < kn / QG; g++) {
                 int sum = 0;
                 for (int i = 0; i < QG; i++) sum += qb[g * QG + i];
@@ -378,7 +379,7 @@ static void q4_tile(const QWeights &W, const QAct &a, int m0, const int *rows, c
  * the same order). */
 static void q4_row(const QWeights &W, const QAct &a, int m, const int *rows, float *out) {
     const int K = W.K, nsb = (K + SB - 1) / SB, ng = K / QG;
-    const size_t PF = std::min<size_t>((size_t)NT * (K / 2) + 1024, 16384); /* prefetch two tiles ahead: the hardware prefetcher
+    const size_t PF = std::min<size_t>((size_t)NT * (K / 2) + 1024, 16384); /* about a tile ahead: the hardware prefetcher
                                                    loses NT interleaved short streams */
     const __m128i mask = _mm_set1_epi8(15);
     const __m256i mask2 = _mm256_set1_epi8(15);
@@ -434,7 +435,7 @@ template <int FMT>
 static void quantized(const float *x, float *y, int M, const QWeights &W, int nthreads, int accumulate, int ldy) {
     const int N = W.N, K = W.K, ng = K / QG, nsb = (K + SB - 1) / SB;
     QAct a;
-    quantize_rows(x, M, K, a);
+    quantize_rows(x, M, K, a, FMT == Q4);
     const int ntiles = (N + NT - 1) / NT;
 #pragma omp parallel num_threads(nthreads)
     {
