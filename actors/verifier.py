@@ -9,6 +9,10 @@ needs something from outside and says so:
   {"need": "attn", ...}: a multi-token attention split with the sparse worker: this actor has put
       Q into the arena; the scheduler sends the worker its chunks and this actor `dense` (its own
       chunks) at once, then `merge` with the worker's chunk states.
+  {"need": "cols", ...}: a linear layer split by output columns with the worker (--column-share):
+      its input is in the arena's `xin` slot and its output goes to `x` (added to the residual) or
+      `y`; the scheduler sends the worker its columns and this actor `cols` (its own) at once, then
+      `cols_done` once both have written theirs.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import torch
 
 from actors.base import Actor, ActorContext
 from models.engine import load_store
+from models.linear import column_split
 from models.sampling import SamplingConfig
 from models.store import WeightStore
 from models.transformer import Transformer
@@ -43,6 +48,8 @@ class VerifierActor(Actor):
                 self.weights = self.model.weights
         self.worker = init.get("worker")  # {"share": dense share given to the sparse worker} or None
         self.model.split_attention = self.worker is not None
+        self.model.column_share = float((self.worker or {}).get("columns", 0.0)) if self.model.fused else 0.0
+        self.cols = None  # the linear being split by columns: (layer, name, linear, x, y, accumulate)
         self.sampling = SamplingConfig(**init["sampling"])
         self.verifier = None
         self.job = None  # job mode: the job under way (a generator) and what it waits for
@@ -82,7 +89,9 @@ class VerifierActor(Actor):
         if self.job is not None:
             raise RuntimeError(f"a {self.kind} job is still waiting for {self.need}")
         kind = args["job"]
-        self.slots = {k: self.tensor(v) for k, v in tensors.items() if k in ("q", "ch", "kv")}
+        self.slots = {k: self.tensor(v) for k, v in tensors.items() if k in ("q", "ch", "kv", "x", "xin", "y")}
+        if all(k in self.slots for k in ("x", "xin", "y")):
+            self.model.col_bufs = tuple(self.slots[k].view(torch.float32) for k in ("x", "xin", "y"))
         if kind == "start":
             self.verifier = Verifier(self.model, self.sampling)
             job = self.verifier.start_steps(list(args["prompt_ids"]), int(args["capacity"]), self.slots.get("kv"))
@@ -130,6 +139,23 @@ class VerifierActor(Actor):
             return self._done(done.value)
         return self._advance(need)
 
+    def op_cols(self, args, tensors):
+        """This unit's columns of the linear being split: [0, n0), written into the shared output."""
+        i, name, lin, x, y, acc = self.cols
+        n0 = column_split(lin.n, self.model.column_share)
+        with self.trace.span(f"cols:layer.{i}.{name}", cat="verify", args={"rows": x.shape[0], "cols": n0}):
+            lin.matmul_cols(x, y, 0, n0, acc)
+        return {}
+
+    def op_cols_done(self, args, tensors):
+        """Both units have written their columns: go on with the job."""
+        self.cols = None
+        try:
+            need = self.job.send(None)
+        except StopIteration as done:
+            return self._done(done.value)
+        return self._advance(need)
+
     @staticmethod
     def _group(need) -> str:
         return "head" if need == "head" else f"layer.{need}"
@@ -147,6 +173,11 @@ class VerifierActor(Actor):
         except StopIteration as done:
             return self._done(done.value)
         self.need = need
+        if isinstance(need, tuple) and need[0] == "cols":
+            _, i, name, lin, x, y, acc = need
+            self.cols = (i, name, lin, x, y, acc)
+            return {"need": "cols", "layer": i, "name": name, "T": x.shape[0], "acc": acc,
+                    "n0": column_split(lin.n, self.model.column_share)}
         if isinstance(need, tuple):
             return self._split_attention(need)
         return {"need": self._group(need)}

@@ -30,6 +30,8 @@ from speculative import arca
 CONTEXTS = (256, 1024, 2048)
 RTT_S = 3e-4  # one control round trip between the scheduler and an actor (launch runtime-bench)
 MSGS_PER_SPLIT = 4  # need, attend, dense, merge: the messages of one split attention
+MSGS_PER_COLS = 4  # need, cols (worker), cols (verifier), cols_done: the messages of one linear split by columns
+LINEARS_PER_LAYER = 4  # qkv, attn_out, gate_up, down
 
 
 def add_parser(sub):
@@ -130,7 +132,10 @@ def cmd_profile(args) -> int:
         verify[(rows, "none")] = L * (lin2 + dense2 + sparse2) + head_s(target, rows)
         for share in (0.0, 0.25, 0.5):  # verifier core: linear + its dense share; worker core: sparse + the rest
             mine, theirs = (1 - share) * dense1, sparse1 + share * dense1
-            verify[(rows, f"worker:{share}")] = L * (lin1 + max(mine, theirs) + MSGS_PER_SPLIT * RTT_S) + head_s(target, rows)
+            for cols in (0.0, 0.25, 0.5):  # and the last `cols` of every linear's columns to the worker too
+                lin = max(1 - cols, cols) * lin1 + (LINEARS_PER_LAYER * MSGS_PER_COLS * RTT_S if cols else 0.0)
+                verify[(rows, partition_name(share, cols))] = (L * (lin + max(mine, theirs) + MSGS_PER_SPLIT * RTT_S)
+                                                              + head_s(target, rows))
     ranked = arca.choose(acc, step_s, verify, draft_level)
     best = ranked[0]
     t = Table(title=f"ARCA on {machine()} (context {ctx}, {args.fmt})")
@@ -196,6 +201,22 @@ def draft_step(lm, m: int, ctx: int = 300) -> float:
         cache.rewind(ctx)
 
     return _time(step)
+
+
+def partition_name(share: float, cols: float) -> str:
+    return f"worker:{share}" + (f",cols:{cols}" if cols else "")
+
+
+def parse_partition(name: str) -> tuple[float, float]:
+    """"worker:S" or "worker:S,cols:C" -> (S, C): the worker's share of dense attention and of columns."""
+    from cadence.errors import CadenceError
+
+    try:
+        parts = dict(p.split(":") for p in name.split(","))
+        return float(parts["worker"]), float(parts.get("cols", 0.0))
+    except (ValueError, KeyError):
+        raise CadenceError(f"the profile's partition {name!r} is not none, worker:S or worker:S,cols:C; "
+                           "make the profile again with `launch profile`") from None
 
 
 def load_profile(path: str) -> dict:

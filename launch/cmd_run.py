@@ -54,6 +54,9 @@ def add_model_args(p):
                    help="split tree attention with the CPU sparse-attention actor (Ghidorah); one core each")
     p.add_argument("--worker-share", type=float, default=0.0,
                    help="with --sparse-worker: the share of the dense attention chunks the worker takes too")
+    p.add_argument("--column-share", type=float, default=0.0,
+                   help="with --sparse-worker: the share of every target linear layer's output columns the worker "
+                        "computes in multi-token passes (Ghidorah's column split; the target must be resident)")
     p.add_argument("--memory-budget", default=None,
                    help="hard memory bound for the whole run, e.g. 3GiB or auto (draft + KV + half the target); "
                         "target layers that do not fit stream from disk")
@@ -90,19 +93,26 @@ def tree_config(args, mode: str, profile: dict | None = None) -> TreeConfig:
 def run_config(args, mode: str) -> RunConfig:
     linear.check_format(args.fmt)
     profile = None
-    worker, share = args.sparse_worker, args.worker_share
+    worker, share, columns = args.sparse_worker, args.worker_share, args.column_share
     if getattr(args, "profile", None):
-        from launch.cmd_profile import load_profile
+        from launch.cmd_profile import load_profile, parse_partition
 
         profile = load_profile(args.profile)
-        if profile["partition"].startswith("worker:"):
-            worker, share = True, float(profile["partition"].split(":")[1])
+        if profile["partition"] != "none":
+            worker, (share, columns) = True, parse_partition(profile["partition"])
+    if not 0.0 <= share < 1.0 or not 0.0 <= columns < 1.0:
+        raise CadenceError(f"--worker-share and --column-share are shares in [0, 1); got {share} and {columns}")
+    if columns > 0 and not worker:
+        raise CadenceError("--column-share gives columns to the sparse-attention worker; add --sparse-worker")
+    if columns > 0 and args.memory_budget:
+        raise CadenceError("--column-share needs every target layer resident (the worker maps the target's weights "
+                           "itself); drop --memory-budget or --column-share")
     return RunConfig(target=args.target, draft=args.draft, fmt=args.fmt, mode=mode, max_new_tokens=args.max_new_tokens,
                      sampling=SamplingConfig(args.temperature, args.top_p, args.seed), tree=tree_config(args, mode, profile),
                      chat=args.chat, device=args.device, runtime=args.runtime, threads=args.threads,
                      trace_dir=args.trace_dir or trace_dir(getattr(args, "trace", None)),
                      memory_budget=args.memory_budget, sparse_worker=worker,
-                     worker_share=share)
+                     worker_share=share, column_share=columns)
 
 
 def cmd_run(args) -> int:

@@ -44,6 +44,7 @@ class RunConfig:
     memory_budget: str | None = None  # "3GiB", "auto", or None (no limit: everything resident)
     sparse_worker: bool = False  # split tree attention with the sparse-attention actor (Ghidorah)
     worker_share: float = 0.0  # the share of the dense attention chunks the worker takes too
+    column_share: float = 0.0  # the share of each target linear layer's output columns the worker computes
     plan_context: int = 1024  # prompt tokens the memory plan leaves KV room for
 
     def __post_init__(self):
@@ -111,7 +112,7 @@ class Runner:
                                          str(draft_store.dir) if draft_store else None, cfg.sampling, cfg.tree,
                                          cfg.threads or os.cpu_count() or 1, target_store.args.context_length,
                                          target_store.args.vocab_size, plan=self.plan,
-                                         worker={"share": cfg.worker_share} if cfg.sparse_worker else None,
+                                         worker={"share": cfg.worker_share, "columns": cfg.column_share} if cfg.sparse_worker else None,
                                          model_args=target_store.args.to_dict())
         except BaseException:
             self.close()

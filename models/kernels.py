@@ -183,9 +183,10 @@ def attn_merge(state: tuple, ch: torch.Tensor, nch: torch.Tensor) -> torch.Tenso
     return out
 
 
-def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`out`: a contiguous [T, dim] tensor to write into (a shared buffer a second unit reads)."""
     x = x.contiguous()
-    out = torch.empty_like(x)
+    out = torch.empty_like(x) if out is None else out
     lib().cad_rmsnorm(_ptr(x), _ptr(w), _ptr(out), x.numel() // x.shape[-1], x.shape[-1], eps)
     return out
 
@@ -203,8 +204,8 @@ def qkv_rope(qkv: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor, co
     return q
 
 
-def swiglu(gu: torch.Tensor) -> torch.Tensor:
+def swiglu(gu: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     T, f2 = gu.shape
-    out = torch.empty(T, f2 // 2, dtype=torch.float32)
+    out = torch.empty(T, f2 // 2, dtype=torch.float32) if out is None else out
     lib().cad_swiglu(_ptr(gu.contiguous()), _ptr(out), T, f2 // 2)
     return out

@@ -57,12 +57,17 @@ class Linear:
         """Output columns n0..n1 as a linear of their own (views of the same weights, no copy)."""
         raise NotImplementedError
 
-    def matmul_cols(self, x: torch.Tensor, out: torch.Tensor, n0: int, n1: int) -> None:
-        """Write output columns n0..n1 of x W^T straight into out[:, n0:n1] (a column split: each unit
-        fills its own columns of one shared buffer; no all-reduce, no copy)."""
+    def matmul_cols(self, x: torch.Tensor, out: torch.Tensor, n0: int, n1: int, accumulate: bool = False) -> None:
+        """Write output columns n0..n1 of x W^T straight into out[:, n0:n1] (or add them there with
+        `accumulate`): a column split, where each unit fills its own columns of one shared buffer;
+        no all-reduce, no copy. Each column comes out exactly as in the unsplit product."""
+        if n1 <= n0:
+            return
         part = self.rows(n0, n1)
         if part.kernel:
-            part._kernel(x, into=out[:, n0:n1])
+            part._kernel(x, **({"out": out[:, n0:n1]} if accumulate else {"into": out[:, n0:n1]}))
+        elif accumulate:
+            out[:, n0:n1] += part.matmul(x)
         else:
             out[:, n0:n1] = part.matmul(x)
 
@@ -165,6 +170,11 @@ class Int4Linear(Linear):
 
     def nbytes(self):
         return self.q.numel() + self.sc.numel() + self.mn.numel() + (self.s.numel() + self.m.numel()) * 2
+
+
+def column_split(n: int, share: float) -> int:
+    """The first output column a second unit computes when it takes `share` of n columns."""
+    return n - int(round(n * share))
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict]:

@@ -118,6 +118,12 @@ class Transformer:
         # True: attention of multi-token blocks is handed out of `forward_steps` (yield ("attn", ...)), for a
         # sparse-attention worker to take its share; the caller sends the output [T, H, D] back.
         self.split_attention = False
+        # > 0: in multi-token blocks each linear layer's last `column_share` of output columns goes to a
+        # second unit (Ghidorah's column split): `forward_steps` yields ("cols", layer, name, linear, x, y,
+        # accumulate), where x and y are views of the shared buffers `col_bufs` (residual stream, linear
+        # inputs, linear outputs: flat fp32), and each unit writes its own columns of y; fused CPU path only.
+        self.column_share = 0.0
+        self.col_bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def new_cache(self, capacity: int, storage: torch.Tensor | None = None) -> KVCache:
         if capacity > self.args.context_length:
@@ -138,6 +144,33 @@ class Transformer:
             o = attend(q, cache.k[i], cache.v[i], vis, self.scale)  # [T, H, D]
         w.attn_out.matmul(o.reshape(T, a.q_dim), out=x)  # x += o W_o^T
         w.down.matmul(kernels.swiglu(w.gate_up.matmul(kernels.rmsnorm(x, w.ffn_norm, a.norm_eps))), out=x)
+        return x
+
+    def _buf(self, k: int, T: int, n: int) -> torch.Tensor:
+        return self.col_bufs[k][:T * n].view(T, n)
+
+    def block_cols(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, vis: Visibility):
+        """`block_fused` with every linear layer split by columns with a second unit (see `column_share`):
+        x, the inputs of the linears and their outputs live in the shared buffers both units map."""
+        a = self.args
+        T = x.shape[0]
+        h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps, out=self._buf(1, T, a.dim))
+        qkv = self._buf(2, T, w.qkv.n)
+        yield ("cols", i, "qkv", w.qkv, h, qkv, False)
+        q = kernels.qkv_rope(qkv, w.qkv.bias, positions, self.rotary.cos, self.rotary.sin, cache.k[i], cache.v[i],
+                             a.n_heads, cache.end)
+        if self.split_attention:
+            o = yield ("attn", i, q, vis)
+        else:
+            o = attend(q, cache.k[i], cache.v[i], vis, self.scale)
+        h = self._buf(1, T, a.q_dim)
+        h.copy_(o.reshape(T, a.q_dim))
+        yield ("cols", i, "attn_out", w.attn_out, h, x, True)  # x += o W_o^T
+        h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps, out=self._buf(1, T, a.dim))
+        gu = self._buf(2, T, w.gate_up.n)
+        yield ("cols", i, "gate_up", w.gate_up, h, gu, False)
+        h = kernels.swiglu(gu, out=self._buf(1, T, w.down.k))
+        yield ("cols", i, "down", w.down, h, x, True)
         return x
 
     def block(self, i: int, w, x: torch.Tensor, cos, sin, cache: KVCache, vis: Visibility) -> torch.Tensor:
@@ -181,9 +214,13 @@ class Transformer:
         if self.fused:
             self.rotary.ensure(int(positions.max().item()) + 1)
             positions = positions.to(torch.int64).contiguous()
+            cols = self.column_share > 0 and T > 1 and self.col_bufs is not None
+            if cols:
+                x = self._buf(0, T, self.args.dim).copy_(x)
+            block = self.block_cols if cols else self.block_fused
             for i in range(self.args.n_layers):
                 w = yield i
-                x = yield from self.block_fused(i, w, x, positions, cache, vis)
+                x = yield from block(i, w, x, positions, cache, vis)
         else:
             cos, sin = self.rotary.tables(positions)
             for i in range(self.args.n_layers):

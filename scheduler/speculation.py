@@ -29,8 +29,9 @@ class ActorSpeculation:
                  sampling: SamplingConfig, cfg: TreeConfig, threads: int, context_length: int, vocab_size: int,
                  plan=None, loader: dict | None = None, worker: dict | None = None, model_args: dict | None = None):
         """`plan` (scheduler/memplan.py): stream the target's groups it does not keep resident.
-        `worker` ({"share": s}): split tree attention with the sparse-attention actor, which also takes
-        the share s of the dense chunks; verifier and worker then run on one core each."""
+        `worker` ({"share": s, "columns": c}): split tree attention with the sparse-attention actor, which
+        also takes the share s of the dense chunks and, with c > 0, the last share c of every target
+        linear layer's output columns in multi-token passes; verifier and worker then run on one core each."""
         self.s, self.mode, self.sampling, self.cfg = sched, mode, sampling, cfg
         self.context_length, self.vocab_size = context_length, vocab_size
         self.current, self.cur_cfg = mode, cfg  # the mode and tree settings of the generation under way
@@ -43,7 +44,11 @@ class ActorSpeculation:
         vinit = {**common, "store": target_store}
         if worker is not None:
             vinit.update(threads=1, worker=worker)
-            sched.spawn("sparse", "actors.sparse:SparseAttnActor", {"threads": 1, "model": model_args}, wait=False)
+            if worker.get("columns") and plan is not None and plan.streamed:
+                raise ValueError("--column-share needs every target layer resident: the worker maps the target's "
+                                 "weights itself; drop --memory-budget or --column-share")
+            sched.spawn("sparse", "actors.sparse:SparseAttnActor", {"threads": 1, "model": model_args, "store": target_store,
+                                                                    "columns": worker.get("columns", 0.0)}, wait=False)
         if plan is not None and plan.streamed:
             vinit["resident"] = list(plan.resident)
             sched.spawn("loader", "actors.loader:LoaderActor", {"store_dir": target_store, "stream_bytes": plan.stream_bytes,
@@ -72,7 +77,12 @@ class ActorSpeculation:
             self.streamer.refill()
         r = s.call("verifier", "begin", {"job": job, **args}, tensors).result
         while "need" in r:
-            r = self._split_attention(r) if r["need"] == "attn" else self.streamer.feed(r["need"])
+            if r["need"] == "attn":
+                r = self._split_attention(r)
+            elif r["need"] == "cols":
+                r = self._split_columns(r)
+            else:
+                r = self.streamer.feed(r["need"])
         return r["done"]
 
     def _worker_slots(self, job: str, args: dict) -> dict:
@@ -85,8 +95,14 @@ class ActorSpeculation:
             q = s.slots.alloc(rows * a["n_heads"] * a["head_dim"] * 4)
             ch = s.slots.alloc(rows * a["n_heads"] * maxc * (a["head_dim"] + 2) * 4)
             self.job_slots = (q, ch)
-        q, ch = self.job_slots
+            if self.worker.get("columns"):  # column split: the residual stream, the linears' inputs and outputs
+                q_dim, kv_dim = a["n_heads"] * a["head_dim"], a["n_kv_heads"] * a["head_dim"]
+                self.job_slots += tuple(s.slots.alloc(rows * n * 4) for n in (
+                    a["dim"], max(a["dim"], q_dim, a["ffn_dim"]), max(q_dim + 2 * kv_dim, 2 * a["ffn_dim"])))
+        q, ch = self.job_slots[:2]
         out["q"], out["ch"] = s.slot_desc(q), s.slot_desc(ch)
+        if len(self.job_slots) == 5:
+            out.update(zip(("x", "xin", "y"), map(s.slot_desc, self.job_slots[2:])))
         if job == "start":
             if self.kv_slot is not None:
                 s.slots.free(self.kv_slot)
@@ -99,26 +115,40 @@ class ActorSpeculation:
     def _split_attention(self, need: dict) -> dict:
         """The worker computes its chunks while the verifier folds its own; then the verifier merges."""
         s = self.s
-        q, ch = self.job_slots
+        q, ch = self.job_slots[:2]
         wargs = {k: need[k] for k in ("layer", "T", "n_shared", "ptr", "idx", "k0", "maxc", "scale") if k in need}
         rid_w = s.send("sparse", "attend", wargs, {"q": s.slot_desc(q), "out": s.slot_desc(ch)})
-        rid_v = s.send("verifier", "dense", {})
+        got = self._both(rid_w, "attend", s.send("verifier", "dense", {}), "dense")
+        return s.call("verifier", "merge", {"maxc": need["maxc"], "nch": got["nch"]}).result
+
+    def _split_columns(self, need: dict) -> dict:
+        """The worker writes its columns of one linear layer while the verifier writes its own; then on."""
+        s = self.s
+        x, xin, y = self.job_slots[2:]
+        wargs = {k: need[k] for k in ("layer", "name", "T", "acc", "n0")}
+        rid_w = s.send("sparse", "cols", wargs, {"xin": s.slot_desc(xin), "out": s.slot_desc(x if need["acc"] else y)})
+        self._both(rid_w, "cols", s.send("verifier", "cols", {}), "cols")
+        return s.call("verifier", "cols_done", {}).result
+
+    def _both(self, rid_w: int, op_w: str, rid_v: int, op_v: str) -> dict:
+        """Wait for the worker's and the verifier's replies to two requests running at once; the worker's result."""
+        s = self.s
         replies = {}
         deadline = time.monotonic() + s.config.timeouts.request_s
         while len(replies) < 2:
             if time.monotonic() > deadline:
-                raise RequestTimeout("sparse", "attend", rid_w, s.config.timeouts.request_s)
+                raise RequestTimeout("sparse", op_w, rid_w, s.config.timeouts.request_s)
             for ev in s.poll(0.05):
                 if isinstance(ev, ReplyEvent) and ev.reply.req_id in (rid_w, rid_v):
                     if not ev.reply.ok:
-                        who = "sparse" if ev.reply.req_id == rid_w else "verifier"
-                        raise ActorError(who, "attend" if who == "sparse" else "dense", ev.reply.req_id, ev.reply.error)
+                        who, op = ("sparse", op_w) if ev.reply.req_id == rid_w else ("verifier", op_v)
+                        raise ActorError(who, op, ev.reply.req_id, ev.reply.error)
                     replies[ev.reply.req_id] = ev.reply.result
                 elif isinstance(ev, DeadEvent):
                     raise ActorDead(ev.role, ev.reason)
                 elif self.streamer is not None:
                     self.streamer.on_events([ev])
-        return s.call("verifier", "merge", {"maxc": need["maxc"], "nch": replies[rid_w]["nch"]}).result
+        return replies[rid_w]
 
     def close(self):
         if self.streamer is not None:

@@ -431,6 +431,63 @@ static void q4_row(const QWeights &W, const QAct &a, int m, const int *rows, flo
 }
 #endif
 
+#ifdef __AVX2__
+/* Q4, MT (2..4) activation rows against one tile of NT weight rows, decoded in registers straight
+ * from the packed codes as q4_row does: per weight row and pair of groups, one 32-byte load, two
+ * masks and a shuffle of the scales serve all MT rows. For a narrow verification this beats
+ * unpacking the tile first (q4_tile), which pays off only when more rows share the unpacked codes.
+ * Same integer lanes and float steps as q4_row and q_rows. */
+template <int MT>
+static void q4_rows(const QWeights &W, const QAct &a, int m0, const int *rows, float out[][NT]) {
+    const int K = W.K, nsb = (K + SB - 1) / SB, ng = K / QG;
+    const size_t PF = std::min<size_t>((size_t)NT * (K / 2) + 1024, 16384);
+    const __m128i mask = _mm_set1_epi8(15);
+    const __m256i mask2 = _mm256_set1_epi8(15);
+    v8f accv[MT][NT];
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NT; j++) accv[i][j] = v8_splat(0.0f);
+    const int8_t *xq[MT];
+    for (int i = 0; i < MT; i++) xq[i] = &a.qp[(size_t)(m0 + i) * K];
+    for (int sb = 0; sb < nsb; sb++) {
+        const int g0 = sb * SB / QG, g1 = std::min(ng, g0 + SB / QG), gp = g0 + ((g1 - g0) & ~1);
+        for (int j = 0; j < NT; j++) {
+            const uint8_t *row = (const uint8_t *)W.w + (size_t)rows[j] * (K / 2);
+            const __m256i s16 = block_scales(W.sc + (size_t)rows[j] * ng, g0, g1);
+            __m256i acc[MT];
+            for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_si256();
+            for (int g = g0; g < gp; g += 2) {
+                const uint8_t *p = row + g * 16;
+                _mm_prefetch((const char *)p + PF, _MM_HINT_T0);
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)p);
+                const __m256i lo = _mm256_and_si256(raw, mask2), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask2);
+                const __m256i sc = pair_scales(s16, (g - g0) / 2);
+                for (int i = 0; i < MT; i++)
+                    acc[i] = _mm256_add_epi32(acc[i], pair_dot(lo, hi, _mm256_loadu_si256((const __m256i *)(xq[i] + g * QG)),
+                                                               _mm256_loadu_si256((const __m256i *)(xq[i] + g * QG + 32)), sc));
+            }
+            if (gp < g1) { /* the last group of an odd count */
+                const __m128i raw = _mm_loadu_si128((const __m128i *)(row + gp * 16));
+                const __m256i vw = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
+                const __m256i vs = _mm256_set1_epi16((int16_t)W.sc[(size_t)rows[j] * ng + gp]);
+                for (int i = 0; i < MT; i++)
+                    acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(vw, _mm256_loadu_si256((const __m256i *)(xq[i] + gp * QG))), vs));
+            }
+            const float S = half_to_float(W.S[(size_t)rows[j] * nsb + sb]);
+            for (int i = 0; i < MT; i++) {
+                v8i ii;
+                memcpy(&ii, &acc[i], sizeof ii);
+                accv[i][j] = __builtin_convertvector(ii, v8f) * v8_splat(a.d[(size_t)(m0 + i) * nsb + sb] * S) + accv[i][j];
+            }
+        }
+    }
+    float off[SB * 64 / QG]; /* K up to 16384 */
+    for (int j = 0; j < NT; j++) {
+        group_minimums(W, rows[j], off);
+        for (int i = 0; i < MT; i++) out[i][j] = v8_hsum(accv[i][j]) - min_share(off, &a.xs[(size_t)(m0 + i) * ng], ng);
+    }
+}
+#endif
+
 template <int FMT>
 static void quantized(const float *x, float *y, int M, const QWeights &W, int nthreads, int accumulate, int ldy) {
     const int N = W.N, K = W.K, ng = K / QG, nsb = (K + SB - 1) / SB;
@@ -449,6 +506,18 @@ static void quantized(const float *x, float *y, int M, const QWeights &W, int nt
             int rows[NT];
             for (int j = 0; j < NT; j++) rows[j] = n0 + std::min(j, nt - 1); /* a short tile repeats its last row */
 #ifdef __AVX2__
+            if (FMT == Q4 && M > 1 && M <= 4 && K <= 16384) { /* narrow: decoded in registers; wider: an unpacked tile */
+                float out[4][NT];
+                if (M == 4) q4_rows<4>(W, a, 0, rows, out);
+                else if (M == 3) q4_rows<3>(W, a, 0, rows, out);
+                else q4_rows<2>(W, a, 0, rows, out);
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < nt; j++) {
+                        float &o = y[(size_t)i * ldy + n0 + j];
+                        o = accumulate ? o + out[i][j] : out[i][j];
+                    }
+                continue;
+            }
             if (FMT == Q4 && M == 1 && K <= 16384) {
                 float out[NT];
                 q4_row(W, a, 0, rows, out);

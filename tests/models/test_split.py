@@ -47,3 +47,44 @@ def test_column_split_linear_equals_unsplit(fmt, ratio):
     lin.matmul_cols(x, out, 0, cut)  # one unit's columns ...
     lin.matmul_cols(x, out, cut, 203)  # ... the other's, into the same buffer
     assert torch.equal(out, whole)
+    acc = torch.randn(9, 203, generator=torch.Generator().manual_seed(3))
+    want = lin.matmul(x, out=acc.clone())
+    lin.matmul_cols(x, acc, cut, 203, accumulate=True)  # the residual add, split the same way
+    lin.matmul_cols(x, acc, 0, cut, accumulate=True)
+    assert torch.equal(acc, want)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int4"])
+def test_a_forward_with_every_linear_split_by_columns_equals_the_unsplit_one(tiny_args, fmt):
+    """The transformer hands each linear of a multi-token block out; here the two "units" take the
+    columns [0, n0) and [n0, N) one after the other (the second first), into the shared buffers."""
+    from models.transformer import Transformer
+    from models.weights import TensorWeights, random_tensors
+
+    model = Transformer(tiny_args, TensorWeights(tiny_args, random_tensors(tiny_args, 0), fmt))
+    if not model.fused:
+        pytest.skip("the column split is on the fused CPU path")
+    ids = torch.randint(0, tiny_args.vocab_size, (11,), generator=torch.Generator().manual_seed(1))
+    vis = Visibility.tree(0, [-1, 0, 0, 1, 2, 2, 3, 4, 5, 6, 6])
+    ref = model.forward(ids, torch.tensor([0, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4]), model.new_cache(16), vis)
+    a = tiny_args
+    model.column_share = 0.3
+    model.col_bufs = tuple(torch.full((16 * n,), float("nan")) for n in (a.dim, max(a.dim, a.q_dim, a.ffn_dim),
+                                                                            max(a.q_dim + 2 * a.kv_dim, 2 * a.ffn_dim)))
+    steps = model.forward_steps(ids, torch.tensor([0, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4]), model.new_cache(16), vis)
+    need, split = next(steps), 0
+    try:
+        while True:
+            if isinstance(need, tuple):
+                _, _, _, lin, x, y, acc = need
+                n0 = linear.column_split(lin.n, model.column_share)
+                assert 0 < n0 < lin.n
+                lin.matmul_cols(x, y, n0, lin.n, acc)  # the worker's columns
+                lin.matmul_cols(x, y, 0, n0, acc)  # the verifier's
+                need, split = steps.send(None), split + 1
+            else:
+                need = steps.send(model.weights.head if need == "head" else model.weights.layer(need))
+    except StopIteration as done:
+        out = done.value
+    assert split == 4 * a.n_layers
+    assert torch.equal(out, ref)
