@@ -4,7 +4,7 @@ import torch
 
 from models import linear
 
-WIDTHS = [1, 2, 3, 4, 5, 8, 16, 17, 32, 64]
+WIDTHS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 32, 64]  # every int4 path: one row, 2..8 rows in registers, tiles
 
 
 def _weight(n, k, seed=0):
