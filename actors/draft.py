@@ -51,6 +51,17 @@ class DraftActor(Actor):
         stacked = torch.stack(dists).float()
         return out, {"dists": self.put(tensors["slot"], stacked)}
 
+    def op_lookup(self, args, tensors):
+        """Prompt lookup: a tree of the trie's candidates alone, no draft forward ({"tokens": []}: none)."""
+        self.last = None
+        d = self.drafter.lookup(int(args["max_nodes"]))
+        if d is None:
+            return {"tokens": []}
+        out = {**d.tree.to_lists(), "tc": d.tc, "forwards": 0, "trie_nodes": d.trie_nodes}
+        if not self.sampling.greedy:
+            out["trials"] = d.wire_trials()[0]  # point masses only: no distributions to send
+        return out
+
     def op_ahead(self, args, tensors):
         """Draft on while the target verifies the last tree, until the verdict arrives (LLMCad 3.4)."""
         return {"steps": self.drafter.look_ahead(self.last, int(args["steps"]), stop=self.interrupted)}

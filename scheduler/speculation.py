@@ -17,7 +17,7 @@ from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.runtime import Scheduler
 from speculative.draft import TreeConfig
-from speculative.generate import SpecStats, budgets
+from speculative.generate import LOOKUP, SpecStats, budgets
 from speculative.governor import Governor
 
 MODES = ("target", "std", "stdpl", "chain", "tree")
@@ -183,6 +183,7 @@ class ActorSpeculation:
         if speculative and cfg.adaptive:  # what speculation earned on earlier prompts carries over
             key = (mode, budgets(cfg))
             governor = self.governors.setdefault(key, Governor(budgets(cfg), cfg.budget))
+            governor.new_text()
         stats = SpecStats()
         out = [first]
         self.last_cycle = None
@@ -217,7 +218,8 @@ class ActorSpeculation:
         return Generation(prompt_ids, out[:max_new], time.perf_counter() - t0, t_prefill, st)
 
     def _cycle(self, budget: int, root: int, stats: SpecStats) -> list[int]:
-        """One draft-verify cycle (budget 0: a plain target step); returns the committed tokens."""
+        """One draft-verify cycle (budget 0: a plain target step; LOOKUP: the trie's candidates verified,
+        no draft forward); returns the committed tokens."""
         s = self.s
         stats.target_forwards += 1
         tree = None
@@ -234,6 +236,10 @@ class ActorSpeculation:
             stats.draft_s += time.perf_counter() - t
             if not tree["tokens"]:
                 tree = None
+        elif budget == LOOKUP:  # prompt lookup: the trie's candidates, no draft forward
+            tree, tree_tensors = s.call("draft", "lookup", {"max_nodes": self.cur_cfg.width}).result, {}
+            if not tree["tokens"]:
+                tree = None
         t = time.perf_counter()
         try:
             if tree is None:
@@ -245,7 +251,7 @@ class ActorSpeculation:
                 self.last_cycle = None
                 return [nxt]
             ahead_req = None
-            if cfg_ahead := (self.cur_cfg.ahead if self.sampling.greedy else 0):
+            if cfg_ahead := (self.cur_cfg.ahead if self.sampling.greedy and budget > 0 else 0):
                 # the draft drafts on while the target verifies; the verdict (advance) interrupts it
                 ahead_req = s.send("draft", "ahead", {"steps": cfg_ahead})
             verify_req = s._next_req
@@ -255,7 +261,7 @@ class ActorSpeculation:
                 s.slots.free(slot)
         path = list(v["path"])
         new = [tree["tokens"][i] for i in path] + [v["next"]]
-        adv = s.call("draft", "advance", {"path": path, "new": new}).result
+        adv = s.call("draft", "advance", {"path": path, "new": new, "tree": budget > 0}).result
         alpha = adv["alpha"]
         if ahead_req is not None:  # answered before `advance` (one socket, in order), unless a stream poll took it
             r = s.take_reply(ahead_req)

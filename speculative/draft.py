@@ -218,6 +218,16 @@ class Drafter:
             d.trials.setdefault(at, []).append((child, None))
         d.trie_nodes = len(got.tokens)
 
+    def lookup(self, max_nodes: int) -> DraftTree | None:
+        """Prompt lookup: a tree of the trie's candidates alone (n-grams of the prompt and the output
+        that continue the text), with no draft forward; None when the trie has none. The draft has
+        not run on any of it, so the verdict is taken like a plain step's (`advance(None, ...)`)."""
+        if self.trie is None:
+            return None
+        d = DraftTree(TokenTree(self.context[-1]), 1.0, 0)
+        self._add_trie(d, max_nodes)
+        return d if d.trie_nodes else None
+
     def build_static(self, budget: int) -> DraftTree:
         """Fill an ARCA tree shape level by level: one draft forward per level, all its nodes at once."""
         cfg, t0 = self.cfg, self.pending[-1]

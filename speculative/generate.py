@@ -17,11 +17,15 @@ from speculative.tree import best_branch
 from speculative.verify import Verifier
 
 
+LOOKUP = -1  # a governor arm: verify the trie's candidates alone (prompt lookup), no draft forward
+
+
 def budgets(cfg: TreeConfig) -> tuple[int, ...]:
-    """The draft budgets the governor chooses among."""
+    """The draft budgets the governor chooses among; LOOKUP (tree mode with the trie) below 0,
+    the plain target step: it costs one verification of a few rows and no draft at all."""
     if cfg.mode == "chain":
         return tuple(sorted({0, 1, 2, cfg.chain_k} | set(range(2, cfg.chain_k + 1, 2))))
-    return tuple(sorted({0, 2, 4, cfg.width} | set(range(2, cfg.width + 1, 2))))
+    return tuple(sorted({0, 2, 4, cfg.width} | set(range(2, cfg.width + 1, 2)) | ({LOOKUP} if cfg.trie else set())))
 
 
 @dataclass
@@ -90,18 +94,24 @@ def generate_speculative(target: LoadedModel, draft: LoadedModel, prompt_ids: li
         if budget > 0:
             d = drafter.build_tree(budget)
             stats.draft_s += time.perf_counter() - t_cycle
+        elif budget == LOOKUP:
+            d = drafter.lookup(cfg.width)
         t_verify = time.perf_counter()
         if d is None or len(d.tree) == 0:
             new, path = [verifier.step(out[-1])], []
-            drafter.advance(d, [], new)
+            drafter.advance(d if budget > 0 else None, [], new)
             stats.plain_steps += 1
         else:
-            drafter.look_ahead(d, cfg.ahead)  # in one process: the draft's lookahead runs before the verdict
+            if budget > 0:
+                drafter.look_ahead(d, cfg.ahead)  # in one process: the draft's lookahead runs before the verdict
             v = verifier.verify(d)
             path = v.path
             new = d.tree.tokens_of(path) + [v.next_token]
-            drafter.advance(d, path, new)
-            drafter.update_threshold(d, *best_branch(d.tree, path))
+            if budget > 0:
+                drafter.advance(d, path, new)
+                drafter.update_threshold(d, *best_branch(d.tree, path))
+            else:  # prompt lookup: the draft ran on none of it
+                drafter.advance(None, path, new)
             stats.record_verification(d, path)
             stats.alpha.append(drafter.threshold.alpha)
         now = time.perf_counter()

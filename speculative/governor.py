@@ -33,6 +33,11 @@ class Governor:
         self.current = self.start if self.start in self.widths else self.widths[-1]
         self.gap = self.explore_every
 
+    def new_text(self):
+        """A new prompt: keep what each budget earned, but probe again soon (the new text may be code
+        being copied where the last was prose), instead of after a back-off the last text ran up."""
+        self.gap, self.last_try, self.trying = self.explore_every, self.cycles, None
+
     def choose(self) -> int:
         """The draft budget for the next cycle."""
         self.cycles += 1

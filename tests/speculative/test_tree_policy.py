@@ -241,3 +241,41 @@ def test_a_draft_far_behind_catches_up_on_the_recent_tokens_only():
     assert d.skipped == behind - CATCH_UP and d.cache.length == len(prompt) + 1 + CATCH_UP
     assert tree.tree.root_token == 15 + 3 * CATCH_UP and len(tree.tree) == 2
     assert d.context[-1] == tree.tree.root_token  # the trie's view keeps every token
+
+
+def test_prompt_lookup_proposes_the_tries_continuation_without_a_draft_forward():
+    """The LOOKUP arm: the trie's continuation of the text's last n-gram, verified as a tree, with the
+    draft model never run (its cache stays as it was; the verdict is taken like a plain step's)."""
+    from models.sampling import SamplingConfig
+    from models.transformer import Transformer
+    from models.weights import TensorWeights, random_tensors
+    from speculative.draft import Drafter, TreeConfig
+    from speculative.generate import LOOKUP, budgets
+    from tests.conftest import TINY
+
+    assert LOOKUP in budgets(TreeConfig()) and LOOKUP < 0
+    assert LOOKUP not in budgets(TreeConfig(trie=False)) and LOOKUP not in budgets(TreeConfig(mode="chain"))
+    args = TINY["qwen"]
+    d = Drafter(Transformer(args, TensorWeights(args, random_tensors(args, 3), "fp32")), SamplingConfig(), TreeConfig())
+    prompt = [5, 9, 2, 7, 3, 11, 4, 8, 6, 5, 9]
+    d.start(prompt, 64)
+    d.push([2])  # the text now ends with "5 9 2", seen before followed by "7 3 11 4 8"
+    t = d.lookup(4)
+    assert t.forwards == 0 and t.trie_nodes == 4 and t.tree.root_token == 2
+    assert [n.token for n in t.tree.nodes] == [7, 3, 11, 4] and [n.parent for n in t.tree.nodes] == [-1, 0, 1, 2]
+    assert d.cache.length == 0 and d.pending == prompt + [2]  # the draft ran on nothing
+    d.advance(None, [0, 1], [7, 3, 6])  # the target took "7 3", then said 6
+    assert d.pending == prompt + [2, 7, 3, 6] and d.context[-4:] == [2, 7, 3, 6]
+    assert d.lookup(4) is None  # "3 6" was never seen: nothing to propose, a plain step instead
+
+
+def test_a_new_text_is_probed_again_soon_with_what_was_learned_kept():
+    g = Governor(widths=(-1, 0, 2), start=2, explore_every=3, max_gap=24)
+    for _ in range(120):  # budget 2 and the lookup lose on this text: tries back off to every 24 cycles
+        w = g.choose()
+        g.record(w, tokens=1, seconds={-1: 0.15, 0: 0.1, 2: 0.2}[w])
+    assert g.gap == 24
+    rates = dict(g.rate)
+    g.new_text()
+    chosen = [g.choose() for _ in range(4)]
+    assert chosen[:2] == [0, 0] and chosen[2] in (-1, 2) and g.rate == rates
