@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict
 from typing import Callable
 
+from cadence.errors import CadenceError
 from models.engine import Generation
 from models.sampling import SamplingConfig
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
@@ -45,7 +46,7 @@ class ActorSpeculation:
         if worker is not None:
             vinit.update(threads=1, worker=worker)
             if worker.get("columns") and plan is not None and plan.streamed:
-                raise ValueError("--column-share needs every target layer resident: the worker maps the target's "
+                raise CadenceError("--column-share needs every target layer resident: the worker maps the target's "
                                  "weights itself; drop --memory-budget or --column-share")
             sched.spawn("sparse", "actors.sparse:SparseAttnActor", {"threads": 1, "model": model_args, "store": target_store,
                                                                     "columns": worker.get("columns", 0.0)}, wait=False)

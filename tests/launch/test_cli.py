@@ -95,6 +95,16 @@ def test_draft_ahead_out_of_range(tiny_gguf, tmp_path):
     assert "draft-ahead" in line and "0..64" in line
 
 
+@pytest.mark.parametrize("extra, says", [(["--column-share", "0.5"], "add --sparse-worker"),
+                                         (["--sparse-worker", "--column-share", "1.5"], "[0, 1)"),
+                                         (["--sparse-worker", "--column-share", "0.5", "--memory-budget", "auto"],
+                                          "drop --memory-budget or --column-share")])
+def test_column_share_needs_the_worker_a_share_and_a_resident_target(tiny_gguf, tmp_path, extra, says):
+    line = _one_clear_line(launch("run", "--target", str(tiny_gguf), "--draft", str(tiny_gguf), *extra,
+                                  "--prompt", "x", home=tmp_path))
+    assert says in line
+
+
 def test_models_list(tmp_path):
     p = launch("models", "list", home=tmp_path, check=True)
     assert "qwen2.5-coder-1.5b" in p.stdout
