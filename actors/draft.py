@@ -40,27 +40,26 @@ class DraftActor(Actor):
 
     def op_build(self, args, tensors):
         """A tree of at most `budget` tokens; sampling distributions go to the slot in `dists`."""
-        d = self.last = self.drafter.build_tree(int(args["budget"]))
+        self.last = self.drafter.build_tree(int(args["budget"]))
+        return self._reply(self.last, tensors)
+
+    def op_lookup(self, args, tensors):
+        """Prompt lookup: a tree of the trie's candidates alone, no draft forward ({"tokens": []}: none).
+        The draft ran on none of it, so no tree is kept for `advance` (it takes the verdict as a plain step's)."""
+        self.last = None
+        d = self.drafter.lookup(int(args["max_nodes"]))
+        return {"tokens": []} if d is None else self._reply(d, tensors)
+
+    def _reply(self, d, tensors):
         out = {**d.tree.to_lists(), "tc": d.tc, "forwards": d.forwards, "trie_nodes": d.trie_nodes}
         if self.sampling.greedy:
             return out
         rows, dists = d.wire_trials()
         out["trials"] = rows
-        if not dists:
+        if not dists:  # point masses only (trie candidates)
             return out
         stacked = torch.stack(dists).float()
         return out, {"dists": self.put(tensors["slot"], stacked)}
-
-    def op_lookup(self, args, tensors):
-        """Prompt lookup: a tree of the trie's candidates alone, no draft forward ({"tokens": []}: none)."""
-        self.last = None
-        d = self.drafter.lookup(int(args["max_nodes"]))
-        if d is None:
-            return {"tokens": []}
-        out = {**d.tree.to_lists(), "tc": d.tc, "forwards": 0, "trie_nodes": d.trie_nodes}
-        if not self.sampling.greedy:
-            out["trials"] = d.wire_trials()[0]  # point masses only: no distributions to send
-        return out
 
     def op_ahead(self, args, tensors):
         """Draft on while the target verifies the last tree, until the verdict arrives (LLMCad 3.4)."""

@@ -49,7 +49,7 @@ class VerifierActor(Actor):
         self.worker = init.get("worker")  # {"share": dense share given to the sparse worker} or None
         self.model.split_attention = self.worker is not None
         self.model.column_share = float((self.worker or {}).get("columns", 0.0)) if self.model.fused else 0.0
-        self.cols = None  # the linear being split by columns: (layer, name, linear, x, y, accumulate)
+        self.cols = None  # the linear being split by columns: (layer, name, linear, x, y, accumulate, n0)
         self.sampling = SamplingConfig(**init["sampling"])
         self.verifier = None
         self.job = None  # job mode: the job under way (a generator) and what it waits for
@@ -115,7 +115,7 @@ class VerifierActor(Actor):
                 need = self.job.send(w)
             except StopIteration as done:
                 return self._done(done.value)
-        return self._advance(need)
+        return self._advance(need)  # resident layers after it count as their own work, not this group's
 
     def op_dense(self, args, tensors):
         """This unit's share of a split attention: the first dense chunks, folded while the worker works."""
@@ -133,16 +133,11 @@ class VerifierActor(Actor):
         ch = self.slots["ch"].view(torch.float32)[:T * H * maxc * (D + 2)].view(T, H, maxc, D + 2)
         o = kernels.attn_merge(state, ch, torch.tensor(args["nch"], dtype=torch.int32))
         self.attn = None
-        try:
-            need = self.job.send(o)
-        except StopIteration as done:
-            return self._done(done.value)
-        return self._advance(need)
+        return self._resume(o)
 
     def op_cols(self, args, tensors):
         """This unit's columns of the linear being split: [0, n0), written into the shared output."""
-        i, name, lin, x, y, acc = self.cols
-        n0 = column_split(lin.n, self.model.column_share)
+        i, name, lin, x, y, acc, n0 = self.cols
         with self.trace.span(f"cols:layer.{i}.{name}", cat="verify", args={"rows": x.shape[0], "cols": n0}):
             lin.matmul_cols(x, y, 0, n0, acc)
         return {}
@@ -150,8 +145,12 @@ class VerifierActor(Actor):
     def op_cols_done(self, args, tensors):
         """Both units have written their columns: go on with the job."""
         self.cols = None
+        return self._resume(None)
+
+    def _resume(self, value):
+        """Send the job what it waited for; on to its next need, or its end."""
         try:
-            need = self.job.send(None)
+            need = self.job.send(value)
         except StopIteration as done:
             return self._done(done.value)
         return self._advance(need)
@@ -175,9 +174,9 @@ class VerifierActor(Actor):
         self.need = need
         if isinstance(need, tuple) and need[0] == "cols":
             _, i, name, lin, x, y, acc = need
-            self.cols = (i, name, lin, x, y, acc)
-            return {"need": "cols", "layer": i, "name": name, "T": x.shape[0], "acc": acc,
-                    "n0": column_split(lin.n, self.model.column_share)}
+            n0 = column_split(lin.n, self.model.column_share)
+            self.cols = (i, name, lin, x, y, acc, n0)
+            return {"need": "cols", "layer": i, "name": name, "T": x.shape[0], "acc": acc, "n0": n0}
         if isinstance(need, tuple):
             return self._split_attention(need)
         return {"need": self._group(need)}

@@ -100,13 +100,6 @@ def run_config(args, mode: str) -> RunConfig:
         profile = load_profile(args.profile)
         if profile["partition"] != "none":
             worker, (share, columns) = True, parse_partition(profile["partition"])
-    if not 0.0 <= share < 1.0 or not 0.0 <= columns < 1.0:
-        raise CadenceError(f"--worker-share and --column-share are shares in [0, 1); got {share} and {columns}")
-    if columns > 0 and not worker:
-        raise CadenceError("--column-share gives columns to the sparse-attention worker; add --sparse-worker")
-    if columns > 0 and args.memory_budget:
-        raise CadenceError("--column-share needs every target layer resident (the worker maps the target's weights "
-                           "itself); drop --memory-budget or --column-share")
     return RunConfig(target=args.target, draft=args.draft, fmt=args.fmt, mode=mode, max_new_tokens=args.max_new_tokens,
                      sampling=SamplingConfig(args.temperature, args.top_p, args.seed), tree=tree_config(args, mode, profile),
                      chat=args.chat, device=args.device, runtime=args.runtime, threads=args.threads,

@@ -64,6 +64,13 @@ class RunConfig:
             raise CadenceError(f"mode {self.mode} streams the target under a memory budget: give --memory-budget (e.g. auto)")
         if self.memory_budget and self.runtime != "actors":
             raise CadenceError("--memory-budget needs the actor runtime (the I/O loader is an actor); drop --runtime inproc")
+        if not 0.0 <= self.worker_share < 1.0 or not 0.0 <= self.column_share < 1.0:
+            raise CadenceError(f"--worker-share and --column-share are shares in [0, 1); got {self.worker_share} and {self.column_share}")
+        if self.column_share > 0 and not self.sparse_worker:
+            raise CadenceError("--column-share gives columns to the sparse-attention worker; add --sparse-worker")
+        if self.column_share > 0 and self.memory_budget:
+            raise CadenceError("--column-share needs every target layer resident (the worker maps the target's weights "
+                               "itself); drop --memory-budget or --column-share")
         if self.memory_budget and self.mode == "target":
             raise CadenceError("mode target keeps the whole target in memory; under --memory-budget use std, stdpl, chain or tree")
 

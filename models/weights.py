@@ -212,11 +212,6 @@ def drive(steps, weights):
     need = next(steps)
     try:
         while True:
-            if isinstance(need, tuple) and need[0] == "cols":  # a column split with no second unit: all columns here
-                _, _, _, lin, x, y, acc = need
-                lin.matmul_cols(x, y, 0, lin.n, acc)
-                need = steps.send(None)
-                continue
             need = steps.send(weights.head if need == "head" else weights.layer(need))
     except StopIteration as done:
         return done.value

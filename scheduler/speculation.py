@@ -11,7 +11,6 @@ import time
 from dataclasses import asdict
 from typing import Callable
 
-from cadence.errors import CadenceError
 from models.engine import Generation
 from models.sampling import SamplingConfig
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
@@ -40,14 +39,11 @@ class ActorSpeculation:
         self.governors: dict[tuple, Governor] = {}  # per mode and budget set, kept across prompts
         self.worker = worker
         self.model_args = model_args
-        self.kv_slot = self.job_slots = None
+        self.kv_slot = self.job_slots = self.col_slots = None
         common = {"sampling": asdict(sampling), "threads": threads}
         vinit = {**common, "store": target_store}
         if worker is not None:
             vinit.update(threads=1, worker=worker)
-            if worker.get("columns") and plan is not None and plan.streamed:
-                raise CadenceError("--column-share needs every target layer resident: the worker maps the target's "
-                                 "weights itself; drop --memory-budget or --column-share")
             sched.spawn("sparse", "actors.sparse:SparseAttnActor", {"threads": 1, "model": model_args, "store": target_store,
                                                                     "columns": worker.get("columns", 0.0)}, wait=False)
         if plan is not None and plan.streamed:
@@ -98,12 +94,12 @@ class ActorSpeculation:
             self.job_slots = (q, ch)
             if self.worker.get("columns"):  # column split: the residual stream, the linears' inputs and outputs
                 q_dim, kv_dim = a["n_heads"] * a["head_dim"], a["n_kv_heads"] * a["head_dim"]
-                self.job_slots += tuple(s.slots.alloc(rows * n * 4) for n in (
+                self.col_slots = tuple(s.slots.alloc(rows * n * 4) for n in (
                     a["dim"], max(a["dim"], q_dim, a["ffn_dim"]), max(q_dim + 2 * kv_dim, 2 * a["ffn_dim"])))
-        q, ch = self.job_slots[:2]
+        q, ch = self.job_slots
         out["q"], out["ch"] = s.slot_desc(q), s.slot_desc(ch)
-        if len(self.job_slots) == 5:
-            out.update(zip(("x", "xin", "y"), map(s.slot_desc, self.job_slots[2:])))
+        if self.col_slots:
+            out.update(zip(("x", "xin", "y"), map(s.slot_desc, self.col_slots)))
         if job == "start":
             if self.kv_slot is not None:
                 s.slots.free(self.kv_slot)
@@ -116,7 +112,7 @@ class ActorSpeculation:
     def _split_attention(self, need: dict) -> dict:
         """The worker computes its chunks while the verifier folds its own; then the verifier merges."""
         s = self.s
-        q, ch = self.job_slots[:2]
+        q, ch = self.job_slots
         wargs = {k: need[k] for k in ("layer", "T", "n_shared", "ptr", "idx", "k0", "maxc", "scale") if k in need}
         rid_w = s.send("sparse", "attend", wargs, {"q": s.slot_desc(q), "out": s.slot_desc(ch)})
         got = self._both(rid_w, "attend", s.send("verifier", "dense", {}), "dense")
@@ -125,7 +121,7 @@ class ActorSpeculation:
     def _split_columns(self, need: dict) -> dict:
         """The worker writes its columns of one linear layer while the verifier writes its own; then on."""
         s = self.s
-        x, xin, y = self.job_slots[2:]
+        x, xin, y = self.col_slots
         wargs = {k: need[k] for k in ("layer", "name", "T", "acc", "n0")}
         rid_w = s.send("sparse", "cols", wargs, {"xin": s.slot_desc(xin), "out": s.slot_desc(x if need["acc"] else y)})
         self._both(rid_w, "cols", s.send("verifier", "cols", {}), "cols")
@@ -154,10 +150,10 @@ class ActorSpeculation:
     def close(self):
         if self.streamer is not None:
             self.streamer.drain()
-        for slot in (self.kv_slot, *(self.job_slots or ())):
+        for slot in (self.kv_slot, *(self.job_slots or ()), *(self.col_slots or ())):
             if slot is not None:
                 self.s.slots.free(slot)
-        self.kv_slot = self.job_slots = None
+        self.kv_slot = self.job_slots = self.col_slots = None
 
     def _capacity(self, n_prompt: int, max_new: int) -> int:
         return min(self.context_length, n_prompt + max_new + max(self.cfg.budget, 64) + self.cfg.ahead + 2)

@@ -168,6 +168,17 @@ class Drafter:
             return torch.softmax(logits.float(), -1)
         return probs(logits, self.sampling)
 
+    def _feed_node(self, token: int, depth: int, anc_slots: list[int]) -> tuple[int, torch.Tensor]:
+        """One draft forward of one tree node at `depth` that sees the committed text and its
+        ancestors' KV slots (the tree decoder's mask); returns its slot and next-token distribution."""
+        c, dev = self.cache, self.model.device
+        slot = c.end
+        vis = Visibility(c.length, torch.tensor([0, len(anc_slots) + 1], dtype=torch.int32),
+                         torch.tensor(anc_slots + [slot], dtype=torch.int32))
+        logits = self.model.forward(torch.tensor([token], device=dev), torch.tensor([c.length + depth - 1], device=dev),
+                                    c, vis)[0]
+        return slot, self._dist(logits)
+
     def _child(self, t: TokenTree, node: int, tok: int) -> int | None:
         return next((c for c in t.children(node) if t.nodes[c].token == tok), None)
 
@@ -283,7 +294,6 @@ class Drafter:
         if self.trie and budget > 1:
             self._add_trie(d, budget - 1)
         self._expand(d, ROOT, dist, budget - len(d.tree))
-        c, dev = self.cache, self.model.device
         if seed is not None:
             self._plant(d, seed, dist, budget)
         while len(d.tree) < budget:
@@ -296,15 +306,9 @@ class Drafter:
                 break
             tip = pace(d.tree, tips)
             node = d.tree.nodes[tip]
-            anc = [d.tree.nodes[a].slot for a in d.tree.path(tip)[:-1]]
-            slot = c.end
-            vis = Visibility(c.length, torch.tensor([0, len(anc) + 1], dtype=torch.int32),
-                             torch.tensor(anc + [slot], dtype=torch.int32))
-            logits = self.model.forward(torch.tensor([node.token], device=dev),
-                                        torch.tensor([c.length + node.depth - 1], device=dev), c, vis)[0]
-            node.fed, node.slot = True, slot
+            node.slot, dist = self._feed_node(node.token, node.depth, [d.tree.nodes[a].slot for a in d.tree.path(tip)[:-1]])
+            node.fed = True
             d.forwards += 1
-            dist = self._dist(logits)
             if self.sampling.greedy and cfg.ahead:  # a lookahead may start from this node
                 d.dists[tip] = dist
             self._expand(d, tip, dist, budget - len(d.tree))
@@ -363,14 +367,9 @@ class Drafter:
         return n
 
     def _chain(self, a: Ahead, anc: list[int], tok: int, depth: int, steps: int, stop) -> int:
-        c, dev, n = self.cache, self.model.device, 0
+        c, n = self.cache, 0
         while n < steps and c.end + 2 < c.capacity and not stop():
-            slot = c.end
-            vis = Visibility(c.length, torch.tensor([0, len(anc) + 1], dtype=torch.int32),
-                             torch.tensor(anc + [slot], dtype=torch.int32))
-            logits = self.model.forward(torch.tensor([tok], device=dev), torch.tensor([c.length + depth - 1], device=dev),
-                                        c, vis)[0]
-            dist = self._dist(logits)
+            slot, dist = self._feed_node(tok, depth, anc)
             a.fed.append((tok, slot, dist))
             anc.append(slot)
             tok, depth, n = int(dist.argmax()), depth + 1, n + 1
