@@ -4,9 +4,10 @@
       + target groups kept resident + streaming slots  <=  budget
 
 Target groups are `layer.0 .. layer.N-1` and `head`; the embedding table stays on disk (rows are
-read per token). Groups are kept resident in the order head, layer 0, layer 1, ... as long as
-they fit beside two or three streaming slots sized for the largest group still streamed (the
-head first, because it is the largest: streaming it would make every slot that large). A budget
+read per token). The head is kept resident first (it is the largest group: streaming it would make
+every slot that large), then as many layers as fit beside two or three streaming slots sized for
+the largest group still streamed; those layers are spread between the streamed ones, so that the
+loader reads while the verifier computes a resident layer (see `_spread`). A budget
 that cannot hold the fixed part and two slots is refused with the shortfall and the smallest
 budget that works.
 """
@@ -115,11 +116,35 @@ def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, 
             held += sizes[n]
         else:
             break
+    resident = _spread(resident, names, sizes, budget - fixed)
+    held = sum(sizes[n] for n in resident)
     streamed = [n for n in names if n not in resident]  # in the order a forward needs them
     slot = max(sizes[n] for n in streamed)
     n_slots = 3 if fixed + held + 3 * slot <= budget and len(streamed) >= 3 else 2
     return MemoryPlan(budget, draft_weights, draft_kv, target_kv, fixed, tuple(n for n in names if n in resident),
                       tuple(streamed), held, slot, n_slots, o)
+
+
+def _spread(resident: list[str], names: list[str], sizes: dict[str, int], room: int) -> list[str]:
+    """The same number of resident layers, spread between the streamed ones, the first layer streamed.
+
+    The slots hold the next streamed layers while the verifier computes resident ones, and a
+    loader with every slot full stands idle. With the resident layers first, each forward began
+    with all of their compute while the loader waited for a free slot; spread out, every
+    resident layer is computed while the loader reads the next streamed one into the slot the
+    previous streamed layer freed. Kept as chosen if the spread set would not fit (layers of
+    unequal size)."""
+    layers = [n for n in names if n != "head"]
+    kept = [n for n in resident if n != "head"]
+    s = len(layers) - len(kept)
+    if not kept or s <= 0:
+        return resident
+    streamed = {layers[i * len(layers) // s] for i in range(s)}
+    spread = [n for n in resident if n == "head"] + [n for n in layers if n not in streamed]
+    rest = [n for n in names if n not in spread]
+    if sum(sizes[n] for n in spread) + 2 * max(sizes[n] for n in rest) > room:
+        return resident
+    return spread
 
 
 def parse_bytes(text: str) -> int:

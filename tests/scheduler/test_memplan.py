@@ -15,13 +15,27 @@ def test_everything_resident_when_it_fits():
     assert p.streamed == () and p.n_slots == 0 and p.total <= p.budget
 
 
-def test_half_budget_keeps_the_head_and_first_layers_and_streams_the_rest():
+def test_half_budget_keeps_the_head_and_spreads_the_resident_layers_between_the_streamed():
     p = plan_memory(1200 * MiB, GROUPS, 300 * MiB, 30 * MiB, 60 * MiB, O)
-    assert p.resident[0] == "layer.0" and "head" in p.resident
-    assert p.streamed == tuple(f"layer.{i}" for i in range(len(p.resident) - 1, 28))
+    assert "head" in p.resident and set(p.resident) | set(p.streamed) == set(GROUPS)
     assert p.slot_bytes == 27 * MiB and p.n_slots in (2, 3)
     assert p.total <= p.budget
     assert p.fixed + p.resident_bytes + 2 * p.slot_bytes <= p.budget
+    # a forward starts on a streamed layer (the slot it frees lets the loader start at once), and no two
+    # resident layers are more than one apart beyond what the counts force: the loader reads while they compute
+    layers = [int(n.split(".")[1]) for n in p.streamed]
+    assert layers[0] == 0 and layers == sorted(layers)
+    gaps = [b - a - 1 for a, b in zip(layers, layers[1:] + [28])]
+    assert max(gaps) - min(gaps) <= 1, gaps
+    kept = 28 - len(layers)
+    assert sum(gaps) == kept and 0 < kept < 28
+
+
+def test_the_spread_keeps_as_many_layers_as_fit():
+    for budget in (1000, 1200, 1400):
+        p = plan_memory(budget * MiB, GROUPS, 300 * MiB, 30 * MiB, 60 * MiB, O)
+        assert p.streamed and p.total <= p.budget
+        assert p.fixed + p.resident_bytes + 27 * MiB + 2 * p.slot_bytes > p.budget  # one more layer would not fit
 
 
 def test_budget_too_small_names_the_shortfall_and_the_smallest_that_works():
