@@ -194,7 +194,8 @@ def bench_cgroup(args, prompts: list[Prompt]):
     common = ["--prompts", args.prompts, "--max-new-tokens", str(args.max_new_tokens), "--target", args.target,
               "--draft", args.draft, "--dtype", args.fmt, "--chat", args.chat, "--threads", str(args.threads),
               "--width", str(args.width), "--chain-k", str(args.chain_k), "--branch-threshold", str(args.branch_threshold),
-              "--alpha", str(args.alpha), "--draft-ahead", str(args.draft_ahead)] + \
+              "--alpha", str(args.alpha), "--draft-ahead", str(args.draft_ahead),
+              "--draft-window", str(args.draft_window)] + \
         (["--no-trie"] if args.no_trie else []) + (["--fixed-width"] if args.fixed_width else []) + \
         (["--limit", str(args.limit)] if args.limit else []) + (["--one-per-kind"] if args.one_per_kind else []) + (["--profile", args.profile] if args.profile else []) + \
         (["--trace-dir", args.trace_dir] if args.trace_dir else [])

@@ -48,6 +48,9 @@ def add_model_args(p):
                    help="greedy chain/tree over actors: draft forwards (on one thread) the draft may run while the "
                         "target verifies, LLMCad's speculative drafting during verification; default 0: on a "
                         "2-core CPU it slows the verifier more than it saves (BENCHMARKS.md)")
+    t.add_argument("--draft-window", type=int, default=TreeConfig.prompt_window,
+                   help="the draft runs on the prompt's last N tokens only (0: the whole prompt); its prefill "
+                        "costs about a draft step per token on a CPU")
     p.add_argument("--trace-dir", default=None, help="the folder for the Chrome trace (default: traces/)")
     p.add_argument("--profile", default=None, help="an ARCA profile (launch profile --out): its width, tree and partition")
     p.add_argument("--sparse-worker", action="store_true",
@@ -83,7 +86,8 @@ def setup_threads(args):
 def tree_config(args, mode: str, profile: dict | None = None) -> TreeConfig:
     tree = TreeConfig(mode="chain" if mode == "chain" else "tree", width=args.width, chain_k=args.chain_k,
                       branch_threshold=args.branch_threshold, alpha=args.alpha, trie=not args.no_trie,
-                      adaptive=not args.fixed_width, ahead=args.draft_ahead if args.runtime == "actors" else 0)
+                      adaptive=not args.fixed_width, ahead=args.draft_ahead if args.runtime == "actors" else 0,
+                      prompt_window=args.draft_window)
     if profile and profile["width"] > 0 and mode == "tree":  # ARCA's width and static tree
         tree = TreeConfig(**{**tree.__dict__, "width": profile["width"], "trie": False, "adaptive": False,
                              "shape_parents": tuple(profile["tree"]["parents"]), "shape_ranks": tuple(profile["tree"]["ranks"])})

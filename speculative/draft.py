@@ -22,6 +22,7 @@ from speculative.trie import TokenTrie
 
 TOP_K = 4  # candidates looked at per expansion
 CATCH_UP = 8  # after plain target steps, the draft runs on at most this many of the tokens it missed
+PROMPT_WINDOW = 64  # the draft runs on at most the last this many prompt tokens (0: the whole prompt)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class TreeConfig:
     trie_nodes: int = 4  # at most this many trie candidates per tree
     adaptive: bool = True  # let the governor pick each cycle's budget (0 = plain target step)
     ahead: int = 0  # greedy: draft forwards the draft may run while the target verifies (LLMCad 3.4)
+    prompt_window: int = PROMPT_WINDOW  # the draft's view of the prompt: its last this many tokens (0: all)
     # an ARCA tree shape (launch profile): a fixed tree of draft ranks instead of LLMCad's dynamic tree
     shape_parents: tuple = ()
     shape_ranks: tuple = ()
@@ -53,6 +55,8 @@ class TreeConfig:
             raise CadenceError(f"alpha={self.alpha} must be in [0, 1)")
         if not 0 <= self.ahead <= 64:
             raise CadenceError(f"draft-ahead steps {self.ahead} must be within 0..64")
+        if self.prompt_window < 0:
+            raise CadenceError(f"the draft's prompt window {self.prompt_window} must be 0 (the whole prompt) or more")
 
     @property
     def budget(self) -> int:
@@ -125,10 +129,18 @@ class Drafter:
         self.skipped = 0  # committed tokens the draft never ran on (catch-up window)
 
     def start(self, prompt_ids: list[int], capacity: int):
-        """Feed the prompt; the first generated token will arrive through `push`."""
+        """Take the prompt (fed with the first tree); the first generated token arrives through `push`.
+
+        The draft runs on the prompt's last `prompt_window` tokens only. Its prefill costs what a
+        target step of as many rows costs per row (the int kernels grow linearly with rows on a
+        CPU), and the governor pays it on its first try of a draft budget: on a long prompt that
+        try would cost more than speculation wins back. The draft guesses from the recent text,
+        the trie still matches the whole prompt, and the target decides every token."""
         self.cache = self.model.new_cache(capacity)
         self.ahead = self.seed = None
-        self.pending = list(prompt_ids)
+        w = self.cfg.prompt_window
+        self.pending = list(prompt_ids[-w:]) if w else list(prompt_ids)
+        self.skipped = len(prompt_ids) - len(self.pending)
         self.context = list(prompt_ids)
         if self.trie:
             self.trie.insert(self.context)
@@ -150,7 +162,7 @@ class Drafter:
         speculation did not pay), it runs on the last CATCH_UP only: a forward over all of them
         would cost more than the try it serves can win back. Its context then has a hole, closed
         up (positions run on from the cache), which only makes its guesses a little worse: the
-        target still decides every token. The prompt itself is always fed whole."""
+        target still decides every token. (The prompt is cut the same way, in `start`.)"""
         c, dev = self.cache, self.model.device
         if c.length and len(self.pending) > CATCH_UP:
             self.skipped += len(self.pending) - CATCH_UP

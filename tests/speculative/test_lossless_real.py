@@ -72,7 +72,8 @@ def test_a_draft_equal_to_the_target_is_always_accepted(mode, ahead, prompts):
     the draft's KV entries for it must be exactly those a fresh feed would write, or a token
     would be rejected."""
     lm = real_model("qwen2.5-coder-0.5b", FMT)
-    cfg = TreeConfig(mode=mode, width=6, chain_k=4, trie=False, adaptive=False, ahead=ahead)
+    cfg = TreeConfig(mode=mode, width=6, chain_k=4, trie=False, adaptive=False, ahead=ahead,
+                     prompt_window=0)  # the draft sees what the target sees: the whole prompt
     for pid in ("fib", "rewrite_hints"):
         ids = prompts[pid]
         ref = engine.generate_target(lm, ids, 48, SamplingConfig()).new_ids

@@ -279,3 +279,34 @@ def test_a_new_text_is_probed_again_soon_with_what_was_learned_kept():
     g.new_text()
     chosen = [g.choose() for _ in range(4)]
     assert chosen[:2] == [0, 0] and chosen[2] in (-1, 2) and g.rate == rates
+
+
+def test_the_draft_runs_on_the_prompts_last_window_only():
+    """`prompt_window`: the draft's prefill covers the prompt's last tokens, positions from 0; the
+    trie still holds the whole prompt, and a window of 0 feeds it all."""
+    from models.sampling import SamplingConfig
+    from models.transformer import Transformer
+    from models.weights import TensorWeights, random_tensors
+    from speculative.draft import Drafter, TreeConfig
+    from tests.conftest import TINY
+
+    args = TINY["qwen"]
+    model = Transformer(args, TensorWeights(args, random_tensors(args, 3), "fp32"))
+    prompt = [5, 9, 2, 7, 3, 11, 4, 8, 6, 10, 12, 13]
+    for window, fed in ((5, 5), (0, len(prompt)), (64, len(prompt))):
+        d = Drafter(model, SamplingConfig(), TreeConfig(mode="chain", chain_k=2, trie=True, prompt_window=window))
+        d.start(prompt, 128)
+        d.push([14])
+        tree = d.build_tree()
+        assert d.cache.length == fed + 1 and d.skipped == len(prompt) - fed, window
+        assert d.context == prompt + [14] and len(tree.tree) >= 2
+    # the window's draft is the same model on the same last tokens: its first guess equals a fresh
+    # draft's on just those tokens
+    a = Drafter(model, SamplingConfig(), TreeConfig(mode="chain", chain_k=2, trie=False, prompt_window=5))
+    b = Drafter(model, SamplingConfig(), TreeConfig(mode="chain", chain_k=2, trie=False, prompt_window=0))
+    a.start(prompt, 128), b.start(prompt[-5:], 128)
+    a.push([14]), b.push([14])
+    assert a.build_tree().tree.flatten()[0] == b.build_tree().tree.flatten()[0]
+    from cadence.errors import CadenceError
+    with pytest.raises(CadenceError, match="prompt window"):
+        TreeConfig(prompt_window=-1)
