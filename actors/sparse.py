@@ -23,7 +23,6 @@ import torch
 from actors.base import Actor, ActorContext
 from models import kernels
 from models.config import ModelArgs
-from models.linear import column_split
 from models.store import WeightStore
 from models.transformer import KVCache
 from models.weights import layer_from_views
@@ -38,8 +37,7 @@ class SparseAttnActor(Actor):
         self.args = ModelArgs.from_dict(init["model"])
         self.cache = None
         self.vis = None  # (ptr, idx) of the forward being verified: sent with its first layer only
-        self.columns = float(init.get("columns") or 0.0)
-        self.layers = self._map_layers(init["store"]) if self.columns > 0 else None
+        self.layers = self._map_layers(init["store"]) if float(init.get("columns") or 0.0) > 0 else None
         kernels.lib()  # build or load the kernels now, not during the first verification
 
     def _map_layers(self, store_dir: str) -> list:
@@ -77,14 +75,12 @@ class SparseAttnActor(Actor):
         return {"nch": nch.tolist()}
 
     def op_cols(self, args, tensors):
-        """Columns [n0, N) of one linear layer of the target: input from `xin`, into (or added to) `out`."""
+        """Columns [n0, N) of one linear layer of the target, n0 as the verifier split it: input from
+        `xin`, into (or added to) `out`."""
         if self.layers is None:
             raise RuntimeError("this worker was started without a column share; start it with --column-share")
-        i, name, T = int(args["layer"]), args["name"], int(args["T"])
+        i, name, T, n0 = int(args["layer"]), args["name"], int(args["T"]), int(args["n0"])
         lin = getattr(self.layers[i], name)
-        n0 = column_split(lin.n, self.columns)
-        if n0 != int(args["n0"]):
-            raise RuntimeError(f"the verifier splits {name} at column {args['n0']} and this worker at {n0}")
         x = self.tensor(tensors["xin"]).view(torch.float32)[:T * lin.k].view(T, lin.k)
         y = self.tensor(tensors["out"]).view(torch.float32)[:T * lin.n].view(T, lin.n)
         with self.trace.span(f"cols:layer.{i}.{name}", cat="linear", args={"rows": T, "cols": lin.n - n0}):
