@@ -25,6 +25,7 @@ import zmq
 from actors import wire
 from actors.lifeline import StopFlag, die_with_parent, install_signal_flags
 from actors.tracing import Tracer
+from cadence.heap import trim_heap
 from shm.arena import Arena
 from shm.desc import InlineTensor, TensorDesc
 
@@ -270,6 +271,7 @@ def actor_main(spec: dict) -> int:
         try:
             ctx.arenas.update((name, Arena.attach(name)) for name in init.arenas)
             actor = cls(init.init, ctx)
+            trim_heap()  # what loading freed is not the actor's to keep under a budget
         except Exception as e:
             say(wire.Dead(role, f"failed during setup: {type(e).__name__}: {e}"))
             return 1

@@ -22,7 +22,7 @@ class DraftActor(Actor):
         with self.trace.span("load draft", cat="setup"):
             if init.get("embed_on_disk"):  # under a memory budget: every group but the embedding table
                 store = WeightStore(init["store"])
-                weights = StreamingWeights(store, set(store.group_names()) - {"embed"})
+                weights = StreamingWeights(store, set(store.group_names()) - {"embed"}, init.get("head_rows") or None)
                 self.lm = LoadedModel(init.get("name", ""), store, None, Transformer(store.args, weights))
             else:
                 self.lm = load_store(init["store"], init.get("name", ""))

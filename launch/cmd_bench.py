@@ -158,7 +158,7 @@ def bench_modes(args, prompts: list[Prompt]):
             others.run_all(p, *prompt_ids(tok, p, args.chat), rows)
         return rows, {}
     cfg = run_config(args, "tree" if any(m not in ("target", "std", "stdpl") for m in modes) else modes[0])
-    with Runner(cfg) as runner:
+    with Runner(cfg, prompts) as runner:
         others = _Baselines(args, base, runner.tokenizer)
         for p in prompts:
             ids, chat = prompt_ids(runner.tokenizer, p, cfg.chat)

@@ -5,7 +5,6 @@ import os
 import sys
 
 import psutil
-import torch
 
 from cadence.errors import CadenceError
 from launch.monitor import add_monitor_args, open_monitor
@@ -14,10 +13,9 @@ from launch.prompts import Prompt, load_prompts
 from launch.trace_tools import place_trace, trace_dir
 from launch.results import write_rows
 from launch.runner import RUNTIMES, RunConfig, Runner, print_text
-from models import linear, registry
-from models.sampling import SamplingConfig
+from cadence.settings import FORMATS, SamplingConfig, TreeConfig, check_format
+from models import registry
 from scheduler.speculation import MODES
-from speculative.draft import TreeConfig
 
 DEFAULT_PROMPT = "def quicksort(items):\n"
 
@@ -25,7 +23,7 @@ DEFAULT_PROMPT = "def quicksort(items):\n"
 def add_model_args(p):
     p.add_argument("--target", default=registry.DEFAULT_TARGET, help="target model: a default name, a .gguf file or an HF directory")
     p.add_argument("--draft", default=registry.DEFAULT_DRAFT, help="draft model for the speculative modes")
-    p.add_argument("--dtype", "--format", dest="fmt", default="int4", help=f"weight format: {', '.join(linear.FORMATS)}")
+    p.add_argument("--dtype", "--format", dest="fmt", default="int4", help=f"weight format: {', '.join(FORMATS)}")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -63,6 +61,11 @@ def add_model_args(p):
     p.add_argument("--memory-budget", default=None,
                    help="hard memory bound for the whole run, e.g. 3GiB or auto (draft + KV + half the target); "
                         "target layers that do not fit stream from disk")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="the draft proposes only the N most frequent tokens (FR-Spec: its output head keeps N rows); "
+                        "default 32768 under --memory-budget, else the whole vocabulary; 0: the whole vocabulary")
+    p.add_argument("--context", type=int, default=None, metavar="N",
+                   help="prompt tokens the memory plan leaves KV cache room for (default: the longest prompt given)")
 
 
 def add_parser(sub):
@@ -78,6 +81,12 @@ def add_parser(sub):
 
 
 def setup_threads(args):
+    """Only a run whose models live in this process imports torch here: with the actor runtime the
+    launch process is the scheduler, torch-free, and each model actor sets its own threads."""
+    if args.runtime != "inproc" and args.device == "cpu":
+        return
+    import torch
+
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise CadenceError("--device cuda was asked for but torch sees no CUDA device; use --device cpu")
@@ -95,7 +104,7 @@ def tree_config(args, mode: str, profile: dict | None = None) -> TreeConfig:
 
 
 def run_config(args, mode: str) -> RunConfig:
-    linear.check_format(args.fmt)
+    check_format(args.fmt)
     profile = None
     worker, share, columns = args.sparse_worker, args.worker_share, args.column_share
     if getattr(args, "profile", None):
@@ -109,7 +118,8 @@ def run_config(args, mode: str) -> RunConfig:
                      chat=args.chat, device=args.device, runtime=args.runtime, threads=args.threads,
                      trace_dir=args.trace_dir or trace_dir(getattr(args, "trace", None)),
                      memory_budget=args.memory_budget, sparse_worker=worker,
-                     worker_share=share, column_share=columns)
+                     worker_share=share, column_share=columns, plan_context=getattr(args, "context", None),
+                     draft_vocab=getattr(args, "draft_vocab", None))
 
 
 def cmd_run(args) -> int:
@@ -118,7 +128,7 @@ def cmd_run(args) -> int:
     prompts = load_prompts(args.prompts) if args.prompts else [
         Prompt("prompt", "complete", args.prompt if args.prompt is not None else DEFAULT_PROMPT)]
     rows = []
-    with Runner(cfg) as runner:
+    with Runner(cfg, prompts) as runner:
         if runner.plan is not None:
             print(f"memory plan:\n{runner.plan.report()}", file=sys.stderr, flush=True)
         feed = MonitorFeed(runner.sched, title=f"{cfg.mode} {cfg.target} {cfg.fmt}") if runner.sched is not None else \

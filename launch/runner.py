@@ -14,17 +14,15 @@ from typing import Callable
 import psutil
 
 from cadence.errors import CadenceError
+from cadence.settings import SamplingConfig, TreeConfig
 from launch.prompts import Prompt, prompt_ids
 from launch.results import make_row, peak_rss_bytes
-from models import engine
 from models.convert import ensure_store
-from models.sampling import SamplingConfig
 from models.tokenizer import StreamDecoder, TextTokenizer
 from scheduler.speculation import MODES
-from speculative.draft import TreeConfig
-from speculative.generate import generate_speculative
 
 RUNTIMES = ("actors", "inproc")
+DRAFT_VOCAB = 32768
 
 
 @dataclass(frozen=True)
@@ -45,7 +43,10 @@ class RunConfig:
     sparse_worker: bool = False  # split tree attention with the sparse-attention actor (Ghidorah)
     worker_share: float = 0.0  # the share of the dense attention chunks the worker takes too
     column_share: float = 0.0  # the share of each target linear layer's output columns the worker computes
-    plan_context: int = 1024  # prompt tokens the memory plan leaves KV room for
+    # FR-Spec: the draft's head keeps only this many (most frequent) token rows under a memory budget;
+    # None: DRAFT_VOCAB under a budget, the whole vocabulary without one; 0: the whole vocabulary
+    draft_vocab: int | None = None
+    plan_context: int | None = None  # prompt tokens the memory plan leaves KV room for (None: the longest prompt given, else 1024)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -71,6 +72,8 @@ class RunConfig:
         if self.column_share > 0 and self.memory_budget:
             raise CadenceError("--column-share needs every target layer resident (the worker maps the target's weights "
                                "itself); drop --memory-budget or --column-share")
+        if self.draft_vocab is not None and self.draft_vocab < 0:
+            raise CadenceError(f"--draft-vocab={self.draft_vocab} must be 0 (the whole vocabulary) or a number of tokens")
         if self.memory_budget and self.mode == "target":
             raise CadenceError("mode target keeps the whole target in memory; under --memory-budget use std, stdpl, chain or tree")
 
@@ -78,7 +81,8 @@ class RunConfig:
 class Runner:
     """Use as a context manager: the actor runtime has processes and shared memory to release."""
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, prompts: list[Prompt] | None = None):
+        """`prompts`: what will be run, if known; the memory plan then sizes the KV caches to the longest."""
         self.cfg = cfg
         self.sched = None
         self.trace_path = None
@@ -90,8 +94,13 @@ class Runner:
             raise CadenceError(f"the draft {cfg.draft} and the target {cfg.target} have different tokenizers; "
                                "speculative modes need a draft that shares the target's vocabulary")
         self.tokenizer = TextTokenizer(target_store.tokenizer_info)
+        if cfg.plan_context is None:
+            longest = max((len(prompt_ids(self.tokenizer, p, cfg.chat)[0]) for p in prompts or ()), default=1024)
+            self.cfg = cfg = RunConfig(**{**cfg.__dict__, "plan_context": longest})
         self.plan = None
         if cfg.runtime == "inproc":
+            from models import engine
+
             self.target = engine.load_store(target_store, cfg.target, cfg.device)
             self.draft = engine.load_store(draft_store, cfg.draft, cfg.device) if speculative else None
             return
@@ -100,19 +109,21 @@ class Runner:
         from scheduler.speculation import ActorSpeculation
 
         self.plan = memory_plan(cfg, target_store, draft_store) if cfg.memory_budget else None
+        # the model actors fork from one zygote that imported torch and the model code once
+        preload = ("actors.verifier", *(("actors.draft",) if speculative else ()), *(("actors.sparse",) if cfg.sparse_worker else ()))
         if self.plan is not None:
             p = self.plan
             o = p.overheads
-            roles = {"draft": p.draft_weights + p.draft_kv + o.model_process + o.activations,
-                     "verifier": p.resident_bytes + p.target_kv + o.model_process + o.activations,
-                     "scheduler": o.scheduler, **({"loader": o.loader} if p.streamed else {})}
+            roles = {**({"draft": p.draft_weights + p.draft_kv + o.actor + o.draft_activations} if p.has_draft else {}),
+                     "verifier": p.resident_bytes + p.target_kv + o.actor + o.verifier_activations,
+                     "scheduler": o.scheduler + o.watchdog + o.runtime, **({"loader": o.loader} if p.streamed else {})}
             mem = MemoryConfig(budget_bytes=p.budget, arena_bytes=p.arena_bytes, stream_bytes=p.stream_bytes, role_bytes=roles)
             rt = RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=p.slot_bytes or (1 << 20)),
-                               trace=TraceConfig(dir=cfg.trace_dir))
+                               trace=TraceConfig(dir=cfg.trace_dir), preload=preload)
         else:
             extra = (256 << 20) if cfg.sparse_worker else 0  # the KV cache moves into the arena
             rt = RuntimeConfig(memory=MemoryConfig(budget_bytes=psutil.virtual_memory().total, arena_bytes=(64 << 20) + extra),
-                               trace=TraceConfig(dir=cfg.trace_dir))
+                               trace=TraceConfig(dir=cfg.trace_dir), preload=preload)
         self.sched = Scheduler(rt).__enter__()
         try:
             self.spec = ActorSpeculation(self.sched, cfg.mode, str(target_store.dir),
@@ -120,7 +131,8 @@ class Runner:
                                          cfg.threads or os.cpu_count() or 1, target_store.args.context_length,
                                          target_store.args.vocab_size, plan=self.plan,
                                          worker={"share": cfg.worker_share, "columns": cfg.column_share} if cfg.sparse_worker else None,
-                                         model_args=target_store.args.to_dict())
+                                         model_args=target_store.args.to_dict(),
+                                         draft_vocab=draft_rows(cfg, draft_store) if self.plan is not None else 0)
         except BaseException:
             self.close()
             raise
@@ -156,6 +168,9 @@ class Runner:
         ids, chat = prompt_ids(tok, prompt, cfg.chat)
         stream = StreamDecoder(tok)
         on_tokens = (lambda new: on_text(stream.push(new))) if on_text else None
+        if self.plan is not None and len(ids) > self.cfg.plan_context:
+            raise CadenceError(f"the prompt has {len(ids)} tokens but the memory plan left KV cache room for "
+                               f"{self.cfg.plan_context}; give --context {len(ids)} (or more)")
         if self.sched is not None:
             n_ctx = self.spec.context_length
             if len(ids) + cfg.max_new_tokens > n_ctx:  # same sentence as the in-process path
@@ -164,10 +179,14 @@ class Runner:
             gen = self.spec.generate(ids, cfg.max_new_tokens, tok.stop_ids, on_tokens, cfg.mode, cfg.tree, on_cycle)
             extra = _actor_peaks(self.sched)
         elif cfg.mode in ("target", "std", "stdpl"):
+            from models import engine
+
             gen = engine.generate_target(self.target, ids, cfg.max_new_tokens, cfg.sampling, on_tokens)
             extra = 0
         else:
             tree = cfg.tree if cfg.tree.mode == cfg.mode else TreeConfig(**{**cfg.tree.__dict__, "mode": cfg.mode})
+            from speculative.generate import generate_speculative
+
             gen = generate_speculative(self.target, self.draft, ids, cfg.max_new_tokens, cfg.sampling, tree, on_tokens)
             extra = 0
         extra_fields = {"memory_budget_bytes": self.plan.budget} if self.plan is not None else {}
@@ -178,22 +197,34 @@ class Runner:
                         stats=gen.stats, runtime=cfg.runtime, **extra_fields)
 
 
-def memory_plan(cfg: RunConfig, target_store, draft_store):
-    """The plan for --memory-budget: KV room for `plan_context` prompt tokens plus the new ones."""
-    from scheduler.memplan import Overheads, plan_memory, parse_bytes
+def memory_plan(cfg: RunConfig, target_store, draft_store, overheads=None):
+    """The plan for --memory-budget: KV room for `plan_context` prompt tokens plus the new ones, the
+    runtime's overheads as measured on this machine (`overheads` overrides them)."""
+    from scheduler.memplan import measure_overheads, plan_memory, parse_bytes
 
-    cap = cfg.plan_context + cfg.max_new_tokens + 64
+    cap = (cfg.plan_context or 1024) + cfg.max_new_tokens + max(cfg.tree.budget, 64) + 2
     groups = {g: target_store.groups[g].nbytes for g in target_store.group_names() if g != "embed"}
-    draft_w = sum(n for g, n in draft_store.group_bytes().items() if g != "embed") if draft_store else 0
+    draft_w = 0
+    if draft_store is not None:
+        rows = draft_rows(cfg, draft_store)
+        draft_w = sum(n for g, n in draft_store.group_bytes().items() if g not in ("embed", "head"))
+        draft_w += draft_store.head_bytes(rows or None)
     draft_kv = draft_store.args.kv_bytes_per_token() * cap if draft_store else 0
     target_kv = target_store.args.kv_bytes_per_token() * cap
+    o = overheads or measure_overheads(target_store.args, draft_store.args if draft_store else None, cfg.tree.budget)
     if cfg.memory_budget == "auto":  # the fixed part and half of the target
-        o = Overheads()
-        fixed = draft_w + draft_kv + target_kv + 2 * o.model_process + o.scheduler + o.loader + 2 * o.activations + o.exchange
-        budget = fixed + sum(groups.values()) // 2
+        budget = draft_w + draft_kv + target_kv + o.fixed(draft_store is not None) + o.loader + sum(groups.values()) // 2
     else:
         budget = parse_bytes(cfg.memory_budget)
-    return plan_memory(budget, groups, draft_w, draft_kv, target_kv)
+    return plan_memory(budget, groups, draft_w, draft_kv, target_kv, o)
+
+
+def draft_rows(cfg: RunConfig, draft_store) -> int:
+    """Token rows the draft's head keeps (0: all): FR-Spec's frequent-token head under a budget."""
+    if draft_store is None:
+        return 0
+    rows = cfg.draft_vocab if cfg.draft_vocab is not None else (DRAFT_VOCAB if cfg.memory_budget else 0)
+    return 0 if rows >= draft_store.args.vocab_size else rows
 
 
 def _actor_peaks(sched) -> int:

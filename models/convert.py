@@ -6,12 +6,12 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cadence import paths
 from cadence.errors import CadenceError
-from models import linear, registry
+from cadence.settings import check_format
+from models import registry
 from models.pull import is_pulled, model_path, pull
 from models.source import canonical_names, open_source, sha256_file
 from models.store import WeightStore, StoreWriter
@@ -25,7 +25,11 @@ def is_linear(name: str) -> bool:
 
 def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str = "", progress: Progress | None = None) -> Path:
     """Write `source` as a weight store at `out_dir` (atomically: a `.partial` dir renamed at the end)."""
-    linear.check_format(fmt)
+    import torch  # only a conversion needs it: a run that finds its store stays torch-free
+
+    from models import linear
+
+    check_format(fmt)
     args = source.args
     names = canonical_names(args)
     if args.tied_embeddings and fmt not in linear.FLOAT_DTYPES:
@@ -104,7 +108,7 @@ def store_dir(label: str, sha: str, fmt: str) -> Path:
 
 def ensure_store(model: str, fmt: str, group_size: int = 32) -> WeightStore:
     """The weight store of `model` in `fmt`, converting it on first use."""
-    linear.check_format(fmt)
+    check_format(fmt)
     label, path, sha = resolve(model)
     out = store_dir(label, sha, fmt if fmt != "int4" else f"int4g{group_size}")
     if (out / "manifest.json").is_file() and not _current(out):

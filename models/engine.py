@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 
 from cadence.errors import CadenceError
+from cadence.settings import Generation  # noqa: F401  (torch-free, re-exported)
 from models.convert import ensure_store
 from models.sampling import Sampler, SamplingConfig
 from models.store import WeightStore
@@ -63,15 +64,6 @@ def prefill(model: Transformer, cache: KVCache, ids: list[int]) -> torch.Tensor:
         logits = model.forward(chunk, pos, cache, logits_rows=slice(-1, None))[0]
         cache.commit()
     return logits
-
-
-@dataclass
-class Generation:
-    prompt_ids: list[int]
-    new_ids: list[int]
-    wall_s: float
-    prefill_s: float
-    stats: dict = field(default_factory=dict)
 
 
 def generate_target(lm: LoadedModel, prompt_ids: list[int], max_new: int, sampling: SamplingConfig,

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from cadence.errors import CadenceError
+from cadence.settings import FORMATS, check_format  # noqa: F401  (torch-free, re-exported)
 from models import kernels
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -244,13 +245,7 @@ def decode(fmt: str, arrays: dict[str, torch.Tensor], meta: dict, bias: torch.Te
     return Int4Linear(arrays["q"], arrays["sc"], arrays["mn"], arrays["s"], arrays["m"], bias)
 
 
-FORMATS = (*FLOAT_DTYPES, "int8", "int4")
-
-
-def check_format(fmt: str) -> str:
-    if fmt not in FORMATS:
-        raise CadenceError(f"weight format '{fmt}' is not known; use one of {', '.join(FORMATS)}")
-    return fmt
+assert FORMATS == (*FLOAT_DTYPES, "int8", "int4")
 
 
 def float_dtype(fmt: str) -> torch.dtype:

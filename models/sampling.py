@@ -6,23 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from cadence.errors import CadenceError
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise CadenceError(f"temperature={self.temperature} must be >= 0 (0 means greedy)")
-        if not 0 < self.top_p <= 1:
-            raise CadenceError(f"top_p={self.top_p} must be in (0, 1]")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from cadence.settings import SamplingConfig  # noqa: F401  (torch-free, re-exported)
 
 
 def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

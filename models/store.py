@@ -127,6 +127,21 @@ class WeightStore:
     def group_names(self) -> list[str]:
         return list(self.groups)
 
+    def head_arrays(self, rows: int | None = None) -> list[tuple[str, str, dict, int]]:
+        """(tensor, key, array entry, bytes to read) of the head group, keeping only the first `rows`
+        rows of the arrays that have one per token (FR-Spec's frequent-token head: byte-level BPE
+        numbers its tokens in merge order, so the lowest ids are the most frequent ones)."""
+        out = []
+        v = self.args.vocab_size
+        for name in self.groups["head"].tensors:
+            for key, a in self.tensors[name]["arrays"].items():
+                per_token = rows is not None and rows < v and a["shape"] and a["shape"][0] == v
+                out.append((name, key, a, a["nbytes"] // v * rows if per_token else a["nbytes"]))
+        return out
+
+    def head_bytes(self, rows: int | None = None) -> int:
+        return sum(n for *_, n in self.head_arrays(rows))
+
     def views(self, group: str, buf) -> dict:
         """Arrays of a group as zero-copy views into `buf` (a uint8 tensor holding that group's bytes)."""
         from models.store import DTYPES

@@ -168,7 +168,9 @@ class StreamingWeights:
     that the loader put into a slot, with no copy. The embedding stays on disk (`EmbeddingRows`).
     """
 
-    def __init__(self, store: WeightStore, resident: set[str]):
+    def __init__(self, store: WeightStore, resident: set[str], head_rows: int | None = None):
+        """`head_rows`: keep only that many rows of the output head (the lowest token ids): a draft
+        that proposes only frequent tokens (FR-Spec), for a fraction of the head's memory."""
         self.store, self.args = store, store.args
         self.resident_groups = set(resident)
         self.embed = EmbeddingRows(store)
@@ -176,6 +178,9 @@ class StreamingWeights:
         self.head: HeadWeights | None = None
         self.buffers = {}
         with open(store.path, "rb", buffering=0) as f:
+            if head_rows is not None and head_rows < self.args.vocab_size and "head" in resident:
+                resident = resident - {"head"}
+                self.head = _read_head_rows(store, f, head_rows, self.buffers)
             for name in sorted(resident - {"embed"}, key=lambda g: store.groups[g].offset):
                 g = store.groups[name]
                 buf = torch.empty(g.nbytes, dtype=torch.uint8)
@@ -205,6 +210,35 @@ class StreamingWeights:
 
     def nbytes(self) -> int:
         return sum(b.numel() for b in self.buffers.values())
+
+
+class PaddedHead:
+    """The first `n` logits from a head of `n` rows, the rest -inf: a draft that never proposes
+    the rarer tokens, and whose distributions still span the whole vocabulary."""
+
+    def __init__(self, out: linear.Linear, vocab: int):
+        self.out, self.vocab = out, vocab
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.out(x)
+        full = torch.full((*y.shape[:-1], self.vocab), float("-inf"), dtype=y.dtype, device=y.device)
+        full[..., :y.shape[-1]] = y
+        return full
+
+
+def _read_head_rows(store: WeightStore, f, rows: int, buffers: dict) -> HeadWeights:
+    from models.store import DTYPES
+
+    views: dict[str, dict[str, torch.Tensor]] = {}
+    for name, key, a, nbytes in store.head_arrays(rows):
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        f.seek(a["offset"])
+        f.readinto(memoryview(buf.numpy()))
+        buffers[f"head:{name}.{key}"] = buf
+        shape = [rows, *a["shape"][1:]] if nbytes != a["nbytes"] else a["shape"]
+        views.setdefault(name, {})[key] = buf.view(DTYPES[a["dtype"]]).view(shape)
+    head = head_from_views(store, views, None)
+    return HeadWeights(norm=head.norm, out=PaddedHead(head.out, store.args.vocab_size))
 
 
 def drive(steps, weights):

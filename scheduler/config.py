@@ -127,6 +127,10 @@ class RuntimeConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     timeouts: Timeouts = field(default_factory=Timeouts)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    # fork the actors from one zygote process that imported their code once (pages shared
+    # copy-on-write), instead of starting an interpreter per actor (Linux only)
+    fork_actors: bool = True
+    preload: tuple = ()  # modules the zygote imports before the first fork (e.g. "actors.verifier")
 
     def __post_init__(self):
         slot = -(-self.pipeline.layer_bytes // 4096) * 4096  # slots are 4 KiB aligned

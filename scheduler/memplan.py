@@ -14,6 +14,7 @@ budget that works.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from cadence.errors import CadenceError
 
@@ -31,13 +32,22 @@ def _align(n: int) -> int:
 
 @dataclass(frozen=True)
 class Overheads:
-    """What each process costs before any model data: interpreter, torch, runtime (measured here:
-    importing torch alone is ~220 MB of private memory on this machine)."""
-    model_process: int = 240 * MiB  # the draft and the verifier: torch + kernels
-    scheduler: int = 240 * MiB  # the launch process: it imports torch for the tokenizer and stores
-    loader: int = 64 * MiB
-    activations: int = 96 * MiB  # logits and temporaries of a verification, per model process
+    """What the runtime holds beyond model data, part by part (anonymous + shared memory, what a
+    memory cgroup charges). `measure_overheads` fills it from this machine; the defaults are what it
+    measured on the development machine (2026-11-22: Python 3.11, torch 2.13.0 CPU)."""
+    scheduler: int = 96 * MiB  # the launch process: interpreter, tokenizer, monitor, trace buffers
+    runtime: int = 160 * MiB  # the zygote: interpreter, torch, kernels, model code, shared by every actor forked from it
+    actor: int = 16 * MiB  # what each model actor writes beyond its data: stacks, thread pool, copied pages
+    loader: int = 4 * MiB
+    watchdog: int = 8 * MiB
     exchange: int = 16 * MiB  # the arena part for tensors other than streamed layers
+    verifier_activations: int = 48 * MiB  # a prefill chunk's intermediates, a verification's logits
+    draft_activations: int = 24 * MiB
+
+    def fixed(self, draft: bool) -> int:
+        """Everything but model data and the loader, for a run with or without a draft actor."""
+        return (self.scheduler + self.watchdog + self.runtime + self.exchange + self.actor + self.verifier_activations
+                + ((self.actor + self.draft_activations) if draft else 0))
 
 
 @dataclass(frozen=True)
@@ -66,11 +76,19 @@ class MemoryPlan:
     def total(self) -> int:
         return self.fixed + self.resident_bytes + self.stream_bytes
 
+    @property
+    def has_draft(self) -> bool:
+        return self.draft_weights > 0
+
     def lines(self) -> list[tuple[str, int]]:
         o = self.overheads
+        actors = 2 if self.has_draft else 1
         return [("draft weights", self.draft_weights), ("KV caches", self.draft_kv + self.target_kv),
-                ("process overhead", 2 * o.model_process + o.scheduler + (o.loader if self.streamed else 0)),
-                ("activations", 2 * o.activations), ("exchange arena", o.exchange),
+                ("scheduler process", o.scheduler + o.watchdog),
+                (f"actors' code (zygote, shared by {actors + bool(self.streamed)})",
+                 o.runtime + actors * o.actor + (o.loader if self.streamed else 0)),
+                ("activations", o.verifier_activations + (o.draft_activations if self.has_draft else 0)),
+                ("exchange arena", o.exchange),
                 (f"target resident ({len(self.resident)} groups)", self.resident_bytes),
                 (f"streaming slots ({self.n_slots} x {fmt(self.slot_bytes)})", self.stream_bytes)]
 
@@ -85,7 +103,7 @@ def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, 
     """`target_groups`: bytes of each streamable target group (layers in order, then head)."""
     o = overheads
     streaming_overhead = o.loader
-    fixed = draft_weights + draft_kv + target_kv + 2 * o.model_process + o.scheduler + 2 * o.activations + o.exchange
+    fixed = draft_weights + draft_kv + target_kv + o.fixed(draft=draft_weights > 0)
     names = list(target_groups)
     sizes = {n: _align(b) for n, b in target_groups.items()}
     everything = sum(sizes.values())
@@ -99,8 +117,9 @@ def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, 
         smallest = min(smallest, fixed + sizes["head"] + 2 * max(others))
     if budget < smallest:
         raise CadenceError(
-            f"a memory budget of {fmt(budget)} is too small: it must hold the draft ({fmt(draft_weights)}), the KV "
-            f"caches ({fmt(draft_kv + target_kv)}), process overhead and activations "
+            f"a memory budget of {fmt(budget)} is too small: it must hold "
+            f"{f'the draft ({fmt(draft_weights)}), ' if draft_weights else ''}the KV "
+            f"caches ({fmt(draft_kv + target_kv)}), the runtime's processes and activations "
             f"({fmt(fixed - draft_weights - draft_kv - target_kv)}) and two streaming slots; "
             f"the smallest budget that works is {fmt(smallest)}")
     order = (["head"] if "head" in sizes else []) + [n for n in names if n != "head"]
@@ -145,6 +164,79 @@ def _spread(resident: list[str], names: list[str], sizes: dict[str, int], room: 
     if sum(sizes[n] for n in spread) + 2 * max(sizes[n] for n in rest) > room:
         return resident
     return spread
+
+
+PREFILL_CHUNK = 256  # models/engine.py: prompt rows per forward
+
+
+def activation_bytes(args, rows: int) -> int:
+    """A forward's largest transient tensors: a prefill chunk's intermediates in one layer (the
+    residual, the q/k/v, attention output, the FFN's gate|up and product, int8 copies of inputs),
+    and the logits (and probabilities) of a verification of `rows` tokens. `args`: a ModelArgs dict."""
+    a = args if isinstance(args, dict) else args.to_dict()
+    q, kv = a["n_heads"] * a["head_dim"], a["n_kv_heads"] * a["head_dim"]
+    layer = PREFILL_CHUNK * (4 * a["dim"] + 2 * q + 2 * kv + 3 * a["ffn_dim"]) * 4
+    return _align(layer + 2 * rows * a["vocab_size"] * 4)
+
+
+def measure_overheads(target_args, draft_args=None, width: int = 8) -> Overheads:
+    """The overheads of a run on this machine: the scheduler as this process holds it now (call it
+    once the tokenizer is loaded), the actors' shared code as calibrated once (`runtime_bytes`),
+    activations from the models' shapes."""
+    rows = min(width, 64) + 1 + 8  # a tree, its root and trie candidates
+    return Overheads(scheduler=_align(own_anon_bytes() + 16 * MiB),  # + trace buffers and the monitor as the run goes
+                     runtime=runtime_bytes(),
+                     verifier_activations=activation_bytes(target_args, rows),
+                     draft_activations=activation_bytes(draft_args, rows) if draft_args is not None else 0)
+
+
+def own_anon_bytes() -> int:
+    """This process's anonymous memory (what a cgroup charges it, file pages aside)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("RssAnon"))
+    except (OSError, StopIteration):
+        return Overheads.scheduler
+
+
+ACTOR_MODULES = ("actors.verifier", "actors.draft")
+
+
+def runtime_bytes() -> int:
+    """What the zygote holds once it has imported the actors' code (torch, kernels, models),
+    measured once per Python, torch and cadence version and cached under $CADENCE_HOME."""
+    import hashlib
+    import json
+    import subprocess
+    import sys
+
+    from cadence import paths
+    from shm.watchdog import REPO_ROOT, python_env
+
+    src = hashlib.sha256()
+    for d in ("actors", "models", "speculative", "cadence"):
+        for f in sorted(Path(REPO_ROOT, d).glob("*.py")):
+            src.update(f.read_bytes())
+    key = hashlib.sha256(f"{sys.version} {sys.executable} {src.hexdigest()}".encode()).hexdigest()[:16]
+    cache = paths.home() / "calibration" / f"runtime-{key}.json"
+    try:
+        return int(json.loads(cache.read_text())["runtime_bytes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    code = ("import actors.zygote as z, sys; z.preload(sys.argv[1:]); "
+            "print(next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('RssAnon')))")
+    proc = subprocess.run([sys.executable, "-c", code, *ACTOR_MODULES], capture_output=True, text=True,
+                          env=python_env(), timeout=300)
+    try:
+        n = _align(int(proc.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        return Overheads.runtime  # measuring failed (its own error shows when the actors start)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({"runtime_bytes": n, "python": sys.version, "modules": ACTOR_MODULES}))
+    except OSError:
+        pass  # a read-only home: measured again next time
+    return n
 
 
 def parse_bytes(text: str) -> int:

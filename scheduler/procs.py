@@ -1,8 +1,10 @@
 """Actor processes seen from the scheduler: start one, watch its deadlines, explain its death, kill its tree."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -68,11 +70,16 @@ def bind_router(zctx: zmq.Context, endpoint: str) -> zmq.Socket:
     return router
 
 
-def start_actor(role: str, cls_path: str, init: dict, endpoint: str, init_wait_s: float) -> ActorProc:
-    """Start `python -m actors <spec>`. stdout/stderr are inherited: actor logs land with ours."""
+def start_actor(role: str, cls_path: str, init: dict, endpoint: str, init_wait_s: float,
+                zygote: "Zygote | None" = None) -> ActorProc:
+    """Fork the actor from `zygote`, or start `python -m actors <spec>` (a fresh interpreter, which
+    imports everything again). stdout/stderr are inherited: actor logs land with ours."""
     spec = {"role": role, "cls": cls_path, "endpoint": endpoint, "parent_pid": os.getpid(), "init_wait_s": init_wait_s}
-    popen = subprocess.Popen([sys.executable, "-m", "actors", json.dumps(spec)],
-                             stdin=subprocess.DEVNULL, close_fds=True, env=python_env())
+    if zygote is not None:
+        popen = zygote.fork(spec)
+    else:
+        popen = subprocess.Popen([sys.executable, "-m", "actors", json.dumps(spec)],
+                                 stdin=subprocess.DEVNULL, close_fds=True, env=python_env())
     try:
         sentinel = os.pidfd_open(popen.pid)
     except OSError:
@@ -80,6 +87,112 @@ def start_actor(role: str, cls_path: str, init: dict, endpoint: str, init_wait_s
         popen.wait()
         raise
     return ActorProc(role, cls_path, init, popen, sentinel)
+
+
+class ForkedActor:
+    """The part of `subprocess.Popen` the scheduler uses, for an actor the zygote forked (and the
+    kernel re-parented to us: we are its parent, so waitpid works as for any child)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: it is gone, how is unknown
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"actor pid {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+class Zygote:
+    """The scheduler's side of `actors.zygote`: one process that has imported the actors' code, which
+    forks each actor on request. Started on the first spawn; it holds no lease and no socket, so its
+    death only means that the next spawn starts a new one."""
+
+    def __init__(self, timeout_s: float, preload: tuple[str, ...] = ()):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # forked actors are re-parented to us
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+        self.timeout_s = timeout_s
+        to_z, self._w = os.pipe()
+        self._r, from_z = os.pipe()
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "actors.zygote", str(to_z), str(from_z), *preload],
+                                         pass_fds=(to_z, from_z), stdin=subprocess.DEVNULL, env=python_env())
+        finally:
+            os.close(to_z)
+            os.close(from_z)
+        self._buf = b""
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fork(self, spec: dict) -> ForkedActor:
+        from cadence.errors import CadenceError
+
+        try:
+            os.write(self._w, (json.dumps({"spec": spec}) + "\n").encode())
+        except BrokenPipeError:
+            raise CadenceError(f"the zygote process {exit_reason(self.proc.wait())} before it could start the "
+                               f"{spec['role']} actor") from None
+        deadline = time.monotonic() + self.timeout_s
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self._r], [], [], max(left, 0))
+            if not ready:
+                raise CadenceError(f"the zygote process did not start the {spec['role']} actor within "
+                                   f"{self.timeout_s:g} s (raise timeouts.hello_s)")
+            chunk = os.read(self._r, 4096)
+            if not chunk:
+                raise CadenceError(f"the zygote process {exit_reason(self.proc.wait())} while starting the "
+                                   f"{spec['role']} actor")
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        text = line.decode()
+        if text.startswith("error "):
+            raise CadenceError(f"the zygote process could not start the {spec['role']} actor: {text[6:]}")
+        return ForkedActor(int(text))
+
+    def close(self, timeout: float = 2.0) -> None:
+        for fd in (self._w, self._r):
+            if fd >= 0:
+                os.close(fd)
+        self._w = self._r = -1
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def exit_reason(returncode: int) -> str:

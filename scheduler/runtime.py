@@ -31,7 +31,7 @@ from scheduler.events import ActorStatus, DeadEvent, ErrorEvent, ReplyEvent, Pen
 from scheduler.exchange import TensorExchange
 from scheduler.ledger import MemoryLedger
 from scheduler.procs import (DEAD, INITIALIZING, READY, STARTING, STOPPING, ActorProc, bind_router, close_sentinel,
-                             exit_reason, kill_tree, sigint_deferred, start_actor)
+                             Zygote, exit_reason, kill_tree, sigint_deferred, start_actor)
 from scheduler.trace import TraceSink
 from shm.arena import ALIGN, Arena, new_run_id, segment_name, sweep_dead_segments
 from shm.slots import SlotAllocator
@@ -64,6 +64,7 @@ class Scheduler(TensorExchange):
         self._next_req = 1
         self._samples_seen = 0
         self._router = self._zctx = self._poller = self._watchdog = None
+        self._zygote: Zygote | None = None
         self.run_dir = None
         self._started = self._closed = False
 
@@ -127,7 +128,7 @@ class Scheduler(TensorExchange):
         except wire.WireError as e:
             raise CadenceError(f"the init for the {role} actor cannot be sent: {e}") from None
         t = self.config.timeouts
-        proc = start_actor(role, path, init, self.endpoint, init_wait_s=t.hello_s + t.init_s)
+        proc = start_actor(role, path, init, self.endpoint, init_wait_s=t.hello_s + t.init_s, zygote=self._zygote_for_spawn())
         proc.deadline = time.monotonic() + t.hello_s
         self.actors[role] = proc
         self.trace.name_process(proc.pid, role)  # processes appear in spawn order
@@ -136,6 +137,17 @@ class Scheduler(TensorExchange):
         if wait:
             self.wait_ready([role])
         return proc
+
+    def _zygote_for_spawn(self) -> Zygote | None:
+        """The zygote actors fork from, started on the first spawn (and again if it died since)."""
+        if not self.config.fork_actors or not hasattr(os, "fork"):
+            return None
+        if self._zygote is not None and not self._zygote.alive:
+            self._zygote.close()
+            self._zygote = None
+        if self._zygote is None:
+            self._zygote = Zygote(self.config.timeouts.hello_s, tuple(self.config.preload))
+        return self._zygote
 
     def wait_ready(self, roles: list[str] | None = None, timeout: float | None = None) -> None:
         """Until every named actor (default: all) is READY; ActorDead if one dies or misses a step."""
@@ -195,6 +207,7 @@ class Scheduler(TensorExchange):
             *[lambda p=p: close_sentinel(p) for p in self.actors.values()],
             *[lambda a=a: (a.close(), a.unlink()) for a in self.arenas.values()],
             lambda: self.run_dir and shutil.rmtree(self.run_dir, ignore_errors=True),
+            lambda: self._zygote is not None and self._zygote.close(),
             lambda: self._watchdog is not None and self._watchdog.close(),
             self._write_trace,
         ]

@@ -11,13 +11,10 @@ import time
 from dataclasses import asdict
 from typing import Callable
 
-from models.engine import Generation
-from models.sampling import SamplingConfig
+from cadence.settings import LOOKUP, Generation, SamplingConfig, SpecStats, TreeConfig, budgets
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.runtime import Scheduler
-from speculative.draft import TreeConfig
-from speculative.generate import LOOKUP, SpecStats, budgets
 from speculative.governor import Governor
 
 MODES = ("target", "std", "stdpl", "chain", "tree")
@@ -27,11 +24,13 @@ TARGET_ONLY = ("target", "std", "stdpl")  # std, stdpl: the target alone, stream
 class ActorSpeculation:
     def __init__(self, sched: Scheduler, mode: str, target_store: str, draft_store: str | None,
                  sampling: SamplingConfig, cfg: TreeConfig, threads: int, context_length: int, vocab_size: int,
-                 plan=None, loader: dict | None = None, worker: dict | None = None, model_args: dict | None = None):
+                 plan=None, loader: dict | None = None, worker: dict | None = None, model_args: dict | None = None,
+                 draft_vocab: int = 0):
         """`plan` (scheduler/memplan.py): stream the target's groups it does not keep resident.
         `worker` ({"share": s, "columns": c}): split tree attention with the sparse-attention actor, which
         also takes the share s of the dense chunks and, with c > 0, the last share c of every target
-        linear layer's output columns in multi-token passes; verifier and worker then run on one core each."""
+        linear layer's output columns in multi-token passes; verifier and worker then run on one core each.
+        `draft_vocab` (under a plan): the draft's head keeps only that many token rows (FR-Spec); 0: all."""
         self.s, self.mode, self.sampling, self.cfg = sched, mode, sampling, cfg
         self.context_length, self.vocab_size = context_length, vocab_size
         self.current, self.cur_cfg = mode, cfg  # the mode and tree settings of the generation under way
@@ -53,7 +52,8 @@ class ActorSpeculation:
         sched.spawn("verifier", "actors.verifier:VerifierActor", vinit, wait=False)
         if mode not in TARGET_ONLY:
             sched.spawn("draft", "actors.draft:DraftActor", {**common, "store": draft_store, "tree": asdict(cfg),
-                                                            "embed_on_disk": plan is not None}, wait=False)
+                                                            "embed_on_disk": plan is not None,
+                                                            "head_rows": draft_vocab or None}, wait=False)
         sched.wait_ready()
         if "loader" in sched.actors:
             from scheduler.streaming import Streamer

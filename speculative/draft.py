@@ -13,54 +13,13 @@ from dataclasses import dataclass, field
 import torch
 
 from cadence.errors import CadenceError
+from cadence.settings import CATCH_UP, PROMPT_WINDOW, TOP_K, TreeConfig  # noqa: F401  (torch-free, re-exported)
 from models.attention import Visibility
 from models.sampling import Sampler, SamplingConfig, probs
 from models.transformer import Transformer
 from speculative.policy import AdaptiveThreshold, branch_candidates, pace
 from speculative.tree import ROOT, TokenTree
 from speculative.trie import TokenTrie
-
-TOP_K = 4  # candidates looked at per expansion
-CATCH_UP = 8  # after plain target steps, the draft runs on at most this many of the tokens it missed
-PROMPT_WINDOW = 64  # the draft runs on at most the last this many prompt tokens (0: the whole prompt)
-
-
-@dataclass(frozen=True)
-class TreeConfig:
-    mode: str = "tree"  # "tree" or "chain"
-    width: int = 8  # most draft tokens in one verification
-    max_depth: int = 8
-    branch_threshold: float = 0.3
-    alpha: float = 0.01
-    chain_k: int = 4  # chain mode: draft tokens per verification
-    trie: bool = True  # tree mode: add Lookahead trie candidates from the prompt and output n-grams
-    trie_nodes: int = 4  # at most this many trie candidates per tree
-    adaptive: bool = True  # let the governor pick each cycle's budget (0 = plain target step)
-    ahead: int = 0  # greedy: draft forwards the draft may run while the target verifies (LLMCad 3.4)
-    prompt_window: int = PROMPT_WINDOW  # the draft's view of the prompt: its last this many tokens (0: all)
-    # an ARCA tree shape (launch profile): a fixed tree of draft ranks instead of LLMCad's dynamic tree
-    shape_parents: tuple = ()
-    shape_ranks: tuple = ()
-
-    def __post_init__(self):
-        if self.mode not in ("tree", "chain"):
-            raise CadenceError(f"tree mode '{self.mode}' must be tree or chain")
-        if not 1 <= self.width <= 64:
-            raise CadenceError(f"verification width {self.width} must be within 1..64")
-        if self.max_depth < 1 or self.chain_k < 1:
-            raise CadenceError("max_depth and chain_k must be at least 1")
-        if not 0 < self.branch_threshold <= 1:
-            raise CadenceError(f"branch_threshold={self.branch_threshold} must be in (0, 1]")
-        if not 0 <= self.alpha < 1:
-            raise CadenceError(f"alpha={self.alpha} must be in [0, 1)")
-        if not 0 <= self.ahead <= 64:
-            raise CadenceError(f"draft-ahead steps {self.ahead} must be within 0..64")
-        if self.prompt_window < 0:
-            raise CadenceError(f"the draft's prompt window {self.prompt_window} must be 0 (the whole prompt) or more")
-
-    @property
-    def budget(self) -> int:
-        return self.chain_k if self.mode == "chain" else self.width
 
 
 @dataclass

@@ -9,63 +9,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from models.engine import Generation, LoadedModel, check_length
+from cadence.settings import LOOKUP, Generation, SpecStats, budgets  # noqa: F401  (torch-free, re-exported)
+from models.engine import LoadedModel, check_length
 from models.sampling import SamplingConfig
 from speculative.draft import Drafter, DraftTree, TreeConfig
 from speculative.governor import Governor
 from speculative.tree import best_branch
 from speculative.verify import Verifier
-
-
-LOOKUP = -1  # a governor arm: verify the trie's candidates alone (prompt lookup), no draft forward
-
-
-def budgets(cfg: TreeConfig) -> tuple[int, ...]:
-    """The draft budgets the governor chooses among; LOOKUP (tree mode with the trie) below 0,
-    the plain target step: it costs one verification of a few rows and no draft at all."""
-    if cfg.mode == "chain":
-        return tuple(sorted({0, 1, 2, cfg.chain_k} | set(range(2, cfg.chain_k + 1, 2))))
-    return tuple(sorted({0, 2, 4, cfg.width} | set(range(2, cfg.width + 1, 2)) | ({LOOKUP} if cfg.trie else set())))
-
-
-@dataclass
-class SpecStats:
-    """What a speculative run did; `as_dict` is what JSON rows carry in `stats`."""
-    verifications: int = 0
-    plain_steps: int = 0
-    accepted: int = 0  # draft tokens the target confirmed
-    drafted: int = 0  # draft tokens proposed (tree nodes)
-    trie_drafted: int = 0
-    draft_forwards: int = 0
-    target_forwards: int = 1  # the prompt
-    accepted_hist: dict[int, int] = field(default_factory=dict)
-    budget_hist: dict[int, int] = field(default_factory=dict)
-    alpha: list[float] = field(default_factory=list)
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    ahead_steps: int = 0  # draft forwards run during verification
-    ahead_reused: int = 0  # tree nodes that came from them, fed already
-
-    def record_verification(self, d: DraftTree, path: list[int]):
-        self.verifications += 1
-        self.accepted += len(path)
-        self.drafted += len(d.tree)
-        self.trie_drafted += d.trie_nodes
-        self.draft_forwards += d.forwards
-        self.accepted_hist[len(path)] = self.accepted_hist.get(len(path), 0) + 1
-
-    def as_dict(self) -> dict:
-        v = max(self.verifications, 1)
-        return {
-            "verifications": self.verifications, "plain_steps": self.plain_steps, "accepted": self.accepted,
-            "drafted": self.drafted, "wasted": self.drafted - self.accepted, "trie_drafted": self.trie_drafted,
-            "draft_forwards": self.draft_forwards, "target_forwards": self.target_forwards,
-            "mean_accepted": round(self.accepted / v, 3),
-            "accepted_hist": {str(k): n for k, n in sorted(self.accepted_hist.items())},
-            "budget_hist": {str(k): n for k, n in sorted(self.budget_hist.items())},
-            "alpha": [round(a, 6) for a in self.alpha], "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
-            "ahead_steps": self.ahead_steps, "ahead_reused": self.ahead_reused,
-        }
 
 
 def generate_speculative(target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], max_new: int,

@@ -7,7 +7,8 @@ from scheduler.memplan import Overheads, plan_memory, parse_bytes
 MiB = 1 << 20
 LAYERS = {f"layer.{i}": 27 * MiB for i in range(28)}
 GROUPS = {**LAYERS, "head": 135 * MiB}
-O = Overheads(model_process=100 * MiB, scheduler=50 * MiB, loader=20 * MiB, activations=10 * MiB, exchange=8 * MiB)
+O = Overheads(scheduler=50 * MiB, runtime=100 * MiB, actor=10 * MiB, loader=20 * MiB, watchdog=8 * MiB, exchange=8 * MiB,
+              verifier_activations=10 * MiB, draft_activations=10 * MiB)
 
 
 def test_everything_resident_when_it_fits():

@@ -1,0 +1,136 @@
+"""The settings and results of a generation, with no torch: the scheduler process imports these
+and never torch, so the runtime's fixed memory stays small (the model processes import torch once,
+in the zygote, and share its pages).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cadence.errors import CadenceError
+
+FORMATS = ("fp32", "bf16", "fp16", "int8", "int4")  # weight formats of a store (models/linear.py)
+
+
+def check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise CadenceError(f"weight format '{fmt}' is not known; use one of {', '.join(FORMATS)}")
+    return fmt
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise CadenceError(f"temperature={self.temperature} must be >= 0 (0 means greedy)")
+        if not 0 < self.top_p <= 1:
+            raise CadenceError(f"top_p={self.top_p} must be in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+TOP_K = 4  # candidates looked at per expansion
+CATCH_UP = 8  # after plain target steps, the draft runs on at most this many of the tokens it missed
+PROMPT_WINDOW = 64  # the draft runs on at most the last this many prompt tokens (0: the whole prompt)
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    mode: str = "tree"  # "tree" or "chain"
+    width: int = 8  # most draft tokens in one verification
+    max_depth: int = 8
+    branch_threshold: float = 0.3
+    alpha: float = 0.01
+    chain_k: int = 4  # chain mode: draft tokens per verification
+    trie: bool = True  # tree mode: add Lookahead trie candidates from the prompt and output n-grams
+    trie_nodes: int = 4  # at most this many trie candidates per tree
+    adaptive: bool = True  # let the governor pick each cycle's budget (0 = plain target step)
+    ahead: int = 0  # greedy: draft forwards the draft may run while the target verifies (LLMCad 3.4)
+    prompt_window: int = PROMPT_WINDOW  # the draft's view of the prompt: its last this many tokens (0: all)
+    # an ARCA tree shape (launch profile): a fixed tree of draft ranks instead of LLMCad's dynamic tree
+    shape_parents: tuple = ()
+    shape_ranks: tuple = ()
+
+    def __post_init__(self):
+        if self.mode not in ("tree", "chain"):
+            raise CadenceError(f"tree mode '{self.mode}' must be tree or chain")
+        if not 1 <= self.width <= 64:
+            raise CadenceError(f"verification width {self.width} must be within 1..64")
+        if self.max_depth < 1 or self.chain_k < 1:
+            raise CadenceError("max_depth and chain_k must be at least 1")
+        if not 0 < self.branch_threshold <= 1:
+            raise CadenceError(f"branch_threshold={self.branch_threshold} must be in (0, 1]")
+        if not 0 <= self.alpha < 1:
+            raise CadenceError(f"alpha={self.alpha} must be in [0, 1)")
+        if not 0 <= self.ahead <= 64:
+            raise CadenceError(f"draft-ahead steps {self.ahead} must be within 0..64")
+        if self.prompt_window < 0:
+            raise CadenceError(f"the draft's prompt window {self.prompt_window} must be 0 (the whole prompt) or more")
+
+    @property
+    def budget(self) -> int:
+        return self.chain_k if self.mode == "chain" else self.width
+
+
+LOOKUP = -1  # a governor arm: verify the trie's candidates alone (prompt lookup), no draft forward
+
+
+def budgets(cfg: TreeConfig) -> tuple[int, ...]:
+    """The draft budgets the governor chooses among; LOOKUP (tree mode with the trie) below 0,
+    the plain target step: it costs one verification of a few rows and no draft at all."""
+    if cfg.mode == "chain":
+        return tuple(sorted({0, 1, 2, cfg.chain_k} | set(range(2, cfg.chain_k + 1, 2))))
+    return tuple(sorted({0, 2, 4, cfg.width} | set(range(2, cfg.width + 1, 2)) | ({LOOKUP} if cfg.trie else set())))
+
+
+@dataclass
+class SpecStats:
+    """What a speculative run did; `as_dict` is what JSON rows carry in `stats`."""
+    verifications: int = 0
+    plain_steps: int = 0
+    accepted: int = 0  # draft tokens the target confirmed
+    drafted: int = 0  # draft tokens proposed (tree nodes)
+    trie_drafted: int = 0
+    draft_forwards: int = 0
+    target_forwards: int = 1  # the prompt
+    accepted_hist: dict[int, int] = field(default_factory=dict)
+    budget_hist: dict[int, int] = field(default_factory=dict)
+    alpha: list[float] = field(default_factory=list)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    ahead_steps: int = 0  # draft forwards run during verification
+    ahead_reused: int = 0  # tree nodes that came from them, fed already
+
+    def record_verification(self, d, path: list[int]):  # d: a speculative.draft.DraftTree
+        self.verifications += 1
+        self.accepted += len(path)
+        self.drafted += len(d.tree)
+        self.trie_drafted += d.trie_nodes
+        self.draft_forwards += d.forwards
+        self.accepted_hist[len(path)] = self.accepted_hist.get(len(path), 0) + 1
+
+    def as_dict(self) -> dict:
+        v = max(self.verifications, 1)
+        return {
+            "verifications": self.verifications, "plain_steps": self.plain_steps, "accepted": self.accepted,
+            "drafted": self.drafted, "wasted": self.drafted - self.accepted, "trie_drafted": self.trie_drafted,
+            "draft_forwards": self.draft_forwards, "target_forwards": self.target_forwards,
+            "mean_accepted": round(self.accepted / v, 3),
+            "accepted_hist": {str(k): n for k, n in sorted(self.accepted_hist.items())},
+            "budget_hist": {str(k): n for k, n in sorted(self.budget_hist.items())},
+            "alpha": [round(a, 6) for a in self.alpha], "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
+            "ahead_steps": self.ahead_steps, "ahead_reused": self.ahead_reused,
+        }
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    new_ids: list[int]
+    wall_s: float
+    prefill_s: float
+    stats: dict = field(default_factory=dict)
