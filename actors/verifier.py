@@ -25,7 +25,7 @@ from models.sampling import SamplingConfig
 from models.store import WeightStore
 from models.transformer import Transformer
 from models import kernels
-from models.weights import StreamingWeights
+from models.weights import StreamingWeights, weights_for
 from speculative.draft import trials_from_wire
 from speculative.tree import TokenTree
 from speculative.verify import Verifier
@@ -157,7 +157,7 @@ class VerifierActor(Actor):
 
     @staticmethod
     def _group(need) -> str:
-        return "head" if need == "head" else f"layer.{need}"
+        return need if isinstance(need, str) else f"layer.{need}"
 
     def _resident(self, need) -> bool:
         if not self.streaming:
@@ -168,7 +168,7 @@ class VerifierActor(Actor):
         """Feed resident layers until the job needs something from outside, or ends."""
         try:
             while self._resident(need):
-                need = self.job.send(self.weights.head if need == "head" else self.weights.layer(need))
+                need = self.job.send(weights_for(self.weights, need))
         except StopIteration as done:
             return self._done(done.value)
         self.need = need

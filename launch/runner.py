@@ -23,6 +23,7 @@ from scheduler.speculation import MODES
 
 RUNTIMES = ("actors", "inproc")
 DRAFT_VOCAB = 32768
+TRACE_EVENTS = 16384  # trace events the scheduler holds before it spills them to disk (scheduler/trace.py)
 
 
 @dataclass(frozen=True)
@@ -109,17 +110,20 @@ class Runner:
         from scheduler.speculation import ActorSpeculation
 
         self.plan = memory_plan(cfg, target_store, draft_store) if cfg.memory_budget else None
-        # the model actors fork from one zygote that imported torch and the model code once
-        preload = ("actors.verifier", *(("actors.draft",) if speculative else ()), *(("actors.sparse",) if cfg.sparse_worker else ()))
+        # the model actors fork from one zygote that imported torch and the model code once (the modules
+        # whose cost scheduler/footprint.py measured)
+        from scheduler.footprint import ACTOR_MODULES
+
+        preload = (*ACTOR_MODULES, *(("actors.sparse",) if cfg.sparse_worker else ()))
         if self.plan is not None:
             p = self.plan
             o = p.overheads
             roles = {**({"draft": p.draft_weights + p.draft_kv + o.actor + o.draft_activations} if p.has_draft else {}),
                      "verifier": p.resident_bytes + p.target_kv + o.actor + o.verifier_activations,
-                     "scheduler": o.scheduler + o.watchdog + o.runtime, **({"loader": o.loader} if p.streamed else {})}
+                     "scheduler": o.scheduler + o.watchdog + o.runtime + o.code, **({"loader": o.actor} if p.streamed else {})}
             mem = MemoryConfig(budget_bytes=p.budget, arena_bytes=p.arena_bytes, stream_bytes=p.stream_bytes, role_bytes=roles)
             rt = RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=p.slot_bytes or (1 << 20)),
-                               trace=TraceConfig(dir=cfg.trace_dir), preload=preload)
+                               trace=TraceConfig(dir=cfg.trace_dir, spill_events=TRACE_EVENTS), preload=preload)
         else:
             extra = (256 << 20) if cfg.sparse_worker else 0  # the KV cache moves into the arena
             rt = RuntimeConfig(memory=MemoryConfig(budget_bytes=psutil.virtual_memory().total, arena_bytes=(64 << 20) + extra),
@@ -197,23 +201,33 @@ class Runner:
                         stats=gen.stats, runtime=cfg.runtime, **extra_fields)
 
 
+def kv_capacity(cfg: RunConfig) -> int:
+    """KV cache rows the plan leaves room for: the longest prompt, the new tokens, a tree and its slack
+    (scheduler/speculation.py sizes the caches the same way)."""
+    return (cfg.plan_context or 1024) + cfg.max_new_tokens + max(cfg.tree.budget, 64) + cfg.tree.ahead + 2
+
+
 def memory_plan(cfg: RunConfig, target_store, draft_store, overheads=None):
     """The plan for --memory-budget: KV room for `plan_context` prompt tokens plus the new ones, the
     runtime's overheads as measured on this machine (`overheads` overrides them)."""
     from scheduler.memplan import measure_overheads, plan_memory, parse_bytes
 
-    cap = (cfg.plan_context or 1024) + cfg.max_new_tokens + max(cfg.tree.budget, 64) + 2
+    cap = kv_capacity(cfg)
     groups = {g: target_store.groups[g].nbytes for g in target_store.group_names() if g != "embed"}
-    draft_w = 0
+    draft_w = rows = 0
     if draft_store is not None:
         rows = draft_rows(cfg, draft_store)
-        draft_w = sum(n for g, n in draft_store.group_bytes().items() if g not in ("embed", "head"))
+        draft_w = sum(n for g, n in draft_store.group_bytes().items() if g != "embed" and not g.startswith("head."))
         draft_w += draft_store.head_bytes(rows or None)
     draft_kv = draft_store.args.kv_bytes_per_token() * cap if draft_store else 0
     target_kv = target_store.args.kv_bytes_per_token() * cap
-    o = overheads or measure_overheads(target_store.args, draft_store.args if draft_store else None, cfg.tree.budget)
+    trie = (cfg.plan_context or 1024) + cfg.max_new_tokens
+    o = overheads or measure_overheads(
+        target_store.args.to_dict(), draft_store.args.to_dict() if draft_store else None, width=cfg.tree.budget,
+        context=cfg.plan_context or 1024, greedy=cfg.sampling.greedy, draft_window=cfg.tree.prompt_window,
+        draft_vocab=rows, trie_nodes=8 * trie if cfg.tree.trie else 0, trace_events=TRACE_EVENTS)
     if cfg.memory_budget == "auto":  # the fixed part and half of the target
-        budget = draft_w + draft_kv + target_kv + o.fixed(draft_store is not None) + o.loader + sum(groups.values()) // 2
+        budget = draft_w + draft_kv + target_kv + o.code + o.held(draft_store is not None, True) + sum(groups.values()) // 2
     else:
         budget = parse_bytes(cfg.memory_budget)
     return plan_memory(budget, groups, draft_w, draft_kv, target_kv, o)

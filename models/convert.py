@@ -31,22 +31,22 @@ def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str
 
     check_format(fmt)
     args = source.args
-    names = canonical_names(args)
-    if args.tied_embeddings and fmt not in linear.FLOAT_DTYPES:
-        names.append(("head", "head"))  # a quantized head of its own; the embedding stays float for lookup
+    # the head is written in parts, below; the final norm goes with the first part
+    names = [("head.0" if g == "head" else g, n) for g, n in canonical_names(args) if n != "head"]
+    starts = head_part_starts(args)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     writer = StoreWriter(tmp)
     own = progress is None
     progress = progress or Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    task = progress.add_task(f"convert {label or out_dir.name} -> {fmt}", total=len(names))
+    task = progress.add_task(f"convert {label or out_dir.name} -> {fmt}", total=len(names) + len(starts))
     t0 = time.time()
     try:
         if own:
             progress.start()
         for group, name in names:
-            w = torch.from_numpy(source.get("embed" if name == "head" and args.tied_embeddings else name))
+            w = torch.from_numpy(source.get(name))
             if is_linear(name):
                 arrays, meta = linear.encode(w, fmt, group_size=group_size)
                 writer.add(group, name, fmt, arrays, meta)
@@ -54,6 +54,16 @@ def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str
                 dtype = linear.float_dtype(fmt) if name == "embed" else torch.float32
                 writer.add(group, name, "float", {"w": w.to(dtype)})
             progress.advance(task)
+        # The output head in parts of about a layer's bytes, each a group of its own: streamed, a part
+        # fits the slots a layer does; and a tied model gets a head of its own (the embedding stays on
+        # disk under a budget, read row by row). Rows are quantized independently: the parts' bits are
+        # the whole head's.
+        head = torch.from_numpy(source.get("embed" if args.tied_embeddings else "head"))
+        for j, (lo, hi) in enumerate(zip(starts, [*starts[1:], args.vocab_size])):
+            arrays, meta = linear.encode(head[lo:hi], fmt, group_size=group_size)
+            writer.add(f"head.{j}", f"head.{j}", fmt, arrays, {**meta, "rows": [lo, hi]})
+            progress.advance(task)
+        del head
         writer.finish({"model": args.to_dict(), "format": fmt, "group_size": group_size,
                        "source": {"kind": source.kind, "path": str(source.path), "sha256": source.identity()},
                        "convert_seconds": round(time.time() - t0, 1)}, source.tokenizer)
@@ -67,6 +77,19 @@ def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     return out_dir
+
+
+HEAD_ROW_ALIGN = 256
+
+
+def head_part_starts(args) -> list[int]:
+    """First token row of each output-head part: as many parts as the head has layers' worth of
+    weights (rounded), rows a multiple of 256."""
+    layer = args.dim * (args.q_dim + 2 * args.kv_dim) + args.q_dim * args.dim + 3 * args.dim * args.ffn_dim
+    n = max(1, round(args.vocab_size * args.dim / layer))
+    rows = -(-args.vocab_size // n)
+    rows = -(-rows // HEAD_ROW_ALIGN) * HEAD_ROW_ALIGN
+    return list(range(0, args.vocab_size, rows))
 
 
 def _hash_index() -> Path:

@@ -1,7 +1,9 @@
 """The weight store: `manifest.json` + `weights.bin` + `tokenizer.json` in one directory.
 
 `weights.bin` holds every array at a 4 KiB-aligned offset, grouped in the order a
-layer-by-layer reader needs them: `embed`, `layer.0` ... `layer.N-1`, `head`. Each group is
+layer-by-layer reader needs them: `embed`, `layer.0` ... `layer.N-1`, `head.0` ... `head.P-1`
+(the output head in parts of about a layer's bytes, rows [lo, hi) each; `head.0` also holds the
+final norm). Each group is
 one contiguous byte range, so the loader reads a layer with one large (direct) read and the
 engine maps arrays out of that buffer with no copy.
 """
@@ -18,7 +20,7 @@ from models.config import ModelArgs
 # torch, numpy and the tokenizer are imported where they are used: the I/O loader reads a store's
 # manifest and nothing else, and stays a small process.
 ALIGN = 4096
-FORMAT_VERSION = 2  # 2: int4 as 8-bit sub-scales under fp16 super-scales
+FORMAT_VERSION = 3  # 2: int4 as 8-bit sub-scales under fp16 super-scales; 3: the head in parts (head.0 ...)
 _DTYPE_NAMES = ("float32", "bfloat16", "float16", "int8", "uint8", "int32")
 
 
@@ -127,20 +129,31 @@ class WeightStore:
     def group_names(self) -> list[str]:
         return list(self.groups)
 
-    def head_arrays(self, rows: int | None = None) -> list[tuple[str, str, dict, int]]:
-        """(tensor, key, array entry, bytes to read) of the head group, keeping only the first `rows`
-        rows of the arrays that have one per token (FR-Spec's frequent-token head: byte-level BPE
-        numbers its tokens in merge order, so the lowest ids are the most frequent ones)."""
+    def head_groups(self) -> list[str]:
+        """The output head's parts, in token order."""
+        return [g for g in self.groups if g.startswith("head.")]
+
+    def head_rows(self, group: str) -> tuple[int, int]:
+        """Token rows [lo, hi) of a head part."""
+        lo, hi = self.tensors[group]["rows"]
+        return lo, hi
+
+    def head_arrays(self, group: str, rows: int | None = None) -> list[tuple[str, str, dict, int]]:
+        """(tensor, key, array entry, bytes to read) of a head part, keeping only the arrays' rows
+        below token `rows` (FR-Spec's frequent-token head: byte-level BPE numbers its tokens in merge
+        order, so the lowest ids are the most frequent ones); every array has one row per token."""
+        lo, hi = self.head_rows(group)
+        keep = hi - lo if rows is None else max(0, min(hi, rows) - lo)
         out = []
-        v = self.args.vocab_size
-        for name in self.groups["head"].tensors:
+        for name in self.groups[group].tensors:
             for key, a in self.tensors[name]["arrays"].items():
-                per_token = rows is not None and rows < v and a["shape"] and a["shape"][0] == v
-                out.append((name, key, a, a["nbytes"] // v * rows if per_token else a["nbytes"]))
+                per_token = name == group and a["shape"] and a["shape"][0] == hi - lo
+                out.append((name, key, a, a["nbytes"] // (hi - lo) * keep if per_token else a["nbytes"]))
         return out
 
     def head_bytes(self, rows: int | None = None) -> int:
-        return sum(n for *_, n in self.head_arrays(rows))
+        """Bytes of the output head, or of its first `rows` token rows."""
+        return sum(n for g in self.head_groups() for *_, n in self.head_arrays(g, rows))
 
     def views(self, group: str, buf) -> dict:
         """Arrays of a group as zero-copy views into `buf` (a uint8 tensor holding that group's bytes)."""
@@ -157,12 +170,13 @@ class WeightStore:
             out[name] = arrays
         return out
 
-    def read_all(self):
-        """The whole weights file in one uint8 tensor (for resident weights)."""
+    def read_all(self, start: int = 0):
+        """The weights file from byte `start` (a group's offset) to its end, in one uint8 tensor."""
         import torch
 
-        buf = torch.empty(self.manifest["file_bytes"], dtype=torch.uint8)
+        buf = torch.empty(self.manifest["file_bytes"] - start, dtype=torch.uint8)
         with open(self.path, "rb", buffering=0) as f:
+            f.seek(start)
             mv = memoryview(buf.numpy())
             got = 0
             while got < len(mv):

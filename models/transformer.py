@@ -201,7 +201,8 @@ class Transformer:
                       vis: Visibility | None = None, logits_rows: torch.Tensor | slice | None = None):
         """`forward` as a generator that asks for each layer's weights as it reaches it.
 
-        It yields the layer index it needs next (then "head") and takes the weights through `send`;
+        It yields the layer index it needs next (then "head.0", "head.1", ...: the output head's parts)
+        and takes the weights through `send`;
         its return value is the logits. A streaming verifier feeds it layers as the loader brings
         them, between messages; `forward` feeds it from the weight provider.
         """
@@ -229,6 +230,15 @@ class Transformer:
         cache.pending += T
         if logits_rows is not None:
             x = x[logits_rows]
-        head = yield "head"
-        h = kernels.rmsnorm(x, head.norm, self.args.norm_eps) if self.fused else rms_norm(x, head.norm, self.args.norm_eps)
-        return head.out(h).float()
+        # the output head, part by part ("head.<j>": token rows [lo, hi)); a part that is None (a draft
+        # that keeps only the frequent tokens' rows) leaves its logits at -inf
+        logits = torch.full((x.shape[0], self.args.vocab_size), float("-inf"), device=x.device)
+        h = None
+        for j in range(len(self.weights.head_groups)):
+            part = yield f"head.{j}"
+            if part is None:
+                continue
+            if h is None:  # head.0 (rows from 0: every head keeps it) carries the final norm
+                h = kernels.rmsnorm(x, part.norm, self.args.norm_eps) if self.fused else rms_norm(x, part.norm, self.args.norm_eps)
+            logits[:, part.lo:part.lo + part.out.n] = part.out(h)
+        return logits

@@ -28,14 +28,16 @@ class LayerWeights:
 
 
 @dataclass
-class HeadWeights:
-    norm: torch.Tensor
+class HeadPart:
+    """Token rows [lo, lo + out.n) of the output head; the first part also carries the final norm."""
+    lo: int
     out: Linear
+    norm: torch.Tensor | None = None
 
 
 def _linear(store: WeightStore, name: str, arrays: dict[str, torch.Tensor], bias=None) -> Linear:
     entry = store.tensors[name]
-    meta = {k: v for k, v in entry.items() if k not in ("format", "arrays")}
+    meta = {k: v for k, v in entry.items() if k not in ("format", "arrays", "rows")}
     return linear.decode(entry["format"], arrays, meta, bias)
 
 
@@ -52,35 +54,45 @@ def layer_from_views(store: WeightStore, i: int, views: dict[str, dict[str, torc
     )
 
 
-def head_from_views(store: WeightStore, views: dict, embed: torch.Tensor) -> HeadWeights:
-    if "head" in views:
-        out = _linear(store, "head", views["head"])
-    else:  # tied, dense format: the embedding matrix is the head
-        out = linear.DenseLinear(embed)
-    return HeadWeights(norm=views["out_norm"]["w"], out=out)
+def head_part_from_views(store: WeightStore, group: str, views: dict) -> HeadPart:
+    norm = views.get("out_norm", {}).get("w")
+    return HeadPart(store.head_rows(group)[0], _linear(store, group, views[group]), norm)
+
+
+def group_from_views(store: WeightStore, group: str, views: dict):
+    """The weights of one store group ("layer.7" or "head.2") from views of its bytes."""
+    if group.startswith("head."):
+        return head_part_from_views(store, group, views)
+    return layer_from_views(store, int(group.split(".")[1]), views)
 
 
 class ResidentWeights:
-    """Every layer in RAM: the whole weights file read into one buffer, arrays viewed out of it."""
+    """Every layer and head part in RAM: the weights file read into one buffer, arrays viewed out of it.
+    On the CPU the embedding table stays on disk (`EmbeddingRows`): a forward needs a few of its rows."""
 
     def __init__(self, store: WeightStore, device: str = "cpu"):
         self.store = store
         self.args: ModelArgs = store.args
-        buf = store.read_all()
+        first = min((g.offset for n, g in store.groups.items() if n != "embed"), default=0) if device == "cpu" else 0
+        buf = store.read_all(first)
         if device != "cpu":
             buf = buf.to(device)
 
         def group(name):
             g = store.groups[name]
-            return store.views(name, buf[g.offset:g.offset + g.nbytes])
+            return store.views(name, buf[g.offset - first:g.offset - first + g.nbytes])
 
         self.buffer = buf
-        self.embed = group("embed")["embed"]["w"]
+        self.embed = EmbeddingRows(store) if device == "cpu" else group("embed")["embed"]["w"]
         self.layers = [layer_from_views(store, i, group(f"layer.{i}")) for i in range(self.args.n_layers)]
-        self.head = head_from_views(store, group("head"), self.embed)
+        self.head_groups = store.head_groups()
+        self.head = [head_part_from_views(store, g, group(g)) for g in self.head_groups]
 
     def layer(self, i: int) -> LayerWeights:
         return self.layers[i]
+
+    def head_part(self, j: int) -> HeadPart:
+        return self.head[j]
 
     def nbytes(self) -> int:
         return self.buffer.numel()
@@ -106,10 +118,14 @@ class TensorWeights:
             for i in range(args.n_layers)
         ]
         head = tensors.get("head", tensors["embed"] if args.tied_embeddings else None)
-        self.head = HeadWeights(norm=tensors["out_norm"].float(), out=linear.decode(fmt, *linear.encode(head, fmt, group_size)))
+        self.head_groups = ["head.0"]
+        self.head = [HeadPart(0, linear.decode(fmt, *linear.encode(head, fmt, group_size)), tensors["out_norm"].float())]
 
     def layer(self, i: int) -> LayerWeights:
         return self.layers[i]
+
+    def head_part(self, j: int) -> HeadPart:
+        return self.head[j]
 
 
 def random_tensors(args: ModelArgs, seed: int = 0, scale: float = 0.5) -> dict[str, torch.Tensor]:
@@ -164,24 +180,26 @@ class EmbeddingRows:
 class StreamingWeights:
     """Some groups resident (read once), the others handed in as views of arena slots per forward.
 
-    `layer(i)` / `head` give the resident ones; `from_buffer(group, buf)` maps a streamed group
-    that the loader put into a slot, with no copy. The embedding stays on disk (`EmbeddingRows`).
+    `layer(i)` / `head_part(j)` give the resident ones; `from_buffer(group, buf)` maps a streamed
+    group that the loader put into a slot, with no copy. The embedding stays on disk (`EmbeddingRows`).
     """
 
     def __init__(self, store: WeightStore, resident: set[str], head_rows: int | None = None):
-        """`head_rows`: keep only that many rows of the output head (the lowest token ids): a draft
-        that proposes only frequent tokens (FR-Spec), for a fraction of the head's memory."""
+        """`head_rows`: keep only the output head's rows below that token id (FR-Spec: a draft that
+        proposes only the frequent tokens, for a fraction of the head's memory); the parts above it
+        are left out and their logits are -inf."""
         self.store, self.args = store, store.args
         self.resident_groups = set(resident)
+        self.head_groups = store.head_groups()
         self.embed = EmbeddingRows(store)
         self.layers: dict[int, LayerWeights] = {}
-        self.head: HeadWeights | None = None
+        self.head: dict[int, HeadPart | None] = {}
         self.buffers = {}
         with open(store.path, "rb", buffering=0) as f:
-            if head_rows is not None and head_rows < self.args.vocab_size and "head" in resident:
-                resident = resident - {"head"}
-                self.head = _read_head_rows(store, f, head_rows, self.buffers)
-            for name in sorted(resident - {"embed"}, key=lambda g: store.groups[g].offset):
+            for name in sorted(set(resident) - {"embed"}, key=lambda g: store.groups[g].offset):
+                if head_rows is not None and name.startswith("head."):
+                    self.head[int(name.split(".")[1])] = _read_head_rows(store, name, f, head_rows, self.buffers)
+                    continue
                 g = store.groups[name]
                 buf = torch.empty(g.nbytes, dtype=torch.uint8)
                 f.seek(g.offset)
@@ -191,54 +209,50 @@ class StreamingWeights:
 
     def _install(self, name: str, buf: torch.Tensor):
         w = self.from_buffer(name, buf)
-        if name == "head":
-            self.head = w
+        if name.startswith("head."):
+            self.head[int(name.split(".")[1])] = w
         else:
             self.layers[int(name.split(".")[1])] = w
 
     def from_buffer(self, name: str, buf: torch.Tensor):
-        views = self.store.views(name, buf)
-        if name == "head":
-            return head_from_views(self.store, views, None)
-        return layer_from_views(self.store, int(name.split(".")[1]), views)
+        return group_from_views(self.store, name, self.store.views(name, buf))
 
     def layer(self, i: int) -> LayerWeights:
         return self.layers[i]
 
+    def head_part(self, j: int) -> HeadPart | None:
+        return self.head[j]
+
     def is_resident(self, need) -> bool:
-        return (need == "head" and self.head is not None) or need in self.layers
+        if isinstance(need, str):
+            return int(need.split(".")[1]) in self.head
+        return need in self.layers
 
     def nbytes(self) -> int:
         return sum(b.numel() for b in self.buffers.values())
 
 
-class PaddedHead:
-    """The first `n` logits from a head of `n` rows, the rest -inf: a draft that never proposes
-    the rarer tokens, and whose distributions still span the whole vocabulary."""
-
-    def __init__(self, out: linear.Linear, vocab: int):
-        self.out, self.vocab = out, vocab
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.out(x)
-        full = torch.full((*y.shape[:-1], self.vocab), float("-inf"), dtype=y.dtype, device=y.device)
-        full[..., :y.shape[-1]] = y
-        return full
-
-
-def _read_head_rows(store: WeightStore, f, rows: int, buffers: dict) -> HeadWeights:
+def _read_head_rows(store: WeightStore, group: str, f, rows: int, buffers: dict) -> HeadPart | None:
+    """A head part's rows below token `rows` (None if it has none), read array by array."""
     from models.store import DTYPES
 
+    lo, hi = store.head_rows(group)
+    if rows <= lo:
+        return None
     views: dict[str, dict[str, torch.Tensor]] = {}
-    for name, key, a, nbytes in store.head_arrays(rows):
+    for name, key, a, nbytes in store.head_arrays(group, rows):
         buf = torch.empty(nbytes, dtype=torch.uint8)
         f.seek(a["offset"])
         f.readinto(memoryview(buf.numpy()))
-        buffers[f"head:{name}.{key}"] = buf
-        shape = [rows, *a["shape"][1:]] if nbytes != a["nbytes"] else a["shape"]
+        buffers[f"{group}:{name}.{key}"] = buf
+        shape = [nbytes // (a["nbytes"] // a["shape"][0]), *a["shape"][1:]] if nbytes != a["nbytes"] else a["shape"]
         views.setdefault(name, {})[key] = buf.view(DTYPES[a["dtype"]]).view(shape)
-    head = head_from_views(store, views, None)
-    return HeadWeights(norm=head.norm, out=PaddedHead(head.out, store.args.vocab_size))
+    return head_part_from_views(store, group, views)
+
+
+def weights_for(weights, need):
+    """What `Transformer.forward_steps` asked for: a layer (an int) or a head part ("head.<j>")."""
+    return weights.layer(need) if isinstance(need, int) else weights.head_part(int(need.split(".")[1]))
 
 
 def drive(steps, weights):
@@ -246,6 +260,6 @@ def drive(steps, weights):
     need = next(steps)
     try:
         while True:
-            need = steps.send(weights.head if need == "head" else weights.layer(need))
+            need = steps.send(weights_for(weights, need))
     except StopIteration as done:
         return done.value

@@ -111,9 +111,12 @@ class TraceConfig:
     enabled: bool = True
     dir: str | None = None  # default: traces/ at the repository root
     max_events: int = 1_000_000  # beyond this, spans are counted and dropped
+    spill_events: int = 0  # > 0: every this many events go to a spill file (bounded memory); 0: all kept in memory
 
     def __post_init__(self):
         _positive("trace", self, "max_events")
+        _require(type(self.spill_events) is int and self.spill_events >= 0, "trace.spill_events", self.spill_events,
+                 "an int >= 0")
 
     @property
     def path(self) -> Path:

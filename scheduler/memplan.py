@@ -1,25 +1,31 @@
 """The memory plan under a budget: what stays resident, what streams, in how many slots.
 
-    draft weights + KV caches + activations + process overhead + exchange area
+    draft weights + KV caches + activations + the runtime's processes + exchange area + code pages
       + target groups kept resident + streaming slots  <=  budget
 
-Target groups are `layer.0 .. layer.N-1` and `head`; the embedding table stays on disk (rows are
-read per token). The head is kept resident first (it is the largest group: streaming it would make
-every slot that large), then as many layers as fit beside two or three streaming slots sized for
-the largest group still streamed; those layers are spread between the streamed ones, so that the
-loader reads while the verifier computes a resident layer (see `_spread`). A budget
-that cannot hold the fixed part and two slots is refused with the shortfall and the smallest
-budget that works.
+Target groups are `layer.0 .. layer.N-1` and the output head's parts `head.0 .. head.P-1`, each
+about a layer's bytes (models/convert.py); the embedding table stays on disk (rows are read per
+token). As many groups as fit stay resident beside two or three streaming slots sized for the
+largest group still streamed, spread between the streamed ones so that the loader reads while the
+verifier computes a resident group (see `_spread`). A budget that cannot hold the fixed part and
+two slots is refused with the shortfall and the smallest budget that works.
+
+The fixed part is measured, not guessed (`measure_overheads`): the scheduler as this process holds
+it, the zygote and each actor's own pages as calibrated on this machine (scheduler/footprint.py),
+the activations from the models' shapes at the widths the run uses, the KV caches at the context
+it needs. `MemoryPlan.held` is what the run's processes hold (anonymous and shared memory, what a
+cgroup charges besides the page cache); `total` adds room for their code pages.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from cadence.errors import CadenceError
 
 MiB = 1 << 20
 ALIGN = 4096
+PREFILL_CHUNK = 256  # models/engine.py: prompt rows per forward
+TRACE_EVENT_BYTES = 640  # a trace event as the scheduler keeps it (a dict of ~8 fields), measured
 
 
 def fmt(n: int) -> str:
@@ -33,21 +39,22 @@ def _align(n: int) -> int:
 @dataclass(frozen=True)
 class Overheads:
     """What the runtime holds beyond model data, part by part (anonymous + shared memory, what a
-    memory cgroup charges). `measure_overheads` fills it from this machine; the defaults are what it
-    measured on the development machine (2026-11-22: Python 3.11, torch 2.13.0 CPU)."""
-    scheduler: int = 96 * MiB  # the launch process: interpreter, tokenizer, monitor, trace buffers
-    runtime: int = 160 * MiB  # the zygote: interpreter, torch, kernels, model code, shared by every actor forked from it
-    actor: int = 16 * MiB  # what each model actor writes beyond its data: stacks, thread pool, copied pages
-    loader: int = 4 * MiB
-    watchdog: int = 8 * MiB
-    exchange: int = 16 * MiB  # the arena part for tensors other than streamed layers
-    verifier_activations: int = 48 * MiB  # a prefill chunk's intermediates, a verification's logits
-    draft_activations: int = 24 * MiB
+    memory cgroup charges), plus the page cache its code needs. `measure_overheads` fills it from
+    this machine; the defaults are what it measured on the development machine (2026-11-23:
+    Python 3.11, torch 2.13.0 CPU, Qwen2.5-Coder 1.5B target and 0.5B draft at width 8)."""
+    scheduler: int = 96 * MiB  # the launch process: interpreter, tokenizer, monitor, trace buffer
+    watchdog: int = 8 * MiB  # the process that cleans up after a scheduler that died
+    runtime: int = 155 * MiB  # the zygote: interpreter, torch, kernels, model code, shared by every actor forked from it
+    actor: int = 6 * MiB  # what each actor (verifier, draft, loader) writes beyond its data: stacks, sockets, copied pages
+    exchange: int = 1 * MiB  # the arena part for tensors other than streamed groups (sampling distributions)
+    verifier_activations: int = 24 * MiB  # a prefill chunk's intermediates, a verification's logits
+    draft_activations: int = 16 * MiB  # the same for the draft, and its n-gram trie
+    code: int = 32 * MiB  # page cache for the processes' code (libtorch, libpython, kernels): not theirs to lose
 
-    def fixed(self, draft: bool) -> int:
-        """Everything but model data and the loader, for a run with or without a draft actor."""
+    def held(self, draft: bool, streamed: bool) -> int:
+        """Everything but model data, KV and code pages, for a run with or without a draft, streaming or not."""
         return (self.scheduler + self.watchdog + self.runtime + self.exchange + self.actor + self.verifier_activations
-                + ((self.actor + self.draft_activations) if draft else 0))
+                + ((self.actor + self.draft_activations) if draft else 0) + (self.actor if streamed else 0))
 
 
 @dataclass(frozen=True)
@@ -56,13 +63,15 @@ class MemoryPlan:
     draft_weights: int
     draft_kv: int
     target_kv: int
-    fixed: int  # everything above plus overheads and the exchange area
+    fixed: int  # everything but the target's resident groups and the slots, code pages included
     resident: tuple[str, ...]
     streamed: tuple[str, ...]
     resident_bytes: int
     slot_bytes: int
     n_slots: int
     overheads: Overheads
+    smallest: int = 0  # the smallest budget this plan's fixed part works with
+    group_bytes: dict = field(default_factory=dict)  # each target group's bytes (aligned)
 
     @property
     def stream_bytes(self) -> int:
@@ -77,166 +86,141 @@ class MemoryPlan:
         return self.fixed + self.resident_bytes + self.stream_bytes
 
     @property
+    def held(self) -> int:
+        """What the processes hold (anonymous + shared memory): the total less the code pages."""
+        return self.total - self.overheads.code
+
+    @property
     def has_draft(self) -> bool:
         return self.draft_weights > 0
 
+    @property
+    def read_per_forward(self) -> int:
+        """Bytes the loader reads for every target forward (every streamed group, once)."""
+        return sum(self.group_bytes.get(g, self.slot_bytes) for g in self.streamed)
+
     def lines(self) -> list[tuple[str, int]]:
         o = self.overheads
-        actors = 2 if self.has_draft else 1
+        actors = 1 + self.has_draft + bool(self.streamed)
         return [("draft weights", self.draft_weights), ("KV caches", self.draft_kv + self.target_kv),
-                ("scheduler process", o.scheduler + o.watchdog),
-                (f"actors' code (zygote, shared by {actors + bool(self.streamed)})",
-                 o.runtime + actors * o.actor + (o.loader if self.streamed else 0)),
+                ("scheduler + watchdog", o.scheduler + o.watchdog),
+                (f"actors' code (zygote, shared by {actors})", o.runtime + actors * o.actor),
                 ("activations", o.verifier_activations + (o.draft_activations if self.has_draft else 0)),
                 ("exchange arena", o.exchange),
                 (f"target resident ({len(self.resident)} groups)", self.resident_bytes),
-                (f"streaming slots ({self.n_slots} x {fmt(self.slot_bytes)})", self.stream_bytes)]
+                (f"streaming slots ({self.n_slots} x {fmt(self.slot_bytes)})", self.stream_bytes),
+                ("code pages (page cache)", o.code)]
 
     def report(self) -> str:
-        rows = [f"  {name:<34} {fmt(n):>10}" for name, n in self.lines()]
-        rows.append(f"  {'total':<34} {fmt(self.total):>10} of {fmt(self.budget)} budget")
+        rows = [f"  {name:<40} {fmt(n):>10}" for name, n in self.lines()]
+        rows.append(f"  {'total':<40} {fmt(self.total):>10} of {fmt(self.budget)} budget")
         return "\n".join(rows)
+
+    def summary(self) -> str:
+        """The plan in one line (what `launch run` prints at start)."""
+        if not self.streamed:
+            return f"memory plan: {fmt(self.total)} of {fmt(self.budget)}, every target group resident"
+        return (f"memory plan: {fmt(self.total)} of {fmt(self.budget)}: {len(self.resident)} target groups resident, "
+                f"{len(self.streamed)} streamed through {self.n_slots} slots of {fmt(self.slot_bytes)} "
+                f"({fmt(self.read_per_forward)} read per forward)")
 
 
 def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, draft_kv: int, target_kv: int,
                 overheads: Overheads = Overheads(), max_slots: int = 3) -> MemoryPlan:
-    """`target_groups`: bytes of each streamable target group (layers in order, then head)."""
+    """`target_groups`: bytes of each streamable target group, in the order a forward needs them
+    (layers, then the head's parts)."""
     o = overheads
-    streaming_overhead = o.loader
-    fixed = draft_weights + draft_kv + target_kv + o.fixed(draft=draft_weights > 0)
+    draft = draft_weights > 0
+    data = draft_weights + draft_kv + target_kv + o.code
     names = list(target_groups)
     sizes = {n: _align(b) for n, b in target_groups.items()}
     everything = sum(sizes.values())
+    fixed = data + o.held(draft, streamed=False)
     if fixed + everything <= budget:  # all resident: nothing streams
-        return MemoryPlan(budget, draft_weights, draft_kv, target_kv, fixed, tuple(names), (), everything, 0, 0, o)
-    fixed += streaming_overhead
-    slot = max(sizes.values())
-    others = [b for n, b in sizes.items() if n != "head"]
-    smallest = fixed + 2 * slot  # everything streams through slots as large as the largest group
-    if "head" in sizes and others:  # or the head stays and the slots are only layer-sized
-        smallest = min(smallest, fixed + sizes["head"] + 2 * max(others))
+        return MemoryPlan(budget, draft_weights, draft_kv, target_kv, fixed, tuple(names), (), everything, 0, 0, o,
+                          smallest=fixed + everything, group_bytes=sizes)
+    fixed = data + o.held(draft, streamed=True)
+    smallest = fixed + 2 * max(sizes.values())
     if budget < smallest:
         raise CadenceError(
             f"a memory budget of {fmt(budget)} is too small: it must hold "
-            f"{f'the draft ({fmt(draft_weights)}), ' if draft_weights else ''}the KV "
-            f"caches ({fmt(draft_kv + target_kv)}), the runtime's processes and activations "
-            f"({fmt(fixed - draft_weights - draft_kv - target_kv)}) and two streaming slots; "
-            f"the smallest budget that works is {fmt(smallest)}")
-    order = (["head"] if "head" in sizes else []) + [n for n in names if n != "head"]
+            f"{f'the draft ({fmt(draft_weights)}), ' if draft else ''}the KV "
+            f"caches ({fmt(draft_kv + target_kv)}), the runtime's processes, activations and code "
+            f"({fmt(fixed - draft_weights - draft_kv - target_kv)}) and two streaming slots "
+            f"({fmt(2 * max(sizes.values()))}); the smallest budget that works is {fmt(smallest)}")
+    # as many groups resident as fit beside two slots for the largest group still streamed
+    by_size = sorted(names, key=lambda n: sizes[n])
     resident: list[str] = []
-    held = 0
-    for n in order:
-        rest = [m for m in order if m not in resident and m != n]
-        if not rest:
-            break  # keep at least one group streaming: everything did not fit
-        slot_if = max(sizes[m] for m in rest)
-        if fixed + held + sizes[n] + 2 * slot_if <= budget:
-            resident.append(n)
-            held += sizes[n]
-        else:
+    for n in by_size:
+        rest = [m for m in names if m not in resident and m != n]
+        if not rest or fixed + sum(sizes[m] for m in resident) + sizes[n] + 2 * max(sizes[m] for m in rest) > budget:
             break
-    resident = _spread(resident, names, sizes, budget - fixed)
+        resident.append(n)
+    resident = _spread(len(resident), names, sizes, budget - fixed) or resident
     held = sum(sizes[n] for n in resident)
     streamed = [n for n in names if n not in resident]  # in the order a forward needs them
     slot = max(sizes[n] for n in streamed)
-    n_slots = 3 if fixed + held + 3 * slot <= budget and len(streamed) >= 3 else 2
+    n_slots = 3 if max_slots >= 3 and fixed + held + 3 * slot <= budget and len(streamed) >= 3 else 2
     return MemoryPlan(budget, draft_weights, draft_kv, target_kv, fixed, tuple(n for n in names if n in resident),
-                      tuple(streamed), held, slot, n_slots, o)
+                      tuple(streamed), held, slot, n_slots, o, smallest=smallest, group_bytes=sizes)
 
 
-def _spread(resident: list[str], names: list[str], sizes: dict[str, int], room: int) -> list[str]:
-    """The same number of resident layers, spread between the streamed ones, the first layer streamed.
+def _spread(k: int, names: list[str], sizes: dict[str, int], room: int) -> list[str] | None:
+    """k resident groups spread between the streamed ones, the first group streamed; None if that
+    set would not fit beside two slots (groups of unequal size).
 
-    The slots hold the next streamed layers while the verifier computes resident ones, and a
-    loader with every slot full stands idle. With the resident layers first, each forward began
-    with all of their compute while the loader waited for a free slot; spread out, every
-    resident layer is computed while the loader reads the next streamed one into the slot the
-    previous streamed layer freed. Kept as chosen if the spread set would not fit (layers of
-    unequal size)."""
-    layers = [n for n in names if n != "head"]
-    kept = [n for n in resident if n != "head"]
-    s = len(layers) - len(kept)
-    if not kept or s <= 0:
-        return resident
-    streamed = {layers[i * len(layers) // s] for i in range(s)}
-    spread = [n for n in resident if n == "head"] + [n for n in layers if n not in streamed]
-    rest = [n for n in names if n not in spread]
-    if sum(sizes[n] for n in spread) + 2 * max(sizes[n] for n in rest) > room:
-        return resident
+    The slots hold the next streamed groups while the verifier computes resident ones, and a
+    loader with every slot full stands idle. With the resident groups first, each forward began
+    with all of their compute while the loader waited for a free slot; spread out, every resident
+    group is computed while the loader reads the next streamed one into the slot the previous
+    streamed group freed."""
+    s = len(names) - k
+    if k <= 0 or s <= 0:
+        return [] if k <= 0 else None
+    streamed = {names[i * len(names) // s] for i in range(s)}
+    spread = [n for n in names if n not in streamed]
+    if sum(sizes[n] for n in spread) + 2 * max(sizes[n] for n in streamed) > room:
+        return None
     return spread
 
 
-PREFILL_CHUNK = 256  # models/engine.py: prompt rows per forward
-
-
-def activation_bytes(args, rows: int) -> int:
-    """A forward's largest transient tensors: a prefill chunk's intermediates in one layer (the
-    residual, the q/k/v, attention output, the FFN's gate|up and product, int8 copies of inputs),
-    and the logits (and probabilities) of a verification of `rows` tokens. `args`: a ModelArgs dict."""
-    a = args if isinstance(args, dict) else args.to_dict()
+def activation_bytes(args: dict, rows_prefill: int, rows_verify: int, greedy: bool = True, head_rows: int = 0) -> int:
+    """A forward's largest transient tensors (fp32): in a layer, the residual, the norm's output,
+    the FFN's gate|up and its product (or q/k/v and the attention output), int8 copies of the
+    inputs; after it, the logits, and with sampling their probabilities. `rows_prefill`: rows of a
+    prefill chunk (only its last row gets logits); `rows_verify`: rows of a verification (all get
+    logits). `args`: a ModelArgs dict."""
+    a = args
     q, kv = a["n_heads"] * a["head_dim"], a["n_kv_heads"] * a["head_dim"]
-    layer = PREFILL_CHUNK * (4 * a["dim"] + 2 * q + 2 * kv + 3 * a["ffn_dim"]) * 4
-    return _align(layer + 2 * rows * a["vocab_size"] * 4)
+    per_row = 4 * max(2 * a["dim"] + 3 * a["ffn_dim"], 2 * a["dim"] + 2 * q + 2 * kv + q) + a["dim"] + a["ffn_dim"]
+    vocab = head_rows or a["vocab_size"]
+    logits = 4 * a["vocab_size"] + 4 * vocab * (1 if greedy else 3)  # the -inf-padded row, the head part's, probs
+    return _align(max(rows_prefill * per_row + logits, rows_verify * (per_row + logits)))
 
 
-def measure_overheads(target_args, draft_args=None, width: int = 8) -> Overheads:
+def measure_overheads(target_args: dict, draft_args: dict | None = None, *, width: int = 8, context: int = 1024,
+                      greedy: bool = True, draft_window: int = 64, draft_vocab: int = 0, trie_nodes: int = 0,
+                      trace_events: int = 0) -> Overheads:
     """The overheads of a run on this machine: the scheduler as this process holds it now (call it
-    once the tokenizer is loaded), the actors' shared code as calibrated once (`runtime_bytes`),
-    activations from the models' shapes."""
-    rows = min(width, 64) + 1 + 8  # a tree, its root and trie candidates
-    return Overheads(scheduler=_align(own_anon_bytes() + 16 * MiB),  # + trace buffers and the monitor as the run goes
-                     runtime=runtime_bytes(),
-                     verifier_activations=activation_bytes(target_args, rows),
-                     draft_activations=activation_bytes(draft_args, rows) if draft_args is not None else 0)
+    once the tokenizer is loaded) plus its trace buffer, the zygote's and each actor's own pages as
+    calibrated once (scheduler/footprint.py), activations from the models' shapes."""
+    from scheduler.footprint import footprint, own_anon_bytes
+
+    fp = footprint()
+    rows = min(width, 64) + 1 + 4  # a tree, its root and trie candidates
+    prefill = min(context, PREFILL_CHUNK)
+    dists = 0 if greedy else (width + 1) * target_args["vocab_size"] * 4
+    return Overheads(
+        scheduler=_align(own_anon_bytes() + trace_events * TRACE_EVENT_BYTES + 4 * MiB),  # + monitor and sockets
+        watchdog=_align(fp.watchdog), runtime=_align(fp.zygote), actor=_align(fp.actor),
+        exchange=_align(max(dists, MiB)),
+        verifier_activations=activation_bytes(target_args, prefill, rows, greedy),
+        draft_activations=0 if draft_args is None else
+        activation_bytes(draft_args, min(prefill, draft_window or prefill), rows, greedy, draft_vocab) + trie_nodes * TRIE_NODE_BYTES,
+        code=_align(fp.code))
 
 
-def own_anon_bytes() -> int:
-    """This process's anonymous memory (what a cgroup charges it, file pages aside)."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("RssAnon"))
-    except (OSError, StopIteration):
-        return Overheads.scheduler
-
-
-ACTOR_MODULES = ("actors.verifier", "actors.draft")
-
-
-def runtime_bytes() -> int:
-    """What the zygote holds once it has imported the actors' code (torch, kernels, models),
-    measured once per Python, torch and cadence version and cached under $CADENCE_HOME."""
-    import hashlib
-    import json
-    import subprocess
-    import sys
-
-    from cadence import paths
-    from shm.watchdog import REPO_ROOT, python_env
-
-    src = hashlib.sha256()
-    for d in ("actors", "models", "speculative", "cadence"):
-        for f in sorted(Path(REPO_ROOT, d).glob("*.py")):
-            src.update(f.read_bytes())
-    key = hashlib.sha256(f"{sys.version} {sys.executable} {src.hexdigest()}".encode()).hexdigest()[:16]
-    cache = paths.home() / "calibration" / f"runtime-{key}.json"
-    try:
-        return int(json.loads(cache.read_text())["runtime_bytes"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    code = ("import actors.zygote as z, sys; z.preload(sys.argv[1:]); "
-            "print(next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('RssAnon')))")
-    proc = subprocess.run([sys.executable, "-c", code, *ACTOR_MODULES], capture_output=True, text=True,
-                          env=python_env(), timeout=300)
-    try:
-        n = _align(int(proc.stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError):
-        return Overheads.runtime  # measuring failed (its own error shows when the actors start)
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({"runtime_bytes": n, "python": sys.version, "modules": ACTOR_MODULES}))
-    except OSError:
-        pass  # a read-only home: measured again next time
-    return n
+TRIE_NODE_BYTES = 360  # a TokenTrie node (speculative/trie.py): object, dict, count
 
 
 def parse_bytes(text: str) -> int:

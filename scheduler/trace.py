@@ -6,9 +6,15 @@ that served two requests (a draft tree -> its verification). `write` turns ns in
 since the run's t0, names every process and thread (`M`), keeps only flows whose start and end
 both arrived, and writes one file that opens as it is in Perfetto and chrome://tracing.
 `validate_trace` is the check tests (and `launch trace summary`) run on such a file.
+
+Under a memory budget the scheduler's memory must not grow with the run: with
+`TraceConfig.spill_events`, every that many events are sorted and appended to a spill file beside
+the trace, and only what the final write needs (which requests' spans to link, which flows have
+both ends) stays in memory; `write` merges the sorted runs back into one file.
 """
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import os
@@ -42,6 +48,10 @@ def _sane(ev) -> bool:
     return "args" not in ev or isinstance(ev["args"], dict)
 
 
+def _order(ev: dict) -> tuple:
+    return (ev["ts"], -ev.get("dur", 0))
+
+
 class TraceSink:
     def __init__(self, run_id: str, config: TraceConfig, t0_ns: int):
         self.run_id = run_id
@@ -51,7 +61,13 @@ class TraceSink:
         self._procs: dict[int, tuple[str, int]] = {}  # pid -> (name, sort index)
         self.dropped = 0
         self.rejected = 0
+        self.count = 0  # events kept, in memory and spilled
         self._links: list[tuple] = []  # (from (pid, req), to (pid, req), name, cat)
+        # what the final write needs of the spilled events
+        self._served: dict[tuple[int, int], tuple[int, int, int]] = {}  # (pid, req) -> (ts, dur, tid) of its span
+        self._flow_ends: dict[tuple, list] = defaultdict(lambda: [0, 0, None, None])  # (cat, id) -> [s, f, s ts, f ts]
+        self._runs: list[tuple[int, int]] = []  # (offset, count) of each sorted run in the spill file
+        self._spill_path: Path | None = None
 
     def name_process(self, pid: int, name: str) -> None:
         """Name (or rename) a process; the first naming fixes its place in the list."""
@@ -64,11 +80,14 @@ class TraceSink:
         for ev in events:
             if not _sane(ev):
                 self.rejected += 1
-            elif len(self._events) >= self.config.max_events and ev["ph"] != "M":
+            elif self.count >= self.config.max_events and ev["ph"] != "M":
                 self.dropped += 1
             else:
                 ev["pid"] = pid
                 self._events.append(ev)
+                self.count += 1
+        if self.config.spill_events and len(self._events) >= self.config.spill_events:
+            self._spill()
 
     def counter(self, pid: int, name: str, values: dict, ts_ns: int) -> None:
         self.add(pid, [{"ph": "C", "name": name, "ts": ts_ns, "tid": 0, "args": dict(values)}])
@@ -80,60 +99,94 @@ class TraceSink:
         if self.config.enabled:
             self._links.append((src, dst, name, cat))
 
-    def _link_events(self) -> list[dict]:
-        if not self._links:
-            return []
-        served = {}
-        for ev in self._events:
-            if ev["ph"] == "X" and "req" in ev.get("args", ()) and "to" not in ev["args"]:  # not the scheduler's "send"
-                served[(ev["pid"], ev["args"]["req"])] = ev
+    @staticmethod
+    def _note(ev: dict, served: dict, ends: dict) -> None:
+        """Remember what the final write needs of an event: the span that served a request, flow ends."""
+        if ev["ph"] == "X" and "req" in ev.get("args", ()) and "to" not in ev["args"]:  # not the scheduler's "send"
+            served[(ev["pid"], ev["args"]["req"])] = (ev["ts"], ev["dur"], ev["tid"])
+        elif ev["ph"] in "sf":
+            f = ends[(ev.get("cat"), ev["id"])]
+            k = 0 if ev["ph"] == "s" else 1
+            f[k] += 1
+            f[2 + k] = ev["ts"]
+
+    def _spill(self) -> None:
+        """Move the events in memory to the spill file as one sorted run (metadata stays)."""
+        keep = [e for e in self._events if e["ph"] == "M"]
+        run = sorted((e for e in self._events if e["ph"] != "M"), key=_order)
+        self._events = keep
+        if not run:
+            return
+        if self._spill_path is None:
+            d = self.config.path
+            d.mkdir(parents=True, exist_ok=True)
+            self._spill_path = d / f".{self.run_id}.spill"
+        with open(self._spill_path, "a") as f:
+            offset = f.tell()
+            for ev in run:
+                self._note(ev, self._served, self._flow_ends)
+                f.write(json.dumps(ev, separators=(",", ":")) + "\n")
+        self._runs.append((offset, len(run)))
+
+    def _read_run(self, offset: int, count: int):
+        with open(self._spill_path) as f:
+            f.seek(offset)
+            for _ in range(count):
+                yield json.loads(f.readline())
+
+    def _link_events(self, served: dict) -> list[dict]:
         out = []
         for i, (src, dst, name, cat) in enumerate(self._links, 1):
             a, b = served.get(src), served.get(dst)
-            if a is None or b is None or a["ts"] + a["dur"] // 2 > b["ts"] + b["dur"] // 2:
+            if a is None or b is None or a[0] + a[1] // 2 > b[0] + b[1] // 2:
                 continue
-            out.append({"ph": "s", "name": name, "cat": cat, "id": i, "ts": a["ts"] + a["dur"] // 2,
-                        "pid": a["pid"], "tid": a["tid"]})
-            out.append({"ph": "f", "bp": "e", "name": name, "cat": cat, "id": i, "ts": b["ts"] + b["dur"] // 2,
-                        "pid": b["pid"], "tid": b["tid"]})
+            out.append({"ph": "s", "name": name, "cat": cat, "id": i, "ts": a[0] + a[1] // 2, "pid": src[0], "tid": a[2]})
+            out.append({"ph": "f", "bp": "e", "name": name, "cat": cat, "id": i, "ts": b[0] + b[1] // 2,
+                        "pid": dst[0], "tid": b[2]})
         return out
 
-    def to_json(self) -> dict:
-        out: list[dict] = []
-        for pid, (name, sort) in self._procs.items():
-            out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
-            out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": sort}})
-        flows: dict[tuple, list[dict]] = defaultdict(list)  # (cat, id) -> its events, as the validator pairs them
-        timed = []
-        for ev in self._events + self._link_events():
-            if ev["ph"] == "M":
-                out.append(dict(ev))
-                continue
+    def _timed(self):
+        """Every event but metadata, in time order, as written (us since t0, flows only with both ends):
+        the spilled runs and what is still in memory, merged."""
+        served = dict(self._served)
+        ends = defaultdict(lambda: [0, 0, None, None], {k: list(v) for k, v in self._flow_ends.items()})
+        for ev in self._events:
+            if ev["ph"] != "M":
+                self._note(ev, served, ends)
+        links = self._link_events(served)
+        for ev in links:
+            self._note(ev, served, ends)
+        tail = sorted((e for e in self._events if e["ph"] != "M"), key=_order)
+        runs = [self._read_run(o, n) for o, n in self._runs]
+        self.unpaired = 0
+        for ev in heapq.merge(*runs, tail, sorted(links, key=_order), key=_order):
+            if ev["ph"] in "sf":
+                f = ends[(ev.get("cat"), ev["id"])]
+                # a request whose actor died before handling it has a start and no end: leave it out
+                if not (f[0] == 1 and f[1] == 1 and f[2] <= f[3]):
+                    self.unpaired += 1
+                    continue
             e = dict(ev)
             e["ts"] = (ev["ts"] - self.t0_ns) / 1000
             if "dur" in ev:
                 e["dur"] = ev["dur"] / 1000
-            if e["ph"] in "sf":
-                flows[(e.get("cat"), e["id"])].append(e)
-            else:
-                timed.append(e)
-        unpaired = 0
-        for pair in flows.values():
-            starts = [e for e in pair if e["ph"] == "s"]
-            ends = [e for e in pair if e["ph"] == "f"]
-            # a request whose actor died before handling it has a start and no end: leave it out
-            if len(starts) == 1 and len(ends) == 1 and starts[0]["ts"] <= ends[0]["ts"]:
-                timed.extend(pair)
-            else:
-                unpaired += len(pair)
-        timed.sort(key=lambda e: (e["ts"], -e.get("dur", 0)))
-        return {
-            "traceEvents": out + timed,
-            "displayTimeUnit": "ms",
-            "otherData": {"run_id": self.run_id, "clock": "CLOCK_MONOTONIC", "t0_ns": self.t0_ns,
-                          "dropped_events": self.dropped, "rejected_events": self.rejected,
-                          "unpaired_flow_events": unpaired},
-        }
+            yield e
+
+    def _meta(self) -> list[dict]:
+        out: list[dict] = []
+        for pid, (name, sort) in self._procs.items():
+            out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
+            out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": sort}})
+        return out + [dict(e) for e in self._events if e["ph"] == "M"]
+
+    def _other(self) -> dict:
+        return {"run_id": self.run_id, "clock": "CLOCK_MONOTONIC", "t0_ns": self.t0_ns, "dropped_events": self.dropped,
+                "rejected_events": self.rejected, "unpaired_flow_events": self.unpaired}
+
+    def to_json(self) -> dict:
+        """The whole trace as one object (small traces: tests; `write` streams it instead)."""
+        events = self._meta() + list(self._timed())
+        return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": self._other()}
 
     def write(self) -> Path | None:
         if not self.config.enabled:
@@ -142,9 +195,18 @@ class TraceSink:
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"{self.run_id}.json"
         tmp = path.with_suffix(".json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(self.to_json(), f, allow_nan=False, separators=(",", ":"))
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w") as f:
+                f.write('{"traceEvents":[')
+                first = True
+                for ev in [*self._meta(), *self._timed()]:
+                    f.write(("" if first else ",") + json.dumps(ev, allow_nan=False, separators=(",", ":")))
+                    first = False
+                f.write('],"displayTimeUnit":"ms","otherData":' + json.dumps(self._other()) + "}")
+            os.replace(tmp, path)
+        finally:
+            if self._spill_path is not None:
+                self._spill_path.unlink(missing_ok=True)
         return path
 
 

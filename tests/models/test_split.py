@@ -4,6 +4,8 @@ import math
 import pytest
 import torch
 
+from models.weights import weights_for
+
 from models import kernels, linear
 from models.attention import Visibility
 
@@ -83,7 +85,7 @@ def test_a_forward_with_every_linear_split_by_columns_equals_the_unsplit_one(tin
                 lin.matmul_cols(x, y, 0, n0, acc)  # the verifier's
                 need, split = steps.send(None), split + 1
             else:
-                need = steps.send(model.weights.head if need == "head" else model.weights.layer(need))
+                need = steps.send(weights_for(model.weights, need))
     except StopIteration as done:
         out = done.value
     assert split == 4 * a.n_layers

@@ -34,7 +34,7 @@ def test_store_layout_is_aligned_and_in_reading_order(tiny, tmp_path):
     args, t = tiny
     st = WeightStore(convert(GGUFSource(write_gguf(tmp_path / "m.gguf", args, t)), tmp_path / "store", "int4"))
     names = list(st.groups)
-    assert names == ["embed"] + [f"layer.{i}" for i in range(args.n_layers)] + ["head"]
+    assert names == ["embed"] + [f"layer.{i}" for i in range(args.n_layers)] + st.head_groups() and st.head_groups()
     end = 0
     for g in st.groups.values():
         assert g.offset % ALIGN == 0 and g.nbytes % ALIGN == 0 and g.offset >= end
@@ -44,7 +44,38 @@ def test_store_layout_is_aligned_and_in_reading_order(tiny, tmp_path):
                 assert a["offset"] % ALIGN == 0 and g.offset <= a["offset"] < g.offset + g.nbytes
     assert end == st.manifest["file_bytes"] == os.path.getsize(st.path)
     assert all(0 < st.tensors[n]["error"] < 0.2 for n in st.tensors if st.tensors[n]["format"] == "int4")
-    assert "head" in st.tensors  # a tied model gets its own quantized head
+    assert "head.0" in st.tensors and "out_norm" in st.groups["head.0"].tensors  # a tied model gets a head of its own
+
+
+def _wide_head(args):
+    """The tiny shape with a vocabulary wide enough that the head is written in several parts."""
+    import dataclasses
+
+    return dataclasses.replace(args, vocab_size=4000)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int4"])
+def test_a_head_in_parts_gives_the_whole_heads_logits_and_a_cut_head_gives_minus_inf_above_the_cut(tiny, tmp_path, fmt):
+    from models.weights import StreamingWeights
+
+    args = _wide_head(tiny[0])
+    t = random_tensors(args, seed=3)
+    st = WeightStore(convert(GGUFSource(write_gguf(tmp_path / "m.gguf", args, t)), tmp_path / "store", fmt))
+    parts = st.head_groups()
+    assert len(parts) >= 3
+    rows = [st.head_rows(g) for g in parts]
+    assert rows[0][0] == 0 and rows[-1][1] == args.vocab_size and all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
+    sizes = [st.groups[g].nbytes for g in parts]
+    layer = st.groups["layer.0"].nbytes
+    assert max(sizes) <= 2 * layer  # a part is about a layer's bytes: it fits the slots a layer does
+    ids = torch.randint(0, args.vocab_size, (6,), generator=torch.Generator().manual_seed(0))
+    whole = Transformer(args, TensorWeights(args, t, fmt)).forward(ids, torch.arange(6), Transformer(args, TensorWeights(args, t, fmt)).new_cache(8))
+    ours = Transformer(st.args, ResidentWeights(st))
+    assert torch.equal(ours.forward(ids, torch.arange(6), ours.new_cache(8)), whole)  # bit for bit, part by part
+    cut = rows[1][0] + 7  # inside the second part
+    draft = Transformer(st.args, StreamingWeights(st, set(st.group_names()) - {"embed"}, head_rows=cut))
+    got = draft.forward(ids, torch.arange(6), draft.new_cache(8))
+    assert torch.equal(got[:, :cut], whole[:, :cut]) and torch.isinf(got[:, cut:]).all()
 
 
 @pytest.mark.parametrize("fmt", linear.FORMATS)

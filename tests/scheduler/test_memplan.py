@@ -2,41 +2,62 @@
 import pytest
 
 from cadence.errors import CadenceError
-from scheduler.memplan import Overheads, plan_memory, parse_bytes
+from scheduler.memplan import Overheads, activation_bytes, plan_memory, parse_bytes
 
 MiB = 1 << 20
 LAYERS = {f"layer.{i}": 27 * MiB for i in range(28)}
-GROUPS = {**LAYERS, "head": 135 * MiB}
-O = Overheads(scheduler=50 * MiB, runtime=100 * MiB, actor=10 * MiB, loader=20 * MiB, watchdog=8 * MiB, exchange=8 * MiB,
-              verifier_activations=10 * MiB, draft_activations=10 * MiB)
+HEAD = {f"head.{j}": 27 * MiB for j in range(4)} | {"head.4": 21 * MiB}  # the head in parts of about a layer
+GROUPS = {**LAYERS, **HEAD}
+O = Overheads(scheduler=50 * MiB, runtime=100 * MiB, actor=10 * MiB, watchdog=8 * MiB, exchange=8 * MiB,
+              verifier_activations=10 * MiB, draft_activations=10 * MiB, code=20 * MiB)
 
 
 def test_everything_resident_when_it_fits():
     p = plan_memory(8 << 30, GROUPS, 300 * MiB, 30 * MiB, 60 * MiB, O)
-    assert p.streamed == () and p.n_slots == 0 and p.total <= p.budget
+    assert p.streamed == () and p.n_slots == 0 and p.total <= p.budget and p.read_per_forward == 0
 
 
-def test_half_budget_keeps_the_head_and_spreads_the_resident_layers_between_the_streamed():
+def test_half_budget_spreads_the_resident_groups_between_the_streamed():
     p = plan_memory(1200 * MiB, GROUPS, 300 * MiB, 30 * MiB, 60 * MiB, O)
-    assert "head" in p.resident and set(p.resident) | set(p.streamed) == set(GROUPS)
+    assert set(p.resident) | set(p.streamed) == set(GROUPS) and not set(p.resident) & set(p.streamed)
     assert p.slot_bytes == 27 * MiB and p.n_slots in (2, 3)
     assert p.total <= p.budget
     assert p.fixed + p.resident_bytes + 2 * p.slot_bytes <= p.budget
-    # a forward starts on a streamed layer (the slot it frees lets the loader start at once), and no two
-    # resident layers are more than one apart beyond what the counts force: the loader reads while they compute
-    layers = [int(n.split(".")[1]) for n in p.streamed]
-    assert layers[0] == 0 and layers == sorted(layers)
-    gaps = [b - a - 1 for a, b in zip(layers, layers[1:] + [28])]
+    assert p.read_per_forward == sum(GROUPS[g] for g in p.streamed)
+    # a forward starts on a streamed group (the slot it frees lets the loader start at once), and no two
+    # resident groups are more than one apart beyond what the counts force: the loader reads while they compute
+    order = list(GROUPS)
+    streamed = [order.index(n) for n in p.streamed]
+    assert streamed[0] == 0 and streamed == sorted(streamed)
+    gaps = [b - a - 1 for a, b in zip(streamed, streamed[1:] + [len(order)])]
     assert max(gaps) - min(gaps) <= 1, gaps
-    kept = 28 - len(layers)
-    assert sum(gaps) == kept and 0 < kept < 28
+    kept = len(order) - len(streamed)
+    assert sum(gaps) == kept and 0 < kept < len(order)
 
 
-def test_the_spread_keeps_as_many_layers_as_fit():
-    for budget in (1000, 1200, 1400):
+def test_the_plan_keeps_as_many_groups_as_fit():
+    for budget in (800, 1000, 1200, 1400):
         p = plan_memory(budget * MiB, GROUPS, 300 * MiB, 30 * MiB, 60 * MiB, O)
         assert p.streamed and p.total <= p.budget
-        assert p.fixed + p.resident_bytes + 27 * MiB + 2 * p.slot_bytes > p.budget  # one more layer would not fit
+        assert p.fixed + p.resident_bytes + 27 * MiB + 2 * p.slot_bytes > p.budget  # one more group would not fit
+
+
+def test_the_head_streams_in_parts_so_a_small_budget_needs_only_layer_sized_slots():
+    p = plan_memory(700 * MiB, GROUPS, 300 * MiB, 30 * MiB, 60 * MiB, O)
+    assert p.slot_bytes == 27 * MiB and any(g.startswith("head.") for g in p.streamed)
+
+
+def test_a_run_without_a_draft_plans_no_draft_actor():
+    with_draft = plan_memory(1000 * MiB, GROUPS, 300 * MiB, 30 * MiB, 60 * MiB, O)
+    without = plan_memory(1000 * MiB, GROUPS, 0, 0, 60 * MiB, O)
+    assert not without.has_draft and without.resident_bytes > with_draft.resident_bytes
+    assert without.fixed == with_draft.fixed - 300 * MiB - 30 * MiB - O.actor - O.draft_activations
+
+
+def test_held_is_the_total_less_the_code_pages():
+    p = plan_memory(1000 * MiB, GROUPS, 300 * MiB, 30 * MiB, 60 * MiB, O)
+    assert p.held == p.total - O.code
+    assert "code pages" in p.report() and "streamed through" in p.summary()
 
 
 def test_budget_too_small_names_the_shortfall_and_the_smallest_that_works():
@@ -48,6 +69,14 @@ def test_budget_too_small_names_the_shortfall_and_the_smallest_that_works():
     budget = parse_bytes(smallest.replace(" ", ""))
     p = plan_memory(budget + MiB, GROUPS, 300 * MiB, 30 * MiB, 60 * MiB, O)  # that budget does work
     assert p.n_slots >= 2
+
+
+def test_activations_grow_with_the_rows_and_sampling_keeps_probabilities():
+    a = {"dim": 1536, "ffn_dim": 8960, "n_heads": 12, "n_kv_heads": 2, "head_dim": 128, "vocab_size": 151936}
+    assert activation_bytes(a, 8, 9) < activation_bytes(a, 256, 9)  # a long prompt's prefill chunk
+    assert activation_bytes(a, 1, 9) < activation_bytes(a, 1, 17)
+    assert activation_bytes(a, 1, 9, greedy=True) < activation_bytes(a, 1, 9, greedy=False)
+    assert activation_bytes(a, 1, 9, head_rows=32768) < activation_bytes(a, 1, 9)
 
 
 @pytest.mark.parametrize("text,n", [("3GiB", 3 << 30), ("800MiB", 800 << 20), ("2.5G", int(2.5 * 2**30)), ("1000", 1000)])

@@ -1,0 +1,196 @@
+"""What the runtime's own processes hold on this machine: measured once, cached, never guessed.
+
+A memory plan is only as good as its fixed part. The model actors fork from one zygote that has
+imported torch, the kernels and the model code (actors/zygote.py), so those pages are held once;
+each actor then adds its own private pages (thread stacks, zmq, the pages of shared objects it
+writes to). `calibrate` measures both in a throwaway zygote and one forked child that does what
+an actor does before its first op (a zmq socket, its thread pool, a kernel call), and the
+watchdog, which is a plain interpreter. The result is cached under $CADENCE_HOME keyed by the
+Python, the torch build and cadence's own sources: any of them changing measures again.
+
+What a cgroup charges is anonymous memory plus shared memory plus the page cache; the page
+cache is reclaimable, but the processes' code pages (libtorch, libpython, the kernels) are read
+back from disk whenever they are reclaimed, so the plan also leaves room for the code pages a run
+keeps touching (`code`), measured as the file-backed resident pages of the zygote and its child.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from cadence import paths
+from cadence.errors import CadenceError
+
+MiB = 1 << 20
+VERSION = 2
+# the modules the model actors need; the zygote imports them before the first fork
+ACTOR_MODULES = ("actors.verifier", "actors.draft", "actors.loader")
+_SOURCES = ("actors", "models", "speculative", "cadence", "shm", "scheduler")
+
+
+@dataclass(frozen=True)
+class Footprint:
+    zygote: int  # anonymous memory of the zygote after its imports (shared by every actor)
+    actor: int  # private anonymous memory a forked actor adds before any model data
+    watchdog: int  # the watchdog process (a small interpreter of its own)
+    code: int  # file-backed pages (code) the zygote and an actor keep resident
+
+
+def rollup(pid: int | str = "self") -> dict[str, int]:
+    """/proc/<pid>/smaps_rollup in bytes (Linux 4.14+): Rss, Pss, Anonymous, Private_Dirty, ..."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and parts[0].endswith(":") and parts[1].isdigit():
+                    out[parts[0][:-1]] = int(parts[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def own_anon_bytes() -> int:
+    """This process's anonymous memory (RssAnon: what a cgroup charges it, file pages aside)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("RssAnon"))
+    except (OSError, StopIteration):
+        return 0
+
+
+def private_anon_bytes(pid: int | str = "self") -> int:
+    """Anonymous pages only this process maps (a forked child: what it copied or allocated itself)."""
+    total = 0
+    anon = False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                    parts = line.split()
+                    anon = len(parts) < 6 or parts[5].startswith("[")  # [heap], [stack], [anon:...] or no file
+                elif anon and line.startswith(("Private_Dirty:", "Private_Clean:")):
+                    total += int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return total
+
+
+_PROBE = r"""
+import json, os, sys
+import actors.zygote as z
+from scheduler.footprint import own_anon_bytes, private_anon_bytes, rollup
+z.preload(sys.argv[1:])
+zygote = own_anon_bytes()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    import torch, zmq
+    from actors import wire
+    from actors.tracing import Tracer
+    from cadence.heap import trim_heap
+    from models.config import ModelArgs
+    from models.transformer import Transformer
+    from models.weights import TensorWeights, random_tensors
+    ctx = zmq.Context(); sock = ctx.socket(zmq.DEALER)
+    torch.set_num_threads(max(2, os.cpu_count() or 1))
+    # what an actor does before and between its ops: a tiny int4 model's forwards, the wire, the tracer
+    args = ModelArgs(arch="qwen2", vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128,
+                     norm_eps=1e-6, rope_base=1e4, context_length=64, qkv_bias=True, tied_embeddings=False)
+    model = Transformer(args, TensorWeights(args, random_tensors(args), "int4"))
+    cache = model.new_cache(32)
+    tracer = Tracer(True)
+    for t in (4, 1, 1, 5):
+        with tracer.span("forward", cat="probe"):
+            model.forward(torch.arange(t), torch.arange(cache.end, cache.end + t), cache).argmax(-1)
+        cache.commit()
+        wire.encode(wire.Reply(1, True, {"path": [1, 2], "next": 3}, {}))
+    tracer.drain()
+    trim_heap()
+    file = rollup()
+    os.write(w, json.dumps({"actor": private_anon_bytes(),
+                            "code": file.get("Rss", 0) - file.get("Anonymous", 0) - file.get("Shmem", 0)}).encode())
+    os._exit(0)
+os.close(w)
+child = json.loads(os.read(r, 4096))
+os.waitpid(pid, 0)
+print(json.dumps({"zygote": zygote, **child}))
+"""
+
+
+def _key() -> str:
+    """Python, torch build and cadence sources: what the measurement depends on."""
+    from shm.watchdog import REPO_ROOT
+
+    h = hashlib.sha256(f"{VERSION} {sys.version} {sys.executable}".encode())
+    for d in _SOURCES:
+        for f in sorted(Path(REPO_ROOT, d).glob("*.py")):
+            h.update(f.name.encode() + f.read_bytes())
+    try:
+        import importlib.metadata as md
+
+        h.update(md.version("torch").encode())
+    except Exception:  # noqa: BLE001 - no metadata: the sources and Python still key it
+        pass
+    return h.hexdigest()[:16]
+
+
+def _cache_path() -> Path:
+    return paths.home() / "calibration" / f"footprint-{_key()}.json"
+
+
+def _measure_watchdog() -> int:
+    import os
+    import time
+
+    from shm.watchdog import python_env
+
+    r, w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "shm.watchdog", "1x0", str(os.getpid()), str(r)], pass_fds=(r,),
+                            stdin=subprocess.DEVNULL, env=python_env())
+    os.close(r)
+    try:
+        time.sleep(0.3)  # it imports, then blocks reading the pipe
+        return rollup(proc.pid).get("Anonymous", 0)
+    finally:
+        os.write(w, b"bye\n")
+        os.close(w)
+        proc.wait(5)
+
+
+def calibrate() -> Footprint:
+    """Measure the runtime's processes now (a few seconds: one interpreter imports torch)."""
+    from shm.watchdog import python_env
+
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *ACTOR_MODULES], capture_output=True, text=True,
+                          env=python_env(), timeout=600)
+    try:
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CadenceError(f"measuring the runtime's memory failed ({err}); "
+                           "check that `python -c 'import torch'` works in this environment") from None
+    return Footprint(zygote=int(got["zygote"]), actor=int(got["actor"]), watchdog=_measure_watchdog(), code=int(got["code"]))
+
+
+def footprint() -> Footprint:
+    """This machine's footprint, from the cache under $CADENCE_HOME or measured now (and cached)."""
+    path = _cache_path()
+    try:
+        return Footprint(**json.loads(path.read_text())["footprint"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    fp = calibrate()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"footprint": asdict(fp), "python": sys.version, "modules": ACTOR_MODULES}))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home: measured again next time
+    return fp
