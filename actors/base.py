@@ -26,6 +26,7 @@ from actors import wire
 from actors.lifeline import StopFlag, die_with_parent, install_signal_flags
 from actors.tracing import Tracer
 from cadence.heap import trim_heap
+from cadence.procname import set_process_name
 from shm.arena import Arena
 from shm.desc import InlineTensor, TensorDesc
 
@@ -242,6 +243,7 @@ def _wait_init(sock: zmq.Socket, flag: StopFlag, deadline: float, log: logging.L
 def actor_main(spec: dict) -> int:
     """Process entry for every role. `spec`: role, cls, endpoint, parent_pid, init_wait_s."""
     role = spec["role"]
+    set_process_name(f"cad-{role}")
     die_with_parent(spec["parent_pid"], role)
     flag = StopFlag()
     install_signal_flags(flag)

@@ -27,6 +27,8 @@ import signal
 import sys
 import time
 
+from cadence.procname import set_process_name
+
 REPARENT_WAIT_S = 5.0
 
 
@@ -90,6 +92,7 @@ def fork_actor(spec: dict, fds: tuple[int, ...]) -> int:
 
 
 def main(fd_in: int, fd_out: int, modules: list[str]) -> int:
+    set_process_name("cad-zygote")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the scheduler handles Ctrl-C and closes our pipe
     preload(modules)
     reader = os.fdopen(fd_in, "r")

@@ -9,8 +9,6 @@ from __future__ import annotations
 import importlib.util
 import time
 
-import torch
-
 from launch.results import make_row, peak_rss_bytes
 from models.convert import resolve
 
@@ -26,6 +24,7 @@ class HFBaseline:
     """transformers loading the same GGUF files (dequantized to `dtype`)."""
 
     def __init__(self, target: str, draft: str, dtype: str = "bf16"):
+        import torch
         from transformers import AutoModelForCausalLM
 
         self.dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[dtype]
@@ -44,6 +43,8 @@ class HFBaseline:
             kwargs["assistant_model"] = self.draft
         elif mode == "hf-prompt-lookup":
             kwargs["prompt_lookup_num_tokens"] = 10
+        import torch
+
         inp = torch.tensor([ids])
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -92,3 +93,47 @@ class LlamaCppBaseline:
         return make_row(id=prompt.id, kind=prompt.kind, mode="llama.cpp", target=self.name, draft=None,
                         format="gguf", chat=chat, prompt_token_ids=ids, new_token_ids=new, text=decode(new),
                         wall_s=wall, prefill_s=0.0, peak_rss_bytes=peak_rss_bytes(), stats={})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m launch.baselines --target T --prompts P.jsonl --json OUT ...`: llama.cpp alone, in a
+    process that imports neither torch nor our runtime (what `launch bench --cgroup` runs under the
+    limit, so that llama.cpp is charged for llama.cpp and a tokenizer, nothing else)."""
+    import argparse
+    import sys
+
+    from cadence.errors import CadenceError
+    from launch.prompts import load_prompts, prompt_ids
+    from launch.results import write_rows
+    from models.convert import ensure_store
+    from models.tokenizer import TextTokenizer
+
+    p = argparse.ArgumentParser(prog="python -m launch.baselines")
+    p.add_argument("--target", required=True)
+    p.add_argument("--dtype", dest="fmt", default="int4", help="the store whose tokenizer encodes the prompts")
+    p.add_argument("--prompts", required=True)
+    p.add_argument("--json", dest="json_out", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--chat", default="auto")
+    p.add_argument("--no-repack", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        import os
+
+        tok = TextTokenizer(ensure_store(a.target, a.fmt).tokenizer_info)
+        llm = LlamaCppBaseline(a.target, a.threads or os.cpu_count() or 1, repack=not a.no_repack)
+        rows = []
+        for prompt in load_prompts(a.prompts):
+            ids, chat = prompt_ids(tok, prompt, a.chat)
+            rows.append(llm.run(prompt, ids, chat, a.max_new_tokens, tok.stop_ids, tok.decode))
+            print(f"  {prompt.id:<14} llama.cpp {rows[-1]['tokens_per_s']:>7.2f} tok/s", file=sys.stderr, flush=True)
+        write_rows(a.json_out, rows)
+    except CadenceError as e:
+        print(f"launch: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -15,6 +15,7 @@ load of a shared machine falls on all of them alike. `--json OUT` writes the sam
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -22,7 +23,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -83,7 +83,20 @@ def machine() -> str:
         model = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name"))
     except (OSError, StopIteration):
         model = platform.processor()
-    return f"{model}, {os.cpu_count()} cores, torch {torch.__version__}"
+    try:
+        import importlib.metadata as md
+
+        torch_version = md.version("torch")
+    except Exception:  # noqa: BLE001 - a figure for the report only
+        torch_version = "?"
+    flags = ""
+    try:
+        line = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
+        have = set(line.split(":", 1)[1].split())
+        flags = " ".join(f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16") if f in have)
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores, {flags}, torch {torch_version}"
 
 
 def cmd_bench(args) -> int:
@@ -97,27 +110,44 @@ def cmd_bench(args) -> int:
         args.modes = "std,stdpl,chain,tree" if args.memory_budget else "target,chain,tree"
     if args.cgroup and (args.suite != "modes" or not args.memory_budget):
         raise CadenceError("--cgroup proves a memory budget: use it with --suite modes and --memory-budget (e.g. auto)")
-    suite = {"modes": bench_cgroup if args.cgroup else bench_modes, "formats": bench_formats, "engine": bench_engine,
-             "attention": bench_attention}[args.suite]
-    rows, extra = suite(args, prompts)
+    if args.cgroup:
+        from launch.bench_cgroup import bench_cgroup
+
+        rows, extra = bench_cgroup(args, prompts, _baselines(args.baselines))
+    else:
+        suite = {"modes": bench_modes, "formats": bench_formats, "engine": bench_engine, "attention": bench_attention}[args.suite]
+        rows, extra = suite(args, prompts)
     console = Console()
     console.print(f"machine: {machine()}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, {time.strftime('%Y-%m-%d')}")
-    print_summary(console, rows)
+    if not args.cgroup:
+        print_summary(console, rows)
     if extra.get("lossless"):
         console.print("lossless (greedy token ids equal the reference mode's on every prompt): " +
                       ", ".join(f"{m} {'yes' if ok else 'NO'}" for m, ok in extra["lossless"].items()))
     for title, table in extra.get("tables", {}).items():
-        t = Table(title=title)
-        for c in table[0]:
-            t.add_column(str(c))
-        for r in table[1:]:
-            t.add_row(*[str(x) for x in r])
-        console.print(t)
+        print_table(console, title, table)
     if args.json_out:
         write_rows(args.json_out, rows)
         Path(args.json_out + ".extra.json").write_text(json.dumps({**extra, "machine": machine()}, indent=1))
         print(f"wrote {len(rows)} rows to {args.json_out}", file=sys.stderr)
     return 0
+
+
+def print_table(console: Console, title: str, table: list[list]) -> None:
+    """A table on the terminal; piped, as Markdown with nothing cut (BENCHMARKS.md takes it as it is)."""
+    if not console.is_terminal:
+        print(f"\n{title}\n")
+        print("| " + " | ".join(str(c) for c in table[0]) + " |")
+        print("|" + "---|" * len(table[0]))
+        for r in table[1:]:
+            print("| " + " | ".join(str(x) for x in r) + " |")
+        return
+    t = Table(title=title)
+    for c in table[0]:
+        t.add_column(str(c))
+    for r in table[1:]:
+        t.add_row(*[str(x) for x in r])
+    console.print(t)
 
 
 def _progress(row: dict):
@@ -167,80 +197,6 @@ def bench_modes(args, prompts: list[Prompt]):
                 _progress(rows[-1])
             others.run_all(p, ids, chat, rows)
     return rows, {"lossless": lossless_check(rows)}
-
-
-def bench_cgroup(args, prompts: list[Prompt]):
-    """Issue 6, the physical proof: each mode (and llama.cpp) runs as its own `launch bench` child
-    inside a fresh memory cgroup whose limit is the budget, after the model files' cached pages were
-    evicted (pages cached outside the cgroup are not charged to it). One budget for every mode: the
-    tree's (draft + KV + the target's share), so std and stdpl get the same bytes as tree."""
-    import tempfile
-
-    from launch.runner import memory_plan
-    from models.convert import ensure_store, resolve
-    from scheduler.cgroup import run_in_cgroup
-
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if "target" in modes:
-        raise CadenceError("mode target keeps the whole target in memory; under --cgroup use std, stdpl, chain or tree")
-    base = [b for b in _baselines(args.baselines) if b == "llama.cpp"]  # HF offload is not run under the limit
-    cfg = run_config(args, "tree")
-    tstore, dstore = ensure_store(cfg.target, cfg.fmt), ensure_store(cfg.draft, cfg.fmt)
-    budget = memory_plan(cfg, tstore, dstore).budget
-    files = [f for d in (tstore.dir, dstore.dir) for f in sorted(Path(d).iterdir()) if f.is_file()]
-    gguf = resolve(cfg.target)[1]
-    print(f"cgroup bench: budget {budget / 2**30:.2f} GiB for every mode; target store {tstore.path.stat().st_size / 2**30:.2f} GiB",
-          file=sys.stderr, flush=True)
-    common = ["--prompts", args.prompts, "--max-new-tokens", str(args.max_new_tokens), "--target", args.target,
-              "--draft", args.draft, "--dtype", args.fmt, "--chat", args.chat, "--threads", str(args.threads),
-              "--width", str(args.width), "--chain-k", str(args.chain_k), "--branch-threshold", str(args.branch_threshold),
-              "--alpha", str(args.alpha), "--draft-ahead", str(args.draft_ahead),
-              "--draft-window", str(args.draft_window)] + \
-        (["--no-trie"] if args.no_trie else []) + (["--fixed-width"] if args.fixed_width else []) + \
-        (["--limit", str(args.limit)] if args.limit else []) + (["--one-per-kind"] if args.one_per_kind else []) + (["--profile", args.profile] if args.profile else []) + \
-        (["--trace-dir", args.trace_dir] if args.trace_dir else [])
-    base_budget = budget
-    if args.baseline_budget == "half-gguf":
-        base_budget = gguf.stat().st_size // 2
-    elif args.baseline_budget:
-        from scheduler.memplan import parse_bytes
-
-        base_budget = parse_bytes(args.baseline_budget)
-    runs = [(m, ["--modes", m, "--baselines", "none", "--memory-budget", str(budget)], files, budget) for m in modes] + \
-        [(b, ["--modes", "", "--baselines", b, "--no-repack"], [gguf], base_budget) for b in base]
-    rows, peaks = [], []
-    with tempfile.TemporaryDirectory(prefix="cadence-cgroup-bench-") as tmp:
-        for name, extra, evict, limit in runs:
-            out = Path(tmp) / f"{name}.json"
-            argv = [sys.executable, "-m", "launch.cli", "bench", "--suite", "modes", *extra, *common, "--json", str(out)]
-            print(f"cgroup bench: {name} under {limit / 2**30:.2f} GiB", file=sys.stderr, flush=True)
-            run = run_in_cgroup(argv, limit, evict=evict, capture=False)
-            peaks.append([name, f"{run.peak_bytes / 2**20:.0f}", f"{limit / 2**20:.0f}", f"{run.evicted_bytes / 2**20:.0f}",
-                          f"{run.still_cached_bytes / 2**20:.0f}", "yes" if run.oom_killed else "no", str(run.returncode)])
-            if run.returncode != 0 or not out.exists():
-                why = "killed by the cgroup's OOM killer" if run.oom_killed else f"exit code {run.returncode}"
-                print(f"cgroup bench: {name} failed under the budget ({why}); its rows are missing", file=sys.stderr, flush=True)
-                continue
-            for r in json.loads(out.read_text()):
-                r["memory_budget_bytes"] = limit
-                r["peak_memory_bytes"] = run.peak_bytes  # the cgroup's peak over this mode's whole run
-                rows.append(r)
-    stream = [["mode", "tokens/s", "read GB/s while loading", "loader busy % of wall", "verifier I/O wait % of wall"]]
-    for m in modes:
-        rs = [r for r in rows if r["mode"] == m]
-        if not rs:
-            continue
-        wall = sum(r["wall_s"] for r in rs)
-        n = sum(len(r["new_token_ids"]) for r in rs)
-        byt = sum(r["stats"].get("bytes_read", 0) for r in rs)
-        rd = sum(r["stats"].get("read_s", 0.0) for r in rs)
-        wait = sum(r["stats"].get("io_wait_s", 0.0) for r in rs)
-        stream.append([m, f"{n / wall:.2f}", f"{byt / rd / 1e9:.2f}" if rd else "-", f"{100 * rd / wall:.0f}",
-                       f"{100 * wait / wall:.0f}"])
-    return rows, {"lossless": lossless_check(rows, ref_mode="std"),
-                  "tables": {"cgroup peak vs budget (MiB)": [["run", "peak", "budget", "evicted before", "still cached",
-                                                             "OOM kill", "exit"], *peaks],
-                             "streaming": stream}}
 
 
 def lossless_check(rows: list[dict], ref_mode: str = "target") -> dict:
@@ -341,7 +297,7 @@ def bench_formats(args, prompts: list[Prompt]):
                 ll[fmt] = mean_loglik(runner.target, prompts)
         for fmt in formats:
             base = ll.get("bf16", ll.get("fp32"))
-            quality.append([model, fmt, f"{ll[fmt]:.4f}", f"{torch.exp(torch.tensor(-ll[fmt])):.3f}",
+            quality.append([model, fmt, f"{ll[fmt]:.4f}", f"{math.exp(-ll[fmt]):.3f}",
                             f"{ll[fmt] - base:+.4f}" if base is not None else ""])
         if lcpp_ok:
             lcpp = baselines.LlamaCppBaseline(model, args.threads or os.cpu_count())

@@ -22,8 +22,12 @@ DEFAULT_PROMPT = "def quicksort(items):\n"
 
 def add_model_args(p):
     p.add_argument("--target", default=registry.DEFAULT_TARGET, help="target model: a default name, a .gguf file or an HF directory")
-    p.add_argument("--draft", default=registry.DEFAULT_DRAFT, help="draft model for the speculative modes")
+    p.add_argument("--draft", default=registry.DEFAULT_DRAFT,
+                   help="draft model for the speculative modes; none: tree mode with no draft model, the n-gram trie "
+                        "of the prompt and output proposes (for budgets that cannot hold a draft)")
     p.add_argument("--dtype", "--format", dest="fmt", default="int4", help=f"weight format: {', '.join(FORMATS)}")
+    p.add_argument("--draft-dtype", dest="draft_fmt", default=None,
+                   help="the draft's weight format (default: --dtype), e.g. an int4 draft for a bf16 target")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -119,7 +123,7 @@ def run_config(args, mode: str) -> RunConfig:
                      trace_dir=args.trace_dir or trace_dir(getattr(args, "trace", None)),
                      memory_budget=args.memory_budget, sparse_worker=worker,
                      worker_share=share, column_share=columns, plan_context=getattr(args, "context", None),
-                     draft_vocab=getattr(args, "draft_vocab", None))
+                     draft_vocab=getattr(args, "draft_vocab", None), draft_fmt=getattr(args, "draft_fmt", None))
 
 
 def cmd_run(args) -> int:
@@ -129,8 +133,8 @@ def cmd_run(args) -> int:
         Prompt("prompt", "complete", args.prompt if args.prompt is not None else DEFAULT_PROMPT)]
     rows = []
     with Runner(cfg, prompts) as runner:
-        if runner.plan is not None:
-            print(f"memory plan:\n{runner.plan.report()}", file=sys.stderr, flush=True)
+        if runner.plan is not None:  # `launch plan` prints it in full
+            print(runner.plan.summary(), file=sys.stderr, flush=True)
         feed = MonitorFeed(runner.sched, title=f"{cfg.mode} {cfg.target} {cfg.fmt}") if runner.sched is not None else \
             MonitorFeed(None, budget_bytes=psutil.virtual_memory().total, title=f"{cfg.mode} {cfg.target} {cfg.fmt}")
         mon = open_monitor(feed, args.monitor)

@@ -14,7 +14,7 @@ from typing import Callable
 import psutil
 
 from cadence.errors import CadenceError
-from cadence.settings import SamplingConfig, TreeConfig
+from cadence.settings import SamplingConfig, TreeConfig, check_format
 from launch.prompts import Prompt, prompt_ids
 from launch.results import make_row, peak_rss_bytes
 from models.convert import ensure_store
@@ -47,7 +47,13 @@ class RunConfig:
     # FR-Spec: the draft's head keeps only this many (most frequent) token rows under a memory budget;
     # None: DRAFT_VOCAB under a budget, the whole vocabulary without one; 0: the whole vocabulary
     draft_vocab: int | None = None
+    draft_fmt: str | None = None  # the draft's weight format (None: the target's), e.g. an int4 draft for a bf16 target
     plan_context: int | None = None  # prompt tokens the memory plan leaves KV room for (None: the longest prompt given, else 1024)
+
+    @property
+    def draft_model(self) -> str | None:
+        """The draft model this run loads: None in target-only modes and with --draft none."""
+        return self.draft if self.mode in ("chain", "tree") and self.draft != "none" else None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -58,8 +64,14 @@ class RunConfig:
             raise CadenceError(f"--max-new-tokens={self.max_new_tokens} must be at least 1")
         if self.chat not in ("auto", "on", "off"):
             raise CadenceError(f"--chat={self.chat} must be auto, on or off")
-        if self.mode != "target" and not self.draft:
-            raise CadenceError(f"mode {self.mode} needs a draft model: give --draft")
+        if self.mode in ("chain", "tree") and not self.draft:
+            raise CadenceError(f"mode {self.mode} needs a draft model: give --draft (or --draft none for tree mode)")
+        if self.draft == "none" and self.mode == "chain":
+            raise CadenceError("mode chain needs a draft model; with --draft none use --mode tree (the n-gram trie proposes)")
+        if self.draft == "none" and self.mode == "tree" and self.runtime != "actors":
+            raise CadenceError("--draft none runs over the actor runtime; drop --runtime inproc")
+        if self.draft_fmt is not None:
+            check_format(self.draft_fmt)
         if self.runtime == "actors" and self.device != "cpu":
             raise CadenceError("the actor runtime runs on the CPU for now; use --runtime inproc with --device cuda")
         if self.mode in ("std", "stdpl") and not self.memory_budget:
@@ -87,10 +99,10 @@ class Runner:
         self.cfg = cfg
         self.sched = None
         self.trace_path = None
-        speculative = cfg.mode not in ("target", "std", "stdpl")
+        speculative = cfg.draft_model is not None
         # Convert (once) in this process, with progress bars, before any actor starts.
         target_store = ensure_store(cfg.target, cfg.fmt)
-        draft_store = ensure_store(cfg.draft, cfg.fmt) if speculative else None
+        draft_store = ensure_store(cfg.draft, cfg.draft_fmt or cfg.fmt) if speculative else None
         if speculative and draft_store.tokenizer_info.tokenizer_json != target_store.tokenizer_info.tokenizer_json:
             raise CadenceError(f"the draft {cfg.draft} and the target {cfg.target} have different tokenizers; "
                                "speculative modes need a draft that shares the target's vocabulary")
@@ -193,24 +205,33 @@ class Runner:
 
             gen = generate_speculative(self.target, self.draft, ids, cfg.max_new_tokens, cfg.sampling, tree, on_tokens)
             extra = 0
-        extra_fields = {"memory_budget_bytes": self.plan.budget} if self.plan is not None else {}
+        extra_fields = {}
+        if self.plan is not None:
+            p = self.plan
+            extra_fields = {"memory_budget_bytes": p.budget,
+                            "memory_plan": {"total_bytes": p.total, "held_bytes": p.held, "resident_groups": len(p.resident),
+                                            "streamed_groups": len(p.streamed), "slots": p.n_slots, "slot_bytes": p.slot_bytes,
+                                            "read_per_forward_bytes": p.read_per_forward}}
         return make_row(id=prompt.id, kind=prompt.kind, mode=cfg.mode, target=cfg.target,
-                        draft=cfg.draft if cfg.mode in ("chain", "tree") else None, format=cfg.fmt, chat=chat,
+                        draft=cfg.draft_model, format=cfg.fmt, chat=chat,
                         prompt_token_ids=ids, new_token_ids=gen.new_ids, text=tok.decode(gen.new_ids),
                         wall_s=gen.wall_s, prefill_s=gen.prefill_s, peak_rss_bytes=peak_rss_bytes(extra),
                         stats=gen.stats, runtime=cfg.runtime, **extra_fields)
 
 
-def kv_capacity(cfg: RunConfig) -> int:
-    """KV cache rows the plan leaves room for: the longest prompt, the new tokens, a tree and its slack
-    (scheduler/speculation.py sizes the caches the same way)."""
-    return (cfg.plan_context or 1024) + cfg.max_new_tokens + max(cfg.tree.budget, 64) + cfg.tree.ahead + 2
+def kv_capacity(cfg: RunConfig, draft: bool = False) -> int:
+    """KV cache rows the plan leaves room for: the longest prompt (the draft: its last `prompt_window`
+    tokens), the new tokens, a tree and its slack (scheduler/speculation.py sizes the caches the same way)."""
+    prompt = cfg.plan_context or 1024
+    if draft and cfg.tree.prompt_window:
+        prompt = min(prompt, cfg.tree.prompt_window)
+    return prompt + cfg.max_new_tokens + max(cfg.tree.budget, 64) + cfg.tree.ahead + 2
 
 
-def memory_plan(cfg: RunConfig, target_store, draft_store, overheads=None):
-    """The plan for --memory-budget: KV room for `plan_context` prompt tokens plus the new ones, the
-    runtime's overheads as measured on this machine (`overheads` overrides them)."""
-    from scheduler.memplan import measure_overheads, plan_memory, parse_bytes
+def plan_inputs(cfg: RunConfig, target_store, draft_store, overheads=None) -> dict:
+    """What the memory plan of `cfg` weighs: the target's streamable groups, the draft's weights (its
+    head cut to the FR-Spec rows), the KV caches at the context the run needs, the overheads."""
+    from scheduler.memplan import measure_overheads
 
     cap = kv_capacity(cfg)
     groups = {g: target_store.groups[g].nbytes for g in target_store.group_names() if g != "embed"}
@@ -219,18 +240,27 @@ def memory_plan(cfg: RunConfig, target_store, draft_store, overheads=None):
         rows = draft_rows(cfg, draft_store)
         draft_w = sum(n for g, n in draft_store.group_bytes().items() if g != "embed" and not g.startswith("head."))
         draft_w += draft_store.head_bytes(rows or None)
-    draft_kv = draft_store.args.kv_bytes_per_token() * cap if draft_store else 0
-    target_kv = target_store.args.kv_bytes_per_token() * cap
     trie = (cfg.plan_context or 1024) + cfg.max_new_tokens
     o = overheads or measure_overheads(
         target_store.args.to_dict(), draft_store.args.to_dict() if draft_store else None, width=cfg.tree.budget,
         context=cfg.plan_context or 1024, greedy=cfg.sampling.greedy, draft_window=cfg.tree.prompt_window,
-        draft_vocab=rows, trie_nodes=8 * trie if cfg.tree.trie else 0, trace_events=TRACE_EVENTS)
-    if cfg.memory_budget == "auto":  # the fixed part and half of the target
-        budget = draft_w + draft_kv + target_kv + o.code + o.held(draft_store is not None, True) + sum(groups.values()) // 2
+        draft_vocab=rows, trie_nodes=8 * trie if cfg.tree.trie and cfg.mode == "tree" else 0, trace_events=TRACE_EVENTS)
+    return {"target_groups": groups, "draft_weights": draft_w,
+            "draft_kv": draft_store.args.kv_bytes_per_token() * kv_capacity(cfg, draft=True) if draft_store else 0,
+            "target_kv": target_store.args.kv_bytes_per_token() * cap, "overheads": o}
+
+
+def memory_plan(cfg: RunConfig, target_store, draft_store, overheads=None):
+    """The plan for --memory-budget: KV room for `plan_context` prompt tokens plus the new ones, the
+    runtime's overheads as measured on this machine (`overheads` overrides them)."""
+    from scheduler.memplan import parse_bytes, plan_memory, smallest_budget
+
+    inputs = plan_inputs(cfg, target_store, draft_store, overheads)
+    if cfg.memory_budget == "auto":  # the smallest budget that works and half of the target
+        budget = smallest_budget(**inputs) + sum(inputs["target_groups"].values()) // 2
     else:
         budget = parse_bytes(cfg.memory_budget)
-    return plan_memory(budget, groups, draft_w, draft_kv, target_kv, o)
+    return plan_memory(budget, **inputs)
 
 
 def draft_rows(cfg: RunConfig, draft_store) -> int:

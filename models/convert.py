@@ -13,7 +13,6 @@ from cadence.errors import CadenceError
 from cadence.settings import check_format
 from models import registry
 from models.pull import is_pulled, model_path, pull
-from models.source import canonical_names, open_source, sha256_file
 from models.store import WeightStore, StoreWriter
 
 LINEAR = ("attn_qkv", "attn_out", "ffn_gate_up", "ffn_down", "head")
@@ -25,9 +24,10 @@ def is_linear(name: str) -> bool:
 
 def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str = "", progress: Progress | None = None) -> Path:
     """Write `source` as a weight store at `out_dir` (atomically: a `.partial` dir renamed at the end)."""
-    import torch  # only a conversion needs it: a run that finds its store stays torch-free
+    import torch  # only a conversion needs it: a run that finds its store stays torch-free (and numpy-free)
 
     from models import linear
+    from models.source import canonical_names
 
     check_format(fmt)
     args = source.args
@@ -106,6 +106,8 @@ def source_identity(path: Path) -> str:
     except (OSError, json.JSONDecodeError):
         idx = {}
     if key not in idx:
+        from models.source import open_source, sha256_file
+
         idx[key] = sha256_file(path) if path.is_file() else open_source(path).identity()
         idx_path.parent.mkdir(parents=True, exist_ok=True)
         idx_path.write_text(json.dumps(idx))
@@ -137,6 +139,8 @@ def ensure_store(model: str, fmt: str, group_size: int = 32) -> WeightStore:
     if (out / "manifest.json").is_file() and not _current(out):
         shutil.rmtree(out)  # written by another version of cadence: a cache, so convert again
     if not (out / "manifest.json").is_file():
+        from models.source import open_source
+
         convert(open_source(path, sha), out, fmt, group_size=group_size, label=label)
     return WeightStore(out)
 

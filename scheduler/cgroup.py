@@ -10,6 +10,11 @@ and v2 (unified, `memory` controller) both work; creating a cgroup needs root.
     with MemoryCgroup(512 << 20) as cg:        # a child of our own memory cgroup, limit set
         cg.add(pid); ...; cg.peak_bytes()       # removed on exit, whatever happens
     run = run_in_cgroup(argv, 512 << 20, evict=[weights])   # the child starts inside the cgroup
+
+The cgroup's own peak counts the page cache, which fills any limit and is reclaimed, so it says
+little about what a run needs. What its processes hold, anonymous plus shared memory
+(`held_bytes`, from memory.stat), is sampled beside it: its peak, and each process's share of it
+(PSS, by process name: the actors name themselves `cadence-<role>`) near that peak.
 """
 from __future__ import annotations
 
@@ -104,6 +109,17 @@ def _keyed(path: Path) -> dict[str, int]:
     return {k: int(v) for k, _, v in (ln.partition(" ") for ln in lines) if v.strip().lstrip("-").isdigit()}
 
 
+def _keyed_kb(path: Path) -> dict[str, int]:
+    """A "Key:   123 kB" file (smaps_rollup, status) in bytes."""
+    out = {}
+    for ln in path.read_text().splitlines():
+        k, _, v = ln.partition(":")
+        parts = v.split()
+        if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+            out[k] = int(parts[0]) * 1024
+    return out
+
+
 def _write(path: Path, value) -> None:
     with open(path, "w") as f:
         f.write(str(value))
@@ -122,6 +138,8 @@ class MemoryCgroup:
         self.sample_s = sample_s
         self.dir: Path | None = None
         self._peak = 0
+        self.peak_held = 0  # anonymous + shared memory, sampled
+        self.held_by_process: dict[str, int] = {}  # process name -> PSS (anon + shmem) near the held peak
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
 
@@ -148,9 +166,8 @@ class MemoryCgroup:
                 _write(self.dir / "memory.max", self.limit)
                 if (self.dir / "memory.swap.max").exists():
                     _write(self.dir / "memory.swap.max", 0)
-                if not (self.dir / "memory.peak").exists():
-                    self._sampler = threading.Thread(target=self._sample, name="cgroup-peak", daemon=True)
-                    self._sampler.start()
+            self._sampler = threading.Thread(target=self._sample, name="cgroup-peak", daemon=True)
+            self._sampler.start()
         except BaseException:
             self.close()
             raise
@@ -204,10 +221,40 @@ class MemoryCgroup:
             return ctl["oom_kill"]
         return int(_read_int(self.dir / "memory.failcnt") > 0 and ctl.get("under_oom", 0) > 0)  # kernels < 4.13
 
+    def held_bytes(self) -> int:
+        """Anonymous + shared memory of the cgroup's processes now (the page cache aside)."""
+        st = _keyed(self.dir / "memory.stat")
+        if self.version == 1:
+            return st.get("total_rss", st.get("rss", 0)) + st.get("total_shmem", st.get("shmem", 0))
+        return st.get("anon", 0) + st.get("shmem", 0)
+
+    def _by_process(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for pid in self.pids():
+            try:
+                name = Path(f"/proc/{pid}/comm").read_text().strip()
+                roll = _keyed_kb(Path(f"/proc/{pid}/smaps_rollup"))
+            except OSError:
+                continue
+            out[name] = out.get(name, 0) + roll.get("Pss_Anon", 0) + roll.get("Pss_Shmem", 0)
+        return out
+
     def _sample(self) -> None:
+        last_procs = 0.0
         while not self._stop.wait(self.sample_s):
             try:
-                self._peak = max(self._peak, self.usage_bytes())
+                if self.version == 2 and not (self.dir / "memory.peak").exists():
+                    self._peak = max(self._peak, self.usage_bytes())
+                held = self.held_bytes()
+                if held > self.peak_held:
+                    self.peak_held = held
+                # each process's share near the peak (reading smaps costs the kernel a walk: twice a second)
+                now = time.monotonic()
+                if held >= 0.98 * self.peak_held and now - last_procs > 0.5:
+                    last_procs = now
+                    procs = self._by_process()
+                    if sum(procs.values()) >= 0.9 * held:  # not torn by a process exiting in between
+                        self.held_by_process = procs
             except ValueError:
                 continue  # a torn read (a file being rewritten): the next sample will do
             except OSError:
@@ -270,6 +317,8 @@ class CgroupRun:
     evicted_bytes: int = 0  # page cache dropped from the `evict` files before the start
     still_cached_bytes: int = 0  # what eviction could not drop (mapped by another process, dirty): not charged here
     timed_out: bool = False
+    peak_held_bytes: int = 0  # anonymous + shared memory at its peak (what the processes hold, page cache aside)
+    held_by_process: dict = None  # process name -> its share (PSS) of that, near the peak
 
 
 def run_in_cgroup(argv: list[str], limit_bytes: int, evict=(), env: dict | None = None,
@@ -307,4 +356,4 @@ def run_in_cgroup(argv: list[str], limit_bytes: int, evict=(), env: dict | None 
         cg.kill_all()  # what the command left running (its own children)
         text = (lambda b: b.decode(errors="replace")) if capture else (lambda b: None)
         return CgroupRun(proc.returncode, cg.peak_bytes(), cg.oom_kills() > 0, text(out), text(err), wall,
-                         limit_bytes, evicted, still, timed_out)
+                         limit_bytes, evicted, still, timed_out, cg.peak_held, dict(cg.held_by_process))

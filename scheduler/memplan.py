@@ -125,6 +125,14 @@ class MemoryPlan:
                 f"({fmt(self.read_per_forward)} read per forward)")
 
 
+def smallest_budget(target_groups: dict[str, int], draft_weights: int, draft_kv: int, target_kv: int,
+                    overheads: Overheads = Overheads()) -> int:
+    """The smallest budget a plan works with: the fixed part, streaming, and two slots for the largest group."""
+    o = overheads
+    fixed = draft_weights + draft_kv + target_kv + o.code + o.held(draft_weights > 0, streamed=True)
+    return fixed + 2 * max(_align(b) for b in target_groups.values())
+
+
 def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, draft_kv: int, target_kv: int,
                 overheads: Overheads = Overheads(), max_slots: int = 3) -> MemoryPlan:
     """`target_groups`: bytes of each streamable target group, in the order a forward needs them

@@ -25,6 +25,7 @@ import zmq
 from actors import wire
 from actors.tracing import Tracer
 from cadence.errors import CadenceError
+from cadence.procname import set_process_name
 from scheduler.config import RuntimeConfig
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.events import ActorStatus, DeadEvent, ErrorEvent, ReplyEvent, Pending
@@ -84,6 +85,7 @@ class Scheduler(TensorExchange):
         mem = self.config.memory
         self.plan = self.ledger.plan(mem.role_bytes, mem.arena_bytes)  # refuse before creating anything
         sweep_dead_segments()
+        set_process_name("cad-scheduler")
         self._started = True
         self.ledger.watch("scheduler", self.pid)
         if mem.sample_s:
@@ -137,6 +139,11 @@ class Scheduler(TensorExchange):
         if wait:
             self.wait_ready([role])
         return proc
+
+    @property
+    def zygote_pid(self) -> int | None:
+        """The zygote the actors fork from (None until the first spawn, or when actors start as interpreters)."""
+        return self._zygote.proc.pid if self._zygote is not None else None
 
     def _zygote_for_spawn(self) -> Zygote | None:
         """The zygote actors fork from, started on the first spawn (and again if it died since)."""

@@ -16,6 +16,7 @@ from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.runtime import Scheduler
 from speculative.governor import Governor
+from speculative.lookup import PromptLookup
 
 MODES = ("target", "std", "stdpl", "chain", "tree")
 TARGET_ONLY = ("target", "std", "stdpl")  # std, stdpl: the target alone, streamed (without / with prefetch)
@@ -30,7 +31,9 @@ class ActorSpeculation:
         `worker` ({"share": s, "columns": c}): split tree attention with the sparse-attention actor, which
         also takes the share s of the dense chunks and, with c > 0, the last share c of every target
         linear layer's output columns in multi-token passes; verifier and worker then run on one core each.
-        `draft_vocab` (under a plan): the draft's head keeps only that many token rows (FR-Spec); 0: all."""
+        `draft_vocab` (under a plan): the draft's head keeps only that many token rows (FR-Spec); 0: all.
+        `draft_store` None in a speculative mode: no draft model (`--draft none`); the trie of the prompt
+        and output n-grams proposes the candidates, here in the scheduler (speculative/lookup.py)."""
         self.s, self.mode, self.sampling, self.cfg = sched, mode, sampling, cfg
         self.context_length, self.vocab_size = context_length, vocab_size
         self.current, self.cur_cfg = mode, cfg  # the mode and tree settings of the generation under way
@@ -39,6 +42,7 @@ class ActorSpeculation:
         self.worker = worker
         self.model_args = model_args
         self.kv_slot = self.job_slots = self.col_slots = None
+        self.lookup = PromptLookup(cfg.width) if mode not in TARGET_ONLY and draft_store is None else None
         common = {"sampling": asdict(sampling), "threads": threads}
         vinit = {**common, "store": target_store}
         if worker is not None:
@@ -50,7 +54,7 @@ class ActorSpeculation:
             sched.spawn("loader", "actors.loader:LoaderActor", {"store_dir": target_store, "stream_bytes": plan.stream_bytes,
                                                                  **(loader or {})}, wait=False)
         sched.spawn("verifier", "actors.verifier:VerifierActor", vinit, wait=False)
-        if mode not in TARGET_ONLY:
+        if mode not in TARGET_ONLY and draft_store is not None:
             sched.spawn("draft", "actors.draft:DraftActor", {**common, "store": draft_store, "tree": asdict(cfg),
                                                             "embed_on_disk": plan is not None,
                                                             "head_rows": draft_vocab or None}, wait=False)
@@ -155,8 +159,13 @@ class ActorSpeculation:
                 self.s.slots.free(slot)
         self.kv_slot = self.job_slots = self.col_slots = None
 
-    def _capacity(self, n_prompt: int, max_new: int) -> int:
-        return min(self.context_length, n_prompt + max_new + max(self.cfg.budget, 64) + self.cfg.ahead + 2)
+    def _capacity(self, n_prompt: int, max_new: int, cfg: TreeConfig | None = None) -> int:
+        """KV rows for a prompt and its continuation, a tree and its slack; the draft (`cfg` given) sees
+        only the prompt's last `prompt_window` tokens (launch/runner.py plans the same)."""
+        c = cfg or self.cfg
+        if cfg is not None and cfg.prompt_window:
+            n_prompt = min(n_prompt, cfg.prompt_window)
+        return min(self.context_length, n_prompt + max_new + max(c.budget, 64) + c.ahead + 2)
 
     def generate(self, prompt_ids: list[int], max_new: int, stop: set[int],
                  on_tokens: Callable[[list[int]], None] | None = None, mode: str | None = None,
@@ -166,20 +175,26 @@ class ActorSpeculation:
         """Generate with this run's mode, or another one (`target` always; `chain`/`tree` need the draft)."""
         s = self.s
         mode, cfg = mode or self.mode, cfg or self.cfg
-        if mode not in TARGET_ONLY and "draft" not in s.actors:
+        if mode not in TARGET_ONLY and "draft" not in s.actors and self.lookup is None:
             raise ValueError(f"mode {mode} needs the draft actor, which this run did not start")
+        if mode == "chain" and "draft" not in s.actors:
+            raise ValueError("mode chain needs a draft model; --draft none speculates in tree mode only")
         self.current, self.cur_cfg = mode, cfg
         cap = self._capacity(len(prompt_ids), max_new)
         t0 = time.perf_counter()
         first = self._target("start", {"prompt_ids": prompt_ids, "capacity": cap})["token"]
         speculative = mode not in TARGET_ONLY
-        if speculative:
-            s.call("draft", "start", {"prompt_ids": prompt_ids, "capacity": cap, "first": [first], "tree": asdict(cfg)})
+        if speculative and self.lookup is not None:
+            self.lookup.start(prompt_ids, [first])
+        elif speculative:
+            s.call("draft", "start", {"prompt_ids": prompt_ids, "capacity": self._capacity(len(prompt_ids), max_new, cfg),
+                                      "first": [first], "tree": asdict(cfg)})
         t_prefill = time.perf_counter() - t0
         governor = None
-        if speculative and cfg.adaptive:  # what speculation earned on earlier prompts carries over
-            key = (mode, budgets(cfg))
-            governor = self.governors.setdefault(key, Governor(budgets(cfg), cfg.budget))
+        arms = (LOOKUP, 0) if self.lookup is not None else budgets(cfg)  # no draft: the trie or a plain step
+        if speculative and (cfg.adaptive or self.lookup is not None):  # what speculation earned on earlier prompts carries over
+            key = (mode, arms)
+            governor = self.governors.setdefault(key, Governor(arms, LOOKUP if self.lookup is not None else cfg.budget))
             governor.new_text()
         stats = SpecStats()
         out = [first]
@@ -233,6 +248,10 @@ class ActorSpeculation:
             stats.draft_s += time.perf_counter() - t
             if not tree["tokens"]:
                 tree = None
+        elif budget == LOOKUP and self.lookup is not None:  # no draft model: the trie here
+            tree, tree_tensors = self.lookup.tree(self.cur_cfg.width), {}
+            if tree is not None and self.sampling.greedy:
+                tree.pop("trials")
         elif budget == LOOKUP:  # prompt lookup: the trie's candidates, no draft forward
             tree, tree_tensors = s.call("draft", "lookup", {"max_nodes": self.cur_cfg.width}).result, {}
             if not tree["tokens"]:
@@ -242,7 +261,9 @@ class ActorSpeculation:
             if tree is None:
                 nxt = self._target("step", {"root": root})["token"]
                 stats.plain_steps += 1
-                if self.current not in TARGET_ONLY:
+                if self.lookup is not None:
+                    self.lookup.push([nxt])
+                elif self.current not in TARGET_ONLY:
                     s.call("draft", "advance", {"path": [], "new": [nxt], "tree": budget > 0})
                 stats.verify_s += time.perf_counter() - t
                 self.last_cycle = None
@@ -258,8 +279,12 @@ class ActorSpeculation:
                 s.slots.free(slot)
         path = list(v["path"])
         new = [tree["tokens"][i] for i in path] + [v["next"]]
-        adv = s.call("draft", "advance", {"path": path, "new": new, "tree": budget > 0}).result
-        alpha = adv["alpha"]
+        if self.lookup is not None:
+            self.lookup.push(new)
+            adv, alpha = {}, None
+        else:
+            adv = s.call("draft", "advance", {"path": path, "new": new, "tree": budget > 0}).result
+            alpha = adv["alpha"]
         if ahead_req is not None:  # answered before `advance` (one socket, in order), unless a stream poll took it
             r = s.take_reply(ahead_req)
             if r is not None and not r.ok:
@@ -272,10 +297,11 @@ class ActorSpeculation:
         stats.trie_drafted += tree["trie_nodes"]
         stats.draft_forwards += tree["forwards"]
         stats.accepted_hist[len(path)] = stats.accepted_hist.get(len(path), 0) + 1
-        stats.alpha.append(alpha)
         self.last_cycle = (len(path), alpha)
         s.tracer.counter("accepted", {"length": len(path), "tree": len(tree["tokens"])})
-        s.tracer.counter("alpha", {"alpha": alpha})
+        if alpha is not None:
+            stats.alpha.append(alpha)
+            s.tracer.counter("alpha", {"alpha": alpha})
         if build_req is not None:  # the arrow from the draft's tree to its verification
             s.trace.link((s.actors["draft"].pid, build_req), (s.actors["verifier"].pid, verify_req), "draft tree", "tree")
         return new

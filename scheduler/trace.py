@@ -57,7 +57,8 @@ class TraceSink:
         self.run_id = run_id
         self.config = config
         self.t0_ns = t0_ns
-        self._events: list[dict] = []  # ns timestamps, pid filled in
+        self._events: list[dict] = []  # ns timestamps, pid filled in; metadata aside:
+        self._meta_events: dict[tuple, dict] = {}  # (pid, tid, name) -> its latest metadata event (thread names)
         self._procs: dict[int, tuple[str, int]] = {}  # pid -> (name, sort index)
         self.dropped = 0
         self.rejected = 0
@@ -82,6 +83,9 @@ class TraceSink:
                 self.rejected += 1
             elif self.count >= self.config.max_events and ev["ph"] != "M":
                 self.dropped += 1
+            elif ev["ph"] == "M":
+                ev["pid"] = pid
+                self._meta_events[(pid, ev.get("tid"), ev["name"])] = ev
             else:
                 ev["pid"] = pid
                 self._events.append(ev)
@@ -111,10 +115,9 @@ class TraceSink:
             f[2 + k] = ev["ts"]
 
     def _spill(self) -> None:
-        """Move the events in memory to the spill file as one sorted run (metadata stays)."""
-        keep = [e for e in self._events if e["ph"] == "M"]
-        run = sorted((e for e in self._events if e["ph"] != "M"), key=_order)
-        self._events = keep
+        """Move the events in memory to the spill file as one sorted run."""
+        run = sorted(self._events, key=_order)
+        self._events = []
         if not run:
             return
         if self._spill_path is None:
@@ -151,12 +154,11 @@ class TraceSink:
         served = dict(self._served)
         ends = defaultdict(lambda: [0, 0, None, None], {k: list(v) for k, v in self._flow_ends.items()})
         for ev in self._events:
-            if ev["ph"] != "M":
-                self._note(ev, served, ends)
+            self._note(ev, served, ends)
         links = self._link_events(served)
         for ev in links:
             self._note(ev, served, ends)
-        tail = sorted((e for e in self._events if e["ph"] != "M"), key=_order)
+        tail = sorted(self._events, key=_order)
         runs = [self._read_run(o, n) for o, n in self._runs]
         self.unpaired = 0
         for ev in heapq.merge(*runs, tail, sorted(links, key=_order), key=_order):
@@ -177,7 +179,7 @@ class TraceSink:
         for pid, (name, sort) in self._procs.items():
             out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
             out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": sort}})
-        return out + [dict(e) for e in self._events if e["ph"] == "M"]
+        return out + [dict(e) for e in self._meta_events.values()]
 
     def _other(self) -> dict:
         return {"run_id": self.run_id, "clock": "CLOCK_MONOTONIC", "t0_ns": self.t0_ns, "dropped_events": self.dropped,

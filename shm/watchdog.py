@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 
+from cadence.procname import set_process_name
 from shm.arena import SHM_DIR, _NAME
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,6 +80,7 @@ def _cleanup(segments: list[str], dirs: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     run_id, scheduler_pid, fd = argv[0], int(argv[1]), int(argv[2])
+    set_process_name("cad-watchdog")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     segments: list[str] = []

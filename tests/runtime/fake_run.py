@@ -48,7 +48,7 @@ def main() -> int:
         with Scheduler(small_config(trace_dir, max_tokens=10**9)) as sched:
             pids = spawn_fakes(sched, seed=int(os.environ.get("CADENCE_TEST_SEED", "0")))
             print(json.dumps({"run_id": sched.run_id, "pids": pids, "pid": os.getpid(),
-                              "watchdog": sched._watchdog.proc.pid}), flush=True)
+                              "watchdog": sched._watchdog.proc.pid, "zygote": sched.zygote_pid}), flush=True)
             run_pipeline(sched, policy_for(sched))
     except KeyboardInterrupt:
         print("fake_run: interrupted", file=sys.stderr, flush=True)

@@ -80,6 +80,23 @@ def test_each_role_sigkilled_at_a_random_point(role, seed, tmp_path):
     assert validate_trace(json.loads(s.trace_path.read_text())) == []  # a run that died still leaves a valid trace
 
 
+def test_a_killed_zygote_costs_nothing_but_a_new_one_for_the_next_spawn(seed):
+    """The actors fork from the zygote but are the scheduler's own children: its death mid-run stops
+    nothing; the next spawn starts a new zygote; all of them are gone at the end."""
+    with Scheduler(small_config(max_tokens=16)) as s:
+        s.spawn("verifier", FAKES["verifier"], {"seed": seed, "stream_bytes": s.config.memory.stream_bytes})
+        first = s.zygote_pid
+        os.kill(first, signal.SIGKILL)
+        assert wait_until(lambda: not alive(first), 3.0)
+        assert s.call("verifier", "stats").ok  # the actor it forked runs on
+        pids = spawn_fakes(s, seed, roles=("draft", "sparse", "loader"))
+        assert s.zygote_pid not in (None, first)
+        result = run_pipeline(s, policy_for(s))
+        assert result.tokens >= 16
+        zygotes = [first, s.zygote_pid]
+    assert_clean(s.run_id, [*pids.values(), s.actors["verifier"].pid, *zygotes])
+
+
 def _start_fake_run(seed: int, **popen) -> tuple[subprocess.Popen, dict]:
     env = {**python_env(), "CADENCE_TEST_SEED": str(seed)}
     p = subprocess.Popen([sys.executable, "-m", "tests.runtime.fake_run"], cwd=REPO_ROOT, env=env,
@@ -99,7 +116,7 @@ def test_scheduler_sigkilled_leaves_nothing_behind(seed):
     assert wait_until(lambda: not any(alive(a) for a in actors), 3.0)
     took = time.monotonic() - t0
     assert took < 1.5, f"actors outlived their scheduler by {took:.2f} s"  # the bound is 1 s; slack for a shared machine
-    assert_clean(info["run_id"], actors + [info["watchdog"]], timeout=5.0)
+    assert_clean(info["run_id"], actors + [info["watchdog"], info["zygote"]], timeout=5.0)
     _, err = p.communicate(timeout=5)
     line = f"cadence watchdog: the scheduler (pid {info['pid']}) of run {info['run_id']} died without cleaning up"
     assert line in err, err
@@ -133,7 +150,7 @@ def _ctrl_c_stops(p, info, seed):
     took = time.monotonic() - t0
     assert took < 3.0, f"Ctrl-C took {took:.2f} s to stop the run"  # the bound is 2 s
     assert p.returncode == 130
-    assert_clean(info["run_id"], actors + [info["watchdog"]])
+    assert_clean(info["run_id"], actors + [info["watchdog"], info["zygote"]])
     _, err = p.communicate(timeout=5)
     assert f"run {info['run_id']} interrupted (Ctrl-C); stopping draft, verifier, sparse, loader" in err, err
     assert "Traceback" not in err

@@ -121,3 +121,31 @@ def test_fake_run_writes_one_valid_trace(tmp_path):
     assert len(flows) > 50 and len(flows) % 2 == 0
     assert obj["otherData"]["run_id"] == s.run_id and obj["otherData"]["unpaired_flow_events"] == 0
     assert_clean(s.run_id, list(pids.values()))
+
+
+def test_a_trace_spilled_to_disk_is_the_trace_kept_in_memory(tmp_path):
+    """Under a budget the scheduler spills events every few thousand; the file it writes at the end
+    is the same trace (links, flows and order included), and the spill file is gone."""
+    sinks = [TraceSink("1x00", TraceConfig(dir=str(tmp_path / d), spill_events=n), 1000) for d, n in (("mem", 0), ("spill", 7))]
+    for round_ in range(9):
+        sched, draft, verifier = Tracer(), Tracer(), Tracer()
+        for req in (2 * round_ + 1, 2 * round_ + 2):
+            with sched.span("send", cat="scheduler", args={"req": req, "to": "x"}, flow_out=req):
+                pass
+        with draft.span("build", cat="draft", args={"req": 2 * round_ + 1}, flow_in=2 * round_ + 1):
+            time.sleep(0.0002)
+        with verifier.span("verify", cat="verifier", args={"req": 2 * round_ + 2}, flow_in=2 * round_ + 2):
+            verifier.counter("rows", {"n": round_})
+        for sink in sinks:
+            sink.name_process(1, "scheduler")
+            sink.name_process(2, "draft")
+            sink.name_process(3, "verifier")
+            sink.add(1, [dict(e) for e in sched.events])
+            sink.add(2, [dict(e) for e in draft.events])
+            sink.add(3, [dict(e) for e in verifier.events])
+            sink.link((2, 2 * round_ + 1), (3, 2 * round_ + 2), "draft tree", "tree")
+    assert sinks[1]._runs and len(sinks[1]._events) < 7  # it spilled, and holds little
+    a, b = (json.loads(s.write().read_text()) for s in sinks)
+    assert a == b and validate_trace(b) == []
+    assert sum(1 for e in b["traceEvents"] if e.get("cat") == "tree") == 18  # every link resolved
+    assert not list((tmp_path / "spill").glob(".*.spill"))

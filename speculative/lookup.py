@@ -1,0 +1,45 @@
+"""Speculation with no draft model: the Lookahead trie's candidates alone (`--draft none`).
+
+Where the budget cannot hold a draft model, the n-grams of the prompt and of the output still
+propose continuations (Lookahead, section 4.3): code being copied or edited repeats itself, and a
+verification under a memory budget costs about one read of the streamed layers whatever its width.
+This side keeps the committed text and its trie and answers each cycle with a tree of candidates
+(or none); the target verifies them like any draft's. It imports no torch: it runs in the
+scheduler, so `--draft none` starts no draft actor at all.
+"""
+from __future__ import annotations
+
+from speculative.tree import ROOT, TokenTree
+from speculative.trie import TokenTrie
+
+
+class PromptLookup:
+    def __init__(self, max_nodes: int = 8, capacity: int = 200_000):
+        self.max_nodes = max_nodes
+        self.trie = TokenTrie(capacity=capacity)
+        self.context: list[int] = []
+
+    def start(self, prompt_ids: list[int], first: list[int]):
+        """A new prompt and the first generated token(s): the trie keeps what it learned before."""
+        self.context = list(prompt_ids)
+        self.trie.insert(self.context)
+        self.push(first)
+
+    def push(self, tokens: list[int]):
+        """Committed tokens: the text the next candidates continue."""
+        self.context.extend(tokens)
+        self.trie.insert(self.context, start=len(self.context) - len(tokens) - self.trie.branch_len + 1)
+
+    def tree(self, max_nodes: int | None = None) -> dict | None:
+        """The candidates continuing the text, as the tree a draft actor's `lookup` replies with
+        (point-mass trials: a trie candidate is deterministic); None when the trie has none."""
+        got = self.trie.retrieve(self.context, max_nodes=max_nodes or self.max_nodes)
+        if not got.tokens:
+            return None
+        t = TokenTree(self.context[-1])
+        index, trials = {}, []
+        for i, (tok, parent, p) in enumerate(zip(got.tokens, got.parents, got.probs)):
+            at = index[parent] if parent >= 0 else ROOT
+            index[i] = t.add(tok, at, p)
+            trials.append([at, index[i], -1])
+        return {**t.to_lists(), "tc": 1.0, "forwards": 0, "trie_nodes": len(got.tokens), "trials": trials}
