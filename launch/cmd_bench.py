@@ -191,7 +191,7 @@ def bench_modes(args, prompts: list[Prompt]):
     with Runner(cfg, prompts) as runner:
         others = _Baselines(args, base, runner.tokenizer)
         for p in prompts:
-            ids, chat = prompt_ids(runner.tokenizer, p, cfg.chat)
+            ids, chat = runner.prompt_ids(p)
             for m in modes:
                 rows.append(runner.run(p, mode=m))
                 _progress(rows[-1])

@@ -61,6 +61,7 @@ def cmd_plan(args) -> int:
         prompts = load_prompts(args.prompts) if args.prompts else [Prompt("prompt", "complete", args.prompt)] if args.prompt else []
         longest = max((len(prompt_ids(tok, p, cfg.chat)[0]) for p in prompts), default=1024)
         cfg = dataclasses.replace(cfg, plan_context=longest)
+    tok.release_encoder()  # as a run does once its prompts are encoded
     what = f"{cfg.mode} {cfg.target} {cfg.fmt}" + (f", draft {cfg.draft_model} {cfg.draft_fmt or cfg.fmt}" if cfg.draft_model else
                                                     ", no draft model" if cfg.mode == "tree" else "")
     print(f"{what}; KV caches for {cfg.plan_context} prompt + {cfg.max_new_tokens} new tokens")

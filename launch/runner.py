@@ -15,7 +15,7 @@ import psutil
 
 from cadence.errors import CadenceError
 from cadence.settings import SamplingConfig, TreeConfig, check_format
-from launch.prompts import Prompt, prompt_ids
+from launch.prompts import Prompt, prompt_ids, use_chat
 from launch.results import make_row, peak_rss_bytes
 from models.convert import ensure_store
 from models.tokenizer import StreamDecoder, TextTokenizer
@@ -107,9 +107,14 @@ class Runner:
             raise CadenceError(f"the draft {cfg.draft} and the target {cfg.target} have different tokenizers; "
                                "speculative modes need a draft that shares the target's vocabulary")
         self.tokenizer = TextTokenizer(target_store.tokenizer_info)
+        self._encoded = {self._key(p): prompt_ids(self.tokenizer, p, cfg.chat) for p in prompts or ()}
         if cfg.plan_context is None:
-            longest = max((len(prompt_ids(self.tokenizer, p, cfg.chat)[0]) for p in prompts or ()), default=1024)
+            longest = max((len(ids) for ids, _ in self._encoded.values()), default=1024)
             self.cfg = cfg = RunConfig(**{**cfg.__dict__, "plan_context": longest})
+        if cfg.memory_budget and prompts:
+            # every prompt is encoded: decode from a table of token bytes and give the tokenizer's pages
+            # (~45 MiB) to the target, before the plan measures this process
+            self.tokenizer.release_encoder()
         self.plan = None
         if cfg.runtime == "inproc":
             from models import engine
@@ -153,6 +158,13 @@ class Runner:
             self.close()
             raise
 
+    def _key(self, prompt: Prompt) -> tuple:
+        return prompt.text, use_chat(prompt, self.cfg.chat)
+
+    def prompt_ids(self, prompt: Prompt) -> tuple[list[int], bool]:
+        """The prompt's token ids (after the chat template, if it gets one) and whether it got one."""
+        return self._encoded.get(self._key(prompt)) or prompt_ids(self.tokenizer, prompt, self.cfg.chat)
+
     def __enter__(self):
         return self
 
@@ -181,7 +193,7 @@ class Runner:
                 self.spec.streamer.prefetch = mode != "std"
             tree = TreeConfig(**{**cfg.tree.__dict__, "mode": "chain" if mode == "chain" else "tree"})
             cfg = RunConfig(**{**cfg.__dict__, "mode": mode, "tree": tree})
-        ids, chat = prompt_ids(tok, prompt, cfg.chat)
+        ids, chat = self.prompt_ids(prompt)
         stream = StreamDecoder(tok)
         on_tokens = (lambda new: on_text(stream.push(new))) if on_text else None
         if self.plan is not None and len(ids) > self.cfg.plan_context:

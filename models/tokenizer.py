@@ -87,15 +87,36 @@ class TextTokenizer:
             if tid is not None:
                 self.stop_ids.add(tid)
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        self.table: ByteTable | None = None
         trim_heap()  # parsing the JSON left ~90 MiB of freed heap behind
 
+    def release_encoder(self) -> bool:
+        """Drop the `tokenizers` object (~45 MiB for a 152k vocabulary) and decode from a table of each
+        token's bytes (~2 MiB) instead. A run whose prompts are all encoded already (`launch run`,
+        `launch bench` under a memory budget) gives those pages to the target. Only byte-level BPE
+        decodes this way; anything else keeps its tokenizer (returns False). `encode` then refuses."""
+        if self.tok is None:
+            return True
+        table = ByteTable.of(self.tok, self.info.tokenizer_json, self.vocab_size)
+        if table is None:
+            return False
+        self.tok, self.table, self.info = None, table, TokenizerInfo("", self.info.bos_id, self.info.eos_ids,
+                                                                     self.info.add_bos, self.info.chat_template, self.info.special)
+        trim_heap()
+        return True
+
     def encode(self, text: str) -> list[int]:
+        if self.tok is None:
+            raise CadenceError("this run encoded its prompts up front and let its tokenizer go (to save memory); "
+                               "a new prompt needs a run that keeps it (launch chat, launch serve, the Python API)")
         ids = self.tok.encode(text, add_special_tokens=False).ids
         if self.add_bos and self.bos_id is not None:
             ids = [self.bos_id] + ids
         return ids
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
+        if self.tok is None:
+            return self.table.decode(ids, skip_special)
         return self.tok.decode(list(ids), skip_special_tokens=skip_special)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -110,6 +131,56 @@ class TextTokenizer:
         tmpl = env.from_string(self.info.chat_template)
         return tmpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
                            bos_token=self.info.special.get("bos", ""), eos_token=self.info.special.get("eos", ""))
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the printable character each byte is written as, inverted."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class ByteTable:
+    """Each token's bytes in one blob: what a byte-level BPE decoder does, for a few MiB."""
+
+    def __init__(self, blob: bytes, offsets, special: set[int]):
+        self.blob, self.offsets, self.special = blob, offsets, special
+
+    @classmethod
+    def of(cls, tok: Tokenizer, tokenizer_json: str, vocab: int) -> "ByteTable | None":
+        import json
+        from array import array
+
+        spec = json.loads(tokenizer_json)
+        if (spec.get("decoder") or {}).get("type") != "ByteLevel" or spec["model"].get("type") != "BPE":
+            return None
+        added = {a["id"]: a for a in spec.get("added_tokens", [])}
+        to_byte = _byte_decoder()
+        parts, offsets, pos = [], array("I", [0]), 0
+        for i in range(vocab):
+            piece = tok.id_to_token(i) or ""
+            if i in added:  # added tokens decode to their text as it is
+                b = added[i]["content"].encode()
+            else:
+                try:
+                    b = bytes(to_byte[c] for c in piece)
+                except KeyError:  # a token outside the byte alphabet: this table cannot stand in
+                    return None
+            parts.append(b)
+            pos += len(b)
+            offsets.append(pos)
+        return cls(b"".join(parts), offsets, {i for i, a in added.items() if a.get("special")})
+
+    def decode(self, ids: list[int], skip_special: bool = False) -> str:
+        o, blob = self.offsets, self.blob
+        out = b"".join(blob[o[i]:o[i + 1]] for i in ids if not (skip_special and i in self.special))
+        return out.decode("utf-8", errors="replace")
 
 
 class StreamDecoder:
