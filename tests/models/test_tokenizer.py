@@ -67,3 +67,22 @@ def test_chat_template_renders():
     t = TextTokenizer(GGUFSource(*resolve("qwen2.5-coder-0.5b")[1:]).tokenizer)
     text = t.apply_chat_template([{"role": "user", "content": "Write hello world."}])
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\nWrite hello world.<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_the_byte_table_decodes_exactly_as_the_tokenizer(tok):
+    """Under a budget the scheduler keeps only each token's bytes: every token, and random runs of
+    them (cut characters included), decode as the tokenizer decodes them, specials kept or skipped."""
+    import random
+
+    _, t = tok
+    lean = TextTokenizer(t.info)
+    assert lean.release_encoder() and lean.tok is None
+    assert all(lean.decode([i]) == t.decode([i]) for i in range(t.vocab_size))
+    rng = random.Random(0)
+    for _ in range(500):
+        ids = [rng.randrange(t.vocab_size) for _ in range(rng.randrange(1, 24))]
+        assert lean.decode(ids) == t.decode(ids) and lean.decode(ids, True) == t.decode(ids, True)
+    for text in TEXTS:
+        assert lean.decode(t.encode(text)) == text
+    with pytest.raises(Exception, match="encoded its prompts up front"):
+        lean.encode("more")
