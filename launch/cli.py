@@ -6,7 +6,12 @@ Each subcommand is a module with `add_parser(subparsers)` that sets `func` on it
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
+import importlib.metadata
+import os
+import re
+import signal
 import sys
 
 from cadence.errors import CadenceError
@@ -15,12 +20,44 @@ from cadence.errors import CadenceError
 COMMANDS = ("models", "run", "plan", "bench", "profile", "trace", "runtime_bench")
 
 
+class _Help(argparse.HelpFormatter):
+    """Every option's default in its help line. argparse.ArgumentDefaultsHelpFormatter skips options
+    without help text and prints "(default: None)" for options that have no default."""
+
+    def _format_action(self, action):
+        text = action.help or ""
+        if action.option_strings and _has_default(action) and not re.search(r"\(default|; default|default:", text):
+            action = copy.copy(action)  # the parser's own action keeps its help
+            action.help = f"{text} (default: %(default)s)".lstrip()
+        return super()._format_action(action)
+
+
+def _has_default(action) -> bool:
+    """A value the option takes when not given: flags (nargs 0) have none, and 0 counts where None does not."""
+    d = action.default
+    return action.nargs != 0 and not (d is None or d == argparse.SUPPRESS)
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("cadence")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed; run ./setup.sh)"
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """With `only` (the command typed), just that command's module is imported: `launch run` must not
     import what `launch bench` needs (torch, HF), since the launch process is the run's scheduler and
     its memory counts against the budget."""
-    parser = argparse.ArgumentParser(prog="launch", description="cadence: run models larger than memory")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = _Parser(prog="launch", description="cadence: run models larger than memory")
+    parser.add_argument("--version", action="version", version=f"cadence {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         if only is not None and name != only:
             continue
@@ -45,6 +82,9 @@ def _command(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--version"]:  # answered without importing every command's module (torch among them)
+        print(f"cadence {version()}")
+        return 0
     parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -55,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("launch: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader left (`launch run | head`): end quietly, as `cat` does; stdout goes to /dev/null so the
+        # interpreter's last flush at exit does not fail on the closed pipe too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except CadenceError as e:
         print(f"launch: {e}", file=sys.stderr)
         return 1

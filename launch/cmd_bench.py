@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cadence.errors import CadenceError
+from cadence.paths import check_output
 from launch import baselines
 from launch.cmd_run import add_model_args, run_config, setup_threads
 from launch.prompts import Prompt, load_prompts, prompt_ids
@@ -100,6 +101,8 @@ def machine() -> str:
 
 
 def cmd_bench(args) -> int:
+    if args.json_out:
+        check_output(args.json_out, "--json")
     setup_threads(args)
     prompts = load_prompts(args.prompts)
     if args.one_per_kind:

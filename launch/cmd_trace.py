@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cadence.errors import CadenceError
 from launch.trace_html import write_html
-from launch.trace_tools import format_summary, load_trace, summarize, summary_dict
+from launch.trace_tools import format_summary, load_trace, not_a_trace, summarize, summary_dict
 from scheduler.trace import validate_trace
 
 
@@ -27,12 +27,20 @@ def add_parser(sub):
 
 def _read(path: str) -> dict:
     p = Path(path)
+    where = "runs write theirs to traces/<run-id>.json"
     if not p.is_file():
-        raise CadenceError(f"no trace file at {p} (runs write theirs to traces/<run-id>.json)")
+        raise CadenceError(f"no trace file at {p} ({where})")
+    if p.stat().st_size == 0:
+        raise CadenceError(f"{p} is empty, not a trace ({where})")
     try:
-        return load_trace(p)
+        trace = load_trace(p)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CadenceError(f"{p} is not a JSON trace: {e}") from None
+        raise CadenceError(f"{p} is not a JSON trace ({e}); {where}") from None
+    why = not_a_trace(trace)
+    if why:
+        raise CadenceError(f"{p} is not a trace: {why}; give the trace a run wrote (traces/<run-id>.json, named on its "
+                           "`trace:` line)")
+    return trace
 
 
 def cmd_summary(args) -> int:

@@ -23,19 +23,33 @@ def load_prompts(path: str | Path) -> list[Prompt]:
     path = Path(path)
     if not path.is_file():
         raise CadenceError(f"prompt file {path} does not exist")
-    prompts = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            prompts.append(Prompt(str(row.get("id", f"p{n}")), str(row.get("kind", "complete")), row["prompt"], row.get("chat")))
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CadenceError(f"{path}:{n} is not a prompt line ({type(e).__name__}: {e}); "
-                               'each line must be a JSON object with at least "prompt"') from None
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CadenceError(f"cannot read the prompt file {path} ({e}); it must be UTF-8 JSONL") from None
+    prompts = [_prompt(path, n, line) for n, line in enumerate(lines, 1) if line.strip()]
     if not prompts:
         raise CadenceError(f"prompt file {path} holds no prompts")
     return prompts
+
+
+def _prompt(path: Path, n: int, line: str) -> Prompt:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise CadenceError(f"{path}:{n} is not a prompt line (not JSON: {e.msg}, column {e.colno}); "
+                           'each line must be a JSON object with at least "prompt"') from None
+    why = (f"{_json_kind(row)}, not an object" if not isinstance(row, dict) else
+           'it has no "prompt" field' if "prompt" not in row else
+           f'its "prompt" is {_json_kind(row["prompt"])}, not a string' if not isinstance(row["prompt"], str) else None)
+    if why:
+        raise CadenceError(f'{path}:{n} is not a prompt line ({why}); each line must be a JSON object with at least "prompt"')
+    return Prompt(str(row.get("id", f"p{n}")), str(row.get("kind", "complete")), row["prompt"], row.get("chat"))
+
+
+def _json_kind(v) -> str:
+    kinds = {dict: "an object", list: "an array", str: "a string", bool: "true or false", int: "a number", float: "a number"}
+    return kinds.get(type(v), "null")
 
 
 def use_chat(prompt: Prompt, mode: str) -> bool:

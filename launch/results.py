@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import resource
+import tempfile
 from pathlib import Path
+
+from cadence.errors import CadenceError
 
 ROW_FIELDS = ("id", "kind", "mode", "target", "draft", "format", "chat", "prompt_token_ids", "new_token_ids",
               "text", "wall_s", "prefill_s", "tokens_per_s", "peak_rss_bytes", "stats")
@@ -32,8 +35,17 @@ def make_row(**fields) -> dict:
 
 
 def write_rows(path: str | Path, rows: list[dict]):
+    """Write `rows` to `path` atomically. `--json` paths are checked before a run (`paths.check_output`);
+    should the write still fail (a full disk), the rows go to a temporary file that the error names."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n]\n")
-    tmp.replace(path)
+    text = "[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n]\n"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as e:
+        with tempfile.NamedTemporaryFile("w", prefix="cadence-rows-", suffix=".json", delete=False) as f:
+            f.write(text)
+        raise CadenceError(f"could not write {path} ({e.strerror or e}); the {len(rows)} rows were saved to {f.name} "
+                           "instead") from None

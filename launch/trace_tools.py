@@ -45,6 +45,19 @@ def load_trace(path) -> dict:
     return {"traceEvents": obj} if isinstance(obj, list) else obj
 
 
+def not_a_trace(trace) -> str | None:
+    """Why a loaded JSON file is not a Chrome trace (None when it is one): every trace event has a phase
+    (`ph`), and `launch run --json` rows, which users mistake for traces, have `new_token_ids` instead."""
+    evs = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(evs, list):
+        return "it has no traceEvents list"
+    if evs and all(isinstance(e, dict) and "new_token_ids" in e for e in evs):
+        return "it holds the result rows `launch run --json` writes"
+    if not any(isinstance(e, dict) and "ph" in e for e in evs):
+        return "none of its entries is a trace event (an object with a `ph` field)" if evs else "it holds no events"
+    return None
+
+
 def events_of(trace) -> list[dict]:
     evs = trace.get("traceEvents") if isinstance(trace, dict) else trace
     return [e for e in evs or [] if isinstance(e, dict)]

@@ -6,6 +6,7 @@ import shutil
 import time
 from pathlib import Path
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cadence import paths
@@ -39,7 +40,8 @@ def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str
     tmp.parent.mkdir(parents=True, exist_ok=True)
     writer = StoreWriter(tmp)
     own = progress is None
-    progress = progress or Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    progress = progress or Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                    console=Console(stderr=True))  # stdout is the generated text
     task = progress.add_task(f"convert {label or out_dir.name} -> {fmt}", total=len(names) + len(starts))
     t0 = time.time()
     try:
@@ -109,8 +111,11 @@ def source_identity(path: Path) -> str:
         from models.source import open_source, sha256_file
 
         idx[key] = sha256_file(path) if path.is_file() else open_source(path).identity()
-        idx_path.parent.mkdir(parents=True, exist_ok=True)
-        idx_path.write_text(json.dumps(idx))
+        try:
+            idx_path.parent.mkdir(parents=True, exist_ok=True)
+            idx_path.write_text(json.dumps(idx))
+        except OSError:
+            pass  # a cache: a home we cannot write still runs the stores it has (a conversion says why it cannot)
     return idx[key]
 
 
@@ -136,11 +141,10 @@ def ensure_store(model: str, fmt: str, group_size: int = 32) -> WeightStore:
     check_format(fmt)
     label, path, sha = resolve(model)
     out = store_dir(label, sha, fmt if fmt != "int4" else f"int4g{group_size}")
-    if (out / "manifest.json").is_file() and not _current(out):
-        shutil.rmtree(out)  # written by another version of cadence: a cache, so convert again
-    if not (out / "manifest.json").is_file():
+    if not _current(out):  # missing, or written by another version of cadence (a cache): convert, replacing it
         from models.source import open_source
 
+        paths.writable_dir(out.parent)
         convert(open_source(path, sha), out, fmt, group_size=group_size, label=label)
     return WeightStore(out)
 

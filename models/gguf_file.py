@@ -6,6 +6,7 @@ dequantization stay with `gguf` (`GGML_QUANT_SIZES`, `quants.dequantize`).
 """
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _NP = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32, 7: np.bool_,
        10: np.uint64, 11: np.int64, 12: np.float64}
 _STRING, _ARRAY = 8, 9
+_HEADER_BYTES = 24  # magic, version, tensor count, field count
+_MAX_DIMS = 4  # GGML_MAX_DIMS
 _PLAIN = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
 
 
@@ -32,33 +35,50 @@ class TensorInfo:
     nbytes: int
 
 
+class _Damaged(Exception):
+    """The header points past the end of the file or holds a value no GGUF file has."""
+
+
 class _Cursor:
     def __init__(self, buf: memoryview):
         self.buf, self.pos = buf, 0
 
+    def skip(self, n: int) -> int:
+        """Step over n bytes and return where they start; a garbled length must not send us past the end."""
+        left = len(self.buf) - self.pos
+        if not 0 <= n <= left:
+            raise _Damaged(f"byte {self.pos} claims {n} bytes but only {left} follow")
+        self.pos += n
+        return self.pos - n
+
+    def count(self, n: int, min_bytes: int) -> int:
+        """A count of items of at least `min_bytes` each: a garbled one fails here, not after a long loop."""
+        if n * min_bytes > len(self.buf) - self.pos:
+            raise _Damaged(f"byte {self.pos} claims {n} items but only {len(self.buf) - self.pos} bytes follow")
+        return n
+
     def take(self, fmt: str):
-        v = struct.unpack_from(fmt, self.buf, self.pos)[0]
-        self.pos += struct.calcsize(fmt)
-        return v
+        return struct.unpack_from(fmt, self.buf, self.skip(struct.calcsize(fmt)))[0]
 
     def string(self) -> str:
         n = self.take("<Q")
-        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
-        self.pos += n
-        return s
+        start = self.skip(n)
+        return bytes(self.buf[start:start + n]).decode("utf-8", errors="replace")
 
     def value(self, vtype: int):
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
-            itype, n = self.take("<I"), self.take("<Q")
+            itype = self.take("<I")
+            n = self.count(self.take("<Q"), 8 if itype == _STRING else 1)
             if itype == _STRING:
                 return [self.string() for _ in range(n)]
             if itype in _NP:
-                arr = np.frombuffer(self.buf, dtype=_NP[itype], count=n, offset=self.pos)
-                self.pos += arr.nbytes
-                return arr.tolist()
+                start = self.skip(n * np.dtype(_NP[itype]).itemsize)
+                return np.frombuffer(self.buf, dtype=_NP[itype], count=n, offset=start).tolist()
             return [self.value(itype) for _ in range(n)]
+        if vtype not in _SCALARS:
+            raise _Damaged(f"byte {self.pos} holds value type {vtype}, which GGUF does not have")
         return self.take(_SCALARS[vtype])
 
 
@@ -66,11 +86,14 @@ class GGUFFile:
     def __init__(self, path: Path):
         self.path = Path(path)
         size = self.path.stat().st_size
+        if size < _HEADER_BYTES:  # np.memmap cannot map an empty file, and nothing shorter holds a header
+            raise CadenceError(f"{self.path} is {'empty' if size == 0 else f'only {size} bytes'}, too short to be a GGUF "
+                               "model; re-download it or check the path")
         self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
         try:
             self._parse(memoryview(self._mm), size)
-        except (struct.error, KeyError, ValueError, UnicodeDecodeError, IndexError) as e:
-            raise CadenceError(f"{self.path} is a damaged GGUF file (header unreadable: {e}); re-download it") from None
+        except (_Damaged, struct.error, KeyError, ValueError, UnicodeDecodeError, IndexError, OverflowError) as e:
+            raise CadenceError(f"{self.path} is a damaged GGUF file (its header is unreadable: {e}); re-download it") from None
 
     def _parse(self, buf: memoryview, size: int):
         c = _Cursor(buf)
@@ -80,7 +103,7 @@ class GGUFFile:
         version = c.take("<I")
         if version not in (2, 3):
             raise CadenceError(f"{self.path} is GGUF version {version}; cadence reads versions 2 and 3")
-        n_tensors, n_kv = c.take("<Q"), c.take("<Q")
+        n_tensors, n_kv = c.count(c.take("<Q"), 24), c.count(c.take("<Q"), 12)
         self.fields: dict[str, object] = {}
         for _ in range(n_kv):
             key = c.string()
@@ -88,14 +111,19 @@ class GGUFFile:
         raw = []
         for _ in range(n_tensors):
             name = c.string()
-            dims = [c.take("<Q") for _ in range(c.take("<I"))]
+            n_dims = c.take("<I")
+            if n_dims > _MAX_DIMS:
+                raise _Damaged(f"tensor {name!r} claims {n_dims} dimensions")
+            dims = [c.take("<Q") for _ in range(n_dims)]
             raw.append((name, dims, GGMLQuantizationType(c.take("<I")), c.take("<Q")))
-        align = int(self.fields.get("general.alignment", 32))
+        align = self.fields.get("general.alignment", 32)
+        if not isinstance(align, int) or align <= 0:
+            raise _Damaged(f"the alignment field is {align!r}")
         start = (c.pos + align - 1) // align * align
         self.tensors: dict[str, TensorInfo] = {}
         for name, dims, qtype, off in raw:
             block, tsize = GGML_QUANT_SIZES[qtype]
-            n = int(np.prod(dims)) if dims else 1
+            n = math.prod(dims)  # exact: a garbled dimension must not wrap around
             self.tensors[name] = TensorInfo(name, tuple(reversed(dims)), qtype, start + off, n // block * tsize)
         end = max((t.offset + t.nbytes for t in self.tensors.values()), default=0)
         if end > size:

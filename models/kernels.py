@@ -64,7 +64,7 @@ def _build() -> Path:
     out = paths.kernels_dir() / f"libcadence-{h.hexdigest()[:16]}.so"
     if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    paths.writable_dir(out.parent)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_out = Path(tmp) / out.name
         cmd = [cxx, *FLAGS, *(str(CSRC / s) for s in SOURCES), "-o", str(tmp_out)]

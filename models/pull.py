@@ -15,6 +15,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from cadence import paths
@@ -65,7 +66,7 @@ def pull(spec: ModelSpec, progress: Progress | None = None) -> Path:
     dest = model_path(spec)
     if is_pulled(spec):
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    paths.writable_dir(dest.parent)
     if shutil.disk_usage(dest.parent).free < 2 * spec.size:
         raise CadenceError(f"not enough free disk under {dest.parent} for {spec.name}: it needs about {2 * spec.size / 1e9:.1f} GB")
     own = progress is None
@@ -111,7 +112,7 @@ def pull(spec: ModelSpec, progress: Progress | None = None) -> Path:
 def _progress() -> Progress:
     return Progress(
         TextColumn("{task.description:<48}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-        transient=False,
+        transient=False, console=Console(stderr=True),  # stdout is for results (`launch run` text, pulled paths)
     )
 
 

@@ -59,8 +59,14 @@ class GGUFSource:
         if not self.tensors:
             raise CadenceError(f"{self.path} holds no tensors; re-download it")
         self._sha256 = sha256
-        self.args = self._args()
-        self.tokenizer = self._tokenizer()
+        try:
+            self.args = self._args()
+            self.tokenizer = self._tokenizer()
+        except CadenceError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a field with a garbled value fails anywhere (tokenizers raises bare Exception)
+            raise CadenceError(f"{self.path} is a damaged GGUF file (its model fields do not make a model: {e}); "
+                               "re-download it") from None
 
     def _field(self, key: str, default=None):
         return self.file.fields.get(key, default)

@@ -29,10 +29,12 @@ def tiny_gguf(tmp_path_factory):
 
 
 def _one_clear_line(p):
+    """The one `launch: ` sentence a failed command ends with (progress lines, e.g. a conversion's, may come before)."""
     assert p.returncode != 0
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
-    assert "Traceback" not in p.stderr and len(lines) == 1 and lines[0].startswith("launch: "), p.stderr
-    return lines[0]
+    errors = [ln for ln in lines if ln.startswith("launch: ")]
+    assert "Traceback" not in p.stderr and len(errors) == 1 and lines[-1] == errors[0], p.stderr
+    return errors[0]
 
 
 def test_run_writes_the_json_contract(tiny_gguf, tmp_path):
