@@ -50,6 +50,9 @@ class TreeConfig:
     trie_nodes: int = 4  # at most this many trie candidates per tree
     adaptive: bool = True  # let the governor pick each cycle's budget (0 = plain target step)
     ahead: int = 0  # greedy: draft forwards the draft may run while the target verifies (LLMCad 3.4)
+    # ... only while the verifier measurably waits on the loader (the cores are free then): `ahead` is
+    # the most per verification, and a run whose target is resident never drafts ahead
+    ahead_auto: bool = False
     prompt_window: int = PROMPT_WINDOW  # the draft's view of the prompt: its last this many tokens (0: all)
     # an ARCA tree shape (launch profile): a fixed tree of draft ranks instead of LLMCad's dynamic tree
     shape_parents: tuple = ()

@@ -47,10 +47,11 @@ def add_model_args(p):
     t.add_argument("--alpha", type=float, default=TreeConfig.alpha, help="initial fallback threshold (verify when Tc < alpha)")
     t.add_argument("--no-trie", action="store_true", help="tree mode: no Lookahead trie candidates")
     t.add_argument("--fixed-width", action="store_true", help="always use the full width (no adaptive governor)")
-    t.add_argument("--draft-ahead", type=int, default=0,
+    t.add_argument("--draft-ahead", default="auto",
                    help="greedy chain/tree over actors: draft forwards (on one thread) the draft may run while the "
-                        "target verifies, LLMCad's speculative drafting during verification; default 0: on a "
-                        "2-core CPU it slows the verifier more than it saves (BENCHMARKS.md)")
+                        "target verifies, LLMCad's speculative drafting during verification; auto: up to 4, and only "
+                        "while the streamed target keeps the verifier waiting on the disk (on a 2-core CPU drafting "
+                        "beside a busy verifier slows it more than it saves, BENCHMARKS.md); 0: never")
     t.add_argument("--draft-window", type=int, default=TreeConfig.prompt_window,
                    help="the draft runs on the prompt's last N tokens only (0: the whole prompt); its prefill "
                         "costs about a draft step per token on a CPU")
@@ -99,10 +100,23 @@ def setup_threads(args):
         raise CadenceError("--device cuda was asked for but torch sees no CUDA device; use --device cpu")
 
 
+AUTO_AHEAD = 4
+
+
+def _ahead(args) -> int:
+    if args.draft_ahead == "auto":
+        return AUTO_AHEAD
+    try:
+        return int(args.draft_ahead)
+    except ValueError:
+        raise CadenceError(f"--draft-ahead {args.draft_ahead} is neither auto nor a number of draft steps") from None
+
+
 def tree_config(args, mode: str, profile: dict | None = None) -> TreeConfig:
     tree = TreeConfig(mode="chain" if mode == "chain" else "tree", width=args.width, chain_k=args.chain_k,
                       branch_threshold=args.branch_threshold, alpha=args.alpha, trie=not args.no_trie,
-                      adaptive=not args.fixed_width, ahead=args.draft_ahead if args.runtime == "actors" else 0,
+                      adaptive=not args.fixed_width, ahead=_ahead(args) if args.runtime == "actors" else 0,
+                      ahead_auto=args.draft_ahead == "auto",
                       prompt_window=args.draft_window)
     if profile and profile["width"] > 0 and mode == "tree":  # ARCA's width and static tree
         tree = TreeConfig(**{**tree.__dict__, "width": profile["width"], "trie": False, "adaptive": False,

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -142,11 +144,29 @@ def ensure_store(model: str, fmt: str, group_size: int = 32) -> WeightStore:
     label, path, sha = resolve(model)
     out = store_dir(label, sha, fmt if fmt != "int4" else f"int4g{group_size}")
     if not _current(out):  # missing, or written by another version of cadence (a cache): convert, replacing it
-        from models.source import open_source
-
         paths.writable_dir(out.parent)
-        convert(open_source(path, sha), out, fmt, group_size=group_size, label=label)
+        if "torch" in sys.modules:
+            from models.source import open_source
+
+            convert(open_source(path, sha), out, fmt, group_size=group_size, label=label)
+        else:
+            _convert_in_child(model, fmt, group_size)
     return WeightStore(out)
+
+
+def _convert_in_child(model: str, fmt: str, group_size: int) -> None:
+    """Convert in a child process: a conversion needs torch, and a process that has none (the
+    scheduler of a run: its memory counts against the budget) must not carry it for the rest of
+    the run. The child's progress bars and its one-sentence error reach the user as they are."""
+    from shm.watchdog import python_env
+
+    p = subprocess.run([sys.executable, "-m", "models.convert", model, fmt, str(group_size)], env=python_env(),
+                       stdin=subprocess.DEVNULL, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+        raise CadenceError(lines[-1].removeprefix("convert: ") if lines else
+                           f"converting {model} to {fmt} failed (exit code {p.returncode})")
+    sys.stderr.write(p.stderr)
 
 
 def _current(store: Path) -> bool:
@@ -168,3 +188,19 @@ def known_stores() -> list[WeightStore]:
             except CadenceError:
                 pass
     return stores
+
+
+def main(argv: list[str]) -> int:
+    """`python -m models.convert MODEL FORMAT GROUP_SIZE`: what `ensure_store` runs in a child."""
+    try:
+        ensure_store(argv[0], argv[1], int(argv[2]))
+    except CadenceError as e:
+        print(f"convert: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import torch  # noqa: F401  (imported first: this process converts in itself)
+
+    sys.exit(main(sys.argv[1:]))

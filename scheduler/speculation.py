@@ -43,6 +43,7 @@ class ActorSpeculation:
         self.model_args = model_args
         self.kv_slot = self.job_slots = self.col_slots = None
         self.lookup = PromptLookup(cfg.width) if mode not in TARGET_ONLY and draft_store is None else None
+        self.io_wait: float | None = None  # the verifier's measured share of a verification spent waiting for layers
         common = {"sampling": asdict(sampling), "threads": threads}
         vinit = {**common, "store": target_store}
         if worker is not None:
@@ -159,6 +160,20 @@ class ActorSpeculation:
                 self.s.slots.free(slot)
         self.kv_slot = self.job_slots = self.col_slots = None
 
+    AHEAD_WAIT = 0.2  # draft ahead while the verifier waits on I/O for more than this share of a verification
+
+    def _ahead_steps(self) -> int:
+        """Draft forwards the draft may run during this verification (LLMCad's speculative drafting).
+        Two cores cannot draft and verify at once for free: with `ahead_auto` the draft drafts ahead
+        only while the verifier spends more than AHEAD_WAIT of its verifications waiting for layers
+        (measured, a moving average), when a core would idle otherwise."""
+        c = self.cur_cfg
+        if not c.ahead_auto:
+            return c.ahead
+        if self.streamer is None:
+            return 0
+        return c.ahead if self.io_wait is None or self.io_wait > self.AHEAD_WAIT else 0
+
     def _capacity(self, n_prompt: int, max_new: int, cfg: TreeConfig | None = None) -> int:
         """KV rows for a prompt and its continuation, a tree and its slack; the draft (`cfg` given) sees
         only the prompt's last `prompt_window` tokens (launch/runner.py plans the same)."""
@@ -269,11 +284,15 @@ class ActorSpeculation:
                 self.last_cycle = None
                 return [nxt]
             ahead_req = None
-            if cfg_ahead := (self.cur_cfg.ahead if self.sampling.greedy and budget > 0 else 0):
+            if cfg_ahead := (self._ahead_steps() if self.sampling.greedy and budget > 0 else 0):
                 # the draft drafts on while the target verifies; the verdict (advance) interrupts it
                 ahead_req = s.send("draft", "ahead", {"steps": cfg_ahead})
             verify_req = s._next_req
+            wait0, t_verify = self.streamer.stats.wait_s if self.streamer else 0.0, time.perf_counter()
             v = self._target("verify", tree, tree_tensors)
+            if self.streamer is not None:  # the share of a verification spent waiting for the loader
+                share = (self.streamer.stats.wait_s - wait0) / max(time.perf_counter() - t_verify, 1e-9)
+                self.io_wait = share if self.io_wait is None else 0.7 * self.io_wait + 0.3 * share
         finally:
             if slot is not None:
                 s.slots.free(slot)
