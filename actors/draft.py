@@ -26,13 +26,14 @@ class DraftActor(Actor):
                 self.lm = LoadedModel(init.get("name", ""), store, None, Transformer(store.args, weights))
             else:
                 self.lm = load_store(init["store"], init.get("name", ""))
-        self.sampling = SamplingConfig(**init["sampling"])
+        self.sampling = self.base_sampling = SamplingConfig(**init["sampling"])
         self.cfg = TreeConfig(**init["tree"])
         self.drafter = None
         self.last = None  # the tree of the last `build`, until `advance`
 
     def op_start(self, args, tensors):
         cfg = TreeConfig(**args["tree"]) if "tree" in args else self.cfg
+        self.sampling = SamplingConfig(**args["sampling"]) if "sampling" in args else self.base_sampling
         self.drafter = Drafter(self.lm.model, self.sampling, cfg)
         self.drafter.start(list(args["prompt_ids"]), int(args["capacity"]))
         self.drafter.push(list(args["first"]))

@@ -63,8 +63,13 @@ class VerifierActor(Actor):
 
     def op_start(self, args, tensors):
         """Prefill the prompt; the first token."""
-        self.verifier = Verifier(self.model, self.sampling)
-        return {"token": self.verifier.start(list(args["prompt_ids"]), int(args["capacity"]))}
+        self.verifier = Verifier(self.model, self._sampling(args), previous=self.verifier)
+        token = self.verifier.start(list(args["prompt_ids"]), int(args["capacity"]))
+        return {"token": token, "reused": self.verifier.reused}
+
+    def _sampling(self, args) -> SamplingConfig:
+        """A generation's own sampling (a server's request), or the run's."""
+        return SamplingConfig(**args["sampling"]) if "sampling" in args else self.sampling
 
     def op_step(self, args, tensors):
         """A plain decode step on the root."""
@@ -93,7 +98,7 @@ class VerifierActor(Actor):
         if all(k in self.slots for k in ("x", "xin", "y")):
             self.model.col_bufs = tuple(self.slots[k].view(torch.float32) for k in ("x", "xin", "y"))
         if kind == "start":
-            self.verifier = Verifier(self.model, self.sampling)
+            self.verifier = Verifier(self.model, self._sampling(args), previous=self.verifier)
             job = self.verifier.start_steps(list(args["prompt_ids"]), int(args["capacity"]), self.slots.get("kv"))
         elif kind == "step":
             job = self.verifier.step_steps(int(args["root"]))
@@ -201,4 +206,4 @@ class VerifierActor(Actor):
         kind, self.job, self.need = self.kind, None, None
         if kind == "verify":
             return {"done": {"path": value.path, "next": value.next_token, "rows": value.rows}}
-        return {"done": {"token": value}}
+        return {"done": {"token": value, "reused": self.verifier.reused if kind == "start" else 0}}

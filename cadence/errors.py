@@ -6,3 +6,12 @@ class CadenceError(Exception):
 
     The CLI prints it as `launch: <message>` and exits non-zero, without a traceback.
     """
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what a service manager sends to stop a process): handled as Ctrl-C is, at once,
+    wherever the main thread is, so the run stops its actors, writes its trace and what it finished."""
+
+    def __init__(self, signum: int = 15):
+        super().__init__(signum)
+        self.signum = signum

@@ -16,6 +16,7 @@ Modes: std, stdpl, chain, tree, and `nodraft` (tree with `--draft none`: the n-g
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import tempfile
@@ -66,8 +67,13 @@ def bench_cgroup(args, prompts: list[Prompt], baselines: list[str]):
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise CadenceError(f"mode {bad[0]} cannot run under --cgroup; use {', '.join(MODES)}")
+    from launch.runner import pick_draft
+
     cfg = run_config(args, "tree")
     tstore = ensure_store(cfg.target, cfg.fmt)
+    if cfg.draft == "auto":
+        cfg = dataclasses.replace(cfg, draft=pick_draft(cfg, tstore))
+        args.draft = cfg.draft
     dstore = ensure_store(cfg.draft, cfg.draft_fmt or cfg.fmt) if cfg.draft != "none" else None
     budget = memory_plan(cfg, tstore, dstore).budget if args.memory_budget == "auto" else parse_bytes(args.memory_budget)
     files = [f for d in {tstore.dir, *([dstore.dir] if dstore else [])} for f in sorted(Path(d).iterdir()) if f.is_file()]

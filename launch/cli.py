@@ -14,10 +14,10 @@ import re
 import signal
 import sys
 
-from cadence.errors import CadenceError
+from cadence.errors import CadenceError, Terminated
 
 # subcommand module names, in the order `launch --help` lists them
-COMMANDS = ("models", "run", "plan", "bench", "profile", "trace", "runtime_bench")
+COMMANDS = ("models", "run", "chat", "serve", "plan", "bench", "profile", "trace", "runtime_bench")
 
 
 class _Help(argparse.HelpFormatter):
@@ -71,6 +71,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum, frame):
+    raise Terminated(signum)
+
+
 def _command(argv: list[str]) -> str | None:
     """The subcommand module named by argv, if argv names one before any option."""
     first = next((a for a in argv if not a.startswith("-")), None)
@@ -90,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         return int(args.func(args) or 0)
+    except Terminated:
+        print("launch: stopped by SIGTERM", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("launch: interrupted", file=sys.stderr)
         return 130

@@ -133,6 +133,11 @@ def cmd_bench(args) -> int:
         write_rows(args.json_out, rows)
         Path(args.json_out + ".extra.json").write_text(json.dumps({**extra, "machine": machine()}, indent=1))
         print(f"wrote {len(rows)} rows to {args.json_out}", file=sys.stderr)
+        if rows:
+            from launch.bench_chart import write_chart
+
+            chart = write_chart(rows, Path(args.json_out).with_suffix(".html"), f"cadence bench ({args.suite}), {time.strftime('%Y-%m-%d')}")
+            print(f"chart: {chart}", file=sys.stderr)
     return 0
 
 

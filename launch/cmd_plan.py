@@ -13,7 +13,7 @@ import sys
 from cadence.errors import CadenceError
 from launch.cmd_run import add_model_args, run_config
 from launch.prompts import Prompt, load_prompts, prompt_ids
-from launch.runner import MODES, RunConfig, memory_plan, plan_inputs
+from launch.runner import MODES, RunConfig, memory_plan, pick_draft, plan_inputs
 from models.convert import ensure_store
 from models.tokenizer import TextTokenizer
 from scheduler.memplan import fmt, smallest_budget
@@ -47,6 +47,8 @@ def _ranges(names: list[str]) -> str:
 
 def _stores(cfg: RunConfig):
     target = ensure_store(cfg.target, cfg.fmt)
+    if cfg.draft == "auto":
+        cfg = dataclasses.replace(cfg, draft=pick_draft(cfg, target, say=lambda line: None))
     draft = ensure_store(cfg.draft, cfg.draft_fmt or cfg.fmt) if cfg.draft_model else None
     return target, draft
 
@@ -55,6 +57,8 @@ def cmd_plan(args) -> int:
     if not args.memory_budget:
         raise CadenceError("launch plan needs --memory-budget (e.g. 768MiB, 2GiB or auto)")
     cfg = run_config(args, args.mode)
+    if cfg.draft == "auto":
+        cfg = dataclasses.replace(cfg, draft=pick_draft(cfg, ensure_store(cfg.target, cfg.fmt)))
     target, draft = _stores(cfg)
     tok = TextTokenizer(target.tokenizer_info)  # the scheduler holds it during a run: measured with it
     if cfg.plan_context is None:

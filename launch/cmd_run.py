@@ -23,9 +23,10 @@ DEFAULT_PROMPT = "def quicksort(items):\n"
 
 def add_model_args(p):
     p.add_argument("--target", default=registry.DEFAULT_TARGET, help="target model: a default name, a .gguf file or an HF directory")
-    p.add_argument("--draft", default=registry.DEFAULT_DRAFT,
-                   help="draft model for the speculative modes; none: tree mode with no draft model, the n-gram trie "
-                        "of the prompt and output proposes (for budgets that cannot hold a draft)")
+    p.add_argument("--draft", default="auto",
+                   help=f"draft model for the speculative modes; auto: {registry.DEFAULT_DRAFT}, or another known model "
+                        "that shares the target's tokenizer, or none; none: tree mode with no draft model, the n-gram "
+                        "trie of the prompt and output proposes (for budgets that cannot hold a draft)")
     p.add_argument("--dtype", "--format", dest="fmt", default="int4", help=f"weight format: {', '.join(FORMATS)}")
     p.add_argument("--draft-dtype", dest="draft_fmt", default=None,
                    help="the draft's weight format (default: --dtype), e.g. an int4 draft for a bf16 target")
@@ -55,7 +56,9 @@ def add_model_args(p):
     t.add_argument("--draft-window", type=int, default=TreeConfig.prompt_window,
                    help="the draft runs on the prompt's last N tokens only (0: the whole prompt); its prefill "
                         "costs about a draft step per token on a CPU")
-    p.add_argument("--trace-dir", default=None, help="the folder for the Chrome trace (default: traces/)")
+    p.add_argument("--trace-dir", default=None,
+                   help="the folder for the Chrome trace (default: ./traces if it exists, else $CADENCE_HOME/traces)")
+    p.add_argument("--no-trace", action="store_true", help="write no trace")
     p.add_argument("--profile", default=None, help="an ARCA profile (launch profile --out): its width, tree and partition")
     p.add_argument("--sparse-worker", action="store_true",
                    help="split tree attention with the CPU sparse-attention actor (Ghidorah); one core each")
@@ -76,8 +79,10 @@ def add_model_args(p):
 
 def add_parser(sub):
     p = sub.add_parser("run", help="generate text")
+    p.add_argument("text", nargs="?", default=None, metavar="PROMPT",
+                   help="the prompt; - reads it from stdin (as does a piped stdin with no prompt given)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", help="one prompt (raw text)")
+    src.add_argument("--prompt", help="one prompt (the same as PROMPT)")
     src.add_argument("--prompts", help="a JSONL prompt set: {\"id\", \"kind\", \"prompt\"} per line")
     p.add_argument("--mode", default="tree", choices=MODES)
     add_model_args(p)
@@ -137,10 +142,34 @@ def run_config(args, mode: str) -> RunConfig:
     return RunConfig(target=args.target, draft=args.draft, fmt=args.fmt, mode=mode, max_new_tokens=args.max_new_tokens,
                      sampling=SamplingConfig(args.temperature, args.top_p, args.seed), tree=tree_config(args, mode, profile),
                      chat=args.chat, device=args.device, runtime=args.runtime, threads=args.threads,
-                     trace_dir=args.trace_dir or trace_dir(getattr(args, "trace", None)),
+                     trace_dir=args.trace_dir or trace_dir(getattr(args, "trace_path", None)),
+                     trace=not getattr(args, "no_trace", False),
                      memory_budget=args.memory_budget, sparse_worker=worker,
                      worker_share=share, column_share=columns, plan_context=getattr(args, "context", None),
                      draft_vocab=getattr(args, "draft_vocab", None), draft_fmt=getattr(args, "draft_fmt", None))
+
+
+def one_prompt(args) -> str:
+    """The prompt of a run without --prompts: PROMPT, --prompt, stdin (`-`, or piped with neither), or the default."""
+    if args.text is not None and args.prompt is not None:
+        raise CadenceError("give the prompt once: as PROMPT or as --prompt, not both")
+    text = args.text if args.text is not None else args.prompt
+    if text == "-" or (text is None and _piped(sys.stdin)):
+        text = sys.stdin.read()
+        if not text.strip():
+            raise CadenceError("the prompt read from stdin is empty; pipe some text in, or give it as PROMPT")
+    return DEFAULT_PROMPT if text is None else text
+
+
+def _piped(f) -> bool:
+    """stdin is a pipe or a file (`echo hi | launch run`, `launch run < q.txt`), not a terminal or /dev/null."""
+    import stat
+
+    try:
+        mode = os.fstat(f.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
 
 
 def cmd_run(args) -> int:
@@ -148,34 +177,49 @@ def cmd_run(args) -> int:
         check_output(args.json_out, "--json")
     setup_threads(args)
     cfg = run_config(args, args.mode)
-    prompts = load_prompts(args.prompts) if args.prompts else [
-        Prompt("prompt", "complete", args.prompt if args.prompt is not None else DEFAULT_PROMPT)]
-    rows = []
-    with Runner(cfg, prompts) as runner:
-        if runner.plan is not None:  # `launch plan` prints it in full
-            print(runner.plan.summary(), file=sys.stderr, flush=True)
-        feed = MonitorFeed(runner.sched, title=f"{cfg.mode} {cfg.target} {cfg.fmt}") if runner.sched is not None else \
-            MonitorFeed(None, budget_bytes=psutil.virtual_memory().total, title=f"{cfg.mode} {cfg.target} {cfg.fmt}")
-        mon = open_monitor(feed, args.monitor)
-        on_text = feed.on_text if mon.shows_text else (lambda piece: (feed.on_text(piece), print_text(piece)))
-        mon.start()
-        try:
-            for p in prompts:
-                if len(prompts) > 1 and not mon.shows_text:
-                    print(f"\n── {p.id} ({p.kind})", flush=True)
-                row = runner.run(p, on_text=on_text, on_cycle=feed.on_tokens)
-                rows.append(row)
-                st = row["stats"]
-                extra = f", {st['mean_accepted']} accepted per verification" if "mean_accepted" in st else ""
-                print(f"\n[{len(row['new_token_ids'])} tokens in {row['wall_s']:.2f} s, {row['tokens_per_s']:.2f} tok/s, "
-                      f"mode {row['mode']}, {cfg.fmt}{extra}]", file=sys.stderr, flush=True)
-        finally:
-            mon.stop()
-            feed.close()
-    path = place_trace(runner.trace_path, getattr(args, "trace", None))
+    prompts = load_prompts(args.prompts) if args.prompts else [Prompt("prompt", "chat", one_prompt(args))]
+    rows: list[dict] = []
+    runner = None
+    print(f"launch run: loading {cfg.target} ({cfg.mode}, {cfg.fmt}) ...", file=sys.stderr, flush=True)
+    try:
+        with Runner(cfg, prompts) as runner:
+            _generate(args, cfg, runner, prompts, rows)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the actors are stopped and the trace written; keep what finished
+        if runner is not None:
+            _finish(args, runner, rows)
+        raise
+    _finish(args, runner, rows)
+    return 0
+
+
+def _generate(args, cfg: RunConfig, runner: Runner, prompts: list[Prompt], rows: list[dict]) -> None:
+    if runner.plan is not None:  # `launch plan` prints it in full
+        print(runner.plan.summary(), file=sys.stderr, flush=True)
+    feed = MonitorFeed(runner.sched, title=f"{cfg.mode} {cfg.target} {cfg.fmt}") if runner.sched is not None else \
+        MonitorFeed(None, budget_bytes=psutil.virtual_memory().total, title=f"{cfg.mode} {cfg.target} {cfg.fmt}")
+    mon = open_monitor(feed, args.monitor)
+    on_text = feed.on_text if mon.shows_text else (lambda piece: (feed.on_text(piece), print_text(piece)))
+    mon.start()
+    try:
+        for p in prompts:
+            if len(prompts) > 1 and not mon.shows_text:
+                print(f"\n── {p.id} ({p.kind})", flush=True)
+            row = runner.run(p, on_text=on_text, on_cycle=feed.on_tokens)
+            rows.append(row)
+            st = row["stats"]
+            extra = f", {st['mean_accepted']} accepted per verification" if "mean_accepted" in st else ""
+            print(f"\n[{len(row['new_token_ids'])} tokens in {row['wall_s']:.2f} s, {row['tokens_per_s']:.2f} tok/s, "
+                  f"mode {row['mode']}, {cfg.fmt}{extra}]", file=sys.stderr, flush=True)
+    finally:
+        mon.stop()
+        feed.close()
+
+
+def _finish(args, runner: Runner, rows: list[dict]) -> None:
+    """The trace's place and the rows: after the run, or after an interruption with what it finished."""
+    path = place_trace(runner.trace_path, getattr(args, "trace_path", None))
     if path:
         print(f"trace: {path}", file=sys.stderr)
     if args.json_out:
         write_rows(args.json_out, rows)
         print(f"wrote {len(rows)} rows to {args.json_out}", file=sys.stderr)
-    return 0

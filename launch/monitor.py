@@ -62,6 +62,7 @@ class MonitorState:
     disk_gbps: float = 0.0  # over the last few seconds
     text: str = ""  # the tail of the generated text
     notes: tuple[str, ...] = ()  # deaths, errors
+    planned: bool = True  # a memory budget was planned (without one, only the measured memory shows)
 
     @property
     def mean_accepted(self) -> float | None:
@@ -238,18 +239,26 @@ class Monitor:
             f.add((" " + "  ".join(cells), "bold" if n == 0 else ("dim" if r[3] == "idle" else "")))
 
         used = sum(p.nbytes for p in s.memory)
-        f.add("memory ", *memory_bar(s, 40), f" {_short(used)} planned of {_short(s.budget_bytes)}")
+        bar = max(10, min(40, width - 40))
+        of = "budget" if s.planned else "RAM"
+        if s.planned:
+            f.add("memory ", *memory_bar(s, bar), f" {_short(used)} planned of {_short(s.budget_bytes)}")
         if s.measured_bytes is not None:
-            f.add("live   ", *_bar([("PSS", s.measured_bytes)], s.budget_bytes, 40),
-                  f" {_short(s.measured_bytes)} measured (PSS of every process) of {_short(s.budget_bytes)}")
-        legend = ["       "]
-        for p in s.memory:
-            legend += [("■ ", part_style(p.name)), f"{p.name} {_short(p.nbytes)}  "]
-        f.add(*legend)
+            f.add("live   ", *_bar([("PSS", s.measured_bytes)], s.budget_bytes, bar),
+                  f" {_short(s.measured_bytes)} held of {_short(s.budget_bytes)} {of}")
+        if s.planned:
+            legend, n = ["       "], 7
+            for p in s.memory:
+                item = f"{p.name} {_short(p.nbytes)}  "
+                if n + 2 + len(item) > width:  # one line: the parts that fit
+                    break
+                legend += [("■ ", part_style(p.name)), item]
+                n += 2 + len(item)
+            f.add(*legend)
 
         left = [[("accepted length", "bold")]]
         top = max((c for _, c in s.accepted_hist), default=0)
-        for k, c in sorted(sorted(s.accepted_hist, key=lambda x: -x[1])[:8]):  # the 8 commonest lengths
+        for k, c in sorted(sorted(s.accepted_hist, key=lambda x: -x[1])[:5]):  # the 5 commonest lengths
             left.append([f"{k:>3} ", ("█" * max(1, round(16 * c / top)), "green"), f" {c}"])
         right = [[("alpha", "bold")], [(sparkline(s.alpha, 40), "cyan")]]
         if s.alpha:
@@ -260,11 +269,14 @@ class Monitor:
             f.add(*runs, " " * pad, *(right[i] if i < len(right) else []))
 
         f.add(*_rule("text", width, "dim"))
-        tail = text_tail(s.text, width, self.text_lines)
-        for line in tail + [""] * (self.text_lines - len(tail)):
+        notes = list(s.notes[-3:])
+        # the whole frame fits the terminal (80x24 included): the text gets the lines left over
+        lines = max(2, min(self.text_lines, self.console.height - len(f.lines) - len(notes) - 1))
+        tail = text_tail(s.text, width, lines)
+        for line in tail + [""] * (lines - len(tail)):
             f.add(line)
-        for n in s.notes[-3:]:
-            f.add((n, "bold red"))
+        for n in notes:
+            f.add((n[:width], "bold red"))
         return f
 
 
@@ -368,7 +380,8 @@ def add_monitor_args(p, trace: bool = True) -> None:
                    help="live dashboard (the default when stdout is a terminal; plain log lines on stderr otherwise)")
     p.add_argument("--no-monitor", dest="monitor", action="store_false", help="no dashboard, no log lines")
     if trace:
-        p.add_argument("--trace", metavar="PATH", help="write the Chrome trace here (a .json file, or a directory)")
+        p.add_argument("--trace", dest="trace_path", metavar="PATH",
+                       help="write the Chrome trace here (a .json file, or a directory)")
 
 
 def open_monitor(source, mode: bool | None, stdout=None, console: Console | None = None):

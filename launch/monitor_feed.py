@@ -58,6 +58,7 @@ class MonitorFeed:
         self._text_len, self._text_chars = 0, text_chars
         self._notes: list[str] = []
         self._procs: dict[int, psutil.Process] = {}
+        self._cpu_at: dict[int, tuple[float, float | None]] = {}  # pid -> (when read, the figure then)
         self._own_ledger = None
         if sched is not None:
             self.ledger = sched.ledger
@@ -118,13 +119,22 @@ class MonitorFeed:
     # -- snapshots (the monitor's thread) --------------------------------------------------------
 
     def _cpu(self, pid: int) -> float | None:
+        """CPU % of a process since its last reading, at most twice a second: two readings a few ms
+        apart divide a tick of CPU time by almost no wall time (figures like 2608%)."""
         p = self._procs.get(pid)
+        now = time.monotonic()
         try:
             if p is None:
                 p = self._procs[pid] = psutil.Process(pid)
                 p.cpu_percent(None)  # the first call only sets the reference point
+                self._cpu_at[pid] = (now, None)
                 return None
-            return p.cpu_percent(None)
+            at, last = self._cpu_at.get(pid, (0.0, None))
+            if now - at < 0.5:
+                return last
+            pct = min(p.cpu_percent(None), 100.0 * (os.cpu_count() or 1))
+            self._cpu_at[pid] = (now, pct)
+            return pct
         except psutil.Error:
             return None
 
@@ -169,8 +179,10 @@ class MonitorFeed:
             notes = tuple(self._notes)
             tokens = self.tokens
         measured = self.ledger.pss_total() if self.ledger.samples else None
+        plan = self.ledger.plan_
+        planned = self.memory_parts is not None or (plan is not None and any(w != "shared arena" for w, _ in plan.lines))
         return MonitorState(now - self.t0, self.title, tuple(actors), self.ledger.budget, tuple(memory), measured,
-                            tokens, tps, hist, alpha, disk, text, notes)
+                            tokens, tps, hist, alpha, disk, text, notes, planned)
 
     def close(self) -> None:
         """Stop listening to the scheduler (and sampling, in-process). The monitors call it at stop."""

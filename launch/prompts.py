@@ -17,6 +17,8 @@ class Prompt:
     kind: str
     text: str
     chat: bool | None = None  # None: decided by --chat
+    # a conversation ({"role", "content"} dicts, the last one the user's): rendered by the chat template
+    messages: tuple = ()
 
 
 def load_prompts(path: str | Path) -> list[Prompt]:
@@ -53,6 +55,10 @@ def _json_kind(v) -> str:
 
 
 def use_chat(prompt: Prompt, mode: str) -> bool:
+    """Whether the prompt gets the chat template: its own say, else --chat (auto: instructions and
+    conversations do, code to complete does not)."""
+    if prompt.messages:
+        return True
     if prompt.chat is not None:
         return bool(prompt.chat)
     if mode == "auto":
@@ -61,6 +67,12 @@ def use_chat(prompt: Prompt, mode: str) -> bool:
 
 
 def prompt_ids(tokenizer, prompt: Prompt, chat_mode: str) -> tuple[list[int], bool]:
+    """The prompt as token ids, after the chat template if it gets one; whether it did. With --chat
+    auto a model without a template (a base model) gets the raw text."""
     chat = use_chat(prompt, chat_mode)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}]) if chat else prompt.text
-    return tokenizer.encode(text), chat
+    if chat and chat_mode == "auto" and prompt.chat is None and not tokenizer.info.chat_template and not prompt.messages:
+        chat = False
+    if not chat:
+        return tokenizer.encode(prompt.text), False
+    messages = list(prompt.messages) or [{"role": "user", "content": prompt.text}]
+    return tokenizer.encode(tokenizer.apply_chat_template(messages)), True

@@ -17,6 +17,7 @@ from cadence.errors import CadenceError
 from cadence.settings import SamplingConfig, TreeConfig, check_format
 from launch.prompts import Prompt, prompt_ids, use_chat
 from launch.results import make_row, peak_rss_bytes
+from models import registry
 from models.convert import ensure_store
 from models.tokenizer import StreamDecoder, TextTokenizer
 from scheduler.speculation import MODES
@@ -40,6 +41,7 @@ class RunConfig:
     runtime: str = "actors"
     threads: int = 0
     trace_dir: str | None = None
+    trace: bool = True  # write a Chrome trace of the run (--no-trace: none)
     memory_budget: str | None = None  # "3GiB", "auto", or None (no limit: everything resident)
     sparse_worker: bool = False  # split tree attention with the sparse-attention actor (Ghidorah)
     worker_share: float = 0.0  # the share of the dense attention chunks the worker takes too
@@ -48,12 +50,14 @@ class RunConfig:
     # None: DRAFT_VOCAB under a budget, the whole vocabulary without one; 0: the whole vocabulary
     draft_vocab: int | None = None
     draft_fmt: str | None = None  # the draft's weight format (None: the target's), e.g. an int4 draft for a bf16 target
+    plan_sampling: bool = False  # plan room for sampling even if the run's default is greedy (a server's requests may sample)
     plan_context: int | None = None  # prompt tokens the memory plan leaves KV room for (None: the longest prompt given, else 1024)
 
     @property
     def draft_model(self) -> str | None:
-        """The draft model this run loads: None in target-only modes and with --draft none."""
-        return self.draft if self.mode in ("chain", "tree") and self.draft != "none" else None
+        """The draft model this run loads: None in target-only modes and with --draft none (or an
+        `auto` draft not resolved yet: `pick_draft`)."""
+        return self.draft if self.mode in ("chain", "tree") and self.draft not in ("none", "auto") else None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -99,9 +103,11 @@ class Runner:
         self.cfg = cfg
         self.sched = None
         self.trace_path = None
-        speculative = cfg.draft_model is not None
-        # Convert (once) in this process, with progress bars, before any actor starts.
+        # Convert (once), with progress bars, before any actor starts.
         target_store = ensure_store(cfg.target, cfg.fmt)
+        if cfg.draft == "auto":
+            self.cfg = cfg = RunConfig(**{**cfg.__dict__, "draft": pick_draft(cfg, target_store)})
+        speculative = cfg.draft_model is not None
         draft_store = ensure_store(cfg.draft, cfg.draft_fmt or cfg.fmt) if speculative else None
         if speculative and draft_store.tokenizer_info.tokenizer_json != target_store.tokenizer_info.tokenizer_json:
             raise CadenceError(f"the draft {cfg.draft} and the target {cfg.target} have different tokenizers; "
@@ -140,11 +146,12 @@ class Runner:
                      "scheduler": o.scheduler + o.watchdog + o.runtime + o.code, **({"loader": o.actor} if p.streamed else {})}
             mem = MemoryConfig(budget_bytes=p.budget, arena_bytes=p.arena_bytes, stream_bytes=p.stream_bytes, role_bytes=roles)
             rt = RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=p.slot_bytes or (1 << 20)),
-                               trace=TraceConfig(dir=cfg.trace_dir, spill_events=TRACE_EVENTS), preload=preload)
+                               trace=TraceConfig(enabled=cfg.trace, dir=cfg.trace_dir, spill_events=TRACE_EVENTS),
+                               preload=preload)
         else:
             extra = (256 << 20) if cfg.sparse_worker else 0  # the KV cache moves into the arena
             rt = RuntimeConfig(memory=MemoryConfig(budget_bytes=psutil.virtual_memory().total, arena_bytes=(64 << 20) + extra),
-                               trace=TraceConfig(dir=cfg.trace_dir), preload=preload)
+                               trace=TraceConfig(enabled=cfg.trace, dir=cfg.trace_dir), preload=preload)
         self.sched = Scheduler(rt).__enter__()
         try:
             self.spec = ActorSpeculation(self.sched, cfg.mode, str(target_store.dir),
@@ -153,7 +160,8 @@ class Runner:
                                          target_store.args.vocab_size, plan=self.plan,
                                          worker={"share": cfg.worker_share, "columns": cfg.column_share} if cfg.sparse_worker else None,
                                          model_args=target_store.args.to_dict(),
-                                         draft_vocab=draft_rows(cfg, draft_store) if self.plan is not None else 0)
+                                         draft_vocab=draft_rows(cfg, draft_store) if self.plan is not None else 0,
+                                         kv_context=cfg.plan_context if not prompts else None)
         except BaseException:
             self.close()
             raise
@@ -182,9 +190,25 @@ class Runner:
                 self.trace_path = sched.trace_path
 
     def run(self, prompt: Prompt, on_text: Callable[[str], None] | None = None, mode: str | None = None,
-            on_cycle: Callable | None = None) -> dict:
+            on_cycle: Callable | None = None, **kw) -> dict:
         """Generate for one prompt; `mode` overrides the run's (target / chain / tree, same models);
-        `on_cycle(n_new, accepted, alpha)` after each speculation cycle (the monitor)."""
+        `on_text(piece)` as text is committed; `on_cycle(n_new, accepted, alpha)` after each speculation
+        cycle (the monitor). Returns the JSON row."""
+        steps = self.stream(prompt, mode, on_cycle, **kw)
+        while True:
+            try:
+                piece = next(steps)
+            except StopIteration as done:
+                return done.value
+            if on_text and piece:
+                on_text(piece)
+
+    def stream(self, prompt: Prompt, mode: str | None = None, on_cycle: Callable | None = None,
+               max_new_tokens: int | None = None, sampling: SamplingConfig | None = None):
+        """`run` as a generator of text pieces (stop tokens are never part of the text); returns the row.
+        A consumer may stop early between pieces (a client that went away): each piece ends a cycle, where
+        the models agree with the text, and the next generation starts afresh. `max_new_tokens` and
+        `sampling` override the run's for this generation (the actor runtime)."""
         cfg, tok = self.cfg, self.tokenizer
         if mode and mode != cfg.mode:
             if mode in ("chain", "tree") and cfg.mode in ("target", "std", "stdpl"):
@@ -193,9 +217,11 @@ class Runner:
                 self.spec.streamer.prefetch = mode != "std"
             tree = TreeConfig(**{**cfg.tree.__dict__, "mode": "chain" if mode == "chain" else "tree"})
             cfg = RunConfig(**{**cfg.__dict__, "mode": mode, "tree": tree})
+        if max_new_tokens is not None or sampling is not None:
+            cfg = RunConfig(**{**cfg.__dict__, "max_new_tokens": max_new_tokens or cfg.max_new_tokens,
+                               "sampling": sampling or cfg.sampling})
         ids, chat = self.prompt_ids(prompt)
-        stream = StreamDecoder(tok)
-        on_tokens = (lambda new: on_text(stream.push(new))) if on_text else None
+        decoder = StreamDecoder(tok)
         if self.plan is not None and len(ids) > self.cfg.plan_context:
             raise CadenceError(f"the prompt has {len(ids)} tokens but the memory plan left KV cache room for "
                                f"{self.cfg.plan_context}; give --context {len(ids)} (or more)")
@@ -204,18 +230,30 @@ class Runner:
             if len(ids) + cfg.max_new_tokens > n_ctx:  # same sentence as the in-process path
                 raise CadenceError(f"the prompt has {len(ids)} tokens and {cfg.max_new_tokens} new tokens were asked for, "
                                    f"but the model's context holds {n_ctx}; shorten the prompt or lower --max-new-tokens")
-            gen = self.spec.generate(ids, cfg.max_new_tokens, tok.stop_ids, on_tokens, cfg.mode, cfg.tree, on_cycle)
+            steps = self.spec.stream(ids, cfg.max_new_tokens, tok.stop_ids, cfg.mode, cfg.tree, cfg.sampling)
+            while True:
+                try:
+                    new, accepted, alpha = next(steps)
+                except StopIteration as done:
+                    gen = done.value
+                    break
+                if on_cycle:
+                    on_cycle(len(new), accepted, alpha)
+                yield decoder.push([t for t in new if t not in tok.stop_ids])
             extra = _actor_peaks(self.sched)
-        elif cfg.mode in ("target", "std", "stdpl"):
-            from models import engine
+        else:  # in process: the reference runtime generates to the end, then hands its text over
+            pieces = []
+            on_tokens = lambda new: pieces.append(decoder.push([t for t in new if t not in tok.stop_ids]))
+            if cfg.mode in ("target", "std", "stdpl"):
+                from models import engine
 
-            gen = engine.generate_target(self.target, ids, cfg.max_new_tokens, cfg.sampling, on_tokens)
-            extra = 0
-        else:
-            tree = cfg.tree if cfg.tree.mode == cfg.mode else TreeConfig(**{**cfg.tree.__dict__, "mode": cfg.mode})
-            from speculative.generate import generate_speculative
+                gen = engine.generate_target(self.target, ids, cfg.max_new_tokens, cfg.sampling, on_tokens)
+            else:
+                tree = cfg.tree if cfg.tree.mode == cfg.mode else TreeConfig(**{**cfg.tree.__dict__, "mode": cfg.mode})
+                from speculative.generate import generate_speculative
 
-            gen = generate_speculative(self.target, self.draft, ids, cfg.max_new_tokens, cfg.sampling, tree, on_tokens)
+                gen = generate_speculative(self.target, self.draft, ids, cfg.max_new_tokens, cfg.sampling, tree, on_tokens)
+            yield "".join(pieces)
             extra = 0
         extra_fields = {}
         if self.plan is not None:
@@ -224,11 +262,39 @@ class Runner:
                             "memory_plan": {"total_bytes": p.total, "held_bytes": p.held, "resident_groups": len(p.resident),
                                             "streamed_groups": len(p.streamed), "slots": p.n_slots, "slot_bytes": p.slot_bytes,
                                             "read_per_forward_bytes": p.read_per_forward}}
+        text_ids = gen.new_ids[:-1] if gen.new_ids and gen.new_ids[-1] in tok.stop_ids else gen.new_ids
         return make_row(id=prompt.id, kind=prompt.kind, mode=cfg.mode, target=cfg.target,
                         draft=cfg.draft_model, format=cfg.fmt, chat=chat,
-                        prompt_token_ids=ids, new_token_ids=gen.new_ids, text=tok.decode(gen.new_ids),
+                        prompt_token_ids=ids, new_token_ids=gen.new_ids, text=tok.decode(text_ids),
                         wall_s=gen.wall_s, prefill_s=gen.prefill_s, peak_rss_bytes=peak_rss_bytes(extra),
                         stats=gen.stats, runtime=cfg.runtime, **extra_fields)
+
+
+def pick_draft(cfg: RunConfig, target_store, say: Callable[[str], None] | None = None) -> str:
+    """The draft for `--draft auto`: the default draft if it shares the target's tokenizer and is the
+    smaller model, else another pulled default model that does, else "none" (the n-gram trie alone).
+    Says which in one line when it is not the default."""
+    from models.pull import is_pulled
+
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    if cfg.mode not in ("chain", "tree"):
+        return "auto"
+    target_bytes = target_store.manifest["file_bytes"]
+    names = [registry.DEFAULT_DRAFT, *(n for n in registry.MODELS if n != registry.DEFAULT_DRAFT)]
+    for name in names:
+        if name == cfg.target or (name != registry.DEFAULT_DRAFT and not is_pulled(registry.spec(name))):
+            continue
+        store = ensure_store(name, cfg.draft_fmt or cfg.fmt)
+        if store.manifest["file_bytes"] < target_bytes and \
+                store.tokenizer_info.tokenizer_json == target_store.tokenizer_info.tokenizer_json:
+            if name != registry.DEFAULT_DRAFT:
+                say(f"draft: {name} (the default draft {registry.DEFAULT_DRAFT} does not share {cfg.target}'s tokenizer)")
+            return name
+    if cfg.mode == "chain":
+        raise CadenceError(f"no known draft shares {cfg.target}'s tokenizer; give --draft, or use --mode tree "
+                           "(with no draft model the n-gram trie proposes)")
+    say(f"draft: none ({cfg.target} shares no known draft's tokenizer): the n-gram trie of the prompt and the output proposes")
+    return "none"
 
 
 def kv_capacity(cfg: RunConfig, draft: bool = False) -> int:
@@ -255,8 +321,9 @@ def plan_inputs(cfg: RunConfig, target_store, draft_store, overheads=None) -> di
     trie = (cfg.plan_context or 1024) + cfg.max_new_tokens
     o = overheads or measure_overheads(
         target_store.args.to_dict(), draft_store.args.to_dict() if draft_store else None, width=cfg.tree.budget,
-        context=cfg.plan_context or 1024, greedy=cfg.sampling.greedy, draft_window=cfg.tree.prompt_window,
-        draft_vocab=rows, trie_nodes=8 * trie if cfg.tree.trie and cfg.mode == "tree" else 0, trace_events=TRACE_EVENTS)
+        context=cfg.plan_context or 1024, greedy=cfg.sampling.greedy and not cfg.plan_sampling,
+        draft_window=cfg.tree.prompt_window,
+        draft_vocab=rows, trie_nodes=8 * trie if cfg.tree.trie and cfg.mode == "tree" else 0, trace_events=TRACE_EVENTS + 2048)  # the sink's and the scheduler's own, before they move on
     return {"target_groups": groups, "draft_weights": draft_w,
             "draft_kv": draft_store.args.kv_bytes_per_token() * kv_capacity(cfg, draft=True) if draft_store else 0,
             "target_kv": target_store.args.kv_bytes_per_token() * cap, "overheads": o}

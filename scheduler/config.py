@@ -103,7 +103,14 @@ class PipelineConfig:
 
 
 def default_trace_dir() -> Path:
-    return Path(__file__).resolve().parents[1] / "traces"
+    """traces/ in the working directory if there is one (a checkout), else $CADENCE_HOME/traces: never
+    the package's own folder (site-packages, in a wheel install)."""
+    here = Path.cwd() / "traces"
+    if here.is_dir():
+        return here
+    from cadence import paths
+
+    return paths.home() / "traces"
 
 
 @dataclass(frozen=True)

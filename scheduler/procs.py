@@ -230,15 +230,16 @@ def kill_tree(popen: subprocess.Popen, timeout: float = 1.0) -> None:
 
 @contextmanager
 def sigint_deferred():
-    """During cleanup a second Ctrl-C must not cut it short (only the main thread owns signals)."""
+    """During cleanup a second Ctrl-C (or a SIGTERM) must not cut it short (only the main thread owns signals)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGINT, lambda s, f: None)
+    old = {sig: signal.signal(sig, lambda s, f: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def close_sentinel(proc: ActorProc) -> None:

@@ -24,7 +24,7 @@ import zmq
 
 from actors import wire
 from actors.tracing import Tracer
-from cadence.errors import CadenceError
+from cadence.errors import CadenceError, Terminated
 from cadence.procname import set_process_name
 from scheduler.config import RuntimeConfig
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
@@ -76,8 +76,9 @@ class Scheduler(TensorExchange):
         return self
 
     def __exit__(self, et, ev, tb) -> bool:
-        if et is KeyboardInterrupt:
-            log.warning("cadence: run %s interrupted (Ctrl-C); stopping %s", self.run_id, ", ".join(self.actors) or "nothing")
+        if et is not None and issubclass(et, KeyboardInterrupt):
+            why = "stopped by SIGTERM" if issubclass(et, Terminated) else "interrupted (Ctrl-C)"
+            log.warning("cadence: run %s %s; stopping %s", self.run_id, why, ", ".join(self.actors) or "nothing")
         self.shutdown()
         return False
 
@@ -367,6 +368,8 @@ class Scheduler(TensorExchange):
                 self._on_exit(self.actors[self._sentinels[fd]])
         self._check_deadlines()
         self._maybe_sample()
+        if len(self.tracer.events) >= 2048:  # our own spans go to the sink as the run goes (it spills, under a budget)
+            self.trace.add(self.pid, self.tracer.drain())
 
     def _on_frames(self, frames: list) -> None:
         role = frames[0].decode(errors="replace")

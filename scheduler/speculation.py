@@ -26,7 +26,7 @@ class ActorSpeculation:
     def __init__(self, sched: Scheduler, mode: str, target_store: str, draft_store: str | None,
                  sampling: SamplingConfig, cfg: TreeConfig, threads: int, context_length: int, vocab_size: int,
                  plan=None, loader: dict | None = None, worker: dict | None = None, model_args: dict | None = None,
-                 draft_vocab: int = 0):
+                 draft_vocab: int = 0, kv_context: int | None = None):
         """`plan` (scheduler/memplan.py): stream the target's groups it does not keep resident.
         `worker` ({"share": s, "columns": c}): split tree attention with the sparse-attention actor, which
         also takes the share s of the dense chunks and, with c > 0, the last share c of every target
@@ -35,7 +35,11 @@ class ActorSpeculation:
         `draft_store` None in a speculative mode: no draft model (`--draft none`); the trie of the prompt
         and output n-grams proposes the candidates, here in the scheduler (speculative/lookup.py)."""
         self.s, self.mode, self.sampling, self.cfg = sched, mode, sampling, cfg
+        self.base_sampling = sampling  # the run's; a generation may ask for its own
         self.context_length, self.vocab_size = context_length, vocab_size
+        # the target's KV cache is sized for prompts this long at least, so that the next prompt that
+        # continues the last one (a conversation) finds its prefix in the cache: None sizes it per prompt
+        self.kv_context = kv_context
         self.current, self.cur_cfg = mode, cfg  # the mode and tree settings of the generation under way
         self.streamer = None
         self.governors: dict[tuple, Governor] = {}  # per mode and budget set, kept across prompts
@@ -180,14 +184,34 @@ class ActorSpeculation:
         c = cfg or self.cfg
         if cfg is not None and cfg.prompt_window:
             n_prompt = min(n_prompt, cfg.prompt_window)
+        elif cfg is None and self.kv_context:
+            n_prompt = max(n_prompt, self.kv_context)
         return min(self.context_length, n_prompt + max_new + max(c.budget, 64) + c.ahead + 2)
 
     def generate(self, prompt_ids: list[int], max_new: int, stop: set[int],
                  on_tokens: Callable[[list[int]], None] | None = None, mode: str | None = None,
-                 cfg: TreeConfig | None = None, on_cycle: Callable | None = None) -> Generation:
-        """`on_tokens(new_ids)` as tokens are committed; `on_cycle(n_new, accepted, alpha)` after each
-        cycle (accepted and alpha are None for a plain target step): the monitor's feed."""
-        """Generate with this run's mode, or another one (`target` always; `chain`/`tree` need the draft)."""
+                 cfg: TreeConfig | None = None, on_cycle: Callable | None = None,
+                 sampling: SamplingConfig | None = None) -> Generation:
+        """`stream` to its end: `on_tokens(new_ids)` as tokens are committed; `on_cycle(n_new, accepted,
+        alpha)` after each cycle (accepted and alpha are None for a plain target step): the monitor's feed."""
+        steps = self.stream(prompt_ids, max_new, stop, mode, cfg, sampling)
+        while True:
+            try:
+                new, accepted, alpha = next(steps)
+            except StopIteration as done:
+                return done.value
+            if on_tokens:
+                on_tokens(new)
+            if on_cycle:
+                on_cycle(len(new), accepted, alpha)
+
+    def stream(self, prompt_ids: list[int], max_new: int, stop: set[int], mode: str | None = None,
+               cfg: TreeConfig | None = None, sampling: SamplingConfig | None = None):
+        """Generate with this run's mode, or another one (`target` always; `chain`/`tree` need the draft),
+        and this run's sampling or another. A generator: after the prefill and after each cycle it yields
+        (the tokens committed, accepted draft tokens, alpha) (None, None for a plain step) and it returns
+        the Generation. Each yield is a cycle boundary, where both models' caches agree with the text: a
+        consumer may stop there (a client that went away), and the next generation starts afresh."""
         s = self.s
         mode, cfg = mode or self.mode, cfg or self.cfg
         if mode not in TARGET_ONLY and "draft" not in s.actors and self.lookup is None:
@@ -195,15 +219,18 @@ class ActorSpeculation:
         if mode == "chain" and "draft" not in s.actors:
             raise ValueError("mode chain needs a draft model; --draft none speculates in tree mode only")
         self.current, self.cur_cfg = mode, cfg
+        self.sampling = sampling or self.base_sampling
+        wire_sampling = asdict(self.sampling)
         cap = self._capacity(len(prompt_ids), max_new)
         t0 = time.perf_counter()
-        first = self._target("start", {"prompt_ids": prompt_ids, "capacity": cap})["token"]
+        started = self._target("start", {"prompt_ids": prompt_ids, "capacity": cap, "sampling": wire_sampling})
+        first = started["token"]
         speculative = mode not in TARGET_ONLY
         if speculative and self.lookup is not None:
             self.lookup.start(prompt_ids, [first])
         elif speculative:
             s.call("draft", "start", {"prompt_ids": prompt_ids, "capacity": self._capacity(len(prompt_ids), max_new, cfg),
-                                      "first": [first], "tree": asdict(cfg)})
+                                      "first": [first], "tree": asdict(cfg), "sampling": wire_sampling})
         t_prefill = time.perf_counter() - t0
         governor = None
         arms = (LOOKUP, 0) if self.lookup is not None else budgets(cfg)  # no draft: the trie or a plain step
@@ -214,10 +241,7 @@ class ActorSpeculation:
         stats = SpecStats()
         out = [first]
         self.last_cycle = None
-        if on_tokens:
-            on_tokens([first])
-        if on_cycle:
-            on_cycle(1, None, None)
+        yield [first], None, None
         while len(out) < max_new and out[-1] not in stop:
             remaining = max_new - len(out)
             budget = 0 if not speculative else min(governor.choose() if governor else cfg.budget, remaining - 1)
@@ -232,13 +256,11 @@ class ActorSpeculation:
                     new = new[:i + 1]
                     break
             out.extend(new)
-            if on_tokens:
-                on_tokens(new)
-            accepted, alpha = self.last_cycle or (None, None)
-            if on_cycle:
-                on_cycle(len(new), accepted, alpha)
             s.tracer.counter("tokens", {"total": len(out)})
+            accepted, alpha = self.last_cycle or (None, None)
+            yield new, accepted, alpha
         st = stats.as_dict() if speculative else {"target_forwards": stats.target_forwards}
+        st["reused_prompt_tokens"] = started.get("reused", 0)  # found in the KV cache from the last generation
         if self.streamer is not None:
             st.update(self.streamer.stats.as_dict())
             self.streamer.stats = type(self.streamer.stats)()

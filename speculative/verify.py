@@ -29,19 +29,33 @@ class Verdict:
 
 
 class Verifier:
-    def __init__(self, model: Transformer, sampling: SamplingConfig):
+    def __init__(self, model: Transformer, sampling: SamplingConfig, previous: "Verifier | None" = None):
+        """`previous`: the last generation's verifier, whose KV cache a prompt that continues its text
+        (a conversation's next turn, a shared system prompt) picks up instead of prefilling again."""
         self.model, self.sampling = model, sampling
         self.sampler = Sampler(sampling)
-        self.cache = None
+        self.cache = previous.cache if previous is not None else None
+        self.tokens: list[int] = list(previous.tokens) if previous is not None else []  # what the cache holds, committed
+        self.reused = 0  # prompt tokens the last start found in the cache
 
     # -- jobs as generators ------------------------------------------------------------------
 
     def start_steps(self, prompt_ids: list[int], capacity: int, storage: torch.Tensor | None = None):
-        """Prefill the prompt (in chunks); returns the first generated token. `storage`: where the KV cache lives."""
-        self.cache = c = self.model.new_cache(capacity, storage)
+        """Prefill the prompt (in chunks); returns the first generated token. `storage`: where the KV cache
+        lives. The longest prefix the cache holds already (from the last generation) is kept, not prefilled
+        again: a row's keys and values do not depend on the rows computed with it, so this is exact."""
+        c, keep = self.cache, 0
+        if c is not None and storage is None and c.capacity >= capacity:
+            keep = next((i for i, (a, b) in enumerate(zip(self.tokens, prompt_ids)) if a != b), min(len(self.tokens), len(prompt_ids)))
+            keep = min(keep, len(prompt_ids) - 1, c.length)  # the last prompt token runs again: its logits are needed
+        if keep > 0:
+            c.rewind(keep)
+        else:
+            self.cache = c = self.model.new_cache(capacity, storage)
+        self.tokens, self.reused = list(prompt_ids), keep
         dev = self.model.device
         logits = None
-        for s in range(0, len(prompt_ids), PREFILL_CHUNK):
+        for s in range(keep, len(prompt_ids), PREFILL_CHUNK):
             chunk = torch.tensor(prompt_ids[s:s + PREFILL_CHUNK], device=dev)
             pos = torch.arange(c.length, c.length + len(chunk), device=dev)
             logits = (yield from self.model.forward_steps(chunk, pos, c, logits_rows=slice(-1, None)))[0]
@@ -53,6 +67,7 @@ class Verifier:
         c, dev = self.cache, self.model.device
         logits = (yield from self.model.forward_steps(torch.tensor([root], device=dev), torch.tensor([c.length], device=dev), c))[0]
         c.commit()
+        self.tokens.append(root)
         return self.sampler(logits)
 
     def verify_steps(self, tree: TokenTree, trials: dict | None = None):
@@ -69,6 +84,7 @@ class Verifier:
             p = lambda row: probs(logits[row], self.sampling)
             path, nxt = accept_sampled(tree, trials or {}, p, self.sampler.uniform, self.sampler.draw)
         c.commit([0] + [i + 1 for i in path])  # the root and the accepted nodes, in order
+        self.tokens += [tokens[0]] + [tokens[i + 1] for i in path]
         return Verdict(path, nxt, len(tokens))
 
     # -- the same jobs with every weight at hand -----------------------------------------------

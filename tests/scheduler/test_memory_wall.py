@@ -19,7 +19,7 @@ from tests.conftest import dev_prompts, real_model, run_until_role_killed, shm_s
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 N = 24
-IDS = ("fib", "rewrite_hints", "explain", "sql")
+IDS = ("fib", "explain")  # code and prose; tests/scheduler/test_lean_runtime.py runs each mode in a cgroup too
 
 
 def _prompts():

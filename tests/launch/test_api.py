@@ -1,0 +1,66 @@
+"""The Python API (`import cadence`): the README's example on a tiny model, streaming, chat turns
+that reuse the KV cache and still give the target's own tokens, and nothing left after `close`."""
+from __future__ import annotations
+
+import psutil
+import pytest
+
+import cadence
+from tests.conftest import shm_segments
+from tests.launch.test_cli import tiny_gguf  # noqa: F401  (fixture)
+
+
+def _actors() -> list:
+    return [c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_the_readme_example_runs(tiny_gguf):
+    before = shm_segments()
+    with cadence.LLM(str(tiny_gguf), draft=str(tiny_gguf), memory_budget="2GiB") as llm:
+        done = llm.generate("def fibonacci(n):", max_new_tokens=12)
+        assert isinstance(done, cadence.Completion) and len(done.token_ids) == 12 and done.finish_reason == "length"
+        pieces = list(llm.stream("def fibonacci(n):", max_new_tokens=12))
+        assert "".join(pieces) == done.text == llm.last.text
+        reply = llm.chat([{"role": "user", "content": "What is a mutex?"}], max_new_tokens=8)
+        assert reply.prompt_tokens > 0 and reply.tokens_per_s > 0 and "<|im_end|>" not in reply.text
+        assert llm.plan is not None and llm.plan.budget == 2 << 30
+        assert _actors()  # the runtime's processes run while the LLM is open
+    assert not _actors() and shm_segments() == before  # and are gone after
+
+
+def test_a_second_turn_reuses_the_cache_and_gives_what_a_fresh_start_gives(tiny_gguf):
+    first = [{"role": "user", "content": "the cat sat on the"}]
+    with cadence.LLM(str(tiny_gguf), draft=str(tiny_gguf)) as llm:
+        a1 = llm.chat(first, max_new_tokens=10)
+        second = first + [{"role": "assistant", "content": a1.text}, {"role": "user", "content": "and then?"}]
+        a2 = llm.chat(second, max_new_tokens=10)
+    assert a2.stats["reused_prompt_tokens"] > 0  # the first turn's prompt (and answer) came from the cache
+    with cadence.LLM(str(tiny_gguf), draft=str(tiny_gguf)) as fresh:
+        ref = fresh.chat(second, max_new_tokens=10)
+    assert ref.stats["reused_prompt_tokens"] == 0 and a2.token_ids == ref.token_ids
+
+
+def test_sampling_per_call_and_bad_messages(tiny_gguf):
+    with cadence.LLM(str(tiny_gguf), mode="target") as llm:
+        a = llm.generate("once", max_new_tokens=10, temperature=1.0, seed=3)
+        b = llm.generate("once", max_new_tokens=10, temperature=1.0, seed=3)
+        greedy = llm.generate("once", max_new_tokens=10)
+        assert a.token_ids == b.token_ids  # a seed reproduces a sampled generation
+        assert greedy.token_ids == llm.generate("once", max_new_tokens=10).token_ids
+        with pytest.raises(cadence.CadenceError, match="messages must be"):
+            llm.chat([{"role": "user"}])
+
+
+@pytest.mark.real
+def test_the_readme_python_example_runs_as_written(capsys):
+    """The README's Python block, executed as it stands (the default models under a 1 GiB budget)."""
+    from shm.watchdog import REPO_ROOT
+    import re
+    from pathlib import Path
+
+    readme = Path(REPO_ROOT, "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "cadence.LLM" in b)
+    before = shm_segments()
+    exec(compile(block, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) >= 2 and shm_segments() == before

@@ -1,0 +1,177 @@
+"""`launch serve` as a client meets it: the official `openai` client against a real server on a tiny
+model (chat and completions, streamed and not), the queue's 429, a client that leaves mid-stream,
+the API key, /health and /metrics, and SIGTERM stopping it all with nothing left behind."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from cadence import paths
+from tests.conftest import shm_segments
+from tests.launch.test_cli import tiny_gguf  # noqa: F401  (fixture)
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_gguf, tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    port = _free_port()
+    env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
+    before = shm_segments()
+    p = subprocess.Popen([sys.executable, "-m", "launch.cli", "serve", "--target", str(tiny_gguf), "--dtype", "int4",
+                          "--draft", str(tiny_gguf), "--port", str(port), "--api-key", "sekret", "--queue", "1",
+                          "--max-new-tokens", "32", "--no-trace"],
+                         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            pytest.fail(f"launch serve exited: {p.stderr.read()}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    else:
+        p.kill()
+        pytest.fail("launch serve did not become healthy in 120 s")
+    yield base, p, before
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
+def _client(base, key="sekret"):
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def test_chat_completion_whole_and_streamed_give_the_same_text(server):
+    base, _, _ = server
+    c = _client(base)
+    msgs = [{"role": "user", "content": "the cat sat on"}]
+    whole = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=20, temperature=0)
+    text = whole.choices[0].message.content
+    assert whole.choices[0].message.role == "assistant" and whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage.completion_tokens > 0 and whole.usage.prompt_tokens > 0
+    assert "<|im_end|>" not in text  # stop tokens are never part of the text
+    pieces, finish = [], None
+    for chunk in c.chat.completions.create(model="tiny", messages=msgs, max_tokens=20, temperature=0, stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert "".join(pieces) == text and finish == whole.choices[0].finish_reason
+
+
+def test_completions_match_the_python_api_token_for_token(server, tiny_gguf):
+    base, _, _ = server
+    c = _client(base)
+    got = c.completions.create(model="tiny", prompt="in the beginning", max_tokens=16, temperature=0)
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(model="tiny", prompt="in the beginning",
+                                                                           max_tokens=16, temperature=0, stream=True))
+    import cadence
+
+    with cadence.LLM(str(tiny_gguf), mode="target") as llm:  # the target alone: what every mode must equal
+        ref = llm.generate("in the beginning", max_new_tokens=16)
+    assert got.choices[0].text == streamed == ref.text
+    assert got.usage.completion_tokens == len(ref.token_ids)
+
+
+def test_models_health_and_metrics(server):
+    base, _, _ = server
+    ids = [m.id for m in _client(base).models.list()]
+    assert len(ids) == 1 and ids[0].endswith("tiny.gguf")
+    assert httpx.get(f"{base}/health").json()["status"] == "ok"
+    text = httpx.get(f"{base}/metrics").text
+    for name in ("cadence_requests_total", "cadence_generated_tokens_total", "cadence_tokens_per_second",
+                 "cadence_accepted_per_verification", "cadence_disk_read_gbps", "cadence_queue_depth"):
+        assert f"\n{name} " in "\n" + text, name
+    assert "# TYPE cadence_generated_tokens_total counter" in text
+
+
+def test_an_api_key_is_required(server):
+    base, _, _ = server
+    with pytest.raises(openai.AuthenticationError):
+        _client(base, key="wrong").models.list()
+    r = httpx.post(f"{base}/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+
+
+def test_bad_requests_get_one_sentence(server):
+    base, _, _ = server
+    h = {"Authorization": "Bearer sekret"}
+    r = httpx.post(f"{base}/v1/chat/completions", json={"messages": "hi"}, headers=h)
+    assert r.status_code == 400 and "messages must be" in r.json()["error"]["message"]
+    r = httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": -3}, headers=h)
+    assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
+    r = httpx.post(f"{base}/v1/completions", content=b"not json", headers=h)
+    assert r.status_code == 400
+
+
+def test_a_full_queue_answers_429_and_every_accepted_request_completes(server):
+    base, _, _ = server
+    h = {"Authorization": "Bearer sekret"}
+    codes = []
+
+    def ask():
+        r = httpx.post(f"{base}/v1/completions", json={"prompt": "once upon a time", "max_tokens": 400, "temperature": 0},
+                       headers=h, timeout=120)
+        codes.append(r.status_code)
+
+    threads = [threading.Thread(target=ask) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 429 in codes and 200 in codes and set(codes) <= {200, 429}, codes  # one running, one queued, the rest refused
+
+
+def test_a_client_that_leaves_mid_stream_stops_its_generation(server):
+    base, _, _ = server
+    h = {"Authorization": "Bearer sekret"}
+    before = _metric(base, "cadence_requests_cancelled_total")
+    with httpx.stream("POST", f"{base}/v1/completions", headers=h, timeout=60,
+                      json={"prompt": "once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:") and "text" in line:
+                break  # one chunk, then hang up
+    deadline = time.monotonic() + 30
+    while _metric(base, "cadence_requests_cancelled_total") <= before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _metric(base, "cadence_requests_cancelled_total") > before
+    ok = _client(base).completions.create(model="tiny", prompt="next", max_tokens=4, temperature=0)  # served at once
+    assert ok.choices[0].text is not None
+
+
+def _metric(base: str, name: str) -> float:
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} missing")
+
+
+def test_sigterm_stops_the_server_and_leaves_nothing(server):
+    base, p, before = server
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=30)
+    assert p.returncode == 0, p.stderr.read()
+    time.sleep(0.5)
+    assert shm_segments() <= before
+    assert "Traceback" not in p.stderr.read()
