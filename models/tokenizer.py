@@ -133,8 +133,8 @@ class TextTokenizer:
                            bos_token=self.info.special.get("bos", ""), eos_token=self.info.special.get("eos", ""))
 
 
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet: the printable character each byte is written as, inverted."""
+def byte_alphabet() -> list[tuple[int, str]]:
+    """GPT-2's byte-level alphabet: (byte, the printable character it is written as), printable bytes first."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
     cs = bs[:]
     n = 0
@@ -143,7 +143,7 @@ def _byte_decoder() -> dict[str, int]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    return [(b, chr(c)) for b, c in zip(bs, cs)]
 
 
 class ByteTable:
@@ -161,7 +161,7 @@ class ByteTable:
         if (spec.get("decoder") or {}).get("type") != "ByteLevel" or spec["model"].get("type") != "BPE":
             return None
         added = {a["id"]: a for a in spec.get("added_tokens", [])}
-        to_byte = _byte_decoder()
+        to_byte = {ch: b for b, ch in byte_alphabet()}
         parts, offsets, pos = [], array("I", [0]), 0
         for i in range(vocab):
             piece = tok.id_to_token(i) or ""

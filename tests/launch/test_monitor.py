@@ -59,7 +59,7 @@ def test_monitor_renders_real_numbers_from_a_fake_run():
     assert f"{res.tokens} tokens" in last and f"alpha {res.alpha:.3f}" in last
     for role, pid in pids.items():
         assert re.search(rf"\b{role}\s+{pid}\s+ready\b", last)
-    assert "accepted length" in last and f"<{res.tokens}>" in last and "measured (PSS" in last
+    assert "accepted length" in last and f"<{res.tokens}>" in last and " held of " in last
     mean = sum(r.accepted for r in rounds) / len(rounds)
     assert f"mean accepted {mean:.2f}" in last
 
@@ -86,7 +86,7 @@ def test_render_of_a_hand_made_state():
     assert "120 tokens  9.8 tok/s (avg 9.6)  mean accepted 1.83  alpha 0.550  disk 1.23 GB/s" in out
     assert re.search(r"verifier\s+101\s+ready\s+verify_layer\s+12 ms\s+97\s+300.00 MiB", out)
     assert re.search(r"loader\s+102\s+dead\s+idle\s+-\s+-", out)
-    assert "5.0G planned of 8.0G" in out and "5.0G measured" in out and "target resident 3.0G" in out
+    assert "5.0G planned of 8.0G" in out and "5.0G held of 8.0G budget" in out and "target resident 3.0G" in out
     assert "the loader actor was killed" in out and "0.450 .. 0.550 over 3 verifications" in out
     assert out.count("x" * 100) == 2 and "line two" in out  # the text tail, wrapped at the width
     assert STATE.mean_accepted == (0 * 2 + 1 * 4 + 3 * 6) / 12
@@ -163,7 +163,20 @@ def test_monitor_args():
     add_monitor_args(p)
     assert p.parse_args([]).monitor is None and p.parse_args(["--monitor"]).monitor is True
     assert p.parse_args(["--no-monitor"]).monitor is False
-    assert p.parse_args(["--trace", "t/run.json"]).trace == "t/run.json"
+    assert p.parse_args(["--trace", "t/run.json"]).trace_path == "t/run.json"
+
+
+def test_a_frame_fits_80x24_and_shows_no_plan_without_a_budget():
+    import dataclasses
+
+    console = Console(record=True, width=80, height=24, file=io.StringIO(), force_terminal=True)
+    mon = Monitor(console=console)
+    state = dataclasses.replace(STATE, text="long line\n" * 40, accepted_hist=tuple((k, k + 1) for k in range(12)))
+    lines = mon.render(state).lines
+    assert len(lines) <= 24 and all(sum(len(t) for t, _ in ln) <= 80 for ln in lines)
+    unplanned = mon.render(dataclasses.replace(state, planned=False, budget_bytes=24 << 30))
+    text = "\n".join("".join(t for t, _ in ln) for ln in unplanned.lines)
+    assert "planned" not in text and "held of 24.0G RAM" in text
 
 
 def test_progress_bars_and_their_plain_fallback():

@@ -14,15 +14,9 @@ BYTE_TOKENS = None
 
 def byte_vocab() -> list[str]:
     """GPT-2's printable spelling of the 256 bytes, plus a few merges' results and specials."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
+    from models.tokenizer import byte_alphabet
+
+    return [ch for _, ch in byte_alphabet()]
 
 
 def tokenizer_fields(vocab_size: int):
