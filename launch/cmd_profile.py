@@ -26,6 +26,7 @@ from launch.prompts import load_prompts, prompt_ids
 from models import engine, kernels, registry
 from models.attention import Visibility
 from models.sampling import SamplingConfig
+from speculative.generate import generate_target
 from speculative import arca
 
 CONTEXTS = (256, 1024, 2048)
@@ -62,7 +63,7 @@ def calibrate(target, draft, prompts, n: int, progress, task) -> list[list[int]]
     ranks = []
     for p in prompts:
         ids, _ = prompt_ids(target.tokenizer, p, "auto")
-        cont = engine.generate_target(target, ids, n, SamplingConfig(), stop_at_eos=False).new_ids
+        cont = generate_target(target, ids, n, SamplingConfig(), stop_at_eos=False).new_ids
         seq = ids + cont
         cache = draft.model.new_cache(len(seq) + 1)
         logits = draft.model.forward(torch.tensor(seq[:-1]), torch.arange(len(seq) - 1), cache)

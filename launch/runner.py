@@ -245,9 +245,9 @@ class Runner:
             pieces = []
             on_tokens = lambda new: pieces.append(decoder.push([t for t in new if t not in tok.stop_ids]))
             if cfg.mode in ("target", "std", "stdpl"):
-                from models import engine
+                from speculative.generate import generate_target
 
-                gen = engine.generate_target(self.target, ids, cfg.max_new_tokens, cfg.sampling, on_tokens)
+                gen = generate_target(self.target, ids, cfg.max_new_tokens, cfg.sampling, on_tokens)
             else:
                 tree = cfg.tree if cfg.tree.mode == cfg.mode else TreeConfig(**{**cfg.tree.__dict__, "mode": cfg.mode})
                 from speculative.generate import generate_speculative

@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cadence.errors import CadenceError
+from cadence.settings import PREFILL_CHUNK
 
 MiB = 1 << 20
 ALIGN = 4096
-PREFILL_CHUNK = 256  # models/engine.py: prompt rows per forward
 TRACE_EVENT_BYTES = 640  # a trace event as the scheduler keeps it (a dict of ~8 fields), measured
 
 

@@ -38,15 +38,18 @@ def _raw(arena: Arena, offset: int, dtype: torch.dtype, count: int) -> torch.Ten
     return torch.frombuffer(arena.buf, dtype=torch.uint8, count=count * itemsize, offset=offset).view(dtype)
 
 
-def put(arena: Arena, at: Slot | int, tensor: torch.Tensor) -> TensorDesc:
-    """Copy `tensor` into the arena at a slot (or a byte offset) and describe it."""
+def put(arena: Arena, at: Slot | TensorDesc | int, tensor: torch.Tensor) -> TensorDesc:
+    """Copy `tensor` into the arena at a slot, the slot a descriptor from the scheduler spans, or a
+    byte offset, and describe it."""
     name = dtype_name(tensor.dtype)
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    offset = at.offset if isinstance(at, Slot) else int(at)
+    if isinstance(at, TensorDesc) and at.segment != arena.name:
+        raise ValueError(f"descriptor points into {at.segment}, not {arena.name}")
+    offset = at.offset if isinstance(at, (Slot, TensorDesc)) else int(at)
     nbytes = t.numel() * t.element_size()
-    room = at.nbytes if isinstance(at, Slot) else arena.nbytes - offset
+    room = at.nbytes if isinstance(at, Slot) else at.span_bytes if isinstance(at, TensorDesc) else arena.nbytes - offset
     if nbytes > room or offset < 0 or offset + nbytes > arena.nbytes:
         raise ValueError(f"a {nbytes}-byte tensor does not fit at offset {offset} ({room} bytes there) in {arena.name}")
     shape = tuple(t.shape)

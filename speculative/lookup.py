@@ -9,6 +9,7 @@ scheduler, so `--draft none` starts no draft actor at all.
 """
 from __future__ import annotations
 
+from speculative.loop import Proposal
 from speculative.tree import ROOT, TokenTree
 from speculative.trie import TokenTrie
 
@@ -43,3 +44,37 @@ class PromptLookup:
             index[i] = t.add(tok, at, p)
             trials.append([at, index[i], -1])
         return {**t.to_lists(), "tc": 1.0, "forwards": 0, "trie_nodes": len(got.tokens), "trials": trials}
+
+
+class TrieDraft:
+    """The draft side of the speculation cycle (speculative/loop.py) with no draft model: the trie
+    proposes, the target verifies; runs wherever the loop runs (the scheduler, or one process)."""
+
+    has_model = False
+
+    def __init__(self, width: int = 8):
+        self.lookup = PromptLookup(width)
+
+    def start(self, prompt_ids: list[int], capacity: int, first: int, cfg, sampling) -> None:
+        self.greedy = sampling.greedy
+        self.lookup.start(prompt_ids, [first])
+
+    def propose(self, budget: int, width: int) -> Proposal | None:
+        tree = self.lookup.tree(width)
+        if tree is None:
+            return None
+        if self.greedy:
+            tree.pop("trials")
+        return Proposal(tree["tokens"], 0, tree["trie_nodes"], tree, drafted=False)
+
+    def ahead(self, p, steps: int) -> None:
+        pass
+
+    def advance(self, p, path: list[int], new: list[int]) -> None:
+        self.lookup.push(new)
+
+    def release(self, p) -> None:
+        pass
+
+    def ahead_counts(self) -> tuple[int, int]:
+        return 0, 0

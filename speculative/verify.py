@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from models.attention import Visibility
-from models.engine import PREFILL_CHUNK
+from cadence.settings import PREFILL_CHUNK
 from models.sampling import Sampler, SamplingConfig, probs
 from models.transformer import Transformer
 from models.weights import drive

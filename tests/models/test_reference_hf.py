@@ -8,9 +8,9 @@ import torch
 from cadence import paths
 
 from launch.prompts import Prompt, prompt_ids
-from models import engine
 from models.convert import resolve
 from models.sampling import SamplingConfig
+from speculative.generate import generate_target
 from tests.conftest import dev_prompts, real_model
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -74,5 +74,5 @@ def test_greedy_64_tokens_identical_on_every_dev_prompt(pair):
         out = hf.generate(inp, attention_mask=mask, max_new_tokens=64, min_new_tokens=64, do_sample=False,
                           eos_token_id=None, pad_token_id=0)
     for p, ids, ref in zip(prompts, seqs, out[:, n:].tolist()):
-        ours = engine.generate_target(lm, ids, 64, SamplingConfig(), stop_at_eos=False).new_ids
+        ours = generate_target(lm, ids, 64, SamplingConfig(), stop_at_eos=False).new_ids
         assert ours == ref, p["id"]

@@ -11,10 +11,10 @@ import pytest
 from cadence.errors import CadenceError
 from launch.prompts import Prompt, prompt_ids
 from launch.runner import RunConfig, Runner
-from models import engine
 from models.sampling import SamplingConfig
 from scheduler.errors import ActorDead
 from speculative.draft import TreeConfig
+from speculative.generate import generate_target
 from tests.conftest import dev_prompts, real_model, run_until_role_killed, shm_segments
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -33,7 +33,7 @@ def reference():
     out = {}
     for p in _prompts():
         ids, _ = prompt_ids(target.tokenizer, p, "auto")
-        out[p.id] = engine.generate_target(target, ids, N, SamplingConfig()).new_ids
+        out[p.id] = generate_target(target, ids, N, SamplingConfig()).new_ids
     return out
 
 

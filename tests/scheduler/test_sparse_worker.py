@@ -8,10 +8,10 @@ import pytest
 
 from launch.prompts import Prompt, prompt_ids
 from launch.runner import RunConfig, Runner
-from models import engine
 from models.sampling import SamplingConfig
 from scheduler.errors import ActorDead
 from speculative.draft import TreeConfig
+from speculative.generate import generate_target
 from tests.conftest import dev_prompts, real_model, run_until_role_killed, shm_segments
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -46,7 +46,7 @@ def test_tree_with_the_sparse_worker_is_lossless_on_each_kind_of_dev_prompt(tmp_
         assert "sparse" in runner.sched.actors
         for p in _prompts()[half::2]:
             ids, _ = prompt_ids(target.tokenizer, p, "auto")
-            ref = engine.generate_target(target, ids, N, SamplingConfig()).new_ids
+            ref = generate_target(target, ids, N, SamplingConfig()).new_ids
             row = runner.run(p)
             assert row["new_token_ids"] == ref, p.id
     assert shm_segments() == before

@@ -12,10 +12,9 @@ import pytest
 
 from cadence import paths
 from launch.prompts import Prompt, prompt_ids
-from models import engine
 from models.sampling import SamplingConfig
 from speculative.draft import TreeConfig
-from speculative.generate import generate_speculative
+from speculative.generate import generate_speculative, generate_target
 from tests.conftest import DEV_PROMPTS, dev_prompts, real_model
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -37,7 +36,7 @@ def prompts(pair):
 @pytest.fixture(scope="module")
 def reference(pair, prompts):
     target, _ = pair
-    return {pid: engine.generate_target(target, ids, N, SamplingConfig()).new_ids for pid, ids in prompts.items()}
+    return {pid: generate_target(target, ids, N, SamplingConfig()).new_ids for pid, ids in prompts.items()}
 
 
 def test_chain_equals_target(pair, prompts, reference):
@@ -76,7 +75,7 @@ def test_a_draft_equal_to_the_target_is_always_accepted(mode, ahead, prompts):
                      prompt_window=0)  # the draft sees what the target sees: the whole prompt
     for pid in ("fib", "rewrite_hints"):
         ids = prompts[pid]
-        ref = engine.generate_target(lm, ids, 48, SamplingConfig()).new_ids
+        ref = generate_target(lm, ids, 48, SamplingConfig()).new_ids
         got = generate_speculative(lm, lm, ids, 48, SamplingConfig(), cfg)
         assert got.new_ids == ref, pid
         hist = {int(k): v for k, v in got.stats["accepted_hist"].items()}

@@ -1,0 +1,72 @@
+"""The draft side of the speculation cycle over the wire: the draft actor (speculative/loop.py).
+
+Only token ids and small tree descriptions travel over the control socket; under sampling the
+draft's distributions travel through the arena, in a slot that lives until the verdict.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from cadence.settings import LOOKUP, SamplingConfig, TreeConfig
+from scheduler.errors import ActorError
+from scheduler.runtime import Scheduler
+from speculative.loop import Proposal
+
+
+class ActorDraft:
+    has_model = True
+
+    def __init__(self, sched: Scheduler, vocab_size: int):
+        self.s, self.vocab_size = sched, vocab_size
+        self.greedy = True
+        self.slots: dict[int, object] = {}  # id(proposal) -> its distributions' arena slot
+        self.ahead_req: int | None = None
+        self.counts = (0, 0)
+
+    def start(self, prompt_ids: list[int], capacity: int, first: int, cfg: TreeConfig, sampling: SamplingConfig):
+        self.greedy = sampling.greedy
+        self.counts = (0, 0)
+        self.s.call("draft", "start", {"prompt_ids": prompt_ids, "capacity": capacity, "first": [first],
+                                       "tree": asdict(cfg), "sampling": asdict(sampling)})
+
+    def propose(self, budget: int, width: int) -> Proposal | None:
+        s = self.s
+        if budget == LOOKUP:  # prompt lookup: the trie's candidates, no draft forward
+            tree = s.call("draft", "lookup", {"max_nodes": width}).result
+            return Proposal(tree["tokens"], 0, tree.get("trie_nodes", 0), tree, drafted=False) if tree["tokens"] else None
+        slot, tensors = None, {}
+        if not self.greedy:  # room for the draft's distributions, one row per fed node
+            slot = s.slots.alloc((budget + 1) * self.vocab_size * 4)
+            tensors = {"slot": s.slot_desc(slot)}
+        try:
+            reply = s.call("draft", "build", {"budget": budget}, tensors)
+        except BaseException:
+            if slot is not None:
+                s.slots.free(slot)
+            raise
+        tree = reply.result
+        p = Proposal(tree["tokens"], tree.get("forwards", 0), tree.get("trie_nodes", 0), tree, tensors=reply.tensors, req=reply.req_id)
+        if slot is not None:
+            self.slots[id(p)] = slot
+        return p
+
+    def ahead(self, p: Proposal, steps: int) -> None:
+        self.ahead_req = self.s.send("draft", "ahead", {"steps": steps})
+
+    def advance(self, p: Proposal | None, path: list[int], new: list[int]) -> float:
+        adv = self.s.call("draft", "advance", {"path": path, "new": new, "tree": p is not None}).result
+        if self.ahead_req is not None:  # answered before `advance` (one socket, in order), unless a stream poll took it
+            req, self.ahead_req = self.ahead_req, None
+            r = self.s.take_reply(req)
+            if r is not None and not r.ok:
+                raise ActorError("draft", "ahead", req, r.error)
+        self.counts = (adv.get("ahead_steps", 0), adv.get("ahead_reused", 0))
+        return adv["alpha"]
+
+    def release(self, p: Proposal) -> None:
+        slot = self.slots.pop(id(p), None)
+        if slot is not None:
+            self.s.slots.free(slot)
+
+    def ahead_counts(self) -> tuple[int, int]:
+        return self.counts
