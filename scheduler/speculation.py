@@ -26,14 +26,16 @@ class ActorSpeculation:
     def __init__(self, sched: Scheduler, mode: str, target_store: str, draft_store: str | None,
                  sampling: SamplingConfig, cfg: TreeConfig, threads: int, context_length: int, vocab_size: int,
                  plan=None, loader: dict | None = None, worker: dict | None = None, model_args: dict | None = None,
-                 draft_vocab: int = 0, kv_context: int | None = None):
+                 draft_vocab: int = 0, kv_context: int | None = None, impl: dict[str, str] | None = None):
         """`plan` (scheduler/memplan.py): stream the target's groups it does not keep resident.
         `worker` ({"share": s, "columns": c}): split tree attention with the sparse-attention actor, which
         also takes the share s of the dense chunks and, with c > 0, the last share c of every target
         linear layer's output columns in multi-token passes; verifier and worker then run on one core each.
         `draft_vocab` (under a plan): the draft's head keeps only that many token rows (FR-Spec); 0: all.
         `draft_store` None in a speculative mode: no draft model (`--draft none`); the trie of the prompt
-        and output n-grams proposes the candidates, here in the scheduler (speculative/lookup.py)."""
+        and output n-grams proposes the candidates, here in the scheduler (speculative/lookup.py).
+        `impl` (tests): role -> "module:Class" spawned instead of the real actor (actors/fake.py)."""
+        impl = impl or {}
         self.s, self.mode, self.sampling, self.cfg = sched, mode, sampling, cfg
         self.base_sampling = sampling  # the run's; a generation may ask for its own
         self.context_length, self.vocab_size = context_length, vocab_size
@@ -52,15 +54,15 @@ class ActorSpeculation:
         vinit = {**common, "store": target_store}
         if worker is not None:
             vinit.update(threads=1, worker=worker)
-            sched.spawn("sparse", "actors.sparse:SparseAttnActor", {"threads": 1, "model": model_args, "store": target_store,
+            sched.spawn("sparse", impl.get("sparse", "actors.sparse:SparseAttnActor"), {"threads": 1, "model": model_args, "store": target_store,
                                                                     "columns": worker.get("columns", 0.0)}, wait=False)
         if plan is not None and plan.streamed:
             vinit["resident"] = list(plan.resident)
-            sched.spawn("loader", "actors.loader:LoaderActor", {"store_dir": target_store, "stream_bytes": plan.stream_bytes,
+            sched.spawn("loader", impl.get("loader", "actors.loader:LoaderActor"), {"store_dir": target_store, "stream_bytes": plan.stream_bytes,
                                                                  **(loader or {})}, wait=False)
-        sched.spawn("verifier", "actors.verifier:VerifierActor", vinit, wait=False)
+        sched.spawn("verifier", impl.get("verifier", "actors.verifier:VerifierActor"), vinit, wait=False)
         if mode not in TARGET_ONLY and draft_store is not None:
-            sched.spawn("draft", "actors.draft:DraftActor", {**common, "store": draft_store, "tree": asdict(cfg),
+            sched.spawn("draft", impl.get("draft", "actors.draft:DraftActor"), {**common, "store": draft_store, "tree": asdict(cfg),
                                                             "embed_on_disk": plan is not None,
                                                             "head_rows": draft_vocab or None}, wait=False)
         sched.wait_ready()
