@@ -13,7 +13,8 @@ from scheduler.streaming import Streamer
 from tests.runtime.conftest import assert_clean
 from tests.runtime.fake_run import VOCAB, fake_model, fake_plan, prompt, small_config, speculation
 
-MODES = [("target", True), ("chain", True), ("tree", True), ("tree", False)]  # (mode, a draft model)
+# (mode, a draft model, tree settings): ahead, the draft drafts on while the target verifies
+MODES = [("target", True, {}), ("chain", True, {}), ("tree", True, {}), ("tree", True, {"ahead": 2}), ("tree", False, {})]
 
 
 def _logging_sends(s: Scheduler) -> list:
@@ -30,16 +31,17 @@ def _logging_sends(s: Scheduler) -> list:
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["resident", "streamed"])
 def test_every_mode_gives_the_target_only_text(streamed, tmp_path, seed):
-    """chain, tree and `--draft none` (the trie in the scheduler) commit exactly what the target alone
-    writes, with and without a stop token, over two prompts in a row (the second reuses the KV cache)."""
+    """chain, tree (drafting ahead or not) and `--draft none` (the trie in the scheduler) commit exactly
+    what the target alone writes, with and without a stop token, over two prompts in a row (the second
+    reuses the KV cache)."""
     plan = fake_plan() if streamed else None
     p = prompt(seed=seed)
     want = target_text(p, 48, VOCAB)
     stop = want[30]
     cut = want[:want.index(stop) + 1]
-    for mode, draft in MODES + ([("std", True), ("stdpl", True)] if streamed else []):
+    for mode, draft, tree in MODES + ([("std", True, {}), ("stdpl", True, {})] if streamed else []):
         with Scheduler(small_config(None, plan)) as s:
-            spec = speculation(s, fake_model(tmp_path / f"{mode}-{draft}", seed), mode, plan, draft)
+            spec = speculation(s, fake_model(tmp_path / f"{mode}-{draft}-{tree}", seed), mode, plan, draft, **tree)
             try:
                 gen = spec.generate(p, 48, set())
                 assert gen.new_ids == want, (mode, draft)
@@ -48,6 +50,8 @@ def test_every_mode_gives_the_target_only_text(streamed, tmp_path, seed):
                 assert again.stats["reused_prompt_tokens"] == len(p) - 1
                 if mode in ("chain", "tree"):
                     assert gen.stats["accepted"] > 0 and gen.stats["verifications"] > 0
+                if tree.get("ahead"):
+                    assert s.call("draft", "stats").result["calls"]["ahead"] > 0
                 pids = [a.pid for a in s.actors.values()]
             finally:
                 spec.close()
