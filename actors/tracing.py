@@ -68,7 +68,7 @@ class Tracer:
 
     def span(self, name: str, cat: str = "", args: dict | None = None,
              flow_in: int | None = None, flow_out: int | None = None) -> _Span:
-        """`with tracer.span("verify_layer", cat="verifier", args={...}, flow_in=req.flow_id): ...`"""
+        """`with tracer.span("layer", cat="verifier", args={...}, flow_in=req.flow_id): ...`"""
         if not self.enabled:
             return _NOOP
         return _Span(self, name, cat, args, flow_in, flow_out)

@@ -4,7 +4,7 @@
     mon = open_monitor(feed, args.monitor)      # Monitor (a terminal), LogMonitor, or NullMonitor
     mon.start()
     try:
-        run_pipeline(sched, policy, on_round=feed.on_round)  # + feed.on_text(piece) as text arrives
+        runner.run(prompt, on_text=feed.on_text, on_cycle=feed.on_tokens)  # launch/cmd_run.py
     finally:
         mon.stop()
 

@@ -5,8 +5,9 @@
 The machine this runs on is shared and noisy, so the two arms are interleaved in short blocks
 (off/on, then on/off, ...) and compared pair by pair, which cancels slow drifts in background load:
 
-- pipeline: one scheduler with the four fake actors (seeded sleeps, real arena traffic, tracing
-  on); each block is one `run_pipeline` of `tokens` tokens, with or without
+- generation: the scheduler `launch run` uses (`ActorSpeculation`, streamed tree mode with the
+  worker) over the four fake actors (actors/fake.py: seeded sleeps, real arena traffic, tracing
+  on); each block is one `generate` of `tokens` tokens, with or without
   `Monitor(MonitorFeed(sched))` drawing at 4 Hz into a terminal console (written to /dev/null);
 - cpu: a compute-bound loop in this process (torch matmuls on every core plus a little Python
   per step, as in-process generation is) for `cpu_s` seconds a block, with or without
@@ -26,7 +27,6 @@ this process and its actors); a pair where either block saw more than 20% of a c
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -118,30 +118,40 @@ def _summary(arms: dict, key: str, clean_below: float = 0.2) -> dict:
             "monitor_cpu_frac": cpu}
 
 
-def bench_pipeline(pairs: int, tokens: int, seed: int = 0) -> dict:
-    from actors.fake import FAKES
-    from scheduler.config import GiB, KiB, MemoryConfig, PartitionConfig, PipelineConfig, RuntimeConfig, TraceConfig
-    from scheduler.pipeline import run_pipeline
-    from scheduler.policy import PipelinePolicy
-    from scheduler.runtime import Scheduler
+# seeded sleeps of the fakes, per group of a forward, load, tree, split layer (actors/fake.py)
+FAKE_SCRIPT = {"verifier": {"durations": {"group": [0.001, 0.002]}}, "loader": {"durations": {"load": [0.002, 0.004]}},
+               "draft": {"durations": {"build": [0.002, 0.004]}}, "sparse": {"durations": {"attend": [0.001, 0.002]}}}
 
-    with tempfile.TemporaryDirectory() as traces:
+
+def bench_generation(pairs: int, tokens: int, seed: int = 0) -> dict:
+    from actors.fake import FAKES, target_text, write_fake_store
+    from cadence.settings import SamplingConfig, TreeConfig
+    from scheduler.config import GiB, KiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
+    from scheduler.memplan import Overheads, plan_memory
+    from scheduler.runtime import Scheduler
+    from scheduler.speculation import ActorSpeculation
+
+    groups = {**{f"layer.{i}": 64 * KiB for i in range(8)}, "head.0": 64 * KiB}
+    o = Overheads(scheduler=0, watchdog=0, runtime=0, actor=0, exchange=64 * KiB, verifier_activations=0,
+                  draft_activations=0, code=0)
+    plan = plan_memory(o.exchange + 3 * 64 * KiB + 3 * 64 * KiB, groups, 0, 0, 0, o)  # 4 resident, 5 streamed
+    args = {"n_layers": 8, "n_heads": 2, "head_dim": 4, "n_kv_heads": 1, "dim": 8, "ffn_dim": 16}
+    prompt = target_text([1, 2], 40, 64)
+    with tempfile.TemporaryDirectory() as traces, tempfile.TemporaryDirectory() as model:
+        store = write_fake_store(model, groups, 64, seed, **FAKE_SCRIPT)
         config = RuntimeConfig(
-            memory=MemoryConfig(budget_bytes=4 * GiB, arena_bytes=1024 * KiB, stream_bytes=256 * KiB, sample_s=0.5),
-            partition=PartitionConfig(attn_sparse_share=0.3, linear_cpu_share=0.2),
-            pipeline=PipelineConfig(n_layers=8, layer_bytes=64 * KiB, verify_width=6, max_tokens=tokens),
-            trace=TraceConfig(dir=traces, max_events=10_000_000))
+            memory=MemoryConfig(budget_bytes=4 * GiB, arena_bytes=plan.stream_bytes + 2 * MiB,
+                                stream_bytes=plan.stream_bytes, sample_s=0.5),
+            pipeline=PipelineConfig(layer_bytes=plan.slot_bytes), trace=TraceConfig(dir=traces, max_events=10_000_000))
         with Scheduler(config) as sched:
-            init = {"seed": seed, "stream_bytes": config.memory.stream_bytes}
-            for role, cls in FAKES.items():
-                sched.spawn(role, cls, init, wait=False)
-            sched.wait_ready()
+            # a fixed budget and no trie: both blocks of a pair replay one workload
+            spec = ActorSpeculation(sched, "tree", store, store, SamplingConfig(), TreeConfig(width=6, adaptive=False, trie=False),
+                                    1, 1 << 20, 64, plan=plan, worker={"share": 0.3, "columns": 0.2}, model_args=args,
+                                    impl=FAKES)
 
             def block(on: bool, seed: int) -> dict:
                 for role in FAKES:
-                    sched.call(role, "reseed", {"seed": seed})  # both arms of a pair replay one workload
-                policy = PipelinePolicy(dataclasses.replace(config.pipeline, max_tokens=tokens), config.partition,
-                                        config.memory.stream_bytes)
+                    sched.call(role, "reseed", {"seed": seed})
                 feed = MonitorFeed(sched) if on else None
                 mon = Monitor(feed, console=_console()) if on else None
                 if mon:
@@ -151,17 +161,20 @@ def bench_pipeline(pairs: int, tokens: int, seed: int = 0) -> dict:
                 cpu0 = _thread_cpu_s(_monitor_threads(mon, feed)) if mon else 0.0
                 cpu = 0.0
                 try:
-                    res = run_pipeline(sched, policy, on_round=feed.on_round if feed else None)
+                    gen = spec.generate(prompt, tokens, set(), on_cycle=feed.on_tokens if feed else None)
                 finally:
                     if mon:
                         cpu = _thread_cpu_s(_monitor_threads(mon, feed)) - cpu0
                         mon.stop()
                 dt = time.perf_counter() - t0
-                return {"n": res.tokens, "s": dt, "rate": res.tokens / dt, "frames": mon.frames if mon else 0,
-                        "monitor_cpu_s": cpu}
+                n = len(gen.new_ids)
+                return {"n": n, "s": dt, "rate": n / dt, "frames": mon.frames if mon else 0, "monitor_cpu_s": cpu}
 
-            block(True, -1)  # warm up
-            arms = _pairs(pairs, block)
+            try:
+                block(True, -1)  # warm up
+                arms = _pairs(pairs, block)
+            finally:
+                spec.close()
     return {"tokens": tokens, "pairs": pairs, **_summary(arms, "rate"), "blocks": arms}
 
 
@@ -223,7 +236,7 @@ def frame_cost(frames: int = 200) -> dict:
 def bench(pairs: int = 20, tokens: int = 80, cpu_s: float = 1.5) -> dict:
     out = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                        "python": platform.python_version()},
-           "frame": frame_cost(), "pipeline": bench_pipeline(pairs, tokens)}
+           "frame": frame_cost(), "generation": bench_generation(pairs, tokens)}
     if cpu_s > 0:
         out["cpu"] = bench_cpu(pairs, cpu_s)
     return out
@@ -238,8 +251,8 @@ def format_result(r: dict) -> str:
                 f"{x['total_ratio']:.4f}, median of {x['pairs']} pairs {x['median_ratio']:.4f} "
                 f"(IQR {x['q1']:.4f}..{x['q3']:.4f}), slowdown {100 * (1 - x['median_ratio']):+.2f}%{clean}; "
                 f"the monitor's threads used {100 * x['monitor_cpu_frac']:.2f}% of one core")
-    p, f = r["pipeline"], r["frame"]
-    lines = [row(f"fake-actor pipeline ({p['tokens']} tokens a block)", p, "tok/s")]
+    p, f = r["generation"], r["frame"]
+    lines = [row(f"fake-actor generation ({p['tokens']} tokens a block)", p, "tok/s")]
     if "cpu" in r:
         lines.append(row(f"compute-bound loop in-process ({r['cpu']['seconds']:g} s a block)", r["cpu"], "steps/s"))
     lines.append(f"one frame: {f['frame_ms']:.2f} ms (snapshot {f['snapshot_ms']:.2f} ms); at 4 Hz "

@@ -1,13 +1,13 @@
 """Where the monitor's numbers come from: `MonitorFeed` turns what the run reports into
 `MonitorState` snapshots.
 
-- the scheduler's events (`Scheduler.add_listener`): a loader reply's `nbytes` (or `bytes`) ->
+- the scheduler's events (`Scheduler.add_listener`): a loader reply's `bytes` ->
   disk GB/s; actor deaths -> a note;
 - its actor table (`Scheduler.actor_status`): pid, handshake state, current op and for how long;
 - the memory ledger: live USS per process and PSS of all (its sampling thread), and the plan's
   lines, which split the budget bar (or `memory_parts()` when the run knows better);
 - CPU % per process (psutil, between snapshots);
-- the generation loop's callbacks: `on_tokens` / `on_round` (tokens, accepted length, alpha),
+- the generation loop's callbacks: `on_tokens` (tokens, accepted length, alpha: `on_cycle`),
   `on_text`, `on_disk_bytes`.
 
 Callbacks run on the run's thread and `snapshot` on the monitor's; one lock keeps them apart.
@@ -85,10 +85,6 @@ class MonitorFeed:
             if alpha is not None:
                 self._alpha.append(float(alpha))
 
-    def on_round(self, r) -> None:
-        """`run_pipeline(..., on_round=feed.on_round)`: a `RoundDone`."""
-        self.on_tokens(r.new_tokens, r.accepted, r.alpha)
-
     def on_text(self, piece: str) -> None:
         if not piece:
             return
@@ -105,11 +101,10 @@ class MonitorFeed:
                 self._disk_ev.popleft()
 
     def on_event(self, ev) -> None:
-        """The scheduler's listener: a loader reply carrying `nbytes` / `bytes` was read from disk."""
+        """The scheduler's listener: a loader reply carrying `bytes` was read from disk."""
         if type(ev) is ReplyEvent:
-            if ev.role == "loader" and ev.reply.ok:
-                res = ev.reply.result
-                n = res.get("nbytes", res.get("bytes"))  # the fake loader's key, the real one's
+            if ev.role == "loader" and ev.op == "load" and ev.reply.ok:
+                n = ev.reply.result.get("bytes")
                 if type(n) is int:
                     self.on_disk_bytes(n)
         elif type(ev) is DeadEvent:

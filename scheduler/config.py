@@ -37,7 +37,7 @@ class Timeouts:
     hello_s: float = 60.0  # process start -> HELLO (interpreter start and imports)
     init_s: float = 120.0  # INIT -> READY (the actor's heavy setup: loading weights)
     ready_s: float = 180.0  # `wait_ready`: every actor spawned together is READY
-    request_s: float = 60.0  # `call` and the pipeline: a request -> its reply
+    request_s: float = 60.0  # `call`, a streamed load, a split layer: a request -> its reply
     heartbeat_s: float = 30.0  # silence after which a READY actor counts as hung (longer than any step)
     shutdown_s: float = 1.0  # STOP -> exit, before the process tree is killed
 
@@ -69,37 +69,14 @@ class MemoryConfig:
 
 
 @dataclass(frozen=True)
-class PartitionConfig:
-    """How a target layer's work splits between the verifier and the CPU sparse-attention worker."""
-
-    attn_sparse_share: float = 0.25  # share of attention done as the sparse (tree x tree) part
-    linear_cpu_share: float = 0.0  # column share of the linear layers given to the CPU worker
-
-    def __post_init__(self):
-        for n in ("attn_sparse_share", "linear_cpu_share"):
-            v = getattr(self, n)
-            _require(isinstance(v, (int, float)) and 0.0 <= v < 1.0, f"partition.{n}", v, "in [0, 1)")
-
-
-@dataclass(frozen=True)
 class PipelineConfig:
-    """The draft -> load -> verify loop of one generation step."""
+    """The streamed target (scheduler/streaming.py)."""
 
-    n_layers: int = 8  # target layers streamed per verification
-    layer_bytes: int = 1 * MiB  # one streaming slot
-    verify_width: int = 8  # a tree this large is verified even if the draft is confident
-    alpha: float = 0.5  # initial fallback threshold: verify once tree confidence Tc < alpha
-    alpha_step: float = 0.1  # relative alpha change after each verification
-    load_depth: int = 2  # loads in flight at once
-    max_tokens: int = 64  # stop after this many accepted tokens
-    draft_shares_unit: bool = True  # draft and verifier on one unit: never compute at once
+    layer_bytes: int = 1 * MiB  # one streaming slot: the largest group streamed (scheduler/memplan.py)
 
     def __post_init__(self):
-        _positive("pipeline", self, "n_layers", "layer_bytes", "verify_width", "load_depth", "max_tokens")
-        for n in ("n_layers", "layer_bytes", "verify_width", "load_depth", "max_tokens"):
-            _require(type(getattr(self, n)) is int, f"pipeline.{n}", getattr(self, n), "an int")
-        _require(0.0 < self.alpha < 1.0, "pipeline.alpha", self.alpha, "in (0, 1)")
-        _require(0.0 <= self.alpha_step < 1.0, "pipeline.alpha_step", self.alpha_step, "in [0, 1)")
+        _positive("pipeline", self, "layer_bytes")
+        _require(type(self.layer_bytes) is int, "pipeline.layer_bytes", self.layer_bytes, "an int")
 
 
 def default_trace_dir() -> Path:
@@ -133,7 +110,6 @@ class TraceConfig:
 @dataclass(frozen=True)
 class RuntimeConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
-    partition: PartitionConfig = field(default_factory=PartitionConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     timeouts: Timeouts = field(default_factory=Timeouts)
     trace: TraceConfig = field(default_factory=TraceConfig)

@@ -1,8 +1,8 @@
 """The scheduler: owns the run (arena, sockets, actor processes, trace) and talks to its actors.
 
     with Scheduler(config) as s:                      # plan memory, sweep, arena, ROUTER, watchdog
-        s.spawn("verifier", FakeVerifierActor, {...})  # HELLO -> INIT -> READY, each step timed
-        reply = s.call("verifier", "verify_layer", {...}, {"w": desc})
+        s.spawn("verifier", "actors.verifier:VerifierActor", {...})  # HELLO -> INIT -> READY, each step timed
+        reply = s.call("verifier", "layer", {"group": "layer.3"}, {"slot": desc})
         rid = s.send("loader", "load", ...); events = s.poll(0.1)   # replies, deaths, errors
     # exit: STOP, join to timeouts.shutdown_s, kill the trees, unlink, write traces/<run-id>.json
 

@@ -4,6 +4,7 @@ Streamed groups are needed in one fixed order every forward (layers, then the he
 loader simply works through that cycle ahead of the verifier, as far as free slots allow
 (`prefetch`, the pipelined modes: the next forward's first layers load while the draft drafts)
 or only on demand (`std`). A slot goes back to the pool when the verifier's layer op replies.
+The trace's "loader slots" counter follows the bytes of slots held against the bound.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 from cadence.errors import CadenceError
 from scheduler.events import DeadEvent, ErrorEvent, ReplyEvent
-from scheduler.errors import ActorDead, ActorError
+from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.runtime import Scheduler
 
 
@@ -51,7 +52,13 @@ class Streamer:
         rid = self.s.send("loader", "load", {"group": group}, {"slot": self.s.slot_desc(slot)})
         self.inflight[rid] = (group, slot)
         self.queue.append(group)
+        self._count()
         return True
+
+    def _count(self):
+        if self.s.tracer.enabled:
+            slots = self.s.stream_slots
+            self.s.tracer.counter("loader slots", {"used": slots.used_bytes, "bound": slots.capacity})
 
     def refill(self):
         """Keep loading ahead along the cycle while slots are free (pipelined modes)."""
@@ -88,11 +95,12 @@ class Streamer:
                 self.on_events(self.s.poll(0.05))
             self.next = (self.next + 1) % len(self.streamed)
         t = time.perf_counter()
-        deadline = time.monotonic() + self.s.config.timeouts.request_s
+        limit = self.s.config.timeouts.request_s
+        deadline = time.monotonic() + limit
         while group not in self.ready:
             if time.monotonic() > deadline:
-                raise CadenceError(f"the loader did not bring {group} within {self.s.config.timeouts.request_s:.0f} s "
-                                   "(raise timeouts.request_s, or check the disk)")
+                rid = next((r for r, (g, _) in self.inflight.items() if g == group), 0)
+                raise RequestTimeout("loader", "load", rid, limit)
             self.on_events(self.s.poll(0.05))
         self.stats.wait_s += time.perf_counter() - t
         return self.ready[group]
@@ -102,6 +110,7 @@ class Streamer:
         assert self.queue[0] == group, (self.queue, group)
         self.queue.pop(0)
         self.s.stream_slots.free(slot)
+        self._count()
         self.refill()
 
     def feed(self, group: str) -> dict:
@@ -127,3 +136,4 @@ class Streamer:
         for g in list(self.ready):
             self.s.stream_slots.free(self.ready.pop(g))
         self.queue.clear()
+        self._count()

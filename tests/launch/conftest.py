@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.pipeline import run_pipeline
 from scheduler.runtime import Scheduler
-from tests.runtime.fake_run import policy_for, small_config, spawn_fakes
+from tests.runtime.fake_run import fake_model, fake_plan, prompt, small_config, speculation
 
 
 @dataclass(frozen=True)
@@ -17,14 +16,22 @@ class FakeTrace:
     path: Path
     trace: dict
     tokens: int
-    rounds: int
+    rounds: int  # verifications of a draft tree: one arrow each from the tree to its verification
     pids: dict  # role -> pid
 
 
 @pytest.fixture(scope="session")
 def fake_trace(tmp_path_factory) -> FakeTrace:
+    """The scheduler `launch run` uses over the four fakes: streamed, tree mode with the worker, a
+    fixed budget and no trie, so that every verification is of a tree the draft built."""
     d = tmp_path_factory.mktemp("traces")
-    with Scheduler(small_config(d, max_tokens=40)) as s:
-        pids = spawn_fakes(s, seed=11)
-        res = run_pipeline(s, policy_for(s))
-    return FakeTrace(s.trace_path, json.loads(s.trace_path.read_text()), res.tokens, res.rounds, pids)
+    plan = fake_plan()
+    with Scheduler(small_config(d, plan)) as s:
+        spec = speculation(s, fake_model(tmp_path_factory.mktemp("model"), seed=11), "tree", plan,
+                           worker={"share": 0.3, "columns": 0.2}, adaptive=False, trie=False)
+        pids = {role: a.pid for role, a in s.actors.items()}
+        try:
+            gen = spec.generate(prompt(), 40, set())
+        finally:
+            spec.close()
+    return FakeTrace(s.trace_path, json.loads(s.trace_path.read_text()), len(gen.new_ids), gen.stats["verifications"], pids)

@@ -7,6 +7,7 @@ import io
 import os
 import re
 import time
+from collections import Counter
 
 from rich.console import Console
 
@@ -16,51 +17,60 @@ from launch.monitor import (ActorRow, LogMonitor, MemoryPart, Monitor, MonitorSt
 from launch.monitor_feed import MonitorFeed
 from launch.progress import step_progress, track_steps
 from scheduler.events import DeadEvent, ReplyEvent
-from scheduler.pipeline import run_pipeline
 from scheduler.runtime import Scheduler
-from tests.runtime.fake_run import policy_for, small_config, spawn_fakes
+from tests.runtime.fake_run import fake_model, fake_plan, prompt, small_config, speculation
 
 
 def _recording(width=120) -> Console:
     return Console(record=True, width=width, file=io.StringIO(), force_terminal=False, color_system=None)
 
 
-def test_monitor_renders_real_numbers_from_a_fake_run():
+def test_monitor_renders_real_numbers_from_a_fake_run(tmp_path):
     console = _recording()
-    rounds = []
-    with Scheduler(small_config(None, max_tokens=40)) as s:
-        pids = spawn_fakes(s, seed=2)
+    cycles = []  # (tokens committed, accepted, alpha) of each cycle, as `launch run` feeds the monitor
+    plan = fake_plan()
+    with Scheduler(small_config(None, plan)) as s:
+        spec = speculation(s, fake_model(tmp_path, seed=2), "tree", plan)
+        pids = {role: a.pid for role, a in s.actors.items()}
         feed = MonitorFeed(s)
         mon = Monitor(feed, console=console, refresh_hz=20)
         mon.start()
+
+        def on_cycle(n, accepted, alpha):
+            cycles.append((n, accepted, alpha))
+            feed.on_tokens(n, accepted, alpha)
+            feed.on_text(f"<{sum(c[0] for c in cycles)}>")
+
         try:
-            res = run_pipeline(s, policy_for(s), on_round=lambda r: (rounds.append(r), feed.on_round(r),
-                                                                       feed.on_text(f"<{r.tokens}>")))
+            gen = spec.generate(prompt(), 40, set(), on_cycle=on_cycle)
             time.sleep(0.3)  # let the ledger's sampler (every 0.2 s) see every actor
             state = feed.snapshot()
         finally:
             mon.stop()
+            spec.close()
     assert mon.frames >= 2  # Live's thread drew while the run went on
     assert s._listeners == []  # stop closed the feed
     # the snapshot: the run's real figures
-    assert state.tokens == res.tokens and sum(c for _, c in state.accepted_hist) == res.rounds
-    assert dict(state.accepted_hist) == {k: sum(r.accepted == k for r in rounds) for k in {r.accepted for r in rounds}}
-    assert state.alpha == tuple(r.alpha for r in rounds) and state.alpha[-1] == res.alpha
+    tokens = len(gen.new_ids)
+    verified = [(a, alpha) for _, a, alpha in cycles if a is not None]
+    assert state.tokens == tokens and sum(c for _, c in state.accepted_hist) == len(verified) > 0
+    assert dict(state.accepted_hist) == dict(Counter(a for a, _ in verified))
+    assert state.alpha == tuple(alpha for _, alpha in verified)
     assert {a.role: a.pid for a in state.actors} == {"scheduler": os.getpid(), **pids}
     assert all(a.state == "ready" and a.uss and a.uss > 0 for a in state.actors if a.role != "scheduler")
-    assert state.tokens_per_s > 0 and state.disk_gbps > 0  # the loader's replies carry nbytes
+    assert state.tokens_per_s > 0 and state.disk_gbps > 0  # the loader's replies carry bytes
     assert state.budget_bytes == s.config.memory.budget_bytes and state.measured_bytes > 0
     assert [p.name for p in state.memory] == ["streaming slots", "arena"]
     assert sum(p.nbytes for p in state.memory) == s.config.memory.arena_bytes
-    assert state.text.endswith(f"<{res.tokens}>")
+    assert state.text.endswith(f"<{tokens}>")
     # what the console shows: the last frame, drawn from the same numbers
     text = console.export_text()
     last = text[text.rindex("cadence run"):]
-    assert f"{res.tokens} tokens" in last and f"alpha {res.alpha:.3f}" in last
+    assert f"{tokens} tokens" in last and f"alpha {verified[-1][1]:.3f}" in last
     for role, pid in pids.items():
         assert re.search(rf"\b{role}\s+{pid}\s+ready\b", last)
-    assert "accepted length" in last and f"<{res.tokens}>" in last and " held of " in last
-    mean = sum(r.accepted for r in rounds) / len(rounds)
+    assert "accepted length" in last and f"<{tokens}>" in last and " held of " in last
+    mean = sum(a for a, _ in verified) / len(verified)
     assert f"mean accepted {mean:.2f}" in last
 
 
@@ -144,9 +154,9 @@ def test_feed_callbacks():
         for a in (0.1, 0.2, 0.3, 0.4):
             feed.on_tokens(2, accepted=1, alpha=a)
         feed.on_tokens(1)  # the prefill's token: no verification
-        feed.on_event(ReplyEvent("loader", "load", wire.Reply(1, True, {"nbytes": 2_000_000_000}, {}, None)))
+        feed.on_event(ReplyEvent("loader", "load", wire.Reply(1, True, {"bytes": 2_000_000_000}, {}, None)))
         feed.on_event(ReplyEvent("loader", "load", wire.Reply(3, True, {"group": "l0", "bytes": 10**9}, {}, None)))
-        feed.on_event(ReplyEvent("verifier", "verify_layer", wire.Reply(2, True, {"nbytes": 5}, {}, None)))  # not I/O
+        feed.on_event(ReplyEvent("verifier", "layer", wire.Reply(2, True, {"bytes": 5}, {}, None)))  # not I/O
         feed.on_event(DeadEvent("draft", "was killed by SIGKILL"))
         time.sleep(0.05)
         s = feed.snapshot()
@@ -196,6 +206,6 @@ def test_overhead_bench_runs():
     from launch.monitor_bench import bench, format_result
 
     r = bench(pairs=1, tokens=10, cpu_s=0.2)
-    assert r["pipeline"]["off_rate"] > 0 and r["pipeline"]["on_rate"] > 0 and r["cpu"]["median_ratio"] > 0
-    assert all(b["frames"] >= 1 for b in r["pipeline"]["blocks"]["on"])
+    assert r["generation"]["off_rate"] > 0 and r["generation"]["on_rate"] > 0 and r["cpu"]["median_ratio"] > 0
+    assert all(b["frames"] >= 1 for b in r["generation"]["blocks"]["on"])
     assert r["frame"]["frame_ms"] > 0 and "median of 1 pairs" in format_result(r)

@@ -134,10 +134,10 @@ def test_viewer_draws_the_trace_zooms_pans_and_shows_args_on_click(browser, fake
     panned = view()
     assert panned[0] > after[0] and abs((panned[1] - panned[0]) - (after[1] - after[0])) < 1e-6 * (after[1] - after[0])
 
-    # click a verify_layer span: the panel shows its args
+    # click a layer span (a streamed group the verifier computed): the panel shows its args
     vpid = fake_trace.pids["verifier"]
     span = next(e for e in trace["traceEvents"][len(trace["traceEvents"]) // 2:]
-                if e["ph"] == "X" and e["pid"] == vpid and e["name"] == "verify_layer")
+                if e["ph"] == "X" and e["pid"] == vpid and e["name"] == "layer")
     browser.execute_script("viewer.setView(arguments[0], arguments[1])",
                            span["ts"] - span["dur"], span["ts"] + 2 * span["dur"])
     r = browser.execute_script("return viewer.spanScreenRect(arguments[0], arguments[1], arguments[2])",
@@ -152,7 +152,7 @@ def test_viewer_draws_the_trace_zooms_pans_and_shows_args_on_click(browser, fake
     shown = json.loads(browser.find_element(By.ID, "args-json").text)
     assert shown == span["args"] and shown["req"] > 0
     details = browser.find_element(By.ID, "args").text
-    assert "verify_layer" in details and f"pid {vpid}" in details
+    assert "layer" in details and f"pid {vpid}" in details
 
     # a screenshot: a real picture with the categories' colours in it
     shot = tmp_path / "viewer.png"

@@ -1,5 +1,6 @@
-"""A whole fake run: a scheduler, the four fake actors and the pipeline. Tests import
-`small_config` and `spawn_fakes`; the fault tests also run it as a separate process
+"""A whole fake run: the scheduler `launch run` uses (`ActorSpeculation` over a `Scheduler`) with the
+fake actors of actors/fake.py, a fake model and a real memory plan of it. Tests import `fake_model`,
+`fake_plan`, `small_config` and `speculation`; the fault tests also run it as a separate process
 (`python -m tests.runtime.fake_run`) to SIGKILL or Ctrl-C the scheduler itself.
 """
 from __future__ import annotations
@@ -7,49 +8,81 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 
-from actors.fake import FAKES
+from actors.fake import FAKES, target_text, write_fake_store
 from cadence.errors import CadenceError
-from scheduler.config import GiB, KiB, MemoryConfig, PartitionConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
-from scheduler.pipeline import run_pipeline
-from scheduler.policy import PipelinePolicy
+from cadence.settings import SamplingConfig, TreeConfig
+from scheduler.config import GiB, KiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
+from scheduler.memplan import Overheads, plan_memory
 from scheduler.runtime import Scheduler
+from scheduler.speculation import ActorSpeculation
+
+VOCAB = 64
+CONTEXT = 1 << 20
+# the target: eight layers and a head in two parts, in forward order (models/convert.py's groups)
+GROUPS = {**{f"layer.{i}": 48 * KiB for i in range(8)}, "head.0": 64 * KiB, "head.1": 64 * KiB}
+# what the sparse worker's arena slots are sized from (scheduler/speculation.py, `_worker_slots`)
+MODEL_ARGS = {"n_layers": 8, "n_heads": 2, "head_dim": 4, "n_kv_heads": 1, "dim": 8, "ffn_dim": 16}
+NO_OVERHEADS = Overheads(scheduler=0, watchdog=0, runtime=0, actor=0, exchange=64 * KiB, verifier_activations=0,
+                         draft_activations=0, code=0)
 
 
-def small_config(trace_dir=None, max_tokens=24, **timeouts) -> RuntimeConfig:
-    """4 streaming slots of 64 KiB for 8 layers: the loader must reuse slots every round."""
+def fake_model(path, seed: int = 0, **roles) -> str:
+    """The fake model's directory; `roles`: each role's script (actors/fake.py)."""
+    return write_fake_store(path, GROUPS, VOCAB, seed, **roles)
+
+
+def fake_plan(resident: int = 2):
+    """A real memory plan of the fake model with room for `resident` groups beside the slots:
+    2 keeps 3 groups resident, spread between 7 streamed ones, in 2 slots of 64 KiB."""
+    budget = NO_OVERHEADS.exchange + sum(sorted(GROUPS.values())[:resident]) + 3 * 64 * KiB
+    return plan_memory(budget, GROUPS, 0, 0, 0, NO_OVERHEADS)
+
+
+def small_config(trace_dir=None, plan=None, **timeouts) -> RuntimeConfig:
+    """The arena holds the plan's slots (or four of 64 KiB) and 2 MiB to exchange tensors."""
+    stream = plan.stream_bytes if plan is not None else 256 * KiB
+    slot = plan.slot_bytes if plan is not None else 64 * KiB
     return RuntimeConfig(
-        memory=MemoryConfig(budget_bytes=4 * GiB, arena_bytes=1024 * KiB, stream_bytes=256 * KiB, sample_s=0.2),
-        partition=PartitionConfig(attn_sparse_share=0.3, linear_cpu_share=0.2),
-        pipeline=PipelineConfig(n_layers=8, layer_bytes=64 * KiB, verify_width=6, max_tokens=max_tokens),
+        memory=MemoryConfig(budget_bytes=4 * GiB, arena_bytes=stream + 2 * MiB, stream_bytes=stream, sample_s=0.2),
+        pipeline=PipelineConfig(layer_bytes=slot),
         timeouts=Timeouts(**{"hello_s": 30.0, "init_s": 30.0, "ready_s": 60.0, "request_s": 20.0, **timeouts}),
         trace=TraceConfig(enabled=trace_dir is not None, dir=str(trace_dir) if trace_dir else None),
     )
 
 
-def spawn_fakes(sched: Scheduler, seed: int = 0, roles=tuple(FAKES)) -> dict[str, int]:
-    """Start the fakes in parallel (each pays interpreter start once); returns role -> pid."""
-    init = {"seed": seed, "stream_bytes": sched.config.memory.stream_bytes}
-    for role in roles:
-        sched.spawn(role, FAKES[role], init, wait=False)
-    sched.wait_ready(list(roles))
-    return {role: sched.actors[role].pid for role in roles}
+def speculation(sched: Scheduler, store: str, mode: str = "tree", plan=None, draft: bool = True,
+                worker: dict | None = None, **tree) -> ActorSpeculation:
+    """`ActorSpeculation` as `launch run` builds it, spawning the fakes; `draft` False: `--draft none`."""
+    cfg = TreeConfig(**{"mode": "chain" if mode == "chain" else "tree", **tree})
+    return ActorSpeculation(sched, mode, store, store if draft else None, SamplingConfig(), cfg, 1, CONTEXT, VOCAB,
+                            plan=plan, worker=worker, model_args=MODEL_ARGS if worker else None, impl=FAKES)
 
 
-def policy_for(sched: Scheduler) -> PipelinePolicy:
-    c = sched.config
-    return PipelinePolicy(c.pipeline, c.partition, c.memory.stream_bytes)
+def prompt(n: int = 40, seed: int = 1) -> list[int]:
+    """Text the target itself wrote, then its first half again: the n-gram trie has candidates."""
+    text = target_text([seed % VOCAB, (seed * 7) % VOCAB], n, VOCAB)
+    return text + text[: n // 2]
 
 
 def main() -> int:
-    """Run until killed: print one JSON line with the run id and pids once every actor is READY."""
+    """Generate until killed, streamed, with all four fakes: print one JSON line with the run id and
+    pids once every actor is READY."""
     trace_dir = os.environ.get("CADENCE_TEST_TRACE_DIR")
+    plan = fake_plan()
     try:
-        with Scheduler(small_config(trace_dir, max_tokens=10**9)) as sched:
-            pids = spawn_fakes(sched, seed=int(os.environ.get("CADENCE_TEST_SEED", "0")))
-            print(json.dumps({"run_id": sched.run_id, "pids": pids, "pid": os.getpid(),
-                              "watchdog": sched._watchdog.proc.pid, "zygote": sched.zygote_pid}), flush=True)
-            run_pipeline(sched, policy_for(sched))
+        with tempfile.TemporaryDirectory() as d, Scheduler(small_config(trace_dir, plan)) as sched:
+            spec = speculation(sched, fake_model(d, seed=int(os.environ.get("CADENCE_TEST_SEED", "0"))), plan=plan,
+                               worker={"share": 0.3, "columns": 0.2})
+            try:
+                pids = {role: p.pid for role, p in sched.actors.items()}
+                print(json.dumps({"run_id": sched.run_id, "pids": pids, "pid": os.getpid(),
+                                  "watchdog": sched._watchdog.proc.pid, "zygote": sched.zygote_pid}), flush=True)
+                while True:
+                    spec.generate(prompt(), 2000, set())
+            finally:
+                spec.close()
     except KeyboardInterrupt:
         print("fake_run: interrupted", file=sys.stderr, flush=True)
         return 130

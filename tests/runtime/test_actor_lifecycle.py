@@ -28,9 +28,10 @@ def run(config=None, **timeouts):
 def test_handshake_ping_and_clean_exit():
     with run() as s:
         proc = s.spawn("draft", FakeDraftActor, {"seed": 1})
-        assert proc.actor == "FakeDraftActor" and "draft_step" in proc.ops and "ping" in proc.ops
+        assert proc.actor == "FakeDraftActor" and "build" in proc.ops and "ping" in proc.ops
         assert s.call("draft", "ping", {"x": [1, "two"]}).result == {"x": [1, "two"]}
-        assert s.call("draft", "draft_step").result["conf"] > 0
+        s.call("draft", "start", {"prompt_ids": [1, 2], "first": [3]})
+        assert len(s.call("draft", "build", {"budget": 4}).result["tokens"]) == 4
     assert proc.popen.returncode == 0  # it stopped when asked, it was not killed
     assert_clean(s.run_id, [proc.pid])
 
@@ -40,7 +41,7 @@ def test_failed_op_answers_the_caller_and_the_actor_keeps_serving():
         s.spawn("draft", FakeDraftActor)
         with pytest.raises(ActorError, match=r"the draft actor failed 'fail' \(request \d+\): ValueError: bad weights"):
             s.call("draft", "fail", {"message": "bad weights"})
-        with pytest.raises(ActorError, match="has no op 'nope'; it serves .*draft_step"):
+        with pytest.raises(ActorError, match="has no op 'nope'; it serves .*build"):
             s.call("draft", "nope")
         assert s.call("draft", "ping").ok
     assert_clean(s.run_id)

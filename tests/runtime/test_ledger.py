@@ -8,7 +8,7 @@ import time
 import pytest
 
 from cadence.errors import CadenceError
-from scheduler.config import GiB, MiB, MemoryConfig, PartitionConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
+from scheduler.config import GiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
 from scheduler.ledger import BudgetError, MemoryLedger, fmt_bytes
 from scheduler.runtime import Scheduler
 from shm.arena import run_segments
@@ -67,9 +67,8 @@ def test_fmt_bytes():
     (lambda: Timeouts(heartbeat_s=-1.0), r"timeouts.heartbeat_s must be > 0, got -1.0"),
     (lambda: MemoryConfig(stream_bytes=128 * MiB, arena_bytes=64 * MiB), r"memory.stream_bytes must be an int in \[0, memory.arena_bytes"),
     (lambda: MemoryConfig(role_bytes={"draft": -1}), r"memory.role_bytes\['draft'\] must be an int >= 0, got -1"),
-    (lambda: PartitionConfig(attn_sparse_share=1.5), r"partition.attn_sparse_share must be in \[0, 1\), got 1.5"),
-    (lambda: PipelineConfig(n_layers=0), r"pipeline.n_layers must be > 0, got 0"),
-    (lambda: PipelineConfig(alpha=1.0), r"pipeline.alpha must be in \(0, 1\), got 1.0"),
+    (lambda: PipelineConfig(layer_bytes=0), r"pipeline.layer_bytes must be > 0, got 0"),
+    (lambda: PipelineConfig(layer_bytes=1.5), r"pipeline.layer_bytes must be an int, got 1.5"),
     (lambda: TraceConfig(max_events=0), r"trace.max_events must be > 0"),
     (lambda: RuntimeConfig(memory=MemoryConfig(stream_bytes=1 * MiB), pipeline=PipelineConfig(layer_bytes=1 * MiB)),
      r"memory.stream_bytes=1048576 holds fewer than two streaming slots of pipeline.layer_bytes=1048576"),

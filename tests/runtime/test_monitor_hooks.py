@@ -1,5 +1,5 @@
-"""The hooks the monitor reads: event listeners, the actor table with current ops, the pipeline's
-per-round callback and counters, and flows linking the spans of two requests."""
+"""The hooks the monitor reads: event listeners, the actor table with current ops, the generation's
+per-cycle callback and counters, and flows linking the spans of two requests."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,9 @@ from actors.fake import FakeDraftActor
 from actors.tracing import Tracer
 from scheduler.config import TraceConfig
 from scheduler.events import DeadEvent, ReplyEvent
-from scheduler.pipeline import RoundDone, run_pipeline
 from scheduler.runtime import Scheduler
 from scheduler.trace import TraceSink, validate_trace
-from tests.runtime.fake_run import policy_for, small_config, spawn_fakes
+from tests.runtime.fake_run import fake_model, fake_plan, prompt, small_config, speculation
 
 
 def test_listener_sees_events_and_actor_status_shows_the_current_op(tmp_path):
@@ -45,24 +44,31 @@ def test_listener_sees_events_and_actor_status_shows_the_current_op(tmp_path):
         assert s.actor_status()[0].state == "dead"
 
 
-def test_pipeline_reports_each_round_and_writes_its_counters_and_tree_flows(tmp_path):
-    rounds: list[RoundDone] = []
-    with Scheduler(small_config(tmp_path, max_tokens=20)) as s:
-        pids = spawn_fakes(s, seed=5)
-        res = run_pipeline(s, policy_for(s), on_round=rounds.append)
-    assert [r.round for r in rounds] == list(range(1, res.rounds + 1))
-    assert sum(r.new_tokens for r in rounds) == rounds[-1].tokens == res.tokens
-    assert all(0 <= r.accepted <= r.tree for r in rounds) and rounds[-1].alpha == res.alpha
+def test_generation_reports_each_cycle_and_writes_its_counters_and_tree_flows(tmp_path):
+    cycles = []  # on_cycle: (tokens committed, accepted, alpha); None, None for the prefill and plain steps
+    plan = fake_plan()
+    with Scheduler(small_config(tmp_path / "traces", plan)) as s:
+        spec = speculation(s, fake_model(tmp_path / "model", seed=5), "tree", plan, adaptive=False, trie=False)
+        pids = {role: a.pid for role, a in s.actors.items()}
+        try:
+            gen = spec.generate(prompt(), 30, set(), on_cycle=lambda *c: cycles.append(c))
+        finally:
+            spec.close()
+    verified = [c for c in cycles if c[1] is not None]
+    assert sum(n for n, _, _ in cycles) == len(gen.new_ids) and len(verified) == gen.stats["verifications"] > 0
+    assert all(n == a + 1 for n, a, _ in verified[:-1])  # the accepted tokens and the target's own
     obj = json.loads(s.trace_path.read_text())
     assert validate_trace(obj) == [] and obj["otherData"]["unpaired_flow_events"] == 0
     evs = obj["traceEvents"]
     counter = lambda name: [e["args"] for e in evs if e["ph"] == "C" and e["name"] == name]
-    assert [c["total"] for c in counter("tokens")] == [r.tokens for r in rounds]
-    assert [c["alpha"] for c in counter("alpha")] == [r.alpha for r in rounds]
-    assert [(c["length"], c["tree"]) for c in counter("accepted")] == [(r.accepted, r.tree) for r in rounds]
+    totals = [sum(n for n, _, _ in cycles[:i + 1]) for i in range(1, len(cycles))]  # after each cycle but the prefill
+    assert [c["total"] for c in counter("tokens")] == totals
+    assert [c["alpha"] for c in counter("alpha")] == [alpha for _, _, alpha in verified]
+    assert [c["length"] for c in counter("accepted")] == [a for _, a, _ in verified]
+    assert all(c["length"] <= c["tree"] for c in counter("accepted"))
     tree = [e for e in evs if e["ph"] in "sf" and e["cat"] == "tree"]
     starts = [e for e in tree if e["ph"] == "s"]
-    assert len(starts) == res.rounds and len(tree) == 2 * res.rounds  # one arrow per verified tree
+    assert len(starts) == len(verified) and len(tree) == 2 * len(verified)  # one arrow per verified tree
     assert {e["pid"] for e in starts} == {pids["draft"]}
     assert {e["pid"] for e in tree if e["ph"] == "f"} == {pids["verifier"]}
 
@@ -70,10 +76,10 @@ def test_pipeline_reports_each_round_and_writes_its_counters_and_tree_flows(tmp_
 def test_sink_links_the_spans_that_served_two_requests(tmp_path):
     sink = TraceSink("1x02", TraceConfig(dir=str(tmp_path)), 0)
     draft, verifier = Tracer(), Tracer()
-    with draft.span("draft_step", cat="draft", args={"req": 1}):
+    with draft.span("build", cat="draft", args={"req": 1}):
         pass
     time.sleep(0.001)
-    with verifier.span("verify_layer", cat="verifier", args={"req": 2}):
+    with verifier.span("verify", cat="verifier", args={"req": 2}):
         pass
     sink.name_process(10, "draft")
     sink.name_process(20, "verifier")

@@ -1,6 +1,7 @@
-"""The scheduler with all four fake actors: pipeline order, the loader's memory bound, a SIGKILL
-of each role at a random point, the scheduler itself SIGKILLed, Ctrl-C, and a stress test.
-After every fault: no /dev/shm segment of the run, no orphan process, one line naming the role."""
+"""Faults in the scheduler `launch run` uses (`ActorSpeculation` with the fake actors): each role
+SIGKILLed at a scripted point, an op that fails, an actor that hangs, the zygote killed, the scheduler
+itself SIGKILLed or Ctrl-C'd; and a stress test of the arena across processes. After every fault: one
+error naming the role, no /dev/shm segment of the run, no orphan process."""
 from __future__ import annotations
 
 import json
@@ -9,92 +10,91 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 import zlib
 
 import numpy as np
 import pytest
 
-from actors.fake import FAKES
+from actors.fake import FAKES, target_text
 from scheduler.config import KiB, MiB, MemoryConfig
-from scheduler.errors import ActorDead
-from scheduler.pipeline import run_pipeline
+from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.runtime import ReplyEvent, Scheduler
 from scheduler.trace import validate_trace
 from shm.desc import TensorDesc
 from shm.watchdog import REPO_ROOT, python_env
 from tests.runtime.conftest import alive, assert_clean, wait_until
-from tests.runtime.fake_run import policy_for, small_config, spawn_fakes
+from tests.runtime.fake_run import VOCAB, fake_model, fake_plan, prompt, small_config, speculation
 
-ROLES = ("draft", "verifier", "sparse", "loader")
-
-
-def test_pipeline_order_and_the_loaders_memory_bound(seed):
-    with Scheduler(small_config(max_tokens=32)) as s:
-        pids = spawn_fakes(s, seed)
-        policy = policy_for(s)
-        result = run_pipeline(s, policy)
-        loader = s.call("loader", "stats").result
-        bound = s.config.memory.stream_bytes
-        assert result.tokens >= 32
-        # the bound held: the allocator, the policy, and where the loader actually wrote
-        assert result.peak_stream_bytes <= bound and policy.peak_held <= bound
-        assert loader["max_end"] <= bound and loader["region"] == bound
-        assert loader["bytes_written"] > 4 * bound  # every slot was reused many times...
-        assert s.stream_slots.used_bytes == 0  # ...and all came back
-        # (the verifier and sparse worker check every slot's stamp: a reuse before release would have failed)
-        done = {(r, a.get("seq")): t for t, kind, r, _, a in result.timeline if kind == "done"}
-        verifies = [(t, a["seq"]) for t, kind, r, _, a in result.timeline if kind == "send" and r == "verifier"]
-        assert [q for _, q in verifies] == list(range(len(verifies)))
-        assert all(t >= done[("loader", q)] for t, q in verifies), "a layer was verified before it was loaded"
-        busy = {"draft": [], "verifier": []}
-        start = {}
-        for t, kind, r, _, a in result.timeline:
-            if r in busy:
-                if kind == "send":
-                    start[r] = t
-                else:
-                    busy[r].append((start.pop(r), t))
-        assert not [1 for d0, d1 in busy["draft"] for v0, v1 in busy["verifier"] if d0 < v1 and v0 < d1], \
-            "draft and verifier computed at once on a shared unit"
-    assert_clean(s.run_id, list(pids.values()))
+# where each role is hit: the op it serves most in a streamed tree run with the worker
+OPS = {"verifier": "layer", "draft": "build", "loader": "load", "sparse": "attend"}
+WORKER = {"share": 0.3, "columns": 0.2}
 
 
-@pytest.mark.parametrize("role", ROLES)
-def test_each_role_sigkilled_at_a_random_point(role, seed, tmp_path):
-    delay = random.Random(f"{seed}:{role}").uniform(0.0, 1.2)
-    print(f"killing the {role} actor {delay:.3f} s after spawn")
-    s = Scheduler(small_config(tmp_path, max_tokens=10**9))
-    with pytest.raises(ActorDead) as e:
+def _run_all_four(tmp_path, script: dict, seed: int, trace: bool = False, **timeouts):
+    """A streamed tree run with all four fakes, one role scripted: (the scheduler, the error it ended
+    with, the actors' pids, the seconds the generation ran)."""
+    plan = fake_plan()
+    s = Scheduler(small_config(tmp_path / "traces" if trace else None, plan, **timeouts))
+    pids, t0 = [], time.monotonic()
+    try:
         with s:
-            for r in ROLES:
-                s.spawn(r, FAKES[r], {"seed": seed, "stream_bytes": s.config.memory.stream_bytes}, wait=False)
-            pids = [p.pid for p in s.actors.values()]
-            victim = s.actors[role].pid
-            threading.Timer(delay, os.kill, (victim, signal.SIGKILL)).start()
-            s.wait_ready()
-            run_pipeline(s, policy_for(s))
-    assert str(e.value) == f"the {role} actor was killed by SIGKILL" and e.value.role == role
+            spec = speculation(s, fake_model(tmp_path / "model", seed, **script), "tree", plan, worker=WORKER)
+            pids = [a.pid for a in s.actors.values()]
+            t0 = time.monotonic()
+            try:
+                spec.generate(prompt(seed=seed), 400, set())
+            finally:
+                if not any(r.get("hang_at") for r in script.values()):  # a hung loader's loads never drain
+                    spec.close()
+    except Exception as e:
+        return s, e, pids, time.monotonic() - t0
+    return s, None, pids, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("role", list(OPS))
+def test_each_role_sigkilled_at_a_scripted_point(role, seed, tmp_path):
+    n = random.Random(f"{seed}:{role}").randint(1, 4)
+    print(f"the {role} actor kills itself at its request {n} of {OPS[role]!r}")
+    s, e, pids, _ = _run_all_four(tmp_path, {role: {"die_at": {OPS[role]: n}}}, seed, trace=True)
+    assert isinstance(e, ActorDead) and e.role == role, e
+    assert str(e) == f"the {role} actor was killed by SIGKILL"
     assert_clean(s.run_id, pids)
     assert validate_trace(json.loads(s.trace_path.read_text())) == []  # a run that died still leaves a valid trace
 
 
-def test_a_killed_zygote_costs_nothing_but_a_new_one_for_the_next_spawn(seed):
+@pytest.mark.parametrize("role", list(OPS))
+def test_an_op_that_fails_is_one_actor_error(role, seed, tmp_path):
+    s, e, pids, _ = _run_all_four(tmp_path, {role: {"fail_at": {OPS[role]: 2}}}, seed)
+    assert isinstance(e, ActorError) and (e.role, e.op) == (role, OPS[role]), e
+    assert "scripted failure" in str(e) and f"the {role} actor failed {OPS[role]!r}" in str(e)
+    assert_clean(s.run_id, pids)
+
+
+@pytest.mark.parametrize("role", list(OPS))
+def test_a_hung_actor_times_out(role, seed, tmp_path):
+    """It keeps heartbeating, so only the request's own timeout (timeouts.request_s) can tell."""
+    s, e, pids, took = _run_all_four(tmp_path, {role: {"hang_at": {OPS[role]: 2}}}, seed, request_s=1.0, shutdown_s=0.3)
+    assert isinstance(e, RequestTimeout) and (e.role, e.op) == (role, OPS[role]), e
+    assert str(e).endswith("within 1 s (raise timeouts.request_s)")
+    assert 1.0 <= took < 3.0, f"the timeout of 1 s took {took:.2f} s"
+    assert_clean(s.run_id, pids)
+
+
+def test_a_killed_zygote_costs_nothing_but_a_new_one_for_the_next_spawn(seed, tmp_path):
     """The actors fork from the zygote but are the scheduler's own children: its death mid-run stops
     nothing; the next spawn starts a new zygote; all of them are gone at the end."""
-    with Scheduler(small_config(max_tokens=16)) as s:
-        s.spawn("verifier", FAKES["verifier"], {"seed": seed, "stream_bytes": s.config.memory.stream_bytes})
+    with Scheduler(small_config()) as s:
+        spec = speculation(s, fake_model(tmp_path, seed), "tree")
         first = s.zygote_pid
         os.kill(first, signal.SIGKILL)
         assert wait_until(lambda: not alive(first), 3.0)
-        assert s.call("verifier", "stats").ok  # the actor it forked runs on
-        pids = spawn_fakes(s, seed, roles=("draft", "sparse", "loader"))
+        assert spec.generate(prompt(seed=seed), 30, set()).new_ids == target_text(prompt(seed=seed), 30, VOCAB)
+        s.spawn("extra", FAKES["loader"])
         assert s.zygote_pid not in (None, first)
-        result = run_pipeline(s, policy_for(s))
-        assert result.tokens >= 16
+        pids = [a.pid for a in s.actors.values()]
         zygotes = [first, s.zygote_pid]
-    assert_clean(s.run_id, [*pids.values(), s.actors["verifier"].pid, *zygotes])
+    assert_clean(s.run_id, [*pids, *zygotes])
 
 
 def _start_fake_run(seed: int, **popen) -> tuple[subprocess.Popen, dict]:
@@ -152,7 +152,7 @@ def _ctrl_c_stops(p, info, seed):
     assert p.returncode == 130
     assert_clean(info["run_id"], actors + [info["watchdog"], info["zygote"]])
     _, err = p.communicate(timeout=5)
-    assert f"run {info['run_id']} interrupted (Ctrl-C); stopping draft, verifier, sparse, loader" in err, err
+    assert f"run {info['run_id']} interrupted (Ctrl-C); stopping sparse, loader, verifier, draft" in err, err
     assert "Traceback" not in err
 
 
@@ -164,7 +164,10 @@ def test_stress_random_sizes_and_sleeps_across_processes(seed):
     cfg = type(cfg)(**{**cfg.__dict__, "memory": MemoryConfig(budget_bytes=cfg.memory.budget_bytes, arena_bytes=12 * MiB,
                                                               stream_bytes=256 * KiB, sample_s=0.2)})
     with Scheduler(cfg) as s:
-        pids = spawn_fakes(s, seed, roles=("draft", "verifier", "sparse"))
+        for role in ("draft", "verifier", "sparse"):
+            s.spawn(role, FAKES[role], {"seed": seed}, wait=False)
+        s.wait_ready()
+        pids = {role: p.pid for role, p in s.actors.items()}
         arena = np.frombuffer(s.arena.buf, dtype=np.uint8)
         inflight, done, sent = {}, 0, 0
         while done < 300:

@@ -7,11 +7,10 @@ import time
 
 from actors.tracing import Tracer
 from scheduler.config import TraceConfig
-from scheduler.pipeline import run_pipeline
 from scheduler.runtime import Scheduler
 from scheduler.trace import TraceSink, validate_trace
 from tests.runtime.conftest import assert_clean
-from tests.runtime.fake_run import policy_for, small_config, spawn_fakes
+from tests.runtime.fake_run import fake_model, fake_plan, prompt, small_config, speculation
 
 
 def _sink(tmp_path):
@@ -98,11 +97,16 @@ def test_validator_catches_what_viewers_would_drop():
 
 
 def test_fake_run_writes_one_valid_trace(tmp_path):
-    with Scheduler(small_config(tmp_path, max_tokens=16)) as s:
-        pids = spawn_fakes(s, seed=3)
-        run_pipeline(s, policy_for(s))
-    path = tmp_path / f"{s.run_id}.json"
-    assert s.trace_path == path and [p.name for p in tmp_path.iterdir()] == [path.name]
+    plan = fake_plan()
+    with Scheduler(small_config(tmp_path / "traces", plan)) as s:
+        spec = speculation(s, fake_model(tmp_path / "model", seed=3), "tree", plan, worker={"share": 0.3, "columns": 0.2})
+        pids = {role: a.pid for role, a in s.actors.items()}
+        try:
+            spec.generate(prompt(), 30, set())
+        finally:
+            spec.close()
+    path = tmp_path / "traces" / f"{s.run_id}.json"
+    assert s.trace_path == path and [p.name for p in path.parent.iterdir()] == [path.name]
     obj = json.loads(path.read_text())
     assert validate_trace(obj) == []
     evs = obj["traceEvents"]
@@ -112,11 +116,13 @@ def test_fake_run_writes_one_valid_trace(tmp_path):
     by_pid = {e["pid"] for e in evs if e["ph"] == "X"}
     assert by_pid == set(pids.values()) | {s.pid}  # every process recorded spans
     ops = {e["name"] for e in evs if e["ph"] == "X"}
-    assert {"draft_step", "load", "verify_layer", "sparse_attn", "compute", "send load"} <= ops
+    assert {"build", "advance", "begin", "layer", "dense", "merge", "load", "attend", "bind", "send load"} <= ops
+    assert any(n.startswith("compute:layer.") for n in ops) and any(n.startswith("load:layer.") for n in ops)
     counters = {e["name"] for e in evs if e["ph"] == "C"}
-    assert {"memory", "loader slots", "queue loader", "queue verifier"} <= counters
+    assert {"memory", "loader slots", "queue loader", "queue verifier", "tokens", "accepted", "alpha"} <= counters
     slots = [e["args"] for e in evs if e["ph"] == "C" and e["name"] == "loader slots"]
-    assert all(c["used"] <= c["bound"] for c in slots) and max(c["used"] for c in slots) > 0
+    assert all(c["used"] <= c["bound"] == plan.stream_bytes for c in slots) and max(c["used"] for c in slots) > 0
+    assert slots[-1]["used"] == 0  # every slot came back
     flows = [e for e in evs if e["ph"] in "sf"]
     assert len(flows) > 50 and len(flows) % 2 == 0
     assert obj["otherData"]["run_id"] == s.run_id and obj["otherData"]["unpaired_flow_events"] == 0

@@ -34,14 +34,14 @@ def roundtrip(msg):
 SAMPLE = [
     wire.Hello("verifier", 1234),
     wire.Init({"seed": 3, "nested": {"a": [1, 2.5, "x", b"\x00", None, True]}}, ["cadence-1x0a-main"], 10**12, 0.25, True),
-    wire.Ready("draft", "FakeDraftActor", ["ping", "draft_step"]),
+    wire.Ready("draft", "FakeDraftActor", ["ping", "build"]),
     wire.Heartbeat(5),
     wire.Stop("shutdown"),
     wire.Dead("loader", "crashed: OSError: disk gone"),
     wire.TraceBatch(99, [{"ph": "X", "name": "load", "ts": 1, "dur": 2, "tid": 3}]),
     wire.Error(None, "bad"),
     wire.Error(7, "bad request"),
-    wire.Request("verify_layer", {"layer": 3}, {}, 42, None),
+    wire.Request("layer", {"group": "layer.3"}, {}, 42, None),
     wire.Reply(42, True, {"accepted": 2}, {}, None),
     wire.Reply(43, False, {}, {}, "ValueError: nope"),
 ]
