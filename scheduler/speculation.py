@@ -38,7 +38,7 @@ class ActorSpeculation:
         that continues the last one (a conversation) finds its prefix in the cache; None sizes it per prompt.
         `impl`: role -> "module:Class" to start instead of the real actor."""
         self.s, self.context_length = sched, context_length
-        self.streamer = None
+        streamer = None
         actors = {**ACTORS, **(impl or {})}
         common = {"sampling": asdict(sampling), "threads": threads}
         vinit = {**common, "store": target_store}
@@ -61,13 +61,18 @@ class ActorSpeculation:
             from scheduler.streaming import Streamer
 
             sizes = sched.call("loader", "groups").result["groups"]
-            self.streamer = Streamer(sched, list(plan.streamed), {g: sizes[g] for g in plan.streamed}, prefetch=mode != "std")
-        self.target = ActorTarget(sched, cfg, self.streamer, worker, model_args)
+            streamer = Streamer(sched, list(plan.streamed), {g: sizes[g] for g in plan.streamed}, prefetch=mode != "std")
+        self.target = ActorTarget(sched, cfg, streamer, worker, model_args)
         draft = None
         if speculative:
             draft = ActorDraft(sched, vocab_size) if draft_store is not None else TrieDraft(cfg.width)
         self.loop = Speculation(self.target, draft, mode, cfg, sampling, context_length, kv_context,
                                 counter=sched.tracer.counter)
+
+    @property
+    def streamer(self):
+        """The loader's side of a streamed target (scheduler/streaming.py), or None."""
+        return self.target.streamer
 
     def generate(self, prompt_ids: list[int], max_new: int, stop: set[int],
                  on_tokens: Callable[[list[int]], None] | None = None, mode: str | None = None,

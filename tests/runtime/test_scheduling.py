@@ -120,7 +120,7 @@ def test_a_slot_reused_before_its_release_fails_loudly(tmp_path, seed):
     with Scheduler(small_config(None, plan)) as s:
         spec = speculation(s, fake_model(tmp_path, seed), "stdpl", plan)
         st = spec.streamer
-        spec.streamer = ReuseBeforeRelease(s, st.streamed, st.sizes, st.prefetch)
+        spec.target.streamer = ReuseBeforeRelease(s, st.streamed, st.sizes, st.prefetch)
         with pytest.raises(ActorError, match="overwritten before its consumer released it") as e:
             spec.generate(prompt(seed=seed), 200, set())
         assert (e.value.role, e.value.op) == ("verifier", "layer")
