@@ -1,6 +1,7 @@
 """The one shape every actor has: heavy setup in `__init__`, one `run()` loop, one process entry.
 
-An actor is a class with a `role` and handlers named `op_<name>(self, args, tensors)`. A handler
+An actor is a class with a `role` and handlers named `op_<name>(self, args, tensors)`; a handler
+whose `args` is annotated with a payload class (actors/ops.py) gets that dataclass. A handler
 returns a result dict, `(result, tensors)`, or None; tensors go back as arena descriptors (or
 inline when tiny). An exception in a handler fails that request only (the caller gets the error
 text) and the actor keeps serving; `ActorFatal` ends the actor with a DEAD frame instead.
@@ -18,12 +19,14 @@ import re
 import signal
 import sys
 import time
+import typing
 from dataclasses import dataclass
 
 import zmq
 
 from actors import wire
 from actors.lifeline import StopFlag, die_with_parent, install_signal_flags
+from actors.ops import Payload
 from actors.tracing import Tracer
 from cadence.heap import trim_heap
 from cadence.procname import set_process_name
@@ -68,6 +71,7 @@ class Actor:
         self.arenas = ctx.arenas
         self.log = ctx.log
         self._ops = {name: getattr(self, "op_" + name) for name in self.ops()}
+        self._payloads = {name: _payload_of(getattr(type(self), "op_" + name)) for name in self._ops}
         self._bad_frames = 0
         self._errors_received = 0
 
@@ -122,7 +126,8 @@ class Actor:
             return wire.Reply(req.req_id, False, {}, {}, f"the {self.role} actor has no op {req.op!r}; it serves {', '.join(self._ops)}")
         with self.trace.span(req.op, cat=self.role, args={"req": req.req_id}, flow_in=req.flow_id):
             try:
-                out = fn(req.args, req.tensors)
+                payload = self._payloads[req.op]
+                out = fn(payload.read(req.args) if payload else req.args, req.tensors)
                 result, tensors = out if isinstance(out, tuple) else (out or {}, {})
                 if not isinstance(result, dict) or not isinstance(tensors, dict):
                     raise TypeError(f"op {req.op!r} returned {type(result).__name__}, {type(tensors).__name__}; "
@@ -186,6 +191,15 @@ class Actor:
         if n <= _LOG_FIRST_BAD or n % 1000 == 0:
             self.log.warning("bad frame #%d answered with an error: %s", n, message)
         self.ctx.send(wire.Error(req_id, message))
+
+
+def _payload_of(fn) -> type[Payload] | None:
+    """The payload class a handler's `args` is annotated with, if any."""
+    try:
+        p = typing.get_type_hints(fn).get("args")
+    except Exception:  # an annotation that does not resolve: the handler takes the map as it came
+        return None
+    return p if isinstance(p, type) and issubclass(p, Payload) else None
 
 
 def _wire_tensor(op: str, name: str, value):

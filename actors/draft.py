@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from actors.base import Actor, ActorContext
+from actors.ops import Advance, Ahead, Build, DraftStart, Lookup
 from cadence.settings import LOOKUP
 from models.engine import LoadedModel, load_store
 from models.store import WeightStore
@@ -32,22 +33,22 @@ class DraftActor(Actor):
         self.local = LocalDraft(self.lm.model)
         self.last = None  # the proposal of the last `build`, until `advance`
 
-    def op_start(self, args, tensors):
-        cfg = TreeConfig(**args["tree"]) if "tree" in args else self.cfg
-        self.sampling = SamplingConfig(**args["sampling"]) if "sampling" in args else self.base_sampling
-        self.local.start(list(args["prompt_ids"]), int(args["capacity"]), int(args["first"][0]), cfg, self.sampling)
+    def op_start(self, args: DraftStart, tensors):
+        cfg = TreeConfig(**args.tree) if args.tree else self.cfg
+        self.sampling = SamplingConfig(**args.sampling) if args.sampling else self.base_sampling
+        self.local.start(list(args.prompt_ids), args.capacity, args.first, cfg, self.sampling)
         return {}
 
-    def op_build(self, args, tensors):
+    def op_build(self, args: Build, tensors):
         """A tree of at most `budget` tokens; sampling distributions go to the slot in `dists`."""
-        self.last = self.local.propose(int(args["budget"]), 0)
+        self.last = self.local.propose(args.budget, 0)
         return self._reply(self.last, tensors)
 
-    def op_lookup(self, args, tensors):
+    def op_lookup(self, args: Lookup, tensors):
         """Prompt lookup: a tree of the trie's candidates alone, no draft forward ({"tokens": []}: none).
         The draft ran on none of it, so no tree is kept for `advance` (it takes the verdict as a plain step's)."""
         self.last = None
-        return self._reply(self.local.propose(LOOKUP, int(args["max_nodes"])), tensors)
+        return self._reply(self.local.propose(LOOKUP, args.max_nodes), tensors)
 
     def _reply(self, p, tensors):
         out, dists = self.local.wire(p, self.sampling.greedy)
@@ -55,14 +56,14 @@ class DraftActor(Actor):
             return out
         return out, {"dists": self.put(tensors["slot"], torch.stack(dists).float())}
 
-    def op_ahead(self, args, tensors):
+    def op_ahead(self, args: Ahead, tensors):
         """Draft on while the target verifies the last tree, until the verdict arrives (LLMCad 3.4)."""
-        return {"steps": self.local.ahead(self.last, int(args["steps"]), stop=self.interrupted)}
+        return {"steps": self.local.ahead(self.last, args.steps, stop=self.interrupted)}
 
-    def op_advance(self, args, tensors):
+    def op_advance(self, args: Advance, tensors):
         """The verdict: accepted nodes of the last tree (`tree` false: a plain step or the trie's candidates)."""
-        p = self.last if args.get("tree", True) else None
+        p = self.last if args.tree else None
         self.last = None
-        alpha = self.local.advance(p, list(args["path"]), list(args["new"]))
+        alpha = self.local.advance(p, list(args.path), list(args.new))
         steps, reused = self.local.ahead_counts()
         return {"alpha": alpha, "ahead_steps": steps, "ahead_reused": reused}

@@ -39,6 +39,7 @@ import numpy as np
 
 from actors import wire
 from actors.base import Actor, ActorFatal
+from actors.ops import Advance, Ahead, Build, DraftStart, Groups, Load, Lookup
 from shm.desc import TensorDesc
 
 SCRIPT = "fake.json"
@@ -338,9 +339,9 @@ class FakeDraftActor(FakeActor):
         self.depth = 0  # of the last tree built
         self.alpha = 0.5
 
-    def op_start(self, args, tensors):
-        self.tree = dict(args.get("tree", self.tree))
-        self.text = list(args["prompt_ids"]) + list(args["first"])
+    def op_start(self, args: DraftStart, tensors):
+        self.tree = dict(args.tree or self.tree)
+        self.text = list(args.prompt_ids) + [args.first]
         return {}
 
     def _grow(self, budget: int, chain: bool, max_depth: int) -> dict:
@@ -365,30 +366,30 @@ class FakeDraftActor(FakeActor):
         self.depth = len(text) - len(self.text)
         return {"root": self.text[-1], "tokens": tokens, "parents": parents, "probs": probs, "tc": tc}
 
-    def op_build(self, args, tensors):
+    def op_build(self, args: Build, tensors):
         self.work("build")
         chain = self.tree.get("mode") == "chain"
-        tree = self._grow(int(args["budget"]), chain, int(self.tree.get("max_depth", 8)))
+        tree = self._grow(args.budget, chain, int(self.tree.get("max_depth", 8)))
         return {**tree, "forwards": self.depth, "trie_nodes": 0}
 
-    def op_lookup(self, args, tensors):
+    def op_lookup(self, args: Lookup, tensors):
         """The trie's candidates: sometimes none, else a short chain."""
         if self.rng.random() < 0.5:
             return {"tokens": []}
-        tree = self._grow(min(2, int(args["max_nodes"])), True, 2)
+        tree = self._grow(min(2, args.max_nodes), True, 2)
         return {**tree, "forwards": 0, "trie_nodes": len(tree["tokens"])}
 
-    def op_ahead(self, args, tensors):
+    def op_ahead(self, args: Ahead, tensors):
         steps = 0
-        while steps < int(args["steps"]) and not self.interrupted():
+        while steps < args.steps and not self.interrupted():
             self.work("ahead")
             steps += 1
         return {"steps": steps}
 
-    def op_advance(self, args, tensors):
-        path, new = list(args["path"]), list(args["new"])
+    def op_advance(self, args: Advance, tensors):
+        path, new = list(args.path), list(args.new)
         self.text += new
-        if args.get("tree", True) and self.depth:
+        if args.tree and self.depth:
             self.alpha = 0.8 * self.alpha + 0.2 * len(path) / self.depth
         return {"alpha": round(self.alpha, 6), "ahead_steps": 0, "ahead_reused": 0}
 
@@ -406,11 +407,11 @@ class FakeLoaderActor(FakeActor):
         self.loads = self.bytes = self.max_end = 0
         self.loaded: deque = deque(maxlen=_LOG)  # (group, time.monotonic() at the end of its load)
 
-    def op_groups(self, args, tensors):
+    def op_groups(self, args: Groups, tensors):
         return {"groups": self.groups, "file_bytes": sum(self.groups.values())}
 
-    def op_load(self, args, tensors):
-        name = args.get("group")
+    def op_load(self, args: Load, tensors):
+        name = args.group
         if name not in self.groups:
             raise ValueError(f"the fake store has no group {name!r}")
         desc, n = tensors.get("slot"), self.groups[name]

@@ -12,6 +12,7 @@ init: store_dir (required), threads (4), chunk_bytes (4 MiB), direct (true), and
 from __future__ import annotations
 
 from actors.base import Actor
+from actors.ops import Groups, Load
 from models.store import WeightStore
 from shm.desc import TensorDesc
 from shm.dio import DEFAULT_CHUNK, DirectReader
@@ -34,12 +35,12 @@ class LoaderActor(Actor):
         self.loads = self.bytes = self.max_end = 0
         self.seconds = 0.0
 
-    def op_groups(self, args, tensors):
+    def op_groups(self, args: Groups, tensors):
         """The store's groups in file order: name -> bytes (what a slot for it must hold)."""
         return {"groups": self.store.group_bytes(), "file_bytes": self.store.manifest["file_bytes"]}
 
-    def op_load(self, args, tensors):
-        name = args.get("group")
+    def op_load(self, args: Load, tensors):
+        name = args.group
         group = self.store.groups.get(name)
         if group is None:
             have = list(self.store.groups)

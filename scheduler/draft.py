@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from actors.ops import Advance, Ahead, Build, DraftStart, Lookup
 from cadence.settings import LOOKUP, SamplingConfig, TreeConfig
 from scheduler.errors import ActorError
 from scheduler.runtime import Scheduler
@@ -26,20 +27,19 @@ class ActorDraft:
     def start(self, prompt_ids: list[int], capacity: int, first: int, cfg: TreeConfig, sampling: SamplingConfig):
         self.greedy = sampling.greedy
         self.counts = (0, 0)
-        self.s.call("draft", "start", {"prompt_ids": prompt_ids, "capacity": capacity, "first": [first],
-                                       "tree": asdict(cfg), "sampling": asdict(sampling)})
+        self.s.call("draft", DraftStart(prompt_ids, capacity, first, asdict(cfg), asdict(sampling)))
 
     def propose(self, budget: int, width: int) -> Proposal | None:
         s = self.s
         if budget == LOOKUP:  # prompt lookup: the trie's candidates, no draft forward
-            tree = s.call("draft", "lookup", {"max_nodes": width}).result
+            tree = s.call("draft", Lookup(width)).result
             return Proposal(tree["tokens"], 0, tree.get("trie_nodes", 0), tree, drafted=False) if tree["tokens"] else None
         slot, tensors = None, {}
         if not self.greedy:  # room for the draft's distributions, one row per fed node
             slot = s.slots.alloc((budget + 1) * self.vocab_size * 4)
             tensors = {"slot": s.slot_desc(slot)}
         try:
-            reply = s.call("draft", "build", {"budget": budget}, tensors)
+            reply = s.call("draft", Build(budget), tensors=tensors)
         except BaseException:
             if slot is not None:
                 s.slots.free(slot)
@@ -51,10 +51,10 @@ class ActorDraft:
         return p
 
     def ahead(self, p: Proposal, steps: int) -> None:
-        self.ahead_req = self.s.send("draft", "ahead", {"steps": steps})
+        self.ahead_req = self.s.send("draft", Ahead(steps))
 
     def advance(self, p: Proposal | None, path: list[int], new: list[int]) -> float:
-        adv = self.s.call("draft", "advance", {"path": path, "new": new, "tree": p is not None}).result
+        adv = self.s.call("draft", Advance(path, new, p is not None)).result
         if self.ahead_req is not None:  # answered before `advance` (one socket, in order), unless a stream poll took it
             req, self.ahead_req = self.ahead_req, None
             r = self.s.take_reply(req)

@@ -23,6 +23,7 @@ from collections import Counter, deque
 import zmq
 
 from actors import wire
+from actors.ops import Payload
 from actors.tracing import Tracer
 from cadence.errors import CadenceError, Terminated
 from cadence.procname import set_process_name
@@ -233,9 +234,13 @@ class Scheduler(TensorExchange):
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def send(self, role: str, op: str, args: dict | None = None, tensors: dict | None = None, lease: bool = True) -> int:
-        """Queue a request; returns its id. With `lease`, every slot a descriptor points into is
-        leased to `role` until its reply (or death), so it cannot be reused while being read."""
+    def send(self, role: str, op: str | Payload, args: dict | None = None, tensors: dict | None = None,
+             lease: bool = True) -> int:
+        """Queue a request; returns its id. `op` is the op's name and `args` its map, or a payload
+        (actors/ops.py) that is both. With `lease`, every slot a descriptor points into is leased to
+        `role` until its reply (or death), so it cannot be reused while being read."""
+        if isinstance(op, Payload):
+            op, args = op.op, op.wire()
         proc = self._live(role)
         req_id = self._next_req
         self._next_req += 1
@@ -252,9 +257,11 @@ class Scheduler(TensorExchange):
         self._count_queue(role, +1)
         return req_id
 
-    def call(self, role: str, op: str, args: dict | None = None, tensors: dict | None = None,
+    def call(self, role: str, op: str | Payload, args: dict | None = None, tensors: dict | None = None,
              timeout: float | None = None) -> wire.Reply:
         """Send and wait for the reply. ActorError if the op failed, ActorDead, RequestTimeout."""
+        if isinstance(op, Payload):
+            op, args = op.op, op.wire()
         limit = timeout if timeout is not None else self.config.timeouts.request_s
         with self.tracer.span(f"call {op}", cat="scheduler", args={"to": role}):
             req_id = self.send(role, op, args, tensors)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Callable
 
+from actors.ops import Groups
 from cadence.settings import Generation, SamplingConfig, TreeConfig
 from scheduler.draft import ActorDraft
 from scheduler.runtime import Scheduler
@@ -60,7 +61,7 @@ class ActorSpeculation:
         if "loader" in sched.actors:
             from scheduler.streaming import Streamer
 
-            sizes = sched.call("loader", "groups").result["groups"]
+            sizes = sched.call("loader", Groups()).result["groups"]
             streamer = Streamer(sched, list(plan.streamed), {g: sizes[g] for g in plan.streamed}, prefetch=mode != "std")
         self.target = ActorTarget(sched, cfg, streamer, worker, model_args)
         draft = None

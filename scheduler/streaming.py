@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from actors.ops import Load
 from cadence.errors import CadenceError
 from scheduler.events import DeadEvent, ErrorEvent, ReplyEvent
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
@@ -49,7 +50,7 @@ class Streamer:
         slot = self.s.stream_slots.try_alloc(self.sizes[group])
         if slot is None:
             return False
-        rid = self.s.send("loader", "load", {"group": group}, {"slot": self.s.slot_desc(slot)})
+        rid = self.s.send("loader", Load(group), tensors={"slot": self.s.slot_desc(slot)})
         self.inflight[rid] = (group, slot)
         self.queue.append(group)
         self._count()

@@ -12,6 +12,7 @@ import torch
 
 from actors import wire
 from actors.fake import FakeDraftActor, FakeLoaderActor
+from actors.ops import Build, DraftStart
 from cadence.errors import CadenceError
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.runtime import DeadEvent, ErrorEvent, Scheduler
@@ -30,8 +31,8 @@ def test_handshake_ping_and_clean_exit():
         proc = s.spawn("draft", FakeDraftActor, {"seed": 1})
         assert proc.actor == "FakeDraftActor" and "build" in proc.ops and "ping" in proc.ops
         assert s.call("draft", "ping", {"x": [1, "two"]}).result == {"x": [1, "two"]}
-        s.call("draft", "start", {"prompt_ids": [1, 2], "first": [3]})
-        assert len(s.call("draft", "build", {"budget": 4}).result["tokens"]) == 4
+        s.call("draft", DraftStart([1, 2], 12, 3))
+        assert len(s.call("draft", Build(4)).result["tokens"]) == 4
     assert proc.popen.returncode == 0  # it stopped when asked, it was not killed
     assert_clean(s.run_id, [proc.pid])
 
@@ -43,6 +44,8 @@ def test_failed_op_answers_the_caller_and_the_actor_keeps_serving():
             s.call("draft", "fail", {"message": "bad weights"})
         with pytest.raises(ActorError, match="has no op 'nope'; it serves .*build"):
             s.call("draft", "nope")
+        with pytest.raises(ActorError, match="op 'build' takes budget: unknown field\\(s\\) width"):
+            s.call("draft", "build", {"width": 4})  # a payload the op does not take (actors/ops.py)
         assert s.call("draft", "ping").ok
     assert_clean(s.run_id)
 

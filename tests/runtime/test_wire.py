@@ -130,3 +130,14 @@ def test_descriptor_validation_names_the_field():
         TensorDesc("cadence-1x0a-main", 0, "float32", (1, 2), (1,))
     with pytest.raises(ValueError, match="needs 4 bytes"):
         InlineTensor("float32", (1,), b"\0")
+
+
+def test_a_payload_with_a_field_missing_or_unknown_fails_that_request_in_one_sentence():
+    """Op payloads are dataclasses (actors/ops.py): the map on the wire must have exactly their fields."""
+    from actors.ops import Build, Load
+
+    assert Build.read({"budget": 4}) == Build(4) and Build(4).wire() == {"budget": 4}
+    with pytest.raises(ValueError, match="op 'build' takes budget: unknown field\\(s\\) width; missing field\\(s\\) budget"):
+        Build.read({"width": 4})
+    with pytest.raises(ValueError, match="op 'load' takes group: missing field\\(s\\) group"):
+        Load.read({})
