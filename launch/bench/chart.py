@@ -3,7 +3,7 @@
 `launch bench --json OUT` writes it beside its rows (OUT with .html); several runs' rows (a bench
 per budget, say) go into one page with
 
-    python -m launch.bench_chart ROWS.json [ROWS.json ...] -o chart.html
+    python -m launch.bench.chart ROWS.json [ROWS.json ...] -o chart.html
 
 The page is self-contained (inline SVG and CSS, no script, no network): any browser opens it.
 """
@@ -110,7 +110,7 @@ def write_chart(rows: list[dict], path: str | Path, title: str = "cadence benchm
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.bench_chart", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m launch.bench.chart", description=__doc__.split("\n")[0])
     p.add_argument("rows", nargs="+", help="JSON rows written by launch bench --json (or launch run --json)")
     p.add_argument("-o", "--out", required=True, help="the HTML page to write")
     p.add_argument("--title", default="cadence benchmark")
