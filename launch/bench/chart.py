@@ -120,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             got = json.loads(Path(f).read_text())
         except (OSError, json.JSONDecodeError) as e:
-            print(f"bench_chart: cannot read {f} ({e}); give the rows launch bench --json wrote", file=sys.stderr)
+            print(f"launch.bench.chart: cannot read {f} ({e}); give the rows launch bench --json wrote", file=sys.stderr)
             return 1
         if not isinstance(got, list) or not all(isinstance(r, dict) and "new_token_ids" in r for r in got):
-            print(f"bench_chart: {f} holds no benchmark rows; give the rows launch bench --json wrote", file=sys.stderr)
+            print(f"launch.bench.chart: {f} holds no benchmark rows; give the rows launch bench --json wrote", file=sys.stderr)
             return 1
         rows += got
     print(write_chart(rows, a.out, a.title))
