@@ -85,7 +85,7 @@ def unit_times(lm, widths, threads: int) -> dict:
             c_star = ctx // kernels.CHUNK
             out[("dense", rows, ctx)] = median_time(lambda: kernels.attn_dense(q, kc, vc, 0, c_star, model.scale))
             out[("sparse", rows, ctx)] = median_time(lambda: kernels.attn_chunks(q, kc, vc, vis.n_shared, vis.ptr, vis.idx,
-                                                                           c_star * kernels.CHUNK, model.scale))
+                                                                                 c_star * kernels.CHUNK, model.scale))
     return out
 
 
