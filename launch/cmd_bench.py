@@ -7,7 +7,7 @@ Suites:
            one verification pass at widths 1..64 per format, and quality (mean log-likelihood) (issue 3)
   engine   our target-only fp32/bf16 against HF transformers fp32/bf16 (issue 2)
   attention  one layer's tree attention: dense masked, naive sparse, our sparse kernel, the
-           verifier/worker split (issue 7; launch/bench_attention.py)
+           verifier/worker split (issue 7; launch/bench/attention.py)
 Prompts run one after another and, for each prompt, every engine in turn, so the background
 load of a shared machine falls on all of them alike. `--json OUT` writes the same rows as
 `launch run --json`, each with its `mode`; other measurements go to `OUT` with `.extra.json`.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import sys
 import time
 from collections import defaultdict
@@ -28,14 +27,14 @@ from rich.table import Table
 
 from cadence.errors import CadenceError
 from cadence.paths import check_output
-from launch import baselines
-from launch.cmd_run import add_model_args, run_config, setup_threads
-from launch.prompts import Prompt, load_prompts, prompt_ids
+from launch.bench import baselines
+from launch.bench.measure import RTT_S, machine
+from launch.options import add_model_args, run_config, setup_threads
+from launch.prompts import DEFAULT_PROMPTS, Prompt, load_prompts, prompt_ids
 from launch.results import write_rows
 from launch.runner import Runner
 
 SUITES = ("modes", "formats", "engine", "attention")
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "prompts" / "dev.jsonl"
 
 
 def add_parser(sub):
@@ -79,27 +78,6 @@ def _baselines(arg: str) -> list[str]:
     return chosen
 
 
-def machine() -> str:
-    try:
-        model = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        model = platform.processor()
-    try:
-        import importlib.metadata as md
-
-        torch_version = md.version("torch")
-    except Exception:  # noqa: BLE001 - a figure for the report only
-        torch_version = "?"
-    flags = ""
-    try:
-        line = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
-        have = set(line.split(":", 1)[1].split())
-        flags = " ".join(f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16") if f in have)
-    except (OSError, StopIteration):
-        pass
-    return f"{model}, {os.cpu_count()} cores, {flags}, torch {torch_version}"
-
-
 def cmd_bench(args) -> int:
     if args.json_out:
         check_output(args.json_out, "--json")
@@ -114,7 +92,7 @@ def cmd_bench(args) -> int:
     if args.cgroup and (args.suite != "modes" or not args.memory_budget):
         raise CadenceError("--cgroup proves a memory budget: use it with --suite modes and --memory-budget (e.g. auto)")
     if args.cgroup:
-        from launch.bench_cgroup import bench_cgroup
+        from launch.bench.in_cgroup import bench_cgroup
 
         rows, extra = bench_cgroup(args, prompts, _baselines(args.baselines))
     else:
@@ -134,7 +112,7 @@ def cmd_bench(args) -> int:
         Path(args.json_out + ".extra.json").write_text(json.dumps({**extra, "machine": machine()}, indent=1))
         print(f"wrote {len(rows)} rows to {args.json_out}", file=sys.stderr)
         if rows:
-            from launch.bench_chart import write_chart
+            from launch.bench.chart import write_chart
 
             chart = write_chart(rows, Path(args.json_out).with_suffix(".html"), f"cadence bench ({args.suite}), {time.strftime('%Y-%m-%d')}")
             print(f"chart: {chart}", file=sys.stderr)
@@ -271,11 +249,10 @@ def bench_engine(args, prompts: list[Prompt]):
 
 def bench_attention(args, prompts: list[Prompt]):
     """Issue 7: the attention of one target layer during tree verification, four ways."""
-    from launch import bench_attention
-    from launch.cmd_profile import RTT_S
+    from launch.bench import attention
     from models.convert import ensure_store
 
-    table = bench_attention.run(ensure_store(args.target, args.fmt).args, RTT_S, args.threads or os.cpu_count() or 1)
+    table = attention.run(ensure_store(args.target, args.fmt).args, RTT_S, args.threads or os.cpu_count() or 1)
     return [], {"tables": {"tree attention of one layer (us), " + args.target: table}}
 
 
@@ -287,7 +264,7 @@ def _with(args, **kw):
 
 def bench_formats(args, prompts: list[Prompt]):
     """Issue 3: formats side by side: decode speed, the verifier's cost curve, quality."""
-    from launch.quality import cost_curve, mean_loglik
+    from launch.bench.quality import cost_curve, mean_loglik
 
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     rows, curve, quality = [], [["model", "format", *[f"width {w} (ms)" for w in (1, 4, 16, 64)]]], [

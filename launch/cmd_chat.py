@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from cadence.errors import CadenceError
-from launch.cmd_run import add_model_args, run_config
+from launch.options import add_model_args, run_config
 
 
 def add_parser(sub):

@@ -11,7 +11,7 @@ import dataclasses
 import sys
 
 from cadence.errors import CadenceError
-from launch.cmd_run import add_model_args, run_config
+from launch.options import add_model_args, run_config
 from launch.prompts import Prompt, load_prompts, prompt_ids
 from launch.runner import MODES, RunConfig, memory_plan, pick_draft, plan_inputs
 from models.convert import ensure_store

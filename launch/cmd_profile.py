@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -21,8 +20,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from cadence.paths import check_output
-from launch.cmd_bench import DEFAULT_PROMPTS, machine
-from launch.prompts import load_prompts, prompt_ids
+from launch.bench.measure import RTT_S, machine, median_time
+from launch.profiles import partition_name
+from launch.prompts import DEFAULT_PROMPTS, load_prompts, prompt_ids
 from models import engine, kernels, registry
 from models.attention import Visibility
 from models.sampling import SamplingConfig
@@ -30,7 +30,6 @@ from speculative.generate import generate_target
 from speculative import arca
 
 CONTEXTS = (256, 1024, 2048)
-RTT_S = 3e-4  # one control round trip between the scheduler and an actor (launch runtime-bench)
 MSGS_PER_SPLIT = 4  # need, attend, dense, merge: the messages of one split attention
 MSGS_PER_COLS = 4  # need, cols (worker), cols (verifier), cols_done: the messages of one linear split by columns
 LINEARS_PER_LAYER = 4  # qkv, attn_out, gate_up, down
@@ -45,17 +44,6 @@ def add_parser(sub):
     p.add_argument("--tokens", type=int, default=32, help="target tokens per calibration prompt")
     p.add_argument("--out", required=True, help="where to write PROFILE.json")
     p.set_defaults(func=cmd_profile)
-
-
-def _time(fn, reps: int = 3) -> float:
-    fn()
-    return statistics.median([_timed(fn) for _ in range(reps)])
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def calibrate(target, draft, prompts, n: int, progress, task) -> list[list[int]]:
@@ -90,15 +78,15 @@ def unit_times(lm, widths, threads: int) -> dict:
             w.gate_up.matmul(x)
             w.down.matmul(h)
 
-        out[("linear", rows)] = _time(linear)
+        out[("linear", rows)] = median_time(linear)
         for ctx in CONTEXTS:
             kc, vc = torch.randn(a.n_kv_heads, ctx + rows, a.head_dim), torch.randn(a.n_kv_heads, ctx + rows, a.head_dim)
             q = torch.randn(rows, a.n_heads, a.head_dim)
             vis = Visibility.tree(ctx, [-1] + list(range(rows - 1)))
             c_star = ctx // kernels.CHUNK
-            out[("dense", rows, ctx)] = _time(lambda: kernels.attn_dense(q, kc, vc, 0, c_star, model.scale))
-            out[("sparse", rows, ctx)] = _time(lambda: kernels.attn_chunks(q, kc, vc, vis.n_shared, vis.ptr, vis.idx,
-                                                                           c_star * kernels.CHUNK, model.scale))
+            out[("dense", rows, ctx)] = median_time(lambda: kernels.attn_dense(q, kc, vc, 0, c_star, model.scale))
+            out[("sparse", rows, ctx)] = median_time(lambda: kernels.attn_chunks(q, kc, vc, vis.n_shared, vis.ptr, vis.idx,
+                                                                                 c_star * kernels.CHUNK, model.scale))
     return out
 
 
@@ -175,7 +163,7 @@ def cmd_profile(args) -> int:
 
 def head_s(lm, rows: int) -> float:
     h = torch.randn(rows, lm.args.dim)
-    return _time(lambda: [part.out.matmul(h) for part in lm.model.weights.head], reps=2)
+    return median_time(lambda: [part.out.matmul(h) for part in lm.model.weights.head], reps=2)
 
 
 def engine_step(lm, ctx: int = 300) -> float:
@@ -188,7 +176,7 @@ def engine_step(lm, ctx: int = 300) -> float:
         model.forward(torch.tensor([5]), torch.tensor([ctx]), cache)
         cache.rewind(ctx)
 
-    return _time(step)
+    return median_time(step)
 
 
 def draft_step(lm, m: int, ctx: int = 300) -> float:
@@ -203,43 +191,4 @@ def draft_step(lm, m: int, ctx: int = 300) -> float:
         model.forward(torch.arange(m) + 7, torch.full((m,), ctx), cache, vis)
         cache.rewind(ctx)
 
-    return _time(step)
-
-
-def partition_name(share: float, cols: float) -> str:
-    return f"worker:{share}" + (f",cols:{cols}" if cols else "")
-
-
-def parse_partition(name: str) -> tuple[float, float]:
-    """"worker:S" or "worker:S,cols:C" -> (S, C): the worker's share of dense attention and of columns."""
-    from cadence.errors import CadenceError
-
-    try:
-        parts = dict(p.split(":") for p in name.split(","))
-        return float(parts["worker"]), float(parts.get("cols", 0.0))
-    except (ValueError, KeyError):
-        raise CadenceError(f"the profile's partition {name!r} is not none, worker:S or worker:S,cols:C; "
-                           "make the profile again with `launch profile`") from None
-
-
-def load_profile(path: str) -> dict:
-    """A profile `launch profile --out` wrote: its width, partition and tree are checked here, so a wrong
-    file ends in a sentence rather than deep in the run."""
-    from cadence.errors import CadenceError
-
-    again = f"make one with `launch profile --out {path}`"
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise CadenceError(f"cannot read the profile {path} ({getattr(e, 'strerror', None) or e}); {again}") from None
-    try:
-        prof = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CadenceError(f"the profile {path} is not JSON ({e.msg} at line {e.lineno}); {again}") from None
-    tree = prof.get("tree") if isinstance(prof, dict) else None
-    if not (isinstance(prof, dict) and isinstance(prof.get("width"), int) and prof["width"] >= 0
-            and isinstance(prof.get("partition"), str) and isinstance(tree, dict)
-            and isinstance(tree.get("parents"), list) and isinstance(tree.get("ranks"), list)):
-        raise CadenceError(f"{path} is not a profile written by `launch profile` (it needs a width, a partition and a "
-                           f"tree); {again}")
-    return prof
+    return median_time(step)

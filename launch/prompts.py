@@ -7,6 +7,9 @@ from pathlib import Path
 
 from cadence.errors import CadenceError
 
+# The development prompt set (the shared folder beside the checkout): bench and profile default to it.
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "prompts" / "dev.jsonl"
+
 # Kinds whose prompts are instructions: with --chat auto they get the model's chat template.
 INSTRUCTION_KINDS = {"copy", "open", "chat"}
 

@@ -364,16 +364,13 @@ def _held_bytes(llm) -> int:
     """PSS (anonymous + shared) of this process and the run's actors now: what the run holds."""
     if llm is None or llm._runner.sched is None:
         return 0
-    from scheduler.cgroup import _keyed_kb
-    from pathlib import Path
     import os
+
+    from scheduler.footprint import rollup
 
     pids = [os.getpid(), *(a.pid for a in llm._runner.sched.actor_status() if a.state != "dead")]
     total = 0
     for pid in pids:
-        try:
-            r = _keyed_kb(Path(f"/proc/{pid}/smaps_rollup"))
-        except OSError:
-            continue
+        r = rollup(pid)  # {} for a process gone since
         total += r.get("Pss_Anon", 0) + r.get("Pss_Shmem", 0)
     return total

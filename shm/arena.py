@@ -23,7 +23,7 @@ ALIGN = 4096  # the I/O loader reads into slots with O_DIRECT
 
 _RUN_ID = re.compile(r"(\d+)x[0-9a-f]+\Z")
 _TAG = re.compile(r"[a-z0-9_]+\Z")
-_NAME = re.compile(r"cadence-((\d+)x[0-9a-f]+)-[a-z0-9_]+\Z")
+SEGMENT_NAME = re.compile(r"cadence-((\d+)x[0-9a-f]+)-[a-z0-9_]+\Z")  # a segment of ours: cadence-<run id>-<tag>
 
 
 def new_run_id() -> str:
@@ -90,7 +90,7 @@ class Arena:
     @classmethod
     def attach(cls, name: str, shm_dir: str = SHM_DIR) -> "Arena":
         """Actors: map an existing segment. The scheduler keeps ownership."""
-        if not _NAME.match(name):
+        if not SEGMENT_NAME.match(name):
             raise ValueError(f"not a cadence segment name: {name!r}")
         try:
             fd = os.open(os.path.join(shm_dir, name), os.O_RDWR)
@@ -136,7 +136,7 @@ def sweep_dead_segments(shm_dir: str = SHM_DIR) -> list[str]:
     """Unlink the segments of runs whose scheduler is gone. Returns the names removed."""
     removed = []
     for name in sorted(os.listdir(shm_dir)):
-        m = _NAME.match(name)
+        m = SEGMENT_NAME.match(name)
         if not m:
             continue
         path = os.path.join(shm_dir, name)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 from cadence.procname import set_process_name
-from shm.arena import SHM_DIR, _NAME
+from shm.arena import SEGMENT_NAME, SHM_DIR
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
             *lines, pending = pending.split(b"\n")
             for line in lines:
                 kind, _, arg = line.decode().partition(" ")
-                if kind == "seg" and _NAME.match(arg):
+                if kind == "seg" and SEGMENT_NAME.match(arg):
                     segments.append(arg)
                 elif kind == "dir" and os.path.basename(arg).startswith(f"cadence-{run_id}-"):
                     dirs.append(arg)

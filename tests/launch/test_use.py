@@ -136,7 +136,7 @@ def test_the_benchmark_chart_is_drawn_by_a_browser(tmp_path):
 
     if not (CHROMIUM and CHROMEDRIVER):
         pytest.skip("no Chromium here (.ci/install-browser.sh installs it)")
-    from launch.bench_chart import main as chart_main
+    from launch.bench.chart import main as chart_main
 
     rows = []
     for budget, mode, draft, rate in ((768 << 20, "stdpl", None, 2.0), (768 << 20, "tree", "d", 4.0),

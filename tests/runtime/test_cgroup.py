@@ -1,4 +1,4 @@
-"""scheduler/cgroup.py: real memory cgroups where this machine has them (OOM kill, peak, page cache
+"""launch/bench/cgroup.py: real memory cgroups where this machine has them (OOM kill, peak, page cache
 charged inside, nothing left behind), and detection against fake /proc + /sys trees for the rest."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from cadence.errors import CadenceError
-from scheduler import cgroup
-from scheduler.cgroup import CgroupInfo, MemoryCgroup, detect, run_in_cgroup
+from launch.bench import cgroup
+from launch.bench.cgroup import CgroupInfo, MemoryCgroup, detect, run_in_cgroup
 from shm.dio import MEMORY_FS, cached_bytes, fs_type
 from tests.runtime.conftest import wait_until
 

@@ -23,7 +23,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from launch.cmd_profile import _time
+from launch.bench.measure import median_time
 from models import kernels
 from models.attention import Visibility
 
@@ -33,7 +33,7 @@ SHARES = (0.0, 0.25, 0.5)
 
 
 def _median_us(fn, reps: int = 7) -> float:
-    return _time(fn, reps) * 1e6
+    return median_time(fn, reps) * 1e6
 
 
 def random_tree(width: int, rng: random.Random) -> list[int]:

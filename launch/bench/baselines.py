@@ -96,7 +96,7 @@ class LlamaCppBaseline:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m launch.baselines --target T --prompts P.jsonl --json OUT ...`: llama.cpp alone, in a
+    """`python -m launch.bench.baselines --target T --prompts P.jsonl --json OUT ...`: llama.cpp alone, in a
     process that imports neither torch nor our runtime (what `launch bench --cgroup` runs under the
     limit, so that llama.cpp is charged for llama.cpp and a tokenizer, nothing else)."""
     import argparse
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from models.convert import ensure_store
     from models.tokenizer import TextTokenizer
 
-    p = argparse.ArgumentParser(prog="python -m launch.baselines")
+    p = argparse.ArgumentParser(prog="python -m launch.bench.baselines")
     p.add_argument("--target", required=True)
     p.add_argument("--dtype", dest="fmt", default="int4", help="the store whose tokenizer encodes the prompts")
     p.add_argument("--prompts", required=True)

@@ -1,4 +1,4 @@
-"""`python -m shm.dio_bench FILE`: read GB/s from disk by threads x chunk size, direct vs buffered.
+"""`python -m launch.bench.disk FILE`: read GB/s from disk by threads x chunk size, direct vs buffered.
 
 Each cell reads the first `--mib` MiB of FILE (opened read-only) into one pre-faulted, page-aligned
 buffer, after evicting FILE from the page cache, so every byte comes from the disk. "direct" is
@@ -45,7 +45,7 @@ def plain_read(path: str, dest: mmap.mmap, nbytes: int) -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m shm.dio_bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m launch.bench.disk", description=__doc__.splitlines()[0])
     p.add_argument("file")
     p.add_argument("--threads", default="1,2,4,8")
     p.add_argument("--chunks", default="64K,1M,4M,16M")

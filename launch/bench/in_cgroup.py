@@ -3,7 +3,7 @@
 The physical proof of a memory budget. Each run is a process of its own, started inside a fresh
 memory cgroup (v1 or v2) after the model files' cached pages were evicted (pages cached outside
 the cgroup are not charged to it): our modes as `launch run` (the scheduler as a user runs it:
-torch-free, the actors forked from one zygote), llama.cpp as `python -m launch.baselines` (its
+torch-free, the actors forked from one zygote), llama.cpp as `python -m launch.bench.baselines` (its
 library and a tokenizer, nothing of ours). Every run gets the same limit.
 
 Reported per run: tokens/s per prompt kind and the ratios to `stdpl` and to llama.cpp; the
@@ -57,10 +57,10 @@ def _run_args(args, mode: str, budget: int) -> list[str]:
 
 
 def bench_cgroup(args, prompts: list[Prompt], baselines: list[str]):
-    from launch.cmd_run import run_config
+    from launch.bench.cgroup import run_in_cgroup
+    from launch.options import run_config
     from launch.runner import memory_plan
     from models.convert import ensure_store, resolve
-    from scheduler.cgroup import run_in_cgroup
     from scheduler.memplan import parse_bytes
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -90,7 +90,7 @@ def bench_cgroup(args, prompts: list[Prompt], baselines: list[str]):
         pfile = _prompt_file(prompts, Path(tmp))
         todo = [(m, [sys.executable, "-m", "launch.cli", "run", "--prompts", str(pfile), *_run_args(args, m, budget)],
                  files, budget) for m in modes]
-        todo += [(b, [sys.executable, "-m", "launch.baselines", "--target", args.target, "--dtype", args.fmt,
+        todo += [(b, [sys.executable, "-m", "launch.bench.baselines", "--target", args.target, "--dtype", args.fmt,
                       "--prompts", str(pfile), "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads),
                       "--chat", args.chat, *(["--no-repack"] if args.no_repack else [])], [gguf], base_budget)
                  for b in baselines if b == "llama.cpp"]

@@ -3,7 +3,7 @@
 `launch bench --json OUT` writes it beside its rows (OUT with .html); several runs' rows (a bench
 per budget, say) go into one page with
 
-    python -m launch.bench_chart ROWS.json [ROWS.json ...] -o chart.html
+    python -m launch.bench.chart ROWS.json [ROWS.json ...] -o chart.html
 
 The page is self-contained (inline SVG and CSS, no script, no network): any browser opens it.
 """
@@ -110,7 +110,7 @@ def write_chart(rows: list[dict], path: str | Path, title: str = "cadence benchm
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.bench_chart", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m launch.bench.chart", description=__doc__.split("\n")[0])
     p.add_argument("rows", nargs="+", help="JSON rows written by launch bench --json (or launch run --json)")
     p.add_argument("-o", "--out", required=True, help="the HTML page to write")
     p.add_argument("--title", default="cadence benchmark")
@@ -120,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             got = json.loads(Path(f).read_text())
         except (OSError, json.JSONDecodeError) as e:
-            print(f"bench_chart: cannot read {f} ({e}); give the rows launch bench --json wrote", file=sys.stderr)
+            print(f"launch.bench.chart: cannot read {f} ({e}); give the rows launch bench --json wrote", file=sys.stderr)
             return 1
         if not isinstance(got, list) or not all(isinstance(r, dict) and "new_token_ids" in r for r in got):
-            print(f"bench_chart: {f} holds no benchmark rows; give the rows launch bench --json wrote", file=sys.stderr)
+            print(f"launch.bench.chart: {f} holds no benchmark rows; give the rows launch bench --json wrote", file=sys.stderr)
             return 1
         rows += got
     print(write_chart(rows, a.out, a.title))

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cadence.errors import CadenceError
+from scheduler.footprint import rollup
 from shm.dio import cached_bytes, evict_page_cache
 
 _AGAIN = "drop --cgroup to run without the proof"
@@ -107,17 +108,6 @@ def _keyed(path: Path) -> dict[str, int]:
     except FileNotFoundError:
         return {}
     return {k: int(v) for k, _, v in (ln.partition(" ") for ln in lines) if v.strip().lstrip("-").isdigit()}
-
-
-def _keyed_kb(path: Path) -> dict[str, int]:
-    """A "Key:   123 kB" file (smaps_rollup, status) in bytes."""
-    out = {}
-    for ln in path.read_text().splitlines():
-        k, _, v = ln.partition(":")
-        parts = v.split()
-        if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
-            out[k] = int(parts[0]) * 1024
-    return out
 
 
 def _write(path: Path, value) -> None:
@@ -233,8 +223,9 @@ class MemoryCgroup:
         for pid in self.pids():
             try:
                 name = Path(f"/proc/{pid}/comm").read_text().strip()
-                roll = _keyed_kb(Path(f"/proc/{pid}/smaps_rollup"))
             except OSError:
+                continue
+            if not (roll := rollup(pid)):  # gone since
                 continue
             out[name] = out.get(name, 0) + roll.get("Pss_Anon", 0) + roll.get("Pss_Shmem", 0)
         return out

@@ -1,0 +1,118 @@
+"""The layout keeps its layers: no import cycles among our modules, no module over ~400 lines, and no
+module importing another's private names. Pure `ast` over the sources: nothing is
+imported (torch least of all), so it takes a moment."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("cadence", "actors", "shm", "scheduler", "launch", "models", "speculative")
+MAX_LINES = 400
+# Files let over the limit while someone splits them (repo-relative paths); none are now.
+OVER_FOR_NOW: set[str] = set()
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of PACKAGES (a package is its __init__.py)."""
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path):
+    """(module imported, names taken from it, line) for every import in the file, in functions too."""
+    is_pkg = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, [], node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's own package up
+                pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = ".".join(pkg[:len(pkg) - node.level + 1] + ([base] if base else []))
+            yield base, [a.name for a in node.names], node.lineno
+
+
+def _ours(mod: str) -> bool:
+    return mod.split(".")[0] in PACKAGES
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> our modules it imports; `from pkg import mod` is an edge to pkg.mod when that is a module."""
+    graph = {}
+    for name, path in MODULES.items():
+        edges = set()
+        for mod, names, _ in _imports(name, path):
+            if not _ours(mod):
+                continue
+            subs = [f"{mod}.{n}" for n in names if f"{mod}.{n}" in MODULES]
+            edges.update(subs)
+            if len(subs) < len(names) or not names:
+                edges.add(mod)
+        graph[name] = {e for e in edges if e in MODULES and e != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each import cycle a depth-first walk meets, as the path that closes it."""
+    done, path, cycles = set(), [], []
+
+    def visit(v: str) -> None:
+        path.append(v)
+        for w in sorted(graph[v]):
+            if w in path:
+                cycles.append(path[path.index(w):] + [w])
+            elif w not in done:
+                visit(w)
+        path.pop()
+        done.add(v)
+
+    for v in sorted(graph):
+        if v not in done:
+            visit(v)
+    return cycles
+
+
+def test_the_checks_see_what_they_check():
+    graph = _graph()
+    assert "launch.options" in graph["launch.cmd_run"]  # a module-level import
+    assert "launch.bench.in_cgroup" in graph["launch.cmd_bench"]  # one inside a function
+    assert "launch.bench.attention" in graph["launch.cmd_bench"]  # `from launch.bench import attention`
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_no_import_cycles():
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles (imports inside functions count): " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_module_over_400_lines():
+    over = {str(p.relative_to(ROOT)): n for p in MODULES.values()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    new = {f: n for f, n in over.items() if f not in OVER_FOR_NOW}
+    assert not new, f"modules over {MAX_LINES} lines, split them: " + ", ".join(f"{f} ({n})" for f, n in sorted(new.items()))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def test_no_private_names_imported_from_another_module():
+    found = []
+    for name, path in MODULES.items():
+        for mod, names, line in _imports(name, path):
+            if not _ours(mod) or mod == name:
+                continue
+            bad = [n for n in [*mod.split("."), *names] if _private(n)]
+            if bad:
+                found.append(f"{path.relative_to(ROOT)}:{line} takes {', '.join(bad)} from {mod}")
+    assert not found, "private names imported from another module (make them public where they belong): " + \
+        "; ".join(found)
