@@ -12,9 +12,9 @@ from dataclasses import asdict
 from typing import Callable
 
 from cadence.settings import LOOKUP, Generation, SamplingConfig, SpecStats, TreeConfig, budgets
-from scheduler.errors import ActorDead, ActorError, RequestTimeout
-from scheduler.events import DeadEvent, ReplyEvent
+from scheduler.errors import ActorError
 from scheduler.runtime import Scheduler
+from scheduler.target import ActorTarget
 from speculative.governor import Governor
 from speculative.lookup import PromptLookup
 
@@ -43,9 +43,6 @@ class ActorSpeculation:
         self.current, self.cur_cfg = mode, cfg  # the mode and tree settings of the generation under way
         self.streamer = None
         self.governors: dict[tuple, Governor] = {}  # per mode and budget set, kept across prompts
-        self.worker = worker
-        self.model_args = model_args
-        self.kv_slot = self.job_slots = self.col_slots = None
         self.lookup = PromptLookup(cfg.width) if mode not in TARGET_ONLY and draft_store is None else None
         self.io_wait: float | None = None  # the verifier's measured share of a verification spent waiting for layers
         common = {"sampling": asdict(sampling), "threads": threads}
@@ -69,100 +66,12 @@ class ActorSpeculation:
 
             sizes = sched.call("loader", "groups").result["groups"]
             self.streamer = Streamer(sched, list(plan.streamed), {g: sizes[g] for g in plan.streamed}, prefetch=mode != "std")
-
-    def _target(self, job: str, args: dict, tensors: dict | None = None) -> dict:
-        """A verifier job (start / step / verify): one op, or a conversation when layers stream in
-        from the loader or attention is split with the sparse worker."""
-        s = self.s
-        if self.streamer is None and self.worker is None:
-            return s.call("verifier", job, args, tensors).result
-        tensors = dict(tensors or {})
-        if self.worker is not None:
-            tensors.update(self._worker_slots(job, args))
-        if self.streamer is not None:
-            self.streamer.refill()
-        r = s.call("verifier", "begin", {"job": job, **args}, tensors).result
-        while "need" in r:
-            if r["need"] == "attn":
-                r = self._split_attention(r)
-            elif r["need"] == "cols":
-                r = self._split_columns(r)
-            else:
-                r = self.streamer.feed(r["need"])
-        return r["done"]
-
-    def _worker_slots(self, job: str, args: dict) -> dict:
-        """Arena room for Q and the worker's chunk states, and at each prompt the KV cache itself."""
-        s, a = self.s, self.model_args
-        out = {}
-        if self.job_slots is None:
-            rows = max(256, self.cfg.budget + 1)  # a prefill chunk, or a tree with its root
-            maxc = -(-(rows + 2 * 32) // 32)
-            q = s.slots.alloc(rows * a["n_heads"] * a["head_dim"] * 4)
-            ch = s.slots.alloc(rows * a["n_heads"] * maxc * (a["head_dim"] + 2) * 4)
-            self.job_slots = (q, ch)
-            if self.worker.get("columns"):  # column split: the residual stream, the linears' inputs and outputs
-                q_dim, kv_dim = a["n_heads"] * a["head_dim"], a["n_kv_heads"] * a["head_dim"]
-                self.col_slots = tuple(s.slots.alloc(rows * n * 4) for n in (
-                    a["dim"], max(a["dim"], q_dim, a["ffn_dim"]), max(q_dim + 2 * kv_dim, 2 * a["ffn_dim"])))
-        q, ch = self.job_slots
-        out["q"], out["ch"] = s.slot_desc(q), s.slot_desc(ch)
-        if self.col_slots:
-            out.update(zip(("x", "xin", "y"), map(s.slot_desc, self.col_slots)))
-        if job == "start":
-            if self.kv_slot is not None:
-                s.slots.free(self.kv_slot)
-            cap = int(args["capacity"])
-            self.kv_slot = s.slots.alloc(2 * a["n_layers"] * a["n_kv_heads"] * cap * a["head_dim"] * 4)
-            out["kv"] = s.slot_desc(self.kv_slot)
-            s.call("sparse", "bind", {"capacity": cap}, {"kv": out["kv"]})
-        return out
-
-    def _split_attention(self, need: dict) -> dict:
-        """The worker computes its chunks while the verifier folds its own; then the verifier merges."""
-        s = self.s
-        q, ch = self.job_slots
-        wargs = {k: need[k] for k in ("layer", "T", "n_shared", "ptr", "idx", "k0", "maxc", "scale") if k in need}
-        rid_w = s.send("sparse", "attend", wargs, {"q": s.slot_desc(q), "out": s.slot_desc(ch)})
-        got = self._both(rid_w, "attend", s.send("verifier", "dense", {}), "dense")
-        return s.call("verifier", "merge", {"maxc": need["maxc"], "nch": got["nch"]}).result
-
-    def _split_columns(self, need: dict) -> dict:
-        """The worker writes its columns of one linear layer while the verifier writes its own; then on."""
-        s = self.s
-        x, xin, y = self.col_slots
-        wargs = {k: need[k] for k in ("layer", "name", "T", "acc", "n0")}
-        rid_w = s.send("sparse", "cols", wargs, {"xin": s.slot_desc(xin), "out": s.slot_desc(x if need["acc"] else y)})
-        self._both(rid_w, "cols", s.send("verifier", "cols", {}), "cols")
-        return s.call("verifier", "cols_done", {}).result
-
-    def _both(self, rid_w: int, op_w: str, rid_v: int, op_v: str) -> dict:
-        """Wait for the worker's and the verifier's replies to two requests running at once; the worker's result."""
-        s = self.s
-        replies = {}
-        deadline = time.monotonic() + s.config.timeouts.request_s
-        while len(replies) < 2:
-            if time.monotonic() > deadline:
-                raise RequestTimeout("sparse", op_w, rid_w, s.config.timeouts.request_s)
-            for ev in s.poll(0.05):
-                if isinstance(ev, ReplyEvent) and ev.reply.req_id in (rid_w, rid_v):
-                    if not ev.reply.ok:
-                        who, op = ("sparse", op_w) if ev.reply.req_id == rid_w else ("verifier", op_v)
-                        raise ActorError(who, op, ev.reply.req_id, ev.reply.error)
-                    replies[ev.reply.req_id] = ev.reply.result
-                elif isinstance(ev, DeadEvent):
-                    raise ActorDead(ev.role, ev.reason)
-                elif self.streamer is not None:
-                    self.streamer.on_events([ev])
-        return replies[rid_w]
+        self.target = ActorTarget(sched, self.streamer, worker, model_args, cfg)
 
     def close(self):
         if self.streamer is not None:
             self.streamer.drain()
-        for slot in (self.kv_slot, *(self.job_slots or ()), *(self.col_slots or ())):
-            if slot is not None:
-                self.s.slots.free(slot)
-        self.kv_slot = self.job_slots = self.col_slots = None
+        self.target.close()
 
     AHEAD_WAIT = 0.2  # draft ahead while the verifier waits on I/O for more than this share of a verification
 
@@ -223,7 +132,7 @@ class ActorSpeculation:
         wire_sampling = asdict(self.sampling)
         cap = self._capacity(len(prompt_ids), max_new)
         t0 = time.perf_counter()
-        started = self._target("start", {"prompt_ids": prompt_ids, "capacity": cap, "sampling": wire_sampling})
+        started = self.target.run("start", {"prompt_ids": prompt_ids, "capacity": cap, "sampling": wire_sampling})
         first = started["token"]
         speculative = mode not in TARGET_ONLY
         if speculative and self.lookup is not None:
@@ -296,7 +205,7 @@ class ActorSpeculation:
         t = time.perf_counter()
         try:
             if tree is None:
-                nxt = self._target("step", {"root": root})["token"]
+                nxt = self.target.run("step", {"root": root})["token"]
                 stats.plain_steps += 1
                 if self.lookup is not None:
                     self.lookup.push([nxt])
@@ -311,7 +220,7 @@ class ActorSpeculation:
                 ahead_req = s.send("draft", "ahead", {"steps": cfg_ahead})
             verify_req = s._next_req
             wait0, t_verify = self.streamer.stats.wait_s if self.streamer else 0.0, time.perf_counter()
-            v = self._target("verify", tree, tree_tensors)
+            v = self.target.run("verify", tree, tree_tensors)
             if self.streamer is not None:  # the share of a verification spent waiting for the loader
                 share = (self.streamer.stats.wait_s - wait0) / max(time.perf_counter() - t_verify, 1e-9)
                 self.io_wait = share if self.io_wait is None else 0.7 * self.io_wait + 0.3 * share
