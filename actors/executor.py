@@ -6,7 +6,7 @@ chunks) and, with a column share, the columns [n0, N) of every linear layer. It 
 into the sync area (actors/syncarea.py); from then on both sides walk the same list of steps
 (`SplitPlan.steps`) and meet at the sync words, with no message per layer:
 
-    verifier                                   worker (one `serve` request per job)
+    verifier: SplitExecutor                    worker: WorkerShare (one `serve` request per job)
     plan -> post                               wait plan, read it
     layer i: Q -> post, dense chunks [0, k0)   wait Q, chunks [k0, ...) -> post
              wait, merge in chunk order
@@ -83,13 +83,24 @@ class SplitPlan:
                          torch.from_numpy(area.ptr[:T + 1].copy()), torch.from_numpy(area.idx[:nnz].copy()))
 
 
-def plan_split(vis: Visibility, args: ModelArgs, share: float, column_share: float, scale: float) -> SplitPlan:
+def plan_split(vis: Visibility, args: ModelArgs, share: float, column_share: float, scale: float,
+               ch_room: int | None = None) -> SplitPlan:
     """The worker takes `share` of the chunks made of shared context only (the last ones), the tree part
-    of every row, and with `column_share` > 0 the last share of every linear layer's columns."""
+    of every row, and with `column_share` > 0 the last share of every linear layer's columns. `ch_room`:
+    the fp32 values its chunk states may fill; a long context leaves it fewer dense chunks to fit them
+    (any split gives the same bits)."""
     c_star = vis.n_shared // kernels.CHUNK
     k0 = int(c_star * (1.0 - share)) * kernels.CHUNK  # ours: keys [0, k0); the worker's: the rest
+    if ch_room is not None:
+        fit = ch_room // (vis.rows * args.n_heads * (args.head_dim + 2))  # chunk states a row may have
+        longest = int((vis.ptr[1:] - vis.ptr[:-1]).max()) if vis.rows else 0
+        least = -(-(vis.n_shared + longest - fit * kernels.CHUNK) // kernels.CHUNK) * kernels.CHUNK
+        k0 = min(max(k0, least), c_star * kernels.CHUNK)
+    maxc = kernels.max_chunks(vis.n_shared, vis.ptr, k0)
+    if ch_room is not None and vis.rows * args.n_heads * maxc * (args.head_dim + 2) > ch_room:
+        raise ValueError(f"the worker's chunk states of {vis.rows} rows do not fit its slot of {ch_room * 4} bytes")
     n0 = tuple(column_split(n, column_share) for n in linear_widths(args)) if column_share > 0 else None
-    return SplitPlan(vis.rows, vis.n_shared, k0, kernels.max_chunks(vis.n_shared, vis.ptr, k0), scale, n0, vis.ptr, vis.idx)
+    return SplitPlan(vis.rows, vis.n_shared, k0, maxc, scale, n0, vis.ptr, vis.idx)
 
 
 def step_name(layer: int, name: str) -> str:
@@ -119,7 +130,7 @@ class SplitExecutor:
         if self.area is None or vis.rows < 2 or not self.model.fused:
             return None
         share = self.column_share if self.bufs is not None else 0.0
-        sp = plan_split(vis, self.model.args, self.share, share, self.model.scale)
+        sp = plan_split(vis, self.model.args, self.share, share, self.model.scale, self.ch.numel())
         sp.write(self.area)
         self._post()
         self.split, self.todo = sp, iter(sp.steps(self.model.args.n_layers))
@@ -175,27 +186,54 @@ class SplitExecutor:
             self.area = None
 
 
-def serve(area: SyncArea, job: int, n_layers: int, clock: Clock, attend, columns) -> int:
-    """The worker's side of a job: follow the verifier's plans step by step until its END;
-    `attend(plan, layer)` and `columns(plan, layer, name)` compute the worker's share. Returns the
-    number of forwards served."""
-    seq = forwards = 0
-    try:
-        while True:
-            seq += 1
-            area.wait(VERIFIER, job, seq, "the next forward's plan", clock)
-            plan = SplitPlan.read(area)
-            if plan is None:
-                return forwards
-            forwards += 1
-            for layer, name in plan.steps(n_layers):
+class WorkerShare:
+    """The worker's side: follows the verifier's plans step by step through one job and computes its
+    share of each step: attention chunks from k0 on (into `ch`, their counts into the sync area),
+    columns [n0, N) of each linear (input from `xin`, output into `x` or `y`)."""
+
+    def __init__(self, args: ModelArgs, cache, layers: list | None, area: SyncArea, slots: dict[str, torch.Tensor], trace):
+        """`cache`: the verifier's KV cache, mapped; `layers`: the target's layer weights (None: no column share)."""
+        self.args, self.cache, self.layers, self.area, self.trace = args, cache, layers, area, trace
+        self.q, self.ch = slots["q"].view(torch.float32), slots["ch"].view(torch.float32)
+        self.bufs = {k: slots[k].view(torch.float32) for k in ("x", "xin", "y") if k in slots}
+
+    def serve(self, job: int, clock: Clock) -> int:
+        """Until the verifier's END for `job`; the number of forwards served."""
+        area, seq, forwards = self.area, 0, 0
+        try:
+            while True:
                 seq += 1
-                area.wait(VERIFIER, job, seq, f"the input of {step_name(layer, name)}", clock)
-                if name == "attn":
-                    attend(plan, layer)
-                else:
-                    columns(plan, layer, name)
-                area.post(WORKER, job, seq)
-    except BaseException:
-        area.post(WORKER, job, ABANDONED)
-        raise
+                area.wait(VERIFIER, job, seq, "the next forward's plan", clock)
+                plan = SplitPlan.read(area)
+                if plan is None:
+                    return forwards
+                forwards += 1
+                for layer, name in plan.steps(self.args.n_layers):
+                    seq += 1
+                    area.wait(VERIFIER, job, seq, f"the input of {step_name(layer, name)}", clock)
+                    if name == "attn":
+                        self.attend(plan, layer)
+                    else:
+                        self.columns(plan, layer, name)
+                    area.post(WORKER, job, seq)
+        except BaseException:
+            area.post(WORKER, job, ABANDONED)
+            raise
+
+    def attend(self, plan: SplitPlan, i: int):
+        T, H, D = plan.T, self.args.n_heads, self.args.head_dim
+        q = self.q[:T * H * D].view(T, H, D)
+        with self.trace.span(f"sparse:layer.{i}", cat="attention", args={"rows": T, "k0": plan.k0}):
+            _, nch = kernels.attn_chunks(q, self.cache.k[i], self.cache.v[i], plan.n_shared, plan.ptr, plan.idx,
+                                         plan.k0, plan.scale, plan.maxc, out=self.ch)
+        self.area.nch[:T] = nch.numpy()
+
+    def columns(self, plan: SplitPlan, i: int, name: str):
+        if self.layers is None or "xin" not in self.bufs:
+            raise RuntimeError("this worker was started without a column share; start it with --column-share")
+        lin, T, acc = getattr(self.layers[i], name), plan.T, ACCUMULATE[name]
+        n0 = plan.n0[_COLS[name]]
+        x = self.bufs["xin"][:T * lin.k].view(T, lin.k)
+        y = self.bufs["x" if acc else "y"][:T * lin.n].view(T, lin.n)
+        with self.trace.span(f"cols:layer.{i}.{name}", cat="linear", args={"rows": T, "cols": lin.n - n0}):
+            lin.matmul_cols(x, y, n0, lin.n, acc)

@@ -23,7 +23,7 @@ import warnings
 import torch
 
 from actors.base import Actor, ActorContext
-from actors.executor import ACCUMULATE, LINEARS, serve
+from actors.executor import WorkerShare
 from actors.syncarea import Clock, SyncArea
 from models import kernels
 from models.config import ModelArgs
@@ -40,7 +40,6 @@ class SparseAttnActor(Actor):
         torch.set_num_threads(int(init.get("threads") or 1))
         self.args = ModelArgs.from_dict(init["model"])
         self.cache = None  # the verifier's KV cache, mapped at each prompt's start
-        self.area = None
         self.layers = self._map_layers(init["store"]) if float(init.get("columns") or 0.0) > 0 else None
         kernels.lib()  # build or load the kernels now, not during the first verification
 
@@ -67,29 +66,6 @@ class SparseAttnActor(Actor):
         if self.cache is None:
             raise RuntimeError("no KV cache bound: a prompt's first job (start) brings it")
         slots = {k: self.tensor(v) for k, v in tensors.items()}
-        self.area = SyncArea(slots["sync"], int(args["rows"]))
-        self.q, self.ch = slots["q"].view(torch.float32), slots["ch"].view(torch.float32)
-        self.bufs = {k: slots[k].view(torch.float32) for k in ("x", "xin", "y") if k in slots}
+        share = WorkerShare(self.args, self.cache, self.layers, SyncArea(slots["sync"], int(args["rows"])), slots, self.trace)
         clock = Clock("the verifier", float(args["timeout_s"]), self.interrupted, self.beat, self.ctx.heartbeat_s)
-        return {"forwards": serve(self.area, int(args["job"]), self.args.n_layers, clock, self._attend, self._columns)}
-
-    def _attend(self, plan, i: int):
-        """Chunk states of every row from key k0 on, for layer i, into the `ch` slot; their counts into the sync area."""
-        T, H, D = plan.T, self.args.n_heads, self.args.head_dim
-        q = self.q[:T * H * D].view(T, H, D)
-        with self.trace.span(f"sparse:layer.{i}", cat="attention", args={"rows": T, "k0": plan.k0}):
-            _, nch = kernels.attn_chunks(q, self.cache.k[i], self.cache.v[i], plan.n_shared, plan.ptr, plan.idx,
-                                         plan.k0, plan.scale, plan.maxc, out=self.ch)
-        self.area.nch[:T] = nch.numpy()
-
-    def _columns(self, plan, i: int, name: str):
-        """Columns [n0, N) of one linear layer of the target, n0 as the plan split it: input from `xin`,
-        into (or added to) `x` (the residual stream) or `y`."""
-        if self.layers is None or "xin" not in self.bufs:
-            raise RuntimeError("this worker was started without a column share; start it with --column-share")
-        lin, T, acc = getattr(self.layers[i], name), plan.T, ACCUMULATE[name]
-        n0 = plan.n0[[n for n, _ in LINEARS].index(name)]
-        x = self.bufs["xin"][:T * lin.k].view(T, lin.k)
-        y = self.bufs["x" if acc else "y"][:T * lin.n].view(T, lin.n)
-        with self.trace.span(f"cols:layer.{i}.{name}", cat="linear", args={"rows": T, "cols": lin.n - n0}):
-            lin.matmul_cols(x, y, n0, lin.n, acc)
+        return {"forwards": share.serve(int(args["job"]), clock)}

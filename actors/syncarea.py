@@ -82,7 +82,7 @@ class SyncArea:
             if deadline is None:
                 deadline = now + clock.timeout_s
             elif now > deadline:
-                raise TimeoutError(f"{clock.partner} did not finish {what} within {clock.timeout_s:.0f} s "
+                raise TimeoutError(f"{clock.partner} did not finish {what} within {clock.timeout_s:g} s "
                                    "(raise timeouts.request_s if the machine is that slow)")
             clock.tick(now, what)
             time.sleep(nap)
