@@ -6,7 +6,7 @@ tell each other where they are through sequence words, each written by one side 
     offset    0  int64  verifier: (job << 32) | the last step it posted (a plan, Q of a layer, a linear's input)
     offset   64  int64  worker:   (job << 32) | the last step it finished
     offset  128  int64  scheduler: the id of a job that must stop (the worker or the verifier died)
-    offset  192  int64[HEADER]  the forward's plan (kind, T, n_shared, k0, maxc, nnz, n0 x 4, scale bits)
+    offset  192  int64[16]  the forward's plan (kind, T, n_shared, k0, maxc, nnz, n0 x 4, scale bits)
     then         int32[rows]       the worker's chunk counts of the layer (attention)
                  int32[rows + 1]   the plan's tree index: ptr
                  int32[rows (rows + 1) / 2]  and idx
@@ -61,7 +61,7 @@ class SyncArea:
 
     def wait(self, word: int, job: int, step: int, what: str, clock: "Clock"):
         """Until the other side's `word` reaches `step` of `job`; `what` it waits for, for the errors."""
-        words, n, nap, deadline = self.words, 0, NAP_S, None
+        words, n, nap, deadline, message = self.words, 0, NAP_S, None, False
         while True:
             v = int(words[word])
             if v >> 32 == job:
@@ -73,6 +73,8 @@ class SyncArea:
                     return
             elif v >> 32 > job:
                 raise Abandoned(f"{clock.partner} moved on to job {v >> 32} while this side waited for {what} of job {job}")
+            if message:  # seen after a last look at the word: the next job's request comes only after this one's end
+                raise Abandoned(f"a message arrived (a stop, or the next job) while this side waited for {what}")
             n += 1
             if n < SPIN:
                 continue
@@ -84,9 +86,11 @@ class SyncArea:
             elif now > deadline:
                 raise TimeoutError(f"{clock.partner} did not finish {what} within {clock.timeout_s:g} s "
                                    "(raise timeouts.request_s if the machine is that slow)")
-            clock.tick(now, what)
-            time.sleep(nap)
-            nap = min(nap * 2, NAP_MAX_S)
+            message = clock.interrupted()
+            if not message:
+                clock.maybe_beat(now)
+                time.sleep(nap)
+                nap = min(nap * 2, NAP_MAX_S)
 
 
 class Clock:
@@ -98,11 +102,6 @@ class Clock:
         self.partner, self.timeout_s = partner, timeout_s
         self.interrupted, self.beat, self.beat_every_s = interrupted, beat, beat_every_s
         self.next_beat = time.monotonic() + beat_every_s
-
-    def tick(self, now: float, what: str):
-        if self.interrupted():
-            raise Abandoned(f"a message arrived (a stop, or the next job) while this side waited for {what}")
-        self.maybe_beat(now)
 
     def maybe_beat(self, now: float | None = None):
         """Say "alive" if it is time (a long job between replies must not look hung)."""
