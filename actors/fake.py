@@ -1,4 +1,5 @@
 """FAKE actors, for integration tests: the four roles speaking the real ops, with no model.
+(The target and the draft are in actors/fake_target.py.)
 
 `ActorSpeculation(..., impl=FAKES)` spawns these instead of the real actors, so the scheduler that
 `launch run` uses is driven in seconds. They sleep instead of computing and move real bytes through
@@ -9,14 +10,16 @@ the real arena:
 - the fake loader stamps each slot it fills (magic, load number, group, bytes, then a byte pattern)
   and writes nowhere else; the fake verifier checks the whole stamp before and after "computing" a
   streamed group, and that load numbers only grow, so a slot reused before its release, or a stale
-  one, fails the request loudly.
+  one, fails the request loudly;
+- with the worker, a split job is one `serve` request, and the fake verifier and worker meet step
+  by step in the real sync area's words (actors/syncarea.py), with no message per layer.
 
 The fake model is a directory standing in for the weight store (the `store` / `store_dir` every real
 actor is given): `fake.json` there (`write_fake_store`) holds the vocabulary, the target's groups in
 forward order with their bytes, the seed, and each role's script:
   durations {key: [min_s, max_s]}  seeded sleeps (verifier: "group" per group of a forward, "dense",
                                    "cols"; draft: "build", "ahead" per step; loader: "load";
-                                   sparse: "attend", "cols")
+                                   sparse: "attn", "cols" per step it serves)
   die_at {op: n}                   SIGKILL itself at the n-th request of `op` (before answering)
   fail_at {op: n}                  answer the n-th request of `op` with an error
   hang_at {op: n}                  never answer the n-th request of `op` (heartbeating: not "hung")
@@ -39,14 +42,15 @@ import numpy as np
 
 from actors import wire
 from actors.base import Actor, ActorFatal
-from actors.ops import Advance, Ahead, Build, DraftStart, Groups, Load, Lookup
+from actors.ops import Groups, Load
+from actors.syncarea import ABANDONED, HEADER, STOP, Abandoned, VERIFIER as VERIFIER_WORD, WORKER as WORKER_WORD
 from shm.desc import TensorDesc
 
 SCRIPT = "fake.json"
 PREFILL_CHUNK = 256  # prompt rows per forward, as models/engine.py
 _MAGIC = b"CDNCLOAD"
 _HEAD = struct.Struct("<8sq32sq")  # magic, load number, group name, bytes
-_LOG = 4096  # entries kept in the logs `stats` reports
+LOG_ENTRIES = 4096  # entries kept in the logs `stats` reports
 
 
 def target_next(tokens: list[int], vocab: int) -> int:
@@ -71,7 +75,7 @@ def write_fake_store(path, groups: dict[str, int], vocab: int = 64, seed: int = 
     return str(path)
 
 
-def _bytes(actor: Actor, desc: TensorDesc, n: int | None = None) -> np.ndarray:
+def slot_bytes(actor: Actor, desc: TensorDesc, n: int | None = None) -> np.ndarray:
     """The slot's first `n` bytes (all of it by default) as a numpy view of the arena: no copy."""
     arena = actor.arenas[desc.segment]
     n = desc.span_bytes if n is None else n
@@ -161,237 +165,66 @@ class FakeActor(Actor):
 
     def op_transform(self, args, tensors):
         """Stress test: check the input's crc, write its bytes reversed into the output slot."""
-        src = _bytes(self, tensors["x"])
+        src = slot_bytes(self, tensors["x"])
         if zlib.crc32(src) != args["crc"]:
             raise ValueError(f"input of request {args.get('tag')} changed under us (crc mismatch)")
         time.sleep(self.rng.uniform(0, float(args.get("max_sleep_s", 0.0))))
-        dst = _bytes(self, tensors["out"])[: src.size]
+        dst = slot_bytes(self, tensors["out"])[: src.size]
         dst[:] = src[::-1]
         if zlib.crc32(src) != args["crc"]:
             raise ValueError(f"input of request {args.get('tag')} changed while we read it")
         return {"crc": zlib.crc32(dst), "n": int(src.size)}
 
 
-class FakeVerifierActor(FakeActor):
-    """The target. Resident (`start`, `step`, `verify`) or job mode (`begin`, then `layer` for each
-    streamed group and, with the worker, `dense` + `merge` / `cols` + `cols_done`) as the real one."""
+class FakeSync:
+    """The sync area's words (actors/syncarea.py) as the fakes use them, without the kernels' fence:
+    each side posts `(job << 32) | step` in its own word and waits for the other's; the verifier ends
+    a job by writing its id into the header word, then posting one more step."""
 
-    role = "verifier"
-    DURATIONS = {"group": (0.0002, 0.0005)}
+    def __init__(self, actor: Actor, desc: TensorDesc, job: int, partner: str, timeout_s: float):
+        self.actor, self.job, self.partner, self.timeout_s = actor, job, partner, timeout_s
+        self.words = slot_bytes(actor, desc, (HEADER + 1) * 8).view("<i8")
+        self.step = 0
 
-    def __init__(self, init: dict, ctx):
-        super().__init__(init, ctx)
-        self.order = list(self.model.get("groups", {}))
-        resident = init.get("resident")
-        self.streamed = set() if resident is None else set(self.order) - set(resident)
-        self.worker = init.get("worker")
-        self.share = float((self.worker or {}).get("share", 0.0))
-        self.columns = float((self.worker or {}).get("columns", 0.0))
-        self.text: list[int] = []  # what the KV cache holds
-        self.job = self.need = None
-        self.slots: dict = {}
-        self.last_load = -1  # load numbers of the slots consumed only grow
-        self.consumed: deque = deque(maxlen=_LOG)  # (group, load number)
-        self.begun: deque = deque(maxlen=_LOG)  # (job, time.monotonic()) of each `begin`
+    def begin(self):
+        self.words[HEADER] = 0
 
-    # -- the target ------------------------------------------------------------------------------
+    def post(self, word: int, step: int):
+        self.words[word] = (self.job << 32) | step
 
-    def _forward(self, rows: int):
-        """One pass over the target's groups in order: yields what it needs from outside, as the
-        real verifier's job does, and is sent the tensors of the op that brings it."""
-        split = self.worker is not None and rows > 1
-        for g in self.order:
-            if g in self.streamed:
-                tensors = yield {"need": g}
-                buf = _bytes(self, tensors["slot"], self.model["groups"][g])
-                seq = check_slot(buf, g)
-                if seq <= self.last_load:
-                    raise ValueError(f"the slot for {g} holds load {seq}, older than load {self.last_load} used before it")
-                self.work("group", 1.0 - self.share, span=f"compute:{g}")
-                check_slot(buf, g)  # nobody wrote into it while we used it
-                self.last_load = seq
-                self.consumed.append((g, seq))
-            else:
-                self.work("group", 1.0 - self.share, span=f"compute:{g}")
-            if split and g.startswith("layer."):
-                i = int(g.split(".")[1])
-                _bytes(self, self.slots["q"], 16)[:] = np.array([i, rows], dtype="<i8").view(np.uint8)
-                yield {"need": "attn", "layer": i, "T": rows, "n_shared": len(self.text), "k0": 0, "maxc": 1,
-                       "scale": 1.0, **({"ptr": [0] * (rows + 1), "idx": []} if i == 0 else {})}
-                if self.columns > 0:
-                    yield {"need": "cols", "layer": i, "name": "wo", "T": rows, "acc": True, "n0": 1}
+    def end(self):
+        self.words[HEADER] = self.job
+        self.step += 1
+        self.post(VERIFIER_WORD, self.step)
 
-    def _start(self, prompt: list[int]):
-        reused = 0
-        while reused < min(len(prompt) - 1, len(self.text)) and prompt[reused] == self.text[reused]:
-            reused += 1
-        for i in range(reused, len(prompt), PREFILL_CHUNK):
-            yield from self._forward(min(PREFILL_CHUNK, len(prompt) - i))
-        self.text = list(prompt)
-        return {"token": target_next(self.text, self.vocab), "reused": reused}
+    def ended(self) -> bool:
+        return int(self.words[HEADER]) == self.job
 
-    def _step(self, root: int):
-        yield from self._forward(1)
-        self.text.append(root)
-        return {"token": target_next(self.text, self.vocab), "reused": 0}
+    def abandon(self):
+        self.post(VERIFIER_WORD, ABANDONED)
 
-    def _verify(self, tree: dict):
-        """Greedy: from the root, the child holding the target's token, while there is one."""
-        tokens, parents = list(tree["tokens"]), list(tree["parents"])
-        yield from self._forward(len(tokens) + 1)
-        self.text.append(int(tree["root"]))
-        path, at = [], -1
+    def wait(self, word: int, step: int, what: str):
+        now = time.monotonic()
+        deadline, beat = now + self.timeout_s, now + self.actor.ctx.heartbeat_s
         while True:
-            want = target_next(self.text, self.vocab)
-            nxt = next((j for j, (t, p) in enumerate(zip(tokens, parents)) if p == at and t == want), None)
-            if nxt is None:
-                return {"path": path, "next": want, "rows": len(tokens) + 1}
-            path.append(nxt)
-            self.text.append(want)
-            at = nxt
-
-    def _job(self, kind: str, args: dict):
-        if kind == "start":
-            return self._start(list(args["prompt_ids"]))
-        if kind == "step":
-            return self._step(int(args["root"]))
-        if kind == "verify":
-            return self._verify(args)
-        raise ValueError(f"unknown job {kind!r}; use start, step or verify")
-
-    # -- resident --------------------------------------------------------------------------------
-
-    def _whole(self, kind: str, args: dict) -> dict:
-        job = self._job(kind, args)
-        try:
-            need = next(job)
-        except StopIteration as done:
-            return done.value
-        raise RuntimeError(f"a resident {kind} needs {need}: this verifier was started with streamed groups or a worker")
-
-    def op_start(self, args, tensors):
-        return self._whole("start", args)
-
-    def op_step(self, args, tensors):
-        return self._whole("step", args)
-
-    def op_verify(self, args, tensors):
-        return self._whole("verify", args)
-
-    # -- job mode ----------------------------------------------------------------------------------
-
-    def op_begin(self, args, tensors):
-        if self.job is not None:
-            raise RuntimeError(f"a job is still waiting for {self.need}")
-        self.begun.append((args["job"], time.monotonic()))
-        self.slots.update((k, v) for k, v in tensors.items() if k in ("q", "ch", "kv", "x", "xin", "y"))
-        self.job = self._job(args["job"], args)
-        return self._resume(None)
-
-    def op_layer(self, args, tensors):
-        if self.job is None or args["group"] != (self.need or {}).get("need"):
-            raise RuntimeError(f"layer {args['group']} arrived but the verifier waits for {self.need}")
-        return self._resume(tensors)
-
-    def op_dense(self, args, tensors):
-        self.work("dense", 1.0 - self.share, span=f"dense:layer.{self.need['layer']}")
-        return {}
-
-    def op_merge(self, args, tensors):
-        """The worker's chunk states are where it was told to write them: in our `ch` slot."""
-        want = [self.need["layer"], self.need["T"]]
-        got = _bytes(self, self.slots["ch"], 16).view("<i8").tolist()
-        if got != want or len(args["nch"]) != self.need["T"]:
-            raise ValueError(f"the worker's chunk states hold layer, rows {got}, not {want}")
-        return self._resume(None)
-
-    def op_cols(self, args, tensors):
-        self.work("cols", 1.0 - self.columns)
-        return {}
-
-    def op_cols_done(self, args, tensors):
-        return self._resume(None)
-
-    def _resume(self, value) -> dict:
-        try:
-            self.need = self.job.send(value)
-        except StopIteration as done:
-            self.job = self.need = None
-            return {"done": done.value}
-        return self.need
-
-    def op_stats(self, args, tensors):
-        return {**super().op_stats(args, tensors), "worker": self.worker, "streamed": sorted(self.streamed),
-                "consumed": list(self.consumed), "begun": list(self.begun)}
-
-
-class FakeDraftActor(FakeActor):
-    """The draft: a tree (or chain) whose tokens are the target's with probability `accept_p`."""
-
-    role = "draft"
-    DURATIONS = {"build": (0.0005, 0.001), "ahead": (0.0005, 0.001)}
-
-    def __init__(self, init: dict, ctx):
-        super().__init__(init, ctx)
-        self.accept_p = float(self.script.get("accept_p", 0.7))
-        self.tree = dict(init.get("tree", {}))
-        self.text: list[int] = []
-        self.depth = 0  # of the last tree built
-        self.alpha = 0.5
-
-    def op_start(self, args: DraftStart, tensors):
-        self.tree = dict(args.tree or self.tree)
-        self.text = list(args.prompt_ids) + [args.first]
-        return {}
-
-    def _grow(self, budget: int, chain: bool, max_depth: int) -> dict:
-        """A chain of guesses; in tree mode each guess has a sibling leaf holding the other candidate."""
-        v, text = self.vocab, list(self.text)
-        tokens, parents, probs, parent, tc = [], [], [], -1, 1.0
-        while len(tokens) < budget and len(text) - len(self.text) < max_depth:
-            right = target_next(text, v)
-            wrong = (right + 1 + self.rng.randrange(v - 1)) % v
-            hit = self.rng.random() < self.accept_p
-            tokens.append(right if hit else wrong)
-            parents.append(parent)
-            probs.append(0.9 if hit else 0.6)
-            me = len(tokens) - 1
-            tc *= probs[me]
-            if not chain and len(tokens) < budget:
-                tokens.append(wrong if hit else right)
-                parents.append(parent)
-                probs.append(0.1 if hit else 0.4)
-            parent = me
-            text.append(tokens[me])
-        self.depth = len(text) - len(self.text)
-        return {"root": self.text[-1], "tokens": tokens, "parents": parents, "probs": probs, "tc": tc}
-
-    def op_build(self, args: Build, tensors):
-        self.work("build")
-        chain = self.tree.get("mode") == "chain"
-        tree = self._grow(args.budget, chain, int(self.tree.get("max_depth", 8)))
-        return {**tree, "forwards": self.depth, "trie_nodes": 0}
-
-    def op_lookup(self, args: Lookup, tensors):
-        """The trie's candidates: sometimes none, else a short chain."""
-        if self.rng.random() < 0.5:
-            return {"tokens": []}
-        tree = self._grow(min(2, args.max_nodes), True, 2)
-        return {**tree, "forwards": 0, "trie_nodes": len(tree["tokens"])}
-
-    def op_ahead(self, args: Ahead, tensors):
-        steps = 0
-        while steps < args.steps and not self.interrupted():
-            self.work("ahead")
-            steps += 1
-        return {"steps": steps}
-
-    def op_advance(self, args: Advance, tensors):
-        path, new = list(args.path), list(args.new)
-        self.text += new
-        if args.tree and self.depth:
-            self.alpha = 0.8 * self.alpha + 0.2 * len(path) / self.depth
-        return {"alpha": round(self.alpha, 6), "ahead_steps": 0, "ahead_reused": 0}
+            v = int(self.words[word])
+            if v >> 32 == self.job and (v & 0xFFFFFFFF) == ABANDONED:
+                raise Abandoned(f"{self.partner} gave up job {self.job} before {what}")
+            if v >> 32 == self.job and (v & 0xFFFFFFFF) >= step:
+                return
+            if v >> 32 > self.job:
+                raise Abandoned(f"{self.partner} moved on to job {v >> 32} while this side waited for {what}")
+            if int(self.words[STOP]) == self.job:
+                raise Abandoned(f"the scheduler stopped job {self.job} (an actor died) while this side waited for {what}")
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"{self.partner} did not finish {what} within {self.timeout_s:g} s")
+            if self.actor.interrupted():
+                raise Abandoned(f"a message arrived while this side waited for {what}")
+            if now > beat:
+                self.actor.beat()
+                beat = now + self.actor.ctx.heartbeat_s
+            time.sleep(0.0002)
 
 
 class FakeLoaderActor(FakeActor):
@@ -405,7 +238,7 @@ class FakeLoaderActor(FakeActor):
         self.groups = dict(self.model.get("groups", {}))
         self.region = init.get("stream_bytes")  # the loader may write [0, region) of the arena
         self.loads = self.bytes = self.max_end = 0
-        self.loaded: deque = deque(maxlen=_LOG)  # (group, time.monotonic() at the end of its load)
+        self.loaded: deque = deque(maxlen=LOG_ENTRIES)  # (group, time.monotonic() at the end of its load)
 
     def op_groups(self, args: Groups, tensors):
         return {"groups": self.groups, "file_bytes": sum(self.groups.values())}
@@ -423,7 +256,7 @@ class FakeLoaderActor(FakeActor):
                              f"{self.region}-byte region of the arena: the memory bound would be broken")
         t = time.perf_counter()
         self.work("load", span=f"load:{name}")
-        stamp_slot(_bytes(self, desc, n), self.loads, name)
+        stamp_slot(slot_bytes(self, desc, n), self.loads, name)
         seconds = time.perf_counter() - t
         self.loads += 1
         self.bytes += n
@@ -437,41 +270,38 @@ class FakeLoaderActor(FakeActor):
 
 
 class FakeSparseAttnActor(FakeActor):
-    """The worker: `bind` a KV cache, `attend` (writes the layer and rows it did where the verifier
-    merges from), `cols`. Its share arrives in the verifier's init; its column share in its own."""
+    """The worker: one `serve` per split job, meeting the verifier in the sync area step by step
+    until it ends the job. Its share arrives in the verifier's init; its column share in its own."""
 
     role = "sparse"
-    DURATIONS = {"attend": (0.0002, 0.0004), "cols": (0.0001, 0.0002)}
+    DURATIONS = {"attn": (0.0002, 0.0004), "cols": (0.0001, 0.0002)}
 
     def __init__(self, init: dict, ctx):
         super().__init__(init, ctx)
         self.columns = float(init.get("columns") or 0.0)
         self.capacity = None
+        self.steps = 0
 
-    def op_bind(self, args, tensors):
-        self.capacity = int(args["capacity"])
-        return {}
-
-    def op_attend(self, args, tensors):
+    def op_serve(self, args, tensors):
+        if "kv" in tensors:
+            self.capacity = int(args["capacity"])
         if self.capacity is None:
-            raise RuntimeError("attend before bind: no KV cache to read")
-        want = [int(args["layer"]), int(args["T"])]
-        got = _bytes(self, tensors["q"], 16).view("<i8").tolist()
-        if got != want:
-            raise ValueError(f"Q in the arena is for layer, rows {got}, not {want}")
-        self.work("attend", span=f"sparse:layer.{want[0]}")
-        _bytes(self, tensors["out"], 16)[:] = np.array(want, dtype="<i8").view(np.uint8)
-        return {"nch": [1] * want[1]}
-
-    def op_cols(self, args, tensors):
-        if not self.columns:
-            raise RuntimeError("this worker was started without a column share")
-        self.work("cols", self.columns)
-        return {}
+            raise RuntimeError("no KV cache bound: a prompt's first job (start) brings it")
+        sync = FakeSync(self, tensors["sync"], int(args["job"]), "the verifier", float(args["timeout_s"]))
+        while True:
+            step = sync.step + 1
+            sync.wait(VERIFIER_WORD, step, f"step {step}")
+            if sync.ended():
+                return {"steps": sync.step}
+            part = "cols" if self.columns > 0 and step % 2 == 0 else "attn"
+            self.work(part, self.columns if part == "cols" else 1.0, span=f"sparse:{part}")
+            sync.step = step
+            self.steps += 1
+            sync.post(WORKER_WORD, step)
 
     def op_stats(self, args, tensors):
-        return {**super().op_stats(args, tensors), "columns": self.columns, "capacity": self.capacity}
+        return {**super().op_stats(args, tensors), "columns": self.columns, "capacity": self.capacity, "steps": self.steps}
 
 
-FAKES = {role: f"actors.fake:{cls.__name__}" for role, cls in (
-    ("verifier", FakeVerifierActor), ("draft", FakeDraftActor), ("loader", FakeLoaderActor), ("sparse", FakeSparseAttnActor))}
+FAKES = {"verifier": "actors.fake_target:FakeVerifierActor", "draft": "actors.fake_target:FakeDraftActor",
+         "loader": f"actors.fake:{FakeLoaderActor.__name__}", "sparse": f"actors.fake:{FakeSparseAttnActor.__name__}"}

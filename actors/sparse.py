@@ -7,6 +7,8 @@ chunk and the row's own ancestors in the tree, only those pairs), plus, by the p
 range of the dense chunks. It reads Q and the KV cache where the verifier keeps them, in the
 shared-memory arena, and writes its chunk states there; the verifier merges them in chunk order
 with the online-softmax rescaling, which gives bit for bit the result of one unit doing it all.
+It gets one request per verifier job (`serve`) and follows the verifier's plans layer by layer
+through the arena's sync area (actors/executor.py), with no message in between.
 
 With a column share (`--column-share`), it also takes the last columns of every linear layer of the
 target in multi-token passes: it maps the target's weight store read-only (the page cache holds
@@ -21,6 +23,8 @@ import warnings
 import torch
 
 from actors.base import Actor, ActorContext
+from actors.executor import WorkerShare
+from actors.syncarea import Clock, SyncArea
 from models import kernels
 from models.config import ModelArgs
 from models.store import WeightStore
@@ -35,8 +39,7 @@ class SparseAttnActor(Actor):
         super().__init__(init, ctx)
         torch.set_num_threads(int(init.get("threads") or 1))
         self.args = ModelArgs.from_dict(init["model"])
-        self.cache = None
-        self.vis = None  # (ptr, idx) of the forward being verified: sent with its first layer only
+        self.cache = None  # the verifier's KV cache, mapped at each prompt's start
         self.layers = self._map_layers(init["store"]) if float(init.get("columns") or 0.0) > 0 else None
         kernels.lib()  # build or load the kernels now, not during the first verification
 
@@ -54,35 +57,15 @@ class SparseAttnActor(Actor):
             layers.append(layer_from_views(store, i, store.views(g.name, buf[g.offset:g.offset + g.nbytes])))
         return layers
 
-    def op_bind(self, args, tensors):
-        """Map the verifier's KV cache for this generation (no copy)."""
-        self.cache = KVCache(self.args, int(args["capacity"]), storage=self.tensor(tensors["kv"]))
-        return {}
-
-    def op_attend(self, args, tensors):
-        """Chunk states of every row from key index k0 on, for one layer, into the `out` slot."""
-        i = int(args["layer"])
-        q = self.tensor(tensors["q"])
-        T, H, D = int(args["T"]), self.args.n_heads, self.args.head_dim
-        q = q.view(torch.float32)[:T * H * D].view(T, H, D)
-        if "ptr" in args:
-            self.vis = (torch.tensor(args["ptr"], dtype=torch.int32), torch.tensor(args["idx"], dtype=torch.int32))
-        ptr, idx = self.vis
-        with self.trace.span(f"sparse:layer.{i}", cat="attention", args={"rows": T, "k0": args["k0"]}):
-            _, nch = kernels.attn_chunks(q, self.cache.k[i], self.cache.v[i], int(args["n_shared"]), ptr, idx,
-                                         int(args["k0"]), float(args["scale"]), int(args["maxc"]),
-                                         out=self.tensor(tensors["out"]))
-        return {"nch": nch.tolist()}
-
-    def op_cols(self, args, tensors):
-        """Columns [n0, N) of one linear layer of the target, n0 as the verifier split it: input from
-        `xin`, into (or added to) `out`."""
-        if self.layers is None:
-            raise RuntimeError("this worker was started without a column share; start it with --column-share")
-        i, name, T, n0 = int(args["layer"]), args["name"], int(args["T"]), int(args["n0"])
-        lin = getattr(self.layers[i], name)
-        x = self.tensor(tensors["xin"]).view(torch.float32)[:T * lin.k].view(T, lin.k)
-        y = self.tensor(tensors["out"]).view(torch.float32)[:T * lin.n].view(T, lin.n)
-        with self.trace.span(f"cols:layer.{i}.{name}", cat="linear", args={"rows": T, "cols": lin.n - n0}):
-            lin.matmul_cols(x, y, n0, lin.n, bool(args["acc"]))
-        return {}
+    def op_serve(self, args, tensors):
+        """Serve one verifier job's split (actors/executor.py): {"job": id, "rows", "timeout_s"}, and at a
+        prompt's start "capacity" with the `kv` slot (the verifier's KV cache, mapped: no copy); the slots
+        sync, q, ch, and with a column share x, xin, y. Replies once the verifier has ended the job."""
+        if "kv" in tensors:
+            self.cache = KVCache(self.args, int(args["capacity"]), storage=self.tensor(tensors["kv"]))
+        if self.cache is None:
+            raise RuntimeError("no KV cache bound: a prompt's first job (start) brings it")
+        slots = {k: self.tensor(v) for k, v in tensors.items()}
+        share = WorkerShare(self.args, self.cache, self.layers, SyncArea(slots["sync"], int(args["rows"])), slots, self.trace)
+        clock = Clock("the verifier", float(args["timeout_s"]), self.interrupted, self.beat, self.ctx.heartbeat_s)
+        return {"forwards": share.serve(int(args["job"]), clock)}

@@ -38,6 +38,7 @@ _SIGNATURES = {
     "cad_rmsnorm": [_P, _P, _P, _I, _I, ctypes.c_float],
     "cad_qkv_rope": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I],
     "cad_swiglu": [_P, _P, _I, _I],
+    "cad_fence": [],
 }
 # weight formats of cad_linear
 F32, BF16, F16, Q8, Q4 = range(5)

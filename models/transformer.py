@@ -17,6 +17,7 @@ from cadence.errors import CadenceError
 from models import kernels
 from models.attention import Visibility, attend
 from models.config import ModelArgs
+from models.plan import ForwardPlan, NeedWeights, SplitAttention, SplitColumns
 
 
 class KVCache:
@@ -115,15 +116,9 @@ class Transformer:
         self.scale = 1.0 / math.sqrt(args.head_dim)
         # CPU: the fused row-wise kernels of models/csrc/ops.cpp; elsewhere: torch ops
         self.fused = self.device.type == "cpu" and args.dim % 16 == 0 and args.head_dim <= 1024 and kernels.available()
-        # True: attention of multi-token blocks is handed out of `forward_steps` (yield ("attn", ...)), for a
-        # sparse-attention worker to take its share; the caller sends the output [T, H, D] back.
-        self.split_attention = False
-        # > 0: in multi-token blocks each linear layer's last `column_share` of output columns goes to a
-        # second unit (Ghidorah's column split): `forward_steps` yields ("cols", layer, name, linear, x, y,
-        # accumulate), where x and y are views of the shared buffers `col_bufs` (residual stream, linear
-        # inputs, linear outputs: flat fp32), and each unit writes its own columns of y; fused CPU path only.
-        self.column_share = 0.0
-        self.col_bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # the requests for weights, made once: a forward yields the same ones every time
+        self.layer_needs = [NeedWeights(f"layer.{i}", i) for i in range(args.n_layers)]
+        self.head_needs = [NeedWeights(g, j) for j, g in enumerate(weights.head_groups)]
 
     def new_cache(self, capacity: int, storage: torch.Tensor | None = None) -> KVCache:
         if capacity > self.args.context_length:
@@ -131,46 +126,49 @@ class Transformer:
                                "shorten the prompt or lower --max-new-tokens")
         return KVCache(self.args, capacity, self.device, storage)
 
-    def block_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, vis: Visibility):
-        """A generator (see `forward_steps`): yields ("attn", layer, q, vis) when attention is split out."""
+    def block_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, vis: Visibility,
+                    plan: ForwardPlan | None = None):
+        """A generator (see `forward_steps`): yields a `SplitAttention` when the plan splits attention."""
         a = self.args
         T = x.shape[0]
         qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps))
         q = kernels.qkv_rope(qkv, w.qkv.bias, positions, self.rotary.cos, self.rotary.sin, cache.k[i], cache.v[i],
                              a.n_heads, cache.end)
-        if self.split_attention and T > 1:
-            o = yield ("attn", i, q, vis)
+        if plan is not None and plan.attn_split:
+            o = yield SplitAttention(i, q, cache.k[i], cache.v[i], vis)
         else:
             o = attend(q, cache.k[i], cache.v[i], vis, self.scale)  # [T, H, D]
         w.attn_out.matmul(o.reshape(T, a.q_dim), out=x)  # x += o W_o^T
         w.down.matmul(kernels.swiglu(w.gate_up.matmul(kernels.rmsnorm(x, w.ffn_norm, a.norm_eps))), out=x)
         return x
 
-    def _buf(self, k: int, T: int, n: int) -> torch.Tensor:
-        return self.col_bufs[k][:T * n].view(T, n)
+    @staticmethod
+    def _buf(plan: ForwardPlan, k: int, T: int, n: int) -> torch.Tensor:
+        return plan.bufs[k][:T * n].view(T, n)
 
-    def block_cols(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, vis: Visibility):
-        """`block_fused` with every linear layer split by columns with a second unit (see `column_share`):
-        x, the inputs of the linears and their outputs live in the shared buffers both units map."""
+    def block_cols(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, vis: Visibility,
+                   plan: ForwardPlan):
+        """`block_fused` with every linear layer handed out as a `SplitColumns` (see `ForwardPlan`):
+        x, the inputs of the linears and their outputs live in the plan's shared buffers."""
         a = self.args
         T = x.shape[0]
-        h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps, out=self._buf(1, T, a.dim))
-        qkv = self._buf(2, T, w.qkv.n)
-        yield ("cols", i, "qkv", w.qkv, h, qkv, False)
+        h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps, out=self._buf(plan, 1, T, a.dim))
+        qkv = self._buf(plan, 2, T, w.qkv.n)
+        yield SplitColumns(i, "qkv", w.qkv, h, qkv, False)
         q = kernels.qkv_rope(qkv, w.qkv.bias, positions, self.rotary.cos, self.rotary.sin, cache.k[i], cache.v[i],
                              a.n_heads, cache.end)
-        if self.split_attention:
-            o = yield ("attn", i, q, vis)
+        if plan.attn_split:
+            o = yield SplitAttention(i, q, cache.k[i], cache.v[i], vis)
         else:
             o = attend(q, cache.k[i], cache.v[i], vis, self.scale)
-        h = self._buf(1, T, a.q_dim)
+        h = self._buf(plan, 1, T, a.q_dim)
         h.copy_(o.reshape(T, a.q_dim))
-        yield ("cols", i, "attn_out", w.attn_out, h, x, True)  # x += o W_o^T
-        h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps, out=self._buf(1, T, a.dim))
-        gu = self._buf(2, T, w.gate_up.n)
-        yield ("cols", i, "gate_up", w.gate_up, h, gu, False)
-        h = kernels.swiglu(gu, out=self._buf(1, T, w.down.k))
-        yield ("cols", i, "down", w.down, h, x, True)
+        yield SplitColumns(i, "attn_out", w.attn_out, h, x, True)  # x += o W_o^T
+        h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps, out=self._buf(plan, 1, T, a.dim))
+        gu = self._buf(plan, 2, T, w.gate_up.n)
+        yield SplitColumns(i, "gate_up", w.gate_up, h, gu, False)
+        h = kernels.swiglu(gu, out=self._buf(plan, 1, T, w.down.k))
+        yield SplitColumns(i, "down", w.down, h, x, True)
         return x
 
     def block(self, i: int, w, x: torch.Tensor, cos, sin, cache: KVCache, vis: Visibility) -> torch.Tensor:
@@ -198,13 +196,14 @@ class Transformer:
         return drive(self.forward_steps(tokens, positions, cache, vis, logits_rows), self.weights)
 
     def forward_steps(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                      vis: Visibility | None = None, logits_rows: torch.Tensor | slice | None = None):
-        """`forward` as a generator that asks for each layer's weights as it reaches it.
+                      vis: Visibility | None = None, logits_rows: torch.Tensor | slice | None = None,
+                      plan: ForwardPlan | None = None):
+        """`forward` as a generator of requests (models/plan.py); its return value is the logits.
 
-        It yields the layer index it needs next (then "head.0", "head.1", ...: the output head's parts)
-        and takes the weights through `send`;
-        its return value is the logits. A streaming verifier feeds it layers as the loader brings
-        them, between messages; `forward` feeds it from the weight provider.
+        It yields a `NeedWeights` for each layer as it reaches it (then for each part of the output head)
+        and takes the weights through `send`: a streaming verifier feeds it layers as the loader brings
+        them, `forward` feeds it from the weight provider. With a `plan`, it also hands out the split
+        parts (`SplitAttention`, `SplitColumns`) and takes their results back.
         """
         T = tokens.shape[0]
         if cache.end + T > cache.capacity:
@@ -215,27 +214,27 @@ class Transformer:
         if self.fused:
             self.rotary.ensure(int(positions.max().item()) + 1)
             positions = positions.to(torch.int64).contiguous()
-            cols = self.column_share > 0 and T > 1 and self.col_bufs is not None
-            if cols:
-                x = self._buf(0, T, self.args.dim).copy_(x)
-            block = self.block_cols if cols else self.block_fused
-            for i in range(self.args.n_layers):
-                w = yield i
-                x = yield from block(i, w, x, positions, cache, vis)
-        else:
+            block = self.block_fused
+            if plan is not None and plan.column_share > 0:
+                x = self._buf(plan, 0, T, self.args.dim).copy_(x)
+                block = self.block_cols
+            for i, need in enumerate(self.layer_needs):
+                w = yield need
+                x = yield from block(i, w, x, positions, cache, vis, plan)
+        else:  # torch ops (not the CPU kernels): nothing is split
             cos, sin = self.rotary.tables(positions)
-            for i in range(self.args.n_layers):
-                w = yield i
+            for i, need in enumerate(self.layer_needs):
+                w = yield need
                 x = self.block(i, w, x, cos, sin, cache, vis)
         cache.pending += T
         if logits_rows is not None:
             x = x[logits_rows]
-        # the output head, part by part ("head.<j>": token rows [lo, hi)); a part that is None (a draft
-        # that keeps only the frequent tokens' rows) leaves its logits at -inf
+        # the output head, part by part (token rows [lo, hi)); a part that is None (a draft that keeps
+        # only the frequent tokens' rows) leaves its logits at -inf
         logits = torch.full((x.shape[0], self.args.vocab_size), float("-inf"), device=x.device)
         h = None
-        for j in range(len(self.weights.head_groups)):
-            part = yield f"head.{j}"
+        for need in self.head_needs:
+            part = yield need
             if part is None:
                 continue
             if h is None:  # head.0 (rows from 0: every head keeps it) carries the final norm

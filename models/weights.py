@@ -224,9 +224,8 @@ class StreamingWeights:
         return self.head[j]
 
     def is_resident(self, need) -> bool:
-        if isinstance(need, str):
-            return int(need.split(".")[1]) in self.head
-        return need in self.layers
+        """`need`: a `models.plan.NeedWeights`."""
+        return need.index in (self.head if need.head else self.layers)
 
     def nbytes(self) -> int:
         return sum(b.numel() for b in self.buffers.values())
@@ -251,8 +250,8 @@ def _read_head_rows(store: WeightStore, group: str, f, rows: int, buffers: dict)
 
 
 def weights_for(weights, need):
-    """What `Transformer.forward_steps` asked for: a layer (an int) or a head part ("head.<j>")."""
-    return weights.layer(need) if isinstance(need, int) else weights.head_part(int(need.split(".")[1]))
+    """What `Transformer.forward_steps` asked for (a `models.plan.NeedWeights`): a layer or a head part."""
+    return weights.head_part(need.index) if need.head else weights.layer(need.index)
 
 
 def drive(steps, weights):

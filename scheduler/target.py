@@ -1,29 +1,47 @@
-"""The target side of the speculation cycle over the wire: the verifier actor (speculative/loop.py).
+"""The target side of the speculation cycle over the wire (speculative/loop.py): one verifier job
+(start / step / verify), run by the verifier actor with the layers the loader streams in and the
+split the sparse-attention worker takes.
 
-Resident, a job (start / step / verify) is one op. With streamed layers or the sparse worker it is
-a conversation: the verifier says what it needs next (a streamed group, which the loader brings
-into an arena slot; a split attention or linear, which the worker shares) until it is done.
+With the worker, a multi-row job is two requests sent at once: `begin` to the verifier and `serve`
+to the worker. They meet layer by layer in the arena's sync area (actors/syncarea.py), never
+through here; only streamed layers still come back as `{"need": "layer.N"}`. The worker replies
+as the verifier ends the job. Should either die, a listener writes the job's id into the sync
+area's stop word, so that the other stops waiting at once and the run ends with the real reason.
 """
 from __future__ import annotations
 
+import struct
 import time
 from dataclasses import asdict
 
-from cadence.settings import SamplingConfig, TreeConfig
-from scheduler.errors import ActorDead, ActorError, RequestTimeout
+from actors.syncarea import STOP, SyncArea
+from cadence.settings import PREFILL_CHUNK, SamplingConfig, TreeConfig
+from scheduler.errors import ActorDead, ActorError
 from scheduler.events import DeadEvent, ReplyEvent
+from scheduler.procs import DEAD
 from scheduler.runtime import Scheduler
 from speculative.loop import Proposal
+
+SPLIT_SLOTS = ("sync", "q", "ch", "x", "xin", "y", "kv")  # what the worker maps of a job's tensors
+WORKER_WAIT, VERIFIER_WAIT = 0.8, 2.0  # of timeouts.request_s: how long each side of a split waits for the other
+WORKER_REPLY_S = 1.0  # after the verifier failed a job: how long the worker's own reason may take to arrive
 
 
 class ActorTarget:
     def __init__(self, sched: Scheduler, cfg: TreeConfig, streamer=None, worker: dict | None = None,
                  model_args: dict | None = None):
-        self.s, self.cfg, self.streamer, self.worker, self.model_args = sched, cfg, streamer, worker, model_args
+        self.s, self.streamer, self.worker, self.model_args, self.cfg = sched, streamer, worker, model_args, cfg
         self.streamed = streamer is not None
         self.io_wait: float | None = None  # the verifier's measured share of a verification spent waiting for layers
+        self.job_req = 0  # the verifier request that began the last job (a trace arrow points to it)
         self.kv_slot = self.job_slots = self.col_slots = None
-        self.job_req = 0  # the verifier request that began the last job
+        self.rows = max(PREFILL_CHUNK, cfg.budget + 1)  # a prefill chunk, or a tree with its root
+        self.job_id = 0  # the last job the worker was asked to serve
+        self.serving: dict[int, int] = {}  # serve request -> its job, until the reply
+        self.failed: dict[int, str] = {}  # job -> the worker's error
+        self.answered: list[int] = []  # serve requests whose replies are still queued in the scheduler
+        if worker is not None:
+            sched.add_listener(self._on_event)
 
     # -- the target side ---------------------------------------------------------------------------
 
@@ -55,45 +73,73 @@ class ActorTarget:
     # -- the conversation --------------------------------------------------------------------------
 
     def run(self, job: str, args: dict, tensors: dict | None = None) -> dict:
-        """A verifier job: one op, or a conversation when layers stream in from the loader or attention
-        is split with the sparse worker."""
+        """A verifier job (start / step / verify): one op, or a conversation when layers stream in from
+        the loader; with the worker, it serves the job's split at the same time (a step has one row:
+        nothing to split)."""
         s = self.s
         if self.streamer is None and self.worker is None:
             reply = s.call("verifier", job, args, tensors)
             self.job_req = reply.req_id
             return reply.result
         tensors = dict(tensors or {})
-        if self.worker is not None:
-            tensors.update(self._worker_slots(job, args))
+        args = {"job": job, **args}
+        serving, timeout = None, None
+        if self.worker is not None and job != "step":
+            serving = self._serve(job, args, tensors)
+            if job == "start":  # a resident prefill is one op however many chunks it has
+                timeout = s.config.timeouts.request_s * (1 + len(args["prompt_ids"]) // PREFILL_CHUNK)
         if self.streamer is not None:
             self.streamer.refill()
-        reply = s.call("verifier", "begin", {"job": job, **args}, tensors)
-        self.job_req, r = reply.req_id, reply.result  # the request a trace arrow points to
-        while "need" in r:
-            if r["need"] == "attn":
-                r = self._split_attention(r)
-            elif r["need"] == "cols":
-                r = self._split_columns(r)
-            else:
+        try:
+            reply = s.call("verifier", "begin", args, tensors, timeout=timeout)
+            self.job_req, r = reply.req_id, reply.result
+            while "need" in r:
                 r = self.streamer.feed(r["need"])
+        except ActorError as e:
+            if serving is not None and e.role == "verifier":
+                self._blame_worker(*serving, e)
+            raise
         return r["done"]
 
+    def _serve(self, job: str, args: dict, tensors: dict) -> tuple[int, int]:
+        """Send the worker its one request for this job; the verifier's `begin` gets the same slots and ids."""
+        s = self.s
+        for rid in self.answered:  # the last jobs' replies: out of the scheduler's queue
+            s.take_reply(rid)
+        self.answered.clear()
+        tensors.update(self._worker_slots(job, args))
+        self.job_id += 1
+        # the verifier gives up on the worker's step before the scheduler gives up on the verifier, so the run
+        # ends with the sentence that names the worker; the worker waits longer still (between its steps the
+        # verifier may wait on the loader), so it never goes first
+        limit = s.config.timeouts.request_s
+        split = {"id": self.job_id, "rows": self.rows, "timeout_s": WORKER_WAIT * limit}
+        wargs = {"job": self.job_id, "rows": self.rows, "timeout_s": VERIFIER_WAIT * limit}
+        if job == "start":
+            wargs["capacity"] = int(args["capacity"])
+        rid = s.send("sparse", "serve", wargs, {k: tensors[k] for k in SPLIT_SLOTS if k in tensors})
+        self.serving[rid] = self.job_id
+        args["split"] = split
+        return rid, self.job_id
+
     def _worker_slots(self, job: str, args: dict) -> dict:
-        """Arena room for Q and the worker's chunk states, and at each prompt the KV cache itself."""
+        """Arena room for the sync area, Q and the worker's chunk states, the column split's buffers, and at
+        each prompt the KV cache itself."""
         s, a = self.s, self.model_args
         out = {}
         if self.job_slots is None:
-            rows = max(256, self.cfg.budget + 1)  # a prefill chunk, or a tree with its root
+            rows = self.rows
             maxc = -(-(rows + 2 * 32) // 32)
+            sync = s.slots.alloc(SyncArea.nbytes(rows))
+            s.arena.buf[sync.offset:sync.offset + 256] = bytes(256)  # the sync words: no job seen yet
             q = s.slots.alloc(rows * a["n_heads"] * a["head_dim"] * 4)
             ch = s.slots.alloc(rows * a["n_heads"] * maxc * (a["head_dim"] + 2) * 4)
-            self.job_slots = (q, ch)
+            self.job_slots = (sync, q, ch)
             if self.worker.get("columns"):  # column split: the residual stream, the linears' inputs and outputs
                 q_dim, kv_dim = a["n_heads"] * a["head_dim"], a["n_kv_heads"] * a["head_dim"]
                 self.col_slots = tuple(s.slots.alloc(rows * n * 4) for n in (
                     a["dim"], max(a["dim"], q_dim, a["ffn_dim"]), max(q_dim + 2 * kv_dim, 2 * a["ffn_dim"])))
-        q, ch = self.job_slots
-        out["q"], out["ch"] = s.slot_desc(q), s.slot_desc(ch)
+        out.update(zip(("sync", "q", "ch"), map(s.slot_desc, self.job_slots)))
         if self.col_slots:
             out.update(zip(("x", "xin", "y"), map(s.slot_desc, self.col_slots)))
         if job == "start":
@@ -102,50 +148,43 @@ class ActorTarget:
             cap = int(args["capacity"])
             self.kv_slot = s.slots.alloc(2 * a["n_layers"] * a["n_kv_heads"] * cap * a["head_dim"] * 4)
             out["kv"] = s.slot_desc(self.kv_slot)
-            s.call("sparse", "bind", {"capacity": cap}, {"kv": out["kv"]})
         return out
 
-    def _split_attention(self, need: dict) -> dict:
-        """The worker computes its chunks while the verifier folds its own; then the verifier merges."""
-        s = self.s
-        q, ch = self.job_slots
-        wargs = {k: need[k] for k in ("layer", "T", "n_shared", "ptr", "idx", "k0", "maxc", "scale") if k in need}
-        rid_w = s.send("sparse", "attend", wargs, {"q": s.slot_desc(q), "out": s.slot_desc(ch)})
-        got = self._both(rid_w, "attend", s.send("verifier", "dense", {}), "dense")
-        return s.call("verifier", "merge", {"maxc": need["maxc"], "nch": got["nch"]}).result
+    def _on_event(self, ev):
+        """A listener (it sees every event, whoever polls): the worker's replies, and a death or a failure
+        that must stop the job under way."""
+        if isinstance(ev, ReplyEvent) and ev.reply.req_id in self.serving:
+            job = self.serving.pop(ev.reply.req_id)
+            self.answered.append(ev.reply.req_id)
+            if not ev.reply.ok:
+                self.failed[job] = ev.reply.error
+                self._stop(job)
+        elif isinstance(ev, DeadEvent) and ev.role in ("sparse", "verifier"):
+            self._stop(self.job_id)
 
-    def _split_columns(self, need: dict) -> dict:
-        """The worker writes its columns of one linear layer while the verifier writes its own; then on."""
-        s = self.s
-        x, xin, y = self.col_slots
-        wargs = {k: need[k] for k in ("layer", "name", "T", "acc", "n0")}
-        rid_w = s.send("sparse", "cols", wargs, {"xin": s.slot_desc(xin), "out": s.slot_desc(x if need["acc"] else y)})
-        self._both(rid_w, "cols", s.send("verifier", "cols", {}), "cols")
-        return s.call("verifier", "cols_done", {}).result
+    def _stop(self, job: int):
+        """Tell whoever still waits in the sync area that `job` is over."""
+        if self.job_slots is not None and self.s.arena.buf is not None:
+            struct.pack_into("<q", self.s.arena.buf, self.job_slots[0].offset + 8 * STOP, job)
 
-    def _both(self, rid_w: int, op_w: str, rid_v: int, op_v: str) -> dict:
-        """Wait for the worker's and the verifier's replies to two requests running at once; the worker's result."""
-        s = self.s
-        replies = {}
-        deadline = time.monotonic() + s.config.timeouts.request_s
-        while len(replies) < 2:
-            if time.monotonic() > deadline:
-                raise RequestTimeout("sparse", op_w, rid_w, s.config.timeouts.request_s)
-            for ev in s.poll(0.05):
-                if isinstance(ev, ReplyEvent) and ev.reply.req_id in (rid_w, rid_v):
-                    if not ev.reply.ok:
-                        who, op = ("sparse", op_w) if ev.reply.req_id == rid_w else ("verifier", op_v)
-                        raise ActorError(who, op, ev.reply.req_id, ev.reply.error)
-                    replies[ev.reply.req_id] = ev.reply.result
-                elif isinstance(ev, DeadEvent):
-                    raise ActorDead(ev.role, ev.reason)
-                elif self.streamer is not None:
-                    self.streamer.on_events([ev])
-        return replies[rid_w]
+    def _blame_worker(self, rid: int, job: int, err: ActorError):
+        """The verifier failed a split job: when the worker died or failed first, that is the reason to give."""
+        s, w = self.s, self.s.actors["sparse"]
+        deadline = time.monotonic() + WORKER_REPLY_S
+        while err.error.startswith("Abandoned") and rid in self.serving and w.state != DEAD and time.monotonic() < deadline:
+            if s.take_reply(rid) is None:  # pumps: the listener hears the worker's reply, or its death
+                time.sleep(0.005)
+        if w.state == DEAD:
+            raise ActorDead("sparse", w.reason) from err
+        error = self.failed.pop(job, None)
+        if error is not None and not error.startswith("Abandoned"):
+            raise ActorError("sparse", "serve", rid, error) from err
 
     def close(self):
         if self.streamer is not None:
             self.streamer.drain()
+        if self.worker is not None:
+            self.s.remove_listener(self._on_event)
         for slot in (self.kv_slot, *(self.job_slots or ()), *(self.col_slots or ())):
             if slot is not None:
                 self.s.slots.free(slot)

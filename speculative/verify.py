@@ -1,9 +1,10 @@
 """The target side: one forward over the whole tree, then acceptance and the cache kept to it.
 
 Every job (prefill, plain step, tree verification) is written as a generator over the model's
-`forward_steps`: it yields each layer it needs and takes the weights back. With all weights
-resident, `drive` feeds it at once; a streaming verifier feeds it layer by layer as the loader
-brings them in (actors/verifier.py).
+`forward_steps`: it yields the model's requests (models/plan.py: each layer it needs, the parts it
+splits) and takes the answers back. With all weights resident, `drive` feeds it at once; a
+streaming verifier feeds it layer by layer as the loader brings them in, and a `planner` (the
+split executor, actors/executor.py) gives each forward its split (actors/verifier.py).
 """
 from __future__ import annotations
 
@@ -40,10 +41,11 @@ class Verifier:
 
     # -- jobs as generators ------------------------------------------------------------------
 
-    def start_steps(self, prompt_ids: list[int], capacity: int, storage: torch.Tensor | None = None):
+    def start_steps(self, prompt_ids: list[int], capacity: int, storage: torch.Tensor | None = None, planner=None):
         """Prefill the prompt (in chunks); returns the first generated token. `storage`: where the KV cache
         lives. The longest prefix the cache holds already (from the last generation) is kept, not prefilled
-        again: a row's keys and values do not depend on the rows computed with it, so this is exact."""
+        again: a row's keys and values do not depend on the rows computed with it, so this is exact.
+        `planner(vis)`: each forward's `ForwardPlan` (or None)."""
         c, keep = self.cache, 0
         if c is not None and storage is None and c.capacity >= capacity:
             keep = next((i for i, (a, b) in enumerate(zip(self.tokens, prompt_ids)) if a != b), min(len(self.tokens), len(prompt_ids)))
@@ -58,7 +60,9 @@ class Verifier:
         for s in range(keep, len(prompt_ids), PREFILL_CHUNK):
             chunk = torch.tensor(prompt_ids[s:s + PREFILL_CHUNK], device=dev)
             pos = torch.arange(c.length, c.length + len(chunk), device=dev)
-            logits = (yield from self.model.forward_steps(chunk, pos, c, logits_rows=slice(-1, None)))[0]
+            vis = Visibility.causal(c.end, len(chunk)) if planner else None
+            plan = planner(vis) if planner else None
+            logits = (yield from self.model.forward_steps(chunk, pos, c, vis, slice(-1, None), plan))[0]
             c.commit()
         return self.sampler(logits)
 
@@ -70,13 +74,13 @@ class Verifier:
         self.tokens.append(root)
         return self.sampler(logits)
 
-    def verify_steps(self, tree: TokenTree, trials: dict | None = None):
+    def verify_steps(self, tree: TokenTree, trials: dict | None = None, planner=None):
         """One forward over [root] + the tree, acceptance, and the cache kept to the accepted path."""
         c, dev = self.cache, self.model.device
         tokens, parents, depths = tree.flatten()
         vis = Visibility.tree(c.length, parents)
-        logits = yield from self.model.forward_steps(torch.tensor(tokens, device=dev),
-                                                     torch.tensor(depths, device=dev) + c.length, c, vis)
+        logits = yield from self.model.forward_steps(torch.tensor(tokens, device=dev), torch.tensor(depths, device=dev) + c.length,
+                                                     c, vis, plan=planner(vis) if planner else None)
         if self.sampling.greedy:
             choice = logits.argmax(-1).tolist()
             path, nxt = longest_accepted_path(tree, lambda row: choice[row])

@@ -75,3 +75,7 @@ extern "C" void cad_swiglu(const float *gu, float *out, int T, int F) {
         for (; i < F; i++) o[i] = g[i] / (scalar_exp(-g[i]) + 1.0f) * u[i];
     }
 }
+
+/* A full memory fence: the sync words two processes share in the arena (actors/syncarea.py) are
+ * written after, and read before, the data they hand over. */
+extern "C" void cad_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }

@@ -8,6 +8,7 @@ from models.weights import weights_for
 
 from models import kernels, linear
 from models.attention import Visibility
+from models.plan import ForwardPlan, SplitColumns
 
 
 def _tree(n, g):
@@ -70,16 +71,15 @@ def test_a_forward_with_every_linear_split_by_columns_equals_the_unsplit_one(tin
     vis = Visibility.tree(0, [-1, 0, 0, 1, 2, 2, 3, 4, 5, 6, 6])
     ref = model.forward(ids, torch.tensor([0, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4]), model.new_cache(16), vis)
     a = tiny_args
-    model.column_share = 0.3
-    model.col_bufs = tuple(torch.full((16 * n,), float("nan")) for n in (a.dim, max(a.dim, a.q_dim, a.ffn_dim),
-                                                                            max(a.q_dim + 2 * a.kv_dim, 2 * a.ffn_dim)))
-    steps = model.forward_steps(ids, torch.tensor([0, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4]), model.new_cache(16), vis)
+    plan = ForwardPlan(column_share=0.3, bufs=tuple(torch.full((16 * n,), float("nan")) for n in (
+        a.dim, max(a.dim, a.q_dim, a.ffn_dim), max(a.q_dim + 2 * a.kv_dim, 2 * a.ffn_dim))))
+    steps = model.forward_steps(ids, torch.tensor([0, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4]), model.new_cache(16), vis, plan=plan)
     need, split = next(steps), 0
     try:
         while True:
-            if isinstance(need, tuple):
-                _, _, _, lin, x, y, acc = need
-                n0 = linear.column_split(lin.n, model.column_share)
+            if isinstance(need, SplitColumns):
+                lin, x, y, acc = need.linear, need.x, need.y, need.accumulate
+                n0 = linear.column_split(lin.n, plan.column_share)
                 assert 0 < n0 < lin.n
                 lin.matmul_cols(x, y, n0, lin.n, acc)  # the worker's columns
                 lin.matmul_cols(x, y, 0, n0, acc)  # the verifier's

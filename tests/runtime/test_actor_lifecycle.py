@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from actors import wire
-from actors.fake import FakeDraftActor, FakeLoaderActor
+from actors.fake import FakeLoaderActor
+from actors.fake_target import FakeDraftActor
 from actors.ops import Build, DraftStart
 from cadence.errors import CadenceError
 from scheduler.errors import ActorDead, ActorError, RequestTimeout

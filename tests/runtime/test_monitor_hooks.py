@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from actors.fake import FakeDraftActor
+from actors.fake_target import FakeDraftActor
 from actors.tracing import Tracer
 from scheduler.config import TraceConfig
 from scheduler.events import DeadEvent, ReplyEvent

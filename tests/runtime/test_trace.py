@@ -116,8 +116,9 @@ def test_fake_run_writes_one_valid_trace(tmp_path):
     by_pid = {e["pid"] for e in evs if e["ph"] == "X"}
     assert by_pid == set(pids.values()) | {s.pid}  # every process recorded spans
     ops = {e["name"] for e in evs if e["ph"] == "X"}
-    assert {"build", "advance", "begin", "layer", "dense", "merge", "load", "attend", "bind", "send load"} <= ops
+    assert {"build", "advance", "begin", "layer", "load", "serve", "send load", "send serve"} <= ops
     assert any(n.startswith("compute:layer.") for n in ops) and any(n.startswith("load:layer.") for n in ops)
+    assert any(n.startswith("attn:layer.") for n in ops) and any(n.startswith("sparse:attn") for n in ops)  # both sides of a split
     counters = {e["name"] for e in evs if e["ph"] == "C"}
     assert {"memory", "loader slots", "queue loader", "queue verifier", "tokens", "accepted", "alpha"} <= counters
     slots = [e["args"] for e in evs if e["ph"] == "C" and e["name"] == "loader slots"]
