@@ -42,7 +42,7 @@ import numpy as np
 
 from actors import wire
 from actors.base import Actor, ActorFatal
-from actors.ops import Groups, Load
+from actors.ops import Groups, Load, Serve
 from actors.syncarea import ABANDONED, HEADER, STOP, Abandoned, VERIFIER as VERIFIER_WORD, WORKER as WORKER_WORD
 from shm.desc import TensorDesc
 
@@ -282,12 +282,12 @@ class FakeSparseAttnActor(FakeActor):
         self.capacity = None
         self.steps = 0
 
-    def op_serve(self, args, tensors):
+    def op_serve(self, args: Serve, tensors):
         if "kv" in tensors:
-            self.capacity = int(args["capacity"])
+            self.capacity = args.capacity
         if self.capacity is None:
             raise RuntimeError("no KV cache bound: a prompt's first job (start) brings it")
-        sync = FakeSync(self, tensors["sync"], int(args["job"]), "the verifier", float(args["timeout_s"]))
+        sync = FakeSync(self, tensors["sync"], args.job, "the verifier", args.timeout_s)
         while True:
             step = sync.step + 1
             sync.wait(VERIFIER_WORD, step, f"step {step}")

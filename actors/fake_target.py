@@ -9,7 +9,7 @@ from collections import deque
 
 from actors.fake import (LOG_ENTRIES, PREFILL_CHUNK, VERIFIER_WORD, WORKER_WORD, FakeActor, FakeSync, check_slot, slot_bytes,
                          target_next)
-from actors.ops import Advance, Ahead, Build, DraftStart, Lookup
+from actors.ops import Advance, Ahead, Begin, Build, DraftStart, Layer, Lookup, Start, Step, Tree
 
 
 class FakeVerifierActor(FakeActor):
@@ -76,11 +76,11 @@ class FakeVerifierActor(FakeActor):
         self.text.append(root)
         return {"token": target_next(self.text, self.vocab), "reused": 0}
 
-    def _verify(self, tree: dict):
+    def _verify(self, tree: Tree):
         """Greedy: from the root, the child holding the target's token, while there is one."""
-        tokens, parents = list(tree["tokens"]), list(tree["parents"])
+        tokens, parents = list(tree.tokens), list(tree.parents)
         yield from self._forward(len(tokens) + 1)
-        self.text.append(int(tree["root"]))
+        self.text.append(tree.root)
         path, at = [], -1
         while True:
             want = target_next(self.text, self.vocab)
@@ -91,52 +91,50 @@ class FakeVerifierActor(FakeActor):
             self.text.append(want)
             at = nxt
 
-    def _job(self, kind: str, args: dict):
-        if kind == "start":
-            return self._start(list(args["prompt_ids"]))
-        if kind == "step":
-            return self._step(int(args["root"]))
-        if kind == "verify":
-            return self._verify(args)
-        raise ValueError(f"unknown job {kind!r}; use start, step or verify")
+    def _job(self, args: Start | Step | Tree):
+        if isinstance(args, Start):
+            return self._start(list(args.prompt_ids))
+        if isinstance(args, Step):
+            return self._step(args.root)
+        return self._verify(args)
 
     # -- resident --------------------------------------------------------------------------------
 
-    def _whole(self, kind: str, args: dict) -> dict:
-        job = self._job(kind, args)
+    def _whole(self, args: Start | Step | Tree) -> dict:
+        job = self._job(args)
         try:
             need = next(job)
         except StopIteration as done:
             return done.value
-        raise RuntimeError(f"a resident {kind} needs {need}: this verifier was started with streamed groups or a worker")
+        raise RuntimeError(f"a resident {args.op} needs {need}: this verifier was started with streamed groups or a worker")
 
-    def op_start(self, args, tensors):
-        return self._whole("start", args)
+    def op_start(self, args: Start, tensors):
+        return self._whole(args)
 
-    def op_step(self, args, tensors):
-        return self._whole("step", args)
+    def op_step(self, args: Step, tensors):
+        return self._whole(args)
 
-    def op_verify(self, args, tensors):
-        return self._whole("verify", args)
+    def op_verify(self, args: Tree, tensors):
+        return self._whole(args)
 
     # -- job mode ----------------------------------------------------------------------------------
 
-    def op_begin(self, args, tensors):
+    def op_begin(self, args: Begin, tensors):
         if self.job is not None:
             raise RuntimeError(f"a job is still waiting for {self.need}")
-        self.begun.append((args["job"], time.monotonic()))
+        self.begun.append((args.job, time.monotonic()))
         self.sync = None
-        if "split" in args:  # the worker serves this job: meet it in the sync area, step by step
-            sp = args["split"]
+        if args.split is not None:  # the worker serves this job: meet it in the sync area, step by step
+            sp = args.split
             self.sync = FakeSync(self, tensors["sync"], int(sp["id"]), "the sparse worker", float(sp["timeout_s"]))
             self.sync.begin()
             self.splits += 1
-        self.job = self._job(args["job"], args)
+        self.job = self._job(args.job_payload())
         return self._resume(None)
 
-    def op_layer(self, args, tensors):
-        if self.job is None or args["group"] != (self.need or {}).get("need"):
-            raise RuntimeError(f"layer {args['group']} arrived but the verifier waits for {self.need}")
+    def op_layer(self, args: Layer, tensors):
+        if self.job is None or args.group != (self.need or {}).get("need"):
+            raise RuntimeError(f"layer {args.group} arrived but the verifier waits for {self.need}")
         return self._resume(tensors)
 
     def _resume(self, value) -> dict:

@@ -67,10 +67,19 @@ class Tree(Payload):
 @dataclass(frozen=True)
 class Begin(Payload):
     """Job mode (streamed layers, the sparse worker): start `job` (start, step or verify) with `args`,
-    the payload that job has in resident mode; the verifier answers with what it needs next."""
+    the payload that job has in resident mode; the verifier answers with what it needs next. `split`
+    {"id", "rows", "timeout_s"}: the sparse worker serves this job (actors/executor.py)."""
     op = "begin"
     job: str
     args: dict
+    split: dict | None = None
+
+    JOBS: ClassVar[dict] = {}  # job -> its payload class, filled below
+
+    def job_payload(self) -> Payload:
+        if self.job not in self.JOBS:
+            raise ValueError(f"unknown job {self.job!r}; use start, step or verify")
+        return self.JOBS[self.job].read(self.args)
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,9 @@ class Layer(Payload):
     """The streamed group the job waits for, in the arena slot `tensors["slot"]`."""
     op = "layer"
     group: str
+
+
+Begin.JOBS.update(start=Start, step=Step, verify=Tree)
 
 
 # -- the draft (actors/draft.py) ------------------------------------------------------------------
@@ -142,7 +154,12 @@ class Load(Payload):
 # -- the sparse-attention worker (actors/sparse.py) -----------------------------------------------
 
 @dataclass(frozen=True)
-class Bind(Payload):
-    """Map the verifier's KV cache (`tensors["kv"]`) of `capacity` rows for this generation."""
-    op = "bind"
-    capacity: int
+class Serve(Payload):
+    """Serve the split of verifier job `job` (actors/executor.py) until the verifier ends it, waiting at
+    most `timeout_s` for each of its steps; `rows`: the most rows a forward has. A prompt's first job
+    brings the verifier's KV cache (`tensors["kv"]`, `capacity` rows) to map."""
+    op = "serve"
+    job: int
+    rows: int
+    timeout_s: float
+    capacity: int | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from actors.base import Actor, ActorContext
+from actors.ops import Begin, Layer, Start, Step, Tree
 from actors.executor import SplitExecutor
 from actors.syncarea import Clock
 from models.engine import load_store
@@ -53,67 +54,65 @@ class VerifierActor(Actor):
 
     # -- resident ---------------------------------------------------------------------------
 
-    def op_start(self, args, tensors):
+    def op_start(self, args: Start, tensors):
         """Prefill the prompt; the first token."""
         self.verifier = Verifier(self.model, self._sampling(args), previous=self.verifier)
-        token = self.verifier.start(list(args["prompt_ids"]), int(args["capacity"]))
+        token = self.verifier.start(list(args.prompt_ids), args.capacity)
         return {"token": token, "reused": self.verifier.reused}
 
-    def _sampling(self, args) -> SamplingConfig:
+    def _sampling(self, args: Start) -> SamplingConfig:
         """A generation's own sampling (a server's request), or the run's."""
-        return SamplingConfig(**args["sampling"]) if "sampling" in args else self.sampling
+        return SamplingConfig(**args.sampling) if args.sampling else self.sampling
 
-    def op_step(self, args, tensors):
+    def op_step(self, args: Step, tensors):
         """A plain decode step on the root."""
-        return {"token": self.verifier.step(int(args["root"]))}
+        return {"token": self.verifier.step(args.root)}
 
-    def op_verify(self, args, tensors):
+    def op_verify(self, args: Tree, tensors):
         v = self.verifier.verify_tree(*self._tree(args, tensors))
         return {"path": v.path, "next": v.next_token, "rows": v.rows}
 
-    def _tree(self, args, tensors):
-        tree = TokenTree.from_lists(args)
+    def _tree(self, args: Tree, tensors):
+        tree = TokenTree.from_lists(args.wire())
         trials = None
-        if "trials" in args:
+        if args.trials is not None:
             dists = self.tensor(tensors["dists"]) if "dists" in tensors else None
-            trials = trials_from_wire(args["trials"], dists)
+            trials = trials_from_wire(args.trials, dists)
         return tree, trials
 
     # -- streaming --------------------------------------------------------------------------
 
-    def op_begin(self, args, tensors):
-        """Start a job: {"job": "start", prompt_ids, capacity} | {"job": "step", root} | {"job": "verify", ...tree},
-        and `split` {"id", "rows", "timeout_s"} when the sparse worker serves it."""
+    def op_begin(self, args: Begin, tensors):
+        """Start a job (its payload: Start, Step or Tree in `args.args`), with `split` {"id", "rows", "timeout_s"}
+        when the sparse worker serves it."""
         if self.job is not None:
             raise RuntimeError(f"a {self.kind} job is still waiting for {self.need.group}")
-        kind = args["job"]
-        if kind not in ("start", "step", "verify"):
-            raise ValueError(f"unknown job {kind!r}; use start, step or verify")
+        kind, job_args = args.job, args.job_payload()
         planner = None
-        if "split" in args:
-            sp = args["split"]
+        if args.split is not None:
+            sp = args.split
             clock = Clock("the sparse worker", float(sp["timeout_s"]), self.interrupted, self.beat, self.ctx.heartbeat_s)
             slots = {k: self.tensor(v) for k, v in tensors.items() if k in ("sync", "q", "ch", "x", "xin", "y")}
             self.executor.begin(int(sp["id"]), int(sp["rows"]), slots, clock)
             planner = self.executor.plan
         try:
             if kind == "start":
-                self.verifier = Verifier(self.model, self._sampling(args), previous=self.verifier)
+                self.verifier = Verifier(self.model, self._sampling(job_args), previous=self.verifier)
                 kv = self.tensor(tensors["kv"]) if "kv" in tensors else None
-                job = self.verifier.start_steps(list(args["prompt_ids"]), int(args["capacity"]), kv, planner)
+                job = self.verifier.start_steps(list(job_args.prompt_ids), job_args.capacity, kv, planner)
             elif kind == "step":
-                job = self.verifier.step_steps(int(args["root"]))
+                job = self.verifier.step_steps(job_args.root)
             else:
-                job = self.verifier.verify_steps(*self._tree(args, tensors), planner)
+                job = self.verifier.verify_steps(*self._tree(job_args, tensors), planner)
         except BaseException:
             self._fail()
             raise
         self.job, self.kind = job, kind
         return self._advance(None)
 
-    def op_layer(self, args, tensors):
+    def op_layer(self, args: Layer, tensors):
         """The streamed group the job waits for, in an arena slot (mapped, not copied)."""
-        group = args["group"]
+        group = args.group
         if self.job is None or group != self.need.group:
             raise RuntimeError(f"layer {group} arrived but the verifier waits for {self.need.group if self.job else 'nothing'}")
         with self.trace.span(f"compute:{group}", cat="verify", args={"group": group}):

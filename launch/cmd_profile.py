@@ -30,8 +30,10 @@ from speculative.generate import generate_target
 from speculative import arca
 
 CONTEXTS = (256, 1024, 2048)
-MSGS_PER_SPLIT = 4  # need, attend, dense, merge: the messages of one split attention
-MSGS_PER_COLS = 4  # need, cols (worker), cols (verifier), cols_done: the messages of one linear split by columns
+# a split job costs the worker's one `serve` request beside the verifier's job, then one meeting in the arena's
+# sync area (actors/syncarea.py: a counter written, a spin on the other's) per split attention and per split linear
+SPLIT_RTTS = 1
+SYNC_S = 20e-6
 LINEARS_PER_LAYER = 4  # qkv, attn_out, gate_up, down
 
 
@@ -124,9 +126,9 @@ def cmd_profile(args) -> int:
         for share in (0.0, 0.25, 0.5):  # verifier core: linear + its dense share; worker core: sparse + the rest
             mine, theirs = (1 - share) * dense1, sparse1 + share * dense1
             for cols in (0.0, 0.25, 0.5):  # and the last `cols` of every linear's columns to the worker too
-                lin = max(1 - cols, cols) * lin1 + (LINEARS_PER_LAYER * MSGS_PER_COLS * RTT_S if cols else 0.0)
-                verify[(rows, partition_name(share, cols))] = (L * (lin + max(mine, theirs) + MSGS_PER_SPLIT * RTT_S)
-                                                              + head_s(target, rows))
+                lin = max(1 - cols, cols) * lin1 + (LINEARS_PER_LAYER * SYNC_S if cols else 0.0)
+                verify[(rows, partition_name(share, cols))] = (L * (lin + max(mine, theirs) + SYNC_S)
+                                                              + SPLIT_RTTS * RTT_S + head_s(target, rows))
     ranked = arca.choose(acc, step_s, verify, draft_level)
     best = ranked[0]
     t = Table(title=f"ARCA on {machine()} (context {ctx}, {args.fmt})")

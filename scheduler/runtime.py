@@ -2,8 +2,8 @@
 
     with Scheduler(config) as s:                      # plan memory, sweep, arena, ROUTER, watchdog
         s.spawn("verifier", "actors.verifier:VerifierActor", {...})  # HELLO -> INIT -> READY, each step timed
-        reply = s.call("verifier", "layer", {"group": "layer.3"}, {"slot": desc})
-        rid = s.send("loader", "load", ...); events = s.poll(0.1)   # replies, deaths, errors
+        reply = s.call("verifier", Layer("layer.3"), tensors={"slot": desc})   # a payload (actors/ops.py)
+        rid = s.send("loader", Load("layer.4"), ...); events = s.poll(0.1)   # replies, deaths, errors
     # exit: STOP, join to timeouts.shutdown_s, kill the trees, unlink, write traces/<run-id>.json
 
 Deaths are seen two ways: a DEAD frame (the actor's own last word) and the process sentinel (a

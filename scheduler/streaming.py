@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from actors.ops import Load
+from actors.ops import Layer, Load
 from cadence.errors import CadenceError
 from scheduler.events import DeadEvent, ErrorEvent, ReplyEvent
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
@@ -117,7 +117,7 @@ class Streamer:
     def feed(self, group: str) -> dict:
         """Hand the verifier the streamed group it waits for; its reply (the next need, or done)."""
         slot = self.take(group)
-        r = self.s.call("verifier", "layer", {"group": group}, {"slot": self.s.slot_desc(slot)}).result
+        r = self.s.call("verifier", Layer(group), tensors={"slot": self.s.slot_desc(slot)}).result
         self.done_with(group)
         self.on_events(self.s.poll(0))
         return r

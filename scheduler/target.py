@@ -14,6 +14,7 @@ import struct
 import time
 from dataclasses import asdict
 
+from actors.ops import Begin, Payload, Serve, Start, Step, Tree
 from actors.syncarea import STOP, SyncArea
 from cadence.settings import PREFILL_CHUNK, SamplingConfig, TreeConfig
 from scheduler.errors import ActorDead, ActorError
@@ -46,16 +47,16 @@ class ActorTarget:
     # -- the target side ---------------------------------------------------------------------------
 
     def start(self, prompt_ids: list[int], capacity: int, sampling: SamplingConfig) -> tuple[int, int]:
-        r = self.run("start", {"prompt_ids": prompt_ids, "capacity": capacity, "sampling": asdict(sampling)})
+        r = self.run(Start(prompt_ids, capacity, asdict(sampling)))
         return r["token"], r.get("reused", 0)
 
     def step(self, root: int) -> int:
-        return self.run("step", {"root": root})["token"]
+        return self.run(Step(root))["token"]
 
     def verify(self, p: Proposal) -> tuple[list[int], int]:
         s = self.s
         wait0, t = self.streamer.stats.wait_s if self.streamer else 0.0, time.perf_counter()
-        v = self.run("verify", p.payload, p.tensors)
+        v = self.run(Tree.read(p.payload), p.tensors)
         if self.streamer is not None:  # the share of a verification spent waiting for the loader
             share = (self.streamer.stats.wait_s - wait0) / max(time.perf_counter() - t, 1e-9)
             self.io_wait = share if self.io_wait is None else 0.7 * self.io_wait + 0.3 * share
@@ -72,26 +73,25 @@ class ActorTarget:
 
     # -- the conversation --------------------------------------------------------------------------
 
-    def run(self, job: str, args: dict, tensors: dict | None = None) -> dict:
-        """A verifier job (start / step / verify): one op, or a conversation when layers stream in from
-        the loader; with the worker, it serves the job's split at the same time (a step has one row:
-        nothing to split)."""
+    def run(self, job: Payload, tensors: dict | None = None) -> dict:
+        """A verifier job (Start / Step / Tree): one op, or a conversation when layers stream in from the
+        loader; with the worker, it serves the job's split at the same time (a step has one row: nothing
+        to split)."""
         s = self.s
         if self.streamer is None and self.worker is None:
-            reply = s.call("verifier", job, args, tensors)
+            reply = s.call("verifier", job, tensors=tensors)
             self.job_req = reply.req_id
             return reply.result
         tensors = dict(tensors or {})
-        args = {"job": job, **args}
-        serving, timeout = None, None
-        if self.worker is not None and job != "step":
-            serving = self._serve(job, args, tensors)
-            if job == "start":  # a resident prefill is one op however many chunks it has
-                timeout = s.config.timeouts.request_s * (1 + len(args["prompt_ids"]) // PREFILL_CHUNK)
+        serving, timeout, split = None, None, None
+        if self.worker is not None and not isinstance(job, Step):
+            serving, split = self._serve(job, tensors)
+            if isinstance(job, Start):  # a resident prefill is one op however many chunks it has
+                timeout = s.config.timeouts.request_s * (1 + len(job.prompt_ids) // PREFILL_CHUNK)
         if self.streamer is not None:
             self.streamer.refill()
         try:
-            reply = s.call("verifier", "begin", args, tensors, timeout=timeout)
+            reply = s.call("verifier", Begin(job.op, job.wire(), split), tensors=tensors, timeout=timeout)
             self.job_req, r = reply.req_id, reply.result
             while "need" in r:
                 r = self.streamer.feed(r["need"])
@@ -101,28 +101,26 @@ class ActorTarget:
             raise
         return r["done"]
 
-    def _serve(self, job: str, args: dict, tensors: dict) -> tuple[int, int]:
-        """Send the worker its one request for this job; the verifier's `begin` gets the same slots and ids."""
+    def _serve(self, job: Payload, tensors: dict) -> tuple[tuple[int, int], dict]:
+        """Send the worker its one request for this job; ((its request, the job's id), the verifier's split:
+        `begin` gets the same slots and ids)."""
         s = self.s
         for rid in self.answered:  # the last jobs' replies: out of the scheduler's queue
             s.take_reply(rid)
         self.answered.clear()
-        tensors.update(self._worker_slots(job, args))
+        tensors.update(self._worker_slots(job))
         self.job_id += 1
         # the verifier gives up on the worker's step before the scheduler gives up on the verifier, so the run
         # ends with the sentence that names the worker; the worker waits longer still (between its steps the
         # verifier may wait on the loader), so it never goes first
         limit = s.config.timeouts.request_s
         split = {"id": self.job_id, "rows": self.rows, "timeout_s": WORKER_WAIT * limit}
-        wargs = {"job": self.job_id, "rows": self.rows, "timeout_s": VERIFIER_WAIT * limit}
-        if job == "start":
-            wargs["capacity"] = int(args["capacity"])
-        rid = s.send("sparse", "serve", wargs, {k: tensors[k] for k in SPLIT_SLOTS if k in tensors})
+        serve = Serve(self.job_id, self.rows, VERIFIER_WAIT * limit, job.capacity if isinstance(job, Start) else None)
+        rid = s.send("sparse", serve, tensors={k: tensors[k] for k in SPLIT_SLOTS if k in tensors})
         self.serving[rid] = self.job_id
-        args["split"] = split
-        return rid, self.job_id
+        return (rid, self.job_id), split
 
-    def _worker_slots(self, job: str, args: dict) -> dict:
+    def _worker_slots(self, job: Payload) -> dict:
         """Arena room for the sync area, Q and the worker's chunk states, the column split's buffers, and at
         each prompt the KV cache itself."""
         s, a = self.s, self.model_args
@@ -142,10 +140,10 @@ class ActorTarget:
         out.update(zip(("sync", "q", "ch"), map(s.slot_desc, self.job_slots)))
         if self.col_slots:
             out.update(zip(("x", "xin", "y"), map(s.slot_desc, self.col_slots)))
-        if job == "start":
+        if isinstance(job, Start):
             if self.kv_slot is not None:
                 s.slots.free(self.kv_slot)
-            cap = int(args["capacity"])
+            cap = job.capacity
             self.kv_slot = s.slots.alloc(2 * a["n_layers"] * a["n_kv_heads"] * cap * a["head_dim"] * 4)
             out["kv"] = s.slot_desc(self.kv_slot)
         return out
