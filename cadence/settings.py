@@ -79,7 +79,7 @@ class TreeConfig:
         return self.chain_k if self.mode == "chain" else self.width
 
 
-PREFILL_CHUNK = 256  # prompt rows per forward (speculative/verify.py; scheduler/memplan.py plans for it)
+PREFILL_CHUNK = 256  # prompt rows per forward (speculative/verify.py; scheduler/generation/memplan.py plans for it)
 LOOKUP = -1  # a governor arm: verify the trie's candidates alone (prompt lookup), no draft forward
 
 

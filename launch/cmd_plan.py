@@ -16,7 +16,7 @@ from launch.prompts import Prompt, load_prompts, prompt_ids
 from launch.runner import MODES, RunConfig, memory_plan, pick_draft, plan_inputs
 from models.convert import ensure_store
 from models.tokenizer import TextTokenizer
-from scheduler.memplan import fmt, smallest_budget
+from scheduler.generation.memplan import fmt, smallest_budget
 
 
 def add_parser(sub):

@@ -15,7 +15,7 @@ from launch.prompts import Prompt, load_prompts
 from launch.results import write_rows
 from launch.runner import RunConfig, Runner, print_text
 from launch.trace_tools import place_trace
-from scheduler.speculation import MODES
+from scheduler.generation.speculation import MODES
 
 DEFAULT_PROMPT = "def quicksort(items):\n"
 

@@ -127,9 +127,9 @@ def bench_generation(pairs: int, tokens: int, seed: int = 0) -> dict:
     from actors.fake import FAKES, target_text, write_fake_store
     from cadence.settings import SamplingConfig, TreeConfig
     from scheduler.config import GiB, KiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
-    from scheduler.memplan import Overheads, plan_memory
+    from scheduler.generation.memplan import Overheads, plan_memory
     from scheduler.runtime import Scheduler
-    from scheduler.speculation import ActorSpeculation
+    from scheduler.generation.speculation import ActorSpeculation
 
     groups = {**{f"layer.{i}": 64 * KiB for i in range(8)}, "head.0": 64 * KiB}
     o = Overheads(scheduler=0, watchdog=0, runtime=0, actor=0, exchange=64 * KiB, verifier_activations=0,

@@ -20,7 +20,7 @@ from launch.results import make_row, peak_rss_bytes
 from models import registry
 from models.convert import ensure_store
 from models.tokenizer import StreamDecoder, TextTokenizer
-from scheduler.speculation import MODES
+from scheduler.generation.speculation import MODES
 
 RUNTIMES = ("actors", "inproc")
 DRAFT_VOCAB = 32768
@@ -130,12 +130,12 @@ class Runner:
             return
         from scheduler.config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
         from scheduler.runtime import Scheduler
-        from scheduler.speculation import ActorSpeculation
+        from scheduler.generation.speculation import ActorSpeculation
 
         self.plan = memory_plan(cfg, target_store, draft_store) if cfg.memory_budget else None
         # the model actors fork from one zygote that imported torch and the model code once (the modules
-        # whose cost scheduler/footprint.py measured)
-        from scheduler.footprint import ACTOR_MODULES
+        # whose cost scheduler/generation/footprint.py measured)
+        from scheduler.generation.footprint import ACTOR_MODULES
 
         preload = (*ACTOR_MODULES, *(("actors.sparse",) if cfg.sparse_worker else ()))
         if self.plan is not None:
@@ -299,7 +299,7 @@ def pick_draft(cfg: RunConfig, target_store, say: Callable[[str], None] | None =
 
 def kv_capacity(cfg: RunConfig, draft: bool = False) -> int:
     """KV cache rows the plan leaves room for: the longest prompt (the draft: its last `prompt_window`
-    tokens), the new tokens, a tree and its slack (scheduler/speculation.py sizes the caches the same way)."""
+    tokens), the new tokens, a tree and its slack (scheduler/generation/speculation.py sizes the caches the same way)."""
     prompt = cfg.plan_context or 1024
     if draft and cfg.tree.prompt_window:
         prompt = min(prompt, cfg.tree.prompt_window)
@@ -309,7 +309,7 @@ def kv_capacity(cfg: RunConfig, draft: bool = False) -> int:
 def plan_inputs(cfg: RunConfig, target_store, draft_store, overheads=None) -> dict:
     """What the memory plan of `cfg` weighs: the target's streamable groups, the draft's weights (its
     head cut to the FR-Spec rows), the KV caches at the context the run needs, the overheads."""
-    from scheduler.memplan import measure_overheads
+    from scheduler.generation.memplan import measure_overheads
 
     cap = kv_capacity(cfg)
     groups = {g: target_store.groups[g].nbytes for g in target_store.group_names() if g != "embed"}
@@ -332,7 +332,7 @@ def plan_inputs(cfg: RunConfig, target_store, draft_store, overheads=None) -> di
 def memory_plan(cfg: RunConfig, target_store, draft_store, overheads=None):
     """The plan for --memory-budget: KV room for `plan_context` prompt tokens plus the new ones, the
     runtime's overheads as measured on this machine (`overheads` overrides them)."""
-    from scheduler.memplan import parse_bytes, plan_memory, smallest_budget
+    from scheduler.generation.memplan import parse_bytes, plan_memory, smallest_budget
 
     inputs = plan_inputs(cfg, target_store, draft_store, overheads)
     if cfg.memory_budget == "auto":  # the smallest budget that works and half of the target

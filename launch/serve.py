@@ -366,7 +366,7 @@ def _held_bytes(llm) -> int:
         return 0
     import os
 
-    from scheduler.footprint import rollup
+    from scheduler.generation.footprint import rollup
 
     pids = [os.getpid(), *(a.pid for a in llm._runner.sched.actor_status() if a.state != "dead")]
     total = 0

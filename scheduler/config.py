@@ -70,9 +70,9 @@ class MemoryConfig:
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """The streamed target (scheduler/streaming.py)."""
+    """The streamed target (scheduler/generation/streaming.py)."""
 
-    layer_bytes: int = 1 * MiB  # one streaming slot: the largest group streamed (scheduler/memplan.py)
+    layer_bytes: int = 1 * MiB  # one streaming slot: the largest group streamed (scheduler/generation/memplan.py)
 
     def __post_init__(self):
         _positive("pipeline", self, "layer_bytes")

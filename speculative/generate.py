@@ -1,7 +1,7 @@
 """Generation in one process: the speculation cycle (speculative/loop.py) over the models themselves.
 
 `generate_target` is the reference every speculative mode must equal under greedy decoding: the
-target alone, one token per forward. The actor runtime (scheduler/speculation.py) runs the same
+target alone, one token per forward. The actor runtime (scheduler/generation/speculation.py) runs the same
 loop with proxies over the wire.
 """
 from __future__ import annotations

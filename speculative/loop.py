@@ -4,8 +4,8 @@
 wrap decides where the work happens:
 
     in one process    speculative/local.py    LocalTarget, LocalDraft: the models themselves
-    over the actors   scheduler/target.py     ActorTarget: the verifier actor (streamed layers, the worker)
-                      scheduler/draft.py      ActorDraft: the draft actor
+    over the actors   scheduler/generation/target.py     ActorTarget: the verifier actor (streamed layers, the worker)
+                      scheduler/generation/draft.py      ActorDraft: the draft actor
     either            speculative/lookup.py   TrieDraft: the n-gram trie alone (`--draft none`)
 
 Target-only modes (target, std, stdpl) are the same loop with no draft. The governor, the

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cadence.errors import CadenceError
-from scheduler.footprint import rollup
+from scheduler.generation.footprint import rollup
 from shm.dio import cached_bytes, evict_page_cache
 
 _AGAIN = "drop --cgroup to run without the proof"

@@ -61,7 +61,7 @@ def bench_cgroup(args, prompts: list[Prompt], baselines: list[str]):
     from launch.options import run_config
     from launch.runner import memory_plan
     from models.convert import ensure_store, resolve
-    from scheduler.memplan import parse_bytes
+    from scheduler.generation.memplan import parse_bytes
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]

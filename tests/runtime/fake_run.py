@@ -14,15 +14,15 @@ from actors.fake import FAKES, target_text, write_fake_store
 from cadence.errors import CadenceError
 from cadence.settings import SamplingConfig, TreeConfig
 from scheduler.config import GiB, KiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
-from scheduler.memplan import Overheads, plan_memory
+from scheduler.generation.memplan import Overheads, plan_memory
 from scheduler.runtime import Scheduler
-from scheduler.speculation import ActorSpeculation
+from scheduler.generation.speculation import ActorSpeculation
 
 VOCAB = 64
 CONTEXT = 1 << 20
 # the target: eight layers and a head in two parts, in forward order (models/convert.py's groups)
 GROUPS = {**{f"layer.{i}": 48 * KiB for i in range(8)}, "head.0": 64 * KiB, "head.1": 64 * KiB}
-# what the sparse worker's arena slots are sized from (scheduler/speculation.py, `_worker_slots`)
+# what the sparse worker's arena slots are sized from (scheduler/generation/speculation.py, `_worker_slots`)
 MODEL_ARGS = {"n_layers": 8, "n_heads": 2, "head_dim": 4, "n_kv_heads": 1, "dim": 8, "ffn_dim": 16}
 NO_OVERHEADS = Overheads(scheduler=0, watchdog=0, runtime=0, actor=0, exchange=64 * KiB, verifier_activations=0,
                          draft_activations=0, code=0)

@@ -10,7 +10,7 @@ from actors.fake import target_text
 from actors.ops import Load
 from scheduler.errors import ActorError
 from scheduler.runtime import Scheduler
-from scheduler.streaming import Streamer
+from scheduler.generation.streaming import Streamer
 from tests.runtime.conftest import assert_clean
 from tests.runtime.fake_run import VOCAB, fake_model, fake_plan, prompt, small_config, speculation
 

@@ -2,7 +2,7 @@
 import pytest
 
 from cadence.errors import CadenceError
-from scheduler.memplan import Overheads, activation_bytes, plan_memory, parse_bytes
+from scheduler.generation.memplan import Overheads, activation_bytes, plan_memory, parse_bytes
 
 MiB = 1 << 20
 LAYERS = {f"layer.{i}": 27 * MiB for i in range(28)}

@@ -16,9 +16,9 @@ from models.source import GGUFSource
 from models.store import WeightStore
 from models.weights import random_tensors
 from scheduler.config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
-from scheduler.memplan import Overheads, plan_memory
+from scheduler.generation.memplan import Overheads, plan_memory
 from scheduler.runtime import Scheduler
-from scheduler.speculation import ActorSpeculation
+from scheduler.generation.speculation import ActorSpeculation
 from speculative.generate import generate_speculative, generate_target
 from tests.conftest import TINY
 from tests.models.tiny_files import write_gguf

@@ -2,7 +2,7 @@
 
 `ActorSpeculation` starts the verifier (and the loader when layers stream, the sparse worker when
 attention is split) and the draft, then runs the one speculation cycle (speculative/loop.py) with
-proxies over the wire: scheduler/target.py for the verifier, scheduler/draft.py for the draft, or
+proxies over the wire: scheduler/generation/target.py for the verifier, scheduler/generation/draft.py for the draft, or
 the trie alone in this process (`--draft none`). `impl` swaps an actor class for another (the
 FAKE actors of the integration tests).
 """
@@ -13,9 +13,9 @@ from typing import Callable
 
 from actors.ops import Groups
 from cadence.settings import Generation, SamplingConfig, TreeConfig
-from scheduler.draft import ActorDraft
+from scheduler.generation.draft import ActorDraft
 from scheduler.runtime import Scheduler
-from scheduler.target import ActorTarget
+from scheduler.generation.target import ActorTarget
 from speculative.lookup import TrieDraft
 from speculative.loop import MODES, TARGET_ONLY, Speculation  # noqa: F401  (MODES re-exported)
 
@@ -28,7 +28,7 @@ class ActorSpeculation:
                  sampling: SamplingConfig, cfg: TreeConfig, threads: int, context_length: int, vocab_size: int,
                  plan=None, loader: dict | None = None, worker: dict | None = None, model_args: dict | None = None,
                  draft_vocab: int = 0, kv_context: int | None = None, impl: dict[str, str] | None = None):
-        """`plan` (scheduler/memplan.py): stream the target's groups it does not keep resident.
+        """`plan` (scheduler/generation/memplan.py): stream the target's groups it does not keep resident.
         `worker` ({"share": s, "columns": c}): split tree attention with the sparse-attention actor, which
         also takes the share s of the dense chunks and, with c > 0, the last share c of every target
         linear layer's output columns in multi-token passes; verifier and worker then run on one core each.
@@ -59,7 +59,7 @@ class ActorSpeculation:
                         wait=False)
         sched.wait_ready()
         if "loader" in sched.actors:
-            from scheduler.streaming import Streamer
+            from scheduler.generation.streaming import Streamer
 
             sizes = sched.call("loader", Groups()).result["groups"]
             streamer = Streamer(sched, list(plan.streamed), {g: sizes[g] for g in plan.streamed}, prefetch=mode != "std")
@@ -72,7 +72,7 @@ class ActorSpeculation:
 
     @property
     def streamer(self):
-        """The loader's side of a streamed target (scheduler/streaming.py), or None."""
+        """The loader's side of a streamed target (scheduler/generation/streaming.py), or None."""
         return self.target.streamer
 
     def generate(self, prompt_ids: list[int], max_new: int, stop: set[int],

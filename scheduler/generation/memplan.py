@@ -11,7 +11,7 @@ verifier computes a resident group (see `_spread`). A budget that cannot hold th
 two slots is refused with the shortfall and the smallest budget that works.
 
 The fixed part is measured, not guessed (`measure_overheads`): the scheduler as this process holds
-it, the zygote and each actor's own pages as calibrated on this machine (scheduler/footprint.py),
+it, the zygote and each actor's own pages as calibrated on this machine (scheduler/generation/footprint.py),
 the activations from the models' shapes at the widths the run uses, the KV caches at the context
 it needs. `MemoryPlan.held` is what the run's processes hold (anonymous and shared memory, what a
 cgroup charges besides the page cache); `total` adds room for their code pages.
@@ -211,8 +211,8 @@ def measure_overheads(target_args: dict, draft_args: dict | None = None, *, widt
                       trace_events: int = 0) -> Overheads:
     """The overheads of a run on this machine: the scheduler as this process holds it now (call it
     once the tokenizer is loaded) plus its trace buffer, the zygote's and each actor's own pages as
-    calibrated once (scheduler/footprint.py), activations from the models' shapes."""
-    from scheduler.footprint import footprint, own_anon_bytes
+    calibrated once (scheduler/generation/footprint.py), activations from the models' shapes."""
+    from scheduler.generation.footprint import footprint, own_anon_bytes
 
     fp = footprint()
     rows = min(width, 64) + 1 + 4  # a tree, its root and trie candidates
