@@ -116,3 +116,18 @@ def test_no_private_names_imported_from_another_module():
                 found.append(f"{path.relative_to(ROOT)}:{line} takes {', '.join(bad)} from {mod}")
     assert not found, "private names imported from another module (make them public where they belong): " + \
         "; ".join(found)
+
+
+# the README's layout table, top to bottom: a folder stands on those above it, never on those below
+LAYERS = ("cadence", "shm", "models", "speculative", "actors", "scheduler", "scheduler.generation", "launch")
+DRIVES_LAUNCH = {"cadence.api"}  # the Python API drives the runner: the one module allowed to reach down
+
+
+def _layer(mod: str) -> int:
+    return LAYERS.index("scheduler.generation" if mod.startswith("scheduler.generation") else mod.split(".")[0])
+
+
+def test_each_folder_stands_only_on_the_folders_above_it():
+    down = sorted(f"{name} -> {mod} (line {line})" for name, path in MODULES.items() if name not in DRIVES_LAUNCH
+                  for mod, _, line in _imports(name, path) if _ours(mod) and _layer(mod) > _layer(name))
+    assert not down, "imports that reach down the layers (README, Layout): " + "; ".join(down)
