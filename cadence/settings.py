@@ -109,12 +109,12 @@ class SpecStats:
     ahead_steps: int = 0  # draft forwards run during verification
     ahead_reused: int = 0  # tree nodes that came from them, fed already
 
-    def record_verification(self, d, path: list[int]):  # d: a speculative.draft.DraftTree
+    def record_verification(self, p, path: list[int]):  # p: a speculative.loop.Proposal
         self.verifications += 1
         self.accepted += len(path)
-        self.drafted += len(d.tree)
-        self.trie_drafted += d.trie_nodes
-        self.draft_forwards += d.forwards
+        self.drafted += len(p.tokens)
+        self.trie_drafted += p.trie_nodes
+        self.draft_forwards += p.forwards
         self.accepted_hist[len(path)] = self.accepted_hist.get(len(path), 0) + 1
 
     def as_dict(self) -> dict:

@@ -23,6 +23,7 @@ import time
 import zmq
 
 from actors.base import Actor
+from launch.bench.measure import timed
 from scheduler.config import GiB, KiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
 
 SIZES = [4 * KiB * 4**i for i in range(9)]  # 4 KiB .. 256 MiB
@@ -162,17 +163,11 @@ def bench_memcpy(size: int = 256 * MiB, reps: int = 5) -> dict:
     src = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
     dst = np.empty_like(src)
     np.copyto(dst, src)
-    best_np = min(_timed(lambda: np.copyto(dst, src)) for _ in range(reps))
+    best_np = min(timed(lambda: np.copyto(dst, src)) for _ in range(reps))
     ts, td = torch.from_numpy(src), torch.from_numpy(dst)
-    best_t = min(_timed(lambda: td.copy_(ts)) for _ in range(reps))
+    best_t = min(timed(lambda: td.copy_(ts)) for _ in range(reps))
     return {"bytes": size, "numpy_copyto_GBps": size / best_np / 1e9, "torch_copy_GBps": size / best_t / 1e9,
             "torch_threads": torch.get_num_threads()}
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def _cpu_model() -> str:

@@ -213,12 +213,7 @@ class Speculation:
             if p is not None:
                 draft.release(p)
         stats.verify_s += time.perf_counter() - t
-        stats.verifications += 1
-        stats.accepted += len(path)
-        stats.drafted += len(p.tokens)
-        stats.trie_drafted += p.trie_nodes
-        stats.draft_forwards += p.forwards
-        stats.accepted_hist[len(path)] = stats.accepted_hist.get(len(path), 0) + 1
+        stats.record_verification(p, path)
         self.counter("accepted", {"length": len(path), "tree": len(p.tokens)})
         if alpha is not None:
             stats.alpha.append(alpha)

@@ -13,10 +13,10 @@ RTT_S = 3e-4  # one control round trip between the scheduler and an actor (launc
 def median_time(fn, reps: int = 3) -> float:
     """Seconds per call of `fn`: the median of `reps` calls after one warm-up call."""
     fn()
-    return statistics.median([_timed(fn) for _ in range(reps)])
+    return statistics.median([timed(fn) for _ in range(reps)])
 
 
-def _timed(fn) -> float:
+def timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
