@@ -203,8 +203,8 @@ class WorkerShare:
         try:
             while True:
                 seq += 1
-                area.wait(VERIFIER, job, seq, "the next forward's plan", clock)
-                plan = SplitPlan.read(area)
+                ended = not area.wait(VERIFIER, job, seq, "the next forward's plan", clock, newer_ends=True)
+                plan = None if ended else SplitPlan.read(area)
                 if plan is None:
                     return forwards
                 forwards += 1

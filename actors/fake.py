@@ -203,7 +203,8 @@ class FakeSync:
     def abandon(self):
         self.post(VERIFIER_WORD, ABANDONED)
 
-    def wait(self, word: int, step: int, what: str):
+    def wait(self, word: int, step: int, what: str) -> bool:
+        """Until the other's `word` reaches `step` (True), or a newer job shows ours ended (False)."""
         now = time.monotonic()
         deadline, beat = now + self.timeout_s, now + self.actor.ctx.heartbeat_s
         while True:
@@ -211,9 +212,9 @@ class FakeSync:
             if v >> 32 == self.job and (v & 0xFFFFFFFF) == ABANDONED:
                 raise Abandoned(f"{self.partner} gave up job {self.job} before {what}")
             if v >> 32 == self.job and (v & 0xFFFFFFFF) >= step:
-                return
-            if v >> 32 > self.job:
-                raise Abandoned(f"{self.partner} moved on to job {v >> 32} while this side waited for {what}")
+                return True
+            if v >> 32 > self.job:  # the verifier starts a job only after the last one's end: ours ended
+                return False
             if int(self.words[STOP]) == self.job:
                 raise Abandoned(f"the scheduler stopped job {self.job} (an actor died) while this side waited for {what}")
             now = time.monotonic()
@@ -290,8 +291,7 @@ class FakeSparseAttnActor(FakeActor):
         sync = FakeSync(self, tensors["sync"], args.job, "the verifier", args.timeout_s)
         while True:
             step = sync.step + 1
-            sync.wait(VERIFIER_WORD, step, f"step {step}")
-            if sync.ended():
+            if not sync.wait(VERIFIER_WORD, step, f"step {step}") or sync.ended():
                 return {"steps": sync.step}
             part = "cols" if self.columns > 0 and step % 2 == 0 else "attn"
             self.work(part, self.columns if part == "cols" else 1.0, span=f"sparse:{part}")

@@ -59,8 +59,10 @@ class SyncArea:
         self.fence()
         self.words[word] = (job << 32) | step
 
-    def wait(self, word: int, job: int, step: int, what: str, clock: "Clock"):
-        """Until the other side's `word` reaches `step` of `job`; `what` it waits for, for the errors."""
+    def wait(self, word: int, job: int, step: int, what: str, clock: "Clock", newer_ends: bool = False) -> bool:
+        """Until the other side's `word` reaches `step` of `job` (True); `what` it waits for, for the errors.
+        `newer_ends`: between two forwards, the verifier's next job (its word, or the next request) means
+        this one ended while we napped (it starts a job only after the last one's end): False."""
         words, n, nap, deadline, message = self.words, 0, NAP_S, None, False
         while True:
             v = int(words[word])
@@ -70,10 +72,14 @@ class SyncArea:
                     raise Abandoned(f"{clock.partner} gave up job {job} before {what}")
                 if got >= step:
                     self.fence()  # what the step handed over is read only after its number
-                    return
+                    return True
             elif v >> 32 > job:
+                if newer_ends:
+                    return False
                 raise Abandoned(f"{clock.partner} moved on to job {v >> 32} while this side waited for {what} of job {job}")
             if message:  # seen after a last look at the word: the next job's request comes only after this one's end
+                if newer_ends:
+                    return False
                 raise Abandoned(f"a message arrived (a stop, or the next job) while this side waited for {what}")
             n += 1
             if n < SPIN:

@@ -126,7 +126,9 @@ class Streamer:
         """Wait for loads still in flight and give every slot back (end of a run, also after a failure)."""
         deadline = time.monotonic() + timeout_s
         loader = self.s.actors.get("loader")
-        while self.inflight and loader is not None and loader.alive and time.monotonic() < deadline:
+        # `pending`: the loader has answered everything asked of it (a reply taken by a poll that an interrupt
+        # cut short is answered all the same): nothing more will be written into the slots
+        while self.inflight and loader is not None and loader.alive and self.s.pending("loader") and time.monotonic() < deadline:
             try:
                 self.on_events(self.s.poll(0.05))
             except CadenceError:

@@ -108,6 +108,7 @@ class ActorTarget:
         for rid in self.answered:  # the last jobs' replies: out of the scheduler's queue
             s.take_reply(rid)
         self.answered.clear()
+        self.failed.clear()  # the last jobs' failures: over with them
         tensors.update(self._worker_slots(job))
         self.job_id += 1
         # the verifier gives up on the worker's step before the scheduler gives up on the verifier, so the run
@@ -128,21 +129,30 @@ class ActorTarget:
         if self.job_slots is None:
             rows = self.rows
             maxc = -(-(rows + 2 * 32) // 32)
-            sync = s.slots.alloc(SyncArea.nbytes(rows))
-            s.arena.buf[sync.offset:sync.offset + 256] = bytes(256)  # the sync words: no job seen yet
-            q = s.slots.alloc(rows * a["n_heads"] * a["head_dim"] * 4)
-            ch = s.slots.alloc(rows * a["n_heads"] * maxc * (a["head_dim"] + 2) * 4)
-            self.job_slots = (sync, q, ch)
+            sizes = [SyncArea.nbytes(rows), rows * a["n_heads"] * a["head_dim"] * 4,
+                     rows * a["n_heads"] * maxc * (a["head_dim"] + 2) * 4]
             if self.worker.get("columns"):  # column split: the residual stream, the linears' inputs and outputs
                 q_dim, kv_dim = a["n_heads"] * a["head_dim"], a["n_kv_heads"] * a["head_dim"]
-                self.col_slots = tuple(s.slots.alloc(rows * n * 4) for n in (
-                    a["dim"], max(a["dim"], q_dim, a["ffn_dim"]), max(q_dim + 2 * kv_dim, 2 * a["ffn_dim"])))
+                sizes += [rows * n * 4 for n in (a["dim"], max(a["dim"], q_dim, a["ffn_dim"]),
+                                                 max(q_dim + 2 * kv_dim, 2 * a["ffn_dim"]))]
+            got = []
+            try:
+                for n in sizes:
+                    got.append(s.slots.alloc(n))
+            except BaseException:  # all or none: what was taken goes back before the error
+                for slot in got:
+                    s.slots.free(slot)
+                raise
+            sync = got[0]
+            s.arena.buf[sync.offset:sync.offset + 256] = bytes(256)  # the sync words: no job seen yet
+            self.job_slots, self.col_slots = tuple(got[:3]), tuple(got[3:]) or None
         out.update(zip(("sync", "q", "ch"), map(s.slot_desc, self.job_slots)))
         if self.col_slots:
             out.update(zip(("x", "xin", "y"), map(s.slot_desc, self.col_slots)))
         if isinstance(job, Start):
             if self.kv_slot is not None:
                 s.slots.free(self.kv_slot)
+                self.kv_slot = None
             cap = job.capacity
             self.kv_slot = s.slots.alloc(2 * a["n_layers"] * a["n_kv_heads"] * cap * a["head_dim"] * 4)
             out["kv"] = s.slot_desc(self.kv_slot)

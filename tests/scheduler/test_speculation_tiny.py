@@ -47,9 +47,27 @@ def prompt():
     return base + base[:6]  # a repeat: the trie has something to find
 
 
+def plain_decode(lm, prompt: list[int], n: int) -> list[int]:
+    """Greedy decoding straight on the model, one token a forward, none of speculative/'s code: what
+    `generate_target` (the reference of every lossless test) must itself equal."""
+    model = lm.model
+    cache = model.new_cache(len(prompt) + n)
+    logits = model.forward(torch.tensor(prompt), torch.arange(len(prompt)), cache)[-1]
+    cache.commit()
+    out = []
+    for _ in range(n):
+        out.append(int(logits.argmax()))
+        logits = model.forward(torch.tensor(out[-1:]), torch.tensor([cache.length]), cache)[0]
+        cache.commit()
+    return out
+
+
 @pytest.fixture(scope="module")
 def reference(stores, prompt):
-    return generate_target(engine.load_store(stores["target"]), prompt, N, GREEDY, stop_at_eos=False).new_ids
+    lm = engine.load_store(stores["target"])
+    ids = generate_target(lm, prompt, N, GREEDY, stop_at_eos=False).new_ids
+    assert ids == plain_decode(lm, prompt, N)
+    return ids
 
 
 def _run(stores, draft: str | None, mode: str = "tree", plan=None) -> tuple[Scheduler, ActorSpeculation]:
