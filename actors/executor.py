@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from actors.syncarea import ABANDONED, VERIFIER, WORKER, Clock, SyncArea
+from actors.syncarea import ABANDONED, END, FORWARD, VERIFIER, WORKER, Clock, SyncArea
 from models import kernels
 from models.attention import Visibility
 from models.config import ModelArgs
@@ -35,7 +35,6 @@ from models.plan import ForwardPlan, SplitAttention, SplitColumns
 LINEARS = (("qkv", False), ("attn_out", True), ("gate_up", False), ("down", True))
 _COLS = {name: j for j, (name, _) in enumerate(LINEARS)}
 ACCUMULATE = dict(LINEARS)
-FORWARD, END = 1, 2  # plan header kinds
 
 
 def linear_widths(a: ModelArgs) -> tuple[int, ...]:

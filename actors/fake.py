@@ -43,7 +43,7 @@ import numpy as np
 from actors import wire
 from actors.base import Actor, ActorFatal
 from actors.ops import Groups, Load, Serve
-from actors.syncarea import ABANDONED, HEADER, STOP, Abandoned, VERIFIER as VERIFIER_WORD, WORKER as WORKER_WORD
+from actors.syncarea import ABANDONED, END, FORWARD, VERIFIER as VERIFIER_WORD, WORKER as WORKER_WORD, Clock, SyncArea
 from shm.desc import TensorDesc
 
 SCRIPT = "fake.json"
@@ -177,55 +177,34 @@ class FakeActor(Actor):
 
 
 class FakeSync:
-    """The sync area's words (actors/syncarea.py) as the fakes use them, without the kernels' fence:
-    each side posts `(job << 32) | step` in its own word and waits for the other's; the verifier ends
-    a job by writing its id into the header word, then posting one more step."""
+    """One split job in the real sync area (actors/syncarea.py), as the fakes meet there: its own job id and
+    the last step reached; the verifier ends the job with the header's END and one more step. Python's
+    stores need no fence between two processes on one x86 machine: the fakes stay torch-free."""
 
-    def __init__(self, actor: Actor, desc: TensorDesc, job: int, partner: str, timeout_s: float):
-        self.actor, self.job, self.partner, self.timeout_s = actor, job, partner, timeout_s
-        self.words = slot_bytes(actor, desc, (HEADER + 1) * 8).view("<i8")
-        self.step = 0
+    def __init__(self, actor: Actor, desc: TensorDesc, job: int, rows: int, partner: str, timeout_s: float):
+        self.area = SyncArea(slot_bytes(actor, desc, SyncArea.nbytes(rows)), rows, fence=lambda: None)
+        self.clock = Clock(partner, timeout_s, actor.interrupted, actor.beat, actor.ctx.heartbeat_s)
+        self.job, self.step = job, 0
 
     def begin(self):
-        self.words[HEADER] = 0
+        self.area.header[0] = FORWARD
 
     def post(self, word: int, step: int):
-        self.words[word] = (self.job << 32) | step
+        self.area.post(word, self.job, step)
 
     def end(self):
-        self.words[HEADER] = self.job
+        self.area.header[0] = END
         self.step += 1
         self.post(VERIFIER_WORD, self.step)
 
     def ended(self) -> bool:
-        return int(self.words[HEADER]) == self.job
+        return int(self.area.header[0]) == END
 
     def abandon(self):
         self.post(VERIFIER_WORD, ABANDONED)
 
-    def wait(self, word: int, step: int, what: str) -> bool:
-        """Until the other's `word` reaches `step` (True), or a newer job shows ours ended (False)."""
-        now = time.monotonic()
-        deadline, beat = now + self.timeout_s, now + self.actor.ctx.heartbeat_s
-        while True:
-            v = int(self.words[word])
-            if v >> 32 == self.job and (v & 0xFFFFFFFF) == ABANDONED:
-                raise Abandoned(f"{self.partner} gave up job {self.job} before {what}")
-            if v >> 32 == self.job and (v & 0xFFFFFFFF) >= step:
-                return True
-            if v >> 32 > self.job:  # the verifier starts a job only after the last one's end: ours ended
-                return False
-            if int(self.words[STOP]) == self.job:
-                raise Abandoned(f"the scheduler stopped job {self.job} (an actor died) while this side waited for {what}")
-            now = time.monotonic()
-            if now > deadline:
-                raise TimeoutError(f"{self.partner} did not finish {what} within {self.timeout_s:g} s")
-            if self.actor.interrupted():
-                raise Abandoned(f"a message arrived while this side waited for {what}")
-            if now > beat:
-                self.actor.beat()
-                beat = now + self.actor.ctx.heartbeat_s
-            time.sleep(0.0002)
+    def wait(self, word: int, step: int, what: str, newer_ends: bool = False) -> bool:
+        return self.area.wait(word, self.job, step, what, self.clock, newer_ends)
 
 
 class FakeLoaderActor(FakeActor):
@@ -288,10 +267,10 @@ class FakeSparseAttnActor(FakeActor):
             self.capacity = args.capacity
         if self.capacity is None:
             raise RuntimeError("no KV cache bound: a prompt's first job (start) brings it")
-        sync = FakeSync(self, tensors["sync"], args.job, "the verifier", args.timeout_s)
+        sync = FakeSync(self, tensors["sync"], args.job, args.rows, "the verifier", args.timeout_s)
         while True:
             step = sync.step + 1
-            if not sync.wait(VERIFIER_WORD, step, f"step {step}") or sync.ended():
+            if not sync.wait(VERIFIER_WORD, step, f"step {step}", newer_ends=True) or sync.ended():
                 return {"steps": sync.step}
             part = "cols" if self.columns > 0 and step % 2 == 0 else "attn"
             self.work(part, self.columns if part == "cols" else 1.0, span=f"sparse:{part}")

@@ -126,7 +126,7 @@ class FakeVerifierActor(FakeActor):
         self.sync = None
         if args.split is not None:  # the worker serves this job: meet it in the sync area, step by step
             sp = args.split
-            self.sync = FakeSync(self, tensors["sync"], int(sp["id"]), "the sparse worker", float(sp["timeout_s"]))
+            self.sync = FakeSync(self, tensors["sync"], int(sp["id"]), int(sp["rows"]), "the sparse worker", float(sp["timeout_s"]))
             self.sync.begin()
             self.splits += 1
         self.job = self._job(args.job_payload())

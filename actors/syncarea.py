@@ -23,6 +23,7 @@ import time
 VERIFIER, WORKER, STOP = 0, 8, 16  # int64 word indices (64-byte lines)
 HEADER = 24  # int64 word index of the plan header
 HEADER_WORDS = 16
+FORWARD, END = 1, 2  # the header's kind: a forward's plan follows, or the job is over
 ABANDONED = 0xFFFFFFFF
 SPIN = 200  # reads before the first nap: the partner's step is often microseconds away
 NAP_S, NAP_MAX_S = 50e-6, 500e-6
@@ -33,13 +34,16 @@ class Abandoned(RuntimeError):
 
 
 class SyncArea:
-    def __init__(self, buf, rows: int):
-        """`buf`: the arena slot (a uint8 tensor or buffer of at least `nbytes(rows)`); `rows`: the most rows a forward has."""
+    def __init__(self, buf, rows: int, fence=None):
+        """`buf`: the arena slot (a uint8 tensor or buffer of at least `nbytes(rows)`); `rows`: the most rows a
+        forward has; `fence`: the memory fence (default the kernels'; the torch-free FAKE actors pass their own)."""
         import numpy as np  # here, not at the top: the scheduler reads this module's layout without numpy or torch
 
-        from models import kernels
+        if fence is None:
+            from models import kernels
 
-        self.fence = kernels.lib().cad_fence
+            fence = kernels.lib().cad_fence
+        self.fence = fence
         raw = np.asarray(buf.numpy() if hasattr(buf, "numpy") else np.frombuffer(buf, dtype=np.uint8))
         if raw.nbytes < self.nbytes(rows):
             raise ValueError(f"the sync area needs {self.nbytes(rows)} bytes for {rows} rows; the slot has {raw.nbytes}")

@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Protocol
 
 from cadence.errors import CadenceError
 from cadence.settings import LOOKUP, Generation, SamplingConfig, SpecStats, TreeConfig, budgets
+from speculative.governor import Governor
 
 MODES = ("target", "std", "stdpl", "chain", "tree")
 TARGET_ONLY = ("target", "std", "stdpl")  # std, stdpl: the target alone, streamed (without / with prefetch)
@@ -101,7 +102,7 @@ class Speculation:
         self.target, self.draft, self.mode, self.cfg, self.sampling = target, draft, mode, cfg, sampling
         self.context_length, self.kv_context = context_length, kv_context
         self.counter = counter or (lambda name, values: None)
-        self.governors: dict[tuple, object] = {}  # per mode and budget set, kept across prompts
+        self.governors: dict[tuple, Governor] = {}  # per mode and budget set, kept across prompts
 
     def generate(self, prompt_ids: list[int], max_new: int, stop: set[int],
                  on_tokens: Callable[[list[int]], None] | None = None, on_cycle: Callable | None = None,
@@ -126,8 +127,6 @@ class Speculation:
         tokens, alpha) (None, None for a plain step) and it returns the Generation. Each yield is a cycle
         boundary, where both models' caches agree with the text: a consumer may stop there (a client that
         went away), and the next generation starts afresh."""
-        from speculative.governor import Governor
-
         mode, cfg, draft = mode or self.mode, cfg or self.cfg, self.draft
         speculative = mode not in TARGET_ONLY
         if speculative and draft is None:
