@@ -7,8 +7,10 @@ from pathlib import Path
 
 from cadence.errors import CadenceError
 
-# The development prompt set (the shared folder beside the checkout): bench and profile default to it.
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "prompts" / "dev.jsonl"
+# The development prompt set: bench and profile default to it. The shared folder beside the checkout
+# holds the team's copy; the package carries one (launch/assets) for a checkout or wheel anywhere else.
+_SHARED_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "prompts" / "dev.jsonl"
+DEFAULT_PROMPTS = _SHARED_PROMPTS if _SHARED_PROMPTS.exists() else Path(__file__).resolve().parent / "assets" / "dev.jsonl"
 
 # Kinds whose prompts are instructions: with --chat auto they get the model's chat template.
 INSTRUCTION_KINDS = {"copy", "open", "chat"}

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from launch.prompts import DEFAULT_PROMPTS
 from models.config import ModelArgs
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-DEV_PROMPTS = SHARED / "prompts" / "dev.jsonl"
+DEV_PROMPTS = DEFAULT_PROMPTS  # the shared folder's copy beside the checkout, else the package's
 
 torch.set_num_threads(os.cpu_count() or 1)
 
