@@ -18,15 +18,31 @@ from models import registry
 from models.pull import is_pulled, model_path, pull
 from models.store import WeightStore, StoreWriter
 
-LINEAR = ("attn_qkv", "attn_out", "ffn_gate_up", "ffn_down", "head")
+LINEAR = ("attn_qkv", "attn_out", "ffn_gate_up", "ffn_down", "head", "ffn_router", "ffn_shexp_gate", "ffn_shexp_gate_up",
+          "ffn_shexp_down", "gate_up", "down")
+# kept in fp32 whatever the format: a router decides which experts run, and its weights are a few KiB per layer
+FP32_LINEAR = ("ffn_router", "ffn_shexp_gate")
 
 
 def is_linear(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in LINEAR
 
 
-def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str = "", progress: Progress | None = None) -> Path:
-    """Write `source` as a weight store at `out_dir` (atomically: a `.partial` dir renamed at the end)."""
+def linear_format(name: str, fmt: str, expert_formats: dict | None = None) -> str:
+    """The format a linear tensor is stored in: fp32 for routers; an expert's own (expert-wise bitwidth,
+    `expert_formats[(layer, expert)]`) where one was chosen; else the store's."""
+    part = name.split(".")
+    if part[-1] in FP32_LINEAR:
+        return "fp32"
+    if expert_formats and len(part) == 5 and part[2] == "exp":
+        return expert_formats.get((int(part[1]), int(part[3])), fmt)
+    return fmt
+
+
+def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str = "", progress: Progress | None = None,
+            expert_formats: dict | None = None) -> Path:
+    """Write `source` as a weight store at `out_dir` (atomically: a `.partial` dir renamed at the end).
+    `expert_formats`: {(layer, expert): format} for experts stored at their own bitwidth (EdgeMoE §3.2)."""
     import torch  # only a conversion needs it: a run that finds its store stays torch-free (and numpy-free)
 
     from models import linear
@@ -52,8 +68,9 @@ def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str
         for group, name in names:
             w = torch.from_numpy(source.get(name))
             if is_linear(name):
-                arrays, meta = linear.encode(w, fmt, group_size=group_size)
-                writer.add(group, name, fmt, arrays, meta)
+                f = linear_format(name, fmt, expert_formats)
+                arrays, meta = linear.encode(w, f, group_size=group_size)
+                writer.add(group, name, f, arrays, meta)
             else:
                 dtype = linear.float_dtype(fmt) if name == "embed" else torch.float32
                 writer.add(group, name, "float", {"w": w.to(dtype)})
@@ -69,6 +86,7 @@ def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str
             progress.advance(task)
         del head
         writer.finish({"model": args.to_dict(), "format": fmt, "group_size": group_size,
+                       **({"expert_formats": sorted([l, e, f] for (l, e), f in expert_formats.items())} if expert_formats else {}),
                        "source": {"kind": source.kind, "path": str(source.path), "sha256": source.identity()},
                        "convert_seconds": round(time.time() - t0, 1)}, source.tokenizer)
     except BaseException:
@@ -89,7 +107,7 @@ HEAD_ROW_ALIGN = 256
 def head_part_starts(args) -> list[int]:
     """First token row of each output-head part: as many parts as the head has layers' worth of
     weights (rounded), rows a multiple of 256."""
-    layer = args.dim * (args.q_dim + 2 * args.kv_dim) + args.q_dim * args.dim + 3 * args.dim * args.ffn_dim
+    layer = args.layer_params()
     n = max(1, round(args.vocab_size * args.dim / layer))
     rows = -(-args.vocab_size // n)
     rows = -(-rows // HEAD_ROW_ALIGN) * HEAD_ROW_ALIGN

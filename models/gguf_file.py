@@ -129,14 +129,21 @@ class GGUFFile:
         if end > size:
             raise CadenceError(f"{self.path} is truncated: its tensors need {end} bytes but the file has {size}; re-download it")
 
-    def read(self, name: str) -> np.ndarray:
-        """The tensor as float32 in numpy order ([out, in] for weights)."""
+    def read(self, name: str, index: int | None = None) -> np.ndarray:
+        """The tensor as float32 in numpy order ([out, in] for weights); with `index`, only that entry of
+        its outermost dimension (one expert of a [experts, out, in] tensor), read from its own bytes."""
         t = self.tensors[name]
-        data = self._mm[t.offset:t.offset + t.nbytes]
+        shape, offset, nbytes = t.shape, t.offset, t.nbytes
+        if index is not None:
+            if not 0 <= index < shape[0]:
+                raise CadenceError(f"{self.path.name}: tensor '{name}' has {shape[0]} entries, not {index + 1}")
+            shape, nbytes = shape[1:], t.nbytes // shape[0]
+            offset += index * nbytes
+        data = self._mm[offset:offset + nbytes]
         if t.qtype in _PLAIN:
-            return data.view(_PLAIN[t.qtype]).reshape(t.shape).astype(np.float32)
+            return data.view(_PLAIN[t.qtype]).reshape(shape).astype(np.float32)
         try:
-            out = dequantize(data.reshape(quant_shape_to_byte_shape(t.shape, t.qtype)), t.qtype)
+            out = dequantize(data.reshape(quant_shape_to_byte_shape(shape, t.qtype)), t.qtype)
         except NotImplementedError:
             raise CadenceError(f"{self.path.name}: tensor '{name}' has type {t.qtype.name}, which cannot be dequantized") from None
-        return np.ascontiguousarray(out, dtype=np.float32).reshape(t.shape)
+        return np.ascontiguousarray(out, dtype=np.float32).reshape(shape)

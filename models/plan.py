@@ -48,6 +48,20 @@ class NeedWeights:
 
 
 @dataclass(frozen=True)
+class NeedExperts:
+    """The experts of MoE layer `layer` that the forward's tokens route to (ascending: the union over its rows;
+    a token tree needs every expert any of its tokens chose). `guess`: the next layer's experts as its router
+    scores this layer's input (next-router lookahead), () when not asked for. Answer: {expert: ExpertWeights}."""
+    layer: int
+    experts: tuple[int, ...]
+    guess: tuple[int, ...] = ()
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        return tuple(f"expert.{self.layer}.{e}" for e in self.experts)
+
+
+@dataclass(frozen=True)
 class SplitAttention:
     """Attention of layer `layer`: queries q [T, H, D] over the layer's cached keys and values k, v
     [Hkv, capacity, D], each row seeing the slots `vis` gives it; answer with the output [T, H, D]."""

@@ -1,9 +1,11 @@
-"""Our transformer for the Llama / Qwen2 family: RMSNorm, rotary embeddings, GQA, SwiGLU.
+"""Our transformer for the Llama / Qwen family: RMSNorm, rotary embeddings, GQA, q/k norms, SwiGLU,
+dense or a mixture of experts.
 
 `forward` scores a block of new tokens with explicit positions and an explicit visibility
 (causal, a token tree, or any mask), writes their keys and values to the cache as pending
 entries, and the caller keeps the ones it wants (`KVCache.commit`). Weights come layer by
-layer from a provider, so they can be resident or streamed.
+layer from a provider, so they can be resident or streamed; an MoE layer asks for the experts its
+tokens route to once its router has answered (`NeedExperts`), so they can be streamed too.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from cadence.errors import CadenceError
 from models import kernels
 from models.attention import Visibility, attend
 from models.config import ModelArgs
-from models.plan import ForwardPlan, NeedWeights, SplitAttention, SplitColumns
+from models.plan import ForwardPlan, NeedExperts, NeedWeights, SplitAttention, SplitColumns
 
 
 class KVCache:
@@ -119,6 +121,7 @@ class Transformer:
         # the requests for weights, made once: a forward yields the same ones every time
         self.layer_needs = [NeedWeights(f"layer.{i}", i) for i in range(args.n_layers)]
         self.head_needs = [NeedWeights(g, j) for j, g in enumerate(weights.head_groups)]
+        self.lookahead = False  # MoE: guess the next layer's experts with its router (NeedExperts.guess)
 
     def new_cache(self, capacity: int, storage: torch.Tensor | None = None) -> KVCache:
         if capacity > self.args.context_length:
@@ -132,6 +135,8 @@ class Transformer:
         a = self.args
         T = x.shape[0]
         qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps))
+        if a.qk_norm:
+            self.norm_qk(qkv, w, kernels.rmsnorm)
         q = kernels.qkv_rope(qkv, w.qkv.bias, positions, self.rotary.cos, self.rotary.sin, cache.k[i], cache.v[i],
                              a.n_heads, cache.end)
         if plan is not None and plan.attn_split:
@@ -139,8 +144,60 @@ class Transformer:
         else:
             o = attend(q, cache.k[i], cache.v[i], vis, self.scale)  # [T, H, D]
         w.attn_out.matmul(o.reshape(T, a.q_dim), out=x)  # x += o W_o^T
-        w.down.matmul(kernels.swiglu(w.gate_up.matmul(kernels.rmsnorm(x, w.ffn_norm, a.norm_eps))), out=x)
+        h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps)
+        if a.moe:
+            x += yield from self.moe(i, w, h)
+        else:
+            w.down.matmul(kernels.swiglu(w.gate_up.matmul(h)), out=x)
         return x
+
+    def norm_qk(self, qkv: torch.Tensor, w, norm):
+        """RMSNorm of the queries and keys in place (per head, or over the whole projection), before RoPE."""
+        a, T = self.args, qkv.shape[0]
+        for lo, n, weight in ((0, a.q_dim, w.q_norm), (a.q_dim, a.kv_dim, w.k_norm)):
+            part = qkv[:, lo:lo + n]
+            width = a.head_dim if a.qk_norm == "head" else n
+            part.copy_(norm(part.reshape(-1, width), weight, a.norm_eps).view(T, n))
+
+    def route(self, router, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(expert ids [T, k], their weights [T, k]): softmax over the router's logits, top k, renormalised
+        where the model does so. Each row on its own (the kernels' property): a token routes the same way
+        verified in a tree or decoded alone."""
+        a = self.args
+        probs = torch.softmax(router.matmul(h), dim=-1)
+        top, ids = torch.topk(probs, a.n_experts_used, dim=-1)
+        if a.norm_topk:
+            top = top / top.sum(-1, keepdim=True)
+        return ids, top
+
+    def guess(self, i: int, h: torch.Tensor) -> tuple[int, ...]:
+        """Next-router lookahead (mixtral-offloading): layer i+1's router applied to layer i's FFN input; ()
+        at the last layer or when layer i+1 is not at hand."""
+        try:
+            router = self.weights.layer(i + 1).router
+        except (IndexError, KeyError):
+            return ()
+        return tuple(sorted(set(self.route(router, h)[0].flatten().tolist())))
+
+    def moe(self, i: int, w, h: torch.Tensor):
+        """A generator: yields `NeedExperts` for the experts the rows of h route to, returns the layer's
+        MoE output [T, dim] (each expert on its rows, weighted; plus the shared expert, gated)."""
+        ids, top = self.route(w.router, h)
+        used = tuple(sorted(set(ids.flatten().tolist())))
+        experts = yield NeedExperts(i, used, self.guess(i, h) if self.lookahead else ())
+        out = torch.zeros_like(h)
+        for e in used:
+            rows, k = (ids == e).nonzero(as_tuple=True)
+            out.index_add_(0, rows, self.ffn(experts[e].gate_up, experts[e].down, h.index_select(0, rows)) * top[rows, k, None])
+        if w.shexp_gate_up is not None:
+            out += torch.sigmoid(w.shexp_gate.matmul(h)) * self.ffn(w.shexp_gate_up, w.shexp_down, h)
+        return out
+
+    def ffn(self, gate_up, down, h: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return down.matmul(kernels.swiglu(gate_up.matmul(h)))
+        gate, up = gate_up(h).chunk(2, dim=-1)
+        return down(F.silu(gate) * up)
 
     @staticmethod
     def _buf(plan: ForwardPlan, k: int, T: int, n: int) -> torch.Tensor:
@@ -151,6 +208,9 @@ class Transformer:
         """`block_fused` with every linear layer handed out as a `SplitColumns` (see `ForwardPlan`):
         x, the inputs of the linears and their outputs live in the plan's shared buffers."""
         a = self.args
+        if a.moe or a.qk_norm:
+            raise CadenceError(f"the sparse worker's column share does not split {a.arch} layers; "
+                               "run without --worker-columns")
         T = x.shape[0]
         h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps, out=self._buf(plan, 1, T, a.dim))
         qkv = self._buf(plan, 2, T, w.qkv.n)
@@ -171,18 +231,23 @@ class Transformer:
         yield SplitColumns(i, "down", w.down, h, x, True)
         return x
 
-    def block(self, i: int, w, x: torch.Tensor, cos, sin, cache: KVCache, vis: Visibility) -> torch.Tensor:
+    def block(self, i: int, w, x: torch.Tensor, cos, sin, cache: KVCache, vis: Visibility):
+        """The torch-ops layer (devices other than the CPU): a generator like `block_fused`."""
         a = self.args
         T = x.shape[0]
         qkv = w.qkv(rms_norm(x, w.attn_norm, a.norm_eps))
+        if a.qk_norm:
+            self.norm_qk(qkv, w, rms_norm)
         q, k, v = qkv.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
         q = rope(q.view(T, a.n_heads, a.head_dim), cos, sin)
         k = rope(k.view(T, a.n_kv_heads, a.head_dim), cos, sin)
         cache.write(i, k, v.view(T, a.n_kv_heads, a.head_dim))
         o = attend(q, cache.k[i], cache.v[i], vis, self.scale)  # [T, H, D]
         x = x + w.attn_out(o.reshape(T, a.q_dim))
-        gate, up = w.gate_up(rms_norm(x, w.ffn_norm, a.norm_eps)).chunk(2, dim=-1)
-        return x + w.down(F.silu(gate) * up)
+        h = rms_norm(x, w.ffn_norm, a.norm_eps)
+        if a.moe:
+            return x + (yield from self.moe(i, w, h))
+        return x + self.ffn(w.gate_up, w.down, h)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 vis: Visibility | None = None, logits_rows: torch.Tensor | slice | None = None) -> torch.Tensor:
@@ -225,7 +290,7 @@ class Transformer:
             cos, sin = self.rotary.tables(positions)
             for i, need in enumerate(self.layer_needs):
                 w = yield need
-                x = self.block(i, w, x, cos, sin, cache, vis)
+                x = yield from self.block(i, w, x, cos, sin, cache, vis)
         cache.pending += T
         if logits_rows is not None:
             x = x[logits_rows]

@@ -19,10 +19,24 @@ from models.store import WeightStore
 
 @dataclass
 class LayerWeights:
+    """A layer's weights that every token uses. A dense layer has its FFN (`gate_up`, `down`); a mixture of
+    experts has its `router` (and a shared expert where the model has one); its experts are `ExpertWeights`."""
     attn_norm: torch.Tensor
     qkv: Linear
     attn_out: Linear
     ffn_norm: torch.Tensor
+    gate_up: Linear | None = None
+    down: Linear | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    router: Linear | None = None
+    shexp_gate: Linear | None = None
+    shexp_gate_up: Linear | None = None
+    shexp_down: Linear | None = None
+
+
+@dataclass
+class ExpertWeights:
     gate_up: Linear
     down: Linear
 
@@ -44,14 +58,23 @@ def _linear(store: WeightStore, name: str, arrays: dict[str, torch.Tensor], bias
 def layer_from_views(store: WeightStore, i: int, views: dict[str, dict[str, torch.Tensor]]) -> LayerWeights:
     b = f"blk.{i}"
     bias = views.get(f"{b}.attn_qkv_bias", {}).get("w")
+    lin = lambda part: _linear(store, f"{b}.{part}", views[f"{b}.{part}"]) if f"{b}.{part}" in views else None
+    norm = lambda part: views[f"{b}.{part}"]["w"] if f"{b}.{part}" in views else None
     return LayerWeights(
         attn_norm=views[f"{b}.attn_norm"]["w"],
         qkv=_linear(store, f"{b}.attn_qkv", views[f"{b}.attn_qkv"], bias),
         attn_out=_linear(store, f"{b}.attn_out", views[f"{b}.attn_out"]),
         ffn_norm=views[f"{b}.ffn_norm"]["w"],
-        gate_up=_linear(store, f"{b}.ffn_gate_up", views[f"{b}.ffn_gate_up"]),
-        down=_linear(store, f"{b}.ffn_down", views[f"{b}.ffn_down"]),
+        gate_up=lin("ffn_gate_up"), down=lin("ffn_down"), q_norm=norm("attn_q_norm"), k_norm=norm("attn_k_norm"),
+        router=lin("ffn_router"), shexp_gate=lin("ffn_shexp_gate"), shexp_gate_up=lin("ffn_shexp_gate_up"),
+        shexp_down=lin("ffn_shexp_down"),
     )
+
+
+def expert_from_views(store: WeightStore, group: str, views: dict) -> ExpertWeights:
+    _, i, e = group.split(".")
+    b = f"blk.{i}.exp.{e}"
+    return ExpertWeights(_linear(store, f"{b}.gate_up", views[f"{b}.gate_up"]), _linear(store, f"{b}.down", views[f"{b}.down"]))
 
 
 def head_part_from_views(store: WeightStore, group: str, views: dict) -> HeadPart:
@@ -60,9 +83,11 @@ def head_part_from_views(store: WeightStore, group: str, views: dict) -> HeadPar
 
 
 def group_from_views(store: WeightStore, group: str, views: dict):
-    """The weights of one store group ("layer.7" or "head.2") from views of its bytes."""
+    """The weights of one store group ("layer.7", "expert.7.12" or "head.2") from views of its bytes."""
     if group.startswith("head."):
         return head_part_from_views(store, group, views)
+    if group.startswith("expert."):
+        return expert_from_views(store, group, views)
     return layer_from_views(store, int(group.split(".")[1]), views)
 
 
@@ -85,11 +110,17 @@ class ResidentWeights:
         self.buffer = buf
         self.embed = EmbeddingRows(store) if device == "cpu" else group("embed")["embed"]["w"]
         self.layers = [layer_from_views(store, i, group(f"layer.{i}")) for i in range(self.args.n_layers)]
+        self.expert = {(i, e): expert_from_views(store, f"expert.{i}.{e}", group(f"expert.{i}.{e}"))
+                       for i in range(self.args.n_layers) for e in range(self.args.n_experts)}
         self.head_groups = store.head_groups()
         self.head = [head_part_from_views(store, g, group(g)) for g in self.head_groups]
 
     def layer(self, i: int) -> LayerWeights:
         return self.layers[i]
+
+    def experts(self, need) -> dict[int, ExpertWeights]:
+        """`need`: a `models.plan.NeedExperts`."""
+        return {e: self.expert[need.layer, e] for e in need.experts}
 
     def head_part(self, j: int) -> HeadPart:
         return self.head[j]
@@ -102,21 +133,29 @@ class TensorWeights:
     """Weights from float tensors in memory, by canonical name (tests, tiny models), in any format."""
 
     def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor], fmt: str = "fp32", group_size: int = 32):
+        from models.convert import linear_format
+
         self.args = args
-        enc = lambda name: linear.decode(fmt, *linear.encode(tensors[name], fmt, group_size))
-        bias = lambda i: tensors.get(f"blk.{i}.attn_qkv_bias")
+
+        def enc(name, bias=None):
+            if name not in tensors:
+                return None
+            f = linear_format(name, fmt)
+            return linear.decode(f, *linear.encode(tensors[name], f, group_size), bias)
+
+        norm = lambda name: tensors[name].float() if name in tensors else None
         self.embed = tensors["embed"].to(linear.float_dtype(fmt))
-        self.layers = [
-            LayerWeights(
-                attn_norm=tensors[f"blk.{i}.attn_norm"].float(),
-                qkv=linear.decode(fmt, *linear.encode(tensors[f"blk.{i}.attn_qkv"], fmt, group_size), bias(i)),
-                attn_out=enc(f"blk.{i}.attn_out"),
-                ffn_norm=tensors[f"blk.{i}.ffn_norm"].float(),
-                gate_up=enc(f"blk.{i}.ffn_gate_up"),
-                down=enc(f"blk.{i}.ffn_down"),
-            )
-            for i in range(args.n_layers)
-        ]
+        self.layers = []
+        for i in range(args.n_layers):
+            b = f"blk.{i}"
+            self.layers.append(LayerWeights(
+                attn_norm=tensors[f"{b}.attn_norm"].float(), qkv=enc(f"{b}.attn_qkv", tensors.get(f"{b}.attn_qkv_bias")),
+                attn_out=enc(f"{b}.attn_out"), ffn_norm=tensors[f"{b}.ffn_norm"].float(), gate_up=enc(f"{b}.ffn_gate_up"),
+                down=enc(f"{b}.ffn_down"), q_norm=norm(f"{b}.attn_q_norm"), k_norm=norm(f"{b}.attn_k_norm"),
+                router=enc(f"{b}.ffn_router"), shexp_gate=enc(f"{b}.ffn_shexp_gate"),
+                shexp_gate_up=enc(f"{b}.ffn_shexp_gate_up"), shexp_down=enc(f"{b}.ffn_shexp_down")))
+        self.expert = {(i, e): ExpertWeights(enc(f"blk.{i}.exp.{e}.gate_up"), enc(f"blk.{i}.exp.{e}.down"))
+                       for i in range(args.n_layers) for e in range(args.n_experts)}
         head = tensors.get("head", tensors["embed"] if args.tied_embeddings else None)
         self.head_groups = ["head.0"]
         self.head = [HeadPart(0, linear.decode(fmt, *linear.encode(head, fmt, group_size)), tensors["out_norm"].float())]
@@ -124,24 +163,22 @@ class TensorWeights:
     def layer(self, i: int) -> LayerWeights:
         return self.layers[i]
 
+    def experts(self, need) -> dict[int, ExpertWeights]:
+        return {e: self.expert[need.layer, e] for e in need.experts}
+
     def head_part(self, j: int) -> HeadPart:
         return self.head[j]
 
 
 def random_tensors(args: ModelArgs, seed: int = 0, scale: float = 0.5) -> dict[str, torch.Tensor]:
     """Random float weights of a model shape: a tiny model for tests, no files involved."""
-    from models.source import canonical_names
+    from models.source import canonical_names, tensor_shape
 
     g = torch.Generator().manual_seed(seed)
-    shapes = {"embed": (args.vocab_size, args.dim), "out_norm": (args.dim,), "head": (args.vocab_size, args.dim)}
     out = {}
     for _, name in canonical_names(args):
-        part = name.rsplit(".", 1)[-1]
-        shape = shapes.get(name) or {
-            "attn_norm": (args.dim,), "ffn_norm": (args.dim,), "attn_qkv": (args.q_dim + 2 * args.kv_dim, args.dim),
-            "attn_qkv_bias": (args.q_dim + 2 * args.kv_dim,), "attn_out": (args.dim, args.q_dim),
-            "ffn_gate_up": (2 * args.ffn_dim, args.dim), "ffn_down": (args.dim, args.ffn_dim)}[part]
-        if part.endswith("norm"):
+        shape = tensor_shape(args, name)
+        if name.endswith("norm"):
             out[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
         else:
             fan_in = shape[-1] if len(shape) > 1 else 1
@@ -193,6 +230,7 @@ class StreamingWeights:
         self.head_groups = store.head_groups()
         self.embed = EmbeddingRows(store)
         self.layers: dict[int, LayerWeights] = {}
+        self.expert: dict[tuple[int, int], ExpertWeights] = {}
         self.head: dict[int, HeadPart | None] = {}
         self.buffers = {}
         with open(store.path, "rb", buffering=0) as f:
@@ -211,6 +249,9 @@ class StreamingWeights:
         w = self.from_buffer(name, buf)
         if name.startswith("head."):
             self.head[int(name.split(".")[1])] = w
+        elif name.startswith("expert."):
+            _, i, e = name.split(".")
+            self.expert[int(i), int(e)] = w
         else:
             self.layers[int(name.split(".")[1])] = w
 
@@ -223,8 +264,15 @@ class StreamingWeights:
     def head_part(self, j: int) -> HeadPart | None:
         return self.head[j]
 
+    def experts(self, need) -> dict[int, ExpertWeights]:
+        return {e: self.expert[need.layer, e] for e in need.experts}
+
     def is_resident(self, need) -> bool:
-        """`need`: a `models.plan.NeedWeights`."""
+        """`need`: a `models.plan.NeedWeights` or `NeedExperts`."""
+        from models.plan import NeedExperts
+
+        if isinstance(need, NeedExperts):
+            return all((need.layer, e) in self.expert for e in need.experts)
         return need.index in (self.head if need.head else self.layers)
 
     def nbytes(self) -> int:
@@ -250,7 +298,10 @@ def _read_head_rows(store: WeightStore, group: str, f, rows: int, buffers: dict)
 
 
 def weights_for(weights, need):
-    """What `Transformer.forward_steps` asked for (a `models.plan.NeedWeights`): a layer or a head part."""
+    """What `Transformer.forward_steps` asked for: a layer or a head part (`models.plan.NeedWeights`), or
+    a layer's experts ({expert: ExpertWeights}, for a `models.plan.NeedExperts`)."""
+    if not hasattr(need, "head"):
+        return weights.experts(need)
     return weights.head_part(need.index) if need.head else weights.layer(need.index)
 
 
