@@ -41,7 +41,7 @@ _SIGNATURES = {
     "cad_fence": [],
 }
 # weight formats of cad_linear
-F32, BF16, F16, Q8, Q4 = range(5)
+F32, BF16, F16, Q8, Q4, Q2 = range(6)
 
 
 def _cpu_key() -> str:
@@ -122,7 +122,7 @@ def linear(x: torch.Tensor, fmt: int, n: int, k: int, w: torch.Tensor, *extra: t
            out: torch.Tensor | None = None, into: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, n] = x [M, k] W^T, fp32 in and out; W in one of the formats above (see csrc/linear.cpp).
 
-    `extra`: int8: (scale,); int4: (sub-scales, sub-minimums, super-scales, super-minimums).
+    `extra`: int8: (scale,); int4, int2: (sub-scales, sub-minimums, super-scales, super-minimums).
     With `out`, the product is added to it in place (out += x W^T) and `out` is returned.
     With `into` (a column range of a wider [M, N] buffer, e.g. buf[:, n0:n1]), it is written there.
     """

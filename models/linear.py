@@ -7,6 +7,8 @@ other rows of the batch; elsewhere (CUDA) in torch. Formats:
   int8               weight-only, symmetric, one fp32 scale per output channel
   int4               weight-only, groups of 32 with 8-bit scale and minimum under fp16 scales per 256
                      (llama.cpp's Q4_K layout, with 8-bit instead of 6-bit sub-scales)
+  int2               as int4 with 2-bit codes (models/linear_int2.py); an expert-only format, not in
+                     FORMATS (the formats a model is converted to): ALL_FORMATS lists it
 Quantized formats multiply in integers: activations are rounded to int8 per block of 256 per row.
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch.nn.functional as F
 
 from cadence.errors import CadenceError
 from cadence.settings import FORMATS, check_format  # noqa: F401  (torch-free, re-exported)
-from models import kernels
+from models import kernels, linear_int2
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _KERNEL_FMT = {torch.float32: kernels.F32, torch.bfloat16: kernels.BF16, torch.float16: kernels.F16}
@@ -173,6 +175,34 @@ class Int4Linear(Linear):
         return self.q.numel() + self.sc.numel() + self.mn.numel() + (self.s.numel() + self.m.numel()) * 2
 
 
+class Int2Linear(Linear):
+    """int2 codes (4 per byte, models/linear_int2.py) with int4's scales: the same arithmetic as Int4Linear."""
+    fmt = "int2"
+
+    def __init__(self, q: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, s: torch.Tensor, m: torch.Tensor,
+                 bias: torch.Tensor | None = None):
+        super().__init__(q.shape[0], q.shape[1] * 4, bias)
+        self.q, self.sc, self.mn, self.s, self.m = q, sc, mn, s, m
+        self.kernel = _use_kernel(q, self.k)
+        self._dense = None
+
+    def _kernel(self, x, **kw):
+        return kernels.linear(x, kernels.Q2, self.n, self.k, self.q, self.sc, self.mn, self.s.view(torch.int16),
+                              self.m.view(torch.int16), **kw)
+
+    def rows(self, n0, n1):
+        b = None if self.bias is None else self.bias[n0:n1]
+        return Int2Linear(self.q[n0:n1], self.sc[n0:n1], self.mn[n0:n1], self.s[n0:n1], self.m[n0:n1], b)
+
+    def codes(self) -> torch.Tensor:
+        """The 2-bit codes as uint8 [N, K]."""
+        return linear_int2.unpack(self.q)
+
+    matmul = Int4Linear.matmul
+    dequantized = Int4Linear.dequantized
+    nbytes = Int4Linear.nbytes
+
+
 def column_split(n: int, share: float) -> int:
     """The first output column a second unit computes when it takes `share` of n columns."""
     return n - int(round(n * share))
@@ -224,12 +254,14 @@ def _relative_error(w: torch.Tensor, lin: Linear) -> float:
 
 def encode(w: torch.Tensor, fmt: str, group_size: int = 32) -> tuple[dict[str, torch.Tensor], dict]:
     """A float weight [N, K] in `fmt`: (arrays for the store, metadata incl. round-trip error)."""
-    check_format(fmt)
+    check_any_format(fmt)
     w = w.float()
     if fmt in FLOAT_DTYPES:
         arrays, meta = {"w": w.to(FLOAT_DTYPES[fmt])}, {}
     elif fmt == "int8":
         arrays, meta = quantize_int8(w)
+    elif fmt == "int2":
+        arrays, meta = linear_int2.quantize_int2(w, group_size)
     else:
         arrays, meta = quantize_int4(w, group_size)
     meta["error"] = round(_relative_error(w, decode(fmt, arrays, meta)), 6)
@@ -237,15 +269,24 @@ def encode(w: torch.Tensor, fmt: str, group_size: int = 32) -> tuple[dict[str, t
 
 
 def decode(fmt: str, arrays: dict[str, torch.Tensor], meta: dict, bias: torch.Tensor | None = None) -> Linear:
-    check_format(fmt)
+    check_any_format(fmt)
     if fmt in FLOAT_DTYPES:
         return DenseLinear(arrays["w"], bias)
     if fmt == "int8":
         return Int8Linear(arrays["q"], arrays["scale"], bias)
+    if fmt == "int2":
+        return Int2Linear(arrays["q"], arrays["sc"], arrays["mn"], arrays["s"], arrays["m"], bias)
     return Int4Linear(arrays["q"], arrays["sc"], arrays["mn"], arrays["s"], arrays["m"], bias)
 
 
+EXPERT_FORMATS = ("int2",)  # formats for single experts of a mixture, never for a whole model
+ALL_FORMATS = (*FORMATS, *EXPERT_FORMATS)
 assert FORMATS == (*FLOAT_DTYPES, "int8", "int4")
+
+
+def check_any_format(fmt: str) -> str:
+    """check_format, also letting the expert-only formats through."""
+    return fmt if fmt in EXPERT_FORMATS else check_format(fmt)
 
 
 def float_dtype(fmt: str) -> torch.dtype:

@@ -1,5 +1,5 @@
 /* y[M, N] = x[M, K] W[N, K]^T with fp32 x and y, for dense (fp32, bf16, fp16) and weight-only
- * quantized (int8 per output channel, int4 in blocks) weights.
+ * quantized (int8 per output channel, int4 and int2 in blocks) weights.
  *
  * Each output y[m, n] is reduced in one fixed order that depends on K alone, never on M, the
  * tiling or the thread: a row's result is the same in any batch (see attention.cpp for why).
@@ -20,6 +20,10 @@
  * (QAct::qp) and one maddubs covers 32 weights with no shuffling (as in llama.cpp's q4_K dot).
  * An integer sum is exact in any order; what fixes the float result is which of the eight int32
  * lanes each product lands in (pair_lane below), and every path here uses the same lanes.
+ * int2 has int4's scales and minimums with codes 0..3: q[N, K/4] bytes; each run of 128 weights (four
+ * groups) is 32 bytes, byte l holding weight l of the run's group s in bits 2s..2s+1, so a shift and a
+ * mask of one 32-byte load give a group in weight order (activations in plain order; weights
+ * 4i..4i+3 of every group add into lane i). K is a multiple of 128.
  */
 #include "vec.hpp"
 
@@ -34,7 +38,7 @@ static constexpr int KB = 512; /* dense: columns per tile */
 static constexpr int QG = 32;  /* int4 sub-block: one 8-bit scale and minimum */
 static constexpr int SB = 256; /* super-block: activation scale, int4 fp16 scales; the last may be short */
 
-enum Fmt { F32 = 0, BF16 = 1, F16 = 2, Q8 = 3, Q4 = 4 };
+enum Fmt { F32 = 0, BF16 = 1, F16 = 2, Q8 = 3, Q4 = 4, Q2 = 5 };
 
 static inline float half_to_float(uint16_t h) {
     _Float16 f;
@@ -132,12 +136,15 @@ struct QAct {
     std::vector<float> xs;  /* [M, K/QG] d * sum(q) per 32-group: what a group's minimum multiplies */
 };
 
-/* int4: also the group sums (xs) and the paired order (qp) its kernels read; int8 needs neither. */
-static void quantize_rows(const float *x, int M, int K, QAct &a, bool int4) {
+/* int4: also the group sums (xs) and the paired order (qp) its kernels read; int2: the group sums;
+ * int8 needs neither. */
+static void quantize_rows(const float *x, int M, int K, QAct &a, int fmt) {
     const int nsb = (K + SB - 1) / SB, ng = K / QG;
+    const bool sums = fmt != Q8, int4 = fmt == Q4;
     a.q.resize((size_t)M * K);
     a.d.resize((size_t)M * nsb);
-    if (int4) a.xs.resize((size_t)M * ng), a.qp.resize((size_t)M * K);
+    if (sums) a.xs.resize((size_t)M * ng);
+    if (int4) a.qp.resize((size_t)M * K);
     for (int m = 0; m < M; m++)
         for (int sb = 0; sb < nsb; sb++) {
             const int k0 = sb * SB, kn = std::min(SB, K - k0);
@@ -149,12 +156,13 @@ static void quantize_rows(const float *x, int M, int K, QAct &a, bool int4) {
             for (int i = 0; i < kn; i++) qb[i] = (int8_t)std::nearbyint(xb[i] * id);
             const float d = amax / 127.0f;
             a.d[(size_t)m * nsb + sb] = d;
-            if (!int4) continue;
+            if (!sums) continue;
             for (int g = 0; g < kn / QG; g++) {
                 int sum = 0;
                 for (int i = 0; i < QG; i++) sum += qb[g * QG + i];
                 a.xs[(size_t)m * ng + k0 / QG + g] = d * (float)sum;
             }
+            if (!int4) continue;
             int8_t *pb = &a.qp[(size_t)m * K + k0];
             const int gn = kn / QG;
             for (int g = 0; g + 1 < gn; g += 2)
@@ -176,12 +184,12 @@ static inline int pair_lane(int g, int g0, int g1, int k) {
 
 struct QWeights {
     int fmt, N, K;
-    const void *w;      /* int8 [N, K] or int4 codes [N, K/2] */
+    const void *w;      /* int8 [N, K], int4 codes [N, K/2] or int2 codes [N, K/4] */
     const float *scale; /* int8: [N] */
-    const uint8_t *sc;  /* int4: [N, K/32] */
-    const uint8_t *mn;  /* int4: [N, K/32] */
-    const uint16_t *S;  /* int4: fp16 [N, NSB] */
-    const uint16_t *Mn; /* int4: fp16 [N, NSB] */
+    const uint8_t *sc;  /* int4, int2: [N, K/32] */
+    const uint8_t *mn;  /* int4, int2: [N, K/32] */
+    const uint16_t *S;  /* int4, int2: fp16 [N, NSB] */
+    const uint16_t *Mn; /* int4, int2: fp16 [N, NSB] */
 };
 
 /* The 32 codes of group g of an int4 row, as unsigned bytes in weight order. */
@@ -194,6 +202,13 @@ static inline void unpack_group(const uint8_t *row, int g, uint8_t *out) {
 #else
     for (int i = 0; i < 16; i++) out[i] = p[i] & 15, out[16 + i] = p[i] >> 4;
 #endif
+}
+
+/* The 32 codes of group g of an int2 row, as unsigned bytes in weight order. */
+static inline void unpack_group2(const uint8_t *row, int g, uint8_t *out) {
+    const uint8_t *p = row + (size_t)(g / 4) * 32;
+    const int shift = 2 * (g % 4);
+    for (int i = 0; i < QG; i++) out[i] = (p[i] >> shift) & 3;
 }
 
 /* The minimums' share of one output: sum_g off_g * xs_g, a lane per group in blocks of eight,
@@ -257,10 +272,10 @@ static inline __m256i pair_dot(__m256i lo, __m256i hi, __m256i xa, __m256i xb, _
 #endif
 
 /* One tile: NT (= 4) weight rows `rows`, activation rows m0 .. m0 + MT (MT = 1 or 2): int8, and
- * int4 where there is no AVX2 (q4_tile otherwise).
+ * int4 and int2 where there is no AVX2 (q4_tile and q2_rows otherwise).
  * codes [NT, K/QG, 32]: the tile's int4 codes unpacked (AVX2: a pair of groups as their low
  * nibbles, then their high nibbles; a group left alone, and without AVX2 every group, in weight
- * order); sc16 [NT, K/QG]: sub-scales as int16; Sf [NT, NSB]: super-scales as floats;
+ * order; int2: every group in weight order); sc16 [NT, K/QG]: sub-scales as int16; Sf [NT, NSB]: super-scales as floats;
  * off [NT, K/QG]: each group's minimum M_sb mn_g as a float. */
 template <int FMT, int MT>
 static void q_rows(const QWeights &W, const QAct &a, int m0, const int *rows, const uint8_t *codes, const int16_t *sc16,
@@ -308,19 +323,19 @@ static void q_rows(const QWeights &W, const QAct &a, int m0, const int *rows, co
                 v8i ii = {0, 0, 0, 0, 0, 0, 0, 0};
                 for (int g = g0; g < g1; g++)
                     for (int k = 0; k < QG; k++) {
-                        const int wv = FMT == Q4 ? (int)codes[((size_t)j * ng + g) * QG + k] * sc16[(size_t)j * ng + g]
+                        const int wv = FMT != Q8 ? (int)codes[((size_t)j * ng + g) * QG + k] * sc16[(size_t)j * ng + g]
                                                  : ((const int8_t *)W.w)[(size_t)rows[j] * K + g * QG + k];
                         ii[FMT == Q4 ? pair_lane(g, g0, g1, k) : k / 4] += wv * qx[g * QG + k];
                     }
 #endif
                 const v8f f = __builtin_convertvector(ii, v8f);
-                accv[i][j] = f * v8_splat(FMT == Q4 ? d * Sf[(size_t)j * nsb + sb] : d) + accv[i][j];
+                accv[i][j] = f * v8_splat(FMT != Q8 ? d * Sf[(size_t)j * nsb + sb] : d) + accv[i][j];
             }
         }
     }
     for (int i = 0; i < MT; i++)
         for (int j = 0; j < NT; j++) {
-            const float mins = FMT == Q4 ? min_share(off + (size_t)j * ng, &a.xs[(size_t)(m0 + i) * ng], ng) : 0.0f;
+            const float mins = FMT != Q8 ? min_share(off + (size_t)j * ng, &a.xs[(size_t)(m0 + i) * ng], ng) : 0.0f;
             out[i][j] = v8_hsum(accv[i][j]) - mins;
         }
 }
@@ -493,7 +508,7 @@ template <int FMT>
 static void quantized(const float *x, float *y, int M, const QWeights &W, int nthreads, int accumulate, int ldy) {
     const int N = W.N, K = W.K, ng = K / QG, nsb = (K + SB - 1) / SB;
     QAct a;
-    quantize_rows(x, M, K, a, FMT == Q4);
+    quantize_rows(x, M, K, a, FMT);
     const int ntiles = (N + NT - 1) / NT;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -590,17 +605,133 @@ static void quantized(const float *x, float *y, int M, const QWeights &W, int nt
     }
 }
 
+#ifdef __AVX2__
+/* Q2, MT (1..8) activation rows against one tile of NT weight rows, decoded in registers: per weight
+ * row and run of four groups, one 32-byte load; a shift and a mask give each group's 32 codes in
+ * weight order, one maddubs and one madd with the group's sub-scale put weights 4i..4i+3 in lane i
+ * (the lanes of q_rows). `off`: room for one row's K/QG group minimums. */
+template <int MT>
+static void q2_rows(const QWeights &W, const QAct &a, int m0, const int *rows, float *off, float out[][NT]) {
+    const int K = W.K, nsb = (K + SB - 1) / SB, ng = K / QG;
+    const size_t PF = std::min<size_t>((size_t)NT * (K / 4) + 1024, 16384);
+    const __m256i mask = _mm256_set1_epi8(3);
+    v8f accv[MT][NT];
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NT; j++) accv[i][j] = v8_splat(0.0f);
+    const int8_t *xq[MT];
+    for (int i = 0; i < MT; i++) xq[i] = &a.q[(size_t)(m0 + i) * K];
+    for (int sb = 0; sb < nsb; sb++) {
+        const int g0 = sb * SB / QG, g1 = std::min(ng, g0 + SB / QG); /* a multiple of four groups */
+        for (int j = 0; j < NT; j++) {
+            const uint8_t *row = (const uint8_t *)W.w + (size_t)rows[j] * (K / 4);
+            const uint8_t *sc = W.sc + (size_t)rows[j] * ng;
+            __m256i acc[MT];
+            for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_si256();
+            for (int g = g0; g < g1; g += 4) {
+                const uint8_t *p = row + (size_t)g * 8;
+                _mm_prefetch((const char *)p + PF, _MM_HINT_T0);
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)p);
+                for (int s = 0; s < 4; s++) {
+                    const __m256i w = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * s), mask);
+                    const __m256i vs = _mm256_set1_epi16((int16_t)sc[g + s]);
+                    for (int i = 0; i < MT; i++)
+                        acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)(xq[i] + (g + s) * QG))), vs));
+                }
+            }
+            const float S = half_to_float(W.S[(size_t)rows[j] * nsb + sb]);
+            for (int i = 0; i < MT; i++) {
+                v8i ii;
+                memcpy(&ii, &acc[i], sizeof ii);
+                accv[i][j] = __builtin_convertvector(ii, v8f) * v8_splat(a.d[(size_t)(m0 + i) * nsb + sb] * S) + accv[i][j];
+            }
+        }
+    }
+    for (int j = 0; j < NT; j++) {
+        group_minimums(W, rows[j], off);
+        for (int i = 0; i < MT; i++) out[i][j] = v8_hsum(accv[i][j]) - min_share(off, &a.xs[(size_t)(m0 + i) * ng], ng);
+    }
+}
+#endif
+
+/* int2: with AVX2 every batch goes through q2_rows, eight activation rows at a time (a row's result
+ * does not depend on which others share its call); without, the tile's codes are unpacked for q_rows. */
+static void q2_linear(const float *x, float *y, int M, const QWeights &W, int nthreads, int accumulate, int ldy) {
+    const int N = W.N, K = W.K, ng = K / QG;
+    QAct a;
+    quantize_rows(x, M, K, a, Q2);
+    const int ntiles = (N + NT - 1) / NT;
+#pragma omp parallel num_threads(nthreads)
+    {
+        std::vector<float> off((size_t)NT * ng);
+#ifndef __AVX2__
+        const int nsb = (K + SB - 1) / SB;
+        std::vector<uint8_t> codes((size_t)NT * ng * QG);
+        std::vector<int16_t> sc16((size_t)NT * ng);
+        std::vector<float> Sf((size_t)NT * nsb);
+#endif
+#pragma omp for schedule(static)
+        for (int t = 0; t < ntiles; t++) {
+            const int n0 = t * NT, nt = std::min(NT, N - n0);
+            int rows[NT];
+            for (int j = 0; j < NT; j++) rows[j] = n0 + std::min(j, nt - 1); /* a short tile repeats its last row */
+#ifndef __AVX2__
+            for (int j = 0; j < NT; j++) {
+                const size_t n = rows[j];
+                const uint8_t *row = (const uint8_t *)W.w + n * (K / 4);
+                for (int g = 0; g < ng; g++) {
+                    sc16[(size_t)j * ng + g] = W.sc[n * ng + g];
+                    unpack_group2(row, g, &codes[((size_t)j * ng + g) * QG]);
+                }
+                for (int sb = 0; sb < nsb; sb++) Sf[(size_t)j * nsb + sb] = half_to_float(W.S[n * nsb + sb]);
+                group_minimums(W, n, &off[(size_t)j * ng]);
+            }
+#endif
+            for (int m0 = 0; m0 < M;) {
+                float out[8][NT];
+#ifdef __AVX2__
+                const int mt = std::min(8, M - m0);
+                switch (mt) {
+                case 8: q2_rows<8>(W, a, m0, rows, off.data(), out); break;
+                case 7: q2_rows<7>(W, a, m0, rows, off.data(), out); break;
+                case 6: q2_rows<6>(W, a, m0, rows, off.data(), out); break;
+                case 5: q2_rows<5>(W, a, m0, rows, off.data(), out); break;
+                case 4: q2_rows<4>(W, a, m0, rows, off.data(), out); break;
+                case 3: q2_rows<3>(W, a, m0, rows, off.data(), out); break;
+                case 2: q2_rows<2>(W, a, m0, rows, off.data(), out); break;
+                default: q2_rows<1>(W, a, m0, rows, off.data(), out);
+                }
+#else
+                const int mt = M - m0 >= 2 ? 2 : 1;
+                if (mt == 2)
+                    q_rows<Q2, 2>(W, a, m0, rows, codes.data(), sc16.data(), Sf.data(), off.data(), out);
+                else
+                    q_rows<Q2, 1>(W, a, m0, rows, codes.data(), sc16.data(), Sf.data(), off.data(), out);
+#endif
+                for (int i = 0; i < mt; i++)
+                    for (int j = 0; j < nt; j++) {
+                        float &o = y[(size_t)(m0 + i) * ldy + n0 + j];
+                        o = accumulate ? o + out[i][j] : out[i][j];
+                    }
+                m0 += mt;
+            }
+        }
+    }
+}
+
 /* y = x W^T, or y += x W^T with accumulate (the residual add, in the same order as a separate add).
  * y's rows are ldy floats apart (ldy = N, or the width of a larger buffer whose columns this call
  * fills: a column split writes each unit's columns straight into one shared output).
- * Format arrays: int8: a1 = scale fp32 [N]; int4: a1 = sc u8, a2 = mn u8 [N, K/32], a3 = S, a4 = M fp16 [N, K/256]. */
+ * Format arrays: int8: a1 = scale fp32 [N]; int4, int2: a1 = sc u8, a2 = mn u8 [N, K/32], a3 = S, a4 = M fp16
+ * [N, K/256]. */
 extern "C" void cad_linear(const float *x, float *y, int M, int fmt, int N, int K, const void *w, const void *a1,
                            const void *a2, const void *a3, const void *a4, int nthreads, int accumulate, int ldy) {
     if (ldy < N) ldy = N;
-    if (fmt == Q8 || fmt == Q4) {
+    if (fmt == Q8 || fmt == Q4 || fmt == Q2) {
         const QWeights W{fmt, N, K, w, (const float *)a1, (const uint8_t *)a1, (const uint8_t *)a2,
                          (const uint16_t *)a3, (const uint16_t *)a4};
-        if (fmt == Q4)
+        if (fmt == Q2)
+            q2_linear(x, y, M, W, nthreads, accumulate, ldy);
+        else if (fmt == Q4)
             quantized<Q4>(x, y, M, W, nthreads, accumulate, ldy);
         else
             quantized<Q8>(x, y, M, W, nthreads, accumulate, ldy);

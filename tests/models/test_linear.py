@@ -88,3 +88,160 @@ def test_unknown_format_is_refused():
 
     with pytest.raises(CadenceError, match="not known"):
         linear.encode(_weight(4, 16), "int3")
+
+
+# ---------------------------------------------------------------- int2 (an expert-only format)
+
+def _int2(n, k, seed=0, group=32):
+    return linear.decode("int2", *linear.encode(_weight(n, k, seed), "int2", group_size=group))
+
+
+def test_int2_is_expert_only():
+    """int2 encodes and decodes, but is no format a model is converted to (cadence.settings.FORMATS)."""
+    assert "int2" not in linear.FORMATS and "int2" in linear.ALL_FORMATS
+    assert linear.check_any_format("int2") == "int2"
+    from cadence.errors import CadenceError
+    from cadence.settings import check_format
+
+    with pytest.raises(CadenceError, match="not known"):
+        check_format("int2")
+
+
+def test_int2_error_is_bounded_and_beats_min_max():
+    """Gaussian weights: about 0.30 relative error (int4: about 0.08), where a plain min/max range per
+    group of 32 gives about 0.39."""
+    w = _weight(256, 512, seed=4)
+    arrays, meta = linear.encode(w, "int2", group_size=32)
+    assert 0 < meta["error"] < 0.32
+    lin = linear.decode("int2", arrays, meta)
+    assert float((lin.dequantized() - w).norm() / w.norm()) == pytest.approx(meta["error"], rel=1e-3, abs=1e-6)
+    wg = w.view(256, -1, 32)
+    lo, hi = wg.amin(-1, keepdim=True).clamp(max=0), wg.amax(-1, keepdim=True)
+    s = (hi - lo) / 3
+    min_max = float(((torch.round((wg - lo) / s).clamp(0, 3) * s + lo).view_as(w) - w).norm() / w.norm())
+    assert meta["error"] < 0.8 * min_max
+    e4 = linear.encode(w, "int4", group_size=32)[1]["error"]
+    assert e4 < meta["error"]
+    assert meta["error"] < linear.encode(w, "int2", group_size=64)[1]["error"] < 0.4
+
+
+def test_int2_layout():
+    lin = _int2(8, 256, seed=6)
+    assert lin.q.shape == (8, 64) and lin.q.dtype == torch.uint8
+    assert lin.sc.shape == lin.mn.shape == (8, 8) and lin.s.shape == lin.m.shape == (8, 1) and lin.s.dtype == torch.float16
+    codes = lin.codes()
+    assert codes.shape == (8, 256) and codes.max() <= 3 and codes.dtype == torch.uint8
+    # byte l of a run of 128 weights holds weight l of group s in bits 2s..2s+1
+    assert int(lin.q[3, 32 + 5]) == sum(int(codes[3, 128 + 32 * s + 5]) << (2 * s) for s in range(4))
+    assert lin.nbytes() == 8 * 64 + 2 * 8 * 8 + 2 * 8 * 1 * 2  # 2.625 bits a weight
+
+
+@pytest.mark.parametrize("n,k", [(7, 128), (130, 384), (37, 1536), (5, 896), (64, 2048)])
+def test_int2_kernel_matches_float_math_of_the_stored_weights(n, k):
+    """The kernel against float math of the dequantized weights: the int8 rounding of activations per
+    block of 256 is the only error beyond fp32 rounding."""
+    lin = _int2(n, k, seed=7)
+    assert lin.kernel
+    deq = lin.dequantized()
+    x = torch.randn(64, k, generator=torch.Generator().manual_seed(8))
+    ref = (x.double() @ deq.double().T).float()
+    bound = 1e-5 * (x.abs() @ deq.abs().T) + _activation_bound(x, deq)
+    for m in WIDTHS:
+        y = lin(x[:m])
+        assert y.shape == (m, n)
+        assert ((y - ref[:m]).abs() <= bound[:m]).all()
+    # against x quantized to int8 per block exactly as the kernel does it: fp32 rounding alone
+    b = linear.ACT_BLOCK
+    xq = torch.cat([_int8_blocks(x[:, i:i + b]) for i in range(0, k, b)], dim=1)
+    ref_q = (xq.double() @ deq.double().T).float()
+    assert torch.allclose(lin(x), ref_q, rtol=1e-4, atol=1e-5 * float(ref_q.abs().max()))
+
+
+def _int8_blocks(x):
+    amax = x.abs().amax(-1, keepdim=True)
+    q = torch.round(x * torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax)))
+    return q * (amax / 127.0)
+
+
+@pytest.mark.parametrize("k,group", [(384, 32), (640, 64), (128, 32)])
+def test_int2_rows_are_batch_invariant(k, group):
+    """k = 384 and 640 end in a short super-block (4 groups)."""
+    lin = _int2(203, k, seed=9, group=group)
+    x = torch.randn(64, k, generator=torch.Generator().manual_seed(10))
+    full = lin(x)
+    for m in WIDTHS:
+        assert torch.equal(lin(x[:m]), full[:m])
+    for i in (0, 17, 63):
+        assert torch.equal(lin(x[i:i + 1])[0], full[i])
+    for i0, i1 in ((5, 13), (9, 26), (40, 64)):
+        assert torch.equal(lin(x[i0:i1]), full[i0:i1])
+
+
+def test_int2_rows_and_column_split():
+    lin = _int2(100, 256, seed=11)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(12))
+    full = lin(x)
+    part = lin.rows(30, 70)
+    assert part.fmt == "int2" and (part.n, part.k) == (40, 256)
+    assert torch.equal(part.dequantized(), lin.dequantized()[30:70])
+    assert torch.equal(part(x), full[:, 30:70])
+    out = torch.zeros(5, 100)
+    cut = linear.column_split(100, 0.37)
+    lin.matmul_cols(x, out, 0, cut)
+    lin.matmul_cols(x, out, cut, 100)
+    assert torch.equal(out, full)
+    lin.matmul_cols(x, out, 10, 50, accumulate=True)
+    assert torch.equal(out[:, 10:50], full[:, 10:50] + full[:, 10:50])
+    res = torch.ones(5, 100)
+    assert torch.equal(lin.matmul(x, out=res), torch.ones(5, 100) + full)
+
+
+@pytest.mark.parametrize("k,group,match", [(96, 32, "multiple of 128"), (320, 32, "multiple of 128"),
+                                           (256, 16, "group size 16 is not supported")])
+def test_int2_odd_shapes_are_refused(k, group, match):
+    from cadence.errors import CadenceError
+
+    with pytest.raises(CadenceError, match=match):
+        linear.encode(_weight(4, k), "int2", group_size=group)
+
+
+@pytest.fixture(scope="module")
+def scalar_lib(tmp_path_factory):
+    """linear.cpp built a second time without AVX2 (so without AVX-512 either): its portable path."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from models import kernels
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if not cxx or not kernels.available():
+        pytest.skip("no C++ compiler")
+    so = tmp_path_factory.mktemp("scalar") / "liblinear.so"
+    subprocess.run([cxx, *kernels.FLAGS, "-mno-avx2", str(kernels.CSRC / "linear.cpp"), "-o", str(so)], check=True)
+    lib = ctypes.CDLL(str(so))
+    P, I = ctypes.c_void_p, ctypes.c_int
+    lib.cad_linear.argtypes = [P, P, I, I, I, I, P, P, P, P, P, I, I, I]
+    lib.cad_linear.restype = None
+    return lib
+
+
+@pytest.mark.parametrize("fmt,code,k", [("int2", "Q2", 768), ("int2", "Q2", 2048), ("int2", "Q2", 640),
+                                         ("int4", "Q4", 352), ("int4", "Q4", 640)])
+def test_portable_path_gives_the_same_bits(scalar_lib, fmt, code, k):
+    """The path without AVX2 puts every product in the same integer lane and takes the same float steps.
+    Where K/32 leaves four or more groups past a multiple of eight (k = 640), the two builds contract
+    min_share's tail loop into FMAs differently, so they may part by an ulp there (int4 too); within
+    one build every path shares that function, so batch invariance holds either way."""
+    from models import kernels
+
+    lin = linear.decode(fmt, *linear.encode(_weight(37, k, seed=13), fmt, group_size=32))
+    x = torch.randn(11, k, generator=torch.Generator().manual_seed(14))
+    for m in (1, 3, 11):
+        y = torch.empty(m, 37)
+        args = [t.data_ptr() for t in (lin.sc, lin.mn, lin.s, lin.m)]
+        scalar_lib.cad_linear(x.data_ptr(), y.data_ptr(), m, getattr(kernels, code), 37, k, lin.q.data_ptr(), *args, 1, 0, 37)
+        if (k // 32) % 8 < 4:
+            assert torch.equal(y, lin(x[:m]))
+        else:
+            assert torch.allclose(y, lin(x[:m]), rtol=1e-6, atol=1e-6)

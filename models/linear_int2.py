@@ -1,0 +1,95 @@
+"""int2 weights: an expert-only format (a mixture-of-experts store may keep each expert at its own
+bitwidth, as EdgeMoE does), never a format a whole model is converted to (cadence.settings.FORMATS).
+
+w ~ S sc q - M mn, as int4 (models/linear.py) with 2-bit codes: q 0..3 per weight, 8-bit sub-scale sc
+and minimum mn per group of 32, fp16 S and M per super-block of 256 (the last may be short).
+  q   uint8 [N, K/4]       each run of 128 weights (four groups) is 32 bytes: byte l holds weight l of
+                           the run's group s in bits 2s..2s+1 (llama.cpp's Q2_K packing), so one shift
+                           and mask gives a whole group in weight order
+  sc  uint8 [N, K/32], mn uint8 [N, K/32], s fp16 [N, ceil(K/256)], m fp16 [N, ceil(K/256)]
+2.625 bits a weight. K must be a multiple of 128. Two bits leave four levels, so a group's range is
+chosen by a small search (least squared error), not as its min and max, which waste the outer levels
+on outliers.
+"""
+from __future__ import annotations
+
+import torch
+
+from cadence.errors import CadenceError
+
+QG, SUPER, RUN = 32, 256, 128  # group (sub-block), super-block, weights per 32 packed bytes
+GROUP_SIZES = (32, 64)  # as int4: 64 shares one sub-scale and minimum across two groups of 32
+LEVELS = 3  # codes 0..3
+SHRINK = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)  # the search: fractions of a group's span cut from each end
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes 0..3 [N, K] -> packed bytes [N, K/4]."""
+    n, k = codes.shape
+    c = codes.view(n, k // RUN, 4, RUN // 4)
+    return (c[:, :, 0] | (c[:, :, 1] << 2) | (c[:, :, 2] << 4) | (c[:, :, 3] << 6)).reshape(n, k // 4).contiguous()
+
+
+def unpack(q: torch.Tensor) -> torch.Tensor:
+    """Packed bytes [N, K/4] -> uint8 codes [N, K]."""
+    n, k = q.shape[0], q.shape[1] * 4
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+    return ((q.reshape(n, k // RUN, 1, RUN // 4) >> shifts) & 3).view(n, k)
+
+
+def search_range(wg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per group (last dim of wg): (scale >= 0, offset >= 0) with w ~ scale q - offset, q 0..3, of least
+    squared error among candidate ranges (the min/max range with up to 30% of its span cut from either
+    end), each refined by a least-squares fit of scale and offset to its codes."""
+    lo = wg.amin(-1, keepdim=True).clamp(max=0)
+    hi = wg.amax(-1, keepdim=True)
+    span = hi - lo
+    g = wg.shape[-1]
+    best_err = torch.full_like(lo, float("inf"))
+    best_s, best_b = span / LEVELS, lo.clone()
+    for a in SHRINK:
+        for c in SHRINK:
+            l, h = lo + a * span, hi - c * span
+            s = ((h - l) / LEVELS).clamp(min=1e-30)
+            q = torch.round((wg - l) / s).clamp(0, LEVELS)
+            # least squares of w ~ s q + b over the group, b (the minimum) kept <= 0
+            sq, sw, sqq, sqw = q.sum(-1, True), wg.sum(-1, True), (q * q).sum(-1, True), (q * wg).sum(-1, True)
+            det = g * sqq - sq * sq
+            ok = det > 0
+            s2 = torch.where(ok, (g * sqw - sq * sw) / torch.where(ok, det, 1.0), s).clamp(min=0)
+            b2 = torch.where(ok, (sw - s2 * sq) / g, l).clamp(max=0)
+            q2 = torch.round((wg - b2) / s2.clamp(min=1e-30)).clamp(0, LEVELS)
+            err = ((s2 * q2 + b2 - wg) ** 2).sum(-1, True)
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best_s, best_b = torch.where(better, s2, best_s), torch.where(better, b2, best_b)
+    return best_s.squeeze(-1), (-best_b).squeeze(-1)
+
+
+def two_level(t: torch.Tensor, n: int, ng: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[N, K/32] non-negative values -> (8-bit multiples uint8 [N, K/32], fp16 super values [N, K/256]
+    (max / 255), the values they represent as float [N, K/32])."""
+    nsb = -(-ng // (SUPER // QG))
+    pad = nsb * (SUPER // QG) - ng
+    sup = (torch.nn.functional.pad(t, (0, pad)).view(n, nsb, SUPER // QG).amax(-1) / 255.0).half()
+    sup_g = sup.float().repeat_interleave(SUPER // QG, dim=1)[:, :ng]
+    q8 = torch.where(sup_g > 0, torch.round(t / sup_g.clamp(min=1e-30)), torch.zeros_like(t)).clamp(0, 255)
+    return q8.to(torch.uint8).contiguous(), sup.contiguous(), sup_g * q8
+
+
+def quantize_int2(w: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """w [N, K] float -> the int2 arrays (layout above) and metadata."""
+    n, k = w.shape
+    if group not in GROUP_SIZES:
+        raise CadenceError(f"int2 group size {group} is not supported; use 32 or 64")
+    if k % RUN:
+        raise CadenceError(f"int2 needs the input width ({k}) to be a multiple of {RUN} (four groups of 32 pack into 32 bytes)")
+    ng = k // QG
+    scale, offset = search_range(w.float().view(n, k // group, group))
+    scale, offset = scale.repeat_interleave(group // QG, dim=1), offset.repeat_interleave(group // QG, dim=1)
+    sc, s16, scale_q = two_level(scale, n, ng)
+    mn, m16, offset_q = two_level(offset, n, ng)
+    wq = w.float().view(n, ng, QG)
+    codes = torch.where(scale_q[..., None] > 0, torch.round((wq + offset_q[..., None]) / scale_q[..., None].clamp(min=1e-30)),
+                        torch.zeros_like(wq)).clamp(0, LEVELS).to(torch.uint8)
+    return {"q": pack(codes.view(n, k)), "sc": sc, "mn": mn, "s": s16, "m": m16}, {"group": group}
