@@ -143,8 +143,9 @@ class Runner:
             o = p.overheads
             roles = {**({"draft": p.draft_weights + p.draft_kv + o.actor + o.draft_activations} if p.has_draft else {}),
                      "verifier": p.resident_bytes + p.target_kv + o.actor + o.verifier_activations,
-                     "scheduler": o.scheduler + o.watchdog + o.runtime + o.code, **({"loader": o.actor} if p.streamed else {})}
-            mem = MemoryConfig(budget_bytes=p.budget, arena_bytes=p.arena_bytes, stream_bytes=p.stream_bytes, role_bytes=roles)
+                     "scheduler": o.scheduler + o.watchdog + o.runtime + o.code, **({"loader": o.actor} if p.streamed or p.expert_buffer else {})}
+            mem = MemoryConfig(budget_bytes=p.budget, arena_bytes=p.arena_bytes, stream_bytes=p.stream_bytes,
+                               expert_bytes=p.expert_buffer, role_bytes=roles)
             rt = RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=p.slot_bytes or (1 << 20)),
                                trace=TraceConfig(enabled=cfg.trace, dir=cfg.trace_dir, spill_events=TRACE_EVENTS),
                                preload=preload)
@@ -312,7 +313,8 @@ def plan_inputs(cfg: RunConfig, target_store, draft_store, overheads=None) -> di
     from scheduler.generation.memplan import measure_overheads
 
     cap = kv_capacity(cfg)
-    groups = {g: target_store.groups[g].nbytes for g in target_store.group_names() if g != "embed"}
+    groups = {g: target_store.groups[g].nbytes for g in target_store.group_names() if g != "embed" and not g.startswith("expert.")}
+    experts = {g: target_store.groups[g].nbytes for g in target_store.group_names() if g.startswith("expert.")}
     draft_w = rows = 0
     if draft_store is not None:
         rows = draft_rows(cfg, draft_store)
@@ -326,7 +328,8 @@ def plan_inputs(cfg: RunConfig, target_store, draft_store, overheads=None) -> di
         draft_vocab=rows, trie_nodes=8 * trie if cfg.tree.trie and cfg.mode == "tree" else 0, trace_events=TRACE_EVENTS + 2048)  # the sink's and the scheduler's own, before they move on
     return {"target_groups": groups, "draft_weights": draft_w,
             "draft_kv": draft_store.args.kv_bytes_per_token() * kv_capacity(cfg, draft=True) if draft_store else 0,
-            "target_kv": target_store.args.kv_bytes_per_token() * cap, "overheads": o}
+            "target_kv": target_store.args.kv_bytes_per_token() * cap, "overheads": o,
+            **({"experts": experts, "experts_used": target_store.args.n_experts_used} if experts else {})}
 
 
 def memory_plan(cfg: RunConfig, target_store, draft_store, overheads=None):
@@ -336,7 +339,8 @@ def memory_plan(cfg: RunConfig, target_store, draft_store, overheads=None):
 
     inputs = plan_inputs(cfg, target_store, draft_store, overheads)
     if cfg.memory_budget == "auto":  # the smallest budget that works and half of the target
-        budget = smallest_budget(**inputs) + sum(inputs["target_groups"].values()) // 2
+        every = sum(inputs["target_groups"].values()) + sum(inputs.get("experts", {}).values())
+        budget = smallest_budget(**inputs) + every // 2
     else:
         budget = parse_bytes(cfg.memory_budget)
     return plan_memory(budget, **inputs)

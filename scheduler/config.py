@@ -55,6 +55,7 @@ class MemoryConfig:
     budget_bytes: int = 8 * GiB  # everything the run may hold: processes + arena
     arena_bytes: int = 64 * MiB  # the shared arena: streaming slots + tensor exchange
     stream_bytes: int = 32 * MiB  # the part of the arena the loader may fill: its memory bound
+    expert_bytes: int = 0  # the end of that part kept for a mixture of experts' expert buffer
     role_bytes: dict = field(default_factory=dict)  # planned bytes per role (weights, KV, activations)
     sample_s: float = 1.0  # live USS/PSS sampling period; 0 turns it off
 
@@ -62,6 +63,8 @@ class MemoryConfig:
         _positive("memory", self, "budget_bytes", "arena_bytes")
         _require(type(self.stream_bytes) is int and 0 <= self.stream_bytes <= self.arena_bytes,
                  "memory.stream_bytes", self.stream_bytes, f"an int in [0, memory.arena_bytes={self.arena_bytes}]")
+        _require(type(self.expert_bytes) is int and 0 <= self.expert_bytes <= self.stream_bytes,
+                 "memory.expert_bytes", self.expert_bytes, f"an int in [0, memory.stream_bytes={self.stream_bytes}]")
         _require(isinstance(self.role_bytes, dict), "memory.role_bytes", self.role_bytes, "a dict of role -> bytes")
         for role, n in self.role_bytes.items():
             _require(type(n) is int and n >= 0, f"memory.role_bytes[{role!r}]", n, "an int >= 0")
@@ -120,7 +123,7 @@ class RuntimeConfig:
 
     def __post_init__(self):
         slot = -(-self.pipeline.layer_bytes // 4096) * 4096  # slots are 4 KiB aligned
-        if 0 < self.memory.stream_bytes < 2 * slot:  # 0: nothing streams (the budget holds every layer)
+        if 0 < self.memory.stream_bytes - self.memory.expert_bytes < 2 * slot:  # 0: nothing streams (the budget holds every layer)
             raise ConfigError(
                 f"memory.stream_bytes={self.memory.stream_bytes} holds fewer than two streaming slots of "
                 f"pipeline.layer_bytes={slot}; raise memory.stream_bytes or lower pipeline.layer_bytes")

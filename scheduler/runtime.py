@@ -103,7 +103,10 @@ class Scheduler(EventPump, TensorExchange):
             self.arena = Arena.create(self.run_id, "main", mem.arena_bytes)
             self.arenas[self.arena.name] = self.arena
             stream = mem.stream_bytes // ALIGN * ALIGN
-            self.stream_slots = SlotAllocator(stream, name="the loader slots", setting="memory.stream_bytes")
+            experts = mem.expert_bytes // ALIGN * ALIGN
+            self.stream_slots = SlotAllocator(stream - experts, name="the loader slots", setting="memory.stream_bytes")
+            self.expert_slots = SlotAllocator(experts, base=stream - experts, name="the expert buffer",
+                                              setting="memory.expert_bytes")
             self.slots = SlotAllocator(self.arena.nbytes - stream, base=stream, name="the exchange part of the arena",
                                        setting="memory.arena_bytes")
             self._zctx = zmq.Context()

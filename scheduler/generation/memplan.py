@@ -18,7 +18,7 @@ cgroup charges besides the page cache); `total` adds room for their code pages.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cadence.errors import CadenceError
 from cadence.settings import PREFILL_CHUNK
@@ -72,10 +72,14 @@ class MemoryPlan:
     overheads: Overheads
     smallest: int = 0  # the smallest budget this plan's fixed part works with
     group_bytes: dict = field(default_factory=dict)  # each target group's bytes (aligned)
+    expert_buffer: int = 0  # a mixture of experts under the budget: the arena room for experts read on demand
+    experts: int = 0  # how many experts the store has (0: a dense model, or every expert resident)
+    expert_bytes: int = 0  # the largest expert's bytes
 
     @property
     def stream_bytes(self) -> int:
-        return self.slot_bytes * self.n_slots
+        """What the loader may fill: the streaming slots, then the expert buffer."""
+        return self.slot_bytes * self.n_slots + self.expert_buffer
 
     @property
     def arena_bytes(self) -> int:
@@ -108,8 +112,14 @@ class MemoryPlan:
                 ("activations", o.verifier_activations + (o.draft_activations if self.has_draft else 0)),
                 ("exchange arena", o.exchange),
                 (f"target resident ({len(self.resident)} groups)", self.resident_bytes),
-                (f"streaming slots ({self.n_slots} x {fmt(self.slot_bytes)})", self.stream_bytes),
+                (f"streaming slots ({self.n_slots} x {fmt(self.slot_bytes)})", self.slot_bytes * self.n_slots),
+                *([(f"expert buffer (~{self.expert_slots} of {self.experts} experts)", self.expert_buffer)] if self.experts else []),
                 ("code pages (page cache)", o.code)]
+
+    @property
+    def expert_slots(self) -> int:
+        """Experts the buffer holds at the largest expert's size."""
+        return self.expert_buffer // self.expert_bytes if self.expert_bytes else 0
 
     def report(self) -> str:
         rows = [f"  {name:<40} {fmt(n):>10}" for name, n in self.lines()]
@@ -118,6 +128,11 @@ class MemoryPlan:
 
     def summary(self) -> str:
         """The plan in one line (what `launch run` prints at start)."""
+        if self.experts:
+            layers = (f"{len(self.streamed)} streamed through {self.n_slots} slots of {fmt(self.slot_bytes)}"
+                      if self.streamed else "all resident")
+            return (f"memory plan: {fmt(self.total)} of {fmt(self.budget)}: non-expert groups {layers}; "
+                    f"experts read on demand into a {fmt(self.expert_buffer)} buffer (~{self.expert_slots} of {self.experts})")
         if not self.streamed:
             return f"memory plan: {fmt(self.total)} of {fmt(self.budget)}, every target group resident"
         return (f"memory plan: {fmt(self.total)} of {fmt(self.budget)}: {len(self.resident)} target groups resident, "
@@ -126,17 +141,28 @@ class MemoryPlan:
 
 
 def smallest_budget(target_groups: dict[str, int], draft_weights: int, draft_kv: int, target_kv: int,
-                    overheads: Overheads = Overheads()) -> int:
-    """The smallest budget a plan works with: the fixed part, streaming, and two slots for the largest group."""
+                    overheads: Overheads = Overheads(), experts: dict[str, int] | None = None, experts_used: int = 0) -> int:
+    """The smallest budget a plan works with: the fixed part, streaming, and two slots for the largest group
+    (and room for one token's experts)."""
     o = overheads
     fixed = draft_weights + draft_kv + target_kv + o.code + o.held(draft_weights > 0, streamed=True)
-    return fixed + 2 * max(_align(b) for b in target_groups.values())
+    one_token = max(experts_used, 1) * max(_align(b) for b in experts.values()) if experts else 0
+    return fixed + 2 * max(_align(b) for b in target_groups.values()) + one_token
 
 
 def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, draft_kv: int, target_kv: int,
-                overheads: Overheads = Overheads(), max_slots: int = 3) -> MemoryPlan:
+                overheads: Overheads = Overheads(), max_slots: int = 3, experts: dict[str, int] | None = None,
+                experts_used: int = 0) -> MemoryPlan:
     """`target_groups`: bytes of each streamable target group, in the order a forward needs them
-    (layers, then the head's parts)."""
+    (layers, then the head's parts). `experts`: a mixture of experts' expert groups and their bytes;
+    `experts_used`: how many experts a token routes to.
+
+    A mixture of experts keeps what every token uses (attention, routers, shared experts) resident
+    where it fits and gives the rest of the budget to an expert buffer (EdgeMoE §3.3), which must hold
+    at least one token's experts; where the non-expert groups do not fit beside that buffer, they
+    stream as a dense model's layers do and the buffer gets what their plan leaves."""
+    if experts:
+        return _plan_moe(budget, target_groups, draft_weights, draft_kv, target_kv, overheads, max_slots, experts, experts_used)
     o = overheads
     draft = draft_weights > 0
     data = draft_weights + draft_kv + target_kv + o.code
@@ -171,6 +197,33 @@ def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, 
     n_slots = 3 if max_slots >= 3 and fixed + held + 3 * slot <= budget and len(streamed) >= 3 else 2
     return MemoryPlan(budget, draft_weights, draft_kv, target_kv, fixed, tuple(n for n in names if n in resident),
                       tuple(streamed), held, slot, n_slots, o, smallest=smallest, group_bytes=sizes)
+
+
+def _plan_moe(budget, target_groups, draft_weights, draft_kv, target_kv, o, max_slots, experts, experts_used) -> MemoryPlan:
+    sizes = {n: _align(b) for n, b in experts.items()}
+    largest, total = max(sizes.values()), sum(sizes.values())
+    minimum = max(experts_used, 1) * largest
+    data = draft_weights + draft_kv + target_kv + o.code
+    dense = {n: _align(b) for n, b in target_groups.items()}
+    fixed = data + o.held(draft_weights > 0, streamed=False)
+    if fixed + sum(dense.values()) + total <= budget:  # everything resident
+        plan = plan_memory(budget - total, target_groups, draft_weights, draft_kv, target_kv, o, max_slots)
+        return replace(plan, resident=plan.resident + tuple(experts), resident_bytes=plan.resident_bytes + total,
+                       smallest=plan.smallest + total, group_bytes={**plan.group_bytes, **sizes})
+    fixed = data + o.held(draft_weights > 0, streamed=True)
+    if fixed + sum(dense.values()) + minimum <= budget:  # non-expert groups resident, the rest a buffer
+        held = sum(dense.values())
+        buffer = min(total, (budget - fixed - held) // ALIGN * ALIGN)
+        return MemoryPlan(budget, draft_weights, draft_kv, target_kv, fixed, tuple(dense), (), held, 0, 0, o,
+                          smallest=fixed + held + minimum, group_bytes={**dense, **sizes}, expert_buffer=buffer,
+                          experts=len(sizes), expert_bytes=largest)
+    try:
+        plan = plan_memory(budget - minimum, target_groups, draft_weights, draft_kv, target_kv, o, max_slots)
+    except CadenceError as e:
+        raise CadenceError(f"{e} (plus {fmt(minimum)} for one token's experts)") from None
+    buffer = minimum + max(0, budget - minimum - plan.total) // ALIGN * ALIGN
+    return replace(plan, expert_buffer=min(total, buffer), experts=len(sizes), expert_bytes=largest,
+                   smallest=plan.smallest + minimum, group_bytes={**plan.group_bytes, **sizes})
 
 
 def _spread(k: int, names: list[str], sizes: dict[str, int], room: int) -> list[str] | None:
