@@ -100,6 +100,14 @@ class Layer(Payload):
     group: str
 
 
+@dataclass(frozen=True)
+class Experts(Payload):
+    """The experts of MoE layer `layer` the job waits for, each in the arena slot `tensors["e<id>"]`."""
+    op = "experts"
+    layer: int
+    experts: list
+
+
 Begin.JOBS.update(start=Start, step=Step, verify=Tree)
 
 

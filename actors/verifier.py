@@ -4,7 +4,9 @@ Resident mode (`start`, `step`, `verify`): every target layer is in this process
 Job mode (`begin`, then `layer`, until `{"done": result}`), used under a memory budget and with the
 sparse-attention worker: a job (`start`, `step` or `verify`) runs until it needs a streamed group,
 `{"need": "layer.7"}`; the scheduler has the loader put it into an arena slot and hands it over
-with `layer`. With the worker (`begin` carries `split`: the job's id, its rows and the wait
+with `layer`. A mixture of experts under a budget also asks for the experts a layer's tokens route
+to, `{"need": "experts", "layer": 7, "experts": [...], "guess": [...]}`, answered by `experts` with
+their slots in the expert buffer (scheduler/generation/experts.py). With the worker (`begin` carries `split`: the job's id, its rows and the wait
 timeout), the split executor (actors/executor.py) plans each forward and meets the worker, which
 serves the same job, in the arena's sync area: no message per layer.
 """
@@ -13,11 +15,11 @@ from __future__ import annotations
 import torch
 
 from actors.base import Actor, ActorContext
-from actors.ops import Begin, Layer, Start, Step, Tree
+from actors.ops import Begin, Experts, Layer, Start, Step, Tree
 from actors.executor import SplitExecutor
 from actors.syncarea import Clock
 from models.engine import load_store
-from models.plan import NeedWeights
+from models.plan import NeedExperts, NeedWeights
 from models.sampling import SamplingConfig
 from models.store import WeightStore
 from models.transformer import Transformer
@@ -39,6 +41,9 @@ class VerifierActor(Actor):
                 store = WeightStore(init["store"])
                 self.weights = StreamingWeights(store, set(init["resident"]))
                 self.model = Transformer(store.args, self.weights)
+                moe = init.get("experts") or {}  # {"batch": experts per request, "lookahead": bool}
+                self.model.expert_batch = int(moe.get("batch") or 0)
+                self.model.lookahead = bool(moe.get("lookahead"))
             else:
                 self.model = load_store(init["store"], init.get("name", "")).model
                 self.weights = self.model.weights
@@ -86,7 +91,7 @@ class VerifierActor(Actor):
         """Start a job (its payload: Start, Step or Tree in `args.args`), with `split` {"id", "rows", "timeout_s"}
         when the sparse worker serves it."""
         if self.job is not None:
-            raise RuntimeError(f"a {self.kind} job is still waiting for {self.need.group}")
+            raise RuntimeError(f"a {self.kind} job is still waiting for {self._waits_for()}")
         kind, job_args = args.job, args.job_payload()
         planner = None
         if args.split is not None:
@@ -110,11 +115,34 @@ class VerifierActor(Actor):
         self.job, self.kind = job, kind
         return self._advance(None)
 
+    def op_experts(self, args: Experts, tensors):
+        """The experts the job waits for, each in a slot of the expert buffer (mapped, not copied)."""
+        need = self.need
+        if self.job is None or not isinstance(need, NeedExperts) or list(need.experts) != list(args.experts) or need.layer != args.layer:
+            raise RuntimeError(f"experts {args.experts} of layer {args.layer} arrived but the verifier waits for "
+                               f"{self._waits_for()}")
+        with self.trace.span(f"compute:experts.{args.layer}", cat="verify", args={"experts": len(args.experts)}):
+            w = {e: self.weights.from_buffer(f"expert.{args.layer}.{e}", self.tensor(tensors[f"e{e}"])) for e in args.experts}
+            try:
+                nxt = self.job.send(w)
+            except StopIteration as done:
+                return self._done(done.value)
+            except BaseException:
+                self._fail()
+                raise
+        return self._advance(nxt)
+
+    def _waits_for(self) -> str:
+        if self.job is None:
+            return "nothing"
+        n = self.need
+        return f"experts {list(n.experts)} of layer {n.layer}" if isinstance(n, NeedExperts) else n.group
+
     def op_layer(self, args: Layer, tensors):
         """The streamed group the job waits for, in an arena slot (mapped, not copied)."""
         group = args.group
-        if self.job is None or group != self.need.group:
-            raise RuntimeError(f"layer {group} arrived but the verifier waits for {self.need.group if self.job else 'nothing'}")
+        if self.job is None or not isinstance(self.need, NeedWeights) or group != self.need.group:
+            raise RuntimeError(f"layer {group} arrived but the verifier waits for {self._waits_for()}")
         with self.trace.span(f"compute:{group}", cat="verify", args={"group": group}):
             w = self.weights.from_buffer(group, self.tensor(tensors["slot"]))
             try:
@@ -135,7 +163,7 @@ class VerifierActor(Actor):
         try:
             need = next(self.job) if need is None else need
             while True:
-                if not isinstance(need, NeedWeights):
+                if not isinstance(need, (NeedWeights, NeedExperts)):
                     need = self.job.send(self.executor.answer(need))
                 elif self._resident(need):
                     need = self.job.send(weights_for(self.weights, need))
@@ -147,6 +175,8 @@ class VerifierActor(Actor):
             self._fail()
             raise
         self.need = need
+        if isinstance(need, NeedExperts):
+            return {"need": "experts", "layer": need.layer, "experts": list(need.experts), "guess": list(need.guess)}
         return {"need": need.group}
 
     def _fail(self):

@@ -52,6 +52,10 @@ class RunConfig:
     draft_fmt: str | None = None  # the draft's weight format (None: the target's), e.g. an int4 draft for a bf16 target
     plan_sampling: bool = False  # plan room for sampling even if the run's default is greedy (a server's requests may sample)
     plan_context: int | None = None  # prompt tokens the memory plan leaves KV room for (None: the longest prompt given, else 1024)
+    # a mixture of experts under a budget (scheduler/generation/experts.py): how its expert buffer is kept
+    expert_eviction: str = "lru"  # lru | edgemoe | none (loading on demand, no buffer)
+    expert_preload: str = "router"  # none | paths (EdgeMoE's path statistics) | router (next-router lookahead)
+    expert_preload_k: int = 2  # experts preloaded per layer
 
     @property
     def draft_model(self) -> str | None:
@@ -162,7 +166,8 @@ class Runner:
                                          worker={"share": cfg.worker_share, "columns": cfg.column_share} if cfg.sparse_worker else None,
                                          model_args=target_store.args.to_dict(),
                                          draft_vocab=draft_rows(cfg, draft_store) if self.plan is not None else 0,
-                                         kv_context=cfg.plan_context if not prompts else None)
+                                         kv_context=cfg.plan_context if not prompts else None,
+                                         experts=expert_options(cfg, target_store))
         except BaseException:
             self.close()
             raise
@@ -344,6 +349,27 @@ def memory_plan(cfg: RunConfig, target_store, draft_store, overheads=None):
     else:
         budget = parse_bytes(cfg.memory_budget)
     return plan_memory(budget, **inputs)
+
+
+def expert_options(cfg: RunConfig, target_store) -> dict | None:
+    """How a mixture of experts keeps its expert buffer; the path profile read from beside its store."""
+    if not target_store.args.moe:
+        return None
+    profile = None
+    if cfg.expert_preload == "paths" or cfg.expert_eviction == "edgemoe":
+        from scheduler.generation.expert_policy import PathStats
+
+        path = target_store.dir / PATHS_FILE
+        if path.exists() or cfg.expert_preload == "paths":
+            if not path.exists():
+                raise CadenceError(f"--expert-preload paths needs the expert path profile of {target_store.dir.name}; "
+                                   f"write it with `launch models profile-experts {cfg.target}`")
+            profile = PathStats.load(path)
+    return {"eviction": cfg.expert_eviction, "preload": cfg.expert_preload, "preload_k": cfg.expert_preload_k,
+            "profile": profile}
+
+
+PATHS_FILE = "expert_paths.json"  # EdgeMoE's path statistics, profiled on calibration prompts (launch models profile-experts)
 
 
 def draft_rows(cfg: RunConfig, draft_store) -> int:

@@ -122,6 +122,8 @@ class Transformer:
         self.layer_needs = [NeedWeights(f"layer.{i}", i) for i in range(args.n_layers)]
         self.head_needs = [NeedWeights(g, j) for j, g in enumerate(weights.head_groups)]
         self.lookahead = False  # MoE: guess the next layer's experts with its router (NeedExperts.guess)
+        self.expert_batch = 0  # MoE: ask for at most this many experts at once (0: a layer's whole union)
+        self.routes: list | None = None  # MoE: when a list, each layer's expert ids [T, k] are appended (profiling)
 
     def new_cache(self, capacity: int, storage: torch.Tensor | None = None) -> KVCache:
         if capacity > self.args.context_length:
@@ -183,12 +185,18 @@ class Transformer:
         """A generator: yields `NeedExperts` for the experts the rows of h route to, returns the layer's
         MoE output [T, dim] (each expert on its rows, weighted; plus the shared expert, gated)."""
         ids, top = self.route(w.router, h)
+        if self.routes is not None:
+            self.routes.append(ids)
         used = tuple(sorted(set(ids.flatten().tolist())))
-        experts = yield NeedExperts(i, used, self.guess(i, h) if self.lookahead else ())
+        guess = self.guess(i, h) if self.lookahead else ()
         out = torch.zeros_like(h)
-        for e in used:
-            rows, k = (ids == e).nonzero(as_tuple=True)
-            out.index_add_(0, rows, self.ffn(experts[e].gate_up, experts[e].down, h.index_select(0, rows)) * top[rows, k, None])
+        n = self.expert_batch or len(used)  # a buffer that cannot hold the union at once takes it in parts
+        for lo in range(0, len(used), n):
+            part = used[lo:lo + n]
+            experts = yield NeedExperts(i, part, guess)
+            for e in part:
+                rows, k = (ids == e).nonzero(as_tuple=True)
+                out.index_add_(0, rows, self.ffn(experts[e].gate_up, experts[e].down, h.index_select(0, rows)) * top[rows, k, None])
         if w.shexp_gate_up is not None:
             out += torch.sigmoid(w.shexp_gate.matmul(h)) * self.ffn(w.shexp_gate_up, w.shexp_down, h)
         return out

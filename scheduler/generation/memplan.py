@@ -208,7 +208,7 @@ def _plan_moe(budget, target_groups, draft_weights, draft_kv, target_kv, o, max_
     fixed = data + o.held(draft_weights > 0, streamed=False)
     if fixed + sum(dense.values()) + total <= budget:  # everything resident
         plan = plan_memory(budget - total, target_groups, draft_weights, draft_kv, target_kv, o, max_slots)
-        return replace(plan, resident=plan.resident + tuple(experts), resident_bytes=plan.resident_bytes + total,
+        return replace(plan, budget=budget, resident=plan.resident + tuple(experts), resident_bytes=plan.resident_bytes + total,
                        smallest=plan.smallest + total, group_bytes={**plan.group_bytes, **sizes})
     fixed = data + o.held(draft_weights > 0, streamed=True)
     if fixed + sum(dense.values()) + minimum <= budget:  # non-expert groups resident, the rest a buffer
@@ -222,7 +222,7 @@ def _plan_moe(budget, target_groups, draft_weights, draft_kv, target_kv, o, max_
     except CadenceError as e:
         raise CadenceError(f"{e} (plus {fmt(minimum)} for one token's experts)") from None
     buffer = minimum + max(0, budget - minimum - plan.total) // ALIGN * ALIGN
-    return replace(plan, expert_buffer=min(total, buffer), experts=len(sizes), expert_bytes=largest,
+    return replace(plan, budget=budget, expert_buffer=min(total, buffer), experts=len(sizes), expert_bytes=largest,
                    smallest=plan.smallest + minimum, group_bytes={**plan.group_bytes, **sizes})
 
 

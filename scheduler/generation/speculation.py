@@ -27,7 +27,8 @@ class ActorSpeculation:
     def __init__(self, sched: Scheduler, mode: str, target_store: str, draft_store: str | None,
                  sampling: SamplingConfig, cfg: TreeConfig, threads: int, context_length: int, vocab_size: int,
                  plan=None, loader: dict | None = None, worker: dict | None = None, model_args: dict | None = None,
-                 draft_vocab: int = 0, kv_context: int | None = None, impl: dict[str, str] | None = None):
+                 draft_vocab: int = 0, kv_context: int | None = None, impl: dict[str, str] | None = None,
+                 experts: dict | None = None):
         """`plan` (scheduler/generation/memplan.py): stream the target's groups it does not keep resident.
         `worker` ({"share": s, "columns": c}): split tree attention with the sparse-attention actor, which
         also takes the share s of the dense chunks and, with c > 0, the last share c of every target
@@ -37,7 +38,9 @@ class ActorSpeculation:
         and output n-grams proposes the candidates, here in the scheduler (speculative/lookup.py).
         `kv_context`: the target's KV cache is sized for prompts this long at least, so that the next prompt
         that continues the last one (a conversation) finds its prefix in the cache; None sizes it per prompt.
-        `impl`: role -> "module:Class" to start instead of the real actor."""
+        `impl`: role -> "module:Class" to start instead of the real actor.
+        `experts` (a mixture of experts whose plan has an expert buffer): {"eviction", "preload", "preload_k",
+        "profile" (a PathStats or None)}: how the buffer is kept (scheduler/generation/experts.py)."""
         self.s, self.context_length = sched, context_length
         streamer = None
         actors = {**ACTORS, **(impl or {})}
@@ -47,8 +50,12 @@ class ActorSpeculation:
             vinit.update(threads=1, worker=worker)
             sched.spawn("sparse", actors["sparse"], {"threads": 1, "model": model_args, "store": target_store,
                                                      "columns": worker.get("columns", 0.0)}, wait=False)
-        if plan is not None and plan.streamed:
+        moe = plan is not None and plan.expert_buffer > 0
+        experts = {"eviction": "lru", "preload": "router", "preload_k": 2, "profile": None, **(experts or {})}
+        if plan is not None and (plan.streamed or moe):
             vinit["resident"] = list(plan.resident)
+            if moe:  # a request for experts never asks for more than the buffer holds
+                vinit["experts"] = {"batch": max(1, plan.expert_slots), "lookahead": experts["preload"] == "router"}
             sched.spawn("loader", actors["loader"], {"store_dir": target_store, "stream_bytes": plan.stream_bytes,
                                                      **(loader or {})}, wait=False)
         sched.spawn("verifier", actors["verifier"], vinit, wait=False)
@@ -62,8 +69,16 @@ class ActorSpeculation:
             from scheduler.generation.streaming import Streamer
 
             sizes = sched.call("loader", Groups()).result["groups"]
-            streamer = Streamer(sched, list(plan.streamed), {g: sizes[g] for g in plan.streamed}, prefetch=mode != "std")
-        self.target = ActorTarget(sched, cfg, streamer, worker, model_args)
+            if plan.streamed:
+                streamer = Streamer(sched, list(plan.streamed), {g: sizes[g] for g in plan.streamed}, prefetch=mode != "std")
+        cache = None
+        if moe:
+            from scheduler.generation.experts import ExpertCache
+
+            cache = ExpertCache(sched, {g: n for g, n in sizes.items() if g.startswith("expert.")}, model_args["n_layers"],
+                                model_args["n_experts"], experts["eviction"], experts["preload"], experts["profile"],
+                                experts["preload_k"])
+        self.target = ActorTarget(sched, cfg, streamer, worker, model_args, cache)
         draft = None
         if speculative:
             draft = ActorDraft(sched, vocab_size) if draft_store is not None else TrieDraft(cfg.width)

@@ -14,7 +14,7 @@ import struct
 import time
 from dataclasses import asdict
 
-from actors.ops import Begin, Payload, Serve, Start, Step, Tree
+from actors.ops import Begin, Experts, Payload, Serve, Start, Step, Tree
 from actors.syncarea import STOP, SyncArea
 from cadence.settings import PREFILL_CHUNK, SamplingConfig, TreeConfig
 from scheduler.errors import ActorDead, ActorError
@@ -30,8 +30,12 @@ WORKER_REPLY_S = 1.0  # after the verifier failed a job: how long the worker's o
 
 class ActorTarget:
     def __init__(self, sched: Scheduler, cfg: TreeConfig, streamer=None, worker: dict | None = None,
-                 model_args: dict | None = None):
+                 model_args: dict | None = None, experts=None):
+        """`experts`: a mixture of experts' buffer under a budget (scheduler/generation/experts.py), or None."""
         self.s, self.streamer, self.worker, self.model_args, self.cfg = sched, streamer, worker, model_args, cfg
+        self.experts = experts
+        if experts is not None and streamer is not None:
+            experts.on_events = streamer.on_events
         self.streamed = streamer is not None
         self.io_wait: float | None = None  # the verifier's measured share of a verification spent waiting for layers
         self.job_req = 0  # the verifier request that began the last job (a trace arrow points to it)
@@ -55,20 +59,26 @@ class ActorTarget:
 
     def verify(self, p: Proposal) -> tuple[list[int], int]:
         s = self.s
-        wait0, t = self.streamer.stats.wait_s if self.streamer else 0.0, time.perf_counter()
+        wait0, t = self._io_wait(), time.perf_counter()
         v = self.run(Tree.read(p.payload), p.tensors)
-        if self.streamer is not None:  # the share of a verification spent waiting for the loader
-            share = (self.streamer.stats.wait_s - wait0) / max(time.perf_counter() - t, 1e-9)
+        if self.streamer is not None or self.experts is not None:  # the share of a verification spent waiting for the loader
+            share = (self._io_wait() - wait0) / max(time.perf_counter() - t, 1e-9)
             self.io_wait = share if self.io_wait is None else 0.7 * self.io_wait + 0.3 * share
         if p.req is not None:  # the arrow from the draft's tree to its verification
             s.trace.link((s.actors["draft"].pid, p.req), (s.actors["verifier"].pid, self.job_req), "draft tree", "tree")
         return list(v["path"]), v["next"]
 
+    def _io_wait(self) -> float:
+        return ((self.streamer.stats.wait_s if self.streamer is not None else 0.0)
+                + (self.experts.stats.wait_s if self.experts is not None else 0.0))
+
     def take_stats(self) -> dict:
-        if self.streamer is None:
-            return {}
-        st = self.streamer.stats.as_dict()
-        self.streamer.stats = type(self.streamer.stats)()
+        st = {}
+        if self.streamer is not None:
+            st = self.streamer.stats.as_dict()
+            self.streamer.stats = type(self.streamer.stats)()
+        if self.experts is not None:
+            st.update(self.experts.take_stats())
         return st
 
     # -- the conversation --------------------------------------------------------------------------
@@ -78,7 +88,7 @@ class ActorTarget:
         loader; with the worker, it serves the job's split at the same time (a step has one row: nothing
         to split)."""
         s = self.s
-        if self.streamer is None and self.worker is None:
+        if self.streamer is None and self.worker is None and self.experts is None:
             reply = s.call("verifier", job, tensors=tensors)
             self.job_req = reply.req_id
             return reply.result
@@ -94,12 +104,17 @@ class ActorTarget:
             reply = s.call("verifier", Begin(job.op, job.wire(), split), tensors=tensors, timeout=timeout)
             self.job_req, r = reply.req_id, reply.result
             while "need" in r:
-                r = self.streamer.feed(r["need"])
+                r = self._experts(r) if r["need"] == "experts" else self.streamer.feed(r["need"])
         except ActorError as e:
             if serving is not None and e.role == "verifier":
                 self._blame_worker(*serving, e)
             raise
         return r["done"]
+
+    def _experts(self, r: dict) -> dict:
+        """Hand the verifier the experts it waits for, from the buffer; its reply (the next need, or done)."""
+        tensors = self.experts.serve(r["layer"], r["experts"], r.get("guess") or [])
+        return self.s.call("verifier", Experts(r["layer"], r["experts"]), tensors=tensors).result
 
     def _serve(self, job: Payload, tensors: dict) -> tuple[tuple[int, int], dict]:
         """Send the worker its one request for this job; ((its request, the job's id), the verifier's split:
@@ -191,6 +206,8 @@ class ActorTarget:
     def close(self):
         if self.streamer is not None:
             self.streamer.drain()
+        if self.experts is not None:
+            self.experts.close()
         if self.worker is not None:
             self.s.remove_listener(self._on_event)
         for slot in (self.kv_slot, *(self.job_slots or ()), *(self.col_slots or ())):
