@@ -58,6 +58,9 @@ def add_parser(sub):
                         "default: the same budget as our modes")
     p.add_argument("--no-repack", action="store_true",
                    help="llama.cpp without its weight repacking (a repacked copy does not fit under a memory limit)")
+    p.add_argument("--experts", default=None, metavar="EVICTION+PRELOAD,...",
+                   help="with --cgroup and a mixture-of-experts target: run each mode once per expert buffer policy, "
+                        "e.g. none+none,lru+none,edgemoe+none,edgemoe+paths,lru+router (none+none: experts read on demand)")
     p.add_argument("--json", dest="json_out", help="write the rows here")
     p.set_defaults(func=cmd_bench)
 

@@ -1,4 +1,4 @@
-"""`launch models pull|list|convert|rm`."""
+"""`launch models pull|list|convert|rm|profile-experts`."""
 from __future__ import annotations
 
 import shutil
@@ -27,6 +27,13 @@ def add_parser(sub):
     pc.add_argument("--dtype", "--format", dest="fmt", default="bf16", help=f"one of {', '.join(linear.FORMATS)}")
     pc.add_argument("--group-size", type=int, default=32, help="int4 quantization group (32 or 64)")
     pc.set_defaults(func=cmd_convert)
+    pe = msub.add_parser("profile-experts", help="a mixture of experts: record its routing on calibration prompts and "
+                                                  "write EdgeMoE's path statistics beside its weight store")
+    pe.add_argument("name", help="a .gguf file or an HF model directory holding a mixture of experts")
+    pe.add_argument("--dtype", "--format", dest="fmt", default="int4", help="the weight store to profile (as --dtype of run)")
+    pe.add_argument("--prompts", default=None, help="calibration prompts (JSONL; default: the development set)")
+    pe.add_argument("--tokens", type=int, default=64, help="tokens generated per prompt (their paths count too)")
+    pe.set_defaults(func=cmd_profile_experts)
     pr = msub.add_parser("rm", help="remove a pulled model and its weight stores, or one weight store")
     pr.add_argument("names", nargs="+", help="default model names (as `launch models list` shows them) or weight store names")
     pr.add_argument("--stores-only", action="store_true", help="keep the pulled model file, remove only its weight stores")
@@ -65,6 +72,34 @@ def cmd_convert(args) -> int:
                            f"{' or '.join(map(str, linear.GROUP_SIZES))}")
     st = ensure_store(args.name, args.fmt, args.group_size)
     print(f"{st.dir} ({st.manifest['file_bytes'] / 1e6:.0f} MB)")
+    return 0
+
+
+def cmd_profile_experts(args) -> int:
+    """EdgeMoE §3.3.2 offline: every token's activation path on the calibration prompts, counted into the
+    P(expert at n | experts at n-2, n-1) table that `--expert-preload paths` and `--expert-eviction edgemoe` read."""
+    import time
+
+    from launch.prompts import DEFAULT_PROMPTS, load_prompts
+    from launch.runner import PATHS_FILE
+    from models import engine
+    from models.routing import trace_paths
+    from scheduler.generation.expert_policy import PathStats
+
+    st = ensure_store(args.name, args.fmt)
+    if not st.args.moe:
+        raise CadenceError(f"{args.name} is a dense {st.args.arch} model: it has no experts to profile")
+    if args.tokens < 0:
+        raise CadenceError(f"--tokens {args.tokens} must be 0 or more")
+    lm = engine.load_store(st)
+    prompts = load_prompts(args.prompts or DEFAULT_PROMPTS)
+    stats, t, n = PathStats(st.args.n_layers, st.args.n_experts), time.time(), 0
+    for p in prompts:
+        for path in trace_paths(lm.model, lm.tokenizer.encode(p.text)[-512:], args.tokens):
+            stats.add(path)
+            n += 1
+    stats.save(st.dir / PATHS_FILE)
+    print(f"{st.dir / PATHS_FILE}: the paths of {n} tokens over {len(prompts)} prompts ({time.time() - t:.0f} s)")
     return 0
 
 

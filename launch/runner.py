@@ -268,6 +268,10 @@ class Runner:
                             "memory_plan": {"total_bytes": p.total, "held_bytes": p.held, "resident_groups": len(p.resident),
                                             "streamed_groups": len(p.streamed), "slots": p.n_slots, "slot_bytes": p.slot_bytes,
                                             "read_per_forward_bytes": p.read_per_forward}}
+            if p.experts:
+                extra_fields["memory_plan"].update(expert_buffer_bytes=p.expert_buffer, expert_slots=p.expert_slots,
+                                                   experts=p.experts)
+                extra_fields["experts"] = f"{cfg.expert_eviction}+{cfg.expert_preload}"
         text_ids = gen.new_ids[:-1] if gen.new_ids and gen.new_ids[-1] in tok.stop_ids else gen.new_ids
         return make_row(id=prompt.id, kind=prompt.kind, mode=cfg.mode, target=cfg.target,
                         draft=cfg.draft_model, format=cfg.fmt, chat=chat,

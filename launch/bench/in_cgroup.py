@@ -13,6 +13,8 @@ process's share of it; read GB/s, the loader's busy share of the wall time, the 
 for I/O.
 
 Modes: std, stdpl, chain, tree, and `nodraft` (tree with `--draft none`: the n-gram trie alone).
+A mixture of experts runs each mode once per `--experts` variant (EVICTION+PRELOAD, e.g. none+none
+for loading experts on demand, lru+router, edgemoe+paths), labelled `stdpl/lru+router`.
 """
 from __future__ import annotations
 
@@ -30,8 +32,25 @@ MiB = 1 << 20
 
 
 def label(row: dict) -> str:
-    """A row's run: its mode, `nodraft` for tree with no draft model."""
-    return "nodraft" if row["mode"] == "tree" and row.get("draft") is None else row["mode"]
+    """A row's run: its mode, `nodraft` for tree with no draft model, and a mixture of experts' buffer policies."""
+    mode = "nodraft" if row["mode"] == "tree" and row.get("draft") is None else row["mode"]
+    return f"{mode}/{row['experts']}" if row.get("experts") and row["mode"] != "llama.cpp" else mode
+
+
+def expert_variants(text: str | None) -> list[tuple[str, str]]:
+    """`--experts none+none,lru+router` -> [(eviction, preload), ...]; None: the run's defaults only."""
+    from launch.runner import RunConfig
+
+    if not text:
+        return [(RunConfig.expert_eviction, RunConfig.expert_preload)]
+    out = []
+    for v in text.split(","):
+        ev, _, pre = v.strip().partition("+")
+        if ev not in ("none", "lru", "edgemoe") or pre not in ("none", "paths", "router"):
+            raise CadenceError(f"--experts {v.strip()!r} is not EVICTION+PRELOAD (eviction lru, edgemoe or none; "
+                               "preload none, paths or router), e.g. lru+router")
+        out.append((ev, pre))
+    return out
 
 
 def _prompt_file(prompts: list[Prompt], d: Path) -> Path:
@@ -88,8 +107,12 @@ def bench_cgroup(args, prompts: list[Prompt], baselines: list[str]):
     rows, runs = [], []
     with tempfile.TemporaryDirectory(prefix="cadence-cgroup-bench-") as tmp:
         pfile = _prompt_file(prompts, Path(tmp))
-        todo = [(m, [sys.executable, "-m", "launch.cli", "run", "--prompts", str(pfile), *_run_args(args, m, budget)],
-                 files, budget) for m in modes]
+        variants = expert_variants(getattr(args, "experts", None)) if tstore.args.moe else [None]
+        todo = [(m if v is None else f"{m}/{v[0]}+{v[1]}",
+                 [sys.executable, "-m", "launch.cli", "run", "--prompts", str(pfile), *_run_args(args, m, budget),
+                  *([] if v is None else ["--expert-eviction", v[0], "--expert-preload", v[1],
+                                          "--expert-preload-k", str(args.expert_preload_k)])],
+                 files, budget) for m in modes for v in variants]
         todo += [(b, [sys.executable, "-m", "launch.bench.baselines", "--target", args.target, "--dtype", args.fmt,
                       "--prompts", str(pfile), "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads),
                       "--chat", args.chat, *(["--no-repack"] if args.no_repack else [])], [gguf], base_budget)
@@ -114,8 +137,10 @@ def bench_cgroup(args, prompts: list[Prompt], baselines: list[str]):
 
 
 def lossless(rows: list[dict]) -> dict:
-    """Per run: did it give std's token ids (stdpl's when std did not run) on every prompt?"""
-    ref_mode = "std" if any(label(r) == "std" for r in rows) else "stdpl"
+    """Per run: did it give std's token ids (stdpl's when std did not run; the first run of a mixture of
+    experts) on every prompt?"""
+    names = list(dict.fromkeys(label(r) for r in rows if r["mode"] != "llama.cpp"))
+    ref_mode = "std" if "std" in names else "stdpl" if "stdpl" in names else names[0] if names else ""
     ref = {r["id"]: r["new_token_ids"] for r in rows if label(r) == ref_mode}
     out: dict[str, list[bool]] = {}
     for r in rows:
@@ -134,13 +159,15 @@ def tables(rows: list[dict], runs: list) -> dict:
     names = list(dict.fromkeys(label(r) for r in rows))
     rate = {(n, k): _rate([r for r in rows if label(r) == n and (k == "all" or r["kind"] == k)])
             for n in names for k in [*kinds, "all"]}
-    speed = [["run", *kinds, "all", "/ stdpl", "/ llama.cpp", "accepted / verification"]]
+    first = next((n for n in names if n != "llama.cpp"), "stdpl")
+    ref = "stdpl" if "stdpl" in names else first  # a mixture of experts: its first variant (on demand, where it ran)
+    speed = [["run", *kinds, "all", f"/ {ref}", "/ llama.cpp", "accepted / verification"]]
     for n in names:
         rs = [r for r in rows if label(r) == n]
         ver = sum(r["stats"].get("verifications", 0) for r in rs)
         acc = sum(r["stats"].get("accepted", 0) for r in rs)
         ratio = lambda ref: f"{rate[(n, 'all')] / rate[(ref, 'all')]:.2f}x" if rate.get((ref, "all")) else "-"
-        speed.append([n, *[f"{rate[(n, k)]:.2f}" for k in kinds], f"{rate[(n, 'all')]:.2f}", ratio("stdpl"), ratio("llama.cpp"),
+        speed.append([n, *[f"{rate[(n, k)]:.2f}" for k in kinds], f"{rate[(n, 'all')]:.2f}", ratio(ref), ratio("llama.cpp"),
                       f"{acc / ver:.2f}" if ver else ""])
     stream = [["run", "read GB/s", "loader busy % of wall", "verifier waits on I/O % of wall", "MB read / token"]]
     for n in names:
@@ -159,4 +186,17 @@ def tables(rows: list[dict], runs: list) -> dict:
         procs = ", ".join(f"{p.removeprefix('cad-')} {b / MiB:.0f}" for p, b in sorted((run.held_by_process or {}).items(), key=lambda x: -x[1]))
         memory.append([name, f"{limit / MiB:.0f}", f"{run.peak_bytes / MiB:.0f}", f"{run.peak_held_bytes / MiB:.0f}",
                        f"{plan / MiB:.0f}" if plan else "-", "yes" if run.oom_killed else "no", str(run.returncode), procs])
-    return {"tokens/s under the limit": speed, "streaming": stream, "memory": memory}
+    out = {"tokens/s under the limit": speed, "streaming": stream, "memory": memory}
+    experts = [["run", "hit rate", "preloads", "of them used", "expert reads / token", "expert MB read / token", "waits on experts % of wall"]]
+    for n in names:
+        rs = [r for r in rows if label(r) == n and "expert_requests" in r["stats"]]
+        if rs:
+            g = lambda k: sum(r["stats"].get(k, 0) for r in rs)
+            toks, wall = sum(len(r["new_token_ids"]) for r in rs), sum(r["wall_s"] for r in rs)
+            asked = g("expert_hits") + g("expert_misses")
+            experts.append([n, f"{g('expert_hits') / asked:.3f}" if asked else "-", str(g("expert_preloads")),
+                            str(g("expert_preload_hits")), f"{g('expert_reads') / toks:.1f}",
+                            f"{g('expert_bytes_read') / toks / 1e6:.0f}", f"{100 * g('expert_wait_s') / wall:.0f}"])
+    if len(experts) > 1:
+        out["experts"] = experts
+    return out
