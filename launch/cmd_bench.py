@@ -61,6 +61,8 @@ def add_parser(sub):
     p.add_argument("--experts", default=None, metavar="EVICTION+PRELOAD,...",
                    help="with --cgroup and a mixture-of-experts target: run each mode once per expert buffer policy, "
                         "e.g. none+none,lru+none,edgemoe+none,edgemoe+paths,lru+router (none+none: experts read on demand)")
+    p.add_argument("--bits-target", default=None, metavar="STORE",
+                   help="with --experts ...+bits: the weight store with expert-wise bitwidths (launch models expert-bits)")
     p.add_argument("--json", dest="json_out", help="write the rows here")
     p.set_defaults(func=cmd_bench)
 

@@ -1,4 +1,4 @@
-"""`launch models pull|list|convert|rm|profile-experts`."""
+"""`launch models pull|list|convert|rm|profile-experts|expert-bits`."""
 from __future__ import annotations
 
 import shutil
@@ -34,6 +34,16 @@ def add_parser(sub):
     pe.add_argument("--prompts", default=None, help="calibration prompts (JSONL; default: the development set)")
     pe.add_argument("--tokens", type=int, default=64, help="tokens generated per prompt (their paths count too)")
     pe.set_defaults(func=cmd_profile_experts)
+    pb = msub.add_parser("expert-bits", help="a mixture of experts: choose each expert's bitwidth (INT2/4/8) within a "
+                                              "tolerable accuracy loss (EdgeMoE) and write a weight store with them")
+    pb.add_argument("name", help="a .gguf file or an HF model directory holding a mixture of experts")
+    pb.add_argument("--loss", type=float, default=0.05,
+                    help="tolerable accuracy loss: the share of calibration positions whose next-token choice may differ "
+                         "from the model's with every expert at INT8 (default 0.05)")
+    pb.add_argument("--dtype", "--format", dest="fmt", default="int4", help="the format of the non-expert weights")
+    pb.add_argument("--prompts", default=None, help="calibration prompts (JSONL; default: the development set)")
+    pb.add_argument("--tokens", type=int, default=256, help="calibration tokens per prompt (its first N)")
+    pb.set_defaults(func=cmd_expert_bits)
     pr = msub.add_parser("rm", help="remove a pulled model and its weight stores, or one weight store")
     pr.add_argument("names", nargs="+", help="default model names (as `launch models list` shows them) or weight store names")
     pr.add_argument("--stores-only", action="store_true", help="keep the pulled model file, remove only its weight stores")
@@ -81,7 +91,7 @@ def cmd_profile_experts(args) -> int:
     import time
 
     from launch.prompts import DEFAULT_PROMPTS, load_prompts
-    from launch.runner import PATHS_FILE
+    from launch.experts import PATHS_FILE
     from models import engine
     from models.routing import trace_paths
     from scheduler.generation.expert_policy import PathStats
@@ -100,6 +110,54 @@ def cmd_profile_experts(args) -> int:
             n += 1
     stats.save(st.dir / PATHS_FILE)
     print(f"{st.dir / PATHS_FILE}: the paths of {n} tokens over {len(prompts)} prompts ({time.time() - t:.0f} s)")
+    return 0
+
+
+def cmd_expert_bits(args) -> int:
+    """EdgeMoE §3.2 offline (models/bitwidth.py), then a store with the chosen formats beside the plain one."""
+    import json
+    import time
+
+    import torch
+
+    from launch.prompts import DEFAULT_PROMPTS, load_prompts
+    from models.bitwidth import LEVELS, MixedExperts, choose_bitwidths, quantize_experts
+    from models.convert import convert, resolve, store_dir
+    from models.source import open_source
+    from models.tokenizer import TextTokenizer
+    from models.transformer import Transformer
+    from models.weights import StreamingWeights
+
+    if not 0 <= args.loss < 1:
+        raise CadenceError(f"--loss {args.loss} is a share of positions in [0, 1), e.g. 0.05")
+    base = ensure_store(args.name, args.fmt)
+    a = base.args
+    if not a.moe:
+        raise CadenceError(f"{args.name} is a dense {a.arch} model: it has no experts to give bitwidths")
+    t0 = time.time()
+    label, path, sha = resolve(args.name)
+    source = open_source(path, sha)
+    names = [f"blk.{i}.exp.{e}.{w}" for i in range(a.n_layers) for e in range(a.n_experts) for w in ("gate_up", "down")]
+    floats = {n: torch.from_numpy(source.get(n)) for n in names}
+    variants = {lvl: quantize_experts(floats, a, lvl) for lvl in LEVELS}
+    del floats
+    weights = MixedExperts(StreamingWeights(base, {g for g in base.group_names() if not g.startswith("expert.")}), variants)
+    model = Transformer(a, weights)
+    tok = TextTokenizer(base.tokenizer_info)
+    calibration = [torch.tensor(ids[:args.tokens]) for p in load_prompts(args.prompts or DEFAULT_PROMPTS)
+                   if len(ids := tok.encode(p.text)) > 1]
+    choice = choose_bitwidths(model, weights, calibration, args.loss)
+    del variants, weights, model
+    counts = {lvl: sum(f == lvl for f in choice.formats.values()) for lvl in LEVELS}
+    out = store_dir(label, sha, f"{args.fmt}-eb{round(args.loss * 1000)}")
+    convert(source, out, args.fmt, label=label, expert_formats=choice.formats)
+    (out / "expert_bits.json").write_text(json.dumps({
+        "loss_tolerated": args.loss, "loss": choice.loss, "uniform_loss": choice.uniform_loss, "counts": counts,
+        "evaluations": choice.evaluations, "calibration_tokens": sum(len(c) for c in calibration)}, indent=1))
+    print(f"{out}: experts at " + ", ".join(f"{lvl} {n}" for lvl, n in counts.items() if n) +
+          f"; accuracy loss {choice.loss:.3f} (tolerated {args.loss}; every expert at int2 {choice.uniform_loss['int2']:.3f}, "
+          f"int4 {choice.uniform_loss['int4']:.3f}); {choice.evaluations} evaluations, {time.time() - t0:.0f} s. "
+          f"Run it with --target {out}")
     return 0
 
 

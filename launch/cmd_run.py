@@ -80,7 +80,9 @@ def cmd_run(args) -> int:
 def _generate(args, cfg: RunConfig, runner: Runner, prompts: list[Prompt], rows: list[dict]) -> None:
     if runner.plan is not None:  # `launch plan` prints it in full
         print(runner.plan.summary(), file=sys.stderr, flush=True)
-    feed = MonitorFeed(runner.sched, title=f"{cfg.mode} {cfg.target} {cfg.fmt}") if runner.sched is not None else \
+    experts = runner.spec.experts if runner.sched is not None and runner.spec.experts is not None else None
+    feed = MonitorFeed(runner.sched, title=f"{cfg.mode} {cfg.target} {cfg.fmt}",
+                       experts=experts.totals if experts is not None else None) if runner.sched is not None else \
         MonitorFeed(None, budget_bytes=psutil.virtual_memory().total, title=f"{cfg.mode} {cfg.target} {cfg.fmt}")
     mon = open_monitor(feed, args.monitor)
     on_text = feed.on_text if mon.shows_text else (lambda piece: (feed.on_text(piece), print_text(piece)))

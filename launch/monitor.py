@@ -1,17 +1,11 @@
-"""`launch run --monitor`: a live view of the run, built from what the runtime reports.
+"""`launch run --monitor`: a live view of the run, built from what the runtime reports. A `MonitorFeed`
+(launch/monitor_feed.py; `MonitorFeed(None)` in-process) takes the run's events and callbacks;
+`open_monitor(feed, args.monitor)` gives a Monitor (a terminal), LogMonitor or NullMonitor, started
+and stopped around the run (launch/cmd_run.py).
 
-    feed = MonitorFeed(sched)                   # launch/monitor_feed.py; MonitorFeed(None) in-process
-    mon = open_monitor(feed, args.monitor)      # Monitor (a terminal), LogMonitor, or NullMonitor
-    mon.start()
-    try:
-        runner.run(prompt, on_text=feed.on_text, on_cycle=feed.on_tokens)  # launch/cmd_run.py
-    finally:
-        mon.stop()
-
-Everything drawn comes from one frozen `MonitorState` (a snapshot), so a frame is a pure function
-of it: `Monitor.render(state)` gives a Rich renderable, `LogMonitor.line(state)` one plain line.
-`Monitor` draws with `rich.live.Live`, whose own thread pulls a snapshot and redraws 4 times a
-second; the run's thread pays only for the feed's callbacks.
+Everything drawn comes from one frozen `MonitorState` (a snapshot): `Monitor.render(state)` gives a
+Rich renderable, `LogMonitor.line(state)` one plain line. `Monitor` draws with `rich.live.Live`,
+whose thread pulls a snapshot 4 times a second; the run's thread pays only for the feed's callbacks.
 """
 from __future__ import annotations
 
@@ -63,11 +57,18 @@ class MonitorState:
     text: str = ""  # the tail of the generated text
     notes: tuple[str, ...] = ()  # deaths, errors
     planned: bool = True  # a memory budget was planned (without one, only the measured memory shows)
+    expert_hit_rate: float | None = None  # MoE under a budget: the share of experts asked for that were held
+    expert_mb_per_token: float | None = None
 
     @property
     def mean_accepted(self) -> float | None:
         n = sum(c for _, c in self.accepted_hist)
         return sum(k * c for k, c in self.accepted_hist) / n if n else None
+
+    @property
+    def experts_text(self) -> str:
+        return "" if self.expert_hit_rate is None else \
+            f"  experts hit {100 * self.expert_hit_rate:.0f}% read {_fmt_opt(self.expert_mb_per_token, '.0f')} MB/token"
 
     @property
     def avg_tokens_per_s(self) -> float:
@@ -228,7 +229,7 @@ class Monitor:
         f.add((f"{s.tokens}", "bold"), " tokens  ", (f"{s.tokens_per_s:.1f}", "bold green"), " tok/s",
               f" (avg {s.avg_tokens_per_s:.1f})  mean accepted ", (_fmt_opt(s.mean_accepted, ".2f"), "bold"),
               "  alpha ", (_fmt_opt(s.alpha[-1] if s.alpha else None, ".3f"), "bold"),
-              "  disk ", (f"{s.disk_gbps:.2f}", "bold yellow"), " GB/s")
+              "  disk ", (f"{s.disk_gbps:.2f}", "bold yellow"), " GB/s", s.experts_text)
 
         rows = [("role", "pid", "state", "doing", "for", "CPU %", "USS")]
         rows += [(a.role, str(a.pid), a.state, a.op or "idle", f"{a.op_s * 1000:.0f} ms" if a.op_s is not None else "",
@@ -351,7 +352,8 @@ class LogMonitor:
                            f" uss {fmt_bytes(a.uss) if a.uss is not None else '-'}" for a in s.actors)
         return (f"cadence {s.elapsed_s:7.1f}s tokens {s.tokens} {s.tokens_per_s:.1f} tok/s"
                 f" accepted {_fmt_opt(s.mean_accepted, '.2f')} alpha {_fmt_opt(s.alpha[-1] if s.alpha else None, '.3f')}"
-                f" disk {s.disk_gbps:.2f} GB/s mem {mem} of {fmt_bytes(s.budget_bytes)} | {actors}"
+                f" disk {s.disk_gbps:.2f} GB/s{s.experts_text}"
+                f" mem {mem} of {fmt_bytes(s.budget_bytes)} | {actors}"
                 + "".join(f" | {n}" for n in s.notes))
 
 

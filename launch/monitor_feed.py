@@ -42,10 +42,13 @@ class MonitorFeed:
 
     def __init__(self, sched=None, *, budget_bytes: int | None = None, title: str = "",
                  memory_parts: Callable[[], list[MemoryPart]] | None = None,
-                 window_s: float = 3.0, text_chars: int = 4000, alpha_points: int = 240, sample_s: float = 5.0):
+                 window_s: float = 3.0, text_chars: int = 4000, alpha_points: int = 240, sample_s: float = 5.0,
+                 experts: Callable[[], tuple[int, int, int]] | None = None):
+        """`experts`: a mixture of experts' buffer totals (hits, misses, bytes read), e.g. `ExpertCache.totals`."""
         self.sched = sched
         self.title = title or (f"run {sched.run_id}" if sched is not None else "")
         self.memory_parts = memory_parts
+        self.experts = experts
         self.window_s = window_s
         self.t0 = time.monotonic()
         self.tokens = 0
@@ -176,8 +179,13 @@ class MonitorFeed:
         measured = self.ledger.pss_total() if self.ledger.samples else None
         plan = self.ledger.plan_
         planned = self.memory_parts is not None or (plan is not None and any(w != "shared arena" for w, _ in plan.lines))
+        hit_rate = per_token = None
+        if self.experts is not None:
+            hits, misses, nbytes = self.experts()
+            hit_rate = hits / (hits + misses) if hits + misses else 0.0
+            per_token = nbytes / tokens / 1e6 if tokens else None
         return MonitorState(now - self.t0, self.title, tuple(actors), self.ledger.budget, tuple(memory), measured,
-                            tokens, tps, hist, alpha, disk, text, notes, planned)
+                            tokens, tps, hist, alpha, disk, text, notes, planned, hit_rate, per_token)
 
     def close(self) -> None:
         """Stop listening to the scheduler (and sampling, in-process). The monitors call it at stop."""

@@ -14,6 +14,7 @@ from typing import Callable
 import psutil
 
 from cadence.errors import CadenceError
+from launch.experts import expert_options
 from cadence.settings import SamplingConfig, TreeConfig, check_format
 from launch.prompts import Prompt, prompt_ids, use_chat
 from launch.results import make_row, peak_rss_bytes
@@ -108,7 +109,7 @@ class Runner:
         self.sched = None
         self.trace_path = None
         # Convert (once), with progress bars, before any actor starts.
-        target_store = ensure_store(cfg.target, cfg.fmt)
+        self.target_store = target_store = ensure_store(cfg.target, cfg.fmt)
         if cfg.draft == "auto":
             self.cfg = cfg = RunConfig(**{**cfg.__dict__, "draft": pick_draft(cfg, target_store)})
         speculative = cfg.draft_model is not None
@@ -136,6 +137,8 @@ class Runner:
         from scheduler.runtime import Scheduler
         from scheduler.generation.speculation import ActorSpeculation
 
+        # a mixture of experts' path profile is read before the plan measures this process
+        self.experts = expert_options(cfg, target_store)  # launch/experts.py
         self.plan = memory_plan(cfg, target_store, draft_store) if cfg.memory_budget else None
         # the model actors fork from one zygote that imported torch and the model code once (the modules
         # whose cost scheduler/generation/footprint.py measured)
@@ -167,7 +170,7 @@ class Runner:
                                          model_args=target_store.args.to_dict(),
                                          draft_vocab=draft_rows(cfg, draft_store) if self.plan is not None else 0,
                                          kv_context=cfg.plan_context if not prompts else None,
-                                         experts=expert_options(cfg, target_store))
+                                         experts=self.experts)
         except BaseException:
             self.close()
             raise
@@ -271,7 +274,8 @@ class Runner:
             if p.experts:
                 extra_fields["memory_plan"].update(expert_buffer_bytes=p.expert_buffer, expert_slots=p.expert_slots,
                                                    experts=p.experts)
-                extra_fields["experts"] = f"{cfg.expert_eviction}+{cfg.expert_preload}"
+                bits = "+bits" if "expert_formats" in self.target_store.manifest else ""
+                extra_fields["experts"] = f"{cfg.expert_eviction}+{cfg.expert_preload}{bits}"
         text_ids = gen.new_ids[:-1] if gen.new_ids and gen.new_ids[-1] in tok.stop_ids else gen.new_ids
         return make_row(id=prompt.id, kind=prompt.kind, mode=cfg.mode, target=cfg.target,
                         draft=cfg.draft_model, format=cfg.fmt, chat=chat,
@@ -353,27 +357,6 @@ def memory_plan(cfg: RunConfig, target_store, draft_store, overheads=None):
     else:
         budget = parse_bytes(cfg.memory_budget)
     return plan_memory(budget, **inputs)
-
-
-def expert_options(cfg: RunConfig, target_store) -> dict | None:
-    """How a mixture of experts keeps its expert buffer; the path profile read from beside its store."""
-    if not target_store.args.moe:
-        return None
-    profile = None
-    if cfg.expert_preload == "paths" or cfg.expert_eviction == "edgemoe":
-        from scheduler.generation.expert_policy import PathStats
-
-        path = target_store.dir / PATHS_FILE
-        if path.exists() or cfg.expert_preload == "paths":
-            if not path.exists():
-                raise CadenceError(f"--expert-preload paths needs the expert path profile of {target_store.dir.name}; "
-                                   f"write it with `launch models profile-experts {cfg.target}`")
-            profile = PathStats.load(path)
-    return {"eviction": cfg.expert_eviction, "preload": cfg.expert_preload, "preload_k": cfg.expert_preload_k,
-            "profile": profile}
-
-
-PATHS_FILE = "expert_paths.json"  # EdgeMoE's path statistics, profiled on calibration prompts (launch models profile-experts)
 
 
 def draft_rows(cfg: RunConfig, draft_store) -> int:

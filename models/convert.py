@@ -159,6 +159,9 @@ def store_dir(label: str, sha: str, fmt: str) -> Path:
 def ensure_store(model: str, fmt: str, group_size: int = 32) -> WeightStore:
     """The weight store of `model` in `fmt`, converting it on first use."""
     check_format(fmt)
+    given = Path(model).expanduser()
+    if given.is_dir() and (given / "manifest.json").is_file():  # a weight store itself (e.g. one with expert-wise bitwidths)
+        return WeightStore(given)
     label, path, sha = resolve(model)
     out = store_dir(label, sha, fmt if fmt != "int4" else f"int4g{group_size}")
     if not _current(out):  # missing, or written by another version of cadence (a cache): convert, replacing it

@@ -24,7 +24,7 @@ def trace_paths(model: Transformer, prompt: list[int], n_new: int) -> list[list[
         for _ in range(n_new + 1):
             logits = model.forward(tokens, torch.arange(cache.end, cache.end + len(tokens)), cache, logits_rows=slice(-1, None))
             cache.commit()
-            layers = [ids.tolist() for ids in model.routes]  # [layer][row][k]
+            layers = [ids.tolist() for ids, _, _ in model.routes]  # [layer][row][k]
             paths += [[layers[i][r] for i in range(len(layers))] for r in range(len(tokens))]
             model.routes.clear()
             tokens = logits[-1:].argmax(-1)

@@ -123,7 +123,7 @@ class Transformer:
         self.head_needs = [NeedWeights(g, j) for j, g in enumerate(weights.head_groups)]
         self.lookahead = False  # MoE: guess the next layer's experts with its router (NeedExperts.guess)
         self.expert_batch = 0  # MoE: ask for at most this many experts at once (0: a layer's whole union)
-        self.routes: list | None = None  # MoE: when a list, each layer's expert ids [T, k] are appended (profiling)
+        self.routes: list | None = None  # MoE: when a list, each layer's (expert ids [T, k], weights [T, k], input h) is appended
 
     def new_cache(self, capacity: int, storage: torch.Tensor | None = None) -> KVCache:
         if capacity > self.args.context_length:
@@ -186,7 +186,7 @@ class Transformer:
         MoE output [T, dim] (each expert on its rows, weighted; plus the shared expert, gated)."""
         ids, top = self.route(w.router, h)
         if self.routes is not None:
-            self.routes.append(ids)
+            self.routes.append((ids, top, h))
         used = tuple(sorted(set(ids.flatten().tolist())))
         guess = self.guess(i, h) if self.lookahead else ()
         out = torch.zeros_like(h)

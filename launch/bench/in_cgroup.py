@@ -37,19 +37,21 @@ def label(row: dict) -> str:
     return f"{mode}/{row['experts']}" if row.get("experts") and row["mode"] != "llama.cpp" else mode
 
 
-def expert_variants(text: str | None) -> list[tuple[str, str]]:
-    """`--experts none+none,lru+router` -> [(eviction, preload), ...]; None: the run's defaults only."""
+def expert_variants(text: str | None) -> list[tuple[str, ...]]:
+    """`--experts none+none,lru+router,lru+router+bits` -> [(eviction, preload[, "bits"]), ...]; None: the
+    run's defaults only. `+bits`: the store with expert-wise bitwidths (`--bits-target`) instead of the target."""
     from launch.runner import RunConfig
 
     if not text:
         return [(RunConfig.expert_eviction, RunConfig.expert_preload)]
     out = []
     for v in text.split(","):
-        ev, _, pre = v.strip().partition("+")
-        if ev not in ("none", "lru", "edgemoe") or pre not in ("none", "paths", "router"):
-            raise CadenceError(f"--experts {v.strip()!r} is not EVICTION+PRELOAD (eviction lru, edgemoe or none; "
+        parts = tuple(v.strip().split("+"))
+        if len(parts) not in (2, 3) or parts[0] not in ("none", "lru", "edgemoe") or parts[1] not in ("none", "paths", "router") \
+                or parts[2:] not in ((), ("bits",)):
+            raise CadenceError(f"--experts {v.strip()!r} is not EVICTION+PRELOAD[+bits] (eviction lru, edgemoe or none; "
                                "preload none, paths or router), e.g. lru+router")
-        out.append((ev, pre))
+        out.append(parts)
     return out
 
 
@@ -108,11 +110,16 @@ def bench_cgroup(args, prompts: list[Prompt], baselines: list[str]):
     with tempfile.TemporaryDirectory(prefix="cadence-cgroup-bench-") as tmp:
         pfile = _prompt_file(prompts, Path(tmp))
         variants = expert_variants(getattr(args, "experts", None)) if tstore.args.moe else [None]
-        todo = [(m if v is None else f"{m}/{v[0]}+{v[1]}",
+        if any(v and v[2:] for v in variants) and not getattr(args, "bits_target", None):
+            raise CadenceError("an --experts variant with +bits needs --bits-target: the weight store `launch models "
+                               "expert-bits` wrote")
+        todo = [(m if v is None else f"{m}/{'+'.join(v)}",
                  [sys.executable, "-m", "launch.cli", "run", "--prompts", str(pfile), *_run_args(args, m, budget),
                   *([] if v is None else ["--expert-eviction", v[0], "--expert-preload", v[1],
-                                          "--expert-preload-k", str(args.expert_preload_k)])],
-                 files, budget) for m in modes for v in variants]
+                                          "--expert-preload-k", str(args.expert_preload_k)]),
+                  *(["--target", args.bits_target] if v and v[2:] else [])],
+                 files + ([f for f in sorted(Path(args.bits_target).iterdir()) if f.is_file()] if v and v[2:] else []), budget)
+                for m in modes for v in variants]
         todo += [(b, [sys.executable, "-m", "launch.bench.baselines", "--target", args.target, "--dtype", args.fmt,
                       "--prompts", str(pfile), "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads),
                       "--chat", args.chat, *(["--no-repack"] if args.no_repack else [])], [gguf], base_budget)

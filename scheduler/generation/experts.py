@@ -76,6 +76,7 @@ class ExpertCache:
         self.failure: ActorError | ActorDead | None = None
         self.on_events = None  # the Streamer's, when layers stream too: it hears what this class's polls take
         self.stats = ExpertStats()
+        self.taken = ExpertStats()  # what take_stats handed out, summed: with `stats`, the run's totals
         s.add_listener(self._on_event)
 
     def group(self, key: tuple[int, int]) -> str:
@@ -93,6 +94,7 @@ class ExpertCache:
                 self._evict(k)
         st = self.stats
         st.requests += len(keys)
+        missed = []
         for k in keys:
             if k in self.held or k in self.by_key:
                 st.hits += 1
@@ -100,6 +102,7 @@ class ExpertCache:
                     st.preload_hits += 1
             else:
                 st.misses += 1
+                missed.append(k[1])
                 self._read(k, preload=False)
             self.preloaded.discard(k)
             if self.policy is not None:
@@ -108,6 +111,11 @@ class ExpertCache:
         self.last[layer] = tuple(sorted({*self.last[layer], *experts})) if layer == self.layer else tuple(experts)
         self.layer = layer
         self._plan_preloads(layer, self.last[layer], guess)
+        tracer = self.s.tracer
+        if tracer.enabled:  # what the trace shows of the buffer: each request's misses, and the running counts
+            tracer.instant(f"experts {layer}", cat="experts", args={"layer": layer, "experts": list(experts), "missed": missed,
+                                                                     "preloading": [e for _, e in self.queue]})
+            tracer.counter("expert buffer", {"held": len(self.held), "hits": st.hits, "misses": st.misses})
         self._wait(keys)
         return {f"e{e}": self.s.slot_desc(self.held[(layer, e)]) for e in experts}
 
@@ -206,7 +214,13 @@ class ExpertCache:
 
     def take_stats(self) -> dict:
         st, self.stats = self.stats, ExpertStats()
+        for k, v in vars(st).items():
+            setattr(self.taken, k, getattr(self.taken, k) + v)
         return st.as_dict()
+
+    def totals(self) -> tuple[int, int, int]:
+        """(hits, misses, bytes read) since the run began: what the monitor shows."""
+        return (self.taken.hits + self.stats.hits, self.taken.misses + self.stats.misses, self.taken.bytes + self.stats.bytes)
 
     def close(self):
         """Give every slot back once the loader has answered what was asked of it (end of a run, also after a failure)."""

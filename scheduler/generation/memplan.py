@@ -105,7 +105,7 @@ class MemoryPlan:
 
     def lines(self) -> list[tuple[str, int]]:
         o = self.overheads
-        actors = 1 + self.has_draft + bool(self.streamed)
+        actors = 1 + self.has_draft + bool(self.streamed or self.expert_buffer)
         return [("draft weights", self.draft_weights), ("KV caches", self.draft_kv + self.target_kv),
                 ("scheduler + watchdog", o.scheduler + o.watchdog),
                 (f"actors' code (zygote, shared by {actors})", o.runtime + actors * o.actor),
@@ -254,6 +254,11 @@ def activation_bytes(args: dict, rows_prefill: int, rows_verify: int, greedy: bo
     a = args
     q, kv = a["n_heads"] * a["head_dim"], a["n_kv_heads"] * a["head_dim"]
     per_row = 4 * max(2 * a["dim"] + 3 * a["ffn_dim"], 2 * a["dim"] + 2 * q + 2 * kv + q) + a["dim"] + a["ffn_dim"]
+    if a.get("n_experts"):  # a row's experts, one after another: its input, gate|up, product and output each, the
+        # router's logits and probabilities, the layer's output (measured: the heap keeps what they used)
+        e = a["expert_ffn_dim"]
+        per_row += 4 * (a["n_experts_used"] * (2 * a["dim"] + 3 * e) + 2 * a["n_experts"] + a["dim"]
+                        + 3 * (a.get("shared_ffn_dim") or 0))
     vocab = head_rows or a["vocab_size"]
     logits = 4 * a["vocab_size"] + 4 * vocab * (1 if greedy else 3)  # the -inf-padded row, the head part's, probs
     return _align(max(rows_prefill * per_row + logits, rows_verify * (per_row + logits)))

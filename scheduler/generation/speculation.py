@@ -86,6 +86,11 @@ class ActorSpeculation:
                                 counter=sched.tracer.counter)
 
     @property
+    def experts(self):
+        """A mixture of experts' buffer under a budget (scheduler/generation/experts.py), or None."""
+        return self.target.experts
+
+    @property
     def streamer(self):
         """The loader's side of a streamed target (scheduler/generation/streaming.py), or None."""
         return self.target.streamer
