@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from cadence.errors import CadenceError
 
+PATHS_FILE = "expert_paths.json"  # EdgeMoE's path statistics, profiled on calibration prompts (launch models profile-experts)
+
+
 def expert_options(cfg, target_store) -> dict | None:
     """How a mixture of experts keeps its expert buffer; the path profile read from beside its store."""
     if not target_store.args.moe:

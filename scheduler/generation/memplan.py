@@ -217,10 +217,14 @@ def _plan_moe(budget, target_groups, draft_weights, draft_kv, target_kv, o, max_
         return MemoryPlan(budget, draft_weights, draft_kv, target_kv, fixed, tuple(dense), (), held, 0, 0, o,
                           smallest=fixed + held + minimum, group_bytes={**dense, **sizes}, expert_buffer=buffer,
                           experts=len(sizes), expert_bytes=largest)
-    try:
-        plan = plan_memory(budget - minimum, target_groups, draft_weights, draft_kv, target_kv, o, max_slots)
-    except CadenceError as e:
-        raise CadenceError(f"{e} (plus {fmt(minimum)} for one token's experts)") from None
+    smallest = fixed + 2 * max(dense.values()) + minimum
+    if budget < smallest:
+        raise CadenceError(
+            f"a memory budget of {fmt(budget)} is too small: it must hold {f'the draft ({fmt(draft_weights)}), ' if draft_weights else ''}"
+            f"the KV caches ({fmt(draft_kv + target_kv)}), the runtime's processes, activations and code "
+            f"({fmt(fixed - draft_weights - draft_kv - target_kv)}), two streaming slots ({fmt(2 * max(dense.values()))}) "
+            f"and one token's experts ({fmt(minimum)}); the smallest budget that works is {fmt(smallest)}")
+    plan = plan_memory(budget - minimum, target_groups, draft_weights, draft_kv, target_kv, o, max_slots)
     buffer = minimum + max(0, budget - minimum - plan.total) // ALIGN * ALIGN
     return replace(plan, budget=budget, expert_buffer=min(total, buffer), experts=len(sizes), expert_bytes=largest,
                    smallest=plan.smallest + minimum, group_bytes={**plan.group_bytes, **sizes})
