@@ -137,10 +137,12 @@ def cmd_expert_bits(args) -> int:
     t0 = time.time()
     label, path, sha = resolve(args.name)
     source = open_source(path, sha)
-    names = [f"blk.{i}.exp.{e}.{w}" for i in range(a.n_layers) for e in range(a.n_experts) for w in ("gate_up", "down")]
-    floats = {n: torch.from_numpy(source.get(n)) for n in names}
-    variants = {lvl: quantize_experts(floats, a, lvl) for lvl in LEVELS}
-    del floats
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True)) as bar:
+        task = bar.add_task("experts at int2, int4, int8", total=a.n_layers * a.n_experts)
+        variants, encoded = quantize_experts(lambda n: torch.from_numpy(source.get(n)), a, progress=lambda: bar.advance(task))
     weights = MixedExperts(StreamingWeights(base, {g for g in base.group_names() if not g.startswith("expert.")}), variants)
     model = Transformer(a, weights)
     tok = TextTokenizer(base.tokenizer_info)
@@ -150,7 +152,9 @@ def cmd_expert_bits(args) -> int:
     del variants, weights, model
     counts = {lvl: sum(f == lvl for f in choice.formats.values()) for lvl in LEVELS}
     out = store_dir(label, sha, f"{args.fmt}-eb{round(args.loss * 1000)}")
-    convert(source, out, args.fmt, label=label, expert_formats=choice.formats)
+    keep = {(f"blk.{i}.exp.{e}.{w}", f) for (i, e), f in choice.formats.items() for w in ("gate_up", "down")}
+    encoded = {k: v for k, v in encoded.items() if k in keep}  # the levels not chosen go now
+    convert(source, out, args.fmt, label=label, expert_formats=choice.formats, encoded=encoded)
     (out / "expert_bits.json").write_text(json.dumps({
         "loss_tolerated": args.loss, "loss": choice.loss, "uniform_loss": choice.uniform_loss, "counts": counts,
         "evaluations": choice.evaluations, "calibration_tokens": sum(len(c) for c in calibration)}, indent=1))

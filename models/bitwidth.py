@@ -58,11 +58,24 @@ class MixedExperts:
         return {e: self.variants[self.choice.get((need.layer, e), self.default)][need.layer, e] for e in need.experts}
 
 
-def quantize_experts(tensors: dict[str, torch.Tensor], args, fmt: str, group_size: int = 32) -> dict[tuple[int, int], ExpertWeights]:
-    """Every expert of float `tensors` (canonical names) in `fmt`."""
-    enc = lambda w: linear.decode(fmt, *linear.encode(w, fmt, group_size))
-    return {(i, e): ExpertWeights(enc(tensors[f"blk.{i}.exp.{e}.gate_up"]), enc(tensors[f"blk.{i}.exp.{e}.down"]))
-            for i in range(args.n_layers) for e in range(args.n_experts)}
+def quantize_experts(get, args, levels=LEVELS, group_size: int = 32, progress=None):
+    """Every expert at every level: ({level: {(layer, expert): ExpertWeights}}, {(tensor name, level): (arrays,
+    meta)} to write a store from without encoding again). `get(name)`: a canonical tensor as float, read one
+    expert at a time (a model's experts in float would not fit in memory); `progress()`: called per expert."""
+    variants: dict[str, dict] = {lvl: {} for lvl in levels}
+    encoded: dict[tuple[str, str], tuple] = {}
+    for i in range(args.n_layers):
+        for e in range(args.n_experts):
+            ws = {w: get(f"blk.{i}.exp.{e}.{w}") for w in ("gate_up", "down")}
+            for lvl in levels:
+                lin = {}
+                for w, t in ws.items():
+                    encoded[f"blk.{i}.exp.{e}.{w}", lvl] = arrays, meta = linear.encode(t, lvl, group_size)
+                    lin[w] = linear.decode(lvl, arrays, meta)
+                variants[lvl][i, e] = ExpertWeights(lin["gate_up"], lin["down"])
+            if progress is not None:
+                progress()
+    return variants, encoded
 
 
 def _logits(model: Transformer, ids: torch.Tensor) -> torch.Tensor:

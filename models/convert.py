@@ -40,9 +40,10 @@ def linear_format(name: str, fmt: str, expert_formats: dict | None = None) -> st
 
 
 def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str = "", progress: Progress | None = None,
-            expert_formats: dict | None = None) -> Path:
+            expert_formats: dict | None = None, encoded: dict | None = None) -> Path:
     """Write `source` as a weight store at `out_dir` (atomically: a `.partial` dir renamed at the end).
-    `expert_formats`: {(layer, expert): format} for experts stored at their own bitwidth (EdgeMoE §3.2)."""
+    `expert_formats`: {(layer, expert): format} for experts stored at their own bitwidth (EdgeMoE §3.2);
+    `encoded`: {(tensor, format): (arrays, meta)} already encoded (models/bitwidth.py), written as they are."""
     import torch  # only a conversion needs it: a run that finds its store stays torch-free (and numpy-free)
 
     from models import linear
@@ -66,9 +67,13 @@ def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str
         if own:
             progress.start()
         for group, name in names:
+            f = linear_format(name, fmt, expert_formats) if is_linear(name) else ""
+            if encoded and (name, f) in encoded:
+                writer.add(group, name, f, *encoded[name, f])
+                progress.advance(task)
+                continue
             w = torch.from_numpy(source.get(name))
             if is_linear(name):
-                f = linear_format(name, fmt, expert_formats)
                 arrays, meta = linear.encode(w, f, group_size=group_size)
                 writer.add(group, name, f, arrays, meta)
             else:

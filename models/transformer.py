@@ -173,13 +173,17 @@ class Transformer:
         return ids, top
 
     def guess(self, i: int, h: torch.Tensor) -> tuple[int, ...]:
-        """Next-router lookahead (mixtral-offloading): layer i+1's router applied to layer i's FFN input; ()
-        at the last layer or when layer i+1 is not at hand."""
+        """Next-router lookahead (mixtral-offloading): the experts layer i+1's router picks for layer i's FFN
+        input, by their best routing weight over the rows; () at the last layer or when layer i+1 is not at hand."""
         try:
             router = self.weights.layer(i + 1).router
         except (IndexError, KeyError):
             return ()
-        return tuple(sorted(set(self.route(router, h)[0].flatten().tolist())))
+        ids, top = self.route(router, h)
+        best: dict[int, float] = {}
+        for e, p in zip(ids.flatten().tolist(), top.flatten().tolist()):
+            best[e] = max(best.get(e, 0.0), p)
+        return tuple(sorted(best, key=lambda e: (-best[e], e)))  # the likeliest first: a preload takes the first few
 
     def moe(self, i: int, w, h: torch.Tensor):
         """A generator: yields `NeedExperts` for the experts the rows of h route to, returns the layer's

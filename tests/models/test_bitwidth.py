@@ -18,7 +18,7 @@ ARGS = dataclasses.replace(ARCHS["qwen3_moe"], dim=128, n_heads=4, head_dim=32, 
 @pytest.fixture(scope="module")
 def setup():
     t = random_tensors(ARGS, seed=9, scale=1.5)
-    mixed = MixedExperts(TensorWeights(ARGS, t, "int4"), {lvl: quantize_experts(t, ARGS, lvl) for lvl in LEVELS})
+    mixed = MixedExperts(TensorWeights(ARGS, t, "int4"), quantize_experts(t.__getitem__, ARGS)[0])
     g = torch.Generator().manual_seed(4)
     calibration = [torch.randint(0, ARGS.vocab_size, (48,), generator=g) for _ in range(3)]
     return Transformer(ARGS, mixed), mixed, calibration
