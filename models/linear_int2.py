@@ -20,7 +20,9 @@ from cadence.errors import CadenceError
 QG, SUPER, RUN = 32, 256, 128  # group (sub-block), super-block, weights per 32 packed bytes
 GROUP_SIZES = (32, 64)  # as int4: 64 shares one sub-scale and minimum across two groups of 32
 LEVELS = 3  # codes 0..3
-SHRINK = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)  # the search: fractions of a group's span cut from each end
+# the search: fractions of a group's span cut from each end (a 7 x 7 grid of 0 .. 0.3 gave 0.2950 relative
+# error on gaussian weights, this 3 x 3 one 0.2964, in a fifth of the time: a 7B mixture's experts in minutes)
+SHRINK = (0.0, 0.1, 0.2)
 
 
 def pack(codes: torch.Tensor) -> torch.Tensor:
