@@ -43,6 +43,9 @@ def add_parser(sub):
     pb.add_argument("--dtype", "--format", dest="fmt", default="int4", help="the format of the non-expert weights")
     pb.add_argument("--prompts", default=None, help="calibration prompts (JSONL; default: the development set)")
     pb.add_argument("--tokens", type=int, default=256, help="calibration tokens per prompt (its first N)")
+    pb.add_argument("--levels", default="int2,int4,int8",
+                    help="the bitwidths to choose from, fewest bits first; the last is the reference the loss is measured "
+                         "against (int2,int4: against the int4 store, in half the memory: every expert is held at each level)")
     pb.set_defaults(func=cmd_expert_bits)
     pr = msub.add_parser("rm", help="remove a pulled model and its weight stores, or one weight store")
     pr.add_argument("names", nargs="+", help="default model names (as `launch models list` shows them) or weight store names")
@@ -130,6 +133,9 @@ def cmd_expert_bits(args) -> int:
 
     if not 0 <= args.loss < 1:
         raise CadenceError(f"--loss {args.loss} is a share of positions in [0, 1), e.g. 0.05")
+    levels = tuple(x.strip() for x in args.levels.split(",") if x.strip())
+    if len(levels) < 2 or any(x not in LEVELS for x in levels) or list(levels) != sorted(levels, key=LEVELS.index):
+        raise CadenceError(f"--levels {args.levels}: give two or three of {', '.join(LEVELS)}, fewest bits first")
     base = ensure_store(args.name, args.fmt)
     a = base.args
     if not a.moe:
@@ -141,26 +147,29 @@ def cmd_expert_bits(args) -> int:
 
     with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True)) as bar:
-        task = bar.add_task("experts at int2, int4, int8", total=a.n_layers * a.n_experts)
-        variants, encoded = quantize_experts(lambda n: torch.from_numpy(source.get(n)), a, progress=lambda: bar.advance(task))
+        task = bar.add_task(f"experts at {', '.join(levels)}", total=a.n_layers * a.n_experts)
+        variants, encoded = quantize_experts(lambda n: torch.from_numpy(source.get(n)), a, levels,
+                                             progress=lambda: bar.advance(task))
     weights = MixedExperts(StreamingWeights(base, {g for g in base.group_names() if not g.startswith("expert.")}), variants)
     model = Transformer(a, weights)
     tok = TextTokenizer(base.tokenizer_info)
     calibration = [torch.tensor(ids[:args.tokens]) for p in load_prompts(args.prompts or DEFAULT_PROMPTS)
                    if len(ids := tok.encode(p.text)) > 1]
-    choice = choose_bitwidths(model, weights, calibration, args.loss)
+    weights.default = levels[-1]
+    choice = choose_bitwidths(model, weights, calibration, args.loss, levels)
     del variants, weights, model
-    counts = {lvl: sum(f == lvl for f in choice.formats.values()) for lvl in LEVELS}
+    counts = {lvl: sum(f == lvl for f in choice.formats.values()) for lvl in levels}
     out = store_dir(label, sha, f"{args.fmt}-eb{round(args.loss * 1000)}")
     keep = {(f"blk.{i}.exp.{e}.{w}", f) for (i, e), f in choice.formats.items() for w in ("gate_up", "down")}
     encoded = {k: v for k, v in encoded.items() if k in keep}  # the levels not chosen go now
     convert(source, out, args.fmt, label=label, expert_formats=choice.formats, encoded=encoded)
     (out / "expert_bits.json").write_text(json.dumps({
-        "loss_tolerated": args.loss, "loss": choice.loss, "uniform_loss": choice.uniform_loss, "counts": counts,
+        "loss_tolerated": args.loss, "levels": list(levels), "loss": choice.loss, "uniform_loss": choice.uniform_loss, "counts": counts,
         "evaluations": choice.evaluations, "calibration_tokens": sum(len(c) for c in calibration)}, indent=1))
     print(f"{out}: experts at " + ", ".join(f"{lvl} {n}" for lvl, n in counts.items() if n) +
-          f"; accuracy loss {choice.loss:.3f} (tolerated {args.loss}; every expert at int2 {choice.uniform_loss['int2']:.3f}, "
-          f"int4 {choice.uniform_loss['int4']:.3f}); {choice.evaluations} evaluations, {time.time() - t0:.0f} s. "
+          f"; accuracy loss against {levels[-1]} {choice.loss:.3f} (tolerated {args.loss}; every expert at "
+          + ", ".join(f"{lvl} {choice.uniform_loss[lvl]:.3f}" for lvl in levels[:-1]) +
+          f"); {choice.evaluations} evaluations, {time.time() - t0:.0f} s. "
           f"Run it with --target {out}")
     return 0
 

@@ -68,9 +68,10 @@ def add_model_args(p):
     e.add_argument("--expert-eviction", default="lru", choices=("lru", "edgemoe", "none"),
                    help="which expert leaves the buffer first: least recently used, EdgeMoE's score (activation "
                         "frequency x how soon its layer runs), or none: no buffer, every expert read when used")
-    e.add_argument("--expert-preload", default="router", choices=("none", "paths", "router"),
+    e.add_argument("--expert-preload", default="none", choices=("none", "paths", "router"),
                    help="read the next layer's likely experts while this one computes: paths: EdgeMoE's path "
-                        "statistics (launch models profile-experts), router: the next layer's router on this layer's input")
+                        "statistics (launch models profile-experts), router: the next layer's router on this layer's input; "
+                        "none (the default): LRU alone was fastest on a 2-core CPU (BENCHMARKS.md)")
     e.add_argument("--expert-preload-k", type=int, default=2, metavar="K", help="experts preloaded per layer")
     p.add_argument("--context", type=int, default=None, metavar="N",
                    help="prompt tokens the memory plan leaves KV cache room for (default: the longest prompt given)")
@@ -130,5 +131,5 @@ def run_config(args, mode: str) -> RunConfig:
                      memory_budget=args.memory_budget, sparse_worker=worker,
                      worker_share=share, column_share=columns, plan_context=getattr(args, "context", None),
                      draft_vocab=getattr(args, "draft_vocab", None), draft_fmt=getattr(args, "draft_fmt", None),
-                     expert_eviction=getattr(args, "expert_eviction", "lru"), expert_preload=getattr(args, "expert_preload", "router"),
+                     expert_eviction=getattr(args, "expert_eviction", "lru"), expert_preload=getattr(args, "expert_preload", "none"),
                      expert_preload_k=getattr(args, "expert_preload_k", 2))

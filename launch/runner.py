@@ -55,7 +55,7 @@ class RunConfig:
     plan_context: int | None = None  # prompt tokens the memory plan leaves KV room for (None: the longest prompt given, else 1024)
     # a mixture of experts under a budget (scheduler/generation/experts.py): how its expert buffer is kept
     expert_eviction: str = "lru"  # lru | edgemoe | none (loading on demand, no buffer)
-    expert_preload: str = "router"  # none | paths (EdgeMoE's path statistics) | router (next-router lookahead)
+    expert_preload: str = "none"  # none | paths (EdgeMoE's path statistics) | router (next-router lookahead)
     expert_preload_k: int = 2  # experts preloaded per layer
 
     @property

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from cadence.heap import trim_heap
 from models import linear
 from models.transformer import Transformer
 from models.weights import ExpertWeights
@@ -58,7 +59,7 @@ class MixedExperts:
         return {e: self.variants[self.choice.get((need.layer, e), self.default)][need.layer, e] for e in need.experts}
 
 
-def quantize_experts(get, args, levels=LEVELS, group_size: int = 32, progress=None):
+def quantize_experts(get, args, levels: tuple[str, ...] = LEVELS, group_size: int = 32, progress=None):
     """Every expert at every level: ({level: {(layer, expert): ExpertWeights}}, {(tensor name, level): (arrays,
     meta)} to write a store from without encoding again). `get(name)`: a canonical tensor as float, read one
     expert at a time (a model's experts in float would not fit in memory); `progress()`: called per expert."""
@@ -75,6 +76,8 @@ def quantize_experts(get, args, levels=LEVELS, group_size: int = 32, progress=No
                 variants[lvl][i, e] = ExpertWeights(lin["gate_up"], lin["down"])
             if progress is not None:
                 progress()
+            if e % 16 == 15:  # the float copies came and went: give the heap they fragmented back
+                trim_heap()
     return variants, encoded
 
 
@@ -82,13 +85,16 @@ def _logits(model: Transformer, ids: torch.Tensor) -> torch.Tensor:
     return model.forward(ids, torch.arange(len(ids)), model.new_cache(len(ids)))
 
 
-def choose_bitwidths(model: Transformer, mixed: MixedExperts, calibration: list[torch.Tensor], tolerance: float) -> BitwidthChoice:
-    """`model` runs on `mixed` (variants for every level of LEVELS); `calibration`: token id sequences."""
+def choose_bitwidths(model: Transformer, mixed: MixedExperts, calibration: list[torch.Tensor], tolerance: float,
+                     levels: tuple[str, ...] = LEVELS) -> BitwidthChoice:
+    """`model` runs on `mixed` (variants for every one of `levels`, fewest bits first; the last is the
+    reference the loss is measured against); `calibration`: token id sequences."""
     if not 0 <= tolerance < 1:
         raise ValueError(f"the tolerable accuracy loss is a share in [0, 1); got {tolerance}")
     a = model.args
     keys = [(i, e) for i in range(a.n_layers) for e in range(a.n_experts)]
-    mixed.choice, mixed.default = {}, "int8"
+    top = levels[-1]
+    mixed.choice, mixed.default = {}, top
     # the reference's choices, and what each layer's experts saw (inputs, routing) on the calibration text
     model.routes, ref = [], []
     try:
@@ -110,12 +116,12 @@ def choose_bitwidths(model: Transformer, mixed: MixedExperts, calibration: list[
             total += len(r)
         return 1 - same / total
 
-    uniform = {lvl: (loss({}, lvl) if lvl != "int8" else 0.0) for lvl in LEVELS}
-    hi = next((lvl for lvl in LEVELS if uniform[lvl] <= tolerance), "int8")
-    lo = LEVELS[LEVELS.index(hi) - 1] if hi != LEVELS[0] else None
+    uniform = {lvl: (loss({}, lvl) if lvl != top else 0.0) for lvl in levels}
+    hi = next(lvl for lvl in levels if uniform[lvl] <= tolerance)
+    lo = levels[levels.index(hi) - 1] if hi != levels[0] else None
     if lo is None:  # even INT2 everywhere is within the tolerance
         return BitwidthChoice({k: hi for k in keys}, uniform[hi], uniform, evaluations)
-    importance = _importance(model, mixed, routes, lo)
+    importance = _importance(model, mixed, routes, lo, top)
     order = sorted(keys, key=lambda k: importance.get(k, 0.0))  # least important first
     best, best_loss = 0, uniform[hi]
     lo_k, hi_k = 1, len(order)
@@ -127,11 +133,11 @@ def choose_bitwidths(model: Transformer, mixed: MixedExperts, calibration: list[
         else:
             hi_k = k - 1
     formats = {key: hi for key in keys} | {key: lo for key in order[:best]}
-    mixed.choice, mixed.default = {}, "int8"
+    mixed.choice, mixed.default = {}, top
     return BitwidthChoice(formats, best_loss, uniform, evaluations)
 
 
-def _importance(model: Transformer, mixed: MixedExperts, routes: list, lo: str) -> dict:
+def _importance(model: Transformer, mixed: MixedExperts, routes: list, lo: str, reference: str) -> dict:
     """(layer, expert) -> sum over the calibration tokens routed to it of ||routing weight x (E_lo(h) - E_ref(h))||^2,
     relative to the layer input's summed squares. `routes`: the reference pass's (ids, weights, h), layer after layer."""
     n = model.args.n_layers
@@ -141,7 +147,7 @@ def _importance(model: Transformer, mixed: MixedExperts, routes: list, lo: str) 
         for e in ids.unique().tolist():
             rows, k = (ids == e).nonzero(as_tuple=True)
             x = h.index_select(0, rows)
-            ref, low = mixed.variants["int8"][i, e], mixed.variants[lo][i, e]
+            ref, low = mixed.variants[reference][i, e], mixed.variants[lo][i, e]
             d = (model.ffn(low.gate_up, low.down, x) - model.ffn(ref.gate_up, ref.down, x)) * top[rows, k, None]
             out[i, e] = out.get((i, e), 0.0) + float(d.pow(2).sum()) / scale
     return out

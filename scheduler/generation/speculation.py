@@ -51,7 +51,7 @@ class ActorSpeculation:
             sched.spawn("sparse", actors["sparse"], {"threads": 1, "model": model_args, "store": target_store,
                                                      "columns": worker.get("columns", 0.0)}, wait=False)
         moe = plan is not None and plan.expert_buffer > 0
-        experts = {"eviction": "lru", "preload": "router", "preload_k": 2, "profile": None, **(experts or {})}
+        experts = {"eviction": "lru", "preload": "none", "preload_k": 2, "profile": None, **(experts or {})}
         if plan is not None and (plan.streamed or moe):
             vinit["resident"] = list(plan.resident)
             if moe:  # a request for experts never asks for more than the buffer holds

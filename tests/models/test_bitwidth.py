@@ -53,3 +53,10 @@ def test_a_bad_tolerance_is_refused(setup):
     model, mixed, calibration = setup
     with pytest.raises(ValueError, match="tolerable accuracy loss"):
         choose_bitwidths(model, mixed, calibration, 1.5)
+
+
+def test_two_levels_measure_against_the_higher_one(setup):
+    model, mixed, calibration = setup
+    choice = choose_bitwidths(model, mixed, calibration, 0.1, levels=("int2", "int4"))
+    assert set(choice.formats.values()) <= {"int2", "int4"} and choice.uniform_loss["int4"] == 0.0
+    assert choice.loss <= 0.1
