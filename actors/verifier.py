@@ -122,15 +122,9 @@ class VerifierActor(Actor):
             raise RuntimeError(f"experts {args.experts} of layer {args.layer} arrived but the verifier waits for "
                                f"{self._waits_for()}")
         with self.trace.span(f"compute:experts.{args.layer}", cat="verify", args={"experts": len(args.experts)}):
-            w = {e: self.weights.from_buffer(f"expert.{args.layer}.{e}", self.tensor(tensors[f"e{e}"])) for e in args.experts}
-            try:
-                nxt = self.job.send(w)
-            except StopIteration as done:
-                return self._done(done.value)
-            except BaseException:
-                self._fail()
-                raise
-        return self._advance(nxt)
+            r = self._send({e: self.weights.from_buffer(f"expert.{args.layer}.{e}", self.tensor(tensors[f"e{e}"]))
+                            for e in args.experts})
+        return r if isinstance(r, dict) else self._advance(r)
 
     def _waits_for(self) -> str:
         if self.job is None:
@@ -144,15 +138,18 @@ class VerifierActor(Actor):
         if self.job is None or not isinstance(self.need, NeedWeights) or group != self.need.group:
             raise RuntimeError(f"layer {group} arrived but the verifier waits for {self._waits_for()}")
         with self.trace.span(f"compute:{group}", cat="verify", args={"group": group}):
-            w = self.weights.from_buffer(group, self.tensor(tensors["slot"]))
-            try:
-                need = self.job.send(w)
-            except StopIteration as done:
-                return self._done(done.value)
-            except BaseException:
-                self._fail()
-                raise
-        return self._advance(need)  # resident layers after it count as their own work, not this group's
+            r = self._send(self.weights.from_buffer(group, self.tensor(tensors["slot"])))
+        return r if isinstance(r, dict) else self._advance(r)  # resident layers after it count as their own work
+
+    def _send(self, weights):
+        """Hand the job what it waited for: its next request, or (at its end) the reply."""
+        try:
+            return self.job.send(weights)
+        except StopIteration as done:
+            return self._done(done.value)
+        except BaseException:
+            self._fail()
+            raise
 
     def _resident(self, need: NeedWeights) -> bool:
         return not self.streaming or self.weights.is_resident(need)

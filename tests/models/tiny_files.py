@@ -33,6 +33,18 @@ def tokenizer_fields(vocab_size: int):
     return toks, types, merges
 
 
+def add_tokenizer(w, vocab_size: int):
+    """The tiny byte-level BPE tokenizer's fields, on a `gguf.GGUFWriter`."""
+    toks, types, merges = tokenizer_fields(vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(toks.index("<|endoftext|>"))
+    w.add_eos_token_id(toks.index("<|im_end|>"))
+
+
 def _llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf permutation of q/k rows (the inverse of what we undo)."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -52,14 +64,7 @@ def write_gguf(path: Path, args: ModelArgs, t: dict[str, torch.Tensor], qtype: s
     w.add_head_count_kv(args.n_kv_heads)
     w.add_rope_freq_base(args.rope_base)
     w.add_layer_norm_rms_eps(args.norm_eps)
-    toks, types, merges = tokenizer_fields(args.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(toks)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(toks.index("<|endoftext|>"))
-    w.add_eos_token_id(toks.index("<|im_end|>"))
+    add_tokenizer(w, args.vocab_size)
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from models.config import ModelArgs
-from tests.models.tiny_files import _llama_permute, tokenizer_fields
+from tests.models.tiny_files import _llama_permute, add_tokenizer, tokenizer_fields
 
 _BASE = dict(vocab_size=320, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, norm_eps=1e-6, rope_base=10000.0,
              context_length=256, tied_embeddings=False, head_dim=16)
@@ -120,14 +120,7 @@ def write_gguf(path: Path, a: ModelArgs, t: dict[str, torch.Tensor], qtype: str 
             w.add_expert_feed_forward_length(a.expert_ffn_dim)
         if a.shared_ffn_dim:
             w.add_expert_shared_feed_forward_length(a.shared_ffn_dim)
-    toks, types, merges = tokenizer_fields(a.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(toks)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(toks.index("<|endoftext|>"))
-    w.add_eos_token_id(toks.index("<|im_end|>"))
+    add_tokenizer(w, a.vocab_size)
 
     def put(name, x):
         arr = np.ascontiguousarray(x.float().numpy() if isinstance(x, torch.Tensor) else x, dtype=np.float32)
