@@ -21,7 +21,7 @@ from actors.syncarea import Clock
 from models.engine import load_store
 from models.plan import NeedExperts, NeedWeights
 from models.sampling import SamplingConfig
-from models.store import WeightStore
+from models.store import WeightStore, expert_group
 from models.transformer import Transformer
 from models.weights import StreamingWeights, weights_for
 from speculative.draft import trials_from_wire
@@ -122,7 +122,7 @@ class VerifierActor(Actor):
             raise RuntimeError(f"experts {args.experts} of layer {args.layer} arrived but the verifier waits for "
                                f"{self._waits_for()}")
         with self.trace.span(f"compute:experts.{args.layer}", cat="verify", args={"experts": len(args.experts)}):
-            r = self._send({e: self.weights.from_buffer(f"expert.{args.layer}.{e}", self.tensor(tensors[f"e{e}"]))
+            r = self._send({e: self.weights.from_buffer(expert_group(args.layer, e), self.tensor(tensors[f"e{e}"]))
                             for e in args.experts})
         return r if isinstance(r, dict) else self._advance(r)
 

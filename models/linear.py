@@ -135,21 +135,23 @@ class Int8Linear(Linear):
 
 class Int4Linear(Linear):
     fmt = "int4"
+    per_byte = 2  # codes packed in a byte
+    kernel_fmt = kernels.Q4
 
     def __init__(self, q: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, s: torch.Tensor, m: torch.Tensor,
                  bias: torch.Tensor | None = None):
-        super().__init__(q.shape[0], q.shape[1] * 2, bias)
+        super().__init__(q.shape[0], q.shape[1] * self.per_byte, bias)
         self.q, self.sc, self.mn, self.s, self.m = q, sc, mn, s, m
         self.kernel = _use_kernel(q, self.k)
         self._dense = None
 
     def _kernel(self, x, **kw):
-        return kernels.linear(x, kernels.Q4, self.n, self.k, self.q, self.sc, self.mn, self.s.view(torch.int16),
+        return kernels.linear(x, self.kernel_fmt, self.n, self.k, self.q, self.sc, self.mn, self.s.view(torch.int16),
                               self.m.view(torch.int16), **kw)
 
     def rows(self, n0, n1):
         b = None if self.bias is None else self.bias[n0:n1]
-        return Int4Linear(self.q[n0:n1], self.sc[n0:n1], self.mn[n0:n1], self.s[n0:n1], self.m[n0:n1], b)
+        return type(self)(self.q[n0:n1], self.sc[n0:n1], self.mn[n0:n1], self.s[n0:n1], self.m[n0:n1], b)
 
     def matmul(self, x, out=None):
         if self.kernel:
@@ -175,32 +177,15 @@ class Int4Linear(Linear):
         return self.q.numel() + self.sc.numel() + self.mn.numel() + (self.s.numel() + self.m.numel()) * 2
 
 
-class Int2Linear(Linear):
+class Int2Linear(Int4Linear):
     """int2 codes (4 per byte, models/linear_int2.py) with int4's scales: the same arithmetic as Int4Linear."""
     fmt = "int2"
-
-    def __init__(self, q: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, s: torch.Tensor, m: torch.Tensor,
-                 bias: torch.Tensor | None = None):
-        super().__init__(q.shape[0], q.shape[1] * 4, bias)
-        self.q, self.sc, self.mn, self.s, self.m = q, sc, mn, s, m
-        self.kernel = _use_kernel(q, self.k)
-        self._dense = None
-
-    def _kernel(self, x, **kw):
-        return kernels.linear(x, kernels.Q2, self.n, self.k, self.q, self.sc, self.mn, self.s.view(torch.int16),
-                              self.m.view(torch.int16), **kw)
-
-    def rows(self, n0, n1):
-        b = None if self.bias is None else self.bias[n0:n1]
-        return Int2Linear(self.q[n0:n1], self.sc[n0:n1], self.mn[n0:n1], self.s[n0:n1], self.m[n0:n1], b)
+    per_byte = 4
+    kernel_fmt = kernels.Q2
 
     def codes(self) -> torch.Tensor:
         """The 2-bit codes as uint8 [N, K]."""
         return linear_int2.unpack(self.q)
-
-    matmul = Int4Linear.matmul
-    dequantized = Int4Linear.dequantized
-    nbytes = Int4Linear.nbytes
 
 
 def column_split(n: int, share: float) -> int:
@@ -221,31 +206,19 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor],
         raise CadenceError(f"int4 group size {group} is not supported; use 32 or 64")
     if k % group:
         raise CadenceError(f"int4 with groups of {group} needs the input width ({k}) to be a multiple of {group}; try --group-size 32")
-    ng, nsb = k // SUB, -(-k // SUPER)
+    ng = k // SUB
     wg = w.view(n, k // group, group)
     lo = wg.amin(-1).clamp(max=0)
     hi = wg.amax(-1)
     scale = ((hi - lo) / 15.0).repeat_interleave(group // SUB, dim=1)  # [N, K/32]
     offset = (-lo).repeat_interleave(group // SUB, dim=1)
-    pad = nsb * (SUPER // SUB) - ng  # a short last super-block
-
-    def super_of(t):  # [N, K/32] -> per super-block max / 255, fp16
-        t = torch.nn.functional.pad(t, (0, pad)).view(n, nsb, SUPER // SUB)
-        return (t.amax(-1) / 255.0).half()
-
-    def sub_of(t, sup):  # 8-bit multiples of the (fp16-rounded) super value
-        sup_g = sup.float().repeat_interleave(SUPER // SUB, dim=1)[:, :ng]
-        q8 = torch.where(sup_g > 0, torch.round(t / sup_g.clamp(min=1e-30)), torch.zeros_like(t)).clamp(0, 255)
-        return q8.to(torch.uint8), sup_g * q8
-
-    s16, m16 = super_of(scale), super_of(offset)
-    sc, scale_q = sub_of(scale, s16)
-    mn, offset_q = sub_of(offset, m16)
+    sc, s16, scale_q = linear_int2.two_level(scale, n, ng)
+    mn, m16, offset_q = linear_int2.two_level(offset, n, ng)
     wq = w.view(n, ng, SUB)
     codes = torch.where(scale_q[..., None] > 0, torch.round((wq + offset_q[..., None]) / scale_q[..., None].clamp(min=1e-30)),
                         torch.zeros_like(wq)).clamp(0, 15).to(torch.uint8)
     packed = (codes[..., :SUB // 2] | (codes[..., SUB // 2:] << 4)).reshape(n, k // 2).contiguous()
-    return {"q": packed, "sc": sc.contiguous(), "mn": mn.contiguous(), "s": s16.contiguous(), "m": m16.contiguous()}, {"group": group}
+    return {"q": packed, "sc": sc, "mn": mn, "s": s16, "m": m16}, {"group": group}
 
 
 def _relative_error(w: torch.Tensor, lin: Linear) -> float:

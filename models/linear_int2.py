@@ -69,8 +69,8 @@ def search_range(wg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def two_level(t: torch.Tensor, n: int, ng: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[N, K/32] non-negative values -> (8-bit multiples uint8 [N, K/32], fp16 super values [N, K/256]
-    (max / 255), the values they represent as float [N, K/32])."""
+    """int4's and int2's scales: [N, K/32] non-negative values -> (8-bit multiples uint8 [N, K/32], fp16 super
+    values [N, K/256] (max / 255, the last super-block may be short), the values they represent as float)."""
     nsb = -(-ng // (SUPER // QG))
     pad = nsb * (SUPER // QG) - ng
     sup = (torch.nn.functional.pad(t, (0, pad)).view(n, nsb, SUPER // QG).amax(-1) / 255.0).half()

@@ -56,10 +56,6 @@ class NeedExperts:
     experts: tuple[int, ...]
     guess: tuple[int, ...] = ()
 
-    @property
-    def groups(self) -> tuple[str, ...]:
-        return tuple(f"expert.{self.layer}.{e}" for e in self.experts)
-
 
 @dataclass(frozen=True)
 class SplitAttention:

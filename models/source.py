@@ -15,6 +15,7 @@ import numpy as np
 from cadence.errors import CadenceError
 from models.config import ModelArgs
 from models.gguf_file import GGUFFile
+from models.store import expert_group
 from models.tokenizer import TokenizerInfo, info_from_hf, tokenizer_from_gguf_fields
 
 
@@ -49,7 +50,7 @@ def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
         if args.shared_ffn_dim:
             names += [(g, f"{b}.ffn_shexp_gate"), (g, f"{b}.ffn_shexp_gate_up"), (g, f"{b}.ffn_shexp_down")]
         for e in range(args.n_experts):
-            names += [(f"expert.{i}.{e}", f"{b}.exp.{e}.gate_up"), (f"expert.{i}.{e}", f"{b}.exp.{e}.down")]
+            names += [(expert_group(i, e), f"{b}.exp.{e}.gate_up"), (expert_group(i, e), f"{b}.exp.{e}.down")]
     names.append(("head", "out_norm"))
     if not args.tied_embeddings:
         names.append(("head", "head"))

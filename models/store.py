@@ -32,6 +32,11 @@ def __getattr__(name):  # DTYPES: built on first use, so that importing this mod
     raise AttributeError(name)
 
 
+def expert_group(layer: int, expert: int) -> str:
+    """The store group of one expert of a mixture of experts."""
+    return f"expert.{layer}.{expert}"
+
+
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 

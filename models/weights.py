@@ -14,7 +14,7 @@ import torch
 from models import linear
 from models.config import ModelArgs
 from models.linear import Linear
-from models.store import WeightStore
+from models.store import WeightStore, expert_group
 
 
 @dataclass
@@ -110,7 +110,7 @@ class ResidentWeights:
         self.buffer = buf
         self.embed = EmbeddingRows(store) if device == "cpu" else group("embed")["embed"]["w"]
         self.layers = [layer_from_views(store, i, group(f"layer.{i}")) for i in range(self.args.n_layers)]
-        self.expert = {(i, e): expert_from_views(store, f"expert.{i}.{e}", group(f"expert.{i}.{e}"))
+        self.expert = {(i, e): expert_from_views(store, expert_group(i, e), group(expert_group(i, e)))
                        for i in range(self.args.n_layers) for e in range(self.args.n_experts)}
         self.head_groups = store.head_groups()
         self.head = [head_part_from_views(store, g, group(g)) for g in self.head_groups]

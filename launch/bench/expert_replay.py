@@ -15,8 +15,6 @@ import argparse
 import json
 import sys
 
-import torch
-
 from launch.experts import PATHS_FILE
 from scheduler.generation.expert_policy import LRU, EdgeMoEEviction, PathStats, simulate
 
@@ -24,23 +22,15 @@ from scheduler.generation.expert_policy import LRU, EdgeMoEEviction, PathStats, 
 def record(model, prompts: list[list[int]], n_new: int) -> tuple[list, list]:
     """(trace[token][layer] = its experts, lookahead[token][layer] = the guessed experts of that layer, the
     likeliest first; none at layer 0), over greedy decoding of each prompt."""
+    from models.routing import routed_forwards
+
     trace, guesses = [], []
     n = model.args.n_layers
     for ids in prompts:
-        model.routes = []
-        try:
-            cache = model.new_cache(len(ids) + n_new + 1)
-            tokens = torch.tensor(ids)
-            for _ in range(n_new + 1):
-                logits = model.forward(tokens, torch.arange(cache.end, cache.end + len(tokens)), cache, logits_rows=slice(-1, None))
-                cache.commit()
-                for r in range(len(tokens)):
-                    trace.append([model.routes[i][0][r].tolist() for i in range(n)])
-                    guesses.append([[]] + [list(model.guess(i, model.routes[i][2][r:r + 1])) for i in range(n - 1)])
-                model.routes.clear()
-                tokens = logits[-1:].argmax(-1)
-        finally:
-            model.routes = None
+        for routes in routed_forwards(model, ids, n_new):
+            for r in range(len(routes[0][0])):
+                trace.append([routes[i][0][r].tolist() for i in range(n)])
+                guesses.append([[]] + [list(model.guess(i, routes[i][2][r:r + 1])) for i in range(n - 1)])
     return trace, guesses
 
 

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 
 from actors.ops import Load
 from cadence.errors import CadenceError
+from models.store import expert_group
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
-from scheduler.events import DeadEvent, ErrorEvent, ReplyEvent
+from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.generation.expert_policy import PathStats, make_eviction
+from scheduler.generation.streaming import raise_fault, settle_loads
 from scheduler.runtime import Scheduler
 
 EVICTIONS = ("lru", "edgemoe", "none")
@@ -30,8 +32,8 @@ PRELOAD_INFLIGHT = 1  # preload reads handed to the loader at once: a demand rea
 
 @dataclass
 class ExpertStats:
-    requests: int = 0  # experts asked for (a tree's union counts each expert once per layer)
-    hits: int = 0  # held when asked for (or on their way, read by a preload)
+    hits: int = 0  # held when asked for (or on their way, read by a preload); hits + misses: the experts asked
+    # for (a tree's union counts each expert once per layer)
     misses: int = 0
     preloads: int = 0  # reads started by a preload
     preload_hits: int = 0  # of the hits, those a preload brought
@@ -43,7 +45,7 @@ class ExpertStats:
 
     def as_dict(self) -> dict:
         asked = self.hits + self.misses
-        return {"expert_requests": self.requests, "expert_hits": self.hits, "expert_misses": self.misses,
+        return {"expert_requests": asked, "expert_hits": self.hits, "expert_misses": self.misses,
                 "expert_hit_rate": round(self.hits / asked, 4) if asked else 0.0, "expert_preloads": self.preloads,
                 "expert_preload_hits": self.preload_hits, "expert_evictions": self.evictions, "expert_reads": self.reads,
                 "expert_bytes_read": self.bytes, "expert_read_s": round(self.read_s, 4), "expert_wait_s": round(self.wait_s, 4)}
@@ -79,9 +81,6 @@ class ExpertCache:
         self.taken = ExpertStats()  # what take_stats handed out, summed: with `stats`, the run's totals
         s.add_listener(self._on_event)
 
-    def group(self, key: tuple[int, int]) -> str:
-        return f"expert.{key[0]}.{key[1]}"
-
     # -- a request ------------------------------------------------------------------------------
 
     def serve(self, layer: int, experts: list[int], guess: list[int]) -> dict:
@@ -93,7 +92,6 @@ class ExpertCache:
             for k in [k for k in self.held if k not in self.pinned]:
                 self._evict(k)
         st = self.stats
-        st.requests += len(keys)
         missed = []
         for k in keys:
             if k in self.held or k in self.by_key:
@@ -122,7 +120,7 @@ class ExpertCache:
     def _plan_preloads(self, layer: int, experts: list[int], guess: list[int]):
         nxt = (layer + 1) % self.n_layers  # after the last layer: the next token's first
         if self.preload == "router":
-            cands = [e for e in guess]
+            cands = guess
         elif self.preload == "paths":
             prev2 = self.last.get(layer - 1) if layer > 0 else None
             cands = [e for e, _ in self.profile.predict(nxt, experts, prev2, self.preload_k)]
@@ -146,13 +144,14 @@ class ExpertCache:
     # -- reads and room -------------------------------------------------------------------------
 
     def _read(self, key: tuple[int, int], preload: bool) -> bool:
-        slot = self._room(self.sizes[self.group(key)], key[0])
+        group = expert_group(*key)
+        slot = self._room(self.sizes[group], key[0])
         if slot is None:
             if preload:
                 return False
             raise CadenceError(f"the expert buffer ({self.slots.capacity >> 20} MiB) cannot hold the "
                                f"{len(self.pinned)} experts layer {key[0]} needs at once; raise --memory-budget")
-        rid = self.s.send("loader", Load(self.group(key)), tensors={"slot": self.s.slot_desc(slot)})
+        rid = self.s.send("loader", Load(group), tensors={"slot": self.s.slot_desc(slot)})
         self.loading[rid] = (key, slot, preload)
         self.by_key[key] = rid
         return True
@@ -202,14 +201,7 @@ class ExpertCache:
             if time.monotonic() > deadline:
                 rid = next((self.by_key[k] for k in keys if k in self.by_key), 0)
                 raise RequestTimeout("loader", "load", rid, limit)
-            events = self.s.poll(0.05)  # the listener takes the loader's replies for experts
-            if self.on_events is not None:
-                self.on_events(events)
-            for ev in events:
-                if isinstance(ev, DeadEvent):
-                    raise ActorDead(ev.role, ev.reason)
-                if isinstance(ev, ErrorEvent):
-                    raise CadenceError(f"the {ev.role} actor could not read a message: {ev.message}")
+            self._hear(self.s.poll(0.05))  # the listener takes the loader's replies for experts
         self.stats.wait_s += time.perf_counter() - t
 
     def take_stats(self) -> dict:
@@ -222,16 +214,18 @@ class ExpertCache:
         """(hits, misses, bytes read) since the run began: what the monitor shows."""
         return (self.taken.hits + self.stats.hits, self.taken.misses + self.stats.misses, self.taken.bytes + self.stats.bytes)
 
+    def _hear(self, events):
+        """What a poll of this class took: the Streamer's (when layers stream too), else only the faults."""
+        if self.on_events is not None:
+            self.on_events(events)
+        else:
+            for ev in events:
+                raise_fault(ev)
+
     def close(self):
         """Give every slot back once the loader has answered what was asked of it (end of a run, also after a failure)."""
         self.queue.clear()
-        deadline = time.monotonic() + 30.0
-        loader = self.s.actors.get("loader")
-        while self.loading and loader is not None and loader.alive and self.s.pending("loader") and time.monotonic() < deadline:
-            try:
-                self.s.poll(0.05)
-            except CadenceError:
-                break
+        settle_loads(self.s, lambda: bool(self.loading), self._hear)
         self.s.remove_listener(self._on_event)
         for _, slot, _ in self.loading.values():
             self.slots.free(slot)

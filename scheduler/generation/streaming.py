@@ -32,6 +32,27 @@ class IOStats:
                 "direct_io": self.direct}
 
 
+def raise_fault(ev):
+    """An actor's death, or a message it could not read, ends the run with its reason."""
+    if isinstance(ev, DeadEvent):
+        raise ActorDead(ev.role, ev.reason)
+    if isinstance(ev, ErrorEvent):
+        raise CadenceError(f"the {ev.role} actor could not read a message: {ev.message}")
+
+
+def settle_loads(s: Scheduler, waiting, on_events, timeout_s: float = 30.0):
+    """At the end of a run (also after a failure): poll while `waiting()` and the loader still owes replies,
+    so that nothing more is written into slots about to be freed. `pending`: the loader has answered
+    everything asked of it (a reply taken by a poll an interrupt cut short is answered all the same)."""
+    deadline = time.monotonic() + timeout_s
+    loader = s.actors.get("loader")
+    while waiting() and loader is not None and loader.alive and s.pending("loader") and time.monotonic() < deadline:
+        try:
+            on_events(s.poll(0.05))
+        except CadenceError:
+            break  # the loader died or failed meanwhile: nothing more will come back
+
+
 @dataclass
 class Streamer:
     s: Scheduler
@@ -80,10 +101,8 @@ class Streamer:
                 self.stats.seconds += r["seconds"]
                 self.stats.direct = self.stats.direct and r["direct"]
                 self.ready[group] = slot
-            elif isinstance(ev, DeadEvent):
-                raise ActorDead(ev.role, ev.reason)
-            elif isinstance(ev, ErrorEvent):
-                raise CadenceError(f"the {ev.role} actor could not read a message: {ev.message}")
+            else:
+                raise_fault(ev)
             # any other reply belongs to a request nobody waits for any more: dropped
 
     def take(self, group: str):
@@ -124,15 +143,7 @@ class Streamer:
 
     def drain(self, timeout_s: float = 30.0):
         """Wait for loads still in flight and give every slot back (end of a run, also after a failure)."""
-        deadline = time.monotonic() + timeout_s
-        loader = self.s.actors.get("loader")
-        # `pending`: the loader has answered everything asked of it (a reply taken by a poll that an interrupt
-        # cut short is answered all the same): nothing more will be written into the slots
-        while self.inflight and loader is not None and loader.alive and self.s.pending("loader") and time.monotonic() < deadline:
-            try:
-                self.on_events(self.s.poll(0.05))
-            except CadenceError:
-                break  # the loader died or failed meanwhile: nothing more will come back
+        settle_loads(self.s, lambda: bool(self.inflight), self.on_events, timeout_s)
         for _, slot in self.inflight.values():  # a dead loader's leases were released by the scheduler
             self.s.stream_slots.free(slot)
         self.inflight.clear()

@@ -33,6 +33,21 @@ def tokenizer_fields(vocab_size: int):
     return toks, types, merges
 
 
+def tensor_adder(w, qtype: str):
+    """put(name, x, quant=True): a tensor into a `gguf.GGUFWriter`, a weight (2-D or more) quantized to `qtype`."""
+    import gguf
+
+    q = getattr(gguf.GGMLQuantizationType, qtype)
+
+    def put(name, x, quant=True):
+        arr = np.ascontiguousarray(x.float().numpy() if isinstance(x, torch.Tensor) else x, dtype=np.float32)
+        if quant and arr.ndim >= 2 and q != gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, gguf.quants.quantize(arr, q), raw_dtype=q)
+        else:
+            w.add_tensor(name, arr)
+    return put
+
+
 def add_tokenizer(w, vocab_size: int):
     """The tiny byte-level BPE tokenizer's fields, on a `gguf.GGUFWriter`."""
     toks, types, merges = tokenizer_fields(vocab_size)
@@ -53,7 +68,6 @@ def _llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 def write_gguf(path: Path, args: ModelArgs, t: dict[str, torch.Tensor], qtype: str = "F32") -> Path:
     import gguf
 
-    q = getattr(gguf.GGMLQuantizationType, qtype)
     w = gguf.GGUFWriter(str(path), args.arch)
     a = args.arch
     w.add_block_count(args.n_layers)
@@ -68,13 +82,7 @@ def write_gguf(path: Path, args: ModelArgs, t: dict[str, torch.Tensor], qtype: s
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
-    def put(name, x: torch.Tensor, quant=True):
-        arr = x.float().numpy()
-        if quant and arr.ndim == 2 and q != gguf.GGMLQuantizationType.F32:
-            w.add_tensor(name, gguf.quants.quantize(arr, q), raw_dtype=q)
-        else:
-            w.add_tensor(name, arr)
-
+    put = tensor_adder(w, qtype)
     put("token_embd.weight", t["embed"])
     for i in range(args.n_layers):
         b = f"blk.{i}"

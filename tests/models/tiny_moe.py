@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from models.config import ModelArgs
-from tests.models.tiny_files import _llama_permute, add_tokenizer, tokenizer_fields
+from tests.models.tiny_files import _llama_permute, add_tokenizer, tensor_adder, tokenizer_fields
 
 _BASE = dict(vocab_size=320, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, norm_eps=1e-6, rope_base=10000.0,
              context_length=256, tied_embeddings=False, head_dim=16)
@@ -100,7 +99,6 @@ def write_gguf(path: Path, a: ModelArgs, t: dict[str, torch.Tensor], qtype: str 
     """llama.cpp's layout: experts as [experts, out, in] tensors (ffn_*_exps), the shared expert's gate a vector."""
     import gguf
 
-    q = getattr(gguf.GGMLQuantizationType, qtype)
     arch = GGUF_ARCH[a.arch]
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(a.n_layers)
@@ -122,13 +120,7 @@ def write_gguf(path: Path, a: ModelArgs, t: dict[str, torch.Tensor], qtype: str 
             w.add_expert_shared_feed_forward_length(a.shared_ffn_dim)
     add_tokenizer(w, a.vocab_size)
 
-    def put(name, x):
-        arr = np.ascontiguousarray(x.float().numpy() if isinstance(x, torch.Tensor) else x, dtype=np.float32)
-        if arr.ndim >= 2 and q != gguf.GGMLQuantizationType.F32 and "gate_inp" not in name:
-            w.add_tensor(name, gguf.quants.quantize(arr, q), raw_dtype=q)
-        else:
-            w.add_tensor(name, arr)
-
+    put = tensor_adder(w, qtype)  # routers stay F32 (quant=False), as llama.cpp keeps them
     put("token_embd.weight", t["embed"])
     for i in range(a.n_layers):
         b = f"blk.{i}"
@@ -153,14 +145,14 @@ def write_gguf(path: Path, a: ModelArgs, t: dict[str, torch.Tensor], qtype: str 
             put(f"{b}.ffn_up.weight", up)
             put(f"{b}.ffn_down.weight", t[f"{b}.ffn_down"])
             continue
-        put(f"{b}.ffn_gate_inp.weight", t[f"{b}.ffn_router"])
+        put(f"{b}.ffn_gate_inp.weight", t[f"{b}.ffn_router"], quant=False)
         gu = torch.stack([t[f"{b}.exp.{e}.gate_up"] for e in range(a.n_experts)])
         put(f"{b}.ffn_gate_exps.weight", gu[:, :a.expert_ffn_dim])
         put(f"{b}.ffn_up_exps.weight", gu[:, a.expert_ffn_dim:])
         put(f"{b}.ffn_down_exps.weight", torch.stack([t[f"{b}.exp.{e}.down"] for e in range(a.n_experts)]))
         if a.shared_ffn_dim:
             gate, up = t[f"{b}.ffn_shexp_gate_up"].chunk(2)
-            put(f"{b}.ffn_gate_inp_shexp.weight", t[f"{b}.ffn_shexp_gate"].reshape(a.dim))
+            put(f"{b}.ffn_gate_inp_shexp.weight", t[f"{b}.ffn_shexp_gate"].reshape(a.dim), quant=False)
             put(f"{b}.ffn_gate_shexp.weight", gate)
             put(f"{b}.ffn_up_shexp.weight", up)
             put(f"{b}.ffn_down_shexp.weight", t[f"{b}.ffn_shexp_down"])
