@@ -1,8 +1,9 @@
 """The one shape every actor has: heavy setup in `__init__`, one `run()` loop, one process entry.
 
-An actor is a class with a `role` and handlers named `op_<name>(self, args, tensors)`; a handler
-whose `args` is annotated with a payload class (actors/ops.py) gets that dataclass. A handler
-returns a result dict, `(result, tensors)`, or None; tensors go back as arena descriptors (or
+An actor is a class with a `role` and handlers named `op_<name>(self, args, tensors)`: a request
+for op "build" runs `op_build` (`handle` below). A handler whose `args` is annotated with a payload
+class (actors/ops.py) gets that dataclass. A handler returns a result (a reply dataclass of
+actors/ops.py, or a dict), `(result, tensors)`, or None; tensors go back as arena descriptors (or
 inline when tiny). An exception in a handler fails that request only (the caller gets the error
 text) and the actor keeps serving; `ActorFatal` ends the actor with a DEAD frame instead.
 
@@ -26,10 +27,10 @@ import zmq
 
 from actors import wire
 from actors.lifeline import StopFlag, die_with_parent, install_signal_flags
-from actors.ops import Payload
+from actors.ops import Payload, is_reply, reply_wire
 from actors.tracing import Tracer
-from cadence.heap import trim_heap
-from cadence.procname import set_process_name
+from common.heap import trim_heap
+from common.procname import set_process_name
 from shm.arena import Arena
 from shm.desc import InlineTensor, TensorDesc
 
@@ -129,9 +130,11 @@ class Actor:
                 payload = self._payloads[req.op]
                 out = fn(payload.read(req.args) if payload else req.args, req.tensors)
                 result, tensors = out if isinstance(out, tuple) else (out or {}, {})
+                if is_reply(result):
+                    result = reply_wire(result)
                 if not isinstance(result, dict) or not isinstance(tensors, dict):
                     raise TypeError(f"op {req.op!r} returned {type(result).__name__}, {type(tensors).__name__}; "
-                                    f"return a result dict, or (result dict, tensors dict)")
+                                    f"return a result dict or reply (actors/ops.py), or (result, tensors dict)")
                 return wire.Reply(req.req_id, True, result, {k: _wire_tensor(req.op, k, v) for k, v in tensors.items()}, None)
             except ActorFatal:
                 raise

@@ -1,18 +1,22 @@
-"""The draft actor: the small model, resident, growing token trees (speculative/draft.py)."""
+"""The draft actor: the small model, resident, growing token trees: a thin shell over the in-process
+draft side (speculative/drafter.py `LocalDraft`), so both runtimes draft with the same code."""
 from __future__ import annotations
 
 import torch
 
 from actors.base import Actor, ActorContext
-from actors.ops import Advance, Ahead, Build, DraftStart, Lookup
-from cadence.settings import LOOKUP
+from actors.ops import Advance, Advanced, Ahead, Build, DraftStart, Lookup
 from models.engine import LoadedModel, load_store
 from models.store import WeightStore
 from models.transformer import Transformer
 from models.weights import StreamingWeights
-from models.sampling import SamplingConfig
-from speculative.draft import TreeConfig
-from speculative.local import LocalDraft
+from common.settings import SamplingConfig
+from speculative.drafter import LocalDraft
+from common.settings import TreeConfig
+from speculative.tree import Tree
+
+
+NO_TREE = Tree(-1, [], [], [])  # no candidates
 
 
 class DraftActor(Actor):
@@ -40,21 +44,23 @@ class DraftActor(Actor):
         return {}
 
     def op_build(self, args: Build, tensors):
-        """A tree of at most `budget` tokens; sampling distributions go to the slot in `dists`."""
-        self.last = self.local.propose(args.budget, 0)
+        """A tree of at most `budget` tokens (speculative/tree.py `Tree`; none: no tokens); under sampling
+        its distributions go to the slot in `dists`."""
+        self.last = self.local.propose(args.budget)
         return self._reply(self.last, tensors)
 
     def op_lookup(self, args: Lookup, tensors):
-        """Prompt lookup: a tree of the trie's candidates alone, no draft forward ({"tokens": []}: none).
-        The draft ran on none of it, so no tree is kept for `advance` (it takes the verdict as a plain step's)."""
+        """Prompt lookup: a tree of the trie's candidates alone, no draft forward. The draft ran on none of
+        it, so no tree is kept for `advance` (it takes the verdict as a plain step's)."""
         self.last = None
-        return self._reply(self.local.propose(LOOKUP, args.max_nodes), tensors)
+        return self._reply(self.local.lookup(args.max_nodes), tensors)
 
     def _reply(self, p, tensors):
-        out, dists = self.local.wire(p, self.sampling.greedy)
-        if not dists:  # greedy, or point masses only (trie candidates)
-            return out
-        return out, {"dists": self.put(tensors["slot"], torch.stack(dists).float())}
+        if p is None:
+            return NO_TREE
+        if p.dists is None:  # greedy, or point masses only (trie candidates)
+            return p.tree
+        return p.tree, {"dists": self.put(tensors["slot"], p.dists)}
 
     def op_ahead(self, args: Ahead, tensors):
         """Draft on while the target verifies the last tree, until the verdict arrives (LLMCad 3.4)."""
@@ -65,5 +71,4 @@ class DraftActor(Actor):
         p = self.last if args.tree else None
         self.last = None
         alpha = self.local.advance(p, list(args.path), list(args.new))
-        steps, reused = self.local.ahead_counts()
-        return {"alpha": alpha, "ahead_steps": steps, "ahead_reused": reused}
+        return Advanced(alpha, *self.local.ahead_counts())

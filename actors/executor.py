@@ -29,7 +29,7 @@ from models import kernels
 from models.attention import Visibility
 from models.config import ModelArgs
 from models.linear import column_split
-from models.plan import ForwardPlan, SplitAttention, SplitColumns
+from models.requests import ForwardPlan, SplitAttention, SplitColumns
 
 # a layer's linears in the order a forward meets them; True: the output is added to the residual
 LINEARS = (("qkv", False), ("attn_out", True), ("gate_up", False), ("down", True))

@@ -1,7 +1,7 @@
 """FAKE actors, for integration tests: the four roles speaking the real ops, with no model.
 (The target and the draft are in actors/fake_target.py.)
 
-`ActorSpeculation(..., impl=FAKES)` spawns these instead of the real actors, so the scheduler that
+`ActorSession(..., impl=FAKES)` spawns these instead of the real actors, so the scheduler that
 `launch run` uses is driven in seconds. They sleep instead of computing and move real bytes through
 the real arena:
 - the target is a pure function of the text (`target_next`: a hash of the last two tokens), so a
@@ -42,7 +42,8 @@ import numpy as np
 
 from actors import wire
 from actors.base import Actor, ActorFatal
-from actors.ops import Groups, Load, Serve
+from actors.ops import Groups, GroupSizes, Load, Loaded, Serve
+from models.config import ModelArgs
 from actors.syncarea import ABANDONED, END, FORWARD, VERIFIER as VERIFIER_WORD, WORKER as WORKER_WORD, Clock, SyncArea
 from shm.desc import TensorDesc
 
@@ -65,6 +66,13 @@ def target_text(prompt: list[int], n: int, vocab: int) -> list[int]:
     for _ in range(n):
         text.append(target_next(text, vocab))
     return text[len(prompt):]
+
+
+def fake_args(vocab: int = 64, n_layers: int = 8, context: int = 1 << 20) -> ModelArgs:
+    """The fake target's shape: what the sparse worker's arena slots are sized from (the fakes compute nothing)."""
+    return ModelArgs(arch="llama", vocab_size=vocab, dim=8, n_layers=n_layers, n_heads=2, n_kv_heads=1, ffn_dim=16,
+                     norm_eps=1e-5, rope_base=1e4, context_length=context, qkv_bias=False, tied_embeddings=False,
+                     head_dim=4)
 
 
 def write_fake_store(path, groups: dict[str, int], vocab: int = 64, seed: int = 0, **roles) -> str:
@@ -221,7 +229,7 @@ class FakeLoaderActor(FakeActor):
         self.loaded: deque = deque(maxlen=LOG_ENTRIES)  # (group, time.monotonic() at the end of its load)
 
     def op_groups(self, args: Groups, tensors):
-        return {"groups": self.groups, "file_bytes": sum(self.groups.values())}
+        return GroupSizes(self.groups, sum(self.groups.values()))
 
     def op_load(self, args: Load, tensors):
         name = args.group
@@ -242,7 +250,7 @@ class FakeLoaderActor(FakeActor):
         self.bytes += n
         self.max_end = max(self.max_end, end)
         self.loaded.append((name, time.monotonic()))
-        return {"group": name, "bytes": n, "seconds": seconds, "gbps": n / max(seconds, 1e-9) / 1e9, "direct": True}
+        return Loaded(name, n, seconds, n / max(seconds, 1e-9) / 1e9, True)
 
     def op_stats(self, args, tensors):
         return {**super().op_stats(args, tensors), "loads": self.loads, "bytes": self.bytes, "max_end": self.max_end,

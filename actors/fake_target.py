@@ -7,9 +7,12 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from actors.fake import (LOG_ENTRIES, PREFILL_CHUNK, VERIFIER_WORD, WORKER_WORD, FakeActor, FakeSync, check_slot, slot_bytes,
-                         target_next)
-from actors.ops import Advance, Ahead, Begin, Build, DraftStart, Layer, Lookup, Start, Step, Tree
+from actors.fake import LOG_ENTRIES, PREFILL_CHUNK, FakeActor, FakeSync, check_slot, slot_bytes, target_next
+from actors.syncarea import VERIFIER as VERIFIER_WORD, WORKER as WORKER_WORD
+from actors.ops import Advance, Advanced, Ahead, AwaitGroup, Begin, Build, DraftStart, Layer, Lookup, Start, Step, Token, Verify
+from speculative.tree import Tree, Verdict
+
+NO_TREE = Tree(-1, [], [], [])  # no candidates
 
 
 class FakeVerifierActor(FakeActor):
@@ -43,7 +46,7 @@ class FakeVerifierActor(FakeActor):
         split = self.sync is not None and rows > 1
         for g in self.order:
             if g in self.streamed:
-                tensors = yield {"need": g}
+                tensors = yield AwaitGroup(g)
                 buf = slot_bytes(self, tensors["slot"], self.model["groups"][g])
                 seq = check_slot(buf, g)
                 if seq <= self.last_load:
@@ -69,14 +72,14 @@ class FakeVerifierActor(FakeActor):
         for i in range(reused, len(prompt), PREFILL_CHUNK):
             yield from self._forward(min(PREFILL_CHUNK, len(prompt) - i))
         self.text = list(prompt)
-        return {"token": target_next(self.text, self.vocab), "reused": reused}
+        return Token(target_next(self.text, self.vocab), reused)
 
     def _step(self, root: int):
         yield from self._forward(1)
         self.text.append(root)
-        return {"token": target_next(self.text, self.vocab), "reused": 0}
+        return Token(target_next(self.text, self.vocab))
 
-    def _verify(self, tree: Tree):
+    def _verify(self, tree: Verify):
         """Greedy: from the root, the child holding the target's token, while there is one."""
         tokens, parents = list(tree.tokens), list(tree.parents)
         yield from self._forward(len(tokens) + 1)
@@ -86,12 +89,12 @@ class FakeVerifierActor(FakeActor):
             want = target_next(self.text, self.vocab)
             nxt = next((j for j, (t, p) in enumerate(zip(tokens, parents)) if p == at and t == want), None)
             if nxt is None:
-                return {"path": path, "next": want, "rows": len(tokens) + 1}
+                return Verdict(path, want, len(tokens) + 1)
             path.append(nxt)
             self.text.append(want)
             at = nxt
 
-    def _job(self, args: Start | Step | Tree):
+    def _job(self, args: Start | Step | Verify):
         if isinstance(args, Start):
             return self._start(list(args.prompt_ids))
         if isinstance(args, Step):
@@ -100,7 +103,7 @@ class FakeVerifierActor(FakeActor):
 
     # -- resident --------------------------------------------------------------------------------
 
-    def _whole(self, args: Start | Step | Tree) -> dict:
+    def _whole(self, args: Start | Step | Verify):
         job = self._job(args)
         try:
             need = next(job)
@@ -114,7 +117,7 @@ class FakeVerifierActor(FakeActor):
     def op_step(self, args: Step, tensors):
         return self._whole(args)
 
-    def op_verify(self, args: Tree, tensors):
+    def op_verify(self, args: Verify, tensors):
         return self._whole(args)
 
     # -- job mode ----------------------------------------------------------------------------------
@@ -133,18 +136,18 @@ class FakeVerifierActor(FakeActor):
         return self._resume(None)
 
     def op_layer(self, args: Layer, tensors):
-        if self.job is None or args.group != (self.need or {}).get("need"):
+        if self.job is None or not isinstance(self.need, AwaitGroup) or args.group != self.need.group:
             raise RuntimeError(f"layer {args.group} arrived but the verifier waits for {self.need}")
         return self._resume(tensors)
 
-    def _resume(self, value) -> dict:
+    def _resume(self, value):
         try:
             self.need = self.job.send(value)
         except StopIteration as done:
             self.job = self.need = None
             if self.sync is not None:
                 self.sync.end()
-            return {"done": done.value}
+            return done.value
         except BaseException:
             self.job = self.need = None
             if self.sync is not None:
@@ -196,20 +199,20 @@ class FakeDraftActor(FakeActor):
             parent = me
             text.append(tokens[me])
         self.depth = len(text) - len(self.text)
-        return {"root": self.text[-1], "tokens": tokens, "parents": parents, "probs": probs, "tc": tc}
+        return {"root": self.text[-1], "tokens": tokens, "parents": parents, "probs": probs, "tc": tc}  # a Tree's fields
 
     def op_build(self, args: Build, tensors):
         self.work("build")
         chain = self.tree.get("mode") == "chain"
         tree = self._grow(args.budget, chain, int(self.tree.get("max_depth", 8)))
-        return {**tree, "forwards": self.depth, "trie_nodes": 0}
+        return Tree(**tree, forwards=self.depth, trie_nodes=0)
 
     def op_lookup(self, args: Lookup, tensors):
         """The trie's candidates: sometimes none, else a short chain."""
         if self.rng.random() < 0.5:
-            return {"tokens": []}
+            return NO_TREE
         tree = self._grow(min(2, args.max_nodes), True, 2)
-        return {**tree, "forwards": 0, "trie_nodes": len(tree["tokens"])}
+        return Tree(**tree, forwards=0, trie_nodes=len(tree["tokens"]))
 
     def op_ahead(self, args: Ahead, tensors):
         steps = 0
@@ -223,4 +226,4 @@ class FakeDraftActor(FakeActor):
         self.text += new
         if args.tree and self.depth:
             self.alpha = 0.8 * self.alpha + 0.2 * len(path) / self.depth
-        return {"alpha": round(self.alpha, 6), "ahead_steps": 0, "ahead_reused": 0}
+        return Advanced(round(self.alpha, 6), 0, 0)

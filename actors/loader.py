@@ -12,7 +12,7 @@ init: store_dir (required), threads (4), chunk_bytes (4 MiB), direct (true), and
 from __future__ import annotations
 
 from actors.base import Actor
-from actors.ops import Groups, Load
+from actors.ops import Groups, GroupSizes, Load, Loaded
 from models.store import WeightStore
 from shm.desc import TensorDesc
 from shm.dio import DEFAULT_CHUNK, DirectReader
@@ -37,7 +37,7 @@ class LoaderActor(Actor):
 
     def op_groups(self, args: Groups, tensors):
         """The store's groups in file order: name -> bytes (what a slot for it must hold)."""
-        return {"groups": self.store.group_bytes(), "file_bytes": self.store.manifest["file_bytes"]}
+        return GroupSizes(self.store.group_bytes(), self.store.manifest["file_bytes"])
 
     def op_load(self, args: Load, tensors):
         name = args.group
@@ -70,7 +70,7 @@ class LoaderActor(Actor):
         self.bytes += st.bytes
         self.seconds += st.seconds
         self.max_end = max(self.max_end, end)
-        return {"group": name, "bytes": st.bytes, "seconds": st.seconds, "gbps": st.gbps, "direct": st.direct}
+        return Loaded(name, st.bytes, st.seconds, st.gbps, st.direct)
 
     def op_stats(self, args, tensors):
         return {**super().op_stats(args, tensors), "loads": self.loads, "bytes": self.bytes,

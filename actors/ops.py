@@ -1,16 +1,20 @@
-"""What a request carries: one dataclass per op payload, for the side that sends it and the actor that serves it.
+"""What travels: one dataclass per op payload and one per reply, for both sides of the wire.
 
 On the wire a payload is a msgpack map of its fields. The scheduler sends a payload object
 (`sched.call("draft", Build(budget=4))`: the op is the class's); an actor handler that annotates
 its `args` with a payload class gets that object back (`def op_build(self, args: Build, tensors)`),
 and a map with a field missing or one it does not know fails the request with one sentence.
-Torch-free: the scheduler imports it.
+A handler may answer with a reply dataclass (REPLIES: `Token`, `Tree`, `AwaitGroup`, ...); it
+travels as its fields plus `"reply": <kind>`, and `Reply.value` (actors/wire.py) gives the
+dataclass back. Torch-free: the scheduler imports it.
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import MISSING, dataclass, fields
 from typing import ClassVar
+
+from speculative.tree import Tree, Verdict
 
 
 class Payload:
@@ -21,16 +25,19 @@ class Payload:
 
     @classmethod
     def read(cls, args: dict) -> "Payload":
-        names, required = _fields(cls)
-        if args.keys() <= names and required <= args.keys():  # every request takes this path: one set test each
-            return cls(**args)
-        unknown = sorted(set(args) - names)
-        missing = sorted(required - set(args))
-        if unknown or missing:
-            what = "; ".join(filter(None, (unknown and f"unknown field(s) {', '.join(unknown)}",
-                                           missing and f"missing field(s) {', '.join(missing)}")))
-            raise ValueError(f"op {cls.op!r} takes {', '.join(f.name for f in fields(cls)) or 'no fields'}: {what}")
+        return _read(cls, args, f"op {cls.op!r}")
+
+
+def _read(cls, args: dict, what: str):
+    """`cls(**args)`, or one sentence that names the fields missing or unknown."""
+    names, required = _fields(cls)
+    if args.keys() <= names and required <= args.keys():  # every message takes this path: one set test each
         return cls(**args)
+    unknown = sorted(set(args) - names)
+    missing = sorted(required - set(args))
+    why = "; ".join(filter(None, (unknown and f"unknown field(s) {', '.join(unknown)}",
+                                  missing and f"missing field(s) {', '.join(missing)}")))
+    raise ValueError(f"{what} takes {', '.join(f.name for f in fields(cls)) or 'no fields'}: {why}")
 
 
 @functools.cache
@@ -60,25 +67,21 @@ class Step(Payload):
 
 
 @dataclass(frozen=True)
-class Tree(Payload):
-    """A token tree: what the draft builds (its reply) and what the verifier verifies. Node i has
-    token `tokens[i]` and parent `parents[i]` (-1: the root); under sampling `trials` are rows of
-    [node, child, distribution index or -1] into the `dists` tensor that travels with it."""
+class Verify(Tree, Payload):
+    """Verify a token tree (speculative/tree.py `Tree`: what the draft's `build` and `lookup` answer);
+    under sampling its trials index the `dists` tensor that travels with it."""
     op = "verify"
-    root: int
-    tokens: list
-    parents: list
-    probs: list
-    trials: list | None = None
-    tc: float = 1.0  # the tree's confidence
-    forwards: int = 0  # draft forwards that built it
-    trie_nodes: int = 0  # nodes the trie proposed
+
+    @classmethod
+    def of(cls, tree: Tree) -> "Verify":
+        return cls(**{f.name: getattr(tree, f.name) for f in fields(Tree)})
 
 
 @dataclass(frozen=True)
 class Begin(Payload):
     """Job mode (streamed layers, the sparse worker): start `job` (start, step or verify) with `args`,
-    the payload that job has in resident mode; the verifier answers with what it needs next. `split`
+    the payload that job has in resident mode; the verifier answers with what it needs next
+    (`AwaitGroup`, `AwaitExperts`) or, at the job's end, its result (`Token`, `Verdict`). `split`
     {"id", "rows", "timeout_s"}: the sparse worker serves this job (actors/executor.py)."""
     op = "begin"
     job: str
@@ -108,7 +111,7 @@ class Experts(Payload):
     experts: list
 
 
-Begin.JOBS.update(start=Start, step=Step, verify=Tree)
+Begin.JOBS.update(start=Start, step=Step, verify=Verify)
 
 
 # -- the draft (actors/draft.py) ------------------------------------------------------------------
@@ -182,3 +185,77 @@ class Serve(Payload):
     rows: int
     timeout_s: float
     capacity: int | None = None
+
+
+# -- replies ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Token:
+    """A prefill's or a plain step's token; `reused`: prompt tokens the prefill found in the cache."""
+    token: int
+    reused: int = 0
+
+
+@dataclass(frozen=True)
+class AwaitGroup:
+    """A job waits for a streamed store group ("layer.7", "head.0"): answer with `Layer`."""
+    group: str
+
+
+@dataclass(frozen=True)
+class AwaitExperts:
+    """A job waits for the experts of MoE layer `layer` its tokens route to (`guess`: the next layer's likely
+    ones, for the buffer to preload): answer with `Experts`."""
+    layer: int
+    experts: list
+    guess: list
+
+
+@dataclass(frozen=True)
+class Advanced:
+    """The draft took a verdict: alpha after it, and the lookahead's counts so far this generation."""
+    alpha: float
+    ahead_steps: int
+    ahead_reused: int
+
+
+@dataclass(frozen=True)
+class GroupSizes:
+    """The loader's store: group name -> bytes, in file order."""
+    groups: dict
+    file_bytes: int
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A group read into its slot: bytes, seconds, GB/s, and whether the read bypassed the page cache."""
+    group: str
+    bytes: int
+    seconds: float
+    gbps: float
+    direct: bool
+
+
+REPLIES: dict[str, type] = {"token": Token, "verdict": Verdict, "await_group": AwaitGroup,
+                            "await_experts": AwaitExperts, "tree": Tree, "advanced": Advanced,
+                            "group_sizes": GroupSizes, "loaded": Loaded}
+_KINDS = {cls: kind for kind, cls in REPLIES.items()}
+
+
+def is_reply(value) -> bool:
+    return type(value) in _KINDS
+
+
+def reply_wire(value) -> dict:
+    """A reply dataclass as it travels: its fields and its kind."""
+    return {"reply": _KINDS[type(value)], **{f.name: getattr(value, f.name) for f in fields(value)}}
+
+
+def read_reply(result: dict):
+    """A reply map back into its dataclass (a map without a kind stays as it is)."""
+    kind = result.get("reply")
+    if kind is None:
+        return result
+    if kind not in REPLIES:
+        raise ValueError(f"a reply of unknown kind {kind!r}; the kinds are {', '.join(REPLIES)}")
+    return _read(REPLIES[kind], {k: v for k, v in result.items() if k != "reply"}, f"a {kind!r} reply")

@@ -1,12 +1,13 @@
 """The verifier actor: the target model scoring a whole token tree in one pass (speculative/verify.py).
 
-Resident mode (`start`, `step`, `verify`): every target layer is in this process, one op a job.
-Job mode (`begin`, then `layer`, until `{"done": result}`), used under a memory budget and with the
-sparse-attention worker: a job (`start`, `step` or `verify`) runs until it needs a streamed group,
-`{"need": "layer.7"}`; the scheduler has the loader put it into an arena slot and hands it over
+Resident mode (`start`, `step`, `verify`): every target layer is in this process, one op a job,
+answered with its result (`Token`, `Verdict`: actors/ops.py).
+Job mode (`begin`, then `layer` or `experts`, until the result), used under a memory budget and with
+the sparse-attention worker: a job (`start`, `step` or `verify`) runs until it needs a streamed group,
+`AwaitGroup("layer.7")`; the scheduler has the loader put it into an arena slot and hands it over
 with `layer`. A mixture of experts under a budget also asks for the experts a layer's tokens route
-to, `{"need": "experts", "layer": 7, "experts": [...], "guess": [...]}`, answered by `experts` with
-their slots in the expert buffer (scheduler/generation/experts.py). With the worker (`begin` carries `split`: the job's id, its rows and the wait
+to, `AwaitExperts(7, [...], guess)`, answered by `experts` with their slots in the expert buffer
+(scheduler/generation/experts.py). With the worker (`begin` carries `split`: the job's id, its rows and the wait
 timeout), the split executor (actors/executor.py) plans each forward and meets the worker, which
 serves the same job, in the arena's sync area: no message per layer.
 """
@@ -15,18 +16,20 @@ from __future__ import annotations
 import torch
 
 from actors.base import Actor, ActorContext
-from actors.ops import Begin, Experts, Layer, Start, Step, Tree
+from actors.ops import AwaitExperts, AwaitGroup, Begin, Experts, Layer, Start, Step, Token, Verify
 from actors.executor import SplitExecutor
 from actors.syncarea import Clock
 from models.engine import load_store
-from models.plan import NeedExperts, NeedWeights
-from models.sampling import SamplingConfig
+from models.requests import NeedExperts, NeedWeights
+from common.settings import SamplingConfig
 from models.store import WeightStore, expert_group
 from models.transformer import Transformer
 from models.weights import StreamingWeights, weights_for
-from speculative.draft import trials_from_wire
-from speculative.tree import TokenTree
+from speculative.sampling import trials_from_wire
+from speculative.tree import TokenTree, Verdict
 from speculative.verify import Verifier
+
+RESULTS = (Token, Verdict)  # what a job ends with
 
 
 class VerifierActor(Actor):
@@ -63,7 +66,7 @@ class VerifierActor(Actor):
         """Prefill the prompt; the first token."""
         self.verifier = Verifier(self.model, self._sampling(args), previous=self.verifier)
         token = self.verifier.start(list(args.prompt_ids), args.capacity)
-        return {"token": token, "reused": self.verifier.reused}
+        return Token(token, self.verifier.reused)
 
     def _sampling(self, args: Start) -> SamplingConfig:
         """A generation's own sampling (a server's request), or the run's."""
@@ -71,14 +74,13 @@ class VerifierActor(Actor):
 
     def op_step(self, args: Step, tensors):
         """A plain decode step on the root."""
-        return {"token": self.verifier.step(args.root)}
+        return Token(self.verifier.step(args.root))
 
-    def op_verify(self, args: Tree, tensors):
-        v = self.verifier.verify_tree(*self._tree(args, tensors))
-        return {"path": v.path, "next": v.next_token, "rows": v.rows}
+    def op_verify(self, args: Verify, tensors):
+        return self.verifier.verify_tree(*self._tree(args, tensors))
 
-    def _tree(self, args: Tree, tensors):
-        tree = TokenTree.from_lists(args.wire())
+    def _tree(self, args: Verify, tensors):
+        tree = TokenTree.of(args)
         trials = None
         if args.trials is not None:
             dists = self.tensor(tensors["dists"]) if "dists" in tensors else None
@@ -124,7 +126,7 @@ class VerifierActor(Actor):
         with self.trace.span(f"compute:experts.{args.layer}", cat="verify", args={"experts": len(args.experts)}):
             r = self._send({e: self.weights.from_buffer(expert_group(args.layer, e), self.tensor(tensors[f"e{e}"]))
                             for e in args.experts})
-        return r if isinstance(r, dict) else self._advance(r)
+        return r if isinstance(r, RESULTS) else self._advance(r)
 
     def _waits_for(self) -> str:
         if self.job is None:
@@ -139,7 +141,7 @@ class VerifierActor(Actor):
             raise RuntimeError(f"layer {group} arrived but the verifier waits for {self._waits_for()}")
         with self.trace.span(f"compute:{group}", cat="verify", args={"group": group}):
             r = self._send(self.weights.from_buffer(group, self.tensor(tensors["slot"])))
-        return r if isinstance(r, dict) else self._advance(r)  # resident layers after it count as their own work
+        return r if isinstance(r, RESULTS) else self._advance(r)  # resident layers after it count as their own work
 
     def _send(self, weights):
         """Hand the job what it waited for: its next request, or (at its end) the reply."""
@@ -173,8 +175,8 @@ class VerifierActor(Actor):
             raise
         self.need = need
         if isinstance(need, NeedExperts):
-            return {"need": "experts", "layer": need.layer, "experts": list(need.experts), "guess": list(need.guess)}
-        return {"need": need.group}
+            return AwaitExperts(need.layer, list(need.experts), list(need.guess))
+        return AwaitGroup(need.group)
 
     def _fail(self):
         """The job failed: drop it, and let the worker stop waiting for it."""
@@ -187,5 +189,5 @@ class VerifierActor(Actor):
         if self.executor is not None:
             self.executor.end()
         if kind == "verify":
-            return {"done": {"path": value.path, "next": value.next_token, "rows": value.rows}}
-        return {"done": {"token": value, "reused": self.verifier.reused if kind == "start" else 0}}
+            return value
+        return Token(value, self.verifier.reused if kind == "start" else 0)

@@ -6,7 +6,8 @@ Tensors travel as `TensorDesc` (bytes already in an arena) or, up to `INLINE_MAX
 `WireError` (one readable sentence) for anything malformed; the receiver logs it, answers with an
 `Error`, and keeps serving.
 
-Real actors add operations through `Request.op` / `Reply.result`, not through new types.
+Real actors add operations through `Request.op` / `Reply.result` (payload and reply dataclasses:
+actors/ops.py), not through new message types.
 """
 import typing
 from dataclasses import dataclass, field, fields
@@ -15,7 +16,7 @@ from typing import ClassVar, Union
 import msgpack
 import zmq
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from shm.desc import InlineTensor, TensorDesc
 
 MAX_BODY = 64 << 20  # a control message larger than this is a bug, not a message
@@ -112,6 +113,13 @@ class Reply(Msg):
     result: dict = field(default_factory=dict)
     tensors: dict = field(default_factory=dict)
     error: Union[str, None] = None
+
+    @property
+    def value(self):
+        """The result as the reply dataclass it was sent as (actors/ops.py REPLIES), or the map."""
+        from actors.ops import read_reply
+
+        return read_reply(self.result)
 
 
 TYPES: dict[int, type] = {c.TYPE: c for c in (Hello, Init, Ready, Heartbeat, Stop, Dead, TraceBatch, Error, Request, Reply)}

@@ -27,7 +27,7 @@ import signal
 import sys
 import time
 
-from cadence.procname import set_process_name
+from common.procname import set_process_name
 
 REPARENT_WAIT_S = 5.0
 

@@ -1,14 +1,14 @@
-"""cadence: run language models larger than memory (see cadence.api for the Python API).
+"""cadence: run language models larger than memory. The Python API is `cadence.LLM` (cadence/api.py).
 
 `import cadence` stays light: `cadence.LLM` loads the runtime on first use.
 """
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 
-__all__ = ["CadenceError", "Completion", "LLM"]
+__all__ = ["CadenceError", "Chunk", "Completion", "LLM", "RunConfig"]
 
 
 def __getattr__(name):
-    if name in ("LLM", "Completion"):
+    if name in __all__:
         from cadence import api
 
         return getattr(api, name)

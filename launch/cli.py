@@ -14,7 +14,7 @@ import re
 import signal
 import sys
 
-from cadence.errors import CadenceError, Terminated
+from common.errors import CadenceError, Terminated
 
 # subcommand module names, in the order `launch --help` lists them
 COMMANDS = ("models", "run", "chat", "serve", "plan", "bench", "profile", "trace", "runtime_bench")

@@ -7,8 +7,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from cadence import paths
-from cadence.errors import CadenceError
+from common import paths
+from common.errors import CadenceError
 from models import linear, registry
 from models.convert import ensure_store, known_stores
 from models.pull import is_pulled, model_path, pull_all
@@ -93,8 +93,8 @@ def cmd_profile_experts(args) -> int:
     P(expert at n | experts at n-2, n-1) table that `--expert-preload paths` and `--expert-eviction edgemoe` read."""
     import time
 
-    from launch.prompts import DEFAULT_PROMPTS, load_prompts
-    from launch.experts import PATHS_FILE
+    from engine.prompts import DEFAULT_PROMPTS, load_prompts
+    from engine.experts import PATHS_FILE
     from models import engine
     from models.routing import trace_paths
     from scheduler.generation.expert_policy import PathStats
@@ -123,7 +123,7 @@ def cmd_expert_bits(args) -> int:
 
     import torch
 
-    from launch.prompts import DEFAULT_PROMPTS, load_prompts
+    from engine.prompts import DEFAULT_PROMPTS, load_prompts
     from models.bitwidth import LEVELS, MixedExperts, choose_bitwidths, quantize_experts
     from models.convert import convert, resolve, store_dir
     from models.source import open_source

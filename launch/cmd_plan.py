@@ -7,25 +7,23 @@ actor starts.
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
 
-from cadence.errors import CadenceError
-from launch.options import add_model_args, run_config
-from launch.prompts import Prompt, load_prompts, prompt_ids
-from launch.runner import MODES, RunConfig, memory_plan, pick_draft, plan_inputs
+from common.errors import CadenceError
+from engine.memory import memory_plan, plan_inputs
+from engine.prompts import Prompt, load_prompts
+from engine.resolve import pick_draft, resolve
 from models.convert import ensure_store
-from models.tokenizer import TextTokenizer
+from launch.options import add_run_options, run_config
 from scheduler.generation.memplan import fmt, smallest_budget
 
 
 def add_parser(sub):
     p = sub.add_parser("plan", help="the memory plan under a budget (resident, streamed, slots), loading nothing")
-    p.add_argument("--mode", default="tree", choices=MODES)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="size the KV caches for this prompt")
     src.add_argument("--prompts", help="size the KV caches for the longest prompt of this JSONL set")
-    add_model_args(p)
+    add_run_options(p)
     p.set_defaults(func=cmd_plan)
 
 
@@ -45,33 +43,20 @@ def _ranges(names: list[str]) -> str:
     return "; ".join(out) or "none"
 
 
-def _stores(cfg: RunConfig):
-    target = ensure_store(cfg.target, cfg.fmt)
-    if cfg.draft == "auto":
-        cfg = dataclasses.replace(cfg, draft=pick_draft(cfg, target, say=lambda line: None))
-    draft = ensure_store(cfg.draft, cfg.draft_fmt or cfg.fmt) if cfg.draft_model else None
-    return target, draft
-
-
 def cmd_plan(args) -> int:
     if not args.memory_budget:
         raise CadenceError("launch plan needs --memory-budget (e.g. 768MiB, 2GiB or auto)")
-    cfg = run_config(args, args.mode)
-    if cfg.draft == "auto":
-        cfg = dataclasses.replace(cfg, draft=pick_draft(cfg, ensure_store(cfg.target, cfg.fmt)))
-    target, draft = _stores(cfg)
-    tok = TextTokenizer(target.tokenizer_info)  # the scheduler holds it during a run: measured with it
-    if cfg.plan_context is None:
-        prompts = load_prompts(args.prompts) if args.prompts else [Prompt("prompt", "complete", args.prompt)] if args.prompt else []
-        longest = max((len(prompt_ids(tok, p, cfg.chat)[0]) for p in prompts), default=1024)
-        cfg = dataclasses.replace(cfg, plan_context=longest)
-    tok.release_encoder()  # as a run does once its prompts are encoded
-    what = f"{cfg.mode} {cfg.target} {cfg.fmt}" + (f", draft {cfg.draft_model} {cfg.draft_fmt or cfg.fmt}" if cfg.draft_model else
-                                                    ", no draft model" if cfg.mode == "tree" else "")
-    print(f"{what}; KV caches for {cfg.plan_context} prompt + {cfg.max_new_tokens} new tokens")
+    prompts = load_prompts(args.prompts) if args.prompts else [Prompt("prompt", "complete", args.prompt)] if args.prompt else []
+    r = resolve(run_config(args), prompts)  # the tokenizer is held as a run's scheduler holds it: measured with it
+    r.tokenizer.release_encoder()  # as a run does once its prompts are encoded
+    cfg = r.cfg
+    what = f"{cfg.mode} {cfg.target} {cfg.dtype}" + (f", draft {cfg.draft_model} {cfg.draft_format}" if cfg.draft_model else
+                                                      ", no draft model" if cfg.mode == "tree" else "")
+    new = f"up to {cfg.max_new_tokens} new" if cfg.max_new_tokens else "prompt and answer"
+    print(f"{what}; KV caches for a context of {cfg.context} tokens ({new})")
     failed = None
     try:
-        plan = memory_plan(cfg, target, draft)
+        plan = memory_plan(cfg, r.target, r.draft)
     except CadenceError as e:
         failed = e
         print(f"  {e}")
@@ -84,18 +69,18 @@ def cmd_plan(args) -> int:
         else:
             print("  streamed: nothing (the whole target fits)")
     print("smallest budget per mode:")
-    for mode, dr in (("std", None), ("stdpl", None), ("chain", cfg.draft), ("tree", cfg.draft), ("tree", "none")):
+    draft, store = cfg.draft, r.draft
+    if not cfg.speculative and args.draft == "auto":  # what a speculative mode of this run would draft with
+        draft = pick_draft(cfg.with_mode("tree"), r.target, say=lambda line: None)
+        store = ensure_store(draft, cfg.draft_format) if draft != "none" else None
+    for mode, d in (("std", None), ("stdpl", None), ("chain", store), ("tree", store), ("tree", None)):
+        m = cfg.with_mode(mode).replace(draft=draft if d is not None else "none")
+        label = f"{mode} --draft none" if mode == "tree" and d is None else mode
+        if mode == "chain" and d is None:
+            continue
         try:
-            m = dataclasses.replace(cfg, mode=mode, draft=dr or cfg.draft, tree=dataclasses.replace(
-                cfg.tree, mode="chain" if mode == "chain" else "tree"))
-            if mode == "chain" and m.draft == "none":
-                continue
-            t, d = _stores(m)
-            label = f"{mode} --draft none" if m.mode == "tree" and m.draft == "none" else mode
-            print(f"  {label:<20} {fmt(smallest_budget(**plan_inputs(m, t, d))):>10}")
+            print(f"  {label:<20} {fmt(smallest_budget(**plan_inputs(m, r.target, d))):>10}")
         except CadenceError as e:
-            print(f"  {mode:<20} {e}")
-    if failed is not None:
-        return 1
+            print(f"  {label:<20} {e}")
     sys.stdout.flush()
-    return 0
+    return 1 if failed is not None else 0

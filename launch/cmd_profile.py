@@ -19,13 +19,13 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from cadence.paths import check_output
-from launch.bench.measure import RTT_S, machine, median_time
-from launch.profiles import partition_name
-from launch.prompts import DEFAULT_PROMPTS, load_prompts, prompt_ids
+from common.paths import check_output
+from bench.measure import RTT_S, machine, median_time
+from engine.profiles import partition_name
+from engine.prompts import DEFAULT_PROMPTS, load_prompts, prompt_ids
 from models import engine, kernels, registry
 from models.attention import Visibility
-from models.sampling import SamplingConfig
+from common.settings import SamplingConfig
 from speculative.generate import generate_target
 from speculative import arca
 

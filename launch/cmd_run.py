@@ -1,23 +1,27 @@
-"""`launch run`: generate from a prompt or a prompt set, streaming text, optionally writing JSON rows."""
+"""`launch run`: generate from a prompt or a prompt set, streaming text, optionally writing JSON rows.
+
+Rows are written as they finish (the JSON file rewritten atomically after each), so an interrupted or
+killed run keeps what it finished; in a prompt set, a prompt that cannot run (too long, not text) is
+reported and skipped, the others run, and the exit code says so (EXIT_SKIPPED).
+"""
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
-import psutil
-
-from cadence.errors import CadenceError
-from cadence.paths import check_output
-from launch.monitor import add_monitor_args, open_monitor
-from launch.monitor_feed import MonitorFeed
-from launch.options import add_model_args, run_config, setup_threads
-from launch.prompts import Prompt, load_prompts
-from launch.results import write_rows
-from launch.runner import RunConfig, Runner, print_text
-from launch.trace_tools import place_trace
-from scheduler.generation.speculation import MODES
+from common.errors import CadenceError, PromptError
+from common.paths import check_output
+from engine.prompts import Prompt, load_prompts
+from engine.rows import write_rows
+from engine.runner import Runner
+from launch.options import add_run_options, run_config
+from observe.feed import MonitorFeed
+from observe.monitor import add_monitor_args, open_monitor
+from observe.traces import place_trace, trace_dir
 
 DEFAULT_PROMPT = "def quicksort(items):\n"
+EXIT_SKIPPED = 3  # some prompts were reported and skipped; the others ran
 
 
 def add_parser(sub):
@@ -27,9 +31,8 @@ def add_parser(sub):
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="one prompt (the same as PROMPT)")
     src.add_argument("--prompts", help="a JSONL prompt set: {\"id\", \"kind\", \"prompt\"} per line")
-    p.add_argument("--mode", default="tree", choices=MODES)
-    add_model_args(p)
-    p.add_argument("--json", dest="json_out", help="write one JSON row per prompt to this file")
+    p.add_argument("--json", dest="json_out", help="write one JSON row per prompt to this file, as each finishes")
+    add_run_options(p)
     add_monitor_args(p)
     p.set_defaults(func=cmd_run)
 
@@ -48,8 +51,6 @@ def one_prompt(args) -> str:
 
 def _piped(f) -> bool:
     """stdin is a pipe or a file (`echo hi | launch run`, `launch run < q.txt`), not a terminal or /dev/null."""
-    import stat
-
     try:
         mode = os.fstat(f.fileno()).st_mode
     except (OSError, ValueError, AttributeError):
@@ -60,50 +61,84 @@ def _piped(f) -> bool:
 def cmd_run(args) -> int:
     if args.json_out:
         check_output(args.json_out, "--json")
-    setup_threads(args)
-    cfg = run_config(args, args.mode)
+    wanted = getattr(args, "trace_path", None)
+    cfg = run_config(args, **({"trace_dir": trace_dir(wanted)} if wanted and not args.trace_dir else {}))
     prompts = load_prompts(args.prompts) if args.prompts else [Prompt("prompt", "chat", one_prompt(args))]
+    print(f"launch run: loading {cfg.target} ({cfg.mode}, {cfg.dtype}) ...", file=sys.stderr, flush=True)
     rows: list[dict] = []
     runner = None
-    print(f"launch run: loading {cfg.target} ({cfg.mode}, {cfg.fmt}) ...", file=sys.stderr, flush=True)
     try:
         with Runner(cfg, prompts) as runner:
-            _generate(args, cfg, runner, prompts, rows)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the actors are stopped and the trace written; keep what finished
+            skipped = _generate(args, runner, prompts, rows)
+    finally:  # also on Ctrl-C or SIGTERM: the actors are stopped; the trace's place and the rows so far
         if runner is not None:
             _finish(args, runner, rows)
-        raise
-    _finish(args, runner, rows)
-    return 0
+    return EXIT_SKIPPED if skipped else 0
 
 
-def _generate(args, cfg: RunConfig, runner: Runner, prompts: list[Prompt], rows: list[dict]) -> None:
-    if runner.plan is not None:  # `launch plan` prints it in full
-        print(runner.plan.summary(), file=sys.stderr, flush=True)
-    experts = runner.spec.experts if runner.sched is not None and runner.spec.experts is not None else None
-    feed = MonitorFeed(runner.sched, title=f"{cfg.mode} {cfg.target} {cfg.fmt}",
-                       experts=experts.totals if experts is not None else None) if runner.sched is not None else \
-        MonitorFeed(None, budget_bytes=psutil.virtual_memory().total, title=f"{cfg.mode} {cfg.target} {cfg.fmt}")
+def _generate(args, runner: Runner, prompts: list[Prompt], rows: list[dict]) -> int:
+    """Every prompt in turn; the number skipped."""
+    cfg = runner.cfg
+    print(_run_line(runner), file=sys.stderr, flush=True)
+    title = f"{cfg.mode} {cfg.target} {cfg.dtype}"
+    if runner.sched is not None:
+        experts = runner.session.experts
+        feed = MonitorFeed(runner.sched, title=title, experts=experts.totals if experts is not None else None)
+    else:
+        feed = MonitorFeed(None, title=title)
     mon = open_monitor(feed, args.monitor)
-    on_text = feed.on_text if mon.shows_text else (lambda piece: (feed.on_text(piece), print_text(piece)))
+    skipped = 0
     mon.start()
     try:
         for p in prompts:
             if len(prompts) > 1 and not mon.shows_text:
                 print(f"\n── {p.id} ({p.kind})", flush=True)
-            row = runner.run(p, on_text=on_text, on_cycle=feed.on_tokens)
-            rows.append(row)
-            st = row["stats"]
-            extra = f", {st['mean_accepted']} accepted per verification" if "mean_accepted" in st else ""
-            print(f"\n[{len(row['new_token_ids'])} tokens in {row['wall_s']:.2f} s, {row['tokens_per_s']:.2f} tok/s, "
-                  f"mode {row['mode']}, {cfg.fmt}{extra}]", file=sys.stderr, flush=True)
+            try:
+                done = runner.run(p, on_chunk=lambda c: _show(c, feed, mon))
+            except PromptError as e:
+                if len(prompts) == 1:
+                    raise
+                skipped += 1
+                print(f"\nlaunch run: prompt {p.id} skipped: {e}", file=sys.stderr, flush=True)
+                continue
+            rows.append(done.row)
+            if args.json_out:
+                write_rows(args.json_out, rows)  # atomically, each time: a killed run keeps what finished
+            if not mon.shows_text:
+                print(flush=True)  # the text ends its line
+            print(_row_line(done.row, runner), file=sys.stderr, flush=True)
     finally:
         mon.stop()
         feed.close()
+    return skipped
+
+
+def _show(chunk, feed: MonitorFeed, mon) -> None:
+    feed.on_chunk(chunk)
+    if chunk.text and not mon.shows_text:
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+
+
+def _run_line(runner: Runner) -> str:
+    """What the run is, in a line: the plan under a budget (`launch plan` prints it in full), else the models."""
+    cfg = runner.cfg
+    if runner.plan is not None:
+        return runner.plan.summary()
+    draft = f", draft {cfg.draft_model}" if cfg.draft_model else ""
+    return f"{cfg.mode} {cfg.target} {cfg.dtype}{draft}; context {cfg.context} tokens; {cfg.runtime}"
+
+
+def _row_line(row: dict, runner: Runner) -> str:
+    st = row["stats"]
+    accepted = f", {st['mean_accepted']} accepted per verification" if "mean_accepted" in st else ""
+    held = runner.held_bytes()
+    return (f"[{len(row['new_token_ids'])} tokens in {row['wall_s']:.2f} s, {row['tokens_per_s']:.2f} tok/s, "
+            f"mode {row['mode']}, {row['format']}{accepted}, {held / 2**20:.0f} MiB held, "
+            f"ended by {row['finish_reason']}]")
 
 
 def _finish(args, runner: Runner, rows: list[dict]) -> None:
-    """The trace's place and the rows: after the run, or after an interruption with what it finished."""
     path = place_trace(runner.trace_path, getattr(args, "trace_path", None))
     if path:
         print(f"trace: {path}", file=sys.stderr)

@@ -1,10 +1,10 @@
-"""`launch serve`: the OpenAI-compatible HTTP API (launch/serve.py) on 127.0.0.1:8080 by default."""
+"""`launch serve`: the OpenAI-compatible HTTP API (serve/app.py) on 127.0.0.1:8080 by default."""
 from __future__ import annotations
 
 import sys
 
-from cadence.errors import CadenceError
-from launch.options import add_model_args, run_config
+from common.errors import CadenceError
+from launch.options import add_run_options, run_config
 
 
 def add_parser(sub):
@@ -13,8 +13,7 @@ def add_parser(sub):
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     p.add_argument("--queue", type=int, default=8, help="requests that may wait for the one running (more get 429)")
-    p.add_argument("--mode", default="tree", choices=("target", "std", "stdpl", "chain", "tree"))
-    add_model_args(p)
+    add_run_options(p)
     p.set_defaults(func=cmd_serve)
 
 
@@ -22,26 +21,24 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from cadence.api import LLM
-    from launch.serve import Generator, make_app
+    from serve.app import Generator, make_app
 
     if not 1 <= args.port <= 65535:
         raise CadenceError(f"--port {args.port} is not a port; give 1-65535")
     if args.queue < 1:
         raise CadenceError(f"--queue {args.queue} must be at least 1")
-    cfg = run_config(args, args.mode)
+    cfg = run_config(args)
 
     def make_llm():
-        llm = LLM(cfg.target, cfg.draft, dtype=cfg.fmt, draft_dtype=cfg.draft_fmt, mode=cfg.mode,
-                  memory_budget=cfg.memory_budget, context=cfg.plan_context, max_new_tokens=cfg.max_new_tokens,
-                  temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, seed=cfg.sampling.seed,
-                  threads=cfg.threads, trace_dir=None if args.no_trace else (cfg.trace_dir or ""), tree=cfg.tree)
-        if llm.plan is not None:
-            print(llm.plan.summary(), file=sys.stderr, flush=True)
+        llm = LLM.from_config(cfg)
+        c = llm.config
+        print(llm.plan.summary() if llm.plan is not None else f"{c.mode} {c.target} {c.dtype}, draft {c.draft}; "
+              f"context {c.context} tokens; {c.runtime}", file=sys.stderr, flush=True)
         return llm
 
     gen = Generator(make_llm, args.queue)
     gen.start()
-    print(f"launch serve: loading {cfg.target} ({cfg.mode}, {cfg.fmt}) ...", file=sys.stderr, flush=True)
+    print(f"launch serve: loading {cfg.target} ({cfg.mode}, {cfg.dtype}) ...", file=sys.stderr, flush=True)
     gen.ready.wait()
     if gen.llm is None:
         raise CadenceError(f"the models could not be loaded: {gen.error}")

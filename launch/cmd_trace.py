@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cadence.errors import CadenceError
-from launch.trace_html import write_html
-from launch.trace_tools import format_summary, load_trace, not_a_trace, summarize, summary_dict
+from common.errors import CadenceError
+from observe.trace_html import write_html
+from observe.traces import format_summary, load_trace, not_a_trace, summarize, summary_dict
 from scheduler.trace import validate_trace
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cadence.heap import trim_heap
+from common.heap import trim_heap
 from models import linear
 from models.transformer import Transformer
 from models.weights import ExpertWeights

@@ -11,9 +11,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cadence import paths
-from cadence.errors import CadenceError
-from cadence.settings import check_format
+from common import paths
+from common.errors import CadenceError
+from common.settings import check_format
 from models import registry
 from models.pull import is_pulled, model_path, pull
 from models.store import WeightStore, StoreWriter

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from cadence import paths
-from cadence.errors import CadenceError
+from common import paths
+from common.errors import CadenceError
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("attention.cpp", "linear.cpp", "ops.cpp")

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cadence.errors import CadenceError
-from cadence.settings import FORMATS, check_format  # noqa: F401  (torch-free, re-exported)
+from common.errors import CadenceError
+from common.settings import FORMATS, check_format
 from models import kernels, linear_int2
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -1,5 +1,5 @@
 """int2 weights: an expert-only format (a mixture-of-experts store may keep each expert at its own
-bitwidth, as EdgeMoE does), never a format a whole model is converted to (cadence.settings.FORMATS).
+bitwidth, as EdgeMoE does), never a format a whole model is converted to (common.settings.FORMATS).
 
 w ~ S sc q - M mn, as int4 (models/linear.py) with 2-bit codes: q 0..3 per weight, 8-bit sub-scale sc
 and minimum mn per group of 32, fp16 S and M per super-block of 256 (the last may be short).
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 
 QG, SUPER, RUN = 32, 256, 128  # group (sub-block), super-block, weights per 32 packed bytes
 GROUP_SIZES = (32, 64)  # as int4: 64 shares one sub-scale and minimum across two groups of 32

@@ -18,8 +18,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from cadence import paths
-from cadence.errors import CadenceError
+from common import paths
+from common.errors import CadenceError
 from models.registry import ModelSpec
 
 CHUNK = 8 << 20

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,10 @@
 """Token choice: greedy, or temperature with nucleus (top-p) filtering from a seeded generator."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 
-from cadence.errors import CadenceError
-from cadence.settings import SamplingConfig  # noqa: F401  (torch-free, re-exported)
+from common.settings import SamplingConfig
 
 
 def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from models.config import ModelArgs
 from models.gguf_file import GGUFFile
 from models.store import expert_group

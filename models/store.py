@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from models.config import ModelArgs
 
 # torch, numpy and the tokenizer are imported where they are used: the I/O loader reads a store's

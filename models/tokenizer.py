@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from cadence.errors import CadenceError
-from cadence.heap import trim_heap
+from common.errors import CadenceError
+from common.heap import trim_heap
 
 # Split regexes by llama.cpp pre-tokenizer name (the same ones HF's tokenizer.json files use).
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
@@ -184,20 +184,29 @@ class ByteTable:
 
 
 class StreamDecoder:
-    """Turns a growing list of token ids into text pieces, holding back incomplete UTF-8."""
+    """Turns a growing list of token ids into text pieces, holding back incomplete UTF-8.
+
+    Each push decodes only the tokens since the last piece, after a few tokens of context (a decoder may
+    treat a text's first token differently, a leading space say): a long generation costs linear time."""
 
     def __init__(self, tokenizer: TextTokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.emitted = ""
+        self.prefix = 0  # ids[prefix:read] were decoded into the last piece: the context of the next
+        self.read = 0
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):  # a multi-byte character not finished yet
+        before = self.tokenizer.decode(self.ids[self.prefix:self.read])
+        text = self.tokenizer.decode(self.ids[self.prefix:])
+        if len(text) <= len(before) or text.endswith("\ufffd"):  # nothing new, or a character not finished yet
             return ""
-        piece, self.emitted = text[len(self.emitted):], text
-        return piece
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(before):]
+
+    def text(self) -> str:
+        """Everything pushed, decoded whole."""
+        return self.tokenizer.decode(self.ids)
 
 
 def info_from_hf(tokenizer_json: str, tokenizer_config: dict, config: dict) -> TokenizerInfo:

@@ -15,11 +15,11 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from models import kernels
 from models.attention import Visibility, attend
 from models.config import ModelArgs
-from models.plan import ForwardPlan, NeedExperts, NeedWeights, SplitAttention, SplitColumns
+from models.requests import ForwardPlan, NeedExperts, NeedWeights, SplitAttention, SplitColumns
 
 
 class KVCache:

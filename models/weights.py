@@ -119,7 +119,7 @@ class ResidentWeights:
         return self.layers[i]
 
     def experts(self, need) -> dict[int, ExpertWeights]:
-        """`need`: a `models.plan.NeedExperts`."""
+        """`need`: a `models.requests.NeedExperts`."""
         return {e: self.expert[need.layer, e] for e in need.experts}
 
     def head_part(self, j: int) -> HeadPart:
@@ -268,8 +268,8 @@ class StreamingWeights:
         return {e: self.expert[need.layer, e] for e in need.experts}
 
     def is_resident(self, need) -> bool:
-        """`need`: a `models.plan.NeedWeights` or `NeedExperts`."""
-        from models.plan import NeedExperts
+        """`need`: a `models.requests.NeedWeights` or `NeedExperts`."""
+        from models.requests import NeedExperts
 
         if isinstance(need, NeedExperts):
             return all((need.layer, e) in self.expert for e in need.experts)
@@ -298,8 +298,8 @@ def _read_head_rows(store: WeightStore, group: str, f, rows: int, buffers: dict)
 
 
 def weights_for(weights, need):
-    """What `Transformer.forward_steps` asked for: a layer or a head part (`models.plan.NeedWeights`), or
-    a layer's experts ({expert: ExpertWeights}, for a `models.plan.NeedExperts`)."""
+    """What `Transformer.forward_steps` asked for: a layer or a head part (`models.requests.NeedWeights`), or
+    a layer's experts ({expert: ExpertWeights}, for a `models.requests.NeedExperts`)."""
     if not hasattr(need, "head"):
         return weights.experts(need)
     return weights.head_part(need.index) if need.head else weights.layer(need.index)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -88,7 +88,7 @@ def default_trace_dir() -> Path:
     here = Path.cwd() / "traces"
     if here.is_dir():
         return here
-    from cadence import paths
+    from common import paths
 
     return paths.home() / "traces"
 

@@ -1,7 +1,7 @@
 """What the scheduler raises to its caller. Each is one sentence that names the role."""
 from __future__ import annotations
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 
 
 class ActorDead(CadenceError):

@@ -5,7 +5,7 @@ A mixin of `Scheduler`: it uses `self.arena`, `self.arenas`, `self.slots` (excha
 """
 from __future__ import annotations
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from shm.desc import InlineTensor, TensorDesc
 from shm.slots import Slot
 

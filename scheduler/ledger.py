@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 
 
 class BudgetError(CadenceError):

@@ -158,7 +158,7 @@ class Zygote:
         return self.proc.poll() is None
 
     def fork(self, spec: dict) -> ForkedActor:
-        from cadence.errors import CadenceError
+        from common.errors import CadenceError
 
         try:
             os.write(self._w, (json.dumps({"spec": spec}) + "\n").encode())

@@ -14,7 +14,7 @@ import time
 import zmq
 
 from actors import wire
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from scheduler.errors import ActorDead
 from scheduler.events import DeadEvent, ErrorEvent, ReplyEvent
 from scheduler.procs import (DEAD, INITIALIZING, READY, STARTING, STOPPING, ActorProc, close_sentinel, exit_reason,

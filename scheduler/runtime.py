@@ -27,12 +27,11 @@ import zmq
 from actors import wire
 from actors.ops import Payload
 from actors.tracing import Tracer
-from cadence.errors import CadenceError, Terminated
-from cadence.procname import set_process_name
+from common.errors import CadenceError, Terminated
+from common.procname import set_process_name
 from scheduler.config import RuntimeConfig
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
-# the events too are taken from here: `from scheduler.runtime import DeadEvent, ReplyEvent, Scheduler`
-from scheduler.events import ActorStatus, DeadEvent, ErrorEvent, Pending, ReplyEvent
+from scheduler.events import ActorStatus, Pending, ReplyEvent
 from scheduler.exchange import TensorExchange
 from scheduler.ledger import MemoryLedger
 from scheduler.procs import (DEAD, READY, STOPPING, ActorProc, Zygote, bind_router, close_sentinel, kill_tree,

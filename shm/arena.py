@@ -15,7 +15,7 @@ import shutil
 
 import psutil
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 
 SHM_DIR = "/dev/shm"
 PREFIX = "cadence-"

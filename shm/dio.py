@@ -26,7 +26,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 
 ALIGN = 4096
 MiB = 1 << 20

@@ -11,7 +11,7 @@ import bisect
 from collections import Counter
 from dataclasses import dataclass
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 
 
 class SlotsFull(CadenceError):

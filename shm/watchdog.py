@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 
-from cadence.procname import set_process_name
+from common.procname import set_process_name
 from shm.arena import SEGMENT_NAME, SHM_DIR
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -2,7 +2,8 @@
 
 On a 2-core CPU a wide verification is not free (each extra row costs a share of a decode step)
 and the draft model costs a third of the target, so a tree that is rarely accepted is slower
-than the target alone. The governor keeps, per draft budget (0 = a plain target step), a moving
+than the target alone. The governor keeps, per arm (a plain target step, prompt lookup, a draft tree
+of a given size: common/settings.py `Arm`), a moving
 average of tokens per second actually obtained, plays the best one, and now and then tries a
 neighbour so the estimates follow the text (code that is being copied, prose that is not).
 A try that loses doubles the wait before the next one (up to `max_gap` cycles): where
@@ -12,25 +13,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.settings import PLAIN, Arm
+
 
 @dataclass
 class Governor:
-    widths: tuple[int, ...]  # candidate draft budgets, ascending; 0 means "no speculation"
-    start: int  # the budget to begin with
+    arms: tuple[Arm, ...]  # the choices, in order (common/settings.py `arms`)
+    start: Arm  # the arm to begin with
     explore_every: int = 6  # cycles between tries of a neighbouring budget, at first
     max_gap: int = 48  # ... and at most, after tries that lost
     decay: float = 0.7  # weight of the past in the moving averages
-    rate: dict[int, float] = field(default_factory=dict)  # budget -> tokens per second
+    rate: dict[Arm, float] = field(default_factory=dict)  # arm -> tokens per second
     cycles: int = 0
-    current: int = -1
+    current: Arm = PLAIN
     gap: int = 0  # cycles between tries now
     last_try: int = 0  # the cycle of the last try
-    trying: int | None = None  # the budget being tried this cycle
+    trying: Arm | None = None  # the arm being tried this cycle
 
     def __post_init__(self):
-        if 0 not in self.widths:
-            self.widths = (0, *self.widths)
-        self.current = self.start if self.start in self.widths else self.widths[-1]
+        if PLAIN not in self.arms:
+            self.arms = tuple(sorted((PLAIN, *self.arms)))
+        self.current = self.start if self.start in self.arms else self.arms[-1]
         self.gap = self.explore_every
 
     def new_text(self):
@@ -38,33 +41,33 @@ class Governor:
         being copied where the last was prose), instead of after a back-off the last text ran up."""
         self.gap, self.last_try, self.trying = self.explore_every, self.cycles, None
 
-    def choose(self) -> int:
-        """The draft budget for the next cycle."""
+    def choose(self) -> Arm:
+        """The arm for the next cycle."""
         self.cycles += 1
-        known = {w: r for w, r in self.rate.items()}
-        if 0 not in known and self.cycles > 1:
-            return 0  # measure the plain step once, early: the bar speculation has to clear
+        known = dict(self.rate)
+        if PLAIN not in known and self.cycles > 1:
+            return PLAIN  # measure the plain step once, early: the bar speculation has to clear
         if not known:
             return self.current
         best = max(known, key=known.get)
         if self.cycles - self.last_try >= self.gap:
-            i = self.widths.index(best)
-            untried = [w for w in self.widths[max(0, i - 1):i + 2] if w != best]
+            i = self.arms.index(best)
+            untried = [a for a in self.arms[max(0, i - 1) : i + 2] if a != best]
             if untried:
                 # try the neighbour we know least about (never tried, or the less recent guess)
                 self.last_try = self.cycles
-                self.trying = min(untried, key=lambda w: known.get(w, -1.0))
+                self.trying = min(untried, key=lambda a: known.get(a, -1.0))
                 return self.trying
         return best
 
-    def record(self, width: int, tokens: int, seconds: float):
-        if seconds <= 0 or width not in self.widths:
-            return  # a budget cut short by the end of the generation says nothing about its width
+    def record(self, arm: Arm, tokens: int, seconds: float):
+        if seconds <= 0 or arm not in self.arms:
+            return  # a draft cut short by the end of the generation says nothing about its size
         r = tokens / seconds
-        old = self.rate.get(width)
-        self.rate[width] = r if old is None else self.decay * old + (1 - self.decay) * r
-        if self.trying is not None and width == self.trying:
+        old = self.rate.get(arm)
+        self.rate[arm] = r if old is None else self.decay * old + (1 - self.decay) * r
+        if self.trying is not None and arm == self.trying:
             self.trying = None
             # this try beat the best average: look again soon (the averages need a few tries to turn)
-            won = r > max((v for w, v in self.rate.items() if w != width), default=0.0)
+            won = r > max((v for a, v in self.rate.items() if a != arm), default=0.0)
             self.gap = self.explore_every if won else min(2 * self.gap, self.max_gap)

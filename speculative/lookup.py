@@ -10,7 +10,7 @@ scheduler, so `--draft none` starts no draft actor at all.
 from __future__ import annotations
 
 from speculative.loop import Proposal
-from speculative.tree import ROOT, TokenTree
+from speculative.tree import ROOT, TokenTree, Tree
 from speculative.trie import TokenTrie
 
 
@@ -31,19 +31,19 @@ class PromptLookup:
         self.context.extend(tokens)
         self.trie.insert(self.context, start=len(self.context) - len(tokens) - self.trie.branch_len + 1)
 
-    def tree(self, max_nodes: int | None = None) -> dict | None:
-        """The candidates continuing the text, as the tree a draft actor's `lookup` replies with
-        (point-mass trials: a trie candidate is deterministic); None when the trie has none."""
+    def tree(self, max_nodes: int | None = None, trials: bool = False) -> Tree | None:
+        """The candidates continuing the text, or None when the trie has none; with `trials` (sampling),
+        point-mass trials: a trie candidate is deterministic."""
         got = self.trie.retrieve(self.context, max_nodes=max_nodes or self.max_nodes)
         if not got.tokens:
             return None
         t = TokenTree(self.context[-1])
-        index, trials = {}, []
+        index, rows = {}, []
         for i, (tok, parent, p) in enumerate(zip(got.tokens, got.parents, got.probs)):
             at = index[parent] if parent >= 0 else ROOT
             index[i] = t.add(tok, at, p)
-            trials.append([at, index[i], -1])
-        return {**t.to_lists(), "tc": 1.0, "forwards": 0, "trie_nodes": len(got.tokens), "trials": trials}
+            rows.append([at, index[i], -1])
+        return t.proposal(trie_nodes=len(got.tokens), trials=rows if trials else None)
 
 
 class TrieDraft:
@@ -53,25 +53,25 @@ class TrieDraft:
     has_model = False
 
     def __init__(self, width: int = 8):
-        self.lookup = PromptLookup(width)
+        self.trie = PromptLookup(width)
+        self.greedy = True
 
     def start(self, prompt_ids: list[int], capacity: int, first: int, cfg, sampling) -> None:
         self.greedy = sampling.greedy
-        self.lookup.start(prompt_ids, [first])
+        self.trie.start(prompt_ids, [first])
 
-    def propose(self, budget: int, width: int) -> Proposal | None:
-        tree = self.lookup.tree(width)
-        if tree is None:
-            return None
-        if self.greedy:
-            tree.pop("trials")
-        return Proposal(tree["tokens"], 0, tree["trie_nodes"], tree, drafted=False)
+    def propose(self, budget: int) -> Proposal | None:
+        return None  # no draft model: the governor plays lookup or a plain step
+
+    def lookup(self, max_nodes: int) -> Proposal | None:
+        tree = self.trie.tree(max_nodes, trials=not self.greedy)
+        return Proposal(tree, drafted=False) if tree is not None else None
 
     def ahead(self, p, steps: int) -> None:
         pass
 
     def advance(self, p, path: list[int], new: list[int]) -> None:
-        self.lookup.push(new)
+        self.trie.push(new)
 
     def release(self, p) -> None:
         pass

@@ -3,24 +3,26 @@
 `Speculation` runs against two small interfaces, the draft side and the target side; what they
 wrap decides where the work happens:
 
-    in one process    speculative/local.py    LocalTarget, LocalDraft: the models themselves
-    over the actors   scheduler/generation/target.py     ActorTarget: the verifier actor (streamed layers, the worker)
-                      scheduler/generation/draft.py      ActorDraft: the draft actor
-    either            speculative/lookup.py   TrieDraft: the n-gram trie alone (`--draft none`)
+    in one process    speculative/drafter.py, verify.py    LocalDraft, LocalTarget: the models themselves
+    over the actors   scheduler/generation/draft_side.py     ActorDraft: the draft actor
+                      scheduler/generation/target_side.py    ActorTarget: the verifier actor (streamed layers)
+    either            speculative/lookup.py                  TrieDraft: the n-gram trie alone (`--draft none`)
 
-Target-only modes (target, std, stdpl) are the same loop with no draft. The governor, the
-lookup arm, stop tokens, the KV capacity and the stats live here and nowhere else. Torch-free:
-the scheduler process runs this loop.
+Target-only modes (target, std, stdpl) are the same loop with no draft. The governor, the lookup
+arm, stop tokens, the KV capacity and the stats live here and nowhere else. `stream` yields one
+`Step` per cycle; the last carries the finish reason and the `Generation`. Torch-free: the
+scheduler process runs this loop.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol
 
-from cadence.errors import CadenceError
-from cadence.settings import LOOKUP, Generation, SamplingConfig, SpecStats, TreeConfig, budgets
+from common.errors import PromptError
+from common.settings import LOOKUP, PLAIN, Arm, Generation, SamplingConfig, SpecStats, TreeConfig, arms
 from speculative.governor import Governor
+from speculative.tree import Tree
 
 MODES = ("target", "std", "stdpl", "chain", "tree")
 TARGET_ONLY = ("target", "std", "stdpl")  # std, stdpl: the target alone, streamed (without / with prefetch)
@@ -29,14 +31,32 @@ AHEAD_WAIT = 0.2  # draft ahead while the verifier waits on I/O for more than th
 
 @dataclass
 class Proposal:
-    """Candidates for one verification: tree node i holds `tokens[i]` (a verdict's path indexes them)."""
-    tokens: list[int]
-    forwards: int = 0  # draft forwards that built it
-    trie_nodes: int = 0  # of its nodes, those the trie proposed
-    payload: object = None  # the tree in the draft side's form: a DraftTree in process, else its wire dict
-    drafted: bool = True  # the draft model grew it (False: the trie's candidates alone, `advance` takes a plain verdict)
-    tensors: dict = field(default_factory=dict)  # over the wire: the arena tensors that go with it (distributions)
+    """Candidates for one verification: what the target side verifies (`tree`), and what the draft side
+    keeps of it until the verdict (`draft`: a DraftTree in process, nothing over the wire: the actor has it)."""
+
+    tree: Tree
+    drafted: bool = True  # the draft model ran on it (False: the trie's candidates alone, `advance` takes a plain verdict)
+    draft: object = None
+    dists: object = None  # under sampling: the distributions `tree.trials` index (a tensor, or its arena descriptor)
     req: int | None = None  # over the wire: the draft's request that built it (the trace's arrow to its verification)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.tree.tokens
+
+
+@dataclass(frozen=True)
+class Step:
+    """One cycle: the tokens it committed (a stop token, if reached, is the last), the draft tokens the
+    target accepted and alpha after it (None for the prefill and a plain step). The last step of a
+    generation also says why it ended ("stop": a stop token; "length": the token limit or the context)
+    and carries the `Generation`."""
+
+    tokens: list[int]
+    accepted: int | None = None
+    alpha: float | None = None
+    finish_reason: str | None = None
+    result: Generation | None = None
 
 
 class TargetSide(Protocol):
@@ -59,10 +79,14 @@ class TargetSide(Protocol):
 class DraftSide(Protocol):
     has_model: bool  # False: the trie alone (tree mode only; the governor plays the lookup arm)
 
-    def start(self, prompt_ids: list[int], capacity: int, first: int, cfg: TreeConfig, sampling: SamplingConfig) -> None: ...
+    def start(self, prompt_ids: list[int], capacity: int, first: int, cfg: TreeConfig,
+              sampling: SamplingConfig) -> None: ...
 
-    def propose(self, budget: int, width: int) -> Proposal | None:
-        """budget > 0: a draft tree of at most that many tokens; LOOKUP: the trie's candidates; None: none."""
+    def propose(self, budget: int) -> Proposal | None:
+        """A draft tree of at most `budget` tokens, or None."""
+
+    def lookup(self, max_nodes: int) -> Proposal | None:
+        """The trie's candidates alone (prompt lookup, no draft forward), or None."""
 
     def ahead(self, p: Proposal, steps: int) -> None:
         """Draft on from the tree while the target verifies it, until the verdict (LLMCad 3.4)."""
@@ -77,56 +101,52 @@ class DraftSide(Protocol):
         """(draft forwards run ahead, tree nodes that reused them) in this generation so far."""
 
 
-def capacity(context_length: int, n_prompt: int, max_new: int, cfg: TreeConfig, draft: bool = False,
-             at_least: int | None = None) -> int:
-    """KV rows for a prompt and its continuation, a tree and its slack. The draft sees only the prompt's
-    last `prompt_window` tokens; the target's cache holds `at_least` prompt tokens (a conversation's next
-    prompt finds its prefix there). launch/runner.py plans memory with the same sum."""
+def slack(cfg: TreeConfig) -> int:
+    """KV rows past the text: a tree in verification, the lookahead, the bonus token."""
+    return max(cfg.budget, 64) + cfg.ahead + 2
+
+
+def limits(context: int, n_prompt: int, max_new: int | None) -> int:
+    """The most new tokens for a prompt of `n_prompt` tokens in a context of `context`: `max_new`, or
+    (None) up to the context's end. One sentence when the prompt leaves no room."""
     if n_prompt == 0:
-        raise CadenceError("the prompt is empty after tokenization; give some text")
-    if n_prompt + max_new > context_length:
-        raise CadenceError(f"the prompt has {n_prompt} tokens and {max_new} new tokens were asked for, "
-                           f"but the model's context holds {context_length}; shorten the prompt or lower --max-new-tokens")
-    if draft and cfg.prompt_window:
-        n_prompt = min(n_prompt, cfg.prompt_window)
-    elif not draft and at_least:
-        n_prompt = max(n_prompt, at_least)
-    return min(context_length, n_prompt + max_new + max(cfg.budget, 64) + cfg.ahead + 2)
+        raise PromptError("the prompt is empty after tokenization; give some text")
+    room = context - n_prompt
+    if room < 1 or (max_new is not None and max_new > room):
+        asked = f" and {max_new} new tokens were asked for" if max_new is not None else ""
+        raise PromptError(f"the prompt has {n_prompt} tokens{asked}, but the context holds {context}; shorten the "
+                           "prompt, lower --max-new-tokens or give a larger --context")
+    return max_new if max_new is not None else room
 
 
 class Speculation:
-    def __init__(self, target: TargetSide, draft: DraftSide | None, mode: str, cfg: TreeConfig, sampling: SamplingConfig,
-                 context_length: int, kv_context: int | None = None, counter: Callable[[str, dict], None] | None = None):
-        """The run's mode, tree settings and sampling (a generation may ask for others). `kv_context`: size the target's cache for prompts this long at least (None: per prompt).
-        `counter(name, values)`: trace counters (tokens, accepted length, alpha)."""
+    def __init__(self, target: TargetSide, draft: DraftSide | None, mode: str, cfg: TreeConfig,
+                 sampling: SamplingConfig, context: int, model_context: int | None = None,
+                 counter: Callable[[str, dict], None] | None = None):
+        """The run's mode, tree settings and sampling (a generation may ask for others). `context`: the
+        tokens a generation holds, prompt and answer; the target's cache is sized to it, so that the next
+        prompt that continues this one (a conversation) finds its prefix there. `model_context`: the most
+        the model's positions go to (a cache never needs more). `counter(name, values)`: trace counters
+        (tokens, accepted length, alpha)."""
         self.target, self.draft, self.mode, self.cfg, self.sampling = target, draft, mode, cfg, sampling
-        self.context_length, self.kv_context = context_length, kv_context
+        self.context, self.model_context = context, model_context or context
         self.counter = counter or (lambda name, values: None)
-        self.governors: dict[tuple, Governor] = {}  # per mode and budget set, kept across prompts
+        self.governors: dict[tuple, Governor] = {}  # per mode and arm set, kept across prompts
 
-    def generate(self, prompt_ids: list[int], max_new: int, stop: set[int],
-                 on_tokens: Callable[[list[int]], None] | None = None, on_cycle: Callable | None = None,
-                 **kw) -> Generation:
-        """`stream` to its end: `on_tokens(new_ids)` as tokens are committed; `on_cycle(n_new, accepted,
-        alpha)` after each cycle (accepted and alpha are None for a plain target step): the monitor's feed."""
-        steps = self.stream(prompt_ids, max_new, stop, **kw)
-        while True:
-            try:
-                new, accepted, alpha = next(steps)
-            except StopIteration as done:
-                return done.value
-            if on_tokens:
-                on_tokens(new)
-            if on_cycle:
-                on_cycle(len(new), accepted, alpha)
+    def generate(self, prompt_ids: list[int], max_new: int | None, stop: set[int],
+                 on_step: Callable[[Step], None] | None = None, **kw) -> Generation:
+        """`stream` to its end; `on_step(step)` after each cycle."""
+        for step in self.stream(prompt_ids, max_new, stop, **kw):
+            if on_step:
+                on_step(step)
+        return step.result
 
-    def stream(self, prompt_ids: list[int], max_new: int, stop: set[int], mode: str | None = None,
-               cfg: TreeConfig | None = None, sampling: SamplingConfig | None = None) -> Iterator:
-        """Generate with this run's mode, or another one (`target` always; `chain`/`tree` need a draft).
-        A generator: after the prefill and after each cycle it yields (the tokens committed, accepted draft
-        tokens, alpha) (None, None for a plain step) and it returns the Generation. Each yield is a cycle
-        boundary, where both models' caches agree with the text: a consumer may stop there (a client that
-        went away), and the next generation starts afresh."""
+    def stream(self, prompt_ids: list[int], max_new: int | None, stop: set[int], mode: str | None = None,
+               cfg: TreeConfig | None = None, sampling: SamplingConfig | None = None) -> Iterator[Step]:
+        """Generate with this run's mode, or another one (`target` always; `chain`/`tree` need a draft):
+        a `Step` after the prefill and after each cycle. Each is a cycle boundary, where both models'
+        caches agree with the text: a consumer may stop there (a client that went away), and the next
+        generation starts afresh. `max_new` None: up to the context's end."""
         mode, cfg, draft = mode or self.mode, cfg or self.cfg, self.draft
         speculative = mode not in TARGET_ONLY
         if speculative and draft is None:
@@ -134,48 +154,64 @@ class Speculation:
         if mode == "chain" and not draft.has_model:
             raise ValueError("mode chain needs a draft model; --draft none speculates in tree mode only")
         sampling = sampling or self.sampling
-        cap = capacity(self.context_length, len(prompt_ids), max_new, cfg, at_least=self.kv_context)
+        max_new = limits(self.context, len(prompt_ids), max_new)
         t0 = time.perf_counter()
-        first, reused = self.target.start(prompt_ids, cap, sampling)
+        most = self.model_context
+        first, reused = self.target.start(prompt_ids, min(most, self.context + slack(cfg)), sampling)
         if speculative:
-            draft.start(prompt_ids, capacity(self.context_length, len(prompt_ids), max_new, cfg, draft=True),
-                        first, cfg, sampling)
+            window = min(len(prompt_ids), cfg.prompt_window or len(prompt_ids))
+            draft.start(prompt_ids, min(most, min(self.context, window + max_new) + slack(cfg)), first, cfg, sampling)
         t_prefill = time.perf_counter() - t0
-        governor = None
-        if speculative and (cfg.adaptive or not draft.has_model):  # what speculation earned on earlier prompts carries over
-            arms = budgets(cfg) if draft.has_model else (LOOKUP, 0)  # no draft model: the trie or a plain step
-            governor = self.governors.setdefault((mode, arms), Governor(arms, cfg.budget if draft.has_model else LOOKUP))
-            governor.new_text()
+        governor = self._governor(mode, cfg) if speculative else None
         stats = SpecStats()
         out = [first]
-        yield [first], None, None
-        while len(out) < max_new and out[-1] not in stop:
-            budget = 0 if not speculative else min(governor.choose() if governor else cfg.budget, max_new - len(out) - 1)
-            stats.budget_hist[budget] = stats.budget_hist.get(budget, 0) + 1
+        step = Step([first])
+        while not self._finished(out, max_new, stop):
+            yield step
+            arm = governor.choose() if governor else Arm("draft", cfg.budget) if speculative else PLAIN
+            room = max_new - len(out) - 1
+            if arm.kind == "draft" and arm.size > room:  # the end is near: a smaller tree
+                arm = Arm("draft", room) if room > 0 else PLAIN
+            stats.arm_hist[str(arm)] = stats.arm_hist.get(str(arm), 0) + 1
             t_cycle = time.perf_counter()
-            new, accepted, alpha = self._cycle(budget, out[-1], stats, cfg, sampling, draft if speculative else None)
-            now = time.perf_counter()
+            new, accepted, alpha = self._cycle(arm, out[-1], stats, cfg, sampling, draft if speculative else None)
             if governor:
-                governor.record(budget, len(new), now - t_cycle)
+                governor.record(arm, len(new), time.perf_counter() - t_cycle)
             for i, tok in enumerate(new):  # stop inside an accepted run
                 if tok in stop or len(out) + i + 1 >= max_new:
-                    new = new[:i + 1]
+                    new = new[: i + 1]
                     break
             out.extend(new)
             self.counter("tokens", {"total": len(out)})
-            yield new, accepted, alpha
+            step = Step(new, accepted, alpha)
         st = stats.as_dict() if speculative else {"target_forwards": stats.target_forwards}
         if speculative:
             st["ahead_steps"], st["ahead_reused"] = draft.ahead_counts()
         st["reused_prompt_tokens"] = reused  # found in the KV cache from the last generation
         st.update(self.target.take_stats())
-        return Generation(prompt_ids, out[:max_new], time.perf_counter() - t0, t_prefill, st)
+        result = Generation(prompt_ids, out, time.perf_counter() - t0, t_prefill, st)
+        yield Step(step.tokens, step.accepted, step.alpha, "stop" if out[-1] in stop else "length", result)
+
+    @staticmethod
+    def _finished(out: list[int], max_new: int, stop: set[int]) -> bool:
+        return len(out) >= max_new or out[-1] in stop
+
+    def _governor(self, mode: str, cfg: TreeConfig) -> Governor | None:
+        """What speculation earned on earlier prompts carries over. No draft model: the trie or a plain step."""
+        if not (cfg.adaptive or not self.draft.has_model):
+            return None
+        choices = arms(cfg, self.draft.has_model)
+        start = Arm("draft", cfg.budget) if self.draft.has_model else LOOKUP
+        governor = self.governors.setdefault((mode, choices), Governor(choices, start))
+        governor.new_text()
+        return governor
 
     def ahead_steps(self, cfg: TreeConfig) -> int:
         """Draft forwards the draft may run during this verification (LLMCad's speculative drafting).
         Two cores cannot draft and verify at once for free: with `ahead_auto` the draft drafts ahead
         only while the verifier spends more than AHEAD_WAIT of its verifications waiting for layers
-        (measured, a moving average), when a core would idle otherwise."""
+        (measured, a moving average), when a core would idle otherwise. (In one process the draft runs
+        its lookahead before the verification, not beside it: only a fixed `ahead` asks for that.)"""
         if not cfg.ahead_auto:
             return cfg.ahead
         if not self.target.streamed:
@@ -183,27 +219,27 @@ class Speculation:
         w = self.target.io_wait
         return cfg.ahead if w is None or w > AHEAD_WAIT else 0
 
-    def _cycle(self, budget: int, root: int, stats: SpecStats, cfg: TreeConfig, sampling: SamplingConfig,
+    def _cycle(self, arm: Arm, root: int, stats: SpecStats, cfg: TreeConfig, sampling: SamplingConfig,
                draft: DraftSide | None) -> tuple[list[int], int | None, float | None]:
-        """One draft-verify cycle (budget 0: a plain target step; LOOKUP: the trie's candidates verified,
-        no draft forward): (the committed tokens, accepted draft tokens, alpha)."""
+        """One draft-verify cycle: (the committed tokens, accepted draft tokens, alpha)."""
         stats.target_forwards += 1
         p = None
-        if draft is not None and budget != 0:
-            t = time.perf_counter()
-            p = draft.propose(budget, cfg.width)
-            if budget > 0:
-                stats.draft_s += time.perf_counter() - t
+        t = time.perf_counter()
+        if arm.kind == "draft":
+            p = draft.propose(arm.size)
+            stats.draft_s += time.perf_counter() - t
+        elif arm.kind == "lookup":
+            p = draft.lookup(cfg.width)
         t = time.perf_counter()
         try:
             if p is None or not p.tokens:
                 nxt = self.target.step(root)
                 stats.plain_steps += 1
                 if draft is not None:
-                    draft.advance(p if budget > 0 else None, [], [nxt])
+                    draft.advance(p if arm.kind == "draft" else None, [], [nxt])
                 stats.verify_s += time.perf_counter() - t
                 return [nxt], None, None
-            if budget > 0 and sampling.greedy and (n := self.ahead_steps(cfg)):
+            if arm.kind == "draft" and sampling.greedy and (n := self.ahead_steps(cfg)):
                 draft.ahead(p, n)  # the draft drafts on while the target verifies; the verdict interrupts it
             path, nxt = self.target.verify(p)
             new = [p.tokens[i] for i in path] + [nxt]
@@ -212,7 +248,7 @@ class Speculation:
             if p is not None:
                 draft.release(p)
         stats.verify_s += time.perf_counter() - t
-        stats.record_verification(p, path)
+        stats.record_verification(p.tree, path)
         self.counter("accepted", {"length": len(path), "tree": len(p.tokens)})
         if alpha is not None:
             stats.alpha.append(alpha)

@@ -15,6 +15,15 @@ import torch
 from speculative.tree import ROOT, TokenTree
 
 
+def trials_from_wire(rows: list[list[int]], dists) -> dict:
+    """Trials as a Tree carries them (rows of [node, child, distribution index or -1]) with the
+    distributions they index: node -> [(child, q or None for a point mass)], in draw order."""
+    out: dict[int, list] = {}
+    for node, child, k in rows:
+        out.setdefault(int(node), []).append((int(child), None if k < 0 else dists[k]))
+    return out
+
+
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     r = (p - q).clamp(min=0)
     s = r.sum()

@@ -73,19 +73,46 @@ class TokenTree:
     def tokens_of(self, path: list[int]) -> list[int]:
         return [self.nodes[i].token for i in path]
 
-    def to_lists(self) -> dict:
-        """The tree as plain lists (msgpack-able): what travels from the draft to the verifier."""
-        return {"root": self.root_token, "tokens": [n.token for n in self.nodes],
-                "parents": [n.parent for n in self.nodes], "probs": [n.prob for n in self.nodes]}
+    def proposal(self, tc: float = 1.0, forwards: int = 0, trie_nodes: int = 0, trials: list | None = None) -> "Tree":
+        """The tree as the target takes it: plain lists, msgpack-able."""
+        return Tree(self.root_token, [n.token for n in self.nodes], [n.parent for n in self.nodes],
+                    [n.prob for n in self.nodes], trials, tc, forwards, trie_nodes)
 
     @classmethod
-    def from_lists(cls, d: dict) -> "TokenTree":
-        t = cls(int(d["root"]))
-        for tok, parent, p in zip(d["tokens"], d["parents"], d["probs"]):
+    def of(cls, p: "Tree") -> "TokenTree":
+        t = cls(int(p.root))
+        for tok, parent, prob in zip(p.tokens, p.parents, p.probs):
             if not -1 <= parent < len(t.nodes):
                 raise ValueError(f"tree node {len(t.nodes)} has parent {parent}, which does not come before it")
-            t.add(int(tok), int(parent), float(p))
+            t.add(int(tok), int(parent), float(prob))
         return t
+
+
+@dataclass(frozen=True)
+class Tree:
+    """Candidates for one verification, as the target side takes them in any process (and as they travel:
+    the draft actor's reply, the verifier's `verify` request). Node i holds `tokens[i]` under `parents[i]`
+    (ROOT: the root) with draft probability `probs[i]`; under sampling, `trials` are rows of [node, child,
+    distribution index or -1 for a point mass] into the distributions that go with the tree."""
+
+    root: int
+    tokens: list
+    parents: list
+    probs: list
+    trials: list | None = None
+    tc: float = 1.0  # the tree's confidence
+    forwards: int = 0  # draft forwards that built it
+    trie_nodes: int = 0  # nodes the trie proposed
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a verification decided: the accepted tree nodes, root-most first; the target's own token after
+    them; the block rows it scored."""
+
+    path: list
+    next_token: int
+    rows: int
 
 
 def longest_accepted_path(tree: TokenTree, target_choice) -> tuple[list[int], int]:

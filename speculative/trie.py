@@ -19,7 +19,7 @@ class _Node:
 
 
 @dataclass(frozen=True)
-class TrieDraft:
+class Candidates:
     """Retrieved candidates: parents[i] is an index into this list or -1 for the root's children."""
     tokens: list[int]
     parents: list[int]
@@ -67,7 +67,7 @@ class TokenTrie:
         return node
 
     def retrieve(self, context: list[int], max_nodes: int, max_prefix: int = 6, min_prefix: int = 2,
-                 min_nodes: int = 2) -> TrieDraft:
+                 min_nodes: int = 2) -> Candidates:
         """Candidates continuing `context` (whose last token is the root), best-first by count."""
         for p in range(min(max_prefix, len(context), self.branch_len - 1), min_prefix - 1, -1):
             node = self._match(context[-p:])
@@ -76,10 +76,10 @@ class TokenTrie:
             draft = self._expand(node, max_nodes, p)
             if len(draft.tokens) >= min_nodes or p == min_prefix:
                 return draft
-        return TrieDraft([], [], [], 0)
+        return Candidates([], [], [], 0)
 
     @staticmethod
-    def _expand(node: _Node, max_nodes: int, prefix_len: int) -> TrieDraft:
+    def _expand(node: _Node, max_nodes: int, prefix_len: int) -> Candidates:
         """Best-first by cumulative relative frequency: the likeliest continuations, shared prefixes once."""
         tokens, parents, probs = [], [], []
         heap: list = []
@@ -100,4 +100,4 @@ class TokenTrie:
             probs.append(p)
             if c.children:
                 push(c, len(tokens) - 1, -neg)
-        return TrieDraft(tokens, parents, probs, prefix_len)
+        return Candidates(tokens, parents, probs, prefix_len)

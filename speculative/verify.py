@@ -8,25 +8,17 @@ split executor, actors/executor.py) gives each forward its split (actors/verifie
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from models.attention import Visibility
-from cadence.settings import PREFILL_CHUNK
-from models.sampling import Sampler, SamplingConfig, probs
+from common.settings import PREFILL_CHUNK
+from models.sampling import Sampler, probs
+from common.settings import SamplingConfig
 from models.transformer import Transformer
 from models.weights import drive
-from speculative.draft import DraftTree
-from speculative.sampling import accept_sampled
-from speculative.tree import TokenTree, longest_accepted_path
-
-
-@dataclass
-class Verdict:
-    path: list[int]  # accepted tree nodes, root-most first
-    next_token: int  # the target's own token after them
-    rows: int  # block rows the target scored
+from speculative.loop import Proposal
+from speculative.sampling import accept_sampled, trials_from_wire
+from speculative.tree import TokenTree, Verdict, longest_accepted_path
 
 
 class Verifier:
@@ -99,8 +91,34 @@ class Verifier:
     def step(self, root: int) -> int:
         return drive(self.step_steps(root), self.model.weights)
 
-    def verify(self, d: DraftTree) -> Verdict:
-        return self.verify_tree(d.tree, d.trials)
-
     def verify_tree(self, tree: TokenTree, trials: dict | None = None) -> Verdict:
         return drive(self.verify_steps(tree, trials), self.model.weights)
+
+
+class LocalTarget:
+    """The target side of the speculation cycle (speculative/loop.py) with the model in this process."""
+
+    streamed = False
+    io_wait = None
+
+    def __init__(self, model: Transformer):
+        self.model = model
+        self.verifier: Verifier | None = None
+
+    def start(self, prompt_ids: list[int], capacity: int, sampling: SamplingConfig) -> tuple[int, int]:
+        """Prefill; the last generation's cache is kept where this prompt continues its text."""
+        self.verifier = Verifier(self.model, sampling, previous=self.verifier)
+        return self.verifier.start(prompt_ids, capacity), self.verifier.reused
+
+    def step(self, root: int) -> int:
+        return self.verifier.step(root)
+
+    def verify(self, p: Proposal) -> tuple[list[int], int]:
+        trials = None
+        if not self.verifier.sampling.greedy and p.tree.trials is not None:
+            trials = trials_from_wire(p.tree.trials, p.dists)
+        v = self.verifier.verify_tree(TokenTree.of(p.tree), trials)
+        return v.path, v.next_token
+
+    def take_stats(self) -> dict:
+        return {}

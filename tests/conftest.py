@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch.prompts import DEFAULT_PROMPTS
+from engine.prompts import DEFAULT_PROMPTS
 from models.config import ModelArgs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ def run_until_role_killed(cfg, role: str, after_s: float, prompts, rounds: int) 
     import signal
     import threading
 
-    from launch.runner import Runner
+    from engine.runner import Runner
 
     with Runner(cfg) as runner:
         pid = next(st.pid for st in runner.sched.actor_status() if st.role == role)

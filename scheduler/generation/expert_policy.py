@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 
 Key = tuple[int, int]
 _FORMAT = "cadence.expert-paths"

@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 
 from actors.ops import Load
-from cadence.errors import CadenceError
+from common.errors import CadenceError
+from common.settings import ExpertOptions
 from models.store import expert_group
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.events import DeadEvent, ReplyEvent
@@ -25,8 +26,6 @@ from scheduler.generation.expert_policy import PathStats, make_eviction
 from scheduler.generation.streaming import raise_fault, settle_loads
 from scheduler.runtime import Scheduler
 
-EVICTIONS = ("lru", "edgemoe", "none")
-PRELOADS = ("none", "paths", "router")
 PRELOAD_INFLIGHT = 1  # preload reads handed to the loader at once: a demand read waits behind at most this many
 
 
@@ -52,12 +51,9 @@ class ExpertStats:
 
 
 class ExpertCache:
-    def __init__(self, s: Scheduler, sizes: dict[str, int], n_layers: int, n_experts: int, eviction: str = "lru",
-                 preload: str = "none", profile: PathStats | None = None, preload_k: int = 2):
-        if eviction not in EVICTIONS:
-            raise CadenceError(f"unknown expert eviction {eviction!r}: use one of {', '.join(EVICTIONS)}")
-        if preload not in PRELOADS:
-            raise CadenceError(f"unknown expert preloading {preload!r}: use one of {', '.join(PRELOADS)}")
+    def __init__(self, s: Scheduler, sizes: dict[str, int], n_layers: int, n_experts: int,
+                 options: ExpertOptions = ExpertOptions(), profile: PathStats | None = None):
+        eviction, preload, preload_k = options.eviction, options.preload, options.preload_k
         if preload == "paths" and profile is None:
             raise CadenceError("--expert-preload paths needs the model's expert path profile; "
                                "write it with `launch models profile-experts MODEL`")
@@ -182,11 +178,11 @@ class ExpertCache:
                 self.slots.free(slot)
                 self.failure = ActorError("loader", "load", ev.reply.req_id, ev.reply.error)
                 return
-            r = ev.reply.result
+            r = ev.reply.value  # Loaded
             self.held[key] = slot
             self.stats.reads += 1
-            self.stats.bytes += r["bytes"]
-            self.stats.read_s += r["seconds"]
+            self.stats.bytes += r.bytes
+            self.stats.read_s += r.seconds
             self._next_preload()
         elif isinstance(ev, DeadEvent) and ev.role == "loader":
             self.failure = ActorDead(ev.role, ev.reason)

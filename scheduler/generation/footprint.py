@@ -22,8 +22,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cadence import paths
-from cadence.errors import CadenceError
+from common import paths
+from common.errors import CadenceError
 
 MiB = 1 << 20
 VERSION = 2
@@ -93,7 +93,7 @@ if pid == 0:
     import torch, zmq
     from actors import wire
     from actors.tracing import Tracer
-    from cadence.heap import trim_heap
+    from common.heap import trim_heap
     from models.config import ModelArgs
     from models.transformer import Transformer
     from models.weights import TensorWeights, random_tensors

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from cadence.errors import CadenceError
-from cadence.settings import PREFILL_CHUNK
+from common.errors import CadenceError
+from common.settings import PREFILL_CHUNK
 
 MiB = 1 << 20
 ALIGN = 4096

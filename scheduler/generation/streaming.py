@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from actors.ops import Layer, Load
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from scheduler.events import DeadEvent, ErrorEvent, ReplyEvent
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.runtime import Scheduler
@@ -95,11 +95,11 @@ class Streamer:
                 group, slot = self.inflight.pop(ev.reply.req_id)
                 if not ev.reply.ok:
                     raise ActorError("loader", "load", ev.reply.req_id, ev.reply.error)
-                r = ev.reply.result
+                r = ev.reply.value  # Loaded
                 self.stats.loads += 1
-                self.stats.bytes += r["bytes"]
-                self.stats.seconds += r["seconds"]
-                self.stats.direct = self.stats.direct and r["direct"]
+                self.stats.bytes += r.bytes
+                self.stats.seconds += r.seconds
+                self.stats.direct = self.stats.direct and r.direct
                 self.ready[group] = slot
             else:
                 raise_fault(ev)
@@ -133,10 +133,11 @@ class Streamer:
         self._count()
         self.refill()
 
-    def feed(self, group: str) -> dict:
-        """Hand the verifier the streamed group it waits for; its reply (the next need, or done)."""
+    def feed(self, group: str):
+        """Hand the verifier the streamed group it waits for; its reply (what it waits for next, or the
+        job's result)."""
         slot = self.take(group)
-        r = self.s.call("verifier", Layer(group), tensors={"slot": self.s.slot_desc(slot)}).result
+        r = self.s.call("verifier", Layer(group), tensors={"slot": self.s.slot_desc(slot)}).value
         self.done_with(group)
         self.on_events(self.s.poll(0))
         return r

@@ -1,12 +1,22 @@
-"""A real trace for the trace tools and the viewer: one fake-actor run, once per session."""
+"""The launch tests' fixtures: the `launch` command in a subprocess, a tiny GGUF model, and a real trace
+for the trace tools and the viewer (one fake-actor run, once per session)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from common import paths
+from models.weights import random_tensors
+from tests.conftest import TINY
+from tests.models.tiny_files import write_gguf
+
+from common.settings import WorkerSplit
 from scheduler.runtime import Scheduler
 from tests.runtime.fake_run import fake_model, fake_plan, prompt, small_config, speculation
 
@@ -28,10 +38,33 @@ def fake_trace(tmp_path_factory) -> FakeTrace:
     plan = fake_plan()
     with Scheduler(small_config(d, plan)) as s:
         spec = speculation(s, fake_model(tmp_path_factory.mktemp("model"), seed=11), "tree", plan,
-                           worker={"share": 0.3, "columns": 0.2}, adaptive=False, trie=False)
+                           worker=WorkerSplit(0.3, 0.2), adaptive=False, trie=False)
         pids = {role: a.pid for role, a in s.actors.items()}
         try:
-            gen = spec.generate(prompt(), 40, set())
+            gen = spec.loop.generate(prompt(), 40, set())
         finally:
             spec.close()
     return FakeTrace(s.trace_path, json.loads(s.trace_path.read_text()), len(gen.new_ids), gen.stats["verifications"], pids)
+
+
+def launch(*args, home, check=False):
+    env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
+    p = subprocess.run([sys.executable, "-m", "launch.cli", *args], capture_output=True, text=True, env=env, timeout=600)
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    args = TINY["qwen"]
+    return write_gguf(tmp_path_factory.mktemp("m") / "tiny.gguf", args, random_tensors(args, seed=5))
+
+
+def one_clear_line(p):
+    """The one `launch: ` sentence a failed command ends with (progress lines, e.g. a conversion's, may come before)."""
+    assert p.returncode != 0
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("launch: ")]
+    assert "Traceback" not in p.stderr and len(errors) == 1 and lines[-1] == errors[0], p.stderr
+    return errors[0]

@@ -7,7 +7,6 @@ import pytest
 
 import cadence
 from tests.conftest import shm_segments
-from tests.launch.test_cli import tiny_gguf  # noqa: F401  (fixture)
 
 
 def _actors() -> list:
@@ -16,11 +15,13 @@ def _actors() -> list:
 
 def test_the_readme_example_runs(tiny_gguf):
     before = shm_segments()
-    with cadence.LLM(str(tiny_gguf), draft=str(tiny_gguf), memory_budget="2GiB") as llm:
+    with cadence.LLM(target=str(tiny_gguf), draft=str(tiny_gguf), memory_budget="2GiB") as llm:
         done = llm.generate("def fibonacci(n):", max_new_tokens=12)
         assert isinstance(done, cadence.Completion) and len(done.token_ids) == 12 and done.finish_reason == "length"
-        pieces = list(llm.stream("def fibonacci(n):", max_new_tokens=12))
-        assert "".join(pieces) == done.text == llm.last.text
+        chunks = list(llm.stream("def fibonacci(n):", max_new_tokens=12))
+        assert "".join(c.text for c in chunks) == done.text == chunks[-1].completion.text
+        assert all(c.completion is None for c in chunks[:-1]) and chunks[-1].finish_reason == "length"
+        assert sum(len(c.tokens) for c in chunks) == 12
         reply = llm.chat([{"role": "user", "content": "What is a mutex?"}], max_new_tokens=8)
         assert reply.prompt_tokens > 0 and reply.tokens_per_s > 0 and "<|im_end|>" not in reply.text
         assert llm.plan is not None and llm.plan.budget == 2 << 30
@@ -30,18 +31,18 @@ def test_the_readme_example_runs(tiny_gguf):
 
 def test_a_second_turn_reuses_the_cache_and_gives_what_a_fresh_start_gives(tiny_gguf):
     first = [{"role": "user", "content": "the cat sat on the"}]
-    with cadence.LLM(str(tiny_gguf), draft=str(tiny_gguf)) as llm:
+    with cadence.LLM(target=str(tiny_gguf), draft=str(tiny_gguf)) as llm:
         a1 = llm.chat(first, max_new_tokens=10)
         second = first + [{"role": "assistant", "content": a1.text}, {"role": "user", "content": "and then?"}]
         a2 = llm.chat(second, max_new_tokens=10)
     assert a2.stats["reused_prompt_tokens"] > 0  # the first turn's prompt (and answer) came from the cache
-    with cadence.LLM(str(tiny_gguf), draft=str(tiny_gguf)) as fresh:
+    with cadence.LLM(target=str(tiny_gguf), draft=str(tiny_gguf)) as fresh:
         ref = fresh.chat(second, max_new_tokens=10)
     assert ref.stats["reused_prompt_tokens"] == 0 and a2.token_ids == ref.token_ids
 
 
 def test_sampling_per_call_and_bad_messages(tiny_gguf):
-    with cadence.LLM(str(tiny_gguf), mode="target") as llm:
+    with cadence.LLM(target=str(tiny_gguf), mode="target") as llm:
         a = llm.generate("once", max_new_tokens=10, temperature=1.0, seed=3)
         b = llm.generate("once", max_new_tokens=10, temperature=1.0, seed=3)
         greedy = llm.generate("once", max_new_tokens=10)

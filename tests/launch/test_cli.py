@@ -1,47 +1,16 @@
 """The `launch` command as a user meets it: JSON rows, and bad input ending in one clear sentence."""
 import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from cadence import paths
-
-from launch.results import ROW_FIELDS
-from models.weights import random_tensors
-from tests.conftest import TINY
-from tests.models.tiny_files import write_gguf
-
-
-def launch(*args, home, check=False):
-    env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
-    p = subprocess.run([sys.executable, "-m", "launch.cli", *args], capture_output=True, text=True, env=env, timeout=600)
-    if check:
-        assert p.returncode == 0, p.stderr
-    return p
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    args = TINY["qwen"]
-    return write_gguf(tmp_path_factory.mktemp("m") / "tiny.gguf", args, random_tensors(args, seed=5))
-
-
-def _one_clear_line(p):
-    """The one `launch: ` sentence a failed command ends with (progress lines, e.g. a conversion's, may come before)."""
-    assert p.returncode != 0
-    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("launch: ")]
-    assert "Traceback" not in p.stderr and len(errors) == 1 and lines[-1] == errors[0], p.stderr
-    return errors[0]
+from engine.rows import ROW_FIELDS
+from tests.launch.conftest import launch, one_clear_line
 
 
 def test_run_writes_the_json_contract(tiny_gguf, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "kind": "complete", "prompt": "the cat"}\n{"id": "b", "kind": "copy", "prompt": "in he"}\n')
     out = tmp_path / "rows.json"
-    p = launch("run", "--mode", "target", "--target", str(tiny_gguf), "--dtype", "int4", "--prompts", str(prompts), "--max-new-tokens", "5",
+    launch("run", "--mode", "target", "--target", str(tiny_gguf), "--dtype", "int4", "--prompts", str(prompts), "--max-new-tokens", "5",
                "--json", str(out), home=tmp_path / "home", check=True)
     rows = json.loads(out.read_text())
     assert [r["id"] for r in rows] == ["a", "b"]
@@ -63,36 +32,36 @@ def test_sampling_is_reproducible_with_a_seed(tiny_gguf, tmp_path):
 
 
 def test_unknown_model(tmp_path):
-    line = _one_clear_line(launch("run", "--target", "gpt-17", "--prompt", "x", home=tmp_path))
+    line = one_clear_line(launch("run", "--target", "gpt-17", "--prompt", "x", home=tmp_path))
     assert "unknown model 'gpt-17'" in line
 
 
 def test_missing_file(tmp_path):
-    line = _one_clear_line(launch("run", "--mode", "target", "--target", str(tmp_path / "absent.gguf"), "--prompt", "x", home=tmp_path))
+    line = one_clear_line(launch("run", "--mode", "target", "--target", str(tmp_path / "absent.gguf"), "--prompt", "x", home=tmp_path))
     assert "absent.gguf" in line
 
 
 def test_corrupt_gguf(tiny_gguf, tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(tiny_gguf.read_bytes()[:3000])
-    line = _one_clear_line(launch("run", "--mode", "target", "--target", str(bad), "--prompt", "x", home=tmp_path))
+    line = one_clear_line(launch("run", "--mode", "target", "--target", str(bad), "--prompt", "x", home=tmp_path))
     assert "bad.gguf" in line and ("truncated" in line or "damaged" in line)
 
 
 def test_prompt_longer_than_context(tiny_gguf, tmp_path):
-    line = _one_clear_line(launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "the cat " * 400, home=tmp_path))
+    line = one_clear_line(launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "the cat " * 400, home=tmp_path))
     assert "context" in line and "--max-new-tokens" in line
 
 
 def test_bad_prompt_file(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text("not json\n")
-    line = _one_clear_line(launch("run", "--prompts", str(f), home=tmp_path))
+    line = one_clear_line(launch("run", "--prompts", str(f), home=tmp_path))
     assert "p.jsonl:1" in line
 
 
 def test_draft_ahead_out_of_range(tiny_gguf, tmp_path):
-    line = _one_clear_line(launch("run", "--target", str(tiny_gguf), "--draft", str(tiny_gguf), "--draft-ahead", "99",
+    line = one_clear_line(launch("run", "--target", str(tiny_gguf), "--draft", str(tiny_gguf), "--draft-ahead", "99",
                                   "--prompt", "x", home=tmp_path))
     assert "draft-ahead" in line and "0..64" in line
 
@@ -102,7 +71,7 @@ def test_draft_ahead_out_of_range(tiny_gguf, tmp_path):
                                          (["--sparse-worker", "--column-share", "0.5", "--memory-budget", "auto"],
                                           "drop --memory-budget or --column-share")])
 def test_column_share_needs_the_worker_a_share_and_a_resident_target(tiny_gguf, tmp_path, extra, says):
-    line = _one_clear_line(launch("run", "--target", str(tiny_gguf), "--draft", str(tiny_gguf), *extra,
+    line = one_clear_line(launch("run", "--target", str(tiny_gguf), "--draft", str(tiny_gguf), *extra,
                                   "--prompt", "x", home=tmp_path))
     assert says in line
 
@@ -133,5 +102,5 @@ def test_bench_cgroup_runs_each_mode_under_the_budget(tiny_gguf, tmp_path):
 
 
 def test_bench_cgroup_needs_a_budget(tmp_path):
-    line = _one_clear_line(launch("bench", "--cgroup", home=tmp_path))
+    line = one_clear_line(launch("bench", "--cgroup", home=tmp_path))
     assert "--memory-budget" in line

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from cadence import paths
-from cadence.errors import CadenceError
-from launch.results import ROW_FIELDS, write_rows
+from common import paths
+from common.errors import CadenceError
+from engine.rows import ROW_FIELDS, write_rows
 from models.weights import random_tensors
 from tests.conftest import TINY
-from tests.launch.test_cli import _one_clear_line, launch
+from tests.launch.conftest import launch, one_clear_line
 from tests.models.tiny_files import write_gguf
 
 
@@ -54,7 +54,7 @@ def _garbled(tiny_gguf: Path, tmp_path: Path, at: int) -> Path:
 @pytest.mark.parametrize("at", [16, 24])  # the field count; the first key's length (was an OverflowError)
 def test_garbled_gguf_header(tiny_gguf, tmp_path, command, at):
     bad = _garbled(tiny_gguf, tmp_path, at)
-    line = _one_clear_line(launch(*command, str(bad), home=tmp_path / "home"))
+    line = one_clear_line(launch(*command, str(bad), home=tmp_path / "home"))
     assert "garbled.gguf is a damaged GGUF file" in line and "re-download it" in line
 
 
@@ -62,7 +62,7 @@ def test_garbled_gguf_header(tiny_gguf, tmp_path, command, at):
 def test_empty_gguf(tmp_path, command):
     empty = tmp_path / "empty.gguf"
     empty.touch()
-    line = _one_clear_line(launch(*command, str(empty), home=tmp_path / "home"))
+    line = one_clear_line(launch(*command, str(empty), home=tmp_path / "home"))
     assert "empty.gguf is empty, too short to be a GGUF model" in line
 
 
@@ -70,9 +70,9 @@ def test_empty_gguf(tmp_path, command):
 def test_home_below_a_file(tiny_gguf, tmp_path):
     (tmp_path / "file").touch()
     home = tmp_path / "file" / "home"
-    line = _one_clear_line(launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "x", home=home))
+    line = one_clear_line(launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "x", home=home))
     assert f"cannot write to {home / 'stores'}" in line and "CADENCE_HOME" in line
-    line = _one_clear_line(launch("models", "convert", "smollm2-135m", home=home))  # a pull, refused before the network
+    line = one_clear_line(launch("models", "convert", "smollm2-135m", home=home))  # a pull, refused before the network
     assert f"cannot write to {home / 'models'}" in line
 
 
@@ -82,7 +82,7 @@ def test_read_only_home_runs_its_stores_and_refuses_a_new_format(tiny_gguf, tmp_
     launch(*run, "--dtype", "int4", home=home, check=True)
     with read_only(home / "stores"):
         launch(*run, "--dtype", "int4", home=home, check=True)  # what is converted still runs
-        line = _one_clear_line(launch(*run, "--dtype", "int8", home=home))
+        line = one_clear_line(launch(*run, "--dtype", "int8", home=home))
     assert f"cannot write to {home / 'stores'}" in line and "CADENCE_HOME" in line
 
 
@@ -92,7 +92,7 @@ def test_unwritable_json_is_refused_before_the_run(tiny_gguf, tmp_path, where):
     (tmp_path / "file").touch()
     out = tmp_path / "file" / "rows.json" if where == "below a file" else tmp_path
     home = tmp_path / "home"
-    line = _one_clear_line(launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "x", "--json", str(out),
+    line = one_clear_line(launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "x", "--json", str(out),
                                   home=home))
     assert line.startswith(f"launch: --json {out} ")
     assert not (home / "stores").exists()  # nothing was converted, nothing ran
@@ -122,7 +122,7 @@ def test_closed_stdout_ends_quietly(tiny_gguf, tmp_path):
 
 # 5. --threads
 def test_negative_threads(tiny_gguf, tmp_path):
-    line = _one_clear_line(launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "x", "--threads", "-1",
+    line = one_clear_line(launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "x", "--threads", "-1",
                                   home=tmp_path))
     assert "--threads -1" in line and "0 for all cores" in line
 
@@ -133,7 +133,7 @@ def test_negative_threads(tiny_gguf, tmp_path):
 def test_prompt_line_that_is_not_a_prompt(tmp_path, bad, why):
     f = tmp_path / "p.jsonl"
     f.write_text(f'{{"prompt": "fine"}}\n{bad}\n')
-    line = _one_clear_line(launch("run", "--mode", "target", "--prompts", str(f), home=tmp_path))
+    line = one_clear_line(launch("run", "--mode", "target", "--prompts", str(f), home=tmp_path))
     assert f"{f}:2 is not a prompt line" in line and why in line
 
 
@@ -143,7 +143,7 @@ def test_prompt_line_that_is_not_a_prompt(tmp_path, bad, why):
 def test_wrong_profile(tmp_path, text, says):
     prof = tmp_path / "prof.json"
     prof.write_text(text)
-    line = _one_clear_line(launch("run", "--mode", "target", "--prompt", "x", "--profile", str(prof), home=tmp_path))
+    line = one_clear_line(launch("run", "--mode", "target", "--prompt", "x", "--profile", str(prof), home=tmp_path))
     assert says in line and "launch profile --out" in line
 
 
@@ -154,14 +154,14 @@ def test_wrong_profile(tmp_path, text, says):
 def test_trace_summary_of_something_else(tmp_path, text, says):
     f = tmp_path / "rows.json"
     f.write_text(text)
-    line = _one_clear_line(launch("trace", "summary", str(f), home=tmp_path))
+    line = one_clear_line(launch("trace", "summary", str(f), home=tmp_path))
     assert says in line
 
 
 # 9. an int4 group size the format does not have
 def test_group_size_refused_before_reading(tiny_gguf, tmp_path):
     p = launch("models", "convert", str(tiny_gguf), "--dtype", "int4", "--group-size", "48", home=tmp_path / "home")
-    line = _one_clear_line(p)
+    line = one_clear_line(p)
     assert "--group-size 48" in line and "32 or 64" in line
     assert not (tmp_path / "home").exists()  # nothing hashed, nothing converted
 
@@ -206,10 +206,10 @@ def test_models_rm(tiny_gguf, tmp_path):
     assert p.stdout.count("removed") == 2 and not list(stores.glob("smollm2*")) and (models / spec.filename).exists()
     launch("models", "rm", "smollm2-135m", home=home, check=True)
     assert not list(models.iterdir())
-    assert "nothing to remove for smollm2-135m" in _one_clear_line(launch("models", "rm", "smollm2-135m", home=home))
+    assert "nothing to remove for smollm2-135m" in one_clear_line(launch("models", "rm", "smollm2-135m", home=home))
 
     store = Path(launch("models", "convert", str(tiny_gguf), "--dtype", "int8", home=home, check=True).stdout.split()[0])
-    assert "unknown model or weight store 'nope'" in _one_clear_line(launch("models", "rm", store.name, "nope", home=home))
+    assert "unknown model or weight store 'nope'" in one_clear_line(launch("models", "rm", store.name, "nope", home=home))
     assert store.is_dir()  # every name is checked before anything is removed
     launch("models", "rm", store.name, home=home, check=True)
     assert not store.exists()

@@ -8,7 +8,7 @@ import pytest
 
 from models.weights import random_tensors
 from tests.conftest import TINY
-from tests.launch.test_cli import _one_clear_line, launch
+from tests.launch.conftest import launch, one_clear_line
 from tests.models.tiny_files import write_gguf as write_dense_gguf
 from tests.models.tiny_moe import ARCHS, write_gguf
 
@@ -77,9 +77,9 @@ def test_expert_bits_writes_a_store_that_runs(moe, tmp_path):
 def test_bad_expert_options_end_in_one_sentence(moe, tmp_path):
     gguf, prompts, _ = moe
     home = tmp_path / "fresh"
-    line = _one_clear_line(launch("run", "--target", str(gguf), "--prompt", "x", "--mode", "stdpl", "--memory-budget", "1GiB",
+    line = one_clear_line(launch("run", "--target", str(gguf), "--prompt", "x", "--mode", "stdpl", "--memory-budget", "1GiB",
                                   "--expert-preload", "paths", "--no-monitor", home=home))
     assert "profile-experts" in line
     dense = write_dense_gguf(tmp_path / "dense.gguf", TINY["qwen"], random_tensors(TINY["qwen"], seed=1))
-    assert "no experts" in _one_clear_line(launch("models", "profile-experts", str(dense), home=home))
-    assert "--loss" in _one_clear_line(launch("models", "expert-bits", str(gguf), "--loss", "2", home=home))
+    assert "no experts" in one_clear_line(launch("models", "profile-experts", str(dense), home=home))
+    assert "--loss" in one_clear_line(launch("models", "expert-bits", str(gguf), "--loss", "2", home=home))

@@ -12,9 +12,9 @@ from collections import Counter
 from rich.console import Console
 
 from actors import wire
-from launch.monitor import (ActorRow, LogMonitor, MemoryPart, Monitor, MonitorState, NullMonitor, add_monitor_args,
+from observe.monitor import (ActorRow, LogMonitor, MemoryPart, Monitor, MonitorState, NullMonitor, add_monitor_args,
                             memory_bar, open_monitor, sparkline, text_tail)
-from launch.monitor_feed import MonitorFeed
+from observe.feed import MonitorFeed
 from launch.progress import step_progress, track_steps
 from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.runtime import Scheduler
@@ -36,13 +36,13 @@ def test_monitor_renders_real_numbers_from_a_fake_run(tmp_path):
         mon = Monitor(feed, console=console, refresh_hz=20)
         mon.start()
 
-        def on_cycle(n, accepted, alpha):
-            cycles.append((n, accepted, alpha))
-            feed.on_tokens(n, accepted, alpha)
+        def on_step(st):
+            cycles.append((len(st.tokens), st.accepted, st.alpha))
+            feed.on_tokens(len(st.tokens), st.accepted, st.alpha)
             feed.on_text(f"<{sum(c[0] for c in cycles)}>")
 
         try:
-            gen = spec.generate(prompt(), 40, set(), on_cycle=on_cycle)
+            gen = spec.loop.generate(prompt(), 40, set(), on_step=on_step)
             time.sleep(0.3)  # let the ledger's sampler (every 0.2 s) see every actor
             state = feed.snapshot()
         finally:
@@ -203,7 +203,7 @@ def test_progress_bars_and_their_plain_fallback():
 
 def test_overhead_bench_runs():
     """The benchmark behind BENCHMARKS.md runs end to end (tiny; no timing is asserted)."""
-    from launch.monitor_bench import bench, format_result
+    from bench.monitor import bench, format_result
 
     r = bench(pairs=1, tokens=10, cpu_s=0.2)
     assert r["generation"]["off_rate"] > 0 and r["generation"]["on_rate"] > 0 and r["cpu"]["median_ratio"] > 0

@@ -1,10 +1,9 @@
 """`launch plan` and `--draft none` on a tiny model, as a user runs them."""
 import json
 
-import pytest
 
 from speculative.lookup import PromptLookup
-from tests.launch.test_cli import _one_clear_line, launch, tiny_gguf  # noqa: F401  (fixture)
+from tests.launch.conftest import launch, one_clear_line
 
 
 def test_plan_prints_what_stays_what_streams_and_the_smallest_budget_per_mode(tiny_gguf, tmp_path):
@@ -26,7 +25,7 @@ def test_plan_under_a_budget_too_small_says_so_and_still_lists_the_smallest(tiny
 
 
 def test_plan_needs_a_budget(tiny_gguf, tmp_path):
-    line = _one_clear_line(launch("plan", "--target", str(tiny_gguf), home=tmp_path))
+    line = one_clear_line(launch("plan", "--target", str(tiny_gguf), home=tmp_path))
     assert "--memory-budget" in line
 
 
@@ -44,15 +43,15 @@ def test_draft_none_over_actors_equals_the_target(tiny_gguf, tmp_path):
 
 
 def test_draft_none_refuses_chain_mode(tiny_gguf, tmp_path):
-    line = _one_clear_line(launch("run", "--mode", "chain", "--draft", "none", "--target", str(tiny_gguf), home=tmp_path))
+    line = one_clear_line(launch("run", "--mode", "chain", "--draft", "none", "--target", str(tiny_gguf), home=tmp_path))
     assert "--mode tree" in line
 
 
 def test_prompt_lookup_proposes_what_followed_the_same_words_before():
     look = PromptLookup(max_nodes=4)
     look.start([5, 6, 7, 8, 9, 5, 6], first=[7])
-    tree = look.tree()
-    assert tree["tokens"][:2] == [8, 9] and tree["parents"][:2] == [-1, 0]  # ... 5 6 7 -> 8 9, as before
-    assert tree["trie_nodes"] == len(tree["tokens"]) and all(k == -1 for *_, k in tree["trials"])
+    tree = look.tree(trials=True)
+    assert tree.tokens[:2] == [8, 9] and tree.parents[:2] == [-1, 0]  # ... 5 6 7 -> 8 9, as before
+    assert tree.trie_nodes == len(tree.tokens) and all(k == -1 for *_, k in tree.trials)
     look.push([1])
     assert look.tree() is None  # nothing ever followed 7 1

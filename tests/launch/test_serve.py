@@ -3,7 +3,6 @@ model (chat and completions, streamed and not), the queue's 429, a client that l
 the API key, /health and /metrics, and SIGTERM stopping it all with nothing left behind."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -14,9 +13,8 @@ import time
 
 import pytest
 
-from cadence import paths
+from common import paths
 from tests.conftest import shm_segments
-from tests.launch.test_cli import tiny_gguf  # noqa: F401  (fixture)
 
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
@@ -88,7 +86,7 @@ def test_completions_match_the_python_api_token_for_token(server, tiny_gguf):
                                                                            max_tokens=16, temperature=0, stream=True))
     import cadence
 
-    with cadence.LLM(str(tiny_gguf), mode="target") as llm:  # the target alone: what every mode must equal
+    with cadence.LLM(target=str(tiny_gguf), mode="target") as llm:  # the target alone: what every mode must equal
         ref = llm.generate("in the beginning", max_new_tokens=16)
     assert got.choices[0].text == streamed == ref.text
     assert got.usage.completion_tokens == len(ref.token_ids)

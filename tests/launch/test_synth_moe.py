@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from launch.bench.synth_moe import SHAPES, file_size, tensor_plan, write_moe_gguf
+from bench.synth_moe import SHAPES, file_size, tensor_plan, write_moe_gguf
 from models.gguf_file import GGUFFile
 from models.pull import model_path
 from models.registry import spec

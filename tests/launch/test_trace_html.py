@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.trace_html import render_html, write_html
+from observe.trace_html import render_html, write_html
 
 
 def _which(*names: str) -> str | None:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from launch import cmd_trace
-from launch.trace_tools import (exclusive, format_summary, intersect, length, load_trace, place_trace, subtract, summarize,
+from observe.traces import (exclusive, format_summary, intersect, length, load_trace, place_trace, subtract, summarize,
                                 summary_dict, trace_dir, union)
 
 
@@ -124,7 +124,7 @@ def test_trace_command(fake_trace, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["tokens"] == 10
     args = parser.parse_args(["trace", "html", str(fake_trace.path), "-o", str(tmp_path / "run.html")])
     assert args.func(args) == 0 and (tmp_path / "run.html").stat().st_size > 10_000
-    from cadence.errors import CadenceError
+    from common.errors import CadenceError
     with pytest.raises(CadenceError, match="no trace file"):
         args = parser.parse_args(["trace", "summary", str(tmp_path / "nope.json")])
         args.func(args)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cadence import paths
+from common import paths
 from shm.watchdog import REPO_ROOT
 from tests.conftest import shm_segments
-from tests.launch.test_cli import launch, tiny_gguf  # noqa: F401  (fixture)
+from tests.launch.conftest import launch
 
 
 def _env(home):
@@ -136,7 +136,7 @@ def test_the_benchmark_chart_is_drawn_by_a_browser(tmp_path):
 
     if not (CHROMIUM and CHROMEDRIVER):
         pytest.skip("no Chromium here (.ci/install-browser.sh installs it)")
-    from launch.bench.chart import main as chart_main
+    from bench.chart import main as chart_main
 
     rows = []
     for budget, mode, draft, rate in ((768 << 20, "stdpl", None, 2.0), (768 << 20, "tree", "d", 4.0),

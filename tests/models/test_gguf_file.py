@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from models.source import GGUFSource
 from models.weights import random_tensors
 from tests.conftest import TINY

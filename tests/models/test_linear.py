@@ -84,7 +84,7 @@ def test_bias_is_added():
 
 
 def test_unknown_format_is_refused():
-    from cadence.errors import CadenceError
+    from common.errors import CadenceError
 
     with pytest.raises(CadenceError, match="not known"):
         linear.encode(_weight(4, 16), "int3")
@@ -97,11 +97,11 @@ def _int2(n, k, seed=0, group=32):
 
 
 def test_int2_is_expert_only():
-    """int2 encodes and decodes, but is no format a model is converted to (cadence.settings.FORMATS)."""
+    """int2 encodes and decodes, but is no format a model is converted to (common.settings.FORMATS)."""
     assert "int2" not in linear.FORMATS and "int2" in linear.ALL_FORMATS
     assert linear.check_any_format("int2") == "int2"
-    from cadence.errors import CadenceError
-    from cadence.settings import check_format
+    from common.errors import CadenceError
+    from common.settings import check_format
 
     with pytest.raises(CadenceError, match="not known"):
         check_format("int2")
@@ -199,7 +199,7 @@ def test_int2_rows_and_column_split():
 @pytest.mark.parametrize("k,group,match", [(96, 32, "multiple of 128"), (320, 32, "multiple of 128"),
                                            (256, 16, "group size 16 is not supported")])
 def test_int2_odd_shapes_are_refused(k, group, match):
-    from cadence.errors import CadenceError
+    from common.errors import CadenceError
 
     with pytest.raises(CadenceError, match=match):
         linear.encode(_weight(4, k), "int2", group_size=group)

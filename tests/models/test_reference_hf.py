@@ -5,11 +5,11 @@ import os
 import pytest
 import torch
 
-from cadence import paths
+from common import paths
 
-from launch.prompts import Prompt, prompt_ids
+from engine.prompts import Prompt, encode_prompt
 from models.convert import resolve
-from models.sampling import SamplingConfig
+from common.settings import SamplingConfig
 from speculative.generate import generate_target
 from tests.conftest import dev_prompts, real_model
 
@@ -47,7 +47,7 @@ def pair(request):
 
 
 def _ids(lm, p):
-    return prompt_ids(lm.tokenizer, Prompt(p["id"], p["kind"], p["prompt"]), "auto")[0]
+    return encode_prompt(lm.tokenizer, Prompt(p["id"], p["kind"], p["prompt"]), "auto")[0]
 
 
 def test_logits_match_within_1e3(pair):

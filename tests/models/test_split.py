@@ -8,7 +8,7 @@ from models.weights import weights_for
 
 from models import kernels, linear
 from models.attention import Visibility
-from models.plan import ForwardPlan, SplitColumns
+from models.requests import ForwardPlan, SplitColumns
 
 
 def _tree(n, g):

@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from models import linear
 from models.convert import convert, ensure_store
 from models.source import GGUFSource, HFSource, canonical_names

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from models.attention import Visibility
 from models.transformer import Transformer
 from models.weights import TensorWeights, random_tensors

@@ -1,4 +1,4 @@
-"""A whole fake run: the scheduler `launch run` uses (`ActorSpeculation` over a `Scheduler`) with the
+"""A whole fake run: the scheduler `launch run` uses (`ActorSession` over a `Scheduler`) with the
 fake actors of actors/fake.py, a fake model and a real memory plan of it. Tests import `fake_model`,
 `fake_plan`, `small_config` and `speculation`; the fault tests also run it as a separate process
 (`python -m tests.runtime.fake_run`) to SIGKILL or Ctrl-C the scheduler itself.
@@ -10,20 +10,18 @@ import os
 import sys
 import tempfile
 
-from actors.fake import FAKES, target_text, write_fake_store
-from cadence.errors import CadenceError
-from cadence.settings import SamplingConfig, TreeConfig
+from actors.fake import FAKES, fake_args, target_text, write_fake_store
+from common.errors import CadenceError
+from common.settings import SamplingConfig, TreeConfig, WorkerSplit
 from scheduler.config import GiB, KiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
 from scheduler.generation.memplan import Overheads, plan_memory
 from scheduler.runtime import Scheduler
-from scheduler.generation.speculation import ActorSpeculation
+from scheduler.generation.session import ActorSession, SessionSpec
 
 VOCAB = 64
-CONTEXT = 1 << 20
+CONTEXT = 4096  # tokens a generation holds (the fake model's own context is far longer)
 # the target: eight layers and a head in two parts, in forward order (models/convert.py's groups)
 GROUPS = {**{f"layer.{i}": 48 * KiB for i in range(8)}, "head.0": 64 * KiB, "head.1": 64 * KiB}
-# what the sparse worker's arena slots are sized from (scheduler/generation/speculation.py, `_worker_slots`)
-MODEL_ARGS = {"n_layers": 8, "n_heads": 2, "head_dim": 4, "n_kv_heads": 1, "dim": 8, "ffn_dim": 16}
 NO_OVERHEADS = Overheads(scheduler=0, watchdog=0, runtime=0, actor=0, exchange=64 * KiB, verifier_activations=0,
                          draft_activations=0, code=0)
 
@@ -53,11 +51,12 @@ def small_config(trace_dir=None, plan=None, **timeouts) -> RuntimeConfig:
 
 
 def speculation(sched: Scheduler, store: str, mode: str = "tree", plan=None, draft: bool = True,
-                worker: dict | None = None, **tree) -> ActorSpeculation:
-    """`ActorSpeculation` as `launch run` builds it, spawning the fakes; `draft` False: `--draft none`."""
+                worker: WorkerSplit | None = None, **tree) -> ActorSession:
+    """`ActorSession` as `launch run` builds it, spawning the fakes; `draft` False: `--draft none`."""
     cfg = TreeConfig(**{"mode": "chain" if mode == "chain" else "tree", **tree})
-    return ActorSpeculation(sched, mode, store, store if draft else None, SamplingConfig(), cfg, 1, CONTEXT, VOCAB,
-                            plan=plan, worker=worker, model_args=MODEL_ARGS if worker else None, impl=FAKES)
+    spec = SessionSpec(mode, store, fake_args(VOCAB), store if draft else None, SamplingConfig(), cfg, 1,
+                       CONTEXT, plan=plan, worker=worker)
+    return ActorSession(sched, spec, impl=FAKES)
 
 
 def prompt(n: int = 40, seed: int = 1) -> list[int]:
@@ -74,13 +73,13 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory() as d, Scheduler(small_config(trace_dir, plan)) as sched:
             spec = speculation(sched, fake_model(d, seed=int(os.environ.get("CADENCE_TEST_SEED", "0"))), plan=plan,
-                               worker={"share": 0.3, "columns": 0.2})
+                               worker=WorkerSplit(0.3, 0.2))
             try:
                 pids = {role: p.pid for role, p in sched.actors.items()}
                 print(json.dumps({"run_id": sched.run_id, "pids": pids, "pid": os.getpid(),
                                   "watchdog": sched._watchdog.proc.pid, "zygote": sched.zygote_pid}), flush=True)
                 while True:
-                    spec.generate(prompt(), 2000, set())
+                    spec.loop.generate(prompt(), 2000, set())
             finally:
                 spec.close()
     except KeyboardInterrupt:

@@ -14,9 +14,10 @@ from actors import wire
 from actors.fake import FakeLoaderActor
 from actors.fake_target import FakeDraftActor
 from actors.ops import Build, DraftStart
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
-from scheduler.runtime import DeadEvent, ErrorEvent, Scheduler
+from scheduler.runtime import Scheduler
+from scheduler.events import DeadEvent, ErrorEvent
 from tests.runtime.conftest import assert_clean, wait_until
 from tests.runtime.fake_run import small_config
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cadence.errors import CadenceError
-from launch.bench import cgroup
-from launch.bench.cgroup import CgroupInfo, MemoryCgroup, detect, run_in_cgroup
+from common.errors import CadenceError
+from bench import cgroup
+from bench.cgroup import CgroupInfo, MemoryCgroup, detect, run_in_cgroup
 from shm.dio import MEMORY_FS, cached_bytes, fs_type
 from tests.runtime.conftest import wait_until
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from scheduler.config import GiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
 from scheduler.ledger import BudgetError, MemoryLedger, fmt_bytes
 from scheduler.runtime import Scheduler

@@ -21,7 +21,8 @@ from models.store import StoreWriter
 from models.tokenizer import TokenizerInfo
 from scheduler.config import GiB, KiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
 from scheduler.errors import ActorDead, ActorError
-from scheduler.runtime import DeadEvent, ReplyEvent, Scheduler
+from scheduler.runtime import Scheduler
+from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.trace import validate_trace
 from shm.desc import TensorDesc
 from shm.dio import MEMORY_FS, cached_bytes, evict_page_cache, fs_type

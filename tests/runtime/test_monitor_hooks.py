@@ -45,13 +45,13 @@ def test_listener_sees_events_and_actor_status_shows_the_current_op(tmp_path):
 
 
 def test_generation_reports_each_cycle_and_writes_its_counters_and_tree_flows(tmp_path):
-    cycles = []  # on_cycle: (tokens committed, accepted, alpha); None, None for the prefill and plain steps
+    cycles = []  # each step: (tokens committed, accepted, alpha); None, None for the prefill and plain steps
     plan = fake_plan()
     with Scheduler(small_config(tmp_path / "traces", plan)) as s:
         spec = speculation(s, fake_model(tmp_path / "model", seed=5), "tree", plan, adaptive=False, trie=False)
         pids = {role: a.pid for role, a in s.actors.items()}
         try:
-            gen = spec.generate(prompt(), 30, set(), on_cycle=lambda *c: cycles.append(c))
+            gen = spec.loop.generate(prompt(), 30, set(), on_step=lambda st: cycles.append((len(st.tokens), st.accepted, st.alpha)))
         finally:
             spec.close()
     verified = [c for c in cycles if c[1] is not None]

@@ -1,4 +1,4 @@
-"""Faults in the scheduler `launch run` uses (`ActorSpeculation` with the fake actors): each role
+"""Faults in the scheduler `launch run` uses (`ActorSession` with the fake actors): each role
 SIGKILLed at a scripted point, an op that fails, an actor that hangs, the zygote killed, the scheduler
 itself SIGKILLed or Ctrl-C'd; and a stress test of the arena across processes. After every fault: one
 error naming the role, no /dev/shm segment of the run, no orphan process."""
@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 from actors.fake import FAKES, target_text
+from common.settings import WorkerSplit
 from scheduler.config import KiB, MiB, MemoryConfig
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
-from scheduler.runtime import ReplyEvent, Scheduler
+from scheduler.runtime import Scheduler
+from scheduler.events import ReplyEvent
 from scheduler.trace import validate_trace
 from shm.desc import TensorDesc
 from shm.watchdog import REPO_ROOT, python_env
@@ -28,7 +30,7 @@ from tests.runtime.fake_run import VOCAB, fake_model, fake_plan, prompt, small_c
 
 # where each role is hit: the op it serves most in a streamed tree run with the worker
 OPS = {"verifier": "layer", "draft": "build", "loader": "load", "sparse": "serve"}
-WORKER = {"share": 0.3, "columns": 0.2}
+WORKER = WorkerSplit(0.3, 0.2)
 
 
 def _run_all_four(tmp_path, script: dict, seed: int, trace: bool = False, **timeouts):
@@ -43,7 +45,7 @@ def _run_all_four(tmp_path, script: dict, seed: int, trace: bool = False, **time
             pids = [a.pid for a in s.actors.values()]
             t0 = time.monotonic()
             try:
-                spec.generate(prompt(seed=seed), 400, set())
+                spec.loop.generate(prompt(seed=seed), 400, set())
             finally:
                 if not any(r.get("hang_at") for r in script.values()):  # a hung loader's loads never drain
                     spec.close()
@@ -93,7 +95,7 @@ def test_a_killed_zygote_costs_nothing_but_a_new_one_for_the_next_spawn(seed, tm
         first = s.zygote_pid
         os.kill(first, signal.SIGKILL)
         assert wait_until(lambda: not alive(first), 3.0)
-        assert spec.generate(prompt(seed=seed), 30, set()).new_ids == target_text(prompt(seed=seed), 30, VOCAB)
+        assert spec.loop.generate(prompt(seed=seed), 30, set()).new_ids == target_text(prompt(seed=seed), 30, VOCAB)
         s.spawn("extra", FAKES["loader"])
         assert s.zygote_pid not in (None, first)
         pids = [a.pid for a in s.actors.values()]

@@ -1,4 +1,4 @@
-"""The scheduler `launch run` uses (`ActorSpeculation`), driven by the fake actors in seconds: every
+"""The scheduler `launch run` uses (`ActorSession`), driven by the fake actors in seconds: every
 mode gives the target's own text, streamed groups load in the forward's order (ahead of the verifier
 in the pipelined modes, on demand in `std`) within the loader's memory bound, a slot is never reused
 before its release, and the partition ratios reach the worker."""
@@ -8,6 +8,7 @@ import pytest
 
 from actors.fake import target_text
 from actors.ops import Load
+from common.settings import WorkerSplit
 from scheduler.errors import ActorError
 from scheduler.runtime import Scheduler
 from scheduler.generation.streaming import Streamer
@@ -45,9 +46,9 @@ def test_every_mode_gives_the_target_only_text(streamed, tmp_path, seed):
         with Scheduler(small_config(None, plan)) as s:
             spec = speculation(s, fake_model(tmp_path / f"{mode}-{draft}-{tree}", seed), mode, plan, draft, **tree)
             try:
-                gen = spec.generate(p, 48, set())
+                gen = spec.loop.generate(p, 48, set())
                 assert gen.new_ids == want, (mode, draft)
-                again = spec.generate(p, 48, {stop})
+                again = spec.loop.generate(p, 48, {stop})
                 assert again.new_ids == cut, (mode, draft)
                 assert again.stats["reused_prompt_tokens"] == len(p) - 1
                 if mode in ("chain", "tree"):
@@ -68,7 +69,7 @@ def test_streamed_groups_load_in_forward_order_within_the_memory_bound(mode, tmp
         spec = speculation(s, fake_model(tmp_path, seed), mode, plan)
         sent = _logging_sends(s)
         try:
-            gen = spec.generate(prompt(seed=seed), 40, set())
+            gen = spec.loop.generate(prompt(seed=seed), 40, set())
             loader = s.call("loader", "stats").result
             verifier = s.call("verifier", "stats").result
         finally:
@@ -124,7 +125,7 @@ def test_a_slot_reused_before_its_release_fails_loudly(tmp_path, seed):
         st = spec.streamer
         spec.target.streamer = ReuseBeforeRelease(s, st.streamed, st.sizes, st.prefetch)
         with pytest.raises(ActorError, match="overwritten before its consumer released it") as e:
-            spec.generate(prompt(seed=seed), 200, set())
+            spec.loop.generate(prompt(seed=seed), 200, set())
         assert (e.value.role, e.value.op) == ("verifier", "layer")
         pids = [a.pid for a in s.actors.values()]
     assert_clean(s.run_id, pids)
@@ -135,17 +136,17 @@ def test_the_partition_ratios_reach_the_worker(streamed, tmp_path, seed):
     """The verifier is told the worker's share of the attention, the worker its share of the columns;
     every multi-token job is shared with it, without a message per layer."""
     plan = fake_plan() if streamed else None
-    worker = {"share": 0.3, "columns": 0.25}
+    worker = WorkerSplit(0.3, 0.25)
     with Scheduler(small_config(None, plan)) as s:
         spec = speculation(s, fake_model(tmp_path, seed), "tree", plan, worker=worker)
         try:
-            gen = spec.generate(prompt(seed=seed), 30, set())
+            gen = spec.loop.generate(prompt(seed=seed), 30, set())
             v = s.call("verifier", "stats").result
             w = s.call("sparse", "stats").result
         finally:
             spec.close()
         assert gen.new_ids == target_text(prompt(seed=seed), 30, VOCAB)
-        assert v["worker"] == worker and w["columns"] == 0.25
+        assert v["worker"] == {"share": 0.3, "columns": 0.25} and w["columns"] == 0.25
         # one `serve` per multi-row job (the prefill, each verification), none per layer: the two meet in
         # the arena's sync area, each layer's attention and its linears a step each
         assert w["calls"]["serve"] == v["splits"] >= 2 and w["capacity"] is not None

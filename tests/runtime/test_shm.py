@@ -10,7 +10,7 @@ import gc
 import pytest
 import torch
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from shm.arena import SHM_DIR, Arena, new_run_id, run_segments, segment_name, sweep_dead_segments
 from shm.desc import TensorDesc
 from shm.slots import SlotAllocator, SlotsFull

@@ -10,7 +10,7 @@ from actors.syncarea import STOP, Abandoned, Clock, SyncArea
 from actors.tracing import Tracer
 from models import kernels
 from models.attention import Visibility
-from models.plan import NeedWeights
+from models.requests import NeedWeights
 from models.transformer import Transformer
 from models.weights import TensorWeights, random_tensors, weights_for
 

@@ -6,6 +6,7 @@ import json
 import time
 
 from actors.tracing import Tracer
+from common.settings import WorkerSplit
 from scheduler.config import TraceConfig
 from scheduler.runtime import Scheduler
 from scheduler.trace import TraceSink, validate_trace
@@ -99,10 +100,10 @@ def test_validator_catches_what_viewers_would_drop():
 def test_fake_run_writes_one_valid_trace(tmp_path):
     plan = fake_plan()
     with Scheduler(small_config(tmp_path / "traces", plan)) as s:
-        spec = speculation(s, fake_model(tmp_path / "model", seed=3), "tree", plan, worker={"share": 0.3, "columns": 0.2})
+        spec = speculation(s, fake_model(tmp_path / "model", seed=3), "tree", plan, worker=WorkerSplit(0.3, 0.2))
         pids = {role: a.pid for role, a in s.actors.items()}
         try:
-            spec.generate(prompt(), 30, set())
+            spec.loop.generate(prompt(), 30, set())
         finally:
             spec.close()
     path = tmp_path / "traces" / f"{s.run_id}.json"

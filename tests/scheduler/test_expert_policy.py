@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from scheduler.generation.expert_policy import (LRU, EdgeMoEEviction, PathStats, SimResult, make_eviction,
                                                 simulate)
 

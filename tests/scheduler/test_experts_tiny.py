@@ -4,13 +4,12 @@ buffer stays within its bound, and a loader killed mid-expert ends the run with 
 import dataclasses
 import os
 import signal
-import threading
 
 import pytest
 import torch
 
-from cadence.errors import CadenceError
-from cadence.settings import SamplingConfig, TreeConfig
+from common.errors import CadenceError
+from common.settings import ExpertOptions, SamplingConfig, TreeConfig
 from models import engine
 from models.convert import convert
 from models.routing import trace_paths
@@ -20,7 +19,7 @@ from models.weights import random_tensors
 from scheduler.config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
 from scheduler.generation.expert_policy import PathStats
 from scheduler.generation.memplan import Overheads, plan_memory
-from scheduler.generation.speculation import ActorSpeculation
+from scheduler.generation.session import ActorSession, SessionSpec
 from scheduler.runtime import Scheduler
 from speculative.generate import generate_target
 from tests.models.tiny_moe import ARCHS, write_hf
@@ -65,15 +64,15 @@ def moe_plan(store, share: float):
     return plan_memory(budget, groups, 0, 0, 0, overheads=o, experts=experts, experts_used=ARGS.n_experts_used)
 
 
-def run(store, plan, mode="target", draft=None, **experts):
+def run(store, plan, mode="target", draft=None, eviction="lru", preload="none", profile=None):
     mem = MemoryConfig(budget_bytes=8 << 30, arena_bytes=plan.stream_bytes + (8 << 20), stream_bytes=plan.stream_bytes,
                        expert_bytes=plan.expert_buffer, sample_s=0)
     s = Scheduler(RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=plan.slot_bytes or 1 << 20),
                                 trace=TraceConfig(enabled=False))).__enter__()
     try:
-        spec = ActorSpeculation(s, mode, str(store.dir), str(draft.dir) if draft else None, GREEDY, TreeConfig(), 1,
-                                ARGS.context_length, ARGS.vocab_size, plan=plan, model_args=store.args.to_dict(),
-                                experts=experts)
+        spec = ActorSession(s, SessionSpec(mode, str(store.dir), store.args, str(draft.dir) if draft else None, GREEDY,
+                                           TreeConfig(), 1, 200, plan=plan, experts=ExpertOptions(eviction, preload),
+                                           paths=profile))
     except BaseException:
         s.shutdown()
         raise
@@ -99,7 +98,7 @@ def test_every_policy_gives_the_resident_models_tokens_within_the_buffer(store, 
     plan = moe_plan(store, 0.4)
     s, spec = run(store, plan, eviction=eviction, preload=preload, profile=profile if preload == "paths" or eviction == "edgemoe" else None)
     try:
-        g = spec.generate(prompt, N, set())
+        g = spec.loop.generate(prompt, N, set())
         assert g.new_ids == reference
         st = g.stats
         assert st["expert_misses"] > 0 and st["expert_bytes_read"] > 0 and st["expert_reads"] >= st["expert_misses"], st
@@ -120,7 +119,7 @@ def test_a_tree_verification_fetches_the_union_of_its_tokens_experts_and_stays_l
     plan = moe_plan(store, 0.3)
     s, spec = run(store, plan, mode="tree", draft=store, eviction="lru", preload="router")
     try:
-        g = spec.generate(prompt, N, set())
+        g = spec.loop.generate(prompt, N, set())
         assert g.new_ids == reference
         assert g.stats["accepted"] > 0 and g.stats["expert_requests"] > 0
     finally:
@@ -132,7 +131,7 @@ def test_streamed_layers_and_experts_share_the_loader(store, prompt, reference):
     plan = moe_plan(store, 0.0)
     s, spec = run(store, plan, mode="tree", draft=store, eviction="lru", preload="router")
     try:
-        g = spec.generate(prompt, N, set())
+        g = spec.loop.generate(prompt, N, set())
         assert g.new_ids == reference
         assert g.stats["loads"] > 0 and g.stats["expert_reads"] > 0, g.stats
         assert s.expert_slots.peak_bytes <= plan.expert_buffer and s.stream_slots.peak_bytes <= plan.slot_bytes * plan.n_slots
@@ -147,7 +146,7 @@ def test_a_buffer_smaller_than_a_layers_union_takes_it_in_parts(store, prompt, r
     assert plan.expert_slots == ARGS.n_experts_used
     s, spec = run(store, plan, mode="tree", draft=store, eviction="lru", preload="none")
     try:
-        assert spec.generate(prompt, N, set()).new_ids == reference
+        assert spec.loop.generate(prompt, N, set()).new_ids == reference
         assert s.expert_slots.peak_bytes <= plan.expert_buffer
     finally:
         spec.close()
@@ -160,13 +159,13 @@ def test_a_loader_killed_mid_expert_ends_the_run_with_one_reason_and_leaves_noth
     pid = s.actors["loader"].pid
     killed = []
 
-    def on_tokens(_):
+    def on_step(_):
         if not killed:
             killed.append(os.kill(pid, signal.SIGKILL))
 
     try:
         with pytest.raises(CadenceError, match="loader"):
-            spec.generate(prompt, N, set(), on_tokens=on_tokens)
+            spec.loop.generate(prompt, N, set(), on_step=on_step)
     finally:
         spec.close()
         s.shutdown()

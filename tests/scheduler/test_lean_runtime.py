@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from launch.bench.cgroup import detect, run_in_cgroup
+from bench.cgroup import detect, run_in_cgroup
 from shm.watchdog import REPO_ROOT, python_env
 from tests.conftest import dev_prompts
 

@@ -8,12 +8,12 @@ import time
 import psutil
 import pytest
 
-from cadence.errors import CadenceError
-from launch.prompts import Prompt, prompt_ids
-from launch.runner import RunConfig, Runner
-from models.sampling import SamplingConfig
+from common.errors import CadenceError
+from engine.prompts import Prompt, encode_prompt
+from engine.runner import Runner
+from engine.config import RunConfig
+from common.settings import SamplingConfig
 from scheduler.errors import ActorDead
-from speculative.draft import TreeConfig
 from speculative.generate import generate_target
 from tests.conftest import dev_prompts, real_model, run_until_role_killed, shm_segments
 
@@ -32,15 +32,14 @@ def reference():
     target = real_model("qwen2.5-coder-1.5b", "int4")
     out = {}
     for p in _prompts():
-        ids, _ = prompt_ids(target.tokenizer, p, "auto")
+        ids, _ = encode_prompt(target.tokenizer, p, "auto")
         out[p.id] = generate_target(target, ids, N, SamplingConfig()).new_ids
     return out
 
 
 def _cfg(mode, tmp_path, budget="auto"):
-    return RunConfig(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", fmt="int4", mode=mode,
-                     max_new_tokens=N, tree=TreeConfig(mode="chain" if mode == "chain" else "tree", ahead=4),
-                     memory_budget=budget, trace_dir=str(tmp_path))
+    return RunConfig.from_options(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", dtype="int4", mode=mode,
+                                  max_new_tokens=N, draft_ahead="4", memory_budget=budget, trace_dir=str(tmp_path))
 
 
 def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_path):
@@ -54,7 +53,7 @@ def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_p
             # std differs from stdpl only in not prefetching (the same loads, the same compute):
             # one prompt shows it lossless; it is the slowest mode by design
             for p in _prompts()[:1] if mode == "std" else _prompts():
-                row = runner.run(p, mode=mode)
+                row = runner.run(p, mode=mode).row
                 assert row["new_token_ids"] == reference[p.id], (mode, p.id)
                 assert row["memory_budget_bytes"] == plan.budget
                 assert row["stats"]["loads"] > 0 and row["stats"]["bytes_read"] > 0
@@ -63,7 +62,7 @@ def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_p
         assert ahead_steps > 0
         sched = runner.sched
         loader = sched.call("loader", "stats").result
-        runner.spec.close()  # waits for prefetched loads and gives their slots back
+        runner.session.close()  # waits for prefetched loads and gives their slots back
         assert loader["max_end"] <= plan.stream_bytes  # the loader never wrote past its part of the arena
         assert sched.stream_slots.peak_bytes <= plan.stream_bytes
         assert sched.stream_slots.used_bytes == 0  # every slot released

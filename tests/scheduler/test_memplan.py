@@ -1,7 +1,7 @@
 """The memory plan: what stays, what streams, and the sentence for a budget too small."""
 import pytest
 
-from cadence.errors import CadenceError
+from common.errors import CadenceError
 from scheduler.generation.memplan import Overheads, activation_bytes, plan_memory, parse_bytes
 
 MiB = 1 << 20

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from launch.prompts import Prompt, prompt_ids
-from launch.runner import RunConfig, Runner
-from models.sampling import SamplingConfig
+from engine.prompts import Prompt, encode_prompt
+from engine.runner import Runner
+from engine.config import RunConfig
+from common.settings import SamplingConfig
 from scheduler.errors import ActorDead
-from speculative.draft import TreeConfig
 from speculative.generate import generate_target
 from tests.conftest import dev_prompts, real_model, run_until_role_killed, shm_segments
 
@@ -32,9 +32,9 @@ def _prompts():
 
 
 def _cfg(tmp_path, share, columns=0.0):
-    return RunConfig(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", fmt="int4", mode="tree",
-                     max_new_tokens=N, tree=TreeConfig(), sparse_worker=True, worker_share=share,
-                     column_share=columns, trace_dir=str(tmp_path))
+    return RunConfig.from_options(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", dtype="int4", mode="tree",
+                                  max_new_tokens=N, sparse_worker=True, worker_share=share, column_share=columns,
+                                  trace_dir=str(tmp_path))
 
 
 @pytest.mark.parametrize("share, columns, half", [(0.5, 0.0, 0), (0.25, 0.5, 1)], ids=["attention", "attention+columns"])
@@ -45,9 +45,9 @@ def test_tree_with_the_sparse_worker_is_lossless_on_each_kind_of_dev_prompt(tmp_
     with Runner(_cfg(tmp_path, share, columns)) as runner:
         assert "sparse" in runner.sched.actors
         for p in _prompts()[half::2]:
-            ids, _ = prompt_ids(target.tokenizer, p, "auto")
+            ids, _ = encode_prompt(target.tokenizer, p, "auto")
             ref = generate_target(target, ids, N, SamplingConfig()).new_ids
-            row = runner.run(p)
+            row = runner.run(p).row
             assert row["new_token_ids"] == ref, p.id
     assert shm_segments() == before
     if columns:  # the worker really computed its columns of every layer: its spans are in the run's trace

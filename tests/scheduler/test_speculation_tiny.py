@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from cadence.settings import SamplingConfig, TreeConfig
+from common.settings import SamplingConfig, TreeConfig
 from models import engine
 from models.convert import convert
 from models.source import GGUFSource
@@ -18,7 +18,7 @@ from models.weights import random_tensors
 from scheduler.config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
 from scheduler.generation.memplan import Overheads, plan_memory
 from scheduler.runtime import Scheduler
-from scheduler.generation.speculation import ActorSpeculation
+from scheduler.generation.session import ActorSession, SessionSpec
 from speculative.generate import generate_speculative, generate_target
 from tests.conftest import TINY
 from tests.models.tiny_files import write_gguf
@@ -70,16 +70,15 @@ def reference(stores, prompt):
     return ids
 
 
-def _run(stores, draft: str | None, mode: str = "tree", plan=None) -> tuple[Scheduler, ActorSpeculation]:
+def _run(stores, draft: str | None, mode: str = "tree", plan=None) -> tuple[Scheduler, ActorSession]:
     t = stores["target"]
     mem = MemoryConfig(budget_bytes=8 << 30, arena_bytes=max(64 << 20, plan.stream_bytes + (8 << 20)) if plan else 64 << 20,
                        stream_bytes=plan.stream_bytes if plan else 0, sample_s=0)
     pipe = PipelineConfig(layer_bytes=plan.slot_bytes if plan else 1 << 20)
     s = Scheduler(RuntimeConfig(memory=mem, pipeline=pipe, trace=TraceConfig(enabled=False))).__enter__()
     try:
-        spec = ActorSpeculation(s, mode, str(t.dir), str(stores[draft].dir) if draft else None, GREEDY,
-                                TreeConfig(ahead=2), 1, t.args.context_length, t.args.vocab_size, plan=plan,
-                                model_args=t.args.to_dict())
+        spec = ActorSession(s, SessionSpec(mode, str(t.dir), t.args, str(stores[draft].dir) if draft else None, GREEDY,
+                                           TreeConfig(ahead=2), 1, 256, plan=plan))
     except BaseException:
         s.shutdown()
         raise
@@ -87,7 +86,7 @@ def _run(stores, draft: str | None, mode: str = "tree", plan=None) -> tuple[Sche
 
 
 def _generate(spec, prompt, **kw):
-    return spec.generate(prompt, N, set(), **kw)
+    return spec.loop.generate(prompt, N, set(), **kw)
 
 
 def test_every_mode_over_resident_actors_gives_the_targets_tokens(stores, prompt, reference):

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from cadence import paths
-from launch.prompts import Prompt, prompt_ids
-from models.sampling import SamplingConfig
-from speculative.draft import TreeConfig
+from common import paths
+from engine.prompts import Prompt, encode_prompt
+from common.settings import SamplingConfig
+from common.settings import TreeConfig
 from speculative.generate import generate_speculative, generate_target
 from tests.conftest import DEV_PROMPTS, dev_prompts, real_model
 
@@ -30,7 +30,7 @@ def pair():
 @pytest.fixture(scope="module")
 def prompts(pair):
     target, _ = pair
-    return {p["id"]: prompt_ids(target.tokenizer, Prompt(p["id"], p["kind"], p["prompt"]), "auto")[0] for p in dev_prompts()}
+    return {p["id"]: encode_prompt(target.tokenizer, Prompt(p["id"], p["kind"], p["prompt"]), "auto")[0] for p in dev_prompts()}
 
 
 @pytest.fixture(scope="module")

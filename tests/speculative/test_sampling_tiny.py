@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from models.config import ModelArgs
-from models.sampling import Sampler, SamplingConfig, probs
+from models.sampling import Sampler, probs
+from common.settings import SamplingConfig
 from models.transformer import Transformer
 from models.weights import TensorWeights, random_tensors
-from speculative.draft import Drafter, TreeConfig
+from speculative.drafter import Drafter
+from common.settings import TreeConfig
 from speculative.verify import Verifier
 
 ARGS = ModelArgs(arch="qwen2", vocab_size=32, dim=64, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64,
@@ -65,7 +67,7 @@ def test_speculative_sampling_matches_the_target_distribution(mode):
         verifier.sampler = Sampler(SamplingConfig(SAMPLING.temperature, SAMPLING.top_p, 10_000 + i))
         drafter.sampler = Sampler(SamplingConfig(SAMPLING.temperature, SAMPLING.top_p, 20_000 + i))
         d = drafter.build_tree()
-        v = verifier.verify(d)
+        v = verifier.verify_tree(d.tree, d.trials)
         emitted = d.tree.tokens_of(v.path) + [v.next_token]
         accepted += len(v.path)
         if len(emitted) < 2:  # the cycle emitted one token: draw the second from the target itself

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from speculative.governor import Governor
+from common.settings import LOOKUP, PLAIN, Arm, arms
 from speculative.policy import AdaptiveThreshold, branch_candidates, pace
 from speculative.sampling import accept_sampled, residual
 from speculative.tree import ROOT, TokenTree, best_branch, longest_accepted_path
@@ -106,26 +107,29 @@ def test_trie_stays_under_capacity():
     assert trie.size <= 50
 
 
+D2, D4 = Arm("draft", 2), Arm("draft", 4)
+
+
 def test_governor_prefers_what_measured_faster_and_keeps_probing():
-    g = Governor(widths=(0, 2, 4), start=4, explore_every=3)
+    g = Governor(arms=(PLAIN, D2, D4), start=D4, explore_every=3)
     chosen = []
     for _ in range(30):
         w = g.choose()
         chosen.append(w)
-        g.record(w, tokens={0: 1, 2: 2, 4: 5}[w], seconds={0: 0.1, 2: 0.15, 4: 0.3}[w])  # 10, 13.3, 16.7 tok/s
-    assert chosen[0] == 4 and 0 in chosen[:3]  # starts with its guess, measures the plain step early
-    assert chosen[-6:].count(4) >= 4
+        g.record(w, tokens={PLAIN: 1, D2: 2, D4: 5}[w], seconds={PLAIN: 0.1, D2: 0.15, D4: 0.3}[w])  # 10, 13.3, 16.7 tok/s
+    assert chosen[0] == D4 and PLAIN in chosen[:3]  # starts with its guess, measures the plain step early
+    assert chosen[-6:].count(D4) >= 4
 
 
 def test_governor_backs_off_probing_what_keeps_losing():
     """The plain step wins (10 tok/s against 5): tries of budget 2 grow rarer, up to max_gap."""
-    g = Governor(widths=(0, 2), start=2, explore_every=3, max_gap=24)
+    g = Governor(arms=(PLAIN, D2), start=D2, explore_every=3, max_gap=24)
     chosen = []
     for _ in range(200):
         w = g.choose()
         chosen.append(w)
-        g.record(w, tokens=1, seconds={0: 0.1, 2: 0.2}[w])
-    tries = [i for i, w in enumerate(chosen) if w == 2]
+        g.record(w, tokens=1, seconds={PLAIN: 0.1, D2: 0.2}[w])
+    tries = [i for i, w in enumerate(chosen) if w == D2]
     gaps = [b - a for a, b in zip(tries, tries[1:])]
     assert gaps == sorted(gaps) and gaps[-1] == 24 and len(tries) < 15, tries
     # the text turns: budget 2 now pays twice the plain step; one try finds it, the tries come
@@ -134,10 +138,10 @@ def test_governor_backs_off_probing_what_keeps_losing():
     for _ in range(60):
         w = g.choose()
         later.append(w)
-        g.record(w, tokens={0: 1, 2: 4}[w], seconds={0: 0.1, 2: 0.2}[w])
-    first = later.index(2)
-    assert first <= 24 and later[first + 1:first + 8].count(2) >= 2
-    assert later[-20:].count(2) >= 19 and g.gap > g.explore_every
+        g.record(w, tokens={PLAIN: 1, D2: 4}[w], seconds={PLAIN: 0.1, D2: 0.2}[w])
+    first = later.index(D2)
+    assert first <= 24 and later[first + 1:first + 8].count(D2) >= 2
+    assert later[-20:].count(D2) >= 19 and g.gap > g.explore_every
 
 
 def test_residual_is_the_normalised_positive_part():
@@ -205,23 +209,24 @@ def test_arca_tree_adds_the_likeliest_node_each_time_and_choice_prefers_throughp
 
 
 def test_governor_ignores_budgets_cut_short_by_the_end():
-    """A run kept across prompts records cycles whose budget the end of a generation clipped
-    (3 of 4 tokens left): they are not one of its widths and must not become its choice."""
-    g = Governor(widths=(0, 2, 4), start=4)
-    g.record(3, tokens=4, seconds=0.01)  # very fast, but no width of its own
+    """A run kept across prompts records cycles whose draft the end of a generation clipped
+    (3 of 4 tokens left): they are not one of its arms and must not become its choice."""
+    g = Governor(arms=(PLAIN, D2, D4), start=D4)
+    g.record(Arm("draft", 3), tokens=4, seconds=0.01)  # very fast, but no arm of its own
     for _ in range(20):
         w = g.choose()
-        assert w in (0, 2, 4)
-        g.record(w, tokens=1 + w // 2, seconds=0.1)
+        assert w in (PLAIN, D2, D4)
+        g.record(w, tokens=1 + w.size // 2, seconds=0.1)
 
 
 def test_a_draft_far_behind_catches_up_on_the_recent_tokens_only():
     """After plain target steps the draft runs on the last CATCH_UP tokens it missed, not all of them
     (the prompt itself it always runs whole), and drafts on from there."""
-    from models.sampling import SamplingConfig
+    from common.settings import SamplingConfig
     from models.transformer import Transformer
     from models.weights import TensorWeights, random_tensors
-    from speculative.draft import CATCH_UP, Drafter, TreeConfig
+    from speculative.drafter import Drafter
+    from common.settings import CATCH_UP, TreeConfig
     from tests.conftest import TINY
 
     args = TINY["qwen"]
@@ -246,15 +251,16 @@ def test_a_draft_far_behind_catches_up_on_the_recent_tokens_only():
 def test_prompt_lookup_proposes_the_tries_continuation_without_a_draft_forward():
     """The LOOKUP arm: the trie's continuation of the text's last n-gram, verified as a tree, with the
     draft model never run (its cache stays as it was; the verdict is taken like a plain step's)."""
-    from models.sampling import SamplingConfig
+    from common.settings import SamplingConfig
     from models.transformer import Transformer
     from models.weights import TensorWeights, random_tensors
-    from speculative.draft import Drafter, TreeConfig
-    from speculative.generate import LOOKUP, budgets
+    from speculative.drafter import Drafter
+    from common.settings import TreeConfig
     from tests.conftest import TINY
 
-    assert LOOKUP in budgets(TreeConfig()) and LOOKUP < 0
-    assert LOOKUP not in budgets(TreeConfig(trie=False)) and LOOKUP not in budgets(TreeConfig(mode="chain"))
+    assert arms(TreeConfig())[0] == LOOKUP and LOOKUP < PLAIN < D2  # the lookup arm is the plain step's neighbour
+    assert LOOKUP not in arms(TreeConfig(trie=False)) and LOOKUP not in arms(TreeConfig(mode="chain"))
+    assert arms(TreeConfig(), draft_model=False) == (LOOKUP, PLAIN)
     args = TINY["qwen"]
     d = Drafter(Transformer(args, TensorWeights(args, random_tensors(args, 3), "fp32")), SamplingConfig(), TreeConfig())
     prompt = [5, 9, 2, 7, 3, 11, 4, 8, 6, 5, 9]
@@ -270,24 +276,25 @@ def test_prompt_lookup_proposes_the_tries_continuation_without_a_draft_forward()
 
 
 def test_a_new_text_is_probed_again_soon_with_what_was_learned_kept():
-    g = Governor(widths=(-1, 0, 2), start=2, explore_every=3, max_gap=24)
-    for _ in range(120):  # budget 2 and the lookup lose on this text: tries back off to every 24 cycles
+    g = Governor(arms=(LOOKUP, PLAIN, D2), start=D2, explore_every=3, max_gap=24)
+    for _ in range(120):  # a draft of 2 and the lookup lose on this text: tries back off to every 24 cycles
         w = g.choose()
-        g.record(w, tokens=1, seconds={-1: 0.15, 0: 0.1, 2: 0.2}[w])
+        g.record(w, tokens=1, seconds={LOOKUP: 0.15, PLAIN: 0.1, D2: 0.2}[w])
     assert g.gap == 24
     rates = dict(g.rate)
     g.new_text()
     chosen = [g.choose() for _ in range(4)]
-    assert chosen[:2] == [0, 0] and chosen[2] in (-1, 2) and g.rate == rates
+    assert chosen[:2] == [PLAIN, PLAIN] and chosen[2] in (LOOKUP, D2) and g.rate == rates
 
 
 def test_the_draft_runs_on_the_prompts_last_window_only():
     """`prompt_window`: the draft's prefill covers the prompt's last tokens, positions from 0; the
     trie still holds the whole prompt, and a window of 0 feeds it all."""
-    from models.sampling import SamplingConfig
+    from common.settings import SamplingConfig
     from models.transformer import Transformer
     from models.weights import TensorWeights, random_tensors
-    from speculative.draft import Drafter, TreeConfig
+    from speculative.drafter import Drafter
+    from common.settings import TreeConfig
     from tests.conftest import TINY
 
     args = TINY["qwen"]
@@ -307,6 +314,6 @@ def test_the_draft_runs_on_the_prompts_last_window_only():
     a.start(prompt, 128), b.start(prompt[-5:], 128)
     a.push([14]), b.push([14])
     assert a.build_tree().tree.flatten()[0] == b.build_tree().tree.flatten()[0]
-    from cadence.errors import CadenceError
+    from common.errors import CadenceError
     with pytest.raises(CadenceError, match="prompt window"):
         TreeConfig(prompt_window=-1)

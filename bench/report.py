@@ -1,0 +1,68 @@
+"""What `launch bench` prints: tokens/s per mode and prompt kind with ratios, and the suites' tables."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from rich.console import Console
+from rich.table import Table
+
+
+def print_table(console: Console, title: str, table: list[list]) -> None:
+    """A table on the terminal; piped, as Markdown with nothing cut (BENCHMARKS.md takes it as it is)."""
+    if not console.is_terminal:
+        print(f"\n{title}\n")
+        print("| " + " | ".join(str(c) for c in table[0]) + " |")
+        print("|" + "---|" * len(table[0]))
+        for r in table[1:]:
+            print("| " + " | ".join(str(x) for x in r) + " |")
+        return
+    t = Table(title=title)
+    for c in table[0]:
+        t.add_column(str(c))
+    for r in table[1:]:
+        t.add_row(*[str(x) for x in r])
+    console.print(t)
+
+
+def _rates(rows: list[dict]) -> tuple[dict, list[str]]:
+    groups: dict[tuple, list] = defaultdict(list)
+    for r in rows:
+        if r.get("error"):
+            continue
+        for kind in (r["kind"], "all"):
+            groups[(r["mode"], r["format"], r["target"], kind)].append(r)
+    kinds = sorted({k[3] for k in groups} - {"all"}) + ["all"]
+    rate = {k: sum(len(r["new_token_ids"]) for r in v) / max(sum(r["wall_s"] for r in v), 1e-9) for k, v in groups.items()}
+    return {"groups": groups, "rate": rate}, kinds
+
+
+def summary_table(rows: list[dict]) -> list[list]:
+    """tokens/s (total tokens / total time) per mode and prompt kind, ratio to `target` (same weights)."""
+    g, kinds = _rates(rows)
+    groups, rate = g["groups"], g["rate"]
+    out = [["mode", "format", "model", *kinds, "acc/verif", "verif/token", "wasted/token", "ahead reused/verif"]]
+    for mode, fmt, target in sorted({k[:3] for k in groups}, key=lambda x: (x[2], x[1], x[0])):
+        cells = []
+        for kind in kinds:
+            r, base = rate.get((mode, fmt, target, kind)), rate.get(("target", fmt, target, kind))
+            cells.append("" if r is None else f"{r:.2f}" + (f" ({r / base:.2f}x)" if base and mode != "target" else ""))
+        every = groups[(mode, fmt, target, "all")]
+        n = sum(len(r["new_token_ids"]) for r in every)
+        st = {k: sum(r["stats"].get(k, 0) for r in every) for k in ("verifications", "accepted", "wasted", "ahead_reused")}
+        ver = max(st["verifications"], 1)
+        spec = mode in ("chain", "tree")
+        out.append([mode, fmt, target, *cells, *((f"{st['accepted'] / ver:.2f}", f"{st['verifications'] / max(n, 1):.3f}",
+                                                  f"{st['wasted'] / max(n, 1):.2f}", f"{st['ahead_reused'] / ver:.2f}")
+                                                 if spec else ("", "", "", ""))])
+    return out
+
+
+def failures(rows: list[dict]) -> list[str]:
+    """One line per engine that could not run a prompt, the reason once."""
+    seen, out = set(), []
+    for r in rows:
+        if r.get("error") and (r["mode"], r["error"]) not in seen:
+            seen.add((r["mode"], r["error"]))
+            n = sum(1 for x in rows if x["mode"] == r["mode"] and x.get("error") == r["error"])
+            out.append(f"{r['mode']}: {n} prompt(s) without a result: {r['error']}")
+    return out

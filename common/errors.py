@@ -1,0 +1,22 @@
+"""One error type that reaches the user as a single readable sentence."""
+
+
+class CadenceError(Exception):
+    """Something the user can act on. The message says what was wrong and what to do.
+
+    The CLI prints it as `launch: <message>` and exits non-zero, without a traceback.
+    """
+
+
+class PromptError(CadenceError):
+    """One prompt cannot run (too long for the context, empty, not text): a run of many reports it and
+    goes on with the others; a server answers its request with a client error."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what a service manager sends to stop a process): handled as Ctrl-C is, at once,
+    wherever the main thread is, so the run stops its actors, writes its trace and what it finished."""
+
+    def __init__(self, signum: int = 15):
+        super().__init__(signum)
+        self.signum = signum

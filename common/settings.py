@@ -1,0 +1,204 @@
+"""The settings and results of a generation, with no torch: the scheduler process imports these
+and never torch, so the runtime's fixed memory stays small (the model processes import torch once,
+in the zygote, and share its pages).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.errors import CadenceError
+
+FORMATS = ("fp32", "bf16", "fp16", "int8", "int4")  # weight formats of a store (models/linear.py)
+
+
+def check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise CadenceError(f"weight format '{fmt}' is not known; use one of {', '.join(FORMATS)}")
+    return fmt
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise CadenceError(f"temperature={self.temperature} must be >= 0 (0 means greedy)")
+        if not 0 < self.top_p <= 1:
+            raise CadenceError(f"top_p={self.top_p} must be in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+TOP_K = 4  # candidates looked at per expansion
+CATCH_UP = 8  # after plain target steps, the draft runs on at most this many of the tokens it missed
+PROMPT_WINDOW = 64  # the draft runs on at most the last this many prompt tokens (0: the whole prompt)
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    mode: str = "tree"  # "tree" or "chain"
+    width: int = 8  # most draft tokens in one verification
+    max_depth: int = 8
+    branch_threshold: float = 0.3
+    alpha: float = 0.01
+    chain_k: int = 4  # chain mode: draft tokens per verification
+    trie: bool = True  # tree mode: add Lookahead trie candidates from the prompt and output n-grams
+    trie_nodes: int = 4  # at most this many trie candidates per tree
+    adaptive: bool = True  # let the governor pick each cycle's budget (0 = plain target step)
+    ahead: int = 0  # greedy: draft forwards the draft may run while the target verifies (LLMCad 3.4)
+    # ... only while the verifier measurably waits on the loader (the cores are free then): `ahead` is
+    # the most per verification, and a run whose target is resident never drafts ahead
+    ahead_auto: bool = False
+    prompt_window: int = PROMPT_WINDOW  # the draft's view of the prompt: its last this many tokens (0: all)
+    # an ARCA tree shape (launch profile): a fixed tree of draft ranks instead of LLMCad's dynamic tree
+    shape_parents: tuple = ()
+    shape_ranks: tuple = ()
+
+    def __post_init__(self):
+        if self.mode not in ("tree", "chain"):
+            raise CadenceError(f"tree mode '{self.mode}' must be tree or chain")
+        if not 1 <= self.width <= 64:
+            raise CadenceError(f"verification width {self.width} must be within 1..64")
+        if self.max_depth < 1 or self.chain_k < 1:
+            raise CadenceError("max_depth and chain_k must be at least 1")
+        if not 0 < self.branch_threshold <= 1:
+            raise CadenceError(f"branch_threshold={self.branch_threshold} must be in (0, 1]")
+        if not 0 <= self.alpha < 1:
+            raise CadenceError(f"alpha={self.alpha} must be in [0, 1)")
+        if not 0 <= self.ahead <= 64:
+            raise CadenceError(f"draft-ahead steps {self.ahead} must be within 0..64")
+        if self.prompt_window < 0:
+            raise CadenceError(f"the draft's prompt window {self.prompt_window} must be 0 (the whole prompt) or more")
+
+    @property
+    def budget(self) -> int:
+        return self.chain_k if self.mode == "chain" else self.width
+
+
+PREFILL_CHUNK = 256  # prompt rows per forward (speculative/verify.py; scheduler/generation/memplan.py plans for it)
+
+_ARM_ORDER = {"lookup": 0, "plain": 1, "draft": 2}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """What one speculation cycle does, one of the governor's choices: a plain target step ("plain"),
+    the trie's candidates verified alone with no draft forward ("lookup", prompt lookup), or a draft
+    tree of at most `size` tokens ("draft"). Ordered lookup < plain < the draft sizes ascending: the
+    governor tries an arm's neighbours in that order."""
+
+    kind: str
+    size: int = 0
+
+    def __post_init__(self):
+        if self.kind not in _ARM_ORDER or (self.kind == "draft") != (self.size > 0):
+            raise ValueError(f"an arm is plain, lookup or a draft of at least one token; got {self.kind} {self.size}")
+
+    def __lt__(self, other: "Arm") -> bool:
+        return (_ARM_ORDER[self.kind], self.size) < (_ARM_ORDER[other.kind], other.size)
+
+    def __str__(self) -> str:
+        return f"draft{self.size}" if self.kind == "draft" else self.kind
+
+
+PLAIN = Arm("plain")
+LOOKUP = Arm("lookup")
+
+
+def arms(cfg: TreeConfig, draft_model: bool = True) -> tuple[Arm, ...]:
+    """The arms the governor chooses among: the plain step, draft trees of even sizes up to the run's
+    budget (chain: 1 too), and in tree mode with the trie, prompt lookup. No draft model: lookup or plain."""
+    if not draft_model:
+        return (LOOKUP, PLAIN)
+    sizes = {1, 2, cfg.chain_k} | set(range(2, cfg.chain_k + 1, 2)) if cfg.mode == "chain" else \
+        {2, 4, cfg.width} | set(range(2, cfg.width + 1, 2))
+    lookup = (LOOKUP,) if cfg.mode == "tree" and cfg.trie else ()
+    return (*lookup, PLAIN, *(Arm("draft", n) for n in sorted(sizes)))
+
+
+@dataclass(frozen=True)
+class ExpertOptions:
+    """How a mixture of experts keeps its expert buffer under a budget (scheduler/generation/experts.py)."""
+
+    eviction: str = "lru"  # lru | edgemoe | none (loading on demand, no buffer)
+    preload: str = "none"  # none | paths (EdgeMoE's path statistics) | router (next-router lookahead)
+    preload_k: int = 2  # experts preloaded per layer
+
+    def __post_init__(self):
+        if self.eviction not in ("lru", "edgemoe", "none") or self.preload not in ("none", "paths", "router"):
+            raise CadenceError(f"--expert-eviction {self.eviction} / --expert-preload {self.preload}: eviction is lru, "
+                               "edgemoe or none; preload is none, paths or router")
+        if self.preload_k < 1:
+            raise CadenceError(f"--expert-preload-k {self.preload_k} must be at least 1")
+
+    @property
+    def label(self) -> str:
+        return f"{self.eviction}+{self.preload}"
+
+
+@dataclass(frozen=True)
+class WorkerSplit:
+    """What the sparse-attention worker takes of each multi-row pass (Ghidorah): the tree part of every
+    layer's attention, `share` of the dense attention chunks, the last `columns` of every target linear
+    layer's output columns."""
+
+    share: float = 0.0
+    columns: float = 0.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.share < 1.0 or not 0.0 <= self.columns < 1.0:
+            raise CadenceError(f"--worker-share and --column-share are shares in [0, 1); got {self.share} and "
+                               f"{self.columns}")
+
+
+@dataclass
+class SpecStats:
+    """What a speculative run did; `as_dict` is what JSON rows carry in `stats`."""
+    verifications: int = 0
+    plain_steps: int = 0
+    accepted: int = 0  # draft tokens the target confirmed
+    drafted: int = 0  # draft tokens proposed (tree nodes)
+    trie_drafted: int = 0
+    draft_forwards: int = 0
+    target_forwards: int = 1  # the prompt
+    accepted_hist: dict[int, int] = field(default_factory=dict)
+    arm_hist: dict[str, int] = field(default_factory=dict)  # cycles per governor arm
+    alpha: list[float] = field(default_factory=list)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    ahead_steps: int = 0  # draft forwards run during verification
+    ahead_reused: int = 0  # tree nodes that came from them, fed already
+
+    def record_verification(self, tree, path: list[int]):  # tree: a speculative.tree.Tree
+        self.verifications += 1
+        self.accepted += len(path)
+        self.drafted += len(tree.tokens)
+        self.trie_drafted += tree.trie_nodes
+        self.draft_forwards += tree.forwards
+        self.accepted_hist[len(path)] = self.accepted_hist.get(len(path), 0) + 1
+
+    def as_dict(self) -> dict:
+        v = max(self.verifications, 1)
+        return {
+            "verifications": self.verifications, "plain_steps": self.plain_steps, "accepted": self.accepted,
+            "drafted": self.drafted, "wasted": self.drafted - self.accepted, "trie_drafted": self.trie_drafted,
+            "draft_forwards": self.draft_forwards, "target_forwards": self.target_forwards,
+            "mean_accepted": round(self.accepted / v, 3),
+            "accepted_hist": {str(k): n for k, n in sorted(self.accepted_hist.items())},
+            "arm_hist": dict(self.arm_hist),
+            "alpha": [round(a, 6) for a in self.alpha], "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
+            "ahead_steps": self.ahead_steps, "ahead_reused": self.ahead_reused,
+        }
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    new_ids: list[int]
+    wall_s: float
+    prefill_s: float
+    stats: dict = field(default_factory=dict)

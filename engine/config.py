@@ -1,0 +1,154 @@
+"""The configuration of a run: one frozen dataclass with typed parts, built from the options
+(engine/options.py) the same way at every front door, checked once, resolved once (engine/resolve.py).
+
+    cfg = RunConfig.from_options(target="qwen2.5-coder-1.5b", memory_budget="1GiB", width=12)
+    cfg.tree.width, cfg.sampling.greedy, cfg.experts.eviction    # typed parts
+    cfg.options()["width"]                                       # and back to the options
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from common.errors import CadenceError
+from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit
+from engine.options import AUTO_AHEAD, BY_NAME, DEFAULTS, MODES, RUNTIMES
+
+TARGET_ONLY = ("target", "std", "stdpl")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    target: str = DEFAULTS["target"]
+    draft: str = "auto"  # a model, "none" (the trie alone), or "auto" until resolved
+    dtype: str = "int4"
+    draft_dtype: str | None = None  # None: the target's
+    mode: str = "tree"
+    max_new_tokens: int | None = None  # None: until the end of the turn or of the context
+    context: int | None = None  # tokens a generation holds, prompt and answer; None until resolved
+    chat: str = "auto"
+    sampling: SamplingConfig = SamplingConfig()
+    tree: TreeConfig = field(default_factory=TreeConfig)
+    memory_budget: str | None = None  # "3GiB", "auto", or None: no bound, everything resident
+    # FR-Spec: the draft's head keeps only this many (most frequent) token rows; None: 32768 under a budget,
+    # the whole vocabulary without one; 0: the whole vocabulary
+    draft_vocab: int | None = None
+    worker: WorkerSplit | None = None  # the sparse-attention worker, or None
+    experts: ExpertOptions = ExpertOptions()
+    runtime: str = "actors"
+    device: str = "cpu"
+    threads: int = 0
+    trace: bool = True
+    trace_dir: str | None = None
+    profile: str | None = None  # an ARCA profile; applied (tree, worker) when the run is resolved
+    plan_sampling: bool = False  # plan room for sampling although the run's default is greedy (a server's requests)
+
+    def __post_init__(self):
+        checks = (
+            (self.mode in MODES, f"mode '{self.mode}' is not known; use one of {', '.join(MODES)}"),
+            (self.runtime in RUNTIMES, f"runtime '{self.runtime}' is not known; use one of {', '.join(RUNTIMES)}"),
+            (self.max_new_tokens is None or self.max_new_tokens >= 1,
+             f"--max-new-tokens={self.max_new_tokens} must be at least 1"),
+            (self.context is None or self.context >= 2, f"--context={self.context} must be at least 2 tokens"),
+            (self.chat in ("auto", "on", "off"), f"--chat={self.chat} must be auto, on or off"),
+            (self.threads >= 0, f"--threads {self.threads} is not a thread count; give a number, or 0 for all cores"),
+            (not (self.draft == "none" and self.mode == "chain"),
+             "mode chain needs a draft model; with --draft none use --mode tree (the n-gram trie proposes)"),
+            (bool(self.draft) and bool(self.target), "--target and --draft name a model (--draft none: no draft model)"),
+            (not (self.runtime == "actors" and self.device != "cpu"),
+             "the actor runtime runs on the CPU for now; use --runtime inproc with --device cuda"),
+            (not (self.mode in ("std", "stdpl") and not self.memory_budget),
+             f"mode {self.mode} streams the target under a memory budget: give --memory-budget (e.g. auto)"),
+            (not (self.memory_budget and self.runtime != "actors"),
+             "--memory-budget needs the actor runtime (the I/O loader is an actor); drop --runtime inproc"),
+            (not (self.worker and self.worker.columns > 0 and self.memory_budget),
+             "--column-share needs every target layer resident (the worker maps the target's weights itself); "
+             "drop --memory-budget or --column-share"),
+            (not (self.worker and self.runtime != "actors"),
+             "--sparse-worker is an actor; drop --runtime inproc"),
+            (self.draft_vocab is None or self.draft_vocab >= 0,
+             f"--draft-vocab={self.draft_vocab} must be 0 (the whole vocabulary) or a number of tokens"),
+            (not (self.memory_budget and self.mode == "target"),
+             "mode target keeps the whole target in memory; under --memory-budget use std, stdpl, chain or tree"),
+            (self.tree.mode == ("chain" if self.mode == "chain" else "tree"),
+             f"the tree settings are for mode {self.tree.mode}, the run's mode is {self.mode}"),
+        )
+        for ok, why in checks:
+            if not ok:
+                raise CadenceError(why)
+
+    # -- the options ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_options(cls, **options) -> RunConfig:
+        """The configuration the options (engine/options.py) give; a name that is not an option ends
+        in one sentence that lists them."""
+        unknown = sorted(set(options) - set(BY_NAME))
+        if unknown:
+            raise CadenceError(f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(BY_NAME)}")
+        o = {**DEFAULTS, **options}
+        mode = o["mode"]
+        tree = TreeConfig(mode="chain" if mode == "chain" else "tree", width=o["width"], chain_k=o["chain_k"],
+                          branch_threshold=o["branch_threshold"], alpha=o["alpha"], trie=not o["no_trie"],
+                          adaptive=not o["fixed_width"], ahead=_ahead(o["draft_ahead"]),
+                          ahead_auto=str(o["draft_ahead"]) == "auto", prompt_window=o["draft_window"])
+        worker = None
+        if o["sparse_worker"]:
+            worker = WorkerSplit(o["worker_share"], o["column_share"])
+        elif o["worker_share"] or o["column_share"]:
+            raise CadenceError("--worker-share and --column-share give work to the sparse-attention worker; add "
+                               "--sparse-worker")
+        return cls(target=o["target"], draft=o["draft"], dtype=o["dtype"], draft_dtype=o["draft_dtype"], mode=mode,
+                   max_new_tokens=o["max_new_tokens"], context=o["context"], chat=o["chat"],
+                   sampling=SamplingConfig(o["temperature"], o["top_p"], o["seed"]), tree=tree,
+                   memory_budget=o["memory_budget"], draft_vocab=o["draft_vocab"], worker=worker,
+                   experts=ExpertOptions(o["expert_eviction"], o["expert_preload"], o["expert_preload_k"]),
+                   runtime=o["runtime"], device=o["device"], threads=o["threads"], trace=not o["no_trace"],
+                   trace_dir=o["trace_dir"], profile=o["profile"])
+
+    def options(self) -> dict:
+        """The options that give this configuration: `RunConfig.from_options(**cfg.options()) == cfg`."""
+        t, s, w, e = self.tree, self.sampling, self.worker or WorkerSplit(), self.experts
+        return {"target": self.target, "mode": self.mode, "memory_budget": self.memory_budget,
+                "max_new_tokens": self.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p, "seed": s.seed,
+                "draft": self.draft, "dtype": self.dtype, "draft_dtype": self.draft_dtype, "chat": self.chat,
+                "context": self.context, "threads": self.threads, "device": self.device, "runtime": self.runtime,
+                "width": t.width, "chain_k": t.chain_k, "branch_threshold": t.branch_threshold, "alpha": t.alpha,
+                "no_trie": not t.trie, "fixed_width": not t.adaptive,
+                "draft_ahead": "auto" if t.ahead_auto else str(t.ahead), "draft_window": t.prompt_window,
+                "profile": self.profile, "draft_vocab": self.draft_vocab, "expert_eviction": e.eviction,
+                "expert_preload": e.preload, "expert_preload_k": e.preload_k,
+                "sparse_worker": self.worker is not None, "worker_share": w.share, "column_share": w.columns,
+                "trace_dir": self.trace_dir, "no_trace": not self.trace}
+
+    def replace(self, **kw) -> RunConfig:
+        return dataclasses.replace(self, **kw)
+
+    def with_mode(self, mode: str) -> RunConfig:
+        """The same run in another mode (the same models): its tree settings follow."""
+        return self.replace(mode=mode, tree=dataclasses.replace(self.tree, mode="chain" if mode == "chain" else "tree"))
+
+    # -- what follows from it -----------------------------------------------------------------------
+
+    @property
+    def speculative(self) -> bool:
+        return self.mode not in TARGET_ONLY
+
+    @property
+    def draft_model(self) -> str | None:
+        """The draft model this run loads: None in target-only modes and with --draft none (or an `auto`
+        draft not resolved yet)."""
+        return self.draft if self.speculative and self.draft not in ("none", "auto") else None
+
+    @property
+    def draft_format(self) -> str:
+        return self.draft_dtype or self.dtype
+
+
+def _ahead(value) -> int:
+    if str(value) == "auto":
+        return AUTO_AHEAD
+    try:
+        return int(value)
+    except ValueError:
+        raise CadenceError(f"--draft-ahead {value} is neither auto nor a number of draft steps") from None

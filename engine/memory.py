@@ -1,0 +1,92 @@
+"""What a run under `--memory-budget` weighs, and the runtime configuration that holds it to its plan.
+
+The plan itself is scheduler/generation/memplan.py (pure arithmetic over byte counts); here the run's
+configuration and stores become those byte counts: the target's streamable groups, the draft's
+weights (its head cut to FR-Spec's rows), the KV caches at the run's context, the overheads measured
+on this machine.
+"""
+from __future__ import annotations
+
+import psutil
+
+from engine.config import RunConfig
+from models.store import WeightStore
+from scheduler.config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
+from speculative.loop import slack
+
+DRAFT_VOCAB = 32768  # FR-Spec under a budget: the draft's head keeps this many of the most frequent tokens
+TRACE_EVENTS = 16384  # trace events the scheduler holds before it spills them to disk (scheduler/trace.py)
+
+
+def kv_rows(cfg: RunConfig, draft: bool = False) -> int:
+    """KV cache rows a generation may fill (speculative/loop.py sizes the caches the same way): the context
+    and a tree's slack; the draft sees only the prompt's last `prompt_window` tokens of it."""
+    rows = cfg.context
+    if draft and cfg.tree.prompt_window:
+        rows = min(rows, cfg.tree.prompt_window + (cfg.max_new_tokens or rows))
+    return rows + slack(cfg.tree)
+
+
+def draft_rows(cfg: RunConfig, draft: WeightStore | None) -> int:
+    """Token rows the draft's head keeps (0: all): FR-Spec's frequent-token head under a budget."""
+    if draft is None:
+        return 0
+    rows = cfg.draft_vocab if cfg.draft_vocab is not None else (DRAFT_VOCAB if cfg.memory_budget else 0)
+    return 0 if rows >= draft.args.vocab_size else rows
+
+
+def plan_inputs(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, overheads=None) -> dict:
+    """What the memory plan of `cfg` weighs (scheduler/generation/memplan.py `plan_memory`'s arguments)."""
+    from scheduler.generation.memplan import measure_overheads
+
+    groups = {g: target.groups[g].nbytes for g in target.group_names() if g != "embed" and not g.startswith("expert.")}
+    experts = {g: target.groups[g].nbytes for g in target.group_names() if g.startswith("expert.")}
+    draft_w = rows = 0
+    if draft is not None:
+        rows = draft_rows(cfg, draft)
+        draft_w = sum(n for g, n in draft.group_bytes().items() if g != "embed" and not g.startswith("head."))
+        draft_w += draft.head_bytes(rows or None)
+    trie = 8 * cfg.context if cfg.tree.trie and cfg.mode == "tree" else 0
+    o = overheads or measure_overheads(
+        target.args.to_dict(), draft.args.to_dict() if draft else None, width=cfg.tree.budget, context=cfg.context,
+        greedy=cfg.sampling.greedy and not cfg.plan_sampling, draft_window=cfg.tree.prompt_window, draft_vocab=rows,
+        trie_nodes=trie, trace_events=TRACE_EVENTS + 2048)  # the sink's and the scheduler's own, before they move on
+    return {"target_groups": groups, "draft_weights": draft_w,
+            "draft_kv": draft.args.kv_bytes_per_token() * kv_rows(cfg, draft=True) if draft else 0,
+            "target_kv": target.args.kv_bytes_per_token() * kv_rows(cfg), "overheads": o,
+            **({"experts": experts, "experts_used": target.args.n_experts_used} if experts else {})}
+
+
+def memory_plan(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, overheads=None):
+    """The plan for --memory-budget (`auto`: the smallest budget that works and half of the target)."""
+    from scheduler.generation.memplan import parse_bytes, plan_memory, smallest_budget
+
+    inputs = plan_inputs(cfg, target, draft, overheads)
+    if cfg.memory_budget == "auto":
+        every = sum(inputs["target_groups"].values()) + sum(inputs.get("experts", {}).values())
+        budget = smallest_budget(**inputs) + every // 2
+    else:
+        budget = parse_bytes(cfg.memory_budget)
+    return plan_memory(budget, **inputs)
+
+
+def runtime_config(cfg: RunConfig, target: WeightStore, plan, preload: tuple[str, ...]) -> RuntimeConfig:
+    """The scheduler's configuration: under a plan, its budget per role, arena, loader region and expert
+    buffer; without one, the machine's memory and an arena for the exchange (and the worker's KV cache).
+    `preload`: the modules the actors' zygote imports once."""
+    trace = TraceConfig(enabled=cfg.trace, dir=cfg.trace_dir, spill_events=TRACE_EVENTS if plan else 0)
+    if plan is None:
+        extra = target.args.kv_bytes_per_token() * kv_rows(cfg) if cfg.worker else 0  # the KV cache in the arena
+        mem = MemoryConfig(budget_bytes=psutil.virtual_memory().total, arena_bytes=(64 << 20) + extra)
+        return RuntimeConfig(memory=mem, trace=trace, preload=preload)
+    o = plan.overheads
+    roles = {"verifier": plan.resident_bytes + plan.target_kv + o.actor + o.verifier_activations,
+             "scheduler": o.scheduler + o.watchdog + o.runtime + o.code}
+    if plan.has_draft:
+        roles["draft"] = plan.draft_weights + plan.draft_kv + o.actor + o.draft_activations
+    if plan.streamed or plan.expert_buffer:
+        roles["loader"] = o.actor
+    mem = MemoryConfig(budget_bytes=plan.budget, arena_bytes=plan.arena_bytes, stream_bytes=plan.stream_bytes,
+                       expert_bytes=plan.expert_buffer, role_bytes=roles)
+    return RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=plan.slot_bytes or (1 << 20)), trace=trace,
+                         preload=preload)

@@ -1,0 +1,74 @@
+"""The draft side of the speculation cycle over the wire: the draft actor (speculative/loop.py).
+
+Only token ids and small tree descriptions travel over the control socket; under sampling the
+draft's distributions travel through the arena, in a slot that lives until the verdict.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from actors.ops import Advance, Ahead, Build, DraftStart, Lookup
+from common.settings import SamplingConfig, TreeConfig
+from scheduler.errors import ActorError
+from scheduler.runtime import Scheduler
+from speculative.loop import Proposal
+
+
+class ActorDraft:
+    has_model = True
+
+    def __init__(self, sched: Scheduler, vocab_size: int):
+        self.s, self.vocab_size = sched, vocab_size
+        self.greedy = True
+        self.slots: dict[int, object] = {}  # id(proposal) -> its distributions' arena slot
+        self.ahead_req: int | None = None
+        self.counts = (0, 0)
+
+    def start(self, prompt_ids: list[int], capacity: int, first: int, cfg: TreeConfig, sampling: SamplingConfig):
+        self.greedy = sampling.greedy
+        self.counts = (0, 0)
+        self.ahead_req = None  # a lookahead of a generation that ended in an error: its reply is nobody's now
+        self.s.call("draft", DraftStart(prompt_ids, capacity, first, asdict(cfg), asdict(sampling)))
+
+    def lookup(self, max_nodes: int) -> Proposal | None:
+        """Prompt lookup: the trie's candidates, no draft forward."""
+        tree = self.s.call("draft", Lookup(max_nodes)).value
+        return Proposal(tree, drafted=False) if tree.tokens else None
+
+    def propose(self, budget: int) -> Proposal | None:
+        s = self.s
+        slot, tensors = None, {}
+        if not self.greedy:  # room for the draft's distributions, one row per fed node
+            slot = s.slots.alloc((budget + 1) * self.vocab_size * 4)
+            tensors = {"slot": s.slot_desc(slot)}
+        try:
+            reply = s.call("draft", Build(budget), tensors=tensors)
+        except BaseException:
+            if slot is not None:
+                s.slots.free(slot)
+            raise
+        p = Proposal(reply.value, dists=reply.tensors.get("dists"), req=reply.req_id)
+        if slot is not None:
+            self.slots[id(p)] = slot
+        return p
+
+    def ahead(self, p: Proposal, steps: int) -> None:
+        self.ahead_req = self.s.send("draft", Ahead(steps))
+
+    def advance(self, p: Proposal | None, path: list[int], new: list[int]) -> float:
+        adv = self.s.call("draft", Advance(path, new, p is not None)).value
+        if self.ahead_req is not None:  # answered before `advance` (one socket, in order), unless a stream poll took it
+            req, self.ahead_req = self.ahead_req, None
+            r = self.s.take_reply(req)
+            if r is not None and not r.ok:
+                raise ActorError("draft", "ahead", req, r.error)
+        self.counts = (adv.ahead_steps, adv.ahead_reused)
+        return adv.alpha
+
+    def release(self, p: Proposal) -> None:
+        slot = self.slots.pop(id(p), None)
+        if slot is not None:
+            self.s.slots.free(slot)
+
+    def ahead_counts(self) -> tuple[int, int]:
+        return self.counts

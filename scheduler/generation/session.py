@@ -1,0 +1,106 @@
+"""A run's actors and the speculation cycle over them.
+
+`ActorSession` starts the verifier (and the loader when layers stream, the sparse worker when
+attention is split) and the draft, then builds the one speculation cycle (speculative/loop.py) with
+its two sides over the wire: scheduler/generation/target_side.py for the verifier,
+scheduler/generation/draft_side.py for the draft, or the trie alone in this process (`--draft none`).
+`impl` swaps an actor class for another (the FAKE actors of the integration tests).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from actors.ops import Groups
+from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit
+from models.config import ModelArgs
+from scheduler.generation.draft_side import ActorDraft
+from scheduler.generation.target_side import ActorTarget
+from scheduler.runtime import Scheduler
+from speculative.lookup import TrieDraft
+from speculative.loop import TARGET_ONLY, Speculation
+
+ACTORS = {"verifier": "actors.verifier:VerifierActor", "draft": "actors.draft:DraftActor",
+          "loader": "actors.loader:LoaderActor", "sparse": "actors.sparse:SparseAttnActor"}
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What a run's actors are started with (engine/runner.py makes it from the run's configuration)."""
+
+    mode: str
+    target_store: str  # the weight store's directory
+    model: ModelArgs  # the target's shape
+    draft_store: str | None  # None: no draft model (a speculative mode then has the trie propose, here)
+    sampling: SamplingConfig
+    tree: TreeConfig
+    threads: int
+    context: int  # tokens a generation holds, prompt and answer (speculative/loop.py)
+    plan: object = None  # a memory plan (scheduler/generation/memplan.py): stream what it does not keep resident
+    worker: WorkerSplit | None = None  # the sparse-attention worker; verifier and worker then get a core each
+    experts: ExpertOptions = ExpertOptions()  # a mixture of experts' buffer policies under a plan
+    paths: object = None  # EdgeMoE's path statistics (scheduler/generation/expert_policy.py PathStats), or None
+    draft_rows: int = 0  # FR-Spec under a plan: the draft's head keeps only this many token rows (0: all)
+
+
+class ActorSession:
+    def __init__(self, sched: Scheduler, spec: SessionSpec, impl: dict[str, str] | None = None):
+        """Spawn the actors `spec` needs (in parallel), then build the cycle's sides. `impl`: role ->
+        "module:Class" to start instead of the real actor."""
+        self.s, self.spec = sched, spec
+        actors = {**ACTORS, **(impl or {})}
+        self._spawn(sched, spec, actors)
+        sched.wait_ready()
+        plan, streamer, cache = spec.plan, None, None
+        if "loader" in sched.actors:
+            sizes = sched.call("loader", Groups()).value.groups
+            if plan.streamed:
+                from scheduler.generation.streaming import Streamer
+
+                streamer = Streamer(sched, list(plan.streamed), {g: sizes[g] for g in plan.streamed},
+                                    prefetch=spec.mode != "std")
+            if plan.expert_buffer > 0:
+                from scheduler.generation.experts import ExpertCache
+
+                cache = ExpertCache(sched, {g: n for g, n in sizes.items() if g.startswith("expert.")},
+                                    spec.model.n_layers, spec.model.n_experts, spec.experts, spec.paths)
+        self.target = ActorTarget(sched, spec.tree, spec.model, streamer, spec.worker, cache)
+        draft = None
+        if spec.mode not in TARGET_ONLY:
+            draft = ActorDraft(sched, spec.model.vocab_size) if spec.draft_store else TrieDraft(spec.tree.width)
+        self.loop = Speculation(self.target, draft, spec.mode, spec.tree, spec.sampling, spec.context,
+                                spec.model.context_length, counter=sched.tracer.counter)
+
+    @staticmethod
+    def _spawn(sched: Scheduler, spec: SessionSpec, actors: dict[str, str]) -> None:
+        plan, moe = spec.plan, spec.plan is not None and spec.plan.expert_buffer > 0
+        common = {"sampling": asdict(spec.sampling), "threads": spec.threads}
+        vinit = {**common, "store": spec.target_store}
+        if spec.worker is not None:
+            vinit.update(threads=1, worker=asdict(spec.worker))
+            sched.spawn("sparse", actors["sparse"], {"threads": 1, "model": asdict(spec.model),
+                                                     "store": spec.target_store, "columns": spec.worker.columns},
+                        wait=False)
+        if plan is not None and (plan.streamed or moe):
+            vinit["resident"] = list(plan.resident)
+            if moe:  # a request for experts never asks for more than the buffer holds
+                vinit["experts"] = {"batch": max(1, plan.expert_slots), "lookahead": spec.experts.preload == "router"}
+            sched.spawn("loader", actors["loader"], {"store_dir": spec.target_store, "stream_bytes": plan.stream_bytes},
+                        wait=False)
+        sched.spawn("verifier", actors["verifier"], vinit, wait=False)
+        if spec.mode not in TARGET_ONLY and spec.draft_store:
+            sched.spawn("draft", actors["draft"], {**common, "store": spec.draft_store, "tree": asdict(spec.tree),
+                                                   "embed_on_disk": plan is not None,
+                                                   "head_rows": spec.draft_rows or None}, wait=False)
+
+    @property
+    def experts(self):
+        """A mixture of experts' buffer under a budget (scheduler/generation/experts.py), or None."""
+        return self.target.experts
+
+    @property
+    def streamer(self):
+        """The loader's side of a streamed target (scheduler/generation/streaming.py), or None."""
+        return self.target.streamer
+
+    def close(self):
+        self.target.close()

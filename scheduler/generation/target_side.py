@@ -1,0 +1,218 @@
+"""The target side of the speculation cycle over the wire (speculative/loop.py): one verifier job
+(start / step / verify), run by the verifier actor with the layers the loader streams in and the
+split the sparse-attention worker takes.
+
+With the worker, a multi-row job is two requests sent at once: `begin` to the verifier and `serve`
+to the worker. They meet layer by layer in the arena's sync area (actors/syncarea.py), never
+through here; only streamed layers still come back (`AwaitGroup("layer.N")`). The worker replies
+as the verifier ends the job. Should either die, a listener writes the job's id into the sync
+area's stop word, so that the other stops waiting at once and the run ends with the real reason.
+"""
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import asdict
+
+from actors.ops import AwaitExperts, AwaitGroup, Begin, Experts, Payload, Serve, Start, Step, Verify
+from actors.syncarea import STOP, SyncArea
+from common.settings import PREFILL_CHUNK, SamplingConfig, TreeConfig, WorkerSplit
+from models.config import ModelArgs
+from scheduler.errors import ActorDead, ActorError
+from scheduler.events import DeadEvent, ReplyEvent
+from scheduler.procs import DEAD
+from scheduler.runtime import Scheduler
+from speculative.loop import Proposal
+
+SPLIT_SLOTS = ("sync", "q", "ch", "x", "xin", "y", "kv")  # what the worker maps of a job's tensors
+WORKER_WAIT, VERIFIER_WAIT = 0.8, 2.0  # of timeouts.request_s: how long each side of a split waits for the other
+WORKER_REPLY_S = 1.0  # after the verifier failed a job: how long the worker's own reason may take to arrive
+
+
+class ActorTarget:
+    def __init__(self, sched: Scheduler, cfg: TreeConfig, model: ModelArgs, streamer=None,
+                 worker: WorkerSplit | None = None, experts=None):
+        """`streamer`: the loader's side of the layers that stream (scheduler/generation/streaming.py);
+        `worker`: the sparse-attention worker's split; `experts`: a mixture of experts' buffer under a
+        budget (scheduler/generation/experts.py). Each None where the run has none."""
+        self.s, self.streamer, self.worker, self.model, self.cfg = sched, streamer, worker, model, cfg
+        self.experts = experts
+        if experts is not None and streamer is not None:
+            experts.on_events = streamer.on_events
+        self.streamed = streamer is not None
+        self.io_wait: float | None = None  # the verifier's measured share of a verification spent waiting for layers
+        self.job_req = 0  # the verifier request that began the last job (a trace arrow points to it)
+        self.kv_slot = self.job_slots = self.col_slots = None
+        self.rows = max(PREFILL_CHUNK, cfg.budget + 1)  # a prefill chunk, or a tree with its root
+        self.job_id = 0  # the last job the worker was asked to serve
+        self.serving: dict[int, int] = {}  # serve request -> its job, until the reply
+        self.failed: dict[int, str] = {}  # job -> the worker's error
+        self.answered: list[int] = []  # serve requests whose replies are still queued in the scheduler
+        if worker is not None:
+            sched.add_listener(self._on_event)
+
+    # -- the target side ---------------------------------------------------------------------------
+
+    def start(self, prompt_ids: list[int], capacity: int, sampling: SamplingConfig) -> tuple[int, int]:
+        r = self.run(Start(prompt_ids, capacity, asdict(sampling)))
+        return r.token, r.reused
+
+    def step(self, root: int) -> int:
+        return self.run(Step(root)).token
+
+    def verify(self, p: Proposal) -> tuple[list[int], int]:
+        s = self.s
+        wait0, t = self._io_wait(), time.perf_counter()
+        v = self.run(Verify.of(p.tree), {"dists": p.dists} if p.dists is not None else None)
+        if self.streamer is not None or self.experts is not None:  # the share of a verification spent waiting for the loader
+            share = (self._io_wait() - wait0) / max(time.perf_counter() - t, 1e-9)
+            self.io_wait = share if self.io_wait is None else 0.7 * self.io_wait + 0.3 * share
+        if p.req is not None:  # the arrow from the draft's tree to its verification
+            s.trace.link((s.actors["draft"].pid, p.req), (s.actors["verifier"].pid, self.job_req), "draft tree", "tree")
+        return list(v.path), v.next_token
+
+    def _io_wait(self) -> float:
+        return ((self.streamer.stats.wait_s if self.streamer is not None else 0.0)
+                + (self.experts.stats.wait_s if self.experts is not None else 0.0))
+
+    def take_stats(self) -> dict:
+        st = {}
+        if self.streamer is not None:
+            st = self.streamer.stats.as_dict()
+            self.streamer.stats = type(self.streamer.stats)()
+        if self.experts is not None:
+            st.update(self.experts.take_stats())
+        return st
+
+    # -- the conversation --------------------------------------------------------------------------
+
+    def run(self, job: Payload, tensors: dict | None = None):
+        """A verifier job (Start / Step / Verify) to its result (Token / Verdict): one op, or a conversation
+        when layers stream in from the loader; with the worker, it serves the job's split at the same time
+        (a step has one row: nothing to split)."""
+        s = self.s
+        if self.streamer is None and self.worker is None and self.experts is None:
+            reply = s.call("verifier", job, tensors=tensors)
+            self.job_req = reply.req_id
+            return reply.value
+        tensors = dict(tensors or {})
+        serving, timeout, split = None, None, None
+        if self.worker is not None and not isinstance(job, Step):
+            serving, split = self._serve(job, tensors)
+            if isinstance(job, Start):  # a resident prefill is one op however many chunks it has
+                timeout = s.config.timeouts.request_s * (1 + len(job.prompt_ids) // PREFILL_CHUNK)
+        if self.streamer is not None:
+            self.streamer.refill()
+        try:
+            reply = s.call("verifier", Begin(job.op, job.wire(), split), tensors=tensors, timeout=timeout)
+            self.job_req, r = reply.req_id, reply.value
+            while isinstance(r, (AwaitGroup, AwaitExperts)):
+                r = self._experts(r) if isinstance(r, AwaitExperts) else self.streamer.feed(r.group)
+        except ActorError as e:
+            if serving is not None and e.role == "verifier":
+                self._blame_worker(*serving, e)
+            raise
+        return r
+
+    def _experts(self, r: AwaitExperts):
+        """Hand the verifier the experts it waits for, from the buffer; its reply (what it waits for next,
+        or the job's result)."""
+        tensors = self.experts.serve(r.layer, r.experts, r.guess)
+        return self.s.call("verifier", Experts(r.layer, r.experts), tensors=tensors).value
+
+    def _serve(self, job: Payload, tensors: dict) -> tuple[tuple[int, int], dict]:
+        """Send the worker its one request for this job; ((its request, the job's id), the verifier's split:
+        `begin` gets the same slots and ids)."""
+        s = self.s
+        for rid in self.answered:  # the last jobs' replies: out of the scheduler's queue
+            s.take_reply(rid)
+        self.answered.clear()
+        self.failed.clear()  # the last jobs' failures: over with them
+        tensors.update(self._worker_slots(job))
+        self.job_id += 1
+        # the verifier gives up on the worker's step before the scheduler gives up on the verifier, so the run
+        # ends with the sentence that names the worker; the worker waits longer still (between its steps the
+        # verifier may wait on the loader), so it never goes first
+        limit = s.config.timeouts.request_s
+        split = {"id": self.job_id, "rows": self.rows, "timeout_s": WORKER_WAIT * limit}  # Begin.split
+        serve = Serve(self.job_id, self.rows, VERIFIER_WAIT * limit, job.capacity if isinstance(job, Start) else None)
+        rid = s.send("sparse", serve, tensors={k: tensors[k] for k in SPLIT_SLOTS if k in tensors})
+        self.serving[rid] = self.job_id
+        return (rid, self.job_id), split
+
+    def _worker_slots(self, job: Payload) -> dict:
+        """Arena room for the sync area, Q and the worker's chunk states, the column split's buffers, and at
+        each prompt the KV cache itself."""
+        s, a = self.s, self.model
+        out = {}
+        if self.job_slots is None:
+            rows = self.rows
+            maxc = -(-(rows + 2 * 32) // 32)
+            sizes = [SyncArea.nbytes(rows), rows * a.q_dim * 4, rows * a.n_heads * maxc * (a.head_dim + 2) * 4]
+            if self.worker.columns:  # column split: the residual stream, the linears' inputs and outputs
+                sizes += [rows * n * 4 for n in (a.dim, max(a.dim, a.q_dim, a.ffn_dim),
+                                                 max(a.q_dim + 2 * a.kv_dim, 2 * a.ffn_dim))]
+            got = []
+            try:
+                for n in sizes:
+                    got.append(s.slots.alloc(n))
+            except BaseException:  # all or none: what was taken goes back before the error
+                for slot in got:
+                    s.slots.free(slot)
+                raise
+            sync = got[0]
+            s.arena.buf[sync.offset:sync.offset + 256] = bytes(256)  # the sync words: no job seen yet
+            self.job_slots, self.col_slots = tuple(got[:3]), tuple(got[3:]) or None
+        out.update(zip(("sync", "q", "ch"), map(s.slot_desc, self.job_slots)))
+        if self.col_slots:
+            out.update(zip(("x", "xin", "y"), map(s.slot_desc, self.col_slots)))
+        if isinstance(job, Start):
+            if self.kv_slot is not None:
+                s.slots.free(self.kv_slot)
+                self.kv_slot = None
+            cap = job.capacity
+            self.kv_slot = s.slots.alloc(a.kv_bytes_per_token() * cap)
+            out["kv"] = s.slot_desc(self.kv_slot)
+        return out
+
+    def _on_event(self, ev):
+        """A listener (it sees every event, whoever polls): the worker's replies, and a death or a failure
+        that must stop the job under way."""
+        if isinstance(ev, ReplyEvent) and ev.reply.req_id in self.serving:
+            job = self.serving.pop(ev.reply.req_id)
+            self.answered.append(ev.reply.req_id)
+            if not ev.reply.ok:
+                self.failed[job] = ev.reply.error
+                self._stop(job)
+        elif isinstance(ev, DeadEvent) and ev.role in ("sparse", "verifier"):
+            self._stop(self.job_id)
+
+    def _stop(self, job: int):
+        """Tell whoever still waits in the sync area that `job` is over."""
+        if self.job_slots is not None and self.s.arena.buf is not None:
+            struct.pack_into("<q", self.s.arena.buf, self.job_slots[0].offset + 8 * STOP, job)
+
+    def _blame_worker(self, rid: int, job: int, err: ActorError):
+        """The verifier failed a split job: when the worker died or failed first, that is the reason to give."""
+        s, w = self.s, self.s.actors["sparse"]
+        deadline = time.monotonic() + WORKER_REPLY_S
+        while err.error.startswith("Abandoned") and rid in self.serving and w.state != DEAD and time.monotonic() < deadline:
+            if s.take_reply(rid) is None:  # pumps: the listener hears the worker's reply, or its death
+                time.sleep(0.005)
+        if w.state == DEAD:
+            raise ActorDead("sparse", w.reason) from err
+        error = self.failed.pop(job, None)
+        if error is not None and not error.startswith("Abandoned"):
+            raise ActorError("sparse", "serve", rid, error) from err
+
+    def close(self):
+        if self.streamer is not None:
+            self.streamer.drain()
+        if self.experts is not None:
+            self.experts.close()
+        if self.worker is not None:
+            self.s.remove_listener(self._on_event)
+        for slot in (self.kv_slot, *(self.job_slots or ()), *(self.col_slots or ())):
+            if slot is not None:
+                self.s.slots.free(slot)
+        self.kv_slot = self.job_slots = self.col_slots = None
