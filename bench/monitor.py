@@ -51,10 +51,7 @@ def _console() -> Console:
 def _monitor_threads(mon: Monitor, feed: MonitorFeed) -> list:
     """The threads the monitor added: Rich's refresh thread (private API: best effort) and, in
     process, the feed's memory sampler."""
-    threads = [getattr(mon._live, "_refresh_thread", None)]
-    if feed._own_ledger is not None:
-        threads.append(feed._own_ledger._thread)
-    return [t for t in threads if t is not None and t.ident is not None]
+    return [t for t in (*mon.threads(), *feed.threads()) if t.ident is not None]
 
 
 def _thread_cpu_s(threads: list) -> float:
@@ -222,7 +219,7 @@ def frame_cost(frames: int = 200) -> dict:
     mon = Monitor(feed, console=_console())
     t0 = time.perf_counter()
     for _ in range(frames):
-        mon.console.print(mon._frame())
+        mon.console.print(mon.frame())
     dt = time.perf_counter() - t0
     t1 = time.perf_counter()
     for _ in range(frames):

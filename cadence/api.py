@@ -36,21 +36,20 @@ __all__ = ["LLM", "Chunk", "Completion", "RunConfig"]
 class LLM:
     """A target model, its draft and the runtime, loaded once."""
 
-    def __init__(self, **options):
-        self._start(RunConfig.from_options(**options))
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig) -> "LLM":
-        llm = cls.__new__(cls)
-        llm._start(cfg)
-        return llm
-
-    def _start(self, cfg: RunConfig) -> None:
+    def __init__(self, config: RunConfig | None = None, **options):
+        """`LLM(**options)`, or `LLM(cfg)` (`LLM.from_config(cfg)`) with a configuration made already."""
+        if config is not None and options:
+            raise CadenceError("give a RunConfig or options, not both")
+        cfg = config if config is not None else RunConfig.from_options(**options)
         # a server's requests may sample although its default is greedy: plan room for their distributions
         self.runner = Runner(cfg.replace(plan_sampling=True))
         self.tokenizer = self.runner.tokenizer
         self.plan = self.runner.plan  # the memory plan, under a budget
         self._ids = itertools.count()
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> "LLM":
+        return cls(cfg)
 
     @property
     def config(self) -> RunConfig:

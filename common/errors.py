@@ -10,7 +10,12 @@ class CadenceError(Exception):
 
 class PromptError(CadenceError):
     """One prompt cannot run (too long for the context, empty, not text): a run of many reports it and
-    goes on with the others; a server answers its request with a client error."""
+    goes on with the others; a server answers its request with a client error. `param`: what to change
+    ("prompt", or "max_tokens" when the prompt fits but the tokens asked for do not)."""
+
+    def __init__(self, message: str, param: str = "prompt"):
+        super().__init__(message)
+        self.param = param
 
 
 class Terminated(KeyboardInterrupt):

@@ -11,8 +11,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from common.errors import CadenceError
-from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit
+from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit, check_format
 from engine.options import AUTO_AHEAD, BY_NAME, DEFAULTS, MODES, RUNTIMES
+from scheduler.generation.memplan import parse_bytes
 
 TARGET_ONLY = ("target", "std", "stdpl")
 
@@ -76,6 +77,11 @@ class RunConfig:
         for ok, why in checks:
             if not ok:
                 raise CadenceError(why)
+        check_format(self.dtype)
+        if self.draft_dtype is not None:
+            check_format(self.draft_dtype)
+        if self.memory_budget not in (None, "auto"):
+            parse_bytes(self.memory_budget)  # a unit it does not know ends here, before any model is read
 
     # -- the options ------------------------------------------------------------------------------
 

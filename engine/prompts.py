@@ -24,10 +24,11 @@ class Prompt:
     chat: bool | None = None  # None: decided by --chat
     # a conversation ({"role", "content"} dicts, the last one the user's): rendered by the chat template
     messages: tuple = ()
+    ids: tuple | None = None  # its token ids, once encoded (Runner.prepare): `chat` then says if it got the template
 
     def key(self, chat_mode: str) -> tuple | None:
         """What its token ids depend on (a run encodes each prompt of a set once); None: a conversation."""
-        return None if self.messages else (self.text, use_chat(self, chat_mode))
+        return None if self.messages or self.ids is not None else (self.text, use_chat(self, chat_mode))
 
 
 def load_prompts(path: str | Path) -> list[Prompt]:

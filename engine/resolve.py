@@ -36,6 +36,8 @@ class Resolved:
 
     def prompt_ids(self, prompt: Prompt) -> tuple[list[int], bool]:
         """The prompt's token ids (after the chat template, if it gets one) and whether it got one."""
+        if prompt.ids is not None:
+            return list(prompt.ids), bool(prompt.chat)
         got = self.encoded.get(prompt.key(self.cfg.chat))
         if isinstance(got, PromptError):
             raise got
@@ -46,6 +48,7 @@ def resolve(cfg: RunConfig, prompts: list[Prompt] | None = None, say: Callable[[
     """`cfg` with its stores, draft, profile and context resolved; `prompts` (if known) encoded, the
     context sized to the longest. `say`: where a line about a choice made goes (stderr)."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    profile = load_profile(cfg.profile) if cfg.profile else None  # a bad file is refused before any conversion
     target = ensure_store(cfg.target, cfg.dtype)
     if cfg.draft == "auto":
         cfg = cfg.replace(draft=pick_draft(cfg, target, say) if cfg.speculative else "none")
@@ -53,8 +56,8 @@ def resolve(cfg: RunConfig, prompts: list[Prompt] | None = None, say: Callable[[
     if draft is not None and draft.tokenizer_info.tokenizer_json != target.tokenizer_info.tokenizer_json:
         raise CadenceError(f"the draft {cfg.draft} and the target {cfg.target} have different tokenizers; "
                            "speculative modes need a draft that shares the target's vocabulary")
-    if cfg.profile:
-        cfg = apply_profile(cfg, load_profile(cfg.profile))
+    if profile is not None:
+        cfg = apply_profile(cfg, profile)
     tokenizer = TextTokenizer(target.tokenizer_info)
     encoded = {}
     for p in prompts or ():

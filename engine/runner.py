@@ -25,6 +25,7 @@ from engine.prompts import Prompt
 from engine.resolve import resolve
 from engine.rows import Chunk, Completion, make_row, peak_rss_bytes
 from engine.sessions import LocalSession, open_actors
+from speculative.loop import limits
 from models.tokenizer import StreamDecoder
 
 
@@ -89,6 +90,13 @@ class Runner:
             text = decoder.push([t for t in step.tokens if t not in stop])
             done = self._completion(prompt, cfg, chat, step.result, decoder.text()) if step.result else None
             yield Chunk(text, step.tokens, step.accepted, step.alpha, step.finish_reason, done)
+
+    def prepare(self, prompt: Prompt, max_new_tokens: int | None = None) -> Prompt:
+        """`prompt` encoded (its ids kept with it) and checked against the context: a PromptError (its `param`
+        says what to change) before any generation starts. A server does this as a request arrives."""
+        ids, chat = self.resolved.prompt_ids(prompt)
+        limits(self.cfg.context, len(ids), max_new_tokens or self.cfg.max_new_tokens)
+        return dataclasses.replace(prompt, ids=tuple(ids), chat=chat)
 
     def for_generation(self, mode: str | None, max_new_tokens: int | None, sampling: SamplingConfig | None) -> RunConfig:
         cfg = self.cfg

@@ -5,15 +5,19 @@ import sys
 
 from common.errors import CadenceError
 from launch.options import add_run_options, run_config
+from observe.monitor import add_monitor_args
 
 
 def add_parser(sub):
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP API (chat, completions, streaming, metrics)")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes and /metrics")
+    p.add_argument("--open-metrics", action="store_true", help="with --api-key: /metrics without the key")
     p.add_argument("--queue", type=int, default=8, help="requests that may wait for the one running (more get 429)")
+    p.add_argument("--max-body", default="4MiB", help="the largest request body taken (more gets 413)")
     add_run_options(p)
+    add_monitor_args(p, trace=False)
     p.set_defaults(func=cmd_serve)
 
 
@@ -21,12 +25,15 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from cadence.api import LLM
-    from serve.app import Generator, make_app
+    from scheduler.generation.memplan import parse_bytes
+    from serve.app import ServeConfig, make_app
+    from serve.generator import Generator
 
     if not 1 <= args.port <= 65535:
         raise CadenceError(f"--port {args.port} is not a port; give 1-65535")
     if args.queue < 1:
         raise CadenceError(f"--queue {args.queue} must be at least 1")
+    max_body = parse_bytes(args.max_body)
     cfg = run_config(args)
 
     def make_llm():
@@ -42,16 +49,32 @@ def cmd_serve(args) -> int:
     gen.ready.wait()
     if gen.llm is None:
         raise CadenceError(f"the models could not be loaded: {gen.error}")
-    app = make_app(gen, cfg.target, args.api_key, gen.llm.plan.budget if gen.llm.plan is not None else None)
+    budget = gen.llm.plan.budget if gen.llm.plan is not None else None
+    app = make_app(gen, ServeConfig(cfg.target, args.api_key, budget, max_body, args.open_metrics))
     print(f"launch serve: http://{args.host}:{args.port}/v1 ({cfg.target}, mode {cfg.mode}); Ctrl-C stops",
           file=sys.stderr, flush=True)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False))
+    mon = _monitor(args, gen)
     try:
         server.run()
     finally:
+        mon.stop()
         gen.stop()
         gen.join(30)
     if gen.is_alive():
         raise CadenceError("the generation thread did not stop within 30 s; its actors were left to the watchdog")
     return 0
+
+
+def _monitor(args, gen):
+    """The run's monitor (a dashboard on a terminal, log lines otherwise, none with --no-monitor), fed the
+    generations' chunks."""
+    from observe.feed import MonitorFeed
+    from observe.monitor import open_monitor
+
+    runner = gen.llm.runner
+    feed = MonitorFeed(runner.sched, title=f"serve {runner.cfg.mode} {runner.cfg.target}")
+    mon = open_monitor(feed, False if args.monitor is None else args.monitor)
+    gen.on_chunk = feed.on_chunk
+    mon.start()
+    return mon

@@ -198,3 +198,7 @@ class MonitorFeed:
             self.sched.remove_listener(self.on_event)
         if self._own_ledger is not None:
             self._own_ledger.stop_sampling()
+
+    def threads(self) -> list:
+        """The threads this feed runs: in process, its own ledger's memory sampler."""
+        return self._own_ledger.threads() if self._own_ledger is not None else []

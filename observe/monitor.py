@@ -200,7 +200,7 @@ class Monitor:
         self.stop()
 
     def start(self) -> None:
-        self._live = Live(console=self.console, refresh_per_second=self.refresh_hz, get_renderable=self._frame,
+        self._live = Live(console=self.console, refresh_per_second=self.refresh_hz, get_renderable=self.frame,
                           transient=False)
         self._live.start()
 
@@ -215,7 +215,12 @@ class Monitor:
         if self.feed is not None:
             self.feed.close()
 
-    def _frame(self):
+    def threads(self) -> list:
+        """The threads this monitor runs (Rich's refresh thread: private API, best effort)."""
+        t = getattr(self._live, "_refresh_thread", None) if self._live is not None else None
+        return [t] if t is not None else []
+
+    def frame(self):
         self._state = _snapshot(self.source, self._state)
         return self.render(self._state)
 

@@ -113,6 +113,10 @@ class MemoryLedger:
         with self._lock:
             self._watched.pop(role, None)
 
+    def threads(self) -> list:
+        """The sampling thread, while it runs."""
+        return [self._thread] if self._thread is not None else []
+
     def start_sampling(self, every_s: float) -> None:
         """Sample the watched processes now and every `every_s` seconds, off the caller's thread."""
         def loop():

@@ -115,7 +115,8 @@ def limits(context: int, n_prompt: int, max_new: int | None) -> int:
     if room < 1 or (max_new is not None and max_new > room):
         asked = f" and {max_new} new tokens were asked for" if max_new is not None else ""
         raise PromptError(f"the prompt has {n_prompt} tokens{asked}, but the context holds {context}; shorten the "
-                           "prompt, lower --max-new-tokens or give a larger --context")
+                          "prompt, lower --max-new-tokens or give a larger --context",
+                          "max_tokens" if room >= 1 else "prompt")
     return max_new if max_new is not None else room
 
 

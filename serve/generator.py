@@ -1,0 +1,142 @@
+"""The one thread that owns the models: it loads them, then runs one generation at a time from a
+bounded queue. A job's pieces go back to its request's event loop; a client that goes away sets
+`cancelled`, and its generation stops at the next cycle boundary (where the models agree with the text)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from common.errors import CadenceError, PromptError
+from common.settings import SamplingConfig
+from serve.requests import Ask
+
+log = logging.getLogger("cadence.serve")
+
+
+@dataclass
+class Job:
+    """One request's generation: what to run, where its events go, whether its client left. Events:
+    ("piece", text), ("done", Completion), ("stopped", text) at a stop string, ("cancelled", None),
+    ("client_error", PromptError), ("error", message)."""
+
+    ask: Ask
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def put(self, kind: str, value=None) -> None:
+        self.loop.call_soon_threadsafe(self.out.put_nowait, (kind, value))
+
+
+@dataclass
+class Metrics:
+    requests: int = 0
+    rejected: int = 0  # 429: the queue was full
+    cancelled: int = 0
+    tokens: int = 0
+    prompt_tokens: int = 0
+    last_tokens_per_s: float = 0.0
+    accepted: int = 0
+    verifications: int = 0
+    bytes_read: int = 0
+    read_s: float = 0.0
+
+    def record(self, c) -> None:
+        self.tokens += len(c.token_ids)
+        self.prompt_tokens += c.prompt_tokens
+        self.last_tokens_per_s = c.tokens_per_s
+        self.accepted += c.stats.get("accepted", 0)
+        self.verifications += c.stats.get("verifications", 0)
+        self.bytes_read += c.stats.get("bytes_read", 0)
+        self.read_s += c.stats.get("read_s", 0.0)
+
+
+class Generator(threading.Thread):
+    """Owns the model pair: loads it, then serves one job at a time from a bounded queue."""
+
+    def __init__(self, make_llm, queue_size: int):
+        super().__init__(name="cadence-generator", daemon=True)
+        self.make_llm, self.jobs = make_llm, queue.Queue(maxsize=queue_size)
+        self.llm = None
+        self.error: str | None = None
+        self.ready = threading.Event()
+        self.busy = False
+        self.stats = Metrics()
+        self.on_chunk = None  # a watcher of every generation's chunks (the monitor's feed)
+
+    def run(self) -> None:
+        try:
+            self.llm = self.make_llm()
+        except Exception as e:  # noqa: BLE001 - /health and the command say it in one sentence
+            self.error = str(e) if isinstance(e, CadenceError) else f"{type(e).__name__}: {e}"
+            self.ready.set()
+            return
+        self.ready.set()
+        try:
+            while (job := self.jobs.get()) is not None:
+                self.busy = True
+                try:
+                    self._serve(job)
+                finally:
+                    self.busy = False
+        finally:
+            self.llm.close()
+
+    def _serve(self, job: Job) -> None:
+        if job.cancelled.is_set():
+            job.put("cancelled")
+            return
+        ask, base = job.ask, self.llm.config.sampling
+        sampling = SamplingConfig(**{"temperature": base.temperature, "top_p": base.top_p, "seed": base.seed,
+                                     **ask.sampling})
+        try:
+            self._generate(job, self.llm.runner.stream(ask.prompt, max_new_tokens=ask.max_new_tokens,
+                                                       sampling=sampling))
+        except PromptError as e:  # the client's prompt, found wanting only now
+            job.put("client_error", e)
+        except CadenceError as e:
+            job.put("error", str(e))
+        except Exception as e:  # noqa: BLE001 - an actor died or failed: this request fails with the reason
+            log.exception("generation failed")
+            self.error = f"{type(e).__name__}: {e}"
+            job.put("error", self.error)
+
+    def _generate(self, job: Job, chunks) -> None:
+        text = ""
+        for chunk in chunks:
+            if self.on_chunk is not None:
+                self.on_chunk(chunk)
+            text += chunk.text
+            cut = stop_at(text, job.ask.stop)
+            if cut is not None:  # a stop string: the text up to it, and the generation ends here
+                chunks.close()
+                job.put("piece", chunk.text[: max(0, len(chunk.text) - (len(text) - cut))])
+                job.put("stopped", text[:cut])
+                return
+            if chunk.text:
+                job.put("piece", chunk.text)
+            if chunk.completion is not None:
+                self.stats.record(chunk.completion)
+                job.put("done", chunk.completion)
+                return
+            if job.cancelled.is_set():
+                chunks.close()  # at a cycle boundary: the models agree with the text; the next job starts afresh
+                self.stats.cancelled += 1
+                job.put("cancelled")
+                return
+
+    def stop(self) -> None:
+        for job in list(self.jobs.queue):
+            job.cancelled.set()
+        try:
+            self.jobs.put(None, timeout=5)
+        except queue.Full:
+            pass
+
+
+def stop_at(text: str, stops: tuple[str, ...]) -> int | None:
+    hits = [text.find(s) for s in stops if s in text]
+    return min(hits) if hits else None

@@ -1,0 +1,46 @@
+"""`/metrics`: the server's counters and the run's figures in Prometheus' text format."""
+from __future__ import annotations
+
+from serve.generator import Generator
+
+
+def prometheus(gen: Generator, budget: int | None) -> str:
+    m, llm = gen.stats, gen.llm
+    lines = []
+
+    def metric(name: str, kind: str, help_: str, value) -> None:
+        lines.extend([f"# HELP cadence_{name} {help_}", f"# TYPE cadence_{name} {kind}", f"cadence_{name} {value}"])
+
+    metric("requests_total", "counter", "Generation requests accepted", m.requests)
+    metric("requests_rejected_total", "counter", "Requests refused with 429: the queue was full", m.rejected)
+    metric("requests_cancelled_total", "counter", "Generations stopped because their client went away", m.cancelled)
+    metric("generated_tokens_total", "counter", "Tokens generated", m.tokens)
+    metric("prompt_tokens_total", "counter", "Prompt tokens processed", m.prompt_tokens)
+    metric("queue_depth", "gauge", "Requests waiting for the generation thread", gen.jobs.qsize())
+    metric("tokens_per_second", "gauge", "Tokens per second of the last generation", m.last_tokens_per_s)
+    metric("accepted_per_verification", "gauge", "Draft tokens the target accepted per verification, since start",
+           round(m.accepted / m.verifications, 4) if m.verifications else 0)
+    metric("disk_read_gbps", "gauge", "Weight bytes read from disk per second of read time, since start",
+           round(m.bytes_read / m.read_s / 1e9, 4) if m.read_s else 0)
+    metric("disk_read_bytes_total", "counter", "Weight bytes read from disk", m.bytes_read)
+    if budget:
+        metric("memory_budget_bytes", "gauge", "The memory budget the run was planned for", budget)
+    if llm is not None:
+        if llm.plan is not None:
+            metric("memory_planned_bytes", "gauge", "What the plan expects the processes to hold", llm.plan.held)
+        held = llm.held_bytes()
+        if held:
+            metric("memory_held_bytes", "gauge", "What the run's processes hold now (PSS: anonymous and shared)", held)
+        for line in run_info(llm.config):
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def run_info(cfg) -> list[str]:
+    """What the run is: one info metric whose labels are its options (Prometheus' *_info convention)."""
+    labels = ",".join(f'{k}="{_escape(v)}"' for k, v in cfg.options().items() if v is not None)
+    return ["# HELP cadence_run_info The run's options", "# TYPE cadence_run_info gauge", f"cadence_run_info{{{labels}}} 1"]
+
+
+def _escape(v) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

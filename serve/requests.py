@@ -1,0 +1,166 @@
+"""What a client asks for, read and checked before it reaches the model: one `ClientError` (status,
+one sentence, the parameter at fault, in OpenAI's error shape) for anything a client got wrong, so the
+server answers 4xx for the client's mistakes and keeps 500 for its own."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from engine.prompts import Prompt
+
+MAX_STOPS = 4  # OpenAI takes up to four stop strings
+MAX_MESSAGES = 4096
+# what this server does not do, refused in a 400 rather than ignored: when is a value asking for it
+UNSUPPORTED = {"logprobs": bool, "top_logprobs": bool, "echo": bool, "suffix": bool, "tools": bool, "functions": bool,
+               "best_of": lambda v: v != 1}
+
+
+class ClientError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One generation request, checked: the prompt and how to generate it."""
+
+    chat: bool
+    prompt: Prompt
+    max_new_tokens: int | None = None
+    sampling: dict = field(default_factory=dict)  # temperature, top_p, seed: those the request gave
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise ClientError(400, "the body must be a JSON object (UTF-8)") from None
+    if not isinstance(body, dict):
+        raise ClientError(400, "the body must be a JSON object")
+    return body
+
+
+def read_ask(body: dict, chat: bool, rid: str, models: set[str]) -> Ask:
+    """The request's prompt and settings; ClientError for anything a model cannot do."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ClientError(400, "model must be a string", "model")
+    if model is not None and model not in models:
+        raise ClientError(404, f"the model {model!r} is not served here; GET /v1/models lists the one that is",
+                          "model", "not_found_error")
+    for key, asks in UNSUPPORTED.items():
+        if body.get(key) is not None and asks(body[key]):
+            raise ClientError(400, f"{key} is not supported by this server; leave it out", key)
+    if body.get("n", 1) != 1:
+        raise ClientError(400, "n must be 1: one choice per request", "n")
+    prompt = Prompt(rid, "chat", "", chat=True, messages=tuple(_messages(body))) if chat else \
+        Prompt(rid, "complete", _completion_prompt(body), chat=False)
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise ClientError(400, "stream_options must be an object", "stream_options")
+    return Ask(chat, prompt, _max_tokens(body, chat), _sampling(body), _stops(body.get("stop")),
+               _flag(body, "stream"), bool((opts or {}).get("include_usage")))
+
+
+def _messages(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ClientError(400, 'messages must be a non-empty list of {"role", "content"} objects', "messages")
+    if len(msgs) > MAX_MESSAGES:
+        raise ClientError(400, f"{len(msgs)} messages are more than {MAX_MESSAGES}; send fewer", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ClientError(400, f'{where} must be an object with a "role" string', where)
+        if m["role"] not in ("system", "user", "assistant", "developer"):
+            raise ClientError(400, f"{where}.role {m['role']!r} must be system, user, assistant or developer",
+                              f"{where}.role")
+        out.append({"role": "system" if m["role"] == "developer" else m["role"],
+                    "content": _content(m.get("content"), f"{where}.content")})
+    return out
+
+
+def _content(content, where: str) -> str:
+    """A message's text: a string, or a list of parts of type text (the form multimodal clients send)."""
+    if isinstance(content, str):
+        return _text(content, where)
+    if isinstance(content, list) and content:
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ClientError(400, f"{where}[{j}] is a {kind!r} part; this model reads parts of type text only",
+                                  f"{where}[{j}]")
+            texts.append(_text(part["text"], f"{where}[{j}].text"))
+        return "".join(texts)
+    raise ClientError(400, f"{where} must be a string or a list of text parts", where)
+
+
+def _text(s: str, where: str) -> str:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ClientError(400, f"{where} is not valid text (it holds a lone surrogate); send UTF-8 text", where) from None
+    return s
+
+
+def _completion_prompt(body: dict) -> str:
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        p = p[0]
+    if not isinstance(p, str):
+        raise ClientError(400, "prompt must be a string (one prompt per request)", "prompt")
+    return _text(p, "prompt")
+
+
+def _max_tokens(body: dict, chat: bool) -> int | None:
+    key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    n = body.get(key)
+    if n is None:
+        return None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ClientError(400, f"{key}={n!r} must be a positive integer", key)
+    return n
+
+
+def _sampling(body: dict) -> dict:
+    out = {}
+    for key, ok, rule in (("temperature", lambda v: 0 <= v <= 100, "at least 0 (0: greedy)"),
+                          ("top_p", lambda v: 0 < v <= 1, "in (0, 1]")):
+        v = body.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not ok(v):
+            raise ClientError(400, f"{key}={v!r} must be a number {rule}", key)
+        out[key] = float(v)
+    seed = body.get("seed")
+    if seed is not None:
+        if not isinstance(seed, int) or isinstance(seed, bool) or not -(2**63) <= seed < 2**64:
+            raise ClientError(400, f"seed={seed!r} must be an integer", "seed")
+        out["seed"] = seed % (2**63)
+    return out
+
+
+def _stops(stop) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOPS:
+        raise ClientError(400, f"stop must be a string or a list of at most {MAX_STOPS} strings", "stop")
+    return tuple(_text(s, "stop") for s in stops if s)
+
+
+def _flag(body: dict, key: str) -> bool:
+    v = body.get(key, False)
+    if not isinstance(v, bool) and v is not None:
+        raise ClientError(400, f"{key} must be true or false", key)
+    return bool(v)
