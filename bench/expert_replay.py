@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from engine.experts import PATHS_FILE
+from scheduler.generation.expert_policy import PATHS_FILE
 from scheduler.generation.expert_policy import LRU, EdgeMoEEviction, PathStats, simulate
 
 

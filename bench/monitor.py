@@ -142,7 +142,7 @@ def bench_generation(pairs: int, tokens: int, seed: int = 0) -> dict:
         with Scheduler(config) as sched:
             # a fixed budget and no trie: both blocks of a pair replay one workload
             tree = TreeConfig(width=6, adaptive=False, trie=False)
-            spec = ActorSession(sched, SessionSpec("tree", store, fake_args(), store, SamplingConfig(), tree, 1, 1 << 20,
+            spec = ActorSession(sched, SessionSpec("tree", store, fake_args(), store, SamplingConfig(), tree, 1, 4096,
                                                    plan=plan, worker=WorkerSplit(0.3, 0.2)), impl=FAKES)
 
             def block(on: bool, seed: int) -> dict:

@@ -22,7 +22,6 @@ from models.store import WeightStore
 from models.tokenizer import TextTokenizer
 
 DEFAULT_CONTEXT = 4096  # tokens a generation holds when nothing says how many (ollama and llama-cli take as many)
-PATHS_FILE = "expert_paths.json"  # EdgeMoE's path statistics beside a store (launch models profile-experts)
 
 
 @dataclass
@@ -126,7 +125,7 @@ def expert_paths(cfg: RunConfig, target: WeightStore):
     e = cfg.experts
     if not target.args.moe or not (e.preload == "paths" or e.eviction == "edgemoe"):
         return None
-    from scheduler.generation.expert_policy import PathStats
+    from scheduler.generation.expert_policy import PATHS_FILE, PathStats
 
     path = Path(target.dir) / PATHS_FILE
     if path.exists():

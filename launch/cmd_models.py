@@ -94,7 +94,7 @@ def cmd_profile_experts(args) -> int:
     import time
 
     from engine.prompts import DEFAULT_PROMPTS, load_prompts
-    from engine.experts import PATHS_FILE
+    from scheduler.generation.expert_policy import PATHS_FILE
     from models import engine
     from models.routing import trace_paths
     from scheduler.generation.expert_policy import PathStats

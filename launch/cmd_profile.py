@@ -1,40 +1,23 @@
-"""`launch profile`: ARCA profiling on this machine; writes a profile `launch run --profile` uses.
-
-Measures (a) the draft's per-depth, per-rank acceptance on calibration prompts, (b) each unit's
-time for the linear and attention work of a target layer at verification widths 1..64 and several
-context lengths (the verifier alone on every core; or verifier and sparse-attention worker on one
-core each), (c) the draft's time per tree level; then builds the tree of each width and picks the
-width, tree and partition with the most expected accepted tokens per second (speculative/arca.py).
+"""`launch profile`: ARCA profiling on this machine (bench/arca_profile.py); writes a profile that
+`launch run --profile` uses: the width, tree and partition with the most expected accepted tokens per
+second on this machine and draft.
 """
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from bench import arca_profile
+from bench.measure import machine
 from common.paths import check_output
-from bench.measure import RTT_S, machine, median_time
-from engine.profiles import partition_name
-from engine.prompts import DEFAULT_PROMPTS, load_prompts, prompt_ids
-from models import engine, kernels, registry
-from models.attention import Visibility
-from common.settings import SamplingConfig
-from speculative.generate import generate_target
-from speculative import arca
-
-CONTEXTS = (256, 1024, 2048)
-# a split job costs the worker's one `serve` request beside the verifier's job, then one meeting in the arena's
-# sync area (actors/syncarea.py: a counter written, a spin on the other's) per split attention and per split linear
-SPLIT_RTTS = 1
-SYNC_S = 20e-6
-LINEARS_PER_LAYER = 4  # qkv, attn_out, gate_up, down
+from engine.prompts import DEFAULT_PROMPTS, load_prompts
+from models import engine, registry
 
 
 def add_parser(sub):
@@ -48,90 +31,35 @@ def add_parser(sub):
     p.set_defaults(func=cmd_profile)
 
 
-def calibrate(target, draft, prompts, n: int, progress, task) -> list[list[int]]:
-    """Ranks of the target's greedy tokens among the draft's top-4, teacher-forced."""
-    ranks = []
-    for p in prompts:
-        ids, _ = prompt_ids(target.tokenizer, p, "auto")
-        cont = generate_target(target, ids, n, SamplingConfig(), stop_at_eos=False).new_ids
-        seq = ids + cont
-        cache = draft.model.new_cache(len(seq) + 1)
-        logits = draft.model.forward(torch.tensor(seq[:-1]), torch.arange(len(seq) - 1), cache)
-        top = torch.topk(logits[len(ids) - 1:], 4).indices  # the draft's candidates for each continuation token
-        ranks.append([next((r for r in range(4) if int(top[t, r]) == tok), 4) for t, tok in enumerate(cont)])
-        progress.advance(task)
-    return ranks
-
-
-def unit_times(lm, widths, threads: int) -> dict:
-    """One layer's linear work and attention parts, per width and context, with `threads` threads."""
-    torch.set_num_threads(threads)
-    model, a = lm.model, lm.args
-    w = model.weights.layer(0)
-    out = {}
-    for width in widths:
-        rows = width + 1
-        x = torch.randn(rows, a.dim)
-        h = torch.randn(rows, a.ffn_dim)
-
-        def linear():
-            w.qkv.matmul(x)
-            w.attn_out.matmul(torch.randn(rows, a.q_dim))
-            w.gate_up.matmul(x)
-            w.down.matmul(h)
-
-        out[("linear", rows)] = median_time(linear)
-        for ctx in CONTEXTS:
-            kc, vc = torch.randn(a.n_kv_heads, ctx + rows, a.head_dim), torch.randn(a.n_kv_heads, ctx + rows, a.head_dim)
-            q = torch.randn(rows, a.n_heads, a.head_dim)
-            vis = Visibility.tree(ctx, [-1] + list(range(rows - 1)))
-            c_star = ctx // kernels.CHUNK
-            out[("dense", rows, ctx)] = median_time(lambda: kernels.attn_dense(q, kc, vc, 0, c_star, model.scale))
-            out[("sparse", rows, ctx)] = median_time(lambda: kernels.attn_chunks(q, kc, vc, vis.n_shared, vis.ptr, vis.idx,
-                                                                                 c_star * kernels.CHUNK, model.scale))
-    return out
-
-
 def cmd_profile(args) -> int:
-    console = Console(stderr=True)
     check_output(args.out, "--out")
     prompts = load_prompts(args.prompts)
-    threads = os.cpu_count() or 1
-    torch.set_num_threads(threads)
     target, draft = engine.load(args.target, args.fmt), engine.load(args.draft, args.fmt)
-    with Progress(console=console) as progress:
-        task = progress.add_task("calibration: draft acceptance", total=len(prompts))
-        ranks = calibrate(target, draft, prompts, args.tokens, progress, task)
-        acc = arca.acceptance_table(ranks)
-        task = progress.add_task("unit times: 2 threads / 1 thread", total=2)
-        both = unit_times(target, arca.WIDTHS, threads)
-        progress.advance(task)
-        one = unit_times(target, arca.WIDTHS, 1) if threads > 1 else both
-        progress.advance(task)
-        torch.set_num_threads(threads)
-        task = progress.add_task("draft and target steps", total=2)
-        step_s = engine_step(target)
-        progress.advance(task)
-        draft_level = {m: draft_step(draft, m) for m in (1, 2, 4, 8)}
-        progress.advance(task)
-    L = target.args.n_layers
-    ctx = min(CONTEXTS, key=lambda c: abs(c - 512))  # the context the choice is made for
-    verify = {}
-    for width in arca.WIDTHS:
-        rows = width + 1
-        lin2, lin1 = both[("linear", rows)], one[("linear", rows)]
-        dense2, sparse2 = both[("dense", rows, ctx)], both[("sparse", rows, ctx)]
-        dense1, sparse1 = one[("dense", rows, ctx)], one[("sparse", rows, ctx)]
-        verify[(rows, "none")] = L * (lin2 + dense2 + sparse2) + head_s(target, rows)
-        for share in (0.0, 0.25, 0.5):  # verifier core: linear + its dense share; worker core: sparse + the rest
-            mine, theirs = (1 - share) * dense1, sparse1 + share * dense1
-            for cols in (0.0, 0.25, 0.5):  # and the last `cols` of every linear's columns to the worker too
-                lin = max(1 - cols, cols) * lin1 + (LINEARS_PER_LAYER * SYNC_S if cols else 0.0)
-                verify[(rows, partition_name(share, cols))] = (L * (lin + max(mine, theirs) + SYNC_S)
-                                                              + SPLIT_RTTS * RTT_S + head_s(target, rows))
-    ranked = arca.choose(acc, step_s, verify, draft_level)
+    with Progress(console=Console(stderr=True)) as progress:
+        m = arca_profile.measure(target, draft, prompts, args.tokens, progress)
+    ranked, ctx = m["ranked"], m["context"]
     best = ranked[0]
-    t = Table(title=f"ARCA on {machine()} (context {ctx}, {args.fmt})")
+    _print(m, ctx, args.fmt)
+    profile = {
+        "target": args.target, "draft": args.draft, "format": args.fmt, "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"), "width": best["width"], "partition": best["partition"],
+        "tree": best.get("tree", {"parents": [], "ranks": []}), "expected_tokens_per_s": best["tokens_per_s"],
+        "acceptance": [[round(x, 4) for x in row] for row in m["acceptance"]], "step_s": m["step_s"],
+        "draft_level_s": m["draft_level"], "candidates": ranked[:20],
+        "unit_ms": {"|".join(map(str, k)): round(v * 1e3, 4)
+                    for k, v in {**{("2t",) + k: v for k, v in m["both"].items()},
+                                 **{("1t",) + k: v for k, v in m["one"].items()}}.items()},
+    }
+    Path(args.out).write_text(json.dumps(profile, indent=1))
+    why = ("the target alone: no tree pays for its draft and verification on this machine" if best["width"] == 0 else
+           f"width {best['width']}, {best['partition']}: {best['expected']:.2f} tokens expected per verification")
+    print(f"chose {why}; wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def _print(m: dict, ctx: int, fmt: str) -> None:
+    ranked, best = m["ranked"], m["ranked"][0]
+    t = Table(title=f"ARCA on {machine()} (context {ctx}, {fmt})")
     for c in ("width", "partition", "E[accepted]", "draft ms", "verify ms", "tokens/s"):
         t.add_column(c)
     for r in sorted(ranked, key=lambda r: (r["width"], r["partition"])):
@@ -142,55 +70,9 @@ def cmd_profile(args) -> int:
     units = Table(title="one target layer per unit (ms): linear work, dense and sparse attention at context " + str(ctx))
     for c in ("rows", "linear 2 cores", "linear 1 core", "dense 1 core", "sparse 1 core"):
         units.add_column(c)
-    for width in arca.WIDTHS:
+    both, one = m["both"], m["one"]
+    for width in arca_profile.arca.WIDTHS:
         rows = width + 1
         units.add_row(str(rows), *[f"{v * 1e3:.2f}" for v in (both[("linear", rows)], one[("linear", rows)],
                                                              one[("dense", rows, ctx)], one[("sparse", rows, ctx)])])
     Console().print(units)
-    profile = {
-        "target": args.target, "draft": args.draft, "format": args.fmt, "machine": machine(),
-        "date": time.strftime("%Y-%m-%d"), "width": best["width"], "partition": best["partition"],
-        "tree": best.get("tree", {"parents": [], "ranks": []}), "expected_tokens_per_s": best["tokens_per_s"],
-        "acceptance": [[round(x, 4) for x in row] for row in acc], "step_s": step_s,
-        "draft_level_s": draft_level, "candidates": ranked[:20],
-        "unit_ms": {"|".join(map(str, k)): round(v * 1e3, 4) for k, v in {**{("2t",) + k: v for k, v in both.items()},
-                                                                          **{("1t",) + k: v for k, v in one.items()}}.items()},
-    }
-    Path(args.out).write_text(json.dumps(profile, indent=1))
-    why = ("the target alone: no tree pays for its draft and verification on this machine" if best["width"] == 0 else
-           f"width {best['width']}, {best['partition']}: {best['expected']:.2f} tokens expected per verification")
-    print(f"chose {why}; wrote {args.out}", file=sys.stderr)
-    return 0
-
-
-def head_s(lm, rows: int) -> float:
-    h = torch.randn(rows, lm.args.dim)
-    return median_time(lambda: [part.out.matmul(h) for part in lm.model.weights.head], reps=2)
-
-
-def engine_step(lm, ctx: int = 300) -> float:
-    model = lm.model
-    cache = model.new_cache(ctx + 2)
-    model.forward(torch.arange(ctx) % 1000 + 100, torch.arange(ctx), cache)
-    cache.commit()
-
-    def step():
-        model.forward(torch.tensor([5]), torch.tensor([ctx]), cache)
-        cache.rewind(ctx)
-
-    return median_time(step)
-
-
-def draft_step(lm, m: int, ctx: int = 300) -> float:
-    """One draft forward of m tree nodes (one level of a tree) after `ctx` tokens."""
-    model = lm.model
-    cache = model.new_cache(ctx + m + 1)
-    model.forward(torch.arange(ctx) % 1000 + 100, torch.arange(ctx), cache)
-    cache.commit()
-    vis = Visibility.tree(ctx, [-1] * m)
-
-    def step():
-        model.forward(torch.arange(m) + 7, torch.full((m,), ctx), cache, vis)
-        cache.rewind(ctx)
-
-    return median_time(step)

@@ -21,6 +21,8 @@ from typing import Iterable, Sequence
 
 from common.errors import CadenceError
 
+PATHS_FILE = "expert_paths.json"  # a store's path statistics, beside it (launch models profile-experts)
+
 Key = tuple[int, int]
 _FORMAT = "cadence.expert-paths"
 _VERSION = 1

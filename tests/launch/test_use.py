@@ -108,7 +108,7 @@ def test_a_wheel_installs_into_a_fresh_venv_and_runs(tiny_gguf, tmp_path):
     import zipfile
 
     names = zipfile.ZipFile(wheel).namelist()
-    assert "models/csrc/linear.cpp" in names and "models/csrc/vec.hpp" in names and "launch/assets/trace_viewer.html" in names
+    assert "models/csrc/linear.cpp" in names and "models/csrc/vec.hpp" in names and "observe/trace_viewer.html" in names and "engine/assets/dev.jsonl" in names
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
@@ -117,11 +117,13 @@ def test_a_wheel_installs_into_a_fresh_venv_and_runs(tiny_gguf, tmp_path):
     import sysconfig
 
     Path(site, "deps-from-the-test-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    i = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], capture_output=True, text=True, timeout=600)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the venv's own cadence, not a checkout's
+    i = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], capture_output=True, text=True,
+                       timeout=600, env=env)
     assert i.returncode == 0, i.stderr
     home, work = tmp_path / "home", tmp_path / "elsewhere"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"CADENCE_HOME": str(home)}
+    env |= {"CADENCE_HOME": str(home)}
     r = subprocess.run([str(venv / "bin" / "launch"), "run", "hello", "--mode", "target", "--target", str(tiny_gguf),
                         "--max-new-tokens", "4", "--no-monitor"], cwd=work, env=env, capture_output=True, text=True,
                        stdin=subprocess.DEVNULL, timeout=600)
