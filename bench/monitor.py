@@ -125,7 +125,7 @@ def bench_generation(pairs: int, tokens: int, seed: int = 0) -> dict:
     from common.settings import SamplingConfig, TreeConfig, WorkerSplit
     from scheduler.config import GiB, KiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
     from scheduler.generation.memplan import Overheads, plan_memory
-    from scheduler.runtime import Scheduler
+    from scheduler.runtime import Runtime
     from scheduler.generation.session import ActorSession, SessionSpec
 
     groups = {**{f"layer.{i}": 64 * KiB for i in range(8)}, "head.0": 64 * KiB}
@@ -139,7 +139,7 @@ def bench_generation(pairs: int, tokens: int, seed: int = 0) -> dict:
             memory=MemoryConfig(budget_bytes=4 * GiB, arena_bytes=plan.stream_bytes + 2 * MiB,
                                 stream_bytes=plan.stream_bytes, sample_s=0.5),
             pipeline=PipelineConfig(layer_bytes=plan.slot_bytes), trace=TraceConfig(dir=traces, max_events=10_000_000))
-        with Scheduler(config) as sched:
+        with Runtime(config) as sched:
             # a fixed budget and no trie: both blocks of a pair replay one workload
             tree = TreeConfig(width=6, adaptive=False, trie=False)
             spec = ActorSession(sched, SessionSpec("tree", store, fake_args(), store, SamplingConfig(), tree, 1, 4096,

@@ -5,7 +5,8 @@ No trained MoE model is at hand, so `write_moe_gguf` writes llama.cpp's "olmoe" 
 copies a real tokenizer (SmolLM2's 49152 tokens by default). Tensors are generated, quantized and written
 one at a time (experts a few at a time), so memory stays near one quantized expert tensor (~75 MB for
 OLMoE), whatever the file size. Weights are scaled by 1/sqrt(fan_in), norms are 1 + small noise and the
-router gives logits of std ~1, so routing is spread out (`routing_shares`, 200 random tokens): in
+router gives logits of std ~1, so routing is spread out (measured once with a numpy forward of the routers
+over 200 random tokens): in
 "olmoe-1b-7b" the busiest expert of a layer takes 17-20.5% of tokens (even share 8/64 = 12.5%), in the
 tiny presets 27-33% (even share 2/8). Writing "olmoe-1b-7b" (6.9 B parameters, 3.9 GB at Q4_0) takes
 ~2 minutes on two cores with a 0.3 GB peak RSS; llama.cpp recognises it as olmoe "A1.7B".
@@ -227,38 +228,6 @@ def write_moe_gguf(path, preset: str, qtype: str = "Q4_0", seed: int = 0, tokeni
         w.close()
         tmp.unlink(missing_ok=True)
     return path
-
-
-def routing_shares(path, n_tokens: int = 200, seed: int = 1) -> list[float]:
-    """Per layer, the share of tokens routed to the busiest expert (even share: top_k / n_expert).
-
-    A numpy forward of the router inputs only approximately: each layer's hidden state is the token
-    embedding plus the previous layers' MoE outputs, attention left out. Cheap for the tiny presets."""
-    from models.gguf_file import GGUFFile
-
-    f = GGUFFile(Path(path))
-    arch = f.fields["general.architecture"]
-    n_layer, k = f.fields[f"{arch}.block_count"], f.fields[f"{arch}.expert_used_count"]
-    eps = f.fields[f"{arch}.attention.layer_norm_rms_epsilon"]
-    emb = f.read("token_embd.weight")
-    toks = np.random.default_rng(seed).integers(0, emb.shape[0], n_tokens)
-    h = emb[toks]
-    shares = []
-    for i in range(n_layer):
-        x = h / np.sqrt((h * h).mean(-1, keepdims=True) + eps) * f.read(f"blk.{i}.ffn_norm.weight")
-        logits = x @ f.read(f"blk.{i}.ffn_gate_inp.weight").T
-        top = np.argsort(-logits, axis=-1)[:, :k]
-        shares.append(float(np.bincount(top.ravel(), minlength=logits.shape[1]).max() / n_tokens))
-        p = np.exp(logits - logits.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
-        gate, up, down = (f.read(f"blk.{i}.ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
-        out = np.zeros_like(h)
-        for t in range(n_tokens):
-            for e in top[t]:
-                g = gate[e] @ x[t]
-                out[t] += p[t, e] * (down[e] @ (g / (1 + np.exp(-g)) * (up[e] @ x[t])))
-        h = h + out
-    return shares
 
 
 def main(argv=None) -> int:

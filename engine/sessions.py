@@ -46,13 +46,13 @@ def open_actors(r: Resolved, plan):
     """The scheduler (its arena, sockets, watchdog) and the run's actors under it: (scheduler, session)."""
     from scheduler.generation.footprint import ACTOR_MODULES
     from scheduler.generation.session import ActorSession, SessionSpec
-    from scheduler.runtime import Scheduler
+    from scheduler.runtime import Runtime
 
     cfg = r.cfg
     # the model actors fork from one zygote that imported torch and the model code once (the modules whose
     # cost scheduler/generation/footprint.py measured)
     preload = (*ACTOR_MODULES, *(("actors.sparse",) if cfg.worker else ()))
-    sched = Scheduler(runtime_config(cfg, r.target, plan, preload)).__enter__()
+    sched = Runtime(runtime_config(cfg, r.target, plan, preload)).__enter__()
     try:
         spec = SessionSpec(cfg.mode, str(r.target.dir), r.target.args, str(r.draft.dir) if r.draft else None,
                            cfg.sampling, cfg.tree, cfg.threads or os.cpu_count() or 1, cfg.context, plan, cfg.worker,

@@ -179,7 +179,7 @@ def _cpu_model() -> str:
 
 
 def run(args) -> int:
-    from scheduler.runtime import Scheduler
+    from scheduler.runtime import Runtime
 
     sizes = [s for s in SIZES if s <= args.max_mib * MiB] or SIZES[:1]
     arena = max(sizes) + 16 * MiB
@@ -188,7 +188,7 @@ def run(args) -> int:
         pipeline=PipelineConfig(layer_bytes=4 * KiB),
         trace=TraceConfig(enabled=False))
     out = {"machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()}}
-    with Scheduler(config) as sched:
+    with Runtime(config) as sched:
         endpoint = f"ipc://{sched.run_dir}/pickle"
         sched.spawn("echo", BenchActor, {"pickle_endpoint": endpoint})
         out["rtt"], out["rtt_raw_pyzmq"] = bench_rtt(sched, args.rounds)

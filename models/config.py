@@ -91,10 +91,5 @@ class ModelArgs:
         """Weights of one layer that every token uses (all of a dense layer; an MoE layer without its experts)."""
         return self.dim * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.dim + self.ffn_params()
 
-    def n_params(self) -> int:
-        per_layer = self.layer_params() + self.n_experts * self.expert_params()
-        head = 0 if self.tied_embeddings else self.vocab_size * self.dim
-        return self.vocab_size * self.dim + self.n_layers * per_layer + head
-
     def kv_bytes_per_token(self, itemsize: int = 4) -> int:
         return 2 * self.n_layers * self.kv_dim * itemsize

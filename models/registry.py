@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from common.errors import CadenceError
 
@@ -68,6 +67,3 @@ def spec(name: str) -> ModelSpec:
             f"unknown model '{name}': use one of {known}, or a path to a .gguf file or an HF model directory"
         ) from None
 
-
-def is_model_path(name: str) -> bool:
-    return name not in MODELS and (Path(name).suffix == ".gguf" or Path(name).is_dir() or "/" in name)

@@ -222,7 +222,7 @@ class Transformer:
         a = self.args
         if a.moe or a.qk_norm:
             raise CadenceError(f"the sparse worker's column share does not split {a.arch} layers; "
-                               "run without --worker-columns")
+                               "run without --column-share")
         T = x.shape[0]
         h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps, out=self._buf(plan, 1, T, a.dim))
         qkv = self._buf(plan, 2, T, w.qkv.n)

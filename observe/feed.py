@@ -1,9 +1,9 @@
 """Where the monitor's numbers come from: `MonitorFeed` turns what the run reports into
 `MonitorState` snapshots.
 
-- the scheduler's events (`Scheduler.add_listener`): a loader reply's `bytes` ->
+- the scheduler's events (`Runtime.add_listener`): a loader reply's `bytes` ->
   disk GB/s; actor deaths -> a note;
-- its actor table (`Scheduler.actor_status`): pid, handshake state, current op and for how long;
+- its actor table (`Runtime.actor_status`): pid, handshake state, current op and for how long;
 - the memory ledger: live USS per process and PSS of all (its sampling thread), and the plan's
   lines, which split the budget bar (or `memory_parts()` when the run knows better);
 - CPU % per process (psutil, between snapshots);

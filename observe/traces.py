@@ -66,7 +66,7 @@ def events_of(trace) -> list[dict]:
 def category(ev: dict) -> str:
     name, cat = ev.get("name") or "", ev.get("cat") or ""
     if name.startswith("wait:") or name in ("wait", "idle") or (cat == "scheduler" and name.startswith("call ")):
-        return "wait"  # `Scheduler.call` spans enclose the wait for a reply
+        return "wait"  # `Runtime.call` spans enclose the wait for a reply
     return CATEGORIES.get(cat, "other")
 
 

@@ -12,8 +12,6 @@ from common.errors import CadenceError
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
-ROLES = ("draft", "verifier", "sparse", "loader")
-
 
 class ConfigError(CadenceError, ValueError):
     """A configuration value that cannot work."""

@@ -1,4 +1,4 @@
-"""What `Scheduler.poll` returns, and the bookkeeping of a request in flight."""
+"""What `Runtime.poll` returns, and the bookkeeping of a request in flight."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,7 +32,7 @@ class ErrorEvent:
 
 @dataclass(frozen=True)
 class ActorStatus:
-    """One actor as the scheduler sees it now (`Scheduler.actor_status`): what the monitor shows."""
+    """One actor as the scheduler sees it now (`Runtime.actor_status`): what the monitor shows."""
     role: str
     pid: int
     state: str  # starting | initializing | ready | stopping | dead

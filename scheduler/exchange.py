@@ -1,6 +1,6 @@
 """Tensors in requests, scheduler side: descriptors, leases, and one-copy puts into the arena.
 
-A mixin of `Scheduler`: it uses `self.arena`, `self.arenas`, `self.slots` (exchange slots) and
+A mixin of `Runtime`: it uses `self.arena`, `self.arenas`, `self.slots` (exchange slots) and
 `self.stream_slots` (loader slots). torch is imported only when a torch tensor shows up.
 """
 from __future__ import annotations

@@ -126,9 +126,6 @@ class ForkedActor:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
 
 _PR_SET_CHILD_SUBREAPER = 36
 

@@ -1,6 +1,6 @@
 """The scheduler's event pump: frames and process exits in, events and deadlines out.
 
-A mixin of `Scheduler` (scheduler/runtime.py), which owns the state it works on: `_router` and
+A mixin of `Runtime` (scheduler/runtime.py), which owns the state it works on: `_router` and
 `_poller` (the ROUTER socket and, beside it, each actor's pidfd sentinel), `actors`, `_sentinels`,
 `_pending` and `_queued` (requests awaiting replies), `events` and `_listeners`, `ledger`, `tracer`,
 `trace`, `config`, `arenas`, `t0_ns`, `pid`. Everything that happens reaches the caller as one
@@ -25,7 +25,7 @@ _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
 class EventPump:
-    """Receiving, sending and the bookkeeping of deaths and deadlines; the public verbs are Scheduler's."""
+    """Receiving, sending and the bookkeeping of deaths and deadlines; the public verbs are Runtime's."""
 
     def _live(self, role: str) -> ActorProc:
         proc = self.actors.get(role)

@@ -1,6 +1,9 @@
-"""The scheduler: owns the run (arena, sockets, actor processes, trace) and talks to its actors.
+"""The actor runtime of the scheduler process: it owns the run (arena, sockets, actor processes, trace),
+supervises the actors and relays requests to them and their replies back. What to ask of whom, and
+when, is decided above it (scheduler/generation/: the speculation cycle's sides, the layer streamer,
+the expert buffer).
 
-    with Scheduler(config) as s:                      # plan memory, sweep, arena, ROUTER, watchdog
+    with Runtime(config) as s:                      # plan memory, sweep, arena, ROUTER, watchdog
         s.spawn("verifier", "actors.verifier:VerifierActor", {...})  # HELLO -> INIT -> READY, each step timed
         reply = s.call("verifier", Layer("layer.3"), tensors={"slot": desc})   # a payload (actors/ops.py)
         rid = s.send("loader", Load("layer.4"), ...); events = s.poll(0.1)   # replies, deaths, errors
@@ -46,7 +49,7 @@ log = logging.getLogger("cadence.scheduler")
 _ROLE = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
 
 
-class Scheduler(EventPump, TensorExchange):
+class Runtime(EventPump, TensorExchange):
     def __init__(self, config: RuntimeConfig | None = None, run_id: str | None = None):
         self.config = config or RuntimeConfig()
         self.run_id = run_id or new_run_id()
@@ -74,7 +77,7 @@ class Scheduler(EventPump, TensorExchange):
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def __enter__(self) -> "Scheduler":
+    def __enter__(self) -> "Runtime":
         self.start()
         return self
 
@@ -123,7 +126,7 @@ class Scheduler(EventPump, TensorExchange):
         (spawning several first lets them start in parallel). Spawn from the thread that lives as long
         as the run, normally the main one: the kernel's parent-death signal follows the spawning thread."""
         if not self._started or self._closed:
-            raise CadenceError("spawn needs a started scheduler: use `with Scheduler(config) as s:`")
+            raise CadenceError("spawn needs a started scheduler: use `with Runtime(config) as s:`")
         if not _ROLE.match(role):
             raise CadenceError(f"role must be lowercase letters, digits or '_', got {role!r}")
         if role in self.actors and self.actors[role].alive:

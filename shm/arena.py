@@ -64,7 +64,7 @@ class Arena:
 
     @classmethod
     def create(cls, run_id: str, tag: str, nbytes: int, shm_dir: str = SHM_DIR) -> "Arena":
-        """Scheduler only. Reserves the pages now, so a full /dev/shm fails here, not with SIGBUS later."""
+        """The scheduler's process only. Reserves the pages now, so a full /dev/shm fails here, not with SIGBUS later."""
         if nbytes <= 0:
             raise ValueError(f"arena size must be > 0, got {nbytes}")
         nbytes = _align_up(nbytes)

@@ -29,7 +29,7 @@ def python_env() -> dict[str, str]:
 
 
 class Watchdog:
-    """Scheduler side: start the watchdog, then `guard_*` everything created."""
+    """The scheduler's side: start the watchdog, then `guard_*` everything created."""
 
     def __init__(self, run_id: str, scheduler_pid: int | None = None):
         r, self._w = os.pipe()  # both ends close-on-exec: actors never hold the write end

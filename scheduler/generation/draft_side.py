@@ -10,14 +10,14 @@ from dataclasses import asdict
 from actors.ops import Advance, Ahead, Build, DraftStart, Lookup
 from common.settings import SamplingConfig, TreeConfig
 from scheduler.errors import ActorError
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from speculative.loop import Proposal
 
 
 class ActorDraft:
     has_model = True
 
-    def __init__(self, sched: Scheduler, vocab_size: int):
+    def __init__(self, sched: Runtime, vocab_size: int):
         self.s, self.vocab_size = sched, vocab_size
         self.greedy = True
         self.slots: dict[int, object] = {}  # id(proposal) -> its distributions' arena slot

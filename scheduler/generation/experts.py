@@ -24,7 +24,7 @@ from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.generation.expert_policy import PathStats, make_eviction
 from scheduler.generation.streaming import raise_fault, settle_loads
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 
 PRELOAD_INFLIGHT = 1  # preload reads handed to the loader at once: a demand read waits behind at most this many
 
@@ -51,7 +51,7 @@ class ExpertStats:
 
 
 class ExpertCache:
-    def __init__(self, s: Scheduler, sizes: dict[str, int], n_layers: int, n_experts: int,
+    def __init__(self, s: Runtime, sizes: dict[str, int], n_layers: int, n_experts: int,
                  options: ExpertOptions = ExpertOptions(), profile: PathStats | None = None):
         eviction, preload, preload_k = options.eviction, options.preload, options.preload_k
         if preload == "paths" and profile is None:

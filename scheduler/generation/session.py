@@ -15,7 +15,7 @@ from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSpl
 from models.config import ModelArgs
 from scheduler.generation.draft_side import ActorDraft
 from scheduler.generation.target_side import ActorTarget
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from speculative.lookup import TrieDraft
 from speculative.loop import TARGET_ONLY, Speculation
 
@@ -43,7 +43,7 @@ class SessionSpec:
 
 
 class ActorSession:
-    def __init__(self, sched: Scheduler, spec: SessionSpec, impl: dict[str, str] | None = None):
+    def __init__(self, sched: Runtime, spec: SessionSpec, impl: dict[str, str] | None = None):
         """Spawn the actors `spec` needs (in parallel), then build the cycle's sides. `impl`: role ->
         "module:Class" to start instead of the real actor."""
         self.s, self.spec = sched, spec
@@ -71,7 +71,7 @@ class ActorSession:
                                 spec.model.context_length, counter=sched.tracer.counter)
 
     @staticmethod
-    def _spawn(sched: Scheduler, spec: SessionSpec, actors: dict[str, str]) -> None:
+    def _spawn(sched: Runtime, spec: SessionSpec, actors: dict[str, str]) -> None:
         plan, moe = spec.plan, spec.plan is not None and spec.plan.expert_buffer > 0
         common = {"sampling": asdict(spec.sampling), "threads": spec.threads}
         vinit = {**common, "store": spec.target_store}

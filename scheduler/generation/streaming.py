@@ -15,7 +15,7 @@ from actors.ops import Layer, Load
 from common.errors import CadenceError
 from scheduler.events import DeadEvent, ErrorEvent, ReplyEvent
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 
 
 @dataclass
@@ -40,7 +40,7 @@ def raise_fault(ev):
         raise CadenceError(f"the {ev.role} actor could not read a message: {ev.message}")
 
 
-def settle_loads(s: Scheduler, waiting, on_events, timeout_s: float = 30.0):
+def settle_loads(s: Runtime, waiting, on_events, timeout_s: float = 30.0):
     """At the end of a run (also after a failure): poll while `waiting()` and the loader still owes replies,
     so that nothing more is written into slots about to be freed. `pending`: the loader has answered
     everything asked of it (a reply taken by a poll an interrupt cut short is answered all the same)."""
@@ -55,7 +55,7 @@ def settle_loads(s: Scheduler, waiting, on_events, timeout_s: float = 30.0):
 
 @dataclass
 class Streamer:
-    s: Scheduler
+    s: Runtime
     streamed: list[str]  # group names in the order a forward needs them
     sizes: dict[str, int]
     prefetch: bool

@@ -21,7 +21,7 @@ from models.config import ModelArgs
 from scheduler.errors import ActorDead, ActorError
 from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.procs import DEAD
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from speculative.loop import Proposal
 
 SPLIT_SLOTS = ("sync", "q", "ch", "x", "xin", "y", "kv")  # what the worker maps of a job's tensors
@@ -30,7 +30,7 @@ WORKER_REPLY_S = 1.0  # after the verifier failed a job: how long the worker's o
 
 
 class ActorTarget:
-    def __init__(self, sched: Scheduler, cfg: TreeConfig, model: ModelArgs, streamer=None,
+    def __init__(self, sched: Runtime, cfg: TreeConfig, model: ModelArgs, streamer=None,
                  worker: WorkerSplit | None = None, experts=None):
         """`streamer`: the loader's side of the layers that stream (scheduler/generation/streaming.py);
         `worker`: the sparse-attention worker's split; `experts`: a mixture of experts' buffer under a

@@ -17,7 +17,7 @@ from tests.conftest import TINY
 from tests.models.tiny_files import write_gguf
 
 from common.settings import WorkerSplit
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from tests.runtime.fake_run import fake_model, fake_plan, prompt, small_config, speculation
 
 
@@ -36,7 +36,7 @@ def fake_trace(tmp_path_factory) -> FakeTrace:
     fixed budget and no trie, so that every verification is of a tree the draft built."""
     d = tmp_path_factory.mktemp("traces")
     plan = fake_plan()
-    with Scheduler(small_config(d, plan)) as s:
+    with Runtime(small_config(d, plan)) as s:
         spec = speculation(s, fake_model(tmp_path_factory.mktemp("model"), seed=11), "tree", plan,
                            worker=WorkerSplit(0.3, 0.2), adaptive=False, trie=False)
         pids = {role: a.pid for role, a in s.actors.items()}

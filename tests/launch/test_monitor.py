@@ -17,7 +17,7 @@ from observe.monitor import (ActorRow, LogMonitor, MemoryPart, Monitor, MonitorS
 from observe.feed import MonitorFeed
 from launch.progress import step_progress, track_steps
 from scheduler.events import DeadEvent, ReplyEvent
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from tests.runtime.fake_run import fake_model, fake_plan, prompt, small_config, speculation
 
 
@@ -29,7 +29,7 @@ def test_monitor_renders_real_numbers_from_a_fake_run(tmp_path):
     console = _recording()
     cycles = []  # (tokens committed, accepted, alpha) of each cycle, as `launch run` feeds the monitor
     plan = fake_plan()
-    with Scheduler(small_config(None, plan)) as s:
+    with Runtime(small_config(None, plan)) as s:
         spec = speculation(s, fake_model(tmp_path, seed=2), "tree", plan)
         pids = {role: a.pid for role, a in s.actors.items()}
         feed = MonitorFeed(s)

@@ -1,4 +1,4 @@
-"""A whole fake run: the scheduler `launch run` uses (`ActorSession` over a `Scheduler`) with the
+"""A whole fake run: the scheduler `launch run` uses (`ActorSession` over a `Runtime`) with the
 fake actors of actors/fake.py, a fake model and a real memory plan of it. Tests import `fake_model`,
 `fake_plan`, `small_config` and `speculation`; the fault tests also run it as a separate process
 (`python -m tests.runtime.fake_run`) to SIGKILL or Ctrl-C the scheduler itself.
@@ -15,7 +15,7 @@ from common.errors import CadenceError
 from common.settings import SamplingConfig, TreeConfig, WorkerSplit
 from scheduler.config import GiB, KiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
 from scheduler.generation.memplan import Overheads, plan_memory
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from scheduler.generation.session import ActorSession, SessionSpec
 
 VOCAB = 64
@@ -50,7 +50,7 @@ def small_config(trace_dir=None, plan=None, **timeouts) -> RuntimeConfig:
     )
 
 
-def speculation(sched: Scheduler, store: str, mode: str = "tree", plan=None, draft: bool = True,
+def speculation(sched: Runtime, store: str, mode: str = "tree", plan=None, draft: bool = True,
                 worker: WorkerSplit | None = None, **tree) -> ActorSession:
     """`ActorSession` as `launch run` builds it, spawning the fakes; `draft` False: `--draft none`."""
     cfg = TreeConfig(**{"mode": "chain" if mode == "chain" else "tree", **tree})
@@ -71,7 +71,7 @@ def main() -> int:
     trace_dir = os.environ.get("CADENCE_TEST_TRACE_DIR")
     plan = fake_plan()
     try:
-        with tempfile.TemporaryDirectory() as d, Scheduler(small_config(trace_dir, plan)) as sched:
+        with tempfile.TemporaryDirectory() as d, Runtime(small_config(trace_dir, plan)) as sched:
             spec = speculation(sched, fake_model(d, seed=int(os.environ.get("CADENCE_TEST_SEED", "0"))), plan=plan,
                                worker=WorkerSplit(0.3, 0.2))
             try:

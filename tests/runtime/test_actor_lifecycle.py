@@ -16,7 +16,7 @@ from actors.fake_target import FakeDraftActor
 from actors.ops import Build, DraftStart
 from common.errors import CadenceError
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from scheduler.events import DeadEvent, ErrorEvent
 from tests.runtime.conftest import assert_clean, wait_until
 from tests.runtime.fake_run import small_config
@@ -25,7 +25,7 @@ T = "tests.runtime.actors_for_tests"
 
 
 def run(config=None, **timeouts):
-    return Scheduler(config or small_config(**timeouts))
+    return Runtime(config or small_config(**timeouts))
 
 
 def test_handshake_ping_and_clean_exit():

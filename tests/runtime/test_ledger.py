@@ -10,7 +10,7 @@ import pytest
 from common.errors import CadenceError
 from scheduler.config import GiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
 from scheduler.ledger import BudgetError, MemoryLedger, fmt_bytes
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from shm.arena import run_segments
 from tests.runtime.conftest import wait_until
 
@@ -33,7 +33,7 @@ def test_plan_that_does_not_fit_names_the_shortfall_and_the_setting():
 def test_scheduler_refuses_a_plan_before_creating_anything():
     cfg = RuntimeConfig(memory=MemoryConfig(budget_bytes=64 * MiB, arena_bytes=32 * MiB, stream_bytes=16 * MiB,
                                             role_bytes={"verifier": 48 * MiB}))
-    s = Scheduler(cfg)
+    s = Runtime(cfg)
     with pytest.raises(BudgetError, match="short by 16.00 MiB"):
         with s:
             pass

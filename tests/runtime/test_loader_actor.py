@@ -21,7 +21,7 @@ from models.store import StoreWriter
 from models.tokenizer import TokenizerInfo
 from scheduler.config import GiB, KiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
 from scheduler.errors import ActorDead, ActorError
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.trace import validate_trace
 from shm.desc import TensorDesc
@@ -72,7 +72,7 @@ def config(stream_bytes: int, trace_dir=None, **timeouts) -> RuntimeConfig:
         trace=TraceConfig(enabled=trace_dir is not None, dir=str(trace_dir) if trace_dir else None))
 
 
-def loader_init(store_path: str, s: Scheduler, **kw) -> dict:
+def loader_init(store_path: str, s: Runtime, **kw) -> dict:
     return {"store_dir": store_path, "threads": 4, "chunk_bytes": 64 * KiB, "stream_bytes": s.config.memory.stream_bytes, **kw}
 
 
@@ -80,7 +80,7 @@ def test_every_group_lands_in_its_slot_byte_for_byte(store, tmp_path):
     path, groups = store
     weights = os.path.join(path, "weights.bin")
     evict_page_cache([weights])
-    with Scheduler(config(4 << 20, tmp_path)) as s:
+    with Runtime(config(4 << 20, tmp_path)) as s:
         pid = s.spawn("loader", LOADER, loader_init(path, s)).pid
         sizes = s.call("loader", "groups").result["groups"]
         assert list(sizes) == ["embed", *[f"layer.{i}" for i in range(N_LAYERS)], "head"]
@@ -109,7 +109,7 @@ def test_every_group_lands_in_its_slot_byte_for_byte(store, tmp_path):
 
 def test_bad_loads_fail_clearly_and_the_loader_keeps_serving(store):
     path, groups = store
-    with Scheduler(config(4 << 20)) as s:
+    with Runtime(config(4 << 20)) as s:
         s.spawn("loader", LOADER, loader_init(path, s, stream_bytes=1 << 20))
         small = s.stream_slots.alloc(4096)
         with pytest.raises(ActorError, match=r"has no group 'layer.9' \(it has embed ... head\)"):
@@ -126,7 +126,7 @@ def test_bad_loads_fail_clearly_and_the_loader_keeps_serving(store):
     assert_clean(s.run_id)
 
 
-def stream(s: Scheduler, sizes: dict, order: list, check: dict | None = None, on_send=None, loads=None) -> int:
+def stream(s: Runtime, sizes: dict, order: list, check: dict | None = None, on_send=None, loads=None) -> int:
     """Load `order` through the loader slots: a load per slot that fits, each loaded slot handed
     to the consumer (leased to it) and freed by us at once, so only the lease keeps it until the
     consumer's reply. Returns the loads done. Asserts the bound after every step."""
@@ -164,7 +164,7 @@ def test_a_model_larger_than_the_budget_streams_through_two_slots(store):
     assert sum(sizes.values()) > budget
     crcs = {n: zlib.crc32(b) for n, b in groups.items()}
     evict_page_cache([weights])
-    with Scheduler(config(budget)) as s:
+    with Runtime(config(budget)) as s:
         pids = [s.spawn("loader", LOADER, loader_init(path, s), wait=False).pid,
                 s.spawn("consumer", CONSUMER, wait=False).pid]
         s.wait_ready()
@@ -183,7 +183,7 @@ def test_a_loader_killed_mid_load_ends_the_run_with_one_reason(store, seed, tmp_
     path, groups = store
     sizes = {n: len(b) for n, b in groups.items()}
     delay = random.Random(seed).uniform(0.1, 0.5)
-    s = Scheduler(config(2 * max(sizes.values()), tmp_path))
+    s = Runtime(config(2 * max(sizes.values()), tmp_path))
     with pytest.raises(ActorDead) as e:
         with s:
             # one thread, 4 KiB chunks: each load takes long enough to be cut in the middle

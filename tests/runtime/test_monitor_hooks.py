@@ -9,14 +9,14 @@ from actors.fake_target import FakeDraftActor
 from actors.tracing import Tracer
 from scheduler.config import TraceConfig
 from scheduler.events import DeadEvent, ReplyEvent
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from scheduler.trace import TraceSink, validate_trace
 from tests.runtime.fake_run import fake_model, fake_plan, prompt, small_config, speculation
 
 
 def test_listener_sees_events_and_actor_status_shows_the_current_op(tmp_path):
     seen = []
-    with Scheduler(small_config(None)) as s:
+    with Runtime(small_config(None)) as s:
         s.spawn("draft", FakeDraftActor, {})
         s.add_listener(seen.append)
         s.add_listener(lambda ev: 1 / 0)  # a broken listener is dropped, the loop goes on
@@ -47,7 +47,7 @@ def test_listener_sees_events_and_actor_status_shows_the_current_op(tmp_path):
 def test_generation_reports_each_cycle_and_writes_its_counters_and_tree_flows(tmp_path):
     cycles = []  # each step: (tokens committed, accepted, alpha); None, None for the prefill and plain steps
     plan = fake_plan()
-    with Scheduler(small_config(tmp_path / "traces", plan)) as s:
+    with Runtime(small_config(tmp_path / "traces", plan)) as s:
         spec = speculation(s, fake_model(tmp_path / "model", seed=5), "tree", plan, adaptive=False, trie=False)
         pids = {role: a.pid for role, a in s.actors.items()}
         try:

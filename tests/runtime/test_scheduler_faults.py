@@ -20,7 +20,7 @@ from actors.fake import FAKES, target_text
 from common.settings import WorkerSplit
 from scheduler.config import KiB, MiB, MemoryConfig
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from scheduler.events import ReplyEvent
 from scheduler.trace import validate_trace
 from shm.desc import TensorDesc
@@ -37,7 +37,7 @@ def _run_all_four(tmp_path, script: dict, seed: int, trace: bool = False, **time
     """A streamed tree run with all four fakes, one role scripted: (the scheduler, the error it ended
     with, the actors' pids, the seconds the generation ran)."""
     plan = fake_plan()
-    s = Scheduler(small_config(tmp_path / "traces" if trace else None, plan, **timeouts))
+    s = Runtime(small_config(tmp_path / "traces" if trace else None, plan, **timeouts))
     pids, t0 = [], time.monotonic()
     try:
         with s:
@@ -90,7 +90,7 @@ def test_a_hung_actor_times_out(role, seed, tmp_path):
 def test_a_killed_zygote_costs_nothing_but_a_new_one_for_the_next_spawn(seed, tmp_path):
     """The actors fork from the zygote but are the scheduler's own children: its death mid-run stops
     nothing; the next spawn starts a new zygote; all of them are gone at the end."""
-    with Scheduler(small_config()) as s:
+    with Runtime(small_config()) as s:
         spec = speculation(s, fake_model(tmp_path, seed), "tree")
         first = s.zygote_pid
         os.kill(first, signal.SIGKILL)
@@ -169,7 +169,7 @@ def test_stress_random_sizes_and_sleeps_across_processes(seed):
     cfg = small_config()
     cfg = type(cfg)(**{**cfg.__dict__, "memory": MemoryConfig(budget_bytes=cfg.memory.budget_bytes, arena_bytes=12 * MiB,
                                                               stream_bytes=256 * KiB, sample_s=0.2)})
-    with Scheduler(cfg) as s:
+    with Runtime(cfg) as s:
         for role in ("draft", "verifier", "sparse"):
             s.spawn(role, FAKES[role], {"seed": seed}, wait=False)
         s.wait_ready()

@@ -10,7 +10,7 @@ from actors.fake import target_text
 from actors.ops import Load
 from common.settings import WorkerSplit
 from scheduler.errors import ActorError
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from scheduler.generation.streaming import Streamer
 from tests.runtime.conftest import assert_clean
 from tests.runtime.fake_run import VOCAB, fake_model, fake_plan, prompt, small_config, speculation
@@ -19,7 +19,7 @@ from tests.runtime.fake_run import VOCAB, fake_model, fake_plan, prompt, small_c
 MODES = [("target", True, {}), ("chain", True, {}), ("tree", True, {}), ("tree", True, {"ahead": 2}), ("tree", False, {})]
 
 
-def _logging_sends(s: Scheduler) -> list:
+def _logging_sends(s: Runtime) -> list:
     """Every request the scheduler sends from now on, as (role, op, group or job), in order."""
     sent, send = [], s.send
 
@@ -43,7 +43,7 @@ def test_every_mode_gives_the_target_only_text(streamed, tmp_path, seed):
     stop = want[30]
     cut = want[:want.index(stop) + 1]
     for mode, draft, tree in MODES + ([("std", True, {}), ("stdpl", True, {})] if streamed else []):
-        with Scheduler(small_config(None, plan)) as s:
+        with Runtime(small_config(None, plan)) as s:
             spec = speculation(s, fake_model(tmp_path / f"{mode}-{draft}-{tree}", seed), mode, plan, draft, **tree)
             try:
                 gen = spec.loop.generate(p, 48, set())
@@ -65,7 +65,7 @@ def test_every_mode_gives_the_target_only_text(streamed, tmp_path, seed):
 def test_streamed_groups_load_in_forward_order_within_the_memory_bound(mode, tmp_path, seed):
     plan = fake_plan()
     cycle = list(plan.streamed)
-    with Scheduler(small_config(None, plan)) as s:
+    with Runtime(small_config(None, plan)) as s:
         spec = speculation(s, fake_model(tmp_path, seed), mode, plan)
         sent = _logging_sends(s)
         try:
@@ -120,7 +120,7 @@ class ReuseBeforeRelease(Streamer):
 
 def test_a_slot_reused_before_its_release_fails_loudly(tmp_path, seed):
     plan = fake_plan()
-    with Scheduler(small_config(None, plan)) as s:
+    with Runtime(small_config(None, plan)) as s:
         spec = speculation(s, fake_model(tmp_path, seed), "stdpl", plan)
         st = spec.streamer
         spec.target.streamer = ReuseBeforeRelease(s, st.streamed, st.sizes, st.prefetch)
@@ -137,7 +137,7 @@ def test_the_partition_ratios_reach_the_worker(streamed, tmp_path, seed):
     every multi-token job is shared with it, without a message per layer."""
     plan = fake_plan() if streamed else None
     worker = WorkerSplit(0.3, 0.25)
-    with Scheduler(small_config(None, plan)) as s:
+    with Runtime(small_config(None, plan)) as s:
         spec = speculation(s, fake_model(tmp_path, seed), "tree", plan, worker=worker)
         try:
             gen = spec.loop.generate(prompt(seed=seed), 30, set())

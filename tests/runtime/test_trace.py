@@ -8,7 +8,7 @@ import time
 from actors.tracing import Tracer
 from common.settings import WorkerSplit
 from scheduler.config import TraceConfig
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from scheduler.trace import TraceSink, validate_trace
 from tests.runtime.conftest import assert_clean
 from tests.runtime.fake_run import fake_model, fake_plan, prompt, small_config, speculation
@@ -99,7 +99,7 @@ def test_validator_catches_what_viewers_would_drop():
 
 def test_fake_run_writes_one_valid_trace(tmp_path):
     plan = fake_plan()
-    with Scheduler(small_config(tmp_path / "traces", plan)) as s:
+    with Runtime(small_config(tmp_path / "traces", plan)) as s:
         spec = speculation(s, fake_model(tmp_path / "model", seed=3), "tree", plan, worker=WorkerSplit(0.3, 0.2))
         pids = {role: a.pid for role, a in s.actors.items()}
         try:

@@ -20,7 +20,7 @@ from scheduler.config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceC
 from scheduler.generation.expert_policy import PathStats
 from scheduler.generation.memplan import Overheads, plan_memory
 from scheduler.generation.session import ActorSession, SessionSpec
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from speculative.generate import generate_target
 from tests.models.tiny_moe import ARCHS, write_hf
 
@@ -67,7 +67,7 @@ def moe_plan(store, share: float):
 def run(store, plan, mode="target", draft=None, eviction="lru", preload="none", profile=None):
     mem = MemoryConfig(budget_bytes=8 << 30, arena_bytes=plan.stream_bytes + (8 << 20), stream_bytes=plan.stream_bytes,
                        expert_bytes=plan.expert_buffer, sample_s=0)
-    s = Scheduler(RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=plan.slot_bytes or 1 << 20),
+    s = Runtime(RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=plan.slot_bytes or 1 << 20),
                                 trace=TraceConfig(enabled=False))).__enter__()
     try:
         spec = ActorSession(s, SessionSpec(mode, str(store.dir), store.args, str(draft.dir) if draft else None, GREEDY,

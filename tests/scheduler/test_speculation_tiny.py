@@ -17,7 +17,7 @@ from models.store import WeightStore
 from models.weights import random_tensors
 from scheduler.config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
 from scheduler.generation.memplan import Overheads, plan_memory
-from scheduler.runtime import Scheduler
+from scheduler.runtime import Runtime
 from scheduler.generation.session import ActorSession, SessionSpec
 from speculative.generate import generate_speculative, generate_target
 from tests.conftest import TINY
@@ -70,12 +70,12 @@ def reference(stores, prompt):
     return ids
 
 
-def _run(stores, draft: str | None, mode: str = "tree", plan=None) -> tuple[Scheduler, ActorSession]:
+def _run(stores, draft: str | None, mode: str = "tree", plan=None) -> tuple[Runtime, ActorSession]:
     t = stores["target"]
     mem = MemoryConfig(budget_bytes=8 << 30, arena_bytes=max(64 << 20, plan.stream_bytes + (8 << 20)) if plan else 64 << 20,
                        stream_bytes=plan.stream_bytes if plan else 0, sample_s=0)
     pipe = PipelineConfig(layer_bytes=plan.slot_bytes if plan else 1 << 20)
-    s = Scheduler(RuntimeConfig(memory=mem, pipeline=pipe, trace=TraceConfig(enabled=False))).__enter__()
+    s = Runtime(RuntimeConfig(memory=mem, pipeline=pipe, trace=TraceConfig(enabled=False))).__enter__()
     try:
         spec = ActorSession(s, SessionSpec(mode, str(t.dir), t.args, str(stores[draft].dir) if draft else None, GREEDY,
                                            TreeConfig(ahead=2), 1, 256, plan=plan))
