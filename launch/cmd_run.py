@@ -15,7 +15,7 @@ from common.paths import check_output
 from engine.prompts import Prompt, load_prompts
 from engine.rows import write_rows
 from engine.runner import Runner
-from launch.options import add_run_options, run_config
+from launch.options import add_run_options, describe, run_config
 from observe.feed import MonitorFeed
 from observe.monitor import add_monitor_args, open_monitor
 from observe.traces import place_trace, trace_dir
@@ -121,12 +121,9 @@ def _show(chunk, feed: MonitorFeed, mon) -> None:
 
 
 def _run_line(runner: Runner) -> str:
-    """What the run is, in a line: the plan under a budget (`launch plan` prints it in full), else the models."""
-    cfg = runner.cfg
-    if runner.plan is not None:
-        return runner.plan.summary()
-    draft = f", draft {cfg.draft_model}" if cfg.draft_model else ""
-    return f"{cfg.mode} {cfg.target} {cfg.dtype}{draft}; context {cfg.context} tokens; {cfg.runtime}"
+    """What the run is, in a line (and its plan under a budget: `launch plan` prints it in full)."""
+    line = describe(runner.cfg)
+    return line + ("\n" + runner.plan.summary() if runner.plan is not None else "")
 
 
 def _row_line(row: dict, runner: Runner) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from common.errors import CadenceError
-from launch.options import add_run_options, run_config
+from launch.options import add_run_options, describe, run_config
 from observe.monitor import add_monitor_args
 
 
@@ -38,9 +38,9 @@ def cmd_serve(args) -> int:
 
     def make_llm():
         llm = LLM.from_config(cfg)
-        c = llm.config
-        print(llm.plan.summary() if llm.plan is not None else f"{c.mode} {c.target} {c.dtype}, draft {c.draft}; "
-              f"context {c.context} tokens; {c.runtime}", file=sys.stderr, flush=True)
+        print(describe(llm.config), file=sys.stderr, flush=True)
+        if llm.plan is not None:
+            print(llm.plan.summary(), file=sys.stderr, flush=True)
         return llm
 
     gen = Generator(make_llm, args.queue)

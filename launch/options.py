@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from engine.config import RunConfig
-from engine.options import OPTIONS, Option
+from engine.options import DEFAULTS, OPTIONS, Option
 
 
 def add_run_options(p: argparse.ArgumentParser, **defaults) -> None:
@@ -35,3 +35,12 @@ def options_of(args: argparse.Namespace) -> dict:
 def run_config(args: argparse.Namespace, **override) -> RunConfig:
     """The configuration of the run a command line asks for (`override`: options a command fixes)."""
     return RunConfig.from_options(**{**options_of(args), **override})
+
+
+def describe(cfg: RunConfig) -> str:
+    """The run in one line: its models, context and runtime, and every option it was given that is not
+    the default (what a user checks to see that an option reached the run)."""
+    given = {k: v for k, v in cfg.options().items() if v != DEFAULTS[k] and k not in ("target", "mode", "dtype", "draft")}
+    draft = f", draft {cfg.draft_model}" if cfg.draft_model else ", no draft model" if cfg.speculative else ""
+    extra = "; " + " ".join(f"{k}={v}" for k, v in given.items()) if given else ""
+    return f"{cfg.mode} {cfg.target} {cfg.dtype}{draft}; context {cfg.context} tokens; {cfg.runtime}{extra}"
