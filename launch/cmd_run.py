@@ -43,10 +43,19 @@ def one_prompt(args) -> str:
         raise CadenceError("give the prompt once: as PROMPT or as --prompt, not both")
     text = args.text if args.text is not None else args.prompt
     if text == "-" or (text is None and _piped(sys.stdin)):
-        text = sys.stdin.read()
+        text = _stdin_text()
         if not text.strip():
             raise CadenceError("the prompt read from stdin is empty; pipe some text in, or give it as PROMPT")
     return DEFAULT_PROMPT if text is None else text
+
+
+def _stdin_text() -> str:
+    raw = sys.stdin.buffer.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CadenceError(f"the prompt read from stdin is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); "
+                           "convert it first, e.g. with iconv -t UTF-8") from None
 
 
 def _piped(f) -> bool:
