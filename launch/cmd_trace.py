@@ -6,7 +6,8 @@ from pathlib import Path
 
 from common.errors import CadenceError
 from observe.trace_html import write_html
-from observe.traces import format_summary, load_trace, not_a_trace, summarize, summary_dict
+from observe.summary import format_summary, summarize, summary_dict
+from observe.traces import load_trace, not_a_trace
 from scheduler.trace import validate_trace
 
 

@@ -22,7 +22,7 @@ from typing import Callable
 
 import psutil
 
-from observe.monitor import ActorRow, MemoryPart, MonitorState
+from observe.state import ActorRow, MemoryPart, MonitorState
 from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.ledger import MemoryLedger
 

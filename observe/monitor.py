@@ -1,5 +1,5 @@
 """`launch run --monitor`: a live view of the run, built from what the runtime reports. A `MonitorFeed`
-(launch/monitor_feed.py; `MonitorFeed(None)` in-process) takes the run's events and callbacks;
+(observe/feed.py; `MonitorFeed(None)` in-process) takes the run's events and callbacks;
 `open_monitor(feed, args.monitor)` gives a Monitor (a terminal), LogMonitor or NullMonitor, started
 and stopped around the run (launch/cmd_run.py).
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from rich.console import Console
 from rich.control import strip_control_codes
@@ -19,60 +19,10 @@ from rich.live import Live
 from rich.segment import Segment
 from rich.style import Style
 
+from observe.state import MonitorState, fmt_opt
 from scheduler.ledger import fmt_bytes
 
 SPARK = "▁▂▃▄▅▆▇█"
-
-
-@dataclass(frozen=True)
-class ActorRow:
-    role: str
-    pid: int
-    state: str  # the scheduler's handshake state (ready, dead, ...) or "running"
-    op: str | None = None  # what it works on now; None: idle
-    op_s: float | None = None  # for how long
-    cpu_pct: float | None = None  # of one core, since the last snapshot
-    uss: int | None = None  # bytes only this process holds (the ledger's last sample)
-
-
-@dataclass(frozen=True)
-class MemoryPart:
-    name: str  # draft, target resident, streaming slots, KV, arena, ...
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class MonitorState:
-    elapsed_s: float = 0.0
-    title: str = ""
-    actors: tuple[ActorRow, ...] = ()
-    budget_bytes: int = 0
-    memory: tuple[MemoryPart, ...] = ()  # the bar's parts, in order
-    measured_bytes: int | None = None  # live PSS of every process together
-    tokens: int = 0
-    tokens_per_s: float = 0.0  # over the last few seconds
-    accepted_hist: tuple[tuple[int, int], ...] = ()  # (accepted length, verifications)
-    alpha: tuple[float, ...] = ()  # after each verification, the latest last
-    disk_gbps: float = 0.0  # over the last few seconds
-    text: str = ""  # the tail of the generated text
-    notes: tuple[str, ...] = ()  # deaths, errors
-    planned: bool = True  # a memory budget was planned (without one, only the measured memory shows)
-    expert_hit_rate: float | None = None  # MoE under a budget: the share of experts asked for that were held
-    expert_mb_per_token: float | None = None
-
-    @property
-    def mean_accepted(self) -> float | None:
-        n = sum(c for _, c in self.accepted_hist)
-        return sum(k * c for k, c in self.accepted_hist) / n if n else None
-
-    @property
-    def experts_text(self) -> str:
-        return "" if self.expert_hit_rate is None else \
-            f"  experts hit {100 * self.expert_hit_rate:.0f}% read {_fmt_opt(self.expert_mb_per_token, '.0f')} MB/token"
-
-    @property
-    def avg_tokens_per_s(self) -> float:
-        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
 # -- drawing ----------------------------------------------------------------------------------------
@@ -154,10 +104,6 @@ def text_tail(text: str, width: int, lines: int) -> list[str]:
     return out[-lines:]
 
 
-def _fmt_opt(v, fmt: str, none: str = "-") -> str:
-    return none if v is None else format(v, fmt)
-
-
 def _source(source):
     """(a callable giving MonitorState, the feed to close at stop or None)."""
     if hasattr(source, "snapshot"):
@@ -232,48 +178,12 @@ class Monitor:
         f = Frame()
         f.add(*_rule(f"cadence {s.title}  {s.elapsed_s:.1f} s", width, "blue"))
         f.add((f"{s.tokens}", "bold"), " tokens  ", (f"{s.tokens_per_s:.1f}", "bold green"), " tok/s",
-              f" (avg {s.avg_tokens_per_s:.1f})  mean accepted ", (_fmt_opt(s.mean_accepted, ".2f"), "bold"),
-              "  alpha ", (_fmt_opt(s.alpha[-1] if s.alpha else None, ".3f"), "bold"),
+              f" (avg {s.avg_tokens_per_s:.1f})  mean accepted ", (fmt_opt(s.mean_accepted, ".2f"), "bold"),
+              "  alpha ", (fmt_opt(s.alpha[-1] if s.alpha else None, ".3f"), "bold"),
               "  disk ", (f"{s.disk_gbps:.2f}", "bold yellow"), " GB/s", s.experts_text)
-
-        rows = [("role", "pid", "state", "doing", "for", "CPU %", "USS")]
-        rows += [(a.role, str(a.pid), a.state, a.op or "idle", f"{a.op_s * 1000:.0f} ms" if a.op_s is not None else "",
-                  _fmt_opt(a.cpu_pct, ".0f"), fmt_bytes(a.uss) if a.uss is not None else "-") for a in s.actors]
-        widths = [max(len(r[i]) for r in rows) for i in range(7)]
-        for n, r in enumerate(rows):
-            cells = [c.rjust(w) if i in (1, 4, 5, 6) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
-            f.add((" " + "  ".join(cells), "bold" if n == 0 else ("dim" if r[3] == "idle" else "")))
-
-        used = sum(p.nbytes for p in s.memory)
-        bar = max(10, min(40, width - 40))
-        of = "budget" if s.planned else "RAM"
-        if s.planned:
-            f.add("memory ", *memory_bar(s, bar), f" {_short(used)} planned of {_short(s.budget_bytes)}")
-        if s.measured_bytes is not None:
-            f.add("live   ", *_bar([("PSS", s.measured_bytes)], s.budget_bytes, bar),
-                  f" {_short(s.measured_bytes)} held of {_short(s.budget_bytes)} {of}")
-        if s.planned:
-            legend, n = ["       "], 7
-            for p in s.memory:
-                item = f"{p.name} {_short(p.nbytes)}  "
-                if n + 2 + len(item) > width:  # one line: the parts that fit
-                    break
-                legend += [("■ ", part_style(p.name)), item]
-                n += 2 + len(item)
-            f.add(*legend)
-
-        left = [[("accepted length", "bold")]]
-        top = max((c for _, c in s.accepted_hist), default=0)
-        for k, c in sorted(sorted(s.accepted_hist, key=lambda x: -x[1])[:5]):  # the 5 commonest lengths
-            left.append([f"{k:>3} ", ("█" * max(1, round(16 * c / top)), "green"), f" {c}"])
-        right = [[("alpha", "bold")], [(sparkline(s.alpha, 40), "cyan")]]
-        if s.alpha:
-            right.append([(f"{min(s.alpha):.3f} .. {max(s.alpha):.3f} over {len(s.alpha)} verifications", "dim")])
-        for i in range(max(len(left), len(right))):
-            runs = left[i] if i < len(left) else []
-            pad = 28 - sum(len(t) for t, _ in (r if isinstance(r, tuple) else (r, "") for r in runs))
-            f.add(*runs, " " * pad, *(right[i] if i < len(right) else []))
-
+        _actors(f, s)
+        _memory(f, s, width)
+        _acceptance(f, s)
         f.add(*_rule("text", width, "dim"))
         notes = list(s.notes[-3:])
         # the whole frame fits the terminal (80x24 included): the text gets the lines left over
@@ -284,6 +194,50 @@ class Monitor:
         for n in notes:
             f.add((n[:width], "bold red"))
         return f
+
+
+def _actors(f: Frame, s: MonitorState) -> None:
+    rows = [("role", "pid", "state", "doing", "for", "CPU %", "USS")]
+    rows += [(a.role, str(a.pid), a.state, a.op or "idle", f"{a.op_s * 1000:.0f} ms" if a.op_s is not None else "",
+              fmt_opt(a.cpu_pct, ".0f"), fmt_bytes(a.uss) if a.uss is not None else "-") for a in s.actors]
+    widths = [max(len(r[i]) for r in rows) for i in range(7)]
+    for n, r in enumerate(rows):
+        cells = [c.rjust(w) if i in (1, 4, 5, 6) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        f.add((" " + "  ".join(cells), "bold" if n == 0 else ("dim" if r[3] == "idle" else "")))
+
+
+def _memory(f: Frame, s: MonitorState, width: int) -> None:
+    used = sum(p.nbytes for p in s.memory)
+    bar = max(10, min(40, width - 40))
+    of = "budget" if s.planned else "RAM"
+    if s.planned:
+        f.add("memory ", *memory_bar(s, bar), f" {_short(used)} planned of {_short(s.budget_bytes)}")
+    if s.measured_bytes is not None:
+        f.add("live   ", *_bar([("PSS", s.measured_bytes)], s.budget_bytes, bar),
+              f" {_short(s.measured_bytes)} held of {_short(s.budget_bytes)} {of}")
+    if s.planned:
+        legend, n = ["       "], 7
+        for p in s.memory:
+            item = f"{p.name} {_short(p.nbytes)}  "
+            if n + 2 + len(item) > width:  # one line: the parts that fit
+                break
+            legend += [("■ ", part_style(p.name)), item]
+            n += 2 + len(item)
+        f.add(*legend)
+
+
+def _acceptance(f: Frame, s: MonitorState) -> None:
+    left = [[("accepted length", "bold")]]
+    top = max((c for _, c in s.accepted_hist), default=0)
+    for k, c in sorted(sorted(s.accepted_hist, key=lambda x: -x[1])[:5]):  # the 5 commonest lengths
+        left.append([f"{k:>3} ", ("█" * max(1, round(16 * c / top)), "green"), f" {c}"])
+    right = [[("alpha", "bold")], [(sparkline(s.alpha, 40), "cyan")]]
+    if s.alpha:
+        right.append([(f"{min(s.alpha):.3f} .. {max(s.alpha):.3f} over {len(s.alpha)} verifications", "dim")])
+    for i in range(max(len(left), len(right))):
+        runs = left[i] if i < len(left) else []
+        pad = 28 - sum(len(t) for t, _ in (r if isinstance(r, tuple) else (r, "") for r in runs))
+        f.add(*runs, " " * pad, *(right[i] if i < len(right) else []))
 
 
 def _rule(title: str, width: int, style: str) -> list[Run]:
@@ -353,10 +307,10 @@ class LogMonitor:
     def line(s: MonitorState) -> str:
         used = sum(p.nbytes for p in s.memory)
         mem = f"{fmt_bytes(s.measured_bytes)} PSS" if s.measured_bytes is not None else f"{fmt_bytes(used)} planned"
-        actors = "; ".join(f"{a.role} {a.state}{' ' + a.op if a.op else ''} cpu {_fmt_opt(a.cpu_pct, '.0f')}%"
+        actors = "; ".join(f"{a.role} {a.state}{' ' + a.op if a.op else ''} cpu {fmt_opt(a.cpu_pct, '.0f')}%"
                            f" uss {fmt_bytes(a.uss) if a.uss is not None else '-'}" for a in s.actors)
         return (f"cadence {s.elapsed_s:7.1f}s tokens {s.tokens} {s.tokens_per_s:.1f} tok/s"
-                f" accepted {_fmt_opt(s.mean_accepted, '.2f')} alpha {_fmt_opt(s.alpha[-1] if s.alpha else None, '.3f')}"
+                f" accepted {fmt_opt(s.mean_accepted, '.2f')} alpha {fmt_opt(s.alpha[-1] if s.alpha else None, '.3f')}"
                 f" disk {s.disk_gbps:.2f} GB/s{s.experts_text}"
                 f" mem {mem} of {fmt_bytes(s.budget_bytes)} | {actors}"
                 + "".join(f" | {n}" for n in s.notes))

@@ -8,8 +8,6 @@ stops growing when Tc falls below alpha or it reaches the verification width.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from common.settings import CATCH_UP, TOP_K, TreeConfig
@@ -19,53 +17,8 @@ from common.settings import SamplingConfig
 from models.transformer import Transformer
 from speculative.loop import Proposal
 from speculative.policy import AdaptiveThreshold, branch_candidates, pace
-from speculative.tree import ROOT, TokenTree, best_branch
+from speculative.tree import ROOT, DraftTree, Lookahead, Seed, TokenTree, best_branch
 from speculative.trie import TokenTrie
-
-
-@dataclass
-class DraftTree:
-    tree: TokenTree
-    tc: float
-    forwards: int
-    # sampling: per node, its children in the order they were proposed, each with the distribution
-    # it was drawn from (None: a deterministic candidate, such as a trie branch: a point mass)
-    trials: dict[int, list[tuple[int, torch.Tensor | None]]] = field(default_factory=dict)
-    trie_nodes: int = 0
-    dists: dict[int, torch.Tensor] = field(default_factory=dict)  # greedy, with lookahead: a fed node's next-token distribution
-
-    def wire_trials(self) -> tuple[list[list[int]], list]:
-        """Sampling trials as [node, child, dist index or -1] rows, and the distinct distributions
-        (speculative/sampling.py `trials_from_wire` reads them back)."""
-        rows, dists, index = [], [], {}
-        for node, tries in self.trials.items():
-            for child, q in tries:
-                k = -1
-                if q is not None:
-                    if id(q) not in index:
-                        index[id(q)] = len(dists)
-                        dists.append(q)
-                    k = index[id(q)]
-                rows.append([node, child, k])
-        return rows, dists
-
-
-@dataclass
-class Lookahead:
-    """Speculative drafting during verification: a greedy chain grown from the tree's most
-    confident leaf while the target verifies the tree. `fed`: the chain's nodes the draft ran on,
-    each (token, KV slot, next-token distribution); the first is the leaf itself."""
-    leaf: int
-    fed: list[tuple[int, int, torch.Tensor]] = field(default_factory=list)
-
-
-@dataclass
-class Seed:
-    """What a reused lookahead leaves for the next tree: the root's distribution and a chain of
-    nodes already fed (their KV entries pending in the draft cache, in order)."""
-    root_dist: torch.Tensor
-    tokens: list[int]
-    dists: list[torch.Tensor]
 
 
 class Drafter:

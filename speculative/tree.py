@@ -7,6 +7,10 @@ i + 1 is node i) with a parent row for each, which is what the tree attention ma
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the drafter's trees hold its distributions; this module itself stays torch-free
+    import torch
 
 ROOT = -1
 
@@ -149,3 +153,48 @@ def best_branch(tree: TokenTree, accepted: list[int]) -> tuple[int, int]:
         stack.extend(kids)
     n_all = tree.nodes[leaf].depth if leaf != ROOT else 0
     return max(n_all, len(accepted)), len(accepted)
+
+
+@dataclass
+class DraftTree:
+    tree: TokenTree
+    tc: float
+    forwards: int
+    # sampling: per node, its children in the order they were proposed, each with the distribution
+    # it was drawn from (None: a deterministic candidate, such as a trie branch: a point mass)
+    trials: dict[int, list[tuple[int, torch.Tensor | None]]] = field(default_factory=dict)
+    trie_nodes: int = 0
+    dists: dict[int, torch.Tensor] = field(default_factory=dict)  # greedy, with lookahead: a fed node's next-token distribution
+
+    def wire_trials(self) -> tuple[list[list[int]], list]:
+        """Sampling trials as [node, child, dist index or -1] rows, and the distinct distributions
+        (speculative/sampling.py `trials_from_wire` reads them back)."""
+        rows, dists, index = [], [], {}
+        for node, tries in self.trials.items():
+            for child, q in tries:
+                k = -1
+                if q is not None:
+                    if id(q) not in index:
+                        index[id(q)] = len(dists)
+                        dists.append(q)
+                    k = index[id(q)]
+                rows.append([node, child, k])
+        return rows, dists
+
+
+@dataclass
+class Lookahead:
+    """Speculative drafting during verification: a greedy chain grown from the tree's most
+    confident leaf while the target verifies the tree. `fed`: the chain's nodes the draft ran on,
+    each (token, KV slot, next-token distribution); the first is the leaf itself."""
+    leaf: int
+    fed: list[tuple[int, int, torch.Tensor]] = field(default_factory=list)
+
+
+@dataclass
+class Seed:
+    """What a reused lookahead leaves for the next tree: the root's distribution and a chain of
+    nodes already fed (their KV entries pending in the draft cache, in order)."""
+    root_dist: torch.Tensor
+    tokens: list[int]
+    dists: list[torch.Tensor]

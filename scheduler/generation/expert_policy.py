@@ -292,57 +292,66 @@ def simulate(trace: Sequence[Sequence[Sequence[int]]], capacity: int, eviction, 
     if capacity < max(top, 1):
         raise ValueError(f"A buffer of {capacity} experts cannot hold the {top} experts one layer uses at once; "
                          f"give it at least {max(top, 1)}.")
-    res = SimResult()
-    held: set[Key] = set()
-    pending: set[Key] = set()  # preloaded, not used since
+    replay = _Replay(capacity, eviction, expert_bytes)
+    for t, token in enumerate(trace):
+        for layer, experts in enumerate(token):
+            if preload is not None and preload_k > 0:
+                prev1 = token[layer - 1] if layer >= 1 else ()
+                prev2 = token[layer - 2] if layer >= 2 else None
+                replay.preload(layer, [e for e, _ in preload.predict(layer, prev1, prev2, preload_k)])
+            elif lookahead is not None:
+                replay.preload(layer, list(dict.fromkeys(lookahead[t][layer])))
+            replay.use(layer, list(dict.fromkeys(experts)))
+    return replay.res
 
-    def victim(layer: int, spare: set[Key] | None) -> Key | None:
+
+class _Replay:
+    """The buffer `simulate` replays a trace through."""
+
+    def __init__(self, capacity: int, eviction, expert_bytes: int):
+        self.capacity, self.eviction, self.expert_bytes = capacity, eviction, expert_bytes
+        self.res = SimResult()
+        self.held: set[Key] = set()
+        self.pending: set[Key] = set()  # preloaded, not used since
+
+    def victim(self, layer: int, spare: set[Key] | None) -> Key | None:
         rest = None
-        for k in eviction.order(held, layer):
+        for k in self.eviction.order(self.held, layer):
             if k[0] != layer:
                 return k
             if rest is None and spare is not None and k not in spare:
                 rest = k
         return rest
 
-    def admit(key: Key, layer: int, spare: set[Key] | None) -> bool:
-        if len(held) >= capacity:
-            v = victim(layer, spare)
+    def admit(self, key: Key, layer: int, spare: set[Key] | None) -> bool:
+        if len(self.held) >= self.capacity:
+            v = self.victim(layer, spare)
             if v is None:
                 return False
-            held.discard(v)
-            pending.discard(v)
-        held.add(key)
-        res.bytes_read += expert_bytes
+            self.held.discard(v)
+            self.pending.discard(v)
+        self.held.add(key)
+        self.res.bytes_read += self.expert_bytes
         return True
 
-    for t, token in enumerate(trace):
-        for layer, experts in enumerate(token):
-            if preload is not None and preload_k > 0:
-                prev1 = token[layer - 1] if layer >= 1 else ()
-                prev2 = token[layer - 2] if layer >= 2 else None
-                guess = [e for e, _ in preload.predict(layer, prev1, prev2, preload_k)]
-            elif lookahead is not None:
-                guess = list(dict.fromkeys(lookahead[t][layer]))
+    def preload(self, layer: int, guess: list[int]) -> None:
+        for e in guess:
+            key = (layer, e)
+            if key not in self.held and self.admit(key, layer, None):
+                self.res.preloaded += 1
+                self.pending.add(key)
+
+    def use(self, layer: int, used: list[int]) -> None:
+        needed = {(layer, e) for e in used}
+        for e in used:
+            key = (layer, e)
+            if key in self.held:
+                self.res.hits += 1
+                if key in self.pending:
+                    self.res.preload_hits += 1
+                    self.pending.discard(key)
             else:
-                guess = []
-            for e in guess:
-                key = (layer, e)
-                if key not in held and admit(key, layer, None):
-                    res.preloaded += 1
-                    pending.add(key)
-            used = list(dict.fromkeys(experts))
-            needed = {(layer, e) for e in used}
-            for e in used:
-                key = (layer, e)
-                if key in held:
-                    res.hits += 1
-                    if key in pending:
-                        res.preload_hits += 1
-                        pending.discard(key)
-                else:
-                    res.misses += 1
-                    admitted = admit(key, layer, needed)
-                    assert admitted, "capacity >= the layer's experts leaves a victim"
-                eviction.use(key)
-    return res
+                self.res.misses += 1
+                admitted = self.admit(key, layer, needed)
+                assert admitted, "capacity >= the layer's experts leaves a victim"
+            self.eviction.use(key)

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from launch import cmd_trace
-from observe.traces import (exclusive, format_summary, intersect, length, load_trace, place_trace, subtract, summarize,
-                                summary_dict, trace_dir, union)
+from observe.intervals import exclusive, intersect, length, subtract, union
+from observe.summary import format_summary, summarize, summary_dict
+from observe.traces import load_trace, place_trace, trace_dir
 
 
 def test_interval_algebra():

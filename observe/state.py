@@ -1,0 +1,59 @@
+"""What the monitor draws: one frozen snapshot of the run (observe/feed.py makes them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ActorRow:
+    role: str
+    pid: int
+    state: str  # the scheduler's handshake state (ready, dead, ...) or "running"
+    op: str | None = None  # what it works on now; None: idle
+    op_s: float | None = None  # for how long
+    cpu_pct: float | None = None  # of one core, since the last snapshot
+    uss: int | None = None  # bytes only this process holds (the ledger's last sample)
+
+
+@dataclass(frozen=True)
+class MemoryPart:
+    name: str  # draft, target resident, streaming slots, KV, arena, ...
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class MonitorState:
+    elapsed_s: float = 0.0
+    title: str = ""
+    actors: tuple[ActorRow, ...] = ()
+    budget_bytes: int = 0
+    memory: tuple[MemoryPart, ...] = ()  # the bar's parts, in order
+    measured_bytes: int | None = None  # live PSS of every process together
+    tokens: int = 0
+    tokens_per_s: float = 0.0  # over the last few seconds
+    accepted_hist: tuple[tuple[int, int], ...] = ()  # (accepted length, verifications)
+    alpha: tuple[float, ...] = ()  # after each verification, the latest last
+    disk_gbps: float = 0.0  # over the last few seconds
+    text: str = ""  # the tail of the generated text
+    notes: tuple[str, ...] = ()  # deaths, errors
+    planned: bool = True  # a memory budget was planned (without one, only the measured memory shows)
+    expert_hit_rate: float | None = None  # MoE under a budget: the share of experts asked for that were held
+    expert_mb_per_token: float | None = None
+
+    @property
+    def mean_accepted(self) -> float | None:
+        n = sum(c for _, c in self.accepted_hist)
+        return sum(k * c for k, c in self.accepted_hist) / n if n else None
+
+    @property
+    def experts_text(self) -> str:
+        return "" if self.expert_hit_rate is None else \
+            f"  experts hit {100 * self.expert_hit_rate:.0f}% read {fmt_opt(self.expert_mb_per_token, '.0f')} MB/token"
+
+    @property
+    def avg_tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+def fmt_opt(v, fmt: str, none: str = "-") -> str:
+    return none if v is None else format(v, fmt)
