@@ -123,10 +123,10 @@ FAKE_SCRIPT = {"verifier": {"durations": {"group": [0.001, 0.002]}}, "loader": {
 def bench_generation(pairs: int, tokens: int, seed: int = 0) -> dict:
     from actors.fake import FAKES, fake_args, target_text, write_fake_store
     from common.settings import SamplingConfig, TreeConfig, WorkerSplit
-    from scheduler.config import GiB, KiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
+    from scheduler.config import KiB
     from scheduler.generation.memplan import Overheads, plan_memory
-    from scheduler.runtime import Runtime
     from scheduler.generation.session import ActorSession, SessionSpec
+    from scheduler.runtime import Runtime
 
     groups = {**{f"layer.{i}": 64 * KiB for i in range(8)}, "head.0": 64 * KiB}
     o = Overheads(scheduler=0, watchdog=0, runtime=0, actor=0, exchange=64 * KiB, verifier_activations=0,
@@ -135,43 +135,53 @@ def bench_generation(pairs: int, tokens: int, seed: int = 0) -> dict:
     prompt = target_text([1, 2], 40, 64)
     with tempfile.TemporaryDirectory() as traces, tempfile.TemporaryDirectory() as model:
         store = write_fake_store(model, groups, 64, seed, **FAKE_SCRIPT)
-        config = RuntimeConfig(
-            memory=MemoryConfig(budget_bytes=4 * GiB, arena_bytes=plan.stream_bytes + 2 * MiB,
-                                stream_bytes=plan.stream_bytes, sample_s=0.5),
-            pipeline=PipelineConfig(layer_bytes=plan.slot_bytes), trace=TraceConfig(dir=traces, max_events=10_000_000))
-        with Runtime(config) as sched:
+        with Runtime(_fake_config(plan, traces)) as sched:
             # a fixed budget and no trie: both blocks of a pair replay one workload
             tree = TreeConfig(width=6, adaptive=False, trie=False)
             spec = ActorSession(sched, SessionSpec("tree", store, fake_args(), store, SamplingConfig(), tree, 1, 4096,
                                                    plan=plan, worker=WorkerSplit(0.3, 0.2)), impl=FAKES)
-
-            def block(on: bool, seed: int) -> dict:
-                for role in FAKES:
-                    sched.call(role, "reseed", {"seed": seed})
-                feed = MonitorFeed(sched) if on else None
-                mon = Monitor(feed, console=_console()) if on else None
-                if mon:
-                    mon.start()
-                time.sleep(WARM_S)  # both arms: the same pause before the clock
-                t0 = time.perf_counter()
-                cpu0 = _thread_cpu_s(_monitor_threads(mon, feed)) if mon else 0.0
-                cpu = 0.0
-                try:
-                    gen = spec.loop.generate(prompt, tokens, set(), on_step=(lambda st: feed.on_tokens(len(st.tokens), st.accepted, st.alpha)) if feed else None)
-                finally:
-                    if mon:
-                        cpu = _thread_cpu_s(_monitor_threads(mon, feed)) - cpu0
-                        mon.stop()
-                dt = time.perf_counter() - t0
-                n = len(gen.new_ids)
-                return {"n": n, "s": dt, "rate": n / dt, "frames": mon.frames if mon else 0, "monitor_cpu_s": cpu}
-
             try:
+                block = lambda on, seed: _generation_block(sched, spec, prompt, tokens, on, seed)  # noqa: E731
                 block(True, -1)  # warm up
                 arms = _pairs(pairs, block)
             finally:
                 spec.close()
     return {"tokens": tokens, "pairs": pairs, **_summary(arms, "rate"), "blocks": arms}
+
+
+def _fake_config(plan, traces: str):
+    from scheduler.config import GiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
+
+    return RuntimeConfig(
+        memory=MemoryConfig(budget_bytes=4 * GiB, arena_bytes=plan.stream_bytes + 2 * MiB,
+                            stream_bytes=plan.stream_bytes, sample_s=0.5),
+        pipeline=PipelineConfig(layer_bytes=plan.slot_bytes), trace=TraceConfig(dir=traces, max_events=10_000_000))
+
+
+def _generation_block(sched, spec, prompt: list[int], tokens: int, on: bool, seed: int) -> dict:
+    """One block of a pair: the fakes reseeded, a generation with the monitor on or off."""
+    from actors.fake import FAKES
+
+    for role in FAKES:
+        sched.call(role, "reseed", {"seed": seed})
+    feed = MonitorFeed(sched) if on else None
+    mon = Monitor(feed, console=_console()) if on else None
+    if mon:
+        mon.start()
+    time.sleep(WARM_S)  # both arms: the same pause before the clock
+    t0 = time.perf_counter()
+    cpu0 = _thread_cpu_s(_monitor_threads(mon, feed)) if mon else 0.0
+    cpu = 0.0
+    on_step = (lambda st: feed.on_tokens(len(st.tokens), st.accepted, st.alpha)) if feed else None
+    try:
+        gen = spec.loop.generate(prompt, tokens, set(), on_step=on_step)
+    finally:
+        if mon:
+            cpu = _thread_cpu_s(_monitor_threads(mon, feed)) - cpu0
+            mon.stop()
+    dt = time.perf_counter() - t0
+    n = len(gen.new_ids)
+    return {"n": n, "s": dt, "rate": n / dt, "frames": mon.frames if mon else 0, "monitor_cpu_s": cpu}
 
 
 def bench_cpu(pairs: int, seconds: float) -> dict:

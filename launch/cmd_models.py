@@ -121,15 +121,9 @@ def cmd_expert_bits(args) -> int:
     import json
     import time
 
-    import torch
-
-    from engine.prompts import DEFAULT_PROMPTS, load_prompts
-    from models.bitwidth import LEVELS, MixedExperts, choose_bitwidths, quantize_experts
+    from models.bitwidth import LEVELS
     from models.convert import convert, resolve, store_dir
     from models.source import open_source
-    from models.tokenizer import TextTokenizer
-    from models.transformer import Transformer
-    from models.weights import StreamingWeights
 
     if not 0 <= args.loss < 1:
         raise CadenceError(f"--loss {args.loss} is a share of positions in [0, 1), e.g. 0.05")
@@ -143,21 +137,7 @@ def cmd_expert_bits(args) -> int:
     t0 = time.time()
     label, path, sha = resolve(args.name)
     source = open_source(path, sha)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True)) as bar:
-        task = bar.add_task(f"experts at {', '.join(levels)}", total=a.n_layers * a.n_experts)
-        variants, encoded = quantize_experts(lambda n: torch.from_numpy(source.get(n)), a, levels,
-                                             progress=lambda: bar.advance(task))
-    weights = MixedExperts(StreamingWeights(base, {g for g in base.group_names() if not g.startswith("expert.")}), variants)
-    model = Transformer(a, weights)
-    tok = TextTokenizer(base.tokenizer_info)
-    calibration = [torch.tensor(ids[:args.tokens]) for p in load_prompts(args.prompts or DEFAULT_PROMPTS)
-                   if len(ids := tok.encode(p.text)) > 1]
-    weights.default = levels[-1]
-    choice = choose_bitwidths(model, weights, calibration, args.loss, levels)
-    del variants, weights, model
+    choice, encoded, calibration = _choose_bitwidths(base, source, levels, args)
     counts = {lvl: sum(f == lvl for f in choice.formats.values()) for lvl in levels}
     out = store_dir(label, sha, f"{args.fmt}-eb{round(args.loss * 1000)}")
     keep = {(f"blk.{i}.exp.{e}.{w}", f) for (i, e), f in choice.formats.items() for w in ("gate_up", "down")}
@@ -172,6 +152,33 @@ def cmd_expert_bits(args) -> int:
           f"); {choice.evaluations} evaluations, {time.time() - t0:.0f} s. "
           f"Run it with --target {out}")
     return 0
+
+
+def _choose_bitwidths(base, source, levels: tuple[str, ...], args):
+    """Every expert quantized at every level, then EdgeMoE's choice within the tolerated loss on calibration
+    text: (the choice, the encoded experts, the calibration token ids)."""
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from engine.prompts import DEFAULT_PROMPTS, load_prompts
+    from models.bitwidth import MixedExperts, choose_bitwidths, quantize_experts
+    from models.tokenizer import TextTokenizer
+    from models.transformer import Transformer
+    from models.weights import StreamingWeights
+
+    a = base.args
+    with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True)) as bar:
+        task = bar.add_task(f"experts at {', '.join(levels)}", total=a.n_layers * a.n_experts)
+        variants, encoded = quantize_experts(lambda n: torch.from_numpy(source.get(n)), a, levels,
+                                             progress=lambda: bar.advance(task))
+    weights = MixedExperts(StreamingWeights(base, {g for g in base.group_names() if not g.startswith("expert.")}), variants)
+    model = Transformer(a, weights)
+    tok = TextTokenizer(base.tokenizer_info)
+    calibration = [torch.tensor(ids[:args.tokens]) for p in load_prompts(args.prompts or DEFAULT_PROMPTS)
+                   if len(ids := tok.encode(p.text)) > 1]
+    weights.default = levels[-1]
+    return choose_bitwidths(model, weights, calibration, args.loss, levels), encoded, calibration
 
 
 def cmd_rm(args) -> int:
