@@ -4,7 +4,7 @@ import os
 import pytest
 
 from cadence.errors import CadenceError
-from scheduler.generation.memplan import Overheads, activation_bytes, plan_memory, parse_bytes
+from scheduler.generation.memplan import Overheads, activation_bytes, parse_bytes, plan_memory
 
 MiB = 1 << 20
 LAYERS = {f"layer.{i}": 27 * MiB for i in range(28)}
