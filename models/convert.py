@@ -210,7 +210,7 @@ def ensure_store(model: str, fmt: str, group_size: int = 32, say=None) -> Weight
     converting the same store waits for it (one line through `say`, see `store_lock`) and uses its store."""
     check_format(fmt)
     given = Path(model).expanduser()
-    if given.is_dir() and (given / "manifest.json").exists():  # a weight store itself (e.g. one with expert-wise bitwidths)
+    if given.is_dir() and (given / "manifest.json").exists():  # a weight store itself (e.g. expert-wise bitwidths)
         return WeightStore(given)
     label, path, sha = resolve(model)
     out = store_dir(label, sha, fmt if fmt != "int4" else f"int4g{group_size}")

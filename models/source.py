@@ -336,7 +336,8 @@ def _rope(cfg: dict) -> dict:
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if "full_attention" in rope and isinstance(rope["full_attention"], dict):
         rope = rope["full_attention"]
-    return {**rope, "rope_theta": rope.get("rope_theta") or cfg.get("rope_theta") or _DEFAULT_THETA.get(cfg["model_type"], 1e4)}
+    theta = rope.get("rope_theta") or cfg.get("rope_theta") or _DEFAULT_THETA.get(cfg["model_type"], 1e4)
+    return {**rope, "rope_theta": theta}
 
 
 def _hf_args(cfg: dict, mt: str, path: Path, qkv_bias: bool, tied: bool) -> ModelArgs:
@@ -345,8 +346,9 @@ def _hf_args(cfg: dict, mt: str, path: Path, qkv_bias: bool, tied: bool) -> Mode
         raise CadenceError(f"{path}: rope scaling '{rope.get('rope_type', rope.get('type'))}' is not supported")
     if cfg.get("clip_qkv") is not None:
         raise CadenceError(f"{path}: clip_qkv={cfg['clip_qkv']} is not supported")
-    layer_types = cfg.get("layer_types")
-    sliding = (set(layer_types) != {"full_attention"} if layer_types else mt == "mixtral" or cfg.get("use_sliding_window"))
+    layer_types = cfg.get("layer_types")  # transformers 5; 4 said use_sliding_window (Mixtral: a sliding_window)
+    sliding = (set(layer_types) != {"full_attention"} if layer_types
+               else mt == "mixtral" or cfg.get("use_sliding_window"))
     context = int(cfg.get("max_position_embeddings") or 2048)
     if sliding and cfg.get("sliding_window"):  # within its window, sliding-window attention is full attention
         context = min(context, int(cfg["sliding_window"]))
@@ -356,12 +358,13 @@ def _hf_args(cfg: dict, mt: str, path: Path, qkv_bias: bool, tied: bool) -> Mode
                            "are not supported")
     n_experts = next((cfg[k] for k in EXPERT_COUNT_KEYS if cfg.get(k)), 0) if moe else 0
     if moe and not n_experts:
-        raise CadenceError(f"{path} gives no expert count ({' or '.join(EXPERT_COUNT_KEYS)}), which a {mt} model needs; "
-                           "re-download it")
+        raise CadenceError(f"{path} gives no expert count ({' or '.join(EXPERT_COUNT_KEYS)}), which a {mt} model "
+                           "needs; re-download it")
     n_heads = int(cfg["num_attention_heads"])
     return ModelArgs(
         arch=mt, vocab_size=int(cfg["vocab_size"]), dim=int(cfg["hidden_size"]), n_layers=int(cfg["num_hidden_layers"]),
-        n_heads=n_heads, n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads), ffn_dim=int(cfg["intermediate_size"]),
+        n_heads=n_heads, n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+        ffn_dim=int(cfg["intermediate_size"]),
         norm_eps=float(cfg.get("rms_norm_eps") or _DEFAULT_EPS.get(mt, 1e-6)), rope_base=float(rope["rope_theta"]),
         context_length=context, qkv_bias=qkv_bias, tied_embeddings=tied,
         head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // n_heads),

@@ -121,7 +121,8 @@ class WeightStore:
             self.args = ModelArgs.from_dict(self.manifest["model"])
             self.format: str = self.manifest["format"]
             self.path = self.dir / self.manifest["file"]
-            self.groups = {g["name"]: Group(g["name"], g["offset"], g["nbytes"], tuple(g["tensors"])) for g in self.manifest["groups"]}
+            self.groups = {g["name"]: Group(g["name"], g["offset"], g["nbytes"], tuple(g["tensors"]))
+                           for g in self.manifest["groups"]}
             self.tensors: dict[str, dict] = self.manifest["tensors"]
             self._tokenizer_meta = dict(self.manifest["tokenizer"])
             expected = int(self.manifest["file_bytes"])
@@ -132,14 +133,16 @@ class WeightStore:
         if not self.path.is_file():
             raise CadenceError(f"{self.path} {what_is(self.path)}; {again}")
         if self.path.stat().st_size != expected:
-            raise CadenceError(f"{self.path} has {self.path.stat().st_size} bytes, the manifest says {expected}; {again}")
+            raise CadenceError(f"{self.path} has {self.path.stat().st_size} bytes, the manifest says {expected}; "
+                               f"{again}")
 
     @property
     def tokenizer_info(self):
         from models.tokenizer import loads_info
 
         path = self.dir / "tokenizer.json"
-        return loads_info(read_text(path, f"delete {self.dir} and convert again"), self._tokenizer_meta, origin=str(path))
+        text = read_text(path, f"delete {self.dir} and convert again")
+        return loads_info(text, self._tokenizer_meta, origin=str(path))
 
     def group_names(self) -> list[str]:
         return list(self.groups)

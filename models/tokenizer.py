@@ -4,11 +4,16 @@ A GGUF file carries no tokenizer.json: it stores the vocabulary, the merges, the
 and the name of the pre-tokenizer (`tokenizer.ggml.pre`). We rebuild the same `tokenizers`
 pipeline HF ships for these models: the model's split regex, byte-level mapping, BPE, and the
 control tokens added whole so that `<|im_start|>` stays one token.
+
+What users and clients send is checked at the entry points (`encode`, `apply_chat_template`): text that is
+not UTF-8 is one sentence naming it, and a text far longer than the context is refused from its length
+before the tokenizer reads it (`min_tokens`).
 """
 from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,8 +87,10 @@ class TextTokenizer:
 
     def __init__(self, info: TokenizerInfo):
         self.info = info
-        origin = Path(info.origin or "tokenizer.json")  # a store's: what GGUF and HF sources build has parsed already
-        self.tok = parse_tokenizer(info.tokenizer_json, str(origin), f"delete {origin.parent} and convert again")
+        # a store's tokenizer.json (what a GGUF or HF source builds has been parsed already)
+        origin = Path(info.origin) if info.origin else None
+        self.tok = parse_tokenizer(info.tokenizer_json, str(origin or "the tokenizer"),
+                                   f"delete {origin.parent} and convert again" if origin else "convert the model again")
         self.bos_id, self.add_bos = info.bos_id, info.add_bos
         self.stop_ids = set(info.eos_ids)
         # Chat models also stop at their end-of-turn token.
@@ -163,7 +170,8 @@ class TextTokenizer:
             return self.table.decode(ids, skip_special)
         return self.tok.decode(list(ids), skip_special_tokens=skip_special)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *, name: str | None = None) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *,
+                            name: str | None = None) -> str:
         """The conversation as the model's chat template writes it. Every string in `messages` is checked to be
         UTF-8 first (see `encode`) and named by its place, `{name}[2].content` (name None: "messages", and
         a lone message's content "the prompt")."""
@@ -209,21 +217,24 @@ def checked_text(text: str | bytes, name: str) -> tuple[str, int]:
         return text, len(text.encode("utf-8"))
     except UnicodeEncodeError as e:
         cp = ord(text[e.start])
-        what = (f"the byte 0x{cp - 0xDC00:02x}, which does not decode as UTF-8" if 0xDC80 <= cp <= 0xDCFF  # surrogateescape
-                else f"U+{cp:04X}, half of a UTF-16 surrogate pair without its other half")
-        raise CadenceError(f"{name} is not valid UTF-8 (character {e.start} is {what}); give it as UTF-8 text") from None
+        what = (f"the byte 0x{cp - 0xDC00:02x}, which does not decode as UTF-8" if 0xDC80 <= cp <= 0xDCFF
+                else f"U+{cp:04X}, half of a UTF-16 surrogate pair without its other half")  # (surrogateescape's)
+        raise CadenceError(f"{name} is not valid UTF-8 (character {e.start} is {what}); give it as UTF-8 "
+                           "text") from None
 
 
-def _check_strings(stack: list[tuple[object, str]]) -> None:
-    """`checked_text` on every string in (value, name) pairs and inside them (content parts), named by path."""
-    while stack:  # no recursion: a client's nesting depth is not ours to overflow on
-        v, path = stack.pop()
+def _check_strings(pairs: list[tuple[object, str]]) -> None:
+    """`checked_text` on every string in (value, name) pairs and inside them (content parts), named by path;
+    the first bad one in order is named."""
+    queue = deque(pairs)
+    while queue:  # no recursion: a client's nesting depth is not ours to overflow on
+        v, path = queue.popleft()
         if isinstance(v, str):
             checked_text(v, path)
         elif isinstance(v, dict):
-            stack += [(x, f"{path}.{k}") for k, x in v.items()]
+            queue.extend((x, f"{path}.{k}") for k, x in v.items())
         elif isinstance(v, (list, tuple)):
-            stack += [(x, f"{path}[{j}]") for j, x in enumerate(v)]
+            queue.extend((x, f"{path}[{j}]") for j, x in enumerate(v))
 
 
 # How many times a normalizer may shrink a text's UTF-8 bytes. NFC composes at most 3.5 bytes into one
@@ -240,10 +251,12 @@ def token_bound(tok: Tokenizer) -> tuple[int, int]:
     shrink = math.prod(_shrink(n) or 0 for n in norms) or None
     pre = _flat(json.loads(tok.pre_tokenizer.__getstate__()), "pretokenizers") if tok.pre_tokenizer is not None else []
     model = tok.model
-    if shrink is None or not all(map(_keeps_text, pre)) or not isinstance(model, models.BPE) or (model.unk_token and model.fuse_unk):
-        return 0, 0  # a run of unknown characters fused into one token, a normalizer or split that drops text
+    fused = isinstance(model, models.BPE) and model.unk_token and model.fuse_unk  # unknown characters: one token a run
+    if shrink is None or not all(map(_keeps_text, pre)) or not isinstance(model, models.BPE) or fused:
+        return 0, 0  # a normalizer or a split that may drop text, or a model not known here
     byte_level = any(p["type"] == "ByteLevel" for p in pre)
-    longest = max((len(t) if byte_level else len(t.encode()) for t in tok.get_vocab(with_added_tokens=False)), default=1)
+    vocab = tok.get_vocab(with_added_tokens=False)
+    longest = max((len(t) if byte_level else len(t.encode()) for t in vocab), default=1)
     for added in tok.get_added_tokens_decoder().values():
         text = tok.normalizer.normalize_str(added.content) if added.normalized and tok.normalizer else added.content
         longest = max(longest, len(text.encode()))
@@ -345,7 +358,8 @@ def parse_tokenizer(tokenizer_json: str, origin: str, advice: str) -> Tokenizer:
         raise CadenceError(f"{origin} is not a tokenizer the tokenizers library reads ({e}); {advice}") from None
 
 
-def info_from_hf(tokenizer_json: str, tokenizer_config: dict, config: dict, origin: str = "tokenizer.json") -> TokenizerInfo:
+def info_from_hf(tokenizer_json: str, tokenizer_config: dict, config: dict,
+                 origin: str = "tokenizer.json") -> TokenizerInfo:
     tok = parse_tokenizer(tokenizer_json, origin, "re-download it")
 
     def tid(x):
@@ -365,7 +379,8 @@ def info_from_hf(tokenizer_json: str, tokenizer_config: dict, config: dict, orig
     return TokenizerInfo(tokenizer_json=tokenizer_json, bos_id=bos, eos_ids=eos_ids,
                          add_bos=bool(tokenizer_config.get("add_bos_token", False)),
                          chat_template=tokenizer_config.get("chat_template"),
-                         special={"bos": special.get("bos_token", ""), "eos": special.get("eos_token", "")}, origin=origin)
+                         special={"bos": special.get("bos_token", ""), "eos": special.get("eos_token", "")},
+                         origin=origin)
 
 
 def loads_info(tokenizer_json: str, meta: dict, origin: str = "") -> TokenizerInfo:

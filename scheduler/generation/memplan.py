@@ -317,8 +317,8 @@ def parse_bytes(text: str) -> int:
     n = float(m.group(1)) * _UNITS[m.group(2)]  # a float: 1e400GiB is more than any machine, not an overflow
     if n > (have := machine_memory()):
         size = fmt(int(n)) if n < 1 << 62 else "beyond any machine"
-        raise CadenceError(f"a memory budget of {text.strip()} ({size}) is more than this machine's memory ({fmt(have)}); "
-                           "give a smaller one, or leave --memory-budget out to run without a bound")
+        raise CadenceError(f"a memory budget of {text.strip()} ({size}) is more than this machine's memory "
+                           f"({fmt(have)}); give a smaller one, or leave --memory-budget out to run without a bound")
     if int(n) <= 0:
         raise CadenceError(f"the memory size {text!r} is not above zero; give a budget like 3GiB, or auto")
     return int(n)
