@@ -53,8 +53,8 @@ def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str
         return _write_store(source, out_dir, fmt, group_size, label, progress, expert_formats, encoded)
 
 
-def _write_store(source, out_dir: Path, fmt: str, group_size: int, label: str, progress: Progress | None,
-                 expert_formats: dict | None, encoded: dict | None) -> Path:
+def _write_store(source, out_dir: Path, fmt: str, group_size: int, label: str, progress: Progress | None = None,
+                 expert_formats: dict | None = None, encoded: dict | None = None) -> Path:
     import torch  # only a conversion needs it: a run that finds its store stays torch-free (and numpy-free)
 
     from models import linear
@@ -221,7 +221,7 @@ def ensure_store(model: str, fmt: str, group_size: int = 32, say=None) -> Weight
 
             with store_lock(out, say):
                 if not _current(out):  # the process this one waited for wrote it
-                    _write_store(open_source(path, sha), out, fmt, group_size, label, None, None, None)
+                    _write_store(open_source(path, sha), out, fmt, group_size, label)
         else:
             _convert_in_child(model, fmt, group_size)
     return WeightStore(out)
