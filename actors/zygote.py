@@ -102,7 +102,10 @@ def main(fd_in: int, fd_out: int, modules: list[str]) -> int:
             reply = str(fork_actor(spec, (fd_in, fd_out)))
         except Exception as e:  # noqa: BLE001 - told to the scheduler, which raises it as one sentence
             reply = f"error {type(e).__name__}: {e}"
-        os.write(fd_out, (reply + "\n").encode())
+        try:
+            os.write(fd_out, (reply + "\n").encode())
+        except BrokenPipeError:  # the scheduler stopped (Ctrl-C, SIGTERM) while we forked: a normal stop
+            break
     return 0
 
 

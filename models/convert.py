@@ -1,11 +1,14 @@
 """Convert a model source (GGUF / HF) into a weight store, once per source hash and format."""
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -15,6 +18,7 @@ from common import paths
 from common.errors import CadenceError
 from common.settings import check_format
 from models import registry
+from models.files import no_space
 from models.pull import is_pulled, model_path, pull
 from models.store import WeightStore, StoreWriter
 
@@ -41,9 +45,16 @@ def linear_format(name: str, fmt: str, expert_formats: dict | None = None) -> st
 
 def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str = "", progress: Progress | None = None,
             expert_formats: dict | None = None, encoded: dict | None = None) -> Path:
-    """Write `source` as a weight store at `out_dir` (atomically: a `.partial` dir renamed at the end).
-    `expert_formats`: {(layer, expert): format} for experts stored at their own bitwidth (EdgeMoE §3.2);
-    `encoded`: {(tensor, format): (arrays, meta)} already encoded (models/bitwidth.py), written as they are."""
+    """Write `source` as a weight store at `out_dir` (atomically: a `.partial` dir renamed at the end), under
+    the store's lock (`store_lock`). `expert_formats`: {(layer, expert): format} for experts stored at their
+    own bitwidth (EdgeMoE §3.2); `encoded`: {(tensor, format): (arrays, meta)} already encoded
+    (models/bitwidth.py), written as they are."""
+    with store_lock(out_dir):
+        return _write_store(source, out_dir, fmt, group_size, label, progress, expert_formats, encoded)
+
+
+def _write_store(source, out_dir: Path, fmt: str, group_size: int, label: str, progress: Progress | None = None,
+                 expert_formats: dict | None = None, encoded: dict | None = None) -> Path:
     import torch  # only a conversion needs it: a run that finds its store stays torch-free (and numpy-free)
 
     from models import linear
@@ -94,9 +105,12 @@ def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str
                        **({"expert_formats": sorted([l, e, f] for (l, e), f in expert_formats.items())} if expert_formats else {}),
                        "source": {"kind": source.kind, "path": str(source.path), "sha256": source.identity()},
                        "convert_seconds": round(time.time() - t0, 1)}, source.tokenizer)
-    except BaseException:
+    except BaseException as e:
         writer.abort()
         shutil.rmtree(tmp, ignore_errors=True)
+        full = no_space(e, out_dir) if isinstance(e, OSError) else None
+        if full is not None:
+            raise full from None
         raise
     finally:
         if own:
@@ -104,6 +118,36 @@ def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     return out_dir
+
+
+@contextmanager
+def store_lock(out_dir: Path, say=None):
+    """Hold the lock of the weight store at `out_dir` (`<store>.lock` beside it, holding its holder's pid): one
+    process at a time writes a store's `.partial` folder. Another waits for it, saying so in one line through
+    `say` (default: stderr). The kernel drops the lock of a process that dies, SIGKILL included, so a lock
+    left by a killed converter is taken over at once (and its `.partial` folder written afresh)."""
+    paths.writable_dir(out_dir.parent)
+    fd = os.open(out_dir.with_name(out_dir.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    held = False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 16, 0).decode(errors="replace").strip() or "?"
+            (say or _stderr)(f"waiting for process {holder}, which is converting the same model into {out_dir}")
+            fcntl.flock(fd, fcntl.LOCK_EX)  # no timeout: a conversion takes as long as it takes; Ctrl-C ends the wait
+        held = True
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        if held:
+            os.ftruncate(fd, 0)
+        os.close(fd)  # lets go of the lock
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 HEAD_ROW_ALIGN = 256
@@ -161,11 +205,12 @@ def store_dir(label: str, sha: str, fmt: str) -> Path:
     return paths.stores_dir() / f"{label}-{fmt}-{sha[:12]}"
 
 
-def ensure_store(model: str, fmt: str, group_size: int = 32) -> WeightStore:
-    """The weight store of `model` in `fmt`, converting it on first use."""
+def ensure_store(model: str, fmt: str, group_size: int = 32, say=None) -> WeightStore:
+    """The weight store of `model` in `fmt`, converting it on first use. A process that finds another one
+    converting the same store waits for it (one line through `say`, see `store_lock`) and uses its store."""
     check_format(fmt)
     given = Path(model).expanduser()
-    if given.is_dir() and (given / "manifest.json").is_file():  # a weight store itself (e.g. one with expert-wise bitwidths)
+    if given.is_dir() and (given / "manifest.json").exists():  # a weight store itself (e.g. expert-wise bitwidths)
         return WeightStore(given)
     label, path, sha = resolve(model)
     out = store_dir(label, sha, fmt if fmt != "int4" else f"int4g{group_size}")
@@ -174,7 +219,9 @@ def ensure_store(model: str, fmt: str, group_size: int = 32) -> WeightStore:
         if "torch" in sys.modules:
             from models.source import open_source
 
-            convert(open_source(path, sha), out, fmt, group_size=group_size, label=label)
+            with store_lock(out, say):
+                if not _current(out):  # the process this one waited for wrote it
+                    _write_store(open_source(path, sha), out, fmt, group_size, label)
         else:
             _convert_in_child(model, fmt, group_size)
     return WeightStore(out)
@@ -217,9 +264,10 @@ def known_stores() -> list[WeightStore]:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m models.convert MODEL FORMAT GROUP_SIZE`: what `ensure_store` runs in a child."""
+    """`python -m models.convert MODEL FORMAT GROUP_SIZE`: what `ensure_store` runs in a child. Its stdout is
+    the parent's stderr, as it goes: the line saying it waits for another conversion goes there."""
     try:
-        ensure_store(argv[0], argv[1], int(argv[2]))
+        ensure_store(argv[0], argv[1], int(argv[2]), say=lambda line: print(line, flush=True))
     except CadenceError as e:
         print(f"convert: {e}", file=sys.stderr)
         return 1

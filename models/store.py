@@ -16,6 +16,7 @@ from pathlib import Path
 
 from common.errors import CadenceError
 from models.config import ModelArgs
+from models.files import read_json, read_text, what_is
 
 # torch, numpy and the tokenizer are imported where they are used: the I/O loader reads a store's
 # manifest and nothing else, and stays a small process.
@@ -92,8 +93,10 @@ class StoreWriter:
         os.replace(tmp, self.dir / "manifest.json")
 
     def abort(self):
-        if not self.f.closed:
+        try:
             self.f.close()
+        except OSError:  # its buffer could not be flushed (a full disk): the folder is removed anyway
+            pass
 
 
 @dataclass(frozen=True)
@@ -108,28 +111,38 @@ class WeightStore:
     def __init__(self, directory: Path):
         self.dir = Path(directory)
         mpath = self.dir / "manifest.json"
-        if not mpath.is_file():
+        if not mpath.exists():
             raise CadenceError(f"{self.dir} is not a complete weight store (no manifest.json); delete it and convert again")
-        try:
-            self.manifest = json.loads(mpath.read_text())
-        except json.JSONDecodeError as e:
-            raise CadenceError(f"{mpath} is damaged ({e}); delete {self.dir} and convert again") from None
+        again = f"delete {self.dir} and convert again"
+        self.manifest = read_json(mpath, again)
         if self.manifest.get("format_version") != FORMAT_VERSION:
             raise CadenceError(f"{self.dir} was written by another cadence version; delete it and convert again")
-        self.args = ModelArgs.from_dict(self.manifest["model"])
-        self.format: str = self.manifest["format"]
-        self.path = self.dir / self.manifest["file"]
-        size = self.path.stat().st_size if self.path.exists() else -1
-        if size != self.manifest["file_bytes"]:
-            raise CadenceError(f"{self.path} has {size} bytes, the manifest says {self.manifest['file_bytes']}; delete {self.dir} and convert again")
-        self.groups = {g["name"]: Group(g["name"], g["offset"], g["nbytes"], tuple(g["tensors"])) for g in self.manifest["groups"]}
-        self.tensors: dict[str, dict] = self.manifest["tensors"]
+        try:
+            self.args = ModelArgs.from_dict(self.manifest["model"])
+            self.format: str = self.manifest["format"]
+            self.path = self.dir / self.manifest["file"]
+            self.groups = {g["name"]: Group(g["name"], g["offset"], g["nbytes"], tuple(g["tensors"]))
+                           for g in self.manifest["groups"]}
+            self.tensors: dict[str, dict] = self.manifest["tensors"]
+            self._tokenizer_meta = dict(self.manifest["tokenizer"])
+            expected = int(self.manifest["file_bytes"])
+        except KeyError as e:
+            raise CadenceError(f"{mpath} is damaged (it has no {e} entry); {again}") from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise CadenceError(f"{mpath} is damaged ({e}); {again}") from None
+        if not self.path.is_file():
+            raise CadenceError(f"{self.path} {what_is(self.path)}; {again}")
+        if self.path.stat().st_size != expected:
+            raise CadenceError(f"{self.path} has {self.path.stat().st_size} bytes, the manifest says {expected}; "
+                               f"{again}")
 
     @property
     def tokenizer_info(self):
         from models.tokenizer import loads_info
 
-        return loads_info((self.dir / "tokenizer.json").read_text(), self.manifest["tokenizer"])
+        path = self.dir / "tokenizer.json"
+        text = read_text(path, f"delete {self.dir} and convert again")
+        return loads_info(text, self._tokenizer_meta, origin=str(path))
 
     def group_names(self) -> list[str]:
         return list(self.groups)

@@ -4,10 +4,18 @@ A GGUF file carries no tokenizer.json: it stores the vocabulary, the merges, the
 and the name of the pre-tokenizer (`tokenizer.ggml.pre`). We rebuild the same `tokenizers`
 pipeline HF ships for these models: the model's split regex, byte-level mapping, BPE, and the
 control tokens added whole so that `<|im_start|>` stays one token.
+
+What users and clients send is checked at the entry points (`encode`, `apply_chat_template`): text that is
+not UTF-8 is one sentence naming it, and a text far longer than the context is refused from its length
+before the tokenizer reads it (`min_tokens`).
 """
 from __future__ import annotations
 
+import json
+import math
+from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -67,6 +75,7 @@ class TokenizerInfo:
     add_bos: bool = False
     chat_template: str | None = None
     special: dict[str, str] = field(default_factory=dict)
+    origin: str = ""  # the file it was read from, for a sentence if it does not parse
 
     def to_dict(self) -> dict:
         return {"bos_id": self.bos_id, "eos_ids": self.eos_ids, "add_bos": self.add_bos,
@@ -78,7 +87,10 @@ class TextTokenizer:
 
     def __init__(self, info: TokenizerInfo):
         self.info = info
-        self.tok = Tokenizer.from_str(info.tokenizer_json)
+        # a store's tokenizer.json (what a GGUF or HF source builds has been parsed already)
+        origin = Path(info.origin) if info.origin else None
+        self.tok = parse_tokenizer(info.tokenizer_json, str(origin or "the tokenizer"),
+                                   f"delete {origin.parent} and convert again" if origin else "convert the model again")
         self.bos_id, self.add_bos = info.bos_id, info.add_bos
         self.stop_ids = set(info.eos_ids)
         # Chat models also stop at their end-of-turn token.
@@ -88,6 +100,7 @@ class TextTokenizer:
                 self.stop_ids.add(tid)
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         self.table: ByteTable | None = None
+        self._bound: tuple[int, int] | None = None  # (longest token's bytes, the normalizer's shrink): see min_tokens
         trim_heap()  # parsing the JSON left ~90 MiB of freed heap behind
 
     def release_encoder(self) -> bool:
@@ -105,21 +118,66 @@ class TextTokenizer:
         trim_heap()
         return True
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str | bytes, *, name: str = "the prompt", limit: int | None = None) -> list[int]:
+        """Token ids of `text` (the BOS first where the model adds one).
+
+        text: a str, or bytes read as UTF-8. Text that is not UTF-8 (undecodable bytes; a str holding a lone
+          surrogate, which is what Python makes of an undecodable byte read with errors="surrogateescape" and
+          what a JSON "\\ud800" escape decodes to) is refused in one CadenceError sentence that calls it `name`
+          ("the prompt", "messages[2].content", a file path).
+        limit: the most ids the caller can take (the context's room for a prompt). A text with more raises
+          `TooLong`, a CadenceError. Before the tokenizer sees the text, `min_tokens` bounds its count from its
+          length in O(1) (and from its UTF-8 bytes, which the check above computes anyway): a 50 MB string is
+          refused at once, and never a text that would fit. What passes the bound is counted exactly.
+        """
         if self.tok is None:
             raise CadenceError("this run encoded its prompts up front and let its tokenizer go (to save memory); "
                                "a new prompt needs a run that keeps it (launch chat, launch serve, the Python API)")
+        if limit is not None:  # O(1): a str's length in characters is a lower bound of its bytes
+            self.check_length(len(text), limit, name, ascii=isinstance(text, str) and text.isascii())
+        text, n_bytes = checked_text(text, name)
+        if limit is not None and n_bytes > len(text):
+            self.check_length(n_bytes, limit, name)
         ids = self.tok.encode(text, add_special_tokens=False).ids
         if self.add_bos and self.bos_id is not None:
             ids = [self.bos_id] + ids
+        if limit is not None and len(ids) > limit:
+            raise TooLong(name, len(ids), limit, exact=True)
         return ids
+
+    def min_tokens(self, n_bytes: int, ascii: bool = False) -> int:
+        """The fewest ids a text of `n_bytes` UTF-8 bytes (or more: its length in characters is a lower bound)
+        can encode to, in O(1); `ascii`: the text is ASCII. Each token covers at most `longest` bytes of the
+        normalized text, and the normalizer shrinks a text at most `shrink` times (NFC composes up to 3.5
+        bytes into one, checked over all of Unicode in tests/models/test_tokenizer.py; it keeps ASCII as
+        it is). 0 where the pipeline may drop text (a normalizer not known here, fused unknown tokens)."""
+        if self._bound is None:
+            self._bound = token_bound(self.tok) if self.tok is not None else (0, 0)
+        longest, shrink = self._bound
+        if not longest:
+            return 0
+        return -(-n_bytes // (longest * (1 if ascii else shrink))) + bool(self.add_bos and self.bos_id is not None)
+
+    def check_length(self, n_bytes: int, limit: int, name: str = "the prompt", ascii: bool = False) -> None:
+        """Raise `TooLong` if a text of `n_bytes` bytes (or more) has more than `limit` ids whatever it holds, in
+        O(1): what `encode(limit=...)` does before the tokenizer sees the text."""
+        at_least = self.min_tokens(n_bytes, ascii)
+        if at_least > limit:
+            raise TooLong(name, at_least, limit, exact=False)
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         if self.tok is None:
             return self.table.decode(ids, skip_special)
         return self.tok.decode(list(ids), skip_special_tokens=skip_special)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *,
+                            name: str | None = None) -> str:
+        """The conversation as the model's chat template writes it. Every string in `messages` is checked to be
+        UTF-8 first (see `encode`) and named by its place, `{name}[2].content` (name None: "messages", and
+        a lone message's content "the prompt")."""
+        lone = name is None and len(messages) == 1
+        _check_strings([(v, "the prompt" if lone and k == "content" else f"{name or 'messages'}[{i}].{k}")
+                        for i, m in enumerate(messages) for k, v in (m.items() if isinstance(m, dict) else ())])
         if not self.info.chat_template:
             raise CadenceError("this model has no chat template; run without --chat")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -131,6 +189,99 @@ class TextTokenizer:
         tmpl = env.from_string(self.info.chat_template)
         return tmpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
                            bos_token=self.info.special.get("bos", ""), eos_token=self.info.special.get("eos", ""))
+
+
+class TooLong(CadenceError):
+    """A text with more tokens than its caller can take: `tokens` (a lower bound unless `exact`) over `limit`."""
+
+    def __init__(self, name: str, tokens: int, limit: int, exact: bool):
+        self.name, self.tokens, self.limit, self.exact = name, tokens, limit, exact
+        super().__init__(f"{name} has {'' if exact else 'at least '}{tokens} tokens, more than the context's {limit}; "
+                         "shorten it")
+
+
+def checked_text(text: str | bytes, name: str) -> tuple[str, int]:
+    """(`text` as the str the tokenizer takes, its UTF-8 bytes), or one CadenceError calling it `name` where it
+    is not UTF-8: bytes that do not decode, or a str with a lone surrogate (see `TextTokenizer.encode`)."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            return text.decode("utf-8"), len(text)
+        except UnicodeDecodeError as e:
+            raise CadenceError(f"{name} is not valid UTF-8 (byte {e.start} is 0x{text[e.start]:02x}: {e.reason}); "
+                               "give it as UTF-8 text") from None
+    if not isinstance(text, str):
+        raise CadenceError(f"{name} is {type(text).__name__}, not text")
+    if text.isascii():  # O(1): CPython knows it
+        return text, len(text)
+    try:
+        return text, len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        cp = ord(text[e.start])
+        what = (f"the byte 0x{cp - 0xDC00:02x}, which does not decode as UTF-8" if 0xDC80 <= cp <= 0xDCFF
+                else f"U+{cp:04X}, half of a UTF-16 surrogate pair without its other half")  # (surrogateescape's)
+        raise CadenceError(f"{name} is not valid UTF-8 (character {e.start} is {what}); give it as UTF-8 "
+                           "text") from None
+
+
+def _check_strings(pairs: list[tuple[object, str]]) -> None:
+    """`checked_text` on every string in (value, name) pairs and inside them (content parts), named by path;
+    the first bad one in order is named."""
+    queue = deque(pairs)
+    while queue:  # no recursion: a client's nesting depth is not ours to overflow on
+        v, path = queue.popleft()
+        if isinstance(v, str):
+            checked_text(v, path)
+        elif isinstance(v, dict):
+            queue.extend((x, f"{path}.{k}") for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            queue.extend((x, f"{path}[{j}]") for j, x in enumerate(v))
+
+
+# How many times a normalizer may shrink a text's UTF-8 bytes. NFC composes at most 3.5 bytes into one
+# (U+0390: a 3-byte iota, then U+0344 that decomposes to the two marks; tests/models/test_tokenizer.py
+# recomputes it); 4 leaves room for compositions a later Unicode than Python's may add.
+NFC_SHRINK = 4
+
+
+def token_bound(tok: Tokenizer) -> tuple[int, int]:
+    """(the most bytes one token covers, how many times the normalizer may shrink a text): what `min_tokens`
+    divides by; (0, 0) where the pipeline may drop text (then no bound holds). Byte-level BPE spells each
+    byte as one character; other BPE vocabularies are measured in UTF-8, which can only overstate."""
+    norms = _flat(json.loads(tok.normalizer.__getstate__()), "normalizers") if tok.normalizer is not None else []
+    shrink = math.prod(_shrink(n) or 0 for n in norms) or None
+    pre = _flat(json.loads(tok.pre_tokenizer.__getstate__()), "pretokenizers") if tok.pre_tokenizer is not None else []
+    model = tok.model
+    fused = isinstance(model, models.BPE) and model.unk_token and model.fuse_unk  # unknown characters: one token a run
+    if shrink is None or not all(map(_keeps_text, pre)) or not isinstance(model, models.BPE) or fused:
+        return 0, 0  # a normalizer or a split that may drop text, or a model not known here
+    byte_level = any(p["type"] == "ByteLevel" for p in pre)
+    vocab = tok.get_vocab(with_added_tokens=False)
+    longest = max((len(t) if byte_level else len(t.encode()) for t in vocab), default=1)
+    for added in tok.get_added_tokens_decoder().values():
+        text = tok.normalizer.normalize_str(added.content) if added.normalized and tok.normalizer else added.content
+        longest = max(longest, len(text.encode()))
+    return max(longest, 4 if model.unk_token else 1), shrink  # an unknown character (up to 4 bytes) is one token
+
+
+def _flat(spec: dict, key: str) -> list[dict]:
+    """The steps of a normalizer or pre-tokenizer, Sequences opened."""
+    return [x for part in spec[key] for x in _flat(part, key)] if spec.get("type") == "Sequence" else [spec]
+
+
+def _shrink(spec: dict) -> int | None:
+    """How many times a normalizer step may shrink a text; None: not known here."""
+    kind = spec.get("type")
+    if kind == "Replace":  # a string for one no shorter (SentencePiece's space to U+2581) only grows a text
+        pattern = spec["pattern"].get("String")
+        return 1 if pattern is not None and len(spec["content"].encode()) >= len(pattern.encode()) else None
+    return {"NFC": NFC_SHRINK, "Prepend": 1}.get(kind)
+
+
+def _keeps_text(spec: dict) -> bool:
+    """Whether a pre-tokenizer step keeps every byte (it splits, or maps bytes to characters, but drops nothing)."""
+    if spec["type"] in ("Split", "Punctuation"):
+        return spec.get("behavior") != "Removed"
+    return spec["type"] in ("ByteLevel", "Digits", "Metaspace")
 
 
 def byte_alphabet() -> list[tuple[int, str]]:
@@ -154,7 +305,6 @@ class ByteTable:
 
     @classmethod
     def of(cls, tok: Tokenizer, tokenizer_json: str, vocab: int) -> "ByteTable | None":
-        import json
         from array import array
 
         spec = json.loads(tokenizer_json)
@@ -209,8 +359,17 @@ class StreamDecoder:
         return self.tokenizer.decode(self.ids)
 
 
-def info_from_hf(tokenizer_json: str, tokenizer_config: dict, config: dict) -> TokenizerInfo:
-    tok = Tokenizer.from_str(tokenizer_json)
+def parse_tokenizer(tokenizer_json: str, origin: str, advice: str) -> Tokenizer:
+    """A `tokenizers` Tokenizer from its JSON; one sentence naming `origin` where the JSON is not one."""
+    try:
+        return Tokenizer.from_str(tokenizer_json)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
+        raise CadenceError(f"{origin} is not a tokenizer the tokenizers library reads ({e}); {advice}") from None
+
+
+def info_from_hf(tokenizer_json: str, tokenizer_config: dict, config: dict,
+                 origin: str = "tokenizer.json") -> TokenizerInfo:
+    tok = parse_tokenizer(tokenizer_json, origin, "re-download it")
 
     def tid(x):
         if isinstance(x, dict):
@@ -229,10 +388,11 @@ def info_from_hf(tokenizer_json: str, tokenizer_config: dict, config: dict) -> T
     return TokenizerInfo(tokenizer_json=tokenizer_json, bos_id=bos, eos_ids=eos_ids,
                          add_bos=bool(tokenizer_config.get("add_bos_token", False)),
                          chat_template=tokenizer_config.get("chat_template"),
-                         special={"bos": special.get("bos_token", ""), "eos": special.get("eos_token", "")})
+                         special={"bos": special.get("bos_token", ""), "eos": special.get("eos_token", "")},
+                         origin=origin)
 
 
-def loads_info(tokenizer_json: str, meta: dict) -> TokenizerInfo:
+def loads_info(tokenizer_json: str, meta: dict, origin: str = "") -> TokenizerInfo:
     return TokenizerInfo(tokenizer_json=tokenizer_json, **{k: meta.get(k) for k in ("bos_id", "eos_ids", "add_bos", "chat_template")},
-                         special=meta.get("special") or {})
+                         special=meta.get("special") or {}, origin=origin)
 

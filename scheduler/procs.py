@@ -78,8 +78,8 @@ def start_actor(role: str, cls_path: str, init: dict, endpoint: str, init_wait_s
     if zygote is not None:
         popen = zygote.fork(spec)
     else:
-        popen = subprocess.Popen([sys.executable, "-m", "actors", json.dumps(spec)],
-                                 stdin=subprocess.DEVNULL, close_fds=True, env=python_env())
+        popen = subprocess.Popen([sys.executable, "-m", "actors", json.dumps(spec)], stdin=subprocess.DEVNULL,
+                                 close_fds=True, env=python_env(), start_new_session=True)  # as the zygote's (below)
     try:
         sentinel = os.pidfd_open(popen.pid)
     except OSError:
@@ -143,8 +143,12 @@ class Zygote:
         to_z, self._w = os.pipe()
         self._r, from_z = os.pipe()
         try:
+            # a session of its own, as the watchdog's: Ctrl-C reaches the terminal's foreground group, and one
+            # that lands while this interpreter starts (before it ignores SIGINT) would print a fatal error;
+            # the scheduler handles Ctrl-C and closes our pipe, and the actors forked from here ignore it too
             self.proc = subprocess.Popen([sys.executable, "-m", "actors.zygote", str(to_z), str(from_z), *preload],
-                                         pass_fds=(to_z, from_z), stdin=subprocess.DEVNULL, env=python_env())
+                                         pass_fds=(to_z, from_z), stdin=subprocess.DEVNULL, env=python_env(),
+                                         start_new_session=True)
         finally:
             os.close(to_z)
             os.close(from_z)

@@ -39,7 +39,7 @@ def budget(resident_row: dict) -> str:
 def test_profile_then_every_policy_under_a_budget_gives_the_resident_tokens(moe, tmp_path):
     gguf, prompts, home = moe
     common = ["--target", str(gguf), "--prompts", str(prompts), "--max-new-tokens", "12", "--chat", "off", "--no-monitor"]
-    launch("run", *common, "--mode", "stdpl", "--memory-budget", "64GiB", "--json", str(tmp_path / "ref.json"), home=home, check=True)
+    launch("run", *common, "--mode", "stdpl", "--memory-budget", "4GiB", "--json", str(tmp_path / "ref.json"), home=home, check=True)
     ref = {r["id"]: r["new_token_ids"] for r in rows(tmp_path / "ref.json")}  # every group resident
     p = launch("models", "profile-experts", str(gguf), "--prompts", str(prompts), "--tokens", "8", home=home, check=True)
     assert "expert_paths.json: the paths of" in p.stdout
@@ -67,7 +67,7 @@ def test_expert_bits_writes_a_store_that_runs(moe, tmp_path):
     assert info["loss"] <= 0.3 and sum(info["counts"].values()) == ARGS.n_layers * ARGS.n_experts
     out = tmp_path / "bits.json"
     launch("run", "--target", store, "--prompts", str(prompts), "--max-new-tokens", "6", "--chat", "off", "--no-monitor",
-           "--mode", "stdpl", "--memory-budget", "64GiB", "--json", str(out), home=home, check=True)
+           "--mode", "stdpl", "--memory-budget", "4GiB", "--json", str(out), home=home, check=True)
     limit = str(rows(out)[0]["memory_plan"]["total_bytes"] - ARGS.n_layers * ARGS.n_experts * ARGS.expert_params() // 8)
     launch("run", "--target", store, "--prompts", str(prompts), "--max-new-tokens", "6", "--chat", "off", "--no-monitor",
            "--mode", "stdpl", "--memory-budget", limit, "--json", str(out), home=home, check=True)

@@ -1,8 +1,10 @@
 """The memory plan: what stays, what streams, and the sentence for a budget too small."""
+import os
+
 import pytest
 
 from common.errors import CadenceError
-from scheduler.generation.memplan import Overheads, activation_bytes, plan_memory, parse_bytes
+from scheduler.generation.memplan import Overheads, activation_bytes, parse_bytes, plan_memory
 
 MiB = 1 << 20
 LAYERS = {f"layer.{i}": 27 * MiB for i in range(28)}
@@ -79,11 +81,32 @@ def test_activations_grow_with_the_rows_and_sampling_keeps_probabilities():
     assert activation_bytes(a, 1, 9, head_rows=32768) < activation_bytes(a, 1, 9)
 
 
-@pytest.mark.parametrize("text,n", [("3GiB", 3 << 30), ("800MiB", 800 << 20), ("2.5G", int(2.5 * 2**30)), ("1000", 1000)])
+@pytest.mark.parametrize("text,n", [("3GiB", 3 << 30), ("800MiB", 800 << 20), ("2.5G", int(2.5 * 2**30)), ("1000", 1000),
+                                    ("1000B", 1000), ("64k", 64 << 10), ("64K", 64 << 10), ("64KiB", 64 << 10), ("64kb", 64_000),
+                                    ("2MB", 2_000_000), ("2m", 2 << 20), ("1gb", 10**9), ("1 GiB", 1 << 30), ("0.5 mib", 1 << 19)])
 def test_parse_bytes(text, n):
     assert parse_bytes(text) == n
 
 
-def test_parse_bytes_refuses_nonsense():
+@pytest.mark.parametrize("unit,n", [("TiB", 1 << 40), ("TB", 10**12), ("T", 1 << 40), ("tib", 1 << 40)])
+def test_parse_bytes_reads_terabytes_and_refuses_more_than_the_machine_has(unit, n):
+    """Issue 24: TiB was refused while 999999GiB was taken."""
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    small = have / n / 2  # half this machine's memory, in the unit
+    assert parse_bytes(f"{small}{unit}") == int(small * n)
+    for big in (f"{2 * have / n}{unit}", "999999GiB", "1e400GiB"):
+        with pytest.raises(CadenceError) as e:
+            parse_bytes(big)
+        assert f"is more than this machine's memory ({have / 2**30:.2f} GiB)" in str(e.value)
+        assert "leave --memory-budget out to run without a bound" in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["lots", "3 PB", "-3GiB", "infGiB", "12x", "", "1.2.3G"])
+def test_parse_bytes_refuses_nonsense(text):
     with pytest.raises(CadenceError, match="3GiB"):
-        parse_bytes("lots")
+        parse_bytes(text)
+
+
+def test_parse_bytes_refuses_nothing():
+    with pytest.raises(CadenceError, match="not above zero"):
+        parse_bytes("0.1")
