@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import CadenceError, PromptError
+from models.tokenizer import TooLong
 
 # The development prompt set: bench and profile default to it. The shared folder beside the checkout
 # holds the team's copy; the package carries one (engine/assets) for a checkout or wheel anywhere else.
@@ -85,8 +86,18 @@ def encode_prompt(tokenizer, prompt: Prompt, chat_mode: str, limit: int | None =
         chat = False
     try:
         if not chat:
-            return tokenizer.encode(prompt.text), False
+            return tokenizer.encode(prompt.text, limit=limit), False
         messages = list(prompt.messages) or [{"role": "user", "content": prompt.text}]
-        return tokenizer.encode(tokenizer.apply_chat_template(messages)), True
-    except CadenceError as e:  # text that is not text, or cannot fit: this prompt's, not the run's
-        raise PromptError(str(e)) from None
+        text = tokenizer.apply_chat_template(messages, name="messages" if prompt.messages else None)
+        return tokenizer.encode(text, limit=limit), True
+    except TooLong as e:
+        raise PromptError(f"{e.name} has {'' if e.exact else 'at least '}{e.tokens} tokens, but the context holds "
+                          f"{e.limit}; shorten it or give a larger --context", _param(e.name, prompt)) from None
+    except CadenceError as e:  # text that is not text: this prompt's, not the run's
+        raise PromptError(str(e), _param(str(e), prompt)) from None
+
+
+def _param(message: str, prompt: Prompt) -> str:
+    """The request field an encoding error is about: a message's path (`messages[2].content`), else the prompt."""
+    first = message.split(" ", 1)[0]
+    return first if first.startswith("messages") else "messages" if prompt.messages else "prompt"

@@ -89,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["--version"]:  # answered without importing every command's module (torch among them)
         print(f"cadence {version()}")
         return 0
-    parser = build_parser(_command(argv))
+    try:
+        parser = build_parser(_command(argv))  # imports the command's module: a Ctrl-C may land here
+    except KeyboardInterrupt:
+        print("launch: interrupted", file=sys.stderr)
+        return 130
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -50,7 +50,7 @@ def test_corrupt_gguf(tiny_gguf, tmp_path):
 
 def test_prompt_longer_than_context(tiny_gguf, tmp_path):
     line = one_clear_line(launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "the cat " * 400, home=tmp_path))
-    assert "context" in line and "--max-new-tokens" in line
+    assert "the prompt has" in line and "the context holds 512" in line and "--context" in line
 
 
 def test_bad_prompt_file(tmp_path):
