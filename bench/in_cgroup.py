@@ -87,7 +87,7 @@ def _budgets(cfg: RunConfig, c: CgroupOptions, r) -> tuple[int, int, Path]:
     """(the modes' limit, llama.cpp's limit, its GGUF file)."""
     from engine.memory import memory_plan
     from models.convert import resolve as source
-    from scheduler.generation.memplan import parse_bytes
+    from common.units import parse_bytes
 
     budget = memory_plan(r.cfg, r.target, r.draft).budget if cfg.memory_budget == "auto" else parse_bytes(cfg.memory_budget)
     gguf = source(cfg.target)[1]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from common.errors import CadenceError
 from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit, check_format
 from engine.options import AUTO_AHEAD, BY_NAME, DEFAULTS, MODES, RUNTIMES
-from scheduler.generation.memplan import parse_bytes
+from common.units import parse_bytes
 
 TARGET_ONLY = ("target", "std", "stdpl")
 

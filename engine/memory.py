@@ -37,7 +37,7 @@ def draft_rows(cfg: RunConfig, draft: WeightStore | None) -> int:
 
 def plan_inputs(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, overheads=None) -> dict:
     """What the memory plan of `cfg` weighs (scheduler/generation/memplan.py `plan_memory`'s arguments)."""
-    from scheduler.generation.memplan import measure_overheads
+    from scheduler.generation.footprint import measure_overheads
 
     groups = {g: target.groups[g].nbytes for g in target.group_names() if g != "embed" and not g.startswith("expert.")}
     experts = {g: target.groups[g].nbytes for g in target.group_names() if g.startswith("expert.")}
@@ -59,7 +59,8 @@ def plan_inputs(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, 
 
 def memory_plan(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, overheads=None):
     """The plan for --memory-budget (`auto`: the smallest budget that works and half of the target)."""
-    from scheduler.generation.memplan import parse_bytes, plan_memory, smallest_budget
+    from common.units import parse_bytes
+    from scheduler.generation.memplan import plan_memory, smallest_budget
 
     inputs = plan_inputs(cfg, target, draft, overheads)
     if cfg.memory_budget == "auto":

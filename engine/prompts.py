@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import CadenceError, PromptError
-from models.tokenizer import TooLong
+from models.textcheck import TooLong
 
 # The development prompt set: bench and profile default to it. The shared folder beside the checkout
 # holds the team's copy; the package carries one (engine/assets) for a checkout or wheel anywhere else.

@@ -15,7 +15,8 @@ from engine.prompts import Prompt, load_prompts
 from engine.resolve import pick_draft, resolve
 from models.convert import ensure_store
 from launch.options import add_run_options, run_config
-from scheduler.generation.memplan import fmt, smallest_budget
+from common.units import fmt
+from scheduler.generation.memplan import smallest_budget
 
 
 def add_parser(sub):

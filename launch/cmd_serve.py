@@ -25,7 +25,7 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from cadence.api import LLM
-    from scheduler.generation.memplan import parse_bytes
+    from common.units import parse_bytes
     from serve.app import ServeConfig, make_app
     from serve.generator import Generator
 

@@ -55,9 +55,6 @@ def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str
 
 def _write_store(source, out_dir: Path, fmt: str, group_size: int, label: str, progress: Progress | None = None,
                  expert_formats: dict | None = None, encoded: dict | None = None) -> Path:
-    import torch  # only a conversion needs it: a run that finds its store stays torch-free (and numpy-free)
-
-    from models import linear
     from models.source import canonical_names
 
     check_format(fmt)
@@ -77,30 +74,8 @@ def _write_store(source, out_dir: Path, fmt: str, group_size: int, label: str, p
     try:
         if own:
             progress.start()
-        for group, name in names:
-            f = linear_format(name, fmt, expert_formats) if is_linear(name) else ""
-            if encoded and (name, f) in encoded:
-                writer.add(group, name, f, *encoded[name, f])
-                progress.advance(task)
-                continue
-            w = torch.from_numpy(source.get(name))
-            if is_linear(name):
-                arrays, meta = linear.encode(w, f, group_size=group_size)
-                writer.add(group, name, f, arrays, meta)
-            else:
-                dtype = linear.float_dtype(fmt) if name == "embed" else torch.float32
-                writer.add(group, name, "float", {"w": w.to(dtype)})
-            progress.advance(task)
-        # The output head in parts of about a layer's bytes, each a group of its own: streamed, a part
-        # fits the slots a layer does; and a tied model gets a head of its own (the embedding stays on
-        # disk under a budget, read row by row). Rows are quantized independently: the parts' bits are
-        # the whole head's.
-        head = torch.from_numpy(source.get("embed" if args.tied_embeddings else "head"))
-        for j, (lo, hi) in enumerate(zip(starts, [*starts[1:], args.vocab_size])):
-            arrays, meta = linear.encode(head[lo:hi], fmt, group_size=group_size)
-            writer.add(f"head.{j}", f"head.{j}", fmt, arrays, {**meta, "rows": [lo, hi]})
-            progress.advance(task)
-        del head
+        _write_tensors(writer, source, names, starts, fmt, group_size, expert_formats, encoded,
+                       lambda: progress.advance(task))
         writer.finish({"model": args.to_dict(), "format": fmt, "group_size": group_size,
                        **({"expert_formats": sorted([l, e, f] for (l, e), f in expert_formats.items())} if expert_formats else {}),
                        "source": {"kind": source.kind, "path": str(source.path), "sha256": source.identity()},
@@ -118,6 +93,35 @@ def _write_store(source, out_dir: Path, fmt: str, group_size: int, label: str, p
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     return out_dir
+
+
+def _write_tensors(writer: StoreWriter, source, names: list, starts: list[int], fmt: str, group_size: int,
+                   expert_formats: dict | None, encoded: dict | None, advance) -> None:
+    """Every tensor of `source` into `writer`, in the store's group order; `advance()` after each."""
+    import torch
+
+    from models import linear
+
+    args = source.args
+    for group, name in names:
+        f = linear_format(name, fmt, expert_formats) if is_linear(name) else ""
+        if encoded and (name, f) in encoded:
+            writer.add(group, name, f, *encoded[name, f])
+        elif is_linear(name):
+            arrays, meta = linear.encode(torch.from_numpy(source.get(name)), f, group_size=group_size)
+            writer.add(group, name, f, arrays, meta)
+        else:
+            dtype = linear.float_dtype(fmt) if name == "embed" else torch.float32
+            writer.add(group, name, "float", {"w": torch.from_numpy(source.get(name)).to(dtype)})
+        advance()
+    # The output head in parts of about a layer's bytes, each a group of its own: streamed, a part fits the
+    # slots a layer does; and a tied model gets a head of its own (the embedding stays on disk under a budget,
+    # read row by row). Rows are quantized independently: the parts' bits are the whole head's.
+    head = torch.from_numpy(source.get("embed" if args.tied_embeddings else "head"))
+    for j, (lo, hi) in enumerate(zip(starts, [*starts[1:], args.vocab_size])):
+        arrays, meta = linear.encode(head[lo:hi], fmt, group_size=group_size)
+        writer.add(f"head.{j}", f"head.{j}", fmt, arrays, {**meta, "rows": [lo, hi]})
+        advance()
 
 
 @contextmanager

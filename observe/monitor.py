@@ -10,8 +10,6 @@ whose thread pulls a snapshot 4 times a second; the run's thread pays only for t
 from __future__ import annotations
 
 import sys
-import threading
-from dataclasses import replace
 
 from rich.console import Console
 from rich.control import strip_control_codes
@@ -19,7 +17,8 @@ from rich.live import Live
 from rich.segment import Segment
 from rich.style import Style
 
-from observe.state import MonitorState, fmt_opt
+from observe.lines import LogMonitor, NullMonitor
+from observe.state import MonitorState, fmt_opt, snapshot_of, source_of
 from scheduler.ledger import fmt_bytes
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -104,25 +103,6 @@ def text_tail(text: str, width: int, lines: int) -> list[str]:
     return out[-lines:]
 
 
-def _source(source):
-    """(a callable giving MonitorState, the feed to close at stop or None)."""
-    if hasattr(source, "snapshot"):
-        return source.snapshot, source
-    return source, None
-
-
-def _snapshot(source, last: MonitorState) -> MonitorState:
-    """A fresh snapshot; if taking it fails, the last one with the error as a note (a dead
-    refresh thread would freeze the screen with no word why)."""
-    if source is None:
-        return last
-    try:
-        return source()
-    except Exception as e:
-        note = f"monitor: the snapshot failed: {type(e).__name__}: {e}"
-        return last if note in last.notes else replace(last, notes=last.notes + (note,))
-
-
 class Monitor:
     """The Rich dashboard. `source`: a MonitorFeed (its `snapshot` pulled at every refresh; closed
     at `stop`), a callable returning a MonitorState, or None (shows what `update(state)` gave last)."""
@@ -130,7 +110,7 @@ class Monitor:
     shows_text = True  # the dashboard shows the generated text: the caller need not print it
 
     def __init__(self, source=None, console: Console | None = None, refresh_hz: float = 4.0, text_lines: int = 6):
-        self.source, self.feed = _source(source)
+        self.source, self.feed = source_of(source)
         self.console = console or Console()
         self.refresh_hz = refresh_hz
         self.text_lines = text_lines
@@ -152,7 +132,7 @@ class Monitor:
 
     def update(self, state: MonitorState | None = None) -> None:
         """Show `state` from the next refresh on (a cheap store), or with none, pull the source now."""
-        self._state = state if state is not None else _snapshot(self.source, self._state)
+        self._state = state if state is not None else snapshot_of(self.source, self._state)
 
     def stop(self) -> None:
         if self._live is not None:
@@ -167,7 +147,7 @@ class Monitor:
         return [t] if t is not None else []
 
     def frame(self):
-        self._state = _snapshot(self.source, self._state)
+        self._state = snapshot_of(self.source, self._state)
         return self.render(self._state)
 
     def render(self, state: MonitorState | None = None) -> Frame:
@@ -251,88 +231,6 @@ def _short(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f}{unit}"
     return f"{int(n)}B"
-
-
-class LogMonitor:
-    """The plain fallback when stdout is no terminal: one line every `every_s` on `file` (stderr),
-    so a piped stdout stays the generated text alone."""
-
-    shows_text = False
-
-    def __init__(self, source=None, file=None, every_s: float = 2.0):
-        self.source, self.feed = _source(source)
-        self.file = file if file is not None else sys.stderr
-        self.every_s = every_s
-        self._state = MonitorState()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._emitted = False
-
-    def __enter__(self) -> "LogMonitor":
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        def loop():
-            while not self._stop.wait(self.every_s):
-                self._emit()
-        self._thread = threading.Thread(target=loop, name="log-monitor", daemon=True)
-        self._thread.start()
-
-    def update(self, state: MonitorState | None = None) -> None:
-        self._state = state if state is not None else _snapshot(self.source, self._state)
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(2.0)
-            self._thread = None
-            # the closing line sums up a run that got going; a run that failed before its first
-            # token ends with its error sentence alone
-            self._state = _snapshot(self.source, self._state)
-            if self._state.tokens > 0 or self._emitted:
-                self._emit()
-        if self.feed is not None:
-            self.feed.close()
-
-    def _emit(self) -> None:
-        self._state = _snapshot(self.source, self._state)
-        self._emitted = True
-        print(self.line(self._state), file=self.file, flush=True)
-
-    @staticmethod
-    def line(s: MonitorState) -> str:
-        used = sum(p.nbytes for p in s.memory)
-        mem = f"{fmt_bytes(s.measured_bytes)} PSS" if s.measured_bytes is not None else f"{fmt_bytes(used)} planned"
-        actors = "; ".join(f"{a.role} {a.state}{' ' + a.op if a.op else ''} cpu {fmt_opt(a.cpu_pct, '.0f')}%"
-                           f" uss {fmt_bytes(a.uss) if a.uss is not None else '-'}" for a in s.actors)
-        return (f"cadence {s.elapsed_s:7.1f}s tokens {s.tokens} {s.tokens_per_s:.1f} tok/s"
-                f" accepted {fmt_opt(s.mean_accepted, '.2f')} alpha {fmt_opt(s.alpha[-1] if s.alpha else None, '.3f')}"
-                f" disk {s.disk_gbps:.2f} GB/s{s.experts_text}"
-                f" mem {mem} of {fmt_bytes(s.budget_bytes)} | {actors}"
-                + "".join(f" | {n}" for n in s.notes))
-
-
-class NullMonitor:
-    """--no-monitor."""
-
-    shows_text = False
-
-    def __init__(self, source=None):
-        self.feed = _source(source)[1]
-
-    def start(self) -> None:
-        pass
-
-    def update(self, state: MonitorState | None = None) -> None:
-        pass
-
-    def stop(self) -> None:
-        if self.feed is not None:
-            self.feed.close()
 
 
 def add_monitor_args(p, trace: bool = True) -> None:

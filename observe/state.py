@@ -1,7 +1,7 @@
 """What the monitor draws: one frozen snapshot of the run (observe/feed.py makes them)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -57,3 +57,22 @@ class MonitorState:
 
 def fmt_opt(v, fmt: str, none: str = "-") -> str:
     return none if v is None else format(v, fmt)
+
+
+def source_of(source):
+    """(a callable giving MonitorState, the feed to close at stop or None)."""
+    if hasattr(source, "snapshot"):
+        return source.snapshot, source
+    return source, None
+
+
+def snapshot_of(source, last: MonitorState) -> MonitorState:
+    """A fresh snapshot; if taking it fails, the last one with the error as a note (a dead
+    refresh thread would freeze the screen with no word why)."""
+    if source is None:
+        return last
+    try:
+        return source()
+    except Exception as e:
+        note = f"monitor: the snapshot failed: {type(e).__name__}: {e}"
+        return last if note in last.notes else replace(last, notes=last.notes + (note,))

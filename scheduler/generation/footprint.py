@@ -24,6 +24,8 @@ from pathlib import Path
 
 from common import paths
 from common.errors import CadenceError
+from common.settings import PREFILL_CHUNK
+from scheduler.generation.memplan import Overheads, align
 
 MiB = 1 << 20
 VERSION = 2
@@ -194,3 +196,50 @@ def footprint() -> Footprint:
     except OSError:
         pass  # a read-only home: measured again next time
     return fp
+
+
+# -- the overheads of a run, for the memory plan -----------------------------------------------------
+
+TRACE_EVENT_BYTES = 640  # a trace event as the scheduler keeps it (a dict of ~8 fields), measured
+
+
+def activation_bytes(args: dict, rows_prefill: int, rows_verify: int, greedy: bool = True, head_rows: int = 0) -> int:
+    """A forward's largest transient tensors (fp32): in a layer, the residual, the norm's output,
+    the FFN's gate|up and its product (or q/k/v and the attention output), int8 copies of the
+    inputs; after it, the logits, and with sampling their probabilities. `rows_prefill`: rows of a
+    prefill chunk (only its last row gets logits); `rows_verify`: rows of a verification (all get
+    logits). `args`: a ModelArgs dict."""
+    a = args
+    q, kv = a["n_heads"] * a["head_dim"], a["n_kv_heads"] * a["head_dim"]
+    per_row = 4 * max(2 * a["dim"] + 3 * a["ffn_dim"], 2 * a["dim"] + 2 * q + 2 * kv + q) + a["dim"] + a["ffn_dim"]
+    if a.get("n_experts"):  # a row's experts, one after another: its input, gate|up, product and output each, the
+        # router's logits and probabilities, the layer's output (measured: the heap keeps what they used)
+        e = a["expert_ffn_dim"]
+        per_row += 4 * (a["n_experts_used"] * (2 * a["dim"] + 3 * e) + 2 * a["n_experts"] + a["dim"]
+                        + 3 * (a.get("shared_ffn_dim") or 0))
+    vocab = head_rows or a["vocab_size"]
+    logits = 4 * a["vocab_size"] + 4 * vocab * (1 if greedy else 3)  # the -inf-padded row, the head part's, probs
+    return align(max(rows_prefill * per_row + logits, rows_verify * (per_row + logits)))
+
+
+def measure_overheads(target_args: dict, draft_args: dict | None = None, *, width: int = 8, context: int = 1024,
+                      greedy: bool = True, draft_window: int = 64, draft_vocab: int = 0, trie_nodes: int = 0,
+                      trace_events: int = 0) -> Overheads:
+    """The overheads of a run on this machine: the scheduler as this process holds it now (call it
+    once the tokenizer is loaded) plus its trace buffer, the zygote's and each actor's own pages as
+    calibrated once (scheduler/generation/footprint.py), activations from the models' shapes."""
+    fp = footprint()
+    rows = min(width, 64) + 1 + 4  # a tree, its root and trie candidates
+    prefill = min(context, PREFILL_CHUNK)
+    dists = 0 if greedy else (width + 1) * target_args["vocab_size"] * 4
+    return Overheads(
+        scheduler=align(own_anon_bytes() + trace_events * TRACE_EVENT_BYTES + 4 * MiB),  # + monitor and sockets
+        watchdog=align(fp.watchdog), runtime=align(fp.zygote), actor=align(fp.actor),
+        exchange=align(max(dists, MiB)),
+        verifier_activations=activation_bytes(target_args, prefill, rows, greedy),
+        draft_activations=0 if draft_args is None else
+        activation_bytes(draft_args, min(prefill, draft_window or prefill), rows, greedy, draft_vocab) + trie_nodes * TRIE_NODE_BYTES,
+        code=align(fp.code))
+
+
+TRIE_NODE_BYTES = 360  # a TokenTrie node (speculative/trie.py): object, dict, count

@@ -10,7 +10,7 @@ largest group still streamed, spread between the streamed ones so that the loade
 verifier computes a resident group (see `_spread`). A budget that cannot hold the fixed part and
 two slots is refused with the shortfall and the smallest budget that works.
 
-The fixed part is measured, not guessed (`measure_overheads`): the scheduler as this process holds
+The fixed part is measured, not guessed (footprint.py `measure_overheads`): the scheduler as this process holds
 it, the zygote and each actor's own pages as calibrated on this machine (scheduler/generation/footprint.py),
 the activations from the models' shapes at the widths the run uses, the KV caches at the context
 it needs. `MemoryPlan.held` is what the run's processes hold (anonymous and shared memory, what a
@@ -18,23 +18,16 @@ cgroup charges besides the page cache); `total` adds room for their code pages.
 """
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass, field, replace
 
 from common.errors import CadenceError
-from common.settings import PREFILL_CHUNK
+from common.units import fmt
 
 MiB = 1 << 20
 ALIGN = 4096
-TRACE_EVENT_BYTES = 640  # a trace event as the scheduler keeps it (a dict of ~8 fields), measured
 
 
-def fmt(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / MiB:.0f} MiB"
-
-
-def _align(n: int) -> int:
+def align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
@@ -148,8 +141,8 @@ def smallest_budget(target_groups: dict[str, int], draft_weights: int, draft_kv:
     (and room for one token's experts)."""
     o = overheads
     fixed = draft_weights + draft_kv + target_kv + o.code + o.held(draft_weights > 0, streamed=True)
-    one_token = max(experts_used, 1) * max(_align(b) for b in experts.values()) if experts else 0
-    return fixed + 2 * max(_align(b) for b in target_groups.values()) + one_token
+    one_token = max(experts_used, 1) * max(align(b) for b in experts.values()) if experts else 0
+    return fixed + 2 * max(align(b) for b in target_groups.values()) + one_token
 
 
 def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, draft_kv: int, target_kv: int,
@@ -169,7 +162,7 @@ def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, 
     draft = draft_weights > 0
     data = draft_weights + draft_kv + target_kv + o.code
     names = list(target_groups)
-    sizes = {n: _align(b) for n, b in target_groups.items()}
+    sizes = {n: align(b) for n, b in target_groups.items()}
     everything = sum(sizes.values())
     fixed = data + o.held(draft, streamed=False)
     if fixed + everything <= budget:  # all resident: nothing streams
@@ -184,15 +177,7 @@ def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, 
             f"caches ({fmt(draft_kv + target_kv)}), the runtime's processes, activations and code "
             f"({fmt(fixed - draft_weights - draft_kv - target_kv)}) and two streaming slots "
             f"({fmt(2 * max(sizes.values()))}); the smallest budget that works is {fmt(smallest)}")
-    # as many groups resident as fit beside two slots for the largest group still streamed
-    by_size = sorted(names, key=lambda n: sizes[n])
-    resident: list[str] = []
-    for n in by_size:
-        rest = [m for m in names if m not in resident and m != n]
-        if not rest or fixed + sum(sizes[m] for m in resident) + sizes[n] + 2 * max(sizes[m] for m in rest) > budget:
-            break
-        resident.append(n)
-    resident = _spread(len(resident), names, sizes, budget - fixed) or resident
+    resident = _resident(names, sizes, budget - fixed)
     held = sum(sizes[n] for n in resident)
     streamed = [n for n in names if n not in resident]  # in the order a forward needs them
     slot = max(sizes[n] for n in streamed)
@@ -201,12 +186,24 @@ def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, 
                       tuple(streamed), held, slot, n_slots, o, smallest=smallest, group_bytes=sizes)
 
 
+def _resident(names: list[str], sizes: dict[str, int], room: int) -> list[str]:
+    """As many groups resident as fit in `room` beside two slots for the largest group still streamed,
+    spread between the streamed ones."""
+    resident: list[str] = []
+    for n in sorted(names, key=lambda n: sizes[n]):
+        rest = [m for m in names if m not in resident and m != n]
+        if not rest or sum(sizes[m] for m in resident) + sizes[n] + 2 * max(sizes[m] for m in rest) > room:
+            break
+        resident.append(n)
+    return _spread(len(resident), names, sizes, room) or resident
+
+
 def _plan_moe(budget, target_groups, draft_weights, draft_kv, target_kv, o, max_slots, experts, experts_used) -> MemoryPlan:
-    sizes = {n: _align(b) for n, b in experts.items()}
+    sizes = {n: align(b) for n, b in experts.items()}
     largest, total = max(sizes.values()), sum(sizes.values())
     minimum = max(experts_used, 1) * largest
     data = draft_weights + draft_kv + target_kv + o.code
-    dense = {n: _align(b) for n, b in target_groups.items()}
+    dense = {n: align(b) for n, b in target_groups.items()}
     fixed = data + o.held(draft_weights > 0, streamed=False)
     if fixed + sum(dense.values()) + total <= budget:  # everything resident
         plan = plan_memory(budget - total, target_groups, draft_weights, draft_kv, target_kv, o, max_slots)
@@ -249,76 +246,3 @@ def _spread(k: int, names: list[str], sizes: dict[str, int], room: int) -> list[
     if sum(sizes[n] for n in spread) + 2 * max(sizes[n] for n in streamed) > room:
         return None
     return spread
-
-
-def activation_bytes(args: dict, rows_prefill: int, rows_verify: int, greedy: bool = True, head_rows: int = 0) -> int:
-    """A forward's largest transient tensors (fp32): in a layer, the residual, the norm's output,
-    the FFN's gate|up and its product (or q/k/v and the attention output), int8 copies of the
-    inputs; after it, the logits, and with sampling their probabilities. `rows_prefill`: rows of a
-    prefill chunk (only its last row gets logits); `rows_verify`: rows of a verification (all get
-    logits). `args`: a ModelArgs dict."""
-    a = args
-    q, kv = a["n_heads"] * a["head_dim"], a["n_kv_heads"] * a["head_dim"]
-    per_row = 4 * max(2 * a["dim"] + 3 * a["ffn_dim"], 2 * a["dim"] + 2 * q + 2 * kv + q) + a["dim"] + a["ffn_dim"]
-    if a.get("n_experts"):  # a row's experts, one after another: its input, gate|up, product and output each, the
-        # router's logits and probabilities, the layer's output (measured: the heap keeps what they used)
-        e = a["expert_ffn_dim"]
-        per_row += 4 * (a["n_experts_used"] * (2 * a["dim"] + 3 * e) + 2 * a["n_experts"] + a["dim"]
-                        + 3 * (a.get("shared_ffn_dim") or 0))
-    vocab = head_rows or a["vocab_size"]
-    logits = 4 * a["vocab_size"] + 4 * vocab * (1 if greedy else 3)  # the -inf-padded row, the head part's, probs
-    return _align(max(rows_prefill * per_row + logits, rows_verify * (per_row + logits)))
-
-
-def measure_overheads(target_args: dict, draft_args: dict | None = None, *, width: int = 8, context: int = 1024,
-                      greedy: bool = True, draft_window: int = 64, draft_vocab: int = 0, trie_nodes: int = 0,
-                      trace_events: int = 0) -> Overheads:
-    """The overheads of a run on this machine: the scheduler as this process holds it now (call it
-    once the tokenizer is loaded) plus its trace buffer, the zygote's and each actor's own pages as
-    calibrated once (scheduler/generation/footprint.py), activations from the models' shapes."""
-    from scheduler.generation.footprint import footprint, own_anon_bytes
-
-    fp = footprint()
-    rows = min(width, 64) + 1 + 4  # a tree, its root and trie candidates
-    prefill = min(context, PREFILL_CHUNK)
-    dists = 0 if greedy else (width + 1) * target_args["vocab_size"] * 4
-    return Overheads(
-        scheduler=_align(own_anon_bytes() + trace_events * TRACE_EVENT_BYTES + 4 * MiB),  # + monitor and sockets
-        watchdog=_align(fp.watchdog), runtime=_align(fp.zygote), actor=_align(fp.actor),
-        exchange=_align(max(dists, MiB)),
-        verifier_activations=activation_bytes(target_args, prefill, rows, greedy),
-        draft_activations=0 if draft_args is None else
-        activation_bytes(draft_args, min(prefill, draft_window or prefill), rows, greedy, draft_vocab) + trie_nodes * TRIE_NODE_BYTES,
-        code=_align(fp.code))
-
-
-TRIE_NODE_BYTES = 360  # a TokenTrie node (speculative/trie.py): object, dict, count
-
-
-# Units of a memory size, matched case-insensitively: binary (KiB, k, K) and decimal (KB) spellings.
-_UNITS = {"": 1, "b": 1, **{u: 1 << 10 * i for i, p in enumerate("kmgt", 1) for u in (p, f"{p}ib")},
-          **{f"{p}b": 10 ** (3 * i) for i, p in enumerate("kmgt", 1)}}
-_SIZE = re.compile(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)([a-z]*)")
-
-
-def machine_memory() -> int:
-    """This machine's physical memory in bytes (MemTotal)."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def parse_bytes(text: str) -> int:
-    """A memory budget's size: '3GiB', '2.5G', '800MiB', '1.5TB', '64k', '1000000000' -> bytes. Binary units
-    (KiB/MiB/GiB/TiB, and K/M/G/T alone) count in 1024s, decimal ones (KB/MB/GB/TB) in 1000s, in any case.
-    A size above this machine's memory is refused: no run can stay under it and use it."""
-    m = _SIZE.fullmatch(text.strip().lower().replace(" ", "").replace("_", ""))
-    if m is None or m.group(2) not in _UNITS:
-        raise CadenceError(f"cannot read the memory size {text!r}; write it like 3GiB, 800MiB, 1.5TB or a number of "
-                           "bytes")
-    n = float(m.group(1)) * _UNITS[m.group(2)]  # a float: 1e400GiB is more than any machine, not an overflow
-    if n > (have := machine_memory()):
-        size = fmt(int(n)) if n < 1 << 62 else "beyond any machine"
-        raise CadenceError(f"a memory budget of {text.strip()} ({size}) is more than this machine's memory "
-                           f"({fmt(have)}); give a smaller one, or leave --memory-budget out to run without a bound")
-    if int(n) <= 0:
-        raise CadenceError(f"the memory size {text!r} is not above zero; give a budget like 3GiB, or auto")
-    return int(n)

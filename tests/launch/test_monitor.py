@@ -12,8 +12,8 @@ from collections import Counter
 from rich.console import Console
 
 from actors import wire
-from observe.monitor import (LogMonitor, Monitor, NullMonitor, add_monitor_args, memory_bar, open_monitor, sparkline,
-                            text_tail)
+from observe.lines import LogMonitor, NullMonitor
+from observe.monitor import Monitor, add_monitor_args, memory_bar, open_monitor, sparkline, text_tail
 from observe.state import ActorRow, MemoryPart, MonitorState
 from observe.feed import MonitorFeed
 from launch.progress import step_progress, track_steps

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.convert import convert
-from models.source import HFSource
+from models.source_hf import HFSource
 from models.store import WeightStore
 from models.transformer import Transformer
 from models.weights import ResidentWeights, random_tensors

@@ -12,7 +12,7 @@ import pytest
 from common import paths
 from common.errors import CadenceError
 from models.convert import convert
-from models.source import HFSource
+from models.source_hf import HFSource
 from models.store import WeightStore
 from models.tokenizer import TextTokenizer
 from models.weights import random_tensors

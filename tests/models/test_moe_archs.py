@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from models.convert import convert
-from models.source import GGUFSource, HFSource
+from models.source import GGUFSource
+from models.source_hf import HFSource
 from models.store import WeightStore
 from models.transformer import Transformer
 from models.weights import ResidentWeights, TensorWeights, random_tensors

@@ -7,7 +7,8 @@ import torch
 from common.errors import CadenceError
 from models import linear
 from models.convert import convert, ensure_store
-from models.source import GGUFSource, HFSource, canonical_names
+from models.source import GGUFSource, canonical_names
+from models.source_hf import HFSource
 from models.store import ALIGN, WeightStore
 from models.transformer import Transformer
 from models.weights import ResidentWeights, TensorWeights, random_tensors

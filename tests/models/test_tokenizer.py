@@ -4,8 +4,8 @@ import pytest
 from common.errors import CadenceError
 from models.convert import resolve
 from models.source import GGUFSource
-from models.tokenizer import (NFC_SHRINK, StreamDecoder, TextTokenizer, TokenizerInfo, TooLong,
-                              tokenizer_from_gguf_fields)
+from models.textcheck import NFC_SHRINK, TooLong
+from models.tokenizer import StreamDecoder, TextTokenizer, TokenizerInfo, tokenizer_from_gguf_fields
 from tests.conftest import dev_prompts
 from tests.models.tiny_files import tokenizer_fields
 

@@ -13,7 +13,7 @@ from common.settings import ExpertOptions, SamplingConfig, TreeConfig
 from models import engine
 from models.convert import convert
 from models.routing import trace_paths
-from models.source import HFSource
+from models.source_hf import HFSource
 from models.store import WeightStore
 from models.weights import random_tensors
 from scheduler.config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig

@@ -4,7 +4,9 @@ import os
 import pytest
 
 from common.errors import CadenceError
-from scheduler.generation.memplan import Overheads, activation_bytes, parse_bytes, plan_memory
+from common.units import parse_bytes
+from scheduler.generation.footprint import activation_bytes
+from scheduler.generation.memplan import Overheads, plan_memory
 
 MiB = 1 << 20
 LAYERS = {f"layer.{i}": 27 * MiB for i in range(28)}
