@@ -123,7 +123,7 @@ def cmd_expert_bits(args) -> int:
 
     from models.bitwidth import LEVELS
     from models.convert import convert, resolve, store_dir
-    from models.source import open_source
+    from models.convert import open_source
 
     if not 0 <= args.loss < 1:
         raise CadenceError(f"--loss {args.loss} is a share of positions in [0, 1), e.g. 0.05")

@@ -181,7 +181,7 @@ def source_identity(path: Path) -> str:
     except (OSError, json.JSONDecodeError):
         idx = {}
     if key not in idx:
-        from models.source import open_source, sha256_file
+        from models.source import sha256_file
 
         idx[key] = sha256_file(path) if path.is_file() else open_source(path).identity()
         try:
@@ -221,7 +221,6 @@ def ensure_store(model: str, fmt: str, group_size: int = 32, say=None) -> Weight
     if not _current(out):  # missing, or written by another version of cadence (a cache): convert, replacing it
         paths.writable_dir(out.parent)
         if "torch" in sys.modules:
-            from models.source import open_source
 
             with store_lock(out, say):
                 if not _current(out):  # the process this one waited for wrote it
@@ -276,6 +275,17 @@ def main(argv: list[str]) -> int:
         print(f"convert: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def open_source(path: Path, sha256: str | None = None):
+    """A model's source: an HF directory, else a GGUF file."""
+    from models.source import GGUFSource
+    from models.source_hf import HFSource
+
+    path = Path(path)
+    if path.is_dir():
+        return HFSource(path)
+    return GGUFSource(path, sha256)
 
 
 if __name__ == "__main__":

@@ -211,12 +211,3 @@ class GGUFSource:
                  "ffn_down": "ffn_down.weight", "attn_q_norm": "attn_q_norm.weight", "attn_k_norm": "attn_k_norm.weight",
                  "ffn_router": "ffn_gate_inp.weight", "ffn_shexp_down": "ffn_down_shexp.weight"}
         return self._raw(f"{b}.{plain[part]}")
-
-
-def open_source(path: Path, sha256: str | None = None):
-    path = Path(path)
-    if path.is_dir():
-        from models.source_hf import HFSource
-
-        return HFSource(path)
-    return GGUFSource(path, sha256)
