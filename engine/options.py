@@ -28,6 +28,7 @@ class Option:
     group: str | None = None  # the heading `--help` lists it under
     aliases: tuple = ()  # other spellings of the flag
     metavar: str | None = None
+    common: bool = False  # `--help` lists it; the others only `--help-all`
 
     @property
     def flag(self) -> str:
@@ -42,29 +43,29 @@ OUTPUT = "output"
 
 OPTIONS: tuple[Option, ...] = (
     # the common ones first: what `--help` shows at the top
-    Option("target", DEFAULT_TARGET, "target model: a default name, a .gguf file, an HF directory or a weight store"),
+    Option("target", DEFAULT_TARGET, "target model: a default name, a .gguf file, an HF directory or a weight store", common=True),
     Option("mode", "tree", "tree: token-tree speculation; chain: classic speculative decoding; target: the target "
-           "alone; std, stdpl: the target alone streamed under --memory-budget (without / with prefetch)", choices=MODES),
+           "alone; std, stdpl: the target alone streamed under --memory-budget (without / with prefetch)", choices=MODES, common=True),
     Option("memory_budget", None, "hard memory bound for the whole run, e.g. 1GiB, 768MiB or auto (the smallest "
-           "budget that works and half the target); target layers that do not fit stream from disk"),
+           "budget that works and half the target); target layers that do not fit stream from disk", common=True),
     Option("max_new_tokens", None, "most tokens to generate (default: until the model ends its turn or the "
-           "context is full)", kind=int, metavar="N"),
-    Option("temperature", 0.0, "0 means greedy: the output is exactly the target model's", kind=float),
-    Option("top_p", 1.0, "nucleus sampling: the smallest set of tokens whose probability reaches P", kind=float),
-    Option("seed", 0, "the sampling seed", kind=int),
+           "context is full)", kind=int, metavar="N", common=True),
+    Option("temperature", 0.0, "0 means greedy: the output is exactly the target model's", kind=float, common=True),
+    Option("top_p", 1.0, "nucleus sampling: the smallest set of tokens whose probability reaches P", kind=float, common=True),
+    Option("seed", 0, "the sampling seed", kind=int, common=True),
     Option("draft", "auto", f"draft model for the speculative modes; auto: {DEFAULT_DRAFT}, or another known model "
            "that shares the target's tokenizer, or none; none: tree mode with no draft model, the n-gram trie of the "
-           "prompt and output proposes (for budgets that cannot hold a draft)"),
+           "prompt and output proposes (for budgets that cannot hold a draft)", common=True),
     Option("dtype", "int4", f"weight format: {', '.join(FORMATS)} (converted once, on first use)", choices=FORMATS,
-           aliases=("--format",)),
+           aliases=("--format",), common=True),
     Option("draft_dtype", None, "the draft's weight format (default: --dtype), e.g. an int4 draft for a bf16 target",
            choices=FORMATS),
     Option("chat", "auto", "apply the model's chat template (auto: to a prompt given on the command line and to "
-           "prompt kinds copy/open, when the model has one)", choices=("auto", "on", "off")),
+           "prompt kinds copy/open, when the model has one)", choices=("auto", "on", "off"), common=True),
     Option("context", None, "tokens a generation may hold, prompt and answer (the KV caches' room; default: the "
            "longest prompt plus --max-new-tokens where both are known, else 4096, at most the model's context)",
-           kind=int, metavar="N"),
-    Option("threads", 0, "CPU threads per process (0: all cores)", kind=int),
+           kind=int, metavar="N", common=True),
+    Option("threads", 0, "CPU threads per process (0: all cores)", kind=int, common=True),
     Option("device", "cpu", "cpu or cuda (cuda needs --runtime inproc)"),
     Option("runtime", "actors", "actors: draft and verifier as processes under the scheduler; inproc: one process",
            choices=RUNTIMES),

@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["--version"]:  # answered without importing every command's module (torch among them)
         print(f"cadence {version()}")
         return 0
+    from launch.options import HELP_ALL, show_all
+
+    show_all(HELP_ALL in argv)
     try:
         parser = build_parser(_command(argv))  # imports the command's module: a Ctrl-C may land here
     except KeyboardInterrupt:

@@ -10,20 +10,37 @@ from engine.config import RunConfig
 from engine.options import DEFAULTS, OPTIONS, Option
 
 
+HELP_ALL = "--help-all"  # `--help` lists the common options; this, every one
+_shown = {"all": False}
+
+
+def show_all(on: bool) -> None:
+    """Whether the parsers built next list every option in their help (the command line asked --help-all)."""
+    _shown["all"] = on
+
+
 def add_run_options(p: argparse.ArgumentParser, **defaults) -> None:
-    """Every run option as a flag; `defaults` changes a command's own (bench: max_new_tokens=128)."""
+    """Every run option as a flag; `defaults` changes a command's own (bench: max_new_tokens=128). `--help`
+    shows the common ones (--help-all every one)."""
+    full = _shown["all"]
     groups: dict[str | None, object] = {None: p}
+    hidden = 0
     for o in OPTIONS:
-        if o.group not in groups:
+        if o.group not in groups and full:
             groups[o.group] = p.add_argument_group(o.group)
-        _add(groups[o.group], o, defaults.get(o.name, o.default))
+        hidden += not (full or o.common)
+        _add(groups[o.group if full else None], o, defaults.get(o.name, o.default), full or o.common)
+    p.add_argument(HELP_ALL, action="help", help="show every option, not only the common ones")
+    if hidden:
+        p.epilog = f"{hidden} more options (speculation, memory, mixtures of experts, the sparse worker, traces): {HELP_ALL}"
 
 
-def _add(p, o: Option, default) -> None:
+def _add(p, o: Option, default, shown: bool) -> None:
+    text = o.help if shown else argparse.SUPPRESS
     if o.kind is bool:
-        p.add_argument(o.flag, *o.aliases, dest=o.name, action="store_true", help=o.help)
+        p.add_argument(o.flag, *o.aliases, dest=o.name, action="store_true", help=text)
         return
-    p.add_argument(o.flag, *o.aliases, dest=o.name, type=o.kind, default=default, help=o.help,
+    p.add_argument(o.flag, *o.aliases, dest=o.name, type=o.kind, default=default, help=text,
                    choices=o.choices or None, metavar=o.metavar)
 
 

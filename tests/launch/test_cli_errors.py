@@ -177,9 +177,11 @@ def test_every_help_shows_defaults():
 
     import launch as launch_pkg
     from launch.cli import COMMANDS, _has_default, build_parser
+    from launch.options import show_all
 
     here = Path(launch_pkg.__file__).parent
     names = [n for n in COMMANDS if (here / f"cmd_{n}.py").is_file()]
+    show_all(True)  # as `--help-all`: every option listed
     for name in names:
         parsers = [build_parser(name)]
         while parsers:
@@ -189,6 +191,18 @@ def test_every_help_shows_defaults():
                     parsers += action.choices.values()
                 elif action.option_strings and _has_default(action):
                     assert "default" in parser._get_formatter()._format_action(action), (parser.prog, action.option_strings)
+    show_all(False)
+
+
+def test_help_lists_the_common_options_and_help_all_every_one(tmp_path):
+    from engine.options import OPTIONS
+
+    short = launch("run", "--help", home=tmp_path, check=True).stdout
+    full = launch("run", "--help-all", home=tmp_path, check=True).stdout
+    assert len(short.splitlines()) <= 70 and "--help-all" in short
+    assert all((o.flag in short) == o.common for o in OPTIONS) and all(o.flag in full for o in OPTIONS)
+    listed = [ln.split()[0] for ln in short.split("options:", 1)[1].splitlines() if ln.startswith("  --")]
+    assert listed[:6] == ["--prompt", "--prompts", "--json", "--target", "--mode", "--memory-budget"]
 
 
 def test_models_rm(tiny_gguf, tmp_path):
