@@ -130,9 +130,10 @@ class RunConfig:
     def replace(self, **kw) -> RunConfig:
         return dataclasses.replace(self, **kw)
 
-    def with_mode(self, mode: str) -> RunConfig:
-        """The same run in another mode (the same models): its tree settings follow."""
-        return self.replace(mode=mode, tree=dataclasses.replace(self.tree, mode="chain" if mode == "chain" else "tree"))
+    def with_mode(self, mode: str, **kw) -> RunConfig:
+        """The same run in another mode (the same models; `kw`: other fields changed with it): its tree
+        settings follow."""
+        return self.replace(mode=mode, tree=dataclasses.replace(self.tree, mode="chain" if mode == "chain" else "tree"), **kw)
 
     # -- what follows from it -----------------------------------------------------------------------
 

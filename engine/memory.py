@@ -47,8 +47,9 @@ def plan_inputs(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, 
         draft_w = sum(n for g, n in draft.group_bytes().items() if g != "embed" and not g.startswith("head."))
         draft_w += draft.head_bytes(rows or None)
     trie = 8 * cfg.context if cfg.tree.trie and cfg.mode == "tree" else 0
+    prompt = cfg.context - (cfg.max_new_tokens or 0)  # the longest prompt, where the new tokens are known
     o = overheads or measure_overheads(
-        target.args.to_dict(), draft.args.to_dict() if draft else None, width=cfg.tree.budget, context=cfg.context,
+        target.args.to_dict(), draft.args.to_dict() if draft else None, width=cfg.tree.budget, context=prompt,
         greedy=cfg.sampling.greedy and not cfg.plan_sampling, draft_window=cfg.tree.prompt_window, draft_vocab=rows,
         trie_nodes=trie, trace_events=TRACE_EVENTS + 2048)  # the sink's and the scheduler's own, before they move on
     return {"target_groups": groups, "draft_weights": draft_w,

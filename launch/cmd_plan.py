@@ -75,7 +75,7 @@ def cmd_plan(args) -> int:
         draft = pick_draft(cfg.with_mode("tree"), r.target, say=lambda line: None)
         store = ensure_store(draft, cfg.draft_format) if draft != "none" else None
     for mode, d in (("std", None), ("stdpl", None), ("chain", store), ("tree", store), ("tree", None)):
-        m = cfg.with_mode(mode).replace(draft=draft if d is not None else "none")
+        m = cfg.with_mode(mode, draft=draft if d is not None else "none")
         label = f"{mode} --draft none" if mode == "tree" and d is None else mode
         if mode == "chain" and d is None:
             continue
