@@ -121,6 +121,7 @@ def bench_cgroup(cfg: RunConfig, prompts: list[Prompt], opts, c: CgroupOptions):
     if bad:
         raise CadenceError(f"mode {bad[0]} cannot run under --cgroup; use {', '.join(MODES)}")
     r = resolve(cfg.with_mode("tree"), prompts)  # the draft `auto` picks and the context, as each run resolves them
+    r.tokenizer.release_encoder()  # as each run's scheduler does before its plan measures it
     budget, base, gguf = _budgets(cfg, c, r)
     print(f"cgroup bench: {budget / MiB:.0f} MiB for every mode; target store {r.target.path.stat().st_size / MiB:.0f} "
           f"MiB, GGUF {gguf.stat().st_size / MiB:.0f} MiB", file=sys.stderr, flush=True)
