@@ -33,6 +33,7 @@ import platform
 import statistics
 import tempfile
 import time
+from contextlib import contextmanager
 
 import psutil
 from rich.console import Console
@@ -164,24 +165,34 @@ def _generation_block(sched, spec, prompt: list[int], tokens: int, on: bool, see
 
     for role in FAKES:
         sched.call(role, "reseed", {"seed": seed})
-    feed = MonitorFeed(sched) if on else None
+    with _monitored(on, lambda: MonitorFeed(sched)) as out:
+        feed = out["feed"]
+        on_step = (lambda st: feed.on_tokens(len(st.tokens), st.accepted, st.alpha)) if feed else None
+        out["n"] = len(spec.loop.generate(prompt, tokens, set(), on_step=on_step).new_ids)
+    return {**out, "rate": out["n"] / out["s"]}
+
+
+@contextmanager
+def _monitored(on: bool, feed_of):
+    """A block with the monitor on (fed by `feed_of()`) or off, the clock started after the same pause in
+    both: the dict it yields gets the seconds, the frames drawn and the monitor's CPU seconds."""
+    feed = feed_of() if on else None
     mon = Monitor(feed, console=_console()) if on else None
     if mon:
         mon.start()
-    time.sleep(WARM_S)  # both arms: the same pause before the clock
+    time.sleep(WARM_S)
+    out = {"feed": feed}
     t0 = time.perf_counter()
     cpu0 = _thread_cpu_s(_monitor_threads(mon, feed)) if mon else 0.0
-    cpu = 0.0
-    on_step = (lambda st: feed.on_tokens(len(st.tokens), st.accepted, st.alpha)) if feed else None
     try:
-        gen = spec.loop.generate(prompt, tokens, set(), on_step=on_step)
+        yield out
     finally:
+        cpu = 0.0
         if mon:
             cpu = _thread_cpu_s(_monitor_threads(mon, feed)) - cpu0
             mon.stop()
-    dt = time.perf_counter() - t0
-    n = len(gen.new_ids)
-    return {"n": n, "s": dt, "rate": n / dt, "frames": mon.frames if mon else 0, "monitor_cpu_s": cpu}
+        del out["feed"]
+        out.update(s=time.perf_counter() - t0, frames=mon.frames if mon else 0, monitor_cpu_s=cpu)
 
 
 def bench_cpu(pairs: int, seconds: float) -> dict:
@@ -192,15 +203,8 @@ def bench_cpu(pairs: int, seconds: float) -> dict:
 
     def block(on: bool, seed: int) -> dict:
         a = torch.randn(384, 384, generator=torch.Generator().manual_seed(seed))
-        feed = MonitorFeed(None, title="cpu bench") if on else None
-        mon = Monitor(feed, console=_console()) if on else None
-        if mon:
-            mon.start()
-        time.sleep(WARM_S)  # both arms: the same pause before the clock
-        t0 = time.perf_counter()
-        cpu0 = _thread_cpu_s(_monitor_threads(mon, feed)) if mon else 0.0
-        steps, cpu = 0, 0.0
-        try:
+        with _monitored(on, lambda: MonitorFeed(None, title="cpu bench")) as out:
+            feed, steps, t0 = out["feed"], 0, time.perf_counter()
             while time.perf_counter() - t0 < seconds:
                 for _ in range(4):
                     a = torch.tanh(a @ b) * 0.5  # the GIL is released inside
@@ -208,12 +212,8 @@ def bench_cpu(pairs: int, seconds: float) -> dict:
                 if feed:
                     feed.on_tokens(1)
                     feed.on_text(".")
-        finally:
-            if mon:
-                cpu = _thread_cpu_s(_monitor_threads(mon, feed)) - cpu0
-                mon.stop()
-        dt = time.perf_counter() - t0
-        return {"n": steps, "s": dt, "rate": steps / dt, "frames": mon.frames if mon else 0, "monitor_cpu_s": cpu}
+            out["n"] = steps
+        return {**out, "rate": out["n"] / out["s"]}
 
     block(True, -1)  # warm up
     arms = _pairs(pairs, block)
