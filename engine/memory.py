@@ -78,7 +78,8 @@ def runtime_config(cfg: RunConfig, target: WeightStore, plan, preload: tuple[str
     `preload`: the modules the actors' zygote imports once."""
     trace = TraceConfig(enabled=cfg.trace, dir=cfg.trace_dir, spill_events=TRACE_EVENTS if plan else 0)
     if plan is None:
-        extra = target.args.kv_bytes_per_token() * kv_rows(cfg) if cfg.worker else 0  # the KV cache in the arena
+        # with the worker, the KV cache lives in the arena, and so do the split's buffers (Q, chunk states, columns)
+        extra = target.args.kv_bytes_per_token() * kv_rows(cfg) + (64 << 20) if cfg.worker else 0
         mem = MemoryConfig(budget_bytes=psutil.virtual_memory().total, arena_bytes=(64 << 20) + extra)
         return RuntimeConfig(memory=mem, trace=trace, preload=preload)
     o = plan.overheads

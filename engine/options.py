@@ -63,7 +63,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("chat", "auto", "apply the model's chat template (auto: to a prompt given on the command line and to "
            "prompt kinds copy/open, when the model has one)", choices=("auto", "on", "off"), common=True),
     Option("context", None, "tokens a generation may hold, prompt and answer (the KV caches' room; default: the "
-           "longest prompt plus --max-new-tokens where both are known, else 4096, at most the model's context)",
+           "longest prompt plus --max-new-tokens where both are known, else 4096, or 2048 under --memory-budget; "
+           "at most the model's context)",
            kind=int, metavar="N", common=True),
     Option("threads", 0, "CPU threads per process (0: all cores)", kind=int, common=True),
     Option("device", "cpu", "cpu or cuda (cuda needs --runtime inproc)"),

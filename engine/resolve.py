@@ -22,6 +22,7 @@ from models.store import WeightStore
 from models.tokenizer import TextTokenizer
 
 DEFAULT_CONTEXT = 4096  # tokens a generation holds when nothing says how many (ollama and llama-cli take as many)
+BUDGET_CONTEXT = 2048  # ... under a memory budget, where every token's KV rows are memory the target could use
 
 
 @dataclass
@@ -71,7 +72,8 @@ def resolve(cfg: RunConfig, prompts: list[Prompt] | None = None, say: Callable[[
 
 def context(cfg: RunConfig, target: WeightStore, prompt_lengths: list[int]) -> int:
     """Tokens a generation holds: --context; else the longest prompt plus --max-new-tokens where both are
-    known; else DEFAULT_CONTEXT (more if the longest prompt needs it); at most the model's context."""
+    known; else DEFAULT_CONTEXT (BUDGET_CONTEXT under a memory budget; more if the longest prompt needs it);
+    at most the model's context."""
     most = target.args.context_length
     if cfg.context is not None:
         if cfg.context > most:
@@ -81,7 +83,7 @@ def context(cfg: RunConfig, target: WeightStore, prompt_lengths: list[int]) -> i
     longest = max(prompt_lengths, default=0)
     if longest and cfg.max_new_tokens:
         return min(most, longest + cfg.max_new_tokens)
-    return min(most, max(DEFAULT_CONTEXT, longest + 512))
+    return min(most, max(BUDGET_CONTEXT if cfg.memory_budget else DEFAULT_CONTEXT, longest + 512))
 
 
 def apply_profile(cfg: RunConfig, prof: dict) -> RunConfig:

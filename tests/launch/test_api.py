@@ -26,7 +26,7 @@ def test_the_readme_example_runs(tiny_gguf):
         assert reply.prompt_tokens > 0 and reply.tokens_per_s > 0 and "<|im_end|>" not in reply.text
         assert llm.plan is not None and llm.plan.budget == 2 << 30
         assert _actors()  # the runtime's processes run while the LLM is open
-    assert not _actors() and shm_segments() == before  # and are gone after
+    assert not _actors() and shm_segments() <= before  # and are gone after
 
 
 def test_a_second_turn_reuses_the_cache_and_gives_what_a_fresh_start_gives(tiny_gguf):
@@ -64,4 +64,4 @@ def test_the_readme_python_example_runs_as_written(capsys):
     before = shm_segments()
     exec(compile(block, "README.md", "exec"), {})
     out = capsys.readouterr().out
-    assert len(out.strip().splitlines()) >= 2 and shm_segments() == before
+    assert len(out.strip().splitlines()) >= 2 and shm_segments() <= before

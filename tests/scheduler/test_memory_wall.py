@@ -66,7 +66,7 @@ def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_p
         assert loader["max_end"] <= plan.stream_bytes  # the loader never wrote past its part of the arena
         assert sched.stream_slots.peak_bytes <= plan.stream_bytes
         assert sched.stream_slots.used_bytes == 0  # every slot released
-    assert shm_segments() == before
+    assert shm_segments() <= before
 
 
 def test_a_killed_loader_ends_the_run_with_a_reason_and_no_leak(tmp_path):
@@ -74,7 +74,7 @@ def test_a_killed_loader_ends_the_run_with_a_reason_and_no_leak(tmp_path):
     with pytest.raises(ActorDead, match="loader"):
         run_until_role_killed(_cfg("stdpl", tmp_path), "loader", 3.0, _prompts(), 10)
     time.sleep(0.5)
-    assert shm_segments() == before
+    assert shm_segments() <= before
     assert not [c for c in psutil.Process().children(recursive=True) if c.is_running() and c.status() != psutil.STATUS_ZOMBIE
                 and "actors" in " ".join(c.cmdline())]
 
@@ -83,4 +83,4 @@ def test_a_budget_too_small_is_refused_before_anything_starts(tmp_path):
     before = shm_segments()
     with pytest.raises(CadenceError, match="too small.*smallest budget that works is"):
         Runner(_cfg("tree", tmp_path, budget="600MiB"))
-    assert shm_segments() == before
+    assert shm_segments() <= before

@@ -49,7 +49,7 @@ def test_tree_with_the_sparse_worker_is_lossless_on_each_kind_of_dev_prompt(tmp_
             ref = generate_target(target, ids, N, SamplingConfig()).new_ids
             row = runner.run(p).row
             assert row["new_token_ids"] == ref, p.id
-    assert shm_segments() == before
+    assert shm_segments() <= before
     if columns:  # the worker really computed its columns of every layer: its spans are in the run's trace
         events = json.loads(next(tmp_path.glob("*.json")).read_text())["traceEvents"]
         worker = {e["name"] for e in events if e.get("cat") == "linear" and e["name"].startswith("cols:")}
@@ -61,4 +61,4 @@ def test_a_killed_worker_ends_the_run_with_a_reason_and_no_leak(tmp_path):
     with pytest.raises(ActorDead, match="sparse"):
         run_until_role_killed(_cfg(tmp_path, 0.0), "sparse", 2.0, _prompts(), 5)
     time.sleep(0.3)
-    assert shm_segments() == before
+    assert shm_segments() <= before
