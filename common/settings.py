@@ -167,6 +167,7 @@ class SpecStats:
     target_forwards: int = 1  # the prompt
     accepted_hist: dict[int, int] = field(default_factory=dict)
     arm_hist: dict[str, int] = field(default_factory=dict)  # cycles per governor arm
+    arm_s: dict[str, float] = field(default_factory=dict)  # seconds per governor arm
     alpha: list[float] = field(default_factory=list)
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -189,7 +190,7 @@ class SpecStats:
             "draft_forwards": self.draft_forwards, "target_forwards": self.target_forwards,
             "mean_accepted": round(self.accepted / v, 3),
             "accepted_hist": {str(k): n for k, n in sorted(self.accepted_hist.items())},
-            "arm_hist": dict(self.arm_hist),
+            "arm_hist": dict(self.arm_hist), "arm_s": {k: round(v, 4) for k, v in self.arm_s.items()},
             "alpha": [round(a, 6) for a in self.alpha], "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
             "ahead_steps": self.ahead_steps, "ahead_reused": self.ahead_reused,
         }

@@ -176,8 +176,10 @@ class Speculation:
             stats.arm_hist[str(arm)] = stats.arm_hist.get(str(arm), 0) + 1
             t_cycle = time.perf_counter()
             new, accepted, alpha = self._cycle(arm, out[-1], stats, cfg, sampling, draft if speculative else None)
+            dt = time.perf_counter() - t_cycle
+            stats.arm_s[str(arm)] = stats.arm_s.get(str(arm), 0.0) + dt
             if governor:
-                governor.record(arm, len(new), time.perf_counter() - t_cycle)
+                governor.record(arm, len(new), dt)
             for i, tok in enumerate(new):  # stop inside an accepted run
                 if tok in stop or len(out) + i + 1 >= max_new:
                     new = new[: i + 1]
