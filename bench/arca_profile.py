@@ -9,7 +9,9 @@ import os
 
 import torch
 
-from bench.measure import RTT_S, median_time
+from bench.measure import RTT_S
+
+from common.timing import median_time
 from common.settings import SamplingConfig
 from engine.profiles import partition_name
 from engine.prompts import encode_prompt

@@ -23,7 +23,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from bench.measure import median_time
+from common.timing import median_time
 from models import kernels
 from models.attention import Visibility
 

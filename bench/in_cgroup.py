@@ -46,6 +46,7 @@ class CgroupOptions:
     baseline_budget: str | None = None  # llama.cpp's own limit: bytes, "560MiB", or "half-gguf"; None: the modes'
     experts: str | None = None  # a mixture of experts: EVICTION+PRELOAD[+bits] variants to run each mode with
     bits_target: str | None = None  # the store with expert-wise bitwidths the +bits variants run
+    tree_draft: str = "auto"  # the draft tree mode was asked to run with
 
 
 def expert_variants(text: str | None) -> list[tuple[str, ...]]:
@@ -76,6 +77,8 @@ def _run_argv(cfg: RunConfig, mode: str, budget: int, variant: tuple[str, ...] |
     m = cfg.with_mode("tree" if mode == "nodraft" else mode).replace(memory_budget=str(budget))
     if mode == "nodraft":
         m = m.replace(draft="none")
+    elif mode == "tree" and c.tree_draft == "auto":  # each run settles `auto` as `launch run` does (engine/memory.py)
+        m = m.replace(draft="auto")
     if variant is not None:
         m = m.replace(experts=ExpertOptions(variant[0], variant[1], cfg.experts.preload_k))
         if variant[2:]:

@@ -3,23 +3,9 @@ from __future__ import annotations
 
 import os
 import platform
-import statistics
-import time
 from pathlib import Path
 
 RTT_S = 3e-4  # one control round trip between the scheduler and an actor (launch runtime-bench)
-
-
-def median_time(fn, reps: int = 3) -> float:
-    """Seconds per call of `fn`: the median of `reps` calls after one warm-up call."""
-    fn()
-    return statistics.median([timed(fn) for _ in range(reps)])
-
-
-def timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def machine() -> str:

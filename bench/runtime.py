@@ -22,7 +22,7 @@ import time
 import zmq
 
 from actors.base import Actor
-from bench.measure import timed
+from common.timing import timed
 from scheduler.config import GiB, KiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
 
 SIZES = [4 * KiB * 4**i for i in range(9)]  # 4 KiB .. 256 MiB

@@ -93,3 +93,25 @@ def runtime_config(cfg: RunConfig, target: WeightStore, plan, preload: tuple[str
                        expert_bytes=plan.expert_buffer, role_bytes=roles)
     return RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=plan.slot_bytes or (1 << 20)), trace=trace,
                          preload=preload)
+
+
+def settle_draft(r, say) -> None:
+    """Under a budget, the draft `--draft auto` picked stays only where it pays for the target layers its memory
+    pushes out to disk (engine/costs.py: this machine's forward costs and disk rate against the two plans):
+    else tree mode runs with the n-gram trie alone, whose plan is the target's alone, and says so in one line."""
+    if not (r.draft_picked and r.cfg.memory_budget):
+        return
+    from engine.costs import costs, draft_pays
+    from scheduler.generation.memplan import plan_memory
+
+    alone = r.cfg.replace(draft="none")
+    with_draft = plan_memory(memory_plan(r.cfg, r.target, r.draft).budget, **plan_inputs(r.cfg, r.target, r.draft))
+    without = plan_memory(with_draft.budget, **plan_inputs(alone, r.target, None))
+    if with_draft.read_per_forward <= without.read_per_forward:
+        return  # the draft pushes nothing of the target out: the governor weighs it step by step
+    c = costs(r.target, r.draft)
+    if not draft_pays(c, r.target, r.draft, with_draft.read_per_forward, without.read_per_forward, r.cfg.tree.width):
+        say(f"draft: none (under {with_draft.budget / 2**30:.2f} GiB the draft {r.cfg.draft} would push "
+            f"{(with_draft.read_per_forward - without.read_per_forward) / 2**20:.0f} MiB more of the target to disk "
+            "every forward than it saves here; --draft NAME keeps it)")
+        r.cfg, r.draft, r.draft_picked = alone, None, False

@@ -33,6 +33,7 @@ class Resolved:
     tokenizer: TextTokenizer
     encoded: dict = field(default_factory=dict)  # prompt key -> (token ids, chat applied), or why it cannot run
     paths: object = None  # a mixture of experts' path profile (scheduler/generation/expert_policy.py), or None
+    draft_picked: bool = False  # `--draft auto` chose the draft: under a budget, `settle_draft` may drop it
 
     def prompt_ids(self, prompt: Prompt) -> tuple[list[int], bool]:
         """The prompt's token ids (after the chat template, if it gets one) and whether it got one."""
@@ -50,6 +51,7 @@ def resolve(cfg: RunConfig, prompts: list[Prompt] | None = None, say: Callable[[
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     profile = load_profile(cfg.profile) if cfg.profile else None  # a bad file is refused before any conversion
     target = ensure_store(cfg.target, cfg.dtype)
+    picked = cfg.draft == "auto" and cfg.mode == "tree"
     if cfg.draft == "auto":
         cfg = cfg.replace(draft=pick_draft(cfg, target, say) if cfg.speculative else "none")
     draft = ensure_store(cfg.draft, cfg.draft_format) if cfg.draft_model else None
@@ -67,7 +69,7 @@ def resolve(cfg: RunConfig, prompts: list[Prompt] | None = None, say: Callable[[
             encoded[p.key(cfg.chat)] = e
     lengths = [len(got[0]) for got in encoded.values() if not isinstance(got, PromptError)]
     cfg = cfg.replace(context=context(cfg, target, lengths))
-    return Resolved(cfg, target, draft, tokenizer, encoded, expert_paths(cfg, target))
+    return Resolved(cfg, target, draft, tokenizer, encoded, expert_paths(cfg, target), picked and draft is not None)
 
 
 def context(cfg: RunConfig, target: WeightStore, prompt_lengths: list[int]) -> int:

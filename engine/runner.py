@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 from common.errors import CadenceError
 from common.settings import SamplingConfig
 from engine.config import RunConfig
-from engine.memory import memory_plan
+from engine.memory import memory_plan, settle_draft
 from engine.prompts import Prompt
 from engine.resolve import resolve
 from engine.rows import Chunk, Completion, make_row, peak_rss_bytes
@@ -43,6 +43,8 @@ class Runner:
             # every prompt is encoded: decode from a table of token bytes and give the tokenizer's pages
             # (~45 MiB) to the target, before the plan measures this process
             self.tokenizer.release_encoder()
+        settle_draft(r, say or _stderr)  # under a budget, the draft `auto` picked stays only where it pays
+        self.cfg = r.cfg
         # a mixture of experts' path profile was read (resolve) before the plan measures this process
         self.plan = memory_plan(self.cfg, r.target, r.draft) if self.cfg.memory_budget else None
         if self.cfg.runtime == "inproc":
@@ -159,3 +161,9 @@ class Runner:
             r = rollup(pid)  # {} for a process gone since
             total += r.get("Pss_Anon", 0) + r.get("Pss_Shmem", 0)
         return total
+
+
+def _stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr, flush=True)

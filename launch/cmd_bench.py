@@ -88,7 +88,8 @@ def cmd_bench(args) -> int:
             raise CadenceError("--cgroup proves a memory budget: use it with --suite modes and --memory-budget (e.g. auto)")
         from bench.in_cgroup import CgroupOptions, bench_cgroup
 
-        rows, extra = bench_cgroup(cfg, prompts, opts, CgroupOptions(args.baseline_budget, args.experts, args.bits_target))
+        rows, extra = bench_cgroup(cfg, prompts, opts, CgroupOptions(args.baseline_budget, args.experts, args.bits_target,
+                                                                     args.draft))
     else:
         rows, extra = getattr(suites, args.suite)(cfg, prompts, opts)
     report(args, rows, extra, len(prompts))

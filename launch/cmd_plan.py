@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from common.errors import CadenceError
-from engine.memory import memory_plan, plan_inputs
+from engine.memory import memory_plan, plan_inputs, settle_draft
 from engine.prompts import Prompt, load_prompts
 from engine.resolve import pick_draft, resolve
 from models.convert import ensure_store
@@ -50,6 +50,7 @@ def cmd_plan(args) -> int:
     prompts = load_prompts(args.prompts) if args.prompts else [Prompt("prompt", "complete", args.prompt)] if args.prompt else []
     r = resolve(run_config(args), prompts)  # the tokenizer is held as a run's scheduler holds it: measured with it
     r.tokenizer.release_encoder()  # as a run does once its prompts are encoded
+    settle_draft(r, print)  # under a budget, the draft `auto` picked stays where it pays
     cfg = r.cfg
     what = f"{cfg.mode} {cfg.target} {cfg.dtype}" + (f", draft {cfg.draft_model} {cfg.draft_format}" if cfg.draft_model else
                                                       ", no draft model" if cfg.mode == "tree" else "")

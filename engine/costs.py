@@ -1,0 +1,145 @@
+"""What a forward costs on this machine, measured once per store and kernel build and cached under
+$CADENCE_HOME/calibration: the price list `--draft auto` chooses with under a memory budget.
+
+A child process (it imports torch; the scheduler never does) reads one target layer and one part of
+its output head and times their linear work at each verification width, likewise one layer of the
+draft, and reads a stretch of the store with direct I/O for the disk's rate. From these, a streamed
+forward of `rows` rows costs about max(compute, bytes read / disk rate): the loader reads while the
+verifier computes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import models
+from common import paths
+from common.errors import CadenceError
+from models.store import WeightStore
+
+ROWS = (1, 2, 3, 5, 9, 17, 33)  # a token, or a tree of 1..32 tokens and its root
+DISK_BYTES = 256 << 20  # read to measure the disk (less if the store is smaller)
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Costs:
+    disk_gbps: float  # direct reads of the store's file, large chunks, many in flight
+    layer_s: dict  # rows -> one target layer's linear work (seconds)
+    head_s: dict  # rows -> the whole output head's
+    draft_layer_s: float  # one draft layer, one row
+    draft_head_s: float  # the draft's output head, one row
+
+    def forward_s(self, n_layers: int, rows: int, read_bytes: int) -> float:
+        """A target forward of `rows` rows that reads `read_bytes` from disk meanwhile."""
+        r = min(self.layer_s, key=lambda k: abs(int(k) - rows))
+        compute = n_layers * self.layer_s[r] + self.head_s[r]
+        return max(compute, read_bytes / (self.disk_gbps * 1e9))
+
+
+def costs(target: WeightStore, draft: WeightStore | None) -> Costs:
+    """This machine's costs for the pair, from the cache or measured now (a few seconds) and cached."""
+    path = paths.home() / "calibration" / f"costs-{_key(target, draft)}.json"
+    try:
+        return Costs(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass
+    cmd = [sys.executable, "-m", "engine.costs", str(target.dir), str(draft.dir) if draft else ""]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    try:
+        got = Costs(**json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError, TypeError):
+        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CadenceError(f"measuring this machine's forward costs failed ({err}); give --draft explicitly") from None
+    try:
+        paths.writable_dir(path.parent)
+        path.write_text(json.dumps(asdict(got)))
+    except (OSError, CadenceError):
+        pass  # a cache: a home we cannot write measures again next time
+    return got
+
+
+def _key(target: WeightStore, draft: WeightStore | None) -> str:
+    """The stores, the machine and the kernels' sources: what the measurement depends on."""
+    h = hashlib.sha256(f"{VERSION} {target.dir} {draft.dir if draft else ''} {_cpu()}".encode())
+    csrc = Path(models.__file__).parent / "csrc"  # models.kernels would import torch here
+    for f in sorted(csrc.iterdir()):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _cpu() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    return " ".join(next((ln for ln in lines if ln.startswith(key)), "") for key in ("model name", "flags"))
+
+
+def measure(target: WeightStore, draft: WeightStore | None) -> Costs:
+    """In this process (it loads torch and one layer of each model)."""
+    import torch
+
+    from common.timing import median_time
+    from models.weights import StreamingWeights
+    from shm.dio import DirectReader
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    w = StreamingWeights(target, {"layer.0", target.head_groups()[0]})
+    parts = len(target.head_groups())
+    layer, head = w.layer(0), w.head_part(0)
+    a = target.args
+    layer_s, head_s = {}, {}
+    for rows in ROWS:
+        x, h = torch.randn(rows, a.dim), torch.randn(rows, a.ffn_dim)
+        layer_s[rows] = median_time(lambda: _layer(layer, x, h, a))
+        head_s[rows] = parts * median_time(lambda: head.out.matmul(x))
+    draft_layer = draft_head = 0.0
+    if draft is not None:
+        d = StreamingWeights(draft, {"layer.0", draft.head_groups()[0]})
+        x, h = torch.randn(1, draft.args.dim), torch.randn(1, draft.args.ffn_dim)
+        draft_layer = median_time(lambda: _layer(d.layer(0), x, h, draft.args))
+        draft_head = len(draft.head_groups()) * median_time(lambda: d.head_part(0).out.matmul(x))
+    with DirectReader(target.path) as reader:
+        n = min(DISK_BYTES, target.path.stat().st_size) // 4096 * 4096
+        gbps = reader.read_into(0, n, torch.empty(n, dtype=torch.uint8).numpy()).gbps
+    return Costs(gbps, layer_s, head_s, draft_layer, draft_head)
+
+
+def _layer(w, x, h, a) -> None:
+    import torch
+
+    w.qkv.matmul(x)
+    w.attn_out.matmul(torch.zeros(x.shape[0], a.q_dim))
+    w.gate_up.matmul(x)
+    w.down.matmul(h)
+
+
+TOKENS_PER_VERIFICATION = 2.5  # what a draft of the same family gives, at the least, on varied text (BENCHMARKS.md)
+
+
+def draft_pays(costs_: Costs, target: WeightStore, draft: WeightStore, read_with: int, read_without: int,
+               width: int, tokens_per_verification: float = TOKENS_PER_VERIFICATION) -> bool:
+    """Whether the draft, which leaves `read_with` bytes to read per target forward where the target alone
+    reads `read_without`, should give more tokens per second: a verification of `width` draft tokens (and a
+    draft forward per level of the tree) against a plain step, at `tokens_per_verification`."""
+    n, depth = target.args.n_layers, max(1, width // 2)
+    plain = costs_.forward_s(n, 1, read_without)
+    draft_step = draft.args.n_layers * costs_.draft_layer_s + costs_.draft_head_s
+    tree = costs_.forward_s(n, width + 1, read_with) + depth * draft_step
+    return tree / tokens_per_verification < plain
+
+
+def main(argv: list[str]) -> int:
+    target = WeightStore(Path(argv[0]))
+    draft = WeightStore(Path(argv[1])) if len(argv) > 1 and argv[1] else None
+    print(json.dumps(asdict(measure(target, draft))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
