@@ -64,16 +64,7 @@ extern "C" void cad_qkv_rope(const float *qkv, const float *bias, const int64_t 
 
 /* out [T, F] = silu(gate) * up, with gu [T, 2F] = [gate | up]. */
 extern "C" void cad_swiglu(const float *gu, float *out, int T, int F) {
-    for (int t = 0; t < T; t++) {
-        const float *g = gu + (size_t)t * 2 * F, *u = g + F;
-        float *o = out + (size_t)t * F;
-        int i = 0;
-        for (; i + 8 <= F; i += 8) {
-            const v8f x = v8_load(g + i);
-            v8_store(o + i, x / (v8_exp(-x) + 1.0f) * v8_load(u + i));
-        }
-        for (; i < F; i++) o[i] = g[i] / (scalar_exp(-g[i]) + 1.0f) * u[i];
-    }
+    for (int t = 0; t < T; t++) swiglu_row(gu + (size_t)t * 2 * F, gu + (size_t)t * 2 * F + F, out + (size_t)t * F, F);
 }
 
 /* A full memory fence: the sync words two processes share in the arena (actors/syncarea.py) are
