@@ -68,7 +68,7 @@ _SIGNATURES = {
     "cad_attn_merge": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I],
     "cad_rmsnorm": [_P, _P, _P, _I, _I, ctypes.c_float],
     "cad_qkv_rope": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I],
-    "cad_swiglu": [_P, _P, _I, _I],
+    "cad_swiglu": [_P, _P, _I, _I, _I],
     "cad_fence": [],
     "cad_init": [_I],
 }
@@ -77,13 +77,14 @@ F32, BF16, F16, Q8, Q4, Q2 = range(6)
 TILE = 16  # output rows per tile of the quantized layouts (csrc/qlinear.hpp)
 
 
-def cpu_flags() -> set[str]:
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return frozenset()
     line = next((ln for ln in info.splitlines() if ln.startswith(("flags", "Features"))), "")
-    return set(line.partition(":")[2].split())
+    return frozenset(line.partition(":")[2].split())
 
 
 def host_paths() -> list[str]:
@@ -150,8 +151,14 @@ def load(path: str, defines: tuple[str, ...] = (), ask_tiles: bool = True) -> ct
 _using: list[ctypes.CDLL] = []
 
 
+@lru_cache(maxsize=1)
+def _default() -> ctypes.CDLL:
+    return load(chosen_path())
+
+
 def lib() -> ctypes.CDLL:
-    return _using[-1] if _using else load(chosen_path())
+    """The library this process runs: the chosen path's (read once), or the one `using` put in place."""
+    return _using[-1] if _using else _default()
 
 
 @contextlib.contextmanager
@@ -303,5 +310,5 @@ def qkv_rope(qkv: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor, co
 def swiglu(gu: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     T, f2 = gu.shape
     out = torch.empty(T, f2 // 2, dtype=torch.float32) if out is None else out
-    lib().cad_swiglu(_ptr(gu.contiguous()), _ptr(out), T, f2 // 2)
+    lib().cad_swiglu(_ptr(gu.contiguous()), _ptr(out), T, f2 // 2, torch.get_num_threads())
     return out

@@ -49,9 +49,10 @@ for line in sys.stdin:
 
 
 class Arm:
-    def __init__(self, label: str, model: str, fmt: str, context: int, env: dict):
+    def __init__(self, label: str, model: str, fmt: str, context: int, env: dict, cwd: str | None = None):
         self.label = label
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, model, fmt, str(context)], env=env, text=True,
+        # cwd: `python -c` puts the working directory first on the import path
+        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, model, fmt, str(context)], env=env, cwd=cwd, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         ready = self.proc.stdout.readline().split()
         if not ready or ready[0] != "ready":
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     arms = []
     if args.old_checkout:
         env = dict(base, PYTHONPATH=args.old_checkout, CADENCE_HOME=args.old_home or base.get("CADENCE_HOME", ""))
-        arms.append(Arm("old", args.model, args.fmt, args.context, env))
+        arms.append(Arm("old", args.model, args.fmt, args.context, env, cwd=args.old_checkout))
     for p in paths:
         arms.append(Arm(p, args.model, args.fmt, args.context, dict(base, CADENCE_KERNEL_PATH=p)))
     times = {(a.label, w): [] for a in arms for w in widths}

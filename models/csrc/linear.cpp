@@ -114,10 +114,7 @@ extern "C" void cad_linear(const float *x, float *y, int M, int fmt, int N, int 
                            int ldy) {
     if (ldy < N) ldy = N;
     if (fmt == Q8 || fmt == Q4 || fmt == Q2) {
-        const q::QW W(fmt, N, K, row0, w, a1, a2, a3, a4);
-        q::QA a;
-        q::quantize(x, M, K, q::act_rows(M), a);
-        q::qgemm(W, a, y, ldy, accumulate, nthreads);
+        q::qlinear(x, M, q::QW(fmt, N, K, row0, w, a1, a2, a3, a4), y, ldy, accumulate, nthreads);
     } else {
         dense(x, y, M, fmt, N, K, w, nthreads, accumulate, ldy);
     }

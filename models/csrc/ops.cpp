@@ -3,6 +3,7 @@
  * never depends on the other rows. */
 #include "vec.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 /* out[t] = x[t] / rms(x[t]) * w, reduced in one fixed order. */
@@ -62,9 +63,17 @@ extern "C" void cad_qkv_rope(const float *qkv, const float *bias, const int64_t 
     }
 }
 
-/* out [T, F] = silu(gate) * up, with gu [T, 2F] = [gate | up]. */
-extern "C" void cad_swiglu(const float *gu, float *out, int T, int F) {
-    for (int t = 0; t < T; t++) swiglu_row(gu + (size_t)t * 2 * F, gu + (size_t)t * 2 * F + F, out + (size_t)t * F, F);
+/* out [T, F] = silu(gate) * up, with gu [T, 2F] = [gate | up]; element by element, so threads may take
+ * any pieces of the rows. */
+extern "C" void cad_swiglu(const float *gu, float *out, int T, int F, int nthreads) {
+    constexpr int PIECE = 1024;
+    const int per_row = (F + PIECE - 1) / PIECE, n = T * per_row;
+#pragma omp parallel for schedule(static) num_threads(n > 4 ? nthreads : 1)
+    for (int i = 0; i < n; i++) {
+        const int t = i / per_row, f0 = i % per_row * PIECE, fn = std::min(PIECE, F - f0);
+        const float *g = gu + (size_t)t * 2 * F;
+        swiglu_row(g + f0, g + F + f0, out + (size_t)t * F + f0, fn);
+    }
 }
 
 /* A full memory fence: the sync words two processes share in the arena (actors/syncarea.py) are

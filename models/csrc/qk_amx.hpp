@@ -39,16 +39,18 @@ static void tile_amx(const QW &W, const QA &a, int t, int m0, float *out) {
         const int g0 = b * GPS, g1 = std::min(W.ng, g0 + GPS);
         if constexpr (FMT != Q8)
             for (int g = g0; g < g1; g++) {
+                prefetch_next<FMT>(W, t, g);
                 __m512i c[8];
-                unpack512<FMT>(W.codes(t, g), c);
+                unpack512<FMT>(W.codes<FMT>(t, g), c);
                 for (int i = 0; i < 8; i++) _mm512_store_si512(B[g - g0] + 64 * i, c[i]);
             }
         __m512i I1[TR];
         if constexpr (FMT == Q8) { /* no sub-scales: the super-block's groups add up in the C tile */
             TILE_ZERO(CAD_TC);
             for (int g = g0; g < g1; g++) {
+                prefetch_next<FMT>(W, t, g);
                 TILE_LOADD(CAD_TA, a.row(m0) + g * QG, a.K);
-                TILE_LOADD(CAD_TB, W.codes(t, g), 64);
+                TILE_LOADD(CAD_TB, W.codes<FMT>(t, g), 64);
                 TILE_DPBSUD(CAD_TC, CAD_TA, CAD_TB);
             }
             TILE_STORED(CAD_TC, C, 64);

@@ -36,8 +36,8 @@ static inline __m256i quad256(const uint8_t *p, int i) {
 
 /* I1 of one group for MB rows, half h, added into I1. */
 template <int FMT, int MB>
-static inline void group256(const QW &W, const QA &a, int t, int g, int h, int m0, __m256i *I1) {
-    const uint8_t *p = W.codes(t, g) + 32 * h;
+CAD_INLINE void group256(const QW &W, const QA &a, int t, int g, int h, int m0, __m256i *I1) {
+    const uint8_t *p = W.codes<FMT>(t, g) + 32 * h;
     const int8_t *x[MB];
     for (int m = 0; m < MB; m++) x[m] = a.row(m0 + m) + g * QG;
 #ifdef __AVXVNNI__
@@ -79,7 +79,7 @@ static inline void group256(const QW &W, const QA &a, int t, int g, int h, int m
 
 /* The float step of super-block b for MB rows of half h, added into out [MB, TR]. */
 template <int FMT, int MB>
-static inline void sb_finish256(const QW &W, const QA &a, int t, int b, int h, int m0, const __m256i *I1, float *out) {
+CAD_INLINE void sb_finish256(const QW &W, const QA &a, int t, int b, int h, int m0, const __m256i *I1, float *out) {
     for (int m = 0; m < MB; m++) {
         const size_t r = (size_t)(m0 + m) * a.nsb + b;
         float *o = out + m * TR + 8 * h;
@@ -117,7 +117,10 @@ static void tile_avx2(const QW &W, const QA &a, int t, int m0, float *out) {
             const int g0 = b * GPS, g1 = std::min(W.ng, g0 + GPS);
             __m256i I1[MB];
             for (int m = 0; m < MB; m++) I1[m] = _mm256_setzero_si256();
-            for (int g = g0; g < g1; g++) group256<FMT, MB>(W, a, t, g, h, m0, I1);
+            for (int g = g0; g < g1; g++) {
+                if (h == 0) prefetch_next<FMT>(W, t, g);
+                group256<FMT, MB>(W, a, t, g, h, m0, I1);
+            }
             sb_finish256<FMT, MB>(W, a, t, b, h, m0, I1, out);
         }
     if constexpr (FMT == Q8)

@@ -1,7 +1,7 @@
-/* The AVX-512 VNNI path: a tile's 16 rows are the 16 int32 lanes of a zmm. Per group of 32 k, the
- * codes are unpacked once into 8 quad vectors, and each activation row (up to 16 per pass, their
- * accumulators in registers) costs 8 vpdpbusd against its 4-byte groups broadcast from memory, then one
- * multiply by the sub-scales. The float step is qlinear.hpp's, lane by lane. */
+/* The AVX-512 VNNI path: a tile's 16 rows are the 16 int32 lanes of a zmm. Per group of 32 k, each
+ * activation row (up to 16 per pass over a tile, their sums in registers) costs 8 vpdpbusd of the
+ * group's 8 code quads against its own 4-byte quads broadcast from memory, then one multiply by the
+ * sub-scales; the codes are unpacked once per 8 rows. The float step is qlinear.hpp's, lane by lane. */
 #pragma once
 #include "qlinear.hpp"
 
@@ -9,30 +9,6 @@
 #include <immintrin.h>
 
 namespace q {
-
-/* Group g's 8 quads of tile codes at p: c[i] holds k = 4i .. 4i + 3 of each row. */
-template <int FMT>
-static inline void unpack512(const uint8_t *p, __m512i c[8]) {
-    if constexpr (FMT == Q4) {
-        const __m512i m = _mm512_set1_epi8(15);
-        for (int i = 0; i < 4; i++) {
-            const __m512i v = _mm512_loadu_si512(p + 64 * i);
-            c[i] = _mm512_and_si512(v, m);
-            c[i + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
-        }
-    } else if constexpr (FMT == Q2) {
-        const __m512i m = _mm512_set1_epi8(3);
-        for (int h = 0; h < 2; h++) {
-            const __m512i v = _mm512_loadu_si512(p + 64 * h);
-            c[4 * h] = _mm512_and_si512(v, m);
-            c[4 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 2), m);
-            c[4 * h + 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
-            c[4 * h + 3] = _mm512_and_si512(_mm512_srli_epi16(v, 6), m);
-        }
-    } else {
-        for (int i = 0; i < 8; i++) c[i] = _mm512_loadu_si512(p + 64 * i);
-    }
-}
 
 static inline __m512i bcast4(const void *p) {
     int32_t v;
@@ -43,7 +19,7 @@ static inline __m512i bcast4(const void *p) {
 /* The float step of super-block b for MB rows from their I1 (int4/int2: I2 from the sub-minimums here;
  * int8: the offset correction), added into out [MB, TR]. */
 template <int FMT, int MB>
-static inline void sb_finish512(const QW &W, const QA &a, int t, int b, int m0, const __m512i *I1, float *out) {
+CAD_INLINE void sb_finish512(const QW &W, const QA &a, int t, int b, int m0, const __m512i *I1, float *out) {
     if constexpr (FMT == Q8) {
         for (int m = 0; m < MB; m++) {
             const size_t r = (size_t)(m0 + m) * a.nsb + b;
@@ -70,10 +46,63 @@ static inline void sb_finish512(const QW &W, const QA &a, int t, int b, int m0, 
 }
 
 template <int FMT, int MB>
-static inline void scale_rows512(const QW &W, int t, float *out) {
+CAD_INLINE void scale_rows512(const QW &W, int t, float *out) {
     if constexpr (FMT == Q8) {
         const __m512 s = _mm512_loadu_ps(W.scale + (size_t)t * TR);
         for (int m = 0; m < MB; m++) _mm512_storeu_ps(out + m * TR, _mm512_mul_ps(s, _mm512_loadu_ps(out + m * TR)));
+    }
+}
+
+/* Group g for rows R0 .. R1 of the block (at most 8: one accumulator each, enough independent chains
+ * to keep vpdpbusd busy at its latency), its codes at p: I1 += sc * <codes, x> (int8: I1 += <codes, x>).
+ * Quads are unpacked as they are used, so the accumulators, I1 and a few codes fit the 32 registers. */
+template <int FMT, int R0, int R1, int MB>
+CAD_INLINE void group512(const uint8_t *p, const QA &a, int m0, int g, __m512i sc, __m512i *I1) {
+    constexpr int R = R1 - R0;
+    const int8_t *x[R];
+    __m512i s[R];
+    for (int r = 0; r < R; r++) x[r] = a.row(m0 + R0 + r) + g * QG, s[r] = FMT == Q8 ? I1[R0 + r] : _mm512_setzero_si512();
+    if constexpr (FMT == Q4) {
+        const __m512i m = _mm512_set1_epi8(15);
+        for (int i = 0; i < 4; i++) {  /* chunk i: quad i in the low nibbles, quad i + 4 in the high ones */
+            const __m512i v = _mm512_loadu_si512(p + 64 * i);
+            const __m512i lo = _mm512_and_si512(v, m), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
+            for (int r = 0; r < R; r++) s[r] = _mm512_dpbusd_epi32(s[r], lo, bcast4(x[r] + 4 * i));
+            for (int r = 0; r < R; r++) s[r] = _mm512_dpbusd_epi32(s[r], hi, bcast4(x[r] + 16 + 4 * i));
+        }
+    } else if constexpr (FMT == Q2) {
+        const __m512i m = _mm512_set1_epi8(3);
+        for (int h = 0; h < 2; h++) {  /* chunk h, bits 2i: quad 4h + i */
+            const __m512i v = _mm512_loadu_si512(p + 64 * h);
+            for (int i = 0; i < 4; i++) {
+                const __m512i c = _mm512_and_si512(_mm512_srli_epi16(v, 2 * i), m);
+                for (int r = 0; r < R; r++) s[r] = _mm512_dpbusd_epi32(s[r], c, bcast4(x[r] + 16 * h + 4 * i));
+            }
+        }
+    } else {
+        for (int i = 0; i < 8; i++) {
+            const __m512i c = _mm512_loadu_si512(p + 64 * i);
+            for (int r = 0; r < R; r++) s[r] = _mm512_dpbusd_epi32(s[r], c, bcast4(x[r] + 4 * i));
+        }
+    }
+    for (int r = 0; r < R; r++) I1[R0 + r] = FMT == Q8 ? s[r] : _mm512_add_epi32(I1[R0 + r], _mm512_mullo_epi32(s[r], sc));
+}
+
+/* Group g's 8 quads of tile codes at p, unpacked: c[i] holds k = 4i .. 4i + 3 of each row (the AMX path's B tiles). */
+template <int FMT>
+CAD_INLINE void unpack512(const uint8_t *p, __m512i c[8]) {
+    if constexpr (FMT == Q4) {
+        const __m512i m = _mm512_set1_epi8(15);
+        for (int i = 0; i < 4; i++) {
+            const __m512i v = _mm512_loadu_si512(p + 64 * i);
+            c[i] = _mm512_and_si512(v, m);
+            c[i + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
+        }
+    } else if constexpr (FMT == Q2) {
+        const __m512i m = _mm512_set1_epi8(3);
+        for (int i = 0; i < 8; i++) c[i] = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(p + 64 * (i / 4)), 2 * (i % 4)), m);
+    } else {
+        for (int i = 0; i < 8; i++) c[i] = _mm512_loadu_si512(p + 64 * i);
     }
 }
 
@@ -86,16 +115,11 @@ static void tile_avx512(const QW &W, const QA &a, int t, int m0, float *out) {
         __m512i I1[MB];
         for (int m = 0; m < MB; m++) I1[m] = _mm512_setzero_si512();
         for (int g = g0; g < g1; g++) {
-            __m512i c[8];
-            unpack512<FMT>(W.codes(t, g), c);
+            prefetch_next<FMT>(W, t, g);
             __m512i sc = _mm512_setzero_si512();
             if constexpr (FMT != Q8) sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)W.subscales(t, g)));
-            for (int m = 0; m < MB; m++) {
-                const int8_t *x = a.row(m0 + m) + g * QG;
-                __m512i s = FMT == Q8 ? I1[m] : _mm512_setzero_si512();
-                for (int i = 0; i < 8; i++) s = _mm512_dpbusd_epi32(s, c[i], bcast4(x + 4 * i));
-                I1[m] = FMT == Q8 ? s : _mm512_add_epi32(I1[m], _mm512_mullo_epi32(s, sc));
-            }
+            group512<FMT, 0, (MB < 8 ? MB : 8), MB>(W.codes<FMT>(t, g), a, m0, g, sc, I1);
+            if constexpr (MB > 8) group512<FMT, 8, MB, MB>(W.codes<FMT>(t, g), a, m0, g, sc, I1);
         }
         sb_finish512<FMT, MB>(W, a, t, b, m0, I1, out);
     }

@@ -8,15 +8,16 @@
 namespace q {
 
 /* The 32 codes of group g of each row of tile t, as bytes in k order: c[row][k]. */
+template <int FMT>
 static inline void group_codes(const QW &W, int t, int g, uint8_t c[TR][QG]) {
-    const uint8_t *p = W.codes(t, g);
+    const uint8_t *p = W.codes<FMT>(t, g);
     for (int i = 0; i < QG / 4; i++)  /* quad */
         for (int j = 0; j < TR; j++)
             for (int b = 0; b < 4; b++) {
                 uint8_t v;
-                if (W.fmt == Q4)
+                if (FMT == Q4)
                     v = i < 4 ? p[64 * i + 4 * j + b] & 15 : p[64 * (i - 4) + 4 * j + b] >> 4;
-                else if (W.fmt == Q2)
+                else if (FMT == Q2)
                     v = (p[64 * (i / 4) + 4 * j + b] >> (2 * (i % 4))) & 3;
                 else
                     v = p[64 * i + 4 * j + b];
@@ -35,7 +36,7 @@ static void tile_portable(const QW &W, const QA &a, int t, int m0, int mb, float
         for (int m = 0; m < mb; m++)
             for (int j = 0; j < TR; j++) i1[m][j] = i2[m][j] = 0;
         for (int g = g0; g < g1; g++) {
-            group_codes(W, t, g, c);
+            group_codes<FMT>(W, t, g, c);
             for (int m = 0; m < mb; m++) {
                 const int8_t *x = a.row(m0 + m) + g * QG;
                 const int xs = a.xs[(size_t)(m0 + m) * a.ng2 + g];

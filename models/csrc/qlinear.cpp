@@ -42,27 +42,58 @@ static bool use_amx(int M) { return amx_on && M >= CAD_AMX_MIN_ROWS; }
 
 int act_rows(int M) { return use_amx(M) ? (M + TR - 1) / TR * TR : M; }
 
+/* x rounded to the nearest integer, ties to even, for |x| < 2^22: adding and taking away 1.5 x 2^23
+ * leaves its integer part in the float's mantissa (eight lanes at a time on every instruction set, and
+ * the same result as nearbyint). */
+static inline v8f v8_round(v8f x) {
+    const v8f c = v8_splat(12582912.0f);
+    return (x + c) - c;
+}
+
+typedef int8_t v8c __attribute__((vector_size(8)));
+
+static inline float v8_hmax(v8f v) {
+    float m = v[0];
+    for (int i = 1; i < 8; i++) m = std::max(m, v[i]);
+    return m;
+}
+
 static void quantize_row(const float *x, int K, QA &a, int m) {
+    /* locals, not a's members: the int8 stores may alias anything, which would reload every member */
     int8_t *q = a.q.data() + (size_t)m * K;
-    for (int b = 0; b < a.nsb; b++) {
-        const int k0 = b * SB, kn = std::min(SB, K - k0);
+    int16_t *xs = a.xs.data() + (size_t)m * a.ng2;
+    float *d = a.d.data() + (size_t)m * a.nsb;
+    int32_t *xsum = a.xsum.data() + (size_t)m * a.nsb;
+    const v8i nosign = v8i{} + 0x7fffffff;
+    for (int b = 0, nsb = a.nsb; b < nsb; b++) {
+        const int k0 = b * SB, kn = std::min(SB, K - k0); /* a multiple of QG */
         const float *xb = x + k0;
-        float amax = 0.0f;
-        for (int i = 0; i < kn; i++) amax = std::max(amax, std::fabs(xb[i]));
+        v8f mx[4] = {v8_splat(0.0f), v8_splat(0.0f), v8_splat(0.0f), v8_splat(0.0f)}; /* four chains */
+        for (int i = 0; i < kn; i += 8) {
+            v8i bits;
+            memcpy(&bits, xb + i, 32);
+            bits &= nosign;
+            v8f v;
+            memcpy(&v, &bits, 32);
+            mx[i / 8 % 4] = v > mx[i / 8 % 4] ? v : mx[i / 8 % 4];
+        }
+        const float amax = std::max(std::max(v8_hmax(mx[0]), v8_hmax(mx[1])), std::max(v8_hmax(mx[2]), v8_hmax(mx[3])));
         const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32_t total = 0;
         for (int g = 0; g < kn / QG; g++) {
-            int32_t sum = 0;
-            for (int i = 0; i < QG; i++) {
-                const int v = (int)std::nearbyint(xb[g * QG + i] * id);
-                q[k0 + g * QG + i] = (int8_t)v;
-                sum += v;
+            v8i sum = v8i{};
+            for (int i = 0; i < QG; i += 8) {
+                const v8i r = __builtin_convertvector(v8_round(v8_load(xb + g * QG + i) * id), v8i);
+                const v8c c = __builtin_convertvector(r, v8c);
+                memcpy(q + k0 + g * QG + i, &c, 8);
+                sum += r;
             }
-            a.xs[(size_t)m * a.ng2 + k0 / QG + g] = (int16_t)sum;
-            total += sum;
+            const int32_t s = (sum[0] + sum[4]) + (sum[1] + sum[5]) + (sum[2] + sum[6]) + (sum[3] + sum[7]);
+            xs[k0 / QG + g] = (int16_t)s;
+            total += s;
         }
-        a.d[(size_t)m * a.nsb + b] = amax / 127.0f;
-        a.xsum[(size_t)m * a.nsb + b] = total;
+        d[b] = amax / 127.0f;
+        xsum[b] = total;
     }
 }
 
@@ -132,11 +163,15 @@ void qgemm_tiles(const QW &W, const QA &a, int t0, int t1, float *y, int ldy, in
         tiles<Q8>(W, a, t0, t1, y, ldy, accumulate);
 }
 
-void qgemm(const QW &W, const QA &a, float *y, int ldy, int accumulate, int nthreads) {
+void qlinear(const float *x, int M, const QW &W, float *y, int ldy, int accumulate, int nthreads) {
     const int T = W.tiles();
+    QA a;
+    shape(M, W.K, act_rows(M), a);
 #pragma omp parallel num_threads(std::max(1, std::min(nthreads, T)))
     {
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        for (int m = id; m < M; m += nt) quantize_row(x + (size_t)m * W.K, W.K, a, m);
+#pragma omp barrier
         qgemm_tiles(W, a, (int)((long)T * id / nt), (int)((long)T * (id + 1) / nt), y, ldy, accumulate);
     }
 }
