@@ -69,18 +69,23 @@ class Arm:
         self.proc.wait(timeout=60)
 
 
+_ONES = None
+
+
 def memory_read_rate(threads: int) -> float:
-    """GB/s of a plain streaming read: torch's sum over 1 GiB of floats, the best of 8."""
+    """GB/s of a plain streaming read: torch's sum over 1 GiB of floats, the best of 4."""
     import torch
 
+    global _ONES
     torch.set_num_threads(threads)
-    a = torch.ones(1 << 28)
+    if _ONES is None:
+        _ONES = torch.ones(1 << 28)
     best = float("inf")
-    for _ in range(8):
+    for _ in range(4):
         t = time.perf_counter()
-        a.sum()
+        _ONES.sum()
         best = min(best, time.perf_counter() - t)
-    return a.numel() * 4 / best / 1e9
+    return _ONES.numel() * 4 / best / 1e9
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = [p for p in args.paths.split(",") if p] or kernels.host_paths()
     widths = [int(w) for w in args.widths.split(",")]
     threads = os.cpu_count() or 1
-    print(f"machine: {_cpu_model()}; memory read rate {memory_read_rate(threads):.1f} GB/s ({threads} threads)")
+    print(f"machine: {_cpu_model()}, {threads} threads")
     base = dict(os.environ)
     arms = []
     if args.old_checkout:
@@ -112,26 +117,33 @@ def main(argv: list[str] | None = None) -> int:
         for w in widths:
             for a in arms:
                 a.time(w)  # warm
+        rates = []
         for r in range(args.reps):
+            rates.append(memory_read_rate(threads))  # the machine's rate drifts (a shared host): taken each round
             for w in widths:
                 for a in arms[r % len(arms):] + arms[:r % len(arms)]:
                     times[a.label, w].append(a.time(w))
     finally:
         for a in arms:
             a.close()
-    _report(arms, widths, times)
+    rate = statistics.median(rates)
+    print(f"memory read rate (torch's sum over 1 GiB, median of {len(rates)} rounds): {rate:.1f} GB/s "
+          f"(rounds: {', '.join(f'{x:.0f}' for x in rates)})")
+    _report(arms, widths, times, rate)
     return 0
 
 
-def _report(arms, widths, times):
+def _report(arms, widths, times, rate):
     med = {k: statistics.median(v) for k, v in times.items()}
-    head = ["arm (path)", *[f"width {w} (ms)" for w in widths], *[f"{w} / 1" for w in widths[1:]], "GB/s at width 1"]
+    head = ["arm (path)", *[f"width {w} (ms)" for w in widths], *[f"{w} / 1" for w in widths[1:]], "GB/s at width 1",
+            "/ memory rate"]
     print("| " + " | ".join(head) + " |")
     print("| " + " | ".join(["---"] + ["---:"] * (len(head) - 1)) + " |")
     for a in arms:
         one = med[a.label, widths[0]]
         cells = [f"{a.label} ({a.path})", *[f"{med[a.label, w] * 1e3:.1f}" for w in widths],
-                 *[f"{med[a.label, w] / one:.2f}x" for w in widths[1:]], f"{a.weight_bytes / one / 1e9:.1f}"]
+                 *[f"{med[a.label, w] / one:.2f}x" for w in widths[1:]], f"{a.weight_bytes / one / 1e9:.1f}",
+                 f"{a.weight_bytes / one / 1e9 / rate:.0%}"]
         print("| " + " | ".join(cells) + " |")
 
 

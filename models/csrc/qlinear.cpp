@@ -116,6 +116,15 @@ void quantize_rows(const float *x, const int *rows, int M, int K, int rows_pad, 
     for (int m = 0; m < M; m++) quantize_row(x + (size_t)rows[m] * K, K, a, m);
 }
 
+/* Rows m0 .. m0 + mb of tile t from out [mb, TR] into y (the columns this matrix has). */
+static void store(const QW &W, const float *out, int t, int m0, int mb, float *y, int ldy, int accumulate) {
+    const int j0 = std::max(0, W.row0 - t * TR), j1 = std::min(TR, W.row0 + W.N - t * TR);
+    for (int m = 0; m < mb; m++) {
+        float *yr = y + (size_t)(m0 + m) * ldy + t * TR - W.row0;
+        for (int j = j0; j < j1; j++) yr[j] = accumulate ? yr[j] + out[m * TR + j] : out[m * TR + j];
+    }
+}
+
 template <int FMT>
 static void tiles(const QW &W, const QA &a, int t0, int t1, float *y, int ldy, int accumulate) {
     const bool amx = use_amx(a.M);
@@ -123,14 +132,14 @@ static void tiles(const QW &W, const QA &a, int t0, int t1, float *y, int ldy, i
     if (amx) amx_begin();
 #endif
 #if defined(__AVX2__) && !defined(__AVX512VNNI__)
-    const int step = MB256;
+    const int step = MB256; /* rows per pass over a tile */
 #else
     const int step = TR;
 #endif
     alignas(64) float out[TR * TR];
     for (int t = t0; t < t1; t++)
-        for (int m0 = 0; m0 < a.M; m0 += amx ? TR : step) {
-            const int mb = std::min(amx ? TR : step, a.M - m0);
+        for (int m0 = 0; m0 < a.M; m0 += step) {
+            const int mb = std::min(step, a.M - m0);
 #ifdef CAD_AMX
             if (amx)
                 tile_amx<FMT>(W, a, t, m0, out);
@@ -143,11 +152,7 @@ static void tiles(const QW &W, const QA &a, int t0, int t1, float *y, int ldy, i
 #else
                 tile_portable<FMT>(W, a, t, m0, mb, out);
 #endif
-            const int j0 = std::max(0, W.row0 - t * TR), j1 = std::min(TR, W.row0 + W.N - t * TR);
-            for (int m = 0; m < mb; m++) {
-                float *yr = y + (size_t)(m0 + m) * ldy + t * TR - W.row0;
-                for (int j = j0; j < j1; j++) yr[j] = accumulate ? yr[j] + out[m * TR + j] : out[m * TR + j];
-            }
+            store(W, out, t, m0, mb, y, ldy, accumulate);
         }
 #ifdef CAD_AMX
     if (amx) amx_end();
