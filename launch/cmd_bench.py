@@ -271,8 +271,10 @@ def bench_formats(args, prompts: list[Prompt]):
     """Issue 3: formats side by side: decode speed, the verifier's cost curve, quality."""
     from launch.bench.quality import cost_curve, mean_loglik
 
+    from models import kernels
+
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
-    rows, curve, quality = [], [["model", "format", *[f"width {w} (ms)" for w in (1, 4, 16, 64)]]], [
+    rows, curve, quality = [], [["model", "format", "kernel path", *[f"width {w} (ms)" for w in (1, 4, 16, 64)]]], [
         ["model", "format", "mean log-lik", "perplexity", "delta vs bf16"]]
     lcpp_ok = baselines.available("llama.cpp")
     for model in (args.target, args.draft):
@@ -283,7 +285,10 @@ def bench_formats(args, prompts: list[Prompt]):
                 for p in prompts:
                     rows.append(runner.run(p))
                     _progress(rows[-1])
-                curve.append([model, fmt, *[f"{t * 1e3:.1f}" for t in cost_curve(runner.target.model, (1, 4, 16, 64))]])
+                for path in kernels.host_paths():  # every kernel path this CPU has, side by side
+                    with kernels.using(kernels.load(path)):
+                        costs = cost_curve(runner.target.model, (1, 4, 16, 64))
+                    curve.append([model, fmt, path, *[f"{t * 1e3:.1f}" for t in costs]])
                 ll[fmt] = mean_loglik(runner.target, prompts)
         for fmt in formats:
             base = ll.get("bf16", ll.get("fp32"))

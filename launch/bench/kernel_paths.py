@@ -41,11 +41,16 @@ for line in sys.stdin:
     w = int(line)
     toks, pos = torch.arange(w) % 1000 + 200, torch.arange(context, context + w)
     vis = Visibility.tree(context, [i - 1 for i in range(w)])
-    t = time.perf_counter()
-    m.forward(toks, pos, cache, vis)
-    print(time.perf_counter() - t, flush=True)
-    cache.rewind(context)
+    for _ in range(2):  # the second pass is timed: threads awake, as in a run of passes
+        t = time.perf_counter()
+        m.forward(toks, pos, cache, vis)
+        dt = time.perf_counter() - t
+        cache.rewind(context)
+    print(dt, flush=True)
 """
+
+
+QUIET_S = 0.3  # before each request: the threads of the process that ran last stop spinning (they share the cores)
 
 
 class Arm:
@@ -60,6 +65,7 @@ class Arm:
         self.path, self.weight_bytes = ready[1], int(ready[2])
 
     def time(self, width: int) -> float:
+        time.sleep(QUIET_S)
         self.proc.stdin.write(f"{width}\n")
         self.proc.stdin.flush()
         return float(self.proc.stdout.readline())
@@ -98,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--old-checkout", help="another checkout whose kernels run as one more arm")
     ap.add_argument("--old-home", help="CADENCE_HOME for the old checkout (its own weight store)")
+    ap.add_argument("--samples", action="store_true", help="print every timing, not only the medians")
     args = ap.parse_args(argv)
     from models import kernels
 
@@ -119,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 a.time(w)  # warm
         rates = []
         for r in range(args.reps):
+            time.sleep(QUIET_S)
             rates.append(memory_read_rate(threads))  # the machine's rate drifts (a shared host): taken each round
             for w in widths:
                 for a in arms[r % len(arms):] + arms[:r % len(arms)]:
@@ -126,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for a in arms:
             a.close()
+    if args.samples:
+        for (label, w), v in times.items():
+            print(label, w, " ".join(f"{x * 1e3:.1f}" for x in v))
     rate = statistics.median(rates)
     print(f"memory read rate (torch's sum over 1 GiB, median of {len(rates)} rounds): {rate:.1f} GB/s "
           f"(rounds: {', '.join(f'{x:.0f}' for x in rates)})")

@@ -9,19 +9,13 @@ namespace q {
 
 /* The 32 codes of group g of each row of tile t, as bytes in k order: c[row][k]. */
 template <int FMT>
-static inline void group_codes(const QW &W, int t, int g, uint8_t c[TR][QG]) {
+static inline void group_codes(const QW &W, int t, int g, int16_t c[TR][QG]) {
     const uint8_t *p = W.codes<FMT>(t, g);
-    for (int i = 0; i < QG / 4; i++)  /* quad */
+    for (int i = 0; i < 8; i++) /* quad i: int4 chunk i % 4 (high nibbles from 4 on); int2 chunk i / 4, bits 2 (i % 4) */
         for (int j = 0; j < TR; j++)
             for (int b = 0; b < 4; b++) {
-                uint8_t v;
-                if (FMT == Q4)
-                    v = i < 4 ? p[64 * i + 4 * j + b] & 15 : p[64 * (i - 4) + 4 * j + b] >> 4;
-                else if (FMT == Q2)
-                    v = (p[64 * (i / 4) + 4 * j + b] >> (2 * (i % 4))) & 3;
-                else
-                    v = p[64 * i + 4 * j + b];
-                c[j][4 * i + b] = v;
+                const uint8_t v = FMT == Q4 ? p[64 * (i % 4) + 4 * j + b] : FMT == Q2 ? p[64 * (i / 4) + 4 * j + b] : p[64 * i + 4 * j + b];
+                c[j][4 * i + b] = FMT == Q4 ? (i < 4 ? v & 15 : v >> 4) : FMT == Q2 ? (v >> (2 * (i % 4))) & 3 : v;
             }
 }
 
@@ -29,7 +23,7 @@ static inline void group_codes(const QW &W, int t, int g, uint8_t c[TR][QG]) {
 template <int FMT>
 static void tile_portable(const QW &W, const QA &a, int t, int m0, int mb, float *out) {
     int32_t i1[TR][TR], i2[TR][TR];
-    uint8_t c[TR][QG];
+    int16_t c[TR][QG], xw[QG]; /* 16-bit: the dot products below become pmaddwd without SSSE3 */
     std::fill(out, out + mb * TR, 0.0f);
     for (int b = 0; b < W.nsb; b++) {
         const int g0 = b * GPS, g1 = std::min(W.ng, g0 + GPS);
@@ -40,9 +34,10 @@ static void tile_portable(const QW &W, const QA &a, int t, int m0, int mb, float
             for (int m = 0; m < mb; m++) {
                 const int8_t *x = a.row(m0 + m) + g * QG;
                 const int xs = a.xs[(size_t)(m0 + m) * a.ng2 + g];
+                for (int k = 0; k < QG; k++) xw[k] = x[k];
                 for (int j = 0; j < TR; j++) {
                     int32_t dot = 0;
-                    for (int k = 0; k < QG; k++) dot += c[j][k] * x[k];
+                    for (int k = 0; k < QG; k++) dot += c[j][k] * xw[k];
                     if (FMT == Q8) {
                         i1[m][j] += dot;
                     } else {
