@@ -118,7 +118,9 @@ def formats(cfg: RunConfig, prompts: list[Prompt], opts: BenchOptions):
     """Formats side by side: decode speed, the verifier's cost curve, quality."""
     from bench.quality import cost_curve, mean_loglik
 
-    rows, curve = [], [["model", "format", *[f"width {w} (ms)" for w in WIDTHS]]]
+    from models import kernels
+
+    rows, curve = [], [["model", "format", "kernel path", *[f"width {w} (ms)" for w in WIDTHS]]]
     quality = [["model", "format", "mean log-lik", "perplexity", "delta vs bf16"]]
     for model in (cfg.target, cfg.draft if cfg.draft not in ("auto", "none") else "qwen2.5-coder-0.5b"):
         ll = {}
@@ -129,7 +131,10 @@ def formats(cfg: RunConfig, prompts: list[Prompt], opts: BenchOptions):
                     rows.append(runner.run(p).row)
                     progress(rows[-1])
                 lm = runner.session.target
-                curve.append([model, fmt, *[f"{t * 1e3:.1f}" for t in cost_curve(lm.model, WIDTHS)]])
+                for path in kernels.host_paths():  # every kernel path this CPU has, side by side
+                    with kernels.using(kernels.load(path)):
+                        costs = cost_curve(lm.model, WIDTHS)
+                    curve.append([model, fmt, path, *[f"{t * 1e3:.1f}" for t in costs]])
                 ll[fmt] = mean_loglik(lm, prompts)
         base = ll.get("bf16", ll.get("fp32"))
         for fmt in opts.formats:

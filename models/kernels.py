@@ -1,13 +1,18 @@
-"""cadence's own CPU kernels (models/csrc), compiled once per machine and loaded with ctypes.
+"""cadence's own CPU kernels (models/csrc), compiled once and loaded with ctypes.
 
 They exist for one property torch's CPU kernels do not promise: a row's result depends only
 on that row, never on how many rows are computed with it. With it, a token verified inside a
-tree gets exactly the logits it gets when decoded alone. The library is built with the
-machine's compiler (`-march=native`) into $CADENCE_HOME/kernels, keyed by source, flags and
-CPU, and links OpenMP from the runtime torch already loaded, so both share one thread pool.
+tree gets exactly the logits it gets when decoded alone.
+
+One build serves every host: the library is compiled once per instruction-set path (PATHS, each
+with its own -march flags) into $CADENCE_HOME/kernels, keyed by source, flags and compiler, and
+the process loads the best path its CPU has (`CADENCE_KERNEL_PATH` forces one). Every path gives
+the quantized formats the same bits (models/csrc/qlinear.hpp). The libraries link OpenMP from the
+runtime torch already loaded, so both share one thread pool.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -15,6 +20,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -24,68 +30,150 @@ from common import paths
 from common.errors import CadenceError
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("attention.cpp", "linear.cpp", "ops.cpp")
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu++17", "-fno-math-errno"]
+SOURCES = ("attention.cpp", "linear.cpp", "qlinear.cpp", "experts.cpp", "ops.cpp")
+# no a * b + c contracted into an FMA unasked: every path then rounds the same way (csrc/vec.hpp)
+FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared", "-std=gnu++17", "-fno-math-errno", "-ffp-contract=off"]
+ENV_PATH = "CADENCE_KERNEL_PATH"
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    name: str
+    flags: tuple[str, ...]  # compiler flags of its build
+    needs: tuple[str, ...]  # CPU flags (/proc/cpuinfo) it runs on
+
+
+_V3 = ("avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm")  # x86-64-v3
+_V4 = _V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")  # x86-64-v4
+_X86 = platform.machine() in ("x86_64", "AMD64")
+# best first; "amx" also holds the avx512vnni path, which it runs where the kernel refuses tile state
+PATHS = (
+    KernelPath("amx", ("-march=x86-64-v4", "-mavx512vnni", "-mamx-tile", "-mamx-int8"),
+               _V4 + ("avx512_vnni", "amx_tile", "amx_int8")),
+    KernelPath("avx512vnni", ("-march=x86-64-v4", "-mavx512vnni"), _V4 + ("avx512_vnni",)),
+    KernelPath("avxvnni", ("-march=x86-64-v3", "-mavxvnni"), _V3 + ("avx_vnni",)),
+    KernelPath("avx2", ("-march=x86-64-v3",), _V3),
+    KernelPath("portable", ("-march=x86-64",), ()),
+) if _X86 else (KernelPath("portable", (), ()),)
+BY_NAME = {p.name: p for p in PATHS}
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _SIGNATURES = {
     "cad_attention": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, ctypes.c_float, _I],
-    "cad_linear": [_P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I],
+    "cad_linear": [_P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I],
+    "cad_experts": [_P, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I],
     "cad_attn_dense": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, ctypes.c_float, _I],
     "cad_attn_chunks": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, ctypes.c_float, _I],
     "cad_attn_merge": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I],
     "cad_rmsnorm": [_P, _P, _P, _I, _I, ctypes.c_float],
     "cad_qkv_rope": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I],
-    "cad_swiglu": [_P, _P, _I, _I],
+    "cad_swiglu": [_P, _P, _I, _I, _I],
     "cad_fence": [],
+    "cad_init": [_I],
 }
 # weight formats of cad_linear
 F32, BF16, F16, Q8, Q4, Q2 = range(6)
+TILE = 16  # output rows per tile of the quantized layouts (csrc/qlinear.hpp)
 
 
-def _cpu_key() -> str:
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
     try:
         info = Path("/proc/cpuinfo").read_text()
-        flags = next((ln for ln in info.splitlines() if ln.startswith(("flags", "Features"))), "")
-        model = next((ln for ln in info.splitlines() if ln.startswith("model name")), "")
     except OSError:
-        flags = model = ""
-    return f"{platform.machine()} {model} {flags}"
+        return frozenset()
+    line = next((ln for ln in info.splitlines() if ln.startswith(("flags", "Features"))), "")
+    return frozenset(line.partition(":")[2].split())
 
 
-def _build() -> Path:
+def host_paths() -> list[str]:
+    """The paths this CPU can run, best first."""
+    have = cpu_flags()
+    return [p.name for p in PATHS if set(p.needs) <= have]
+
+
+def chosen_path() -> str:
+    """The path this process runs: $CADENCE_KERNEL_PATH, else the best the CPU has."""
+    want = os.environ.get(ENV_PATH, "").strip()
+    here = host_paths()
+    if not want:
+        return here[0]
+    if want not in BY_NAME:
+        raise CadenceError(f"{ENV_PATH}={want} is not a kernel path; choose one of {', '.join(BY_NAME)}")
+    if want not in here:
+        lacks = sorted(set(BY_NAME[want].needs) - cpu_flags())
+        raise CadenceError(f"{ENV_PATH}={want} needs the CPU flags {', '.join(lacks)}, which this CPU lacks; "
+                           f"it runs {', '.join(here)}")
+    return want
+
+
+def build(path: str, defines: tuple[str, ...] = ()) -> Path:
+    """The library of one path (built if missing); `defines`: extra -D flags (tests)."""
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not cxx:
         raise CadenceError("no C++ compiler found to build cadence's CPU kernels: install g++ (Debian: apt-get install g++)")
+    flags = [*FLAGS, *BY_NAME[path].flags, *defines]
     h = hashlib.sha256()
     for name in sorted(p.name for p in CSRC.iterdir()):
         h.update(name.encode() + (CSRC / name).read_bytes())
-    h.update(" ".join(FLAGS).encode() + _cpu_key().encode() + cxx.encode())
-    out = paths.kernels_dir() / f"libcadence-{h.hexdigest()[:16]}.so"
+    h.update(" ".join(flags).encode() + cxx.encode())
+    out = paths.kernels_dir() / f"libcadence-{path}-{h.hexdigest()[:16]}.so"
     if out.exists():
         return out
     paths.writable_dir(out.parent)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_out = Path(tmp) / out.name
-        cmd = [cxx, *FLAGS, *(str(CSRC / s) for s in SOURCES), "-o", str(tmp_out)]
+        cmd = [cxx, *flags, *(str(CSRC / s) for s in SOURCES), "-o", str(tmp_out)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:300])
-            raise CadenceError(f"building cadence's CPU kernels failed ({first}); check that g++ supports C++17")
+            raise CadenceError(f"building cadence's CPU kernels for {path} failed ({first}); "
+                               "check that g++ (12 or newer) supports C++17 and -march=x86-64-v4")
         os.replace(tmp_out, out)
     return out
 
 
-@lru_cache(maxsize=1)
-def lib() -> ctypes.CDLL:
+@lru_cache(maxsize=None)
+def load(path: str, defines: tuple[str, ...] = (), ask_tiles: bool = True) -> ctypes.CDLL:
+    """One path's library, loaded and initialised (the AMX build asks for tile state once per process)."""
     # torch is imported above, so its libgomp is already loaded and ours resolves to it.
-    so = ctypes.CDLL(str(_build()))
+    so = ctypes.CDLL(str(build(path, defines)))
     for name, argtypes in _SIGNATURES.items():
         fn = getattr(so, name)
         fn.argtypes = argtypes
         fn.restype = None
+    so.cad_kernel_path.restype = ctypes.c_char_p
+    so.cad_init(int(ask_tiles))
     return so
+
+
+_using: list[ctypes.CDLL] = []
+
+
+@lru_cache(maxsize=1)
+def _default() -> ctypes.CDLL:
+    return load(chosen_path())
+
+
+def lib() -> ctypes.CDLL:
+    """The library this process runs: the chosen path's (read once), or the one `using` put in place."""
+    return _using[-1] if _using else _default()
+
+
+@contextlib.contextmanager
+def using(so: ctypes.CDLL):
+    """Run this module's functions on another path's library (tests, benchmarks of one process)."""
+    _using.append(so)
+    try:
+        yield so
+    finally:
+        _using.pop()
+
+
+def active_path() -> str:
+    """The path the wide passes take in this process ("amx" only where tile state was granted)."""
+    return lib().cad_kernel_path().decode()
 
 
 def available() -> bool:
@@ -118,11 +206,12 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_s
     return (out, lse) if want_lse else out
 
 
-def linear(x: torch.Tensor, fmt: int, n: int, k: int, w: torch.Tensor, *extra: torch.Tensor,
+def linear(x: torch.Tensor, fmt: int, n: int, k: int, w: torch.Tensor, *extra: torch.Tensor, row0: int = 0,
            out: torch.Tensor | None = None, into: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, n] = x [M, k] W^T, fp32 in and out; W in one of the formats above (see csrc/linear.cpp).
 
-    `extra`: int8: (scale,); int4, int2: (sub-scales, sub-minimums, super-scales, super-minimums).
+    `extra`: int8: (scale,); int4, int2: (sub-scales, sub-minimums, super-scales, super-minimums), in
+    tiles of TILE rows; `row0`: the first output row inside the first tile.
     With `out`, the product is added to it in place (out += x W^T) and `out` is returned.
     With `into` (a column range of a wider [M, N] buffer, e.g. buf[:, n0:n1]), it is written there.
     """
@@ -135,8 +224,21 @@ def linear(x: torch.Tensor, fmt: int, n: int, k: int, w: torch.Tensor, *extra: t
     m = x.numel() // k
     a = [_ptr(t) for t in extra] + [None] * (4 - len(extra))
     if m:
-        lib().cad_linear(_ptr(x), _ptr(y), m, fmt, n, k, _ptr(w), *a, torch.get_num_threads(), int(acc), ldy)
+        lib().cad_linear(_ptr(x), _ptr(y), m, fmt, n, k, _ptr(w), *a, row0, torch.get_num_threads(), int(acc), ldy)
     return y
+
+
+def experts(h: torch.Tensor, ids: torch.Tensor, top: torch.Tensor, expert_ids: torch.Tensor, table: torch.Tensor,
+            out: torch.Tensor) -> torch.Tensor:
+    """out [T, D] += each token's routed experts (ids, top [T, k]) among `expert_ids` (int32 [E], ascending),
+    weighted, in one call (csrc/experts.cpp); table int64 [E, 2, 9]: each one's gate_up and down
+    (`QuantLinear.record`)."""
+    T, D = h.shape
+    assert out.is_contiguous() and out.shape == (T, D) and table.dtype == torch.int64
+    ids, top = ids.to(torch.int32).contiguous(), top.float().contiguous()
+    lib().cad_experts(_ptr(h.contiguous()), T, D, _ptr(ids), _ptr(top), ids.shape[1], _ptr(expert_ids), expert_ids.numel(),
+                      _ptr(table), _ptr(out), torch.get_num_threads())
+    return out
 
 
 CHUNK = 32  # keys per chunk of the canonical attention (csrc/attention.cpp: CH)
@@ -208,5 +310,5 @@ def qkv_rope(qkv: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor, co
 def swiglu(gu: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     T, f2 = gu.shape
     out = torch.empty(T, f2 // 2, dtype=torch.float32) if out is None else out
-    lib().cad_swiglu(_ptr(gu.contiguous()), _ptr(out), T, f2 // 2)
+    lib().cad_swiglu(_ptr(gu.contiguous()), _ptr(out), T, f2 // 2, torch.get_num_threads())
     return out

@@ -10,6 +10,7 @@ other rows of the batch; elsewhere (CUDA) in torch. Formats:
   int2               as int4 with 2-bit codes (models/linear_int2.py); an expert-only format, not in
                      FORMATS (the formats a model is converted to): ALL_FORMATS lists it
 Quantized formats multiply in integers: activations are rounded to int8 per block of 256 per row.
+Their arrays are stored in tiles of 16 output rows (models/tiles.py), the layout the kernels read.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 
 from common.errors import CadenceError
 from common.settings import FORMATS, check_format
-from models import kernels, linear_int2
+from models import kernels, linear_int2, tiles
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _KERNEL_FMT = {torch.float32: kernels.F32, torch.bfloat16: kernels.BF16, torch.float16: kernels.F16}
@@ -104,20 +105,30 @@ class DenseLinear(Linear):
         return self.w.numel() * self.w.element_size()
 
 
-class Int8Linear(Linear):
-    fmt = "int8"
+class QuantLinear(Linear):
+    """int8, int4, int2: arrays in tiles of TILE output rows (models/tiles.py); this linear is the rows
+    row0 .. row0 + n of them (a slice of whole tiles: no copy)."""
+    kernel_fmt = 0
+    names: tuple[str, ...] = ()
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
-        super().__init__(q.shape[0], q.shape[1], bias)
-        self.q, self.scale = q, scale
-        self.kernel = _use_kernel(q, self.k)
+    def __init__(self, arrays: dict[str, torch.Tensor], k: int, n: int | None = None, row0: int = 0,
+                 bias: torch.Tensor | None = None):
+        room = arrays["q"].shape[0] * tiles.TILE - row0
+        super().__init__(room if n is None else min(n, room), k, bias)  # fewer tiles than n rows: a head's first rows
+        self.arrays, self.row0 = arrays, row0
+        self.kernel = _use_kernel(arrays["q"], k)
         self._dense = None
 
     def _kernel(self, x, **kw):
-        return kernels.linear(x, kernels.Q8, self.n, self.k, self.q, self.scale, **kw)
+        extra = [self.arrays[a] for a in self.names[1:]]
+        extra = [a.view(torch.int16) if a.dtype == torch.float16 else a for a in extra]
+        return kernels.linear(x, self.kernel_fmt, self.n, self.k, self.arrays["q"], *extra, row0=self.row0, **kw)
 
     def rows(self, n0, n1):
-        return Int8Linear(self.q[n0:n1], self.scale[n0:n1], None if self.bias is None else self.bias[n0:n1])
+        a, b = self.row0 + n0, self.row0 + n1
+        t0, t1 = a // tiles.TILE, tiles.count(b)
+        bias = None if self.bias is None else self.bias[n0:n1]
+        return type(self)({k: v[t0:t1] for k, v in self.arrays.items()}, self.k, n1 - n0, a - t0 * tiles.TILE, bias)
 
     def matmul(self, x, out=None):
         if self.kernel:
@@ -126,77 +137,63 @@ class Int8Linear(Linear):
             self._dense = self.dequantized().to(torch.bfloat16)
         return self._torch_add(F.linear(x.to(torch.bfloat16), self._dense).float(), out)
 
-    def dequantized(self):
-        return self.q.float() * self.scale[:, None]
+    def record(self) -> list[int]:
+        """This linear as the expert kernel reads it: format, n, k, row0 and its arrays' addresses."""
+        ptrs = [self.arrays[a].data_ptr() for a in self.names] + [0] * (5 - len(self.names))
+        return [self.kernel_fmt, self.n, self.k, self.row0, *ptrs]
+
+    def per_row(self) -> dict[str, torch.Tensor]:
+        """This linear's arrays per row, codes unpacked."""
+        return tiles.unpack(self.fmt, self.arrays, self.k, self.row0, self.n)
 
     def nbytes(self):
-        return self.q.numel() + self.scale.numel() * 4
+        return sum(a.numel() * a.element_size() for a in self.arrays.values())
 
 
-class Int4Linear(Linear):
+class Int8Linear(QuantLinear):
+    fmt = "int8"
+    kernel_fmt = kernels.Q8
+    names = ("q", "scale")
+
+    def dequantized(self):
+        a = self.per_row()
+        return a["q"].float() * a["scale"][:, None]
+
+
+class Int4Linear(QuantLinear):
     fmt = "int4"
-    per_byte = 2  # codes packed in a byte
     kernel_fmt = kernels.Q4
-
-    def __init__(self, q: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, s: torch.Tensor, m: torch.Tensor,
-                 bias: torch.Tensor | None = None):
-        super().__init__(q.shape[0], q.shape[1] * self.per_byte, bias)
-        self.q, self.sc, self.mn, self.s, self.m = q, sc, mn, s, m
-        self.kernel = _use_kernel(q, self.k)
-        self._dense = None
-
-    def _kernel(self, x, **kw):
-        return kernels.linear(x, self.kernel_fmt, self.n, self.k, self.q, self.sc, self.mn, self.s.view(torch.int16),
-                              self.m.view(torch.int16), **kw)
-
-    def rows(self, n0, n1):
-        b = None if self.bias is None else self.bias[n0:n1]
-        return type(self)(self.q[n0:n1], self.sc[n0:n1], self.mn[n0:n1], self.s[n0:n1], self.m[n0:n1], b)
-
-    def matmul(self, x, out=None):
-        if self.kernel:
-            return self._kernel(x, out=out)
-        if self._dense is None:
-            self._dense = self.dequantized().to(torch.bfloat16)
-        return self._torch_add(F.linear(x.to(torch.bfloat16), self._dense).float(), out)
+    names = ("q", "sc", "mn", "s", "m")
 
     def codes(self) -> torch.Tensor:
-        """The 4-bit codes as uint8 [N, K]."""
-        b = self.q.view(self.n, self.k // SUB, SUB // 2)
-        return torch.cat([b & 15, b >> 4], dim=-1).view(self.n, self.k)
+        """The codes as uint8 [N, K]."""
+        return tiles.unpack_codes(self.fmt, self.arrays["q"], self.k, self.row0, self.n)
 
     def dequantized(self):
-        ng = self.k // SUB
+        a, ng = self.per_row(), self.k // SUB
         per_group = lambda t: t.float().repeat_interleave(SUPER // SUB, dim=1)[:, :ng]  # super-block value per group
-        scale = per_group(self.s) * self.sc.float()  # [N, K/32]
-        offset = per_group(self.m) * self.mn.float()
-        codes = self.codes().view(self.n, ng, SUB).float()
+        scale = per_group(a["s"]) * a["sc"].float()  # [N, K/32]
+        offset = per_group(a["m"]) * a["mn"].float()
+        codes = a["q"].view(self.n, ng, SUB).float()
         return (codes * scale[..., None] - offset[..., None]).view(self.n, self.k)
-
-    def nbytes(self):
-        return self.q.numel() + self.sc.numel() + self.mn.numel() + (self.s.numel() + self.m.numel()) * 2
 
 
 class Int2Linear(Int4Linear):
-    """int2 codes (4 per byte, models/linear_int2.py) with int4's scales: the same arithmetic as Int4Linear."""
+    """int2 codes (models/linear_int2.py) with int4's scales: the same arithmetic as Int4Linear."""
     fmt = "int2"
-    per_byte = 4
     kernel_fmt = kernels.Q2
-
-    def codes(self) -> torch.Tensor:
-        """The 2-bit codes as uint8 [N, K]."""
-        return linear_int2.unpack(self.q)
 
 
 def column_split(n: int, share: float) -> int:
-    """The first output column a second unit computes when it takes `share` of n columns."""
-    return n - int(round(n * share))
+    """The first output column a second unit computes when it takes about `share` of n columns: a tile
+    boundary of the quantized layouts, so that each unit reads whole tiles."""
+    return min(n, int(round(n * (1.0 - share) / tiles.TILE)) * tiles.TILE)
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict]:
     scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return {"q": q, "scale": scale.float()}, {}
+    return {"q": q, "scale": scale.float()}, {}  # per row; encode puts them in tiles
 
 
 def quantize_int4(w: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor], dict]:
@@ -217,8 +214,7 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor],
     wq = w.view(n, ng, SUB)
     codes = torch.where(scale_q[..., None] > 0, torch.round((wq + offset_q[..., None]) / scale_q[..., None].clamp(min=1e-30)),
                         torch.zeros_like(wq)).clamp(0, 15).to(torch.uint8)
-    packed = (codes[..., :SUB // 2] | (codes[..., SUB // 2:] << 4)).reshape(n, k // 2).contiguous()
-    return {"q": packed, "sc": sc, "mn": mn, "s": s16, "m": m16}, {"group": group}
+    return {"q": codes.view(n, k), "sc": sc, "mn": mn, "s": s16, "m": m16}, {"group": group}  # per row
 
 
 def _relative_error(w: torch.Tensor, lin: Linear) -> float:
@@ -237,6 +233,9 @@ def encode(w: torch.Tensor, fmt: str, group_size: int = 32) -> tuple[dict[str, t
         arrays, meta = linear_int2.quantize_int2(w, group_size)
     else:
         arrays, meta = quantize_int4(w, group_size)
+    if fmt in tiles.QUANTIZED:
+        arrays = tiles.pack(fmt, arrays)
+        meta.update(n=w.shape[0], tile=tiles.TILE)
     meta["error"] = round(_relative_error(w, decode(fmt, arrays, meta)), 6)
     return arrays, meta
 
@@ -245,11 +244,12 @@ def decode(fmt: str, arrays: dict[str, torch.Tensor], meta: dict, bias: torch.Te
     check_any_format(fmt)
     if fmt in FLOAT_DTYPES:
         return DenseLinear(arrays["w"], bias)
-    if fmt == "int8":
-        return Int8Linear(arrays["q"], arrays["scale"], bias)
-    if fmt == "int2":
-        return Int2Linear(arrays["q"], arrays["sc"], arrays["mn"], arrays["s"], arrays["m"], bias)
-    return Int4Linear(arrays["q"], arrays["sc"], arrays["mn"], arrays["s"], arrays["m"], bias)
+    if meta.get("tile", tiles.TILE) != tiles.TILE:
+        raise CadenceError(f"these weights are in tiles of {meta['tile']} rows, this cadence reads tiles of {tiles.TILE}; "
+                           "convert the model again")
+    cls = {"int8": Int8Linear, "int4": Int4Linear, "int2": Int2Linear}[fmt]
+    k = arrays["q"].shape[1] // tiles.TILE if fmt == "int8" else arrays["sc"].shape[1] // tiles.TILE * SUB
+    return cls(arrays, k, meta.get("n"), 0, bias)
 
 
 EXPERT_FORMATS = ("int2",)  # formats for single experts of a mixture, never for a whole model

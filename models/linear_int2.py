@@ -2,14 +2,10 @@
 bitwidth, as EdgeMoE does), never a format a whole model is converted to (common.settings.FORMATS).
 
 w ~ S sc q - M mn, as int4 (models/linear.py) with 2-bit codes: q 0..3 per weight, 8-bit sub-scale sc
-and minimum mn per group of 32, fp16 S and M per super-block of 256 (the last may be short).
-  q   uint8 [N, K/4]       each run of 128 weights (four groups) is 32 bytes: byte l holds weight l of
-                           the run's group s in bits 2s..2s+1 (llama.cpp's Q2_K packing), so one shift
-                           and mask gives a whole group in weight order
-  sc  uint8 [N, K/32], mn uint8 [N, K/32], s fp16 [N, ceil(K/256)], m fp16 [N, ceil(K/256)]
-2.625 bits a weight. K must be a multiple of 128. Two bits leave four levels, so a group's range is
-chosen by a small search (least squared error), not as its min and max, which waste the outer levels
-on outliers.
+and minimum mn per group of 32, fp16 S and M per super-block of 256 (the last may be short); stored in
+int4's tiles (models/tiles.py), the codes four a byte. 2.625 bits a weight. Two bits leave four levels,
+so a group's range is chosen by a small search (least squared error), not as its min and max, which
+waste the outer levels on outliers.
 """
 from __future__ import annotations
 
@@ -17,26 +13,12 @@ import torch
 
 from common.errors import CadenceError
 
-QG, SUPER, RUN = 32, 256, 128  # group (sub-block), super-block, weights per 32 packed bytes
+QG, SUPER = 32, 256  # group (sub-block), super-block
 GROUP_SIZES = (32, 64)  # as int4: 64 shares one sub-scale and minimum across two groups of 32
 LEVELS = 3  # codes 0..3
 # the search: fractions of a group's span cut from each end (a 7 x 7 grid of 0 .. 0.3 gave 0.2950 relative
 # error on gaussian weights, this 3 x 3 one 0.2964, in a fifth of the time: a 7B mixture's experts in minutes)
 SHRINK = (0.0, 0.1, 0.2)
-
-
-def pack(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes 0..3 [N, K] -> packed bytes [N, K/4]."""
-    n, k = codes.shape
-    c = codes.view(n, k // RUN, 4, RUN // 4)
-    return (c[:, :, 0] | (c[:, :, 1] << 2) | (c[:, :, 2] << 4) | (c[:, :, 3] << 6)).reshape(n, k // 4).contiguous()
-
-
-def unpack(q: torch.Tensor) -> torch.Tensor:
-    """Packed bytes [N, K/4] -> uint8 codes [N, K]."""
-    n, k = q.shape[0], q.shape[1] * 4
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
-    return ((q.reshape(n, k // RUN, 1, RUN // 4) >> shifts) & 3).view(n, k)
 
 
 def search_range(wg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,8 +66,9 @@ def quantize_int2(w: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor],
     n, k = w.shape
     if group not in GROUP_SIZES:
         raise CadenceError(f"int2 group size {group} is not supported; use 32 or 64")
-    if k % RUN:
-        raise CadenceError(f"int2 needs the input width ({k}) to be a multiple of {RUN} (four groups of 32 pack into 32 bytes)")
+    if k % group:
+        raise CadenceError(f"int2 with groups of {group} needs the input width ({k}) to be a multiple of {group}; "
+                           "try --group-size 32")
     ng = k // QG
     scale, offset = search_range(w.float().view(n, k // group, group))
     scale, offset = scale.repeat_interleave(group // QG, dim=1), offset.repeat_interleave(group // QG, dim=1)
@@ -94,4 +77,4 @@ def quantize_int2(w: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor],
     wq = w.float().view(n, ng, QG)
     codes = torch.where(scale_q[..., None] > 0, torch.round((wq + offset_q[..., None]) / scale_q[..., None].clamp(min=1e-30)),
                         torch.zeros_like(wq)).clamp(0, LEVELS).to(torch.uint8)
-    return {"q": pack(codes.view(n, k)), "sc": sc, "mn": mn, "s": s16, "m": m16}, {"group": group}
+    return {"q": codes.view(n, k), "sc": sc, "mn": mn, "s": s16, "m": m16}, {"group": group}  # per row

@@ -21,7 +21,8 @@ from models.files import read_json, read_text, what_is
 # torch, numpy and the tokenizer are imported where they are used: the I/O loader reads a store's
 # manifest and nothing else, and stays a small process.
 ALIGN = 4096
-FORMAT_VERSION = 3  # 2: int4 as 8-bit sub-scales under fp16 super-scales; 3: the head in parts (head.0 ...)
+FORMAT_VERSION = 4  # 2: int4 as 8-bit sub-scales under fp16 super-scales; 3: the head in parts (head.0 ...);
+# 4: int8, int4 and int2 in tiles of 16 rows (models/tiles.py)
 _DTYPE_NAMES = ("float32", "bfloat16", "float16", "int8", "uint8", "int32")
 
 
@@ -159,14 +160,17 @@ class WeightStore:
     def head_arrays(self, group: str, rows: int | None = None) -> list[tuple[str, str, dict, int]]:
         """(tensor, key, array entry, bytes to read) of a head part, keeping only the arrays' rows
         below token `rows` (FR-Spec's frequent-token head: byte-level BPE numbers its tokens in merge
-        order, so the lowest ids are the most frequent ones); every array has one row per token."""
+        order, so the lowest ids are the most frequent ones); every array has one row per token, or
+        per tile of tokens (the tiles holding them all are kept)."""
         lo, hi = self.head_rows(group)
         keep = hi - lo if rows is None else max(0, min(hi, rows) - lo)
         out = []
         for name in self.groups[group].tensors:
+            per = self.tensors[name].get("tile", 1)  # token rows per entry (quantized formats: whole tiles)
+            units = -(-(hi - lo) // per)
             for key, a in self.tensors[name]["arrays"].items():
-                per_token = name == group and a["shape"] and a["shape"][0] == hi - lo
-                out.append((name, key, a, a["nbytes"] // (hi - lo) * keep if per_token else a["nbytes"]))
+                per_token = name == group and a["shape"] and a["shape"][0] == units
+                out.append((name, key, a, a["nbytes"] // units * -(-keep // per) if per_token else a["nbytes"]))
         return out
 
     def head_bytes(self, rows: int | None = None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -39,6 +40,15 @@ class LayerWeights:
 class ExpertWeights:
     gate_up: Linear
     down: Linear
+
+    @cached_property
+    def table(self) -> torch.Tensor | None:
+        """Both matrices as the fused expert kernel reads them (int64 [2, 9]), or None where it cannot
+        (dense formats, no kernel)."""
+        lins = (self.gate_up, self.down)
+        if not all(isinstance(x, linear.QuantLinear) and x.kernel for x in lins):
+            return None
+        return torch.tensor([x.record() for x in lins], dtype=torch.int64)
 
 
 @dataclass
@@ -294,7 +304,11 @@ def _read_head_rows(store: WeightStore, group: str, f, rows: int, buffers: dict)
         buffers[f"{group}:{name}.{key}"] = buf
         shape = [nbytes // (a["nbytes"] // a["shape"][0]), *a["shape"][1:]] if nbytes != a["nbytes"] else a["shape"]
         views.setdefault(name, {})[key] = buf.view(DTYPES[a["dtype"]]).view(shape)
-    return head_part_from_views(store, group, views)
+    part = head_part_from_views(store, group, views)
+    keep = min(hi, rows) - lo
+    if part.out.n != keep:  # the last whole tile read holds rows past `rows`
+        part.out = part.out.rows(0, keep)
+    return part
 
 
 def weights_for(weights, need):

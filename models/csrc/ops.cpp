@@ -3,6 +3,7 @@
  * never depends on the other rows. */
 #include "vec.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 /* out[t] = x[t] / rms(x[t]) * w, reduced in one fixed order. */
@@ -62,17 +63,16 @@ extern "C" void cad_qkv_rope(const float *qkv, const float *bias, const int64_t 
     }
 }
 
-/* out [T, F] = silu(gate) * up, with gu [T, 2F] = [gate | up]. */
-extern "C" void cad_swiglu(const float *gu, float *out, int T, int F) {
-    for (int t = 0; t < T; t++) {
-        const float *g = gu + (size_t)t * 2 * F, *u = g + F;
-        float *o = out + (size_t)t * F;
-        int i = 0;
-        for (; i + 8 <= F; i += 8) {
-            const v8f x = v8_load(g + i);
-            v8_store(o + i, x / (v8_exp(-x) + 1.0f) * v8_load(u + i));
-        }
-        for (; i < F; i++) o[i] = g[i] / (scalar_exp(-g[i]) + 1.0f) * u[i];
+/* out [T, F] = silu(gate) * up, with gu [T, 2F] = [gate | up]; element by element, so threads may take
+ * any pieces of the rows. */
+extern "C" void cad_swiglu(const float *gu, float *out, int T, int F, int nthreads) {
+    constexpr int PIECE = 1024;
+    const int per_row = (F + PIECE - 1) / PIECE, n = T * per_row;
+#pragma omp parallel for schedule(static) num_threads(n > 4 ? nthreads : 1)
+    for (int i = 0; i < n; i++) {
+        const int t = i / per_row, f0 = i % per_row * PIECE, fn = std::min(PIECE, F - f0);
+        const float *g = gu + (size_t)t * 2 * F;
+        swiglu_row(g + f0, g + F + f0, out + (size_t)t * F + f0, fn);
     }
 }
 

@@ -1,6 +1,8 @@
 /* Eight-lane float vectors (GCC vector extensions: AVX2 on x86-64-v3, two halves of a zmm on
  * AVX-512, NEON pairs on Arm) and the few operations the kernels share. Every reduction here
- * has one fixed order, so a result depends only on its inputs, never on batch size or thread. */
+ * has one fixed order, so a result depends only on its inputs, never on batch size or thread.
+ * The library is built with -ffp-contract=off: no a * b + c becomes an FMA behind the code's back,
+ * so these operations give the same bits on every instruction set; v8_fma asks for one explicitly. */
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -22,6 +24,15 @@ static inline float v8_hsum(v8f v) {
 }
 
 static inline v8f v8_max(v8f a, v8f b) { return a > b ? a : b; }
+
+/* a * b + c: one rounding where the build has FMA, two where it has not. */
+static inline v8f v8_fma(v8f a, v8f b, v8f c) {
+#ifdef __FMA__
+    return __builtin_ia32_vfmaddps256(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
 
 /* exp(x) for eight lanes: Cephes' single-precision polynomial, about 1 ulp. */
 static inline v8f v8_exp(v8f x) {
@@ -52,3 +63,13 @@ static inline v8f v8_exp(v8f x) {
 }
 
 static inline float scalar_exp(float x) { return v8_exp(v8_splat(x))[0]; }
+
+/* out[i] = silu(g[i]) * u[i] for one row of F: what cad_swiglu computes, shared with the expert kernel. */
+static inline void swiglu_row(const float *g, const float *u, float *o, int F) {
+    int i = 0;
+    for (; i + 8 <= F; i += 8) {
+        const v8f x = v8_load(g + i);
+        v8_store(o + i, x / (v8_exp(-x) + 1.0f) * v8_load(u + i));
+    }
+    for (; i < F; i++) o[i] = g[i] / (scalar_exp(-g[i]) + 1.0f) * u[i];
+}
