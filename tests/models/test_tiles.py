@@ -63,7 +63,7 @@ def test_store_reads_the_head_rows_in_whole_tiles(tmp_path):
     """FR-Spec's head of the frequent tokens: the tiles holding rows below the cut are read, the
     linear keeps exactly those rows."""
     from models.convert import convert
-    from models.source import HFSource
+    from models.source_hf import HFSource
     from models.store import WeightStore
     from models.weights import StreamingWeights, random_tensors
     from tests.conftest import TINY
