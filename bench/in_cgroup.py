@@ -36,7 +36,10 @@ MiB = 1 << 20
 
 
 def label(row: dict) -> str:
-    """A row's run: its mode, `nodraft` for tree with no draft model, and a mixture of experts' buffer policies."""
+    """A row's run: the run it came from (tree mode whose `auto` draft settled on none stays `tree`); else its
+    mode, `nodraft` for tree with no draft model, and a mixture of experts' buffer policies."""
+    if row.get("run"):
+        return row["run"]
     mode = "nodraft" if row["mode"] == "tree" and row.get("draft") is None else row["mode"]
     return f"{mode}/{row['experts']}" if row.get("experts") and row["mode"] != "llama.cpp" else mode
 
@@ -148,7 +151,7 @@ def _rows_of(name: str, run, limit: int, out: Path) -> list[dict]:
         print(f"cgroup bench: {name} failed under the limit ({why}); {len(rows)} rows kept\n  " + "\n  ".join(tail),
               file=sys.stderr, flush=True)
     for r in rows:
-        r.update(memory_budget_bytes=limit, peak_memory_bytes=run.peak_bytes, peak_held_bytes=run.peak_held_bytes)
+        r.update(run=name, memory_budget_bytes=limit, peak_memory_bytes=run.peak_bytes, peak_held_bytes=run.peak_held_bytes)
         print(f"  {r['id']:<14} {label(r):<9} {len(r['new_token_ids']):>4} tokens {r['tokens_per_s']:>7.2f} tok/s",
               file=sys.stderr, flush=True)
     return rows

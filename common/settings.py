@@ -35,6 +35,7 @@ class SamplingConfig:
 
 TOP_K = 4  # candidates looked at per expansion
 CATCH_UP = 8  # after plain target steps, the draft runs on at most this many of the tokens it missed
+WIDE = 16  # the width a budgeted run takes where this machine verifies that many rows while the disk reads
 PROMPT_WINDOW = 64  # the draft runs on at most the last this many prompt tokens (0: the whole prompt)
 
 
@@ -42,6 +43,7 @@ PROMPT_WINDOW = 64  # the draft runs on at most the last this many prompt tokens
 class TreeConfig:
     mode: str = "tree"  # "tree" or "chain"
     width: int = 8  # most draft tokens in one verification
+    width_auto: bool = False  # not given: under a budget, WIDE where verification hides behind the disk (engine/memory.py)
     max_depth: int = 8
     branch_threshold: float = 0.3
     alpha: float = 0.01

@@ -15,3 +15,10 @@ def timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+def best_time(fn, reps: int = 5) -> float:
+    """Seconds per call of `fn`: the fastest of `reps` calls after one warm-up call (on a shared machine the
+    fastest is the one least disturbed by other work)."""
+    fn()
+    return min(timed(fn) for _ in range(reps))

@@ -94,7 +94,8 @@ class RunConfig:
             raise CadenceError(f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(BY_NAME)}")
         o = {**DEFAULTS, **options}
         mode = o["mode"]
-        tree = TreeConfig(mode="chain" if mode == "chain" else "tree", width=o["width"], chain_k=o["chain_k"],
+        tree = TreeConfig(mode="chain" if mode == "chain" else "tree", width=o["width"] or TreeConfig.width,
+                          width_auto=not o["width"], chain_k=o["chain_k"],
                           branch_threshold=o["branch_threshold"], alpha=o["alpha"], trie=not o["no_trie"],
                           adaptive=not o["fixed_width"], ahead=_ahead(o["draft_ahead"]),
                           ahead_auto=str(o["draft_ahead"]) == "auto", prompt_window=o["draft_window"])
@@ -119,7 +120,7 @@ class RunConfig:
                 "max_new_tokens": self.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p, "seed": s.seed,
                 "draft": self.draft, "dtype": self.dtype, "draft_dtype": self.draft_dtype, "chat": self.chat,
                 "context": self.context, "threads": self.threads, "device": self.device, "runtime": self.runtime,
-                "width": t.width, "chain_k": t.chain_k, "branch_threshold": t.branch_threshold, "alpha": t.alpha,
+                "width": 0 if t.width_auto else t.width, "chain_k": t.chain_k, "branch_threshold": t.branch_threshold, "alpha": t.alpha,
                 "no_trie": not t.trie, "fixed_width": not t.adaptive,
                 "draft_ahead": "auto" if t.ahead_auto else str(t.ahead), "draft_window": t.prompt_window,
                 "profile": self.profile, "draft_vocab": self.draft_vocab, "expert_eviction": e.eviction,

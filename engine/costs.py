@@ -40,6 +40,11 @@ class Costs:
         compute = n_layers * self.layer_s[r] + self.head_s[r]
         return max(compute, read_bytes / (self.disk_gbps * 1e9))
 
+    def hidden_by_reads(self, n_layers: int, rows: int, read_bytes: int) -> tuple[float, float]:
+        """(a resident forward of `rows` rows, reading `read_bytes`): the first below the second, the disk hides
+        the compute, and more rows per forward cost nothing."""
+        return self.forward_s(n_layers, rows, 0), read_bytes / (self.disk_gbps * 1e9)
+
 
 def costs(target: WeightStore, draft: WeightStore | None) -> Costs:
     """This machine's costs for the pair, from the cache or measured now (a few seconds) and cached."""
@@ -84,7 +89,7 @@ def measure(target: WeightStore, draft: WeightStore | None) -> Costs:
     """In this process (it loads torch and one layer of each model)."""
     import torch
 
-    from common.timing import median_time
+    from common.timing import best_time
     from models.weights import StreamingWeights
     from shm.dio import DirectReader
 
@@ -96,14 +101,14 @@ def measure(target: WeightStore, draft: WeightStore | None) -> Costs:
     layer_s, head_s = {}, {}
     for rows in ROWS:
         x, h = torch.randn(rows, a.dim), torch.randn(rows, a.ffn_dim)
-        layer_s[rows] = median_time(lambda: _layer(layer, x, h, a))
-        head_s[rows] = parts * median_time(lambda: head.out.matmul(x))
+        layer_s[rows] = best_time(lambda: _layer(layer, x, h, a))
+        head_s[rows] = parts * best_time(lambda: head.out.matmul(x))
     draft_layer = draft_head = 0.0
     if draft is not None:
         d = StreamingWeights(draft, {"layer.0", draft.head_groups()[0]})
         x, h = torch.randn(1, draft.args.dim), torch.randn(1, draft.args.ffn_dim)
-        draft_layer = median_time(lambda: _layer(d.layer(0), x, h, draft.args))
-        draft_head = len(draft.head_groups()) * median_time(lambda: d.head_part(0).out.matmul(x))
+        draft_layer = best_time(lambda: _layer(d.layer(0), x, h, draft.args))
+        draft_head = len(draft.head_groups()) * best_time(lambda: d.head_part(0).out.matmul(x))
     with DirectReader(target.path) as reader:
         n = min(DISK_BYTES, target.path.stat().st_size) // 4096 * 4096
         gbps = reader.read_into(0, n, torch.empty(n, dtype=torch.uint8).numpy()).gbps

@@ -7,7 +7,12 @@ on this machine.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import psutil
+
+from common.errors import CadenceError
+from common.settings import WIDE
 
 from engine.config import RunConfig
 from models.store import WeightStore
@@ -105,8 +110,11 @@ def settle_draft(r, say) -> None:
     from scheduler.generation.memplan import plan_memory
 
     alone = r.cfg.replace(draft="none")
-    with_draft = plan_memory(memory_plan(r.cfg, r.target, r.draft).budget, **plan_inputs(r.cfg, r.target, r.draft))
-    without = plan_memory(with_draft.budget, **plan_inputs(alone, r.target, None))
+    try:
+        with_draft = plan_memory(memory_plan(r.cfg, r.target, r.draft).budget, **plan_inputs(r.cfg, r.target, r.draft))
+        without = plan_memory(with_draft.budget, **plan_inputs(alone, r.target, None))
+    except CadenceError:
+        return  # the plan does not fit: the run says so in its own words
     if with_draft.read_per_forward <= without.read_per_forward:
         return  # the draft pushes nothing of the target out: the governor weighs it step by step
     c = costs(r.target, r.draft)
@@ -114,4 +122,35 @@ def settle_draft(r, say) -> None:
         say(f"draft: none (under {with_draft.budget / 2**30:.2f} GiB the draft {r.cfg.draft} would push "
             f"{(with_draft.read_per_forward - without.read_per_forward) / 2**20:.0f} MiB more of the target to disk "
             "every forward than it saves here; --draft NAME keeps it)")
+        if r.cfg.memory_budget == "auto":  # the budget the two plans were weighed under, not the trie's own smallest
+            alone = alone.replace(memory_budget=str(with_draft.budget))
         r.cfg, r.draft, r.draft_picked = alone, None, False
+
+
+def settle_width(r, say) -> None:
+    """Under a budget, a tree whose width was not given verifies WIDE draft tokens where this machine computes
+    that pass in less time than the disk takes to read what every forward streams (engine/costs.py): the
+    wider tree is then free, and accepts more per verification. Kept at the default where the wider plan
+    does not fit the budget or the pass would outlast the reads."""
+    t = r.cfg.tree
+    if not (t.width_auto and r.cfg.memory_budget and r.draft is not None and r.cfg.mode == "tree" and WIDE > t.width):
+        return
+    from engine.costs import costs
+    from scheduler.generation.memplan import plan_memory
+
+    try:
+        budget = memory_plan(r.cfg, r.target, r.draft).budget
+        wide = r.cfg.replace(tree=dataclasses.replace(t, width=WIDE, width_auto=False))
+        if r.cfg.memory_budget == "auto":  # the budget weighed, not the wider tree's own smallest
+            wide = wide.replace(memory_budget=str(budget))
+        plan = plan_memory(budget, **plan_inputs(wide, r.target, r.draft))
+    except CadenceError:
+        return  # the plan does not fit (the run says so), or the wider tree's activations do not fit beside it
+    if not plan.read_per_forward:
+        return  # all resident: the governor weighs each width against a plain step
+    c = costs(r.target, r.draft)
+    verify, read = c.hidden_by_reads(r.target.args.n_layers, WIDE + 1, plan.read_per_forward)
+    if verify < read:
+        say(f"width: {WIDE} (this machine verifies {WIDE + 1} rows in {verify * 1e3:.0f} ms, less than the "
+            f"{read * 1e3:.0f} ms the disk takes for the {plan.read_per_forward / 2**20:.0f} MiB each forward streams)")
+        r.cfg = wide

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.settings import FORMATS, PROMPT_WINDOW, TreeConfig
+from common.settings import FORMATS, PROMPT_WINDOW, WIDE, TreeConfig
 from models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 MODES = ("target", "std", "stdpl", "chain", "tree")
@@ -70,7 +70,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("device", "cpu", "cpu or cuda (cuda needs --runtime inproc)"),
     Option("runtime", "actors", "actors: draft and verifier as processes under the scheduler; inproc: one process",
            choices=RUNTIMES),
-    Option("width", TreeConfig.width, "tree mode: most draft tokens per verification", kind=int, group=SPECULATION),
+    Option("width", 0, f"tree mode: most draft tokens per verification (0: {TreeConfig.width}, or {WIDE} under a memory "
+           "budget where this machine verifies that many while the disk reads the streamed layers)", kind=int,
+           group=SPECULATION),
     Option("chain_k", TreeConfig.chain_k, "chain mode: draft tokens per verification", kind=int, group=SPECULATION),
     Option("branch_threshold", TreeConfig.branch_threshold, "tree mode: a candidate with at least this draft "
            "probability opens a branch", kind=float, group=SPECULATION),

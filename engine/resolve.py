@@ -92,7 +92,7 @@ def apply_profile(cfg: RunConfig, prof: dict) -> RunConfig:
     """An ARCA profile's choices (launch profile): its width and static tree (tree mode), its partition."""
     tree, worker = cfg.tree, cfg.worker
     if prof["width"] > 0 and cfg.mode == "tree":
-        tree = dataclasses.replace(tree, width=prof["width"], trie=False, adaptive=False,
+        tree = dataclasses.replace(tree, width=prof["width"], width_auto=False, trie=False, adaptive=False,
                                    shape_parents=tuple(prof["tree"]["parents"]), shape_ranks=tuple(prof["tree"]["ranks"]))
     if prof["partition"] != "none":
         worker = WorkerSplit(*parse_partition(prof["partition"]))

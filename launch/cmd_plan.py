@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from common.errors import CadenceError
-from engine.memory import memory_plan, plan_inputs, settle_draft
+from engine.memory import memory_plan, plan_inputs, settle_draft, settle_width
 from engine.prompts import Prompt, load_prompts
 from engine.resolve import pick_draft, resolve
 from models.convert import ensure_store
@@ -51,6 +51,7 @@ def cmd_plan(args) -> int:
     r = resolve(run_config(args), prompts)  # the tokenizer is held as a run's scheduler holds it: measured with it
     r.tokenizer.release_encoder()  # as a run does once its prompts are encoded
     settle_draft(r, print)  # under a budget, the draft `auto` picked stays where it pays
+    settle_width(r, print)  # and the tree widens where the disk hides its verification
     cfg = r.cfg
     what = f"{cfg.mode} {cfg.target} {cfg.dtype}" + (f", draft {cfg.draft_model} {cfg.draft_format}" if cfg.draft_model else
                                                       ", no draft model" if cfg.mode == "tree" else "")
@@ -72,7 +73,7 @@ def cmd_plan(args) -> int:
             print("  streamed: nothing (the whole target fits)")
     print("smallest budget per mode:")
     draft, store = cfg.draft, r.draft
-    if not cfg.speculative and args.draft == "auto":  # what a speculative mode of this run would draft with
+    if store is None and args.draft == "auto":  # what a speculative mode would draft with (settled away or not one)
         draft = pick_draft(cfg.with_mode("tree"), r.target, say=lambda line: None)
         store = ensure_store(draft, cfg.draft_format) if draft != "none" else None
     for mode, d in (("std", None), ("stdpl", None), ("chain", store), ("tree", store), ("tree", None)):

@@ -1,0 +1,73 @@
+"""engine/costs.py: this machine's forward costs (measured in a child process, cached) and the choice they
+drive under a budget, whether the draft `--draft auto` picked pays for the target layers it pushes to disk."""
+import json
+
+from engine.costs import Costs, costs, draft_pays
+from models.convert import convert
+from models.source_hf import HFSource
+from models.store import WeightStore
+from models.weights import random_tensors
+from tests.conftest import TINY
+from tests.models.tiny_files import write_hf_dir
+
+MiB = 1 << 20
+
+
+def _costs(disk_gbps=1.0, layer_ms=1.0, draft_layer_ms=0.5) -> Costs:
+    """Hand-made prices: a layer's linear work grows with the rows as a kernel's does (about flat up to 4)."""
+    rows = (1, 2, 3, 5, 9, 17, 33)
+    return Costs(disk_gbps, {r: layer_ms * 1e-3 * max(1.0, r / 4) for r in rows}, {r: 1e-3 * max(1.0, r / 4) for r in rows},
+                 draft_layer_ms * 1e-3, 1e-3)
+
+
+def _store(tmp_path, name="qwen") -> WeightStore:
+    args = TINY[name]
+    return WeightStore(convert(HFSource(write_hf_dir(tmp_path / f"hf-{name}", args, random_tensors(args, seed=3))),
+                               tmp_path / f"s-{name}", "int4"))
+
+
+def test_a_forward_costs_its_compute_or_its_reads_whichever_is_longer():
+    c = _costs(disk_gbps=1.0, layer_ms=2.0)
+    assert c.forward_s(10, 1, 0) == 10 * 2e-3 + 1e-3  # resident: the linear work alone
+    assert c.forward_s(10, 1, 500 * 10**6) == 0.5  # streamed: the disk's half second hides the compute
+    assert c.forward_s(10, 16, 0) == c.forward_s(10, 17, 0)  # the nearest width measured
+
+
+def test_the_draft_pays_unless_it_pushes_too_much_of_the_target_to_disk(tmp_path):
+    target, draft = _store(tmp_path), _store(tmp_path, "qwen")
+    c = _costs(disk_gbps=1.0)
+    # nothing more to read with the draft: a tree of 2.5 tokens per verification beats a plain step
+    assert draft_pays(c, target, draft, 100 * MiB, 100 * MiB, width=8)
+    # the draft triples the bytes every forward reads: 2.5 tokens per verification cannot pay that
+    assert not draft_pays(c, target, draft, 450 * MiB, 150 * MiB, width=8)
+    # the same reads with a draft that accepts more (measured elsewhere) pay again
+    assert draft_pays(c, target, draft, 450 * MiB, 150 * MiB, width=8, tokens_per_verification=4.0)
+
+
+def test_costs_are_measured_once_in_a_child_and_then_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CADENCE_HOME", str(tmp_path / "home"))
+    target = _store(tmp_path)
+    got = costs(target, target)
+    assert got.disk_gbps > 0 and got.draft_layer_s > 0 and got.draft_head_s > 0
+    assert set(map(int, got.layer_s)) == {1, 2, 3, 5, 9, 17, 33} and all(v > 0 for v in got.head_s.values())
+    (cached,) = (tmp_path / "home" / "calibration").glob("costs-*.json")
+    cached.write_text(json.dumps({**json.loads(cached.read_text()), "disk_gbps": 123.0}))
+    assert costs(target, target).disk_gbps == 123.0  # read back, not measured again
+
+
+def test_a_wider_tree_is_free_only_where_the_disk_hides_its_verification():
+    c = _costs(disk_gbps=1.0, layer_ms=1.0)
+    verify, read = c.hidden_by_reads(28, 17, 600 * 10**6)
+    assert verify < read  # 28 layers at 17 rows: ~0.13 s against 0.6 s of reads
+    verify, read = c.hidden_by_reads(28, 17, 50 * 10**6)
+    assert verify > read  # most of the target resident: the wider pass is paid in compute
+
+
+def test_the_width_left_out_is_auto_and_a_given_one_is_kept():
+    from common.settings import TreeConfig
+    from engine.config import RunConfig
+
+    auto, given = RunConfig.from_options(), RunConfig.from_options(width=TreeConfig.width)
+    assert auto.tree.width == given.tree.width == TreeConfig.width
+    assert auto.tree.width_auto and not given.tree.width_auto
+    assert RunConfig.from_options(**auto.options()) == auto and RunConfig.from_options(**given.options()) == given
