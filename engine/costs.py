@@ -16,9 +16,9 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import models
 from common import paths
 from common.errors import CadenceError
+from models.kernel_build import CSRC
 from models.store import WeightStore
 
 ROWS = (1, 2, 3, 5, 9, 17, 33)  # a token, or a tree of 1..32 tokens and its root
@@ -71,8 +71,7 @@ def costs(target: WeightStore, draft: WeightStore | None) -> Costs:
 def _key(target: WeightStore, draft: WeightStore | None) -> str:
     """The stores, the machine and the kernels' sources: what the measurement depends on."""
     h = hashlib.sha256(f"{VERSION} {target.dir} {draft.dir if draft else ''} {_cpu()}".encode())
-    csrc = Path(models.__file__).parent / "csrc"  # models.kernels would import torch here
-    for f in sorted(csrc.iterdir()):
+    for f in sorted(CSRC.iterdir()):  # models.kernel_build: no torch
         h.update(f.name.encode() + f.read_bytes())
     return h.hexdigest()[:16]
 
