@@ -13,7 +13,7 @@ from common import paths
 from common.errors import CadenceError
 from models.convert import convert
 from models.source_hf import HFSource
-from models.store import WeightStore
+from models.store import FORMAT_VERSION, WeightStore
 from models.tokenizer import TextTokenizer
 from models.weights import random_tensors
 from tests.conftest import TINY
@@ -118,7 +118,7 @@ def test_a_tokenizer_json_that_is_a_device(made, tmp_path):
 @pytest.mark.parametrize("name,data,says", [
     ("manifest.json", b"\xff\xfe", "manifest.json is not UTF-8 text (byte 0 is 0xff)"),
     ("manifest.json", b"[]", "manifest.json holds a JSON list, not an object"),
-    ("manifest.json", b'{"format_version": 3}', "manifest.json is damaged (it has no 'model' entry)"),
+    ("manifest.json", b'{"format_version": %d}' % FORMAT_VERSION, "manifest.json is damaged (it has no 'model' entry)"),
     ("weights.bin", None, "weights.bin is a folder, not a file"),
     ("tokenizer.json", b"\xff", "tokenizer.json is not UTF-8 text (byte 0 is 0xff)"),
     ("tokenizer.json", b"{nope", "tokenizer.json is not a tokenizer the tokenizers library reads (key must be"),
