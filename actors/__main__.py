@@ -4,6 +4,7 @@ The process ends with os._exit once the actor has flushed its trace and closed i
 interpreter's own teardown (torch's static destructors, freeing a model's pages) takes close to a
 second on a small machine, and there is nothing left for it to do.
 """
+
 import json
 import os
 import sys

@@ -11,6 +11,7 @@ Process life, driven by `actor_main` (run as `python -m actors '<json spec>'`):
   import the class -> HELLO -> wait INIT -> attach arenas -> `cls(init, ctx)` -> READY -> run()
   -> on STOP / SIGTERM: flush the trace and exit (SIGINT is the scheduler's to handle); on a crash: DEAD(reason) and exit.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -92,19 +93,25 @@ class Actor:
         return args, tensors
 
     def op_stats(self, args: dict, tensors: dict):
-        return {"pid": os.getpid(), "role": self.role, "bad_frames": self._bad_frames,
-                "errors_received": self._errors_received}
+        return {
+            "pid": os.getpid(),
+            "role": self.role,
+            "bad_frames": self._bad_frames,
+            "errors_received": self._errors_received,
+        }
 
     # -- tensors (torch is imported only by actors that use these) ------------------------
 
     def tensor(self, value: TensorDesc | InlineTensor):
         """A wire tensor as a torch tensor; a descriptor maps the arena with no copy."""
         from shm import tensors
+
         return tensors.as_tensor(self.arenas, value)
 
     def put(self, at, tensor) -> TensorDesc:
         """Copy a torch tensor into a slot of the main arena that the scheduler gave us."""
         from shm import tensors
+
         return tensors.put(self.arena, at, tensor)
 
     def beat(self) -> None:
@@ -124,7 +131,13 @@ class Actor:
     def handle(self, req: wire.Request) -> wire.Reply:
         fn = self._ops.get(req.op)
         if fn is None:
-            return wire.Reply(req.req_id, False, {}, {}, f"the {self.role} actor has no op {req.op!r}; it serves {', '.join(self._ops)}")
+            return wire.Reply(
+                req.req_id,
+                False,
+                {},
+                {},
+                f"the {self.role} actor has no op {req.op!r}; it serves {', '.join(self._ops)}",
+            )
         with self.trace.span(req.op, cat=self.role, args={"req": req.req_id}, flow_in=req.flow_id):
             try:
                 payload = self._payloads[req.op]
@@ -133,9 +146,13 @@ class Actor:
                 if is_reply(result):
                     result = reply_wire(result)
                 if not isinstance(result, dict) or not isinstance(tensors, dict):
-                    raise TypeError(f"op {req.op!r} returned {type(result).__name__}, {type(tensors).__name__}; "
-                                    f"return a result dict or reply (actors/ops.py), or (result, tensors dict)")
-                return wire.Reply(req.req_id, True, result, {k: _wire_tensor(req.op, k, v) for k, v in tensors.items()}, None)
+                    raise TypeError(
+                        f"op {req.op!r} returned {type(result).__name__}, {type(tensors).__name__}; "
+                        f"return a result dict or reply (actors/ops.py), or (result, tensors dict)"
+                    )
+                return wire.Reply(
+                    req.req_id, True, result, {k: _wire_tensor(req.op, k, v) for k, v in tensors.items()}, None
+                )
             except ActorFatal:
                 raise
             except Exception as e:
@@ -177,7 +194,11 @@ class Actor:
             try:
                 frames = wire.encode(reply)
             except wire.WireError as e:
-                frames = wire.encode(wire.Reply(msg.req_id, False, {}, {}, f"op {msg.op!r} returned something the wire cannot carry: {e}"))
+                frames = wire.encode(
+                    wire.Reply(
+                        msg.req_id, False, {}, {}, f"op {msg.op!r} returned something the wire cannot carry: {e}"
+                    )
+                )
             wire.send(self.ctx.sock, frames)
         elif isinstance(msg, wire.Stop):
             self.ctx.stop.requested = True
@@ -211,12 +232,17 @@ def _wire_tensor(op: str, name: str, value):
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         from shm import tensors
+
         try:
             return tensors.to_inline(value)
         except ValueError:
-            raise ValueError(f"op {op!r} returned tensor {name!r} of {value.numel() * value.element_size()} bytes; "
-                             f"put it into an arena slot (self.put) and return the descriptor") from None
-    raise ValueError(f"op {op!r} returned {type(value).__name__} for tensor {name!r}; return torch tensors or descriptors")
+            raise ValueError(
+                f"op {op!r} returned tensor {name!r} of {value.numel() * value.element_size()} bytes; "
+                f"put it into an arena slot (self.put) and return the descriptor"
+            ) from None
+    raise ValueError(
+        f"op {op!r} returned {type(value).__name__} for tensor {name!r}; return torch tensors or descriptors"
+    )
 
 
 def load_class(path: str) -> type:
@@ -231,8 +257,9 @@ def load_class(path: str) -> type:
 
 
 def _logger(role: str) -> logging.Logger:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format=f"cadence {role}[%(process)d] %(levelname)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format=f"cadence {role}[%(process)d] %(levelname)s: %(message)s"
+    )
     return logging.getLogger(f"cadence.actor.{role}")
 
 

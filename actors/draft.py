@@ -1,5 +1,6 @@
 """The draft actor: the small model, resident, growing token trees: a thin shell over the in-process
 draft side (speculative/drafter.py `LocalDraft`), so both runtimes draft with the same code."""
+
 from __future__ import annotations
 
 import torch

@@ -17,6 +17,7 @@ into the sync area (actors/syncarea.py); from then on both sides walk the same l
 The model (models/transformer.py) only hands out `SplitAttention` / `SplitColumns` requests; the
 kernels are the same as one unit's, so the merged results are bit for bit the unsplit ones.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ def linear_widths(a: ModelArgs) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class SplitPlan:
     """One forward's split between the verifier and the worker."""
+
     T: int
     n_shared: int
     k0: int  # the worker's attention: each row's keys from k0 on (a multiple of kernels.CHUNK)
@@ -62,8 +64,10 @@ class SplitPlan:
     def write(self, area: SyncArea):
         T, nnz = self.T, self.idx.numel()
         if T > area.rows or nnz > area.idx.size:
-            raise ValueError(f"a forward of {T} rows ({nnz} tree entries) does not fit the sync area of {area.rows} rows")
-        area.ptr[:T + 1] = self.ptr.numpy()
+            raise ValueError(
+                f"a forward of {T} rows ({nnz} tree entries) does not fit the sync area of {area.rows} rows"
+            )
+        area.ptr[: T + 1] = self.ptr.numpy()
         area.idx[:nnz] = self.idx.numpy()
         h = area.header
         h[:6] = (FORWARD, T, self.n_shared, self.k0, self.maxc, nnz)
@@ -78,12 +82,21 @@ class SplitPlan:
             return None
         T, n_shared, k0, maxc, nnz = (int(v) for v in h[1:6])
         n0 = tuple(int(v) for v in h[6:10])
-        return SplitPlan(T, n_shared, k0, maxc, float(h[10:11].view(np.float64)[0]), None if n0[0] < 0 else n0,
-                         torch.from_numpy(area.ptr[:T + 1].copy()), torch.from_numpy(area.idx[:nnz].copy()))
+        return SplitPlan(
+            T,
+            n_shared,
+            k0,
+            maxc,
+            float(h[10:11].view(np.float64)[0]),
+            None if n0[0] < 0 else n0,
+            torch.from_numpy(area.ptr[: T + 1].copy()),
+            torch.from_numpy(area.idx[:nnz].copy()),
+        )
 
 
-def plan_split(vis: Visibility, args: ModelArgs, share: float, column_share: float, scale: float,
-               ch_room: int | None = None) -> SplitPlan:
+def plan_split(
+    vis: Visibility, args: ModelArgs, share: float, column_share: float, scale: float, ch_room: int | None = None
+) -> SplitPlan:
     """The worker takes `share` of the chunks made of shared context only (the last ones), the tree part
     of every row, and with `column_share` > 0 the last share of every linear layer's columns. `ch_room`:
     the fp32 values its chunk states may fill; a long context leaves it fewer dense chunks to fit them
@@ -140,20 +153,22 @@ class SplitExecutor:
         layer, name = next(self.todo, (None, None))
         mine = (req.layer, "attn" if isinstance(req, SplitAttention) else req.name)
         if (layer, name) != mine:
-            raise RuntimeError(f"the model asked for {step_name(*mine)} but the plan's next step is "
-                               f"{step_name(layer, name) if layer is not None else 'none'}")
+            raise RuntimeError(
+                f"the model asked for {step_name(*mine)} but the plan's next step is "
+                f"{step_name(layer, name) if layer is not None else 'none'}"
+            )
         self.clock.maybe_beat()
         return self._attend(req) if name == "attn" else self._columns(req)
 
     def _attend(self, req: SplitAttention) -> torch.Tensor:
         sp, i, q = self.split, req.layer, req.q
         T, H, D = q.shape
-        self.q[:q.numel()].copy_(q.reshape(-1))
+        self.q[: q.numel()].copy_(q.reshape(-1))
         self._post()  # Q is in the arena: the worker starts its chunks
         with self.trace.span(f"dense:layer.{i}", cat="attention", args={"chunks": sp.k0 // kernels.CHUNK}):
             state = kernels.attn_dense(q, req.k, req.v, 0, sp.k0 // kernels.CHUNK, sp.scale)
         self._wait(i, "attn")
-        ch = self.ch[:T * H * sp.maxc * (D + 2)].view(T, H, sp.maxc, D + 2)
+        ch = self.ch[: T * H * sp.maxc * (D + 2)].view(T, H, sp.maxc, D + 2)
         return kernels.attn_merge(state, ch, torch.from_numpy(self.area.nch[:T]))
 
     def _columns(self, req: SplitColumns) -> None:
@@ -190,7 +205,9 @@ class WorkerShare:
     share of each step: attention chunks from k0 on (into `ch`, their counts into the sync area),
     columns [n0, N) of each linear (input from `xin`, output into `x` or `y`)."""
 
-    def __init__(self, args: ModelArgs, cache, layers: list | None, area: SyncArea, slots: dict[str, torch.Tensor], trace):
+    def __init__(
+        self, args: ModelArgs, cache, layers: list | None, area: SyncArea, slots: dict[str, torch.Tensor], trace
+    ):
         """`cache`: the verifier's KV cache, mapped; `layers`: the target's layer weights (None: no column share)."""
         self.args, self.cache, self.layers, self.area, self.trace = args, cache, layers, area, trace
         self.q, self.ch = slots["q"].view(torch.float32), slots["ch"].view(torch.float32)
@@ -221,10 +238,20 @@ class WorkerShare:
 
     def attend(self, plan: SplitPlan, i: int):
         T, H, D = plan.T, self.args.n_heads, self.args.head_dim
-        q = self.q[:T * H * D].view(T, H, D)
+        q = self.q[: T * H * D].view(T, H, D)
         with self.trace.span(f"sparse:layer.{i}", cat="attention", args={"rows": T, "k0": plan.k0}):
-            _, nch = kernels.attn_chunks(q, self.cache.k[i], self.cache.v[i], plan.n_shared, plan.ptr, plan.idx,
-                                         plan.k0, plan.scale, plan.maxc, out=self.ch)
+            _, nch = kernels.attn_chunks(
+                q,
+                self.cache.k[i],
+                self.cache.v[i],
+                plan.n_shared,
+                plan.ptr,
+                plan.idx,
+                plan.k0,
+                plan.scale,
+                plan.maxc,
+                out=self.ch,
+            )
         self.area.nch[:T] = nch.numpy()
 
     def columns(self, plan: SplitPlan, i: int, name: str):
@@ -232,7 +259,7 @@ class WorkerShare:
             raise RuntimeError("this worker was started without a column share; start it with --column-share")
         lin, T, acc = getattr(self.layers[i], name), plan.T, ACCUMULATE[name]
         n0 = plan.n0[_COLS[name]]
-        x = self.bufs["xin"][:T * lin.k].view(T, lin.k)
-        y = self.bufs["x" if acc else "y"][:T * lin.n].view(T, lin.n)
+        x = self.bufs["xin"][: T * lin.k].view(T, lin.k)
+        y = self.bufs["x" if acc else "y"][: T * lin.n].view(T, lin.n)
         with self.trace.span(f"cols:layer.{i}.{name}", cat="linear", args={"rows": T, "cols": lin.n - n0}):
             lin.matmul_cols(x, y, n0, lin.n, acc)

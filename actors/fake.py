@@ -26,6 +26,7 @@ forward order with their bytes, the seed, and each role's script:
   accept_p (draft)                 chance that each drafted token is the target's
 None of them imports torch.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,14 +66,26 @@ def target_text(prompt: list[int], n: int, vocab: int) -> list[int]:
     text = list(prompt)
     for _ in range(n):
         text.append(target_next(text, vocab))
-    return text[len(prompt):]
+    return text[len(prompt) :]
 
 
 def fake_args(vocab: int = 64, n_layers: int = 8, context: int = 1 << 20) -> ModelArgs:
     """The fake target's shape: what the sparse worker's arena slots are sized from (the fakes compute nothing)."""
-    return ModelArgs(arch="llama", vocab_size=vocab, dim=8, n_layers=n_layers, n_heads=2, n_kv_heads=1, ffn_dim=16,
-                     norm_eps=1e-5, rope_base=1e4, context_length=context, qkv_bias=False, tied_embeddings=False,
-                     head_dim=4)
+    return ModelArgs(
+        arch="llama",
+        vocab_size=vocab,
+        dim=8,
+        n_layers=n_layers,
+        n_heads=2,
+        n_kv_heads=1,
+        ffn_dim=16,
+        norm_eps=1e-5,
+        rope_base=1e4,
+        context_length=context,
+        qkv_bias=False,
+        tied_embeddings=False,
+        head_dim=4,
+    )
 
 
 def write_fake_store(path, groups: dict[str, int], vocab: int = 64, seed: int = 0, **roles) -> str:
@@ -97,18 +110,20 @@ def _pattern(seq: int) -> int:
 
 
 def stamp_slot(buf: np.ndarray, seq: int, group: str) -> None:
-    buf[_HEAD.size:] = _pattern(seq)
-    buf[:_HEAD.size] = np.frombuffer(_HEAD.pack(_MAGIC, seq, group.encode(), buf.size), dtype=np.uint8)
+    buf[_HEAD.size :] = _pattern(seq)
+    buf[: _HEAD.size] = np.frombuffer(_HEAD.pack(_MAGIC, seq, group.encode(), buf.size), dtype=np.uint8)
 
 
 def check_slot(buf: np.ndarray, group: str) -> int:
     """The load number of the stamp `group` left in `buf`; ValueError if it is not all there."""
-    magic, seq, got, n = _HEAD.unpack(buf[:_HEAD.size].tobytes())
+    magic, seq, got, n = _HEAD.unpack(buf[: _HEAD.size].tobytes())
     got = got.rstrip(b"\0").decode(errors="replace")
     if magic != _MAGIC or got != group or n != buf.size:
-        raise ValueError(f"the slot for {group} holds {got or 'no load'} ({n} bytes, load {seq}): "
-                         "it was overwritten before its consumer released it, or never loaded")
-    if not (buf[_HEAD.size:] == _pattern(seq)).all():
+        raise ValueError(
+            f"the slot for {group} holds {got or 'no load'} ({n} bytes, load {seq}): "
+            "it was overwritten before its consumer released it, or never loaded"
+        )
+    if not (buf[_HEAD.size :] == _pattern(seq)).all():
         raise ValueError(f"the slot for {group} (load {seq}) was partly overwritten before its consumer released it")
     return seq
 
@@ -138,7 +153,9 @@ class FakeActor(Actor):
                 time.sleep(0.05)
                 self.beat()
         if self.script.get("fail_at", {}).get(req.op) == n:
-            return wire.Reply(req.req_id, False, {}, {}, f"ValueError: scripted failure of {req.op} (request {n} of it)")
+            return wire.Reply(
+                req.req_id, False, {}, {}, f"ValueError: scripted failure of {req.op} (request {n} of it)"
+            )
         return super().handle(req)
 
     def work(self, key: str, share: float = 1.0, span: str = "compute") -> None:
@@ -240,8 +257,10 @@ class FakeLoaderActor(FakeActor):
             raise ValueError(f"the slot given for {name} cannot hold its {n} bytes")
         end = desc.offset + n
         if self.region is not None and end > self.region:
-            raise ValueError(f"loading {name} into bytes [{desc.offset}, {end}) would write past the loader's "
-                             f"{self.region}-byte region of the arena: the memory bound would be broken")
+            raise ValueError(
+                f"loading {name} into bytes [{desc.offset}, {end}) would write past the loader's "
+                f"{self.region}-byte region of the arena: the memory bound would be broken"
+            )
         t = time.perf_counter()
         self.work("load", span=f"load:{name}")
         stamp_slot(slot_bytes(self, desc, n), self.loads, name)
@@ -253,8 +272,14 @@ class FakeLoaderActor(FakeActor):
         return Loaded(name, n, seconds, n / max(seconds, 1e-9) / 1e9, True)
 
     def op_stats(self, args, tensors):
-        return {**super().op_stats(args, tensors), "loads": self.loads, "bytes": self.bytes, "max_end": self.max_end,
-                "region": self.region, "loaded": list(self.loaded)}
+        return {
+            **super().op_stats(args, tensors),
+            "loads": self.loads,
+            "bytes": self.bytes,
+            "max_end": self.max_end,
+            "region": self.region,
+            "loaded": list(self.loaded),
+        }
 
 
 class FakeSparseAttnActor(FakeActor):
@@ -287,8 +312,17 @@ class FakeSparseAttnActor(FakeActor):
             sync.post(WORKER_WORD, step)
 
     def op_stats(self, args, tensors):
-        return {**super().op_stats(args, tensors), "columns": self.columns, "capacity": self.capacity, "steps": self.steps}
+        return {
+            **super().op_stats(args, tensors),
+            "columns": self.columns,
+            "capacity": self.capacity,
+            "steps": self.steps,
+        }
 
 
-FAKES = {"verifier": "actors.fake_target:FakeVerifierActor", "draft": "actors.fake_target:FakeDraftActor",
-         "loader": f"actors.fake:{FakeLoaderActor.__name__}", "sparse": f"actors.fake:{FakeSparseAttnActor.__name__}"}
+FAKES = {
+    "verifier": "actors.fake_target:FakeVerifierActor",
+    "draft": "actors.fake_target:FakeDraftActor",
+    "loader": f"actors.fake:{FakeLoaderActor.__name__}",
+    "sparse": f"actors.fake:{FakeSparseAttnActor.__name__}",
+}

@@ -2,6 +2,7 @@
 draft guesses it right with probability `accept_p`, so every speculative mode must give `target_text`.
 None of them imports torch.
 """
+
 from __future__ import annotations
 
 import time
@@ -9,7 +10,21 @@ from collections import deque
 
 from actors.fake import LOG_ENTRIES, PREFILL_CHUNK, FakeActor, FakeSync, check_slot, slot_bytes, target_next
 from actors.syncarea import VERIFIER as VERIFIER_WORD, WORKER as WORKER_WORD
-from actors.ops import Advance, Advanced, Ahead, AwaitGroup, Begin, Build, DraftStart, Layer, Lookup, Start, Step, Token, Verify
+from actors.ops import (
+    Advance,
+    Advanced,
+    Ahead,
+    AwaitGroup,
+    Begin,
+    Build,
+    DraftStart,
+    Layer,
+    Lookup,
+    Start,
+    Step,
+    Token,
+    Verify,
+)
 from speculative.tree import Tree, Verdict
 
 NO_TREE = Tree(-1, [], [], [])  # no candidates
@@ -50,7 +65,9 @@ class FakeVerifierActor(FakeActor):
                 buf = slot_bytes(self, tensors["slot"], self.model["groups"][g])
                 seq = check_slot(buf, g)
                 if seq <= self.last_load:
-                    raise ValueError(f"the slot for {g} holds load {seq}, older than load {self.last_load} used before it")
+                    raise ValueError(
+                        f"the slot for {g} holds load {seq}, older than load {self.last_load} used before it"
+                    )
                 self.work("group", 1.0 - self.share, span=f"compute:{g}")
                 check_slot(buf, g)  # nobody wrote into it while we used it
                 self.last_load = seq
@@ -61,8 +78,11 @@ class FakeVerifierActor(FakeActor):
                 for part in ("attn", "cols") if self.columns > 0 else ("attn",):
                     self.sync.step += 1
                     self.sync.post(VERIFIER_WORD, self.sync.step)
-                    self.work("dense" if part == "attn" else "cols", 1.0 - (self.share if part == "attn" else self.columns),
-                              span=f"{part}:{g}")
+                    self.work(
+                        "dense" if part == "attn" else "cols",
+                        1.0 - (self.share if part == "attn" else self.columns),
+                        span=f"{part}:{g}",
+                    )
                     self.sync.wait(WORKER_WORD, self.sync.step, f"{g}'s {part}")
 
     def _start(self, prompt: list[int]):
@@ -109,7 +129,9 @@ class FakeVerifierActor(FakeActor):
             need = next(job)
         except StopIteration as done:
             return done.value
-        raise RuntimeError(f"a resident {args.op} needs {need}: this verifier was started with streamed groups or a worker")
+        raise RuntimeError(
+            f"a resident {args.op} needs {need}: this verifier was started with streamed groups or a worker"
+        )
 
     def op_start(self, args: Start, tensors):
         return self._whole(args)
@@ -129,7 +151,9 @@ class FakeVerifierActor(FakeActor):
         self.sync = None
         if args.split is not None:  # the worker serves this job: meet it in the sync area, step by step
             sp = args.split
-            self.sync = FakeSync(self, tensors["sync"], int(sp["id"]), int(sp["rows"]), "the sparse worker", float(sp["timeout_s"]))
+            self.sync = FakeSync(
+                self, tensors["sync"], int(sp["id"]), int(sp["rows"]), "the sparse worker", float(sp["timeout_s"])
+            )
             self.sync.begin()
             self.splits += 1
         self.job = self._job(args.job_payload())
@@ -156,8 +180,14 @@ class FakeVerifierActor(FakeActor):
         return self.need
 
     def op_stats(self, args, tensors):
-        return {**super().op_stats(args, tensors), "worker": self.worker, "streamed": sorted(self.streamed),
-                "consumed": list(self.consumed), "begun": list(self.begun), "splits": self.splits}
+        return {
+            **super().op_stats(args, tensors),
+            "worker": self.worker,
+            "streamed": sorted(self.streamed),
+            "consumed": list(self.consumed),
+            "begun": list(self.begun),
+            "splits": self.splits,
+        }
 
 
 class FakeDraftActor(FakeActor):
@@ -199,7 +229,13 @@ class FakeDraftActor(FakeActor):
             parent = me
             text.append(tokens[me])
         self.depth = len(text) - len(self.text)
-        return {"root": self.text[-1], "tokens": tokens, "parents": parents, "probs": probs, "tc": tc}  # a Tree's fields
+        return {
+            "root": self.text[-1],
+            "tokens": tokens,
+            "parents": parents,
+            "probs": probs,
+            "tc": tc,
+        }  # a Tree's fields
 
     def op_build(self, args: Build, tensors):
         self.work("build")

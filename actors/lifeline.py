@@ -10,6 +10,7 @@
   stops every actor itself. An actor that left on its own first would look to the scheduler like
   a crash racing the interrupt. (A dead scheduler is covered by the two checks above.)
 """
+
 from __future__ import annotations
 
 import ctypes

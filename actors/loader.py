@@ -9,6 +9,7 @@ Loads queued on its socket are served in order, each reply sent as soon as its r
 init: store_dir (required), threads (4), chunk_bytes (4 MiB), direct (true), and stream_bytes
 (optional: the loader refuses a slot reaching past that many bytes of the arena, the memory bound).
 """
+
 from __future__ import annotations
 
 from actors.base import Actor
@@ -26,9 +27,13 @@ class LoaderActor(Actor):
         self.store = WeightStore(init["store_dir"])
         self.region = init.get("stream_bytes")
         warnings = []
-        self.reader = DirectReader(self.store.path, threads=int(init.get("threads", 4)),
-                                   chunk_bytes=int(init.get("chunk_bytes", DEFAULT_CHUNK)),
-                                   direct=bool(init.get("direct", True)), warn=warnings.append)
+        self.reader = DirectReader(
+            self.store.path,
+            threads=int(init.get("threads", 4)),
+            chunk_bytes=int(init.get("chunk_bytes", DEFAULT_CHUNK)),
+            direct=bool(init.get("direct", True)),
+            warn=warnings.append,
+        )
         for w in warnings:  # once per run: the reader warns once, at open
             self.log.warning("%s", w)
             self.trace.instant("direct I/O fallback", cat="load", args={"reason": w})
@@ -44,25 +49,32 @@ class LoaderActor(Actor):
         group = self.store.groups.get(name)
         if group is None:
             have = list(self.store.groups)
-            raise ValueError(f"the weight store {self.store.dir} has no group {name!r} (it has {have[0]} ... {have[-1]})")
+            raise ValueError(
+                f"the weight store {self.store.dir} has no group {name!r} (it has {have[0]} ... {have[-1]})"
+            )
         desc = tensors.get("slot")
         if not isinstance(desc, TensorDesc):
             raise ValueError("load needs tensors['slot']: the descriptor of the arena slot to fill")
         room = desc.span_bytes if desc.strides == (1,) and desc.dtype == "uint8" else 0
         if group.nbytes > room:
-            raise ValueError(f"the slot at offset {desc.offset} ({room} bytes of contiguous uint8) cannot hold "
-                             f"{name} ({group.nbytes} bytes); allocate the slot with the group's size")
+            raise ValueError(
+                f"the slot at offset {desc.offset} ({room} bytes of contiguous uint8) cannot hold "
+                f"{name} ({group.nbytes} bytes); allocate the slot with the group's size"
+            )
         end = desc.offset + group.nbytes
         if self.region is not None and end > self.region:
-            raise ValueError(f"loading {name} into bytes [{desc.offset}, {end}) would write past the loader's "
-                             f"{self.region}-byte region of the arena: the memory bound would be broken")
+            raise ValueError(
+                f"loading {name} into bytes [{desc.offset}, {end}) would write past the loader's "
+                f"{self.region}-byte region of the arena: the memory bound would be broken"
+            )
         arena = self.arenas[desc.segment]
         span = {"bytes": group.nbytes}
         self.trace.counter("loader bytes in flight", {"bytes": group.nbytes})
         try:
             with self.trace.span(f"load:{name}", cat="load", args=span):
-                st = self.reader.read_into(group.offset, group.nbytes, arena.buf, desc.offset,
-                                           beat=self.beat, beat_s=self.ctx.heartbeat_s)
+                st = self.reader.read_into(
+                    group.offset, group.nbytes, arena.buf, desc.offset, beat=self.beat, beat_s=self.ctx.heartbeat_s
+                )
                 span.update(gbps=round(st.gbps, 3), direct=st.direct)
         finally:
             self.trace.counter("loader bytes in flight", {"bytes": 0})
@@ -73,11 +85,19 @@ class LoaderActor(Actor):
         return Loaded(name, st.bytes, st.seconds, st.gbps, st.direct)
 
     def op_stats(self, args, tensors):
-        return {**super().op_stats(args, tensors), "loads": self.loads, "bytes": self.bytes,
-                "seconds": self.seconds, "gbps": self.bytes / self.seconds / 1e9 if self.seconds else 0.0,
-                "direct": self.reader.direct, "fallback_reason": self.reader.fallback_reason,
-                "threads": self.reader.threads, "chunk_bytes": self.reader.chunk_bytes,
-                "max_end": self.max_end, "region": self.region}
+        return {
+            **super().op_stats(args, tensors),
+            "loads": self.loads,
+            "bytes": self.bytes,
+            "seconds": self.seconds,
+            "gbps": self.bytes / self.seconds / 1e9 if self.seconds else 0.0,
+            "direct": self.reader.direct,
+            "fallback_reason": self.reader.fallback_reason,
+            "threads": self.reader.threads,
+            "chunk_bytes": self.reader.chunk_bytes,
+            "max_end": self.max_end,
+            "region": self.region,
+        }
 
     def close(self) -> None:
         self.reader.close()

@@ -8,6 +8,7 @@ A handler may answer with a reply dataclass (REPLIES: `Token`, `Tree`, `AwaitGro
 travels as its fields plus `"reply": <kind>`, and `Reply.value` (actors/wire.py) gives the
 dataclass back. Torch-free: the scheduler imports it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,8 +36,15 @@ def _read(cls, args: dict, what: str):
         return cls(**args)
     unknown = sorted(set(args) - names)
     missing = sorted(required - set(args))
-    why = "; ".join(filter(None, (unknown and f"unknown field(s) {', '.join(unknown)}",
-                                  missing and f"missing field(s) {', '.join(missing)}")))
+    why = "; ".join(
+        filter(
+            None,
+            (
+                unknown and f"unknown field(s) {', '.join(unknown)}",
+                missing and f"missing field(s) {', '.join(missing)}",
+            ),
+        )
+    )
     raise ValueError(f"{what} takes {', '.join(f.name for f in fields(cls)) or 'no fields'}: {why}")
 
 
@@ -44,15 +52,19 @@ def _read(cls, args: dict, what: str):
 def _fields(cls) -> tuple[frozenset, frozenset]:
     """A payload class's field names, and those without a default."""
     fs = fields(cls)
-    return (frozenset(f.name for f in fs),
-            frozenset(f.name for f in fs if f.default is MISSING and f.default_factory is MISSING))
+    return (
+        frozenset(f.name for f in fs),
+        frozenset(f.name for f in fs if f.default is MISSING and f.default_factory is MISSING),
+    )
 
 
 # -- the verifier (actors/verifier.py) ------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Start(Payload):
     """Prefill the prompt (the cache keeps the prefix the last generation shares with it); the first token."""
+
     op = "start"
     prompt_ids: list
     capacity: int
@@ -62,6 +74,7 @@ class Start(Payload):
 @dataclass(frozen=True)
 class Step(Payload):
     """A plain decode step on the root."""
+
     op = "step"
     root: int
 
@@ -70,6 +83,7 @@ class Step(Payload):
 class Verify(Tree, Payload):
     """Verify a token tree (speculative/tree.py `Tree`: what the draft's `build` and `lookup` answer);
     under sampling its trials index the `dists` tensor that travels with it."""
+
     op = "verify"
 
     @classmethod
@@ -83,6 +97,7 @@ class Begin(Payload):
     the payload that job has in resident mode; the verifier answers with what it needs next
     (`AwaitGroup`, `AwaitExperts`) or, at the job's end, its result (`Token`, `Verdict`). `split`
     {"id", "rows", "timeout_s"}: the sparse worker serves this job (actors/executor.py)."""
+
     op = "begin"
     job: str
     args: dict
@@ -99,6 +114,7 @@ class Begin(Payload):
 @dataclass(frozen=True)
 class Layer(Payload):
     """The streamed group the job waits for, in the arena slot `tensors["slot"]`."""
+
     op = "layer"
     group: str
 
@@ -106,6 +122,7 @@ class Layer(Payload):
 @dataclass(frozen=True)
 class Experts(Payload):
     """The experts of MoE layer `layer` the job waits for, each in the arena slot `tensors["e<id>"]`."""
+
     op = "experts"
     layer: int
     experts: list
@@ -116,9 +133,11 @@ Begin.JOBS.update(start=Start, step=Step, verify=Verify)
 
 # -- the draft (actors/draft.py) ------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class DraftStart(Payload):
     """A new prompt and the first generated token; `tree`: this generation's TreeConfig fields."""
+
     op = "start"
     prompt_ids: list
     capacity: int
@@ -130,6 +149,7 @@ class DraftStart(Payload):
 @dataclass(frozen=True)
 class Build(Payload):
     """A tree of at most `budget` tokens (its distributions into `tensors["slot"]` under sampling)."""
+
     op = "build"
     budget: int
 
@@ -137,6 +157,7 @@ class Build(Payload):
 @dataclass(frozen=True)
 class Lookup(Payload):
     """The trie's candidates alone, at most `max_nodes`, no draft forward."""
+
     op = "lookup"
     max_nodes: int
 
@@ -144,6 +165,7 @@ class Lookup(Payload):
 @dataclass(frozen=True)
 class Ahead(Payload):
     """Draft on from the last tree while the target verifies it, at most `steps` forwards."""
+
     op = "ahead"
     steps: int
 
@@ -152,6 +174,7 @@ class Ahead(Payload):
 class Advance(Payload):
     """The verdict: the accepted nodes of the last tree and the committed tokens (`tree` false: a plain
     step, or candidates the draft did not run on)."""
+
     op = "advance"
     path: list
     new: list
@@ -160,26 +183,31 @@ class Advance(Payload):
 
 # -- the loader (actors/loader.py) ----------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Groups(Payload):
     """The store's groups in file order, name -> bytes."""
+
     op = "groups"
 
 
 @dataclass(frozen=True)
 class Load(Payload):
     """Read `group` into the arena slot `tensors["slot"]`."""
+
     op = "load"
     group: str
 
 
 # -- the sparse-attention worker (actors/sparse.py) -----------------------------------------------
 
+
 @dataclass(frozen=True)
 class Serve(Payload):
     """Serve the split of verifier job `job` (actors/executor.py) until the verifier ends it, waiting at
     most `timeout_s` for each of its steps; `rows`: the most rows a forward has. A prompt's first job
     brings the verifier's KV cache (`tensors["kv"]`, `capacity` rows) to map."""
+
     op = "serve"
     job: int
     rows: int
@@ -189,9 +217,11 @@ class Serve(Payload):
 
 # -- replies ---------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Token:
     """A prefill's or a plain step's token; `reused`: prompt tokens the prefill found in the cache."""
+
     token: int
     reused: int = 0
 
@@ -199,6 +229,7 @@ class Token:
 @dataclass(frozen=True)
 class AwaitGroup:
     """A job waits for a streamed store group ("layer.7", "head.0"): answer with `Layer`."""
+
     group: str
 
 
@@ -206,6 +237,7 @@ class AwaitGroup:
 class AwaitExperts:
     """A job waits for the experts of MoE layer `layer` its tokens route to (`guess`: the next layer's likely
     ones, for the buffer to preload): answer with `Experts`."""
+
     layer: int
     experts: list
     guess: list
@@ -214,6 +246,7 @@ class AwaitExperts:
 @dataclass(frozen=True)
 class Advanced:
     """The draft took a verdict: alpha after it, and the lookahead's counts so far this generation."""
+
     alpha: float
     ahead_steps: int
     ahead_reused: int
@@ -222,6 +255,7 @@ class Advanced:
 @dataclass(frozen=True)
 class GroupSizes:
     """The loader's store: group name -> bytes, in file order."""
+
     groups: dict
     file_bytes: int
 
@@ -229,6 +263,7 @@ class GroupSizes:
 @dataclass(frozen=True)
 class Loaded:
     """A group read into its slot: bytes, seconds, GB/s, and whether the read bypassed the page cache."""
+
     group: str
     bytes: int
     seconds: float
@@ -236,9 +271,16 @@ class Loaded:
     direct: bool
 
 
-REPLIES: dict[str, type] = {"token": Token, "verdict": Verdict, "await_group": AwaitGroup,
-                            "await_experts": AwaitExperts, "tree": Tree, "advanced": Advanced,
-                            "group_sizes": GroupSizes, "loaded": Loaded}
+REPLIES: dict[str, type] = {
+    "token": Token,
+    "verdict": Verdict,
+    "await_group": AwaitGroup,
+    "await_experts": AwaitExperts,
+    "tree": Tree,
+    "advanced": Advanced,
+    "group_sizes": GroupSizes,
+    "loaded": Loaded,
+}
 _KINDS = {cls: kind for kind, cls in REPLIES.items()}
 
 

@@ -15,6 +15,7 @@ target in multi-token passes: it maps the target's weight store read-only (the p
 the rows it reads, once for the whole machine), reads the layer's input from the arena and writes
 its columns into the shared output, next to the verifier's.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -55,7 +56,7 @@ class SparseAttnActor(Actor):
         layers = []
         for i in range(store.args.n_layers):
             g = store.groups[f"layer.{i}"]
-            layers.append(layer_from_views(store, i, store.views(g.name, buf[g.offset:g.offset + g.nbytes])))
+            layers.append(layer_from_views(store, i, store.views(g.name, buf[g.offset : g.offset + g.nbytes])))
         return layers
 
     def op_serve(self, args: Serve, tensors):

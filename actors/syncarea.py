@@ -16,6 +16,7 @@ grow, so a stale word (the last job's) never passes for a new one. `ABANDONED` a
 the writer gave up the job. Every wait has a deadline and watches the actor's socket: a STOP, a
 dead partner (the scheduler writes the stop word) or the next job's request ends it with a reason.
 """
+
 from __future__ import annotations
 
 import time
@@ -46,12 +47,14 @@ class SyncArea:
         self.fence = fence
         raw = np.asarray(buf.numpy() if hasattr(buf, "numpy") else np.frombuffer(buf, dtype=np.uint8))
         if raw.nbytes < self.nbytes(rows):
-            raise ValueError(f"the sync area needs {self.nbytes(rows)} bytes for {rows} rows; the slot has {raw.nbytes}")
+            raise ValueError(
+                f"the sync area needs {self.nbytes(rows)} bytes for {rows} rows; the slot has {raw.nbytes}"
+            )
         self.rows = rows
-        self.words = raw[:(HEADER + HEADER_WORDS) * 8].view(np.int64)
+        self.words = raw[: (HEADER + HEADER_WORDS) * 8].view(np.int64)
         self.header = self.words[HEADER:]
-        ints = raw[(HEADER + HEADER_WORDS) * 8:self.nbytes(rows)].view(np.int32)
-        self.nch, self.ptr, self.idx = ints[:rows], ints[rows:2 * rows + 1], ints[2 * rows + 1:]
+        ints = raw[(HEADER + HEADER_WORDS) * 8 : self.nbytes(rows)].view(np.int32)
+        self.nch, self.ptr, self.idx = ints[:rows], ints[rows : 2 * rows + 1], ints[2 * rows + 1 :]
 
     @staticmethod
     def nbytes(rows: int) -> int:
@@ -80,7 +83,9 @@ class SyncArea:
             elif v >> 32 > job:
                 if newer_ends:
                     return False
-                raise Abandoned(f"{clock.partner} moved on to job {v >> 32} while this side waited for {what} of job {job}")
+                raise Abandoned(
+                    f"{clock.partner} moved on to job {v >> 32} while this side waited for {what} of job {job}"
+                )
             if message:  # seen after a last look at the word: the next job's request comes only after this one's end
                 if newer_ends:
                     return False
@@ -94,8 +99,10 @@ class SyncArea:
             if deadline is None:
                 deadline = now + clock.timeout_s
             elif now > deadline:
-                raise TimeoutError(f"{clock.partner} did not finish {what} within {clock.timeout_s:g} s "
-                                   "(raise timeouts.request_s if the machine is that slow)")
+                raise TimeoutError(
+                    f"{clock.partner} did not finish {what} within {clock.timeout_s:g} s "
+                    "(raise timeouts.request_s if the machine is that slow)"
+                )
             message = clock.interrupted()
             if not message:
                 clock.maybe_beat(now)

@@ -5,6 +5,7 @@ actors line up with no translation; the trace sink subtracts the run's t0 and co
 microseconds. A span is recorded when it ends, as one complete (`X`) event; `with` blocks on one
 thread nest, so `X` events nest per thread by construction.
 """
+
 from __future__ import annotations
 
 import threading
@@ -41,9 +42,13 @@ class _Span:
         # at the sender's middle, a sender preempted after sending could start after the end.
         mid = self.t0 + dur // 2
         if self.flow_in is not None:
-            tr.events.append({"ph": "f", "bp": "e", "name": "request", "cat": "flow", "id": self.flow_in, "ts": mid, "tid": tid})
+            tr.events.append(
+                {"ph": "f", "bp": "e", "name": "request", "cat": "flow", "id": self.flow_in, "ts": mid, "tid": tid}
+            )
         if self.flow_out is not None:
-            tr.events.append({"ph": "s", "name": "request", "cat": "flow", "id": self.flow_out, "ts": self.t0, "tid": tid})
+            tr.events.append(
+                {"ph": "s", "name": "request", "cat": "flow", "id": self.flow_out, "ts": self.t0, "tid": tid}
+            )
         return False
 
 
@@ -66,8 +71,14 @@ class Tracer:
         self.events: list[dict] = []
         self._threads: dict[int, str] = {}
 
-    def span(self, name: str, cat: str = "", args: dict | None = None,
-             flow_in: int | None = None, flow_out: int | None = None) -> _Span:
+    def span(
+        self,
+        name: str,
+        cat: str = "",
+        args: dict | None = None,
+        flow_in: int | None = None,
+        flow_out: int | None = None,
+    ) -> _Span:
         """`with tracer.span("layer", cat="verifier", args={...}, flow_in=req.flow_id): ...`"""
         if not self.enabled:
             return _NOOP
@@ -75,12 +86,26 @@ class Tracer:
 
     def counter(self, name: str, values: dict[str, float]) -> None:
         if self.enabled:
-            self.events.append({"ph": "C", "name": name, "ts": time.monotonic_ns(), "args": dict(values),
-                                "tid": threading.get_native_id()})
+            self.events.append(
+                {
+                    "ph": "C",
+                    "name": name,
+                    "ts": time.monotonic_ns(),
+                    "args": dict(values),
+                    "tid": threading.get_native_id(),
+                }
+            )
 
     def instant(self, name: str, cat: str = "", args: dict | None = None) -> None:
         if self.enabled:
-            ev = {"ph": "i", "s": "p", "name": name, "cat": cat, "ts": time.monotonic_ns(), "tid": threading.get_native_id()}
+            ev = {
+                "ph": "i",
+                "s": "p",
+                "name": name,
+                "cat": cat,
+                "ts": time.monotonic_ns(),
+                "tid": threading.get_native_id(),
+            }
             if args:
                 ev["args"] = args
             self.events.append(ev)

@@ -11,6 +11,7 @@ to, `AwaitExperts(7, [...], guess)`, answered by `experts` with their slots in t
 timeout), the split executor (actors/executor.py) plans each forward and meets the worker, which
 serves the same job, in the arena's sync area: no message per layer.
 """
+
 from __future__ import annotations
 
 import torch
@@ -50,10 +51,14 @@ class VerifierActor(Actor):
             else:
                 self.model = load_store(init["store"], init.get("name", "")).model
                 self.weights = self.model.weights
-        worker = init.get("worker")  # {"share": dense share, "columns": column share} given to the sparse worker, or None
+        worker = init.get(
+            "worker"
+        )  # {"share": dense share, "columns": column share} given to the sparse worker, or None
         self.executor = None
         if worker is not None:
-            self.executor = SplitExecutor(self.model, float(worker["share"]), float(worker.get("columns") or 0.0), self.trace)
+            self.executor = SplitExecutor(
+                self.model, float(worker["share"]), float(worker.get("columns") or 0.0), self.trace
+            )
         self.sampling = SamplingConfig(**init["sampling"])
         self.verifier = None
         self.job = None  # job mode: the job under way (a generator) and what it waits for
@@ -98,7 +103,9 @@ class VerifierActor(Actor):
         planner = None
         if args.split is not None:
             sp = args.split
-            clock = Clock("the sparse worker", float(sp["timeout_s"]), self.interrupted, self.beat, self.ctx.heartbeat_s)
+            clock = Clock(
+                "the sparse worker", float(sp["timeout_s"]), self.interrupted, self.beat, self.ctx.heartbeat_s
+            )
             slots = {k: self.tensor(v) for k, v in tensors.items() if k in ("sync", "q", "ch", "x", "xin", "y")}
             self.executor.begin(int(sp["id"]), int(sp["rows"]), slots, clock)
             planner = self.executor.plan
@@ -120,12 +127,22 @@ class VerifierActor(Actor):
     def op_experts(self, args: Experts, tensors):
         """The experts the job waits for, each in a slot of the expert buffer (mapped, not copied)."""
         need = self.need
-        if self.job is None or not isinstance(need, NeedExperts) or list(need.experts) != list(args.experts) or need.layer != args.layer:
-            raise RuntimeError(f"experts {args.experts} of layer {args.layer} arrived but the verifier waits for "
-                               f"{self._waits_for()}")
+        if (
+            self.job is None
+            or not isinstance(need, NeedExperts)
+            or list(need.experts) != list(args.experts)
+            or need.layer != args.layer
+        ):
+            raise RuntimeError(
+                f"experts {args.experts} of layer {args.layer} arrived but the verifier waits for {self._waits_for()}"
+            )
         with self.trace.span(f"compute:experts.{args.layer}", cat="verify", args={"experts": len(args.experts)}):
-            r = self._send({e: self.weights.from_buffer(expert_group(args.layer, e), self.tensor(tensors[f"e{e}"]))
-                            for e in args.experts})
+            r = self._send(
+                {
+                    e: self.weights.from_buffer(expert_group(args.layer, e), self.tensor(tensors[f"e{e}"]))
+                    for e in args.experts
+                }
+            )
         return r if isinstance(r, RESULTS) else self._advance(r)
 
     def _waits_for(self) -> str:

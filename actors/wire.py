@@ -9,6 +9,7 @@ Tensors travel as `TensorDesc` (bytes already in an arena) or, up to `INLINE_MAX
 Real actors add operations through `Request.op` / `Reply.result` (payload and reply dataclasses:
 actors/ops.py), not through new message types.
 """
+
 import typing
 from dataclasses import dataclass, field, fields
 from typing import ClassVar, Union
@@ -75,6 +76,7 @@ class Stop(Msg):
 @dataclass(frozen=True)
 class Dead(Msg):
     """The actor's last word: `reason` completes "the <role> actor ..."."""
+
     TYPE: ClassVar[int] = 6
     role: str
     reason: str
@@ -90,6 +92,7 @@ class TraceBatch(Msg):
 @dataclass(frozen=True)
 class Error(Msg):
     """An answer to a frame that could not be handled; `req_id` when it was a known request."""
+
     TYPE: ClassVar[int] = 8
     req_id: Union[int, None]
     message: str
@@ -122,7 +125,9 @@ class Reply(Msg):
         return read_reply(self.result)
 
 
-TYPES: dict[int, type] = {c.TYPE: c for c in (Hello, Init, Ready, Heartbeat, Stop, Dead, TraceBatch, Error, Request, Reply)}
+TYPES: dict[int, type] = {
+    c.TYPE: c for c in (Hello, Init, Ready, Heartbeat, Stop, Dead, TraceBatch, Error, Request, Reply)
+}
 
 
 def _accepted(hint) -> tuple:
@@ -165,7 +170,9 @@ def encode(msg: Msg) -> list[bytes]:
     try:
         body = msgpack.packb(msg.__dict__, default=_default, use_bin_type=True)  # the fields, in order
     except (TypeError, ValueError, OverflowError) as e:
-        raise WireError(f"cannot encode {cls.__name__}: {e} (send plain dicts, lists, numbers, strings, bytes and tensor descriptors)") from None
+        raise WireError(
+            f"cannot encode {cls.__name__}: {e} (send plain dicts, lists, numbers, strings, bytes and tensor descriptors)"
+        ) from None
     return [_HEAD[cls], body]
 
 
@@ -197,7 +204,9 @@ def decode(frames: list) -> Msg:
             if type(value) is int and float in types:
                 value = float(value)
             else:
-                raise WireError(f"{cls.__name__}.{name} must be {' or '.join(t.__name__ for t in types)}, got {type(value).__name__}")
+                raise WireError(
+                    f"{cls.__name__}.{name} must be {' or '.join(t.__name__ for t in types)}, got {type(value).__name__}"
+                )
         kwargs[name] = value
     if obj:
         raise WireError(f"{cls.__name__} has unknown field(s) {', '.join(map(str, obj))}")

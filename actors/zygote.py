@@ -17,6 +17,7 @@ and its parent-death signal tied to the scheduler, not to this process.
 Forking is only safe before any thread pool exists: nothing here runs a torch op, and each actor
 sets its thread count after the fork.
 """
+
 from __future__ import annotations
 
 import gc

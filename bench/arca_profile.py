@@ -3,6 +3,7 @@ on calibration prompts, (b) each unit's time for the linear and attention work o
 verification widths 1..64 and several context lengths (the verifier alone on every core; or verifier
 and sparse-attention worker on one core each), (c) the draft's time per tree level; `measure` then
 prices every width, tree and partition (speculative/arca.py `choose`)."""
+
 from __future__ import annotations
 
 import os
@@ -37,7 +38,7 @@ def calibrate(target, draft, prompts, n: int, progress, task) -> list[list[int]]
         seq = ids + cont
         cache = draft.model.new_cache(len(seq) + 1)
         logits = draft.model.forward(torch.tensor(seq[:-1]), torch.arange(len(seq) - 1), cache)
-        top = torch.topk(logits[len(ids) - 1:], 4).indices  # the draft's candidates for each continuation token
+        top = torch.topk(logits[len(ids) - 1 :], 4).indices  # the draft's candidates for each continuation token
         ranks.append([next((r for r in range(4) if int(top[t, r]) == tok), 4) for t, tok in enumerate(cont)])
         progress.advance(task)
     return ranks
@@ -62,13 +63,19 @@ def unit_times(lm, widths, threads: int) -> dict:
 
         out[("linear", rows)] = median_time(linear)
         for ctx in CONTEXTS:
-            kc, vc = torch.randn(a.n_kv_heads, ctx + rows, a.head_dim), torch.randn(a.n_kv_heads, ctx + rows, a.head_dim)
+            kc, vc = (
+                torch.randn(a.n_kv_heads, ctx + rows, a.head_dim),
+                torch.randn(a.n_kv_heads, ctx + rows, a.head_dim),
+            )
             q = torch.randn(rows, a.n_heads, a.head_dim)
             vis = Visibility.tree(ctx, [-1] + list(range(rows - 1)))
             c_star = ctx // kernels.CHUNK
             out[("dense", rows, ctx)] = median_time(lambda: kernels.attn_dense(q, kc, vc, 0, c_star, model.scale))
-            out[("sparse", rows, ctx)] = median_time(lambda: kernels.attn_chunks(q, kc, vc, vis.n_shared, vis.ptr, vis.idx,
-                                                                                 c_star * kernels.CHUNK, model.scale))
+            out[("sparse", rows, ctx)] = median_time(
+                lambda: kernels.attn_chunks(
+                    q, kc, vc, vis.n_shared, vis.ptr, vis.idx, c_star * kernels.CHUNK, model.scale
+                )
+            )
     return out
 
 
@@ -125,8 +132,15 @@ def measure(target, draft, prompts, tokens: int, progress) -> dict:
     progress.advance(task)
     ctx = min(CONTEXTS, key=lambda c: abs(c - 512))  # the context the choice is made for
     verify = verify_costs(target, both, one, ctx)
-    return {"ranked": arca.choose(acc, step_s, verify, draft_level), "acceptance": acc, "both": both, "one": one,
-            "step_s": step_s, "draft_level": draft_level, "context": ctx}
+    return {
+        "ranked": arca.choose(acc, step_s, verify, draft_level),
+        "acceptance": acc,
+        "both": both,
+        "one": one,
+        "step_s": step_s,
+        "draft_level": draft_level,
+        "context": ctx,
+    }
 
 
 def verify_costs(target, both: dict, one: dict, ctx: int) -> dict:
@@ -142,6 +156,7 @@ def verify_costs(target, both: dict, one: dict, ctx: int) -> dict:
             mine, theirs = (1 - share) * dense1, sparse1 + share * dense1
             for cols in (0.0, 0.25, 0.5):  # and the last `cols` of every linear's columns to the worker too
                 lin = max(1 - cols, cols) * lin1 + (LINEARS_PER_LAYER * SYNC_S if cols else 0.0)
-                verify[(rows, partition_name(share, cols))] = (L * (lin + max(mine, theirs) + SYNC_S)
-                                                              + SPLIT_RTTS * RTT_S + head_s(target, rows))
+                verify[(rows, partition_name(share, cols))] = (
+                    L * (lin + max(mine, theirs) + SYNC_S) + SPLIT_RTTS * RTT_S + head_s(target, rows)
+                )
     return verify

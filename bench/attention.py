@@ -15,6 +15,7 @@ on the target's attention shape (heads, KV heads, head size):
       (`RTT_S`, measured by `launch runtime-bench`).
 Times are medians of repeated calls, in microseconds per layer.
 """
+
 from __future__ import annotations
 
 import random
@@ -38,7 +39,9 @@ def _median_us(fn, reps: int = 7) -> float:
 
 def random_tree(width: int, rng: random.Random) -> list[int]:
     """Parents of a tree of `width` nodes that leans deep, as draft trees do."""
-    return [-1] + [rng.choice(range(max(0, i - 3), i)) if rng.random() < 0.8 else rng.randrange(-1, i) for i in range(1, width)]
+    return [-1] + [
+        rng.choice(range(max(0, i - 3), i)) if rng.random() < 0.8 else rng.randrange(-1, i) for i in range(1, width)
+    ]
 
 
 def naive_sparse(q, k_cache, v_cache, vis: Visibility, k0: int, scale: float):
@@ -70,6 +73,7 @@ def _with_threads(n: int, fn):
             return fn()
         finally:
             torch.set_num_threads(old)
+
     return run
 
 
@@ -95,10 +99,21 @@ def split_pass(q, kc, vc, vis: Visibility, c_star: int, share: float, scale: flo
 def run(model_args, rtt_s: float, threads: int, seed: int = 0, progress=None) -> list[list[str]]:
     a = model_args
     H, Hkv, D = a.n_heads, a.n_kv_heads, a.head_dim
-    scale = D ** -0.5
+    scale = D**-0.5
     rng = random.Random(seed)
-    table = [["width", "context", "(a) SDPA dense mask", "(a) fused kernel", "(b) naive sparse", "(c) sparse kernel",
-              *[f"(d) split {s}" for s in SHARES], "(d) best +msg", "max |split - fused|"]]
+    table = [
+        [
+            "width",
+            "context",
+            "(a) SDPA dense mask",
+            "(a) fused kernel",
+            "(b) naive sparse",
+            "(c) sparse kernel",
+            *[f"(d) split {s}" for s in SHARES],
+            "(d) best +msg",
+            "max |split - fused|",
+        ]
+    ]
     torch.manual_seed(seed)
     for ctx in CONTEXTS:
         for width in WIDTHS:
@@ -113,15 +128,35 @@ def run(model_args, rtt_s: float, threads: int, seed: int = 0, progress=None) ->
             c_star = ctx // kernels.CHUNK
             all_cores = lambda fn: _with_threads(threads, fn)  # noqa: E731
             one = lambda fn: _with_threads(1, fn)  # noqa: E731
-            sdpa = _median_us(all_cores(lambda: F.scaled_dot_product_attention(q.transpose(0, 1), kr, vr, attn_mask=mask, scale=scale)))
+            sdpa = _median_us(
+                all_cores(
+                    lambda: F.scaled_dot_product_attention(q.transpose(0, 1), kr, vr, attn_mask=mask, scale=scale)
+                )
+            )
             fused = _median_us(all_cores(lambda: kernels.attention(q, kc, vc, vis.n_shared, vis.ptr, vis.idx, scale)))
             naive = _median_us(one(lambda: naive_sparse(q, kc, vc, vis, c_star * kernels.CHUNK, scale)))
-            sparse = _median_us(one(lambda: kernels.attn_chunks(q, kc, vc, vis.n_shared, vis.ptr, vis.idx, c_star * kernels.CHUNK, scale)))
-            splits = [_median_us(_with_threads(threads, lambda s=s: split_pass(q, kc, vc, vis, c_star, s, scale))) for s in SHARES]
+            sparse = _median_us(
+                one(
+                    lambda: kernels.attn_chunks(
+                        q, kc, vc, vis.n_shared, vis.ptr, vis.idx, c_star * kernels.CHUNK, scale
+                    )
+                )
+            )
+            splits = [
+                _median_us(_with_threads(threads, lambda s=s: split_pass(q, kc, vc, vis, c_star, s, scale)))
+                for s in SHARES
+            ]
             ref = kernels.attention(q, kc, vc, vis.n_shared, vis.ptr, vis.idx, scale)
             err = max(float((split_pass(q, kc, vc, vis, c_star, s, scale) - ref).abs().max()) for s in SHARES)
-            table.append([str(width), str(ctx), *[f"{x:.0f}" for x in (sdpa, fused, naive, sparse, *splits)],
-                          f"{min(splits) + 4 * rtt_s * 1e6:.0f}", f"{err:.1e}"])
+            table.append(
+                [
+                    str(width),
+                    str(ctx),
+                    *[f"{x:.0f}" for x in (sdpa, fused, naive, sparse, *splits)],
+                    f"{min(splits) + 4 * rtt_s * 1e6:.0f}",
+                    f"{err:.1e}",
+                ]
+            )
             if progress:
                 progress()
     return table

@@ -4,6 +4,7 @@ Each baseline produces the same JSON rows as our modes (mode names `hf`, `hf-ass
 `hf-prompt-lookup`, `llama.cpp`), generating from the same prompt token ids with greedy decoding.
 Both are optional: a baseline whose package is not installed is skipped with a note.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -18,7 +19,9 @@ HF_MODES = ("hf", "hf-assisted", "hf-prompt-lookup")
 
 def available(name: str) -> bool:
     mod = {"hf": "transformers", "llama.cpp": "llama_cpp"}[name]
-    return importlib.util.find_spec(mod) is not None and (name != "hf" or importlib.util.find_spec("accelerate") is not None)
+    return importlib.util.find_spec(mod) is not None and (
+        name != "hf" or importlib.util.find_spec("accelerate") is not None
+    )
 
 
 class HFBaseline:
@@ -49,14 +52,33 @@ class HFBaseline:
         inp = torch.tensor([ids])
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = self.target.generate(inp, attention_mask=torch.ones_like(inp), max_new_tokens=max_new, do_sample=False,
-                                       eos_token_id=sorted(stop_ids), pad_token_id=sorted(stop_ids)[0], **kwargs)
+            out = self.target.generate(
+                inp,
+                attention_mask=torch.ones_like(inp),
+                max_new_tokens=max_new,
+                do_sample=False,
+                eos_token_id=sorted(stop_ids),
+                pad_token_id=sorted(stop_ids)[0],
+                **kwargs,
+            )
         wall = time.perf_counter() - t0
-        new = out[0, len(ids):].tolist()
-        return make_row(id=prompt.id, kind=prompt.kind, mode=mode, target=self.target_name,
-                        draft=self.draft_name if mode == "hf-assisted" else None, format=f"hf-{self.dtype_name}",
-                        chat=chat, prompt_token_ids=ids, new_token_ids=new, text=decode(new), wall_s=wall, prefill_s=0.0,
-                        peak_rss_bytes=peak_rss_bytes(), stats={})
+        new = out[0, len(ids) :].tolist()
+        return make_row(
+            id=prompt.id,
+            kind=prompt.kind,
+            mode=mode,
+            target=self.target_name,
+            draft=self.draft_name if mode == "hf-assisted" else None,
+            format=f"hf-{self.dtype_name}",
+            chat=chat,
+            prompt_token_ids=ids,
+            new_token_ids=new,
+            text=decode(new),
+            wall_s=wall,
+            prefill_s=0.0,
+            peak_rss_bytes=peak_rss_bytes(),
+            stats={},
+        )
 
 
 class LlamaCppBaseline:
@@ -71,13 +93,17 @@ class LlamaCppBaseline:
         self.name = target
         default_params = llama_cpp.llama_model_default_params
         if not repack:  # llama.cpp's --no-repack: llama-cpp-python has no argument for it, so set the field
+
             def no_repack():
                 params = default_params()
                 params.use_extra_bufts = False
                 return params
+
             llama_cpp.llama_model_default_params = no_repack
         try:
-            self.llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, verbose=False)
+            self.llm = Llama(
+                model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, verbose=False
+            )
         finally:
             llama_cpp.llama_model_default_params = default_params
 
@@ -91,9 +117,22 @@ class LlamaCppBaseline:
             if tok in stop_ids or len(new) >= max_new:
                 break
         wall = time.perf_counter() - t0
-        return make_row(id=prompt.id, kind=prompt.kind, mode="llama.cpp", target=self.name, draft=None,
-                        format="gguf", chat=chat, prompt_token_ids=ids, new_token_ids=new, text=decode(new),
-                        wall_s=wall, prefill_s=0.0, peak_rss_bytes=peak_rss_bytes(), stats={})
+        return make_row(
+            id=prompt.id,
+            kind=prompt.kind,
+            mode="llama.cpp",
+            target=self.name,
+            draft=None,
+            format="gguf",
+            chat=chat,
+            prompt_token_ids=ids,
+            new_token_ids=new,
+            text=decode(new),
+            wall_s=wall,
+            prefill_s=0.0,
+            peak_rss_bytes=peak_rss_bytes(),
+            stats={},
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

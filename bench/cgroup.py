@@ -16,6 +16,7 @@ little about what a run needs. What its processes hold, anonymous plus shared me
 (`held_bytes`, from memory.stat), is sampled beside it: its peak, and each process's share of it
 (PSS, by process name: the actors name themselves `cadence-<role>`) near that peak.
 """
+
 from __future__ import annotations
 
 import os
@@ -63,8 +64,9 @@ def detect(root: str | os.PathLike = "/") -> CgroupInfo:
     missing otherwise. `root` stands in for / in tests (a fake /proc and /sys tree)."""
     root = Path(root)
     if os.geteuid() != 0:
-        raise CadenceError(f"--cgroup needs root to create a memory cgroup (running as uid {os.geteuid()}); "
-                           f"rerun as root or {_AGAIN}")
+        raise CadenceError(
+            f"--cgroup needs root to create a memory cgroup (running as uid {os.geteuid()}); rerun as root or {_AGAIN}"
+        )
     own = {}  # controller set -> path; v2's line has an empty controller list
     for line in (root / "proc/self/cgroup").read_text().splitlines():
         _, ctrl, path = line.split(":", 2)
@@ -86,13 +88,17 @@ def detect(root: str | os.PathLike = "/") -> CgroupInfo:
                     info = cand
                 break
     if info is None:
-        raise CadenceError("no memory cgroup controller is available to this process (neither a cgroup v1 'memory' "
-                           "hierarchy nor 'memory' in the cgroup v2 cgroup.controllers); enable the memory "
-                           f"controller (or delegate it to this cgroup) or {_AGAIN}")
+        raise CadenceError(
+            "no memory cgroup controller is available to this process (neither a cgroup v1 'memory' "
+            "hierarchy nor 'memory' in the cgroup v2 cgroup.controllers); enable the memory "
+            f"controller (or delegate it to this cgroup) or {_AGAIN}"
+        )
     d = info.own_dir
     if not d.is_dir() or not os.access(d, os.W_OK):
-        raise CadenceError(f"cannot create a cgroup in {d} (cgroup v{info.version}): it is missing or not writable "
-                           f"(read-only cgroupfs in a container?); mount it read-write or {_AGAIN}")
+        raise CadenceError(
+            f"cannot create a cgroup in {d} (cgroup v{info.version}): it is missing or not writable "
+            f"(read-only cgroupfs in a container?); mount it read-write or {_AGAIN}"
+        )
     return info
 
 
@@ -118,8 +124,9 @@ def _write(path: Path, value) -> None:
 class MemoryCgroup:
     """A child memory cgroup with a limit, removed on exit. Pass `info` to skip detection."""
 
-    def __init__(self, limit_bytes: int, name: str | None = None, info: CgroupInfo | None = None,
-                 sample_s: float = 0.02):
+    def __init__(
+        self, limit_bytes: int, name: str | None = None, info: CgroupInfo | None = None, sample_s: float = 0.02
+    ):
         if type(limit_bytes) is not int or limit_bytes <= 0:
             raise ValueError(f"limit_bytes must be an int > 0, got {limit_bytes!r}")
         self.limit = limit_bytes
@@ -173,7 +180,8 @@ class MemoryCgroup:
             raise CadenceError(
                 f"cannot enable the memory controller for children of {parent} ({e.strerror}); cgroup v2 refuses "
                 f"it in a cgroup that holds processes itself: start cadence in a leaf cgroup whose parent "
-                f"delegates memory (e.g. systemd-run --scope -p Delegate=yes) or {_AGAIN}") from None
+                f"delegates memory (e.g. systemd-run --scope -p Delegate=yes) or {_AGAIN}"
+            ) from None
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -291,8 +299,10 @@ class MemoryCgroup:
                 return
             except OSError as e:
                 if time.monotonic() > deadline:
-                    raise CadenceError(f"could not remove the cgroup {self.dir} ({e.strerror}); "
-                                       f"remove it by hand with rmdir once its processes have exited") from None
+                    raise CadenceError(
+                        f"could not remove the cgroup {self.dir} ({e.strerror}); "
+                        f"remove it by hand with rmdir once its processes have exited"
+                    ) from None
                 time.sleep(0.02)
 
 
@@ -312,9 +322,16 @@ class CgroupRun:
     held_by_process: dict = None  # process name -> its share (PSS) of that, near the peak
 
 
-def run_in_cgroup(argv: list[str], limit_bytes: int, evict=(), env: dict | None = None,
-                  timeout: float | None = None, cwd=None, capture: bool = True,
-                  info: CgroupInfo | None = None) -> CgroupRun:
+def run_in_cgroup(
+    argv: list[str],
+    limit_bytes: int,
+    evict=(),
+    env: dict | None = None,
+    timeout: float | None = None,
+    cwd=None,
+    capture: bool = True,
+    info: CgroupInfo | None = None,
+) -> CgroupRun:
     """Run `argv` inside a new memory cgroup of `limit_bytes`: evict the `evict` files' page
     cache, start the child already inside (it joins before exec, so nothing runs outside the limit),
     wait, and report its peak. Whatever is left in the cgroup at the end is killed."""
@@ -326,8 +343,15 @@ def run_in_cgroup(argv: list[str], limit_bytes: int, evict=(), env: dict | None 
         pipe = subprocess.PIPE if capture else None
         t0 = time.monotonic()
         try:
-            proc = subprocess.Popen(argv, stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-                                    preexec_fn=lambda: os.write(fd, str(os.getpid()).encode()))
+            proc = subprocess.Popen(
+                argv,
+                stdout=pipe,
+                stderr=pipe,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=cwd,
+                preexec_fn=lambda: os.write(fd, str(os.getpid()).encode()),
+            )
         except subprocess.SubprocessError as e:
             raise CadenceError(f"could not start {argv[0]} inside the cgroup {cg.dir}: {e}") from None
         finally:
@@ -346,5 +370,17 @@ def run_in_cgroup(argv: list[str], limit_bytes: int, evict=(), env: dict | None 
         wall = time.monotonic() - t0
         cg.kill_all()  # what the command left running (its own children)
         text = (lambda b: b.decode(errors="replace")) if capture else (lambda b: None)
-        return CgroupRun(proc.returncode, cg.peak_bytes(), cg.oom_kills() > 0, text(out), text(err), wall,
-                         limit_bytes, evicted, still, timed_out, cg.peak_held, dict(cg.held_by_process))
+        return CgroupRun(
+            proc.returncode,
+            cg.peak_bytes(),
+            cg.oom_kills() > 0,
+            text(out),
+            text(err),
+            wall,
+            limit_bytes,
+            evicted,
+            still,
+            timed_out,
+            cg.peak_held,
+            dict(cg.held_by_process),
+        )

@@ -7,6 +7,7 @@ per budget, say) go into one page with
 
 The page is self-contained (inline SVG and CSS, no script, no network): any browser opens it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,11 @@ MiB = 1 << 20
 def _label(row: dict) -> str:
     if row["mode"] == "tree" and row.get("draft") is None and row.get("memory_budget_bytes"):
         return "tree (no draft)"
-    return row["mode"] if row["mode"] in ("llama.cpp",) or row.get("format") == "int4" else f"{row['mode']} {row['format']}"
+    return (
+        row["mode"]
+        if row["mode"] in ("llama.cpp",) or row.get("format") == "int4"
+        else f"{row['mode']} {row['format']}"
+    )
 
 
 def _budget(row: dict) -> str:
@@ -42,39 +47,55 @@ def chart_svg(rows: list[dict], title: str) -> str:
     """Grouped bars: one group per run, one bar per prompt kind and one for all of them."""
     kinds = list(dict.fromkeys(r["kind"] for r in rows)) + ["all"]
     runs = list(dict.fromkeys(_label(r) for r in rows))
-    rate = {(run, k): _rate([r for r in rows if _label(r) == run and (k == "all" or r["kind"] == k)]) for run in runs for k in kinds}
+    rate = {
+        (run, k): _rate([r for r in rows if _label(r) == run and (k == "all" or r["kind"] == k)])
+        for run in runs
+        for k in kinds
+    }
     top = max(rate.values(), default=1.0) or 1.0
     bar, gap, left, h, base = 18, 26, 56, 260, 300
     width = left + len(runs) * (len(kinds) * bar + gap) + 20
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{base + 70}" role="img" aria-label="{html.escape(title)}">',
-           f'<text x="{left}" y="20" class="title">{html.escape(title)}</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{base + 70}" role="img" aria-label="{html.escape(title)}">',
+        f'<text x="{left}" y="20" class="title">{html.escape(title)}</text>',
+    ]
     for i in range(5):  # the value axis: 4 gridlines
         v = top * i / 4
         y = base - h * i / 4
-        out.append(f'<line x1="{left - 4}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
-                   f'<text x="{left - 8}" y="{y + 4:.1f}" class="axis" text-anchor="end">{v:.1f}</text>')
+        out.append(
+            f'<line x1="{left - 4}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+            f'<text x="{left - 8}" y="{y + 4:.1f}" class="axis" text-anchor="end">{v:.1f}</text>'
+        )
     x = left + gap / 2
     for run in runs:
         for j, k in enumerate(kinds):
             v = rate[(run, k)]
             bh = h * v / top
             cls = "bar all" if k == "all" else "bar"
-            out.append(f'<rect x="{x:.1f}" y="{base - bh:.1f}" width="{bar - 2}" height="{bh:.1f}" fill="{COLORS[j % len(COLORS)]}" '
-                       f'class="{cls}" data-run="{html.escape(run)}" data-kind="{k}" data-value="{v:.3f}">'
-                       f'<title>{html.escape(run)}, {k}: {v:.2f} tok/s</title></rect>')
+            out.append(
+                f'<rect x="{x:.1f}" y="{base - bh:.1f}" width="{bar - 2}" height="{bh:.1f}" fill="{COLORS[j % len(COLORS)]}" '
+                f'class="{cls}" data-run="{html.escape(run)}" data-kind="{k}" data-value="{v:.3f}">'
+                f"<title>{html.escape(run)}, {k}: {v:.2f} tok/s</title></rect>"
+            )
             if k == "all":
-                out.append(f'<text x="{x + bar / 2:.1f}" y="{base - bh - 4:.1f}" class="value" text-anchor="middle">{v:.2f}</text>')
+                out.append(
+                    f'<text x="{x + bar / 2:.1f}" y="{base - bh - 4:.1f}" class="value" text-anchor="middle">{v:.2f}</text>'
+                )
             x += bar
         cx = x - len(kinds) * bar / 2
         out.append(f'<text x="{cx:.1f}" y="{base + 18}" class="run" text-anchor="middle">{html.escape(run)}</text>')
         x += gap
     lx = left
     for j, k in enumerate(kinds):
-        out.append(f'<rect x="{lx}" y="{base + 38}" width="12" height="12" fill="{COLORS[j % len(COLORS)]}"/>'
-                   f'<text x="{lx + 16}" y="{base + 48}" class="legend">{html.escape(k)}</text>')
+        out.append(
+            f'<rect x="{lx}" y="{base + 38}" width="12" height="12" fill="{COLORS[j % len(COLORS)]}"/>'
+            f'<text x="{lx + 16}" y="{base + 48}" class="legend">{html.escape(k)}</text>'
+        )
         lx += 16 + 8 * len(k) + 18
-    out.append(f'<text x="14" y="{base - h / 2:.0f}" class="axis" transform="rotate(-90 14 {base - h / 2:.0f})" '
-               f'text-anchor="middle">tokens/s</text></svg>')
+    out.append(
+        f'<text x="14" y="{base - h / 2:.0f}" class="axis" transform="rotate(-90 14 {base - h / 2:.0f})" '
+        f'text-anchor="middle">tokens/s</text></svg>'
+    )
     return "\n".join(out)
 
 

@@ -6,6 +6,7 @@ buffer, after evicting FILE from the page cache, so every byte comes from the di
 after each chunk); "buffered" is a plain cold read through the page cache with readahead (1 MiB
 reads, one thread), the usual way a file gets read. Keep it short on a shared machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,7 @@ def plain_read(path: str, dest: mmap.mmap, nbytes: int) -> float:
     with open(path, "rb", buffering=0) as f:
         got = 0
         while got < nbytes:
-            n = f.readinto(mv[got:min(got + MiB, nbytes)])
+            n = f.readinto(mv[got : min(got + MiB, nbytes)])
             if not n:
                 break
             got += n
@@ -65,14 +66,22 @@ def main(argv=None) -> int:
                 evict_page_cache([a.file])
                 with DirectReader(a.file, threads=t, chunk_bytes=c, direct=mode == "direct") as r:
                     st = r.read_into(0, nbytes, dest)
-                rows.append({"mode": "direct" if mode == "direct" else "buffered+drop", "threads": t, "chunk": c,
-                             "gbps": round(st.gbps, 3)})
+                rows.append(
+                    {
+                        "mode": "direct" if mode == "direct" else "buffered+drop",
+                        "threads": t,
+                        "chunk": c,
+                        "gbps": round(st.gbps, 3),
+                    }
+                )
                 print(f"{rows[-1]['mode']:>14} threads {t} chunk {_label(c):>7}: {st.gbps:.2f} GB/s", file=sys.stderr)
     evict_page_cache([a.file])
     rows.append({"mode": "buffered", "threads": 1, "chunk": MiB, "gbps": round(plain_read(a.file, dest, nbytes), 3)})
     evict_page_cache([a.file])
-    print(f"{'buffered':>14} threads 1 chunk   1 MiB: {rows[-1]['gbps']:.2f} GB/s (readahead, cache kept, then evicted)",
-          file=sys.stderr)
+    print(
+        f"{'buffered':>14} threads 1 chunk   1 MiB: {rows[-1]['gbps']:.2f} GB/s (readahead, cache kept, then evicted)",
+        file=sys.stderr,
+    )
     print(f"\nread {nbytes / MiB:.0f} MiB of {a.file} per cell, GB/s (1e9 B/s)\n")
     for mode in [m for m in ("direct", "buffered+drop") if any(r["mode"] == m for r in rows)]:
         print(f"| {mode} | " + " | ".join(_label(c) for c in chunks) + " |")

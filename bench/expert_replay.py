@@ -9,6 +9,7 @@ wrote from calibration prompts (not these).
 
     python -m bench.expert_replay --target MODEL --prompts P.jsonl --tokens 32 --capacities 64,128,256
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,19 +31,26 @@ def record(model, prompts: list[list[int]], n_new: int) -> tuple[list, list]:
         for routes in routed_forwards(model, ids, n_new):
             for r in range(len(routes[0][0])):
                 trace.append([routes[i][0][r].tolist() for i in range(n)])
-                guesses.append([[]] + [list(model.guess(i, routes[i][2][r:r + 1])) for i in range(n - 1)])
+                guesses.append([[]] + [list(model.guess(i, routes[i][2][r : r + 1])) for i in range(n - 1)])
     return trace, guesses
 
 
-def replay(trace, guesses, profile: PathStats, n_layers: int, n_experts: int, capacities: list[int], k: int) -> list[list[str]]:
-    rows = [["buffer (experts)", "lru", "edgemoe", "lru + paths", "edgemoe + paths", "lru + router", "edgemoe + router"]]
+def replay(
+    trace, guesses, profile: PathStats, n_layers: int, n_experts: int, capacities: list[int], k: int
+) -> list[list[str]]:
+    rows = [
+        ["buffer (experts)", "lru", "edgemoe", "lru + paths", "edgemoe + paths", "lru + router", "edgemoe + router"]
+    ]
     ahead = [[g[:k] for g in per] for per in guesses]
     for c in capacities:
-        runs = [simulate(trace, c, LRU()), simulate(trace, c, EdgeMoEEviction(n_layers, n_experts, profile.frequency())),
-                simulate(trace, c, LRU(), preload=profile, preload_k=k),
-                simulate(trace, c, EdgeMoEEviction(n_layers, n_experts, profile.frequency()), preload=profile, preload_k=k),
-                simulate(trace, c, LRU(), lookahead=ahead),
-                simulate(trace, c, EdgeMoEEviction(n_layers, n_experts, profile.frequency()), lookahead=ahead)]
+        runs = [
+            simulate(trace, c, LRU()),
+            simulate(trace, c, EdgeMoEEviction(n_layers, n_experts, profile.frequency())),
+            simulate(trace, c, LRU(), preload=profile, preload_k=k),
+            simulate(trace, c, EdgeMoEEviction(n_layers, n_experts, profile.frequency()), preload=profile, preload_k=k),
+            simulate(trace, c, LRU(), lookahead=ahead),
+            simulate(trace, c, EdgeMoEEviction(n_layers, n_experts, profile.frequency()), lookahead=ahead),
+        ]
         rows.append([str(c), *[f"{r.hit_rate:.3f} ({(r.misses + r.preloaded) / len(trace):.1f})" for r in runs]])
     return rows
 
@@ -66,9 +74,19 @@ def main(argv=None) -> int:
     profile = PathStats.load(st.dir / PATHS_FILE)
     ids = [lm.tokenizer.encode(q.text) for q in load_prompts(a.prompts)]
     trace, guesses = record(lm.model, ids, a.tokens)
-    table = replay(trace, guesses, profile, st.args.n_layers, st.args.n_experts, [int(c) for c in a.capacities.split(",")], a.preload_k)
-    print(f"{len(trace)} tokens, {st.args.n_layers} layers x {st.args.n_experts} experts, top-{st.args.n_experts_used}; "
-          "hit rate (expert reads per token)")
+    table = replay(
+        trace,
+        guesses,
+        profile,
+        st.args.n_layers,
+        st.args.n_experts,
+        [int(c) for c in a.capacities.split(",")],
+        a.preload_k,
+    )
+    print(
+        f"{len(trace)} tokens, {st.args.n_layers} layers x {st.args.n_experts} experts, top-{st.args.n_experts_used}; "
+        "hit rate (expert reads per token)"
+    )
     for row in table:
         print("| " + " | ".join(row) + " |")
     if a.json:

@@ -16,6 +16,7 @@ Modes: std, stdpl, chain, tree, and `nodraft` (tree with `--draft none`: the n-g
 A mixture of experts runs each mode once per `--experts` variant (EVICTION+PRELOAD, e.g. none+none
 for loading experts on demand, lru+router, edgemoe+paths), labelled `stdpl/lru+router`.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,18 +61,31 @@ def expert_variants(text: str | None) -> list[tuple[str, ...]]:
     out = []
     for v in text.split(","):
         parts = tuple(v.strip().split("+"))
-        if len(parts) not in (2, 3) or parts[0] not in ("none", "lru", "edgemoe") or parts[1] not in ("none", "paths", "router") \
-                or parts[2:] not in ((), ("bits",)):
-            raise CadenceError(f"--experts {v.strip()!r} is not EVICTION+PRELOAD[+bits] (eviction lru, edgemoe or none; "
-                               "preload none, paths or router), e.g. lru+router")
+        if (
+            len(parts) not in (2, 3)
+            or parts[0] not in ("none", "lru", "edgemoe")
+            or parts[1] not in ("none", "paths", "router")
+            or parts[2:] not in ((), ("bits",))
+        ):
+            raise CadenceError(
+                f"--experts {v.strip()!r} is not EVICTION+PRELOAD[+bits] (eviction lru, edgemoe or none; "
+                "preload none, paths or router), e.g. lru+router"
+            )
         out.append(parts)
     return out
 
 
 def _prompt_file(prompts: list[Prompt], d: Path) -> Path:
     path = d / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"id": p.id, "kind": p.kind, "prompt": p.text, **({"chat": p.chat} if p.chat is not None else {})})
-                            + "\n" for p in prompts))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"id": p.id, "kind": p.kind, "prompt": p.text, **({"chat": p.chat} if p.chat is not None else {})}
+            )
+            + "\n"
+            for p in prompts
+        )
+    )
     return path
 
 
@@ -95,28 +109,68 @@ def _budgets(cfg: RunConfig, c: CgroupOptions, r) -> tuple[int, int, Path]:
     from models.convert import resolve as source
     from common.units import parse_bytes
 
-    budget = memory_plan(r.cfg, r.target, r.draft).budget if cfg.memory_budget == "auto" else parse_bytes(cfg.memory_budget)
+    budget = (
+        memory_plan(r.cfg, r.target, r.draft).budget if cfg.memory_budget == "auto" else parse_bytes(cfg.memory_budget)
+    )
     gguf = source(cfg.target)[1]
-    base = gguf.stat().st_size // 2 if c.baseline_budget == "half-gguf" else \
-        parse_bytes(c.baseline_budget) if c.baseline_budget else budget
+    base = (
+        gguf.stat().st_size // 2
+        if c.baseline_budget == "half-gguf"
+        else parse_bytes(c.baseline_budget)
+        if c.baseline_budget
+        else budget
+    )
     return budget, base, gguf
 
 
 def _todo(cfg: RunConfig, r, prompts_file: Path, opts, c: CgroupOptions, budget: int, base: int, gguf: Path) -> list:
     """Every run: (name, argv, the files to evict from the page cache first, its limit)."""
-    files = [f for d in {r.target.dir, *([r.draft.dir] if r.draft else [])} for f in sorted(Path(d).iterdir()) if f.is_file()]
+    files = [
+        f for d in {r.target.dir, *([r.draft.dir] if r.draft else [])} for f in sorted(Path(d).iterdir()) if f.is_file()
+    ]
     bits = [f for f in sorted(Path(c.bits_target).iterdir()) if f.is_file()] if c.bits_target else []
     variants = expert_variants(c.experts) if r.target.args.moe else [None]
     if any(v and v[2:] for v in variants) and not c.bits_target:
-        raise CadenceError("an --experts variant with +bits needs --bits-target: the weight store `launch models "
-                           "expert-bits` wrote")
-    todo = [(m if v is None else f"{m}/{'+'.join(v)}",
-             [*_run_argv(r.cfg, m, budget, v, c), "--prompts", str(prompts_file)],
-             files + (bits if v and v[2:] else []), budget) for m in opts.modes for v in variants]
-    todo += [(b, [sys.executable, "-m", "bench.baselines", "--target", cfg.target, "--dtype", cfg.dtype,
-                  "--prompts", str(prompts_file), "--max-new-tokens", str(cfg.max_new_tokens),
-                  "--threads", str(cfg.threads), "--chat", cfg.chat, *([] if opts.repack else ["--no-repack"])],
-              [gguf], base) for b in opts.baselines if b == "llama.cpp"]
+        raise CadenceError(
+            "an --experts variant with +bits needs --bits-target: the weight store `launch models expert-bits` wrote"
+        )
+    todo = [
+        (
+            m if v is None else f"{m}/{'+'.join(v)}",
+            [*_run_argv(r.cfg, m, budget, v, c), "--prompts", str(prompts_file)],
+            files + (bits if v and v[2:] else []),
+            budget,
+        )
+        for m in opts.modes
+        for v in variants
+    ]
+    todo += [
+        (
+            b,
+            [
+                sys.executable,
+                "-m",
+                "bench.baselines",
+                "--target",
+                cfg.target,
+                "--dtype",
+                cfg.dtype,
+                "--prompts",
+                str(prompts_file),
+                "--max-new-tokens",
+                str(cfg.max_new_tokens),
+                "--threads",
+                str(cfg.threads),
+                "--chat",
+                cfg.chat,
+                *([] if opts.repack else ["--no-repack"]),
+            ],
+            [gguf],
+            base,
+        )
+        for b in opts.baselines
+        if b == "llama.cpp"
+    ]
     return todo
 
 
@@ -129,11 +183,17 @@ def bench_cgroup(cfg: RunConfig, prompts: list[Prompt], opts, c: CgroupOptions):
     r = resolve(cfg.with_mode("tree"), prompts)  # the draft `auto` picks and the context, as each run resolves them
     r.tokenizer.release_encoder()  # as each run's scheduler does before its plan measures it
     budget, base, gguf = _budgets(cfg, c, r)
-    print(f"cgroup bench: {budget / MiB:.0f} MiB for every mode; target store {r.target.path.stat().st_size / MiB:.0f} "
-          f"MiB, GGUF {gguf.stat().st_size / MiB:.0f} MiB", file=sys.stderr, flush=True)
+    print(
+        f"cgroup bench: {budget / MiB:.0f} MiB for every mode; target store {r.target.path.stat().st_size / MiB:.0f} "
+        f"MiB, GGUF {gguf.stat().st_size / MiB:.0f} MiB",
+        file=sys.stderr,
+        flush=True,
+    )
     rows, runs = [], []
     with tempfile.TemporaryDirectory(prefix="cadence-cgroup-bench-") as tmp:
-        for name, run_argv, evict, limit in _todo(cfg, r, _prompt_file(prompts, Path(tmp)), opts, c, budget, base, gguf):
+        for name, run_argv, evict, limit in _todo(
+            cfg, r, _prompt_file(prompts, Path(tmp)), opts, c, budget, base, gguf
+        ):
             out = Path(tmp) / f"{name.replace('/', '_')}.json"
             print(f"cgroup bench: {name} under {limit / MiB:.0f} MiB", file=sys.stderr, flush=True)
             run = run_in_cgroup([*run_argv, "--json", str(out)], limit, evict=evict, capture=True)
@@ -148,12 +208,20 @@ def _rows_of(name: str, run, limit: int, out: Path) -> list[dict]:
     if run.returncode != 0:
         why = "killed by the cgroup's OOM killer" if run.oom_killed else f"exit code {run.returncode}"
         tail = (run.stderr or "").strip().splitlines()[-3:]
-        print(f"cgroup bench: {name} failed under the limit ({why}); {len(rows)} rows kept\n  " + "\n  ".join(tail),
-              file=sys.stderr, flush=True)
+        print(
+            f"cgroup bench: {name} failed under the limit ({why}); {len(rows)} rows kept\n  " + "\n  ".join(tail),
+            file=sys.stderr,
+            flush=True,
+        )
     for r in rows:
-        r.update(run=name, memory_budget_bytes=limit, peak_memory_bytes=run.peak_bytes, peak_held_bytes=run.peak_held_bytes)
-        print(f"  {r['id']:<14} {label(r):<9} {len(r['new_token_ids']):>4} tokens {r['tokens_per_s']:>7.2f} tok/s",
-              file=sys.stderr, flush=True)
+        r.update(
+            run=name, memory_budget_bytes=limit, peak_memory_bytes=run.peak_bytes, peak_held_bytes=run.peak_held_bytes
+        )
+        print(
+            f"  {r['id']:<14} {label(r):<9} {len(r['new_token_ids']):>4} tokens {r['tokens_per_s']:>7.2f} tok/s",
+            file=sys.stderr,
+            flush=True,
+        )
     return rows
 
 
@@ -177,8 +245,11 @@ def _rate(rs: list[dict]) -> float:
 
 def tables(rows: list[dict], runs: list) -> dict:
     names = list(dict.fromkeys(label(r) for r in rows))
-    out = {"tokens/s under the limit": speed_table(rows, names), "streaming": stream_table(rows, names),
-           "memory": memory_table(rows, runs)}
+    out = {
+        "tokens/s under the limit": speed_table(rows, names),
+        "streaming": stream_table(rows, names),
+        "memory": memory_table(rows, runs),
+    }
     experts = experts_table(rows, names)
     if len(experts) > 1:
         out["experts"] = experts
@@ -187,8 +258,11 @@ def tables(rows: list[dict], runs: list) -> dict:
 
 def speed_table(rows: list[dict], names: list[str]) -> list[list]:
     kinds = list(dict.fromkeys(r["kind"] for r in rows))
-    rate = {(n, k): _rate([r for r in rows if label(r) == n and (k == "all" or r["kind"] == k)])
-            for n in names for k in [*kinds, "all"]}
+    rate = {
+        (n, k): _rate([r for r in rows if label(r) == n and (k == "all" or r["kind"] == k)])
+        for n in names
+        for k in [*kinds, "all"]
+    }
     first = next((n for n in names if n != "llama.cpp"), "stdpl")
     ref = "stdpl" if "stdpl" in names else first  # a mixture of experts: its first variant (on demand, where it ran)
     out = [["run", *kinds, "all", f"/ {ref}", "/ llama.cpp", "accepted / verification"]]
@@ -200,8 +274,16 @@ def speed_table(rows: list[dict], names: list[str]) -> list[list]:
         def ratio(to: str) -> str:
             return f"{rate[(n, 'all')] / rate[(to, 'all')]:.2f}x" if rate.get((to, "all")) else "-"
 
-        out.append([n, *[f"{rate[(n, k)]:.2f}" for k in kinds], f"{rate[(n, 'all')]:.2f}", ratio(ref), ratio("llama.cpp"),
-                    f"{acc / ver:.2f}" if ver else ""])
+        out.append(
+            [
+                n,
+                *[f"{rate[(n, k)]:.2f}" for k in kinds],
+                f"{rate[(n, 'all')]:.2f}",
+                ratio(ref),
+                ratio("llama.cpp"),
+                f"{acc / ver:.2f}" if ver else "",
+            ]
+        )
     return out
 
 
@@ -212,36 +294,89 @@ def stream_table(rows: list[dict], names: list[str]) -> list[list]:
         wall, toks = sum(r["wall_s"] for r in rs), sum(len(r["new_token_ids"]) for r in rs)
         byt, rd, wait = (sum(r["stats"].get(k, 0) for r in rs) for k in ("bytes_read", "read_s", "io_wait_s"))
         if rd:
-            out.append([n, f"{byt / rd / 1e9:.2f}", f"{100 * rd / wall:.0f}", f"{100 * wait / wall:.0f}",
-                        f"{byt / toks / 1e6:.0f}"])
+            out.append(
+                [
+                    n,
+                    f"{byt / rd / 1e9:.2f}",
+                    f"{100 * rd / wall:.0f}",
+                    f"{100 * wait / wall:.0f}",
+                    f"{byt / toks / 1e6:.0f}",
+                ]
+            )
     return out
 
 
 def memory_table(rows: list[dict], runs: list) -> list[list]:
-    out = [["run", "limit MiB", "cgroup peak MiB", "held peak MiB (anon + shmem)", "plan held MiB", "OOM kill", "exit",
-            "held by process near the peak (MiB)"]]
+    out = [
+        [
+            "run",
+            "limit MiB",
+            "cgroup peak MiB",
+            "held peak MiB (anon + shmem)",
+            "plan held MiB",
+            "OOM kill",
+            "exit",
+            "held by process near the peak (MiB)",
+        ]
+    ]
     for name, run, limit in runs:
         plan = next((r.get("memory_plan", {}).get("held_bytes") for r in rows if label(r) == name), None)
         held = sorted((run.held_by_process or {}).items(), key=lambda x: -x[1])
         procs = ", ".join(f"{p.removeprefix('cad-')} {b / MiB:.0f}" for p, b in held)
-        out.append([name, f"{limit / MiB:.0f}", f"{run.peak_bytes / MiB:.0f}", f"{run.peak_held_bytes / MiB:.0f}",
-                    f"{plan / MiB:.0f}" if plan else "-", "yes" if run.oom_killed else "no", str(run.returncode), procs])
+        out.append(
+            [
+                name,
+                f"{limit / MiB:.0f}",
+                f"{run.peak_bytes / MiB:.0f}",
+                f"{run.peak_held_bytes / MiB:.0f}",
+                f"{plan / MiB:.0f}" if plan else "-",
+                "yes" if run.oom_killed else "no",
+                str(run.returncode),
+                procs,
+            ]
+        )
     return out
 
 
 def experts_table(rows: list[dict], names: list[str]) -> list[list]:
-    out = [["run", "hit rate", "preloads", "of them used", "expert reads / token", "expert MB read / token",
-            "waits on experts % of wall"]]
+    out = [
+        [
+            "run",
+            "hit rate",
+            "preloads",
+            "of them used",
+            "expert reads / token",
+            "expert MB read / token",
+            "waits on experts % of wall",
+        ]
+    ]
     for n in names:
         rs = [r for r in rows if label(r) == n and "expert_requests" in r["stats"]]
         if not rs:
             continue
-        g = {k: sum(r["stats"].get(k, 0) for r in rs) for k in ("expert_hits", "expert_misses", "expert_preloads",
-                                                                "expert_preload_hits", "expert_reads",
-                                                                "expert_bytes_read", "expert_wait_s")}
+        g = {
+            k: sum(r["stats"].get(k, 0) for r in rs)
+            for k in (
+                "expert_hits",
+                "expert_misses",
+                "expert_preloads",
+                "expert_preload_hits",
+                "expert_reads",
+                "expert_bytes_read",
+                "expert_wait_s",
+            )
+        }
         toks, wall = sum(len(r["new_token_ids"]) for r in rs), sum(r["wall_s"] for r in rs)
         asked = g["expert_hits"] + g["expert_misses"]
-        out.append([n, f"{g['expert_hits'] / asked:.3f}" if asked else "-", str(g["expert_preloads"]),
-                    str(g["expert_preload_hits"]), f"{g['expert_reads'] / toks:.1f}",
-                    f"{g['expert_bytes_read'] / toks / 1e6:.0f}", f"{100 * g['expert_wait_s'] / wall:.0f}"])
+        out.append(
+            [
+                n,
+                f"{g['expert_hits'] / asked:.3f}" if asked else "-",
+                str(g["expert_preloads"]),
+                str(g["expert_preload_hits"]),
+                f"{g['expert_reads'] / toks:.1f}",
+                f"{g['expert_bytes_read'] / toks / 1e6:.0f}",
+                f"{100 * g['expert_wait_s'] / wall:.0f}",
+            ]
+        )
     return out

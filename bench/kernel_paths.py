@@ -10,6 +10,7 @@ which a pass reads the weights.
     python -m bench.kernel_paths --model qwen2.5-coder-1.5b --fmt int4 \\
         --old-checkout /tmp/cadence-main --old-home /work/home-old
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,14 @@ class Arm:
     def __init__(self, label: str, model: str, fmt: str, context: int, env: dict, cwd: str | None = None):
         self.label = label
         # cwd: `python -c` puts the working directory first on the import path
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, model, fmt, str(context)], env=env, cwd=cwd, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER, model, fmt, str(context)],
+            env=env,
+            cwd=cwd,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         ready = self.proc.stdout.readline().split()
         if not ready or ready[0] != "ready":
             raise SystemExit(f"arm {label} did not start")
@@ -129,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(QUIET_S)
             rates.append(memory_read_rate(threads))  # the machine's rate drifts (a shared host): taken each round
             for w in widths:
-                for a in arms[r % len(arms):] + arms[:r % len(arms)]:
+                for a in arms[r % len(arms) :] + arms[: r % len(arms)]:
                     times[a.label, w].append(a.time(w))
     finally:
         for a in arms:
@@ -138,23 +145,34 @@ def main(argv: list[str] | None = None) -> int:
         for (label, w), v in times.items():
             print(label, w, " ".join(f"{x * 1e3:.1f}" for x in v))
     rate = statistics.median(rates)
-    print(f"memory read rate (torch's sum over 1 GiB, median of {len(rates)} rounds): {rate:.1f} GB/s "
-          f"(rounds: {', '.join(f'{x:.0f}' for x in rates)})")
+    print(
+        f"memory read rate (torch's sum over 1 GiB, median of {len(rates)} rounds): {rate:.1f} GB/s "
+        f"(rounds: {', '.join(f'{x:.0f}' for x in rates)})"
+    )
     _report(arms, widths, times, rate)
     return 0
 
 
 def _report(arms, widths, times, rate):
     med = {k: statistics.median(v) for k, v in times.items()}
-    head = ["arm (path)", *[f"width {w} (ms)" for w in widths], *[f"{w} / 1" for w in widths[1:]], "GB/s at width 1",
-            "/ memory rate"]
+    head = [
+        "arm (path)",
+        *[f"width {w} (ms)" for w in widths],
+        *[f"{w} / 1" for w in widths[1:]],
+        "GB/s at width 1",
+        "/ memory rate",
+    ]
     print("| " + " | ".join(head) + " |")
     print("| " + " | ".join(["---"] + ["---:"] * (len(head) - 1)) + " |")
     for a in arms:
         one = med[a.label, widths[0]]
-        cells = [f"{a.label} ({a.path})", *[f"{med[a.label, w] * 1e3:.1f}" for w in widths],
-                 *[f"{med[a.label, w] / one:.2f}x" for w in widths[1:]], f"{a.weight_bytes / one / 1e9:.1f}",
-                 f"{a.weight_bytes / one / 1e9 / rate:.0%}"]
+        cells = [
+            f"{a.label} ({a.path})",
+            *[f"{med[a.label, w] * 1e3:.1f}" for w in widths],
+            *[f"{med[a.label, w] / one:.2f}x" for w in widths[1:]],
+            f"{a.weight_bytes / one / 1e9:.1f}",
+            f"{a.weight_bytes / one / 1e9 / rate:.0%}",
+        ]
         print("| " + " | ".join(cells) + " |")
 
 

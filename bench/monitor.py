@@ -24,6 +24,7 @@ block measures the CPU that other processes took meanwhile (all busy time, steal
 this process and its actors); a pair where either block saw more than 20% of a core of that is
 "contaminated", and the ratios are reported over the clean pairs too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -89,7 +90,7 @@ def _pairs(n: int, block) -> dict:
     also gets `foreign`: the cores other processes kept busy meanwhile."""
     out = {"off": [], "on": []}
     for i in range(n):
-        for on in ((False, True) if i % 2 == 0 else (True, False)):
+        for on in (False, True) if i % 2 == 0 else (True, False):
             busy, own, t0 = _busy_s(), _own_s(), time.perf_counter()
             b = block(on, i)
             b["foreign"] = max(0.0, (_busy_s() - busy) - (_own_s() - own)) / (time.perf_counter() - t0)
@@ -111,14 +112,25 @@ def _summary(arms: dict, key: str, clean_below: float = 0.2) -> dict:
     cpu = sum(b["monitor_cpu_s"] for b in arms["on"]) / sum(b["s"] for b in arms["on"])
     clean = [(on, off) for on, off in pairs if on["foreign"] < clean_below and off["foreign"] < clean_below]
     r = _ratios(pairs, key)
-    return {"median_ratio": r["median"], "q1": r["q1"], "q3": r["q3"], "clean": _ratios(clean, key),
-            "total_ratio": total["on"] / total["off"], "off_rate": total["off"], "on_rate": total["on"],
-            "monitor_cpu_frac": cpu}
+    return {
+        "median_ratio": r["median"],
+        "q1": r["q1"],
+        "q3": r["q3"],
+        "clean": _ratios(clean, key),
+        "total_ratio": total["on"] / total["off"],
+        "off_rate": total["off"],
+        "on_rate": total["on"],
+        "monitor_cpu_frac": cpu,
+    }
 
 
 # seeded sleeps of the fakes, per group of a forward, load, tree, split layer (actors/fake.py)
-FAKE_SCRIPT = {"verifier": {"durations": {"group": [0.001, 0.002]}}, "loader": {"durations": {"load": [0.002, 0.004]}},
-               "draft": {"durations": {"build": [0.002, 0.004]}}, "sparse": {"durations": {"attend": [0.001, 0.002]}}}
+FAKE_SCRIPT = {
+    "verifier": {"durations": {"group": [0.001, 0.002]}},
+    "loader": {"durations": {"load": [0.002, 0.004]}},
+    "draft": {"durations": {"build": [0.002, 0.004]}},
+    "sparse": {"durations": {"attend": [0.001, 0.002]}},
+}
 
 
 def bench_generation(pairs: int, tokens: int, seed: int = 0) -> dict:
@@ -130,8 +142,16 @@ def bench_generation(pairs: int, tokens: int, seed: int = 0) -> dict:
     from scheduler.runtime import Runtime
 
     groups = {**{f"layer.{i}": 64 * KiB for i in range(8)}, "head.0": 64 * KiB}
-    o = Overheads(scheduler=0, watchdog=0, runtime=0, actor=0, exchange=64 * KiB, verifier_activations=0,
-                  draft_activations=0, code=0)
+    o = Overheads(
+        scheduler=0,
+        watchdog=0,
+        runtime=0,
+        actor=0,
+        exchange=64 * KiB,
+        verifier_activations=0,
+        draft_activations=0,
+        code=0,
+    )
     plan = plan_memory(o.exchange + 3 * 64 * KiB + 3 * 64 * KiB, groups, 0, 0, 0, o)  # 4 resident, 5 streamed
     prompt = target_text([1, 2], 40, 64)
     with tempfile.TemporaryDirectory() as traces, tempfile.TemporaryDirectory() as model:
@@ -139,8 +159,22 @@ def bench_generation(pairs: int, tokens: int, seed: int = 0) -> dict:
         with Runtime(_fake_config(plan, traces)) as sched:
             # a fixed budget and no trie: both blocks of a pair replay one workload
             tree = TreeConfig(width=6, adaptive=False, trie=False)
-            spec = ActorSession(sched, SessionSpec("tree", store, fake_args(), store, SamplingConfig(), tree, 1, 4096,
-                                                   plan=plan, worker=WorkerSplit(0.3, 0.2)), impl=FAKES)
+            spec = ActorSession(
+                sched,
+                SessionSpec(
+                    "tree",
+                    store,
+                    fake_args(),
+                    store,
+                    SamplingConfig(),
+                    tree,
+                    1,
+                    4096,
+                    plan=plan,
+                    worker=WorkerSplit(0.3, 0.2),
+                ),
+                impl=FAKES,
+            )
             try:
                 block = lambda on, seed: _generation_block(sched, spec, prompt, tokens, on, seed)  # noqa: E731
                 block(True, -1)  # warm up
@@ -154,9 +188,12 @@ def _fake_config(plan, traces: str):
     from scheduler.config import GiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
 
     return RuntimeConfig(
-        memory=MemoryConfig(budget_bytes=4 * GiB, arena_bytes=plan.stream_bytes + 2 * MiB,
-                            stream_bytes=plan.stream_bytes, sample_s=0.5),
-        pipeline=PipelineConfig(layer_bytes=plan.slot_bytes), trace=TraceConfig(dir=traces, max_events=10_000_000))
+        memory=MemoryConfig(
+            budget_bytes=4 * GiB, arena_bytes=plan.stream_bytes + 2 * MiB, stream_bytes=plan.stream_bytes, sample_s=0.5
+        ),
+        pipeline=PipelineConfig(layer_bytes=plan.slot_bytes),
+        trace=TraceConfig(dir=traces, max_events=10_000_000),
+    )
 
 
 def _generation_block(sched, spec, prompt: list[int], tokens: int, on: bool, seed: int) -> dict:
@@ -240,9 +277,15 @@ def frame_cost(frames: int = 200) -> dict:
 
 
 def bench(pairs: int = 20, tokens: int = 80, cpu_s: float = 1.5) -> dict:
-    out = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                       "python": platform.python_version()},
-           "frame": frame_cost(), "generation": bench_generation(pairs, tokens)}
+    out = {
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "frame": frame_cost(),
+        "generation": bench_generation(pairs, tokens),
+    }
     if cpu_s > 0:
         out["cpu"] = bench_cpu(pairs, cpu_s)
     return out
@@ -251,18 +294,27 @@ def bench(pairs: int = 20, tokens: int = 80, cpu_s: float = 1.5) -> dict:
 def format_result(r: dict) -> str:
     def row(what: str, x: dict, unit: str) -> str:
         c = x["clean"]
-        clean = (f"; over the {c['n']} clean pairs {c['median']:.4f} (IQR {c['q1']:.4f}..{c['q3']:.4f}), slowdown "
-                 f"{100 * (1 - c['median']):+.2f}%" if c["n"] else "; no clean pair")
-        return (f"{what}: off {x['off_rate']:.1f} {unit}, on {x['on_rate']:.1f} {unit}; on/off: total "
-                f"{x['total_ratio']:.4f}, median of {x['pairs']} pairs {x['median_ratio']:.4f} "
-                f"(IQR {x['q1']:.4f}..{x['q3']:.4f}), slowdown {100 * (1 - x['median_ratio']):+.2f}%{clean}; "
-                f"the monitor's threads used {100 * x['monitor_cpu_frac']:.2f}% of one core")
+        clean = (
+            f"; over the {c['n']} clean pairs {c['median']:.4f} (IQR {c['q1']:.4f}..{c['q3']:.4f}), slowdown "
+            f"{100 * (1 - c['median']):+.2f}%"
+            if c["n"]
+            else "; no clean pair"
+        )
+        return (
+            f"{what}: off {x['off_rate']:.1f} {unit}, on {x['on_rate']:.1f} {unit}; on/off: total "
+            f"{x['total_ratio']:.4f}, median of {x['pairs']} pairs {x['median_ratio']:.4f} "
+            f"(IQR {x['q1']:.4f}..{x['q3']:.4f}), slowdown {100 * (1 - x['median_ratio']):+.2f}%{clean}; "
+            f"the monitor's threads used {100 * x['monitor_cpu_frac']:.2f}% of one core"
+        )
+
     p, f = r["generation"], r["frame"]
     lines = [row(f"fake-actor generation ({p['tokens']} tokens a block)", p, "tok/s")]
     if "cpu" in r:
         lines.append(row(f"compute-bound loop in-process ({r['cpu']['seconds']:g} s a block)", r["cpu"], "steps/s"))
-    lines.append(f"one frame: {f['frame_ms']:.2f} ms (snapshot {f['snapshot_ms']:.2f} ms); at 4 Hz "
-                 f"{0.4 * f['frame_ms']:.2f}% of one core")
+    lines.append(
+        f"one frame: {f['frame_ms']:.2f} ms (snapshot {f['snapshot_ms']:.2f} ms); at 4 Hz "
+        f"{0.4 * f['frame_ms']:.2f}% of one core"
+    )
     return "\n".join(lines)
 
 

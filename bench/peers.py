@@ -6,6 +6,7 @@ The child loads its engine once and answers one JSON line per prompt (the prompt
 row out); prompts still run one after another, every engine in turn, so the background load of a
 shared machine falls on all of them alike.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,11 +18,13 @@ from common.errors import CadenceError
 from engine.prompts import Prompt
 from engine.rows import make_row
 
-AMX_HINT = ('on a CPU with AMX a native build of llama-cpp-python dies in ldtilecfg (it never asks the kernel for '
-            'tile state); rebuild it without AMX: CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON '
-            '-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX2=ON -DGGML_FMA=ON '
-            '-DGGML_F16C=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install '
-            '--force-reinstall --no-cache-dir llama-cpp-python')
+AMX_HINT = (
+    "on a CPU with AMX a native build of llama-cpp-python dies in ldtilecfg (it never asks the kernel for "
+    'tile state); rebuild it without AMX: CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON '
+    "-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX2=ON -DGGML_FMA=ON "
+    '-DGGML_F16C=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install '
+    "--force-reinstall --no-cache-dir llama-cpp-python"
+)
 LOAD_S = 600  # a peer that has not loaded by then is stuck
 
 
@@ -52,8 +55,14 @@ class Peer:
 
     def __init__(self, name: str, args: list[str]):
         self.name, self.error = name, None
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.baselines", "--serve", *args], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.baselines", "--serve", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         line = self.proc.stdout.readline()  # {"ready": ...} once loaded
         if not line:
             self.error = self._death()
@@ -63,8 +72,19 @@ class Peer:
     def run(self, prompt: Prompt, mode: str, ids: list[int], chat: bool, max_new: int) -> dict:
         if self.error is None:
             try:
-                self.proc.stdin.write(json.dumps({"id": prompt.id, "kind": prompt.kind, "mode": mode, "ids": ids,
-                                                  "chat": chat, "max_new": max_new}) + "\n")
+                self.proc.stdin.write(
+                    json.dumps(
+                        {
+                            "id": prompt.id,
+                            "kind": prompt.kind,
+                            "mode": mode,
+                            "ids": ids,
+                            "chat": chat,
+                            "max_new": max_new,
+                        }
+                    )
+                    + "\n"
+                )
                 line = self.proc.stdout.readline()
             except BrokenPipeError:
                 line = ""
@@ -93,18 +113,35 @@ class Peer:
 
 def failed_row(prompt: Prompt, mode: str, ids: list[int], chat: bool, error: str) -> dict:
     """A row for a run that could not happen: no tokens, and why."""
-    return make_row(id=prompt.id, kind=prompt.kind, mode=mode, target="", draft=None, format="", chat=chat,
-                    prompt_token_ids=ids, new_token_ids=[], text="", wall_s=0.0, prefill_s=0.0, peak_rss_bytes=0,
-                    stats={}, error=error)
+    return make_row(
+        id=prompt.id,
+        kind=prompt.kind,
+        mode=mode,
+        target="",
+        draft=None,
+        format="",
+        chat=chat,
+        prompt_token_ids=ids,
+        new_token_ids=[],
+        text="",
+        wall_s=0.0,
+        prefill_s=0.0,
+        peak_rss_bytes=0,
+        stats={},
+        error=error,
+    )
 
 
-def start_peers(names: list[str], target: str, draft: str | None, dtype: str, threads: int, hf_dtype: str,
-                repack: bool) -> dict[str, Peer]:
+def start_peers(
+    names: list[str], target: str, draft: str | None, dtype: str, threads: int, hf_dtype: str, repack: bool
+) -> dict[str, Peer]:
     """One process per engine family: `hf` serves hf, hf-assisted and hf-prompt-lookup."""
     base = ["--target", target, "--dtype", dtype, "--threads", str(threads)]
     peers = {}
     if any(n.startswith("hf") for n in names):
-        peers["hf"] = Peer("hf", [*base, "--engine", "hf", "--hf-dtype", hf_dtype, *(["--draft", draft] if draft else [])])
+        peers["hf"] = Peer(
+            "hf", [*base, "--engine", "hf", "--hf-dtype", hf_dtype, *(["--draft", draft] if draft else [])]
+        )
     if "llama.cpp" in names:
         peers["llama.cpp"] = Peer("llama.cpp", [*base, "--engine", "llama.cpp", *([] if repack else ["--no-repack"])])
     for p in peers.values():
@@ -122,5 +159,7 @@ def check_installed(names: list[str]) -> None:
 
     for x in names:
         if not available(peer_of(x)):
-            raise CadenceError(f"baseline {x} needs its package installed "
-                               f"({'transformers and accelerate' if x.startswith('hf') else 'llama-cpp-python'})")
+            raise CadenceError(
+                f"baseline {x} needs its package installed "
+                f"({'transformers and accelerate' if x.startswith('hf') else 'llama-cpp-python'})"
+            )

@@ -1,4 +1,5 @@
 """Measurements behind `launch bench --suite formats`: the verifier's cost curve and quality."""
+
 from __future__ import annotations
 
 import statistics

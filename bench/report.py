@@ -1,4 +1,5 @@
 """What `launch bench` prints: tokens/s per mode and prompt kind with ratios, and the suites' tables."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -32,7 +33,9 @@ def _rates(rows: list[dict]) -> tuple[dict, list[str]]:
         for kind in (r["kind"], "all"):
             groups[(r["mode"], r["format"], r["target"], kind)].append(r)
     kinds = sorted({k[3] for k in groups} - {"all"}) + ["all"]
-    rate = {k: sum(len(r["new_token_ids"]) for r in v) / max(sum(r["wall_s"] for r in v), 1e-9) for k, v in groups.items()}
+    rate = {
+        k: sum(len(r["new_token_ids"]) for r in v) / max(sum(r["wall_s"] for r in v), 1e-9) for k, v in groups.items()
+    }
     return {"groups": groups, "rate": rate}, kinds
 
 
@@ -48,12 +51,29 @@ def summary_table(rows: list[dict]) -> list[list]:
             cells.append("" if r is None else f"{r:.2f}" + (f" ({r / base:.2f}x)" if base and mode != "target" else ""))
         every = groups[(mode, fmt, target, "all")]
         n = sum(len(r["new_token_ids"]) for r in every)
-        st = {k: sum(r["stats"].get(k, 0) for r in every) for k in ("verifications", "accepted", "wasted", "ahead_reused")}
+        st = {
+            k: sum(r["stats"].get(k, 0) for r in every) for k in ("verifications", "accepted", "wasted", "ahead_reused")
+        }
         ver = max(st["verifications"], 1)
         spec = mode in ("chain", "tree")
-        out.append([mode, fmt, target, *cells, *((f"{st['accepted'] / ver:.2f}", f"{st['verifications'] / max(n, 1):.3f}",
-                                                  f"{st['wasted'] / max(n, 1):.2f}", f"{st['ahead_reused'] / ver:.2f}")
-                                                 if spec else ("", "", "", ""))])
+        out.append(
+            [
+                mode,
+                fmt,
+                target,
+                *cells,
+                *(
+                    (
+                        f"{st['accepted'] / ver:.2f}",
+                        f"{st['verifications'] / max(n, 1):.3f}",
+                        f"{st['wasted'] / max(n, 1):.2f}",
+                        f"{st['ahead_reused'] / ver:.2f}",
+                    )
+                    if spec
+                    else ("", "", "", "")
+                ),
+            ]
+        )
     return out
 
 

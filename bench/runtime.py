@@ -7,6 +7,7 @@
   pickled over ZeroMQ; the receiver maps or unpickles it and reads its first and last element;
 - memcpy bandwidth of this machine, the physical reference for every copy above.
 """
+
 from __future__ import annotations
 
 import gc
@@ -119,8 +120,10 @@ def bench_rtt(sched, n: int) -> tuple[dict, dict]:
                 floor.append((time.perf_counter_ns() - t0) / 1000)
     finally:
         raw.close()
-    return ({"p50_us": _pct(ours, 0.5), "p99_us": _pct(ours, 0.99), "n": len(ours)},
-            {"p50_us": _pct(floor, 0.5), "p99_us": _pct(floor, 0.99), "n": len(floor)})
+    return (
+        {"p50_us": _pct(ours, 0.5), "p99_us": _pct(ours, 0.99), "n": len(ours)},
+        {"p50_us": _pct(floor, 0.5), "p99_us": _pct(floor, 0.99), "n": len(floor)},
+    )
 
 
 def bench_handoff(sched, req, size: int, reps: int) -> dict:
@@ -165,8 +168,12 @@ def bench_memcpy(size: int = 256 * MiB, reps: int = 5) -> dict:
     best_np = min(timed(lambda: np.copyto(dst, src)) for _ in range(reps))
     ts, td = torch.from_numpy(src), torch.from_numpy(dst)
     best_t = min(timed(lambda: td.copy_(ts)) for _ in range(reps))
-    return {"bytes": size, "numpy_copyto_GBps": size / best_np / 1e9, "torch_copy_GBps": size / best_t / 1e9,
-            "torch_threads": torch.get_num_threads()}
+    return {
+        "bytes": size,
+        "numpy_copyto_GBps": size / best_np / 1e9,
+        "torch_copy_GBps": size / best_t / 1e9,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def _cpu_model() -> str:
@@ -186,7 +193,8 @@ def measure(rounds: int, max_mib: int, memcpy_mib: int) -> dict:
     config = RuntimeConfig(
         memory=MemoryConfig(budget_bytes=8 * GiB, arena_bytes=arena, stream_bytes=64 * KiB, sample_s=0),
         pipeline=PipelineConfig(layer_bytes=4 * KiB),
-        trace=TraceConfig(enabled=False))
+        trace=TraceConfig(enabled=False),
+    )
     out = {"machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()}}
     with Runtime(config) as sched:
         endpoint = f"ipc://{sched.run_dir}/pickle"
@@ -210,16 +218,24 @@ def _size(n: int) -> str:
 
 def format_table(out: dict) -> str:
     m, r, raw, mc = out["machine"], out["rtt"], out["rtt_raw_pyzmq"], out["memcpy"]
-    lines = [f"machine: {m['cpu']}, {m['cores']} cores, python {m['python']}", "",
-             "| control round trip (ping) | p50 | p99 |", "| --- | ---: | ---: |",
-             f"| scheduler -> actor -> scheduler | {r['p50_us']:.0f} us | {r['p99_us']:.0f} us |",
-             f"| bare pyzmq ROUTER/DEALER echo (floor) | {raw['p50_us']:.0f} us | {raw['p99_us']:.0f} us |", "",
-             "| tensor | arena (descriptor) | arena incl. put (1 copy) | pickle over ZeroMQ |",
-             "| ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"machine: {m['cpu']}, {m['cores']} cores, python {m['python']}",
+        "",
+        "| control round trip (ping) | p50 | p99 |",
+        "| --- | ---: | ---: |",
+        f"| scheduler -> actor -> scheduler | {r['p50_us']:.0f} us | {r['p99_us']:.0f} us |",
+        f"| bare pyzmq ROUTER/DEALER echo (floor) | {raw['p50_us']:.0f} us | {raw['p99_us']:.0f} us |",
+        "",
+        "| tensor | arena (descriptor) | arena incl. put (1 copy) | pickle over ZeroMQ |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
     for h in out["handoff"]:
-        lines.append(f"| {_size(h['bytes'])} | {h['arena_us']:.0f} us | {h['arena_put_us']:.0f} us | {h['pickle_zmq_us']:.0f} us |")
-    lines += ["", f"memcpy {_size(mc['bytes'])}: numpy copyto {mc['numpy_copyto_GBps']:.1f} GB/s, "
-                  f"torch copy_ ({mc['torch_threads']} threads) {mc['torch_copy_GBps']:.1f} GB/s"]
+        lines.append(
+            f"| {_size(h['bytes'])} | {h['arena_us']:.0f} us | {h['arena_put_us']:.0f} us | {h['pickle_zmq_us']:.0f} us |"
+        )
+    lines += [
+        "",
+        f"memcpy {_size(mc['bytes'])}: numpy copyto {mc['numpy_copyto_GBps']:.1f} GB/s, "
+        f"torch copy_ ({mc['torch_threads']} threads) {mc['torch_copy_GBps']:.1f} GB/s",
+    ]
     return "\n".join(lines)
-
-

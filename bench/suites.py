@@ -13,6 +13,7 @@ a shared machine falls on all of them alike. Other engines run in processes of t
 (bench/peers.py): one that crashes becomes rows that say so. Each suite returns (rows, extra): the
 JSON rows of `launch run --json`, and tables and checks to print.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,15 @@ def progress(row: dict) -> None:
 
 
 def _peers(cfg: RunConfig, names, opts: BenchOptions, target: str | None = None, dtype: str | None = None):
-    return start_peers(list(names), target or cfg.target, cfg.draft_model, dtype or cfg.dtype,
-                       cfg.threads or os.cpu_count() or 1, opts.hf_dtype, opts.repack)
+    return start_peers(
+        list(names),
+        target or cfg.target,
+        cfg.draft_model,
+        dtype or cfg.dtype,
+        cfg.threads or os.cpu_count() or 1,
+        opts.hf_dtype,
+        opts.repack,
+    )
 
 
 def _close(peers: dict) -> None:
@@ -138,8 +146,15 @@ def formats(cfg: RunConfig, prompts: list[Prompt], opts: BenchOptions):
                 ll[fmt] = mean_loglik(lm, prompts)
         base = ll.get("bf16", ll.get("fp32"))
         for fmt in opts.formats:
-            quality.append([model, fmt, f"{ll[fmt]:.4f}", f"{math.exp(-ll[fmt]):.3f}",
-                            f"{ll[fmt] - base:+.4f}" if base is not None else ""])
+            quality.append(
+                [
+                    model,
+                    fmt,
+                    f"{ll[fmt]:.4f}",
+                    f"{math.exp(-ll[fmt]):.3f}",
+                    f"{ll[fmt] - base:+.4f}" if base is not None else "",
+                ]
+            )
         rows += _llama_rows(cfg.with_mode("target").replace(target=model), prompts, opts, runner)
     return rows, {"tables": {"one verification pass (ms) by width": curve, "quality on the prompts": quality}}
 
@@ -156,4 +171,3 @@ def _llama_rows(cfg: RunConfig, prompts: list[Prompt], opts: BenchOptions, runne
     finally:
         _close(peers)
     return rows
-

@@ -13,6 +13,7 @@ tiny presets 27-33% (even share 2/8). Writing "olmoe-1b-7b" (6.9 B parameters, 3
 
     python -m bench.synth_moe olmoe-1b-7b /work/synth/olmoe-1b-7b-q4_0.gguf [--qtype Q4_0] [--seed 0]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,6 +77,7 @@ def default_tokenizer() -> Path:
     """The SmolLM2-135M GGUF cadence pulls (`launch models pull smollm2-135m`)."""
     from models.pull import model_path
     from models.registry import spec
+
     return model_path(spec("smollm2-135m"))
 
 
@@ -189,8 +191,7 @@ def _add_hparams(w: GGUFWriter, s: MoEShape, n_vocab: int, preset: str, q: GGMLQ
     w.add_quantization_version(2)
 
 
-def write_moe_gguf(path, preset: str, qtype: str = "Q4_0", seed: int = 0, tokenizer_from=None,
-                   progress=None) -> Path:
+def write_moe_gguf(path, preset: str, qtype: str = "Q4_0", seed: int = 0, tokenizer_from=None, progress=None) -> Path:
     """Writes `preset` (a key of SHAPES) to `path`; `progress(done_bytes, total_bytes)` is called per tensor."""
     from models.gguf_file import GGUFFile
 
@@ -205,8 +206,13 @@ def write_moe_gguf(path, preset: str, qtype: str = "Q4_0", seed: int = 0, tokeni
     plan = tensor_plan(s, n_vocab)
     for name, shape, kind in plan:
         tq = _qtype_of(kind, q)
-        w.add_tensor_info(name, shape, np.dtype(np.float32), _nbytes(shape, tq),
-                          raw_dtype=None if tq == GGMLQuantizationType.F32 else tq)
+        w.add_tensor_info(
+            name,
+            shape,
+            np.dtype(np.float32),
+            _nbytes(shape, tq),
+            raw_dtype=None if tq == GGMLQuantizationType.F32 else tq,
+        )
     total = sum(_nbytes(sh, _qtype_of(k, q)) for _, sh, k in plan)
     rng = np.random.default_rng(seed)
     tmp = path.with_name(path.name + ".part")

@@ -2,6 +2,7 @@
 
 `import cadence` stays light: `cadence.LLM` loads the runtime on first use.
 """
+
 from common.errors import CadenceError
 
 __all__ = ["CadenceError", "Chunk", "Completion", "LLM", "RunConfig"]

@@ -18,6 +18,7 @@ a conversation. Greedy by default: the output is exactly the target model's own,
 budget produced it. A generation runs until the model ends its turn or the context is full, unless
 `max_new_tokens` says less.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -71,16 +72,26 @@ class LLM:
         return _last(self.chat_stream(messages, **kw)).completion
 
     def chat_stream(self, messages: list[dict], **kw) -> Iterator[Chunk]:
-        if not messages or not all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role")
-                                   for m in messages):
+        if not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages
+        ):
             raise CadenceError('messages must be a non-empty list of {"role": ..., "content": "..."} dicts')
         return self._stream(Prompt(f"api-{next(self._ids)}", "chat", "", chat=True, messages=tuple(messages)), **kw)
 
-    def _stream(self, prompt: Prompt, max_new_tokens: int | None = None, temperature: float | None = None,
-                top_p: float | None = None, seed: int | None = None) -> Iterator[Chunk]:
+    def _stream(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> Iterator[Chunk]:
         base = self.config.sampling
-        sampling = SamplingConfig(base.temperature if temperature is None else temperature,
-                                  base.top_p if top_p is None else top_p, base.seed if seed is None else seed)
+        sampling = SamplingConfig(
+            base.temperature if temperature is None else temperature,
+            base.top_p if top_p is None else top_p,
+            base.seed if seed is None else seed,
+        )
         return self.runner.stream(prompt, max_new_tokens=max_new_tokens, sampling=sampling)
 
     def held_bytes(self) -> int:

@@ -4,6 +4,7 @@ glibc keeps freed blocks in its arenas. Parsing a 5 MB tokenizer JSON leaves ~90
 the scheduler, and loading a model leaves some in an actor; under a memory cgroup they count as
 much as live data. `malloc_trim(0)` returns every free page at the top and inside the arenas.
 """
+
 from __future__ import annotations
 
 import ctypes

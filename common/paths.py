@@ -1,4 +1,5 @@
 """Where cadence keeps models, weight stores, compiled kernels and traces."""
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,10 @@ def writable_dir(folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.NamedTemporaryFile(dir=folder, prefix=".cadence-probe-").close()
     except OSError as e:
-        raise CadenceError(f"cannot write to {folder} ({e.strerror or e}); make CADENCE_HOME ({home()}) a folder you "
-                           "can write to, or point CADENCE_HOME at one") from None
+        raise CadenceError(
+            f"cannot write to {folder} ({e.strerror or e}); make CADENCE_HOME ({home()}) a folder you "
+            "can write to, or point CADENCE_HOME at one"
+        ) from None
     return folder
 
 
@@ -45,13 +48,16 @@ def check_output(path: str | Path, option: str) -> Path:
     if path.is_dir():
         raise CadenceError(f"{option} {path} is a folder; give a file path, e.g. {path / 'out.json'}")
     folder = path.parent
-    while not folder.exists() and folder != folder.parent:  # write_rows creates missing folders: check the first existing one
+    while (
+        not folder.exists() and folder != folder.parent
+    ):  # write_rows creates missing folders: check the first existing one
         folder = folder.parent
     try:
         if not folder.is_dir():
             raise NotADirectoryError(0, "not a folder")
         tempfile.NamedTemporaryFile(dir=folder, prefix=".cadence-probe-").close()
     except OSError as e:
-        raise CadenceError(f"{option} {path} cannot be written ({folder}: {e.strerror or e}); give a path in a folder "
-                           "you can write to") from None
+        raise CadenceError(
+            f"{option} {path} cannot be written ({folder}: {e.strerror or e}); give a path in a folder you can write to"
+        ) from None
     return path

@@ -1,4 +1,5 @@
 """Name this process for ps, top and the cgroup benchmark's per-process footprint (Linux: 15 characters)."""
+
 from __future__ import annotations
 
 import ctypes

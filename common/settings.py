@@ -2,6 +2,7 @@
 and never torch, so the runtime's fixed memory stays small (the model processes import torch once,
 in the zygote, and share its pages).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ def check_format(fmt: str) -> str:
     if fmt not in FORMATS:
         raise CadenceError(f"weight format '{fmt}' is not known; use one of {', '.join(FORMATS)}")
     return fmt
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -43,7 +45,9 @@ PROMPT_WINDOW = 64  # the draft runs on at most the last this many prompt tokens
 class TreeConfig:
     mode: str = "tree"  # "tree" or "chain"
     width: int = 8  # most draft tokens in one verification
-    width_auto: bool = False  # not given: under a budget, WIDE where verification hides behind the disk (engine/memory.py)
+    width_auto: bool = (
+        False  # not given: under a budget, WIDE where verification hides behind the disk (engine/memory.py)
+    )
     max_depth: int = 8
     branch_threshold: float = 0.3
     alpha: float = 0.01
@@ -116,8 +120,11 @@ def arms(cfg: TreeConfig, draft_model: bool = True) -> tuple[Arm, ...]:
     budget (chain: 1 too), and in tree mode with the trie, prompt lookup. No draft model: lookup or plain."""
     if not draft_model:
         return (LOOKUP, PLAIN)
-    sizes = {1, 2, cfg.chain_k} | set(range(2, cfg.chain_k + 1, 2)) if cfg.mode == "chain" else \
-        {2, 4, cfg.width} | set(range(2, cfg.width + 1, 2))
+    sizes = (
+        {1, 2, cfg.chain_k} | set(range(2, cfg.chain_k + 1, 2))
+        if cfg.mode == "chain"
+        else {2, 4, cfg.width} | set(range(2, cfg.width + 1, 2))
+    )
     lookup = (LOOKUP,) if cfg.mode == "tree" and cfg.trie else ()
     return (*lookup, PLAIN, *(Arm("draft", n) for n in sorted(sizes)))
 
@@ -132,8 +139,10 @@ class ExpertOptions:
 
     def __post_init__(self):
         if self.eviction not in ("lru", "edgemoe", "none") or self.preload not in ("none", "paths", "router"):
-            raise CadenceError(f"--expert-eviction {self.eviction} / --expert-preload {self.preload}: eviction is lru, "
-                               "edgemoe or none; preload is none, paths or router")
+            raise CadenceError(
+                f"--expert-eviction {self.eviction} / --expert-preload {self.preload}: eviction is lru, "
+                "edgemoe or none; preload is none, paths or router"
+            )
         if self.preload_k < 1:
             raise CadenceError(f"--expert-preload-k {self.preload_k} must be at least 1")
 
@@ -153,13 +162,15 @@ class WorkerSplit:
 
     def __post_init__(self):
         if not 0.0 <= self.share < 1.0 or not 0.0 <= self.columns < 1.0:
-            raise CadenceError(f"--worker-share and --column-share are shares in [0, 1); got {self.share} and "
-                               f"{self.columns}")
+            raise CadenceError(
+                f"--worker-share and --column-share are shares in [0, 1); got {self.share} and {self.columns}"
+            )
 
 
 @dataclass
 class SpecStats:
     """What a speculative run did; `as_dict` is what JSON rows carry in `stats`."""
+
     verifications: int = 0
     plain_steps: int = 0
     accepted: int = 0  # draft tokens the target confirmed
@@ -187,14 +198,23 @@ class SpecStats:
     def as_dict(self) -> dict:
         v = max(self.verifications, 1)
         return {
-            "verifications": self.verifications, "plain_steps": self.plain_steps, "accepted": self.accepted,
-            "drafted": self.drafted, "wasted": self.drafted - self.accepted, "trie_drafted": self.trie_drafted,
-            "draft_forwards": self.draft_forwards, "target_forwards": self.target_forwards,
+            "verifications": self.verifications,
+            "plain_steps": self.plain_steps,
+            "accepted": self.accepted,
+            "drafted": self.drafted,
+            "wasted": self.drafted - self.accepted,
+            "trie_drafted": self.trie_drafted,
+            "draft_forwards": self.draft_forwards,
+            "target_forwards": self.target_forwards,
             "mean_accepted": round(self.accepted / v, 3),
             "accepted_hist": {str(k): n for k, n in sorted(self.accepted_hist.items())},
-            "arm_hist": dict(self.arm_hist), "arm_s": {k: round(v, 4) for k, v in self.arm_s.items()},
-            "alpha": [round(a, 6) for a in self.alpha], "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
-            "ahead_steps": self.ahead_steps, "ahead_reused": self.ahead_reused,
+            "arm_hist": dict(self.arm_hist),
+            "arm_s": {k: round(v, 4) for k, v in self.arm_s.items()},
+            "alpha": [round(a, 6) for a in self.alpha],
+            "draft_s": round(self.draft_s, 4),
+            "verify_s": round(self.verify_s, 4),
+            "ahead_steps": self.ahead_steps,
+            "ahead_reused": self.ahead_reused,
         }
 
 

@@ -1,4 +1,5 @@
 """Timing a call: what the benchmarks and the cost calibration measure with."""
+
 from __future__ import annotations
 
 import statistics

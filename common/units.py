@@ -1,4 +1,5 @@
 """Memory sizes as people write them and as reports show them."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,12 @@ def fmt(n: int) -> str:
 
 
 # Units of a memory size, matched case-insensitively: binary (KiB, k, K) and decimal (KB) spellings.
-_UNITS = {"": 1, "b": 1, **{u: 1 << 10 * i for i, p in enumerate("kmgt", 1) for u in (p, f"{p}ib")},
-          **{f"{p}b": 10 ** (3 * i) for i, p in enumerate("kmgt", 1)}}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    **{u: 1 << 10 * i for i, p in enumerate("kmgt", 1) for u in (p, f"{p}ib")},
+    **{f"{p}b": 10 ** (3 * i) for i, p in enumerate("kmgt", 1)},
+}
 _SIZE = re.compile(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)([a-z]*)")
 
 
@@ -30,13 +35,16 @@ def parse_bytes(text: str) -> int:
     A size above this machine's memory is refused: no run can stay under it and use it."""
     m = _SIZE.fullmatch(text.strip().lower().replace(" ", "").replace("_", ""))
     if m is None or m.group(2) not in _UNITS:
-        raise CadenceError(f"cannot read the memory size {text!r}; write it like 3GiB, 800MiB, 1.5TB or a number of "
-                           "bytes")
+        raise CadenceError(
+            f"cannot read the memory size {text!r}; write it like 3GiB, 800MiB, 1.5TB or a number of bytes"
+        )
     n = float(m.group(1)) * _UNITS[m.group(2)]  # a float: 1e400GiB is more than any machine, not an overflow
     if n > (have := machine_memory()):
         size = fmt(int(n)) if n < 1 << 62 else "beyond any machine"
-        raise CadenceError(f"a memory budget of {text.strip()} ({size}) is more than this machine's memory "
-                           f"({fmt(have)}); give a smaller one, or leave --memory-budget out to run without a bound")
+        raise CadenceError(
+            f"a memory budget of {text.strip()} ({size}) is more than this machine's memory "
+            f"({fmt(have)}); give a smaller one, or leave --memory-budget out to run without a bound"
+        )
     if int(n) <= 0:
         raise CadenceError(f"the memory size {text!r} is not above zero; give a budget like 3GiB, or auto")
     return int(n)

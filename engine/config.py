@@ -5,6 +5,7 @@
     cfg.tree.width, cfg.sampling.greedy, cfg.experts.eviction    # typed parts
     cfg.options()["width"]                                       # and back to the options
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,31 +49,51 @@ class RunConfig:
         checks = (
             (self.mode in MODES, f"mode '{self.mode}' is not known; use one of {', '.join(MODES)}"),
             (self.runtime in RUNTIMES, f"runtime '{self.runtime}' is not known; use one of {', '.join(RUNTIMES)}"),
-            (self.max_new_tokens is None or self.max_new_tokens >= 1,
-             f"--max-new-tokens={self.max_new_tokens} must be at least 1"),
+            (
+                self.max_new_tokens is None or self.max_new_tokens >= 1,
+                f"--max-new-tokens={self.max_new_tokens} must be at least 1",
+            ),
             (self.context is None or self.context >= 2, f"--context={self.context} must be at least 2 tokens"),
             (self.chat in ("auto", "on", "off"), f"--chat={self.chat} must be auto, on or off"),
             (self.threads >= 0, f"--threads {self.threads} is not a thread count; give a number, or 0 for all cores"),
-            (not (self.draft == "none" and self.mode == "chain"),
-             "mode chain needs a draft model; with --draft none use --mode tree (the n-gram trie proposes)"),
-            (bool(self.draft) and bool(self.target), "--target and --draft name a model (--draft none: no draft model)"),
-            (not (self.runtime == "actors" and self.device != "cpu"),
-             "the actor runtime runs on the CPU for now; use --runtime inproc with --device cuda"),
-            (not (self.mode in ("std", "stdpl") and not self.memory_budget),
-             f"mode {self.mode} streams the target under a memory budget: give --memory-budget (e.g. auto)"),
-            (not (self.memory_budget and self.runtime != "actors"),
-             "--memory-budget needs the actor runtime (the I/O loader is an actor); drop --runtime inproc"),
-            (not (self.worker and self.worker.columns > 0 and self.memory_budget),
-             "--column-share needs every target layer resident (the worker maps the target's weights itself); "
-             "drop --memory-budget or --column-share"),
-            (not (self.worker and self.runtime != "actors"),
-             "--sparse-worker is an actor; drop --runtime inproc"),
-            (self.draft_vocab is None or self.draft_vocab >= 0,
-             f"--draft-vocab={self.draft_vocab} must be 0 (the whole vocabulary) or a number of tokens"),
-            (not (self.memory_budget and self.mode == "target"),
-             "mode target keeps the whole target in memory; under --memory-budget use std, stdpl, chain or tree"),
-            (self.tree.mode == ("chain" if self.mode == "chain" else "tree"),
-             f"the tree settings are for mode {self.tree.mode}, the run's mode is {self.mode}"),
+            (
+                not (self.draft == "none" and self.mode == "chain"),
+                "mode chain needs a draft model; with --draft none use --mode tree (the n-gram trie proposes)",
+            ),
+            (
+                bool(self.draft) and bool(self.target),
+                "--target and --draft name a model (--draft none: no draft model)",
+            ),
+            (
+                not (self.runtime == "actors" and self.device != "cpu"),
+                "the actor runtime runs on the CPU for now; use --runtime inproc with --device cuda",
+            ),
+            (
+                not (self.mode in ("std", "stdpl") and not self.memory_budget),
+                f"mode {self.mode} streams the target under a memory budget: give --memory-budget (e.g. auto)",
+            ),
+            (
+                not (self.memory_budget and self.runtime != "actors"),
+                "--memory-budget needs the actor runtime (the I/O loader is an actor); drop --runtime inproc",
+            ),
+            (
+                not (self.worker and self.worker.columns > 0 and self.memory_budget),
+                "--column-share needs every target layer resident (the worker maps the target's weights itself); "
+                "drop --memory-budget or --column-share",
+            ),
+            (not (self.worker and self.runtime != "actors"), "--sparse-worker is an actor; drop --runtime inproc"),
+            (
+                self.draft_vocab is None or self.draft_vocab >= 0,
+                f"--draft-vocab={self.draft_vocab} must be 0 (the whole vocabulary) or a number of tokens",
+            ),
+            (
+                not (self.memory_budget and self.mode == "target"),
+                "mode target keeps the whole target in memory; under --memory-budget use std, stdpl, chain or tree",
+            ),
+            (
+                self.tree.mode == ("chain" if self.mode == "chain" else "tree"),
+                f"the tree settings are for mode {self.tree.mode}, the run's mode is {self.mode}",
+            ),
         )
         for ok, why in checks:
             if not ok:
@@ -94,39 +115,87 @@ class RunConfig:
             raise CadenceError(f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(BY_NAME)}")
         o = {**DEFAULTS, **options}
         mode = o["mode"]
-        tree = TreeConfig(mode="chain" if mode == "chain" else "tree", width=o["width"] or TreeConfig.width,
-                          width_auto=not o["width"], chain_k=o["chain_k"],
-                          branch_threshold=o["branch_threshold"], alpha=o["alpha"], trie=not o["no_trie"],
-                          adaptive=not o["fixed_width"], ahead=_ahead(o["draft_ahead"]),
-                          ahead_auto=str(o["draft_ahead"]) == "auto", prompt_window=o["draft_window"])
+        tree = TreeConfig(
+            mode="chain" if mode == "chain" else "tree",
+            width=o["width"] or TreeConfig.width,
+            width_auto=not o["width"],
+            chain_k=o["chain_k"],
+            branch_threshold=o["branch_threshold"],
+            alpha=o["alpha"],
+            trie=not o["no_trie"],
+            adaptive=not o["fixed_width"],
+            ahead=_ahead(o["draft_ahead"]),
+            ahead_auto=str(o["draft_ahead"]) == "auto",
+            prompt_window=o["draft_window"],
+        )
         worker = None
         if o["sparse_worker"]:
             worker = WorkerSplit(o["worker_share"], o["column_share"])
         elif o["worker_share"] or o["column_share"]:
-            raise CadenceError("--worker-share and --column-share give work to the sparse-attention worker; add "
-                               "--sparse-worker")
-        return cls(target=o["target"], draft=o["draft"], dtype=o["dtype"], draft_dtype=o["draft_dtype"], mode=mode,
-                   max_new_tokens=o["max_new_tokens"], context=o["context"], chat=o["chat"],
-                   sampling=SamplingConfig(o["temperature"], o["top_p"], o["seed"]), tree=tree,
-                   memory_budget=o["memory_budget"], draft_vocab=o["draft_vocab"], worker=worker,
-                   experts=ExpertOptions(o["expert_eviction"], o["expert_preload"], o["expert_preload_k"]),
-                   runtime=o["runtime"], device=o["device"], threads=o["threads"], trace=not o["no_trace"],
-                   trace_dir=o["trace_dir"], profile=o["profile"])
+            raise CadenceError(
+                "--worker-share and --column-share give work to the sparse-attention worker; add --sparse-worker"
+            )
+        return cls(
+            target=o["target"],
+            draft=o["draft"],
+            dtype=o["dtype"],
+            draft_dtype=o["draft_dtype"],
+            mode=mode,
+            max_new_tokens=o["max_new_tokens"],
+            context=o["context"],
+            chat=o["chat"],
+            sampling=SamplingConfig(o["temperature"], o["top_p"], o["seed"]),
+            tree=tree,
+            memory_budget=o["memory_budget"],
+            draft_vocab=o["draft_vocab"],
+            worker=worker,
+            experts=ExpertOptions(o["expert_eviction"], o["expert_preload"], o["expert_preload_k"]),
+            runtime=o["runtime"],
+            device=o["device"],
+            threads=o["threads"],
+            trace=not o["no_trace"],
+            trace_dir=o["trace_dir"],
+            profile=o["profile"],
+        )
 
     def options(self) -> dict:
         """The options that give this configuration: `RunConfig.from_options(**cfg.options()) == cfg`."""
         t, s, w, e = self.tree, self.sampling, self.worker or WorkerSplit(), self.experts
-        return {"target": self.target, "mode": self.mode, "memory_budget": self.memory_budget,
-                "max_new_tokens": self.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p, "seed": s.seed,
-                "draft": self.draft, "dtype": self.dtype, "draft_dtype": self.draft_dtype, "chat": self.chat,
-                "context": self.context, "threads": self.threads, "device": self.device, "runtime": self.runtime,
-                "width": 0 if t.width_auto else t.width, "chain_k": t.chain_k, "branch_threshold": t.branch_threshold, "alpha": t.alpha,
-                "no_trie": not t.trie, "fixed_width": not t.adaptive,
-                "draft_ahead": "auto" if t.ahead_auto else str(t.ahead), "draft_window": t.prompt_window,
-                "profile": self.profile, "draft_vocab": self.draft_vocab, "expert_eviction": e.eviction,
-                "expert_preload": e.preload, "expert_preload_k": e.preload_k,
-                "sparse_worker": self.worker is not None, "worker_share": w.share, "column_share": w.columns,
-                "trace_dir": self.trace_dir, "no_trace": not self.trace}
+        return {
+            "target": self.target,
+            "mode": self.mode,
+            "memory_budget": self.memory_budget,
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "seed": s.seed,
+            "draft": self.draft,
+            "dtype": self.dtype,
+            "draft_dtype": self.draft_dtype,
+            "chat": self.chat,
+            "context": self.context,
+            "threads": self.threads,
+            "device": self.device,
+            "runtime": self.runtime,
+            "width": 0 if t.width_auto else t.width,
+            "chain_k": t.chain_k,
+            "branch_threshold": t.branch_threshold,
+            "alpha": t.alpha,
+            "no_trie": not t.trie,
+            "fixed_width": not t.adaptive,
+            "draft_ahead": "auto" if t.ahead_auto else str(t.ahead),
+            "draft_window": t.prompt_window,
+            "profile": self.profile,
+            "draft_vocab": self.draft_vocab,
+            "expert_eviction": e.eviction,
+            "expert_preload": e.preload,
+            "expert_preload_k": e.preload_k,
+            "sparse_worker": self.worker is not None,
+            "worker_share": w.share,
+            "column_share": w.columns,
+            "trace_dir": self.trace_dir,
+            "no_trace": not self.trace,
+        }
 
     def replace(self, **kw) -> RunConfig:
         return dataclasses.replace(self, **kw)
@@ -134,7 +203,9 @@ class RunConfig:
     def with_mode(self, mode: str, **kw) -> RunConfig:
         """The same run in another mode (the same models; `kw`: other fields changed with it): its tree
         settings follow."""
-        return self.replace(mode=mode, tree=dataclasses.replace(self.tree, mode="chain" if mode == "chain" else "tree"), **kw)
+        return self.replace(
+            mode=mode, tree=dataclasses.replace(self.tree, mode="chain" if mode == "chain" else "tree"), **kw
+        )
 
     # -- what follows from it -----------------------------------------------------------------------
 

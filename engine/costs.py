@@ -7,6 +7,7 @@ draft, and reads a stretch of the store with direct I/O for the disk's rate. Fro
 forward of `rows` rows costs about max(compute, bytes read / disk rate): the loader reads while the
 verifier computes.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -126,8 +127,15 @@ def _layer(w, x, h, a) -> None:
 TOKENS_PER_VERIFICATION = 2.5  # what a draft of the same family gives, at the least, on varied text (BENCHMARKS.md)
 
 
-def draft_pays(costs_: Costs, target: WeightStore, draft: WeightStore, read_with: int, read_without: int,
-               width: int, tokens_per_verification: float = TOKENS_PER_VERIFICATION) -> bool:
+def draft_pays(
+    costs_: Costs,
+    target: WeightStore,
+    draft: WeightStore,
+    read_with: int,
+    read_without: int,
+    width: int,
+    tokens_per_verification: float = TOKENS_PER_VERIFICATION,
+) -> bool:
     """Whether the draft, which leaves `read_with` bytes to read per target forward where the target alone
     reads `read_without`, should give more tokens per second: a verification of `width` draft tokens (and a
     draft forward per level of the tree) against a plain step, at `tokens_per_verification`."""

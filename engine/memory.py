@@ -5,6 +5,7 @@ configuration and stores become those byte counts: the target's streamable group
 weights (its head cut to FR-Spec's rows), the KV caches at the run's context, the overheads measured
 on this machine.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,13 +55,24 @@ def plan_inputs(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, 
     trie = 8 * cfg.context if cfg.tree.trie and cfg.mode == "tree" else 0
     prompt = cfg.context - (cfg.max_new_tokens or 0)  # the longest prompt, where the new tokens are known
     o = overheads or measure_overheads(
-        target.args.to_dict(), draft.args.to_dict() if draft else None, width=cfg.tree.budget, context=prompt,
-        greedy=cfg.sampling.greedy and not cfg.plan_sampling, draft_window=cfg.tree.prompt_window, draft_vocab=rows,
-        trie_nodes=trie, trace_events=TRACE_EVENTS + 2048)  # the sink's and the scheduler's own, before they move on
-    return {"target_groups": groups, "draft_weights": draft_w,
-            "draft_kv": draft.args.kv_bytes_per_token() * kv_rows(cfg, draft=True) if draft else 0,
-            "target_kv": target.args.kv_bytes_per_token() * kv_rows(cfg), "overheads": o,
-            **({"experts": experts, "experts_used": target.args.n_experts_used} if experts else {})}
+        target.args.to_dict(),
+        draft.args.to_dict() if draft else None,
+        width=cfg.tree.budget,
+        context=prompt,
+        greedy=cfg.sampling.greedy and not cfg.plan_sampling,
+        draft_window=cfg.tree.prompt_window,
+        draft_vocab=rows,
+        trie_nodes=trie,
+        trace_events=TRACE_EVENTS + 2048,
+    )  # the sink's and the scheduler's own, before they move on
+    return {
+        "target_groups": groups,
+        "draft_weights": draft_w,
+        "draft_kv": draft.args.kv_bytes_per_token() * kv_rows(cfg, draft=True) if draft else 0,
+        "target_kv": target.args.kv_bytes_per_token() * kv_rows(cfg),
+        "overheads": o,
+        **({"experts": experts, "experts_used": target.args.n_experts_used} if experts else {}),
+    }
 
 
 def memory_plan(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, overheads=None):
@@ -88,16 +100,24 @@ def runtime_config(cfg: RunConfig, target: WeightStore, plan, preload: tuple[str
         mem = MemoryConfig(budget_bytes=psutil.virtual_memory().total, arena_bytes=(64 << 20) + extra)
         return RuntimeConfig(memory=mem, trace=trace, preload=preload)
     o = plan.overheads
-    roles = {"verifier": plan.resident_bytes + plan.target_kv + o.actor + o.verifier_activations,
-             "scheduler": o.scheduler + o.watchdog + o.runtime + o.code}
+    roles = {
+        "verifier": plan.resident_bytes + plan.target_kv + o.actor + o.verifier_activations,
+        "scheduler": o.scheduler + o.watchdog + o.runtime + o.code,
+    }
     if plan.has_draft:
         roles["draft"] = plan.draft_weights + plan.draft_kv + o.actor + o.draft_activations
     if plan.streamed or plan.expert_buffer:
         roles["loader"] = o.actor
-    mem = MemoryConfig(budget_bytes=plan.budget, arena_bytes=plan.arena_bytes, stream_bytes=plan.stream_bytes,
-                       expert_bytes=plan.expert_buffer, role_bytes=roles)
-    return RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=plan.slot_bytes or (1 << 20)), trace=trace,
-                         preload=preload)
+    mem = MemoryConfig(
+        budget_bytes=plan.budget,
+        arena_bytes=plan.arena_bytes,
+        stream_bytes=plan.stream_bytes,
+        expert_bytes=plan.expert_buffer,
+        role_bytes=roles,
+    )
+    return RuntimeConfig(
+        memory=mem, pipeline=PipelineConfig(layer_bytes=plan.slot_bytes or (1 << 20)), trace=trace, preload=preload
+    )
 
 
 def settle_draft(r, say) -> None:
@@ -119,9 +139,11 @@ def settle_draft(r, say) -> None:
         return  # the draft pushes nothing of the target out: the governor weighs it step by step
     c = costs(r.target, r.draft)
     if not draft_pays(c, r.target, r.draft, with_draft.read_per_forward, without.read_per_forward, r.cfg.tree.width):
-        say(f"draft: none (under {with_draft.budget / 2**30:.2f} GiB the draft {r.cfg.draft} would push "
+        say(
+            f"draft: none (under {with_draft.budget / 2**30:.2f} GiB the draft {r.cfg.draft} would push "
             f"{(with_draft.read_per_forward - without.read_per_forward) / 2**20:.0f} MiB more of the target to disk "
-            "every forward than it saves here; --draft NAME keeps it)")
+            "every forward than it saves here; --draft NAME keeps it)"
+        )
         if r.cfg.memory_budget == "auto":  # the budget the two plans were weighed under, not the trie's own smallest
             alone = alone.replace(memory_budget=str(with_draft.budget))
         r.cfg, r.draft, r.draft_picked = alone, None, False
@@ -151,6 +173,8 @@ def settle_width(r, say) -> None:
     c = costs(r.target, r.draft)
     verify, read = c.hidden_by_reads(r.target.args.n_layers, WIDE + 1, plan.read_per_forward)
     if verify < read:
-        say(f"width: {WIDE} (this machine verifies {WIDE + 1} rows in {verify * 1e3:.0f} ms, less than the "
-            f"{read * 1e3:.0f} ms the disk takes for the {plan.read_per_forward / 2**20:.0f} MiB each forward streams)")
+        say(
+            f"width: {WIDE} (this machine verifies {WIDE + 1} rows in {verify * 1e3:.0f} ms, less than the "
+            f"{read * 1e3:.0f} ms the disk takes for the {plan.read_per_forward / 2**20:.0f} MiB each forward streams)"
+        )
         r.cfg = wide

@@ -6,6 +6,7 @@ same names; `RunConfig.from_options` (engine/config.py) turns them into one type
 `RunConfig.options` gives them back. A name is the flag without its dashes, `-` as `_`:
 `--max-new-tokens 64` is `max_new_tokens=64`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,71 +44,193 @@ OUTPUT = "output"
 
 OPTIONS: tuple[Option, ...] = (
     # the common ones first: what `--help` shows at the top
-    Option("target", DEFAULT_TARGET, "target model: a default name, a .gguf file, an HF directory or a weight store", common=True),
-    Option("mode", "tree", "tree: token-tree speculation; chain: classic speculative decoding; target: the target "
-           "alone; std, stdpl: the target alone streamed under --memory-budget (without / with prefetch)", choices=MODES, common=True),
-    Option("memory_budget", None, "hard memory bound for the whole run, e.g. 1GiB, 768MiB or auto (the smallest "
-           "budget that works and half the target); target layers that do not fit stream from disk", common=True),
-    Option("max_new_tokens", None, "most tokens to generate (default: until the model ends its turn or the "
-           "context is full)", kind=int, metavar="N", common=True),
+    Option(
+        "target",
+        DEFAULT_TARGET,
+        "target model: a default name, a .gguf file, an HF directory or a weight store",
+        common=True,
+    ),
+    Option(
+        "mode",
+        "tree",
+        "tree: token-tree speculation; chain: classic speculative decoding; target: the target "
+        "alone; std, stdpl: the target alone streamed under --memory-budget (without / with prefetch)",
+        choices=MODES,
+        common=True,
+    ),
+    Option(
+        "memory_budget",
+        None,
+        "hard memory bound for the whole run, e.g. 1GiB, 768MiB or auto (the smallest "
+        "budget that works and half the target); target layers that do not fit stream from disk",
+        common=True,
+    ),
+    Option(
+        "max_new_tokens",
+        None,
+        "most tokens to generate (default: until the model ends its turn or the context is full)",
+        kind=int,
+        metavar="N",
+        common=True,
+    ),
     Option("temperature", 0.0, "0 means greedy: the output is exactly the target model's", kind=float, common=True),
-    Option("top_p", 1.0, "nucleus sampling: the smallest set of tokens whose probability reaches P", kind=float, common=True),
+    Option(
+        "top_p",
+        1.0,
+        "nucleus sampling: the smallest set of tokens whose probability reaches P",
+        kind=float,
+        common=True,
+    ),
     Option("seed", 0, "the sampling seed", kind=int, common=True),
-    Option("draft", "auto", f"draft model for the speculative modes; auto: {DEFAULT_DRAFT}, or another known model "
-           "that shares the target's tokenizer, or none; none: tree mode with no draft model, the n-gram trie of the "
-           "prompt and output proposes (for budgets that cannot hold a draft)", common=True),
-    Option("dtype", "int4", f"weight format: {', '.join(FORMATS)} (converted once, on first use)", choices=FORMATS,
-           aliases=("--format",), common=True),
-    Option("draft_dtype", None, "the draft's weight format (default: --dtype), e.g. an int4 draft for a bf16 target",
-           choices=FORMATS),
-    Option("chat", "auto", "apply the model's chat template (auto: to a prompt given on the command line and to "
-           "prompt kinds copy/open, when the model has one)", choices=("auto", "on", "off"), common=True),
-    Option("context", None, "tokens a generation may hold, prompt and answer (the KV caches' room; default: the "
-           "longest prompt plus --max-new-tokens where both are known, else 4096, or 2048 under --memory-budget; "
-           "at most the model's context)",
-           kind=int, metavar="N", common=True),
+    Option(
+        "draft",
+        "auto",
+        f"draft model for the speculative modes; auto: {DEFAULT_DRAFT}, or another known model "
+        "that shares the target's tokenizer, or none; none: tree mode with no draft model, the n-gram trie of the "
+        "prompt and output proposes (for budgets that cannot hold a draft)",
+        common=True,
+    ),
+    Option(
+        "dtype",
+        "int4",
+        f"weight format: {', '.join(FORMATS)} (converted once, on first use)",
+        choices=FORMATS,
+        aliases=("--format",),
+        common=True,
+    ),
+    Option(
+        "draft_dtype",
+        None,
+        "the draft's weight format (default: --dtype), e.g. an int4 draft for a bf16 target",
+        choices=FORMATS,
+    ),
+    Option(
+        "chat",
+        "auto",
+        "apply the model's chat template (auto: to a prompt given on the command line and to "
+        "prompt kinds copy/open, when the model has one)",
+        choices=("auto", "on", "off"),
+        common=True,
+    ),
+    Option(
+        "context",
+        None,
+        "tokens a generation may hold, prompt and answer (the KV caches' room; default: the "
+        "longest prompt plus --max-new-tokens where both are known, else 4096, or 2048 under --memory-budget; "
+        "at most the model's context)",
+        kind=int,
+        metavar="N",
+        common=True,
+    ),
     Option("threads", 0, "CPU threads per process (0: all cores)", kind=int, common=True),
     Option("device", "cpu", "cpu or cuda (cuda needs --runtime inproc)"),
-    Option("runtime", "actors", "actors: draft and verifier as processes under the scheduler; inproc: one process",
-           choices=RUNTIMES),
-    Option("width", 0, f"tree mode: most draft tokens per verification (0: {TreeConfig.width}, or {WIDE} under a memory "
-           "budget where this machine verifies that many while the disk reads the streamed layers)", kind=int,
-           group=SPECULATION),
+    Option(
+        "runtime",
+        "actors",
+        "actors: draft and verifier as processes under the scheduler; inproc: one process",
+        choices=RUNTIMES,
+    ),
+    Option(
+        "width",
+        0,
+        f"tree mode: most draft tokens per verification (0: {TreeConfig.width}, or {WIDE} under a memory "
+        "budget where this machine verifies that many while the disk reads the streamed layers)",
+        kind=int,
+        group=SPECULATION,
+    ),
     Option("chain_k", TreeConfig.chain_k, "chain mode: draft tokens per verification", kind=int, group=SPECULATION),
-    Option("branch_threshold", TreeConfig.branch_threshold, "tree mode: a candidate with at least this draft "
-           "probability opens a branch", kind=float, group=SPECULATION),
-    Option("alpha", TreeConfig.alpha, "initial fallback threshold (verify when Tc < alpha)", kind=float,
-           group=SPECULATION),
+    Option(
+        "branch_threshold",
+        TreeConfig.branch_threshold,
+        "tree mode: a candidate with at least this draft probability opens a branch",
+        kind=float,
+        group=SPECULATION,
+    ),
+    Option(
+        "alpha", TreeConfig.alpha, "initial fallback threshold (verify when Tc < alpha)", kind=float, group=SPECULATION
+    ),
     Option("no_trie", False, "tree mode: no Lookahead trie candidates", kind=bool, group=SPECULATION),
     Option("fixed_width", False, "always use the full width (no adaptive governor)", kind=bool, group=SPECULATION),
-    Option("draft_ahead", "auto", "draft forwards the draft may run while the target verifies (LLMCad's speculative "
-           f"drafting during verification, greedy, over the actors); auto: up to {AUTO_AHEAD}, only while the streamed "
-           "target keeps the verifier waiting on the disk (beside a busy verifier on 2 cores it slows it more than it "
-           "saves, BENCHMARKS.md); 0: never", group=SPECULATION),
-    Option("draft_window", PROMPT_WINDOW, "the draft runs on the prompt's last N tokens only (0: the whole prompt); "
-           "its prefill costs about a draft step per token on a CPU", kind=int, group=SPECULATION, metavar="N"),
-    Option("profile", None, "an ARCA profile (launch profile --out): its width, tree and partition",
-           group=SPECULATION, metavar="PROFILE.json"),
-    Option("draft_vocab", None, "the draft proposes only the N most frequent tokens (FR-Spec: its output head keeps N "
-           "rows); default 32768 under --memory-budget, else the whole vocabulary; 0: the whole vocabulary",
-           kind=int, group=MEMORY, metavar="N"),
-    Option("expert_eviction", "lru", "which expert leaves the buffer first: least recently used, EdgeMoE's score "
-           "(activation frequency x how soon its layer runs), or none: no buffer, every expert read when used",
-           choices=("lru", "edgemoe", "none"), group=EXPERTS),
-    Option("expert_preload", "none", "read the next layer's likely experts while this one computes: paths: EdgeMoE's "
-           "path statistics (launch models profile-experts), router: the next layer's router on this layer's input; "
-           "none: LRU alone was fastest on a 2-core CPU (BENCHMARKS.md)", choices=("none", "paths", "router"),
-           group=EXPERTS),
+    Option(
+        "draft_ahead",
+        "auto",
+        "draft forwards the draft may run while the target verifies (LLMCad's speculative "
+        f"drafting during verification, greedy, over the actors); auto: up to {AUTO_AHEAD}, only while the streamed "
+        "target keeps the verifier waiting on the disk (beside a busy verifier on 2 cores it slows it more than it "
+        "saves, BENCHMARKS.md); 0: never",
+        group=SPECULATION,
+    ),
+    Option(
+        "draft_window",
+        PROMPT_WINDOW,
+        "the draft runs on the prompt's last N tokens only (0: the whole prompt); "
+        "its prefill costs about a draft step per token on a CPU",
+        kind=int,
+        group=SPECULATION,
+        metavar="N",
+    ),
+    Option(
+        "profile",
+        None,
+        "an ARCA profile (launch profile --out): its width, tree and partition",
+        group=SPECULATION,
+        metavar="PROFILE.json",
+    ),
+    Option(
+        "draft_vocab",
+        None,
+        "the draft proposes only the N most frequent tokens (FR-Spec: its output head keeps N "
+        "rows); default 32768 under --memory-budget, else the whole vocabulary; 0: the whole vocabulary",
+        kind=int,
+        group=MEMORY,
+        metavar="N",
+    ),
+    Option(
+        "expert_eviction",
+        "lru",
+        "which expert leaves the buffer first: least recently used, EdgeMoE's score "
+        "(activation frequency x how soon its layer runs), or none: no buffer, every expert read when used",
+        choices=("lru", "edgemoe", "none"),
+        group=EXPERTS,
+    ),
+    Option(
+        "expert_preload",
+        "none",
+        "read the next layer's likely experts while this one computes: paths: EdgeMoE's "
+        "path statistics (launch models profile-experts), router: the next layer's router on this layer's input; "
+        "none: LRU alone was fastest on a 2-core CPU (BENCHMARKS.md)",
+        choices=("none", "paths", "router"),
+        group=EXPERTS,
+    ),
     Option("expert_preload_k", 2, "experts preloaded per layer", kind=int, group=EXPERTS, metavar="K"),
-    Option("sparse_worker", False, "split tree attention with the CPU sparse-attention actor; one core each",
-           kind=bool, group=WORKER),
-    Option("worker_share", 0.0, "with --sparse-worker: the share of the dense attention chunks the worker takes too",
-           kind=float, group=WORKER),
-    Option("column_share", 0.0, "with --sparse-worker: the share of every target linear layer's output columns the "
-           "worker computes in multi-token passes (Ghidorah's column split; the target must be resident)",
-           kind=float, group=WORKER),
-    Option("trace_dir", None, "the folder for the Chrome trace (default: ./traces if it exists, else "
-           "$CADENCE_HOME/traces)", group=OUTPUT),
+    Option(
+        "sparse_worker",
+        False,
+        "split tree attention with the CPU sparse-attention actor; one core each",
+        kind=bool,
+        group=WORKER,
+    ),
+    Option(
+        "worker_share",
+        0.0,
+        "with --sparse-worker: the share of the dense attention chunks the worker takes too",
+        kind=float,
+        group=WORKER,
+    ),
+    Option(
+        "column_share",
+        0.0,
+        "with --sparse-worker: the share of every target linear layer's output columns the "
+        "worker computes in multi-token passes (Ghidorah's column split; the target must be resident)",
+        kind=float,
+        group=WORKER,
+    ),
+    Option(
+        "trace_dir",
+        None,
+        "the folder for the Chrome trace (default: ./traces if it exists, else $CADENCE_HOME/traces)",
+        group=OUTPUT,
+    ),
     Option("no_trace", False, "write no trace", kind=bool, group=OUTPUT),
 )
 

@@ -1,4 +1,5 @@
 """Prompt sets (`{"id", "kind", "prompt"}` per JSONL line) and how a prompt becomes token ids."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,9 @@ from models.textcheck import TooLong
 # The development prompt set: bench and profile default to it. The shared folder beside the checkout
 # holds the team's copy; the package carries one (engine/assets) for a checkout or wheel anywhere else.
 _SHARED_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "prompts" / "dev.jsonl"
-DEFAULT_PROMPTS = _SHARED_PROMPTS if _SHARED_PROMPTS.exists() else Path(__file__).resolve().parent / "assets" / "dev.jsonl"
+DEFAULT_PROMPTS = (
+    _SHARED_PROMPTS if _SHARED_PROMPTS.exists() else Path(__file__).resolve().parent / "assets" / "dev.jsonl"
+)
 
 # Kinds whose prompts are instructions: with --chat auto they get the model's chat template.
 INSTRUCTION_KINDS = {"copy", "open", "chat"}
@@ -50,18 +53,35 @@ def _prompt(path: Path, n: int, line: str) -> Prompt:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise CadenceError(f"{path}:{n} is not a prompt line (not JSON: {e.msg}, column {e.colno}); "
-                           'each line must be a JSON object with at least "prompt"') from None
-    why = (f"{_json_kind(row)}, not an object" if not isinstance(row, dict) else
-           'it has no "prompt" field' if "prompt" not in row else
-           f'its "prompt" is {_json_kind(row["prompt"])}, not a string' if not isinstance(row["prompt"], str) else None)
+        raise CadenceError(
+            f"{path}:{n} is not a prompt line (not JSON: {e.msg}, column {e.colno}); "
+            'each line must be a JSON object with at least "prompt"'
+        ) from None
+    why = (
+        f"{_json_kind(row)}, not an object"
+        if not isinstance(row, dict)
+        else 'it has no "prompt" field'
+        if "prompt" not in row
+        else f'its "prompt" is {_json_kind(row["prompt"])}, not a string'
+        if not isinstance(row["prompt"], str)
+        else None
+    )
     if why:
-        raise CadenceError(f'{path}:{n} is not a prompt line ({why}); each line must be a JSON object with at least "prompt"')
+        raise CadenceError(
+            f'{path}:{n} is not a prompt line ({why}); each line must be a JSON object with at least "prompt"'
+        )
     return Prompt(str(row.get("id", f"p{n}")), str(row.get("kind", "complete")), row["prompt"], row.get("chat"))
 
 
 def _json_kind(v) -> str:
-    kinds = {dict: "an object", list: "an array", str: "a string", bool: "true or false", int: "a number", float: "a number"}
+    kinds = {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "true or false",
+        int: "a number",
+        float: "a number",
+    }
     return kinds.get(type(v), "null")
 
 
@@ -82,7 +102,13 @@ def encode_prompt(tokenizer, prompt: Prompt, chat_mode: str, limit: int | None =
     auto a model without a template (a base model) gets the raw text. `limit`: the context, for the
     tokenizer's cheap refusal of a text that cannot fit."""
     chat = use_chat(prompt, chat_mode)
-    if chat and chat_mode == "auto" and prompt.chat is None and not tokenizer.info.chat_template and not prompt.messages:
+    if (
+        chat
+        and chat_mode == "auto"
+        and prompt.chat is None
+        and not tokenizer.info.chat_template
+        and not prompt.messages
+    ):
         chat = False
     try:
         if not chat:
@@ -91,8 +117,11 @@ def encode_prompt(tokenizer, prompt: Prompt, chat_mode: str, limit: int | None =
         text = tokenizer.apply_chat_template(messages, name="messages" if prompt.messages else None)
         return tokenizer.encode(text, limit=limit), True
     except TooLong as e:
-        raise PromptError(f"{e.name} has {'' if e.exact else 'at least '}{e.tokens} tokens, but the context holds "
-                          f"{e.limit}; shorten it or give a larger --context", _param(e.name, prompt)) from None
+        raise PromptError(
+            f"{e.name} has {'' if e.exact else 'at least '}{e.tokens} tokens, but the context holds "
+            f"{e.limit}; shorten it or give a larger --context",
+            _param(e.name, prompt),
+        ) from None
     except CadenceError as e:  # text that is not text: this prompt's, not the run's
         raise PromptError(str(e), _param(str(e), prompt)) from None
 

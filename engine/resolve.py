@@ -3,6 +3,7 @@ use), the draft `auto` picks, the ARCA profile's tree and partition, the prompts
 context, a mixture of experts' path profile. `Runner`, `launch plan` and `launch bench --cgroup` all
 start here, so they run what one another plan.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,8 +57,10 @@ def resolve(cfg: RunConfig, prompts: list[Prompt] | None = None, say: Callable[[
         cfg = cfg.replace(draft=pick_draft(cfg, target, say) if cfg.speculative else "none")
     draft = ensure_store(cfg.draft, cfg.draft_format) if cfg.draft_model else None
     if draft is not None and draft.tokenizer_info.tokenizer_json != target.tokenizer_info.tokenizer_json:
-        raise CadenceError(f"the draft {cfg.draft} and the target {cfg.target} have different tokenizers; "
-                           "speculative modes need a draft that shares the target's vocabulary")
+        raise CadenceError(
+            f"the draft {cfg.draft} and the target {cfg.target} have different tokenizers; "
+            "speculative modes need a draft that shares the target's vocabulary"
+        )
     if profile is not None:
         cfg = apply_profile(cfg, profile)
     tokenizer = TextTokenizer(target.tokenizer_info)
@@ -79,8 +82,9 @@ def context(cfg: RunConfig, target: WeightStore, prompt_lengths: list[int]) -> i
     most = target.args.context_length
     if cfg.context is not None:
         if cfg.context > most:
-            raise CadenceError(f"--context {cfg.context} is more than {cfg.target} holds ({most} tokens); give at "
-                               f"most {most}")
+            raise CadenceError(
+                f"--context {cfg.context} is more than {cfg.target} holds ({most} tokens); give at most {most}"
+            )
         return cfg.context
     longest = max(prompt_lengths, default=0)
     if longest and cfg.max_new_tokens:
@@ -92,8 +96,15 @@ def apply_profile(cfg: RunConfig, prof: dict) -> RunConfig:
     """An ARCA profile's choices (launch profile): its width and static tree (tree mode), its partition."""
     tree, worker = cfg.tree, cfg.worker
     if prof["width"] > 0 and cfg.mode == "tree":
-        tree = dataclasses.replace(tree, width=prof["width"], width_auto=False, trie=False, adaptive=False,
-                                   shape_parents=tuple(prof["tree"]["parents"]), shape_ranks=tuple(prof["tree"]["ranks"]))
+        tree = dataclasses.replace(
+            tree,
+            width=prof["width"],
+            width_auto=False,
+            trie=False,
+            adaptive=False,
+            shape_parents=tuple(prof["tree"]["parents"]),
+            shape_ranks=tuple(prof["tree"]["ranks"]),
+        )
     if prof["partition"] != "none":
         worker = WorkerSplit(*parse_partition(prof["partition"]))
     return cfg.replace(tree=tree, worker=worker)
@@ -110,17 +121,25 @@ def pick_draft(cfg: RunConfig, target: WeightStore, say: Callable[[str], None]) 
         if name == cfg.target or (name != registry.DEFAULT_DRAFT and not is_pulled(registry.spec(name))):
             continue
         store = ensure_store(name, cfg.draft_format)
-        if store.manifest["file_bytes"] < target.manifest["file_bytes"] and \
-                store.tokenizer_info.tokenizer_json == target.tokenizer_info.tokenizer_json:
+        if (
+            store.manifest["file_bytes"] < target.manifest["file_bytes"]
+            and store.tokenizer_info.tokenizer_json == target.tokenizer_info.tokenizer_json
+        ):
             if name != registry.DEFAULT_DRAFT:
-                say(f"draft: {name} (the default draft {registry.DEFAULT_DRAFT} does not share {cfg.target}'s "
-                    "tokenizer)")
+                say(
+                    f"draft: {name} (the default draft {registry.DEFAULT_DRAFT} does not share {cfg.target}'s "
+                    "tokenizer)"
+                )
             return name
     if cfg.mode == "chain":
-        raise CadenceError(f"no known draft shares {cfg.target}'s tokenizer; give --draft, or use --mode tree "
-                           "(with no draft model the n-gram trie proposes)")
-    say(f"draft: none ({cfg.target} shares no known draft's tokenizer): the n-gram trie of the prompt and the "
-        "output proposes")
+        raise CadenceError(
+            f"no known draft shares {cfg.target}'s tokenizer; give --draft, or use --mode tree "
+            "(with no draft model the n-gram trie proposes)"
+        )
+    say(
+        f"draft: none ({cfg.target} shares no known draft's tokenizer): the n-gram trie of the prompt and the "
+        "output proposes"
+    )
     return "none"
 
 
@@ -135,6 +154,8 @@ def expert_paths(cfg: RunConfig, target: WeightStore):
     if path.exists():
         return PathStats.load(path)
     if e.preload == "paths":
-        raise CadenceError(f"--expert-preload paths needs the expert path profile of {target.dir.name}; write it "
-                           f"with `launch models profile-experts {cfg.target}`")
+        raise CadenceError(
+            f"--expert-preload paths needs the expert path profile of {target.dir.name}; write it "
+            f"with `launch models profile-experts {cfg.target}`"
+        )
     return None

@@ -5,6 +5,7 @@ One row per (prompt, mode). Fields every row has (see README "JSON rows"):
   id, kind, mode, target, draft, format, chat, prompt_token_ids, new_token_ids, text,
   wall_s, prefill_s, tokens_per_s, peak_rss_bytes, stats
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,23 @@ from pathlib import Path
 
 from common.errors import CadenceError
 
-ROW_FIELDS = ("id", "kind", "mode", "target", "draft", "format", "chat", "prompt_token_ids", "new_token_ids",
-              "text", "wall_s", "prefill_s", "tokens_per_s", "peak_rss_bytes", "stats")
+ROW_FIELDS = (
+    "id",
+    "kind",
+    "mode",
+    "target",
+    "draft",
+    "format",
+    "chat",
+    "prompt_token_ids",
+    "new_token_ids",
+    "text",
+    "wall_s",
+    "prefill_s",
+    "tokens_per_s",
+    "peak_rss_bytes",
+    "stats",
+)
 
 
 @dataclass(frozen=True)
@@ -75,5 +91,6 @@ def write_rows(path: str | Path, rows: list[dict]):
     except OSError as e:
         with tempfile.NamedTemporaryFile("w", prefix="cadence-rows-", suffix=".json", delete=False) as f:
             f.write(text)
-        raise CadenceError(f"could not write {path} ({e.strerror or e}); the {len(rows)} rows were saved to {f.name} "
-                           "instead") from None
+        raise CadenceError(
+            f"could not write {path} ({e.strerror or e}); the {len(rows)} rows were saved to {f.name} instead"
+        ) from None

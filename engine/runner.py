@@ -11,6 +11,7 @@ Runtimes: `actors` (the default) runs the verifier and draft as actor processes 
 (shared-memory tensors, ZeroMQ control, a Chrome trace per run); `inproc` runs the same cycle in
 this process (engine/sessions.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -70,16 +71,22 @@ class Runner:
 
     # -- generating -----------------------------------------------------------------------------------
 
-    def run(self, prompt: Prompt, mode: str | None = None, on_chunk: Callable[[Chunk], None] | None = None,
-            **kw) -> Completion:
+    def run(
+        self, prompt: Prompt, mode: str | None = None, on_chunk: Callable[[Chunk], None] | None = None, **kw
+    ) -> Completion:
         """`stream` to its end; `on_chunk(chunk)` after each cycle."""
         for chunk in self.stream(prompt, mode, **kw):
             if on_chunk:
                 on_chunk(chunk)
         return chunk.completion
 
-    def stream(self, prompt: Prompt, mode: str | None = None, max_new_tokens: int | None = None,
-               sampling: SamplingConfig | None = None) -> Iterator[Chunk]:
+    def stream(
+        self,
+        prompt: Prompt,
+        mode: str | None = None,
+        max_new_tokens: int | None = None,
+        sampling: SamplingConfig | None = None,
+    ) -> Iterator[Chunk]:
         """The generation for `prompt`, a chunk per cycle (stop tokens are never part of the text). A
         consumer may stop early between chunks (a client that went away): each ends a cycle, where the
         models agree with the text, and the next generation starts afresh. `mode` (another of the modes
@@ -101,7 +108,9 @@ class Runner:
         limits(self.cfg.context, len(ids), max_new_tokens or self.cfg.max_new_tokens)
         return dataclasses.replace(prompt, ids=tuple(ids), chat=chat)
 
-    def for_generation(self, mode: str | None, max_new_tokens: int | None, sampling: SamplingConfig | None) -> RunConfig:
+    def for_generation(
+        self, mode: str | None, max_new_tokens: int | None, sampling: SamplingConfig | None
+    ) -> RunConfig:
         cfg = self.cfg
         if mode and mode != cfg.mode:
             if mode in ("chain", "tree") and not cfg.speculative:
@@ -109,30 +118,54 @@ class Runner:
             if self.session.streamer is not None and (mode == "std") != (cfg.mode == "std"):
                 self.session.streamer.prefetch = mode != "std"
             cfg = cfg.with_mode(mode)
-        return dataclasses.replace(cfg, max_new_tokens=max_new_tokens or cfg.max_new_tokens,
-                                   sampling=sampling or cfg.sampling)
+        return dataclasses.replace(
+            cfg, max_new_tokens=max_new_tokens or cfg.max_new_tokens, sampling=sampling or cfg.sampling
+        )
 
     def _completion(self, prompt: Prompt, cfg: RunConfig, chat: bool, gen, text: str) -> Completion:
         stop = self.tokenizer.stop_ids
         finish = "stop" if gen.new_ids and gen.new_ids[-1] in stop else "length"
-        row = make_row(id=prompt.id, kind=prompt.kind, mode=cfg.mode, target=cfg.target, draft=cfg.draft_model,
-                       format=cfg.dtype, chat=chat, prompt_token_ids=gen.prompt_ids, new_token_ids=gen.new_ids,
-                       text=text, wall_s=gen.wall_s, prefill_s=gen.prefill_s,
-                       peak_rss_bytes=peak_rss_bytes(self.actor_peaks()), stats=gen.stats, runtime=cfg.runtime,
-                       finish_reason=finish, **self._plan_fields())
+        row = make_row(
+            id=prompt.id,
+            kind=prompt.kind,
+            mode=cfg.mode,
+            target=cfg.target,
+            draft=cfg.draft_model,
+            format=cfg.dtype,
+            chat=chat,
+            prompt_token_ids=gen.prompt_ids,
+            new_token_ids=gen.new_ids,
+            text=text,
+            wall_s=gen.wall_s,
+            prefill_s=gen.prefill_s,
+            peak_rss_bytes=peak_rss_bytes(self.actor_peaks()),
+            stats=gen.stats,
+            runtime=cfg.runtime,
+            finish_reason=finish,
+            **self._plan_fields(),
+        )
         return Completion(text, gen.new_ids, finish, len(gen.prompt_ids), row["tokens_per_s"], gen.stats, row)
 
     def _plan_fields(self) -> dict:
         p = self.plan
         if p is None:
             return {}
-        out = {"memory_budget_bytes": p.budget,
-               "memory_plan": {"total_bytes": p.total, "held_bytes": p.held, "resident_groups": len(p.resident),
-                               "streamed_groups": len(p.streamed), "slots": p.n_slots, "slot_bytes": p.slot_bytes,
-                               "read_per_forward_bytes": p.read_per_forward}}
+        out = {
+            "memory_budget_bytes": p.budget,
+            "memory_plan": {
+                "total_bytes": p.total,
+                "held_bytes": p.held,
+                "resident_groups": len(p.resident),
+                "streamed_groups": len(p.streamed),
+                "slots": p.n_slots,
+                "slot_bytes": p.slot_bytes,
+                "read_per_forward_bytes": p.read_per_forward,
+            },
+        }
         if p.experts:
-            out["memory_plan"].update(expert_buffer_bytes=p.expert_buffer, expert_slots=p.expert_slots,
-                                      experts=p.experts)
+            out["memory_plan"].update(
+                expert_buffer_bytes=p.expert_buffer, expert_slots=p.expert_slots, experts=p.experts
+            )
             bits = "+bits" if "expert_formats" in self.resolved.target.manifest else ""
             out["experts"] = self.cfg.experts.label + bits
         return out

@@ -2,6 +2,7 @@
 default) or in this process (`LocalSession`, `--runtime inproc`). Either has a speculation cycle
 (`loop`, speculative/loop.py) that the runner streams from, the same way.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,15 @@ class LocalSession:
         draft = None
         if cfg.speculative:
             draft = LocalDraft(self.draft.model) if self.draft is not None else TrieDraft(cfg.tree.width)
-        self.loop = Speculation(LocalTarget(self.target.model), draft, cfg.mode, cfg.tree, cfg.sampling, cfg.context,
-                                r.target.args.context_length)
+        self.loop = Speculation(
+            LocalTarget(self.target.model),
+            draft,
+            cfg.mode,
+            cfg.tree,
+            cfg.sampling,
+            cfg.context,
+            r.target.args.context_length,
+        )
 
     def close(self) -> None:
         pass
@@ -54,9 +62,21 @@ def open_actors(r: Resolved, plan):
     preload = (*ACTOR_MODULES, *(("actors.sparse",) if cfg.worker else ()))
     sched = Runtime(runtime_config(cfg, r.target, plan, preload)).__enter__()
     try:
-        spec = SessionSpec(cfg.mode, str(r.target.dir), r.target.args, str(r.draft.dir) if r.draft else None,
-                           cfg.sampling, cfg.tree, cfg.threads or os.cpu_count() or 1, cfg.context, plan, cfg.worker,
-                           cfg.experts, r.paths, draft_rows(cfg, r.draft) if plan is not None else 0)
+        spec = SessionSpec(
+            cfg.mode,
+            str(r.target.dir),
+            r.target.args,
+            str(r.draft.dir) if r.draft else None,
+            cfg.sampling,
+            cfg.tree,
+            cfg.threads or os.cpu_count() or 1,
+            cfg.context,
+            plan,
+            cfg.worker,
+            cfg.experts,
+            r.paths,
+            draft_rows(cfg, r.draft) if plan is not None else 0,
+        )
         return sched, ActorSession(sched, spec)
     except BaseException:
         sched.shutdown()

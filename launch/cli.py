@@ -3,6 +3,7 @@
 Each subcommand is a module with `add_parser(subparsers)` that sets `func` on its parser;
 `func(args)` returns an exit code. A `CadenceError` anywhere ends in one readable sentence.
 """
+
 from __future__ import annotations
 
 import argparse

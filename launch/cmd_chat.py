@@ -5,6 +5,7 @@ template whole every turn, and the verifier keeps its KV cache between turns: a 
 with the last one's prompt and answer, so only the new message is prefilled. `/reset` forgets the
 conversation, `/exit` (or Ctrl-D) ends it.
 """
+
 from __future__ import annotations
 
 import sys
@@ -63,7 +64,10 @@ def _turn(llm: LLM, history: list[dict], line: str) -> list[dict]:
         return history
     reply = chunk.completion
     print(flush=True)
-    print(f"[{len(reply.token_ids)} tokens, {reply.tokens_per_s:.2f} tok/s, "
-          f"{reply.stats.get('reused_prompt_tokens', 0)} of {reply.prompt_tokens} prompt tokens from the cache]",
-          file=sys.stderr, flush=True)
+    print(
+        f"[{len(reply.token_ids)} tokens, {reply.tokens_per_s:.2f} tok/s, "
+        f"{reply.stats.get('reused_prompt_tokens', 0)} of {reply.prompt_tokens} prompt tokens from the cache]",
+        file=sys.stderr,
+        flush=True,
+    )
     return [*asked, {"role": "assistant", "content": reply.text}]

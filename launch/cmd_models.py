@@ -1,4 +1,5 @@
 """`launch models pull|list|convert|rm|profile-experts|expert-bits`."""
+
 from __future__ import annotations
 
 import shutil
@@ -27,29 +28,48 @@ def add_parser(sub):
     pc.add_argument("--dtype", "--format", dest="fmt", default="bf16", help=f"one of {', '.join(linear.FORMATS)}")
     pc.add_argument("--group-size", type=int, default=32, help="int4 quantization group (32 or 64)")
     pc.set_defaults(func=cmd_convert)
-    pe = msub.add_parser("profile-experts", help="a mixture of experts: record its routing on calibration prompts and "
-                                                  "write EdgeMoE's path statistics beside its weight store")
+    pe = msub.add_parser(
+        "profile-experts",
+        help="a mixture of experts: record its routing on calibration prompts and "
+        "write EdgeMoE's path statistics beside its weight store",
+    )
     pe.add_argument("name", help="a .gguf file or an HF model directory holding a mixture of experts")
-    pe.add_argument("--dtype", "--format", dest="fmt", default="int4", help="the weight store to profile (as --dtype of run)")
+    pe.add_argument(
+        "--dtype", "--format", dest="fmt", default="int4", help="the weight store to profile (as --dtype of run)"
+    )
     pe.add_argument("--prompts", default=None, help="calibration prompts (JSONL; default: the development set)")
     pe.add_argument("--tokens", type=int, default=64, help="tokens generated per prompt (their paths count too)")
     pe.set_defaults(func=cmd_profile_experts)
-    pb = msub.add_parser("expert-bits", help="a mixture of experts: choose each expert's bitwidth (INT2/4/8) within a "
-                                              "tolerable accuracy loss (EdgeMoE) and write a weight store with them")
+    pb = msub.add_parser(
+        "expert-bits",
+        help="a mixture of experts: choose each expert's bitwidth (INT2/4/8) within a "
+        "tolerable accuracy loss (EdgeMoE) and write a weight store with them",
+    )
     pb.add_argument("name", help="a .gguf file or an HF model directory holding a mixture of experts")
-    pb.add_argument("--loss", type=float, default=0.05,
-                    help="tolerable accuracy loss: the share of calibration positions whose next-token choice may differ "
-                         "from the model's with every expert at INT8 (default 0.05)")
+    pb.add_argument(
+        "--loss",
+        type=float,
+        default=0.05,
+        help="tolerable accuracy loss: the share of calibration positions whose next-token choice may differ "
+        "from the model's with every expert at INT8 (default 0.05)",
+    )
     pb.add_argument("--dtype", "--format", dest="fmt", default="int4", help="the format of the non-expert weights")
     pb.add_argument("--prompts", default=None, help="calibration prompts (JSONL; default: the development set)")
     pb.add_argument("--tokens", type=int, default=256, help="calibration tokens per prompt (its first N)")
-    pb.add_argument("--levels", default="int2,int4,int8",
-                    help="the bitwidths to choose from, fewest bits first; the last is the reference the loss is measured "
-                         "against (int2,int4: against the int4 store, in half the memory: every expert is held at each level)")
+    pb.add_argument(
+        "--levels",
+        default="int2,int4,int8",
+        help="the bitwidths to choose from, fewest bits first; the last is the reference the loss is measured "
+        "against (int2,int4: against the int4 store, in half the memory: every expert is held at each level)",
+    )
     pb.set_defaults(func=cmd_expert_bits)
     pr = msub.add_parser("rm", help="remove a pulled model and its weight stores, or one weight store")
-    pr.add_argument("names", nargs="+", help="default model names (as `launch models list` shows them) or weight store names")
-    pr.add_argument("--stores-only", action="store_true", help="keep the pulled model file, remove only its weight stores")
+    pr.add_argument(
+        "names", nargs="+", help="default model names (as `launch models list` shows them) or weight store names"
+    )
+    pr.add_argument(
+        "--stores-only", action="store_true", help="keep the pulled model file, remove only its weight stores"
+    )
     pr.set_defaults(func=cmd_rm)
 
 
@@ -73,16 +93,22 @@ def cmd_list(args) -> int:
     for c in ("store", "format", "layers", "size", "source sha256"):
         t.add_column(c)
     for st in known_stores():
-        t.add_row(st.dir.name, st.format, str(st.args.n_layers), f"{st.manifest['file_bytes'] / 1e6:.0f} MB",
-                  st.manifest["source"]["sha256"][:12])
+        t.add_row(
+            st.dir.name,
+            st.format,
+            str(st.args.n_layers),
+            f"{st.manifest['file_bytes'] / 1e6:.0f} MB",
+            st.manifest["source"]["sha256"][:12],
+        )
     console.print(t)
     return 0
 
 
 def cmd_convert(args) -> int:
     if args.fmt == "int4" and args.group_size not in linear.GROUP_SIZES:  # before a model is read or pulled
-        raise CadenceError(f"--group-size {args.group_size} is not supported for int4; use "
-                           f"{' or '.join(map(str, linear.GROUP_SIZES))}")
+        raise CadenceError(
+            f"--group-size {args.group_size} is not supported for int4; use {' or '.join(map(str, linear.GROUP_SIZES))}"
+        )
     st = ensure_store(args.name, args.fmt, args.group_size)
     print(f"{st.dir} ({st.manifest['file_bytes'] / 1e6:.0f} MB)")
     return 0
@@ -143,14 +169,28 @@ def cmd_expert_bits(args) -> int:
     keep = {(f"blk.{i}.exp.{e}.{w}", f) for (i, e), f in choice.formats.items() for w in ("gate_up", "down")}
     encoded = {k: v for k, v in encoded.items() if k in keep}  # the levels not chosen go now
     convert(source, out, args.fmt, label=label, expert_formats=choice.formats, encoded=encoded)
-    (out / "expert_bits.json").write_text(json.dumps({
-        "loss_tolerated": args.loss, "levels": list(levels), "loss": choice.loss, "uniform_loss": choice.uniform_loss, "counts": counts,
-        "evaluations": choice.evaluations, "calibration_tokens": sum(len(c) for c in calibration)}, indent=1))
-    print(f"{out}: experts at " + ", ".join(f"{lvl} {n}" for lvl, n in counts.items() if n) +
-          f"; accuracy loss against {levels[-1]} {choice.loss:.3f} (tolerated {args.loss}; every expert at "
-          + ", ".join(f"{lvl} {choice.uniform_loss[lvl]:.3f}" for lvl in levels[:-1]) +
-          f"); {choice.evaluations} evaluations, {time.time() - t0:.0f} s. "
-          f"Run it with --target {out}")
+    (out / "expert_bits.json").write_text(
+        json.dumps(
+            {
+                "loss_tolerated": args.loss,
+                "levels": list(levels),
+                "loss": choice.loss,
+                "uniform_loss": choice.uniform_loss,
+                "counts": counts,
+                "evaluations": choice.evaluations,
+                "calibration_tokens": sum(len(c) for c in calibration),
+            },
+            indent=1,
+        )
+    )
+    print(
+        f"{out}: experts at "
+        + ", ".join(f"{lvl} {n}" for lvl, n in counts.items() if n)
+        + f"; accuracy loss against {levels[-1]} {choice.loss:.3f} (tolerated {args.loss}; every expert at "
+        + ", ".join(f"{lvl} {choice.uniform_loss[lvl]:.3f}" for lvl in levels[:-1])
+        + f"); {choice.evaluations} evaluations, {time.time() - t0:.0f} s. "
+        f"Run it with --target {out}"
+    )
     return 0
 
 
@@ -167,16 +207,27 @@ def _choose_bitwidths(base, source, levels: tuple[str, ...], args):
     from models.weights import StreamingWeights
 
     a = base.args
-    with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True)) as bar:
+    with Progress(
+        TextColumn("{task.description:<40}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    ) as bar:
         task = bar.add_task(f"experts at {', '.join(levels)}", total=a.n_layers * a.n_experts)
-        variants, encoded = quantize_experts(lambda n: torch.from_numpy(source.get(n)), a, levels,
-                                             progress=lambda: bar.advance(task))
-    weights = MixedExperts(StreamingWeights(base, {g for g in base.group_names() if not g.startswith("expert.")}), variants)
+        variants, encoded = quantize_experts(
+            lambda n: torch.from_numpy(source.get(n)), a, levels, progress=lambda: bar.advance(task)
+        )
+    weights = MixedExperts(
+        StreamingWeights(base, {g for g in base.group_names() if not g.startswith("expert.")}), variants
+    )
     model = Transformer(a, weights)
     tok = TextTokenizer(base.tokenizer_info)
-    calibration = [torch.tensor(ids[:args.tokens]) for p in load_prompts(args.prompts or DEFAULT_PROMPTS)
-                   if len(ids := tok.encode(p.text)) > 1]
+    calibration = [
+        torch.tensor(ids[: args.tokens])
+        for p in load_prompts(args.prompts or DEFAULT_PROMPTS)
+        if len(ids := tok.encode(p.text)) > 1
+    ]
     weights.default = levels[-1]
     return choose_bitwidths(model, weights, calibration, args.loss, levels), encoded, calibration
 
@@ -185,7 +236,9 @@ def cmd_rm(args) -> int:
     targets = [_removable(name, args.stores_only) for name in args.names]  # every name checked before anything goes
     for name, found in zip(args.names, targets):
         if not found:
-            raise CadenceError(f"nothing to remove for {name}: it is not pulled and has no weight stores under {paths.home()}")
+            raise CadenceError(
+                f"nothing to remove for {name}: it is not pulled and has no weight stores under {paths.home()}"
+            )
     for path in (p for found in targets for p in found):
         try:
             if path.is_dir():
@@ -193,7 +246,9 @@ def cmd_rm(args) -> int:
             else:
                 path.unlink()
         except OSError as e:
-            raise CadenceError(f"cannot remove {path} ({e.strerror or e}); check the permissions under {paths.home()}") from None
+            raise CadenceError(
+                f"cannot remove {path} ({e.strerror or e}); check the permissions under {paths.home()}"
+            ) from None
         print(f"removed {path}")
     return 0
 
@@ -209,5 +264,6 @@ def _removable(name: str, stores_only: bool) -> list[Path]:
         return files + sorted(stores.glob(f"{spec.name}-*-{spec.sha256[:12]}*"))
     if name and "/" not in name and (stores / name / "manifest.json").is_file():
         return [stores / name]
-    raise CadenceError(f"unknown model or weight store '{name}'; `launch models list` shows the models and stores "
-                       "on this machine")
+    raise CadenceError(
+        f"unknown model or weight store '{name}'; `launch models list` shows the models and stores on this machine"
+    )

@@ -5,6 +5,7 @@ tokenizer as a run's scheduler would (its memory is part of the plan), and print
 mode asked for, then the smallest budget each mode works with. No model weights are read and no
 actor starts.
 """
+
 from __future__ import annotations
 
 import sys
@@ -47,14 +48,25 @@ def _ranges(names: list[str]) -> str:
 def cmd_plan(args) -> int:
     if not args.memory_budget:
         raise CadenceError("launch plan needs --memory-budget (e.g. 768MiB, 2GiB or auto)")
-    prompts = load_prompts(args.prompts) if args.prompts else [Prompt("prompt", "complete", args.prompt)] if args.prompt else []
+    prompts = (
+        load_prompts(args.prompts)
+        if args.prompts
+        else [Prompt("prompt", "complete", args.prompt)]
+        if args.prompt
+        else []
+    )
     r = resolve(run_config(args), prompts)  # the tokenizer is held as a run's scheduler holds it: measured with it
     r.tokenizer.release_encoder()  # as a run does once its prompts are encoded
     settle_draft(r, print)  # under a budget, the draft `auto` picked stays where it pays
     settle_width(r, print)  # and the tree widens where the disk hides its verification
     cfg = r.cfg
-    what = f"{cfg.mode} {cfg.target} {cfg.dtype}" + (f", draft {cfg.draft_model} {cfg.draft_format}" if cfg.draft_model else
-                                                      ", no draft model" if cfg.mode == "tree" else "")
+    what = f"{cfg.mode} {cfg.target} {cfg.dtype}" + (
+        f", draft {cfg.draft_model} {cfg.draft_format}"
+        if cfg.draft_model
+        else ", no draft model"
+        if cfg.mode == "tree"
+        else ""
+    )
     new = f"up to {cfg.max_new_tokens} new" if cfg.max_new_tokens else "prompt and answer"
     print(f"{what}; KV caches for a context of {cfg.context} tokens ({new})")
     failed = None
@@ -67,8 +79,10 @@ def cmd_plan(args) -> int:
         print(plan.report())
         print(f"  resident: {_ranges(list(plan.resident))}")
         if plan.streamed:
-            print(f"  streamed: {_ranges(list(plan.streamed))}, through {plan.n_slots} slots of {fmt(plan.slot_bytes)}; "
-                  f"{fmt(plan.read_per_forward)} read per target forward")
+            print(
+                f"  streamed: {_ranges(list(plan.streamed))}, through {plan.n_slots} slots of {fmt(plan.slot_bytes)}; "
+                f"{fmt(plan.read_per_forward)} read per target forward"
+            )
         else:
             print("  streamed: nothing (the whole target fits)")
     print("smallest budget per mode:")

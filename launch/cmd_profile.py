@@ -2,6 +2,7 @@
 `launch run --profile` uses: the width, tree and partition with the most expected accepted tokens per
 second on this machine and draft.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,18 +42,33 @@ def cmd_profile(args) -> int:
     best = ranked[0]
     _print(m, ctx, args.fmt)
     profile = {
-        "target": args.target, "draft": args.draft, "format": args.fmt, "machine": machine(),
-        "date": time.strftime("%Y-%m-%d"), "width": best["width"], "partition": best["partition"],
-        "tree": best.get("tree", {"parents": [], "ranks": []}), "expected_tokens_per_s": best["tokens_per_s"],
-        "acceptance": [[round(x, 4) for x in row] for row in m["acceptance"]], "step_s": m["step_s"],
-        "draft_level_s": m["draft_level"], "candidates": ranked[:20],
-        "unit_ms": {"|".join(map(str, k)): round(v * 1e3, 4)
-                    for k, v in {**{("2t",) + k: v for k, v in m["both"].items()},
-                                 **{("1t",) + k: v for k, v in m["one"].items()}}.items()},
+        "target": args.target,
+        "draft": args.draft,
+        "format": args.fmt,
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "width": best["width"],
+        "partition": best["partition"],
+        "tree": best.get("tree", {"parents": [], "ranks": []}),
+        "expected_tokens_per_s": best["tokens_per_s"],
+        "acceptance": [[round(x, 4) for x in row] for row in m["acceptance"]],
+        "step_s": m["step_s"],
+        "draft_level_s": m["draft_level"],
+        "candidates": ranked[:20],
+        "unit_ms": {
+            "|".join(map(str, k)): round(v * 1e3, 4)
+            for k, v in {
+                **{("2t",) + k: v for k, v in m["both"].items()},
+                **{("1t",) + k: v for k, v in m["one"].items()},
+            }.items()
+        },
     }
     Path(args.out).write_text(json.dumps(profile, indent=1))
-    why = ("the target alone: no tree pays for its draft and verification on this machine" if best["width"] == 0 else
-           f"width {best['width']}, {best['partition']}: {best['expected']:.2f} tokens expected per verification")
+    why = (
+        "the target alone: no tree pays for its draft and verification on this machine"
+        if best["width"] == 0
+        else f"width {best['width']}, {best['partition']}: {best['expected']:.2f} tokens expected per verification"
+    )
     print(f"chose {why}; wrote {args.out}", file=sys.stderr)
     return 0
 
@@ -64,15 +80,33 @@ def _print(m: dict, ctx: int, fmt: str) -> None:
         t.add_column(c)
     for r in sorted(ranked, key=lambda r: (r["width"], r["partition"])):
         mark = " *" if r is best else ""
-        t.add_row(str(r["width"]), r["partition"], f"{r['expected']:.2f}", f"{r['draft_s'] * 1e3:.0f}",
-                  f"{r['verify_s'] * 1e3:.0f}", f"{r['tokens_per_s']:.2f}{mark}")
+        t.add_row(
+            str(r["width"]),
+            r["partition"],
+            f"{r['expected']:.2f}",
+            f"{r['draft_s'] * 1e3:.0f}",
+            f"{r['verify_s'] * 1e3:.0f}",
+            f"{r['tokens_per_s']:.2f}{mark}",
+        )
     Console().print(t)
-    units = Table(title="one target layer per unit (ms): linear work, dense and sparse attention at context " + str(ctx))
+    units = Table(
+        title="one target layer per unit (ms): linear work, dense and sparse attention at context " + str(ctx)
+    )
     for c in ("rows", "linear 2 cores", "linear 1 core", "dense 1 core", "sparse 1 core"):
         units.add_column(c)
     both, one = m["both"], m["one"]
     for width in arca_profile.arca.WIDTHS:
         rows = width + 1
-        units.add_row(str(rows), *[f"{v * 1e3:.2f}" for v in (both[("linear", rows)], one[("linear", rows)],
-                                                             one[("dense", rows, ctx)], one[("sparse", rows, ctx)])])
+        units.add_row(
+            str(rows),
+            *[
+                f"{v * 1e3:.2f}"
+                for v in (
+                    both[("linear", rows)],
+                    one[("linear", rows)],
+                    one[("dense", rows, ctx)],
+                    one[("sparse", rows, ctx)],
+                )
+            ],
+        )
     Console().print(units)

@@ -4,6 +4,7 @@ Rows are written as they finish (the JSON file rewritten atomically after each),
 killed run keeps what it finished; in a prompt set, a prompt that cannot run (too long, not text) is
 reported and skipped, the others run, and the exit code says so (EXIT_SKIPPED).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,11 +27,16 @@ EXIT_SKIPPED = 3  # some prompts were reported and skipped; the others ran
 
 def add_parser(sub):
     p = sub.add_parser("run", help="generate text")
-    p.add_argument("text", nargs="?", default=None, metavar="PROMPT",
-                   help="the prompt; - reads it from stdin (as does a piped stdin with no prompt given)")
+    p.add_argument(
+        "text",
+        nargs="?",
+        default=None,
+        metavar="PROMPT",
+        help="the prompt; - reads it from stdin (as does a piped stdin with no prompt given)",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="one prompt (the same as PROMPT)")
-    src.add_argument("--prompts", help="a JSONL prompt set: {\"id\", \"kind\", \"prompt\"} per line")
+    src.add_argument("--prompts", help='a JSONL prompt set: {"id", "kind", "prompt"} per line')
     p.add_argument("--json", dest="json_out", help="write one JSON row per prompt to this file, as each finishes")
     add_run_options(p)
     add_monitor_args(p)
@@ -54,8 +60,10 @@ def _stdin_text() -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise CadenceError(f"the prompt read from stdin is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); "
-                           "convert it first, e.g. with iconv -t UTF-8") from None
+        raise CadenceError(
+            f"the prompt read from stdin is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); "
+            "convert it first, e.g. with iconv -t UTF-8"
+        ) from None
 
 
 def _piped(f) -> bool:
@@ -139,9 +147,11 @@ def _row_line(row: dict, runner: Runner) -> str:
     st = row["stats"]
     accepted = f", {st['mean_accepted']} accepted per verification" if "mean_accepted" in st else ""
     held = runner.held_bytes()
-    return (f"[{len(row['new_token_ids'])} tokens in {row['wall_s']:.2f} s, {row['tokens_per_s']:.2f} tok/s, "
-            f"mode {row['mode']}, {row['format']}{accepted}, {held / 2**20:.0f} MiB held, "
-            f"ended by {row['finish_reason']}]")
+    return (
+        f"[{len(row['new_token_ids'])} tokens in {row['wall_s']:.2f} s, {row['tokens_per_s']:.2f} tok/s, "
+        f"mode {row['mode']}, {row['format']}{accepted}, {held / 2**20:.0f} MiB held, "
+        f"ended by {row['finish_reason']}]"
+    )
 
 
 def _finish(args, runner: Runner, rows: list[dict]) -> None:

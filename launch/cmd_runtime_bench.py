@@ -1,5 +1,6 @@
 """`launch runtime-bench`: the actor runtime's benchmark (bench/runtime.py; BENCHMARKS.md, "Actor runtime"):
 the control round trip, the tensor handoff by size against pickling, this machine's memcpy."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """`launch serve`: the OpenAI-compatible HTTP API (serve/app.py) on 127.0.0.1:8080 by default."""
+
 from __future__ import annotations
 
 import sys
@@ -51,8 +52,11 @@ def cmd_serve(args) -> int:
         raise CadenceError(f"the models could not be loaded: {gen.error}")
     budget = gen.llm.plan.budget if gen.llm.plan is not None else None
     app = make_app(gen, ServeConfig(cfg.target, args.api_key, budget, max_body, args.open_metrics))
-    print(f"launch serve: http://{args.host}:{args.port}/v1 ({cfg.target}, mode {cfg.mode}); Ctrl-C stops",
-          file=sys.stderr, flush=True)
+    print(
+        f"launch serve: http://{args.host}:{args.port}/v1 ({cfg.target}, mode {cfg.mode}); Ctrl-C stops",
+        file=sys.stderr,
+        flush=True,
+    )
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False))
     mon = _monitor(args, gen)
     try:

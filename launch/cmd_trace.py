@@ -1,4 +1,5 @@
 """`launch trace summary|html`: read a run's Chrome trace (traces/<run-id>.json)."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,9 @@ def _read(path: str) -> dict:
         raise CadenceError(f"{p} is not a JSON trace ({e}); {where}") from None
     why = not_a_trace(trace)
     if why:
-        raise CadenceError(f"{p} is not a trace: {why}; give the trace a run wrote (traces/<run-id>.json, named on its "
-                           "`trace:` line)")
+        raise CadenceError(
+            f"{p} is not a trace: {why}; give the trace a run wrote (traces/<run-id>.json, named on its `trace:` line)"
+        )
     return trace
 
 

@@ -2,6 +2,7 @@
 ones, made from the option table (engine/options.py), and turns them into a `RunConfig` the same way
 (`run_config`). Only the CLI reads argparse namespaces; the engine gets configs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,9 @@ def add_run_options(p: argparse.ArgumentParser, **defaults) -> None:
         _add(groups[o.group if full else None], o, defaults.get(o.name, o.default), full or o.common)
     p.add_argument(HELP_ALL, action="help", help="show every option, not only the common ones")
     if hidden:
-        p.epilog = f"{hidden} more options (speculation, memory, mixtures of experts, the sparse worker, traces): {HELP_ALL}"
+        p.epilog = (
+            f"{hidden} more options (speculation, memory, mixtures of experts, the sparse worker, traces): {HELP_ALL}"
+        )
 
 
 def _add(p, o: Option, default, shown: bool) -> None:
@@ -40,8 +43,16 @@ def _add(p, o: Option, default, shown: bool) -> None:
     if o.kind is bool:
         p.add_argument(o.flag, *o.aliases, dest=o.name, action="store_true", help=text)
         return
-    p.add_argument(o.flag, *o.aliases, dest=o.name, type=o.kind, default=default, help=text,
-                   choices=o.choices or None, metavar=o.metavar)
+    p.add_argument(
+        o.flag,
+        *o.aliases,
+        dest=o.name,
+        type=o.kind,
+        default=default,
+        help=text,
+        choices=o.choices or None,
+        metavar=o.metavar,
+    )
 
 
 def options_of(args: argparse.Namespace) -> dict:
@@ -57,7 +68,9 @@ def run_config(args: argparse.Namespace, **override) -> RunConfig:
 def describe(cfg: RunConfig) -> str:
     """The run in one line: its models, context and runtime, and every option it was given that is not
     the default (what a user checks to see that an option reached the run)."""
-    given = {k: v for k, v in cfg.options().items() if v != DEFAULTS[k] and k not in ("target", "mode", "dtype", "draft")}
+    given = {
+        k: v for k, v in cfg.options().items() if v != DEFAULTS[k] and k not in ("target", "mode", "dtype", "draft")
+    }
     draft = f", draft {cfg.draft_model}" if cfg.draft_model else ", no draft model" if cfg.speculative else ""
     extra = "; " + " ".join(f"{k}={v}" for k, v in given.items()) if given else ""
     return f"{cfg.mode} {cfg.target} {cfg.dtype}{draft}; context {cfg.context} tokens; {cfg.runtime}{extra}"

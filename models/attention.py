@@ -4,6 +4,7 @@ A block of T new tokens is written to cache slots [L, L+T). Row r sees the commi
 [0, n_shared) and then its own list of slots, in position order: for a causal block, the new
 slots up to itself; for a token tree, the slots of its ancestors and itself.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ class Visibility:
         mask = torch.zeros(self.rows, n_slots, dtype=torch.bool)
         mask[:, : self.n_shared] = True
         for r in range(self.rows):
-            mask[r, self.idx[self.ptr[r]:self.ptr[r + 1]].long()] = True
+            mask[r, self.idx[self.ptr[r] : self.ptr[r + 1]].long()] = True
         return mask
 
     def depths(self) -> torch.Tensor:
@@ -68,7 +69,9 @@ class Visibility:
         return (self.ptr[1:] - self.ptr[:-1]).long() + self.n_shared - 1
 
 
-def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility, scale: float) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility, scale: float
+) -> torch.Tensor:
     """q [T, H, D] -> [T, H, D] over k/v cache [Hkv, cap, D]."""
     if q.device.type == "cpu" and kernels.available():
         return kernels.attention(q.contiguous(), k_cache, v_cache, vis.n_shared, vis.ptr, vis.idx, scale)

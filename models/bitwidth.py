@@ -12,6 +12,7 @@ quantizing it to the lower bound changes in its layer's output on the calibratio
 to it (its routing weight times the output error, summed), measured in one pass, so that a model
 of a thousand experts needs a dozen evaluations, not a thousand.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -85,8 +86,13 @@ def _logits(model: Transformer, ids: torch.Tensor) -> torch.Tensor:
     return model.forward(ids, torch.arange(len(ids)), model.new_cache(len(ids)))
 
 
-def choose_bitwidths(model: Transformer, mixed: MixedExperts, calibration: list[torch.Tensor], tolerance: float,
-                     levels: tuple[str, ...] = LEVELS) -> BitwidthChoice:
+def choose_bitwidths(
+    model: Transformer,
+    mixed: MixedExperts,
+    calibration: list[torch.Tensor],
+    tolerance: float,
+    levels: tuple[str, ...] = LEVELS,
+) -> BitwidthChoice:
     """`model` runs on `mixed` (variants for every one of `levels`, fewest bits first; the last is the
     reference the loss is measured against); `calibration`: token id sequences."""
     if not 0 <= tolerance < 1:
@@ -151,5 +157,3 @@ def _importance(model: Transformer, mixed: MixedExperts, routes: list, lo: str, 
             d = (model.ffn(low.gate_up, low.down, x) - model.ffn(ref.gate_up, ref.down, x)) * top[rows, k, None]
             out[i, e] = out.get((i, e), 0.0) + float(d.pow(2).sum()) / scale
     return out
-
-

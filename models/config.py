@@ -6,6 +6,7 @@ projection), mixtral. Every MoE layer routes each token to `n_experts_used` of `
 SwiGLU experts of width `expert_ffn_dim` by a softmax over the router's logits, the top-k
 weights renormalised to sum to one where the model says so (`norm_topk`).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -53,8 +54,10 @@ class ModelArgs:
         if self.qk_norm not in QK_NORMS:
             raise CadenceError(f"qk_norm={self.qk_norm!r} is not one of {QK_NORMS}")
         if self.n_experts and not (0 < self.n_experts_used <= self.n_experts and self.expert_ffn_dim > 0):
-            raise CadenceError(f"a mixture of experts needs 0 < experts used ({self.n_experts_used}) <= experts "
-                               f"({self.n_experts}) and an expert width > 0 ({self.expert_ffn_dim})")
+            raise CadenceError(
+                f"a mixture of experts needs 0 < experts used ({self.n_experts_used}) <= experts "
+                f"({self.n_experts}) and an expert width > 0 ({self.expert_ffn_dim})"
+            )
         if self.head_dim % 2:
             raise CadenceError(f"head_dim={self.head_dim} must be even for rotary embeddings")
 

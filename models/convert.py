@@ -1,4 +1,5 @@
 """Convert a model source (GGUF / HF) into a weight store, once per source hash and format."""
+
 from __future__ import annotations
 
 import fcntl
@@ -22,8 +23,19 @@ from models.files import no_space
 from models.pull import is_pulled, model_path, pull
 from models.store import WeightStore, StoreWriter
 
-LINEAR = ("attn_qkv", "attn_out", "ffn_gate_up", "ffn_down", "head", "ffn_router", "ffn_shexp_gate", "ffn_shexp_gate_up",
-          "ffn_shexp_down", "gate_up", "down")
+LINEAR = (
+    "attn_qkv",
+    "attn_out",
+    "ffn_gate_up",
+    "ffn_down",
+    "head",
+    "ffn_router",
+    "ffn_shexp_gate",
+    "ffn_shexp_gate_up",
+    "ffn_shexp_down",
+    "gate_up",
+    "down",
+)
 # kept in fp32 whatever the format: a router decides which experts run, and its weights are a few KiB per layer
 FP32_LINEAR = ("ffn_router", "ffn_shexp_gate")
 
@@ -43,8 +55,17 @@ def linear_format(name: str, fmt: str, expert_formats: dict | None = None) -> st
     return fmt
 
 
-def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str = "", progress: Progress | None = None,
-            expert_formats: dict | None = None, encoded: dict | None = None) -> Path:
+def convert(
+    source,
+    out_dir: Path,
+    fmt: str,
+    *,
+    group_size: int = 32,
+    label: str = "",
+    progress: Progress | None = None,
+    expert_formats: dict | None = None,
+    encoded: dict | None = None,
+) -> Path:
     """Write `source` as a weight store at `out_dir` (atomically: a `.partial` dir renamed at the end), under
     the store's lock (`store_lock`). `expert_formats`: {(layer, expert): format} for experts stored at their
     own bitwidth (EdgeMoE §3.2); `encoded`: {(tensor, format): (arrays, meta)} already encoded
@@ -53,8 +74,16 @@ def convert(source, out_dir: Path, fmt: str, *, group_size: int = 32, label: str
         return _write_store(source, out_dir, fmt, group_size, label, progress, expert_formats, encoded)
 
 
-def _write_store(source, out_dir: Path, fmt: str, group_size: int, label: str, progress: Progress | None = None,
-                 expert_formats: dict | None = None, encoded: dict | None = None) -> Path:
+def _write_store(
+    source,
+    out_dir: Path,
+    fmt: str,
+    group_size: int,
+    label: str,
+    progress: Progress | None = None,
+    expert_formats: dict | None = None,
+    encoded: dict | None = None,
+) -> Path:
     from models.source import canonical_names
 
     check_format(fmt)
@@ -67,19 +96,36 @@ def _write_store(source, out_dir: Path, fmt: str, group_size: int, label: str, p
     tmp.parent.mkdir(parents=True, exist_ok=True)
     writer = StoreWriter(tmp)
     own = progress is None
-    progress = progress or Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                    console=Console(stderr=True))  # stdout is the generated text
+    progress = progress or Progress(
+        TextColumn("{task.description:<40}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )  # stdout is the generated text
     task = progress.add_task(f"convert {label or out_dir.name} -> {fmt}", total=len(names) + len(starts))
     t0 = time.time()
     try:
         if own:
             progress.start()
-        _write_tensors(writer, source, names, starts, fmt, group_size, expert_formats, encoded,
-                       lambda: progress.advance(task))
-        writer.finish({"model": args.to_dict(), "format": fmt, "group_size": group_size,
-                       **({"expert_formats": sorted([l, e, f] for (l, e), f in expert_formats.items())} if expert_formats else {}),
-                       "source": {"kind": source.kind, "path": str(source.path), "sha256": source.identity()},
-                       "convert_seconds": round(time.time() - t0, 1)}, source.tokenizer)
+        _write_tensors(
+            writer, source, names, starts, fmt, group_size, expert_formats, encoded, lambda: progress.advance(task)
+        )
+        writer.finish(
+            {
+                "model": args.to_dict(),
+                "format": fmt,
+                "group_size": group_size,
+                **(
+                    {"expert_formats": sorted([l, e, f] for (l, e), f in expert_formats.items())}
+                    if expert_formats
+                    else {}
+                ),
+                "source": {"kind": source.kind, "path": str(source.path), "sha256": source.identity()},
+                "convert_seconds": round(time.time() - t0, 1),
+            },
+            source.tokenizer,
+        )
     except BaseException as e:
         writer.abort()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -95,8 +141,17 @@ def _write_store(source, out_dir: Path, fmt: str, group_size: int, label: str, p
     return out_dir
 
 
-def _write_tensors(writer: StoreWriter, source, names: list, starts: list[int], fmt: str, group_size: int,
-                   expert_formats: dict | None, encoded: dict | None, advance) -> None:
+def _write_tensors(
+    writer: StoreWriter,
+    source,
+    names: list,
+    starts: list[int],
+    fmt: str,
+    group_size: int,
+    expert_formats: dict | None,
+    encoded: dict | None,
+    advance,
+) -> None:
     """Every tensor of `source` into `writer`, in the store's group order; `advance()` after each."""
     import torch
 
@@ -221,7 +276,6 @@ def ensure_store(model: str, fmt: str, group_size: int = 32, say=None) -> Weight
     if not _current(out):  # missing, or written by another version of cadence (a cache): convert, replacing it
         paths.writable_dir(out.parent)
         if "torch" in sys.modules:
-
             with store_lock(out, say):
                 if not _current(out):  # the process this one waited for wrote it
                     _write_store(open_source(path, sha), out, fmt, group_size, label)
@@ -236,12 +290,21 @@ def _convert_in_child(model: str, fmt: str, group_size: int) -> None:
     the run. The child's progress bars and its one-sentence error reach the user as they are."""
     from shm.watchdog import python_env
 
-    p = subprocess.run([sys.executable, "-m", "models.convert", model, fmt, str(group_size)], env=python_env(),
-                       stdin=subprocess.DEVNULL, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "models.convert", model, fmt, str(group_size)],
+        env=python_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=sys.stderr,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if p.returncode != 0:
         lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
-        raise CadenceError(lines[-1].removeprefix("convert: ") if lines else
-                           f"converting {model} to {fmt} failed (exit code {p.returncode})")
+        raise CadenceError(
+            lines[-1].removeprefix("convert: ")
+            if lines
+            else f"converting {model} to {fmt} failed (exit code {p.returncode})"
+        )
     sys.stderr.write(p.stderr)
 
 

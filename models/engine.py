@@ -1,6 +1,7 @@
 """Loading a model for generation: its weight store, tokenizer and transformer, every layer resident.
 
 Generation itself, the target alone included, is the speculation cycle (speculative/generate.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,4 +34,6 @@ def load_store(store: WeightStore | str, name: str = "", device: str = "cpu") ->
     if not isinstance(store, WeightStore):
         store = WeightStore(store)
     weights = ResidentWeights(store, device)
-    return LoadedModel(name or store.dir.name, store, TextTokenizer(store.tokenizer_info), Transformer(store.args, weights, device))
+    return LoadedModel(
+        name or store.dir.name, store, TextTokenizer(store.tokenizer_info), Transformer(store.args, weights, device)
+    )

@@ -1,5 +1,6 @@
 """Reading the files a model comes in: a file that is not what it claims to be ends in one sentence that
 names it (a device given as a model, a config.json that is not JSON, a full disk under a weight store)."""
+
 from __future__ import annotations
 
 import errno
@@ -10,8 +11,13 @@ from pathlib import Path
 from common import paths
 from common.errors import CadenceError
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def what_is(path: Path) -> str:
@@ -66,5 +72,7 @@ def no_space(e: OSError, path: Path) -> CadenceError | None:
     other failure."""
     if e.errno not in (errno.ENOSPC, errno.EDQUOT):
         return None
-    return CadenceError(f"no space left for {path} ({e.strerror}); free some space on its disk, or point CADENCE_HOME "
-                        f"(now {paths.home()}) at a disk with room")
+    return CadenceError(
+        f"no space left for {path} ({e.strerror}); free some space on its disk, or point CADENCE_HOME "
+        f"(now {paths.home()}) at a disk with room"
+    )

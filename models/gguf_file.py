@@ -4,6 +4,7 @@
 152k-token file; reading the header directly takes a fraction of a second. Block layouts and
 dequantization stay with `gguf` (`GGML_QUANT_SIZES`, `quants.dequantize`).
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,19 @@ from gguf.quants import dequantize, quant_shape_to_byte_shape
 from common.errors import CadenceError
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NP = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32, 7: np.bool_,
-       10: np.uint64, 11: np.int64, 12: np.float64}
+_NP = {
+    0: np.uint8,
+    1: np.int8,
+    2: np.uint16,
+    3: np.int16,
+    4: np.uint32,
+    5: np.int32,
+    6: np.float32,
+    7: np.bool_,
+    10: np.uint64,
+    11: np.int64,
+    12: np.float64,
+}
 _STRING, _ARRAY = 8, 9
 _HEADER_BYTES = 24  # magic, version, tensor count, field count
 _MAX_DIMS = 4  # GGML_MAX_DIMS
@@ -63,7 +75,7 @@ class _Cursor:
     def string(self) -> str:
         n = self.take("<Q")
         start = self.skip(n)
-        return bytes(self.buf[start:start + n]).decode("utf-8", errors="replace")
+        return bytes(self.buf[start : start + n]).decode("utf-8", errors="replace")
 
     def value(self, vtype: int):
         if vtype == _STRING:
@@ -87,13 +99,17 @@ class GGUFFile:
         self.path = Path(path)
         size = self.path.stat().st_size
         if size < _HEADER_BYTES:  # np.memmap cannot map an empty file, and nothing shorter holds a header
-            raise CadenceError(f"{self.path} is {'empty' if size == 0 else f'only {size} bytes'}, too short to be a GGUF "
-                               "model; re-download it or check the path")
+            raise CadenceError(
+                f"{self.path} is {'empty' if size == 0 else f'only {size} bytes'}, too short to be a GGUF "
+                "model; re-download it or check the path"
+            )
         self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
         try:
             self._parse(memoryview(self._mm), size)
         except (_Damaged, struct.error, KeyError, ValueError, UnicodeDecodeError, IndexError, OverflowError) as e:
-            raise CadenceError(f"{self.path} is a damaged GGUF file (its header is unreadable: {e}); re-download it") from None
+            raise CadenceError(
+                f"{self.path} is a damaged GGUF file (its header is unreadable: {e}); re-download it"
+            ) from None
 
     def _parse(self, buf: memoryview, size: int):
         c = _Cursor(buf)
@@ -127,7 +143,9 @@ class GGUFFile:
             self.tensors[name] = TensorInfo(name, tuple(reversed(dims)), qtype, start + off, n // block * tsize)
         end = max((t.offset + t.nbytes for t in self.tensors.values()), default=0)
         if end > size:
-            raise CadenceError(f"{self.path} is truncated: its tensors need {end} bytes but the file has {size}; re-download it")
+            raise CadenceError(
+                f"{self.path} is truncated: its tensors need {end} bytes but the file has {size}; re-download it"
+            )
 
     def read(self, name: str, index: int | None = None) -> np.ndarray:
         """The tensor as float32 in numpy order ([out, in] for weights); with `index`, only that entry of
@@ -139,11 +157,13 @@ class GGUFFile:
                 raise CadenceError(f"{self.path.name}: tensor '{name}' has {shape[0]} entries, not {index + 1}")
             shape, nbytes = shape[1:], t.nbytes // shape[0]
             offset += index * nbytes
-        data = self._mm[offset:offset + nbytes]
+        data = self._mm[offset : offset + nbytes]
         if t.qtype in _PLAIN:
             return data.view(_PLAIN[t.qtype]).reshape(shape).astype(np.float32)
         try:
             out = dequantize(data.reshape(quant_shape_to_byte_shape(shape, t.qtype)), t.qtype)
         except NotImplementedError:
-            raise CadenceError(f"{self.path.name}: tensor '{name}' has type {t.qtype.name}, which cannot be dequantized") from None
+            raise CadenceError(
+                f"{self.path.name}: tensor '{name}' has type {t.qtype.name}, which cannot be dequantized"
+            ) from None
         return np.ascontiguousarray(out, dtype=np.float32).reshape(shape)

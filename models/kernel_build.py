@@ -3,6 +3,7 @@ instruction-set path (PATHS, each with its own -march flags), compiled once into
 keyed by source, flags and compiler; the best path the CPU has, or the one `CADENCE_KERNEL_PATH` names.
 No torch here: the scheduler and the cost calibration's key read it (models/kernels.py loads the library).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,14 +38,22 @@ _V4 = _V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")  # x86-6
 _X86 = platform.machine() in ("x86_64", "AMD64")
 # best first; "amx" also holds the avx512vnni path, which it runs where the kernel refuses tile state
 PATHS = (
-    KernelPath("amx", ("-march=x86-64-v4", "-mavx512vnni", "-mamx-tile", "-mamx-int8"),
-               _V4 + ("avx512_vnni", "amx_tile", "amx_int8")),
-    KernelPath("avx512vnni", ("-march=x86-64-v4", "-mavx512vnni"), _V4 + ("avx512_vnni",)),
-    KernelPath("avxvnni", ("-march=x86-64-v3", "-mavxvnni"), _V3 + ("avx_vnni",)),
-    KernelPath("avx2", ("-march=x86-64-v3",), _V3),
-    KernelPath("portable", ("-march=x86-64",), ()),
-) if _X86 else (KernelPath("portable", (), ()),)
+    (
+        KernelPath(
+            "amx",
+            ("-march=x86-64-v4", "-mavx512vnni", "-mamx-tile", "-mamx-int8"),
+            _V4 + ("avx512_vnni", "amx_tile", "amx_int8"),
+        ),
+        KernelPath("avx512vnni", ("-march=x86-64-v4", "-mavx512vnni"), _V4 + ("avx512_vnni",)),
+        KernelPath("avxvnni", ("-march=x86-64-v3", "-mavxvnni"), _V3 + ("avx_vnni",)),
+        KernelPath("avx2", ("-march=x86-64-v3",), _V3),
+        KernelPath("portable", ("-march=x86-64",), ()),
+    )
+    if _X86
+    else (KernelPath("portable", (), ()),)
+)
 BY_NAME = {p.name: p for p in PATHS}
+
 
 @lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
@@ -72,8 +81,9 @@ def chosen_path() -> str:
         raise CadenceError(f"{ENV_PATH}={want} is not a kernel path; choose one of {', '.join(BY_NAME)}")
     if want not in here:
         lacks = sorted(set(BY_NAME[want].needs) - cpu_flags())
-        raise CadenceError(f"{ENV_PATH}={want} needs the CPU flags {', '.join(lacks)}, which this CPU lacks; "
-                           f"it runs {', '.join(here)}")
+        raise CadenceError(
+            f"{ENV_PATH}={want} needs the CPU flags {', '.join(lacks)}, which this CPU lacks; it runs {', '.join(here)}"
+        )
     return want
 
 
@@ -81,7 +91,9 @@ def build(path: str, defines: tuple[str, ...] = ()) -> Path:
     """The library of one path (built if missing); `defines`: extra -D flags (tests)."""
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not cxx:
-        raise CadenceError("no C++ compiler found to build cadence's CPU kernels: install g++ (Debian: apt-get install g++)")
+        raise CadenceError(
+            "no C++ compiler found to build cadence's CPU kernels: install g++ (Debian: apt-get install g++)"
+        )
     flags = [*FLAGS, *BY_NAME[path].flags, *defines]
     h = hashlib.sha256()
     for name in sorted(p.name for p in CSRC.iterdir()):
@@ -97,7 +109,9 @@ def build(path: str, defines: tuple[str, ...] = ()) -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:300])
-            raise CadenceError(f"building cadence's CPU kernels for {path} failed ({first}); "
-                               "check that g++ (12 or newer) supports C++17 and -march=x86-64-v4")
+            raise CadenceError(
+                f"building cadence's CPU kernels for {path} failed ({first}); "
+                "check that g++ (12 or newer) supports C++17 and -march=x86-64-v4"
+            )
         os.replace(tmp_out, out)
     return out

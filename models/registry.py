@@ -1,4 +1,5 @@
 """The default models: which PyPI packages ship them and what the joined file must hash to."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,4 +67,3 @@ def spec(name: str) -> ModelSpec:
         raise CadenceError(
             f"unknown model '{name}': use one of {known}, or a path to a .gguf file or an HF model directory"
         ) from None
-

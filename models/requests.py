@@ -7,6 +7,7 @@ does not compute itself and takes the answer through `send`. It always asks for 
 (`SplitColumns`). Who computes what, and where, is the executor's business (actors/executor.py);
 the model only says what it needs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ class ForwardPlan:
     stream, the linears' inputs and their outputs then live in `bufs` (flat fp32, shared with the other
     unit: residual, inputs, outputs), each big enough for T rows of the widest of them.
     """
+
     attn_split: bool = False
     column_share: float = 0.0
     bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -39,6 +41,7 @@ class ForwardPlan:
 @dataclass(frozen=True)
 class NeedWeights:
     """The weights of one store group: a layer ("layer.7", index 7) or a part of the output head ("head.0")."""
+
     group: str
     index: int
 
@@ -52,6 +55,7 @@ class NeedExperts:
     """The experts of MoE layer `layer` that the forward's tokens route to (ascending: the union over its rows;
     a token tree needs every expert any of its tokens chose). `guess`: the next layer's experts as its router
     scores this layer's input (next-router lookahead), () when not asked for. Answer: {expert: ExpertWeights}."""
+
     layer: int
     experts: tuple[int, ...]
     guess: tuple[int, ...] = ()
@@ -61,6 +65,7 @@ class NeedExperts:
 class SplitAttention:
     """Attention of layer `layer`: queries q [T, H, D] over the layer's cached keys and values k, v
     [Hkv, capacity, D], each row seeing the slots `vis` gives it; answer with the output [T, H, D]."""
+
     layer: int
     q: torch.Tensor
     k: torch.Tensor
@@ -72,6 +77,7 @@ class SplitAttention:
 class SplitColumns:
     """y[:, :] = x W^T (or y += x W^T when `accumulate`) for one linear layer; x and y are views of the plan's
     `bufs`; answer with None once every column of y is written."""
+
     layer: int
     name: str  # qkv | attn_out | gate_up | down
     linear: object  # models.linear.Linear

@@ -6,6 +6,7 @@ experts it used at every layer), the raw material of EdgeMoE's path statistics (
 replays that compare buffer policies. A prompt's own tokens are recorded too (a prefill routes them
 as well).
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,7 +24,9 @@ def routed_forwards(model: Transformer, prompt: list[int], n_new: int):
         cache = model.new_cache(len(prompt) + n_new + 1)
         tokens = torch.tensor(prompt)
         for _ in range(n_new + 1):
-            logits = model.forward(tokens, torch.arange(cache.end, cache.end + len(tokens)), cache, logits_rows=slice(-1, None))
+            logits = model.forward(
+                tokens, torch.arange(cache.end, cache.end + len(tokens)), cache, logits_rows=slice(-1, None)
+            )
             cache.commit()
             yield list(model.routes)
             model.routes.clear()

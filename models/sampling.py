@@ -1,4 +1,5 @@
 """Token choice: greedy, or temperature with nucleus (top-p) filtering from a seeded generator."""
+
 from __future__ import annotations
 
 

@@ -4,6 +4,7 @@ Canonical names are the weight store's (see `canonical_names`): q/k/v are fused 
 `attn_qkv` matrix and gate/up into `ffn_gate_up`, all in HF's layout ([out, in], rotate-half
 RoPE), so the engine has one layout whatever the source.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,14 @@ from models.tokenizer import TokenizerInfo, tokenizer_from_gguf_fields
 
 
 # GGUF's architecture names (llama.cpp's) -> ours; a llama file with experts is a Mixtral
-GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe",
-              "olmoe": "olmoe"}
+GGUF_ARCHS = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen2moe": "qwen2_moe",
+    "qwen3moe": "qwen3_moe",
+    "olmoe": "olmoe",
+}
 HF_ARCHS = ("llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral")
 # whether each model renormalises its top-k routing weights (llama.cpp's defaults; HF configs say it themselves)
 NORM_TOPK = {"qwen2_moe": False, "qwen3_moe": True, "olmoe": False, "mixtral": True}
@@ -65,12 +72,24 @@ def tensor_shape(args: ModelArgs, name: str) -> tuple[int, ...]:
     part = name.rsplit(".", 1)[-1]
     qkv = a.q_dim + 2 * a.kv_dim
     norm_width = {"head": a.head_dim, "full": None}.get(a.qk_norm)
-    return {"attn_norm": (a.dim,), "ffn_norm": (a.dim,), "out_norm": (a.dim,), "attn_qkv": (qkv, a.dim),
-            "attn_qkv_bias": (qkv,), "attn_out": (a.dim, a.q_dim), "ffn_gate_up": (2 * a.ffn_dim, a.dim),
-            "ffn_down": (a.dim, a.ffn_dim), "attn_q_norm": (norm_width or a.q_dim,), "attn_k_norm": (norm_width or a.kv_dim,),
-            "ffn_router": (a.n_experts, a.dim), "ffn_shexp_gate": (1, a.dim), "ffn_shexp_gate_up": (2 * a.shared_ffn_dim, a.dim),
-            "ffn_shexp_down": (a.dim, a.shared_ffn_dim), "gate_up": (2 * a.expert_ffn_dim, a.dim),
-            "down": (a.dim, a.expert_ffn_dim)}[part]
+    return {
+        "attn_norm": (a.dim,),
+        "ffn_norm": (a.dim,),
+        "out_norm": (a.dim,),
+        "attn_qkv": (qkv, a.dim),
+        "attn_qkv_bias": (qkv,),
+        "attn_out": (a.dim, a.q_dim),
+        "ffn_gate_up": (2 * a.ffn_dim, a.dim),
+        "ffn_down": (a.dim, a.ffn_dim),
+        "attn_q_norm": (norm_width or a.q_dim,),
+        "attn_k_norm": (norm_width or a.kv_dim,),
+        "ffn_router": (a.n_experts, a.dim),
+        "ffn_shexp_gate": (1, a.dim),
+        "ffn_shexp_gate_up": (2 * a.shared_ffn_dim, a.dim),
+        "ffn_shexp_down": (a.dim, a.shared_ffn_dim),
+        "gate_up": (2 * a.expert_ffn_dim, a.dim),
+        "down": (a.dim, a.expert_ffn_dim),
+    }[part]
 
 
 def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
@@ -107,8 +126,9 @@ class GGUFSource:
         except CadenceError:
             raise
         except Exception as e:  # noqa: BLE001 - a field with a garbled value fails anywhere (tokenizers raises bare Exception)
-            raise CadenceError(f"{self.path} is a damaged GGUF file (its model fields do not make a model: {e}); "
-                               "re-download it") from None
+            raise CadenceError(
+                f"{self.path} is a damaged GGUF file (its model fields do not make a model: {e}); re-download it"
+            ) from None
 
     def _field(self, key: str, default=None):
         return self.file.fields.get(key, default)
@@ -116,8 +136,9 @@ class GGUFSource:
     def _args(self) -> ModelArgs:
         arch = self._field("general.architecture")
         if arch not in GGUF_ARCHS:
-            raise CadenceError(f"{self.path.name}: architecture '{arch}' is not supported; cadence runs "
-                               f"{', '.join(GGUF_ARCHS)} models")
+            raise CadenceError(
+                f"{self.path.name}: architecture '{arch}' is not supported; cadence runs {', '.join(GGUF_ARCHS)} models"
+            )
         self.gguf_arch = arch
         a = lambda k, d=None: self._field(f"{arch}.{k}", d)
         n_heads = int(a("attention.head_count"))
@@ -128,8 +149,10 @@ class GGUFSource:
         head_dim = int(a("attention.key_length", dim // n_heads))
         moe = "blk.0.ffn_gate_exps.weight" in self.tensors
         if a("expert_count") and not moe:
-            raise CadenceError(f"{self.path.name}: its experts are stored one tensor each (an old layout); "
-                               "convert it again with a recent llama.cpp (ffn_*_exps tensors)")
+            raise CadenceError(
+                f"{self.path.name}: its experts are stored one tensor each (an old layout); "
+                "convert it again with a recent llama.cpp (ffn_*_exps tensors)"
+            )
         qn = self.tensors.get("blk.0.attn_q_norm.weight")
         name = GGUF_ARCHS[arch] if not (arch == "llama" and moe) else "mixtral"
         shexp = self.tensors.get("blk.0.ffn_gate_shexp.weight")
@@ -158,14 +181,22 @@ class GGUFSource:
     def _tokenizer(self) -> TokenizerInfo:
         model = self._field("tokenizer.ggml.model")
         if model != "gpt2":
-            raise CadenceError(f"{self.path.name}: tokenizer type '{model}' is not supported (cadence reads byte-level BPE)")
+            raise CadenceError(
+                f"{self.path.name}: tokenizer type '{model}' is not supported (cadence reads byte-level BPE)"
+            )
         tokens = self._field("tokenizer.ggml.tokens")
-        tok = tokenizer_from_gguf_fields(tokens, self._field("tokenizer.ggml.token_type", []),
-                                         self._field("tokenizer.ggml.merges", []), self._field("tokenizer.ggml.pre", "default"))
+        tok = tokenizer_from_gguf_fields(
+            tokens,
+            self._field("tokenizer.ggml.token_type", []),
+            self._field("tokenizer.ggml.merges", []),
+            self._field("tokenizer.ggml.pre", "default"),
+        )
         bos, eos = self._field("tokenizer.ggml.bos_token_id"), self._field("tokenizer.ggml.eos_token_id")
         return TokenizerInfo(
-            tokenizer_json=tok.to_str(), bos_id=None if bos is None else int(bos),
-            eos_ids=[] if eos is None else [int(eos)], add_bos=bool(self._field("tokenizer.ggml.add_bos_token", False)),
+            tokenizer_json=tok.to_str(),
+            bos_id=None if bos is None else int(bos),
+            eos_ids=[] if eos is None else [int(eos)],
+            add_bos=bool(self._field("tokenizer.ggml.add_bos_token", False)),
             chat_template=self._field("tokenizer.chat_template"),
             special={"bos": tokens[bos] if bos is not None else "", "eos": tokens[eos] if eos is not None else ""},
         )
@@ -194,7 +225,9 @@ class GGUFSource:
         if part.startswith("exp."):  # one expert of the [experts, out, in] tensors
             _, e, which = part.split(".")
             if which == "gate_up":
-                return np.concatenate([self._raw(f"{b}.ffn_gate_exps.weight", int(e)), self._raw(f"{b}.ffn_up_exps.weight", int(e))])
+                return np.concatenate(
+                    [self._raw(f"{b}.ffn_gate_exps.weight", int(e)), self._raw(f"{b}.ffn_up_exps.weight", int(e))]
+                )
             return self._raw(f"{b}.ffn_down_exps.weight", int(e))
         if part in ("attn_qkv", "attn_qkv_bias"):
             kind = "weight" if part == "attn_qkv" else "bias"
@@ -207,7 +240,14 @@ class GGUFSource:
             return np.concatenate([self._raw(f"{b}.ffn_gate{x}.weight"), self._raw(f"{b}.ffn_up{x}.weight")])
         if part == "ffn_shexp_gate":
             return self._raw(f"{b}.ffn_gate_inp_shexp.weight").reshape(1, a.dim)
-        plain = {"attn_norm": "attn_norm.weight", "attn_out": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
-                 "ffn_down": "ffn_down.weight", "attn_q_norm": "attn_q_norm.weight", "attn_k_norm": "attn_k_norm.weight",
-                 "ffn_router": "ffn_gate_inp.weight", "ffn_shexp_down": "ffn_down_shexp.weight"}
+        plain = {
+            "attn_norm": "attn_norm.weight",
+            "attn_out": "attn_output.weight",
+            "ffn_norm": "ffn_norm.weight",
+            "ffn_down": "ffn_down.weight",
+            "attn_q_norm": "attn_q_norm.weight",
+            "attn_k_norm": "attn_k_norm.weight",
+            "ffn_router": "ffn_gate_inp.weight",
+            "ffn_shexp_down": "ffn_down_shexp.weight",
+        }
         return self._raw(f"{b}.{plain[part]}")

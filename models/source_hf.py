@@ -1,6 +1,7 @@
 """An HF model directory as a model source: config.json (in the spellings transformers 4 and 5 write),
 tokenizer.json and *.safetensors, read as float32 tensors under the weight store's canonical names
 (models/source.py)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -17,6 +18,7 @@ from models.tokenizer import info_from_hf
 
 class HFSource:
     """An HF model directory: config.json, *.safetensors, tokenizer.json."""
+
     kind = "hf"
 
     def __init__(self, path: Path):
@@ -36,8 +38,12 @@ class HFSource:
                         self.index[k] = f
             except Exception as e:
                 raise CadenceError(f"{f} is a damaged safetensors file ({e}); re-download it") from None
-        self.args = hf_args(cfg, cfg_path, "model.layers.0.self_attn.q_proj.bias" in self.index,
-                            bool(cfg.get("tie_word_embeddings", False)) or "lm_head.weight" not in self.index)
+        self.args = hf_args(
+            cfg,
+            cfg_path,
+            "model.layers.0.self_attn.q_proj.bias" in self.index,
+            bool(cfg.get("tie_word_embeddings", False)) or "lm_head.weight" not in self.index,
+        )
         self.moe_prefix = "block_sparse_moe" if self.args.arch == "mixtral" else "mlp"
         tc_path = self.path / "tokenizer_config.json"
         tc = read_json(tc_path, "re-download it") if tc_path.exists() else {}
@@ -46,8 +52,9 @@ class HFSource:
 
     def _needs(self, name: str) -> Path:
         if not (self.path / name).exists():
-            raise CadenceError(f"{self.path} has no {name}; an HF model directory needs config.json, *.safetensors "
-                               "and tokenizer.json")
+            raise CadenceError(
+                f"{self.path} has no {name}; an HF model directory needs config.json, *.safetensors and tokenizer.json"
+            )
         return self.path / name
 
     def identity(self) -> str:
@@ -99,13 +106,23 @@ class HFSource:
         if part == "ffn_gate_up":
             return np.concatenate([self._raw(f"{p}.mlp.gate_proj.weight"), self._raw(f"{p}.mlp.up_proj.weight")])
         if part == "ffn_shexp_gate_up":
-            return np.concatenate([self._raw(f"{p}.mlp.shared_expert.gate_proj.weight"),
-                                   self._raw(f"{p}.mlp.shared_expert.up_proj.weight")])
-        plain = {"attn_norm": "input_layernorm.weight", "attn_out": "self_attn.o_proj.weight",
-                 "ffn_norm": "post_attention_layernorm.weight", "ffn_down": "mlp.down_proj.weight",
-                 "attn_q_norm": "self_attn.q_norm.weight", "attn_k_norm": "self_attn.k_norm.weight",
-                 "ffn_router": f"{self.moe_prefix}.gate.weight", "ffn_shexp_gate": "mlp.shared_expert_gate.weight",
-                 "ffn_shexp_down": "mlp.shared_expert.down_proj.weight"}
+            return np.concatenate(
+                [
+                    self._raw(f"{p}.mlp.shared_expert.gate_proj.weight"),
+                    self._raw(f"{p}.mlp.shared_expert.up_proj.weight"),
+                ]
+            )
+        plain = {
+            "attn_norm": "input_layernorm.weight",
+            "attn_out": "self_attn.o_proj.weight",
+            "ffn_norm": "post_attention_layernorm.weight",
+            "ffn_down": "mlp.down_proj.weight",
+            "attn_q_norm": "self_attn.q_norm.weight",
+            "attn_k_norm": "self_attn.k_norm.weight",
+            "ffn_router": f"{self.moe_prefix}.gate.weight",
+            "ffn_shexp_gate": "mlp.shared_expert_gate.weight",
+            "ffn_shexp_down": "mlp.shared_expert.down_proj.weight",
+        }
         return self._raw(f"{p}.{plain[part]}")
 
 
@@ -149,29 +166,40 @@ def _hf_args(cfg: dict, mt: str, path: Path, qkv_bias: bool, tied: bool) -> Mode
     if cfg.get("clip_qkv") is not None:
         raise CadenceError(f"{path}: clip_qkv={cfg['clip_qkv']} is not supported")
     layer_types = cfg.get("layer_types")  # transformers 5; 4 said use_sliding_window (Mixtral: a sliding_window)
-    sliding = (set(layer_types) != {"full_attention"} if layer_types
-               else mt == "mixtral" or cfg.get("use_sliding_window"))
+    sliding = (
+        set(layer_types) != {"full_attention"} if layer_types else mt == "mixtral" or cfg.get("use_sliding_window")
+    )
     context = int(cfg.get("max_position_embeddings") or 2048)
     if sliding and cfg.get("sliding_window"):  # within its window, sliding-window attention is full attention
         context = min(context, int(cfg["sliding_window"]))
     moe = mt in NORM_TOPK
     if moe and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
-        raise CadenceError(f"{path}: dense layers among the expert layers (mlp_only_layers, decoder_sparse_step) "
-                           "are not supported")
+        raise CadenceError(
+            f"{path}: dense layers among the expert layers (mlp_only_layers, decoder_sparse_step) are not supported"
+        )
     n_experts = next((cfg[k] for k in EXPERT_COUNT_KEYS if cfg.get(k)), 0) if moe else 0
     if moe and not n_experts:
-        raise CadenceError(f"{path} gives no expert count ({' or '.join(EXPERT_COUNT_KEYS)}), which a {mt} model "
-                           "needs; re-download it")
+        raise CadenceError(
+            f"{path} gives no expert count ({' or '.join(EXPERT_COUNT_KEYS)}), which a {mt} model needs; re-download it"
+        )
     n_heads = int(cfg["num_attention_heads"])
     return ModelArgs(
-        arch=mt, vocab_size=int(cfg["vocab_size"]), dim=int(cfg["hidden_size"]), n_layers=int(cfg["num_hidden_layers"]),
-        n_heads=n_heads, n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+        arch=mt,
+        vocab_size=int(cfg["vocab_size"]),
+        dim=int(cfg["hidden_size"]),
+        n_layers=int(cfg["num_hidden_layers"]),
+        n_heads=n_heads,
+        n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
         ffn_dim=int(cfg["intermediate_size"]),
-        norm_eps=float(cfg.get("rms_norm_eps") or _DEFAULT_EPS.get(mt, 1e-6)), rope_base=float(rope["rope_theta"]),
-        context_length=context, qkv_bias=qkv_bias, tied_embeddings=tied,
+        norm_eps=float(cfg.get("rms_norm_eps") or _DEFAULT_EPS.get(mt, 1e-6)),
+        rope_base=float(rope["rope_theta"]),
+        context_length=context,
+        qkv_bias=qkv_bias,
+        tied_embeddings=tied,
         head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // n_heads),
         qk_norm={"qwen3": "head", "qwen3_moe": "head", "olmoe": "full"}.get(mt, ""),
-        n_experts=int(n_experts), n_experts_used=int(cfg.get("num_experts_per_tok") or 0) if moe else 0,
+        n_experts=int(n_experts),
+        n_experts_used=int(cfg.get("num_experts_per_tok") or 0) if moe else 0,
         expert_ffn_dim=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]) if moe else 0,
         shared_ffn_dim=int(cfg.get("shared_expert_intermediate_size") or 0) if mt == "qwen2_moe" else 0,
         norm_topk=True if mt == "mixtral" else bool(cfg.get("norm_topk_prob", False)) if moe else False,

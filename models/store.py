@@ -7,6 +7,7 @@ final norm). Each group is
 one contiguous byte range, so the loader reads a layer with one large (direct) read and the
 engine maps arrays out of that buffer with no copy.
 """
+
 from __future__ import annotations
 
 import json
@@ -76,7 +77,12 @@ class StoreWriter:
             raw = t.view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
             self.f.write(memoryview(raw).cast("B"))
             self.pos = off + raw.nbytes
-            entry["arrays"][key] = {"offset": off, "nbytes": raw.nbytes, "dtype": _dtype_name(t), "shape": list(t.shape)}
+            entry["arrays"][key] = {
+                "offset": off,
+                "nbytes": raw.nbytes,
+                "dtype": _dtype_name(t),
+                "shape": list(t.shape),
+            }
         self.tensors[name] = entry
         g = self.groups[-1]
         g["tensors"].append(name)
@@ -86,9 +92,16 @@ class StoreWriter:
         self.f.write(b"\0" * (_align(self.pos) - self.pos))
         self.f.close()
         (self.dir / "tokenizer.json").write_text(tokenizer.tokenizer_json)
-        manifest = {"format_version": FORMAT_VERSION, **manifest, "align": ALIGN, "file": "weights.bin",
-                    "file_bytes": _align(self.pos), "groups": self.groups, "tensors": self.tensors,
-                    "tokenizer": tokenizer.to_dict()}
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            **manifest,
+            "align": ALIGN,
+            "file": "weights.bin",
+            "file_bytes": _align(self.pos),
+            "groups": self.groups,
+            "tensors": self.tensors,
+            "tokenizer": tokenizer.to_dict(),
+        }
         tmp = self.dir / "manifest.json.tmp"
         tmp.write_text(json.dumps(manifest, indent=1))
         os.replace(tmp, self.dir / "manifest.json")
@@ -113,7 +126,9 @@ class WeightStore:
         self.dir = Path(directory)
         mpath = self.dir / "manifest.json"
         if not mpath.exists():
-            raise CadenceError(f"{self.dir} is not a complete weight store (no manifest.json); delete it and convert again")
+            raise CadenceError(
+                f"{self.dir} is not a complete weight store (no manifest.json); delete it and convert again"
+            )
         again = f"delete {self.dir} and convert again"
         self.manifest = read_json(mpath, again)
         if self.manifest.get("format_version") != FORMAT_VERSION:
@@ -122,8 +137,10 @@ class WeightStore:
             self.args = ModelArgs.from_dict(self.manifest["model"])
             self.format: str = self.manifest["format"]
             self.path = self.dir / self.manifest["file"]
-            self.groups = {g["name"]: Group(g["name"], g["offset"], g["nbytes"], tuple(g["tensors"]))
-                           for g in self.manifest["groups"]}
+            self.groups = {
+                g["name"]: Group(g["name"], g["offset"], g["nbytes"], tuple(g["tensors"]))
+                for g in self.manifest["groups"]
+            }
             self.tensors: dict[str, dict] = self.manifest["tensors"]
             self._tokenizer_meta = dict(self.manifest["tokenizer"])
             expected = int(self.manifest["file_bytes"])
@@ -134,8 +151,9 @@ class WeightStore:
         if not self.path.is_file():
             raise CadenceError(f"{self.path} {what_is(self.path)}; {again}")
         if self.path.stat().st_size != expected:
-            raise CadenceError(f"{self.path} has {self.path.stat().st_size} bytes, the manifest says {expected}; "
-                               f"{again}")
+            raise CadenceError(
+                f"{self.path} has {self.path.stat().st_size} bytes, the manifest says {expected}; {again}"
+            )
 
     @property
     def tokenizer_info(self):
@@ -187,7 +205,7 @@ class WeightStore:
             arrays = {}
             for key, a in self.tensors[name]["arrays"].items():
                 lo = a["offset"] - g.offset
-                raw = buf[lo:lo + a["nbytes"]]
+                raw = buf[lo : lo + a["nbytes"]]
                 arrays[key] = raw.view(DTYPES[a["dtype"]]).view(a["shape"])
             out[name] = arrays
         return out

@@ -1,6 +1,7 @@
 """What the tokenizer checks before it reads a text: that it is UTF-8 (in one sentence naming the text where
 it is not), and how few tokens it can hold at least, from its length alone (`TooLong` in O(1) for a text
 that cannot fit)."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,9 @@ class TooLong(CadenceError):
 
     def __init__(self, name: str, tokens: int, limit: int, exact: bool):
         self.name, self.tokens, self.limit, self.exact = name, tokens, limit, exact
-        super().__init__(f"{name} has {'' if exact else 'at least '}{tokens} tokens, more than the context's {limit}; "
-                         "shorten it")
+        super().__init__(
+            f"{name} has {'' if exact else 'at least '}{tokens} tokens, more than the context's {limit}; shorten it"
+        )
 
 
 def checked_text(text: str | bytes, name: str) -> tuple[str, int]:
@@ -28,8 +30,10 @@ def checked_text(text: str | bytes, name: str) -> tuple[str, int]:
         try:
             return text.decode("utf-8"), len(text)
         except UnicodeDecodeError as e:
-            raise CadenceError(f"{name} is not valid UTF-8 (byte {e.start} is 0x{text[e.start]:02x}: {e.reason}); "
-                               "give it as UTF-8 text") from None
+            raise CadenceError(
+                f"{name} is not valid UTF-8 (byte {e.start} is 0x{text[e.start]:02x}: {e.reason}); "
+                "give it as UTF-8 text"
+            ) from None
     if not isinstance(text, str):
         raise CadenceError(f"{name} is {type(text).__name__}, not text")
     if text.isascii():  # O(1): CPython knows it
@@ -38,10 +42,14 @@ def checked_text(text: str | bytes, name: str) -> tuple[str, int]:
         return text, len(text.encode("utf-8"))
     except UnicodeEncodeError as e:
         cp = ord(text[e.start])
-        what = (f"the byte 0x{cp - 0xDC00:02x}, which does not decode as UTF-8" if 0xDC80 <= cp <= 0xDCFF
-                else f"U+{cp:04X}, half of a UTF-16 surrogate pair without its other half")  # (surrogateescape's)
-        raise CadenceError(f"{name} is not valid UTF-8 (character {e.start} is {what}); give it as UTF-8 "
-                           "text") from None
+        what = (
+            f"the byte 0x{cp - 0xDC00:02x}, which does not decode as UTF-8"
+            if 0xDC80 <= cp <= 0xDCFF
+            else f"U+{cp:04X}, half of a UTF-16 surrogate pair without its other half"
+        )  # (surrogateescape's)
+        raise CadenceError(
+            f"{name} is not valid UTF-8 (character {e.start} is {what}); give it as UTF-8 text"
+        ) from None
 
 
 def check_strings(pairs: list[tuple[object, str]]) -> None:

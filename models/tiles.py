@@ -5,6 +5,7 @@ first rows, chunks of FFN neurons) and one pass over a tile's bytes serves 16 ou
 `pack` turns a format's per-row arrays into tiles; `unpack` gives them back for rows [row0, row0 + n).
 A quad is 4 consecutive k of one row; a tile stores quads row by row (16 rows x 4 bytes = 64 bytes).
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,7 +33,7 @@ def rows_to_tiles(a: torch.Tensor) -> torch.Tensor:
 
 def tiles_to_rows(a: torch.Tensor, row0: int, n: int) -> torch.Tensor:
     t = a.shape[0]
-    return a.view(t, -1, TILE).transpose(1, 2).reshape(t * TILE, -1)[row0:row0 + n]
+    return a.view(t, -1, TILE).transpose(1, 2).reshape(t * TILE, -1)[row0 : row0 + n]
 
 
 def _pack_mins(mn: torch.Tensor) -> torch.Tensor:
@@ -45,7 +46,7 @@ def _pack_mins(mn: torch.Tensor) -> torch.Tensor:
 
 def _unpack_mins(a: torch.Tensor, row0: int, n: int, ng: int) -> torch.Tensor:
     t = a.shape[0]
-    return a.view(t, -1, TILE, 2).permute(0, 2, 1, 3).reshape(t * TILE, -1)[row0:row0 + n, :ng]
+    return a.view(t, -1, TILE, 2).permute(0, 2, 1, 3).reshape(t * TILE, -1)[row0 : row0 + n, :ng]
 
 
 def pack_codes(fmt: str, codes: torch.Tensor) -> torch.Tensor:
@@ -68,7 +69,7 @@ def unpack_codes(fmt: str, q: torch.Tensor, k: int, row0: int, n: int) -> torch.
     t = q.shape[0]
     if fmt == "int8":
         u = q.view(t, k // 4, TILE, 4).permute(0, 2, 1, 3).reshape(t * TILE, k)
-        return (u.to(torch.int16) - 128).to(torch.int8)[row0:row0 + n]
+        return (u.to(torch.int16) - 128).to(torch.int8)[row0 : row0 + n]
     if fmt == "int4":
         b = q.view(t, k // 32, 4, TILE, 4)
         c = torch.stack([b & 15, b >> 4], dim=-1)  # [T, group, i, row, b, h]
@@ -77,15 +78,20 @@ def unpack_codes(fmt: str, q: torch.Tensor, k: int, row0: int, n: int) -> torch.
         b = q.view(t, k // 32, 2, TILE, 4)
         c = torch.stack([(b >> s) & 3 for s in (0, 2, 4, 6)], dim=-1)  # [T, group, h, row, b, i]
         c = c.permute(0, 3, 1, 2, 5, 4)
-    return c.reshape(t * TILE, k)[row0:row0 + n]
+    return c.reshape(t * TILE, k)[row0 : row0 + n]
 
 
 def pack(fmt: str, arrays: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A quantized format's per-row arrays (codes unpacked) -> its tiles."""
     if fmt == "int8":
         return {"q": pack_codes(fmt, arrays["q"]), "scale": rows_to_tiles(arrays["scale"][:, None])}
-    return {"q": pack_codes(fmt, arrays["q"]), "sc": rows_to_tiles(arrays["sc"]), "mn": _pack_mins(arrays["mn"]),
-            "s": rows_to_tiles(arrays["s"]), "m": rows_to_tiles(arrays["m"])}
+    return {
+        "q": pack_codes(fmt, arrays["q"]),
+        "sc": rows_to_tiles(arrays["sc"]),
+        "mn": _pack_mins(arrays["mn"]),
+        "s": rows_to_tiles(arrays["s"]),
+        "m": rows_to_tiles(arrays["m"]),
+    }
 
 
 def unpack(fmt: str, arrays: dict[str, torch.Tensor], k: int, row0: int, n: int) -> dict[str, torch.Tensor]:
@@ -93,5 +99,10 @@ def unpack(fmt: str, arrays: dict[str, torch.Tensor], k: int, row0: int, n: int)
     codes = unpack_codes(fmt, arrays["q"], k, row0, n)
     if fmt == "int8":
         return {"q": codes, "scale": tiles_to_rows(arrays["scale"], row0, n)[:, 0]}
-    return {"q": codes, "sc": tiles_to_rows(arrays["sc"], row0, n), "mn": _unpack_mins(arrays["mn"], row0, n, k // 32),
-            "s": tiles_to_rows(arrays["s"], row0, n), "m": tiles_to_rows(arrays["m"], row0, n)}
+    return {
+        "q": codes,
+        "sc": tiles_to_rows(arrays["sc"], row0, n),
+        "mn": _unpack_mins(arrays["mn"], row0, n, k // 32),
+        "s": tiles_to_rows(arrays["s"], row0, n),
+        "m": tiles_to_rows(arrays["m"], row0, n),
+    }

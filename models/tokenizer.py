@@ -9,6 +9,7 @@ What users and clients send is checked at the entry points (`encode`, `apply_cha
 not UTF-8 is one sentence naming it, and a text far longer than the context is refused from its length
 before the tokenizer reads it (`min_tokens`).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,10 +24,14 @@ from common.heap import trim_heap
 from models.textcheck import TooLong, check_strings, checked_text, token_bound
 
 # Split regexes by llama.cpp pre-tokenizer name (the same ones HF's tokenizer.json files use).
-_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-          r"|\s+(?!\S)|\s+")
-_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _SPLITS = {"qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2, "llama3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-bpe": _LLAMA3}
 # Pre-tokenizers that are GPT-2's byte-level regex, with digits split one by one first.
 _GPT2_DIGITS = {"smollm", "starcoder", "refact"}
@@ -37,37 +42,56 @@ CONTROL, USER_DEFINED = 3, 4
 
 def _pre_tokenizer(pre: str):
     if pre in _SPLITS:
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     if pre in _GPT2_DIGITS:
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ])
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
     if pre in _GPT2:
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    raise CadenceError(f"the GGUF's tokenizer pre-tokenizer '{pre}' is not supported; convert from an HF directory with tokenizer.json instead")
+    raise CadenceError(
+        f"the GGUF's tokenizer pre-tokenizer '{pre}' is not supported; convert from an HF directory with tokenizer.json instead"
+    )
 
 
 def tokenizer_from_gguf_fields(tokens: list[str], token_types: list[int], merges: list[str], pre: str) -> Tokenizer:
     vocab = {tok: i for i, tok in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False, ignore_merges=pre in _SPLITS and pre.startswith("llama")))
+    tok = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=pairs,
+            fuse_unk=False,
+            byte_fallback=False,
+            ignore_merges=pre in _SPLITS and pre.startswith("llama"),
+        )
+    )
     if pre in ("qwen2", "deepseek-r1-qwen"):
         tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = _pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
     types = list(token_types) if token_types else [1] * len(tokens)
-    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t, ty in zip(tokens, types) if ty == CONTROL])
-    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED])
+    tok.add_special_tokens(
+        [AddedToken(t, normalized=False, special=True) for t, ty in zip(tokens, types) if ty == CONTROL]
+    )
+    tok.add_tokens(
+        [AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+    )
     return tok
 
 
 @dataclass
 class TokenizerInfo:
     """What a weight store keeps of the tokenizer: the tokenizers JSON plus the ids that matter."""
+
     tokenizer_json: str
     bos_id: int | None
     eos_ids: list[int]
@@ -77,8 +101,13 @@ class TokenizerInfo:
     origin: str = ""  # the file it was read from, for a sentence if it does not parse
 
     def to_dict(self) -> dict:
-        return {"bos_id": self.bos_id, "eos_ids": self.eos_ids, "add_bos": self.add_bos,
-                "chat_template": self.chat_template, "special": self.special}
+        return {
+            "bos_id": self.bos_id,
+            "eos_ids": self.eos_ids,
+            "add_bos": self.add_bos,
+            "chat_template": self.chat_template,
+            "special": self.special,
+        }
 
 
 class TextTokenizer:
@@ -88,8 +117,11 @@ class TextTokenizer:
         self.info = info
         # a store's tokenizer.json (what a GGUF or HF source builds has been parsed already)
         origin = Path(info.origin) if info.origin else None
-        self.tok = parse_tokenizer(info.tokenizer_json, str(origin or "the tokenizer"),
-                                   f"delete {origin.parent} and convert again" if origin else "convert the model again")
+        self.tok = parse_tokenizer(
+            info.tokenizer_json,
+            str(origin or "the tokenizer"),
+            f"delete {origin.parent} and convert again" if origin else "convert the model again",
+        )
         self.bos_id, self.add_bos = info.bos_id, info.add_bos
         self.stop_ids = set(info.eos_ids)
         # Chat models also stop at their end-of-turn token.
@@ -112,8 +144,13 @@ class TextTokenizer:
         table = ByteTable.of(self.tok, self.info.tokenizer_json, self.vocab_size)
         if table is None:
             return False
-        self.tok, self.table, self.info = None, table, TokenizerInfo("", self.info.bos_id, self.info.eos_ids,
-                                                                     self.info.add_bos, self.info.chat_template, self.info.special)
+        self.tok, self.table, self.info = (
+            None,
+            table,
+            TokenizerInfo(
+                "", self.info.bos_id, self.info.eos_ids, self.info.add_bos, self.info.chat_template, self.info.special
+            ),
+        )
         trim_heap()
         return True
 
@@ -130,8 +167,10 @@ class TextTokenizer:
           refused at once, and never a text that would fit. What passes the bound is counted exactly.
         """
         if self.tok is None:
-            raise CadenceError("this run encoded its prompts up front and let its tokenizer go (to save memory); "
-                               "a new prompt needs a run that keeps it (launch chat, launch serve, the Python API)")
+            raise CadenceError(
+                "this run encoded its prompts up front and let its tokenizer go (to save memory); "
+                "a new prompt needs a run that keeps it (launch chat, launch serve, the Python API)"
+            )
         if limit is not None:  # O(1): a str's length in characters is a lower bound of its bytes
             self.check_length(len(text), limit, name, ascii=isinstance(text, str) and text.isascii())
         text, n_bytes = checked_text(text, name)
@@ -169,14 +208,20 @@ class TextTokenizer:
             return self.table.decode(ids, skip_special)
         return self.tok.decode(list(ids), skip_special_tokens=skip_special)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *,
-                            name: str | None = None) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, *, name: str | None = None
+    ) -> str:
         """The conversation as the model's chat template writes it. Every string in `messages` is checked to be
         UTF-8 first (see `encode`) and named by its place, `{name}[2].content` (name None: "messages", and
         a lone message's content "the prompt")."""
         lone = name is None and len(messages) == 1
-        check_strings([(v, "the prompt" if lone and k == "content" else f"{name or 'messages'}[{i}].{k}")
-                        for i, m in enumerate(messages) for k, v in (m.items() if isinstance(m, dict) else ())])
+        check_strings(
+            [
+                (v, "the prompt" if lone and k == "content" else f"{name or 'messages'}[{i}].{k}")
+                for i, m in enumerate(messages)
+                for k, v in (m.items() if isinstance(m, dict) else ())
+            ]
+        )
         if not self.info.chat_template:
             raise CadenceError("this model has no chat template; run without --chat")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -186,13 +231,21 @@ class TextTokenizer:
 
         env.globals["raise_exception"] = raise_exception
         tmpl = env.from_string(self.info.chat_template)
-        return tmpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                           bos_token=self.info.special.get("bos", ""), eos_token=self.info.special.get("eos", ""))
+        return tmpl.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.info.special.get("bos", ""),
+            eos_token=self.info.special.get("eos", ""),
+        )
 
 
 def byte_alphabet() -> list[tuple[int, str]]:
     """GPT-2's byte-level alphabet: (byte, the printable character it is written as), printable bytes first."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\xa1"), ord("\xac") + 1))
+        + list(range(ord("\xae"), ord("\xff") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -235,7 +288,7 @@ class ByteTable:
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         o, blob = self.offsets, self.blob
-        out = b"".join(blob[o[i]:o[i + 1]] for i in ids if not (skip_special and i in self.special))
+        out = b"".join(blob[o[i] : o[i + 1]] for i in ids if not (skip_special and i in self.special))
         return out.decode("utf-8", errors="replace")
 
 
@@ -253,12 +306,12 @@ class StreamDecoder:
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        before = self.tokenizer.decode(self.ids[self.prefix:self.read])
-        text = self.tokenizer.decode(self.ids[self.prefix:])
+        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        text = self.tokenizer.decode(self.ids[self.prefix :])
         if len(text) <= len(before) or text.endswith("\ufffd"):  # nothing new, or a character not finished yet
             return ""
         self.prefix, self.read = self.read, len(self.ids)
-        return text[len(before):]
+        return text[len(before) :]
 
     def text(self) -> str:
         """Everything pushed, decoded whole."""
@@ -273,8 +326,9 @@ def parse_tokenizer(tokenizer_json: str, origin: str, advice: str) -> Tokenizer:
         raise CadenceError(f"{origin} is not a tokenizer the tokenizers library reads ({e}); {advice}") from None
 
 
-def info_from_hf(tokenizer_json: str, tokenizer_config: dict, config: dict,
-                 origin: str = "tokenizer.json") -> TokenizerInfo:
+def info_from_hf(
+    tokenizer_json: str, tokenizer_config: dict, config: dict, origin: str = "tokenizer.json"
+) -> TokenizerInfo:
     tok = parse_tokenizer(tokenizer_json, origin, "re-download it")
 
     def tid(x):
@@ -289,16 +343,26 @@ def info_from_hf(tokenizer_json: str, tokenizer_config: dict, config: dict,
         e = tid(tokenizer_config["eos_token"])
         if e is not None and e not in eos_ids:
             eos_ids.append(e)
-    special = {k: (v["content"] if isinstance(v, dict) else v) for k in ("bos_token", "eos_token")
-               if isinstance(v := tokenizer_config.get(k), (str, dict))}
-    return TokenizerInfo(tokenizer_json=tokenizer_json, bos_id=bos, eos_ids=eos_ids,
-                         add_bos=bool(tokenizer_config.get("add_bos_token", False)),
-                         chat_template=tokenizer_config.get("chat_template"),
-                         special={"bos": special.get("bos_token", ""), "eos": special.get("eos_token", "")},
-                         origin=origin)
+    special = {
+        k: (v["content"] if isinstance(v, dict) else v)
+        for k in ("bos_token", "eos_token")
+        if isinstance(v := tokenizer_config.get(k), (str, dict))
+    }
+    return TokenizerInfo(
+        tokenizer_json=tokenizer_json,
+        bos_id=bos,
+        eos_ids=eos_ids,
+        add_bos=bool(tokenizer_config.get("add_bos_token", False)),
+        chat_template=tokenizer_config.get("chat_template"),
+        special={"bos": special.get("bos_token", ""), "eos": special.get("eos_token", "")},
+        origin=origin,
+    )
 
 
 def loads_info(tokenizer_json: str, meta: dict, origin: str = "") -> TokenizerInfo:
-    return TokenizerInfo(tokenizer_json=tokenizer_json, **{k: meta.get(k) for k in ("bos_id", "eos_ids", "add_bos", "chat_template")},
-                         special=meta.get("special") or {}, origin=origin)
-
+    return TokenizerInfo(
+        tokenizer_json=tokenizer_json,
+        **{k: meta.get(k) for k in ("bos_id", "eos_ids", "add_bos", "chat_template")},
+        special=meta.get("special") or {},
+        origin=origin,
+    )

@@ -7,6 +7,7 @@ entries, and the caller keeps the ones it wants (`KVCache.commit`). Weights come
 layer from a provider, so they can be resident or streamed; an MoE layer asks for the experts its
 tokens route to once its router has answered (`NeedExperts`), so they can be streamed too.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,14 +31,16 @@ class KVCache:
     keeps the chosen pending entries, in order, and drops the rest.
     """
 
-    def __init__(self, args: ModelArgs, capacity: int, device: str | torch.device = "cpu", storage: torch.Tensor | None = None):
+    def __init__(
+        self, args: ModelArgs, capacity: int, device: str | torch.device = "cpu", storage: torch.Tensor | None = None
+    ):
         """`storage`: a float32 tensor of `KVCache.numel(args, capacity)` elements to live in (shared memory)."""
         shape = (args.n_layers, args.n_kv_heads, capacity, args.head_dim)
         if storage is None:
             self.k = torch.zeros(shape, dtype=torch.float32, device=device)
             self.v = torch.zeros(shape, dtype=torch.float32, device=device)
         else:
-            kv = storage.view(torch.float32)[:self.numel(args, capacity)].view(2, *shape)
+            kv = storage.view(torch.float32)[: self.numel(args, capacity)].view(2, *shape)
             self.k, self.v = kv[0], kv[1]
         self.capacity = capacity
         self.length = 0
@@ -57,8 +60,8 @@ class KVCache:
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         # k, v: [T, Hkv, D] -> slots [end, end + T)
         T, e = k.shape[0], self.end
-        self.k[layer, :, e:e + T] = k.transpose(0, 1)
-        self.v[layer, :, e:e + T] = v.transpose(0, 1)
+        self.k[layer, :, e : e + T] = k.transpose(0, 1)
+        self.v[layer, :, e : e + T] = v.transpose(0, 1)
 
     def commit(self, keep: Sequence[int] | None = None):
         """Keep pending entries `keep` (ascending indices into the pending slots) in order; drop the rest."""
@@ -71,8 +74,8 @@ class KVCache:
             n, L = len(keep), self.length
             if keep != list(range(n)):
                 src = torch.tensor(keep, device=self.k.device) + L
-                self.k[:, :, L:L + n] = self.k[:, :, src]
-                self.v[:, :, L:L + n] = self.v[:, :, src]
+                self.k[:, :, L : L + n] = self.k[:, :, src]
+                self.v[:, :, L : L + n] = self.v[:, :, src]
             self.length += n
         self.pending = 0
 
@@ -123,24 +126,37 @@ class Transformer:
         self.head_needs = [NeedWeights(g, j) for j, g in enumerate(weights.head_groups)]
         self.lookahead = False  # MoE: guess the next layer's experts with its router (NeedExperts.guess)
         self.expert_batch = 0  # MoE: ask for at most this many experts at once (0: a layer's whole union)
-        self.routes: list | None = None  # MoE: when a list, each layer's (expert ids [T, k], weights [T, k], input h) is appended
+        self.routes: list | None = (
+            None  # MoE: when a list, each layer's (expert ids [T, k], weights [T, k], input h) is appended
+        )
 
     def new_cache(self, capacity: int, storage: torch.Tensor | None = None) -> KVCache:
         if capacity > self.args.context_length:
-            raise CadenceError(f"{capacity} tokens exceed the model's context of {self.args.context_length}; "
-                               "shorten the prompt or lower --max-new-tokens")
+            raise CadenceError(
+                f"{capacity} tokens exceed the model's context of {self.args.context_length}; "
+                "shorten the prompt or lower --max-new-tokens"
+            )
         return KVCache(self.args, capacity, self.device, storage)
 
-    def block_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, vis: Visibility,
-                    plan: ForwardPlan | None = None):
+    def block_fused(
+        self,
+        i: int,
+        w,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        vis: Visibility,
+        plan: ForwardPlan | None = None,
+    ):
         """A generator (see `forward_steps`): yields a `SplitAttention` when the plan splits attention."""
         a = self.args
         T = x.shape[0]
         qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps))
         if a.qk_norm:
             self.norm_qk(qkv, w, kernels.rmsnorm)
-        q = kernels.qkv_rope(qkv, w.qkv.bias, positions, self.rotary.cos, self.rotary.sin, cache.k[i], cache.v[i],
-                             a.n_heads, cache.end)
+        q = kernels.qkv_rope(
+            qkv, w.qkv.bias, positions, self.rotary.cos, self.rotary.sin, cache.k[i], cache.v[i], a.n_heads, cache.end
+        )
         if plan is not None and plan.attn_split:
             o = yield SplitAttention(i, q, cache.k[i], cache.v[i], vis)
         else:
@@ -157,7 +173,7 @@ class Transformer:
         """RMSNorm of the queries and keys in place (per head, or over the whole projection), before RoPE."""
         a, T = self.args, qkv.shape[0]
         for lo, n, weight in ((0, a.q_dim, w.q_norm), (a.q_dim, a.kv_dim, w.k_norm)):
-            part = qkv[:, lo:lo + n]
+            part = qkv[:, lo : lo + n]
             width = a.head_dim if a.qk_norm == "head" else n
             part.copy_(norm(part.reshape(-1, width), weight, a.norm_eps).view(T, n))
 
@@ -196,7 +212,7 @@ class Transformer:
         out = torch.zeros_like(h)
         n = self.expert_batch or len(used)  # a buffer that cannot hold the union at once takes it in parts
         for lo in range(0, len(used), n):
-            part = used[lo:lo + n]
+            part = used[lo : lo + n]
             experts = yield NeedExperts(i, part, guess)
             tables = [experts[e].table for e in part] if self.fused else [None]
             if all(t is not None for t in tables):  # one kernel call for the part (csrc/experts.cpp)
@@ -204,7 +220,9 @@ class Transformer:
                 continue
             for e in part:
                 rows, k = (ids == e).nonzero(as_tuple=True)
-                out.index_add_(0, rows, self.ffn(experts[e].gate_up, experts[e].down, h.index_select(0, rows)) * top[rows, k, None])
+                out.index_add_(
+                    0, rows, self.ffn(experts[e].gate_up, experts[e].down, h.index_select(0, rows)) * top[rows, k, None]
+                )
         if w.shexp_gate_up is not None:
             out += torch.sigmoid(w.shexp_gate.matmul(h)) * self.ffn(w.shexp_gate_up, w.shexp_down, h)
         return out
@@ -217,22 +235,25 @@ class Transformer:
 
     @staticmethod
     def _buf(plan: ForwardPlan, k: int, T: int, n: int) -> torch.Tensor:
-        return plan.bufs[k][:T * n].view(T, n)
+        return plan.bufs[k][: T * n].view(T, n)
 
-    def block_cols(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, vis: Visibility,
-                   plan: ForwardPlan):
+    def block_cols(
+        self, i: int, w, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, vis: Visibility, plan: ForwardPlan
+    ):
         """`block_fused` with every linear layer handed out as a `SplitColumns` (see `ForwardPlan`):
         x, the inputs of the linears and their outputs live in the plan's shared buffers."""
         a = self.args
         if a.moe or a.qk_norm:
-            raise CadenceError(f"the sparse worker's column share does not split {a.arch} layers; "
-                               "run without --column-share")
+            raise CadenceError(
+                f"the sparse worker's column share does not split {a.arch} layers; run without --column-share"
+            )
         T = x.shape[0]
         h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps, out=self._buf(plan, 1, T, a.dim))
         qkv = self._buf(plan, 2, T, w.qkv.n)
         yield SplitColumns(i, "qkv", w.qkv, h, qkv, False)
-        q = kernels.qkv_rope(qkv, w.qkv.bias, positions, self.rotary.cos, self.rotary.sin, cache.k[i], cache.v[i],
-                             a.n_heads, cache.end)
+        q = kernels.qkv_rope(
+            qkv, w.qkv.bias, positions, self.rotary.cos, self.rotary.sin, cache.k[i], cache.v[i], a.n_heads, cache.end
+        )
         if plan.attn_split:
             o = yield SplitAttention(i, q, cache.k[i], cache.v[i], vis)
         else:
@@ -265,8 +286,14 @@ class Transformer:
             return x + (yield from self.moe(i, w, h))
         return x + self.ffn(w.gate_up, w.down, h)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                vis: Visibility | None = None, logits_rows: torch.Tensor | slice | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        vis: Visibility | None = None,
+        logits_rows: torch.Tensor | slice | None = None,
+    ) -> torch.Tensor:
         """tokens, positions [T] -> logits [T', vocab] fp32 for `logits_rows` (default all rows).
 
         The block's keys/values land in cache slots [cache.end, cache.end + T) as pending entries;
@@ -276,9 +303,15 @@ class Transformer:
 
         return drive(self.forward_steps(tokens, positions, cache, vis, logits_rows), self.weights)
 
-    def forward_steps(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                      vis: Visibility | None = None, logits_rows: torch.Tensor | slice | None = None,
-                      plan: ForwardPlan | None = None):
+    def forward_steps(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        vis: Visibility | None = None,
+        logits_rows: torch.Tensor | slice | None = None,
+        plan: ForwardPlan | None = None,
+    ):
         """`forward` as a generator of requests (models/plan.py); its return value is the logits.
 
         It yields a `NeedWeights` for each layer as it reaches it (then for each part of the output head)
@@ -288,8 +321,10 @@ class Transformer:
         """
         T = tokens.shape[0]
         if cache.end + T > cache.capacity:
-            raise CadenceError(f"the KV cache holds {cache.capacity} tokens and {cache.end + T} are needed; "
-                               "lower --max-new-tokens or shorten the prompt")
+            raise CadenceError(
+                f"the KV cache holds {cache.capacity} tokens and {cache.end + T} are needed; "
+                "lower --max-new-tokens or shorten the prompt"
+            )
         vis = vis or Visibility.causal(cache.end, T)
         x = self.weights.embed[tokens].float()
         if self.fused:
@@ -319,6 +354,10 @@ class Transformer:
             if part is None:
                 continue
             if h is None:  # head.0 (rows from 0: every head keeps it) carries the final norm
-                h = kernels.rmsnorm(x, part.norm, self.args.norm_eps) if self.fused else rms_norm(x, part.norm, self.args.norm_eps)
-            logits[:, part.lo:part.lo + part.out.n] = part.out(h)
+                h = (
+                    kernels.rmsnorm(x, part.norm, self.args.norm_eps)
+                    if self.fused
+                    else rms_norm(x, part.norm, self.args.norm_eps)
+                )
+            logits[:, part.lo : part.lo + part.out.n] = part.out(h)
         return logits

@@ -4,6 +4,7 @@ The engine asks `provider.layer(i)` right before it computes layer i, so a provi
 every layer in RAM (`ResidentWeights`) or hand layers in as a loader brings them into shared
 memory (the streaming provider of the memory-wall pipeline).
 """
+
 from __future__ import annotations
 
 import os
@@ -22,6 +23,7 @@ from models.store import WeightStore, expert_group
 class LayerWeights:
     """A layer's weights that every token uses. A dense layer has its FFN (`gate_up`, `down`); a mixture of
     experts has its `router` (and a shared expert where the model has one); its experts are `ExpertWeights`."""
+
     attn_norm: torch.Tensor
     qkv: Linear
     attn_out: Linear
@@ -54,6 +56,7 @@ class ExpertWeights:
 @dataclass
 class HeadPart:
     """Token rows [lo, lo + out.n) of the output head; the first part also carries the final norm."""
+
     lo: int
     out: Linear
     norm: torch.Tensor | None = None
@@ -75,8 +78,13 @@ def layer_from_views(store: WeightStore, i: int, views: dict[str, dict[str, torc
         qkv=_linear(store, f"{b}.attn_qkv", views[f"{b}.attn_qkv"], bias),
         attn_out=_linear(store, f"{b}.attn_out", views[f"{b}.attn_out"]),
         ffn_norm=views[f"{b}.ffn_norm"]["w"],
-        gate_up=lin("ffn_gate_up"), down=lin("ffn_down"), q_norm=norm("attn_q_norm"), k_norm=norm("attn_k_norm"),
-        router=lin("ffn_router"), shexp_gate=lin("ffn_shexp_gate"), shexp_gate_up=lin("ffn_shexp_gate_up"),
+        gate_up=lin("ffn_gate_up"),
+        down=lin("ffn_down"),
+        q_norm=norm("attn_q_norm"),
+        k_norm=norm("attn_k_norm"),
+        router=lin("ffn_router"),
+        shexp_gate=lin("ffn_shexp_gate"),
+        shexp_gate_up=lin("ffn_shexp_gate_up"),
         shexp_down=lin("ffn_shexp_down"),
     )
 
@@ -84,7 +92,9 @@ def layer_from_views(store: WeightStore, i: int, views: dict[str, dict[str, torc
 def expert_from_views(store: WeightStore, group: str, views: dict) -> ExpertWeights:
     _, i, e = group.split(".")
     b = f"blk.{i}.exp.{e}"
-    return ExpertWeights(_linear(store, f"{b}.gate_up", views[f"{b}.gate_up"]), _linear(store, f"{b}.down", views[f"{b}.down"]))
+    return ExpertWeights(
+        _linear(store, f"{b}.gate_up", views[f"{b}.gate_up"]), _linear(store, f"{b}.down", views[f"{b}.down"])
+    )
 
 
 def head_part_from_views(store: WeightStore, group: str, views: dict) -> HeadPart:
@@ -115,13 +125,16 @@ class ResidentWeights:
 
         def group(name):
             g = store.groups[name]
-            return store.views(name, buf[g.offset - first:g.offset - first + g.nbytes])
+            return store.views(name, buf[g.offset - first : g.offset - first + g.nbytes])
 
         self.buffer = buf
         self.embed = EmbeddingRows(store) if device == "cpu" else group("embed")["embed"]["w"]
         self.layers = [layer_from_views(store, i, group(f"layer.{i}")) for i in range(self.args.n_layers)]
-        self.expert = {(i, e): expert_from_views(store, expert_group(i, e), group(expert_group(i, e)))
-                       for i in range(self.args.n_layers) for e in range(self.args.n_experts)}
+        self.expert = {
+            (i, e): expert_from_views(store, expert_group(i, e), group(expert_group(i, e)))
+            for i in range(self.args.n_layers)
+            for e in range(self.args.n_experts)
+        }
         self.head_groups = store.head_groups()
         self.head = [head_part_from_views(store, g, group(g)) for g in self.head_groups]
 
@@ -158,17 +171,32 @@ class TensorWeights:
         self.layers = []
         for i in range(args.n_layers):
             b = f"blk.{i}"
-            self.layers.append(LayerWeights(
-                attn_norm=tensors[f"{b}.attn_norm"].float(), qkv=enc(f"{b}.attn_qkv", tensors.get(f"{b}.attn_qkv_bias")),
-                attn_out=enc(f"{b}.attn_out"), ffn_norm=tensors[f"{b}.ffn_norm"].float(), gate_up=enc(f"{b}.ffn_gate_up"),
-                down=enc(f"{b}.ffn_down"), q_norm=norm(f"{b}.attn_q_norm"), k_norm=norm(f"{b}.attn_k_norm"),
-                router=enc(f"{b}.ffn_router"), shexp_gate=enc(f"{b}.ffn_shexp_gate"),
-                shexp_gate_up=enc(f"{b}.ffn_shexp_gate_up"), shexp_down=enc(f"{b}.ffn_shexp_down")))
-        self.expert = {(i, e): ExpertWeights(enc(f"blk.{i}.exp.{e}.gate_up"), enc(f"blk.{i}.exp.{e}.down"))
-                       for i in range(args.n_layers) for e in range(args.n_experts)}
+            self.layers.append(
+                LayerWeights(
+                    attn_norm=tensors[f"{b}.attn_norm"].float(),
+                    qkv=enc(f"{b}.attn_qkv", tensors.get(f"{b}.attn_qkv_bias")),
+                    attn_out=enc(f"{b}.attn_out"),
+                    ffn_norm=tensors[f"{b}.ffn_norm"].float(),
+                    gate_up=enc(f"{b}.ffn_gate_up"),
+                    down=enc(f"{b}.ffn_down"),
+                    q_norm=norm(f"{b}.attn_q_norm"),
+                    k_norm=norm(f"{b}.attn_k_norm"),
+                    router=enc(f"{b}.ffn_router"),
+                    shexp_gate=enc(f"{b}.ffn_shexp_gate"),
+                    shexp_gate_up=enc(f"{b}.ffn_shexp_gate_up"),
+                    shexp_down=enc(f"{b}.ffn_shexp_down"),
+                )
+            )
+        self.expert = {
+            (i, e): ExpertWeights(enc(f"blk.{i}.exp.{e}.gate_up"), enc(f"blk.{i}.exp.{e}.down"))
+            for i in range(args.n_layers)
+            for e in range(args.n_experts)
+        }
         head = tensors.get("head", tensors["embed"] if args.tied_embeddings else None)
         self.head_groups = ["head.0"]
-        self.head = [HeadPart(0, linear.decode(fmt, *linear.encode(head, fmt, group_size)), tensors["out_norm"].float())]
+        self.head = [
+            HeadPart(0, linear.decode(fmt, *linear.encode(head, fmt, group_size)), tensors["out_norm"].float())
+        ]
 
     def layer(self, i: int) -> LayerWeights:
         return self.layers[i]
@@ -192,7 +220,7 @@ def random_tensors(args: ModelArgs, seed: int = 0, scale: float = 0.5) -> dict[s
             out[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
         else:
             fan_in = shape[-1] if len(shape) > 1 else 1
-            out[name] = torch.randn(shape, generator=g) * (scale / fan_in ** 0.5 if len(shape) > 1 else 0.1)
+            out[name] = torch.randn(shape, generator=g) * (scale / fan_in**0.5 if len(shape) > 1 else 0.1)
     return out
 
 
@@ -217,7 +245,9 @@ class EmbeddingRows:
         for i, t in enumerate(ids):
             if not 0 <= t < self.shape[0]:
                 raise IndexError(f"token id {t} is outside the vocabulary of {self.shape[0]}")
-            buf[i * self.row_bytes:(i + 1) * self.row_bytes] = os.pread(self.fd, self.row_bytes, self.offset + t * self.row_bytes)
+            buf[i * self.row_bytes : (i + 1) * self.row_bytes] = os.pread(
+                self.fd, self.row_bytes, self.offset + t * self.row_bytes
+            )
         return torch.frombuffer(buf, dtype=DTYPES[self.dtype]).view(len(ids), self.shape[1])
 
     def close(self):

@@ -12,6 +12,7 @@
 Callbacks run on the run's thread and `snapshot` on the monitor's; one lock keeps them apart.
 Without a scheduler (generation in this process) the feed samples this process on its own ledger.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,10 +40,19 @@ class MonitorFeed:
     """What the run reports, as `MonitorState` snapshots. Callbacks run on the run's thread,
     `snapshot` on the monitor's; a lock keeps them apart (and costs the run ~a microsecond)."""
 
-    def __init__(self, sched=None, *, budget_bytes: int | None = None, title: str = "",
-                 memory_parts: Callable[[], list[MemoryPart]] | None = None,
-                 window_s: float = 3.0, text_chars: int = 4000, alpha_points: int = 240, sample_s: float = 5.0,
-                 experts: Callable[[], tuple[int, int, int]] | None = None):
+    def __init__(
+        self,
+        sched=None,
+        *,
+        budget_bytes: int | None = None,
+        title: str = "",
+        memory_parts: Callable[[], list[MemoryPart]] | None = None,
+        window_s: float = 3.0,
+        text_chars: int = 4000,
+        alpha_points: int = 240,
+        sample_s: float = 5.0,
+        experts: Callable[[], tuple[int, int, int]] | None = None,
+    ):
         """`experts`: a mixture of experts' buffer totals (hits, misses, bytes read), e.g. `ExpertCache.totals`."""
         self.sched = sched
         self.title = title or (f"run {sched.run_id}" if sched is not None else "")
@@ -153,8 +163,17 @@ class MonitorFeed:
         for a in s.actor_status():
             u = last.get(a.role)
             alive = a.state != "dead"
-            rows.append(ActorRow(a.role, a.pid, a.state, a.op, now - a.op_since if a.op_since else None,
-                                 self._cpu(a.pid) if alive else None, u.uss if u and alive else None))
+            rows.append(
+                ActorRow(
+                    a.role,
+                    a.pid,
+                    a.state,
+                    a.op,
+                    now - a.op_since if a.op_since else None,
+                    self._cpu(a.pid) if alive else None,
+                    u.uss if u and alive else None,
+                )
+            )
         return rows
 
     def _memory(self) -> list[MemoryPart]:
@@ -183,14 +202,32 @@ class MonitorFeed:
             tokens = self.tokens
         measured = self.ledger.pss_total() if self.ledger.samples else None
         plan = self.ledger.plan_
-        planned = self.memory_parts is not None or (plan is not None and any(w != "shared arena" for w, _ in plan.lines))
+        planned = self.memory_parts is not None or (
+            plan is not None and any(w != "shared arena" for w, _ in plan.lines)
+        )
         hit_rate = per_token = None
         if self.experts is not None:
             hits, misses, nbytes = self.experts()
             hit_rate = hits / (hits + misses) if hits + misses else 0.0
             per_token = nbytes / tokens / 1e6 if tokens else None
-        return MonitorState(now - self.t0, self.title, tuple(actors), self.ledger.budget, tuple(memory), measured,
-                            tokens, tps, hist, alpha, disk, text, notes, planned, hit_rate, per_token)
+        return MonitorState(
+            now - self.t0,
+            self.title,
+            tuple(actors),
+            self.ledger.budget,
+            tuple(memory),
+            measured,
+            tokens,
+            tps,
+            hist,
+            alpha,
+            disk,
+            text,
+            notes,
+            planned,
+            hit_rate,
+            per_token,
+        )
 
     def close(self) -> None:
         """Stop listening to the scheduler (and sampling, in-process). The monitors call it at stop."""

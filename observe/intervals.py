@@ -1,5 +1,7 @@
 """Interval algebra over sorted, disjoint (start, end) lists, and the self time of nested spans."""
+
 from __future__ import annotations
+
 
 def union(iv) -> list[tuple[float, float]]:
     out: list[list[float]] = []

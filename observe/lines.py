@@ -1,5 +1,6 @@
 """The monitor where there is no terminal to draw on: `LogMonitor`, a plain line now and then on stderr
 (so a piped stdout stays the generated text alone), and `NullMonitor` (--no-monitor)."""
+
 from __future__ import annotations
 
 import sys
@@ -35,6 +36,7 @@ class LogMonitor:
         def loop():
             while not self._stop.wait(self.every_s):
                 self._emit()
+
         self._thread = threading.Thread(target=loop, name="log-monitor", daemon=True)
         self._thread.start()
 
@@ -63,13 +65,17 @@ class LogMonitor:
     def line(s: MonitorState) -> str:
         used = sum(p.nbytes for p in s.memory)
         mem = f"{fmt_bytes(s.measured_bytes)} PSS" if s.measured_bytes is not None else f"{fmt_bytes(used)} planned"
-        actors = "; ".join(f"{a.role} {a.state}{' ' + a.op if a.op else ''} cpu {fmt_opt(a.cpu_pct, '.0f')}%"
-                           f" uss {fmt_bytes(a.uss) if a.uss is not None else '-'}" for a in s.actors)
-        return (f"cadence {s.elapsed_s:7.1f}s tokens {s.tokens} {s.tokens_per_s:.1f} tok/s"
-                f" accepted {fmt_opt(s.mean_accepted, '.2f')} alpha {fmt_opt(s.alpha[-1] if s.alpha else None, '.3f')}"
-                f" disk {s.disk_gbps:.2f} GB/s{s.experts_text}"
-                f" mem {mem} of {fmt_bytes(s.budget_bytes)} | {actors}"
-                + "".join(f" | {n}" for n in s.notes))
+        actors = "; ".join(
+            f"{a.role} {a.state}{' ' + a.op if a.op else ''} cpu {fmt_opt(a.cpu_pct, '.0f')}%"
+            f" uss {fmt_bytes(a.uss) if a.uss is not None else '-'}"
+            for a in s.actors
+        )
+        return (
+            f"cadence {s.elapsed_s:7.1f}s tokens {s.tokens} {s.tokens_per_s:.1f} tok/s"
+            f" accepted {fmt_opt(s.mean_accepted, '.2f')} alpha {fmt_opt(s.alpha[-1] if s.alpha else None, '.3f')}"
+            f" disk {s.disk_gbps:.2f} GB/s{s.experts_text}"
+            f" mem {mem} of {fmt_bytes(s.budget_bytes)} | {actors}" + "".join(f" | {n}" for n in s.notes)
+        )
 
 
 class NullMonitor:

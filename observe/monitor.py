@@ -7,6 +7,7 @@ Everything drawn comes from one frozen `MonitorState` (a snapshot): `Monitor.ren
 Rich renderable, `LogMonitor.line(state)` one plain line. `Monitor` draws with `rich.live.Live`,
 whose thread pulls a snapshot 4 times a second; the run's thread pays only for the feed's callbacks.
 """
+
 from __future__ import annotations
 
 import sys
@@ -26,8 +27,16 @@ SPARK = "▁▂▃▄▅▆▇█"
 
 # -- drawing ----------------------------------------------------------------------------------------
 
-PART_STYLES = (("draft", "cyan"), ("target", "magenta"), ("resident", "magenta"), ("stream", "yellow"),
-               ("slot", "yellow"), ("kv", "green"), ("arena", "blue"), ("pss", "red"))
+PART_STYLES = (
+    ("draft", "cyan"),
+    ("target", "magenta"),
+    ("resident", "magenta"),
+    ("stream", "yellow"),
+    ("slot", "yellow"),
+    ("kv", "green"),
+    ("arena", "blue"),
+    ("pss", "red"),
+)
 
 
 def part_style(name: str) -> str:
@@ -96,7 +105,7 @@ def text_tail(text: str, width: int, lines: int) -> list[str]:
     tabs expanded and control characters dropped."""
     out: list[str] = []
     for line in reversed(strip_control_codes(text.expandtabs(4)).splitlines()):
-        chunks = [line[i:i + width] for i in range(0, len(line), width)] or [""]
+        chunks = [line[i : i + width] for i in range(0, len(line), width)] or [""]
         out[:0] = chunks
         if len(out) >= lines:
             break
@@ -126,8 +135,9 @@ class Monitor:
         self.stop()
 
     def start(self) -> None:
-        self._live = Live(console=self.console, refresh_per_second=self.refresh_hz, get_renderable=self.frame,
-                          transient=False)
+        self._live = Live(
+            console=self.console, refresh_per_second=self.refresh_hz, get_renderable=self.frame, transient=False
+        )
         self._live.start()
 
     def update(self, state: MonitorState | None = None) -> None:
@@ -157,10 +167,20 @@ class Monitor:
         width = self.console.width
         f = Frame()
         f.add(*_rule(f"cadence {s.title}  {s.elapsed_s:.1f} s", width, "blue"))
-        f.add((f"{s.tokens}", "bold"), " tokens  ", (f"{s.tokens_per_s:.1f}", "bold green"), " tok/s",
-              f" (avg {s.avg_tokens_per_s:.1f})  mean accepted ", (fmt_opt(s.mean_accepted, ".2f"), "bold"),
-              "  alpha ", (fmt_opt(s.alpha[-1] if s.alpha else None, ".3f"), "bold"),
-              "  disk ", (f"{s.disk_gbps:.2f}", "bold yellow"), " GB/s", s.experts_text)
+        f.add(
+            (f"{s.tokens}", "bold"),
+            " tokens  ",
+            (f"{s.tokens_per_s:.1f}", "bold green"),
+            " tok/s",
+            f" (avg {s.avg_tokens_per_s:.1f})  mean accepted ",
+            (fmt_opt(s.mean_accepted, ".2f"), "bold"),
+            "  alpha ",
+            (fmt_opt(s.alpha[-1] if s.alpha else None, ".3f"), "bold"),
+            "  disk ",
+            (f"{s.disk_gbps:.2f}", "bold yellow"),
+            " GB/s",
+            s.experts_text,
+        )
         _actors(f, s)
         _memory(f, s, width)
         _acceptance(f, s)
@@ -178,8 +198,18 @@ class Monitor:
 
 def _actors(f: Frame, s: MonitorState) -> None:
     rows = [("role", "pid", "state", "doing", "for", "CPU %", "USS")]
-    rows += [(a.role, str(a.pid), a.state, a.op or "idle", f"{a.op_s * 1000:.0f} ms" if a.op_s is not None else "",
-              fmt_opt(a.cpu_pct, ".0f"), fmt_bytes(a.uss) if a.uss is not None else "-") for a in s.actors]
+    rows += [
+        (
+            a.role,
+            str(a.pid),
+            a.state,
+            a.op or "idle",
+            f"{a.op_s * 1000:.0f} ms" if a.op_s is not None else "",
+            fmt_opt(a.cpu_pct, ".0f"),
+            fmt_bytes(a.uss) if a.uss is not None else "-",
+        )
+        for a in s.actors
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(7)]
     for n, r in enumerate(rows):
         cells = [c.rjust(w) if i in (1, 4, 5, 6) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
@@ -193,8 +223,11 @@ def _memory(f: Frame, s: MonitorState, width: int) -> None:
     if s.planned:
         f.add("memory ", *memory_bar(s, bar), f" {_short(used)} planned of {_short(s.budget_bytes)}")
     if s.measured_bytes is not None:
-        f.add("live   ", *_bar([("PSS", s.measured_bytes)], s.budget_bytes, bar),
-              f" {_short(s.measured_bytes)} held of {_short(s.budget_bytes)} {of}")
+        f.add(
+            "live   ",
+            *_bar([("PSS", s.measured_bytes)], s.budget_bytes, bar),
+            f" {_short(s.measured_bytes)} held of {_short(s.budget_bytes)} {of}",
+        )
     if s.planned:
         legend, n = ["       "], 7
         for p in s.memory:
@@ -235,12 +268,20 @@ def _short(n: float) -> str:
 
 def add_monitor_args(p, trace: bool = True) -> None:
     """--monitor / --no-monitor (and --trace PATH) for `launch run`."""
-    p.add_argument("--monitor", action="store_true", default=None,
-                   help="live dashboard (the default when stdout is a terminal; plain log lines on stderr otherwise)")
+    p.add_argument(
+        "--monitor",
+        action="store_true",
+        default=None,
+        help="live dashboard (the default when stdout is a terminal; plain log lines on stderr otherwise)",
+    )
     p.add_argument("--no-monitor", dest="monitor", action="store_false", help="no dashboard, no log lines")
     if trace:
-        p.add_argument("--trace", dest="trace_path", metavar="PATH",
-                       help="write the Chrome trace here (a .json file, or a directory)")
+        p.add_argument(
+            "--trace",
+            dest="trace_path",
+            metavar="PATH",
+            help="write the Chrome trace here (a .json file, or a directory)",
+        )
 
 
 def open_monitor(source, mode: bool | None, stdout=None, console: Console | None = None):

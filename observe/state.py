@@ -1,4 +1,5 @@
 """What the monitor draws: one frozen snapshot of the run (observe/feed.py makes them)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -47,8 +48,11 @@ class MonitorState:
 
     @property
     def experts_text(self) -> str:
-        return "" if self.expert_hit_rate is None else \
-            f"  experts hit {100 * self.expert_hit_rate:.0f}% read {fmt_opt(self.expert_mb_per_token, '.0f')} MB/token"
+        return (
+            ""
+            if self.expert_hit_rate is None
+            else f"  experts hit {100 * self.expert_hit_rate:.0f}% read {fmt_opt(self.expert_mb_per_token, '.0f')} MB/token"
+        )
 
     @property
     def avg_tokens_per_s(self) -> float:

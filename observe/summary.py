@@ -22,6 +22,7 @@ waiting. The window is the extent of all spans but setup.
   busy in the order verify (incl. attention) > draft > load > other > idle, divided by the
   tokens (the pipeline's `tokens` counter, or given).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 
 from observe.intervals import exclusive, intersect, length, subtract, union
 from observe.traces import COMPUTE, SPLIT, category, events_of, wait_what
+
 
 @dataclass
 class ActorSummary:
@@ -83,13 +85,19 @@ def _names(evs) -> tuple[dict, dict]:
 
 def _tokens(evs) -> int | None:
     """The pipeline's `tokens` counter (its last total); else the sum over `accepted` counters."""
-    totals = [e["args"].get("total") for e in evs if e.get("ph") == "C" and e.get("name") == "tokens"
-              and isinstance(e.get("args"), dict)]
+    totals = [
+        e["args"].get("total")
+        for e in evs
+        if e.get("ph") == "C" and e.get("name") == "tokens" and isinstance(e.get("args"), dict)
+    ]
     totals = [t for t in totals if isinstance(t, (int, float))]
     if totals:
         return int(max(totals))
-    acc = [e["args"].get("length") for e in evs if e.get("ph") == "C" and e.get("name") == "accepted"
-           and isinstance(e.get("args"), dict)]
+    acc = [
+        e["args"].get("length")
+        for e in evs
+        if e.get("ph") == "C" and e.get("name") == "accepted" and isinstance(e.get("args"), dict)
+    ]
     acc = [a for a in acc if isinstance(a, (int, float))]
     return int(sum(a + 1 for a in acc)) if acc else None
 
@@ -102,17 +110,25 @@ def summarize(trace, tokens: int | None = None) -> TraceSummary:
     cat_u = {c: union(v) for c, v in self_.cat_iv.items()}
     io = cat_u.get("load", [])
     compute = union([iv for c in COMPUTE for iv in cat_u.get(c, [])])
-    vpids = [p for p, r in sp.roles.items() if r == "verifier"] or \
-        sorted(p for p, c in self_.proc_cat.items() if "verify" in c)
+    vpids = [p for p, r in sp.roles.items() if r == "verifier"] or sorted(
+        p for p, c in self_.proc_cat.items() if "verify" in c
+    )
     v_work = union([iv for p in vpids for iv in self_.proc_iv.get(p, [])])
     v_wait = union([iv for k, v in self_.waits_iv.items() if k[0] in vpids for iv in v])
     return TraceSummary(
         run_id=(trace.get("otherData") or {}).get("run_id") if isinstance(trace, dict) else None,
-        window_s=sp.span_s, actors=_actors(sp, self_, procs), io_s=length(io) / 1e6, compute_s=length(compute) / 1e6,
-        overlap_s=length(intersect(io, compute)) / 1e6, verifier_busy_s=length(v_work) / 1e6,
+        window_s=sp.span_s,
+        actors=_actors(sp, self_, procs),
+        io_s=length(io) / 1e6,
+        compute_s=length(compute) / 1e6,
+        overlap_s=length(intersect(io, compute)) / 1e6,
+        verifier_busy_s=length(v_work) / 1e6,
         waits={k: (c, s) for k, (c, s) in sorted(self_.waits.items(), key=lambda x: -x[1][1])},
-        gaps=_gaps(sp.window, v_work, v_wait, cat_u), tokens=tokens if tokens is not None else _tokens(evs),
-        split_s=_split(sp.window, cat_u), categories={c: length(v) / 1e6 for c, v in sorted(cat_u.items())})
+        gaps=_gaps(sp.window, v_work, v_wait, cat_u),
+        tokens=tokens if tokens is not None else _tokens(evs),
+        split_s=_split(sp.window, cat_u),
+        categories={c: length(v) / 1e6 for c, v in sorted(cat_u.items())},
+    )
 
 
 @dataclass
@@ -135,7 +151,11 @@ class _Spans:
         ops: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
         setup: dict = defaultdict(list)
         for e in evs:
-            if e.get("ph") != "X" or not isinstance(e.get("ts"), (int, float)) or not isinstance(e.get("dur"), (int, float)):
+            if (
+                e.get("ph") != "X"
+                or not isinstance(e.get("ts"), (int, float))
+                or not isinstance(e.get("dur"), (int, float))
+            ):
                 continue
             pid, iv, cat = e.get("pid"), (float(e["ts"]), float(e["ts"]) + float(e["dur"])), category(e)
             if cat == "setup":
@@ -192,10 +212,19 @@ def _actors(sp: _Spans, st: _SelfTimes, procs: dict) -> list[ActorSummary]:
     for pid in sorted(st.threads, key=lambda p: (list(procs).index(p) if p in procs else len(procs), str(p))):
         busy = length(union(st.proc_iv[pid])) / 1e6
         top = sorted(((n, c, t / 1e6) for n, (c, t) in sp.ops[pid].items()), key=lambda x: -x[2])[:5]
-        out.append(ActorSummary(pid, procs.get(pid, f"pid {pid}"), sp.roles.get(pid, f"pid {pid}"), len(st.threads[pid]),
-                                busy, 100.0 * busy / sp.span_s if sp.span_s else 0.0,
-                                {c: length(union(v)) / 1e6 for c, v in sorted(st.proc_cat[pid].items())}, top,
-                                length(union(sp.setup.get(pid, []))) / 1e6))
+        out.append(
+            ActorSummary(
+                pid,
+                procs.get(pid, f"pid {pid}"),
+                sp.roles.get(pid, f"pid {pid}"),
+                len(st.threads[pid]),
+                busy,
+                100.0 * busy / sp.span_s if sp.span_s else 0.0,
+                {c: length(union(v)) / 1e6 for c, v in sorted(st.proc_cat[pid].items())},
+                top,
+                length(union(sp.setup.get(pid, []))) / 1e6,
+            )
+        )
     return out
 
 
@@ -227,14 +256,35 @@ def _split(window, cat_u: dict) -> dict[str, float]:
 
 def summary_dict(s: TraceSummary) -> dict:
     return {
-        "run_id": s.run_id, "window_s": s.window_s, "tokens": s.tokens,
-        "actors": [{"pid": a.pid, "name": a.name, "role": a.role, "threads": a.threads, "busy_s": a.busy_s,
-                    "busy_pct": a.busy_pct, "by_category_s": a.by_category, "setup_s": a.setup_s,
-                    "top_ops": [{"name": n, "count": c, "s": t} for n, c, t in a.top_ops]} for a in s.actors],
-        "io_s": s.io_s, "compute_s": s.compute_s, "overlap_s": s.overlap_s, "overlap_pct": s.overlap_pct,
-        "verifier": {"busy_s": s.verifier_busy_s, "waits": {k: {"count": c, "s": t} for k, (c, t) in s.waits.items()},
-                     "gaps_s": s.gaps},
-        "split_s": s.split_s, "per_token_ms": s.per_token_ms, "categories_s": s.categories,
+        "run_id": s.run_id,
+        "window_s": s.window_s,
+        "tokens": s.tokens,
+        "actors": [
+            {
+                "pid": a.pid,
+                "name": a.name,
+                "role": a.role,
+                "threads": a.threads,
+                "busy_s": a.busy_s,
+                "busy_pct": a.busy_pct,
+                "by_category_s": a.by_category,
+                "setup_s": a.setup_s,
+                "top_ops": [{"name": n, "count": c, "s": t} for n, c, t in a.top_ops],
+            }
+            for a in s.actors
+        ],
+        "io_s": s.io_s,
+        "compute_s": s.compute_s,
+        "overlap_s": s.overlap_s,
+        "overlap_pct": s.overlap_pct,
+        "verifier": {
+            "busy_s": s.verifier_busy_s,
+            "waits": {k: {"count": c, "s": t} for k, (c, t) in s.waits.items()},
+            "gaps_s": s.gaps,
+        },
+        "split_s": s.split_s,
+        "per_token_ms": s.per_token_ms,
+        "categories_s": s.categories,
     }
 
 
@@ -244,8 +294,10 @@ def _pct(x: float, whole: float) -> str:
 
 def format_summary(s: TraceSummary) -> str:
     w = s.window_s
-    out = [f"trace {s.run_id or '?'}: {w * 1000:.1f} ms of spans, "
-           f"{s.tokens if s.tokens is not None else '?'} tokens generated"]
+    out = [
+        f"trace {s.run_id or '?'}: {w * 1000:.1f} ms of spans, "
+        f"{s.tokens if s.tokens is not None else '?'} tokens generated"
+    ]
     out += ["", f"{'actor':<32} {'threads':>7} {'busy':>9} {'busy %':>7}  top ops (count, ms)"]
     for a in s.actors:
         top = ", ".join(f"{n} ({c}, {t * 1000:.1f})" for n, c, t in a.top_ops[:3])
@@ -254,11 +306,17 @@ def format_summary(s: TraceSummary) -> str:
     if setup:
         out.append(f"(setup before the window, e.g. loading weights: {', '.join(setup)})")
     ov = s.overlap_pct
-    out += ["", f"I/O {s.io_s * 1000:.1f} ms, compute {s.compute_s * 1000:.1f} ms, "
-            f"both at once {s.overlap_s * 1000:.1f} ms: "
-            + (f"{ov:.1f}% of I/O overlapped with compute" if ov is not None else "no I/O spans")]
+    out += [
+        "",
+        f"I/O {s.io_s * 1000:.1f} ms, compute {s.compute_s * 1000:.1f} ms, "
+        f"both at once {s.overlap_s * 1000:.1f} ms: "
+        + (f"{ov:.1f}% of I/O overlapped with compute" if ov is not None else "no I/O spans"),
+    ]
     if s.verifier_busy_s or s.waits:
-        out += ["", f"verifier: busy {s.verifier_busy_s * 1000:.1f} ms ({_pct(s.verifier_busy_s, w).strip()} of the window)"]
+        out += [
+            "",
+            f"verifier: busy {s.verifier_busy_s * 1000:.1f} ms ({_pct(s.verifier_busy_s, w).strip()} of the window)",
+        ]
         for what, (n, t) in s.waits.items():
             out.append(f"  wait:{what:<18} {n:>6} spans {t * 1000:>9.1f} ms {_pct(t, w)}")
         for what, t in s.gaps.items():
@@ -266,8 +324,11 @@ def format_summary(s: TraceSummary) -> str:
                 why = "waiting for " + what if what != "idle" else "nothing running"
                 out.append(f"  gap, {why:<24} {t * 1000:>9.1f} ms {_pct(t, w)}")
     per = s.per_token_ms
-    out += ["", "time split (each instant once: verify > draft > load > other > idle)"
-            + (f", per generated token ({s.tokens}):" if per else ":")]
+    out += [
+        "",
+        "time split (each instant once: verify > draft > load > other > idle)"
+        + (f", per generated token ({s.tokens}):" if per else ":"),
+    ]
     for k in SPLIT:
         if k == "other" and not s.split_s.get(k):
             continue
@@ -279,5 +340,3 @@ def format_summary(s: TraceSummary) -> str:
     if others:
         out.append(f"  (spans of unknown categories counted as other: {others['other'] * 1000:.1f} ms)")
     return "\n".join(out)
-
-

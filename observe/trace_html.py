@@ -6,6 +6,7 @@ spans coloured by category, counters as line charts, flow arrows, wheel zoom, dr
 click on a span shows its args. It exposes `window.viewer` (track list, span counts, `setView`,
 `spanScreenRect`) for the browser test.
 """
+
 from __future__ import annotations
 
 import html

@@ -1,5 +1,6 @@
 """Chrome traces on disk: reading one (and saying why a file is not one), the categories of its spans,
 and where `launch run --trace PATH` puts it. What the trace says is observe/summary.py's."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,17 @@ from pathlib import Path
 
 # what `cat` says -> our category
 CATEGORIES = {
-    "draft": "draft", "verify": "verify", "verifier": "verify", "attention": "attention", "sparse": "attention",
-    "load": "load", "loader": "load", "io": "load", "wait": "wait", "idle": "wait", "scheduler": "scheduler",
+    "draft": "draft",
+    "verify": "verify",
+    "verifier": "verify",
+    "attention": "attention",
+    "sparse": "attention",
+    "load": "load",
+    "loader": "load",
+    "io": "load",
+    "wait": "wait",
+    "idle": "wait",
+    "scheduler": "scheduler",
     "setup": "setup",
 }
 COMPUTE = ("draft", "verify", "attention")
@@ -52,6 +62,7 @@ def wait_what(ev: dict) -> str:
 
 
 # -- `launch run --trace PATH` -------------------------------------------------------------------
+
 
 def trace_dir(wanted: str | None) -> str | None:
     """The directory for `TraceConfig(dir=...)`: PATH itself, or a .json PATH's folder (None: the default)."""

@@ -3,6 +3,7 @@
 Every part checks itself in `__post_init__` and names the field and the value it rejects.
 argparse lives only in `launch/`; it builds these.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -59,14 +60,24 @@ class MemoryConfig:
 
     def __post_init__(self):
         _positive("memory", self, "budget_bytes", "arena_bytes")
-        _require(type(self.stream_bytes) is int and 0 <= self.stream_bytes <= self.arena_bytes,
-                 "memory.stream_bytes", self.stream_bytes, f"an int in [0, memory.arena_bytes={self.arena_bytes}]")
-        _require(type(self.expert_bytes) is int and 0 <= self.expert_bytes <= self.stream_bytes,
-                 "memory.expert_bytes", self.expert_bytes, f"an int in [0, memory.stream_bytes={self.stream_bytes}]")
+        _require(
+            type(self.stream_bytes) is int and 0 <= self.stream_bytes <= self.arena_bytes,
+            "memory.stream_bytes",
+            self.stream_bytes,
+            f"an int in [0, memory.arena_bytes={self.arena_bytes}]",
+        )
+        _require(
+            type(self.expert_bytes) is int and 0 <= self.expert_bytes <= self.stream_bytes,
+            "memory.expert_bytes",
+            self.expert_bytes,
+            f"an int in [0, memory.stream_bytes={self.stream_bytes}]",
+        )
         _require(isinstance(self.role_bytes, dict), "memory.role_bytes", self.role_bytes, "a dict of role -> bytes")
         for role, n in self.role_bytes.items():
             _require(type(n) is int and n >= 0, f"memory.role_bytes[{role!r}]", n, "an int >= 0")
-        _require(isinstance(self.sample_s, (int, float)) and self.sample_s >= 0, "memory.sample_s", self.sample_s, ">= 0")
+        _require(
+            isinstance(self.sample_s, (int, float)) and self.sample_s >= 0, "memory.sample_s", self.sample_s, ">= 0"
+        )
 
 
 @dataclass(frozen=True)
@@ -100,8 +111,12 @@ class TraceConfig:
 
     def __post_init__(self):
         _positive("trace", self, "max_events")
-        _require(type(self.spill_events) is int and self.spill_events >= 0, "trace.spill_events", self.spill_events,
-                 "an int >= 0")
+        _require(
+            type(self.spill_events) is int and self.spill_events >= 0,
+            "trace.spill_events",
+            self.spill_events,
+            "an int >= 0",
+        )
 
     @property
     def path(self) -> Path:
@@ -121,7 +136,10 @@ class RuntimeConfig:
 
     def __post_init__(self):
         slot = -(-self.pipeline.layer_bytes // 4096) * 4096  # slots are 4 KiB aligned
-        if 0 < self.memory.stream_bytes - self.memory.expert_bytes < 2 * slot:  # 0: nothing streams (the budget holds every layer)
+        if (
+            0 < self.memory.stream_bytes - self.memory.expert_bytes < 2 * slot
+        ):  # 0: nothing streams (the budget holds every layer)
             raise ConfigError(
                 f"memory.stream_bytes={self.memory.stream_bytes} holds fewer than two streaming slots of "
-                f"pipeline.layer_bytes={slot}; raise memory.stream_bytes or lower pipeline.layer_bytes")
+                f"pipeline.layer_bytes={slot}; raise memory.stream_bytes or lower pipeline.layer_bytes"
+            )

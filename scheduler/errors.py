@@ -1,4 +1,5 @@
 """What the scheduler raises to its caller. Each is one sentence that names the role."""
+
 from __future__ import annotations
 
 from common.errors import CadenceError
@@ -26,4 +27,6 @@ class RequestTimeout(CadenceError):
 
     def __init__(self, role: str, op: str, req_id: int, timeout_s: float, setting: str = "timeouts.request_s"):
         self.role, self.op, self.req_id = role, op, req_id
-        super().__init__(f"the {role} actor did not answer {op!r} (request {req_id}) within {timeout_s:g} s (raise {setting})")
+        super().__init__(
+            f"the {role} actor did not answer {op!r} (request {req_id}) within {timeout_s:g} s (raise {setting})"
+        )

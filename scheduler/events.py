@@ -1,4 +1,5 @@
 """What `Runtime.poll` returns, and the bookkeeping of a request in flight."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ class DeadEvent:
 @dataclass(frozen=True)
 class ErrorEvent:
     """An actor could not read a frame of ours (or got one it did not expect)."""
+
     role: str
     message: str
 
@@ -33,6 +35,7 @@ class ErrorEvent:
 @dataclass(frozen=True)
 class ActorStatus:
     """One actor as the scheduler sees it now (`Runtime.actor_status`): what the monitor shows."""
+
     role: str
     pid: int
     state: str  # starting | initializing | ready | stopping | dead

@@ -3,6 +3,7 @@
 A mixin of `Runtime`: it uses `self.arena`, `self.arenas`, `self.slots` (exchange slots) and
 `self.stream_slots` (loader slots). torch is imported only when a torch tensor shows up.
 """
+
 from __future__ import annotations
 
 from common.errors import CadenceError
@@ -18,11 +19,13 @@ class TensorExchange:
     def put(self, tensor) -> tuple[Slot, TensorDesc]:
         """Copy a torch tensor into a new exchange slot. Free the slot when done with it."""
         from shm import tensors
+
         slot = self.slots.alloc(max(tensor.numel() * tensor.element_size(), 1))
         return slot, tensors.put(self.arena, slot, tensor)
 
     def view(self, value):
         from shm import tensors
+
         return tensors.as_tensor(self.arenas, value)
 
     def _wire_tensors(self, role: str, tensors: dict, lease: bool) -> tuple[dict, list]:
@@ -50,6 +53,7 @@ class TensorExchange:
         """A torch tensor: inline when tiny, else one copy into a new exchange slot."""
         from shm import tensors
         from shm.desc import INLINE_MAX
+
         if not hasattr(value, "element_size"):
             raise CadenceError(f"tensor {name!r} is a {type(value).__name__}; send torch tensors or descriptors")
         if value.numel() * value.element_size() <= INLINE_MAX:

@@ -6,6 +6,7 @@ only this process holds) and PSS (its fair share of shared pages, e.g. the arena
 sampled with psutil on a background thread (a sample of a torch-sized process takes the kernel
 ~10 ms, too long for the scheduler's loop); the monitor and the trace's memory counter read `last`.
 """
+
 from __future__ import annotations
 
 import threading
@@ -80,7 +81,8 @@ class MemoryLedger:
             raise BudgetError(
                 f"the memory plan needs {fmt_bytes(plan.total)} but memory.budget_bytes is {fmt_bytes(self.budget)} "
                 f"(short by {fmt_bytes(-plan.headroom)}; largest: {biggest}); raise memory.budget_bytes "
-                f"or shrink memory.arena_bytes / memory.role_bytes")
+                f"or shrink memory.arena_bytes / memory.role_bytes"
+            )
         self.plan_ = plan
         return plan
 
@@ -119,6 +121,7 @@ class MemoryLedger:
 
     def start_sampling(self, every_s: float) -> None:
         """Sample the watched processes now and every `every_s` seconds, off the caller's thread."""
+
         def loop():
             while True:
                 with self._lock:
@@ -126,6 +129,7 @@ class MemoryLedger:
                 self.sample(pids)
                 if self._stop.wait(every_s):
                     return
+
         self._thread = threading.Thread(target=loop, name="memory-ledger", daemon=True)
         self._thread.start()
 
@@ -138,7 +142,11 @@ class MemoryLedger:
         return sum(u.pss for u in self.last.values())
 
     def report(self) -> str:
-        rows = [f"  {u.role:<12} pid {u.pid:<8} uss {fmt_bytes(u.uss):>11}  pss {fmt_bytes(u.pss):>11}"
-                for u in self.last.values()]
-        rows.append(f"  {'total pss':<12} {'':<12} {fmt_bytes(self.pss_total()):>11} of {fmt_bytes(self.budget)} budget")
+        rows = [
+            f"  {u.role:<12} pid {u.pid:<8} uss {fmt_bytes(u.uss):>11}  pss {fmt_bytes(u.pss):>11}"
+            for u in self.last.values()
+        ]
+        rows.append(
+            f"  {'total pss':<12} {'':<12} {fmt_bytes(self.pss_total()):>11} of {fmt_bytes(self.budget)} budget"
+        )
         return "\n".join(rows)

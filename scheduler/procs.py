@@ -1,4 +1,5 @@
 """Actor processes seen from the scheduler: start one, watch its deadlines, explain its death, kill its tree."""
+
 from __future__ import annotations
 
 import ctypes
@@ -53,8 +54,10 @@ class ActorProc:
         if self.state == INITIALIZING and now > self.deadline:
             return f"did not answer INIT within {t.init_s:g} s (raise timeouts.init_s)"
         if self.state == READY and now - self.last_seen > t.heartbeat_s:
-            return (f"sent nothing for {t.heartbeat_s:g} s, so it was killed as hung "
-                    f"(raise timeouts.heartbeat_s if its steps take that long)")
+            return (
+                f"sent nothing for {t.heartbeat_s:g} s, so it was killed as hung "
+                f"(raise timeouts.heartbeat_s if its steps take that long)"
+            )
         return None
 
 
@@ -70,16 +73,22 @@ def bind_router(zctx: zmq.Context, endpoint: str) -> zmq.Socket:
     return router
 
 
-def start_actor(role: str, cls_path: str, init: dict, endpoint: str, init_wait_s: float,
-                zygote: "Zygote | None" = None) -> ActorProc:
+def start_actor(
+    role: str, cls_path: str, init: dict, endpoint: str, init_wait_s: float, zygote: "Zygote | None" = None
+) -> ActorProc:
     """Fork the actor from `zygote`, or start `python -m actors <spec>` (a fresh interpreter, which
     imports everything again). stdout/stderr are inherited: actor logs land with ours."""
     spec = {"role": role, "cls": cls_path, "endpoint": endpoint, "parent_pid": os.getpid(), "init_wait_s": init_wait_s}
     if zygote is not None:
         popen = zygote.fork(spec)
     else:
-        popen = subprocess.Popen([sys.executable, "-m", "actors", json.dumps(spec)], stdin=subprocess.DEVNULL,
-                                 close_fds=True, env=python_env(), start_new_session=True)  # as the zygote's (below)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "actors", json.dumps(spec)],
+            stdin=subprocess.DEVNULL,
+            close_fds=True,
+            env=python_env(),
+            start_new_session=True,
+        )  # as the zygote's (below)
     try:
         sentinel = os.pidfd_open(popen.pid)
     except OSError:
@@ -146,9 +155,13 @@ class Zygote:
             # a session of its own, as the watchdog's: Ctrl-C reaches the terminal's foreground group, and one
             # that lands while this interpreter starts (before it ignores SIGINT) would print a fatal error;
             # the scheduler handles Ctrl-C and closes our pipe, and the actors forked from here ignore it too
-            self.proc = subprocess.Popen([sys.executable, "-m", "actors.zygote", str(to_z), str(from_z), *preload],
-                                         pass_fds=(to_z, from_z), stdin=subprocess.DEVNULL, env=python_env(),
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "actors.zygote", str(to_z), str(from_z), *preload],
+                pass_fds=(to_z, from_z),
+                stdin=subprocess.DEVNULL,
+                env=python_env(),
+                start_new_session=True,
+            )
         finally:
             os.close(to_z)
             os.close(from_z)
@@ -164,19 +177,23 @@ class Zygote:
         try:
             os.write(self._w, (json.dumps({"spec": spec}) + "\n").encode())
         except BrokenPipeError:
-            raise CadenceError(f"the zygote process {exit_reason(self.proc.wait())} before it could start the "
-                               f"{spec['role']} actor") from None
+            raise CadenceError(
+                f"the zygote process {exit_reason(self.proc.wait())} before it could start the {spec['role']} actor"
+            ) from None
         deadline = time.monotonic() + self.timeout_s
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             ready, _, _ = select.select([self._r], [], [], max(left, 0))
             if not ready:
-                raise CadenceError(f"the zygote process did not start the {spec['role']} actor within "
-                                   f"{self.timeout_s:g} s (raise timeouts.hello_s)")
+                raise CadenceError(
+                    f"the zygote process did not start the {spec['role']} actor within "
+                    f"{self.timeout_s:g} s (raise timeouts.hello_s)"
+                )
             chunk = os.read(self._r, 4096)
             if not chunk:
-                raise CadenceError(f"the zygote process {exit_reason(self.proc.wait())} while starting the "
-                                   f"{spec['role']} actor")
+                raise CadenceError(
+                    f"the zygote process {exit_reason(self.proc.wait())} while starting the {spec['role']} actor"
+                )
             self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
         text = line.decode()

@@ -6,6 +6,7 @@ A mixin of `Runtime` (scheduler/runtime.py), which owns the state it works on: `
 `trace`, `config`, `arenas`, `t0_ns`, `pid`. Everything that happens reaches the caller as one
 event: a ReplyEvent, an ErrorEvent, or a DeadEvent however the actor died.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,8 +18,17 @@ from actors import wire
 from common.errors import CadenceError
 from scheduler.errors import ActorDead
 from scheduler.events import DeadEvent, ErrorEvent, ReplyEvent
-from scheduler.procs import (DEAD, INITIALIZING, READY, STARTING, STOPPING, ActorProc, close_sentinel, exit_reason,
-                             kill_tree)
+from scheduler.procs import (
+    DEAD,
+    INITIALIZING,
+    READY,
+    STARTING,
+    STOPPING,
+    ActorProc,
+    close_sentinel,
+    exit_reason,
+    kill_tree,
+)
 
 log = logging.getLogger("cadence.scheduler")
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
@@ -88,7 +98,9 @@ class EventPump:
             pass
         elif kind is wire.Hello and proc.state == STARTING:
             proc.state, proc.deadline = INITIALIZING, time.monotonic() + self.config.timeouts.init_s
-            init = wire.Init(proc.init, list(self.arenas), self.t0_ns, self.config.timeouts.heartbeat_every_s, self.tracer.enabled)
+            init = wire.Init(
+                proc.init, list(self.arenas), self.t0_ns, self.config.timeouts.heartbeat_every_s, self.tracer.enabled
+            )
             self._answer(proc, init)
         elif kind is wire.Ready and proc.state == INITIALIZING:
             proc.state, proc.actor, proc.ops = READY, msg.actor, msg.ops
@@ -105,7 +117,9 @@ class EventPump:
             else:
                 self._emit(ErrorEvent(role, msg.message))
         else:
-            self._answer(proc, wire.Error(None, f"unexpected {kind.__name__} from the {role} actor in state {proc.state}"))
+            self._answer(
+                proc, wire.Error(None, f"unexpected {kind.__name__} from the {role} actor in state {proc.state}")
+            )
 
     def _answer(self, proc: ActorProc, msg: wire.Msg) -> None:
         try:

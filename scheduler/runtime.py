@@ -15,6 +15,7 @@ gets one `ActorDead(role, reason)`. A watchdog process unlinks everything if we 
 Two mixins hold the rest: the event pump (frames, exits, deadlines: scheduler/pump.py) and the
 tensors in requests (scheduler/exchange.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,18 @@ from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.events import ActorStatus, Pending, ReplyEvent
 from scheduler.exchange import TensorExchange
 from scheduler.ledger import MemoryLedger
-from scheduler.procs import (DEAD, READY, STOPPING, ActorProc, Zygote, bind_router, close_sentinel, kill_tree,
-                             sigint_deferred, start_actor)
+from scheduler.procs import (
+    DEAD,
+    READY,
+    STOPPING,
+    ActorProc,
+    Zygote,
+    bind_router,
+    close_sentinel,
+    kill_tree,
+    sigint_deferred,
+    start_actor,
+)
 from scheduler.pump import EventPump
 from scheduler.trace import TraceSink
 from shm.arena import ALIGN, Arena, new_run_id, segment_name, sweep_dead_segments
@@ -107,10 +118,15 @@ class Runtime(EventPump, TensorExchange):
             stream = mem.stream_bytes // ALIGN * ALIGN
             experts = mem.expert_bytes // ALIGN * ALIGN
             self.stream_slots = SlotAllocator(stream - experts, name="the loader slots", setting="memory.stream_bytes")
-            self.expert_slots = SlotAllocator(experts, base=stream - experts, name="the expert buffer",
-                                              setting="memory.expert_bytes")
-            self.slots = SlotAllocator(self.arena.nbytes - stream, base=stream, name="the exchange part of the arena",
-                                       setting="memory.arena_bytes")
+            self.expert_slots = SlotAllocator(
+                experts, base=stream - experts, name="the expert buffer", setting="memory.expert_bytes"
+            )
+            self.slots = SlotAllocator(
+                self.arena.nbytes - stream,
+                base=stream,
+                name="the exchange part of the arena",
+                setting="memory.arena_bytes",
+            )
             self._zctx = zmq.Context()
             self.endpoint = f"ipc://{self.run_dir}/ctl"
             self._router = bind_router(self._zctx, self.endpoint)
@@ -140,7 +156,9 @@ class Runtime(EventPump, TensorExchange):
         except wire.WireError as e:
             raise CadenceError(f"the init for the {role} actor cannot be sent: {e}") from None
         t = self.config.timeouts
-        proc = start_actor(role, path, init, self.endpoint, init_wait_s=t.hello_s + t.init_s, zygote=self._zygote_for_spawn())
+        proc = start_actor(
+            role, path, init, self.endpoint, init_wait_s=t.hello_s + t.init_s, zygote=self._zygote_for_spawn()
+        )
         proc.deadline = time.monotonic() + t.hello_s
         self.actors[role] = proc
         self.trace.name_process(proc.pid, role)  # processes appear in spawn order
@@ -179,7 +197,9 @@ class Runtime(EventPump, TensorExchange):
             if not waiting:
                 return
             if time.monotonic() > deadline:
-                raise CadenceError(f"the {', '.join(waiting)} actor(s) were not READY within {limit:g} s (raise timeouts.ready_s)")
+                raise CadenceError(
+                    f"the {', '.join(waiting)} actor(s) were not READY within {limit:g} s (raise timeouts.ready_s)"
+                )
             self._pump(0.05)
 
     def shutdown(self) -> None:
@@ -208,8 +228,11 @@ class Runtime(EventPump, TensorExchange):
             self._pump(0.02)  # collects the last trace batches as actors exit
         for p in live:
             if p.popen.poll() is None:
-                log.warning("cadence: the %s actor did not stop within %g s (timeouts.shutdown_s); killing it",
-                            p.role, self.config.timeouts.shutdown_s)
+                log.warning(
+                    "cadence: the %s actor did not stop within %g s (timeouts.shutdown_s); killing it",
+                    p.role,
+                    self.config.timeouts.shutdown_s,
+                )
                 kill_tree(p.popen, timeout=0.5)
         self._pump(0)
         for p in self.actors.values():
@@ -242,8 +265,9 @@ class Runtime(EventPump, TensorExchange):
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def send(self, role: str, op: str | Payload, args: dict | None = None, tensors: dict | None = None,
-             lease: bool = True) -> int:
+    def send(
+        self, role: str, op: str | Payload, args: dict | None = None, tensors: dict | None = None, lease: bool = True
+    ) -> int:
         """Queue a request; returns its id. `op` is the op's name and `args` its map, or a payload
         (actors/ops.py) that is both. With `lease`, every slot a descriptor points into is leased to
         `role` until its reply (or death), so it cannot be reused while being read."""
@@ -265,8 +289,14 @@ class Runtime(EventPump, TensorExchange):
         self._count_queue(role, +1)
         return req_id
 
-    def call(self, role: str, op: str | Payload, args: dict | None = None, tensors: dict | None = None,
-             timeout: float | None = None) -> wire.Reply:
+    def call(
+        self,
+        role: str,
+        op: str | Payload,
+        args: dict | None = None,
+        tensors: dict | None = None,
+        timeout: float | None = None,
+    ) -> wire.Reply:
         """Send and wait for the reply. ActorError if the op failed, ActorDead, RequestTimeout."""
         if isinstance(op, Payload):
             op, args = op.op, op.wire()
@@ -338,8 +368,9 @@ class Runtime(EventPump, TensorExchange):
         out = []
         for role, proc in list(self.actors.items()):
             p = oldest.get(role, (0, None))[1]
-            out.append(ActorStatus(role, proc.pid, proc.state, p.op if p else None, p.sent if p else None,
-                                   self._queued[role]))
+            out.append(
+                ActorStatus(role, proc.pid, proc.state, p.op if p else None, p.sent if p else None, self._queued[role])
+            )
         return out
 
     def send_raw(self, role: str, frames: list[bytes]) -> None:

@@ -12,6 +12,7 @@ Under a memory budget the scheduler's memory must not grow with the run: with
 the trace, and only what the final write needs (which requests' spans to link, which flows have
 both ends) stays in memory; `write` merges the sorted runs back into one file.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -143,9 +144,21 @@ class TraceSink:
             a, b = served.get(src), served.get(dst)
             if a is None or b is None or a[0] + a[1] // 2 > b[0] + b[1] // 2:
                 continue
-            out.append({"ph": "s", "name": name, "cat": cat, "id": i, "ts": a[0] + a[1] // 2, "pid": src[0], "tid": a[2]})
-            out.append({"ph": "f", "bp": "e", "name": name, "cat": cat, "id": i, "ts": b[0] + b[1] // 2,
-                        "pid": dst[0], "tid": b[2]})
+            out.append(
+                {"ph": "s", "name": name, "cat": cat, "id": i, "ts": a[0] + a[1] // 2, "pid": src[0], "tid": a[2]}
+            )
+            out.append(
+                {
+                    "ph": "f",
+                    "bp": "e",
+                    "name": name,
+                    "cat": cat,
+                    "id": i,
+                    "ts": b[0] + b[1] // 2,
+                    "pid": dst[0],
+                    "tid": b[2],
+                }
+            )
         return out
 
     def _timed(self):
@@ -182,8 +195,14 @@ class TraceSink:
         return out + [dict(e) for e in self._meta_events.values()]
 
     def _other(self) -> dict:
-        return {"run_id": self.run_id, "clock": "CLOCK_MONOTONIC", "t0_ns": self.t0_ns, "dropped_events": self.dropped,
-                "rejected_events": self.rejected, "unpaired_flow_events": self.unpaired}
+        return {
+            "run_id": self.run_id,
+            "clock": "CLOCK_MONOTONIC",
+            "t0_ns": self.t0_ns,
+            "dropped_events": self.dropped,
+            "rejected_events": self.rejected,
+            "unpaired_flow_events": self.unpaired,
+        }
 
     def to_json(self) -> dict:
         """The whole trace as one object (small traces: tests; `write` streams it instead)."""
@@ -213,6 +232,7 @@ class TraceSink:
 
 
 # -- validation ------------------------------------------------------------------------------
+
 
 def _ns(us) -> int:
     return round(us * 1000)
@@ -274,7 +294,9 @@ def validate_trace(obj) -> list[str]:
     problems += _check_nesting(slices)
     problems += _check_flows(flows, slices)
     problems += [f"process {p} has events but no process_name" for p in sorted(used_procs - named_procs)]
-    problems += [f"thread {t} of process {p} has slices but no thread_name" for p, t in sorted(used_threads - named_threads)]
+    problems += [
+        f"thread {t} of process {p} has slices but no thread_name" for p, t in sorted(used_threads - named_threads)
+    ]
     return problems
 
 
@@ -310,5 +332,7 @@ def _check_flows(flows: dict, slices: dict) -> list[str]:
             problems.append(f"flow {cat}/{fid} ends before it starts")
         for e in (s, f):
             if not _encloses(slices, e):
-                problems.append(f"flow {cat}/{fid} {e['ph']} at {e['ts']} on pid {e['pid']} tid {e['tid']} is inside no slice")
+                problems.append(
+                    f"flow {cat}/{fid} {e['ph']} at {e['ts']} on pid {e['pid']} tid {e['tid']} is inside no slice"
+                )
     return problems

@@ -14,6 +14,7 @@ a 500. A client that goes away stops its generation at the next cycle boundary. 
 every /v1 route and /metrics want `Authorization: Bearer <key>` (compared in constant time).
 Requests that leave `temperature` out get the server's own (0: greedy, the target model's own text).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -69,7 +70,9 @@ class Api:
 
     def _guard(self, request: Request) -> None:
         if not self.authorized(request):
-            raise ClientError(401, "a valid API key is needed: Authorization: Bearer <key>", None, "authentication_error")
+            raise ClientError(
+                401, "a valid API key is needed: Authorization: Bearer <key>", None, "authentication_error"
+            )
 
     async def health(self, request: Request):
         gen = self.gen
@@ -77,21 +80,38 @@ class Api:
             return JSONResponse({"status": "error", "error": gen.error}, status_code=500)
         if not gen.ready.is_set():
             return JSONResponse({"status": "loading"}, status_code=503)
-        return JSONResponse({"status": "ok", "model": self.cfg.model, "queued": gen.jobs.qsize(), "busy": gen.busy,
-                             "config": gen.llm.config.options()})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": self.cfg.model,
+                "queued": gen.jobs.qsize(),
+                "busy": gen.busy,
+                "config": gen.llm.config.options(),
+            }
+        )
 
     async def models(self, request: Request):
         try:
             self._guard(request)
         except ClientError as e:
             return error(e)
-        return JSONResponse({"object": "list", "data": [{"id": self.cfg.model, "object": "model",
-                                                         "created": self.created, "owned_by": "cadence"}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": self.cfg.model, "object": "model", "created": self.created, "owned_by": "cadence"}],
+            }
+        )
 
     async def metrics(self, request: Request):
         if not self.cfg.open_metrics and not self.authorized(request):
-            return error(ClientError(401, "a valid API key is needed for /metrics (or start the server with "
-                                     "--open-metrics)", None, "authentication_error"))
+            return error(
+                ClientError(
+                    401,
+                    "a valid API key is needed for /metrics (or start the server with --open-metrics)",
+                    None,
+                    "authentication_error",
+                )
+            )
         from serve.metrics import prometheus
 
         return PlainTextResponse(prometheus(self.gen, self.cfg.budget), media_type="text/plain; version=0.0.4")
@@ -116,8 +136,11 @@ class Api:
             self.gen.jobs.put_nowait(job)
         except queue.Full:
             self.gen.stats.rejected += 1
-            return error(ClientError(429, f"{self.gen.jobs.maxsize} requests are waiting already; retry later", None,
-                                     "rate_limit_error"))
+            return error(
+                ClientError(
+                    429, f"{self.gen.jobs.maxsize} requests are waiting already; retry later", None, "rate_limit_error"
+                )
+            )
         self.gen.stats.requests += 1
         if ask.stream:
             return EventSourceResponse(self._events(job, rid), ping=15, send_timeout=30)
@@ -181,8 +204,14 @@ class Api:
         chat = job.ask.chat
         choice = {"index": 0, "finish_reason": done.finish_reason if done else "stop", "logprobs": None}
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": self.cfg.model, "choices": [choice], "usage": usage(done)}
+        return {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.cfg.model,
+            "choices": [choice],
+            "usage": usage(done),
+        }
 
     async def _events(self, job: Job, rid: str):
         chat = job.ask.chat
@@ -194,8 +223,9 @@ class Api:
                 c["delta"] = ({"role": "assistant"} if role else {}) | ({"content": delta} if delta is not None else {})
             else:
                 c["text"] = delta or ""
-            return json.dumps({"id": rid, "object": kind_name, "created": int(time.time()), "model": self.cfg.model,
-                               "choices": [c]})
+            return json.dumps(
+                {"id": rid, "object": kind_name, "created": int(time.time()), "model": self.cfg.model, "choices": [c]}
+            )
 
         try:
             if chat:
@@ -206,17 +236,31 @@ class Api:
                     if value:
                         yield {"data": chunk(value)}
                 elif kind in ("error", "client_error"):
-                    yield {"data": json.dumps(ClientError(400 if kind == "client_error" else 500, str(value),
-                                                          getattr(value, "param", None)).body())}
+                    yield {
+                        "data": json.dumps(
+                            ClientError(
+                                400 if kind == "client_error" else 500, str(value), getattr(value, "param", None)
+                            ).body()
+                        )
+                    }
                     return
                 elif kind == "cancelled":
                     return
                 else:
                     yield {"data": chunk(None, value.finish_reason if kind == "done" else "stop")}
                     if job.ask.include_usage:
-                        yield {"data": json.dumps({"id": rid, "object": kind_name, "created": int(time.time()),
-                                                   "model": self.cfg.model, "choices": [],
-                                                   "usage": usage(value if kind == "done" else None)})}
+                        yield {
+                            "data": json.dumps(
+                                {
+                                    "id": rid,
+                                    "object": kind_name,
+                                    "created": int(time.time()),
+                                    "model": self.cfg.model,
+                                    "choices": [],
+                                    "usage": usage(value if kind == "done" else None),
+                                }
+                            )
+                        }
                     yield {"data": "[DONE]"}
                     return
         finally:
@@ -232,8 +276,12 @@ def usage(done) -> dict:
 
 def make_app(gen: Generator, cfg: ServeConfig) -> Starlette:
     api = Api(gen, cfg)
-    return Starlette(routes=[
-        Route("/health", api.health), Route("/metrics", api.metrics), Route("/v1/models", api.models),
-        Route("/v1/completions", api.completions, methods=["POST"]),
-        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/health", api.health),
+            Route("/metrics", api.metrics),
+            Route("/v1/models", api.models),
+            Route("/v1/completions", api.completions, methods=["POST"]),
+            Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        ]
+    )

@@ -1,6 +1,7 @@
 """The one thread that owns the models: it loads them, then runs one generation at a time from a
 bounded queue. A job's pieces go back to its request's event loop; a client that goes away sets
 `cancelled`, and its generation stops at the next cycle boundary (where the models agree with the text)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -90,11 +91,13 @@ class Generator(threading.Thread):
             job.put("cancelled")
             return
         ask, base = job.ask, self.llm.config.sampling
-        sampling = SamplingConfig(**{"temperature": base.temperature, "top_p": base.top_p, "seed": base.seed,
-                                     **ask.sampling})
+        sampling = SamplingConfig(
+            **{"temperature": base.temperature, "top_p": base.top_p, "seed": base.seed, **ask.sampling}
+        )
         try:
-            self._generate(job, self.llm.runner.stream(ask.prompt, max_new_tokens=ask.max_new_tokens,
-                                                       sampling=sampling))
+            self._generate(
+                job, self.llm.runner.stream(ask.prompt, max_new_tokens=ask.max_new_tokens, sampling=sampling)
+            )
         except PromptError as e:  # the client's prompt, found wanting only now
             job.put("client_error", e)
         except CadenceError as e:

@@ -1,4 +1,5 @@
 """`/metrics`: the server's counters and the run's figures in Prometheus' text format."""
+
 from __future__ import annotations
 
 from serve.generator import Generator
@@ -18,10 +19,18 @@ def prometheus(gen: Generator, budget: int | None) -> str:
     metric("prompt_tokens_total", "counter", "Prompt tokens processed", m.prompt_tokens)
     metric("queue_depth", "gauge", "Requests waiting for the generation thread", gen.jobs.qsize())
     metric("tokens_per_second", "gauge", "Tokens per second of the last generation", m.last_tokens_per_s)
-    metric("accepted_per_verification", "gauge", "Draft tokens the target accepted per verification, since start",
-           round(m.accepted / m.verifications, 4) if m.verifications else 0)
-    metric("disk_read_gbps", "gauge", "Weight bytes read from disk per second of read time, since start",
-           round(m.bytes_read / m.read_s / 1e9, 4) if m.read_s else 0)
+    metric(
+        "accepted_per_verification",
+        "gauge",
+        "Draft tokens the target accepted per verification, since start",
+        round(m.accepted / m.verifications, 4) if m.verifications else 0,
+    )
+    metric(
+        "disk_read_gbps",
+        "gauge",
+        "Weight bytes read from disk per second of read time, since start",
+        round(m.bytes_read / m.read_s / 1e9, 4) if m.read_s else 0,
+    )
     metric("disk_read_bytes_total", "counter", "Weight bytes read from disk", m.bytes_read)
     if budget:
         metric("memory_budget_bytes", "gauge", "The memory budget the run was planned for", budget)
@@ -39,7 +48,11 @@ def prometheus(gen: Generator, budget: int | None) -> str:
 def run_info(cfg) -> list[str]:
     """What the run is: one info metric whose labels are its options (Prometheus' *_info convention)."""
     labels = ",".join(f'{k}="{_escape(v)}"' for k, v in cfg.options().items() if v is not None)
-    return ["# HELP cadence_run_info The run's options", "# TYPE cadence_run_info gauge", f"cadence_run_info{{{labels}}} 1"]
+    return [
+        "# HELP cadence_run_info The run's options",
+        "# TYPE cadence_run_info gauge",
+        f"cadence_run_info{{{labels}}} 1",
+    ]
 
 
 def _escape(v) -> str:

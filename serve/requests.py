@@ -1,6 +1,7 @@
 """What a client asks for, read and checked before it reaches the model: one `ClientError` (status,
 one sentence, the parameter at fault, in OpenAI's error shape) for anything a client got wrong, so the
 server answers 4xx for the client's mistakes and keeps 500 for its own."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,15 @@ from engine.prompts import Prompt
 MAX_STOPS = 4  # OpenAI takes up to four stop strings
 MAX_MESSAGES = 4096
 # what this server does not do, refused in a 400 rather than ignored: when is a value asking for it
-UNSUPPORTED = {"logprobs": bool, "top_logprobs": bool, "echo": bool, "suffix": bool, "tools": bool, "functions": bool,
-               "best_of": lambda v: v != 1}
+UNSUPPORTED = {
+    "logprobs": bool,
+    "top_logprobs": bool,
+    "echo": bool,
+    "suffix": bool,
+    "tools": bool,
+    "functions": bool,
+    "best_of": lambda v: v != 1,
+}
 
 
 class ClientError(Exception):
@@ -54,20 +62,34 @@ def read_ask(body: dict, chat: bool, rid: str, models: set[str]) -> Ask:
     if model is not None and not isinstance(model, str):
         raise ClientError(400, "model must be a string", "model")
     if model is not None and model not in models:
-        raise ClientError(404, f"the model {model!r} is not served here; GET /v1/models lists the one that is",
-                          "model", "not_found_error")
+        raise ClientError(
+            404,
+            f"the model {model!r} is not served here; GET /v1/models lists the one that is",
+            "model",
+            "not_found_error",
+        )
     for key, asks in UNSUPPORTED.items():
         if body.get(key) is not None and asks(body[key]):
             raise ClientError(400, f"{key} is not supported by this server; leave it out", key)
     if body.get("n", 1) != 1:
         raise ClientError(400, "n must be 1: one choice per request", "n")
-    prompt = Prompt(rid, "chat", "", chat=True, messages=tuple(_messages(body))) if chat else \
-        Prompt(rid, "complete", _completion_prompt(body), chat=False)
+    prompt = (
+        Prompt(rid, "chat", "", chat=True, messages=tuple(_messages(body)))
+        if chat
+        else Prompt(rid, "complete", _completion_prompt(body), chat=False)
+    )
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise ClientError(400, "stream_options must be an object", "stream_options")
-    return Ask(chat, prompt, _max_tokens(body, chat), _sampling(body), _stops(body.get("stop")),
-               _flag(body, "stream"), bool((opts or {}).get("include_usage")))
+    return Ask(
+        chat,
+        prompt,
+        _max_tokens(body, chat),
+        _sampling(body),
+        _stops(body.get("stop")),
+        _flag(body, "stream"),
+        bool((opts or {}).get("include_usage")),
+    )
 
 
 def _messages(body: dict) -> list[dict]:
@@ -82,10 +104,15 @@ def _messages(body: dict) -> list[dict]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ClientError(400, f'{where} must be an object with a "role" string', where)
         if m["role"] not in ("system", "user", "assistant", "developer"):
-            raise ClientError(400, f"{where}.role {m['role']!r} must be system, user, assistant or developer",
-                              f"{where}.role")
-        out.append({"role": "system" if m["role"] == "developer" else m["role"],
-                    "content": _content(m.get("content"), f"{where}.content")})
+            raise ClientError(
+                400, f"{where}.role {m['role']!r} must be system, user, assistant or developer", f"{where}.role"
+            )
+        out.append(
+            {
+                "role": "system" if m["role"] == "developer" else m["role"],
+                "content": _content(m.get("content"), f"{where}.content"),
+            }
+        )
     return out
 
 
@@ -98,8 +125,9 @@ def _content(content, where: str) -> str:
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise ClientError(400, f"{where}[{j}] is a {kind!r} part; this model reads parts of type text only",
-                                  f"{where}[{j}]")
+                raise ClientError(
+                    400, f"{where}[{j}] is a {kind!r} part; this model reads parts of type text only", f"{where}[{j}]"
+                )
             texts.append(_text(part["text"], f"{where}[{j}].text"))
         return "".join(texts)
     raise ClientError(400, f"{where} must be a string or a list of text parts", where)
@@ -109,7 +137,9 @@ def _text(s: str, where: str) -> str:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
-        raise ClientError(400, f"{where} is not valid text (it holds a lone surrogate); send UTF-8 text", where) from None
+        raise ClientError(
+            400, f"{where} is not valid text (it holds a lone surrogate); send UTF-8 text", where
+        ) from None
     return s
 
 
@@ -134,8 +164,10 @@ def _max_tokens(body: dict, chat: bool) -> int | None:
 
 def _sampling(body: dict) -> dict:
     out = {}
-    for key, ok, rule in (("temperature", lambda v: 0 <= v <= 100, "at least 0 (0: greedy)"),
-                          ("top_p", lambda v: 0 < v <= 1, "in (0, 1]")):
+    for key, ok, rule in (
+        ("temperature", lambda v: 0 <= v <= 100, "at least 0 (0: greedy)"),
+        ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ):
         v = body.get(key)
         if v is None:
             continue

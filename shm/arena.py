@@ -5,6 +5,7 @@ so `sweep_dead_segments` can tell the leftovers of a dead run from a live run's 
 We open, size and map the file directly instead of using `multiprocessing.shared_memory`,
 whose resource tracker unlinks segments (and warns) behind our back.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -78,7 +79,8 @@ class Arena:
                 free = shutil.disk_usage(shm_dir).free
                 raise CadenceError(
                     f"cannot reserve {_fmt(nbytes)} of shared memory for arena '{tag}' in {shm_dir} "
-                    f"({_fmt(free)} free, {e.strerror}); lower memory.arena_bytes or free {shm_dir}") from None
+                    f"({_fmt(free)} free, {e.strerror}); lower memory.arena_bytes or free {shm_dir}"
+                ) from None
             mm = mmap.mmap(fd, nbytes)
         except BaseException:
             os.unlink(path)

@@ -4,6 +4,7 @@ A `TensorDesc` names bytes that already sit in a shared-memory arena; the receiv
 with no copy (`shm.tensors.view`). Tensors of at most `INLINE_MAX` bytes may travel inline as an
 `InlineTensor` instead. Both are plain frozen dataclasses that pack to short msgpack lists.
 """
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,16 @@ from dataclasses import dataclass
 
 # dtype name -> itemsize in bytes; the names are torch's (`str(torch.float32)` without "torch.")
 DTYPES = {
-    "bool": 1, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
-    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
 }
 
 # Tensors up to this many bytes may travel inline in a message; larger ones go through an arena.
@@ -104,7 +113,9 @@ class InlineTensor:
             raise ValueError(f"inline tensor data must be bytes, got {type(self.data).__name__}")
         want = numel(self.shape) * DTYPES[self.dtype]
         if len(self.data) != want:
-            raise ValueError(f"inline tensor of shape {self.shape} {self.dtype} needs {want} bytes, got {len(self.data)}")
+            raise ValueError(
+                f"inline tensor of shape {self.shape} {self.dtype} needs {want} bytes, got {len(self.data)}"
+            )
         if want > INLINE_MAX:
             raise ValueError(f"inline tensors are at most {INLINE_MAX} bytes, got {want}; put it in an arena")
 

@@ -11,6 +11,7 @@ reads followed by `posix_fadvise(DONTNEED)`, and says so once, with the reason.
 `evict_page_cache` drops files' cached pages, and `cached_bytes` measures residency with
 `mincore`, so a test (or a benchmark) can prove that a read did not fill the page cache.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -91,8 +92,14 @@ def _pread_full(fd: int, view: memoryview, offset: int) -> int:
 class DirectReader:
     """One open file and a pool of reader threads. Thread-safe: calls may overlap."""
 
-    def __init__(self, path, threads: int = 4, chunk_bytes: int = DEFAULT_CHUNK, direct: bool = True,
-                 warn: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        path,
+        threads: int = 4,
+        chunk_bytes: int = DEFAULT_CHUNK,
+        direct: bool = True,
+        warn: Callable[[str], None] | None = None,
+    ):
         if type(threads) is not int or threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
         if type(chunk_bytes) is not int or chunk_bytes < ALIGN or chunk_bytes % ALIGN:
@@ -153,8 +160,15 @@ class DirectReader:
     def size(self) -> int:
         return os.fstat(self.fd).st_size
 
-    def read_into(self, offset: int, nbytes: int, dest, dest_offset: int = 0,
-                  beat: Callable[[], None] | None = None, beat_s: float = 0.5) -> ReadStats:
+    def read_into(
+        self,
+        offset: int,
+        nbytes: int,
+        dest,
+        dest_offset: int = 0,
+        beat: Callable[[], None] | None = None,
+        beat_s: float = 0.5,
+    ) -> ReadStats:
         """Read file bytes [offset, offset + nbytes) into `dest` from `dest_offset` on.
 
         `dest` is a writable buffer (memoryview, mmap, numpy array, bytearray) or an int address
@@ -170,7 +184,9 @@ class DirectReader:
             dest = (ctypes.c_char * (dest_offset + nbytes)).from_address(dest)
         mv = memoryview(dest).cast("B")
         if dest_offset < 0 or dest_offset + nbytes > len(mv):
-            raise ValueError(f"a {nbytes}-byte read does not fit at offset {dest_offset} of a {len(mv)}-byte destination")
+            raise ValueError(
+                f"a {nbytes}-byte read does not fit at offset {dest_offset} of a {len(mv)}-byte destination"
+            )
         t0 = time.perf_counter()
         if nbytes == 0:
             return ReadStats.of(0, 0.0, self.direct)
@@ -202,7 +218,7 @@ class DirectReader:
         """File bytes [c0, c1), within one grid chunk, into mv[c0 + shift : c1 + shift]."""
         fd = self.fd
         if not self.direct:
-            got = _pread_full(fd, mv[c0 + shift:c1 + shift], c0)
+            got = _pread_full(fd, mv[c0 + shift : c1 + shift], c0)
             self._check(got, c1 - c0, c0)
             os.posix_fadvise(fd, _down(c0), _up(c1) - _down(c0), os.POSIX_FADV_DONTNEED)
             return
@@ -210,20 +226,22 @@ class DirectReader:
         if in_phase:
             i0, i1 = _up(c0), _down(c1)
             if i1 > i0:  # the aligned middle: straight into dest
-                self._check(_pread_full(fd, mv[i0 + shift:i1 + shift], i0), i1 - i0, i0)
+                self._check(_pread_full(fd, mv[i0 + shift : i1 + shift], i0), i1 - i0, i0)
             edges = [(a, b) for a, b in ((c0, i0), (i1, c1)) if a < b] if i1 >= i0 else [(c0, c1)]
         for e0, e1 in edges:
             # the aligned blocks around [e0, e1): at most one grid chunk, since chunks start aligned
             a0, a1 = _down(e0), _up(e1)
             bounce = self._bounce()
-            got = _pread_full(fd, bounce[:a1 - a0], a0)  # short at the end of the file
+            got = _pread_full(fd, bounce[: a1 - a0], a0)  # short at the end of the file
             self._check(got, e1 - a0, a0)
-            mv[e0 + shift:e1 + shift] = bounce[e0 - a0:e1 - a0]
+            mv[e0 + shift : e1 + shift] = bounce[e0 - a0 : e1 - a0]
 
     def _check(self, got: int, want: int, at: int) -> None:
         if got < want:
-            raise CadenceError(f"{self.path} ended at byte {at + got} while reading up to byte {at + want}; "
-                               f"was it truncated while in use?")
+            raise CadenceError(
+                f"{self.path} ended at byte {at + got} while reading up to byte {at + want}; "
+                f"was it truncated while in use?"
+            )
 
     def close(self) -> None:
         if self._pool is not None:

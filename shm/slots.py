@@ -5,6 +5,7 @@ it). `free` says the owner is done; the bytes come back only once every lease is
 so a slot is never handed out again while a consumer may still read it. Pure bookkeeping: no
 shared memory, no processes.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -31,8 +32,14 @@ def _mib(n: int) -> str:
 class SlotAllocator:
     """Slots within [base, base + capacity_bytes) of one arena."""
 
-    def __init__(self, capacity_bytes: int, align: int = 4096, base: int = 0, name: str = "arena",
-                 setting: str = "the arena size"):
+    def __init__(
+        self,
+        capacity_bytes: int,
+        align: int = 4096,
+        base: int = 0,
+        name: str = "arena",
+        setting: str = "the arena size",
+    ):
         if align <= 0 or align & (align - 1):
             raise ValueError(f"align must be a power of two, got {align}")
         if base % align:
@@ -83,7 +90,8 @@ class SlotAllocator:
             raise SlotsFull(
                 f"{self.name} cannot fit {_mib(nbytes)}: {_mib(self.free_bytes)} free of {_mib(self.capacity)} "
                 f"(largest free block {_mib(self.largest_free())}, {len(self._leases)} slots still leased); "
-                f"raise {self.setting} or release slots sooner")
+                f"raise {self.setting} or release slots sooner"
+            )
         return slot
 
     def _check(self, slot: Slot) -> None:

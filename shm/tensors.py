@@ -5,6 +5,7 @@ sources included), so the copy in is the only copy. `view` maps a descriptor wit
 `torch.frombuffer` + `as_strided`, so a descriptor may also describe a strided view (a
 transpose, a slice) of bytes that are already there.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -73,7 +74,9 @@ def view(arena: Arena, desc: TensorDesc) -> torch.Tensor:
     if span == 0:
         return torch.empty(desc.shape, dtype=dtype)
     if desc.offset + span > arena.nbytes:
-        raise ValueError(f"descriptor reaches byte {desc.offset + span} past the end of {arena.name} ({arena.nbytes} bytes)")
+        raise ValueError(
+            f"descriptor reaches byte {desc.offset + span} past the end of {arena.name} ({arena.nbytes} bytes)"
+        )
     flat = _raw(arena, desc.offset, dtype, span // desc.itemsize)
     return flat.as_strided(desc.shape, desc.strides)
 
@@ -100,4 +103,3 @@ def as_tensor(arena_for: dict[str, Arena], value: TensorDesc | InlineTensor) -> 
     if isinstance(value, InlineTensor):
         return from_inline(value)
     return view(arena_for[value.segment], value)
-

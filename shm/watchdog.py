@@ -7,6 +7,7 @@ first, it prints one line saying the scheduler died. It runs in its own session,
 meant for the run does not stop it before it has cleaned up. Imports nothing heavy: `python -m
 shm.watchdog` starts in tens of milliseconds.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,7 +37,11 @@ class Watchdog:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "shm.watchdog", run_id, str(scheduler_pid or os.getpid()), str(r)],
-                pass_fds=(r,), stdin=subprocess.DEVNULL, start_new_session=True, env=python_env())
+                pass_fds=(r,),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=python_env(),
+            )
         finally:
             os.close(r)
 
@@ -101,8 +106,12 @@ def main(argv: list[str]) -> int:
                     said_bye = True
     removed = _cleanup(segments, dirs)
     if not said_bye:
-        print(f"cadence watchdog: the scheduler (pid {scheduler_pid}) of run {run_id} died without cleaning up; "
-              f"removed {removed} shared-memory segment(s)", file=sys.stderr, flush=True)
+        print(
+            f"cadence watchdog: the scheduler (pid {scheduler_pid}) of run {run_id} died without cleaning up; "
+            f"removed {removed} shared-memory segment(s)",
+            file=sys.stderr,
+            flush=True,
+        )
     return 0
 
 

@@ -10,6 +10,7 @@
 3. Throughput: (E[accepted] + 1) / (draft time for the shape + verification time for W + 1 rows,
    per partition); the best entry wins. Width 0 is the target alone (1 / its step time).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -47,6 +48,7 @@ def acceptance_table(ranks: list[list[int]], max_depth: int = 8, k: int = 4) -> 
 @dataclass(frozen=True)
 class TreeShape:
     """parents[i] (-1: the root) and ranks[i] of each node; nodes come after their parents."""
+
     parents: tuple[int, ...]
     ranks: tuple[int, ...]
     expected: float  # estimated accepted tokens per verification
@@ -91,13 +93,27 @@ def throughput(shape: TreeShape, draft_s: float, verify_s: float) -> float:
     return (shape.expected + 1.0) / (draft_s + verify_s)
 
 
-def choose(acc: list[list[float]], step_s: float, verify_s: dict[tuple[int, str], float], draft_level_s: dict[int, float],
-           widths=WIDTHS) -> list[dict]:
+def choose(
+    acc: list[list[float]],
+    step_s: float,
+    verify_s: dict[tuple[int, str], float],
+    draft_level_s: dict[int, float],
+    widths=WIDTHS,
+) -> list[dict]:
     """Every (width, partition) candidate with its estimated tokens/s, best first.
 
     verify_s[(rows, partition)]: one verification of `rows` rows; draft_level_s[m]: one draft forward
     of m rows (a tree level); step_s: a plain target step."""
-    rows = [{"width": 0, "partition": "none", "expected": 0.0, "draft_s": 0.0, "verify_s": step_s, "tokens_per_s": 1.0 / step_s}]
+    rows = [
+        {
+            "width": 0,
+            "partition": "none",
+            "expected": 0.0,
+            "draft_s": 0.0,
+            "verify_s": step_s,
+            "tokens_per_s": 1.0 / step_s,
+        }
+    ]
     partitions = sorted({p for _, p in verify_s})
     for w in widths:
         shape = build_tree(acc, w)
@@ -108,9 +124,17 @@ def choose(acc: list[list[float]], step_s: float, verify_s: dict[tuple[int, str]
         draft += draft_level_s.get(1, 0.0)  # the root itself
         for p in partitions:
             v = verify_s.get((w + 1, p)) or _interpolate({r: t for (r, q), t in verify_s.items() if q == p}, w + 1)
-            rows.append({"width": w, "partition": p, "expected": round(shape.expected, 3), "draft_s": round(draft, 5),
-                         "verify_s": round(v, 5), "tokens_per_s": round(throughput(shape, draft, v), 3),
-                         "tree": {"parents": list(shape.parents), "ranks": list(shape.ranks)}})
+            rows.append(
+                {
+                    "width": w,
+                    "partition": p,
+                    "expected": round(shape.expected, 3),
+                    "draft_s": round(draft, 5),
+                    "verify_s": round(v, 5),
+                    "tokens_per_s": round(throughput(shape, draft, v), 3),
+                    "tree": {"parents": list(shape.parents), "ranks": list(shape.ranks)},
+                }
+            )
     return sorted(rows, key=lambda r: -r["tokens_per_s"])
 
 

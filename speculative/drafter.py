@@ -6,6 +6,7 @@ tail, then grows a tree one draft forward per step: the branch pacer picks the t
 attention mask lets the tip see only its own ancestors (LLMCad's tree decoder), and the tree
 stops growing when Tc falls below alpha or it reaches the verification width.
 """
+
 from __future__ import annotations
 
 import torch
@@ -76,8 +77,9 @@ class Drafter(DraftingAhead):
             self.skipped += len(self.pending) - CATCH_UP
             self.pending = self.pending[-CATCH_UP:]
         ids = torch.tensor(self.pending, device=dev)
-        logits = self.model.forward(ids, torch.arange(c.length, c.length + len(ids), device=dev), c,
-                                    logits_rows=slice(-1, None))[0]
+        logits = self.model.forward(
+            ids, torch.arange(c.length, c.length + len(ids), device=dev), c, logits_rows=slice(-1, None)
+        )[0]
         c.commit()
         self.pending = []
         return logits
@@ -93,10 +95,14 @@ class Drafter(DraftingAhead):
         ancestors' KV slots (the tree decoder's mask); returns its slot and next-token distribution."""
         c, dev = self.cache, self.model.device
         slot = c.end
-        vis = Visibility(c.length, torch.tensor([0, len(anc_slots) + 1], dtype=torch.int32),
-                         torch.tensor(anc_slots + [slot], dtype=torch.int32))
-        logits = self.model.forward(torch.tensor([token], device=dev), torch.tensor([c.length + depth - 1], device=dev),
-                                    c, vis)[0]
+        vis = Visibility(
+            c.length,
+            torch.tensor([0, len(anc_slots) + 1], dtype=torch.int32),
+            torch.tensor(anc_slots + [slot], dtype=torch.int32),
+        )
+        logits = self.model.forward(
+            torch.tensor([token], device=dev), torch.tensor([c.length + depth - 1], device=dev), c, vis
+        )[0]
         return slot, self._dist(logits)
 
     def _child(self, t: TokenTree, node: int, tok: int) -> int | None:
@@ -220,13 +226,18 @@ class Drafter(DraftingAhead):
             if cfg.mode == "tree" and self.threshold.should_verify(d.tree.tree_confidence()):
                 break
             # a tip under an unfed node (a trie chain) waits for it: its ancestors' KV entries must exist
-            tips = [i for i in d.tree.tips() if d.tree.nodes[i].depth < min(cfg.max_depth, budget)
-                    and self._ready(d.tree, i)]
+            tips = [
+                i
+                for i in d.tree.tips()
+                if d.tree.nodes[i].depth < min(cfg.max_depth, budget) and self._ready(d.tree, i)
+            ]
             if not tips:
                 break
             tip = pace(d.tree, tips)
             node = d.tree.nodes[tip]
-            node.slot, dist = self._feed_node(node.token, node.depth, [d.tree.nodes[a].slot for a in d.tree.path(tip)[:-1]])
+            node.slot, dist = self._feed_node(
+                node.token, node.depth, [d.tree.nodes[a].slot for a in d.tree.path(tip)[:-1]]
+            )
             node.fed = True
             d.forwards += 1
             if self.sampling.greedy and cfg.ahead:  # a lookahead may start from this node
@@ -278,7 +289,7 @@ class Drafter(DraftingAhead):
             self.pending = []
             self.seed = Seed(root_dist, [tok for tok, _, _ in rest], [dist for _, _, dist in rest])
         else:
-            self.pending = new_tokens[len(fed):]
+            self.pending = new_tokens[len(fed) :]
 
     def update_threshold(self, d: DraftTree, n_all: int, n_correct: int):
         if self.cfg.mode == "tree":

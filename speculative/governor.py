@@ -9,6 +9,7 @@ neighbour so the estimates follow the text (code that is being copied, prose tha
 A try that loses doubles the wait before the next one (up to `max_gap` cycles): where
 speculation does not pay, probing it must not cost much either; a try that wins resets it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

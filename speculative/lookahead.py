@@ -2,6 +2,7 @@
 while the target verifies a tree, the draft grows a greedy chain from its most confident leaf; when the
 target accepts that leaf and its next token, the next tree starts from the chain (`Drafter.advance`
 keeps it as a `Seed`, `_plant` puts it into the next tree) instead of drafting it again."""
+
 from __future__ import annotations
 
 import torch

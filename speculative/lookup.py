@@ -7,6 +7,7 @@ This side keeps the committed text and its trie and answers each cycle with a tr
 (or none); the target verifies them like any draft's. It imports no torch: it runs in the
 scheduler, so `--draft none` starts no draft actor at all.
 """
+
 from __future__ import annotations
 
 from speculative.loop import Proposal

@@ -13,6 +13,7 @@ arm, stop tokens, the KV capacity and the stats live here and nowhere else. `str
 `Step` per cycle; the last carries the finish reason and the `Generation`. Torch-free: the
 scheduler process runs this loop.
 """
+
 from __future__ import annotations
 
 import time
@@ -35,7 +36,9 @@ class Proposal:
     keeps of it until the verdict (`draft`: a DraftTree in process, nothing over the wire: the actor has it)."""
 
     tree: Tree
-    drafted: bool = True  # the draft model ran on it (False: the trie's candidates alone, `advance` takes a plain verdict)
+    drafted: bool = (
+        True  # the draft model ran on it (False: the trie's candidates alone, `advance` takes a plain verdict)
+    )
     draft: object = None
     dists: object = None  # under sampling: the distributions `tree.trials` index (a tensor, or its arena descriptor)
     req: int | None = None  # over the wire: the draft's request that built it (the trace's arrow to its verification)
@@ -79,8 +82,9 @@ class TargetSide(Protocol):
 class DraftSide(Protocol):
     has_model: bool  # False: the trie alone (tree mode only; the governor plays the lookup arm)
 
-    def start(self, prompt_ids: list[int], capacity: int, first: int, cfg: TreeConfig,
-              sampling: SamplingConfig) -> None: ...
+    def start(
+        self, prompt_ids: list[int], capacity: int, first: int, cfg: TreeConfig, sampling: SamplingConfig
+    ) -> None: ...
 
     def propose(self, budget: int) -> Proposal | None:
         """A draft tree of at most `budget` tokens, or None."""
@@ -114,16 +118,26 @@ def limits(context: int, n_prompt: int, max_new: int | None) -> int:
     room = context - n_prompt
     if room < 1 or (max_new is not None and max_new > room):
         asked = f" and {max_new} new tokens were asked for" if max_new is not None else ""
-        raise PromptError(f"the prompt has {n_prompt} tokens{asked}, but the context holds {context}; shorten the "
-                          "prompt, lower --max-new-tokens or give a larger --context",
-                          "max_tokens" if room >= 1 else "prompt")
+        raise PromptError(
+            f"the prompt has {n_prompt} tokens{asked}, but the context holds {context}; shorten the "
+            "prompt, lower --max-new-tokens or give a larger --context",
+            "max_tokens" if room >= 1 else "prompt",
+        )
     return max_new if max_new is not None else room
 
 
 class Speculation:
-    def __init__(self, target: TargetSide, draft: DraftSide | None, mode: str, cfg: TreeConfig,
-                 sampling: SamplingConfig, context: int, model_context: int | None = None,
-                 counter: Callable[[str, dict], None] | None = None):
+    def __init__(
+        self,
+        target: TargetSide,
+        draft: DraftSide | None,
+        mode: str,
+        cfg: TreeConfig,
+        sampling: SamplingConfig,
+        context: int,
+        model_context: int | None = None,
+        counter: Callable[[str, dict], None] | None = None,
+    ):
         """The run's mode, tree settings and sampling (a generation may ask for others). `context`: the
         tokens a generation holds, prompt and answer; the target's cache is sized to it, so that the next
         prompt that continues this one (a conversation) finds its prefix there. `model_context`: the most
@@ -134,16 +148,29 @@ class Speculation:
         self.counter = counter or (lambda name, values: None)
         self.governors: dict[tuple, Governor] = {}  # per mode and arm set, kept across prompts
 
-    def generate(self, prompt_ids: list[int], max_new: int | None, stop: set[int],
-                 on_step: Callable[[Step], None] | None = None, **kw) -> Generation:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new: int | None,
+        stop: set[int],
+        on_step: Callable[[Step], None] | None = None,
+        **kw,
+    ) -> Generation:
         """`stream` to its end; `on_step(step)` after each cycle."""
         for step in self.stream(prompt_ids, max_new, stop, **kw):
             if on_step:
                 on_step(step)
         return step.result
 
-    def stream(self, prompt_ids: list[int], max_new: int | None, stop: set[int], mode: str | None = None,
-               cfg: TreeConfig | None = None, sampling: SamplingConfig | None = None) -> Iterator[Step]:
+    def stream(
+        self,
+        prompt_ids: list[int],
+        max_new: int | None,
+        stop: set[int],
+        mode: str | None = None,
+        cfg: TreeConfig | None = None,
+        sampling: SamplingConfig | None = None,
+    ) -> Iterator[Step]:
         """Generate with this run's mode, or another one (`target` always; `chain`/`tree` need a draft):
         a `Step` after the prefill and after each cycle. Each is a cycle boundary, where both models'
         caches agree with the text: a consumer may stop there (a client that went away), and the next
@@ -222,8 +249,9 @@ class Speculation:
         w = self.target.io_wait
         return cfg.ahead if w is None or w > AHEAD_WAIT else 0
 
-    def _cycle(self, arm: Arm, root: int, stats: SpecStats, cfg: TreeConfig, sampling: SamplingConfig,
-               draft: DraftSide | None) -> tuple[list[int], int | None, float | None]:
+    def _cycle(
+        self, arm: Arm, root: int, stats: SpecStats, cfg: TreeConfig, sampling: SamplingConfig, draft: DraftSide | None
+    ) -> tuple[list[int], int | None, float | None]:
         """One draft-verify cycle: (the committed tokens, accepted draft tokens, alpha)."""
         stats.target_forwards += 1
         p = None

@@ -1,4 +1,5 @@
 """When to branch, which branch grows next, when to verify (LLMCad sections 3.2-3.3)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ def pace(tree: TokenTree, tips: list[int]) -> int:
 @dataclass
 class AdaptiveThreshold:
     """alpha of the self-adaptive fallback: verify when Tc < alpha (LLMCad eq. 3)."""
+
     alpha: float = 0.01
     floor: float = 1e-6
     ceiling: float = 0.9
@@ -47,4 +49,4 @@ def branch_candidates(probs: list[tuple[int, float]], threshold: float, room: in
     `probs` is (token, probability) sorted by probability, descending; at most `room` are returned.
     """
     out = probs[:1] + [(t, p) for t, p in probs[1:] if p >= threshold]
-    return out[:max(room, 0)]
+    return out[: max(room, 0)]

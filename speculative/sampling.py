@@ -6,6 +6,7 @@ at each node the children were drawn i.i.d. from q; try them in draw order, each
 replacing p by norm(max(0, p - q)); if none is accepted, draw from what is left of p. Either
 way the emitted token has exactly the target's distribution p.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -30,9 +31,13 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return r / s if s > 0 else p
 
 
-def accept_sampled(tree: TokenTree, trials: dict[int, list[tuple[int, torch.Tensor | None]]],
-                   target_p: Callable[[int], torch.Tensor], uniform: Callable[[], float],
-                   draw: Callable[[torch.Tensor], int]) -> tuple[list[int], int]:
+def accept_sampled(
+    tree: TokenTree,
+    trials: dict[int, list[tuple[int, torch.Tensor | None]]],
+    target_p: Callable[[int], torch.Tensor],
+    uniform: Callable[[], float],
+    draw: Callable[[torch.Tensor], int],
+) -> tuple[list[int], int]:
     """Walk the tree from the root. `trials[node]` lists the node's proposals in order, each a child
     and the distribution q it was drawn from (None: a deterministic candidate, q a point mass on it;
     a child repeats when it was drawn twice); `target_p(row)` is the target's distribution after

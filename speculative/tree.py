@@ -4,6 +4,7 @@ Nodes are numbered in the order they are added, so a parent always comes before 
 `flatten` lays the root and the nodes out as one verification block (row 0 is the root, row
 i + 1 is node i) with a parent row for each, which is what the tree attention mask needs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -79,8 +80,16 @@ class TokenTree:
 
     def proposal(self, tc: float = 1.0, forwards: int = 0, trie_nodes: int = 0, trials: list | None = None) -> "Tree":
         """The tree as the target takes it: plain lists, msgpack-able."""
-        return Tree(self.root_token, [n.token for n in self.nodes], [n.parent for n in self.nodes],
-                    [n.prob for n in self.nodes], trials, tc, forwards, trie_nodes)
+        return Tree(
+            self.root_token,
+            [n.token for n in self.nodes],
+            [n.parent for n in self.nodes],
+            [n.prob for n in self.nodes],
+            trials,
+            tc,
+            forwards,
+            trie_nodes,
+        )
 
     @classmethod
     def of(cls, p: "Tree") -> "TokenTree":
@@ -164,7 +173,9 @@ class DraftTree:
     # it was drawn from (None: a deterministic candidate, such as a trie branch: a point mass)
     trials: dict[int, list[tuple[int, torch.Tensor | None]]] = field(default_factory=dict)
     trie_nodes: int = 0
-    dists: dict[int, torch.Tensor] = field(default_factory=dict)  # greedy, with lookahead: a fed node's next-token distribution
+    dists: dict[int, torch.Tensor] = field(
+        default_factory=dict
+    )  # greedy, with lookahead: a fed node's next-token distribution
 
     def wire_trials(self) -> tuple[list[list[int]], list]:
         """Sampling trials as [node, child, dist index or -1] rows, and the distinct distributions
@@ -187,6 +198,7 @@ class Lookahead:
     """Speculative drafting during verification: a greedy chain grown from the tree's most
     confident leaf while the target verifies the tree. `fed`: the chain's nodes the draft ran on,
     each (token, KV slot, next-token distribution); the first is the leaf itself."""
+
     leaf: int
     fed: list[tuple[int, int, torch.Tensor]] = field(default_factory=list)
 
@@ -195,6 +207,7 @@ class Lookahead:
 class Seed:
     """What a reused lookahead leaves for the next tree: the root's distribution and a chain of
     nodes already fed (their KV entries pending in the draft cache, in order)."""
+
     root_dist: torch.Tensor
     tokens: list[int]
     dists: list[torch.Tensor]

@@ -6,6 +6,7 @@ suffix of it found in the trie (multi-stage: long prefixes first, shorter if the
 points at a node whose subtree is a hierarchical multi-branch draft: shared prefixes merged, the
 most frequent continuations first.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -21,6 +22,7 @@ class _Node:
 @dataclass(frozen=True)
 class Candidates:
     """Retrieved candidates: parents[i] is an index into this list or -1 for the root's children."""
+
     tokens: list[int]
     parents: list[int]
     probs: list[float]  # count relative to the siblings'
@@ -37,7 +39,7 @@ class TokenTrie:
         """Insert every window of `branch_len` tokens that starts at or after `start`."""
         for i in range(max(0, start), len(tokens)):
             node = self.root
-            for t in tokens[i:i + self.branch_len]:
+            for t in tokens[i : i + self.branch_len]:
                 child = node.children.get(t)
                 if child is None:
                     child = node.children[t] = _Node()
@@ -66,8 +68,9 @@ class TokenTrie:
                 return None
         return node
 
-    def retrieve(self, context: list[int], max_nodes: int, max_prefix: int = 6, min_prefix: int = 2,
-                 min_nodes: int = 2) -> Candidates:
+    def retrieve(
+        self, context: list[int], max_nodes: int, max_prefix: int = 6, min_prefix: int = 2, min_nodes: int = 2
+    ) -> Candidates:
         """Candidates continuing `context` (whose last token is the root), best-first by count."""
         for p in range(min(max_prefix, len(context), self.branch_len - 1), min_prefix - 1, -1):
             node = self._match(context[-p:])

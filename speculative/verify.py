@@ -6,6 +6,7 @@ splits) and takes the answers back. With all weights resident, `drive` feeds it 
 streaming verifier feeds it layer by layer as the loader brings them in, and a `planner` (the
 split executor, actors/executor.py) gives each forward its split (actors/verifier.py).
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,7 +29,9 @@ class Verifier:
         self.model, self.sampling = model, sampling
         self.sampler = Sampler(sampling)
         self.cache = previous.cache if previous is not None else None
-        self.tokens: list[int] = list(previous.tokens) if previous is not None else []  # what the cache holds, committed
+        self.tokens: list[int] = (
+            list(previous.tokens) if previous is not None else []
+        )  # what the cache holds, committed
         self.reused = 0  # prompt tokens the last start found in the cache
 
     # -- jobs as generators ------------------------------------------------------------------
@@ -40,7 +43,10 @@ class Verifier:
         `planner(vis)`: each forward's `ForwardPlan` (or None)."""
         c, keep = self.cache, 0
         if c is not None and storage is None and c.capacity >= capacity:
-            keep = next((i for i, (a, b) in enumerate(zip(self.tokens, prompt_ids)) if a != b), min(len(self.tokens), len(prompt_ids)))
+            keep = next(
+                (i for i, (a, b) in enumerate(zip(self.tokens, prompt_ids)) if a != b),
+                min(len(self.tokens), len(prompt_ids)),
+            )
             keep = min(keep, len(prompt_ids) - 1, c.length)  # the last prompt token runs again: its logits are needed
         if keep > 0:
             c.rewind(keep)
@@ -50,7 +56,7 @@ class Verifier:
         dev = self.model.device
         logits = None
         for s in range(keep, len(prompt_ids), PREFILL_CHUNK):
-            chunk = torch.tensor(prompt_ids[s:s + PREFILL_CHUNK], device=dev)
+            chunk = torch.tensor(prompt_ids[s : s + PREFILL_CHUNK], device=dev)
             pos = torch.arange(c.length, c.length + len(chunk), device=dev)
             vis = Visibility.causal(c.end, len(chunk)) if planner else None
             plan = planner(vis) if planner else None
@@ -61,7 +67,11 @@ class Verifier:
     def step_steps(self, root: int):
         """A plain decode step on the root."""
         c, dev = self.cache, self.model.device
-        logits = (yield from self.model.forward_steps(torch.tensor([root], device=dev), torch.tensor([c.length], device=dev), c))[0]
+        logits = (
+            yield from self.model.forward_steps(
+                torch.tensor([root], device=dev), torch.tensor([c.length], device=dev), c
+            )
+        )[0]
         c.commit()
         self.tokens.append(root)
         return self.sampler(logits)
@@ -71,8 +81,13 @@ class Verifier:
         c, dev = self.cache, self.model.device
         tokens, parents, depths = tree.flatten()
         vis = Visibility.tree(c.length, parents)
-        logits = yield from self.model.forward_steps(torch.tensor(tokens, device=dev), torch.tensor(depths, device=dev) + c.length,
-                                                     c, vis, plan=planner(vis) if planner else None)
+        logits = yield from self.model.forward_steps(
+            torch.tensor(tokens, device=dev),
+            torch.tensor(depths, device=dev) + c.length,
+            c,
+            vis,
+            plan=planner(vis) if planner else None,
+        )
         if self.sampling.greedy:
             choice = logits.argmax(-1).tolist()
             path, nxt = longest_accepted_path(tree, lambda row: choice[row])

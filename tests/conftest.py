@@ -1,4 +1,5 @@
 """Shared fixtures: tiny random models (no files) and the real default models (pulled on demand)."""
+
 from __future__ import annotations
 
 import json
@@ -23,11 +24,35 @@ def dev_prompts() -> list[dict]:
 
 TINY = {
     # Qwen2-like: qkv bias, GQA, untied head, head_dim 16
-    "qwen": ModelArgs(arch="qwen2", vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
-                      norm_eps=1e-6, rope_base=10000.0, context_length=512, qkv_bias=True, tied_embeddings=False),
+    "qwen": ModelArgs(
+        arch="qwen2",
+        vocab_size=300,
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=96,
+        norm_eps=1e-6,
+        rope_base=10000.0,
+        context_length=512,
+        qkv_bias=True,
+        tied_embeddings=False,
+    ),
     # Llama-like: no bias, tied head, MHA
-    "llama": ModelArgs(arch="llama", vocab_size=283, dim=96, n_layers=3, n_heads=3, n_kv_heads=3, ffn_dim=128,
-                       norm_eps=1e-5, rope_base=10000.0, context_length=512, qkv_bias=False, tied_embeddings=True),
+    "llama": ModelArgs(
+        arch="llama",
+        vocab_size=283,
+        dim=96,
+        n_layers=3,
+        n_heads=3,
+        n_kv_heads=3,
+        ffn_dim=128,
+        norm_eps=1e-5,
+        rope_base=10000.0,
+        context_length=512,
+        qkv_bias=False,
+        tied_embeddings=True,
+    ),
 }
 
 

@@ -3,6 +3,7 @@ down the layers, no module over 400 lines nor function over 80 (as formatted at 
 module taking another's private names or reaching into another module's private state, and the code
 formatted and lint-free by the project's own ruff. Pure `ast` over the sources (and ruff): nothing is
 imported (torch least of all), so it takes a moment."""
+
 from __future__ import annotations
 
 import ast
@@ -13,8 +14,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "shm", "models", "speculative", "actors", "scheduler", "engine", "cadence", "observe", "serve",
-            "bench", "launch")
+PACKAGES = (
+    "common",
+    "shm",
+    "models",
+    "speculative",
+    "actors",
+    "scheduler",
+    "engine",
+    "cadence",
+    "observe",
+    "serve",
+    "bench",
+    "launch",
+)
 MAX_LINES = 400
 MAX_FUNCTION_LINES = 80
 
@@ -43,7 +56,7 @@ def _imports(name: str, path: Path):
             base = node.module or ""
             if node.level:  # relative: from the module's own package up
                 pkg = name.split(".") if is_pkg else name.split(".")[:-1]
-                base = ".".join(pkg[:len(pkg) - node.level + 1] + ([base] if base else []))
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
             yield base, [a.name for a in node.names], node.lineno
 
 
@@ -75,7 +88,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         path.append(v)
         for w in sorted(graph[v]):
             if w in path:
-                cycles.append(path[path.index(w):] + [w])
+                cycles.append(path[path.index(w) :] + [w])
             elif w not in done:
                 visit(w)
         path.pop()
@@ -102,14 +115,19 @@ def test_no_import_cycles():
 
 def test_no_module_over_400_lines():
     over = {str(p.relative_to(ROOT)): n for p in MODULES.values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not over, f"modules over {MAX_LINES} lines, split them: " + ", ".join(f"{f} ({n})" for f, n in sorted(over.items()))
+    assert not over, f"modules over {MAX_LINES} lines, split them: " + ", ".join(
+        f"{f} ({n})" for f, n in sorted(over.items())
+    )
 
 
 def test_no_function_over_80_lines():
-    long = [f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n})" for path in MODULES.values()
-            for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES]
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n})"
+        for path in MODULES.values()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES
+    ]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines, give them shape: " + "; ".join(long)
 
 
@@ -126,19 +144,24 @@ def test_no_private_names_imported_from_another_module():
             bad = [n for n in [*mod.split("."), *names] if _private(n)]
             if bad:
                 found.append(f"{path.relative_to(ROOT)}:{line} takes {', '.join(bad)} from {mod}")
-    assert not found, "private names imported from another module (make them public where they belong): " + \
-        "; ".join(found)
+    assert not found, "private names imported from another module (make them public where they belong): " + "; ".join(
+        found
+    )
 
 
 def _private_state(path: Path) -> list[str]:
     """`x._name` where x is not self or cls and `_name` is no private name of this module: another
     module's private state (a stdlib module's, `os._exit`, aside)."""
     tree = ast.parse(path.read_text())
-    own = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
-           and n.value.id in ("self", "cls")}
+    own = {
+        n.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")
+    }
     own |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-    modules = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
-               if not _ours(a.name)}
+    modules = {
+        a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if not _ours(a.name)
+    }
     out = []
     for n in ast.walk(tree):
         if not (isinstance(n, ast.Attribute) and _private(n.attr)) or n.attr in own:
@@ -156,8 +179,21 @@ def test_no_module_reaches_into_another_modules_private_state():
 
 
 # the README's layout table, top to bottom: a folder stands on those above it, never on those below
-LAYERS = ("common", "shm", "models", "speculative", "actors", "scheduler", "scheduler.generation", "engine", "cadence",
-          "observe", "serve", "bench", "launch")
+LAYERS = (
+    "common",
+    "shm",
+    "models",
+    "speculative",
+    "actors",
+    "scheduler",
+    "scheduler.generation",
+    "engine",
+    "cadence",
+    "observe",
+    "serve",
+    "bench",
+    "launch",
+)
 
 
 def _layer(mod: str) -> int:
@@ -165,8 +201,12 @@ def _layer(mod: str) -> int:
 
 
 def test_each_folder_stands_only_on_the_folders_above_it():
-    down = sorted(f"{name} -> {mod} (line {line})" for name, path in MODULES.items()
-                  for mod, _, line in _imports(name, path) if _ours(mod) and _layer(mod) > _layer(name))
+    down = sorted(
+        f"{name} -> {mod} (line {line})"
+        for name, path in MODULES.items()
+        for mod, _, line in _imports(name, path)
+        if _ours(mod) and _layer(mod) > _layer(name)
+    )
     assert not down, "imports that reach down the layers (README, Layout): " + "; ".join(down)
 
 

@@ -3,6 +3,7 @@
 Only token ids and small tree descriptions travel over the control socket; under sampling the
 draft's distributions travel through the arena, in a slot that lives until the verdict.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict

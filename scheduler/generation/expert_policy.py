@@ -11,6 +11,7 @@ counts hits, misses, preloads and bytes read, so policies can be compared on the
 Both policies rank the running layer's experts last, so a caller that takes victims from the front
 never takes one of them while anything else is held.
 """
+
 from __future__ import annotations
 
 import json
@@ -113,13 +114,15 @@ class EdgeMoEEviction:
 
 
 def make_eviction(name: str, n_layers: int, n_experts: int, profile: "PathStats | None" = None):
-    """"lru" or "edgemoe" (with the profile's frequencies when given, else counted online)."""
+    """ "lru" or "edgemoe" (with the profile's frequencies when given, else counted online)."""
     if name == "lru":
         return LRU()
     if name == "edgemoe":
         if profile is not None and (profile.n_layers, profile.n_experts) != (n_layers, n_experts):
-            raise ValueError(f"The expert path profile is for {profile.n_layers} layers x {profile.n_experts} experts, "
-                             f"not this model's {n_layers} x {n_experts}; re-profile this model.")
+            raise ValueError(
+                f"The expert path profile is for {profile.n_layers} layers x {profile.n_experts} experts, "
+                f"not this model's {n_layers} x {n_experts}; re-profile this model."
+            )
         return EdgeMoEEviction(n_layers, n_experts, profile.frequency() if profile is not None else None)
     raise ValueError(f"Unknown expert eviction policy {name!r}: choose 'lru' or 'edgemoe'.")
 
@@ -217,8 +220,13 @@ class PathStats:
         for layer, table in enumerate(self._pair):
             for (p2, p1), (n, c) in sorted(table.items()):
                 counts[f"{layer}|{_fmt(p2)}|{_fmt(p1)}"] = [n] + [v for e in sorted(c) for v in (e, c[e])]
-        return {"format": _FORMAT, "version": _VERSION, "n_layers": self.n_layers,
-                "n_experts": self.n_experts, "counts": counts}
+        return {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "n_layers": self.n_layers,
+            "n_experts": self.n_experts,
+            "counts": counts,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "PathStats":
@@ -249,8 +257,9 @@ class PathStats:
                 return cls.from_json(json.load(f))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
             reason = "it is missing" if isinstance(e, FileNotFoundError) else f"it is damaged: {e}"
-            raise CadenceError(f"The expert path profile {path} cannot be read ({reason}); "
-                               f"re-profile the model to write it again.") from None
+            raise CadenceError(
+                f"The expert path profile {path} cannot be read ({reason}); re-profile the model to write it again."
+            ) from None
 
 
 @dataclass
@@ -267,9 +276,16 @@ class SimResult:
         return self.hits / used if used else 0.0
 
 
-def simulate(trace: Sequence[Sequence[Sequence[int]]], capacity: int, eviction, *, preload: "PathStats | None" = None,
-             preload_k: int = 0, lookahead: Sequence[Sequence[Sequence[int]]] | None = None,
-             expert_bytes: int = 1) -> SimResult:
+def simulate(
+    trace: Sequence[Sequence[Sequence[int]]],
+    capacity: int,
+    eviction,
+    *,
+    preload: "PathStats | None" = None,
+    preload_k: int = 0,
+    lookahead: Sequence[Sequence[Sequence[int]]] | None = None,
+    expert_bytes: int = 1,
+) -> SimResult:
     """Replay a trace (trace[token][layer] = the expert ids used) through a buffer of `capacity` experts.
 
     A used expert not in the buffer is a miss (read, then admitted, evicting by `eviction.order`),
@@ -290,8 +306,10 @@ def simulate(trace: Sequence[Sequence[Sequence[int]]], capacity: int, eviction, 
         raise ValueError(f"The lookahead has {len(lookahead)} tokens; the trace has {len(trace)}.")
     top = max((len(set(experts)) for tok in trace for experts in tok), default=0)
     if capacity < max(top, 1):
-        raise ValueError(f"A buffer of {capacity} experts cannot hold the {top} experts one layer uses at once; "
-                         f"give it at least {max(top, 1)}.")
+        raise ValueError(
+            f"A buffer of {capacity} experts cannot hold the {top} experts one layer uses at once; "
+            f"give it at least {max(top, 1)}."
+        )
     replay = _Replay(capacity, eviction, expert_bytes)
     for t, token in enumerate(trace):
         for layer, experts in enumerate(token):

@@ -11,6 +11,7 @@ layer's input (the verifier's guess, mixtral-offloading's lookahead). When the n
 router answers, preloads not yet started stop. `eviction="none"` is loading on demand: the buffer
 keeps nothing past the layer that used it, and nothing is preloaded (the baseline EdgeMoE beats).
 """
+
 from __future__ import annotations
 
 import time
@@ -44,19 +45,37 @@ class ExpertStats:
 
     def as_dict(self) -> dict:
         asked = self.hits + self.misses
-        return {"expert_requests": asked, "expert_hits": self.hits, "expert_misses": self.misses,
-                "expert_hit_rate": round(self.hits / asked, 4) if asked else 0.0, "expert_preloads": self.preloads,
-                "expert_preload_hits": self.preload_hits, "expert_evictions": self.evictions, "expert_reads": self.reads,
-                "expert_bytes_read": self.bytes, "expert_read_s": round(self.read_s, 4), "expert_wait_s": round(self.wait_s, 4)}
+        return {
+            "expert_requests": asked,
+            "expert_hits": self.hits,
+            "expert_misses": self.misses,
+            "expert_hit_rate": round(self.hits / asked, 4) if asked else 0.0,
+            "expert_preloads": self.preloads,
+            "expert_preload_hits": self.preload_hits,
+            "expert_evictions": self.evictions,
+            "expert_reads": self.reads,
+            "expert_bytes_read": self.bytes,
+            "expert_read_s": round(self.read_s, 4),
+            "expert_wait_s": round(self.wait_s, 4),
+        }
 
 
 class ExpertCache:
-    def __init__(self, s: Runtime, sizes: dict[str, int], n_layers: int, n_experts: int,
-                 options: ExpertOptions = ExpertOptions(), profile: PathStats | None = None):
+    def __init__(
+        self,
+        s: Runtime,
+        sizes: dict[str, int],
+        n_layers: int,
+        n_experts: int,
+        options: ExpertOptions = ExpertOptions(),
+        profile: PathStats | None = None,
+    ):
         eviction, preload, preload_k = options.eviction, options.preload, options.preload_k
         if preload == "paths" and profile is None:
-            raise CadenceError("--expert-preload paths needs the model's expert path profile; "
-                               "write it with `launch models profile-experts MODEL`")
+            raise CadenceError(
+                "--expert-preload paths needs the model's expert path profile; "
+                "write it with `launch models profile-experts MODEL`"
+            )
         self.s, self.sizes, self.n_layers = s, sizes, n_layers
         self.slots = s.expert_slots
         self.ondemand = eviction == "none"
@@ -107,8 +126,16 @@ class ExpertCache:
         self._plan_preloads(layer, self.last[layer], guess)
         tracer = self.s.tracer
         if tracer.enabled:  # what the trace shows of the buffer: each request's misses, and the running counts
-            tracer.instant(f"experts {layer}", cat="experts", args={"layer": layer, "experts": list(experts), "missed": missed,
-                                                                     "preloading": [e for _, e in self.queue]})
+            tracer.instant(
+                f"experts {layer}",
+                cat="experts",
+                args={
+                    "layer": layer,
+                    "experts": list(experts),
+                    "missed": missed,
+                    "preloading": [e for _, e in self.queue],
+                },
+            )
             tracer.counter("expert buffer", {"held": len(self.held), "hits": st.hits, "misses": st.misses})
         self._wait(keys)
         return {f"e{e}": self.s.slot_desc(self.held[(layer, e)]) for e in experts}
@@ -122,7 +149,9 @@ class ExpertCache:
             cands = [e for e, _ in self.profile.predict(nxt, experts, prev2, self.preload_k)]
         else:
             return
-        self.queue = [(nxt, e) for e in cands if (nxt, e) not in self.held and (nxt, e) not in self.by_key][:self.preload_k]
+        self.queue = [(nxt, e) for e in cands if (nxt, e) not in self.held and (nxt, e) not in self.by_key][
+            : self.preload_k
+        ]
         self._next_preload()
 
     def _next_preload(self):
@@ -145,8 +174,10 @@ class ExpertCache:
         if slot is None:
             if preload:
                 return False
-            raise CadenceError(f"the expert buffer ({self.slots.capacity >> 20} MiB) cannot hold the "
-                               f"{len(self.pinned)} experts layer {key[0]} needs at once; raise --memory-budget")
+            raise CadenceError(
+                f"the expert buffer ({self.slots.capacity >> 20} MiB) cannot hold the "
+                f"{len(self.pinned)} experts layer {key[0]} needs at once; raise --memory-budget"
+            )
         rid = self.s.send("loader", Load(group), tensors={"slot": self.s.slot_desc(slot)})
         self.loading[rid] = (key, slot, preload)
         self.by_key[key] = rid
@@ -157,7 +188,7 @@ class ExpertCache:
         if slot is not None:
             return slot
         victims = [k for k in self.held if k not in self.pinned]
-        for k in (victims if self.policy is None else self.policy.order(victims, layer)):
+        for k in victims if self.policy is None else self.policy.order(victims, layer):
             self._evict(k)
             slot = self.slots.try_alloc(nbytes)
             if slot is not None:
@@ -208,7 +239,11 @@ class ExpertCache:
 
     def totals(self) -> tuple[int, int, int]:
         """(hits, misses, bytes read) since the run began: what the monitor shows."""
-        return (self.taken.hits + self.stats.hits, self.taken.misses + self.stats.misses, self.taken.bytes + self.stats.bytes)
+        return (
+            self.taken.hits + self.stats.hits,
+            self.taken.misses + self.stats.misses,
+            self.taken.bytes + self.stats.bytes,
+        )
 
     def _hear(self, events):
         """What a poll of this class took: the Streamer's (when layers stream too), else only the faults."""

@@ -13,6 +13,7 @@ cache is reclaimable, but the processes' code pages (libtorch, libpython, the ke
 back from disk whenever they are reclaimed, so the plan also leaves room for the code pages a run
 keeps touching (`code`), measured as the file-backed resident pages of the zygote and its child.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -153,8 +154,12 @@ def _measure_watchdog() -> int:
     from shm.watchdog import python_env
 
     r, w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-m", "shm.watchdog", "1x0", str(os.getpid()), str(r)], pass_fds=(r,),
-                            stdin=subprocess.DEVNULL, env=python_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shm.watchdog", "1x0", str(os.getpid()), str(r)],
+        pass_fds=(r,),
+        stdin=subprocess.DEVNULL,
+        env=python_env(),
+    )
     os.close(r)
     try:
         time.sleep(0.3)  # it imports, then blocks reading the pipe
@@ -169,15 +174,20 @@ def calibrate() -> Footprint:
     """Measure the runtime's processes now (a few seconds: one interpreter imports torch)."""
     from shm.watchdog import python_env
 
-    proc = subprocess.run([sys.executable, "-c", _PROBE, *ACTOR_MODULES], capture_output=True, text=True,
-                          env=python_env(), timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, *ACTOR_MODULES], capture_output=True, text=True, env=python_env(), timeout=600
+    )
     try:
         got = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise CadenceError(f"measuring the runtime's memory failed ({err}); "
-                           "check that `python -c 'import torch'` works in this environment") from None
-    return Footprint(zygote=int(got["zygote"]), actor=int(got["actor"]), watchdog=_measure_watchdog(), code=int(got["code"]))
+        raise CadenceError(
+            f"measuring the runtime's memory failed ({err}); "
+            "check that `python -c 'import torch'` works in this environment"
+        ) from None
+    return Footprint(
+        zygote=int(got["zygote"]), actor=int(got["actor"]), watchdog=_measure_watchdog(), code=int(got["code"])
+    )
 
 
 def footprint() -> Footprint:
@@ -215,16 +225,29 @@ def activation_bytes(args: dict, rows_prefill: int, rows_verify: int, greedy: bo
     if a.get("n_experts"):  # a row's experts, one after another: its input, gate|up, product and output each, the
         # router's logits and probabilities, the layer's output (measured: the heap keeps what they used)
         e = a["expert_ffn_dim"]
-        per_row += 4 * (a["n_experts_used"] * (2 * a["dim"] + 3 * e) + 2 * a["n_experts"] + a["dim"]
-                        + 3 * (a.get("shared_ffn_dim") or 0))
+        per_row += 4 * (
+            a["n_experts_used"] * (2 * a["dim"] + 3 * e)
+            + 2 * a["n_experts"]
+            + a["dim"]
+            + 3 * (a.get("shared_ffn_dim") or 0)
+        )
     vocab = head_rows or a["vocab_size"]
     logits = 4 * a["vocab_size"] + 4 * vocab * (1 if greedy else 3)  # the -inf-padded row, the head part's, probs
     return align(max(rows_prefill * per_row + logits, rows_verify * (per_row + logits)))
 
 
-def measure_overheads(target_args: dict, draft_args: dict | None = None, *, width: int = 8, context: int = 1024,
-                      greedy: bool = True, draft_window: int = 64, draft_vocab: int = 0, trie_nodes: int = 0,
-                      trace_events: int = 0) -> Overheads:
+def measure_overheads(
+    target_args: dict,
+    draft_args: dict | None = None,
+    *,
+    width: int = 8,
+    context: int = 1024,
+    greedy: bool = True,
+    draft_window: int = 64,
+    draft_vocab: int = 0,
+    trie_nodes: int = 0,
+    trace_events: int = 0,
+) -> Overheads:
     """The overheads of a run on this machine: the scheduler as this process holds it now (call it
     once the tokenizer is loaded) plus its trace buffer, the zygote's and each actor's own pages as
     calibrated once (scheduler/generation/footprint.py), activations from the models' shapes."""
@@ -234,12 +257,17 @@ def measure_overheads(target_args: dict, draft_args: dict | None = None, *, widt
     dists = 0 if greedy else (width + 1) * target_args["vocab_size"] * 4
     return Overheads(
         scheduler=align(own_anon_bytes() + trace_events * TRACE_EVENT_BYTES + 4 * MiB),  # + monitor and sockets
-        watchdog=align(fp.watchdog), runtime=align(fp.zygote), actor=align(fp.actor),
+        watchdog=align(fp.watchdog),
+        runtime=align(fp.zygote),
+        actor=align(fp.actor),
         exchange=align(max(dists, MiB)),
         verifier_activations=activation_bytes(target_args, prefill, rows, greedy),
-        draft_activations=0 if draft_args is None else
-        activation_bytes(draft_args, min(prefill, draft_window or prefill), rows, greedy, draft_vocab) + trie_nodes * TRIE_NODE_BYTES,
-        code=align(fp.code))
+        draft_activations=0
+        if draft_args is None
+        else activation_bytes(draft_args, min(prefill, draft_window or prefill), rows, greedy, draft_vocab)
+        + trie_nodes * TRIE_NODE_BYTES,
+        code=align(fp.code),
+    )
 
 
 TRIE_NODE_BYTES = 360  # a TokenTrie node (speculative/trie.py): object, dict, count

@@ -16,6 +16,7 @@ the activations from the models' shapes at the widths the run uses, the KV cache
 it needs. `MemoryPlan.held` is what the run's processes hold (anonymous and shared memory, what a
 cgroup charges besides the page cache); `total` adds room for their code pages.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -37,10 +38,15 @@ class Overheads:
     memory cgroup charges), plus the page cache its code needs. `measure_overheads` fills it from
     this machine; the defaults are what it measured on the development machine (2026-11-23:
     Python 3.11, torch 2.13.0 CPU, Qwen2.5-Coder 1.5B target and 0.5B draft at width 8)."""
+
     scheduler: int = 96 * MiB  # the launch process: interpreter, tokenizer, monitor, trace buffer
     watchdog: int = 8 * MiB  # the process that cleans up after a scheduler that died
-    runtime: int = 155 * MiB  # the zygote: interpreter, torch, kernels, model code, shared by every actor forked from it
-    actor: int = 6 * MiB  # what each actor (verifier, draft, loader) writes beyond its data: stacks, sockets, copied pages
+    runtime: int = (
+        155 * MiB
+    )  # the zygote: interpreter, torch, kernels, model code, shared by every actor forked from it
+    actor: int = (
+        6 * MiB
+    )  # what each actor (verifier, draft, loader) writes beyond its data: stacks, sockets, copied pages
     exchange: int = 1 * MiB  # the arena part for tensors other than streamed groups (sampling distributions)
     verifier_activations: int = 24 * MiB  # a prefill chunk's intermediates, a verification's logits
     draft_activations: int = 16 * MiB  # the same for the draft, and its n-gram trie
@@ -48,8 +54,16 @@ class Overheads:
 
     def held(self, draft: bool, streamed: bool) -> int:
         """Everything but model data, KV and code pages, for a run with or without a draft, streaming or not."""
-        return (self.scheduler + self.watchdog + self.runtime + self.exchange + self.actor + self.verifier_activations
-                + ((self.actor + self.draft_activations) if draft else 0) + (self.actor if streamed else 0))
+        return (
+            self.scheduler
+            + self.watchdog
+            + self.runtime
+            + self.exchange
+            + self.actor
+            + self.verifier_activations
+            + ((self.actor + self.draft_activations) if draft else 0)
+            + (self.actor if streamed else 0)
+        )
 
 
 @dataclass(frozen=True)
@@ -101,15 +115,22 @@ class MemoryPlan:
     def lines(self) -> list[tuple[str, int]]:
         o = self.overheads
         actors = 1 + self.has_draft + bool(self.streamed or self.expert_buffer)
-        return [("draft weights", self.draft_weights), ("KV caches", self.draft_kv + self.target_kv),
-                ("scheduler + watchdog", o.scheduler + o.watchdog),
-                (f"actors' code (zygote, shared by {actors})", o.runtime + actors * o.actor),
-                ("activations", o.verifier_activations + (o.draft_activations if self.has_draft else 0)),
-                ("exchange arena", o.exchange),
-                (f"target resident ({len(self.resident)} groups)", self.resident_bytes),
-                (f"streaming slots ({self.n_slots} x {fmt(self.slot_bytes)})", self.slot_bytes * self.n_slots),
-                *([(f"expert buffer (~{self.expert_slots} of {self.experts} experts)", self.expert_buffer)] if self.experts else []),
-                ("code pages (page cache)", o.code)]
+        return [
+            ("draft weights", self.draft_weights),
+            ("KV caches", self.draft_kv + self.target_kv),
+            ("scheduler + watchdog", o.scheduler + o.watchdog),
+            (f"actors' code (zygote, shared by {actors})", o.runtime + actors * o.actor),
+            ("activations", o.verifier_activations + (o.draft_activations if self.has_draft else 0)),
+            ("exchange arena", o.exchange),
+            (f"target resident ({len(self.resident)} groups)", self.resident_bytes),
+            (f"streaming slots ({self.n_slots} x {fmt(self.slot_bytes)})", self.slot_bytes * self.n_slots),
+            *(
+                [(f"expert buffer (~{self.expert_slots} of {self.experts} experts)", self.expert_buffer)]
+                if self.experts
+                else []
+            ),
+            ("code pages (page cache)", o.code),
+        ]
 
     @property
     def expert_slots(self) -> int:
@@ -124,19 +145,33 @@ class MemoryPlan:
     def summary(self) -> str:
         """The plan in one line (what `launch run` prints at start)."""
         if self.experts:
-            layers = (f"{len(self.streamed)} streamed through {self.n_slots} slots of {fmt(self.slot_bytes)}"
-                      if self.streamed else "all resident")
-            return (f"memory plan: {fmt(self.total)} of {fmt(self.budget)}: non-expert groups {layers}; "
-                    f"experts read on demand into a {fmt(self.expert_buffer)} buffer (~{self.expert_slots} of {self.experts})")
+            layers = (
+                f"{len(self.streamed)} streamed through {self.n_slots} slots of {fmt(self.slot_bytes)}"
+                if self.streamed
+                else "all resident"
+            )
+            return (
+                f"memory plan: {fmt(self.total)} of {fmt(self.budget)}: non-expert groups {layers}; "
+                f"experts read on demand into a {fmt(self.expert_buffer)} buffer (~{self.expert_slots} of {self.experts})"
+            )
         if not self.streamed:
             return f"memory plan: {fmt(self.total)} of {fmt(self.budget)}, every target group resident"
-        return (f"memory plan: {fmt(self.total)} of {fmt(self.budget)}: {len(self.resident)} target groups resident, "
-                f"{len(self.streamed)} streamed through {self.n_slots} slots of {fmt(self.slot_bytes)} "
-                f"({fmt(self.read_per_forward)} read per forward)")
+        return (
+            f"memory plan: {fmt(self.total)} of {fmt(self.budget)}: {len(self.resident)} target groups resident, "
+            f"{len(self.streamed)} streamed through {self.n_slots} slots of {fmt(self.slot_bytes)} "
+            f"({fmt(self.read_per_forward)} read per forward)"
+        )
 
 
-def smallest_budget(target_groups: dict[str, int], draft_weights: int, draft_kv: int, target_kv: int,
-                    overheads: Overheads = Overheads(), experts: dict[str, int] | None = None, experts_used: int = 0) -> int:
+def smallest_budget(
+    target_groups: dict[str, int],
+    draft_weights: int,
+    draft_kv: int,
+    target_kv: int,
+    overheads: Overheads = Overheads(),
+    experts: dict[str, int] | None = None,
+    experts_used: int = 0,
+) -> int:
     """The smallest budget a plan works with: the fixed part, streaming, and two slots for the largest group
     (and room for one token's experts)."""
     o = overheads
@@ -145,9 +180,17 @@ def smallest_budget(target_groups: dict[str, int], draft_weights: int, draft_kv:
     return fixed + 2 * max(align(b) for b in target_groups.values()) + one_token
 
 
-def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, draft_kv: int, target_kv: int,
-                overheads: Overheads = Overheads(), max_slots: int = 3, experts: dict[str, int] | None = None,
-                experts_used: int = 0) -> MemoryPlan:
+def plan_memory(
+    budget: int,
+    target_groups: dict[str, int],
+    draft_weights: int,
+    draft_kv: int,
+    target_kv: int,
+    overheads: Overheads = Overheads(),
+    max_slots: int = 3,
+    experts: dict[str, int] | None = None,
+    experts_used: int = 0,
+) -> MemoryPlan:
     """`target_groups`: bytes of each streamable target group, in the order a forward needs them
     (layers, then the head's parts). `experts`: a mixture of experts' expert groups and their bytes;
     `experts_used`: how many experts a token routes to.
@@ -157,7 +200,9 @@ def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, 
     at least one token's experts; where the non-expert groups do not fit beside that buffer, they
     stream as a dense model's layers do and the buffer gets what their plan leaves."""
     if experts:
-        return _plan_moe(budget, target_groups, draft_weights, draft_kv, target_kv, overheads, max_slots, experts, experts_used)
+        return _plan_moe(
+            budget, target_groups, draft_weights, draft_kv, target_kv, overheads, max_slots, experts, experts_used
+        )
     o = overheads
     draft = draft_weights > 0
     data = draft_weights + draft_kv + target_kv + o.code
@@ -166,8 +211,21 @@ def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, 
     everything = sum(sizes.values())
     fixed = data + o.held(draft, streamed=False)
     if fixed + everything <= budget:  # all resident: nothing streams
-        return MemoryPlan(budget, draft_weights, draft_kv, target_kv, fixed, tuple(names), (), everything, 0, 0, o,
-                          smallest=fixed + everything, group_bytes=sizes)
+        return MemoryPlan(
+            budget,
+            draft_weights,
+            draft_kv,
+            target_kv,
+            fixed,
+            tuple(names),
+            (),
+            everything,
+            0,
+            0,
+            o,
+            smallest=fixed + everything,
+            group_bytes=sizes,
+        )
     fixed = data + o.held(draft, streamed=True)
     smallest = fixed + 2 * max(sizes.values())
     if budget < smallest:
@@ -176,14 +234,28 @@ def plan_memory(budget: int, target_groups: dict[str, int], draft_weights: int, 
             f"{f'the draft ({fmt(draft_weights)}), ' if draft else ''}the KV "
             f"caches ({fmt(draft_kv + target_kv)}), the runtime's processes, activations and code "
             f"({fmt(fixed - draft_weights - draft_kv - target_kv)}) and two streaming slots "
-            f"({fmt(2 * max(sizes.values()))}); the smallest budget that works is {fmt(smallest)}")
+            f"({fmt(2 * max(sizes.values()))}); the smallest budget that works is {fmt(smallest)}"
+        )
     resident = _resident(names, sizes, budget - fixed)
     held = sum(sizes[n] for n in resident)
     streamed = [n for n in names if n not in resident]  # in the order a forward needs them
     slot = max(sizes[n] for n in streamed)
     n_slots = 3 if max_slots >= 3 and fixed + held + 3 * slot <= budget and len(streamed) >= 3 else 2
-    return MemoryPlan(budget, draft_weights, draft_kv, target_kv, fixed, tuple(n for n in names if n in resident),
-                      tuple(streamed), held, slot, n_slots, o, smallest=smallest, group_bytes=sizes)
+    return MemoryPlan(
+        budget,
+        draft_weights,
+        draft_kv,
+        target_kv,
+        fixed,
+        tuple(n for n in names if n in resident),
+        tuple(streamed),
+        held,
+        slot,
+        n_slots,
+        o,
+        smallest=smallest,
+        group_bytes=sizes,
+    )
 
 
 def _resident(names: list[str], sizes: dict[str, int], room: int) -> list[str]:
@@ -198,7 +270,9 @@ def _resident(names: list[str], sizes: dict[str, int], room: int) -> list[str]:
     return _spread(len(resident), names, sizes, room) or resident
 
 
-def _plan_moe(budget, target_groups, draft_weights, draft_kv, target_kv, o, max_slots, experts, experts_used) -> MemoryPlan:
+def _plan_moe(
+    budget, target_groups, draft_weights, draft_kv, target_kv, o, max_slots, experts, experts_used
+) -> MemoryPlan:
     sizes = {n: align(b) for n, b in experts.items()}
     largest, total = max(sizes.values()), sum(sizes.values())
     minimum = max(experts_used, 1) * largest
@@ -207,26 +281,55 @@ def _plan_moe(budget, target_groups, draft_weights, draft_kv, target_kv, o, max_
     fixed = data + o.held(draft_weights > 0, streamed=False)
     if fixed + sum(dense.values()) + total <= budget:  # everything resident
         plan = plan_memory(budget - total, target_groups, draft_weights, draft_kv, target_kv, o, max_slots)
-        return replace(plan, budget=budget, resident=plan.resident + tuple(experts), resident_bytes=plan.resident_bytes + total,
-                       smallest=plan.smallest + total, group_bytes={**plan.group_bytes, **sizes})
+        return replace(
+            plan,
+            budget=budget,
+            resident=plan.resident + tuple(experts),
+            resident_bytes=plan.resident_bytes + total,
+            smallest=plan.smallest + total,
+            group_bytes={**plan.group_bytes, **sizes},
+        )
     fixed = data + o.held(draft_weights > 0, streamed=True)
     if fixed + sum(dense.values()) + minimum <= budget:  # non-expert groups resident, the rest a buffer
         held = sum(dense.values())
         buffer = min(total, (budget - fixed - held) // ALIGN * ALIGN)
-        return MemoryPlan(budget, draft_weights, draft_kv, target_kv, fixed, tuple(dense), (), held, 0, 0, o,
-                          smallest=fixed + held + minimum, group_bytes={**dense, **sizes}, expert_buffer=buffer,
-                          experts=len(sizes), expert_bytes=largest)
+        return MemoryPlan(
+            budget,
+            draft_weights,
+            draft_kv,
+            target_kv,
+            fixed,
+            tuple(dense),
+            (),
+            held,
+            0,
+            0,
+            o,
+            smallest=fixed + held + minimum,
+            group_bytes={**dense, **sizes},
+            expert_buffer=buffer,
+            experts=len(sizes),
+            expert_bytes=largest,
+        )
     smallest = fixed + 2 * max(dense.values()) + minimum
     if budget < smallest:
         raise CadenceError(
             f"a memory budget of {fmt(budget)} is too small: it must hold {f'the draft ({fmt(draft_weights)}), ' if draft_weights else ''}"
             f"the KV caches ({fmt(draft_kv + target_kv)}), the runtime's processes, activations and code "
             f"({fmt(fixed - draft_weights - draft_kv - target_kv)}), two streaming slots ({fmt(2 * max(dense.values()))}) "
-            f"and one token's experts ({fmt(minimum)}); the smallest budget that works is {fmt(smallest)}")
+            f"and one token's experts ({fmt(minimum)}); the smallest budget that works is {fmt(smallest)}"
+        )
     plan = plan_memory(budget - minimum, target_groups, draft_weights, draft_kv, target_kv, o, max_slots)
     buffer = minimum + max(0, budget - minimum - plan.total) // ALIGN * ALIGN
-    return replace(plan, budget=budget, expert_buffer=min(total, buffer), experts=len(sizes), expert_bytes=largest,
-                   smallest=plan.smallest + minimum, group_bytes={**plan.group_bytes, **sizes})
+    return replace(
+        plan,
+        budget=budget,
+        expert_buffer=min(total, buffer),
+        experts=len(sizes),
+        expert_bytes=largest,
+        smallest=plan.smallest + minimum,
+        group_bytes={**plan.group_bytes, **sizes},
+    )
 
 
 def _spread(k: int, names: list[str], sizes: dict[str, int], room: int) -> list[str] | None:

@@ -6,6 +6,7 @@ its two sides over the wire: scheduler/generation/target_side.py for the verifie
 scheduler/generation/draft_side.py for the draft, or the trie alone in this process (`--draft none`).
 `impl` swaps an actor class for another (the FAKE actors of the integration tests).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -19,8 +20,12 @@ from scheduler.runtime import Runtime
 from speculative.lookup import TrieDraft
 from speculative.loop import TARGET_ONLY, Speculation
 
-ACTORS = {"verifier": "actors.verifier:VerifierActor", "draft": "actors.draft:DraftActor",
-          "loader": "actors.loader:LoaderActor", "sparse": "actors.sparse:SparseAttnActor"}
+ACTORS = {
+    "verifier": "actors.verifier:VerifierActor",
+    "draft": "actors.draft:DraftActor",
+    "loader": "actors.loader:LoaderActor",
+    "sparse": "actors.sparse:SparseAttnActor",
+}
 
 
 @dataclass(frozen=True)
@@ -56,19 +61,34 @@ class ActorSession:
             if plan.streamed:
                 from scheduler.generation.streaming import Streamer
 
-                streamer = Streamer(sched, list(plan.streamed), {g: sizes[g] for g in plan.streamed},
-                                    prefetch=spec.mode != "std")
+                streamer = Streamer(
+                    sched, list(plan.streamed), {g: sizes[g] for g in plan.streamed}, prefetch=spec.mode != "std"
+                )
             if plan.expert_buffer > 0:
                 from scheduler.generation.experts import ExpertCache
 
-                cache = ExpertCache(sched, {g: n for g, n in sizes.items() if g.startswith("expert.")},
-                                    spec.model.n_layers, spec.model.n_experts, spec.experts, spec.paths)
+                cache = ExpertCache(
+                    sched,
+                    {g: n for g, n in sizes.items() if g.startswith("expert.")},
+                    spec.model.n_layers,
+                    spec.model.n_experts,
+                    spec.experts,
+                    spec.paths,
+                )
         self.target = ActorTarget(sched, spec.tree, spec.model, streamer, spec.worker, cache)
         draft = None
         if spec.mode not in TARGET_ONLY:
             draft = ActorDraft(sched, spec.model.vocab_size) if spec.draft_store else TrieDraft(spec.tree.width)
-        self.loop = Speculation(self.target, draft, spec.mode, spec.tree, spec.sampling, spec.context,
-                                spec.model.context_length, counter=sched.tracer.counter)
+        self.loop = Speculation(
+            self.target,
+            draft,
+            spec.mode,
+            spec.tree,
+            spec.sampling,
+            spec.context,
+            spec.model.context_length,
+            counter=sched.tracer.counter,
+        )
 
     @staticmethod
     def _spawn(sched: Runtime, spec: SessionSpec, actors: dict[str, str]) -> None:
@@ -77,20 +97,36 @@ class ActorSession:
         vinit = {**common, "store": spec.target_store}
         if spec.worker is not None:
             vinit.update(threads=1, worker=asdict(spec.worker))
-            sched.spawn("sparse", actors["sparse"], {"threads": 1, "model": asdict(spec.model),
-                                                     "store": spec.target_store, "columns": spec.worker.columns},
-                        wait=False)
+            sched.spawn(
+                "sparse",
+                actors["sparse"],
+                {"threads": 1, "model": asdict(spec.model), "store": spec.target_store, "columns": spec.worker.columns},
+                wait=False,
+            )
         if plan is not None and (plan.streamed or moe):
             vinit["resident"] = list(plan.resident)
             if moe:  # a request for experts never asks for more than the buffer holds
                 vinit["experts"] = {"batch": max(1, plan.expert_slots), "lookahead": spec.experts.preload == "router"}
-            sched.spawn("loader", actors["loader"], {"store_dir": spec.target_store, "stream_bytes": plan.stream_bytes},
-                        wait=False)
+            sched.spawn(
+                "loader",
+                actors["loader"],
+                {"store_dir": spec.target_store, "stream_bytes": plan.stream_bytes},
+                wait=False,
+            )
         sched.spawn("verifier", actors["verifier"], vinit, wait=False)
         if spec.mode not in TARGET_ONLY and spec.draft_store:
-            sched.spawn("draft", actors["draft"], {**common, "store": spec.draft_store, "tree": asdict(spec.tree),
-                                                   "embed_on_disk": plan is not None,
-                                                   "head_rows": spec.draft_rows or None}, wait=False)
+            sched.spawn(
+                "draft",
+                actors["draft"],
+                {
+                    **common,
+                    "store": spec.draft_store,
+                    "tree": asdict(spec.tree),
+                    "embed_on_disk": plan is not None,
+                    "head_rows": spec.draft_rows or None,
+                },
+                wait=False,
+            )
 
     @property
     def experts(self):

@@ -6,6 +6,7 @@ loader simply works through that cycle ahead of the verifier, as far as free slo
 or only on demand (`std`). A slot goes back to the pool when the verifier's layer op replies.
 The trace's "loader slots" counter follows the bytes of slots held against the bound.
 """
+
 from __future__ import annotations
 
 import time
@@ -27,9 +28,14 @@ class IOStats:
     direct: bool = True
 
     def as_dict(self) -> dict:
-        return {"loads": self.loads, "bytes_read": self.bytes, "read_s": round(self.seconds, 4),
-                "io_wait_s": round(self.wait_s, 4), "read_gbps": round(self.bytes / self.seconds / 1e9, 3) if self.seconds else 0.0,
-                "direct_io": self.direct}
+        return {
+            "loads": self.loads,
+            "bytes_read": self.bytes,
+            "read_s": round(self.seconds, 4),
+            "io_wait_s": round(self.wait_s, 4),
+            "read_gbps": round(self.bytes / self.seconds / 1e9, 3) if self.seconds else 0.0,
+            "direct_io": self.direct,
+        }
 
 
 def raise_fault(ev):

@@ -8,6 +8,7 @@ through here; only streamed layers still come back (`AwaitGroup("layer.N")`). Th
 as the verifier ends the job. Should either die, a listener writes the job's id into the sync
 area's stop word, so that the other stops waiting at once and the run ends with the real reason.
 """
+
 from __future__ import annotations
 
 import struct
@@ -30,8 +31,15 @@ WORKER_REPLY_S = 1.0  # after the verifier failed a job: how long the worker's o
 
 
 class ActorTarget:
-    def __init__(self, sched: Runtime, cfg: TreeConfig, model: ModelArgs, streamer=None,
-                 worker: WorkerSplit | None = None, experts=None):
+    def __init__(
+        self,
+        sched: Runtime,
+        cfg: TreeConfig,
+        model: ModelArgs,
+        streamer=None,
+        worker: WorkerSplit | None = None,
+        experts=None,
+    ):
         """`streamer`: the loader's side of the layers that stream (scheduler/generation/streaming.py);
         `worker`: the sparse-attention worker's split; `experts`: a mixture of experts' buffer under a
         budget (scheduler/generation/experts.py). Each None where the run has none."""
@@ -64,7 +72,9 @@ class ActorTarget:
         s = self.s
         wait0, t = self._io_wait(), time.perf_counter()
         v = self.run(Verify.of(p.tree), {"dists": p.dists} if p.dists is not None else None)
-        if self.streamer is not None or self.experts is not None:  # the share of a verification spent waiting for the loader
+        if (
+            self.streamer is not None or self.experts is not None
+        ):  # the share of a verification spent waiting for the loader
             share = (self._io_wait() - wait0) / max(time.perf_counter() - t, 1e-9)
             self.io_wait = share if self.io_wait is None else 0.7 * self.io_wait + 0.3 * share
         if p.req is not None:  # the arrow from the draft's tree to its verification
@@ -72,8 +82,9 @@ class ActorTarget:
         return list(v.path), v.next_token
 
     def _io_wait(self) -> float:
-        return ((self.streamer.stats.wait_s if self.streamer is not None else 0.0)
-                + (self.experts.stats.wait_s if self.experts is not None else 0.0))
+        return (self.streamer.stats.wait_s if self.streamer is not None else 0.0) + (
+            self.experts.stats.wait_s if self.experts is not None else 0.0
+        )
 
     def take_stats(self) -> dict:
         st = {}
@@ -150,8 +161,10 @@ class ActorTarget:
             maxc = -(-(rows + 2 * 32) // 32)
             sizes = [SyncArea.nbytes(rows), rows * a.q_dim * 4, rows * a.n_heads * maxc * (a.head_dim + 2) * 4]
             if self.worker.columns:  # column split: the residual stream, the linears' inputs and outputs
-                sizes += [rows * n * 4 for n in (a.dim, max(a.dim, a.q_dim, a.ffn_dim),
-                                                 max(a.q_dim + 2 * a.kv_dim, 2 * a.ffn_dim))]
+                sizes += [
+                    rows * n * 4
+                    for n in (a.dim, max(a.dim, a.q_dim, a.ffn_dim), max(a.q_dim + 2 * a.kv_dim, 2 * a.ffn_dim))
+                ]
             got = []
             try:
                 for n in sizes:
@@ -161,7 +174,7 @@ class ActorTarget:
                     s.slots.free(slot)
                 raise
             sync = got[0]
-            s.arena.buf[sync.offset:sync.offset + 256] = bytes(256)  # the sync words: no job seen yet
+            s.arena.buf[sync.offset : sync.offset + 256] = bytes(256)  # the sync words: no job seen yet
             self.job_slots, self.col_slots = tuple(got[:3]), tuple(got[3:]) or None
         out.update(zip(("sync", "q", "ch"), map(s.slot_desc, self.job_slots)))
         if self.col_slots:
@@ -196,7 +209,12 @@ class ActorTarget:
         """The verifier failed a split job: when the worker died or failed first, that is the reason to give."""
         s, w = self.s, self.s.actors["sparse"]
         deadline = time.monotonic() + WORKER_REPLY_S
-        while err.error.startswith("Abandoned") and rid in self.serving and w.state != DEAD and time.monotonic() < deadline:
+        while (
+            err.error.startswith("Abandoned")
+            and rid in self.serving
+            and w.state != DEAD
+            and time.monotonic() < deadline
+        ):
             if s.take_reply(rid) is None:  # pumps: the listener hears the worker's reply, or its death
                 time.sleep(0.005)
         if w.state == DEAD:

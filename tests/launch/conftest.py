@@ -1,5 +1,6 @@
 """The launch tests' fixtures: the `launch` command in a subprocess, a tiny GGUF model, and a real trace
 for the trace tools and the viewer (one fake-actor run, once per session)."""
+
 from __future__ import annotations
 
 import json
@@ -37,19 +38,30 @@ def fake_trace(tmp_path_factory) -> FakeTrace:
     d = tmp_path_factory.mktemp("traces")
     plan = fake_plan()
     with Runtime(small_config(d, plan)) as s:
-        spec = speculation(s, fake_model(tmp_path_factory.mktemp("model"), seed=11), "tree", plan,
-                           worker=WorkerSplit(0.3, 0.2), adaptive=False, trie=False)
+        spec = speculation(
+            s,
+            fake_model(tmp_path_factory.mktemp("model"), seed=11),
+            "tree",
+            plan,
+            worker=WorkerSplit(0.3, 0.2),
+            adaptive=False,
+            trie=False,
+        )
         pids = {role: a.pid for role, a in s.actors.items()}
         try:
             gen = spec.loop.generate(prompt(), 40, set())
         finally:
             spec.close()
-    return FakeTrace(s.trace_path, json.loads(s.trace_path.read_text()), len(gen.new_ids), gen.stats["verifications"], pids)
+    return FakeTrace(
+        s.trace_path, json.loads(s.trace_path.read_text()), len(gen.new_ids), gen.stats["verifications"], pids
+    )
 
 
 def launch(*args, home, check=False):
     env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
-    p = subprocess.run([sys.executable, "-m", "launch.cli", *args], capture_output=True, text=True, env=env, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "launch.cli", *args], capture_output=True, text=True, env=env, timeout=600
+    )
     if check:
         assert p.returncode == 0, p.stderr
     return p

@@ -1,5 +1,6 @@
 """The Python API (`import cadence`): the README's example on a tiny model, streaming, chat turns
 that reuse the KV cache and still give the target's own tokens, and nothing left after `close`."""
+
 from __future__ import annotations
 
 import psutil

@@ -1,6 +1,7 @@
 """Benchmarks survive their peers (issue 24): another engine runs in a process of its own, and one that
 crashes (llama.cpp's native build on a CPU with AMX dies of a general protection fault) becomes rows
 that say so, with the rows before it kept and the next prompts answered at once."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,9 @@ pytest.importorskip("transformers")
 def hf_peer(tiny_gguf, tmp_path, monkeypatch):
     monkeypatch.setenv("CADENCE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CADENCE_KERNELS_DIR", str(paths.kernels_dir()))
-    peer = Peer("hf", ["--target", str(tiny_gguf), "--dtype", "int4", "--threads", "1", "--engine", "hf",
-                       "--hf-dtype", "fp32"])
+    peer = Peer(
+        "hf", ["--target", str(tiny_gguf), "--dtype", "int4", "--threads", "1", "--engine", "hf", "--hf-dtype", "fp32"]
+    )
     yield peer
     peer.close()
 
@@ -43,4 +45,5 @@ def test_the_llama_cpp_crash_says_how_to_build_it_where_amx_is():
     assert why.startswith("llama.cpp crashed (SIGSEGV)")
     assert (AMX_HINT in why) == has_amx()  # the CMake flags that build it without AMX, where they apply
     assert AMX_HINT not in death("llama.cpp", 1, "out of memory") and "exited with code 1: out of memory" in death(
-        "llama.cpp", 1, "out of memory")
+        "llama.cpp", 1, "out of memory"
+    )

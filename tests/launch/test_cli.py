@@ -1,4 +1,5 @@
 """The `launch` command as a user meets it: JSON rows, and bad input ending in one clear sentence."""
+
 import json
 import pytest
 
@@ -8,10 +9,27 @@ from tests.launch.conftest import launch, one_clear_line
 
 def test_run_writes_the_json_contract(tiny_gguf, tmp_path):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"id": "a", "kind": "complete", "prompt": "the cat"}\n{"id": "b", "kind": "copy", "prompt": "in he"}\n')
+    prompts.write_text(
+        '{"id": "a", "kind": "complete", "prompt": "the cat"}\n{"id": "b", "kind": "copy", "prompt": "in he"}\n'
+    )
     out = tmp_path / "rows.json"
-    launch("run", "--mode", "target", "--target", str(tiny_gguf), "--dtype", "int4", "--prompts", str(prompts), "--max-new-tokens", "5",
-               "--json", str(out), home=tmp_path / "home", check=True)
+    launch(
+        "run",
+        "--mode",
+        "target",
+        "--target",
+        str(tiny_gguf),
+        "--dtype",
+        "int4",
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "5",
+        "--json",
+        str(out),
+        home=tmp_path / "home",
+        check=True,
+    )
     rows = json.loads(out.read_text())
     assert [r["id"] for r in rows] == ["a", "b"]
     for r in rows:
@@ -25,8 +43,27 @@ def test_sampling_is_reproducible_with_a_seed(tiny_gguf, tmp_path):
     runs = []
     for _ in range(2):
         out = tmp_path / "s.json"
-        launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "in", "--max-new-tokens", "8", "--temperature", "1.0",
-               "--top-p", "0.9", "--seed", "3", "--json", str(out), home=tmp_path / "home", check=True)
+        launch(
+            "run",
+            "--mode",
+            "target",
+            "--target",
+            str(tiny_gguf),
+            "--prompt",
+            "in",
+            "--max-new-tokens",
+            "8",
+            "--temperature",
+            "1.0",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "3",
+            "--json",
+            str(out),
+            home=tmp_path / "home",
+            check=True,
+        )
         runs.append(json.loads(out.read_text())[0]["new_token_ids"])
     assert runs[0] == runs[1]
 
@@ -37,7 +74,9 @@ def test_unknown_model(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    line = one_clear_line(launch("run", "--mode", "target", "--target", str(tmp_path / "absent.gguf"), "--prompt", "x", home=tmp_path))
+    line = one_clear_line(
+        launch("run", "--mode", "target", "--target", str(tmp_path / "absent.gguf"), "--prompt", "x", home=tmp_path)
+    )
     assert "absent.gguf" in line
 
 
@@ -49,7 +88,9 @@ def test_corrupt_gguf(tiny_gguf, tmp_path):
 
 
 def test_prompt_longer_than_context(tiny_gguf, tmp_path):
-    line = one_clear_line(launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "the cat " * 400, home=tmp_path))
+    line = one_clear_line(
+        launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "the cat " * 400, home=tmp_path)
+    )
     assert "the prompt has" in line and "the context holds 512" in line and "--context" in line
 
 
@@ -61,18 +102,38 @@ def test_bad_prompt_file(tmp_path):
 
 
 def test_draft_ahead_out_of_range(tiny_gguf, tmp_path):
-    line = one_clear_line(launch("run", "--target", str(tiny_gguf), "--draft", str(tiny_gguf), "--draft-ahead", "99",
-                                  "--prompt", "x", home=tmp_path))
+    line = one_clear_line(
+        launch(
+            "run",
+            "--target",
+            str(tiny_gguf),
+            "--draft",
+            str(tiny_gguf),
+            "--draft-ahead",
+            "99",
+            "--prompt",
+            "x",
+            home=tmp_path,
+        )
+    )
     assert "draft-ahead" in line and "0..64" in line
 
 
-@pytest.mark.parametrize("extra, says", [(["--column-share", "0.5"], "add --sparse-worker"),
-                                         (["--sparse-worker", "--column-share", "1.5"], "[0, 1)"),
-                                         (["--sparse-worker", "--column-share", "0.5", "--memory-budget", "auto"],
-                                          "drop --memory-budget or --column-share")])
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["--column-share", "0.5"], "add --sparse-worker"),
+        (["--sparse-worker", "--column-share", "1.5"], "[0, 1)"),
+        (
+            ["--sparse-worker", "--column-share", "0.5", "--memory-budget", "auto"],
+            "drop --memory-budget or --column-share",
+        ),
+    ],
+)
 def test_column_share_needs_the_worker_a_share_and_a_resident_target(tiny_gguf, tmp_path, extra, says):
-    line = one_clear_line(launch("run", "--target", str(tiny_gguf), "--draft", str(tiny_gguf), *extra,
-                                  "--prompt", "x", home=tmp_path))
+    line = one_clear_line(
+        launch("run", "--target", str(tiny_gguf), "--draft", str(tiny_gguf), *extra, "--prompt", "x", home=tmp_path)
+    )
     assert says in line
 
 
@@ -91,9 +152,30 @@ def test_bench_cgroup_runs_each_mode_under_the_budget(tiny_gguf, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "kind": "complete", "prompt": "the cat"}\n')
     out = tmp_path / "rows.json"
-    launch("bench", "--target", str(tiny_gguf), "--draft", str(tiny_gguf), "--dtype", "int4", "--prompts", str(prompts),
-           "--max-new-tokens", "6", "--memory-budget", "auto", "--cgroup", "--modes", "std,stdpl,tree",
-           "--baselines", "none", "--json", str(out), home=tmp_path / "home", check=True)
+    launch(
+        "bench",
+        "--target",
+        str(tiny_gguf),
+        "--draft",
+        str(tiny_gguf),
+        "--dtype",
+        "int4",
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "6",
+        "--memory-budget",
+        "auto",
+        "--cgroup",
+        "--modes",
+        "std,stdpl,tree",
+        "--baselines",
+        "none",
+        "--json",
+        str(out),
+        home=tmp_path / "home",
+        check=True,
+    )
     rows = json.loads(out.read_text())
     assert sorted(r["mode"] for r in rows) == ["std", "stdpl", "tree"]
     for r in rows:

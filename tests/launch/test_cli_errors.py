@@ -1,5 +1,6 @@
 """Issue 17: every way a user can hand `launch` something wrong ends in one sentence, a non-zero exit
 and nothing lost; driven through the real CLI as a subprocess."""
+
 import json
 import os
 import subprocess
@@ -43,7 +44,7 @@ def read_only(folder: Path):
 def _garbled(tiny_gguf: Path, tmp_path: Path, at: int) -> Path:
     """The tiny GGUF with 8 header bytes at `at` set to 0xff: a count or a length of about 2**64."""
     data = bytearray(tiny_gguf.read_bytes())
-    data[at:at + 8] = b"\xff" * 8
+    data[at : at + 8] = b"\xff" * 8
     bad = tmp_path / "garbled.gguf"
     bad.write_bytes(bytes(data))
     return bad
@@ -92,8 +93,9 @@ def test_unwritable_json_is_refused_before_the_run(tiny_gguf, tmp_path, where):
     (tmp_path / "file").touch()
     out = tmp_path / "file" / "rows.json" if where == "below a file" else tmp_path
     home = tmp_path / "home"
-    line = one_clear_line(launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "x", "--json", str(out),
-                                  home=home))
+    line = one_clear_line(
+        launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "x", "--json", str(out), home=home)
+    )
     assert line.startswith(f"launch: --json {out} ")
     assert not (home / "stores").exists()  # nothing was converted, nothing ran
 
@@ -111,9 +113,26 @@ def test_rows_are_saved_elsewhere_when_the_write_fails(tmp_path):
 # 4. stdout closed by its reader (`launch run | head`)
 def test_closed_stdout_ends_quietly(tiny_gguf, tmp_path):
     env = dict(os.environ, CADENCE_HOME=str(tmp_path / "home"), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
-    p = subprocess.Popen([sys.executable, "-m", "launch.cli", "run", "--mode", "target", "--target", str(tiny_gguf),
-                          "--prompt", "the cat", "--max-new-tokens", "20"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "launch.cli",
+            "run",
+            "--mode",
+            "target",
+            "--target",
+            str(tiny_gguf),
+            "--prompt",
+            "the cat",
+            "--max-new-tokens",
+            "20",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
     p.stdout.close()  # the reader is gone before the first token
     err = p.stderr.read()
     assert p.wait(600) in (0, 141), err
@@ -122,14 +141,22 @@ def test_closed_stdout_ends_quietly(tiny_gguf, tmp_path):
 
 # 5. --threads
 def test_negative_threads(tiny_gguf, tmp_path):
-    line = one_clear_line(launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "x", "--threads", "-1",
-                                  home=tmp_path))
+    line = one_clear_line(
+        launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "x", "--threads", "-1", home=tmp_path)
+    )
     assert "--threads -1" in line and "0 for all cores" in line
 
 
 # 6. prompt files
-@pytest.mark.parametrize("bad, why", [("[1, 2]", "an array, not an object"), ('"text"', "a string, not an object"),
-                                      ('{"id": "a"}', 'no "prompt" field'), ('{"prompt": 7}', "a number, not a string")])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("[1, 2]", "an array, not an object"),
+        ('"text"', "a string, not an object"),
+        ('{"id": "a"}', 'no "prompt" field'),
+        ('{"prompt": 7}', "a number, not a string"),
+    ],
+)
 def test_prompt_line_that_is_not_a_prompt(tmp_path, bad, why):
     f = tmp_path / "p.jsonl"
     f.write_text(f'{{"prompt": "fine"}}\n{bad}\n')
@@ -138,8 +165,14 @@ def test_prompt_line_that_is_not_a_prompt(tmp_path, bad, why):
 
 
 # 7. --profile given something `launch profile` did not write
-@pytest.mark.parametrize("text, says", [("not json", "is not JSON"), ("[1]", "is not a profile written by `launch profile`"),
-                                        ('{"width": 4}', "is not a profile written by `launch profile`")])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("not json", "is not JSON"),
+        ("[1]", "is not a profile written by `launch profile`"),
+        ('{"width": 4}', "is not a profile written by `launch profile`"),
+    ],
+)
 def test_wrong_profile(tmp_path, text, says):
     prof = tmp_path / "prof.json"
     prof.write_text(text)
@@ -148,9 +181,15 @@ def test_wrong_profile(tmp_path, text, says):
 
 
 # 8. files that are not traces, to `trace summary`
-@pytest.mark.parametrize("text, says", [(json.dumps([{f: [] for f in ROW_FIELDS}]), "result rows `launch run --json` writes"),
-                                        ("", "is empty, not a trace"), ("{not json", "is not a JSON trace"),
-                                        ('{"a": 1}', "has no traceEvents")])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        (json.dumps([{f: [] for f in ROW_FIELDS}]), "result rows `launch run --json` writes"),
+        ("", "is empty, not a trace"),
+        ("{not json", "is not a JSON trace"),
+        ('{"a": 1}', "has no traceEvents"),
+    ],
+)
 def test_trace_summary_of_something_else(tmp_path, text, says):
     f = tmp_path / "rows.json"
     f.write_text(text)
@@ -190,7 +229,10 @@ def test_every_help_shows_defaults():
                 if isinstance(action, argparse._SubParsersAction):
                     parsers += action.choices.values()
                 elif action.option_strings and _has_default(action):
-                    assert "default" in parser._get_formatter()._format_action(action), (parser.prog, action.option_strings)
+                    assert "default" in parser._get_formatter()._format_action(action), (
+                        parser.prog,
+                        action.option_strings,
+                    )
     show_all(False)
 
 
@@ -222,8 +264,12 @@ def test_models_rm(tiny_gguf, tmp_path):
     assert not list(models.iterdir())
     assert "nothing to remove for smollm2-135m" in one_clear_line(launch("models", "rm", "smollm2-135m", home=home))
 
-    store = Path(launch("models", "convert", str(tiny_gguf), "--dtype", "int8", home=home, check=True).stdout.split()[0])
-    assert "unknown model or weight store 'nope'" in one_clear_line(launch("models", "rm", store.name, "nope", home=home))
+    store = Path(
+        launch("models", "convert", str(tiny_gguf), "--dtype", "int8", home=home, check=True).stdout.split()[0]
+    )
+    assert "unknown model or weight store 'nope'" in one_clear_line(
+        launch("models", "rm", store.name, "nope", home=home)
+    )
     assert store.is_dir()  # every name is checked before anything is removed
     launch("models", "rm", store.name, home=home, check=True)
     assert not store.exists()

@@ -3,6 +3,7 @@
 the one function (launch/options.py `run_config`); `cadence.LLM(**options)` takes the same names. The
 end-to-end checks: a server started with `--runtime inproc` starts no actor, and options given to
 `serve` and `chat` show in what each says it runs (/metrics, the start line)."""
+
 from __future__ import annotations
 
 import json
@@ -23,11 +24,36 @@ from launch.options import run_config
 COMMANDS = ("run", "chat", "serve", "plan", "bench")
 # every option away from its default in one of these (each set a configuration the engine accepts)
 OPTION_SETS = [
-    dict(target="t.gguf", mode="chain", memory_budget="1GiB", max_new_tokens=33, temperature=0.5, top_p=0.9, seed=7,
-         draft="d.gguf", dtype="int8", draft_dtype="int4", chat="on", context=777, threads=1, width=6, chain_k=3,
-         branch_threshold=0.2, alpha=0.05, no_trie=True, fixed_width=True, draft_ahead="2", draft_window=16,
-         profile="p.json", draft_vocab=1000, expert_eviction="edgemoe", expert_preload="router", expert_preload_k=3,
-         trace_dir="/tmp/cadence-traces", no_trace=True),
+    dict(
+        target="t.gguf",
+        mode="chain",
+        memory_budget="1GiB",
+        max_new_tokens=33,
+        temperature=0.5,
+        top_p=0.9,
+        seed=7,
+        draft="d.gguf",
+        dtype="int8",
+        draft_dtype="int4",
+        chat="on",
+        context=777,
+        threads=1,
+        width=6,
+        chain_k=3,
+        branch_threshold=0.2,
+        alpha=0.05,
+        no_trie=True,
+        fixed_width=True,
+        draft_ahead="2",
+        draft_window=16,
+        profile="p.json",
+        draft_vocab=1000,
+        expert_eviction="edgemoe",
+        expert_preload="router",
+        expert_preload_k=3,
+        trace_dir="/tmp/cadence-traces",
+        no_trace=True,
+    ),
     dict(sparse_worker=True, worker_share=0.25, column_share=0.5),
     dict(runtime="inproc", device="cuda"),
 ]
@@ -51,10 +77,23 @@ def test_every_option_reaches_the_configuration_from_every_command(command, give
 def test_the_python_api_takes_the_options_by_name(tiny_gguf):
     import cadence
 
-    with cadence.LLM(target=str(tiny_gguf), draft=str(tiny_gguf), runtime="inproc", width=5, draft_window=9,
-                     expert_eviction="edgemoe", max_new_tokens=3, no_trace=True) as llm:
+    with cadence.LLM(
+        target=str(tiny_gguf),
+        draft=str(tiny_gguf),
+        runtime="inproc",
+        width=5,
+        draft_window=9,
+        expert_eviction="edgemoe",
+        max_new_tokens=3,
+        no_trace=True,
+    ) as llm:
         got = llm.config.options()
-        assert (got["runtime"], got["width"], got["draft_window"], got["expert_eviction"]) == ("inproc", 5, 9, "edgemoe")
+        assert (got["runtime"], got["width"], got["draft_window"], got["expert_eviction"]) == (
+            "inproc",
+            5,
+            9,
+            "edgemoe",
+        )
         assert len(llm.generate("hello").token_ids) == 3
     with pytest.raises(cadence.CadenceError, match="unknown option.*widht"):
         cadence.LLM(widht=5)
@@ -78,10 +117,33 @@ def test_serve_runs_the_options_it_was_given(tiny_gguf, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    p = subprocess.Popen([sys.executable, "-m", "launch.cli", "serve", "--target", str(tiny_gguf), "--draft",
-                          str(tiny_gguf), "--runtime", "inproc", "--expert-eviction", "edgemoe", "--draft-vocab", "100",
-                          "--profile", _profile(tmp_path), "--port", str(port), "--no-trace"],
-                         env=_env(tmp_path / "home"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "launch.cli",
+            "serve",
+            "--target",
+            str(tiny_gguf),
+            "--draft",
+            str(tiny_gguf),
+            "--runtime",
+            "inproc",
+            "--expert-eviction",
+            "edgemoe",
+            "--draft-vocab",
+            "100",
+            "--profile",
+            _profile(tmp_path),
+            "--port",
+            str(port),
+            "--no-trace",
+        ],
+        env=_env(tmp_path / "home"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
         while time.monotonic() < deadline and p.poll() is None:
@@ -103,10 +165,34 @@ def test_serve_runs_the_options_it_was_given(tiny_gguf, tmp_path):
 
 
 def test_chat_runs_the_options_it_was_given(tiny_gguf, tmp_path):
-    p = subprocess.run([sys.executable, "-m", "launch.cli", "chat", "--target", str(tiny_gguf), "--draft", str(tiny_gguf),
-                        "--memory-budget", "2GiB", "--expert-eviction", "edgemoe", "--draft-vocab", "100", "--profile",
-                        _profile(tmp_path), "--max-new-tokens", "3", "--no-trace"], input="hello\n/exit\n",
-                       env=_env(tmp_path / "home"), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.cli",
+            "chat",
+            "--target",
+            str(tiny_gguf),
+            "--draft",
+            str(tiny_gguf),
+            "--memory-budget",
+            "2GiB",
+            "--expert-eviction",
+            "edgemoe",
+            "--draft-vocab",
+            "100",
+            "--profile",
+            _profile(tmp_path),
+            "--max-new-tokens",
+            "3",
+            "--no-trace",
+        ],
+        input="hello\n/exit\n",
+        env=_env(tmp_path / "home"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     line = next(ln for ln in p.stderr.splitlines() if "context" in ln and "tokens" in ln)
     for label in ("expert_eviction=edgemoe", "draft_vocab=100", "profile=", "memory_budget=2GiB"):

@@ -1,5 +1,6 @@
 """The live monitor: renders real numbers from a fake-actor run into Rich's recording console,
 falls back to plain log lines off a terminal, and its feed keeps the right figures."""
+
 from __future__ import annotations
 
 import argparse
@@ -66,7 +67,7 @@ def test_monitor_renders_real_numbers_from_a_fake_run(tmp_path):
     assert state.text.endswith(f"<{tokens}>")
     # what the console shows: the last frame, drawn from the same numbers
     text = console.export_text()
-    last = text[text.rindex("cadence run"):]
+    last = text[text.rindex("cadence run") :]
     assert f"{tokens} tokens" in last and f"alpha {verified[-1][1]:.3f}" in last
     for role, pid in pids.items():
         assert re.search(rf"\b{role}\s+{pid}\s+ready\b", last)
@@ -76,16 +77,30 @@ def test_monitor_renders_real_numbers_from_a_fake_run(tmp_path):
 
 
 STATE = MonitorState(
-    elapsed_s=12.5, title="run 1x00",
-    actors=(ActorRow("scheduler", 100, "running", None, None, 12.0, 50 << 20),
-            ActorRow("verifier", 101, "ready", "verify_layer", 0.012, 97.0, 300 << 20),
-            ActorRow("loader", 102, "dead")),
+    elapsed_s=12.5,
+    title="run 1x00",
+    actors=(
+        ActorRow("scheduler", 100, "running", None, None, 12.0, 50 << 20),
+        ActorRow("verifier", 101, "ready", "verify_layer", 0.012, 97.0, 300 << 20),
+        ActorRow("loader", 102, "dead"),
+    ),
     budget_bytes=8 << 30,
-    memory=(MemoryPart("draft", 1 << 30), MemoryPart("target resident", 3 << 30), MemoryPart("KV", 512 << 20),
-            MemoryPart("streaming slots", 256 << 20), MemoryPart("arena", 256 << 20)),
-    measured_bytes=5 << 30, tokens=120, tokens_per_s=9.75, accepted_hist=((0, 2), (1, 4), (3, 6)),
-    alpha=(0.5, 0.45, 0.55), disk_gbps=1.234, text="line one\nline two\n" + "x" * 250,
-    notes=("the loader actor was killed",))
+    memory=(
+        MemoryPart("draft", 1 << 30),
+        MemoryPart("target resident", 3 << 30),
+        MemoryPart("KV", 512 << 20),
+        MemoryPart("streaming slots", 256 << 20),
+        MemoryPart("arena", 256 << 20),
+    ),
+    measured_bytes=5 << 30,
+    tokens=120,
+    tokens_per_s=9.75,
+    accepted_hist=((0, 2), (1, 4), (3, 6)),
+    alpha=(0.5, 0.45, 0.55),
+    disk_gbps=1.234,
+    text="line one\nline two\n" + "x" * 250,
+    notes=("the loader actor was killed",),
+)
 
 
 def test_render_of_a_hand_made_state():
@@ -124,7 +139,9 @@ def test_plain_log_lines_when_stdout_is_not_a_terminal():
 
     feed = MonitorFeed(None, budget_bytes=1 << 30, title="t")
     try:
-        assert isinstance(open_monitor(feed, None, stdout=io.StringIO()), LogMonitor)  # default off a terminal: log lines
+        assert isinstance(
+            open_monitor(feed, None, stdout=io.StringIO()), LogMonitor
+        )  # default off a terminal: log lines
         assert isinstance(open_monitor(feed, False, stdout=Tty()), NullMonitor)
         assert isinstance(open_monitor(feed, None, stdout=Tty()), Monitor)
         mon = open_monitor(feed, True, stdout=io.StringIO())
@@ -140,8 +157,11 @@ def test_plain_log_lines_when_stdout_is_not_a_terminal():
         feed.close()
     lines = log.getvalue().splitlines()
     assert len(lines) >= 3
-    assert re.match(r"cadence +\d+\.\ds tokens 8 [\d.]+ tok/s accepted 3.00 alpha 0.300 disk 0.00 GB/s mem .* of 1.00 GiB"
-                    r" \| main running cpu [\d-]+% uss .*", lines[-1])
+    assert re.match(
+        r"cadence +\d+\.\ds tokens 8 [\d.]+ tok/s accepted 3.00 alpha 0.300 disk 0.00 GB/s mem .* of 1.00 GiB"
+        r" \| main running cpu [\d-]+% uss .*",
+        lines[-1],
+    )
     assert "\x1b" not in log.getvalue()  # plain text
     assert LogMonitor.line(STATE).endswith("| the loader actor was killed")
 

@@ -1,6 +1,7 @@
 """Nothing finished is lost (issue 24): rows are on disk as each prompt finishes, a prompt that cannot
 run is reported and skipped while the others run, and a run killed with SIGKILL keeps what it finished.
 (Text that is not UTF-8 on stdin: tests/models/test_tokenizer.py.)"""
+
 from __future__ import annotations
 
 import json
@@ -18,15 +19,32 @@ from tests.launch.conftest import launch
 
 def _prompts(tmp_path, *texts) -> str:
     path = tmp_path / "p.jsonl"
-    path.write_text("".join(json.dumps({"id": f"p{i}", "kind": "complete", "prompt": t}) + "\n" for i, t in enumerate(texts)))
+    path.write_text(
+        "".join(json.dumps({"id": f"p{i}", "kind": "complete", "prompt": t}) + "\n" for i, t in enumerate(texts))
+    )
     return str(path)
 
 
 def test_a_prompt_too_long_is_skipped_and_the_others_run(tiny_gguf, tmp_path):
     out = tmp_path / "rows.json"
     prompts = _prompts(tmp_path, "the cat", "the cat " * 600, "in the")
-    p = launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompts", prompts, "--max-new-tokens", "4",
-               "--context", "256", "--json", str(out), "--no-monitor", home=tmp_path / "home")
+    p = launch(
+        "run",
+        "--mode",
+        "target",
+        "--target",
+        str(tiny_gguf),
+        "--prompts",
+        prompts,
+        "--max-new-tokens",
+        "4",
+        "--context",
+        "256",
+        "--json",
+        str(out),
+        "--no-monitor",
+        home=tmp_path / "home",
+    )
     assert p.returncode == EXIT_SKIPPED and "Traceback" not in p.stderr, p.stderr
     assert "prompt p1 skipped: the prompt has" in p.stderr and "context" in p.stderr and " 256" in p.stderr
     rows = json.loads(out.read_text())
@@ -38,11 +56,37 @@ def test_a_killed_run_keeps_the_rows_it_finished(tiny_gguf, tmp_path):
     prompts = _prompts(tmp_path, *[f"prompt number {i}" for i in range(40)])
     env = dict(os.environ, CADENCE_HOME=str(tmp_path / "home"), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
     before = shm_segments()
-    p = subprocess.Popen([sys.executable, "-m", "launch.cli", "run", "--mode", "tree", "--target", str(tiny_gguf),
-                          "--draft", str(tiny_gguf), "--prompts", prompts, "--max-new-tokens", "48", "--json", str(out),
-                          "--no-monitor", "--no-trace"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "launch.cli",
+            "run",
+            "--mode",
+            "tree",
+            "--target",
+            str(tiny_gguf),
+            "--draft",
+            str(tiny_gguf),
+            "--prompts",
+            prompts,
+            "--max-new-tokens",
+            "48",
+            "--json",
+            str(out),
+            "--no-monitor",
+            "--no-trace",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and p.poll() is None and not (out.exists() and len(json.loads(out.read_text())) >= 2):
+    while (
+        time.monotonic() < deadline
+        and p.poll() is None
+        and not (out.exists() and len(json.loads(out.read_text())) >= 2)
+    ):
         time.sleep(0.05)
     p.send_signal(signal.SIGKILL)
     p.wait(30)

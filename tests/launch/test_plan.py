@@ -1,4 +1,5 @@
 """`launch plan` and `--draft none` on a tiny model, as a user runs them."""
+
 import json
 
 
@@ -7,8 +8,19 @@ from tests.launch.conftest import launch, one_clear_line
 
 
 def test_plan_prints_what_stays_what_streams_and_the_smallest_budget_per_mode(tiny_gguf, tmp_path):
-    p = launch("plan", "--target", str(tiny_gguf), "--draft", str(tiny_gguf), "--dtype", "int4", "--memory-budget", "2GiB",
-               home=tmp_path, check=True)
+    p = launch(
+        "plan",
+        "--target",
+        str(tiny_gguf),
+        "--draft",
+        str(tiny_gguf),
+        "--dtype",
+        "int4",
+        "--memory-budget",
+        "2GiB",
+        home=tmp_path,
+        check=True,
+    )
     out = p.stdout
     assert "draft weights" in out and "KV caches" in out and "code pages" in out and "of 2.00 GiB budget" in out
     assert "resident: layer 0-1; head 0" in out and "streamed: nothing" in out
@@ -18,8 +30,18 @@ def test_plan_prints_what_stays_what_streams_and_the_smallest_budget_per_mode(ti
 
 
 def test_plan_under_a_budget_too_small_says_so_and_still_lists_the_smallest(tiny_gguf, tmp_path):
-    p = launch("plan", "--target", str(tiny_gguf), "--draft", str(tiny_gguf), "--dtype", "int4", "--memory-budget", "100MiB",
-               home=tmp_path)
+    p = launch(
+        "plan",
+        "--target",
+        str(tiny_gguf),
+        "--draft",
+        str(tiny_gguf),
+        "--dtype",
+        "int4",
+        "--memory-budget",
+        "100MiB",
+        home=tmp_path,
+    )
     assert p.returncode == 1 and "too small" in p.stdout and "smallest budget that works is" in p.stdout
     assert "tree --draft none" in p.stdout and "Traceback" not in p.stderr
 
@@ -35,15 +57,34 @@ def test_draft_none_over_actors_equals_the_target(tiny_gguf, tmp_path):
     rows = {}
     for mode, extra in (("target", []), ("tree", ["--draft", "none", "--memory-budget", "4GiB"])):
         out = tmp_path / f"{mode}.json"
-        launch("run", "--mode", mode, *extra, "--target", str(tiny_gguf), "--dtype", "int4", "--prompt", prompt,
-               "--max-new-tokens", "40", "--no-monitor", "--json", str(out), home=tmp_path / "home", check=True)
+        launch(
+            "run",
+            "--mode",
+            mode,
+            *extra,
+            "--target",
+            str(tiny_gguf),
+            "--dtype",
+            "int4",
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "40",
+            "--no-monitor",
+            "--json",
+            str(out),
+            home=tmp_path / "home",
+            check=True,
+        )
         rows[mode] = json.loads(out.read_text())[0]
     assert rows["tree"]["new_token_ids"] == rows["target"]["new_token_ids"]
     assert rows["tree"]["draft"] is None and rows["tree"]["stats"]["draft_forwards"] == 0
 
 
 def test_draft_none_refuses_chain_mode(tiny_gguf, tmp_path):
-    line = one_clear_line(launch("run", "--mode", "chain", "--draft", "none", "--target", str(tiny_gguf), home=tmp_path))
+    line = one_clear_line(
+        launch("run", "--mode", "chain", "--draft", "none", "--target", str(tiny_gguf), home=tmp_path)
+    )
     assert "--mode tree" in line
 
 

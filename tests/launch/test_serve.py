@@ -1,6 +1,7 @@
 """`launch serve` as a client meets it: the official `openai` client against a real server on a tiny
 model (chat and completions, streamed and not), the queue's 429, a client that leaves mid-stream,
 the API key, /health and /metrics, and SIGTERM stopping it all with nothing left behind."""
+
 from __future__ import annotations
 
 import os
@@ -33,10 +34,34 @@ def server(tiny_gguf, tmp_path_factory):
     port = _free_port()
     env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
     before = shm_segments()
-    p = subprocess.Popen([sys.executable, "-m", "launch.cli", "serve", "--target", str(tiny_gguf), "--dtype", "int4",
-                          "--draft", str(tiny_gguf), "--port", str(port), "--api-key", "sekret", "--queue", "1",
-                          "--max-new-tokens", "32", "--no-trace"],
-                         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "launch.cli",
+            "serve",
+            "--target",
+            str(tiny_gguf),
+            "--dtype",
+            "int4",
+            "--draft",
+            str(tiny_gguf),
+            "--port",
+            str(port),
+            "--api-key",
+            "sekret",
+            "--queue",
+            "1",
+            "--max-new-tokens",
+            "32",
+            "--no-trace",
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -83,8 +108,12 @@ def test_completions_match_the_python_api_token_for_token(server, tiny_gguf):
     base, _, _ = server
     c = _client(base)
     got = c.completions.create(model="tiny", prompt="in the beginning", max_tokens=16, temperature=0)
-    streamed = "".join(ch.choices[0].text for ch in c.completions.create(model="tiny", prompt="in the beginning",
-                                                                           max_tokens=16, temperature=0, stream=True))
+    streamed = "".join(
+        ch.choices[0].text
+        for ch in c.completions.create(
+            model="tiny", prompt="in the beginning", max_tokens=16, temperature=0, stream=True
+        )
+    )
     import cadence
 
     with cadence.LLM(target=str(tiny_gguf), mode="target") as llm:  # the target alone: what every mode must equal
@@ -100,8 +129,14 @@ def test_models_health_and_metrics(server):
     assert httpx.get(f"{base}/health").json()["status"] == "ok"
     assert httpx.get(f"{base}/metrics").status_code == 401  # behind the key when one is set
     text = httpx.get(f"{base}/metrics", headers=KEY).text
-    for name in ("cadence_requests_total", "cadence_generated_tokens_total", "cadence_tokens_per_second",
-                 "cadence_accepted_per_verification", "cadence_disk_read_gbps", "cadence_queue_depth"):
+    for name in (
+        "cadence_requests_total",
+        "cadence_generated_tokens_total",
+        "cadence_tokens_per_second",
+        "cadence_accepted_per_verification",
+        "cadence_disk_read_gbps",
+        "cadence_queue_depth",
+    ):
         assert f"\n{name} " in "\n" + text, name
     assert "# TYPE cadence_generated_tokens_total counter" in text
 
@@ -131,8 +166,12 @@ def test_a_full_queue_answers_429_and_every_accepted_request_completes(server):
     codes = []
 
     def ask():
-        r = httpx.post(f"{base}/v1/completions", json={"prompt": "once upon a time", "max_tokens": 400, "temperature": 0},
-                       headers=h, timeout=120)
+        r = httpx.post(
+            f"{base}/v1/completions",
+            json={"prompt": "once upon a time", "max_tokens": 400, "temperature": 0},
+            headers=h,
+            timeout=120,
+        )
         codes.append(r.status_code)
 
     threads = [threading.Thread(target=ask) for _ in range(5)]
@@ -140,15 +179,22 @@ def test_a_full_queue_answers_429_and_every_accepted_request_completes(server):
         t.start()
     for t in threads:
         t.join()
-    assert 429 in codes and 200 in codes and set(codes) <= {200, 429}, codes  # one running, one queued, the rest refused
+    assert 429 in codes and 200 in codes and set(codes) <= {200, 429}, (
+        codes
+    )  # one running, one queued, the rest refused
 
 
 def test_a_client_that_leaves_mid_stream_stops_its_generation(server):
     base, _, _ = server
     h = {"Authorization": "Bearer sekret"}
     before = _metric(base, "cadence_requests_cancelled_total")
-    with httpx.stream("POST", f"{base}/v1/completions", headers=h, timeout=60,
-                      json={"prompt": "once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        f"{base}/v1/completions",
+        headers=h,
+        timeout=60,
+        json={"prompt": "once upon a time", "max_tokens": 400, "temperature": 0, "stream": True},
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data:") and "text" in line:
                 break  # one chunk, then hang up
@@ -172,24 +218,33 @@ def _post(base, path, body=None, content=None, headers=KEY):
     import json as js
 
     content = js.dumps(body).encode() if body is not None else content
-    return httpx.post(f"{base}{path}", content=content, headers={**headers, "Content-Type": "application/json"}, timeout=60)
+    return httpx.post(
+        f"{base}{path}", content=content, headers={**headers, "Content-Type": "application/json"}, timeout=60
+    )
 
 
-@pytest.mark.parametrize("path,body,status,param", [
-    ("/v1/completions", {"prompt": "x", "temperature": -0.5}, 400, "temperature"),
-    ("/v1/completions", {"prompt": "x", "top_p": 0}, 400, "top_p"),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 10**9}, 400, "max_tokens"),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 1e9}, 400, "max_tokens"),
-    ("/v1/completions", {"prompt": "the cat " * 400}, 400, "prompt"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}] * 10_000}, 400, "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "the cat " * 400}]}, 400, "messages"),
-    ("/v1/completions", {"prompt": "x", "model": "gpt-4o"}, 404, "model"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 2}, 400, "logprobs"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     400, "messages[0].content[0]"),
-    ("/v1/completions", {"prompt": "a lone \ud800 surrogate"}, 400, "prompt"),
-])
+@pytest.mark.parametrize(
+    "path,body,status,param",
+    [
+        ("/v1/completions", {"prompt": "x", "temperature": -0.5}, 400, "temperature"),
+        ("/v1/completions", {"prompt": "x", "top_p": 0}, 400, "top_p"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 10**9}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 1e9}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "the cat " * 400}, 400, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}] * 10_000}, 400, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "the cat " * 400}]}, 400, "messages"),
+        ("/v1/completions", {"prompt": "x", "model": "gpt-4o"}, 404, "model"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 2}, 400, "logprobs"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            400,
+            "messages[0].content[0]",
+        ),
+        ("/v1/completions", {"prompt": "a lone \ud800 surrogate"}, 400, "prompt"),
+    ],
+)
 def test_what_a_client_got_wrong_is_a_4xx_naming_the_parameter(server, path, body, status, param):
     base, _, _ = server
     r = _post(base, path, body)
@@ -207,19 +262,64 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(server):
 def test_content_given_as_text_parts_is_read_as_its_text(server):
     base, _, _ = server
     c = _client(base)
-    plain = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "the cat sat"}],
-                                      max_tokens=6, temperature=0)
-    parts = c.chat.completions.create(model="tiny", temperature=0, max_tokens=6, messages=[
-        {"role": "user", "content": [{"type": "text", "text": "the cat"}, {"type": "text", "text": " sat"}]}])
+    plain = c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "the cat sat"}], max_tokens=6, temperature=0
+    )
+    parts = c.chat.completions.create(
+        model="tiny",
+        temperature=0,
+        max_tokens=6,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "the cat"}, {"type": "text", "text": " sat"}]}],
+    )
     assert parts.choices[0].message.content == plain.choices[0].message.content
 
 
 def _mutations(rng):
     """Bodies an OpenAI client might send, and those it should not: the fuzzer's material."""
-    values = [None, True, False, 0, 1, -1, 7, 2.5, float("1e308"), 10**20, "", "x", "8", [], [1], {}, {"a": 1},
-              "\ud800", "\u0000", [{"type": "text", "text": "hi"}], [{"role": "user", "content": "hi"}]]
-    keys = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
-            "stream", "stream_options", "n", "logprobs", "echo", "content", "role", "best_of", "suffix", "user"]
+    values = [
+        None,
+        True,
+        False,
+        0,
+        1,
+        -1,
+        7,
+        2.5,
+        float("1e308"),
+        10**20,
+        "",
+        "x",
+        "8",
+        [],
+        [1],
+        {},
+        {"a": 1},
+        "\ud800",
+        "\u0000",
+        [{"type": "text", "text": "hi"}],
+        [{"role": "user", "content": "hi"}],
+    ]
+    keys = [
+        "model",
+        "prompt",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "n",
+        "logprobs",
+        "echo",
+        "content",
+        "role",
+        "best_of",
+        "suffix",
+        "user",
+    ]
     chat = rng.random() < 0.5
     body = {"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"}
     body["max_tokens"] = 4
@@ -245,7 +345,11 @@ def test_fuzzed_requests_never_get_a_500_and_the_server_serves_on(server):
         if time.monotonic() > deadline:
             break
         path, body = _mutations(rng)
-        raw = js.dumps(body).encode() if rng.random() < 0.9 else bytes(rng.randrange(256) for _ in range(rng.randrange(64)))
+        raw = (
+            js.dumps(body).encode()
+            if rng.random() < 0.9
+            else bytes(rng.randrange(256) for _ in range(rng.randrange(64)))
+        )
         r = _post(base, path, content=raw)
         seen[r.status_code] = seen.get(r.status_code, 0) + 1
         assert r.status_code < 500, (i, raw[:300], r.text[:300])

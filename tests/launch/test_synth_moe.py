@@ -1,4 +1,5 @@
 """The synthetic MoE GGUF writer: llama.cpp's tensor names, shapes and keys, read back and run by llama.cpp."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,10 +28,16 @@ def test_layout_and_metadata(written):
     arch, n_vocab = s.arch, len(f.fields["tokenizer.ggml.tokens"])
     assert f.fields["general.architecture"] == arch
     want = {
-        "block_count": s.n_layer, "embedding_length": s.n_embd, "attention.head_count": s.n_head,
-        "attention.head_count_kv": s.n_head_kv, "attention.key_length": s.head_dim,
-        "attention.value_length": s.head_dim, "expert_count": s.n_expert, "expert_used_count": s.n_expert_used,
-        "vocab_size": n_vocab, "feed_forward_length": s.n_ff_exp,
+        "block_count": s.n_layer,
+        "embedding_length": s.n_embd,
+        "attention.head_count": s.n_head,
+        "attention.head_count_kv": s.n_head_kv,
+        "attention.key_length": s.head_dim,
+        "attention.value_length": s.head_dim,
+        "expert_count": s.n_expert,
+        "expert_used_count": s.n_expert_used,
+        "vocab_size": n_vocab,
+        "feed_forward_length": s.n_ff_exp,
     }
     if arch == "qwen3moe":
         want["expert_feed_forward_length"] = s.n_ff_exp

@@ -2,6 +2,7 @@
 and spans it draws match the trace, wheel and drag move the view, a click shows a span's args,
 and a screenshot of it is a real picture. Skips only where no Chromium is installed
 (.ci/install-browser.sh installs it, its driver and selenium)."""
+
 from __future__ import annotations
 
 import json
@@ -27,16 +28,37 @@ def _which(*names: str) -> str | None:
     return None
 
 
-CHROMIUM = os.environ.get("CADENCE_CHROMIUM") or _which("chromium", "chromium-browser", "google-chrome",
-                                                        "/usr/lib/chromium/chromium")
+CHROMIUM = os.environ.get("CADENCE_CHROMIUM") or _which(
+    "chromium", "chromium-browser", "google-chrome", "/usr/lib/chromium/chromium"
+)
 CHROMEDRIVER = os.environ.get("CADENCE_CHROMEDRIVER") or _which("chromedriver", "/usr/lib/chromium/chromedriver")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run", "--window-size=1400,900", "--force-device-scale-factor=1"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1400,900",
+    "--force-device-scale-factor=1",
+]
 
 
 def test_page_is_self_contained_and_escapes_the_trace():
-    trace = {"traceEvents": [{"ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 5, "name": "</script><script>alert(1)</script>",
-                              "args": {"note": "<!-- -->"}}]}
+    trace = {
+        "traceEvents": [
+            {
+                "ph": "X",
+                "pid": 1,
+                "tid": 1,
+                "ts": 0,
+                "dur": 5,
+                "name": "</script><script>alert(1)</script>",
+                "args": {"note": "<!-- -->"},
+            }
+        ]
+    }
     page = render_html(trace, title="a <title>")
     assert not re.search(r"https?://|<link\b|\bsrc\s*=|@import|url\(", page, re.I)  # nothing fetched, ever
     assert page.count("<script") == 2 and "</script><script>alert" not in page
@@ -47,17 +69,22 @@ def test_page_is_self_contained_and_escapes_the_trace():
 
 # -- the browser ---------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def browser():
     if CHROMIUM is None:
-        pytest.skip("no Chromium found (apt-get install chromium chromium-driver, or run .ci/install-browser.sh; "
-                    "CADENCE_CHROMIUM=/path/to/chrome points at another)")
+        pytest.skip(
+            "no Chromium found (apt-get install chromium chromium-driver, or run .ci/install-browser.sh; "
+            "CADENCE_CHROMIUM=/path/to/chrome points at another)"
+        )
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
     except ImportError:
         pytest.fail("Chromium is here but selenium is not: pip install selenium (.ci/install-browser.sh does)")
-    assert CHROMEDRIVER, "Chromium is here but chromedriver is not: apt-get install chromium-driver (.ci/install-browser.sh)"
+    assert CHROMEDRIVER, (
+        "Chromium is here but chromedriver is not: apt-get install chromium-driver (.ci/install-browser.sh)"
+    )
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for flag in FLAGS:
@@ -112,8 +139,9 @@ def test_viewer_draws_the_trace_zooms_pans_and_shows_args_on_click(browser, fake
     assert stats["flows"] == stats["drawnFlows"] == sum(1 for c in flows.values() if c == 2)
     tree_flows = browser.execute_script("return viewer.model.flows.filter(f => f.cat === 'tree').length")
     assert tree_flows == fake_trace.rounds  # an arrow from each draft tree to its verification
-    assert browser.find_element(By.ID, "stats").text.startswith(f"{len(threads)} thread tracks, {len(counters)} counters, "
-                                                                 f"{n_spans} of {n_spans} spans")
+    assert browser.find_element(By.ID, "stats").text.startswith(
+        f"{len(threads)} thread tracks, {len(counters)} counters, {n_spans} of {n_spans} spans"
+    )
 
     # zoom to the middle fifth: exactly the spans that overlap it are drawn
     home = browser.execute_script("return [viewer.home.t0, viewer.home.t1]")
@@ -136,15 +164,23 @@ def test_viewer_draws_the_trace_zooms_pans_and_shows_args_on_click(browser, fake
 
     # click a layer span (a streamed group the verifier computed): the panel shows its args
     vpid = fake_trace.pids["verifier"]
-    span = next(e for e in trace["traceEvents"][len(trace["traceEvents"]) // 2:]
-                if e["ph"] == "X" and e["pid"] == vpid and e["name"] == "layer")
-    browser.execute_script("viewer.setView(arguments[0], arguments[1])",
-                           span["ts"] - span["dur"], span["ts"] + 2 * span["dur"])
-    r = browser.execute_script("return viewer.spanScreenRect(arguments[0], arguments[1], arguments[2])",
-                               vpid, span["tid"], span["ts"])
-    browser.execute_script("document.getElementById('scroller').scrollTop = Math.max(0, arguments[0] - 40)", r["trackY"])
-    r = browser.execute_script("return viewer.spanScreenRect(arguments[0], arguments[1], arguments[2])",
-                               vpid, span["tid"], span["ts"])
+    span = next(
+        e
+        for e in trace["traceEvents"][len(trace["traceEvents"]) // 2 :]
+        if e["ph"] == "X" and e["pid"] == vpid and e["name"] == "layer"
+    )
+    browser.execute_script(
+        "viewer.setView(arguments[0], arguments[1])", span["ts"] - span["dur"], span["ts"] + 2 * span["dur"]
+    )
+    r = browser.execute_script(
+        "return viewer.spanScreenRect(arguments[0], arguments[1], arguments[2])", vpid, span["tid"], span["ts"]
+    )
+    browser.execute_script(
+        "document.getElementById('scroller').scrollTop = Math.max(0, arguments[0] - 40)", r["trackY"]
+    )
+    r = browser.execute_script(
+        "return viewer.spanScreenRect(arguments[0], arguments[1], arguments[2])", vpid, span["tid"], span["ts"]
+    )
     assert r["w"] > 100  # a third of the timeline
     click = ActionBuilder(browser)
     click.pointer_action.move_to_location(int(r["x"] + r["w"] / 2), int(r["y"] + r["h"] / 2)).click()
@@ -161,12 +197,13 @@ def test_viewer_draws_the_trace_zooms_pans_and_shows_args_on_click(browser, fake
     assert (width, height) == tuple(browser.execute_script("return [window.innerWidth, window.innerHeight]"))
     colours = Counter(pixels)
     assert len(colours) > 50 and colours.most_common(1)[0][1] < 0.9 * width * height
-    assert colours[(0xef, 0x44, 0x44)] > 200  # the verifier's red spans
+    assert colours[(0xEF, 0x44, 0x44)] > 200  # the verifier's red spans
     print(f"screenshot: {shot}")
 
 
 def _origin(element):
     from selenium.webdriver.common.actions.wheel_input import ScrollOrigin
+
     return ScrollOrigin.from_element(element)
 
 
@@ -176,8 +213,8 @@ def read_png(path: Path) -> tuple[int, int, list[tuple[int, int, int]]]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat = 8, b""
     while pos < len(data):
-        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + n]
+        n, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + n]
         if kind == b"IHDR":
             width, height, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", body)
             assert depth == 8 and ctype in (2, 6) and interlace == 0, (depth, ctype, interlace)
@@ -188,7 +225,7 @@ def read_png(path: Path) -> tuple[int, int, list[tuple[int, int, int]]]:
     raw, stride = zlib.decompress(idat), width * bpp
     prev, pixels = bytearray(stride), []
     for y in range(height):
-        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         for i in range(stride):
             left = line[i - bpp] if i >= bpp else 0
             up, ul = prev[i], prev[i - bpp] if i >= bpp else 0
@@ -202,6 +239,6 @@ def read_png(path: Path) -> tuple[int, int, list[tuple[int, int, int]]]:
                 p = left + up - ul
                 pa, pb, pc = abs(p - left), abs(p - up), abs(p - ul)
                 line[i] = (line[i] + (left if pa <= pb and pa <= pc else up if pb <= pc else ul)) & 255
-        pixels += [tuple(line[i:i + 3]) for i in range(0, stride, bpp)]
+        pixels += [tuple(line[i : i + 3]) for i in range(0, stride, bpp)]
         prev = line
     return width, height, pixels

@@ -1,4 +1,5 @@
 """`launch trace summary`: figures on a hand-made trace with known answers, and on a real one."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,32 +32,45 @@ def _x(pid, tid, name, cat, ts, dur, **args):
 
 
 # microseconds. scheduler 1; draft 2; verifier 3; loader 4 (two threads); sparse 5.
-HAND = {"traceEvents": [
-    *_meta(1, "scheduler", [1]), *_meta(2, "draft (D)", [2]), *_meta(3, "verifier (V)", [3]),
-    *_meta(4, "loader (L)", [40, 41]), *_meta(5, "sparse (S)", [5]),
-    _x(1, 1, "call load", "scheduler", 0, 10), _x(1, 1, "send load", "scheduler", 0, 2),  # call: waiting for a reply
-    _x(3, 3, "load target", "setup", -5000, 4000),  # loading weights: outside the window
-    _x(4, 40, "load", "load", 0, 100), _x(4, 41, "load", "load", 50, 100), _x(4, 40, "load", "load", 200, 100),
-    _x(2, 2, "draft_step", "draft", 100, 100), _x(2, 2, "compute", "draft", 120, 60),
-    _x(3, 3, "verify", "verify", 150, 100), _x(3, 3, "wait:layer", "verify", 150, 50),  # waits inside its own span
-    _x(3, 3, "verify", "verify", 300, 100),
-    _x(5, 5, "sparse_attn", "attention", 320, 60),
-    _x(2, 2, "mystery", "gpu-thing", 420, 20),  # an unknown category
-    {"ph": "C", "pid": 1, "tid": 1, "name": "tokens", "ts": 410, "args": {"total": 4}},
-    {"ph": "s", "pid": 2, "tid": 2, "name": "draft tree", "cat": "tree", "id": 1, "ts": 150},
-    {"ph": "f", "pid": 3, "tid": 3, "name": "draft tree", "cat": "tree", "id": 1, "ts": 200, "bp": "e"},
-], "otherData": {"run_id": "hand"}}
+HAND = {
+    "traceEvents": [
+        *_meta(1, "scheduler", [1]),
+        *_meta(2, "draft (D)", [2]),
+        *_meta(3, "verifier (V)", [3]),
+        *_meta(4, "loader (L)", [40, 41]),
+        *_meta(5, "sparse (S)", [5]),
+        _x(1, 1, "call load", "scheduler", 0, 10),
+        _x(1, 1, "send load", "scheduler", 0, 2),  # call: waiting for a reply
+        _x(3, 3, "load target", "setup", -5000, 4000),  # loading weights: outside the window
+        _x(4, 40, "load", "load", 0, 100),
+        _x(4, 41, "load", "load", 50, 100),
+        _x(4, 40, "load", "load", 200, 100),
+        _x(2, 2, "draft_step", "draft", 100, 100),
+        _x(2, 2, "compute", "draft", 120, 60),
+        _x(3, 3, "verify", "verify", 150, 100),
+        _x(3, 3, "wait:layer", "verify", 150, 50),  # waits inside its own span
+        _x(3, 3, "verify", "verify", 300, 100),
+        _x(5, 5, "sparse_attn", "attention", 320, 60),
+        _x(2, 2, "mystery", "gpu-thing", 420, 20),  # an unknown category
+        {"ph": "C", "pid": 1, "tid": 1, "name": "tokens", "ts": 410, "args": {"total": 4}},
+        {"ph": "s", "pid": 2, "tid": 2, "name": "draft tree", "cat": "tree", "id": 1, "ts": 150},
+        {"ph": "f", "pid": 3, "tid": 3, "name": "draft tree", "cat": "tree", "id": 1, "ts": 200, "bp": "e"},
+    ],
+    "otherData": {"run_id": "hand"},
+}
 
 
 def test_summary_of_a_hand_made_trace():
     s = summarize(HAND)
     assert s.run_id == "hand" and s.window_s == pytest.approx(440e-6) and s.tokens == 4
     busy = {a.role: (a.threads, a.busy_s * 1e6, a.busy_pct) for a in s.actors}
-    assert busy == {"scheduler": (1, pytest.approx(2), pytest.approx(100 * 2 / 440)),
-                    "draft": (1, pytest.approx(120), pytest.approx(100 * 120 / 440)),
-                    "verifier": (1, pytest.approx(150), pytest.approx(100 * 150 / 440)),
-                    "loader": (2, pytest.approx(250), pytest.approx(100 * 250 / 440)),
-                    "sparse": (1, pytest.approx(60), pytest.approx(100 * 60 / 440))}
+    assert busy == {
+        "scheduler": (1, pytest.approx(2), pytest.approx(100 * 2 / 440)),
+        "draft": (1, pytest.approx(120), pytest.approx(100 * 120 / 440)),
+        "verifier": (1, pytest.approx(150), pytest.approx(100 * 150 / 440)),
+        "loader": (2, pytest.approx(250), pytest.approx(100 * 250 / 440)),
+        "sparse": (1, pytest.approx(60), pytest.approx(100 * 60 / 440)),
+    }
     assert [a.role for a in s.actors] == ["scheduler", "draft", "verifier", "loader", "sparse"]
     loader = next(a for a in s.actors if a.role == "loader")
     assert loader.top_ops == [("load", 3, pytest.approx(300e-6))]
@@ -71,9 +85,13 @@ def test_summary_of_a_hand_made_trace():
     assert s.gaps == pytest.approx({"layer": 200e-6, "tree": 0.0, "attention": 0.0, "idle": 40e-6})
     # each instant once: verify [200,250] + [300,400]; draft [100,200]; load [0,100] + [250,300];
     # other (the unknown category) [420,440]; idle [400,420]
-    assert s.split_s == pytest.approx({"verify": 150e-6, "draft": 100e-6, "load": 150e-6, "other": 20e-6, "idle": 20e-6})
+    assert s.split_s == pytest.approx(
+        {"verify": 150e-6, "draft": 100e-6, "load": 150e-6, "other": 20e-6, "idle": 20e-6}
+    )
     assert sum(s.split_s.values()) == pytest.approx(s.window_s)
-    assert s.per_token_ms == pytest.approx({"verify": 0.0375, "draft": 0.025, "load": 0.0375, "other": 0.005, "idle": 0.005})
+    assert s.per_token_ms == pytest.approx(
+        {"verify": 0.0375, "draft": 0.025, "load": 0.0375, "other": 0.005, "idle": 0.005}
+    )
     assert s.categories["other"] == pytest.approx(20e-6)
     text = format_summary(s)
     assert "40.0% of I/O overlapped with compute" in text and "wait:layer" in text
@@ -90,8 +108,11 @@ def test_self_time_of_nested_spans():
 
 
 def test_summary_copes_with_bare_lists_and_missing_names():
-    bare = [_x(7, 1, "a", "", 0, 10), _x(7, 1, "b", "verify", 20, 10), {"ph": "C", "name": "accepted", "ts": 25,
-                                                                        "pid": 7, "args": {"length": 2, "tree": 4}}]
+    bare = [
+        _x(7, 1, "a", "", 0, 10),
+        _x(7, 1, "b", "verify", 20, 10),
+        {"ph": "C", "name": "accepted", "ts": 25, "pid": 7, "args": {"length": 2, "tree": 4}},
+    ]
     s = summarize(bare)
     assert s.actors[0].name == "pid 7" and s.tokens == 3 and s.overlap_pct is None
     assert s.split_s == pytest.approx({"verify": 10e-6, "draft": 0, "load": 0, "other": 10e-6, "idle": 10e-6})
@@ -126,6 +147,7 @@ def test_trace_command(fake_trace, tmp_path, capsys):
     args = parser.parse_args(["trace", "html", str(fake_trace.path), "-o", str(tmp_path / "run.html")])
     assert args.func(args) == 0 and (tmp_path / "run.html").stat().st_size > 10_000
     from common.errors import CadenceError
+
     with pytest.raises(CadenceError, match="no trace file"):
         args = parser.parse_args(["trace", "summary", str(tmp_path / "nope.json")])
         args.func(args)

@@ -1,4 +1,5 @@
 """The canonical attention kernel: right against SDPA, and a row's output independent of its batch."""
+
 import math
 
 import pytest
@@ -14,8 +15,11 @@ def _reference(q, kc, vc, mask, scale):
     n = mask.shape[1]
     k = kc[:, :n].repeat_interleave(H // Hkv, 0)
     v = vc[:, :n].repeat_interleave(H // Hkv, 0)
-    return F.scaled_dot_product_attention(q.transpose(0, 1).double(), k.double(), v.double(), attn_mask=mask,
-                                          scale=scale).transpose(0, 1).float()
+    return (
+        F.scaled_dot_product_attention(q.transpose(0, 1).double(), k.double(), v.double(), attn_mask=mask, scale=scale)
+        .transpose(0, 1)
+        .float()
+    )
 
 
 def _random_tree(n, g):
@@ -38,7 +42,11 @@ def test_tree_attention_matches_dense_masked_sdpa(H, Hkv, D, ctx):
 
 def test_lse_is_log_of_softmax_denominator():
     g = torch.Generator().manual_seed(1)
-    q, kc, vc = torch.randn(3, 2, 16, generator=g), torch.randn(2, 40, 16, generator=g), torch.randn(2, 40, 16, generator=g)
+    q, kc, vc = (
+        torch.randn(3, 2, 16, generator=g),
+        torch.randn(2, 40, 16, generator=g),
+        torch.randn(2, 40, 16, generator=g),
+    )
     vis = Visibility.causal(37, 3)
     _, lse = kernels.attention(q, kc, vc, vis.n_shared, vis.ptr, vis.idx, 0.25, want_lse=True)
     s = torch.einsum("thd,hsd->ths", q, kc.repeat_interleave(1, 0)) * 0.25
@@ -57,14 +65,21 @@ def test_row_output_does_not_depend_on_the_batch():
     tree = Visibility.tree(ctx, parents)
     batched = kernels.attention(q, kc, vc, tree.n_shared, tree.ptr, tree.idx, 0.125)
     for r in range(T):
-        path = tree.idx[tree.ptr[r]:tree.ptr[r + 1]]
+        path = tree.idx[tree.ptr[r] : tree.ptr[r + 1]]
         # Lay the path out as a plain sequence after the context, as single-token decoding would.
         ks, vs = kc.clone(), vc.clone()
-        ks[:, ctx:ctx + len(path)] = kc[:, path.long()]
-        vs[:, ctx:ctx + len(path)] = vc[:, path.long()]
+        ks[:, ctx : ctx + len(path)] = kc[:, path.long()]
+        vs[:, ctx : ctx + len(path)] = vc[:, path.long()]
         pos = ctx + len(path) - 1
-        alone = kernels.attention(q[r:r + 1].contiguous(), ks, vs, pos, torch.tensor([0, 1], dtype=torch.int32),
-                                  torch.tensor([pos], dtype=torch.int32), 0.125)
+        alone = kernels.attention(
+            q[r : r + 1].contiguous(),
+            ks,
+            vs,
+            pos,
+            torch.tensor([0, 1], dtype=torch.int32),
+            torch.tensor([pos], dtype=torch.int32),
+            0.125,
+        )
         assert torch.equal(alone[0], batched[r]), f"node {r}"
 
 
@@ -75,13 +90,21 @@ def test_from_mask_agrees_with_tree():
     assert again.n_shared == 11  # the root is seen by every node, so it joins the shared prefix
     assert torch.equal(again.dense_mask(17), tree.dense_mask(17))
     g = torch.Generator().manual_seed(0)
-    q, kc, vc = torch.randn(7, 2, 16, generator=g), torch.randn(2, 17, 16, generator=g), torch.randn(2, 17, 16, generator=g)
+    q, kc, vc = (
+        torch.randn(7, 2, 16, generator=g),
+        torch.randn(2, 17, 16, generator=g),
+        torch.randn(2, 17, 16, generator=g),
+    )
     assert torch.equal(attend(q, kc, vc, tree, 0.3), attend(q, kc, vc, again, 0.3))
 
 
 def test_torch_fallback_agrees_with_kernel(monkeypatch):
     g = torch.Generator().manual_seed(3)
-    q, kc, vc = torch.randn(6, 4, 32, generator=g), torch.randn(2, 30, 32, generator=g), torch.randn(2, 30, 32, generator=g)
+    q, kc, vc = (
+        torch.randn(6, 4, 32, generator=g),
+        torch.randn(2, 30, 32, generator=g),
+        torch.randn(2, 30, 32, generator=g),
+    )
     vis = Visibility.tree(20, [-1, 0, 1, 0, 3, 3])
     fast = attend(q, kc, vc, vis, 0.2)
     monkeypatch.setattr(kernels, "available", lambda: False)

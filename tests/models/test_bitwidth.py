@@ -1,6 +1,7 @@
 """Expert-wise bitwidths (EdgeMoE §3.2) on a tiny mixture of experts: the chosen mix stays within the
 tolerated loss as measured afresh, a larger tolerance lowers more experts, the least important go
 first, and `launch models expert-bits` writes a store whose experts carry their formats."""
+
 import dataclasses
 
 import pytest
@@ -11,8 +12,9 @@ from models.transformer import Transformer
 from models.weights import TensorWeights, random_tensors
 from tests.models.tiny_moe import ARCHS
 
-ARGS = dataclasses.replace(ARCHS["qwen3_moe"], dim=128, n_heads=4, head_dim=32, n_layers=2, n_experts=8, n_experts_used=2,
-                           expert_ffn_dim=128)
+ARGS = dataclasses.replace(
+    ARCHS["qwen3_moe"], dim=128, n_heads=4, head_dim=32, n_layers=2, n_experts=8, n_experts_used=2, expert_ffn_dim=128
+)
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 num_local_experts, rope_theta moved into rope_parameters, a sliding window into layer_types), and a Qwen3-MoE
 it wrote was read as a dense model. Every architecture's HF directory, in the spelling transformers 4 wrote
 and in the one the installed transformers 5 writes, reads to the same ModelArgs and runs to the same logits."""
+
 import dataclasses
 import json
 import shutil
@@ -56,10 +57,13 @@ def test_transformers_4_and_5_spellings_read_and_run_the_same(arch, tmp_path):
     assert torch.equal(logits(src4, tmp_path / "s4"), logits(src5, tmp_path / "s5"))
 
 
-@pytest.mark.parametrize("arch,config", [
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 0}),  # 5 writes layer_types
-    ("mixtral", {"sliding_window": 64}),
-])
+@pytest.mark.parametrize(
+    "arch,config",
+    [
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 0}),  # 5 writes layer_types
+        ("mixtral", {"sliding_window": 64}),
+    ],
+)
 def test_a_sliding_window_in_either_spelling_bounds_the_context(arch, config, tmp_path):
     """Within its window, sliding-window attention is full attention: the context is cut to the window."""
     _, v4, v5 = written(arch, tmp_path, **config)

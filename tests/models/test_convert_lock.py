@@ -2,6 +2,7 @@
 sharing one `.partial` folder. Now the second waits for the first and uses its store, saying so in one line;
 a lock left by a converter killed mid-way is taken over. Real processes: `python -m models.convert`, what
 `ensure_store` runs in a child."""
+
 import os
 import signal
 import subprocess
@@ -25,8 +26,13 @@ def gguf(tmp_path_factory):
 
 def converter(gguf, home) -> subprocess.Popen:
     env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
-    return subprocess.Popen([sys.executable, "-m", "models.convert", str(gguf), "fp32", "32"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "models.convert", str(gguf), "fp32", "32"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def store_of(gguf, home):

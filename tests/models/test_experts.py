@@ -1,5 +1,6 @@
 """The fused expert kernel (csrc/experts.cpp): a block's routed experts in one call give bit for bit what the
 expert-by-expert path gives, for experts at int8, int4 and int2 side by side, on every kernel path this host has."""
+
 import dataclasses
 
 import pytest

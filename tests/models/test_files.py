@@ -1,5 +1,6 @@
 """Issue 24: files that are not what they claim (a device given as a model, a config.json that is not JSON,
 a damaged tokenizer, safetensors header or weight store, a full disk) end in one sentence naming the file."""
+
 import json
 import os
 import shutil
@@ -32,10 +33,21 @@ def made(tmp_path_factory):
 
 def launch_run(target, home: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
-    argv = ["run", "--mode", "target", "--target", str(target), "--prompt", "x", "--max-new-tokens", "2",
-            "--no-monitor"]
-    return subprocess.run([sys.executable, "-m", "launch.cli", *argv], capture_output=True, text=True, env=env,
-                          timeout=300, check=False)
+    argv = [
+        "run",
+        "--mode",
+        "target",
+        "--target",
+        str(target),
+        "--prompt",
+        "x",
+        "--max-new-tokens",
+        "2",
+        "--no-monitor",
+    ]
+    return subprocess.run(
+        [sys.executable, "-m", "launch.cli", *argv], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
 
 
 def one_sentence(p: subprocess.CompletedProcess) -> str:
@@ -75,31 +87,77 @@ def test_a_device_or_a_pipe_given_as_target_says_what_it_is(tmp_path, kind):
     assert line == f"{target} is {what}, not a file; give a .gguf file or an HF model directory"
 
 
-CONFIG = {"model_type": "qwen2", "vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "intermediate_size": 96}
+CONFIG = {
+    "model_type": "qwen2",
+    "vocab_size": 300,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 96,
+}
 
 
-@pytest.mark.parametrize("name,data,says", [
-    ("config.json", b"{nope", ("config.json is not valid JSON (Expecting property name enclosed in double quotes, "
-                               "line 1 column 2); re-download it")),
-    ("config.json", b"[1, 2]", "config.json holds a JSON list, not an object; re-download it"),
-    ("config.json", None, "config.json is a folder, not a file; re-download it"),
-    ("config.json", json.dumps({**CONFIG, "hidden_size": None}).encode(),
-     "config.json has a field of the wrong kind for a qwen2 config (int() argument must be"),
-    ("config.json", json.dumps({**CONFIG, "hidden_size": "big"}).encode(), "config.json has a field of the wrong kind"),
-    ("config.json", json.dumps({k: v for k, v in CONFIG.items() if k != "vocab_size"}).encode(),
-     "config.json has no 'vocab_size' field, which a qwen2 config needs; re-download it"),
-    ("tokenizer.json", b"{nope", ("tokenizer.json is not a tokenizer the tokenizers library reads (key must be a "
-                                  "string at line 1 column 2); re-download it")),
-    ("tokenizer.json", b'{"model": 3}', "tokenizer.json is not a tokenizer the tokenizers library reads"),
-    ("tokenizer.json", b"\xff", "tokenizer.json is not UTF-8 text (byte 0 is 0xff); re-download it"),
-    ("tokenizer_config.json", b"{nope", "tokenizer_config.json is not valid JSON"),
-    ("tokenizer_config.json", b"[1]", "tokenizer_config.json holds a JSON list, not an object"),
-    ("model.safetensors", b"\xff" * 8 + b"{}",
-     "model.safetensors is a damaged safetensors file (Error while deserializing header"),
-], ids=["config-not-json", "config-a-list", "config-a-folder", "config-null-field", "config-text-field",
-        "config-no-field", "tokenizer-not-json", "tokenizer-not-a-tokenizer", "tokenizer-not-utf8",
-        "tokenizer-config-not-json", "tokenizer-config-a-list", "safetensors-header"])
+@pytest.mark.parametrize(
+    "name,data,says",
+    [
+        (
+            "config.json",
+            b"{nope",
+            (
+                "config.json is not valid JSON (Expecting property name enclosed in double quotes, "
+                "line 1 column 2); re-download it"
+            ),
+        ),
+        ("config.json", b"[1, 2]", "config.json holds a JSON list, not an object; re-download it"),
+        ("config.json", None, "config.json is a folder, not a file; re-download it"),
+        (
+            "config.json",
+            json.dumps({**CONFIG, "hidden_size": None}).encode(),
+            "config.json has a field of the wrong kind for a qwen2 config (int() argument must be",
+        ),
+        (
+            "config.json",
+            json.dumps({**CONFIG, "hidden_size": "big"}).encode(),
+            "config.json has a field of the wrong kind",
+        ),
+        (
+            "config.json",
+            json.dumps({k: v for k, v in CONFIG.items() if k != "vocab_size"}).encode(),
+            "config.json has no 'vocab_size' field, which a qwen2 config needs; re-download it",
+        ),
+        (
+            "tokenizer.json",
+            b"{nope",
+            (
+                "tokenizer.json is not a tokenizer the tokenizers library reads (key must be a "
+                "string at line 1 column 2); re-download it"
+            ),
+        ),
+        ("tokenizer.json", b'{"model": 3}', "tokenizer.json is not a tokenizer the tokenizers library reads"),
+        ("tokenizer.json", b"\xff", "tokenizer.json is not UTF-8 text (byte 0 is 0xff); re-download it"),
+        ("tokenizer_config.json", b"{nope", "tokenizer_config.json is not valid JSON"),
+        ("tokenizer_config.json", b"[1]", "tokenizer_config.json holds a JSON list, not an object"),
+        (
+            "model.safetensors",
+            b"\xff" * 8 + b"{}",
+            "model.safetensors is a damaged safetensors file (Error while deserializing header",
+        ),
+    ],
+    ids=[
+        "config-not-json",
+        "config-a-list",
+        "config-a-folder",
+        "config-null-field",
+        "config-text-field",
+        "config-no-field",
+        "tokenizer-not-json",
+        "tokenizer-not-a-tokenizer",
+        "tokenizer-not-utf8",
+        "tokenizer-config-not-json",
+        "tokenizer-config-a-list",
+        "safetensors-header",
+    ],
+)
 def test_damaged_files_of_an_hf_directory(made, tmp_path, name, data, says):
     d = damaged(made[0], tmp_path, name, data)
     with pytest.raises(CadenceError) as e:
@@ -115,15 +173,29 @@ def test_a_tokenizer_json_that_is_a_device(made, tmp_path):
         HFSource(d)
 
 
-@pytest.mark.parametrize("name,data,says", [
-    ("manifest.json", b"\xff\xfe", "manifest.json is not UTF-8 text (byte 0 is 0xff)"),
-    ("manifest.json", b"[]", "manifest.json holds a JSON list, not an object"),
-    ("manifest.json", b'{"format_version": %d}' % FORMAT_VERSION, "manifest.json is damaged (it has no 'model' entry)"),
-    ("weights.bin", None, "weights.bin is a folder, not a file"),
-    ("tokenizer.json", b"\xff", "tokenizer.json is not UTF-8 text (byte 0 is 0xff)"),
-    ("tokenizer.json", b"{nope", "tokenizer.json is not a tokenizer the tokenizers library reads (key must be"),
-], ids=["manifest-not-utf8", "manifest-a-list", "manifest-no-model", "weights-a-folder", "tokenizer-not-utf8",
-        "tokenizer-not-json"])
+@pytest.mark.parametrize(
+    "name,data,says",
+    [
+        ("manifest.json", b"\xff\xfe", "manifest.json is not UTF-8 text (byte 0 is 0xff)"),
+        ("manifest.json", b"[]", "manifest.json holds a JSON list, not an object"),
+        (
+            "manifest.json",
+            b'{"format_version": %d}' % FORMAT_VERSION,
+            "manifest.json is damaged (it has no 'model' entry)",
+        ),
+        ("weights.bin", None, "weights.bin is a folder, not a file"),
+        ("tokenizer.json", b"\xff", "tokenizer.json is not UTF-8 text (byte 0 is 0xff)"),
+        ("tokenizer.json", b"{nope", "tokenizer.json is not a tokenizer the tokenizers library reads (key must be"),
+    ],
+    ids=[
+        "manifest-not-utf8",
+        "manifest-a-list",
+        "manifest-no-model",
+        "weights-a-folder",
+        "tokenizer-not-utf8",
+        "tokenizer-not-json",
+    ],
+)
 def test_damaged_files_of_a_weight_store(made, tmp_path, name, data, says):
     d = damaged(made[2], tmp_path, name, data)
     with pytest.raises(CadenceError) as e:
@@ -137,15 +209,18 @@ def test_a_full_disk_during_conversion_names_the_store_and_what_to_do(made, tmp_
     tmpfs under the home's stores (root only)."""
     stores = tmp_path / "home" / "stores"
     stores.mkdir(parents=True)
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(stores)],
-                                           check=False).returncode:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(stores)], check=False).returncode
+    ):
         pytest.skip("mounting a small tmpfs needs root")
     try:
         line = one_sentence(launch_run(made[1], tmp_path / "home"))
         store = next(p for p in stores.iterdir() if p.suffix == ".lock").with_suffix("")
-        assert line == (f"no space left for {store} (No space left on device); free some space on its disk, or "
-                        f"point CADENCE_HOME (now {tmp_path / 'home'}) at a disk with room")
+        assert line == (
+            f"no space left for {store} (No space left on device); free some space on its disk, or "
+            f"point CADENCE_HOME (now {tmp_path / 'home'}) at a disk with room"
+        )
         assert not any(p.name.endswith(".partial") for p in stores.iterdir())  # nothing half-written left behind
     finally:
         subprocess.run(["umount", str(stores)], check=True)
-

@@ -1,4 +1,5 @@
 """The GGUF header reader on damaged files: any garbled header byte ends in a CadenceError sentence."""
+
 import random
 
 import pytest
@@ -26,7 +27,7 @@ def test_garbled_headers_end_in_a_sentence(tiny_gguf, tmp_path):
         data = bytearray(src)
         for _ in range(rng.choice([1, 2, 5])):
             at, n = rng.randrange(8, 9000), rng.choice([1, 2, 4, 8])
-            data[at:at + n] = rng.randbytes(n)
+            data[at : at + n] = rng.randbytes(n)
         bad.write_bytes(bytes(data))
         try:
             GGUFSource(bad)

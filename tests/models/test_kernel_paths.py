@@ -2,6 +2,7 @@
 give the same bits on random shapes, odd ones included; a row alone is bit for bit that row inside blocks of
 2..64 on every path; the AMX kernel's code runs on emulated tiles on any AVX-512 VNNI CPU; a path the CPU
 lacks is refused in one sentence, and skipped here with its name."""
+
 import subprocess
 import sys
 
@@ -48,9 +49,19 @@ def _x(m, k, seed=1):
     return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * 2
 
 
-SHAPES = [("int4", 203, 352, 32), ("int4", 37, 1536, 64), ("int4", 5, 96, 32), ("int4", 16, 8960, 32), ("int4", 33, 608, 32),
-          ("int2", 45, 640, 32), ("int2", 3, 96, 32), ("int2", 17, 2048, 64), ("int8", 77, 96, 32), ("int8", 130, 576, 32),
-          ("int8", 1, 32, 32)]
+SHAPES = [
+    ("int4", 203, 352, 32),
+    ("int4", 37, 1536, 64),
+    ("int4", 5, 96, 32),
+    ("int4", 16, 8960, 32),
+    ("int4", 33, 608, 32),
+    ("int2", 45, 640, 32),
+    ("int2", 3, 96, 32),
+    ("int2", 17, 2048, 64),
+    ("int8", 77, 96, 32),
+    ("int8", 130, 576, 32),
+    ("int8", 1, 32, 32),
+]
 
 
 @pytest.mark.parametrize("fmt,n,k,group", SHAPES)
@@ -63,7 +74,7 @@ def test_same_bits_as_the_portable_path(path, fmt, n, k, group):
         ref = lin(x)
     with kernels.using(so):
         assert torch.equal(lin(x), ref)
-        assert torch.equal(lin.rows(n // 3, n)(x[:9]), ref[:9, n // 3:])
+        assert torch.equal(lin.rows(n // 3, n)(x[:9]), ref[:9, n // 3 :])
         out = ref.clone()
         lin.matmul(x, out=out)
         assert torch.equal(out, ref + ref)
@@ -75,10 +86,10 @@ def test_a_row_alone_equals_the_row_in_any_block(path, fmt, k):
     lin, x = _lin(fmt, 45, k, seed=7), _x(64, k, seed=8)
     g = torch.Generator().manual_seed(9)
     with kernels.using(so):
-        alone = torch.cat([lin(x[i:i + 1]) for i in range(64)])
+        alone = torch.cat([lin(x[i : i + 1]) for i in range(64)])
         for m in range(2, 65):
             i0 = int(torch.randint(0, 65 - m, (1,), generator=g))
-            assert torch.equal(lin(x[i0:i0 + m]), alone[i0:i0 + m]), m
+            assert torch.equal(lin(x[i0 : i0 + m]), alone[i0 : i0 + m]), m
 
 
 def test_a_tiny_model_gives_the_same_logits_on_every_path(path):
@@ -112,8 +123,13 @@ def test_a_path_the_cpu_lacks_is_refused_in_one_sentence(monkeypatch):
 
 def test_the_forced_path_is_the_one_a_process_runs():
     for name in kernels.host_paths():
-        p = subprocess.run([sys.executable, "-c", "from models import kernels; print(kernels.active_path())"],
-                           env=_env(CADENCE_KERNEL_PATH=name), capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [sys.executable, "-c", "from models import kernels; print(kernels.active_path())"],
+            env=_env(CADENCE_KERNEL_PATH=name),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert p.returncode == 0, p.stderr[-2000:]
         assert p.stdout.split() == [name], name
 
@@ -136,8 +152,9 @@ def test_a_process_that_did_not_ask_for_tiles_falls_back_to_the_same_bits(tmp_pa
     runs the VNNI path of the same build, with the same bits. Elsewhere both run that VNNI path."""
     if "avx512vnni" not in kernels.host_paths():
         pytest.skip("amx: the AMX build runs on avx512vnni, which this CPU lacks")
-    p = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "y.pt")], env=_env(), capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "y.pt")], env=_env(), capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["avx512vnni"]
     so = kernels.load("amx")
@@ -145,7 +162,9 @@ def test_a_process_that_did_not_ask_for_tiles_falls_back_to_the_same_bits(tmp_pa
     w = torch.randn(45, 576, generator=torch.Generator().manual_seed(3)) * 0.05
     lin = linear.decode("int4", *linear.encode(w, "int4"))
     with kernels.using(so):
-        assert torch.equal(lin(torch.randn(40, 576, generator=torch.Generator().manual_seed(4))), torch.load(tmp_path / "y.pt"))
+        assert torch.equal(
+            lin(torch.randn(40, 576, generator=torch.Generator().manual_seed(4))), torch.load(tmp_path / "y.pt")
+        )
 
 
 def _env(**kw):

@@ -1,4 +1,5 @@
 """Linear kernels per format: right against float math, and a row's result independent of its batch."""
+
 import pytest
 import torch
 
@@ -14,8 +15,10 @@ def _weight(n, k, seed=0):
 def _activation_bound(x, w):
     """|error| from rounding x to int8 per block (x ~ d q, |x - d q| <= d / 2, d = max|x_b| / 127)."""
     b = linear.ACT_BLOCK
-    steps = [(x[:, i:i + b].abs().amax(-1, keepdim=True) / 254.0).expand(-1, min(b, x.shape[1] - i))
-             for i in range(0, x.shape[1], b)]
+    steps = [
+        (x[:, i : i + b].abs().amax(-1, keepdim=True) / 254.0).expand(-1, min(b, x.shape[1] - i))
+        for i in range(0, x.shape[1], b)
+    ]
     return torch.cat(steps, dim=1) @ w.abs().T
 
 
@@ -37,8 +40,9 @@ def test_matches_float_math_of_the_stored_weights(fmt, n, k):
         assert ((y - ref[:m]).abs() <= bound[:m]).all(), fmt
 
 
-@pytest.mark.parametrize("fmt,k,group", [(f, 320, 64 if f == "int4" else 32) for f in linear.FORMATS]
-                         + [("int4", 352, 32), ("int4", 96, 32)])
+@pytest.mark.parametrize(
+    "fmt,k,group", [(f, 320, 64 if f == "int4" else 32) for f in linear.FORMATS] + [("int4", 352, 32), ("int4", 96, 32)]
+)
 def test_rows_are_batch_invariant(fmt, k, group):
     """k = 352 and 96 leave a super-block with an odd number of int4 groups (one group unpaired)."""
     w = _weight(203, k, seed=2)
@@ -48,7 +52,7 @@ def test_rows_are_batch_invariant(fmt, k, group):
     for m in WIDTHS:
         assert torch.equal(lin(x[:m]), full[:m])
     for i in (0, 17, 63):
-        assert torch.equal(lin(x[i:i + 1])[0], full[i])
+        assert torch.equal(lin(x[i : i + 1])[0], full[i])
 
 
 @pytest.mark.parametrize("fmt,bound", [("bf16", 0.005), ("fp16", 0.001), ("int8", 0.01), ("int4", 0.12)])
@@ -93,6 +97,7 @@ def test_unknown_format_is_refused():
 
 # ---------------------------------------------------------------- int2 (an expert-only format)
 
+
 def _int2(n, k, seed=0, group=32):
     return linear.decode("int2", *linear.encode(_weight(n, k, seed), "int2", group_size=group))
 
@@ -132,7 +137,9 @@ def test_int2_layout():
     assert lin.arrays["sc"].shape == lin.arrays["mn"].shape == (1, 16 * 8) and lin.arrays["s"].dtype == torch.float16
     codes = lin.codes()
     assert codes.shape == (8, 256) and codes.max() <= 3 and codes.dtype == torch.uint8
-    assert lin.nbytes() == 16 * 64 + 2 * 16 * 8 + 2 * 16 * 1 * 2  # 2.625 bits a weight, the tile's padding rows included
+    assert (
+        lin.nbytes() == 16 * 64 + 2 * 16 * 8 + 2 * 16 * 1 * 2
+    )  # 2.625 bits a weight, the tile's padding rows included
 
 
 @pytest.mark.parametrize("n,k", [(7, 128), (130, 384), (37, 1536), (5, 896), (64, 2048)])
@@ -151,7 +158,7 @@ def test_int2_kernel_matches_float_math_of_the_stored_weights(n, k):
         assert ((y - ref[:m]).abs() <= bound[:m]).all()
     # against x quantized to int8 per block exactly as the kernel does it: fp32 rounding alone
     b = linear.ACT_BLOCK
-    xq = torch.cat([_int8_blocks(x[:, i:i + b]) for i in range(0, k, b)], dim=1)
+    xq = torch.cat([_int8_blocks(x[:, i : i + b]) for i in range(0, k, b)], dim=1)
     ref_q = (xq.double() @ deq.double().T).float()
     assert torch.allclose(lin(x), ref_q, rtol=1e-4, atol=1e-5 * float(ref_q.abs().max()))
 
@@ -171,7 +178,7 @@ def test_int2_rows_are_batch_invariant(k, group):
     for m in WIDTHS:
         assert torch.equal(lin(x[:m]), full[:m])
     for i in (0, 17, 63):
-        assert torch.equal(lin(x[i:i + 1])[0], full[i])
+        assert torch.equal(lin(x[i : i + 1])[0], full[i])
     for i0, i1 in ((5, 13), (9, 26), (40, 64)):
         assert torch.equal(lin(x[i0:i1]), full[i0:i1])
 
@@ -195,8 +202,10 @@ def test_int2_rows_and_column_split():
     assert torch.equal(lin.matmul(x, out=res), torch.ones(5, 100) + full)
 
 
-@pytest.mark.parametrize("k,group,match", [(96, 64, "multiple of 64"), (80, 32, "multiple of 32"),
-                                           (256, 16, "group size 16 is not supported")])
+@pytest.mark.parametrize(
+    "k,group,match",
+    [(96, 64, "multiple of 64"), (80, 32, "multiple of 32"), (256, 16, "group size 16 is not supported")],
+)
 def test_int2_odd_shapes_are_refused(k, group, match):
     from common.errors import CadenceError
 

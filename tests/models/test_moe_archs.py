@@ -1,4 +1,5 @@
 """Qwen3, Qwen2-MoE, Qwen3-MoE, OLMoE and Mixtral, read from HF directories and GGUF files, against HF transformers."""
+
 import dataclasses
 
 import pytest
@@ -43,8 +44,9 @@ def test_hf_directory_and_gguf_read_the_same_model(arch):
     hf_src, gg_src = HFSource(d / "hf"), GGUFSource(write_gguf(d / "m.gguf", args, t))
     assert hf_src.args == args
     assert dataclasses.replace(gg_src.args, norm_eps=args.norm_eps, context_length=args.context_length) == args
-    for name in ("blk.1.attn_qkv", "blk.0.ffn_norm", "blk.1.attn_out") + (("blk.1.ffn_router", "blk.0.exp.3.gate_up", "blk.1.exp.2.down")
-                                                                          if args.moe else ()):
+    for name in ("blk.1.attn_qkv", "blk.0.ffn_norm", "blk.1.attn_out") + (
+        ("blk.1.ffn_router", "blk.0.exp.3.gate_up", "blk.1.exp.2.down") if args.moe else ()
+    ):
         assert torch.equal(torch.from_numpy(hf_src.get(name)), t[name]), name
         assert torch.equal(torch.from_numpy(gg_src.get(name)), t[name]), name
 
@@ -52,7 +54,11 @@ def test_hf_directory_and_gguf_read_the_same_model(arch):
 @pytest.mark.parametrize("source", ["hf", "gguf"])
 def test_logits_within_1e4_of_transformers_and_greedy_identical(arch, source):
     args, t, d, hf = arch
-    src = HFSource(d / "hf") if source == "hf" else GGUFSource(d / "m.gguf" if (d / "m.gguf").exists() else write_gguf(d / "m.gguf", args, t))
+    src = (
+        HFSource(d / "hf")
+        if source == "hf"
+        else GGUFSource(d / "m.gguf" if (d / "m.gguf").exists() else write_gguf(d / "m.gguf", args, t))
+    )
     model = ours(convert(src, d / f"store-{source}", "fp32"))
     with torch.no_grad():
         ref = hf(IDS[None]).logits[0]
@@ -80,11 +86,14 @@ def test_a_moe_layer_asks_for_the_union_of_its_rows_experts_and_a_row_routes_as_
             if hasattr(need, "experts"):
                 asked.append(need)
             from models.weights import weights_for
+
             need = steps.send(weights_for(w, need))
     except StopIteration as done:
         block = done.value
     assert [n.layer for n in asked] == list(range(args.n_layers))
     assert all(list(n.experts) == sorted(set(n.experts)) and len(n.experts) >= args.n_experts_used for n in asked)
-    assert sum(len(n.experts) for n in asked) > args.n_layers * args.n_experts_used  # 8 tokens use more than one token's experts
-    alone = torch.stack([model.forward(IDS[:i + 1], torch.arange(i + 1), model.new_cache(32))[-1] for i in range(8)])
+    assert (
+        sum(len(n.experts) for n in asked) > args.n_layers * args.n_experts_used
+    )  # 8 tokens use more than one token's experts
+    alone = torch.stack([model.forward(IDS[: i + 1], torch.arange(i + 1), model.new_cache(32))[-1] for i in range(8)])
     assert torch.equal(block, alone)

@@ -1,4 +1,5 @@
 """Against an outside reference: HF transformers (loading the same GGUF) on the real small models, fp32."""
+
 import json
 import os
 
@@ -71,8 +72,15 @@ def test_greedy_64_tokens_identical_on_every_dev_prompt(pair):
     inp = torch.tensor([[0] * (n - len(x)) + x for x in seqs])
     mask = torch.tensor([[0] * (n - len(x)) + [1] * len(x) for x in seqs])
     with torch.no_grad():
-        out = hf.generate(inp, attention_mask=mask, max_new_tokens=64, min_new_tokens=64, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)
+        out = hf.generate(
+            inp,
+            attention_mask=mask,
+            max_new_tokens=64,
+            min_new_tokens=64,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
     for p, ids, ref in zip(prompts, seqs, out[:, n:].tolist()):
         ours = generate_target(lm, ids, 64, SamplingConfig(), stop_at_eos=False).new_ids
         assert ours == ref, p["id"]

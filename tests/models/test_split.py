@@ -1,4 +1,5 @@
 """Ghidorah's splits: dense + sparse attention merged by online softmax, and column-split linears."""
+
 import math
 
 import pytest
@@ -26,8 +27,13 @@ def test_dense_plus_sparse_equals_dense_masked_attention(ctx, T):
     scale = 1 / math.sqrt(D)
     mask = vis.dense_mask(ctx + T)
     k, v = kc.repeat_interleave(H // Hkv, 0), vc.repeat_interleave(H // Hkv, 0)
-    ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1).double(), k.double(), v.double(),
-                                                           attn_mask=mask, scale=scale).transpose(0, 1).float()
+    ref = (
+        torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1).double(), k.double(), v.double(), attn_mask=mask, scale=scale
+        )
+        .transpose(0, 1)
+        .float()
+    )
     fused = kernels.attention(q, kc, vc, vis.n_shared, vis.ptr, vis.idx, scale)
     c_star = vis.n_shared // kernels.CHUNK
     for c in sorted({0, c_star // 2, c_star}):  # the worker takes the sparse part and the dense chunks from c on
@@ -71,9 +77,16 @@ def test_a_forward_with_every_linear_split_by_columns_equals_the_unsplit_one(tin
     vis = Visibility.tree(0, [-1, 0, 0, 1, 2, 2, 3, 4, 5, 6, 6])
     ref = model.forward(ids, torch.tensor([0, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4]), model.new_cache(16), vis)
     a = tiny_args
-    plan = ForwardPlan(column_share=0.3, bufs=tuple(torch.full((16 * n,), float("nan")) for n in (
-        a.dim, max(a.dim, a.q_dim, a.ffn_dim), max(a.q_dim + 2 * a.kv_dim, 2 * a.ffn_dim))))
-    steps = model.forward_steps(ids, torch.tensor([0, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4]), model.new_cache(16), vis, plan=plan)
+    plan = ForwardPlan(
+        column_share=0.3,
+        bufs=tuple(
+            torch.full((16 * n,), float("nan"))
+            for n in (a.dim, max(a.dim, a.q_dim, a.ffn_dim), max(a.q_dim + 2 * a.kv_dim, 2 * a.ffn_dim))
+        ),
+    )
+    steps = model.forward_steps(
+        ids, torch.tensor([0, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4]), model.new_cache(16), vis, plan=plan
+    )
     need, split = next(steps), 0
     try:
         while True:

@@ -1,4 +1,5 @@
 """Weight store: conversion from real (tiny) GGUF and HF files, layout, round trips, refusal of bad input."""
+
 import os
 
 import pytest
@@ -70,7 +71,9 @@ def test_a_head_in_parts_gives_the_whole_heads_logits_and_a_cut_head_gives_minus
     layer = st.groups["layer.0"].nbytes
     assert max(sizes) <= 2 * layer  # a part is about a layer's bytes: it fits the slots a layer does
     ids = torch.randint(0, args.vocab_size, (6,), generator=torch.Generator().manual_seed(0))
-    whole = Transformer(args, TensorWeights(args, t, fmt)).forward(ids, torch.arange(6), Transformer(args, TensorWeights(args, t, fmt)).new_cache(8))
+    whole = Transformer(args, TensorWeights(args, t, fmt)).forward(
+        ids, torch.arange(6), Transformer(args, TensorWeights(args, t, fmt)).new_cache(8)
+    )
     ours = Transformer(st.args, ResidentWeights(st))
     assert torch.equal(ours.forward(ids, torch.arange(6), ours.new_cache(8)), whole)  # bit for bit, part by part
     cut = rows[1][0] + 7  # inside the second part

@@ -1,5 +1,6 @@
 """The tile layout of the quantized formats: packing round trips, the byte positions the kernels read,
 whole tiles as slices (column splits, an output head's first rows) and the store's head rows."""
+
 import pytest
 import torch
 
@@ -21,7 +22,9 @@ def test_codes_round_trip_for_any_rows(fmt, n, k):
     q = tiles.pack_codes(fmt, c)
     assert q.shape[0] == tiles.count(n) and q.dtype == torch.uint8
     assert torch.equal(tiles.unpack_codes(fmt, q, k, 0, n), c)
-    assert torch.equal(tiles.unpack_codes(fmt, q[1:], k, 3, min(9, max(0, n - 19))), c[19:19 + min(9, max(0, n - 19))])
+    assert torch.equal(
+        tiles.unpack_codes(fmt, q[1:], k, 3, min(9, max(0, n - 19))), c[19 : 19 + min(9, max(0, n - 19))]
+    )
 
 
 def test_byte_positions_the_kernels_read():
@@ -36,7 +39,7 @@ def test_byte_positions_the_kernels_read():
         h, s = i // 4, i % 4  # int2 quads 0..3 of the group: chunk 0
         assert (int(q2[t, 128 * g + 64 * h + 4 * j + b]) >> 2 * s) & 3 == int(c2[r, kk])
         assert int(q8[t, 64 * (kk // 4) + 4 * j + b]) == int(c8[r, kk]) + 128
-    assert q4[1].view(-1, 4, 16, 4)[:, :, n - 16:].eq(0).all()  # rows past n in the last tile: zeros
+    assert q4[1].view(-1, 4, 16, 4)[:, :, n - 16 :].eq(0).all()  # rows past n in the last tile: zeros
 
 
 @pytest.mark.parametrize("fmt", tiles.QUANTIZED)
@@ -48,7 +51,7 @@ def test_row_slices_are_views_of_whole_tiles(fmt):
         part = lin.rows(n0, n1)
         assert part.n == n1 - n0 and part.arrays["q"].data_ptr() == lin.arrays["q"][n0 // 16].data_ptr()
         assert torch.equal(part.dequantized(), full[n0:n1])
-        assert torch.equal(part.rows(2, part.n).dequantized(), full[n0 + 2:n1])
+        assert torch.equal(part.rows(2, part.n).dequantized(), full[n0 + 2 : n1])
 
 
 def test_column_split_falls_on_tile_boundaries():
@@ -70,7 +73,9 @@ def test_store_reads_the_head_rows_in_whole_tiles(tmp_path):
     from tests.models.tiny_files import write_hf_dir
 
     args = TINY["qwen"]
-    store = WeightStore(convert(HFSource(write_hf_dir(tmp_path / "hf", args, random_tensors(args, seed=1))), tmp_path / "s", "int4"))
+    store = WeightStore(
+        convert(HFSource(write_hf_dir(tmp_path / "hf", args, random_tensors(args, seed=1))), tmp_path / "s", "int4")
+    )
     full = StreamingWeights(store, set(store.group_names()) - {"embed"})
     cut = StreamingWeights(store, set(store.group_names()) - {"embed"}, head_rows=37)
     part, whole = cut.head_part(0), full.head_part(0)

@@ -1,4 +1,5 @@
 """Tokenizers rebuilt from the real GGUF files: exact round trips, whole special tokens, chat templates."""
+
 import pytest
 
 from common.errors import CadenceError
@@ -69,7 +70,9 @@ def test_smollm_splits_digits_one_by_one():
 def test_chat_template_renders():
     t = TextTokenizer(GGUFSource(*resolve("qwen2.5-coder-0.5b")[1:]).tokenizer)
     text = t.apply_chat_template([{"role": "user", "content": "Write hello world."}])
-    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\nWrite hello world.<|im_end|>\n<|im_start|>assistant\n")
+    assert text.startswith("<|im_start|>system\n") and text.endswith(
+        "<|im_start|>user\nWrite hello world.<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_the_byte_table_decodes_exactly_as_the_tokenizer(tok):
@@ -94,6 +97,7 @@ def test_the_byte_table_decodes_exactly_as_the_tokenizer(tok):
 # Issue 24: text that is not UTF-8 is one sentence naming it, and a text too long for the context is refused
 # before the tokenizer reads it (a byte bound), never a text that would fit.
 
+
 @pytest.fixture(scope="module")
 def tiny():
     toks, types, merges = tokenizer_fields(300)
@@ -102,12 +106,18 @@ def tiny():
     return TextTokenizer(TokenizerInfo(tj, None, [], chat_template=template))
 
 
-@pytest.mark.parametrize("text,why", [
-    ("ab\udcffcd", "character 2 is the byte 0xff, which does not decode as UTF-8"),  # stdin read with surrogateescape
-    ("x\ud800", "character 1 is U+D800, half of a UTF-16 surrogate pair without its other half"),  # JSON "\ud800"
-    (b"ab\xff", "byte 2 is 0xff: invalid start byte"),
-    (b"ok \xe2\x82", "byte 3 is 0xe2: unexpected end of data"),
-])
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        (
+            "ab\udcffcd",
+            "character 2 is the byte 0xff, which does not decode as UTF-8",
+        ),  # stdin read with surrogateescape
+        ("x\ud800", "character 1 is U+D800, half of a UTF-16 surrogate pair without its other half"),  # JSON "\ud800"
+        (b"ab\xff", "byte 2 is 0xff: invalid start byte"),
+        (b"ok \xe2\x82", "byte 3 is 0xe2: unexpected end of data"),
+    ],
+)
 def test_text_that_is_not_utf8_is_one_sentence_naming_it(tiny, text, why):
     with pytest.raises(CadenceError) as e:
         tiny.encode(text, name="prompts.jsonl:3")
@@ -143,10 +153,23 @@ def _texts(t: TextTokenizer, rng) -> list[str]:
     """The texts nearest the bound: the longest token over and over, and runs of what NFC shrinks most
     (a 3-byte iota and the mark that decomposes to two marks: 7 bytes composed into ΐ, 2 bytes)."""
     longest = max((t.decode([i]) for i in range(t.vocab_size)), key=lambda s: len(s.encode()))
-    pieces = [longest, "\u1fbe\u0344", "\u1fbe\u0308\u0301", "\u212a", "\u1100\u1161\u11a8", "é", " ", "\n", "😀",
-              "ab", "<|im_end|>", "1234"]
-    return [longest * 50, "\u1fbe\u0344" * 300] + ["".join(rng.choice(pieces) for _ in range(rng.randrange(1, 200)))
-                                                   for _ in range(40)]
+    pieces = [
+        longest,
+        "\u1fbe\u0344",
+        "\u1fbe\u0308\u0301",
+        "\u212a",
+        "\u1100\u1161\u11a8",
+        "é",
+        " ",
+        "\n",
+        "😀",
+        "ab",
+        "<|im_end|>",
+        "1234",
+    ]
+    return [longest * 50, "\u1fbe\u0344" * 300] + [
+        "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 200))) for _ in range(40)
+    ]
 
 
 def test_the_bound_never_refuses_a_text_that_fits(tok, tiny):
@@ -208,8 +231,14 @@ def test_non_utf8_piped_to_launch_run_is_one_sentence(tmp_path):
     env = dict(os.environ, CADENCE_HOME=str(tmp_path / "home"), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
     for chat in ("on", "off"):
         argv = ["run", "--mode", "target", "--target", str(gguf), "--chat", chat, "--no-monitor", "-"]
-        p = subprocess.run([sys.executable, "-m", "launch.cli", *argv], input=b"say \xff\xfe hi", capture_output=True,
-                           env=env, timeout=300, check=False)
+        p = subprocess.run(
+            [sys.executable, "-m", "launch.cli", *argv],
+            input=b"say \xff\xfe hi",
+            capture_output=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
         err = p.stderr.decode()
         assert p.returncode == 1 and "Traceback" not in err, err
         last = err.strip().splitlines()[-1]

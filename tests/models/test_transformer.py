@@ -1,4 +1,5 @@
 """Our transformer on tiny random models: trees, caches and blocks give exactly the sequential result."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """Real, tiny model files written by the tests: a GGUF (as llama.cpp lays it out) and an HF directory."""
+
 from __future__ import annotations
 
 import json
@@ -45,6 +46,7 @@ def tensor_adder(w, qtype: str):
             w.add_tensor(name, gguf.quants.quantize(arr, q), raw_dtype=q)
         else:
             w.add_tensor(name, arr)
+
     return put
 
 
@@ -79,8 +81,10 @@ def write_gguf(path: Path, args: ModelArgs, t: dict[str, torch.Tensor], qtype: s
     w.add_rope_freq_base(args.rope_base)
     w.add_layer_norm_rms_eps(args.norm_eps)
     add_tokenizer(w, args.vocab_size)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
 
     put = tensor_adder(w, qtype)
     put("token_embd.weight", t["embed"])
@@ -121,12 +125,23 @@ def write_hf_dir(path: Path, args: ModelArgs, t: dict[str, torch.Tensor]) -> Pat
     from models.tokenizer import tokenizer_from_gguf_fields
 
     path.mkdir(parents=True, exist_ok=True)
-    cfg = {"model_type": args.arch, "architectures": ["Qwen2ForCausalLM" if args.arch == "qwen2" else "LlamaForCausalLM"],
-           "vocab_size": args.vocab_size, "hidden_size": args.dim, "num_hidden_layers": args.n_layers,
-           "num_attention_heads": args.n_heads, "num_key_value_heads": args.n_kv_heads,
-           "intermediate_size": args.ffn_dim, "rms_norm_eps": args.norm_eps, "rope_theta": args.rope_base,
-           "max_position_embeddings": args.context_length, "tie_word_embeddings": args.tied_embeddings,
-           "hidden_act": "silu", "attention_bias": args.qkv_bias, "torch_dtype": "bfloat16"}
+    cfg = {
+        "model_type": args.arch,
+        "architectures": ["Qwen2ForCausalLM" if args.arch == "qwen2" else "LlamaForCausalLM"],
+        "vocab_size": args.vocab_size,
+        "hidden_size": args.dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "intermediate_size": args.ffn_dim,
+        "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_base,
+        "max_position_embeddings": args.context_length,
+        "tie_word_embeddings": args.tied_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": args.qkv_bias,
+        "torch_dtype": "bfloat16",
+    }
     (path / "config.json").write_text(json.dumps(cfg))
     sd = {"model.embed_tokens.weight": t["embed"], "model.norm.weight": t["out_norm"]}
     if not args.tied_embeddings:
@@ -134,16 +149,28 @@ def write_hf_dir(path: Path, args: ModelArgs, t: dict[str, torch.Tensor]) -> Pat
     for i in range(args.n_layers):
         b, p = f"blk.{i}", f"model.layers.{i}"
         wq, wk, wv = t[f"{b}.attn_qkv"].split([args.q_dim, args.kv_dim, args.kv_dim])
-        sd.update({f"{p}.self_attn.q_proj.weight": wq, f"{p}.self_attn.k_proj.weight": wk, f"{p}.self_attn.v_proj.weight": wv,
-                   f"{p}.self_attn.o_proj.weight": t[f"{b}.attn_out"], f"{p}.input_layernorm.weight": t[f"{b}.attn_norm"],
-                   f"{p}.post_attention_layernorm.weight": t[f"{b}.ffn_norm"], f"{p}.mlp.down_proj.weight": t[f"{b}.ffn_down"]})
+        sd.update(
+            {
+                f"{p}.self_attn.q_proj.weight": wq,
+                f"{p}.self_attn.k_proj.weight": wk,
+                f"{p}.self_attn.v_proj.weight": wv,
+                f"{p}.self_attn.o_proj.weight": t[f"{b}.attn_out"],
+                f"{p}.input_layernorm.weight": t[f"{b}.attn_norm"],
+                f"{p}.post_attention_layernorm.weight": t[f"{b}.ffn_norm"],
+                f"{p}.mlp.down_proj.weight": t[f"{b}.ffn_down"],
+            }
+        )
         gate, up = t[f"{b}.ffn_gate_up"].chunk(2)
         sd[f"{p}.mlp.gate_proj.weight"], sd[f"{p}.mlp.up_proj.weight"] = gate, up
         if args.qkv_bias:
             bq, bk, bv = t[f"{b}.attn_qkv_bias"].split([args.q_dim, args.kv_dim, args.kv_dim])
-            sd.update({f"{p}.self_attn.q_proj.bias": bq, f"{p}.self_attn.k_proj.bias": bk, f"{p}.self_attn.v_proj.bias": bv})
+            sd.update(
+                {f"{p}.self_attn.q_proj.bias": bq, f"{p}.self_attn.k_proj.bias": bk, f"{p}.self_attn.v_proj.bias": bv}
+            )
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in sd.items()}, str(path / "model.safetensors"))
     toks, types, merges = tokenizer_fields(args.vocab_size)
     (path / "tokenizer.json").write_text(tokenizer_from_gguf_fields(toks, types, merges, "qwen2").to_str())
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": "{{ messages[0]['content'] }}"}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "chat_template": "{{ messages[0]['content'] }}"})
+    )
     return path

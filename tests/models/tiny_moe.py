@@ -1,6 +1,7 @@
 """Tiny models of each architecture beyond llama/qwen2, written as real files: an HF directory (config.json
 as transformers writes it, per-expert tensors as published checkpoints name them) and a GGUF (llama.cpp's
 tensor names and fields), both from one set of canonical tensors."""
+
 from __future__ import annotations
 
 import json
@@ -11,40 +12,113 @@ import torch
 from models.config import ModelArgs
 from tests.models.tiny_files import _llama_permute, add_tokenizer, tensor_adder, tokenizer_fields
 
-_BASE = dict(vocab_size=320, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, norm_eps=1e-6, rope_base=10000.0,
-             context_length=256, tied_embeddings=False, head_dim=16)
+_BASE = dict(
+    vocab_size=320,
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    norm_eps=1e-6,
+    rope_base=10000.0,
+    context_length=256,
+    tied_embeddings=False,
+    head_dim=16,
+)
 ARCHS = {
     "qwen3": ModelArgs(arch="qwen3", ffn_dim=96, qkv_bias=False, qk_norm="head", **_BASE),
-    "qwen2_moe": ModelArgs(arch="qwen2_moe", ffn_dim=96, qkv_bias=True, n_experts=8, n_experts_used=2, expert_ffn_dim=32,
-                           shared_ffn_dim=64, norm_topk=False, **_BASE),
-    "qwen3_moe": ModelArgs(arch="qwen3_moe", ffn_dim=96, qkv_bias=False, qk_norm="head", n_experts=8, n_experts_used=2,
-                           expert_ffn_dim=32, norm_topk=True, **_BASE),
-    "olmoe": ModelArgs(arch="olmoe", ffn_dim=32, qkv_bias=False, qk_norm="full", n_experts=8, n_experts_used=3,
-                       expert_ffn_dim=32, norm_topk=False, **_BASE),
-    "mixtral": ModelArgs(arch="mixtral", ffn_dim=32, qkv_bias=False, n_experts=4, n_experts_used=2, expert_ffn_dim=32,
-                         norm_topk=True, **_BASE),
+    "qwen2_moe": ModelArgs(
+        arch="qwen2_moe",
+        ffn_dim=96,
+        qkv_bias=True,
+        n_experts=8,
+        n_experts_used=2,
+        expert_ffn_dim=32,
+        shared_ffn_dim=64,
+        norm_topk=False,
+        **_BASE,
+    ),
+    "qwen3_moe": ModelArgs(
+        arch="qwen3_moe",
+        ffn_dim=96,
+        qkv_bias=False,
+        qk_norm="head",
+        n_experts=8,
+        n_experts_used=2,
+        expert_ffn_dim=32,
+        norm_topk=True,
+        **_BASE,
+    ),
+    "olmoe": ModelArgs(
+        arch="olmoe",
+        ffn_dim=32,
+        qkv_bias=False,
+        qk_norm="full",
+        n_experts=8,
+        n_experts_used=3,
+        expert_ffn_dim=32,
+        norm_topk=False,
+        **_BASE,
+    ),
+    "mixtral": ModelArgs(
+        arch="mixtral",
+        ffn_dim=32,
+        qkv_bias=False,
+        n_experts=4,
+        n_experts_used=2,
+        expert_ffn_dim=32,
+        norm_topk=True,
+        **_BASE,
+    ),
 }
 GGUF_ARCH = {"qwen3": "qwen3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "olmoe": "olmoe", "mixtral": "llama"}
 
 
 def hf_config(a: ModelArgs) -> dict:
-    cfg = {"model_type": a.arch, "vocab_size": a.vocab_size, "hidden_size": a.dim, "num_hidden_layers": a.n_layers,
-           "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_kv_heads, "intermediate_size": a.ffn_dim,
-           "head_dim": a.head_dim, "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_base,
-           "max_position_embeddings": a.context_length, "tie_word_embeddings": a.tied_embeddings, "hidden_act": "silu",
-           "attention_bias": a.qkv_bias, "torch_dtype": "float32", "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": None}
+    cfg = {
+        "model_type": a.arch,
+        "vocab_size": a.vocab_size,
+        "hidden_size": a.dim,
+        "num_hidden_layers": a.n_layers,
+        "num_attention_heads": a.n_heads,
+        "num_key_value_heads": a.n_kv_heads,
+        "intermediate_size": a.ffn_dim,
+        "head_dim": a.head_dim,
+        "rms_norm_eps": a.norm_eps,
+        "rope_theta": a.rope_base,
+        "max_position_embeddings": a.context_length,
+        "tie_word_embeddings": a.tied_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": a.qkv_bias,
+        "torch_dtype": "float32",
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": None,
+    }
     if a.arch == "mixtral":
-        cfg.update(num_local_experts=a.n_experts, num_experts_per_tok=a.n_experts_used, intermediate_size=a.expert_ffn_dim)
+        cfg.update(
+            num_local_experts=a.n_experts, num_experts_per_tok=a.n_experts_used, intermediate_size=a.expert_ffn_dim
+        )
     elif a.moe:
-        cfg.update(num_experts=a.n_experts, num_experts_per_tok=a.n_experts_used, norm_topk_prob=a.norm_topk,
-                   decoder_sparse_step=1, mlp_only_layers=[])
+        cfg.update(
+            num_experts=a.n_experts,
+            num_experts_per_tok=a.n_experts_used,
+            norm_topk_prob=a.norm_topk,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
         if a.arch == "olmoe":
             cfg["intermediate_size"] = a.expert_ffn_dim
         else:
             cfg["moe_intermediate_size"] = a.expert_ffn_dim
         if a.arch == "qwen2_moe":
             cfg.update(shared_expert_intermediate_size=a.shared_ffn_dim, qkv_bias=a.qkv_bias)
-    arch_cls = {"qwen3": "Qwen3", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "olmoe": "Olmoe", "mixtral": "Mixtral"}
+    arch_cls = {
+        "qwen3": "Qwen3",
+        "qwen2_moe": "Qwen2Moe",
+        "qwen3_moe": "Qwen3Moe",
+        "olmoe": "Olmoe",
+        "mixtral": "Mixtral",
+    }
     cfg["architectures"] = [arch_cls[a.arch] + "ForCausalLM"]
     return cfg
 
@@ -52,7 +126,11 @@ def hf_config(a: ModelArgs) -> dict:
 def hf_state_dict(a: ModelArgs, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     sd = {"model.embed_tokens.weight": t["embed"], "model.norm.weight": t["out_norm"], "lm_head.weight": t["head"]}
     moe = "block_sparse_moe" if a.arch == "mixtral" else "mlp"
-    names = {"gate": "w1", "up": "w3", "down": "w2"} if a.arch == "mixtral" else {k: f"{k}_proj" for k in ("gate", "up", "down")}
+    names = (
+        {"gate": "w1", "up": "w3", "down": "w2"}
+        if a.arch == "mixtral"
+        else {k: f"{k}_proj" for k in ("gate", "up", "down")}
+    )
     for i in range(a.n_layers):
         b, p = f"blk.{i}", f"model.layers.{i}"
         for x, w in zip("qkv", t[f"{b}.attn_qkv"].split([a.q_dim, a.kv_dim, a.kv_dim])):
@@ -61,23 +139,48 @@ def hf_state_dict(a: ModelArgs, t: dict[str, torch.Tensor]) -> dict[str, torch.T
             for x, w in zip("qkv", t[f"{b}.attn_qkv_bias"].split([a.q_dim, a.kv_dim, a.kv_dim])):
                 sd[f"{p}.self_attn.{x}_proj.bias"] = w
         if a.qk_norm:
-            sd[f"{p}.self_attn.q_norm.weight"], sd[f"{p}.self_attn.k_norm.weight"] = t[f"{b}.attn_q_norm"], t[f"{b}.attn_k_norm"]
-        sd.update({f"{p}.self_attn.o_proj.weight": t[f"{b}.attn_out"], f"{p}.input_layernorm.weight": t[f"{b}.attn_norm"],
-                   f"{p}.post_attention_layernorm.weight": t[f"{b}.ffn_norm"]})
+            sd[f"{p}.self_attn.q_norm.weight"], sd[f"{p}.self_attn.k_norm.weight"] = (
+                t[f"{b}.attn_q_norm"],
+                t[f"{b}.attn_k_norm"],
+            )
+        sd.update(
+            {
+                f"{p}.self_attn.o_proj.weight": t[f"{b}.attn_out"],
+                f"{p}.input_layernorm.weight": t[f"{b}.attn_norm"],
+                f"{p}.post_attention_layernorm.weight": t[f"{b}.ffn_norm"],
+            }
+        )
         if not a.moe:
             gate, up = t[f"{b}.ffn_gate_up"].chunk(2)
-            sd.update({f"{p}.mlp.gate_proj.weight": gate, f"{p}.mlp.up_proj.weight": up, f"{p}.mlp.down_proj.weight": t[f"{b}.ffn_down"]})
+            sd.update(
+                {
+                    f"{p}.mlp.gate_proj.weight": gate,
+                    f"{p}.mlp.up_proj.weight": up,
+                    f"{p}.mlp.down_proj.weight": t[f"{b}.ffn_down"],
+                }
+            )
             continue
         sd[f"{p}.{moe}.gate.weight"] = t[f"{b}.ffn_router"]
         for e in range(a.n_experts):
             gate, up = t[f"{b}.exp.{e}.gate_up"].chunk(2)
             x = f"{p}.{moe}.experts.{e}"
-            sd.update({f"{x}.{names['gate']}.weight": gate, f"{x}.{names['up']}.weight": up, f"{x}.{names['down']}.weight": t[f"{b}.exp.{e}.down"]})
+            sd.update(
+                {
+                    f"{x}.{names['gate']}.weight": gate,
+                    f"{x}.{names['up']}.weight": up,
+                    f"{x}.{names['down']}.weight": t[f"{b}.exp.{e}.down"],
+                }
+            )
         if a.shared_ffn_dim:
             gate, up = t[f"{b}.ffn_shexp_gate_up"].chunk(2)
-            sd.update({f"{p}.mlp.shared_expert.gate_proj.weight": gate, f"{p}.mlp.shared_expert.up_proj.weight": up,
-                       f"{p}.mlp.shared_expert.down_proj.weight": t[f"{b}.ffn_shexp_down"],
-                       f"{p}.mlp.shared_expert_gate.weight": t[f"{b}.ffn_shexp_gate"]})
+            sd.update(
+                {
+                    f"{p}.mlp.shared_expert.gate_proj.weight": gate,
+                    f"{p}.mlp.shared_expert.up_proj.weight": up,
+                    f"{p}.mlp.shared_expert.down_proj.weight": t[f"{b}.ffn_shexp_down"],
+                    f"{p}.mlp.shared_expert_gate.weight": t[f"{b}.ffn_shexp_gate"],
+                }
+            )
     return sd
 
 
@@ -91,7 +194,9 @@ def write_hf(path: Path, a: ModelArgs, t: dict[str, torch.Tensor]) -> Path:
     save_file({k: v.float().contiguous() for k, v in hf_state_dict(a, t).items()}, str(path / "model.safetensors"))
     toks, types, merges = tokenizer_fields(a.vocab_size)
     (path / "tokenizer.json").write_text(tokenizer_from_gguf_fields(toks, types, merges, "qwen2").to_str())
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": "{{ messages[0]['content'] }}"}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "chat_template": "{{ messages[0]['content'] }}"})
+    )
     return path
 
 
@@ -147,8 +252,8 @@ def write_gguf(path: Path, a: ModelArgs, t: dict[str, torch.Tensor], qtype: str 
             continue
         put(f"{b}.ffn_gate_inp.weight", t[f"{b}.ffn_router"], quant=False)
         gu = torch.stack([t[f"{b}.exp.{e}.gate_up"] for e in range(a.n_experts)])
-        put(f"{b}.ffn_gate_exps.weight", gu[:, :a.expert_ffn_dim])
-        put(f"{b}.ffn_up_exps.weight", gu[:, a.expert_ffn_dim:])
+        put(f"{b}.ffn_gate_exps.weight", gu[:, : a.expert_ffn_dim])
+        put(f"{b}.ffn_up_exps.weight", gu[:, a.expert_ffn_dim :])
         put(f"{b}.ffn_down_exps.weight", torch.stack([t[f"{b}.exp.{e}.down"] for e in range(a.n_experts)]))
         if a.shared_ffn_dim:
             gate, up = t[f"{b}.ffn_shexp_gate_up"].chunk(2)

@@ -1,4 +1,5 @@
 """Actors that misbehave on purpose, for the lifecycle tests (not fakes of a role)."""
+
 import os
 import time
 
@@ -30,6 +31,7 @@ class NotAnActor:
 
 class SpammingActor(FakeActor):
     """Sends the scheduler garbage from inside an op."""
+
     role = "spam"
 
     def op_spam(self, args, tensors):
@@ -40,11 +42,13 @@ class SpammingActor(FakeActor):
 
 class TreeActor(FakeActor):
     """Has a child process of its own, as a real loader with helper processes might."""
+
     role = "tree"
 
     def __init__(self, init, ctx):
         super().__init__(init, ctx)
         import subprocess
+
         self.child = subprocess.Popen(["sleep", "120"])
 
     def op_child(self, args, tensors):
@@ -53,6 +57,7 @@ class TreeActor(FakeActor):
 
 class SloppyActor(FakeActor):
     """Returns what the wire cannot carry."""
+
     role = "sloppy"
 
     def op_number(self, args, tensors):
@@ -64,12 +69,14 @@ class SloppyActor(FakeActor):
 
 class ChecksumActor(FakeActor):
     """A consumer of loaded slots: the crc32 of the bytes a descriptor names, after an optional sleep."""
+
     role = "consumer"
 
     def op_crc(self, args, tensors):
         import zlib
 
         import numpy as np
+
         d = tensors["x"]
         time.sleep(float(args.get("sleep_s", 0.0)))
         return {"crc": zlib.crc32(np.frombuffer(self.arenas[d.segment].buf, np.uint8, d.span_bytes, d.offset))}

@@ -1,4 +1,5 @@
 """Shared checks for the runtime tests: a run leaves no segment, no process, no socket dir."""
+
 from __future__ import annotations
 
 import glob
@@ -31,8 +32,9 @@ def alive(pid: int) -> bool:
 def assert_clean(run_id: str, pids=(), timeout: float = 3.0) -> None:
     """No /dev/shm segment of the run, none of its processes, no orphan child of ours, no run dir."""
     assert wait_until(lambda: not run_segments(run_id), timeout), f"leftover segments: {run_segments(run_id)}"
-    assert wait_until(lambda: not any(alive(p) for p in pids), timeout), \
+    assert wait_until(lambda: not any(alive(p) for p in pids), timeout), (
         f"leftover processes: {[p for p in pids if alive(p)]}"
+    )
     kids = [c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
     assert not kids, f"orphan child processes: {[(c.pid, c.cmdline()[-1][:60]) for c in kids]}"
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"cadence-{run_id}-*")), "leftover run directory"

@@ -3,6 +3,7 @@ fake actors of actors/fake.py, a fake model and a real memory plan of it. Tests 
 `fake_plan`, `small_config` and `speculation`; the fault tests also run it as a separate process
 (`python -m tests.runtime.fake_run`) to SIGKILL or Ctrl-C the scheduler itself.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ VOCAB = 64
 CONTEXT = 4096  # tokens a generation holds (the fake model's own context is far longer)
 # the target: eight layers and a head in two parts, in forward order (models/convert.py's groups)
 GROUPS = {**{f"layer.{i}": 48 * KiB for i in range(8)}, "head.0": 64 * KiB, "head.1": 64 * KiB}
-NO_OVERHEADS = Overheads(scheduler=0, watchdog=0, runtime=0, actor=0, exchange=64 * KiB, verifier_activations=0,
-                         draft_activations=0, code=0)
+NO_OVERHEADS = Overheads(
+    scheduler=0, watchdog=0, runtime=0, actor=0, exchange=64 * KiB, verifier_activations=0, draft_activations=0, code=0
+)
 
 
 def fake_model(path, seed: int = 0, **roles) -> str:
@@ -50,12 +52,29 @@ def small_config(trace_dir=None, plan=None, **timeouts) -> RuntimeConfig:
     )
 
 
-def speculation(sched: Runtime, store: str, mode: str = "tree", plan=None, draft: bool = True,
-                worker: WorkerSplit | None = None, **tree) -> ActorSession:
+def speculation(
+    sched: Runtime,
+    store: str,
+    mode: str = "tree",
+    plan=None,
+    draft: bool = True,
+    worker: WorkerSplit | None = None,
+    **tree,
+) -> ActorSession:
     """`ActorSession` as `launch run` builds it, spawning the fakes; `draft` False: `--draft none`."""
     cfg = TreeConfig(**{"mode": "chain" if mode == "chain" else "tree", **tree})
-    spec = SessionSpec(mode, store, fake_args(VOCAB), store if draft else None, SamplingConfig(), cfg, 1,
-                       CONTEXT, plan=plan, worker=worker)
+    spec = SessionSpec(
+        mode,
+        store,
+        fake_args(VOCAB),
+        store if draft else None,
+        SamplingConfig(),
+        cfg,
+        1,
+        CONTEXT,
+        plan=plan,
+        worker=worker,
+    )
     return ActorSession(sched, spec, impl=FAKES)
 
 
@@ -72,12 +91,26 @@ def main() -> int:
     plan = fake_plan()
     try:
         with tempfile.TemporaryDirectory() as d, Runtime(small_config(trace_dir, plan)) as sched:
-            spec = speculation(sched, fake_model(d, seed=int(os.environ.get("CADENCE_TEST_SEED", "0"))), plan=plan,
-                               worker=WorkerSplit(0.3, 0.2))
+            spec = speculation(
+                sched,
+                fake_model(d, seed=int(os.environ.get("CADENCE_TEST_SEED", "0"))),
+                plan=plan,
+                worker=WorkerSplit(0.3, 0.2),
+            )
             try:
                 pids = {role: p.pid for role, p in sched.actors.items()}
-                print(json.dumps({"run_id": sched.run_id, "pids": pids, "pid": os.getpid(),
-                                  "watchdog": sched._watchdog.proc.pid, "zygote": sched.zygote_pid}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "run_id": sched.run_id,
+                            "pids": pids,
+                            "pid": os.getpid(),
+                            "watchdog": sched._watchdog.proc.pid,
+                            "zygote": sched.zygote_pid,
+                        }
+                    ),
+                    flush=True,
+                )
                 while True:
                     spec.loop.generate(prompt(), 2000, set())
             finally:

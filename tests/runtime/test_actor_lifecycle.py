@@ -1,4 +1,5 @@
 """One actor under a real scheduler: handshake, each timeout, errors, deaths, malformed frames."""
+
 from __future__ import annotations
 
 import os
@@ -65,16 +66,21 @@ def test_fatal_error_arrives_as_a_dead_frame():
 
 def test_setup_failure_names_role_and_cause():
     with run() as s:
-        with pytest.raises(ActorDead, match="^the broken actor failed during setup: RuntimeError: weights file is truncated$"):
+        with pytest.raises(
+            ActorDead, match="^the broken actor failed during setup: RuntimeError: weights file is truncated$"
+        ):
             s.spawn("broken", f"{T}:BrokenSetupActor")
     assert_clean(s.run_id)
 
 
-@pytest.mark.parametrize("path, match", [
-    (f"{T}:Missing", "could not load class .*AttributeError"),
-    (f"{T}:NotAnActor", "could not load class .*not an Actor subclass"),
-    ("no_such_module:X", "could not load class .*ModuleNotFoundError"),
-])
+@pytest.mark.parametrize(
+    "path, match",
+    [
+        (f"{T}:Missing", "could not load class .*AttributeError"),
+        (f"{T}:NotAnActor", "could not load class .*not an Actor subclass"),
+        ("no_such_module:X", "could not load class .*ModuleNotFoundError"),
+    ],
+)
 def test_bad_class_path(path, match):
     with run() as s:
         with pytest.raises(ActorDead, match=match):
@@ -85,7 +91,9 @@ def test_bad_class_path(path, match):
 def test_hello_timeout_names_its_setting(monkeypatch):
     monkeypatch.setenv("CADENCE_TEST_IMPORT_SLEEP", "30")
     with run(hello_s=0.5) as s:
-        with pytest.raises(ActorDead, match=r"^the slow actor did not send HELLO within 0.5 s \(raise timeouts.hello_s\)$"):
+        with pytest.raises(
+            ActorDead, match=r"^the slow actor did not send HELLO within 0.5 s \(raise timeouts.hello_s\)$"
+        ):
             s.spawn("slow", f"{T}:SlowSetupActor")
         pid = s.actors["slow"].pid
     assert_clean(s.run_id, [pid])
@@ -93,7 +101,9 @@ def test_hello_timeout_names_its_setting(monkeypatch):
 
 def test_init_timeout_names_its_setting():
     with run(init_s=0.5) as s:
-        with pytest.raises(ActorDead, match=r"^the slow actor did not answer INIT within 0.5 s \(raise timeouts.init_s\)$"):
+        with pytest.raises(
+            ActorDead, match=r"^the slow actor did not answer INIT within 0.5 s \(raise timeouts.init_s\)$"
+        ):
             s.spawn("slow", f"{T}:SlowSetupActor", {"sleep_s": 30})
         pid = s.actors["slow"].pid
     assert_clean(s.run_id, [pid])
@@ -104,7 +114,9 @@ def test_ready_timeout_names_its_setting():
         s.spawn("draft", FakeDraftActor, wait=False)
         s.wait_ready(["draft"], timeout=30)  # the machine may be busy: only `slow` should miss 0.5 s
         s.spawn("slow", f"{T}:SlowSetupActor", {"sleep_s": 30}, wait=False)
-        with pytest.raises(CadenceError, match=r"the slow actor\(s\) were not READY within 0.5 s \(raise timeouts.ready_s\)"):
+        with pytest.raises(
+            CadenceError, match=r"the slow actor\(s\) were not READY within 0.5 s \(raise timeouts.ready_s\)"
+        ):
             s.wait_ready()
         pids = [p.pid for p in s.actors.values()]
     assert_clean(s.run_id, pids)
@@ -113,7 +125,10 @@ def test_ready_timeout_names_its_setting():
 def test_request_timeout_names_its_setting_and_the_actor_survives():
     with run() as s:
         s.spawn("draft", FakeDraftActor)
-        with pytest.raises(RequestTimeout, match=r"^the draft actor did not answer 'sleep' \(request \d+\) within 0.2 s \(raise timeouts.request_s\)$"):
+        with pytest.raises(
+            RequestTimeout,
+            match=r"^the draft actor did not answer 'sleep' \(request \d+\) within 0.2 s \(raise timeouts.request_s\)$",
+        ):
             s.call("draft", "sleep", {"s": 0.6}, timeout=0.2)
         assert s.call("draft", "ping", {"after": 1}).result == {"after": 1}  # the late reply was dropped
     assert_clean(s.run_id)
@@ -170,8 +185,16 @@ def _malformed(rng: random.Random) -> list[bytes]:
         body = {"op": rng.choice([1, None, "ping"]), "args": rng.choice([{}, [], "x"]), "req_id": rng.randrange(10)}
         return [bytes([wire.Request.TYPE]), msgpack.packb(body)]
     if kind == 4:  # a valid message the actor does not expect
-        msg = rng.choice([wire.Hello("x", 1), wire.Ready("x", "X", []), wire.Heartbeat(1), wire.Dead("x", "y"),
-                          wire.Reply(1, True, {}, {}, None), wire.Init({}, [], 0, 1.0, False)])
+        msg = rng.choice(
+            [
+                wire.Hello("x", 1),
+                wire.Ready("x", "X", []),
+                wire.Heartbeat(1),
+                wire.Dead("x", "y"),
+                wire.Reply(1, True, {}, {}, None),
+                wire.Init({}, [], 0, 1.0, False),
+            ]
+        )
         return wire.encode(msg)
     return [bytes([rng.randrange(256)]), msgpack.packb(rng.random())]  # a float body, maybe an unknown type
 
@@ -183,7 +206,9 @@ def test_1000_malformed_frames_get_1000_errors_and_the_actor_keeps_serving(seed)
         for _ in range(1000):
             s.send_raw("draft", _malformed(rng))
         errors = []
-        assert wait_until(lambda: errors.extend(e for e in s.poll(0.1) if isinstance(e, ErrorEvent)) or len(errors) >= 1000, 30)
+        assert wait_until(
+            lambda: errors.extend(e for e in s.poll(0.1) if isinstance(e, ErrorEvent)) or len(errors) >= 1000, 30
+        )
         assert len(errors) == 1000 and all(e.role == "draft" and e.message for e in errors)
         assert s.call("draft", "ping", {"still": "here"}).result == {"still": "here"}
         assert s.call("draft", "stats").result["bad_frames"] == 1000
@@ -233,7 +258,10 @@ def test_replies_the_wire_cannot_carry_fail_the_request_not_the_actor():
         s.spawn("sloppy", f"{T}:SloppyActor")
         with pytest.raises(ActorError, match="op 'number' returned int, dict; return a result dict"):
             s.call("sloppy", "number")
-        with pytest.raises(ActorError, match="op 'object' returned something the wire cannot carry: cannot encode Reply: object is not msgpack-able"):
+        with pytest.raises(
+            ActorError,
+            match="op 'object' returned something the wire cannot carry: cannot encode Reply: object is not msgpack-able",
+        ):
             s.call("sloppy", "object")
         assert s.call("sloppy", "ping").ok
     assert_clean(s.run_id)

@@ -1,4 +1,5 @@
 """`launch runtime-bench` runs end to end (tiny sizes; the real run is in BENCHMARKS.md)."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,9 @@ def test_runtime_bench_smoke(tmp_path, capsys):
     parser = argparse.ArgumentParser(prog="launch")
     cmd_runtime_bench.add_parser(parser.add_subparsers())
     out = tmp_path / "rb.json"
-    args = parser.parse_args(["runtime-bench", "--rounds", "50", "--max-mib", "0", "--memcpy-mib", "4", "--json", str(out)])
+    args = parser.parse_args(
+        ["runtime-bench", "--rounds", "50", "--max-mib", "0", "--memcpy-mib", "4", "--json", str(out)]
+    )
     assert args.func(args) == 0
     res = json.loads(out.read_text())
     assert res["rtt"]["n"] == 50 and 0 < res["rtt"]["p50_us"] <= res["rtt"]["p99_us"]

@@ -1,5 +1,6 @@
 """launch/bench/cgroup.py: real memory cgroups where this machine has them (OOM kill, peak, page cache
 charged inside, nothing left behind), and detection against fake /proc + /sys trees for the rest."""
+
 from __future__ import annotations
 
 import errno
@@ -115,6 +116,7 @@ def test_a_timeout_kills_everything_in_the_cgroup():
 
 # -- detection on fake trees -------------------------------------------------------------------
 
+
 def fake_tree(tmp_path: Path, cgroup: str, mountinfo: list[str], files: dict[str, str]) -> Path:
     (tmp_path / "proc/self").mkdir(parents=True)
     (tmp_path / "proc/self/cgroup").write_text(cgroup)
@@ -133,9 +135,17 @@ HYBRID_V2 = "31 29 0:27 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 r
 
 def v2_tree(tmp_path, controllers="cpuset cpu io memory pids", subtree=""):
     own = "sys/fs/cgroup/user.slice/run-1.scope"
-    return fake_tree(tmp_path, "0::/user.slice/run-1.scope\n", [V2_MOUNT], {
-        "sys/fs/cgroup/cgroup.controllers": controllers,
-        f"{own}/cgroup.controllers": controllers, f"{own}/cgroup.subtree_control": subtree, f"{own}/cgroup.procs": "1\n"})
+    return fake_tree(
+        tmp_path,
+        "0::/user.slice/run-1.scope\n",
+        [V2_MOUNT],
+        {
+            "sys/fs/cgroup/cgroup.controllers": controllers,
+            f"{own}/cgroup.controllers": controllers,
+            f"{own}/cgroup.subtree_control": subtree,
+            f"{own}/cgroup.procs": "1\n",
+        },
+    )
 
 
 def test_detect_v2(tmp_path):
@@ -147,17 +157,26 @@ def test_detect_v2(tmp_path):
 
 def test_detect_v2_in_a_cgroup_namespace(tmp_path):
     """Inside a namespace the mount shows only a subtree: own path and mount root line up."""
-    root = fake_tree(tmp_path, "0::/\n", ["30 23 0:26 /ctr /sys/fs/cgroup rw - cgroup2 cgroup2 rw"],
-                     {"sys/fs/cgroup/cgroup.controllers": "memory pids", "sys/fs/cgroup/cgroup.subtree_control": ""})
+    root = fake_tree(
+        tmp_path,
+        "0::/\n",
+        ["30 23 0:26 /ctr /sys/fs/cgroup rw - cgroup2 cgroup2 rw"],
+        {"sys/fs/cgroup/cgroup.controllers": "memory pids", "sys/fs/cgroup/cgroup.subtree_control": ""},
+    )
     assert detect(root).own_dir == root / "sys/fs/cgroup"
 
 
 def test_detect_hybrid_prefers_the_v1_memory_hierarchy(tmp_path):
     """This machine's layout: v1 controllers plus a unified v2 mount without the memory controller."""
-    root = fake_tree(tmp_path, "9:name=systemd:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n",
-                     [V1_CPU, V1_MOUNT, HYBRID_V2],
-                     {"sys/fs/cgroup/memory/process_api/abc/memory.limit_in_bytes": "9223372036854771712",
-                      "sys/fs/cgroup/unified/cgroup.controllers": "hugetlb"})
+    root = fake_tree(
+        tmp_path,
+        "9:name=systemd:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n",
+        [V1_CPU, V1_MOUNT, HYBRID_V2],
+        {
+            "sys/fs/cgroup/memory/process_api/abc/memory.limit_in_bytes": "9223372036854771712",
+            "sys/fs/cgroup/unified/cgroup.controllers": "hugetlb",
+        },
+    )
     info = detect(root)
     assert info.version == 1 and info.own_path == "/process_api/abc"
     assert info.own_dir == root / "sys/fs/cgroup/memory/process_api/abc"
@@ -166,11 +185,15 @@ def test_detect_hybrid_prefers_the_v1_memory_hierarchy(tmp_path):
 def test_detect_names_what_is_missing(tmp_path, monkeypatch):
     with pytest.raises(CadenceError, match="no memory cgroup controller .* drop --cgroup"):
         detect(v2_tree(tmp_path / "a", controllers="cpu io pids"))
-    with pytest.raises(CadenceError, match=r"cannot create a cgroup in .*run-1.scope \(cgroup v2\): it is missing or not writable"):
+    with pytest.raises(
+        CadenceError, match=r"cannot create a cgroup in .*run-1.scope \(cgroup v2\): it is missing or not writable"
+    ):
         monkeypatch.setattr(os, "access", lambda p, mode: False)
         detect(v2_tree(tmp_path / "b"))
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(CadenceError, match=r"^--cgroup needs root to create a memory cgroup \(running as uid 1000\); rerun as root"):
+    with pytest.raises(
+        CadenceError, match=r"^--cgroup needs root to create a memory cgroup \(running as uid 1000\); rerun as root"
+    ):
         detect(v2_tree(tmp_path / "c"))
 
 
@@ -197,9 +220,18 @@ def test_v2_files_on_a_fake_tree(tmp_path):
 def test_v2_refuses_clearly_when_memory_cannot_be_delegated(tmp_path, monkeypatch):
     root = v2_tree(tmp_path)
     info = detect(root)
+
     def write(path, value):  # what cgroupfs answers in a cgroup that holds processes itself
         raise OSError(errno.EBUSY, os.strerror(errno.EBUSY))
+
     monkeypatch.setattr(cgroup, "_write", write)
-    with pytest.raises(CadenceError, match=r"cannot enable the memory controller for children of .*run-1.scope \(Device or resource busy\)"):
+    with pytest.raises(
+        CadenceError,
+        match=r"cannot enable the memory controller for children of .*run-1.scope \(Device or resource busy\)",
+    ):
         MemoryCgroup(MiB, info=info).__enter__()
-    assert sorted(p.name for p in info.own_dir.iterdir()) == ["cgroup.controllers", "cgroup.procs", "cgroup.subtree_control"]
+    assert sorted(p.name for p in info.own_dir.iterdir()) == [
+        "cgroup.controllers",
+        "cgroup.procs",
+        "cgroup.subtree_control",
+    ]

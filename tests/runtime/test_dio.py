@@ -1,5 +1,6 @@
 """shm/dio.py: direct reads into arena slots, exact bytes at any alignment, no page cache left behind,
 the tmpfs fallback, and clear errors. Files live on the real disk (/var/tmp), never on tmpfs."""
+
 from __future__ import annotations
 
 import ctypes
@@ -66,8 +67,10 @@ def test_direct_read_into_a_slot_is_exact_and_leaves_nothing_cached(big, arena):
     with DirectReader(path, threads=4, chunk_bytes=MiB) as r:
         assert r.direct and r.fallback_reason is None
         st = r.read_into(0, len(data), arena.buf, slot.offset)
-    assert bytes(arena.buf[slot.offset:slot.offset + len(data)]) == data
-    assert st.direct and st.bytes == len(data) and st.seconds > 0 and st.gbps == pytest.approx(st.bytes / st.seconds / 1e9)
+    assert bytes(arena.buf[slot.offset : slot.offset + len(data)]) == data
+    assert (
+        st.direct and st.bytes == len(data) and st.seconds > 0 and st.gbps == pytest.approx(st.bytes / st.seconds / 1e9)
+    )
     assert cached_bytes(path) == 0  # O_DIRECT went around the page cache, the unaligned tail too
 
 
@@ -85,9 +88,9 @@ def test_any_offset_length_and_destination_alignment(big, direct, seed):
             d = rng.choice([0, 4096, off % 4096, rng.randrange(len(dest) - n + 1)])
             d = min(d, len(dest) - n)
             r.read_into(off, n, dest, d)
-            assert dest[d:d + n].tobytes() == data[off:off + n], (off, n, d)
-            assert (dest[:d] == 0xA5).all() and (dest[d + n:] == 0xA5).all(), (off, n, d)
-            dest[d:d + n] = 0xA5
+            assert dest[d : d + n].tobytes() == data[off : off + n], (off, n, d)
+            assert (dest[:d] == 0xA5).all() and (dest[d + n :] == 0xA5).all(), (off, n, d)
+            dest[d : d + n] = 0xA5
     if not direct:
         assert cached_bytes(path) == 0  # dropped after each chunk, and no readahead past them
 
@@ -97,7 +100,7 @@ def test_a_ctypes_address_works_as_a_destination(big):
     buf = ctypes.create_string_buffer(3 * MiB)
     with DirectReader(path, threads=2, chunk_bytes=MiB) as r:
         r.read_into(4096 * 5, 2 * MiB, ctypes.addressof(buf), 4096)
-    assert buf.raw[4096:4096 + 2 * MiB] == data[4096 * 5:4096 * 5 + 2 * MiB]
+    assert buf.raw[4096 : 4096 + 2 * MiB] == data[4096 * 5 : 4096 * 5 + 2 * MiB]
 
 
 def test_one_thread_or_many_and_any_chunk_give_the_same_bytes(big):
@@ -108,7 +111,7 @@ def test_one_thread_or_many_and_any_chunk_give_the_same_bytes(big):
         mv = memoryview(dest)
         with DirectReader(path, threads=threads, chunk_bytes=chunk) as r:
             r.read_into(0, len(data), mv, 4096 - 1234)  # an unaligned destination: the bounce path
-        out.append(bytes(dest[4096 - 1234:4096 - 1234 + len(data)]))
+        out.append(bytes(dest[4096 - 1234 : 4096 - 1234 + len(data)]))
     assert all(o == data for o in out)
 
 
@@ -145,8 +148,11 @@ def test_tmpfs_falls_back_to_buffered_reads_and_warns_once():
 def test_clear_errors(big, disk_dir):
     path, data = big
     with DirectReader(path, threads=2) as r:
-        with pytest.raises(ValueError, match=rf"cannot read bytes \[{len(data) - 10}, {len(data) + 1}\) of .*big.bin: "
-                                             rf"the file has {len(data)} bytes"):
+        with pytest.raises(
+            ValueError,
+            match=rf"cannot read bytes \[{len(data) - 10}, {len(data) + 1}\) of .*big.bin: "
+            rf"the file has {len(data)} bytes",
+        ):
             r.read_into(len(data) - 10, 11, bytearray(4096))
         with pytest.raises(ValueError, match="does not fit at offset 10 of a 4096-byte destination"):
             r.read_into(0, 4096, bytearray(4096), 10)

@@ -1,4 +1,5 @@
 """The memory ledger (plan arithmetic, live USS/PSS) and the config's own checks."""
+
 from __future__ import annotations
 
 import subprocess
@@ -31,8 +32,11 @@ def test_plan_that_does_not_fit_names_the_shortfall_and_the_setting():
 
 
 def test_scheduler_refuses_a_plan_before_creating_anything():
-    cfg = RuntimeConfig(memory=MemoryConfig(budget_bytes=64 * MiB, arena_bytes=32 * MiB, stream_bytes=16 * MiB,
-                                            role_bytes={"verifier": 48 * MiB}))
+    cfg = RuntimeConfig(
+        memory=MemoryConfig(
+            budget_bytes=64 * MiB, arena_bytes=32 * MiB, stream_bytes=16 * MiB, role_bytes={"verifier": 48 * MiB}
+        )
+    )
     s = Runtime(cfg)
     with pytest.raises(BudgetError, match="short by 16.00 MiB"):
         with s:
@@ -62,17 +66,27 @@ def test_fmt_bytes():
     assert [fmt_bytes(n) for n in (12, 2048, 3 * MiB, 5 * GiB)] == ["12 B", "2.00 KiB", "3.00 MiB", "5.00 GiB"]
 
 
-@pytest.mark.parametrize("make, match", [
-    (lambda: Timeouts(init_s=0), r"timeouts.init_s must be > 0, got 0"),
-    (lambda: Timeouts(heartbeat_s=-1.0), r"timeouts.heartbeat_s must be > 0, got -1.0"),
-    (lambda: MemoryConfig(stream_bytes=128 * MiB, arena_bytes=64 * MiB), r"memory.stream_bytes must be an int in \[0, memory.arena_bytes"),
-    (lambda: MemoryConfig(role_bytes={"draft": -1}), r"memory.role_bytes\['draft'\] must be an int >= 0, got -1"),
-    (lambda: PipelineConfig(layer_bytes=0), r"pipeline.layer_bytes must be > 0, got 0"),
-    (lambda: PipelineConfig(layer_bytes=1.5), r"pipeline.layer_bytes must be an int, got 1.5"),
-    (lambda: TraceConfig(max_events=0), r"trace.max_events must be > 0"),
-    (lambda: RuntimeConfig(memory=MemoryConfig(stream_bytes=1 * MiB), pipeline=PipelineConfig(layer_bytes=1 * MiB)),
-     r"memory.stream_bytes=1048576 holds fewer than two streaming slots of pipeline.layer_bytes=1048576"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: Timeouts(init_s=0), r"timeouts.init_s must be > 0, got 0"),
+        (lambda: Timeouts(heartbeat_s=-1.0), r"timeouts.heartbeat_s must be > 0, got -1.0"),
+        (
+            lambda: MemoryConfig(stream_bytes=128 * MiB, arena_bytes=64 * MiB),
+            r"memory.stream_bytes must be an int in \[0, memory.arena_bytes",
+        ),
+        (lambda: MemoryConfig(role_bytes={"draft": -1}), r"memory.role_bytes\['draft'\] must be an int >= 0, got -1"),
+        (lambda: PipelineConfig(layer_bytes=0), r"pipeline.layer_bytes must be > 0, got 0"),
+        (lambda: PipelineConfig(layer_bytes=1.5), r"pipeline.layer_bytes must be an int, got 1.5"),
+        (lambda: TraceConfig(max_events=0), r"trace.max_events must be > 0"),
+        (
+            lambda: RuntimeConfig(
+                memory=MemoryConfig(stream_bytes=1 * MiB), pipeline=PipelineConfig(layer_bytes=1 * MiB)
+            ),
+            r"memory.stream_bytes=1048576 holds fewer than two streaming slots of pipeline.layer_bytes=1048576",
+        ),
+    ],
+)
 def test_config_rejects_bad_values_naming_field_and_value(make, match):
     with pytest.raises(CadenceError, match=match):
         make()

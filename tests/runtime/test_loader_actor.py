@@ -1,6 +1,7 @@
 """The real I/O loader under a real scheduler: every group of a small weight store into arena
 slots, the whole model streamed through two slots under a budget smaller than the model (leases,
 every slot released, the page cache left empty), and a SIGKILL mid-load."""
+
 from __future__ import annotations
 
 import json
@@ -42,13 +43,29 @@ def store():
         shutil.rmtree(d)
         pytest.skip("/var/tmp is on tmpfs: the loader tests need a real disk")
     g = torch.Generator().manual_seed(0)
-    args = ModelArgs(arch="qwen2", vocab_size=1000, dim=128, n_layers=N_LAYERS, n_heads=4, n_kv_heads=2, ffn_dim=320,
-                     norm_eps=1e-6, rope_base=10000.0, context_length=256, qkv_bias=True, tied_embeddings=False)
+    args = ModelArgs(
+        arch="qwen2",
+        vocab_size=1000,
+        dim=128,
+        n_layers=N_LAYERS,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=320,
+        norm_eps=1e-6,
+        rope_base=10000.0,
+        context_length=256,
+        qkv_bias=True,
+        tied_embeddings=False,
+    )
     w = StoreWriter(os.path.join(d, "store"))
     w.add("embed", "embed", "float", {"w": torch.randn(1000, 128, generator=g)})
     for i in range(N_LAYERS):
-        w.add(f"layer.{i}", f"layers.{i}.attn", "float", {"w": torch.randn(128, 384 + 8 * i, generator=g),
-                                                          "b": torch.randn(384 + 8 * i, generator=g)})
+        w.add(
+            f"layer.{i}",
+            f"layers.{i}.attn",
+            "float",
+            {"w": torch.randn(128, 384 + 8 * i, generator=g), "b": torch.randn(384 + 8 * i, generator=g)},
+        )
         w.add(f"layer.{i}", f"layers.{i}.ffn", "float", {"w": torch.randn(3, 320, 128, generator=g).to(torch.bfloat16)})
         w.add(f"layer.{i}", f"layers.{i}.norm", "float", {"w": torch.randn(128 + i, generator=g)})
     w.add("head", "head", "float", {"w": torch.randn(1000, 128, generator=g).to(torch.float16)})
@@ -59,21 +76,30 @@ def store():
         manifest = json.load(f)
     with open(os.path.join(path, "weights.bin"), "rb") as f:
         blob = f.read()
-    groups = {gr["name"]: blob[gr["offset"]:gr["offset"] + gr["nbytes"]] for gr in manifest["groups"]}
+    groups = {gr["name"]: blob[gr["offset"] : gr["offset"] + gr["nbytes"]] for gr in manifest["groups"]}
     yield path, groups
     shutil.rmtree(d, ignore_errors=True)
 
 
 def config(stream_bytes: int, trace_dir=None, **timeouts) -> RuntimeConfig:
     return RuntimeConfig(
-        memory=MemoryConfig(budget_bytes=4 * GiB, arena_bytes=stream_bytes + 256 * KiB, stream_bytes=stream_bytes, sample_s=0),
+        memory=MemoryConfig(
+            budget_bytes=4 * GiB, arena_bytes=stream_bytes + 256 * KiB, stream_bytes=stream_bytes, sample_s=0
+        ),
         pipeline=PipelineConfig(layer_bytes=64 * KiB),
         timeouts=Timeouts(**{"hello_s": 60.0, "init_s": 60.0, "ready_s": 90.0, "request_s": 20.0, **timeouts}),
-        trace=TraceConfig(enabled=trace_dir is not None, dir=str(trace_dir) if trace_dir else None))
+        trace=TraceConfig(enabled=trace_dir is not None, dir=str(trace_dir) if trace_dir else None),
+    )
 
 
 def loader_init(store_path: str, s: Runtime, **kw) -> dict:
-    return {"store_dir": store_path, "threads": 4, "chunk_bytes": 64 * KiB, "stream_bytes": s.config.memory.stream_bytes, **kw}
+    return {
+        "store_dir": store_path,
+        "threads": 4,
+        "chunk_bytes": 64 * KiB,
+        "stream_bytes": s.config.memory.stream_bytes,
+        **kw,
+    }
 
 
 def test_every_group_lands_in_its_slot_byte_for_byte(store, tmp_path):
@@ -87,7 +113,7 @@ def test_every_group_lands_in_its_slot_byte_for_byte(store, tmp_path):
         for name, nbytes in sizes.items():
             slot = s.stream_slots.alloc(nbytes)
             r = s.call("loader", "load", {"group": name}, {"slot": s.slot_desc(slot)}).result
-            assert bytes(s.arena.buf[slot.offset:slot.offset + nbytes]) == groups[name], name
+            assert bytes(s.arena.buf[slot.offset : slot.offset + nbytes]) == groups[name], name
             assert r["group"] == name and r["bytes"] == nbytes == len(groups[name]) and r["direct"] is True
             assert r["seconds"] > 0 and r["gbps"] > 0
             assert s.stream_slots.leases(slot) == {}  # the reply ended the loader's lease
@@ -114,14 +140,24 @@ def test_bad_loads_fail_clearly_and_the_loader_keeps_serving(store):
         small = s.stream_slots.alloc(4096)
         with pytest.raises(ActorError, match=r"has no group 'layer.9' \(it has embed ... head\)"):
             s.call("loader", "load", {"group": "layer.9"}, {"slot": s.slot_desc(small)})
-        with pytest.raises(ActorError, match=r"cannot hold layer.0 \(\d+ bytes\); allocate the slot with the group's size"):
+        with pytest.raises(
+            ActorError, match=r"cannot hold layer.0 \(\d+ bytes\); allocate the slot with the group's size"
+        ):
             s.call("loader", "load", {"group": "layer.0"}, {"slot": s.slot_desc(small)})
         with pytest.raises(ActorError, match="load needs tensors\\['slot'\\]"):
             s.call("loader", "load", {"group": "layer.0"})
         big = s.stream_slots.alloc(len(groups["layer.0"]) + (1 << 20))  # reaches past the 1 MiB region
         with pytest.raises(ActorError, match="past the loader's 1048576-byte region of the arena: the memory bound"):
-            s.call("loader", "load", {"group": "layer.0"}, {"slot": TensorDesc(s.arena.name, big.offset + (1 << 20) - 4096,
-                                                                                "uint8", (big.nbytes - (1 << 20) + 4096,), (1,))})
+            s.call(
+                "loader",
+                "load",
+                {"group": "layer.0"},
+                {
+                    "slot": TensorDesc(
+                        s.arena.name, big.offset + (1 << 20) - 4096, "uint8", (big.nbytes - (1 << 20) + 4096,), (1,)
+                    )
+                },
+            )
         assert s.call("loader", "stats").result["loads"] == 0
     assert_clean(s.run_id)
 
@@ -165,8 +201,10 @@ def test_a_model_larger_than_the_budget_streams_through_two_slots(store):
     crcs = {n: zlib.crc32(b) for n, b in groups.items()}
     evict_page_cache([weights])
     with Runtime(config(budget)) as s:
-        pids = [s.spawn("loader", LOADER, loader_init(path, s), wait=False).pid,
-                s.spawn("consumer", CONSUMER, wait=False).pid]
+        pids = [
+            s.spawn("loader", LOADER, loader_init(path, s), wait=False).pid,
+            s.spawn("consumer", CONSUMER, wait=False).pid,
+        ]
         s.wait_ready()
         order = list(sizes) * 3
         assert stream(s, sizes, order, crcs) == len(order)
@@ -187,8 +225,10 @@ def test_a_loader_killed_mid_load_ends_the_run_with_one_reason(store, seed, tmp_
     with pytest.raises(ActorDead) as e:
         with s:
             # one thread, 4 KiB chunks: each load takes long enough to be cut in the middle
-            pids = [s.spawn("loader", LOADER, loader_init(path, s, threads=1, chunk_bytes=4096), wait=False).pid,
-                    s.spawn("consumer", CONSUMER, wait=False).pid]
+            pids = [
+                s.spawn("loader", LOADER, loader_init(path, s, threads=1, chunk_bytes=4096), wait=False).pid,
+                s.spawn("consumer", CONSUMER, wait=False).pid,
+            ]
             s.wait_ready()
             victim = s.actors["loader"].pid
             kill = threading.Timer(delay, os.kill, (victim, signal.SIGKILL))
@@ -198,12 +238,15 @@ def test_a_loader_killed_mid_load_ends_the_run_with_one_reason(store, seed, tmp_
                 if not sent:
                     kill.start()
                 sent.append(1)
+
             try:
                 stream(s, sizes, list(sizes) * 1000, on_send=arm, loads=loads)
             finally:
                 kill.cancel()
                 held = s.stream_slots.used_bytes
-                leased = {off: dict(+held_by) for off, held_by in s.stream_slots._leases.items()}  # a copy: replies still come
+                leased = {
+                    off: dict(+held_by) for off, held_by in s.stream_slots._leases.items()
+                }  # a copy: replies still come
     assert str(e.value) == "the loader actor was killed by SIGKILL" and e.value.role == "loader"
     assert loads, "the loader died between loads, not in the middle of one"
     # the dead loader's leases were released; only our own allocations remain, and the consumer's lease on a

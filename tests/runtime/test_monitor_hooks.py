@@ -1,5 +1,6 @@
 """The hooks the monitor reads: event listeners, the actor table with current ops, the generation's
 per-cycle callback and counters, and flows linking the spans of two requests."""
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,9 @@ def test_generation_reports_each_cycle_and_writes_its_counters_and_tree_flows(tm
         spec = speculation(s, fake_model(tmp_path / "model", seed=5), "tree", plan, adaptive=False, trie=False)
         pids = {role: a.pid for role, a in s.actors.items()}
         try:
-            gen = spec.loop.generate(prompt(), 30, set(), on_step=lambda st: cycles.append((len(st.tokens), st.accepted, st.alpha)))
+            gen = spec.loop.generate(
+                prompt(), 30, set(), on_step=lambda st: cycles.append((len(st.tokens), st.accepted, st.alpha))
+            )
         finally:
             spec.close()
     verified = [c for c in cycles if c[1] is not None]
@@ -61,7 +64,7 @@ def test_generation_reports_each_cycle_and_writes_its_counters_and_tree_flows(tm
     assert validate_trace(obj) == [] and obj["otherData"]["unpaired_flow_events"] == 0
     evs = obj["traceEvents"]
     counter = lambda name: [e["args"] for e in evs if e["ph"] == "C" and e["name"] == name]
-    totals = [sum(n for n, _, _ in cycles[:i + 1]) for i in range(1, len(cycles))]  # after each cycle but the prefill
+    totals = [sum(n for n, _, _ in cycles[: i + 1]) for i in range(1, len(cycles))]  # after each cycle but the prefill
     assert [c["total"] for c in counter("tokens")] == totals
     assert [c["alpha"] for c in counter("alpha")] == [alpha for _, _, alpha in verified]
     assert [c["length"] for c in counter("accepted")] == [a for _, a, _ in verified]

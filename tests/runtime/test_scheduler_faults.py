@@ -2,6 +2,7 @@
 SIGKILLed at a scripted point, an op that fails, an actor that hangs, the zygote killed, the scheduler
 itself SIGKILLed or Ctrl-C'd; and a stress test of the arena across processes. After every fault: one
 error naming the role, no /dev/shm segment of the run, no orphan process."""
+
 from __future__ import annotations
 
 import json
@@ -105,8 +106,15 @@ def test_a_killed_zygote_costs_nothing_but_a_new_one_for_the_next_spawn(seed, tm
 
 def _start_fake_run(seed: int, **popen) -> tuple[subprocess.Popen, dict]:
     env = {**python_env(), "CADENCE_TEST_SEED": str(seed)}
-    p = subprocess.Popen([sys.executable, "-m", "tests.runtime.fake_run"], cwd=REPO_ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tests.runtime.fake_run"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
     line = p.stdout.readline()
     assert line, f"fake_run did not start: {p.stderr.read()}"
     return p, json.loads(line)
@@ -121,7 +129,9 @@ def test_scheduler_sigkilled_leaves_nothing_behind(seed):
     p.wait()
     assert wait_until(lambda: not any(alive(a) for a in actors), 3.0)
     took = time.monotonic() - t0
-    assert took < 1.5, f"actors outlived their scheduler by {took:.2f} s"  # the bound is 1 s; slack for a shared machine
+    assert took < 1.5, (
+        f"actors outlived their scheduler by {took:.2f} s"
+    )  # the bound is 1 s; slack for a shared machine
     assert_clean(info["run_id"], actors + [info["watchdog"], info["zygote"]], timeout=5.0)
     _, err = p.communicate(timeout=5)
     line = f"cadence watchdog: the scheduler (pid {info['pid']}) of run {info['run_id']} died without cleaning up"
@@ -167,8 +177,14 @@ def test_stress_random_sizes_and_sleeps_across_processes(seed):
     sleeps; every input slot is freed right after sending, so only the lease keeps it alive."""
     rng = random.Random(seed)
     cfg = small_config()
-    cfg = type(cfg)(**{**cfg.__dict__, "memory": MemoryConfig(budget_bytes=cfg.memory.budget_bytes, arena_bytes=12 * MiB,
-                                                              stream_bytes=256 * KiB, sample_s=0.2)})
+    cfg = type(cfg)(
+        **{
+            **cfg.__dict__,
+            "memory": MemoryConfig(
+                budget_bytes=cfg.memory.budget_bytes, arena_bytes=12 * MiB, stream_bytes=256 * KiB, sample_s=0.2
+            ),
+        }
+    )
     with Runtime(cfg) as s:
         for role in ("draft", "verifier", "sparse"):
             s.spawn(role, FAKES[role], {"seed": seed}, wait=False)
@@ -186,7 +202,7 @@ def test_stress_random_sizes_and_sleeps_across_processes(seed):
                             s.slots.free(slot)
                     break  # full: wait for replies
                 data = np.frombuffer(rng.randbytes(n), dtype=np.uint8)
-                arena[src.offset:src.offset + n] = data
+                arena[src.offset : src.offset + n] = data
                 role = rng.choice(("draft", "verifier", "sparse"))
                 args = {"crc": zlib.crc32(data), "tag": sent, "max_sleep_s": rng.choice([0, 0.001, 0.005])}
                 x = TensorDesc(s.arena.name, src.offset, "uint8", (n,), (1,))  # just the n bytes, not the whole slot
@@ -198,7 +214,7 @@ def test_stress_random_sizes_and_sleeps_across_processes(seed):
                 assert isinstance(ev, ReplyEvent), f"seed {seed}: {ev}"
                 assert ev.reply.ok, f"seed {seed}: {ev.reply.error}"
                 out, want, n = inflight.pop(ev.reply.req_id)
-                assert ev.reply.result["crc"] == want == zlib.crc32(arena[out.offset:out.offset + n]), f"seed {seed}"
+                assert ev.reply.result["crc"] == want == zlib.crc32(arena[out.offset : out.offset + n]), f"seed {seed}"
                 s.slots.free(out)
                 done += 1
         assert s.slots.used_bytes == 0 and s.slots.peak_bytes <= s.slots.capacity

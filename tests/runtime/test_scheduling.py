@@ -2,6 +2,7 @@
 mode gives the target's own text, streamed groups load in the forward's order (ahead of the verifier
 in the pipelined modes, on demand in `std`) within the loader's memory bound, a slot is never reused
 before its release, and the partition ratios reach the worker."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,7 +17,13 @@ from tests.runtime.conftest import assert_clean
 from tests.runtime.fake_run import VOCAB, fake_model, fake_plan, prompt, small_config, speculation
 
 # (mode, a draft model, tree settings): ahead, the draft drafts on while the target verifies
-MODES = [("target", True, {}), ("chain", True, {}), ("tree", True, {}), ("tree", True, {"ahead": 2}), ("tree", False, {})]
+MODES = [
+    ("target", True, {}),
+    ("chain", True, {}),
+    ("tree", True, {}),
+    ("tree", True, {"ahead": 2}),
+    ("tree", False, {}),
+]
 
 
 def _logging_sends(s: Runtime) -> list:
@@ -41,7 +48,7 @@ def test_every_mode_gives_the_target_only_text(streamed, tmp_path, seed):
     p = prompt(seed=seed)
     want = target_text(p, 48, VOCAB)
     stop = want[30]
-    cut = want[:want.index(stop) + 1]
+    cut = want[: want.index(stop) + 1]
     for mode, draft, tree in MODES + ([("std", True, {}), ("stdpl", True, {})] if streamed else []):
         with Runtime(small_config(None, plan)) as s:
             spec = speculation(s, fake_model(tmp_path / f"{mode}-{draft}-{tree}", seed), mode, plan, draft, **tree)
@@ -79,7 +86,7 @@ def test_streamed_groups_load_in_forward_order_within_the_memory_bound(mode, tmp
         loaded = [g for g, _ in loader["loaded"]]
         assert loaded == [cycle[i % len(cycle)] for i in range(len(loaded))] and len(loaded) > 4 * len(cycle)
         # ...and the verifier used each load once, in the order it was made (its stamp says which load it holds)
-        assert verifier["consumed"] == [[g, i] for i, g in enumerate(loaded[:len(verifier["consumed"])])]
+        assert verifier["consumed"] == [[g, i] for i, g in enumerate(loaded[: len(verifier["consumed"])])]
         assert len(loaded) - len(verifier["consumed"]) <= plan.n_slots  # prefetched for a forward that never came
         # the memory bound: what the allocator held and where the loader wrote, every slot reused and returned
         bound = plan.stream_bytes

@@ -1,4 +1,5 @@
 """shm/: arenas across processes, the sweeper, the slot allocator and its leases, tensor views."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,10 @@ def arena():
 def test_arena_is_shared_with_another_process_without_copies(arena):
     assert arena.nbytes == 1 << 20 and arena.name.startswith("cadence-")
     arena.buf[4096:4100] = b"ping"
-    code = ("import sys; from shm.arena import Arena; a = Arena.attach(sys.argv[1]); "
-            "assert bytes(a.buf[4096:4100]) == b'ping'; a.buf[8192:8196] = b'pong'; a.close()")
+    code = (
+        "import sys; from shm.arena import Arena; a = Arena.attach(sys.argv[1]); "
+        "assert bytes(a.buf[4096:4100]) == b'ping'; a.buf[8192:8196] = b'pong'; a.close()"
+    )
     subprocess.run([sys.executable, "-c", code, arena.name], check=True, env=python_env(), cwd=REPO_ROOT)
     assert bytes(arena.buf[8192:8196]) == b"pong"  # the child wrote into our mapping
 
@@ -76,11 +79,19 @@ def test_sweep_removes_dead_runs_only():
 
 def test_watchdog_unlinks_when_its_scheduler_dies():
     """A scheduler SIGKILLed before it cleaned up: its watchdog removes the segment."""
-    code = ("import sys, time; from shm.arena import Arena, new_run_id, segment_name; from shm.watchdog import Watchdog\n"
-            "rid = new_run_id(); w = Watchdog(rid); w.guard_segment(segment_name(rid, 'main'))\n"
-            "a = Arena.create(rid, 'main', 4096); print(rid, w.proc.pid, flush=True); time.sleep(60)")
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=python_env(), cwd=REPO_ROOT)
+    code = (
+        "import sys, time; from shm.arena import Arena, new_run_id, segment_name; from shm.watchdog import Watchdog\n"
+        "rid = new_run_id(); w = Watchdog(rid); w.guard_segment(segment_name(rid, 'main'))\n"
+        "a = Arena.create(rid, 'main', 4096); print(rid, w.proc.pid, flush=True); time.sleep(60)"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=python_env(),
+        cwd=REPO_ROOT,
+    )
     run_id, wd_pid = p.stdout.readline().split()
     assert run_segments(run_id)
     p.kill()
@@ -100,6 +111,7 @@ def test_watchdog_bye_is_quiet(capfd):
 
 
 # -- slots ------------------------------------------------------------------------------------
+
 
 def test_slots_align_and_refuse_clearly_when_full():
     s = SlotAllocator(64 * 1024, align=4096, name="loader slots", setting="memory.stream_bytes")
@@ -161,6 +173,7 @@ def test_slot_allocator_random_workload_never_exceeds_or_overlaps(seed):
 
 
 # -- tensors ----------------------------------------------------------------------------------
+
 
 def test_put_view_is_zero_copy_and_handles_strides(arena):
     t = torch.arange(24, dtype=torch.float32).reshape(4, 6)

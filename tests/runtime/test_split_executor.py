@@ -1,5 +1,6 @@
 """The split executor and the worker's share in one process: the verifier's side on this thread, the
 worker's on another, meeting in a sync area in plain memory, with no message between them."""
+
 import threading
 
 import pytest
@@ -24,9 +25,14 @@ def _clock(timeout_s=10.0, interrupted=lambda: False):
 
 def _slots(a, rows=ROWS):
     maxc = -(-(rows + 2 * 32) // 32)
-    n = {"sync": SyncArea.nbytes(rows), "q": rows * a.q_dim * 4, "ch": rows * a.n_heads * maxc * (a.head_dim + 2) * 4,
-         "x": rows * a.dim * 4, "xin": rows * max(a.dim, a.q_dim, a.ffn_dim) * 4,
-         "y": rows * max(a.q_dim + 2 * a.kv_dim, 2 * a.ffn_dim) * 4}
+    n = {
+        "sync": SyncArea.nbytes(rows),
+        "q": rows * a.q_dim * 4,
+        "ch": rows * a.n_heads * maxc * (a.head_dim + 2) * 4,
+        "x": rows * a.dim * 4,
+        "xin": rows * max(a.dim, a.q_dim, a.ffn_dim) * 4,
+        "y": rows * max(a.q_dim + 2 * a.kv_dim, 2 * a.ffn_dim) * 4,
+    }
     return {k: torch.zeros(v, dtype=torch.uint8) for k, v in n.items()}
 
 
@@ -59,7 +65,9 @@ def _split_forward(model, ex, ids, pos, cache, vis):
         return done.value
 
 
-@pytest.mark.parametrize("share, columns", [(0.0, 0.0), (0.5, 0.0), (0.5, 0.3)], ids=["attention", "dense share", "columns"])
+@pytest.mark.parametrize(
+    "share, columns", [(0.0, 0.0), (0.5, 0.0), (0.5, 0.3)], ids=["attention", "dense share", "columns"]
+)
 def test_a_forward_split_with_the_worker_is_bit_for_bit_the_unsplit_one(tiny_args, share, columns):
     model = _model(tiny_args)
     cache, ids, pos, vis = _context(model)

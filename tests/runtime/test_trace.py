@@ -1,5 +1,6 @@
 """Chrome traces: the sink writes Trace Event Format that validates; the validator catches what
 Perfetto / chrome://tracing would drop or misdraw; a real fake run produces a valid file."""
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,15 @@ def test_sink_drops_flows_that_never_ended_and_junk_from_actors(tmp_path):
         pass
     sink.name_process(1, "scheduler")
     sink.add(1, tr.drain())
-    sink.add(2, [{"ph": "X", "name": "x", "ts": "soon"}, {"ph": "B", "name": "y"}, "junk",
-                 {"ph": "C", "name": "m", "ts": 1, "args": {"v": float("nan")}}])
+    sink.add(
+        2,
+        [
+            {"ph": "X", "name": "x", "ts": "soon"},
+            {"ph": "B", "name": "y"},
+            "junk",
+            {"ph": "C", "name": "m", "ts": 1, "args": {"v": float("nan")}},
+        ],
+    )
     obj = sink.to_json()
     assert validate_trace(obj) == []
     assert obj["otherData"]["unpaired_flow_events"] == 1 and obj["otherData"]["rejected_events"] == 4
@@ -73,28 +81,49 @@ def _ev(ph, name, ts, pid=1, tid=1, **kw):
     return {"ph": ph, "name": name, "ts": ts, "pid": pid, "tid": tid, **kw}
 
 
-NAMES = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "p"}},
-         {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "t"}}]
+NAMES = [
+    {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "p"}},
+    {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "t"}},
+]
 
 
 def test_validator_catches_what_viewers_would_drop():
-    assert validate_trace({"nope": 1}) == ["the trace is neither a list of events nor an object with a traceEvents list"]
+    assert validate_trace({"nope": 1}) == [
+        "the trace is neither a list of events nor an object with a traceEvents list"
+    ]
     crossing = NAMES + [_ev("X", "a", 0, dur=10), _ev("X", "b", 5, dur=10)]
     assert any("'b' on pid 1 tid 1 starts inside 'a' but ends after it" in p for p in validate_trace(crossing))
     nested = NAMES + [_ev("X", "a", 0, dur=10), _ev("X", "b", 2, dur=8), _ev("X", "c", 10, dur=1)]
     assert validate_trace(nested) == []
     unpaired = NAMES + [_ev("X", "a", 0, dur=10), _ev("s", "r", 1, id=3, cat="flow")]
     assert any("flow flow/3 has 1 start(s) and 0 end(s)" in p for p in validate_trace(unpaired))
-    unbound = NAMES + [_ev("X", "a", 0, dur=10), _ev("s", "r", 1, id=3, cat="flow"), _ev("f", "r", 20, id=3, cat="flow", bp="e")]
+    unbound = NAMES + [
+        _ev("X", "a", 0, dur=10),
+        _ev("s", "r", 1, id=3, cat="flow"),
+        _ev("f", "r", 20, id=3, cat="flow", bp="e"),
+    ]
     assert any("is inside no slice" in p for p in validate_trace(unbound))
-    backwards = NAMES + [_ev("X", "a", 0, dur=10), _ev("s", "r", 8, id=3, cat="flow"), _ev("f", "r", 2, id=3, cat="flow", bp="e")]
+    backwards = NAMES + [
+        _ev("X", "a", 0, dur=10),
+        _ev("s", "r", 8, id=3, cat="flow"),
+        _ev("f", "r", 2, id=3, cat="flow", bp="e"),
+    ]
     assert any("ends before it starts" in p for p in validate_trace(backwards))
     unnamed = [_ev("X", "a", 0, dur=1, pid=9)]
-    assert {"process 9 has events but no process_name", "thread 1 of process 9 has slices but no thread_name"} <= set(validate_trace(unnamed))
-    bad = NAMES + [_ev("X", "a", 0), _ev("C", "m", 0, args={"v": "x"}), _ev("Q", "q", 0), {"ph": "X", "name": "n", "ts": 0}]
+    assert {"process 9 has events but no process_name", "thread 1 of process 9 has slices but no thread_name"} <= set(
+        validate_trace(unnamed)
+    )
+    bad = NAMES + [
+        _ev("X", "a", 0),
+        _ev("C", "m", 0, args={"v": "x"}),
+        _ev("Q", "q", 0),
+        {"ph": "X", "name": "n", "ts": 0},
+    ]
     problems = validate_trace(bad)
     assert any("lacks a dur" in p for p in problems) and any("needs numeric args" in p for p in problems)
-    assert any("unknown phase 'Q'" in p for p in problems) and any("lacks a string name or an int pid" in p for p in problems)
+    assert any("unknown phase 'Q'" in p for p in problems) and any(
+        "lacks a string name or an int pid" in p for p in problems
+    )
 
 
 def test_fake_run_writes_one_valid_trace(tmp_path):
@@ -112,14 +141,21 @@ def test_fake_run_writes_one_valid_trace(tmp_path):
     assert validate_trace(obj) == []
     evs = obj["traceEvents"]
     procs = {e["args"]["name"] for e in evs if e["name"] == "process_name"}
-    assert procs == {"scheduler", "draft (FakeDraftActor)", "verifier (FakeVerifierActor)",
-                     "sparse (FakeSparseAttnActor)", "loader (FakeLoaderActor)"}
+    assert procs == {
+        "scheduler",
+        "draft (FakeDraftActor)",
+        "verifier (FakeVerifierActor)",
+        "sparse (FakeSparseAttnActor)",
+        "loader (FakeLoaderActor)",
+    }
     by_pid = {e["pid"] for e in evs if e["ph"] == "X"}
     assert by_pid == set(pids.values()) | {s.pid}  # every process recorded spans
     ops = {e["name"] for e in evs if e["ph"] == "X"}
     assert {"build", "advance", "begin", "layer", "load", "serve", "send load", "send serve"} <= ops
     assert any(n.startswith("compute:layer.") for n in ops) and any(n.startswith("load:layer.") for n in ops)
-    assert any(n.startswith("attn:layer.") for n in ops) and any(n.startswith("sparse:attn") for n in ops)  # both sides of a split
+    assert any(n.startswith("attn:layer.") for n in ops) and any(
+        n.startswith("sparse:attn") for n in ops
+    )  # both sides of a split
     counters = {e["name"] for e in evs if e["ph"] == "C"}
     assert {"memory", "loader slots", "queue loader", "queue verifier", "tokens", "accepted", "alpha"} <= counters
     slots = [e["args"] for e in evs if e["ph"] == "C" and e["name"] == "loader slots"]
@@ -134,7 +170,10 @@ def test_fake_run_writes_one_valid_trace(tmp_path):
 def test_a_trace_spilled_to_disk_is_the_trace_kept_in_memory(tmp_path):
     """Under a budget the scheduler spills events every few thousand; the file it writes at the end
     is the same trace (links, flows and order included), and the spill file is gone."""
-    sinks = [TraceSink("1x00", TraceConfig(dir=str(tmp_path / d), spill_events=n), 1000) for d, n in (("mem", 0), ("spill", 7))]
+    sinks = [
+        TraceSink("1x00", TraceConfig(dir=str(tmp_path / d), spill_events=n), 1000)
+        for d, n in (("mem", 0), ("spill", 7))
+    ]
     for round_ in range(9):
         sched, draft, verifier = Tracer(), Tracer(), Tracer()
         for req in (2 * round_ + 1, 2 * round_ + 2):

@@ -1,5 +1,6 @@
 """Wire: every message round-trips; tensors of every dtype round-trip through descriptors or
 inline; anything malformed is a WireError that says what is wrong; pickle is never involved."""
+
 from __future__ import annotations
 
 import pickle
@@ -33,7 +34,9 @@ def roundtrip(msg):
 
 SAMPLE = [
     wire.Hello("verifier", 1234),
-    wire.Init({"seed": 3, "nested": {"a": [1, 2.5, "x", b"\x00", None, True]}}, ["cadence-1x0a-main"], 10**12, 0.25, True),
+    wire.Init(
+        {"seed": 3, "nested": {"a": [1, 2.5, "x", b"\x00", None, True]}}, ["cadence-1x0a-main"], 10**12, 0.25, True
+    ),
     wire.Ready("draft", "FakeDraftActor", ["ping", "build"]),
     wire.Heartbeat(5),
     wire.Stop("shutdown"),
@@ -85,30 +88,77 @@ def test_large_and_non_contiguous_tensors_go_by_descriptor(arena):
 
 
 def test_inline_limit_is_enforced_on_decode_too():
-    body = msgpack.packb({"req_id": 1, "ok": True, "result": {}, "error": None,
-                          "tensors": {"t": msgpack.ExtType(2, msgpack.packb(["uint8", [INLINE_MAX + 1], b"\0" * (INLINE_MAX + 1)]))}})
+    body = msgpack.packb(
+        {
+            "req_id": 1,
+            "ok": True,
+            "result": {},
+            "error": None,
+            "tensors": {"t": msgpack.ExtType(2, msgpack.packb(["uint8", [INLINE_MAX + 1], b"\0" * (INLINE_MAX + 1)]))},
+        }
+    )
     with pytest.raises(wire.WireError, match="at most 256 bytes"):
         wire.decode([bytes([wire.Reply.TYPE]), body])
 
 
-@pytest.mark.parametrize("frames, match", [
-    ([b"\x10"], "expected 2 frames"),
-    ([b"\x10", b"", b""], "expected 2 frames"),
-    ([b"\x10\x10", b"\x80"], "type frame must be 1 byte"),
-    ([b"\xee", b"\x80"], "unknown message type 238"),
-    ([b"\x10", b"\xc1"], "Request body cannot be decoded"),
-    ([b"\x10", msgpack.packb([1, 2])], "body must be a map"),
-    ([b"\x10", msgpack.packb({"op": "x", "args": {}, "tensors": {}, "req_id": 1})], "missing field 'flow_id'"),
-    ([b"\x10", msgpack.packb({"op": 5, "args": {}, "tensors": {}, "req_id": 1, "flow_id": None})], "Request.op must be str, got int"),
-    ([b"\x10", msgpack.packb({"op": "x", "args": {}, "tensors": {}, "req_id": True, "flow_id": None})], "req_id must be int, got bool"),
-    ([b"\x10", msgpack.packb({"op": "x", "args": {}, "tensors": {"a": 1}, "req_id": 1, "flow_id": None})], "tensor descriptors"),
-    ([b"\x10", msgpack.packb({"op": "x", "args": {}, "tensors": {}, "req_id": 1, "flow_id": None, "evil": 1})], "unknown field"),
-    ([b"\x10", msgpack.packb({"op": "x", "args": {}, "tensors": {}, "req_id": 1, "flow_id": None, 1: 2})], "cannot be decoded"),
-    ([b"\x10", msgpack.packb({"op": "x", "args": {}, "tensors": {"t": msgpack.ExtType(9, b"")}, "req_id": 1, "flow_id": None})], "unknown msgpack ext type"),
-    ([b"\x10", msgpack.packb({"op": "x", "args": {}, "tensors": {"t": msgpack.ExtType(1, msgpack.packb(["/etc/passwd", 0, "uint8", [1], [1]]))}, "req_id": 1, "flow_id": None})], "segment name"),
-    ([b"\x10", b"\x91" * 100_000], "cannot be decoded"),  # nested too deep
-    ([b"\x10", pickle.dumps({"op": "x"})], "cannot be decoded"),  # a pickle is just garbage here
-])
+@pytest.mark.parametrize(
+    "frames, match",
+    [
+        ([b"\x10"], "expected 2 frames"),
+        ([b"\x10", b"", b""], "expected 2 frames"),
+        ([b"\x10\x10", b"\x80"], "type frame must be 1 byte"),
+        ([b"\xee", b"\x80"], "unknown message type 238"),
+        ([b"\x10", b"\xc1"], "Request body cannot be decoded"),
+        ([b"\x10", msgpack.packb([1, 2])], "body must be a map"),
+        ([b"\x10", msgpack.packb({"op": "x", "args": {}, "tensors": {}, "req_id": 1})], "missing field 'flow_id'"),
+        (
+            [b"\x10", msgpack.packb({"op": 5, "args": {}, "tensors": {}, "req_id": 1, "flow_id": None})],
+            "Request.op must be str, got int",
+        ),
+        (
+            [b"\x10", msgpack.packb({"op": "x", "args": {}, "tensors": {}, "req_id": True, "flow_id": None})],
+            "req_id must be int, got bool",
+        ),
+        (
+            [b"\x10", msgpack.packb({"op": "x", "args": {}, "tensors": {"a": 1}, "req_id": 1, "flow_id": None})],
+            "tensor descriptors",
+        ),
+        (
+            [b"\x10", msgpack.packb({"op": "x", "args": {}, "tensors": {}, "req_id": 1, "flow_id": None, "evil": 1})],
+            "unknown field",
+        ),
+        (
+            [b"\x10", msgpack.packb({"op": "x", "args": {}, "tensors": {}, "req_id": 1, "flow_id": None, 1: 2})],
+            "cannot be decoded",
+        ),
+        (
+            [
+                b"\x10",
+                msgpack.packb(
+                    {"op": "x", "args": {}, "tensors": {"t": msgpack.ExtType(9, b"")}, "req_id": 1, "flow_id": None}
+                ),
+            ],
+            "unknown msgpack ext type",
+        ),
+        (
+            [
+                b"\x10",
+                msgpack.packb(
+                    {
+                        "op": "x",
+                        "args": {},
+                        "tensors": {"t": msgpack.ExtType(1, msgpack.packb(["/etc/passwd", 0, "uint8", [1], [1]]))},
+                        "req_id": 1,
+                        "flow_id": None,
+                    }
+                ),
+            ],
+            "segment name",
+        ),
+        ([b"\x10", b"\x91" * 100_000], "cannot be decoded"),  # nested too deep
+        ([b"\x10", pickle.dumps({"op": "x"})], "cannot be decoded"),  # a pickle is just garbage here
+    ],
+)
 def test_malformed_frames_raise_a_readable_wire_error(frames, match):
     with pytest.raises(wire.WireError, match=match):
         wire.decode(frames)
@@ -137,7 +187,9 @@ def test_a_payload_with_a_field_missing_or_unknown_fails_that_request_in_one_sen
     from actors.ops import Build, Load
 
     assert Build.read({"budget": 4}) == Build(4) and Build(4).wire() == {"budget": 4}
-    with pytest.raises(ValueError, match="op 'build' takes budget: unknown field\\(s\\) width; missing field\\(s\\) budget"):
+    with pytest.raises(
+        ValueError, match="op 'build' takes budget: unknown field\\(s\\) width; missing field\\(s\\) budget"
+    ):
         Build.read({"width": 4})
     with pytest.raises(ValueError, match="op 'load' takes group: missing field\\(s\\) group"):
         Load.read({})

@@ -2,6 +2,7 @@
 actors/zygote.py (the scheduler had closed the pipe the zygote replies on): a stop during loading is a normal
 stop. A real `launch run` process, stopped at a few moments of its loading: the documented exit code, no
 traceback, no process and no shared-memory segment left."""
+
 import os
 import signal
 import subprocess
@@ -37,20 +38,39 @@ def _as_in_a_terminal():
 
 def leftovers(family: list[psutil.Process], pid: int) -> list:
     """The run's processes still alive, and its shared-memory segments (named after the scheduler's pid)."""
-    return [c.pid for c in family if alive(c.pid)] + [f for f in os.listdir("/dev/shm")
-                                                      if (m := SEGMENT_NAME.match(f)) and m.group(2) == str(pid)]
+    return [c.pid for c in family if alive(c.pid)] + [
+        f for f in os.listdir("/dev/shm") if (m := SEGMENT_NAME.match(f)) and m.group(2) == str(pid)
+    ]
 
 
-@pytest.mark.parametrize("sig,to_group,code", [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)],
-                         ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize(
+    "sig,to_group,code", [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)], ids=["ctrl-c", "sigterm"]
+)
 def test_a_stop_while_the_actors_load_is_a_normal_stop(store, tmp_path, sig, to_group, code):
     env = dict(os.environ, CADENCE_HOME=str(tmp_path / "home"), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
     for delay in (0.0, 0.2, 0.5):  # after the "loading" line: the zygote starting, importing, forking the actors
-        argv = ["run", "--mode", "target", "--target", str(store), "--prompt", "hello", "--max-new-tokens", "400",
-                "--no-monitor", "--trace-dir", str(tmp_path)]
-        p = subprocess.Popen([sys.executable, "-m", "launch.cli", *argv], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env,
-                             preexec_fn=_as_in_a_terminal)  # noqa: PLW1509 - this test starts no threads
+        argv = [
+            "run",
+            "--mode",
+            "target",
+            "--target",
+            str(store),
+            "--prompt",
+            "hello",
+            "--max-new-tokens",
+            "400",
+            "--no-monitor",
+            "--trace-dir",
+            str(tmp_path),
+        ]
+        p = subprocess.Popen(
+            [sys.executable, "-m", "launch.cli", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=_as_in_a_terminal,
+        )  # noqa: PLW1509 - this test starts no threads
         try:
             first = p.stderr.readline()
             assert first.startswith("launch run: loading"), first

@@ -1,5 +1,6 @@
 """engine/costs.py: this machine's forward costs (measured in a child process, cached) and the choice they
 drive under a budget, whether the draft `--draft auto` picked pays for the target layers it pushes to disk."""
+
 import json
 
 from engine.costs import Costs, costs, draft_pays
@@ -16,14 +17,24 @@ MiB = 1 << 20
 def _costs(disk_gbps=1.0, layer_ms=1.0, draft_layer_ms=0.5) -> Costs:
     """Hand-made prices: a layer's linear work grows with the rows as a kernel's does (about flat up to 4)."""
     rows = (1, 2, 3, 5, 9, 17, 33)
-    return Costs(disk_gbps, {r: layer_ms * 1e-3 * max(1.0, r / 4) for r in rows}, {r: 1e-3 * max(1.0, r / 4) for r in rows},
-                 draft_layer_ms * 1e-3, 1e-3)
+    return Costs(
+        disk_gbps,
+        {r: layer_ms * 1e-3 * max(1.0, r / 4) for r in rows},
+        {r: 1e-3 * max(1.0, r / 4) for r in rows},
+        draft_layer_ms * 1e-3,
+        1e-3,
+    )
 
 
 def _store(tmp_path, name="qwen") -> WeightStore:
     args = TINY[name]
-    return WeightStore(convert(HFSource(write_hf_dir(tmp_path / f"hf-{name}", args, random_tensors(args, seed=3))),
-                               tmp_path / f"s-{name}", "int4"))
+    return WeightStore(
+        convert(
+            HFSource(write_hf_dir(tmp_path / f"hf-{name}", args, random_tensors(args, seed=3))),
+            tmp_path / f"s-{name}",
+            "int4",
+        )
+    )
 
 
 def test_a_forward_costs_its_compute_or_its_reads_whichever_is_longer():

@@ -1,12 +1,12 @@
 """Expert-buffer policies on hand-made routing traces: eviction order, path profile, replayed hit counts."""
+
 import json
 import random
 
 import pytest
 
 from common.errors import CadenceError
-from scheduler.generation.expert_policy import (LRU, EdgeMoEEviction, PathStats, SimResult, make_eviction,
-                                                simulate)
+from scheduler.generation.expert_policy import LRU, EdgeMoEEviction, PathStats, SimResult, make_eviction, simulate
 
 
 class MRU:
@@ -24,6 +24,7 @@ class MRU:
 
 
 # -- eviction order ----------------------------------------------------------------------------------
+
 
 def test_lru_evicts_the_least_recently_used_first():
     p = LRU()
@@ -77,6 +78,7 @@ def test_make_eviction_names_and_refusal():
 
 
 # -- path profile ------------------------------------------------------------------------------------
+
 
 def xor_trace():
     """Layer 2 is 2 + (layer 0 xor layer 1): only the pair of previous layers determines it."""
@@ -148,9 +150,15 @@ def test_pathstats_json_round_trip(tmp_path):
     assert PathStats.load(tmp_path / "paths.json").to_json() == d
 
 
-@pytest.mark.parametrize("text", ["{not json", '{"format": "something else"}', "",
-                                  '{"format": "cadence.expert-paths", "version": 1, "n_layers": 2, "n_experts": 4,'
-                                  ' "counts": {"7||": [1, 0, 1]}}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        '{"format": "something else"}',
+        "",
+        '{"format": "cadence.expert-paths", "version": 1, "n_layers": 2, "n_experts": 4, "counts": {"7||": [1, 0, 1]}}',
+    ],
+)
 def test_damaged_profile_says_to_reprofile(tmp_path, text):
     p = tmp_path / "paths.json"
     p.write_text(text)
@@ -164,6 +172,7 @@ def test_missing_profile_says_to_reprofile(tmp_path):
 
 
 # -- simulation --------------------------------------------------------------------------------------
+
 
 def test_lru_hit_counts_on_a_tiny_trace():
     # keys in order: (0,0) (1,0) | (0,1) (1,0) | (0,0) (1,1) | (0,0) (1,0); capacity 3:

@@ -1,6 +1,7 @@
 """A mixture of experts under a budget over the actors, with tiny random models: the experts come from
 disk through the loader into the expert buffer, every policy gives the resident model's tokens, the
 buffer stays within its bound, and a loader killed mid-expert ends the run with one reason."""
+
 import dataclasses
 import os
 import signal
@@ -32,7 +33,9 @@ ARGS = dataclasses.replace(ARCHS["qwen3_moe"], n_layers=3, n_experts=16, n_exper
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     d = tmp_path_factory.mktemp("moe")
-    return WeightStore(convert(HFSource(write_hf(d / "hf", ARGS, random_tensors(ARGS, seed=2, scale=1.5))), d / "store", "int4"))
+    return WeightStore(
+        convert(HFSource(write_hf(d / "hf", ARGS, random_tensors(ARGS, seed=2, scale=1.5))), d / "store", "int4")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,19 +63,44 @@ def moe_plan(store, share: float):
     groups = {g: store.groups[g].nbytes for g in store.group_names() if g.startswith(("layer.", "head."))}
     experts = {g: store.groups[g].nbytes for g in store.group_names() if g.startswith("expert.")}
     o = Overheads(**{f.name: 0 for f in dataclasses.fields(Overheads)})
-    budget = sum(-(-n // 4096) * 4096 for n in groups.values()) + int(share * sum(-(-n // 4096) * 4096 for n in experts.values()))
+    budget = sum(-(-n // 4096) * 4096 for n in groups.values()) + int(
+        share * sum(-(-n // 4096) * 4096 for n in experts.values())
+    )
     return plan_memory(budget, groups, 0, 0, 0, overheads=o, experts=experts, experts_used=ARGS.n_experts_used)
 
 
 def run(store, plan, mode="target", draft=None, eviction="lru", preload="none", profile=None):
-    mem = MemoryConfig(budget_bytes=8 << 30, arena_bytes=plan.stream_bytes + (8 << 20), stream_bytes=plan.stream_bytes,
-                       expert_bytes=plan.expert_buffer, sample_s=0)
-    s = Runtime(RuntimeConfig(memory=mem, pipeline=PipelineConfig(layer_bytes=plan.slot_bytes or 1 << 20),
-                                trace=TraceConfig(enabled=False))).__enter__()
+    mem = MemoryConfig(
+        budget_bytes=8 << 30,
+        arena_bytes=plan.stream_bytes + (8 << 20),
+        stream_bytes=plan.stream_bytes,
+        expert_bytes=plan.expert_buffer,
+        sample_s=0,
+    )
+    s = Runtime(
+        RuntimeConfig(
+            memory=mem,
+            pipeline=PipelineConfig(layer_bytes=plan.slot_bytes or 1 << 20),
+            trace=TraceConfig(enabled=False),
+        )
+    ).__enter__()
     try:
-        spec = ActorSession(s, SessionSpec(mode, str(store.dir), store.args, str(draft.dir) if draft else None, GREEDY,
-                                           TreeConfig(), 1, 200, plan=plan, experts=ExpertOptions(eviction, preload),
-                                           paths=profile))
+        spec = ActorSession(
+            s,
+            SessionSpec(
+                mode,
+                str(store.dir),
+                store.args,
+                str(draft.dir) if draft else None,
+                GREEDY,
+                TreeConfig(),
+                1,
+                200,
+                plan=plan,
+                experts=ExpertOptions(eviction, preload),
+                paths=profile,
+            ),
+        )
     except BaseException:
         s.shutdown()
         raise
@@ -84,19 +112,38 @@ def test_the_plan_keeps_non_expert_groups_resident_and_gives_the_rest_to_the_buf
     assert not plan.streamed and plan.experts == ARGS.n_layers * ARGS.n_experts
     assert plan.expert_slots >= ARGS.n_experts_used and plan.expert_buffer <= plan.budget - plan.resident_bytes
     assert "expert buffer" in plan.report() and "experts read on demand" in plan.summary()
-    tight = moe_plan(store, 0.0)  # no room beside the resident groups: layers stream, the buffer holds one token's experts
+    tight = moe_plan(
+        store, 0.0
+    )  # no room beside the resident groups: layers stream, the buffer holds one token's experts
     assert tight.streamed and tight.expert_slots >= ARGS.n_experts_used and tight.total <= tight.budget
     assert tight.stream_bytes == tight.slot_bytes * tight.n_slots + tight.expert_buffer
     with pytest.raises(CadenceError, match="too small.*one token's experts.*the smallest budget that works is"):
-        plan_memory(8192, {g: store.groups[g].nbytes for g in store.group_names() if g.startswith(("layer.", "head."))},
-                    0, 0, 0, overheads=Overheads(**{f.name: 0 for f in dataclasses.fields(Overheads)}),
-                    experts={g: store.groups[g].nbytes for g in store.group_names() if g.startswith("expert.")}, experts_used=2)
+        plan_memory(
+            8192,
+            {g: store.groups[g].nbytes for g in store.group_names() if g.startswith(("layer.", "head."))},
+            0,
+            0,
+            0,
+            overheads=Overheads(**{f.name: 0 for f in dataclasses.fields(Overheads)}),
+            experts={g: store.groups[g].nbytes for g in store.group_names() if g.startswith("expert.")},
+            experts_used=2,
+        )
 
 
-@pytest.mark.parametrize("eviction,preload", [("none", "none"), ("lru", "none"), ("lru", "router"), ("edgemoe", "paths")])
-def test_every_policy_gives_the_resident_models_tokens_within_the_buffer(store, prompt, reference, profile, eviction, preload):
+@pytest.mark.parametrize(
+    "eviction,preload", [("none", "none"), ("lru", "none"), ("lru", "router"), ("edgemoe", "paths")]
+)
+def test_every_policy_gives_the_resident_models_tokens_within_the_buffer(
+    store, prompt, reference, profile, eviction, preload
+):
     plan = moe_plan(store, 0.4)
-    s, spec = run(store, plan, eviction=eviction, preload=preload, profile=profile if preload == "paths" or eviction == "edgemoe" else None)
+    s, spec = run(
+        store,
+        plan,
+        eviction=eviction,
+        preload=preload,
+        profile=profile if preload == "paths" or eviction == "edgemoe" else None,
+    )
     try:
         g = spec.loop.generate(prompt, N, set())
         assert g.new_ids == reference
@@ -134,15 +181,24 @@ def test_streamed_layers_and_experts_share_the_loader(store, prompt, reference):
         g = spec.loop.generate(prompt, N, set())
         assert g.new_ids == reference
         assert g.stats["loads"] > 0 and g.stats["expert_reads"] > 0, g.stats
-        assert s.expert_slots.peak_bytes <= plan.expert_buffer and s.stream_slots.peak_bytes <= plan.slot_bytes * plan.n_slots
+        assert (
+            s.expert_slots.peak_bytes <= plan.expert_buffer
+            and s.stream_slots.peak_bytes <= plan.slot_bytes * plan.n_slots
+        )
     finally:
         spec.close()
         s.shutdown()
 
 
 def test_a_buffer_smaller_than_a_layers_union_takes_it_in_parts(store, prompt, reference):
-    plan = dataclasses.replace(moe_plan(store, 0.4), expert_buffer=ARGS.n_experts_used * max(
-        store.groups[g].nbytes for g in store.group_names() if g.startswith("expert.")) // 4096 * 4096 + 4096 * ARGS.n_experts_used)
+    plan = dataclasses.replace(
+        moe_plan(store, 0.4),
+        expert_buffer=ARGS.n_experts_used
+        * max(store.groups[g].nbytes for g in store.group_names() if g.startswith("expert."))
+        // 4096
+        * 4096
+        + 4096 * ARGS.n_experts_used,
+    )
     assert plan.expert_slots == ARGS.n_experts_used
     s, spec = run(store, plan, mode="tree", draft=store, eviction="lru", preload="none")
     try:

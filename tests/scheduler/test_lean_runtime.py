@@ -4,6 +4,7 @@ whose limit is the budget. Every mode gives std's token ids, none is OOM-killed,
 processes hold (anonymous + shared memory) stays under the limit, and the plan's figure for it is
 within 15% of the measured peak.
 """
+
 import json
 import sys
 
@@ -31,9 +32,26 @@ def runs(tmp_path_factory):
     out = {}
     for mode in MODES:
         js = d / f"{mode}.json"
-        argv = [sys.executable, "-m", "launch.cli", "run", "--prompts", str(prompts), "--mode", "tree" if mode == "nodraft" else mode,
-                *(["--draft", "none"] if mode == "nodraft" else []), "--memory-budget", str(BUDGET),
-                "--max-new-tokens", str(N), "--no-monitor", "--trace-dir", str(d), "--json", str(js)]
+        argv = [
+            sys.executable,
+            "-m",
+            "launch.cli",
+            "run",
+            "--prompts",
+            str(prompts),
+            "--mode",
+            "tree" if mode == "nodraft" else mode,
+            *(["--draft", "none"] if mode == "nodraft" else []),
+            "--memory-budget",
+            str(BUDGET),
+            "--max-new-tokens",
+            str(N),
+            "--no-monitor",
+            "--trace-dir",
+            str(d),
+            "--json",
+            str(js),
+        ]
         run = run_in_cgroup(argv, BUDGET, env=python_env(), cwd=REPO_ROOT, timeout=600)
         out[mode] = (run, json.loads(js.read_text()) if js.exists() else None)
     return out
@@ -49,8 +67,10 @@ def test_each_mode_runs_under_the_limit_and_equals_std(runs, mode):
     assert rows[0]["stats"]["loads"] > 0  # the target streamed
     if mode == "nodraft":
         assert rows[0]["draft"] is None
-    print(f"{mode}: {rows[0]['tokens_per_s']} tok/s, held {run.peak_held_bytes >> 20} MiB, plan "
-          f"{rows[0]['memory_plan']['held_bytes'] >> 20} MiB, by process {run.held_by_process}")
+    print(
+        f"{mode}: {rows[0]['tokens_per_s']} tok/s, held {run.peak_held_bytes >> 20} MiB, plan "
+        f"{rows[0]['memory_plan']['held_bytes'] >> 20} MiB, by process {run.held_by_process}"
+    )
 
 
 @pytest.mark.parametrize("mode", ("stdpl", "tree"))

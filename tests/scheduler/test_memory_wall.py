@@ -3,6 +3,7 @@
 A handful of dev prompts (one of each kind) and a few dozen tokens: streaming re-reads the target
 from disk for every forward, so these runs are slow by design.
 """
+
 import time
 
 import psutil
@@ -26,7 +27,6 @@ def _prompts():
     return [Prompt(p["id"], p["kind"], p["prompt"]) for p in dev_prompts() if p["id"] in IDS]
 
 
-
 @pytest.fixture(scope="module")
 def reference():
     target = real_model("qwen2.5-coder-1.5b", "int4")
@@ -38,8 +38,16 @@ def reference():
 
 
 def _cfg(mode, tmp_path, budget="auto"):
-    return RunConfig.from_options(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", dtype="int4", mode=mode,
-                                  max_new_tokens=N, draft_ahead="4", memory_budget=budget, trace_dir=str(tmp_path))
+    return RunConfig.from_options(
+        target="qwen2.5-coder-1.5b",
+        draft="qwen2.5-coder-0.5b",
+        dtype="int4",
+        mode=mode,
+        max_new_tokens=N,
+        draft_ahead="4",
+        memory_budget=budget,
+        trace_dir=str(tmp_path),
+    )
 
 
 def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_path):
@@ -75,8 +83,11 @@ def test_a_killed_loader_ends_the_run_with_a_reason_and_no_leak(tmp_path):
         run_until_role_killed(_cfg("stdpl", tmp_path), "loader", 3.0, _prompts(), 10)
     time.sleep(0.5)
     assert shm_segments() <= before
-    assert not [c for c in psutil.Process().children(recursive=True) if c.is_running() and c.status() != psutil.STATUS_ZOMBIE
-                and "actors" in " ".join(c.cmdline())]
+    assert not [
+        c
+        for c in psutil.Process().children(recursive=True)
+        if c.is_running() and c.status() != psutil.STATUS_ZOMBIE and "actors" in " ".join(c.cmdline())
+    ]
 
 
 def test_a_budget_too_small_is_refused_before_anything_starts(tmp_path):

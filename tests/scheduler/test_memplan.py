@@ -1,4 +1,5 @@
 """The memory plan: what stays, what streams, and the sentence for a budget too small."""
+
 import os
 
 import pytest
@@ -12,8 +13,16 @@ MiB = 1 << 20
 LAYERS = {f"layer.{i}": 27 * MiB for i in range(28)}
 HEAD = {f"head.{j}": 27 * MiB for j in range(4)} | {"head.4": 21 * MiB}  # the head in parts of about a layer
 GROUPS = {**LAYERS, **HEAD}
-O = Overheads(scheduler=50 * MiB, runtime=100 * MiB, actor=10 * MiB, watchdog=8 * MiB, exchange=8 * MiB,
-              verifier_activations=10 * MiB, draft_activations=10 * MiB, code=20 * MiB)
+O = Overheads(
+    scheduler=50 * MiB,
+    runtime=100 * MiB,
+    actor=10 * MiB,
+    watchdog=8 * MiB,
+    exchange=8 * MiB,
+    verifier_activations=10 * MiB,
+    draft_activations=10 * MiB,
+    code=20 * MiB,
+)
 
 
 def test_everything_resident_when_it_fits():
@@ -83,9 +92,25 @@ def test_activations_grow_with_the_rows_and_sampling_keeps_probabilities():
     assert activation_bytes(a, 1, 9, head_rows=32768) < activation_bytes(a, 1, 9)
 
 
-@pytest.mark.parametrize("text,n", [("3GiB", 3 << 30), ("800MiB", 800 << 20), ("2.5G", int(2.5 * 2**30)), ("1000", 1000),
-                                    ("1000B", 1000), ("64k", 64 << 10), ("64K", 64 << 10), ("64KiB", 64 << 10), ("64kb", 64_000),
-                                    ("2MB", 2_000_000), ("2m", 2 << 20), ("1gb", 10**9), ("1 GiB", 1 << 30), ("0.5 mib", 1 << 19)])
+@pytest.mark.parametrize(
+    "text,n",
+    [
+        ("3GiB", 3 << 30),
+        ("800MiB", 800 << 20),
+        ("2.5G", int(2.5 * 2**30)),
+        ("1000", 1000),
+        ("1000B", 1000),
+        ("64k", 64 << 10),
+        ("64K", 64 << 10),
+        ("64KiB", 64 << 10),
+        ("64kb", 64_000),
+        ("2MB", 2_000_000),
+        ("2m", 2 << 20),
+        ("1gb", 10**9),
+        ("1 GiB", 1 << 30),
+        ("0.5 mib", 1 << 19),
+    ],
+)
 def test_parse_bytes(text, n):
     assert parse_bytes(text) == n
 

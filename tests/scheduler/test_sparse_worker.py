@@ -1,6 +1,7 @@
 """Hetero-core verification on the real pair: the sparse-attention actor takes the tree part of
 attention (and a share of the dense chunks, and with a column share the last columns of every
 linear layer); the output stays the target's, token for token."""
+
 import json
 import time
 
@@ -30,14 +31,23 @@ def _prompts():
     return out
 
 
-
 def _cfg(tmp_path, share, columns=0.0):
-    return RunConfig.from_options(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", dtype="int4", mode="tree",
-                                  max_new_tokens=N, sparse_worker=True, worker_share=share, column_share=columns,
-                                  trace_dir=str(tmp_path))
+    return RunConfig.from_options(
+        target="qwen2.5-coder-1.5b",
+        draft="qwen2.5-coder-0.5b",
+        dtype="int4",
+        mode="tree",
+        max_new_tokens=N,
+        sparse_worker=True,
+        worker_share=share,
+        column_share=columns,
+        trace_dir=str(tmp_path),
+    )
 
 
-@pytest.mark.parametrize("share, columns, half", [(0.5, 0.0, 0), (0.25, 0.5, 1)], ids=["attention", "attention+columns"])
+@pytest.mark.parametrize(
+    "share, columns, half", [(0.5, 0.0, 0), (0.25, 0.5, 1)], ids=["attention", "attention+columns"]
+)
 def test_tree_with_the_sparse_worker_is_lossless_on_each_kind_of_dev_prompt(tmp_path, share, columns, half):
     """Each split on half of the kinds (together: every kind once), to keep the suite's time."""
     target = real_model("qwen2.5-coder-1.5b", "int4")

@@ -4,6 +4,7 @@ arena, real loader reads; every mode, resident and streamed, gives the target's 
 The slow real-model tests (test_lossless_real, test_memory_wall, test_lean_runtime) check the same
 on trained models; these cover the actor path of speculative/loop.py on every run of the suite.
 """
+
 import dataclasses
 
 import pytest
@@ -72,13 +73,29 @@ def reference(stores, prompt):
 
 def _run(stores, draft: str | None, mode: str = "tree", plan=None) -> tuple[Runtime, ActorSession]:
     t = stores["target"]
-    mem = MemoryConfig(budget_bytes=8 << 30, arena_bytes=max(64 << 20, plan.stream_bytes + (8 << 20)) if plan else 64 << 20,
-                       stream_bytes=plan.stream_bytes if plan else 0, sample_s=0)
+    mem = MemoryConfig(
+        budget_bytes=8 << 30,
+        arena_bytes=max(64 << 20, plan.stream_bytes + (8 << 20)) if plan else 64 << 20,
+        stream_bytes=plan.stream_bytes if plan else 0,
+        sample_s=0,
+    )
     pipe = PipelineConfig(layer_bytes=plan.slot_bytes if plan else 1 << 20)
     s = Runtime(RuntimeConfig(memory=mem, pipeline=pipe, trace=TraceConfig(enabled=False))).__enter__()
     try:
-        spec = ActorSession(s, SessionSpec(mode, str(t.dir), t.args, str(stores[draft].dir) if draft else None, GREEDY,
-                                           TreeConfig(ahead=2), 1, 256, plan=plan))
+        spec = ActorSession(
+            s,
+            SessionSpec(
+                mode,
+                str(t.dir),
+                t.args,
+                str(stores[draft].dir) if draft else None,
+                GREEDY,
+                TreeConfig(ahead=2),
+                1,
+                256,
+                plan=plan,
+            ),
+        )
     except BaseException:
         s.shutdown()
         raise
@@ -98,7 +115,9 @@ def test_every_mode_over_resident_actors_gives_the_targets_tokens(stores, prompt
             g = _generate(spec, prompt, mode=mode, cfg=cfg)
             assert g.new_ids == reference, mode
             assert g.stats["verifications"] > 0 and g.stats["accepted"] > 0, (mode, g.stats)
-        again = _generate(spec, prompt, mode="tree")  # a second prompt: the governor carries over, the caches start afresh
+        again = _generate(
+            spec, prompt, mode="tree"
+        )  # a second prompt: the governor carries over, the caches start afresh
         assert again.new_ids == reference
         sampled = _generate(spec, prompt, mode="tree", sampling=SamplingConfig(temperature=0.8, seed=1))
         assert len(sampled.new_ids) == N and all(0 <= t < 300 for t in sampled.new_ids)

@@ -1,6 +1,7 @@
 """Lossless on the real pair on every kernel path this host has (models/kernels.py): chain and tree drafting,
 in process, give the target's own token ids, and the target's ids are the same on every path (the paths
 compute the same bits). A path this CPU lacks is skipped with its name."""
+
 import pytest
 
 from engine.prompts import Prompt, encode_prompt
@@ -26,8 +27,11 @@ def pair():
 @pytest.fixture(scope="module")
 def prompts(pair):
     tok = pair[0].tokenizer
-    return {p["id"]: encode_prompt(tok, Prompt(p["id"], p["kind"], p["prompt"]), "auto")[0] for p in dev_prompts()
-            if p["id"] in PROMPTS}
+    return {
+        p["id"]: encode_prompt(tok, Prompt(p["id"], p["kind"], p["prompt"]), "auto")[0]
+        for p in dev_prompts()
+        if p["id"] in PROMPTS
+    }
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +46,10 @@ def test_each_path_gives_the_same_tokens_and_speculation_keeps_them(name, pair, 
     with kernels.using(path_lib(name)):
         if name == "portable":
             pid = PROMPTS[0]
-            assert generate_target(target, prompts[pid], PORTABLE_N, SamplingConfig()).new_ids == reference[pid][:PORTABLE_N]
+            assert (
+                generate_target(target, prompts[pid], PORTABLE_N, SamplingConfig()).new_ids
+                == reference[pid][:PORTABLE_N]
+            )
             return
         for pid, ids in prompts.items():
             assert generate_target(target, ids, N, SamplingConfig()).new_ids == reference[pid], pid

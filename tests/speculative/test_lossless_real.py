@@ -3,6 +3,7 @@
 `chain` runs in process; `tree` runs as a user runs it: `launch run` with the draft and verifier as
 actor processes. Both must give the target's own token ids, token for token.
 """
+
 import json
 import os
 import subprocess
@@ -30,7 +31,10 @@ def pair():
 @pytest.fixture(scope="module")
 def prompts(pair):
     target, _ = pair
-    return {p["id"]: encode_prompt(target.tokenizer, Prompt(p["id"], p["kind"], p["prompt"]), "auto")[0] for p in dev_prompts()}
+    return {
+        p["id"]: encode_prompt(target.tokenizer, Prompt(p["id"], p["kind"], p["prompt"]), "auto")[0]
+        for p in dev_prompts()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +55,30 @@ def test_chain_equals_target(pair, prompts, reference):
 def test_tree_over_actors_equals_target(reference, tmp_path):
     out = tmp_path / "rows.json"
     env = dict(os.environ, CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
-    p = subprocess.run([sys.executable, "-m", "launch.cli", "run", "--mode", "tree", "--dtype", FMT, "--prompts",
-                        str(DEV_PROMPTS), "--max-new-tokens", str(N), "--json", str(out), "--trace-dir", str(tmp_path)],
-                       capture_output=True, text=True, env=env, timeout=1800)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.cli",
+            "run",
+            "--mode",
+            "tree",
+            "--dtype",
+            FMT,
+            "--prompts",
+            str(DEV_PROMPTS),
+            "--max-new-tokens",
+            str(N),
+            "--json",
+            str(out),
+            "--trace-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     rows = json.loads(out.read_text())
     assert {r["id"] for r in rows} == set(reference)
@@ -71,8 +96,9 @@ def test_a_draft_equal_to_the_target_is_always_accepted(mode, ahead, prompts):
     the draft's KV entries for it must be exactly those a fresh feed would write, or a token
     would be rejected."""
     lm = real_model("qwen2.5-coder-0.5b", FMT)
-    cfg = TreeConfig(mode=mode, width=6, chain_k=4, trie=False, adaptive=False, ahead=ahead,
-                     prompt_window=0)  # the draft sees what the target sees: the whole prompt
+    cfg = TreeConfig(
+        mode=mode, width=6, chain_k=4, trie=False, adaptive=False, ahead=ahead, prompt_window=0
+    )  # the draft sees what the target sees: the whole prompt
     for pid in ("fib", "rewrite_hints"):
         ids = prompts[pid]
         ref = generate_target(lm, ids, 48, SamplingConfig()).new_ids

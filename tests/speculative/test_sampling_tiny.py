@@ -4,6 +4,7 @@ One speculation cycle (draft a tree, verify it) is repeated from the same state 
 draws; the first two tokens it emits are compared by a chi-square test with the target's exact
 joint distribution p(x1) p(x2 | x1), computed by running the target on every x1.
 """
+
 import pytest
 import torch
 
@@ -16,8 +17,20 @@ from speculative.drafter import Drafter
 from common.settings import TreeConfig
 from speculative.verify import Verifier
 
-ARGS = ModelArgs(arch="qwen2", vocab_size=32, dim=64, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64,
-                 norm_eps=1e-6, rope_base=10000.0, context_length=64, qkv_bias=True, tied_embeddings=False)
+ARGS = ModelArgs(
+    arch="qwen2",
+    vocab_size=32,
+    dim=64,
+    n_layers=1,
+    n_heads=2,
+    n_kv_heads=1,
+    ffn_dim=64,
+    norm_eps=1e-6,
+    rope_base=10000.0,
+    context_length=64,
+    qkv_bias=True,
+    tied_embeddings=False,
+)
 SAMPLING = SamplingConfig(temperature=1.0, top_p=0.95)
 PROMPT = [3, 17, 5, 9]
 ROOT = 11
@@ -77,7 +90,10 @@ def test_speculative_sampling_matches_the_target_distribution(mode):
     expected, observed = joint.flatten() * n, counts.flatten()
     # the whole table (rare cells pooled) ...
     keep = expected >= 5
-    _check(torch.cat([expected[keep], expected[~keep].sum().view(1)]), torch.cat([observed[keep], observed[~keep].sum().view(1)]))
+    _check(
+        torch.cat([expected[keep], expected[~keep].sum().view(1)]),
+        torch.cat([observed[keep], observed[~keep].sum().view(1)]),
+    )
     # ... and the eight likeliest outcomes against the rest, which has the power to see a 2% deviation
     top = torch.topk(expected, 8).indices
     rest = torch.ones_like(expected, dtype=torch.bool)
@@ -85,7 +101,7 @@ def test_speculative_sampling_matches_the_target_distribution(mode):
     e = torch.cat([expected[top], expected[rest].sum().view(1)])
     limit = _check(e, torch.cat([observed[top], observed[rest].sum().view(1)]))
     shift = 0.02 * n  # 2% of the mass moved between the two likeliest outcomes, where it is hardest to see
-    assert shift ** 2 / e[0] + shift ** 2 / e[1] > limit
+    assert shift**2 / e[0] + shift**2 / e[1] > limit
 
 
 def _check(e: torch.Tensor, o: torch.Tensor) -> float:

@@ -1,4 +1,5 @@
 """The pure parts of tree speculation on hand-made trees: paths, pacer, alpha, trie, sampled acceptance."""
+
 import random
 
 import pytest
@@ -78,7 +79,7 @@ def test_alpha_halves_when_all_correct_and_rises_by_the_missed_share():
     a = AdaptiveThreshold(alpha=0.01)
     assert a.update(tc=0.2, n_all=4, n_correct=4) == pytest.approx(0.005)
     got = a.update(tc=0.25, n_all=4, n_correct=2)
-    assert got == pytest.approx(0.005 / 0.25 ** 0.5)
+    assert got == pytest.approx(0.005 / 0.25**0.5)
     assert a.should_verify(0.005) and not a.should_verify(0.5)
     for _ in range(50):
         a.update(tc=1e-9, n_all=1, n_correct=0)
@@ -116,7 +117,9 @@ def test_governor_prefers_what_measured_faster_and_keeps_probing():
     for _ in range(30):
         w = g.choose()
         chosen.append(w)
-        g.record(w, tokens={PLAIN: 1, D2: 2, D4: 5}[w], seconds={PLAIN: 0.1, D2: 0.15, D4: 0.3}[w])  # 10, 13.3, 16.7 tok/s
+        g.record(
+            w, tokens={PLAIN: 1, D2: 2, D4: 5}[w], seconds={PLAIN: 0.1, D2: 0.15, D4: 0.3}[w]
+        )  # 10, 13.3, 16.7 tok/s
     assert chosen[0] == D4 and PLAIN in chosen[:3]  # starts with its guess, measures the plain step early
     assert chosen[-6:].count(D4) >= 4
 
@@ -140,7 +143,7 @@ def test_governor_backs_off_probing_what_keeps_losing():
         later.append(w)
         g.record(w, tokens={PLAIN: 1, D2: 4}[w], seconds={PLAIN: 0.1, D2: 0.2}[w])
     first = later.index(D2)
-    assert first <= 24 and later[first + 1:first + 8].count(D2) >= 2
+    assert first <= 24 and later[first + 1 : first + 8].count(D2) >= 2
     assert later[-20:].count(D2) >= 19 and g.gap > g.explore_every
 
 
@@ -171,8 +174,9 @@ def test_sampled_acceptance_preserves_the_target_distribution(shape):
             if child is None:
                 child = t.add(x, ROOT, float(q[x]))
             trials[ROOT].append((child, q))
-        path, nxt = accept_sampled(t, trials, lambda row: p, rng.random,
-                                   lambda dist: int(torch.multinomial(dist, 1, generator=g)))
+        path, nxt = accept_sampled(
+            t, trials, lambda row: p, rng.random, lambda dist: int(torch.multinomial(dist, 1, generator=g))
+        )
         first = t.nodes[path[0]].token if path else nxt
         counts[first] += 1
     expected = p * n
@@ -315,5 +319,6 @@ def test_the_draft_runs_on_the_prompts_last_window_only():
     a.push([14]), b.push([14])
     assert a.build_tree().tree.flatten()[0] == b.build_tree().tree.flatten()[0]
     from common.errors import CadenceError
+
     with pytest.raises(CadenceError, match="prompt window"):
         TreeConfig(prompt_window=-1)
