@@ -14,6 +14,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from models.store import WeightStore
 
 ROWS = (1, 2, 3, 5, 9, 17, 33)  # a token, or a tree of 1..32 tokens and its root
 DISK_BYTES = 256 << 20  # read to measure the disk (less if the store is smaller)
-VERSION = 1
+READ_PIECE = 32 << 20  # ... in pieces of about a layer's size, as the loader reads
+VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -109,9 +111,16 @@ def measure(target: WeightStore, draft: WeightStore | None) -> Costs:
         x, h = torch.randn(1, draft.args.dim), torch.randn(1, draft.args.ffn_dim)
         draft_layer = best_time(lambda: _layer(d.layer(0), x, h, draft.args))
         draft_head = len(draft.head_groups()) * best_time(lambda: d.head_part(0).out.matmul(x))
-    with DirectReader(target.path) as reader:
-        n = min(DISK_BYTES, target.path.stat().st_size) // 4096 * 4096
-        gbps = reader.read_into(0, n, torch.empty(n, dtype=torch.uint8).numpy()).gbps
+    with DirectReader(target.path) as reader:  # in pieces of a layer's size into one buffer: little memory
+        n = (
+            min(DISK_BYTES, target.path.stat().st_size) // READ_PIECE * READ_PIECE
+            or target.path.stat().st_size // 4096 * 4096
+        )
+        piece = min(READ_PIECE, n)
+        buf, t = torch.empty(piece, dtype=torch.uint8).numpy(), time.perf_counter()
+        for at in range(0, n, piece):
+            reader.read_into(at, piece, buf)
+        gbps = n / (time.perf_counter() - t) / 1e9
     return Costs(gbps, layer_s, head_s, draft_layer, draft_head)
 
 
