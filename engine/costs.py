@@ -49,15 +49,23 @@ class Costs:
         return self.forward_s(n_layers, rows, 0), read_bytes / (self.disk_gbps * 1e9)
 
 
-def costs(target: WeightStore, draft: WeightStore | None) -> Costs:
-    """This machine's costs for the pair, from the cache or measured now (a few seconds) and cached."""
+def costs(target: WeightStore, draft: WeightStore | None, say=None) -> Costs:
+    """This machine's costs for the pair, from the cache or measured now (a few seconds, said in one line
+    through `say`) and cached."""
     path = paths.home() / "calibration" / f"costs-{_key(target, draft)}.json"
     try:
         return Costs(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         pass
     cmd = [sys.executable, "-m", "engine.costs", str(target.dir), str(draft.dir) if draft else ""]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if say:
+        say("measuring this machine's forward costs and disk once (a few seconds; cached)")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        raise CadenceError(
+            "measuring this machine's forward costs took over 10 minutes; give --draft and --width"
+        ) from None
     try:
         got = Costs(**json.loads(proc.stdout.strip().splitlines()[-1]))
     except (ValueError, IndexError, TypeError):

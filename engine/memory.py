@@ -137,7 +137,7 @@ def settle_draft(r, say) -> None:
         return  # the plan does not fit: the run says so in its own words
     if with_draft.read_per_forward <= without.read_per_forward:
         return  # the draft pushes nothing of the target out: the governor weighs it step by step
-    c = costs(r.target, r.draft)
+    c = costs(r.target, r.draft, say)
     if not draft_pays(c, r.target, r.draft, with_draft.read_per_forward, without.read_per_forward, r.cfg.tree.width):
         say(
             f"draft: none (under {with_draft.budget / 2**30:.2f} GiB the draft {r.cfg.draft} would push "
@@ -170,7 +170,7 @@ def settle_width(r, say) -> None:
         return  # the plan does not fit (the run says so), or the wider tree's activations do not fit beside it
     if not plan.read_per_forward:
         return  # all resident: the governor weighs each width against a plain step
-    c = costs(r.target, r.draft)
+    c = costs(r.target, r.draft, say)
     verify, read = c.hidden_by_reads(r.target.args.n_layers, WIDE + 1, plan.read_per_forward)
     if verify < read:
         say(
