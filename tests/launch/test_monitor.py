@@ -17,7 +17,6 @@ from observe.lines import LogMonitor, NullMonitor
 from observe.monitor import Monitor, add_monitor_args, memory_bar, open_monitor, sparkline, text_tail
 from observe.state import ActorRow, MemoryPart, MonitorState
 from observe.feed import MonitorFeed
-from launch.progress import step_progress, track_steps
 from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.runtime import Runtime
 from tests.runtime.fake_run import fake_model, fake_plan, prompt, small_config, speculation
@@ -208,18 +207,6 @@ def test_a_frame_fits_80x24_and_shows_no_plan_without_a_budget():
     unplanned = mon.render(dataclasses.replace(state, planned=False, budget_bytes=24 << 30))
     text = "\n".join("".join(t for t, _ in ln) for ln in unplanned.lines)
     assert "planned" not in text and "held of 24.0G RAM" in text
-
-
-def test_progress_bars_and_their_plain_fallback():
-    term = Console(record=True, width=100, file=io.StringIO(), force_terminal=True)
-    with step_progress("profile widths", total=3, console=term) as advance:
-        for w in (4, 8, 16):
-            advance(description=f"profile width {w}")
-    shown = term.export_text()
-    assert "profile width 16" in shown and "3/3" in shown
-    plain = Console(file=io.StringIO(), force_terminal=False)
-    assert list(track_steps([1, 2, 3], "convert", console=plain)) == [1, 2, 3]
-    assert plain.file.getvalue().splitlines()[-1].startswith("convert: 3/3 (")
 
 
 def test_overhead_bench_runs():

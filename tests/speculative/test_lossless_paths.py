@@ -7,7 +7,7 @@ import pytest
 from engine.prompts import Prompt, encode_prompt
 from models import kernels
 from models.sampling import SamplingConfig
-from speculative.draft import TreeConfig
+from common.settings import TreeConfig
 from speculative.generate import generate_speculative, generate_target
 from tests.conftest import dev_prompts, real_model
 from tests.models.test_kernel_paths import path_lib
