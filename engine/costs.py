@@ -43,6 +43,10 @@ class Costs:
         compute = n_layers * self.layer_s[r] + self.head_s[r]
         return max(compute, read_bytes / (self.disk_gbps * 1e9))
 
+    def draft_step_s(self, draft: WeightStore) -> float:
+        """One draft forward of one row."""
+        return draft.args.n_layers * self.draft_layer_s + self.draft_head_s
+
     def hidden_by_reads(self, n_layers: int, rows: int, read_bytes: int) -> tuple[float, float]:
         """(a resident forward of `rows` rows, reading `read_bytes`): the first below the second, the disk hides
         the compute, and more rows per forward cost nothing."""
@@ -63,14 +67,12 @@ def costs(target: WeightStore, draft: WeightStore | None, say=None) -> Costs:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
-        raise CadenceError(
-            "measuring this machine's forward costs took over 10 minutes; give --draft and --width"
-        ) from None
+        raise CadenceError("measuring this machine's forward costs took over 10 minutes") from None
     try:
         got = Costs(**json.loads(proc.stdout.strip().splitlines()[-1]))
     except (ValueError, IndexError, TypeError):
         err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise CadenceError(f"measuring this machine's forward costs failed ({err}); give --draft explicitly") from None
+        raise CadenceError(f"measuring this machine's forward costs failed ({err})") from None
     try:
         paths.writable_dir(path.parent)
         path.write_text(json.dumps(asdict(got)))
@@ -158,8 +160,7 @@ def draft_pays(
     draft forward per level of the tree) against a plain step, at `tokens_per_verification`."""
     n, depth = target.args.n_layers, max(1, width // 2)
     plain = costs_.forward_s(n, 1, read_without)
-    draft_step = draft.args.n_layers * costs_.draft_layer_s + costs_.draft_head_s
-    tree = costs_.forward_s(n, width + 1, read_with) + depth * draft_step
+    tree = costs_.forward_s(n, width + 1, read_with) + depth * costs_.draft_step_s(draft)
     return tree / tokens_per_verification < plain
 
 

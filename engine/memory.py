@@ -14,6 +14,7 @@ import psutil
 
 from common.errors import CadenceError
 from common.settings import WIDE
+from common.units import machine_memory
 
 from engine.config import RunConfig
 from models.store import WeightStore
@@ -120,13 +121,33 @@ def runtime_config(cfg: RunConfig, target: WeightStore, plan, preload: tuple[str
     )
 
 
+def _pinned(cfg: RunConfig, budget: int) -> RunConfig | None:
+    """`cfg` with an `auto` budget pinned to the bytes the choices were weighed under (a later plan of the changed
+    run would find its own smallest); None where that many bytes could not be given as a budget here."""
+    if cfg.memory_budget != "auto":
+        return cfg
+    return cfg.replace(memory_budget=str(budget)) if budget <= machine_memory() else None
+
+
+def _measured(r, say):
+    """This machine's costs for the run's pair, or None where measuring failed (the choices are optional: the
+    run keeps what was asked, and says why)."""
+    from engine.costs import costs
+
+    try:
+        return costs(r.target, r.draft, say)
+    except CadenceError as e:
+        say(f"{e}: the draft and width stay as asked (--draft NAME and --width N skip the measurement)")
+        return None
+
+
 def settle_draft(r, say) -> None:
     """Under a budget, the draft `--draft auto` picked stays only where it pays for the target layers its memory
     pushes out to disk (engine/costs.py: this machine's forward costs and disk rate against the two plans):
     else tree mode runs with the n-gram trie alone, whose plan is the target's alone, and says so in one line."""
-    if not (r.draft_picked and r.cfg.memory_budget):
-        return
-    from engine.costs import costs, draft_pays
+    if not (r.draft_picked and r.cfg.memory_budget) or r.target.args.moe:
+        return  # a mixture of experts: its expert buffer, not its layers, is what the draft's memory takes
+    from engine.costs import draft_pays
     from scheduler.generation.memplan import plan_memory
 
     alone = r.cfg.replace(draft="none")
@@ -137,15 +158,15 @@ def settle_draft(r, say) -> None:
         return  # the plan does not fit: the run says so in its own words
     if with_draft.read_per_forward <= without.read_per_forward:
         return  # the draft pushes nothing of the target out: the governor weighs it step by step
-    c = costs(r.target, r.draft, say)
+    alone, c = _pinned(alone, with_draft.budget), _measured(r, say)
+    if alone is None or c is None:
+        return
     if not draft_pays(c, r.target, r.draft, with_draft.read_per_forward, without.read_per_forward, r.cfg.tree.width):
         say(
             f"draft: none (under {with_draft.budget / 2**30:.2f} GiB the draft {r.cfg.draft} would push "
             f"{(with_draft.read_per_forward - without.read_per_forward) / 2**20:.0f} MiB more of the target to disk "
             "every forward than it saves here; --draft NAME keeps it)"
         )
-        if r.cfg.memory_budget == "auto":  # the budget the two plans were weighed under, not the trie's own smallest
-            alone = alone.replace(memory_budget=str(with_draft.budget))
         r.cfg, r.draft, r.draft_picked = alone, None, False
 
 
@@ -153,25 +174,29 @@ def settle_width(r, say) -> None:
     """Under a budget, a tree whose width was not given verifies WIDE draft tokens where this machine computes
     that pass in less time than the disk takes to read what every forward streams (engine/costs.py): the
     wider tree is then free, and accepts more per verification. Kept at the default where the wider plan
-    does not fit the budget or the pass would outlast the reads."""
+    does not fit the budget, reads more per forward, or the pass and its extra draft levels would outlast the
+    reads; and with `--fixed-width` (no governor to fall back to narrower trees) or a mixture of experts (a
+    wider tree's union of experts reads more)."""
     t = r.cfg.tree
-    if not (t.width_auto and r.cfg.memory_budget and r.draft is not None and r.cfg.mode == "tree" and WIDE > t.width):
+    if not (t.width_auto and t.adaptive and r.cfg.memory_budget and r.draft is not None and r.cfg.mode == "tree"):
         return
-    from engine.costs import costs
+    if WIDE <= t.width or r.target.args.moe:
+        return
     from scheduler.generation.memplan import plan_memory
 
     try:
-        budget = memory_plan(r.cfg, r.target, r.draft).budget
-        wide = r.cfg.replace(tree=dataclasses.replace(t, width=WIDE, width_auto=False))
-        if r.cfg.memory_budget == "auto":  # the budget weighed, not the wider tree's own smallest
-            wide = wide.replace(memory_budget=str(budget))
-        plan = plan_memory(budget, **plan_inputs(wide, r.target, r.draft))
+        narrow = memory_plan(r.cfg, r.target, r.draft)
+        wide = _pinned(r.cfg.replace(tree=dataclasses.replace(t, width=WIDE, width_auto=False)), narrow.budget)
+        plan = plan_memory(narrow.budget, **plan_inputs(wide, r.target, r.draft)) if wide else None
     except CadenceError:
         return  # the plan does not fit (the run says so), or the wider tree's activations do not fit beside it
-    if not plan.read_per_forward:
-        return  # all resident: the governor weighs each width against a plain step
-    c = costs(r.target, r.draft, say)
+    if plan is None or not plan.read_per_forward or plan.read_per_forward > narrow.read_per_forward:
+        return  # all resident (the governor weighs each width), or the wider activations push a layer out
+    c = _measured(r, say)
+    if c is None:
+        return
     verify, read = c.hidden_by_reads(r.target.args.n_layers, WIDE + 1, plan.read_per_forward)
+    verify += (WIDE - t.width) // 2 * c.draft_step_s(r.draft)  # the extra levels of the wider tree
     if verify < read:
         say(
             f"width: {WIDE} (this machine verifies {WIDE + 1} rows in {verify * 1e3:.0f} ms, less than the "

@@ -2,8 +2,9 @@
 
 It reads the weight stores' manifests (converting a model once if it has none yet), loads the
 tokenizer as a run's scheduler would (its memory is part of the plan), and prints the plan for the
-mode asked for, then the smallest budget each mode works with. No model weights are read and no
-actor starts.
+mode asked for, then the smallest budget each mode works with. No actor starts; the choices a budgeted
+tree makes from this machine's costs may measure them once (engine/costs.py: one layer of each model and a
+stretch of the store, in a child process; cached).
 """
 
 from __future__ import annotations
