@@ -63,22 +63,8 @@ class HFBaseline:
             )
         wall = time.perf_counter() - t0
         new = out[0, len(ids) :].tolist()
-        return make_row(
-            id=prompt.id,
-            kind=prompt.kind,
-            mode=mode,
-            target=self.target_name,
-            draft=self.draft_name if mode == "hf-assisted" else None,
-            format=f"hf-{self.dtype_name}",
-            chat=chat,
-            prompt_token_ids=ids,
-            new_token_ids=new,
-            text=decode(new),
-            wall_s=wall,
-            prefill_s=0.0,
-            peak_rss_bytes=peak_rss_bytes(),
-            stats={},
-        )
+        draft = self.draft_name if mode == "hf-assisted" else None
+        return _row(prompt, mode, self.target_name, draft, f"hf-{self.dtype_name}", chat, ids, new, decode, wall)
 
 
 class LlamaCppBaseline:
@@ -117,22 +103,27 @@ class LlamaCppBaseline:
             if tok in stop_ids or len(new) >= max_new:
                 break
         wall = time.perf_counter() - t0
-        return make_row(
-            id=prompt.id,
-            kind=prompt.kind,
-            mode="llama.cpp",
-            target=self.name,
-            draft=None,
-            format="gguf",
-            chat=chat,
-            prompt_token_ids=ids,
-            new_token_ids=new,
-            text=decode(new),
-            wall_s=wall,
-            prefill_s=0.0,
-            peak_rss_bytes=peak_rss_bytes(),
-            stats={},
-        )
+        return _row(prompt, "llama.cpp", self.name, None, "gguf", chat, ids, new, decode, wall)
+
+
+def _row(prompt, mode, target, draft, fmt, chat, ids, new, decode, wall) -> dict:
+    """A peer's row, in the fields of ours (engine/rows.py): no prefill time of its own, no stats."""
+    return make_row(
+        id=prompt.id,
+        kind=prompt.kind,
+        mode=mode,
+        target=target,
+        draft=draft,
+        format=fmt,
+        chat=chat,
+        prompt_token_ids=ids,
+        new_token_ids=new,
+        text=decode(new),
+        wall_s=wall,
+        prefill_s=0.0,
+        peak_rss_bytes=peak_rss_bytes(),
+        stats={},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = [p for p in args.paths.split(",") if p] or kernels.host_paths()
     widths = [int(w) for w in args.widths.split(",")]
     threads = os.cpu_count() or 1
-    print(f"machine: {_cpu_model()}, {threads} threads")
+    print(f"machine: {kernels.cpu_model()}, {threads} threads")
     base = dict(os.environ)
     arms = []
     if args.old_checkout:
@@ -174,13 +174,6 @@ def _report(arms, widths, times, rate):
             f"{a.weight_bytes / one / 1e9 / rate:.0%}",
         ]
         print("| " + " | ".join(cells) + " |")
-
-
-def _cpu_model() -> str:
-    try:
-        return next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown CPU"
 
 
 if __name__ == "__main__":

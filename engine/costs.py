@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from common import paths
-from common.errors import CadenceError
-from models.kernel_build import CSRC
+from common.calibration import cached, child_json
+from models.kernel_build import cpu_flags, cpu_model, sources_digest  # no torch
 from models.store import WeightStore
 
 ROWS = (1, 2, 3, 5, 9, 17, 33)  # a token, or a tree of 1..32 tokens and its root
@@ -56,45 +54,20 @@ class Costs:
 def costs(target: WeightStore, draft: WeightStore | None, say=None) -> Costs:
     """This machine's costs for the pair, from the cache or measured now (a few seconds, said in one line
     through `say`) and cached."""
-    path = paths.home() / "calibration" / f"costs-{_key(target, draft)}.json"
-    try:
-        return Costs(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
-        pass
     cmd = [sys.executable, "-m", "engine.costs", str(target.dir), str(draft.dir) if draft else ""]
-    if say:
-        say("measuring this machine's forward costs and disk once (a few seconds; cached)")
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except subprocess.TimeoutExpired:
-        raise CadenceError("measuring this machine's forward costs took over 10 minutes") from None
-    try:
-        got = Costs(**json.loads(proc.stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError, TypeError):
-        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise CadenceError(f"measuring this machine's forward costs failed ({err})") from None
-    try:
-        paths.writable_dir(path.parent)
-        path.write_text(json.dumps(asdict(got)))
-    except (OSError, CadenceError):
-        pass  # a cache: a home we cannot write measures again next time
-    return got
+
+    def measure() -> dict:
+        if say:
+            say("measuring this machine's forward costs and disk once (a few seconds; cached)")
+        return child_json(cmd, "measuring this machine's forward costs")
+
+    return cached("costs", _key(target, draft), measure, lambda d: Costs(**d))
 
 
 def _key(target: WeightStore, draft: WeightStore | None) -> str:
     """The stores, the machine and the kernels' sources: what the measurement depends on."""
-    h = hashlib.sha256(f"{VERSION} {target.dir} {draft.dir if draft else ''} {_cpu()}".encode())
-    for f in sorted(CSRC.iterdir()):  # models.kernel_build: no torch
-        h.update(f.name.encode() + f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def _cpu() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return ""
-    return " ".join(next((ln for ln in lines if ln.startswith(key)), "") for key in ("model name", "flags"))
+    machine = f"{cpu_model()} {' '.join(sorted(cpu_flags()))} {sources_digest()}"
+    return hashlib.sha256(f"{VERSION} {target.dir} {draft.dir if draft else ''} {machine}".encode()).hexdigest()[:16]
 
 
 def measure(target: WeightStore, draft: WeightStore | None) -> Costs:

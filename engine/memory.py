@@ -141,6 +141,13 @@ def _measured(r, say):
         return None
 
 
+def settle(r, say) -> None:
+    """The choices a budgeted run makes from this machine's measured costs, in order: whether the draft
+    `--draft auto` picked stays, then the width of a tree whose width was not given. Each said in one line."""
+    settle_draft(r, say)
+    settle_width(r, say)
+
+
 def settle_draft(r, say) -> None:
     """Under a budget, the draft `--draft auto` picked stays only where it pays for the target layers its memory
     pushes out to disk (engine/costs.py: this machine's forward costs and disk rate against the two plans):

@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 from common.errors import CadenceError
 from common.settings import SamplingConfig
 from engine.config import RunConfig
-from engine.memory import memory_plan, settle_draft, settle_width
+from engine.memory import memory_plan, settle
 from engine.prompts import Prompt
 from engine.resolve import resolve
 from engine.rows import Chunk, Completion, make_row, peak_rss_bytes
@@ -44,8 +44,7 @@ class Runner:
             # every prompt is encoded: decode from a table of token bytes and give the tokenizer's pages
             # (~45 MiB) to the target, before the plan measures this process
             self.tokenizer.release_encoder()
-        settle_draft(r, say or _stderr)  # under a budget, the draft `auto` picked stays only where it pays
-        settle_width(r, say or _stderr)  # and the tree widens where the disk hides its verification
+        settle(r, say or _stderr)  # under a budget: whether the `auto` draft stays, and the tree's width
         self.cfg = r.cfg
         # a mixture of experts' path profile was read (resolve) before the plan measures this process
         self.plan = memory_plan(self.cfg, r.target, r.draft) if self.cfg.memory_budget else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from common.errors import CadenceError
-from engine.memory import memory_plan, plan_inputs, settle_draft, settle_width
+from engine.memory import memory_plan, plan_inputs, settle
 from engine.prompts import Prompt, load_prompts
 from engine.resolve import pick_draft, resolve
 from models.convert import ensure_store
@@ -58,8 +58,7 @@ def cmd_plan(args) -> int:
     )
     r = resolve(run_config(args), prompts)  # the tokenizer is held as a run's scheduler holds it: measured with it
     r.tokenizer.release_encoder()  # as a run does once its prompts are encoded
-    settle_draft(r, print)  # under a budget, the draft `auto` picked stays where it pays
-    settle_width(r, print)  # and the tree widens where the disk hides its verification
+    settle(r, print)  # as a run does: whether the `auto` draft stays, and the tree's width
     cfg = r.cfg
     what = f"{cfg.mode} {cfg.target} {cfg.dtype}" + (
         f", draft {cfg.draft_model} {cfg.draft_format}"

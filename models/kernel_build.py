@@ -56,13 +56,31 @@ BY_NAME = {p.name: p for p in PATHS}
 
 
 @lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
+def _cpuinfo() -> dict[str, str]:
+    """The first CPU's fields of /proc/cpuinfo (none where it cannot be read)."""
     try:
-        info = Path("/proc/cpuinfo").read_text()
+        lines = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0].splitlines()
     except OSError:
-        return frozenset()
-    line = next((ln for ln in info.splitlines() if ln.startswith(("flags", "Features"))), "")
-    return frozenset(line.partition(":")[2].split())
+        return {}
+    return {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
+
+
+def cpu_flags() -> frozenset[str]:
+    info = _cpuinfo()
+    return frozenset((info.get("flags") or info.get("Features") or "").split())
+
+
+def cpu_model() -> str:
+    return _cpuinfo().get("model name") or platform.processor() or "unknown CPU"
+
+
+@lru_cache(maxsize=1)
+def sources_digest() -> str:
+    """The kernels' sources (models/csrc), hashed: what a build and a measurement of them depend on."""
+    h = hashlib.sha256()
+    for f in sorted(CSRC.iterdir()):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()
 
 
 def host_paths() -> list[str]:
@@ -95,9 +113,7 @@ def build(path: str, defines: tuple[str, ...] = ()) -> Path:
             "no C++ compiler found to build cadence's CPU kernels: install g++ (Debian: apt-get install g++)"
         )
     flags = [*FLAGS, *BY_NAME[path].flags, *defines]
-    h = hashlib.sha256()
-    for name in sorted(p.name for p in CSRC.iterdir()):
-        h.update(name.encode() + (CSRC / name).read_bytes())
+    h = hashlib.sha256(sources_digest().encode())
     h.update(" ".join(flags).encode() + cxx.encode())
     out = paths.kernels_dir() / f"libcadence-{path}-{h.hexdigest()[:16]}.so"
     if out.exists():

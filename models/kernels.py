@@ -20,7 +20,7 @@ from functools import lru_cache
 import torch
 
 from common.errors import CadenceError
-from models.kernel_build import BY_NAME, ENV_PATH, PATHS, build, chosen_path, cpu_flags, host_paths  # noqa: F401
+from models.kernel_build import BY_NAME, ENV_PATH, PATHS, build, chosen_path, cpu_flags, cpu_model, host_paths  # noqa: F401
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int

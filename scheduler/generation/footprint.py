@@ -17,14 +17,12 @@ keeps touching (`code`), measured as the file-backed resident pages of the zygot
 from __future__ import annotations
 
 import hashlib
-import json
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from common import paths
-from common.errors import CadenceError
+from common.calibration import cached, child_json
 from common.settings import PREFILL_CHUNK
 from scheduler.generation.memplan import Overheads, align
 
@@ -143,10 +141,6 @@ def _key() -> str:
     return h.hexdigest()[:16]
 
 
-def _cache_path() -> Path:
-    return paths.home() / "calibration" / f"footprint-{_key()}.json"
-
-
 def _measure_watchdog() -> int:
     import os
     import time
@@ -174,17 +168,12 @@ def calibrate() -> Footprint:
     """Measure the runtime's processes now (a few seconds: one interpreter imports torch)."""
     from shm.watchdog import python_env
 
-    proc = subprocess.run(
-        [sys.executable, "-c", _PROBE, *ACTOR_MODULES], capture_output=True, text=True, env=python_env(), timeout=600
+    got = child_json(
+        [sys.executable, "-c", _PROBE, *ACTOR_MODULES],
+        "measuring the runtime's memory",
+        "; check that `python -c 'import torch'` works in this environment",
+        env=python_env(),
     )
-    try:
-        got = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise CadenceError(
-            f"measuring the runtime's memory failed ({err}); "
-            "check that `python -c 'import torch'` works in this environment"
-        ) from None
     return Footprint(
         zygote=int(got["zygote"]), actor=int(got["actor"]), watchdog=_measure_watchdog(), code=int(got["code"])
     )
@@ -192,20 +181,12 @@ def calibrate() -> Footprint:
 
 def footprint() -> Footprint:
     """This machine's footprint, from the cache under $CADENCE_HOME or measured now (and cached)."""
-    path = _cache_path()
-    try:
-        return Footprint(**json.loads(path.read_text())["footprint"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    fp = calibrate()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"footprint": asdict(fp), "python": sys.version, "modules": ACTOR_MODULES}))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only home: measured again next time
-    return fp
+    return cached(
+        "footprint",
+        _key(),
+        lambda: {"footprint": asdict(calibrate()), "python": sys.version, "modules": ACTOR_MODULES},
+        lambda d: Footprint(**d["footprint"]),
+    )
 
 
 # -- the overheads of a run, for the memory plan -----------------------------------------------------

@@ -82,3 +82,27 @@ def test_the_width_left_out_is_auto_and_a_given_one_is_kept():
     assert auto.tree.width == given.tree.width == TreeConfig.width
     assert auto.tree.width_auto and not given.tree.width_auto
     assert RunConfig.from_options(**auto.options()) == auto and RunConfig.from_options(**given.options()) == given
+
+
+def test_a_calibration_file_that_cannot_be_read_is_measured_again(tmp_path, monkeypatch):
+    import sys
+
+    import pytest
+
+    from common.calibration import cached, child_json
+    from common.errors import CadenceError
+
+    monkeypatch.setenv("CADENCE_HOME", str(tmp_path))
+    taken = []
+
+    def measure():
+        taken.append(1)
+        return {"x": len(taken)}
+
+    assert cached("probe", "k", measure, lambda d: d["x"]) == 1
+    assert cached("probe", "k", measure, lambda d: d["x"]) == 1  # kept
+    (tmp_path / "calibration" / "probe-k.json").write_text('{"y": 1}')  # damaged: no "x"
+    assert cached("probe", "k", measure, lambda d: d["x"]) == 2
+    assert child_json([sys.executable, "-c", "print('{\"a\": 1}')"], "probing") == {"a": 1}
+    with pytest.raises(CadenceError, match=r"^probing failed \(SystemExit: bad\); retry$"):
+        child_json([sys.executable, "-c", "raise SystemExit('SystemExit: bad')"], "probing", "; retry")
