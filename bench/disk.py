@@ -1,5 +1,9 @@
 """`python -m bench.disk FILE`: read GB/s from disk by threads x chunk size, direct vs buffered.
 
+`--curve`: instead, the read curve the flash cost model prices reads with (shm/readcurve.py): random
+direct reads of 4 KiB .. 4 MiB, `--depth` in flight, GB/s and reads per second by size, written to
+$CADENCE_HOME/read-curve.json (or the path given).
+
 Each cell reads the first `--mib` MiB of FILE (opened read-only) into one pre-faulted, page-aligned
 buffer, after evicting FILE from the page cache, so every byte comes from the disk. "direct" is
 `DirectReader` with O_DIRECT; "buffered+drop" is its fallback (page cache, no readahead, DONTNEED
@@ -45,6 +49,23 @@ def plain_read(path: str, dest: mmap.mmap, nbytes: int) -> float:
     return nbytes / (time.perf_counter() - t0) / 1e9
 
 
+def read_curve(path: str, out: str, depth: int, mib: int) -> int:
+    from pathlib import Path
+
+    from models.flash.costmodel import ReadCurve, curve_path
+    from shm.readcurve import measure
+
+    rows = measure(path, threads=depth, cell_bytes=mib * MiB)
+    print(f"random direct reads of {path}, {depth} in flight\n")
+    print("| read size | GB/s | reads/s |\n| --- | ---: | ---: |")
+    for r in rows:
+        print(f"| {_label(r['bytes'])} | {r['gbps']:.3f} | {r['iops']:.0f} |")
+    dest = Path(out) if out else curve_path()
+    ReadCurve.from_rows(rows, depth).save(dest)
+    print(f"\nwritten to {dest}" + ("" if rows[0]["direct"] else " (NOT direct: the file lives in memory)"))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.disk", description=__doc__.splitlines()[0])
     p.add_argument("file")
@@ -53,7 +74,12 @@ def main(argv=None) -> int:
     p.add_argument("--mib", type=int, default=512, help="MiB read per cell (from the start of the file)")
     p.add_argument("--modes", default="direct,drop", help="direct, drop (buffered+drop)")
     p.add_argument("--json")
+    p.add_argument("--curve", nargs="?", const="", default=None, metavar="OUT",
+                   help="measure the random-read curve instead (default OUT: $CADENCE_HOME/read-curve.json)")
+    p.add_argument("--depth", type=int, default=32, help="--curve: reads in flight")
     a = p.parse_args(argv)
+    if a.curve is not None:
+        return read_curve(a.file, a.curve, a.depth, a.mib)
     threads = [int(t) for t in a.threads.split(",")]
     chunks = [_size(c) for c in a.chunks.split(",")]
     nbytes = min(a.mib * MiB, os.path.getsize(a.file)) // 4096 * 4096

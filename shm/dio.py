@@ -214,6 +214,37 @@ class DirectReader:
             os.posix_fadvise(self.fd, _down(offset), _up(end) - _down(offset), os.POSIX_FADV_DONTNEED)
         return ReadStats.of(nbytes, time.perf_counter() - t0, self.direct)
 
+    def read_ranges(self, ranges, dest) -> ReadStats:
+        """Many small reads at once (LLM in a flash's neuron bundles): `ranges` holds (file offset, bytes,
+        dest offset) triples, each a whole number of 4 KiB blocks at 4 KiB-aligned offsets, read in any
+        order with one read per range, `threads` of them in flight, straight into `dest` (page-aligned:
+        an mmap, an arena slot, an aligned numpy array). Returns once every read has landed."""
+        ranges = [(int(o), int(n), int(d)) for o, n, d in ranges]
+        mv = memoryview(dest).cast("B")
+        try:
+            bad = next(((o, n, d) for o, n, d in ranges if o % ALIGN or n % ALIGN or n <= 0 or d < 0
+                        or d + n > len(mv)), None)
+            if bad is not None:
+                raise ValueError(f"read_ranges needs whole 4 KiB blocks inside the destination; got {bad}")
+            if self.direct and ranges and _address(mv) % ALIGN:
+                raise ValueError("read_ranges reads directly into its destination: give a page-aligned one")
+            t0 = time.perf_counter()
+            # each worker takes every `threads`-th range: one task per thread, not one per read
+            parts = [ranges[k::self.threads] for k in range(min(self.threads, len(ranges)))]
+            futures = [self._pool.submit(self._read_list, mv, part) for part in parts]
+            wait(futures)
+            for f in futures:
+                f.result()
+        finally:
+            mv.release()
+        return ReadStats.of(sum(n for _, n, _ in ranges), time.perf_counter() - t0, self.direct)
+
+    def _read_list(self, mv: memoryview, ranges) -> None:
+        for off, n, d in ranges:
+            self._check(_pread_full(self.fd, mv[d:d + n], off), n, off)
+            if not self.direct:
+                os.posix_fadvise(self.fd, off, n, os.POSIX_FADV_DONTNEED)
+
     def _read_piece(self, mv: memoryview, shift: int, c0: int, c1: int, in_phase: bool) -> None:
         """File bytes [c0, c1), within one grid chunk, into mv[c0 + shift : c1 + shift]."""
         fd = self.fd
