@@ -16,7 +16,7 @@ from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSpl
 from engine.options import AUTO_AHEAD, BY_NAME, DEFAULTS, MODES, RUNTIMES
 from common.units import parse_bytes
 
-TARGET_ONLY = ("target", "std", "stdpl")
+TARGET_ONLY = ("target", "std", "stdpl", "flash")
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class RunConfig:
     worker: WorkerSplit | None = None  # the sparse-attention worker, or None
     experts: ExpertOptions = ExpertOptions()
     runtime: str = "actors"
+    ffn_density: float = 0.3  # --mode flash: the share of a layer's FFN neurons a token computes
     device: str = "cpu"
     threads: int = 0
     trace: bool = True
@@ -72,8 +73,9 @@ class RunConfig:
                 not (self.mode in ("std", "stdpl") and not self.memory_budget),
                 f"mode {self.mode} streams the target under a memory budget: give --memory-budget (e.g. auto)",
             ),
+            (0.0 < self.ffn_density <= 1.0, f"--ffn-density {self.ffn_density} must be above 0 and at most 1"),
             (
-                not (self.memory_budget and self.runtime != "actors"),
+                not (self.memory_budget and self.runtime != "actors" and self.mode != "flash"),
                 "--memory-budget needs the actor runtime (the I/O loader is an actor); drop --runtime inproc",
             ),
             (
@@ -151,6 +153,7 @@ class RunConfig:
             worker=worker,
             experts=ExpertOptions(o["expert_eviction"], o["expert_preload"], o["expert_preload_k"]),
             runtime=o["runtime"],
+            ffn_density=o["ffn_density"],
             device=o["device"],
             threads=o["threads"],
             trace=not o["no_trace"],
@@ -177,6 +180,7 @@ class RunConfig:
             "threads": self.threads,
             "device": self.device,
             "runtime": self.runtime,
+            "ffn_density": self.ffn_density,
             "width": 0 if t.width_auto else t.width,
             "chain_k": t.chain_k,
             "branch_threshold": t.branch_threshold,

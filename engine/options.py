@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from common.settings import FORMATS, PROMPT_WINDOW, WIDE, TreeConfig
 from models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
-MODES = ("target", "std", "stdpl", "chain", "tree")
+MODES = ("target", "std", "stdpl", "chain", "tree", "flash")
 RUNTIMES = ("actors", "inproc")
 AUTO_AHEAD = 4  # --draft-ahead auto: at most this many draft steps per verification
 
@@ -54,7 +54,9 @@ OPTIONS: tuple[Option, ...] = (
         "mode",
         "tree",
         "tree: token-tree speculation; chain: classic speculative decoding; target: the target "
-        "alone; std, stdpl: the target alone streamed under --memory-budget (without / with prefetch)",
+        "alone; std, stdpl: the target alone streamed under --memory-budget (without / with prefetch); flash: "
+        "APPROXIMATE, LLM in a flash: each token computes only the FFN neurons a trained predictor picks "
+        "(--ffn-density), read from disk as needed",
         choices=MODES,
         common=True,
     ),
@@ -137,6 +139,13 @@ OPTIONS: tuple[Option, ...] = (
         "budget where this machine verifies that many while the disk reads the streamed layers)",
         kind=int,
         group=SPECULATION,
+    ),
+    Option(
+        "ffn_density",
+        0.3,
+        "--mode flash: the share of each layer's FFN neurons a token computes (1.0: all of them, exactly the target)",
+        kind=float,
+        group=MEMORY,
     ),
     Option("chain_k", TreeConfig.chain_k, "chain mode: draft tokens per verification", kind=int, group=SPECULATION),
     Option(

@@ -44,6 +44,11 @@ class Runner:
             # every prompt is encoded: decode from a table of token bytes and give the tokenizer's pages
             # (~45 MiB) to the target, before the plan measures this process
             self.tokenizer.release_encoder()
+        if self.cfg.mode == "flash":  # approximate, in this process, its own memory plan (engine/flash.py)
+            from engine.flash import FlashSession
+
+            self.plan, self.session = None, FlashSession(r)
+            return
         settle(r, say or _stderr)  # under a budget: whether the `auto` draft stays, and the tree's width
         self.cfg = r.cfg
         # a mixture of experts' path profile was read (resolve) before the plan measures this process
@@ -60,6 +65,8 @@ class Runner:
         self.close()
 
     def close(self):
+        if self.sched is None and hasattr(self, "session"):
+            self.session.close()
         if self.sched is not None:
             sched, self.sched = self.sched, None
             try:
@@ -94,6 +101,8 @@ class Runner:
         ids, chat = self.resolved.prompt_ids(prompt)
         tok, stop = self.tokenizer, self.tokenizer.stop_ids
         decoder = StreamDecoder(tok)
+        if getattr(self.session, "approximate", False):
+            self.session.weights.reset_stats()
         steps = self.session.loop.stream(ids, cfg.max_new_tokens, stop, cfg.mode, cfg.tree, cfg.sampling)
         for step in steps:
             text = decoder.push([t for t in step.tokens if t not in stop])
@@ -142,6 +151,7 @@ class Runner:
             runtime=cfg.runtime,
             finish_reason=finish,
             **self._plan_fields(),
+            **(self.session.fields(len(gen.new_ids)) if getattr(self.session, "approximate", False) else {}),
         )
         return Completion(text, gen.new_ids, finish, len(gen.prompt_ids), row["tokens_per_s"], gen.stats, row)
 

@@ -140,12 +140,22 @@ def _show(chunk, feed: MonitorFeed, mon) -> None:
 def _run_line(runner: Runner) -> str:
     """What the run is, in a line (and its plan under a budget: `launch plan` prints it in full)."""
     line = describe(runner.cfg)
+    if runner.cfg.mode == "flash":
+        p = runner.session.plan
+        line += f"\nAPPROXIMATE: LLM in a flash at FFN density {runner.cfg.ffn_density}, not the target's exact output"
+        return line + "".join("\n" + x for x in p.lines())
     return line + ("\n" + runner.plan.summary() if runner.plan is not None else "")
 
 
 def _row_line(row: dict, runner: Runner) -> str:
     st = row["stats"]
     accepted = f", {st['mean_accepted']} accepted per verification" if "mean_accepted" in st else ""
+    if row.get("approximate"):
+        fl = row["flash"]
+        accepted += (
+            f", APPROXIMATE (FFN density {row['ffn_density']}, {fl['decode_read_bytes_per_token'] / 2**20:.1f} MiB "
+            f"read a token, cache hit rate {fl['hit_rate']:.2f})"
+        )
     held = runner.held_bytes()
     return (
         f"[{len(row['new_token_ids'])} tokens in {row['wall_s']:.2f} s, {row['tokens_per_s']:.2f} tok/s, "

@@ -165,6 +165,8 @@ class Transformer:
         h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps)
         if a.moe:
             x += yield from self.moe(i, w, h)
+        elif w.flash is not None:  # LLM in a flash: the predicted neurons only (models/flash)
+            w.flash(h, x)
         else:
             w.down.matmul(kernels.swiglu(w.gate_up.matmul(h)), out=x)
         return x
@@ -282,6 +284,8 @@ class Transformer:
         o = attend(q, cache.k[i], cache.v[i], vis, self.scale)  # [T, H, D]
         x = x + w.attn_out(o.reshape(T, a.q_dim))
         h = rms_norm(x, w.ffn_norm, a.norm_eps)
+        if w.flash is not None:
+            raise CadenceError("--mode flash runs on cadence's CPU kernels; use --device cpu")
         if a.moe:
             return x + (yield from self.moe(i, w, h))
         return x + self.ffn(w.gate_up, w.down, h)

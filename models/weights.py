@@ -36,6 +36,7 @@ class LayerWeights:
     shexp_gate: Linear | None = None
     shexp_gate_up: Linear | None = None
     shexp_down: Linear | None = None
+    flash: object | None = None  # LLM in a flash: the layer's FFN (models/flash/weights.py `FlashFFN`)
 
 
 @dataclass

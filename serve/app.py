@@ -47,6 +47,12 @@ class ServeConfig:
     budget: int | None = None  # the memory budget the run was planned for
     max_body: int = MAX_BODY
     open_metrics: bool = False  # /metrics without the key
+    approximate: str | None = None  # --mode flash: what every response says it is (not the target's exact output)
+
+    @property
+    def fingerprint(self) -> str:
+        """The responses' `system_fingerprint`: lossless, or which approximation."""
+        return f"cadence-approximate-{self.approximate}" if self.approximate else "cadence-lossless"
 
     def aliases(self) -> set[str]:
         """Names a request may give the served model by: its id, and for a file its name and stem."""
@@ -209,6 +215,7 @@ class Api:
             "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()),
             "model": self.cfg.model,
+            "system_fingerprint": self.cfg.fingerprint,
             "choices": [choice],
             "usage": usage(done),
         }
@@ -224,7 +231,14 @@ class Api:
             else:
                 c["text"] = delta or ""
             return json.dumps(
-                {"id": rid, "object": kind_name, "created": int(time.time()), "model": self.cfg.model, "choices": [c]}
+                {
+                    "id": rid,
+                    "object": kind_name,
+                    "created": int(time.time()),
+                    "model": self.cfg.model,
+                    "system_fingerprint": self.cfg.fingerprint,
+                    "choices": [c],
+                }
             )
 
         try:

@@ -1,0 +1,77 @@
+"""The quality of `--mode flash`, measured as LLM in a flash measures it (§4.1): against the dense target.
+
+For each prompt the dense target writes its greedy continuation; the flash model then reads the same
+prompt (its prompt pass is dense) and is fed that continuation token by token (teacher forcing: each step
+is a sparse pass of one row, as in generation). Per density:
+- agreement: the share of steps whose top-1 token is the dense target's;
+- perplexity of the dense continuation under the flash model, beside the dense model's own;
+- what the flash FFNs read per step (bundles) and their cache hit rate.
+No memory limit here: the caches hold every neuron they meet (the bound under a budget is the cgroup bench's).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from models.attention import Visibility  # noqa: F401  (the forward's default is causal)
+from models.transformer import Transformer
+
+
+def _continuation(model: Transformer, ids: list[int], n: int, stop: set[int]) -> list[int]:
+    cache = model.new_cache(len(ids) + n + 1)
+    logits = model.forward(torch.tensor(ids), torch.arange(len(ids)), cache, logits_rows=slice(-1, None))
+    cache.commit()
+    out = []
+    for _ in range(n):
+        t = int(logits[-1].argmax())
+        out.append(t)
+        if t in stop:
+            break
+        pos = torch.tensor([cache.length])
+        logits = model.forward(torch.tensor([t]), pos, cache)
+        cache.commit()
+    return out
+
+
+def _forced(model: Transformer, ids: list[int], cont: list[int]) -> tuple[list[int], list[float]]:
+    """Top-1 tokens and log-probabilities of `cont` under `model`, fed one token a step after the prompt."""
+    cache = model.new_cache(len(ids) + len(cont) + 1)
+    logits = model.forward(torch.tensor(ids), torch.arange(len(ids)), cache, logits_rows=slice(-1, None))
+    cache.commit()
+    tops, lps = [], []
+    for j, t in enumerate(cont):
+        lp = torch.log_softmax(logits[-1].double(), -1)
+        tops.append(int(lp.argmax()))
+        lps.append(float(lp[t]))
+        if j + 1 < len(cont):
+            logits = model.forward(torch.tensor([t]), torch.tensor([cache.length]), cache)
+            cache.commit()
+    return tops, lps
+
+
+def quality(dense: Transformer, flash_models: dict, prompts: list[list[int]], tokens: int, stop: set[int]) -> list:
+    """Rows per flash model ({label: (Transformer, FlashWeights)}), and one for the dense model."""
+    conts = [_continuation(dense, ids, tokens, stop) for ids in prompts]
+    ref = [_forced(dense, ids, c) for ids, c in zip(prompts, conts)]
+    n = sum(len(c) for c in conts)
+    rows = [_row("dense", ref, ref, n)]
+    for label, (model, weights) in flash_models.items():
+        weights.reset_stats()
+        got = [_forced(model, ids, c) for ids, c in zip(prompts, conts)]
+        st = weights.stats
+        row = _row(label, got, ref, n)
+        row.update(
+            density=weights.density,
+            hit_rate=round(st.hit_rate, 4),
+            bundle_mb_per_token=round(st.bundle_bytes / max(1, st.sparse_passes / weights.args.n_layers) / 2**20, 2),
+        )
+        rows.append(row)
+    return rows
+
+
+def _row(label: str, got, ref, n: int) -> dict:
+    agree = sum(a == b for (ta, _), (tb, _) in zip(got, ref) for a, b in zip(ta, tb))
+    nll = -sum(lp for _, lps in got for lp in lps)
+    return {"model": label, "tokens": n, "agreement": round(agree / max(1, n), 4), "perplexity": round(math.exp(nll / max(1, n)), 4)}

@@ -1,0 +1,258 @@
+"""The target for LLM in a flash (§3-§4): attention, norms and the output head resident; each layer's FFN a
+`FlashFFN` that computes only the neurons the predictor picks for the tokens at hand, from the layer's
+neuron cache, loading the bundles the cache lacks.
+
+A block of many rows (a prompt) takes the dense FFN instead, read whole from the store for the pass: the
+prompt is processed exactly as the target does, and no cache could hold the union of its rows' neurons.
+`density` 1.0 does so for every pass: the target itself, bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from common.errors import CadenceError
+from models import kernels
+from models.flash import costmodel, records
+from models.flash.reader import BundleReader
+from models.flash.cache import NeuronCache
+from models.flash.predictor import Predictor
+from models.store import WeightStore
+from models.weights import EmbeddingRows, LayerWeights, _linear, head_part_from_views, layer_from_views
+from shm.dio import DirectReader
+
+WHOLE = 1 << 40  # no window but the capacity: a neuron stays until the memory is wanted for another
+DENSE_ROWS = 8  # a pass of more rows than this takes the dense FFN (a prompt's prefill)
+ATTENTION = ("attn_norm", "attn_qkv", "attn_qkv_bias", "attn_out", "ffn_norm", "attn_q_norm", "attn_k_norm")
+FFN = ("ffn_gate_up", "ffn_down")
+
+
+@dataclass
+class FlashStats:
+    """What the flash FFNs did since the last `reset`: passes per path, neurons, bytes read."""
+
+    sparse_passes: int = 0
+    dense_passes: int = 0
+    neurons: int = 0  # predicted neurons over sparse passes (a layer's union over its rows)
+    loaded: int = 0  # of them, read from the bundles
+    bundle_bytes: int = 0
+    dense_bytes: int = 0
+    reads: int = 0
+    read_s: float = 0.0
+    layer_reads: int = 0  # sparse passes that read the layer's whole bundle region (the cost model's choice)
+    per_layer_loaded: dict = field(default_factory=dict)
+
+    @property
+    def read_bytes(self) -> int:
+        return self.bundle_bytes + self.dense_bytes
+
+    @property
+    def hit_rate(self) -> float:
+        return 1.0 - self.loaded / self.neurons if self.neurons else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "sparse_passes": self.sparse_passes,
+            "dense_passes": self.dense_passes,
+            "neurons": self.neurons,
+            "loaded": self.loaded,
+            "hit_rate": round(self.hit_rate, 4),
+            "bundle_bytes": self.bundle_bytes,
+            "dense_bytes": self.dense_bytes,
+            "reads": self.reads,
+            "read_s": round(self.read_s, 4),
+            "layer_reads": self.layer_reads,
+        }
+
+
+def _attention_only(w: LayerWeights) -> LayerWeights:
+    """A layer's weights without its FFN, every array copied out of the group's buffer (which is freed)."""
+    keep = lambda t: None if t is None else t.clone()
+    lin = lambda x: None if x is None else _clone_linear(x)
+    return LayerWeights(
+        attn_norm=keep(w.attn_norm),
+        qkv=lin(w.qkv),
+        attn_out=lin(w.attn_out),
+        ffn_norm=keep(w.ffn_norm),
+        q_norm=keep(w.q_norm),
+        k_norm=keep(w.k_norm),
+    )
+
+
+def _clone_linear(x):
+    import copy
+
+    y = copy.copy(x)
+    if hasattr(x, "arrays"):
+        y.arrays = {k: v.clone() for k, v in x.arrays.items()}
+    if getattr(x, "w", None) is not None:
+        y.w = x.w.clone()
+    if getattr(x, "bias", None) is not None:
+        y.bias = x.bias.clone()
+    return y
+
+
+class FlashWeights:
+    """A weight provider (models/weights.py) for `Transformer`: `layer(i)` carries `flash`, the layer's FFN."""
+
+    def __init__(self, store: WeightStore, predictor: Predictor, density: float, capacity: int, window: int = 0):
+        a = store.args
+        if a.moe:
+            raise CadenceError(f"{store.dir} holds a mixture of experts; --mode flash is for dense FFN models")
+        if store.format != "int4":
+            raise CadenceError(f"--mode flash reads int4 neuron bundles; {store.dir} is {store.format}: use --dtype int4")
+        if not 0.0 < density <= 1.0:
+            raise CadenceError(f"--ffn-density {density} must be above 0 and at most 1")
+        self.store, self.args, self.predictor, self.density = store, a, predictor, density
+        self.k = max(1, min(a.ffn_dim, int(round(density * a.ffn_dim))))
+        self.capacity, self.window = min(capacity, a.ffn_dim), window
+        if density < 1.0 and self.capacity < self.k:
+            raise CadenceError(
+                f"the neuron cache holds {self.capacity} neurons a layer and a token needs {self.k} at --ffn-density "
+                f"{density}; give a larger --memory-budget or a lower --ffn-density"
+            )
+        self.record = records.record_bytes(a.dim)
+        self.embed = EmbeddingRows(store)
+        self.head_groups = store.head_groups()
+        self.stats = FlashStats()
+        self.reader = BundleReader(store)
+        self.dense_reader = DirectReader(store.path, threads=4)
+        spans = [self._ffn_span(i) for i in range(a.n_layers)]
+        self.scratch = torch.empty(max(n for _, n in spans), dtype=torch.uint8)  # one layer's dense FFN
+        self.spans = spans
+        self.layers: list[LayerWeights] = []
+        self.head: dict[int, object] = {}
+        self._load_resident()
+
+    def _ffn_span(self, i: int) -> tuple[int, int]:
+        arrays = [a for t in FFN for a in self.store.tensors[f"blk.{i}.{t}"]["arrays"].values()]
+        lo = min(a["offset"] for a in arrays)
+        return lo, max(a["offset"] + a["nbytes"] for a in arrays) - lo
+
+    def _load_resident(self) -> None:
+        store = self.store
+        with open(store.path, "rb", buffering=0) as f:
+            for i in range(self.args.n_layers):
+                g = store.groups[f"layer.{i}"]
+                buf = torch.empty(g.nbytes, dtype=torch.uint8)
+                f.seek(g.offset)
+                f.readinto(memoryview(buf.numpy()))
+                w = _attention_only(layer_from_views(store, i, store.views(g.name, buf)))
+                cache = NeuronCache(self.args.ffn_dim, self.capacity, self.record) if self.density < 1.0 else None
+                w.flash = FlashFFN(self, i, cache)
+                self.layers.append(w)
+                del buf
+            for j, name in enumerate(self.head_groups):
+                g = store.groups[name]
+                buf = torch.empty(g.nbytes, dtype=torch.uint8)
+                f.seek(g.offset)
+                f.readinto(memoryview(buf.numpy()))
+                self.head[j] = head_part_from_views(store, name, store.views(name, buf))
+
+    # -- the provider ---------------------------------------------------------------------------------
+
+    def layer(self, i: int) -> LayerWeights:
+        return self.layers[i]
+
+    def head_part(self, j: int):
+        return self.head[j]
+
+    def experts(self, need):
+        raise CadenceError("--mode flash runs dense FFN models only")
+
+    def nbytes(self) -> int:
+        """Resident bytes: attention, norms, head, the neuron caches, the dense scratch and the predictor."""
+        n = self.scratch.numel() + self.predictor.nbytes
+        for w in self.layers:
+            for x in (w.qkv, w.attn_out):
+                n += x.nbytes()
+            n += w.flash.cache.nbytes if w.flash.cache is not None else 0
+        n += sum(p.out.nbytes() for p in self.head.values())
+        return n
+
+    def reset_stats(self) -> None:
+        self.stats = FlashStats()
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.dense_reader.close()
+            self.embed.close()
+            self.reader = None
+
+    # -- reads ----------------------------------------------------------------------------------------
+
+    def dense_ffn(self, i: int):
+        """Layer i's dense FFN (gate_up, down), read from the store into the scratch buffer."""
+        lo, n = self.spans[i]
+        t0 = time.perf_counter()
+        self.dense_reader.read_into(lo, n, self.scratch.numpy())
+        self.stats.read_s += time.perf_counter() - t0
+        self.stats.dense_bytes += n
+        self.stats.reads += 1
+        from models.store import DTYPES
+
+        lins = []
+        for t in FFN:
+            name = f"blk.{i}.{t}"
+            arrays = {}
+            for key, a in self.store.tensors[name]["arrays"].items():
+                raw = self.scratch[a["offset"] - lo : a["offset"] - lo + a["nbytes"]]
+                arrays[key] = raw.view(DTYPES[a["dtype"]]).view(a["shape"])
+            lins.append(_linear(self.store, name, arrays))
+        return lins
+
+
+class FlashFFN:
+    """One layer's FFN under LLM in a flash: called with the FFN input h [T, dim], it adds the FFN's output
+    to x (the residual stream) in place."""
+
+    def __init__(self, parent: FlashWeights, layer: int, cache: NeuronCache):
+        self.parent, self.layer, self.cache = parent, layer, cache
+        self.step = 0
+
+    def __call__(self, h: torch.Tensor, x: torch.Tensor) -> None:
+        p = self.parent
+        if p.density >= 1.0 or h.shape[0] > DENSE_ROWS:
+            gate_up, down = p.dense_ffn(self.layer)
+            down.matmul(kernels.swiglu(gate_up.matmul(h)), out=x)
+            p.stats.dense_passes += 1
+            return
+        self.step += 1
+        ids = np.unique(p.predictor.top(self.layer, h, p.k).numpy().reshape(-1))
+        if ids.size > self.cache.capacity:  # many rows: keep the likeliest of the union
+            ids = ids[: self.cache.capacity]
+        self._load(ids)
+        kernels.flash_ffn(h, self.cache.matrix, self.cache.slots(ids), x)
+        p.stats.sparse_passes += 1
+        p.stats.neurons += int(ids.size)
+
+    def _load(self, ids: np.ndarray) -> None:
+        """The window's step (§3.1): mark `ids` active, drop what left the window (or, under a fixed capacity,
+        the least recently active), and bring the neurons the cache lacks: their bundles, or the layer's whole
+        region where the cost model prices that lower (§4.2)."""
+        p, cache = self.parent, self.cache
+        miss = cache.admit(ids, self.step, p.window or WHOLE)
+        if miss.size == 0:
+            return
+        before = p.reader.stats.bytes, p.reader.stats.reads, p.reader.stats.seconds, p.reader.stats.layers
+        recs, _ = p.reader.load(self.layer, miss)
+        st = p.reader.stats
+        p.stats.bundle_bytes += st.bytes - before[0]
+        p.stats.reads += st.reads - before[1]
+        p.stats.read_s += st.seconds - before[2]
+        p.stats.layer_reads += st.layers - before[3]
+        p.stats.loaded += int(miss.size)
+        cache.insert(miss, recs, self.step)
+
+
+def flash_capacity(budget_left: int, args, record: int) -> int:
+    """Neurons a layer's cache holds when `budget_left` bytes are the caches' to share."""
+    return max(0, min(args.ffn_dim, budget_left // (args.n_layers * record)))
+
+
+__all__ = ["FlashWeights", "FlashFFN", "FlashStats", "flash_capacity", "costmodel"]
