@@ -1,4 +1,4 @@
-"""`launch models pull|list|convert|rm|profile-experts|expert-bits`."""
+"""`launch models pull|list|convert|rm|profile-experts|expert-bits|train-predictor`."""
 
 from __future__ import annotations
 
@@ -63,6 +63,21 @@ def add_parser(sub):
         "against (int2,int4: against the int4 store, in half the memory: every expert is held at each level)",
     )
     pb.set_defaults(func=cmd_expert_bits)
+    pt = msub.add_parser(
+        "train-predictor",
+        help="a dense SwiGLU model: fit LLM in a flash's low-rank activation predictor on calibration prompts "
+        "and write it beside the weight store",
+    )
+    pt.add_argument("name", help="a default model name, a .gguf file or an HF model directory")
+    pt.add_argument("--dtype", "--format", dest="fmt", default="int4", help="the weight store (as --dtype of run)")
+    pt.add_argument("--prompts", default=None, help="calibration prompts (JSONL; default: the development set)")
+    pt.add_argument(
+        "--heldout", default=None, help="prompts to measure recall on (JSONL; default: every 4th calibration prompt)"
+    )
+    pt.add_argument("--rank", type=int, default=128, help="the predictor's rank (size and accuracy grow with it)")
+    pt.add_argument("--density", type=float, default=0.3, help="the share of neurons per token recall is measured at")
+    pt.add_argument("--tokens", type=int, default=64, help="tokens the model generates per prompt (recorded too)")
+    pt.set_defaults(func=cmd_train_predictor)
     pr = msub.add_parser("rm", help="remove a pulled model and its weight stores, or one weight store")
     pr.add_argument(
         "names", nargs="+", help="default model names (as `launch models list` shows them) or weight store names"
@@ -230,6 +245,40 @@ def _choose_bitwidths(base, source, levels: tuple[str, ...], args):
     ]
     weights.default = levels[-1]
     return choose_bitwidths(model, weights, calibration, args.loss, levels), encoded, calibration
+
+
+def cmd_train_predictor(args) -> int:
+    """LLM in a flash §3.1: models/flash/train.py on the prompts' token ids (encoded here: models/ reads no prompts)."""
+    from engine.prompts import DEFAULT_PROMPTS, encode_prompt, load_prompts
+    from models import engine
+    from models.flash.train import FitConfig, fit
+
+    if args.rank < 1 or not 0 < args.density <= 1 or args.tokens < 0:
+        raise CadenceError(
+            f"--rank {args.rank}, --density {args.density}, --tokens {args.tokens}: "
+            "give a rank of 1 or more, a density in (0, 1] and 0 or more tokens"
+        )
+    st = ensure_store(args.name, args.fmt)
+    if st.args.moe:
+        raise CadenceError(f"{args.name} is a mixture of experts; the activation predictor is for dense SwiGLU models")
+    lm = engine.load_store(st)
+    encode = lambda ps: [encode_prompt(lm.tokenizer, p, "auto", st.args.context_length)[0] for p in ps]  # noqa: E731
+    cal = load_prompts(args.prompts or DEFAULT_PROMPTS)
+    held = load_prompts(args.heldout) if args.heldout else cal[3::4]
+    if not args.heldout:
+        cal = [p for n, p in enumerate(cal) if n % 4 != 3]
+    if not cal or not held:
+        raise CadenceError("give at least two calibration prompts, or held-out prompts with --heldout")
+    cfg = FitConfig(rank=args.rank, density=args.density, tokens=args.tokens)
+    p = fit(lm.model, encode(cal), encode(held), cfg, say=print)
+    path = p.save(st)
+    r = p.recall
+    print(
+        f"{path}: rank {p.rank}, {path.stat().st_size / 1e6:.1f} MB; recall of each token's top {args.density:g} "
+        f"of neurons on {r['heldout_tokens']} held-out tokens: mean {r['mean']:.3f}, worst layer {r['worst_layer']} "
+        f"{r['min']:.3f}; activation mass held {r['mass_mean']:.3f}"
+    )
+    return 0
 
 
 def cmd_rm(args) -> int:

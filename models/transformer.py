@@ -129,6 +129,7 @@ class Transformer:
         self.routes: list | None = (
             None  # MoE: when a list, each layer's (expert ids [T, k], weights [T, k], input h) is appended
         )
+        self.ffn_inputs: list | None = None  # when a list, each layer's (i, FFN input h [T, dim]) is appended
 
     def new_cache(self, capacity: int, storage: torch.Tensor | None = None) -> KVCache:
         if capacity > self.args.context_length:
@@ -163,6 +164,8 @@ class Transformer:
             o = attend(q, cache.k[i], cache.v[i], vis, self.scale)  # [T, H, D]
         w.attn_out.matmul(o.reshape(T, a.q_dim), out=x)  # x += o W_o^T
         h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps)
+        if self.ffn_inputs is not None:
+            self.ffn_inputs.append((i, h))
         if a.moe:
             x += yield from self.moe(i, w, h)
         elif w.flash is not None:  # LLM in a flash: the predicted neurons only (models/flash)
@@ -284,6 +287,8 @@ class Transformer:
         o = attend(q, cache.k[i], cache.v[i], vis, self.scale)  # [T, H, D]
         x = x + w.attn_out(o.reshape(T, a.q_dim))
         h = rms_norm(x, w.ffn_norm, a.norm_eps)
+        if self.ffn_inputs is not None:
+            self.ffn_inputs.append((i, h))
         if w.flash is not None:
             raise CadenceError("--mode flash runs on cadence's CPU kernels; use --device cpu")
         if a.moe:
