@@ -34,6 +34,7 @@ _SIGNATURES = {
     "cad_rmsnorm": [_P, _P, _P, _I, _I, ctypes.c_float],
     "cad_qkv_rope": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I],
     "cad_swiglu": [_P, _P, _I, _I, _I],
+    "cad_flash_ffn": [_P, _I, _I, _P, ctypes.c_long, _P, _I, _P, _I, _I],
     "cad_fence": [],
     "cad_init": [_I],
 }
@@ -343,4 +344,43 @@ def swiglu(gu: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     T, f2 = gu.shape
     out = torch.empty(T, f2 // 2, dtype=torch.float32) if out is None else out
     lib().cad_swiglu(_ptr(gu.contiguous()), _ptr(out), T, f2 // 2, torch.get_num_threads())
+    return out
+
+
+def flash_ffn(
+    h: torch.Tensor, matrix: torch.Tensor, slots: torch.Tensor, out: torch.Tensor, accumulate: bool = True
+) -> torch.Tensor:
+    """out [T, dim] (+)= the FFN of the neurons whose records (models/flash/records.py) are the rows `slots`
+    (int32 [n], summed in that order) of `matrix` (uint8 [cap, R]), on h [T, dim] fp32 (csrc/flash.cpp).
+    Without the kernel library, the same in torch (equal within float rounding, not bit for bit)."""
+    from models.flash import records
+
+    T, dim = h.shape
+    records.check_dim(dim)
+    if dim > 16384 or matrix.dtype != torch.uint8 or matrix.dim() != 2 or matrix.stride(1) != 1:
+        raise CadenceError("flash_ffn takes records as a uint8 [rows, bytes] matrix and a model dim up to 16384")
+    if matrix.shape[1] < records.record_bytes(dim):
+        raise CadenceError(
+            f"records of dim {dim} are {records.record_bytes(dim)} bytes; the matrix rows hold {matrix.shape[1]}"
+        )
+    assert out.shape == (T, dim) and out.dtype == torch.float32 and out.is_contiguous()
+    slots = slots.to(torch.int32).contiguous()
+    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= matrix.shape[0]):
+        raise CadenceError(f"flash_ffn: a slot lies outside the matrix's {matrix.shape[0]} rows")
+    if not available():
+        y = records.ffn_reference(h.float(), matrix[slots.long(), : records.record_bytes(dim)], dim)
+        return out.add_(y) if accumulate else out.copy_(y)
+    h = h.float().contiguous()
+    lib().cad_flash_ffn(
+        _ptr(h),
+        T,
+        dim,
+        _ptr(matrix),
+        matrix.stride(0),
+        _ptr(slots),
+        slots.numel(),
+        _ptr(out),
+        int(accumulate),
+        torch.get_num_threads(),
+    )
     return out
