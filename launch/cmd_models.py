@@ -1,8 +1,9 @@
-"""`launch models pull|list|convert|rm|profile-experts|expert-bits|train-predictor`."""
+"""`launch models pull|list|convert|rm|profile-experts|expert-bits|train-predictor|bundle|read-curve`."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -78,6 +79,26 @@ def add_parser(sub):
     pt.add_argument("--density", type=float, default=0.3, help="the share of neurons per token recall is measured at")
     pt.add_argument("--tokens", type=int, default=64, help="tokens the model generates per prompt (recorded too)")
     pt.set_defaults(func=cmd_train_predictor)
+    pf = msub.add_parser(
+        "bundle",
+        help="LLM in a flash: write an int4 store's FFN bundles (each neuron's gate row, up row and down column "
+        "together) beside its dense layout",
+    )
+    pf.add_argument("name", help="a default model name, a .gguf file, an HF model directory or an int4 weight store")
+    pf.add_argument(
+        "--chunk-neurons",
+        type=int,
+        default=None,
+        help="neurons per chunk (default: the size this machine's read curve favours)",
+    )
+    pf.set_defaults(func=cmd_bundle)
+    pv = msub.add_parser(
+        "read-curve", help="measure this machine's random-read throughput by read size (the flash cost model's)"
+    )
+    pv.add_argument(
+        "name", nargs="?", default=registry.DEFAULT_TARGET, help="the model whose int4 store's file is read"
+    )
+    pv.set_defaults(func=cmd_read_curve)
     pr = msub.add_parser("rm", help="remove a pulled model and its weight stores, or one weight store")
     pr.add_argument(
         "names", nargs="+", help="default model names (as `launch models list` shows them) or weight store names"
@@ -278,6 +299,49 @@ def cmd_train_predictor(args) -> int:
         f"of neurons on {r['heldout_tokens']} held-out tokens: mean {r['mean']:.3f}, worst layer {r['worst_layer']} "
         f"{r['min']:.3f}; activation mass held {r['mass_mean']:.3f}"
     )
+    return 0
+
+
+def cmd_bundle(args) -> int:
+    """LLM in a flash §3.2: the bundled FFN layout beside the store (models/flash/bundles.py)."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from models.flash import bundles
+
+    st = ensure_store(args.name, "int4")
+    bundles.check_store(st)
+    if args.chunk_neurons is not None and args.chunk_neurons < 1:
+        raise CadenceError(f"--chunk-neurons {args.chunk_neurons}: a chunk holds at least one neuron")
+    say = lambda line: print(line, file=sys.stderr)
+    chunk = args.chunk_neurons or bundles.favoured_chunk_neurons(st, say)
+    t0 = time.time()
+    with Progress(
+        TextColumn("{task.description:<40}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    ) as bar:
+        task = bar.add_task(f"bundles of {st.dir.name}", total=st.args.n_layers)
+        lay = bundles.write(st, chunk, progress=lambda: bar.advance(task))
+    print(
+        f"{st.dir / bundles.FILE}: {lay.file_bytes / 1e6:.0f} MB, {lay.ffn_dim} neurons x {lay.n_layers} layers, "
+        f"{lay.record} bytes a neuron, {lay.chunk_neurons} to a chunk ({time.time() - t0:.0f} s)"
+    )
+    return 0
+
+
+def cmd_read_curve(args) -> int:
+    from models.flash.costmodel import curve_path, measure_curve
+
+    st = ensure_store(args.name, "int4")
+    curve = measure_curve(st.path, say=lambda line: print(line, file=sys.stderr))
+    print("| read size | GB/s |\n| --- | ---: |")
+    for size, gbps in zip(curve.sizes, curve.gbps):
+        print(f"| {size // 1024} KiB | {gbps:.3f} |")
+    print(f"{curve.threads} reads in flight; kept at {curve_path()}")
     return 0
 
 

@@ -222,15 +222,16 @@ class DirectReader:
         ranges = [(int(o), int(n), int(d)) for o, n, d in ranges]
         mv = memoryview(dest).cast("B")
         try:
-            bad = next(((o, n, d) for o, n, d in ranges if o % ALIGN or n % ALIGN or n <= 0 or d < 0
-                        or d + n > len(mv)), None)
+            bad = next(
+                ((o, n, d) for o, n, d in ranges if o % ALIGN or n % ALIGN or n <= 0 or d < 0 or d + n > len(mv)), None
+            )
             if bad is not None:
                 raise ValueError(f"read_ranges needs whole 4 KiB blocks inside the destination; got {bad}")
             if self.direct and ranges and _address(mv) % ALIGN:
                 raise ValueError("read_ranges reads directly into its destination: give a page-aligned one")
             t0 = time.perf_counter()
             # each worker takes every `threads`-th range: one task per thread, not one per read
-            parts = [ranges[k::self.threads] for k in range(min(self.threads, len(ranges)))]
+            parts = [ranges[k :: self.threads] for k in range(min(self.threads, len(ranges)))]
             futures = [self._pool.submit(self._read_list, mv, part) for part in parts]
             wait(futures)
             for f in futures:
@@ -241,7 +242,7 @@ class DirectReader:
 
     def _read_list(self, mv: memoryview, ranges) -> None:
         for off, n, d in ranges:
-            self._check(_pread_full(self.fd, mv[d:d + n], off), n, off)
+            self._check(_pread_full(self.fd, mv[d : d + n], off), n, off)
             if not self.direct:
                 os.posix_fadvise(self.fd, off, n, os.POSIX_FADV_DONTNEED)
 

@@ -17,8 +17,15 @@ KiB, MiB = 1 << 10, 1 << 20
 SIZES = tuple(4 * KiB << i for i in range(11))  # 4 KiB .. 4 MiB
 
 
-def measure(path, sizes=SIZES, threads: int = 32, cell_bytes: int = 128 * MiB, max_reads: int = 4000,
-            rounds: int = 3, seed: int = 0) -> list[dict]:
+def measure(
+    path,
+    sizes=SIZES,
+    threads: int = 32,
+    cell_bytes: int = 128 * MiB,
+    max_reads: int = 4000,
+    rounds: int = 3,
+    seed: int = 0,
+) -> list[dict]:
     """One row per read size: {"bytes", "reads", "seconds", "gbps", "iops", "direct"}, the median of `rounds`
     rounds over every size (interleaved: a disk's slow moment touches every size alike). Each cell reads
     about `cell_bytes` (at most `max_reads` reads, at least 16) at distinct random offsets of `path`."""
@@ -47,5 +54,11 @@ def _cell(reader: DirectReader, path, size: int, s: int, n: int, rng: random.Ran
         st = reader.read_ranges([(o, s, i * s) for i, o in enumerate(offs)], dest)
     finally:
         dest.close()
-    return {"bytes": s, "reads": len(offs), "seconds": round(st.seconds, 6), "gbps": round(st.gbps, 4),
-            "iops": round(len(offs) / st.seconds, 1) if st.seconds > 0 else 0.0, "direct": st.direct}
+    return {
+        "bytes": s,
+        "reads": len(offs),
+        "seconds": round(st.seconds, 6),
+        "gbps": round(st.gbps, 4),
+        "iops": round(len(offs) / st.seconds, 1) if st.seconds > 0 else 0.0,
+        "direct": st.direct,
+    }

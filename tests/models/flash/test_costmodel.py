@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from common.errors import CadenceError
@@ -13,8 +14,13 @@ from models.flash.costmodel import (
     aligned,
     best_chunk_neurons,
     choose,
+    chunk_starts,
+    curve_path,
+    machine_curve,
+    measure_curve,
     plan_reads,
     reads_seconds,
+    record_blocks,
     runs,
 )
 
@@ -62,27 +68,60 @@ def test_choose_prices_bundles_against_the_whole_layer():
     assert few.bytes == 3 * 4 * K
     many = choose(list(range(0, 20000, 100)), 4 * K, layer, slow)  # 200 separate 10 us reads: 2 ms
     assert len(many.reads) == 200 and many.bundle_seconds == pytest.approx(2e-3)
-    assert not many.bundles and many.bytes == layer and many.layer_seconds == pytest.approx(layer / slow.throughput(layer))
+    assert (
+        not many.bundles and many.bytes == layer and many.layer_seconds == pytest.approx(layer / slow.throughput(layer))
+    )
     # on FLAT, reading through 36 KiB gaps costs nothing: the same chunks become one read, cheaper than the layer
     merged = choose(list(range(0, 2000, 10)), 4 * K, 8 * 1024 * K, FLAT)
     assert merged.bundles and merged.reads == ((0, 1991),)
 
 
 def test_the_favoured_chunk_follows_the_curve():
-    record = 2664  # one int4 neuron of a 1536-wide model
-    # latency-bound curve: bigger chunks are nearly free, so group neurons; bandwidth-only curve: one per read
-    assert best_chunk_neurons(FLAT, record, miss=0.05) > 1
-    assert best_chunk_neurons(ReadCurve((4 * K, 4096 * K), (1.0, 1.0)), 4096, miss=0.05) == 1
+    record = 2672  # one int4 neuron of a 1536-wide model
+    # latency-bound curve: reads up to 64 KiB cost alike, so pack neurons and bring neighbours along; a curve
+    # where every byte costs the same: one neuron a chunk, one block a neuron (a packed one straddles blocks)
+    assert best_chunk_neurons(FLAT, record, 8960, miss=0.05) > 1
+    assert best_chunk_neurons(ReadCurve((4 * K, 4096 * K), (1.0, 1.0)), record, 8960, miss=0.05) == 1
     assert aligned(3 * record) == 8 * K
     with pytest.raises(ValueError):
-        best_chunk_neurons(FLAT, record, miss=0.0)
+        best_chunk_neurons(FLAT, record, 8960, miss=0.0)
+
+
+def test_records_map_to_the_blocks_that_cover_them():
+    # 3 records of 2672 bytes a chunk (8 KiB): record 1 straddles blocks 0 and 1, record 3 opens chunk 1
+    starts = chunk_starts(np.array([0, 1, 2, 3, 5]), 2672, 3)
+    assert starts.tolist() == [0, 2672, 5344, 8192, 8192 + 5344]
+    assert record_blocks(starts[:2], 2672).tolist() == [0, 1]
+    assert record_blocks(starts, 2672).tolist() == [0, 1, 2, 3]  # 8192 + 5344 .. 16207: block 3 alone
+    assert record_blocks(np.array([4096 * 7]), 4096).tolist() == [7]  # a record filling one block exactly
+    assert record_blocks(np.zeros(0, np.int64), 2672).tolist() == []
+
+
+def test_the_price_table_agrees_with_read_seconds():
+    c = ReadCurve((4 * K, 64 * K, 1024 * K), (0.33, 2.2, 2.0))
+    t = c.seconds_table(4 * K, 300)
+    assert t[0] == 0.0 and all(t[n] == pytest.approx(c.read_seconds(n * 4 * K)) for n in (1, 2, 3, 16, 17, 256, 300))
+
+
+def test_the_machine_curve_is_measured_on_first_need_and_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("CADENCE_HOME", str(tmp_path / "home"))
+    sample = tmp_path / "sample.bin"
+    sample.write_bytes(np.random.default_rng(0).integers(0, 255, 1 << 20, dtype=np.uint8).tobytes())
+    said = []
+    got = machine_curve(sample, said.append)
+    assert said and "measuring this machine's read curve" in said[0] and curve_path().is_file()
+    assert got.sizes == tuple(4 * K << i for i in range(9)) and min(got.gbps) > 0  # 4 KiB .. the file's 1 MiB
+    assert machine_curve(sample, said.append) == got and len(said) == 1  # kept: not measured again
+    sample.with_name("small.bin").write_bytes(b"x" * 100)
+    with pytest.raises(CadenceError, match="too small"):
+        measure_curve(sample.with_name("small.bin"), tmp_path / "c.json")
 
 
 def test_a_curve_round_trips_and_a_damaged_or_missing_one_ends_in_one_sentence(tmp_path):
     path = tmp_path / "curve.json"
     FLAT.save(path)
     assert ReadCurve.load(path) == FLAT
-    with pytest.raises(CadenceError, match="no read curve at .*bench.disk"):
+    with pytest.raises(CadenceError, match="no read curve at .*launch models read-curve"):
         ReadCurve.load(tmp_path / "none.json")
     path.write_text(json.dumps({"sizes": [4096]}))
     with pytest.raises(CadenceError, match="damaged"):
