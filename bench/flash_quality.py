@@ -74,4 +74,9 @@ def quality(dense: Transformer, flash_models: dict, prompts: list[list[int]], to
 def _row(label: str, got, ref, n: int) -> dict:
     agree = sum(a == b for (ta, _), (tb, _) in zip(got, ref) for a, b in zip(ta, tb))
     nll = -sum(lp for _, lps in got for lp in lps)
-    return {"model": label, "tokens": n, "agreement": round(agree / max(1, n), 4), "perplexity": round(math.exp(nll / max(1, n)), 4)}
+    return {
+        "model": label,
+        "tokens": n,
+        "agreement": round(agree / max(1, n), 4),
+        "perplexity": round(math.exp(nll / max(1, n)), 4),
+    }

@@ -51,14 +51,17 @@ def cmd_serve(args) -> int:
     if gen.llm is None:
         raise CadenceError(f"the models could not be loaded: {gen.error}")
     budget = gen.llm.plan.budget if gen.llm.plan is not None else None
-    app = make_app(gen, ServeConfig(
+    app = make_app(
+        gen,
+        ServeConfig(
             cfg.target,
             args.api_key,
             budget,
             max_body,
             args.open_metrics,
             f"flash-ffn-density-{cfg.ffn_density}" if cfg.mode == "flash" else None,
-        ))
+        ),
+    )
     print(
         f"launch serve: http://{args.host}:{args.port}/v1 ({cfg.target}, mode {cfg.mode}); Ctrl-C stops",
         file=sys.stderr,

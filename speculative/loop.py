@@ -26,7 +26,12 @@ from speculative.governor import Governor
 from speculative.tree import Tree
 
 MODES = ("target", "std", "stdpl", "chain", "tree", "flash")
-TARGET_ONLY = ("target", "std", "stdpl", "flash")  # flash: the target with its sparse FFN (approximate); std, stdpl: the target alone, streamed (without / with prefetch)
+TARGET_ONLY = (
+    "target",
+    "std",
+    "stdpl",
+    "flash",
+)  # flash: the target with its sparse FFN (approximate); std, stdpl: the target alone, streamed (without / with prefetch)
 AHEAD_WAIT = 0.2  # draft ahead while the verifier waits on I/O for more than this share of a verification
 
 

@@ -67,7 +67,7 @@ def pack(rows: list[dict[str, torch.Tensor]], dim: int) -> torch.Tensor:
 
 def unpack(rec: torch.Tensor, dim: int) -> list[dict[str, torch.Tensor]]:
     """Records [n, R] -> the per-row arrays of gate, up and down^T (the inverse of `pack`)."""
-    n, out = rec.shape[0], [{}, {}, {}]
+    out = [{}, {}, {}]
     dtypes = {"q": torch.uint8, "sc": torch.uint8, "mn": torch.uint8, "s": torch.float16, "m": torch.float16}
     for key, (at, nbytes) in sections(dim).items():
         for j, r in enumerate(out):

@@ -104,7 +104,9 @@ class FlashWeights:
         if a.moe:
             raise CadenceError(f"{store.dir} holds a mixture of experts; --mode flash is for dense FFN models")
         if store.format != "int4":
-            raise CadenceError(f"--mode flash reads int4 neuron bundles; {store.dir} is {store.format}: use --dtype int4")
+            raise CadenceError(
+                f"--mode flash reads int4 neuron bundles; {store.dir} is {store.format}: use --dtype int4"
+            )
         if not 0.0 < density <= 1.0:
             raise CadenceError(f"--ffn-density {density} must be above 0 and at most 1")
         self.store, self.args, self.predictor, self.density = store, a, predictor, density
