@@ -17,66 +17,54 @@ from common.units import fmt as fmt_bytes, parse_bytes
 from engine.memory import kv_rows
 from engine.resolve import Resolved
 
-MARGIN = 64 << 20  # activations of a pass, the allocator's slack, the reads' buffers
+MARGIN = 128 << 20  # a pass's activations and logits, the reads' buffers, the allocator's slack (measured ~70 MiB)
 CACHE_TOKENS = 2  # `auto`: caches that hold two tokens' neurons a layer
 
 
 @dataclass(frozen=True)
 class FlashPlan:
     budget: int  # 0: no budget (every neuron may stay)
-    process: int  # this process before the model: interpreter, torch, kernels, tokenizer
-    resident: int  # attention, norms, head, the dense scratch, the predictor
+    held: int  # this process once the model is in, its caches aside: interpreter, torch, tokenizer, weights
     kv: int
     capacity: int  # neurons per layer's cache
     cache_bytes: int
 
     def lines(self) -> list[str]:
         return [
-            f"  process (interpreter, torch, tokenizer) {fmt_bytes(self.process):>10}",
-            f"  attention, head, predictor, scratch     {fmt_bytes(self.resident):>10}",
-            f"  KV cache                                {fmt_bytes(self.kv):>10}",
+            f"  process with attention, head, predictor {fmt_bytes(self.held):>10} (measured)",
+            f"  KV cache, activations                   {fmt_bytes(self.kv + MARGIN):>10}",
             f"  neuron caches ({self.capacity} a layer)         {fmt_bytes(self.cache_bytes):>10}",
-        ]
+        ] + (
+            [f"  total                                   {fmt_bytes(self.total):>10} of {fmt_bytes(self.budget)}"]
+            if self.budget
+            else []
+        )
+
+    @property
+    def total(self) -> int:
+        return self.held + self.kv + MARGIN + self.cache_bytes
 
 
-def resident_bytes(store, predictor) -> int:
-    """What FlashWeights keeps besides the caches: every layer's attention and norms, the head, one layer's
-    dense FFN (the scratch a prompt's pass reads into) and the predictor."""
-    from models.flash.weights import ATTENTION, FFN
-
-    a = store.args
-    n = predictor.nbytes
-    span = 0
-    for i in range(a.n_layers):
-        for t in ATTENTION:
-            entry = store.tensors.get(f"blk.{i}.{t}")
-            n += sum(x["nbytes"] for x in entry["arrays"].values()) if entry else 0
-        span = max(span, sum(x["nbytes"] for t in FFN for x in store.tensors[f"blk.{i}.{t}"]["arrays"].values()))
-    return n + span + sum(store.groups[g].nbytes for g in store.head_groups())
-
-
-def plan(r: Resolved, predictor, process: int) -> FlashPlan:
+def plan(r: Resolved, held: int) -> FlashPlan:
+    """The caches' share of the budget: what is left once this process holds everything else (`held`,
+    measured), the KV cache and a pass's activations. `auto`: caches that hold CACHE_TOKENS tokens' neurons."""
     from models.flash import records
 
-    cfg, store = r.cfg, r.target
-    a = store.args
-    record = records.record_bytes(a.dim)
+    cfg, a = r.cfg, r.target.args
+    per_neuron = a.n_layers * records.record_bytes(a.dim)
     k = max(1, round(cfg.ffn_density * a.ffn_dim))
-    resident = resident_bytes(store, predictor)
     kv = a.kv_bytes_per_token() * kv_rows(cfg)
-    fixed = process + resident + kv + MARGIN
+    fixed = held + kv + MARGIN
     if not cfg.memory_budget:
-        return FlashPlan(0, process, resident, kv, a.ffn_dim, a.ffn_dim * a.n_layers * record)
-    need = fixed + CACHE_TOKENS * k * a.n_layers * record if cfg.memory_budget == "auto" else None
-    budget = need if need is not None else parse_bytes(cfg.memory_budget)
-    capacity = min(a.ffn_dim, max(0, budget - fixed) // (a.n_layers * record))
-    if capacity < k:
-        smallest = fixed + k * a.n_layers * record
+        return FlashPlan(0, held, kv, a.ffn_dim, a.ffn_dim * per_neuron)
+    budget = fixed + CACHE_TOKENS * k * per_neuron if cfg.memory_budget == "auto" else parse_bytes(cfg.memory_budget)
+    capacity = min(a.ffn_dim, max(0, budget - fixed) // per_neuron)
+    if capacity < k and cfg.ffn_density < 1.0:
         raise CadenceError(
             f"--memory-budget {fmt_bytes(budget)} leaves room for {capacity} FFN neurons a layer and --ffn-density "
-            f"{cfg.ffn_density} needs {k}; give at least {fmt_bytes(smallest)} or a lower --ffn-density"
+            f"{cfg.ffn_density} needs {k}; give at least {fmt_bytes(fixed + k * per_neuron)} or a lower --ffn-density"
         )
-    return FlashPlan(budget, process, resident, kv, capacity, capacity * a.n_layers * record)
+    return FlashPlan(budget, held, kv, capacity, capacity * per_neuron)
 
 
 def _process_bytes() -> int:
@@ -107,9 +95,10 @@ class FlashSession:
             raise CadenceError("--mode flash runs on cadence's CPU kernels; use --device cpu")
         torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
         store = r.target
-        predictor = Predictor.load(store)
-        self.plan = plan(r, predictor, _process_bytes())
-        self.weights = FlashWeights(store, predictor, cfg.ffn_density, self.plan.capacity)
+        predictor = Predictor.load(store, dtype=torch.bfloat16)
+        self.weights = FlashWeights(store, predictor, cfg.ffn_density)
+        self.plan = plan(r, _process_bytes())  # measured with everything in but the caches
+        self.weights.allocate(self.plan.capacity)
         self.loop = Speculation(
             LocalTarget(Transformer(store.args, self.weights)),
             None,

@@ -64,6 +64,19 @@ def add_parser(sub):
         "against (int2,int4: against the int4 store, in half the memory: every expert is held at each level)",
     )
     pb.set_defaults(func=cmd_expert_bits)
+    _add_flash(msub)
+    pr = msub.add_parser("rm", help="remove a pulled model and its weight stores, or one weight store")
+    pr.add_argument(
+        "names", nargs="+", help="default model names (as `launch models list` shows them) or weight store names"
+    )
+    pr.add_argument(
+        "--stores-only", action="store_true", help="keep the pulled model file, remove only its weight stores"
+    )
+    pr.set_defaults(func=cmd_rm)
+
+
+def _add_flash(msub) -> None:
+    """LLM in a flash: the predictor, the bundles and the read curve."""
     pt = msub.add_parser(
         "train-predictor",
         help="a dense SwiGLU model: fit LLM in a flash's low-rank activation predictor on calibration prompts "
@@ -99,14 +112,6 @@ def add_parser(sub):
         "name", nargs="?", default=registry.DEFAULT_TARGET, help="the model whose int4 store's file is read"
     )
     pv.set_defaults(func=cmd_read_curve)
-    pr = msub.add_parser("rm", help="remove a pulled model and its weight stores, or one weight store")
-    pr.add_argument(
-        "names", nargs="+", help="default model names (as `launch models list` shows them) or weight store names"
-    )
-    pr.add_argument(
-        "--stores-only", action="store_true", help="keep the pulled model file, remove only its weight stores"
-    )
-    pr.set_defaults(func=cmd_rm)
 
 
 def cmd_pull(args) -> int:

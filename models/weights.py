@@ -63,7 +63,7 @@ class HeadPart:
     norm: torch.Tensor | None = None
 
 
-def _linear(store: WeightStore, name: str, arrays: dict[str, torch.Tensor], bias=None) -> Linear:
+def store_linear(store: WeightStore, name: str, arrays: dict[str, torch.Tensor], bias=None) -> Linear:
     entry = store.tensors[name]
     meta = {k: v for k, v in entry.items() if k not in ("format", "arrays", "rows")}
     return linear.decode(entry["format"], arrays, meta, bias)
@@ -72,12 +72,12 @@ def _linear(store: WeightStore, name: str, arrays: dict[str, torch.Tensor], bias
 def layer_from_views(store: WeightStore, i: int, views: dict[str, dict[str, torch.Tensor]]) -> LayerWeights:
     b = f"blk.{i}"
     bias = views.get(f"{b}.attn_qkv_bias", {}).get("w")
-    lin = lambda part: _linear(store, f"{b}.{part}", views[f"{b}.{part}"]) if f"{b}.{part}" in views else None
+    lin = lambda part: store_linear(store, f"{b}.{part}", views[f"{b}.{part}"]) if f"{b}.{part}" in views else None
     norm = lambda part: views[f"{b}.{part}"]["w"] if f"{b}.{part}" in views else None
     return LayerWeights(
         attn_norm=views[f"{b}.attn_norm"]["w"],
-        qkv=_linear(store, f"{b}.attn_qkv", views[f"{b}.attn_qkv"], bias),
-        attn_out=_linear(store, f"{b}.attn_out", views[f"{b}.attn_out"]),
+        qkv=store_linear(store, f"{b}.attn_qkv", views[f"{b}.attn_qkv"], bias),
+        attn_out=store_linear(store, f"{b}.attn_out", views[f"{b}.attn_out"]),
         ffn_norm=views[f"{b}.ffn_norm"]["w"],
         gate_up=lin("ffn_gate_up"),
         down=lin("ffn_down"),
@@ -94,13 +94,13 @@ def expert_from_views(store: WeightStore, group: str, views: dict) -> ExpertWeig
     _, i, e = group.split(".")
     b = f"blk.{i}.exp.{e}"
     return ExpertWeights(
-        _linear(store, f"{b}.gate_up", views[f"{b}.gate_up"]), _linear(store, f"{b}.down", views[f"{b}.down"])
+        store_linear(store, f"{b}.gate_up", views[f"{b}.gate_up"]), store_linear(store, f"{b}.down", views[f"{b}.down"])
     )
 
 
 def head_part_from_views(store: WeightStore, group: str, views: dict) -> HeadPart:
     norm = views.get("out_norm", {}).get("w")
-    return HeadPart(store.head_rows(group)[0], _linear(store, group, views[group]), norm)
+    return HeadPart(store.head_rows(group)[0], store_linear(store, group, views[group]), norm)
 
 
 def group_from_views(store: WeightStore, group: str, views: dict):

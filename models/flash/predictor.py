@@ -79,11 +79,12 @@ def recall_at_k(scores: torch.Tensor, act: torch.Tensor, k: int) -> tuple[float,
 
 
 class Predictor:
-    """Per-layer low-rank scorers, fp32 in memory (fp16 on disk)."""
+    """Per-layer low-rank scorers, fp32 in memory (fp16 on disk; `dtype=torch.bfloat16`: half the memory, for a
+    run under a budget)."""
 
-    def __init__(self, w1: torch.Tensor, w2: torch.Tensor, header: dict):
-        self.w1t = w1.float().transpose(1, 2).contiguous()  # [L, dim, rank]
-        self.w2t = w2.float().transpose(1, 2).contiguous()  # [L, rank, 2F]
+    def __init__(self, w1: torch.Tensor, w2: torch.Tensor, header: dict, dtype: torch.dtype = torch.float32):
+        self.w1t = w1.to(dtype).transpose(1, 2).contiguous()  # [L, dim, rank]
+        self.w2t = w2.to(dtype).transpose(1, 2).contiguous()  # [L, rank, 2F]
         self.header = header
 
     @property
@@ -102,12 +103,12 @@ class Predictor:
 
     @property
     def nbytes(self) -> int:
-        """Bytes in memory (fp32; the file holds half)."""
-        return 4 * (self.w1t.numel() + self.w2t.numel())
+        """Bytes in memory."""
+        return self.w1t.element_size() * (self.w1t.numel() + self.w2t.numel())
 
     def scores(self, i: int, h: torch.Tensor) -> torch.Tensor:
         """h [T, dim] (layer i's FFN input) -> [T, F]: the predicted |activation| of each neuron."""
-        g, u = ((h @ self.w1t[i]) @ self.w2t[i]).chunk(2, dim=-1)
+        g, u = ((h.to(self.w1t.dtype) @ self.w1t[i]) @ self.w2t[i]).float().chunk(2, dim=-1)
         return F.silu(g).mul_(u).abs_()
 
     def top(self, i: int, h: torch.Tensor, k: int) -> torch.Tensor:
@@ -127,7 +128,7 @@ class Predictor:
         return path
 
     @classmethod
-    def load(cls, store: WeightStore, rank: int | None = None) -> "Predictor":
+    def load(cls, store: WeightStore, rank: int | None = None, dtype: torch.dtype = torch.float32) -> "Predictor":
         """The store's predictor of `rank` (default: the highest rank there)."""
         train = _TRAIN.format(model=store.dir.name)
         if rank is None:
@@ -140,7 +141,7 @@ class Predictor:
             raise CadenceError(f"{path} does not exist; {train}")
         w1, w2, header = _read(path, train)
         _check(path, header, identity(store), (w1, w2), rank, train)
-        return cls(torch.from_numpy(w1), torch.from_numpy(w2), header)
+        return cls(torch.from_numpy(w1), torch.from_numpy(w2), header, dtype)
 
 
 def _read(path: Path, train: str):

@@ -9,6 +9,7 @@ prompt is processed exactly as the target does, and no cache could hold the unio
 
 from __future__ import annotations
 
+import mmap
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ from models.flash.reader import BundleReader
 from models.flash.cache import NeuronCache
 from models.flash.predictor import Predictor
 from models.store import WeightStore
-from models.weights import EmbeddingRows, LayerWeights, _linear, head_part_from_views, layer_from_views
+from models.weights import EmbeddingRows, LayerWeights, store_linear, head_part_from_views, layer_from_views
 from shm.dio import DirectReader
 
 WHOLE = 1 << 40  # no window but the capacity: a neuron stays until the memory is wanted for another
@@ -99,7 +100,8 @@ def _clone_linear(x):
 class FlashWeights:
     """A weight provider (models/weights.py) for `Transformer`: `layer(i)` carries `flash`, the layer's FFN."""
 
-    def __init__(self, store: WeightStore, predictor: Predictor, density: float, capacity: int, window: int = 0):
+    def __init__(self, store: WeightStore, predictor: Predictor, density: float, window: int = 0):
+        """The caches come after (`allocate`): sized from what this process holds once everything else is in."""
         a = store.args
         if a.moe:
             raise CadenceError(f"{store.dir} holds a mixture of experts; --mode flash is for dense FFN models")
@@ -111,12 +113,7 @@ class FlashWeights:
             raise CadenceError(f"--ffn-density {density} must be above 0 and at most 1")
         self.store, self.args, self.predictor, self.density = store, a, predictor, density
         self.k = max(1, min(a.ffn_dim, int(round(density * a.ffn_dim))))
-        self.capacity, self.window = min(capacity, a.ffn_dim), window
-        if density < 1.0 and self.capacity < self.k:
-            raise CadenceError(
-                f"the neuron cache holds {self.capacity} neurons a layer and a token needs {self.k} at --ffn-density "
-                f"{density}; give a larger --memory-budget or a lower --ffn-density"
-            )
+        self.capacity, self.window = 0, window
         self.record = records.record_bytes(a.dim)
         self.embed = EmbeddingRows(store)
         self.head_groups = store.head_groups()
@@ -136,24 +133,50 @@ class FlashWeights:
         return lo, max(a["offset"] + a["nbytes"] for a in arrays) - lo
 
     def _load_resident(self) -> None:
+        """Each layer read once through one mapped buffer (unmapped after: a heap buffer freed per layer would
+        leave the allocator holding it), its attention copied out; the head parts kept whole."""
         store = self.store
-        with open(store.path, "rb", buffering=0) as f:
-            for i in range(self.args.n_layers):
-                g = store.groups[f"layer.{i}"]
-                buf = torch.empty(g.nbytes, dtype=torch.uint8)
-                f.seek(g.offset)
-                f.readinto(memoryview(buf.numpy()))
-                w = _attention_only(layer_from_views(store, i, store.views(g.name, buf)))
-                cache = NeuronCache(self.args.ffn_dim, self.capacity, self.record) if self.density < 1.0 else None
-                w.flash = FlashFFN(self, i, cache)
-                self.layers.append(w)
-                del buf
-            for j, name in enumerate(self.head_groups):
-                g = store.groups[name]
-                buf = torch.empty(g.nbytes, dtype=torch.uint8)
-                f.seek(g.offset)
-                f.readinto(memoryview(buf.numpy()))
-                self.head[j] = head_part_from_views(store, name, store.views(name, buf))
+        groups = [store.groups[f"layer.{i}"] for i in range(self.args.n_layers)]
+        tmp = mmap.mmap(-1, max(g.nbytes for g in groups))
+        try:
+            with open(store.path, "rb", buffering=0) as f:
+                for i, g in enumerate(groups):
+                    buf = torch.frombuffer(tmp, dtype=torch.uint8, count=g.nbytes)
+                    f.seek(g.offset)
+                    f.readinto(memoryview(tmp)[: g.nbytes])
+                    w = _attention_only(layer_from_views(store, i, store.views(g.name, buf)))
+                    w.flash = FlashFFN(self, i, None)
+                    self.layers.append(w)
+                    del buf, w
+                self._load_head(f)
+        finally:
+            import gc
+
+            gc.collect()  # the views of the mapped buffer go before it is unmapped
+            tmp.close()
+
+    def _load_head(self, f) -> None:
+        store = self.store
+        for j, name in enumerate(self.head_groups):
+            g = store.groups[name]
+            buf = torch.empty(g.nbytes, dtype=torch.uint8)
+            f.seek(g.offset)
+            f.readinto(memoryview(buf.numpy()))
+            self.head[j] = head_part_from_views(store, name, store.views(name, buf))
+
+    def allocate(self, capacity: int) -> None:
+        """Each layer's neuron cache, `capacity` neurons (at least a token's `k`; density 1.0 needs none)."""
+        if self.density >= 1.0:
+            return
+        capacity = min(capacity, self.args.ffn_dim)
+        if capacity < self.k:
+            raise CadenceError(
+                f"the neuron cache holds {capacity} neurons a layer and a token needs {self.k} at --ffn-density "
+                f"{self.density}; give a larger --memory-budget or a lower --ffn-density"
+            )
+        self.capacity = capacity
+        for w in self.layers:
+            w.flash.cache = NeuronCache(self.args.ffn_dim, capacity, self.record)
 
     # -- the provider ---------------------------------------------------------------------------------
 
@@ -205,7 +228,7 @@ class FlashWeights:
             for key, a in self.store.tensors[name]["arrays"].items():
                 raw = self.scratch[a["offset"] - lo : a["offset"] - lo + a["nbytes"]]
                 arrays[key] = raw.view(DTYPES[a["dtype"]]).view(a["shape"])
-            lins.append(_linear(self.store, name, arrays))
+            lins.append(store_linear(self.store, name, arrays))
         return lins
 
 

@@ -1,0 +1,123 @@
+"""`--mode flash` end to end on a tiny int4 store with its bundles and a fitted predictor: at density 1.0 it is
+the dense target bit for bit; below, it runs on the predicted neurons, reads bundles through the cache, stays
+within its budget's plan, and every output says it is approximate (never lossless)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from common.errors import CadenceError
+from engine.config import RunConfig
+from engine.prompts import Prompt
+from engine.runner import Runner
+from models import engine
+from models.convert import convert
+from models.flash import bundles
+from models.flash.predictor import Predictor
+from models.flash.train import FitConfig, fit
+from models.flash.weights import FlashWeights
+from models.source import GGUFSource
+from models.store import WeightStore
+from models.transformer import Transformer
+from models.weights import random_tensors
+from serve.app import ServeConfig
+from tests.conftest import TINY
+from tests.models.tiny_files import write_gguf
+
+ARGS = dataclasses.replace(TINY["qwen"], ffn_dim=256)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flash")
+    src = GGUFSource(write_gguf(root / "m.gguf", ARGS, random_tensors(ARGS, seed=3)))
+    st = WeightStore(convert(src, root / "store", "int4"))
+    bundles.write(st, 3, source=src)
+    lm = engine.load_store(st)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, ARGS.vocab_size, (10,), generator=g).tolist() for _ in range(6)]
+    fit(lm.model, prompts[:4], prompts[4:], FitConfig(rank=16, density=0.3, tokens=10)).save(st)
+    return st
+
+
+def _greedy(model: Transformer, ids: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+    cache = model.new_cache(len(ids) + n)
+    logits = model.forward(torch.tensor(ids), torch.arange(len(ids)), cache, logits_rows=slice(-1, None))
+    cache.commit()
+    out, seen = [], [logits[-1]]
+    for _ in range(n - 1):
+        out.append(int(logits[-1].argmax()))
+        logits = model.forward(torch.tensor(out[-1:]), torch.tensor([cache.length]), cache)
+        cache.commit()
+        seen.append(logits[-1])
+    return out, seen
+
+
+def test_density_one_is_the_dense_target_bit_for_bit(store):
+    dense = engine.load_store(store).model
+    flash = FlashWeights(store, Predictor.load(store), 1.0)
+    ids = list(range(5, 17))
+    want, want_logits = _greedy(dense, ids, 12)
+    got, got_logits = _greedy(Transformer(store.args, flash), ids, 12)
+    assert got == want
+    assert all(torch.equal(a, b) for a, b in zip(got_logits, want_logits))
+    assert flash.stats.dense_passes == 12 * ARGS.n_layers and flash.stats.sparse_passes == 0
+    flash.close()
+
+
+def test_sparse_passes_compute_the_predicted_neurons_from_the_cache(store):
+    """A step's FFN over the cached predicted neurons equals the reference FFN over exactly those records."""
+    from models.flash import records
+
+    w = FlashWeights(store, Predictor.load(store), 0.5)
+    w.allocate(ARGS.ffn_dim // 2 + 16)
+    ffn = w.layer(0).flash
+    h = torch.randn(1, ARGS.dim)
+    x = torch.zeros(1, ARGS.dim)
+    ffn(h, x)
+    ids = w.predictor.top(0, h, w.k).reshape(-1).numpy()
+    recs = w.reader.read(0, ids)
+    assert torch.allclose(x, records.ffn_reference(h, recs, ARGS.dim), rtol=1e-4, atol=1e-5)
+    assert w.stats.loaded == w.k and w.stats.bundle_bytes > 0  # a cold cache read them all
+    before = w.stats.loaded
+    ffn(h, torch.zeros(1, ARGS.dim))  # the same token again: every neuron is in the cache now
+    assert w.stats.loaded == before
+    w.close()
+
+
+def _run(store, **options) -> dict:
+    cfg = RunConfig.from_options(target=str(store.dir), mode="flash", max_new_tokens=8, **options)
+    p = Prompt("p", "complete", "def f(x): return")
+    with Runner(cfg, [p]) as r:
+        return r.run(p).row
+
+
+def test_rows_say_approximate_and_density_one_gives_the_targets_tokens(store):
+    target = RunConfig.from_options(target=str(store.dir), mode="target", max_new_tokens=8, runtime="inproc")
+    p = Prompt("p", "complete", "def f(x): return")
+    with Runner(target, [p]) as r:
+        want = r.run(p).row["new_token_ids"]
+    one = _run(store, ffn_density=1.0)
+    assert one["approximate"] is True and one["mode"] == "flash"  # even at 1.0: the mode never claims lossless
+    assert one["new_token_ids"] == want
+    half = _run(store, ffn_density=0.5, memory_budget="2GiB")
+    assert half["approximate"] is True and half["flash"]["sparse_passes"] > 0
+    assert ServeConfig("m", approximate="flash-ffn-density-0.5").fingerprint.startswith("cadence-approximate")
+    assert ServeConfig("m").fingerprint == "cadence-lossless"
+
+
+def test_a_budget_too_small_and_a_missing_predictor_end_in_one_sentence(store, tmp_path):
+    with pytest.raises(CadenceError, match="--memory-budget .* leaves room for"):
+        _run(store, ffn_density=0.5, memory_budget="64MiB")
+    with pytest.raises(CadenceError, match="must be above 0 and at most 1"):
+        RunConfig.from_options(mode="flash", ffn_density=1.5)
+    bare = WeightStore(
+        convert(
+            GGUFSource(write_gguf(tmp_path / "b.gguf", ARGS, random_tensors(ARGS, seed=4))), tmp_path / "bare", "int4"
+        )
+    )
+    with pytest.raises(CadenceError, match="train-predictor"):
+        _run(bare)
