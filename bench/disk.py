@@ -74,8 +74,14 @@ def main(argv=None) -> int:
     p.add_argument("--mib", type=int, default=512, help="MiB read per cell (from the start of the file)")
     p.add_argument("--modes", default="direct,drop", help="direct, drop (buffered+drop)")
     p.add_argument("--json")
-    p.add_argument("--curve", nargs="?", const="", default=None, metavar="OUT",
-                   help="measure the random-read curve instead (default OUT: $CADENCE_HOME/read-curve.json)")
+    p.add_argument(
+        "--curve",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="OUT",
+        help="measure the random-read curve instead (default OUT: $CADENCE_HOME/read-curve.json)",
+    )
     p.add_argument("--depth", type=int, default=32, help="--curve: reads in flight")
     a = p.parse_args(argv)
     if a.curve is not None:
