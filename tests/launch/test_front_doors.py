@@ -51,6 +51,7 @@ OPTION_SETS = [
         expert_eviction="edgemoe",
         expert_preload="router",
         expert_preload_k=3,
+        ffn_density=0.5,
         trace_dir="/tmp/cadence-traces",
         no_trace=True,
     ),
