@@ -80,3 +80,50 @@ def _row(label: str, got, ref, n: int) -> dict:
         "agreement": round(agree / max(1, n), 4),
         "perplexity": round(math.exp(nll / max(1, n)), 4),
     }
+
+
+def main(argv=None) -> int:
+    """python -m bench.flash_quality [--target M] [--densities 0.3,0.5] [--prompts P] [--tokens N] [--limit K]"""
+    import argparse
+    import json
+    import sys
+
+    from engine.config import RunConfig
+    from engine.prompts import load_prompts
+    from engine.resolve import resolve
+    from models import engine
+    from models.flash.predictor import Predictor
+    from models.flash.weights import FlashWeights
+
+    ap = argparse.ArgumentParser(prog="python -m bench.flash_quality", description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=RunConfig().target)
+    ap.add_argument("--densities", default="0.3,0.5")
+    ap.add_argument("--prompts", default="engine/assets/heldout.jsonl")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--rank", type=int, default=None, help="the predictor's rank (default: the highest trained)")
+    a = ap.parse_args(argv)
+    prompts = load_prompts(a.prompts)[: a.limit or None]
+    r = resolve(RunConfig.from_options(target=a.target, mode="flash", max_new_tokens=a.tokens), prompts)
+    ids = [r.prompt_ids(p)[0] for p in prompts]
+    dense = engine.load_store(r.target).model
+    pred = Predictor.load(r.target, a.rank)
+    flash = {}
+    for d in (float(x) for x in a.densities.split(",")):
+        w = FlashWeights(r.target, pred, d)
+        w.allocate(r.target.args.ffn_dim)
+        flash[f"flash@{d:g}"] = (Transformer(r.target.args, w), w)
+    rows = quality(dense, flash, ids, a.tokens, set(r.tokenizer.stop_ids))
+    print(f"predictor rank {pred.rank}, recall@{pred.density:g} {pred.recall.get('mean', 0):.3f}", file=sys.stderr)
+    print("| model | tokens | agreement | perplexity | hit rate | bundle MB a token |\n| --- | ---: | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        print(
+            f"| {row['model']} | {row['tokens']} | {row['agreement']:.3f} | {row['perplexity']:.3f} | "
+            f"{row.get('hit_rate', '')} | {row.get('bundle_mb_per_token', '')} |"
+        )
+    print(json.dumps(rows), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
