@@ -55,8 +55,7 @@ OPTIONS: tuple[Option, ...] = (
         "tree",
         "tree: token-tree speculation; chain: classic speculative decoding; target: the target "
         "alone; std, stdpl: the target alone streamed under --memory-budget (without / with prefetch); flash: "
-        "APPROXIMATE, LLM in a flash: each token computes only the FFN neurons a trained predictor picks "
-        "(--ffn-density), read from disk as needed",
+        "APPROXIMATE, only the FFN neurons a predictor picks (LLM in a flash)",
         choices=MODES,
         common=True,
     ),
