@@ -51,8 +51,11 @@ def _forced(model: Transformer, ids: list[int], cont: list[int]) -> tuple[list[i
     return tops, lps
 
 
-def quality(dense: Transformer, flash_models: dict, prompts: list[list[int]], tokens: int, stop: set[int]) -> list:
-    """Rows per flash model ({label: (Transformer, FlashWeights)}), and one for the dense model."""
+def quality(
+    dense: Transformer, flash_models: dict, prompts: list[list[int]], tokens: int, stop: set[int], others=None
+) -> list:
+    """Rows per flash model ({label: (Transformer, FlashWeights)}), one for the dense model, and one per other
+    model ({label: Transformer}: a draft model sharing the tokenizer, as a draft's top-1 agreement)."""
     conts = [_continuation(dense, ids, tokens, stop) for ids in prompts]
     ref = [_forced(dense, ids, c) for ids, c in zip(prompts, conts)]
     n = sum(len(c) for c in conts)
@@ -68,6 +71,8 @@ def quality(dense: Transformer, flash_models: dict, prompts: list[list[int]], to
             bundle_mb_per_token=round(st.bundle_bytes / max(1, st.sparse_passes / weights.args.n_layers) / 2**20, 2),
         )
         rows.append(row)
+    for label, model in (others or {}).items():
+        rows.append(_row(label, [_forced(model, ids, c) for ids, c in zip(prompts, conts)], ref, n))
     return rows
 
 
@@ -102,6 +107,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--rank", type=int, default=None, help="the predictor's rank (default: the highest trained)")
+    ap.add_argument("--draft", default=None, help="also a draft model's agreement (e.g. qwen2.5-coder-0.5b)")
     a = ap.parse_args(argv)
     prompts = load_prompts(a.prompts)[: a.limit or None]
     r = resolve(RunConfig.from_options(target=a.target, mode="flash", max_new_tokens=a.tokens), prompts)
@@ -113,9 +119,12 @@ def main(argv=None) -> int:
         w = FlashWeights(r.target, pred, d)
         w.allocate(r.target.args.ffn_dim)
         flash[f"flash@{d:g}"] = (Transformer(r.target.args, w), w)
-    rows = quality(dense, flash, ids, a.tokens, set(r.tokenizer.stop_ids))
+    others = {a.draft: engine.load(a.draft, "int4").model} if a.draft else None
+    rows = quality(dense, flash, ids, a.tokens, set(r.tokenizer.stop_ids), others)
     print(f"predictor rank {pred.rank}, recall@{pred.density:g} {pred.recall.get('mean', 0):.3f}", file=sys.stderr)
-    print("| model | tokens | agreement | perplexity | hit rate | bundle MB a token |\n| --- | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| model | tokens | agreement | perplexity | hit rate | bundle MB a token |\n| --- | ---: | ---: | ---: | ---: | ---: |"
+    )
     for row in rows:
         print(
             f"| {row['model']} | {row['tokens']} | {row['agreement']:.3f} | {row['perplexity']:.3f} | "
