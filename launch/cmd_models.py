@@ -35,11 +35,7 @@ def add_parser(sub):
         "write EdgeMoE's path statistics beside its weight store",
     )
     pe.add_argument("name", help="a .gguf file or an HF model directory holding a mixture of experts")
-    pe.add_argument(
-        "--dtype", "--format", dest="fmt", default="int4", help="the weight store to profile (as --dtype of run)"
-    )
-    pe.add_argument("--prompts", default=None, help="calibration prompts (JSONL; default: the development set)")
-    pe.add_argument("--tokens", type=int, default=64, help="tokens generated per prompt (their paths count too)")
+    _calibration(pe, "the weight store to profile (as --dtype of run)", "their paths count too")
     pe.set_defaults(func=cmd_profile_experts)
     pb = msub.add_parser(
         "expert-bits",
@@ -75,6 +71,13 @@ def add_parser(sub):
     pr.set_defaults(func=cmd_rm)
 
 
+def _calibration(p, store_help: str, tokens_note: str) -> None:
+    """The options of a command that runs a model on calibration prompts: its store, the prompts, the tokens."""
+    p.add_argument("--dtype", "--format", dest="fmt", default="int4", help=store_help)
+    p.add_argument("--prompts", default=None, help="calibration prompts (JSONL; default: the development set)")
+    p.add_argument("--tokens", type=int, default=64, help=f"tokens the model generates per prompt ({tokens_note})")
+
+
 def _add_flash(msub) -> None:
     """LLM in a flash: the predictor, the bundles and the read curve."""
     pt = msub.add_parser(
@@ -83,14 +86,12 @@ def _add_flash(msub) -> None:
         "and write it beside the weight store",
     )
     pt.add_argument("name", help="a default model name, a .gguf file or an HF model directory")
-    pt.add_argument("--dtype", "--format", dest="fmt", default="int4", help="the weight store (as --dtype of run)")
-    pt.add_argument("--prompts", default=None, help="calibration prompts (JSONL; default: the development set)")
+    _calibration(pt, "the weight store (as --dtype of run)", "recorded too")
     pt.add_argument(
         "--heldout", default=None, help="prompts to measure recall on (JSONL; default: every 4th calibration prompt)"
     )
     pt.add_argument("--rank", type=int, default=128, help="the predictor's rank (size and accuracy grow with it)")
     pt.add_argument("--density", type=float, default=0.3, help="the share of neurons per token recall is measured at")
-    pt.add_argument("--tokens", type=int, default=64, help="tokens the model generates per prompt (recorded too)")
     pt.set_defaults(func=cmd_train_predictor)
     pf = msub.add_parser(
         "bundle",

@@ -58,7 +58,7 @@ def pack(rows: list[dict[str, torch.Tensor]], dim: int) -> torch.Tensor:
     """Gate, up and down^T rows of n neurons (per-row int4 arrays: `QuantLinear.per_row()`, or
     `quantize_int4`'s output) -> records [n, record_bytes(dim)] uint8."""
     n = rows[0]["q"].shape[0]
-    raw = lambda t: t.contiguous().view(torch.uint8).reshape(n, -1)
+    raw = lambda t: t.clone(memory_format=torch.contiguous_format).view(torch.uint8).reshape(n, -1)
     body = torch.cat([_nibbles(r["q"]) for r in rows] + [raw(r[k]) for k in ("sc", "mn", "s", "m") for r in rows], 1)
     out = torch.zeros(n, record_bytes(dim), dtype=torch.uint8)
     out[:, : body.shape[1]] = body
