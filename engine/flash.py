@@ -17,7 +17,7 @@ from common.units import fmt as fmt_bytes, parse_bytes
 from engine.memory import kv_rows
 from engine.resolve import Resolved
 
-MARGIN = 96 << 20  # a pass's activations and logits, the reads' buffers, the allocator's slack (measured 85 MiB in a cgroup)
+MARGIN = 96 << 20  # activations, read buffers, allocator slack (85 MiB measured in a cgroup)
 CACHE_TOKENS = 2  # `auto`: caches that hold two tokens' neurons a layer
 
 

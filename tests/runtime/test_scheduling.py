@@ -58,8 +58,9 @@ def test_every_mode_gives_the_target_only_text(streamed, tmp_path, seed):
                 again = spec.loop.generate(p, 48, {stop})
                 assert again.new_ids == cut, (mode, draft)
                 assert again.stats["reused_prompt_tokens"] == len(p) - 1
-                if mode in ("chain", "tree"):
-                    assert gen.stats["accepted"] > 0 and gen.stats["verifications"] > 0
+                if mode in ("chain", "tree"):  # it speculated (not `accepted > 0`: a draft right 70% of the time
+                    # misses four times running for ~1% of seeds, and the governor then steps plainly)
+                    assert gen.stats["drafted"] > 0 and gen.stats["verifications"] > 0
                 if tree.get("ahead"):
                     assert s.call("draft", "stats").result["calls"]["ahead"] > 0
                 pids = [a.pid for a in s.actors.values()]
