@@ -86,9 +86,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "draft",
         "auto",
-        f"draft model for the speculative modes; auto: {DEFAULT_DRAFT}, or another known model "
-        "that shares the target's tokenizer, or none; none: tree mode with no draft model, the n-gram trie of the "
-        "prompt and output proposes (for budgets that cannot hold a draft)",
+        f"draft model for the speculative modes; auto: {DEFAULT_DRAFT} or another known model sharing the "
+        "target's tokenizer, or none; none: no draft model, the n-gram trie proposes; flash: the target's own "
+        "sparse FFN",
         common=True,
     ),
     Option(

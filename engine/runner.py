@@ -138,7 +138,7 @@ class Runner:
             kind=prompt.kind,
             mode=cfg.mode,
             target=cfg.target,
-            draft=cfg.draft_model,
+            draft="flash" if cfg.speculative and cfg.draft == "flash" else cfg.draft_model,
             format=cfg.dtype,
             chat=chat,
             prompt_token_ids=gen.prompt_ids,

@@ -34,7 +34,11 @@ class LocalSession:
         self.target = engine.load_store(r.target, cfg.target, cfg.device)
         self.draft = engine.load_store(r.draft, cfg.draft, cfg.device) if r.draft is not None else None
         draft = None
-        if cfg.speculative:
+        if cfg.speculative and cfg.draft == "flash":  # the target's own sparse FFN drafts (models/flash/draft.py)
+            from models.flash.draft import flash_draft
+
+            draft = LocalDraft(flash_draft(self.target.model, r.target, cfg.ffn_density))
+        elif cfg.speculative:
             draft = LocalDraft(self.draft.model) if self.draft is not None else TrieDraft(cfg.tree.width)
         self.loop = Speculation(
             LocalTarget(self.target.model),

@@ -121,3 +121,27 @@ def test_a_budget_too_small_and_a_missing_predictor_end_in_one_sentence(store, t
     )
     with pytest.raises(CadenceError, match="train-predictor"):
         _run(bare)
+
+
+@pytest.mark.parametrize("mode", ["tree", "chain"])
+def test_draft_flash_is_lossless(store, mode):
+    """The target's own sparse FFN drafts (models/flash/draft.py), the dense target verifies: the target's tokens."""
+    p = Prompt("p", "complete", "def f(x): return x + 1")
+    rows = {}
+    for m, draft in (("target", "none"), (mode, "flash")):
+        cfg = RunConfig.from_options(
+            target=str(store.dir), mode=m, draft=draft, max_new_tokens=24, runtime="inproc", ffn_density=0.3
+        )
+        with Runner(cfg, [p]) as r:
+            rows[m] = r.run(p).row
+    got = rows[mode]
+    assert got["new_token_ids"] == rows["target"]["new_token_ids"]
+    assert got["draft"] == "flash" and "approximate" not in got
+    assert got["stats"]["verifications"] > 0 and got["stats"]["drafted"] > 0
+
+
+def test_draft_flash_asks_for_one_process():
+    with pytest.raises(CadenceError, match="--draft flash .* --runtime inproc"):
+        RunConfig.from_options(mode="tree", draft="flash")
+    with pytest.raises(CadenceError, match="without --memory-budget"):
+        RunConfig.from_options(mode="tree", draft="flash", runtime="inproc", memory_budget="1GiB")

@@ -1,0 +1,55 @@
+"""`--draft flash`: the target as its own draft, its FFN sparse (LLM in a flash, §5.2's pairing with
+speculative decoding): attention, norms, the output head and the embedding are the resident target's own
+tensors (shared, not copied), each layer's FFN computes only the neurons the predictor picks, from a neuron
+cache filled from the bundles. The dense target verifies every proposal, so the output is exactly the
+target's; the draft costs its predictor and its caches."""
+
+from __future__ import annotations
+
+import torch
+
+from models.flash.predictor import Predictor
+from models.flash.weights import FlashFFN, FlashWeights
+from models.store import WeightStore
+from models.transformer import Transformer
+from models.weights import LayerWeights
+
+
+class SharedFlashWeights(FlashWeights):
+    """FlashWeights over a resident target's weights (`ResidentWeights`): the prompt's pass takes the target's
+    dense FFN from memory, a draft step the predicted neurons; every cache may hold all of its layer."""
+
+    def __init__(self, target, store: WeightStore, predictor: Predictor, density: float):
+        self.target = target
+        super().__init__(store, predictor, density)
+        self.allocate(store.args.ffn_dim)
+
+    def _load_resident(self) -> None:
+        for i in range(self.args.n_layers):
+            t = self.target.layer(i)
+            self.layers.append(
+                LayerWeights(
+                    attn_norm=t.attn_norm,
+                    qkv=t.qkv,
+                    attn_out=t.attn_out,
+                    ffn_norm=t.ffn_norm,
+                    q_norm=t.q_norm,
+                    k_norm=t.k_norm,
+                    flash=FlashFFN(self, i, None),
+                )
+            )
+        self.head = {j: self.target.head_part(j) for j in range(len(self.head_groups))}
+
+    def dense_ffn(self, i: int):
+        t = self.target.layer(i)
+        return t.gate_up, t.down
+
+    def nbytes(self) -> int:
+        """What the draft adds to the target: the predictor and the caches."""
+        return self.predictor.nbytes + sum(w.flash.cache.nbytes for w in self.layers if w.flash.cache is not None)
+
+
+def flash_draft(target: Transformer, store: WeightStore, density: float) -> Transformer:
+    """The draft model of `--draft flash` for a resident target model."""
+    weights = SharedFlashWeights(target.weights, store, Predictor.load(store, dtype=torch.bfloat16), density)
+    return Transformer(store.args, weights, target.device)
