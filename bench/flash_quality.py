@@ -15,7 +15,6 @@ import math
 
 import torch
 
-from models.attention import Visibility  # noqa: F401  (the forward's default is causal)
 from models.transformer import Transformer
 
 
@@ -68,7 +67,7 @@ def quality(
         row.update(
             density=weights.density,
             hit_rate=round(st.hit_rate, 4),
-            bundle_mb_per_token=round(st.bundle_bytes / max(1, st.sparse_passes / weights.args.n_layers) / 2**20, 2),
+            bundle_mb_per_token=round(st.bundles.bytes / max(1, st.sparse_passes / weights.args.n_layers) / 2**20, 2),
         )
         rows.append(row)
     for label, model in (others or {}).items():

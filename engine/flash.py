@@ -16,6 +16,7 @@ from common.errors import CadenceError
 from common.units import fmt as fmt_bytes, parse_bytes
 from engine.memory import kv_rows
 from engine.resolve import Resolved
+from engine.sessions import local_cycle
 
 MARGIN = 96 << 20  # activations, read buffers, allocator slack (85 MiB measured in a cgroup)
 CACHE_TOKENS = 2  # `auto`: caches that hold two tokens' neurons a layer
@@ -87,8 +88,6 @@ class FlashSession:
         from models.flash.predictor import Predictor
         from models.flash.weights import FlashWeights
         from models.transformer import Transformer
-        from speculative.loop import Speculation
-        from speculative.verify import LocalTarget
 
         cfg = r.cfg
         if cfg.device != "cpu":
@@ -99,15 +98,7 @@ class FlashSession:
         self.weights = FlashWeights(store, predictor, cfg.ffn_density)
         self.plan = plan(r, _process_bytes())  # measured with everything in but the caches
         self.weights.allocate(self.plan.capacity)
-        self.loop = Speculation(
-            LocalTarget(Transformer(store.args, self.weights)),
-            None,
-            "flash",
-            cfg.tree,
-            cfg.sampling,
-            cfg.context,
-            store.args.context_length,
-        )
+        self.loop = local_cycle(r, Transformer(store.args, self.weights), None)
 
     def fields(self, tokens: int) -> dict:
         """The row's flash fields: approximate, the density and what was read per token."""
@@ -119,7 +110,7 @@ class FlashSession:
                 **st.as_dict(),
                 "cache_neurons_per_layer": self.plan.capacity,
                 # the prompt's pass reads the dense FFNs once; each later token reads bundles
-                "decode_read_bytes_per_token": st.bundle_bytes // max(1, tokens - 1),
+                "decode_read_bytes_per_token": st.bundles.bytes // max(1, tokens - 1),
             },
         }
 

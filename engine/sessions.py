@@ -12,6 +12,17 @@ from engine.memory import draft_rows, runtime_config
 from engine.resolve import Resolved
 
 
+def local_cycle(r: Resolved, target, draft):
+    """The speculation cycle over a target model in this process and a draft side (or None)."""
+    from speculative.loop import Speculation
+    from speculative.verify import LocalTarget
+
+    cfg = r.cfg
+    return Speculation(
+        LocalTarget(target), draft, cfg.mode, cfg.tree, cfg.sampling, cfg.context, r.target.args.context_length
+    )
+
+
 class LocalSession:
     """The models in this process: the cycle over `LocalTarget` and `LocalDraft` (or the trie alone)."""
 
@@ -24,8 +35,6 @@ class LocalSession:
         from models import engine
         from speculative.drafter import LocalDraft
         from speculative.lookup import TrieDraft
-        from speculative.loop import Speculation
-        from speculative.verify import LocalTarget
 
         cfg = r.cfg
         torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
@@ -40,15 +49,7 @@ class LocalSession:
             draft = LocalDraft(flash_draft(self.target.model, r.target, cfg.ffn_density))
         elif cfg.speculative:
             draft = LocalDraft(self.draft.model) if self.draft is not None else TrieDraft(cfg.tree.width)
-        self.loop = Speculation(
-            LocalTarget(self.target.model),
-            draft,
-            cfg.mode,
-            cfg.tree,
-            cfg.sampling,
-            cfg.context,
-            r.target.args.context_length,
-        )
+        self.loop = local_cycle(r, self.target.model, draft)
 
     def close(self) -> None:
         pass

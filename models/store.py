@@ -197,16 +197,19 @@ class WeightStore:
 
     def views(self, group: str, buf) -> dict:
         """Arrays of a group as zero-copy views into `buf` (a uint8 tensor holding that group's bytes)."""
+        g = self.groups[group]
+        return self.tensor_views(g.tensors, buf, g.offset)
+
+    def tensor_views(self, names, buf, start: int) -> dict:
+        """Arrays of the tensors `names` as zero-copy views into `buf`, which holds the file from byte `start`."""
         from models.store import DTYPES
 
-        g = self.groups[group]
         out = {}
-        for name in g.tensors:
+        for name in names:
             arrays = {}
             for key, a in self.tensors[name]["arrays"].items():
-                lo = a["offset"] - g.offset
-                raw = buf[lo : lo + a["nbytes"]]
-                arrays[key] = raw.view(DTYPES[a["dtype"]]).view(a["shape"])
+                lo = a["offset"] - start
+                arrays[key] = buf[lo : lo + a["nbytes"]].view(DTYPES[a["dtype"]]).view(a["shape"])
             out[name] = arrays
         return out
 

@@ -4,7 +4,8 @@ costmodel.py  the read curve and the price of reading bundles against a whole la
 records.py    a neuron's record: its gate row, up row and down column, int4 (the kernel's and the bundles' layout)
 bundles.py    the bundled FFN layout beside a weight store: each layer's records in chunks (§3.2)
 reader.py     BundleReader: a layer's records of given neurons, or all of them, by direct reads (§3.2, §4.2)
-predictor.py  the low-rank predictor per layer, trained on the model's own activations (§3.1, Appendix B)
+predictor.py  the low-rank predictor per layer, fitted on the model's own activations (§3.1, Appendix B; train.py)
 cache.py      the sliding-window neuron cache in a preallocated matrix with swap-delete (§3.1, §3.3)
-ffn.py        FlashFFN: one layer's predictor, cache and bundle reader; the FFN over the cached neurons
+weights.py    FlashWeights, FlashFFN: the target with each layer's FFN over its predicted, cached neurons
+draft.py      the same over a resident target's own tensors: `--draft flash`
 """

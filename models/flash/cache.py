@@ -165,12 +165,13 @@ class NeuronCache:
             )
         return self._delete(order)
 
-    def admit(self, neurons, step: int, window: int) -> np.ndarray:
-        """One step of the window (§3.1): mark `neurons` active, evict those out of the window, make room for
-        the missing ones and return them (the caller reads their records and calls `insert(missing, records,
-        step)`)."""
+    def admit(self, neurons, step: int, window: int | None = None) -> np.ndarray:
+        """One step of the window (§3.1): mark `neurons` active, evict those out of the window (None: no window
+        but the capacity, least recently active first), make room for the missing ones and return them (the
+        caller reads their records and calls `insert(missing, records, step)`)."""
         self.touch(neurons, step)
-        self.evict(step, window)
+        if window is not None:
+            self.evict(step, window)
         miss = np.unique(self.missing(neurons))
         self.make_room(miss.size, step)
         return miss

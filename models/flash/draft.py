@@ -25,6 +25,7 @@ class SharedFlashWeights(FlashWeights):
         self.allocate(store.args.ffn_dim)
 
     def _load_resident(self) -> None:
+        self.resident, self.embed = self.target, self.target.embed  # the head and embedding: the target's
         for i in range(self.args.n_layers):
             t = self.target.layer(i)
             self.layers.append(
@@ -38,7 +39,6 @@ class SharedFlashWeights(FlashWeights):
                     flash=FlashFFN(self, i, None),
                 )
             )
-        self.head = {j: self.target.head_part(j) for j in range(len(self.head_groups))}
 
     def dense_ffn(self, i: int):
         t = self.target.layer(i)
@@ -47,6 +47,9 @@ class SharedFlashWeights(FlashWeights):
     def nbytes(self) -> int:
         """What the draft adds to the target: the predictor and the caches."""
         return self.predictor.nbytes + sum(w.flash.cache.nbytes for w in self.layers if w.flash.cache is not None)
+
+    def close(self) -> None:
+        self.reader.close()  # the rest is the target's
 
 
 def flash_draft(target: Transformer, store: WeightStore, density: float) -> Transformer:

@@ -11,22 +11,21 @@ from __future__ import annotations
 
 import mmap
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from common.errors import CadenceError
 from models import kernels
-from models.flash import costmodel, records
-from models.flash.reader import BundleReader
+from models.flash import records
+from models.flash.reader import BundleReader, ReadCount
 from models.flash.cache import NeuronCache
 from models.flash.predictor import Predictor
 from models.store import WeightStore
-from models.weights import EmbeddingRows, LayerWeights, store_linear, head_part_from_views, layer_from_views
+from models.weights import LayerWeights, StreamingWeights, layer_from_views, store_linear
 from shm.dio import DirectReader
 
-WHOLE = 1 << 40  # no window but the capacity: a neuron stays until the memory is wanted for another
 DENSE_ROWS = 8  # a pass of more rows than this takes the dense FFN (a prompt's prefill)
 ATTENTION = ("attn_norm", "attn_qkv", "attn_qkv_bias", "attn_out", "ffn_norm", "attn_q_norm", "attn_k_norm")
 FFN = ("ffn_gate_up", "ffn_down")
@@ -34,39 +33,33 @@ FFN = ("ffn_gate_up", "ffn_down")
 
 @dataclass
 class FlashStats:
-    """What the flash FFNs did since the last `reset`: passes per path, neurons, bytes read."""
+    """What the flash FFNs did since the last reset: passes per path, neurons, and what they read (the bundle
+    reader's own count, `bundles`; the dense FFNs' reads, `dense`)."""
 
+    bundles: ReadCount
+    dense: ReadCount
     sparse_passes: int = 0
     dense_passes: int = 0
     neurons: int = 0  # predicted neurons over sparse passes (a layer's union over its rows)
     loaded: int = 0  # of them, read from the bundles
-    bundle_bytes: int = 0
-    dense_bytes: int = 0
-    reads: int = 0
-    read_s: float = 0.0
-    layer_reads: int = 0  # sparse passes that read the layer's whole bundle region (the cost model's choice)
-    per_layer_loaded: dict = field(default_factory=dict)
-
-    @property
-    def read_bytes(self) -> int:
-        return self.bundle_bytes + self.dense_bytes
 
     @property
     def hit_rate(self) -> float:
         return 1.0 - self.loaded / self.neurons if self.neurons else 0.0
 
     def as_dict(self) -> dict:
+        b, d = self.bundles, self.dense
         return {
             "sparse_passes": self.sparse_passes,
             "dense_passes": self.dense_passes,
             "neurons": self.neurons,
             "loaded": self.loaded,
             "hit_rate": round(self.hit_rate, 4),
-            "bundle_bytes": self.bundle_bytes,
-            "dense_bytes": self.dense_bytes,
-            "reads": self.reads,
-            "read_s": round(self.read_s, 4),
-            "layer_reads": self.layer_reads,
+            "bundle_bytes": b.bytes,
+            "dense_bytes": d.bytes,
+            "reads": b.reads + d.reads,
+            "read_s": round(b.seconds + d.seconds, 4),
+            "layer_reads": b.layers,  # the cost model chose the layer's whole region
         }
 
 
@@ -100,7 +93,7 @@ def _clone_linear(x):
 class FlashWeights:
     """A weight provider (models/weights.py) for `Transformer`: `layer(i)` carries `flash`, the layer's FFN."""
 
-    def __init__(self, store: WeightStore, predictor: Predictor, density: float, window: int = 0):
+    def __init__(self, store: WeightStore, predictor: Predictor, density: float):
         """The caches come after (`allocate`): sized from what this process holds once everything else is in."""
         a = store.args
         if a.moe:
@@ -113,18 +106,13 @@ class FlashWeights:
             raise CadenceError(f"--ffn-density {density} must be above 0 and at most 1")
         self.store, self.args, self.predictor, self.density = store, a, predictor, density
         self.k = max(1, min(a.ffn_dim, int(round(density * a.ffn_dim))))
-        self.capacity, self.window = 0, window
+        self.capacity = 0
         self.record = records.record_bytes(a.dim)
-        self.embed = EmbeddingRows(store)
         self.head_groups = store.head_groups()
-        self.stats = FlashStats()
         self.reader = BundleReader(store)
-        self.dense_reader = DirectReader(store.path, threads=4)
-        spans = [self._ffn_span(i) for i in range(a.n_layers)]
-        self.scratch = torch.empty(max(n for _, n in spans), dtype=torch.uint8)  # one layer's dense FFN
-        self.spans = spans
+        self.dense_reads = ReadCount()
+        self.stats = FlashStats(self.reader.stats, self.dense_reads)
         self.layers: list[LayerWeights] = []
-        self.head: dict[int, object] = {}
         self._load_resident()
 
     def _ffn_span(self, i: int) -> tuple[int, int]:
@@ -134,8 +122,15 @@ class FlashWeights:
 
     def _load_resident(self) -> None:
         """Each layer read once through one mapped buffer (unmapped after: a heap buffer freed per layer would
-        leave the allocator holding it), its attention copied out; the head parts kept whole."""
+        leave the allocator holding it), its attention copied out; the head and the embedding's rows as a
+        streamed run keeps them (`StreamingWeights`: the head resident, the embedding on disk); the dense FFN
+        of a prompt's pass read per layer into one scratch buffer."""
         store = self.store
+        self.resident = StreamingWeights(store, set(self.head_groups))
+        self.embed = self.resident.embed
+        self.spans = [self._ffn_span(i) for i in range(self.args.n_layers)]
+        self.scratch = torch.empty(max(n for _, n in self.spans), dtype=torch.uint8)
+        self.dense_reader = DirectReader(store.path, threads=4)
         groups = [store.groups[f"layer.{i}"] for i in range(self.args.n_layers)]
         tmp = mmap.mmap(-1, max(g.nbytes for g in groups))
         try:
@@ -148,21 +143,11 @@ class FlashWeights:
                     w.flash = FlashFFN(self, i, None)
                     self.layers.append(w)
                     del buf, w
-                self._load_head(f)
         finally:
             import gc
 
             gc.collect()  # the views of the mapped buffer go before it is unmapped
             tmp.close()
-
-    def _load_head(self, f) -> None:
-        store = self.store
-        for j, name in enumerate(self.head_groups):
-            g = store.groups[name]
-            buf = torch.empty(g.nbytes, dtype=torch.uint8)
-            f.seek(g.offset)
-            f.readinto(memoryview(buf.numpy()))
-            self.head[j] = head_part_from_views(store, name, store.views(name, buf))
 
     def allocate(self, capacity: int) -> None:
         """Each layer's neuron cache, `capacity` neurons (at least a token's `k`; density 1.0 needs none)."""
@@ -184,7 +169,7 @@ class FlashWeights:
         return self.layers[i]
 
     def head_part(self, j: int):
-        return self.head[j]
+        return self.resident.head_part(j)
 
     def experts(self, need):
         raise CadenceError("--mode flash runs dense FFN models only")
@@ -196,11 +181,11 @@ class FlashWeights:
             for x in (w.qkv, w.attn_out):
                 n += x.nbytes()
             n += w.flash.cache.nbytes if w.flash.cache is not None else 0
-        n += sum(p.out.nbytes() for p in self.head.values())
-        return n
+        return n + self.resident.nbytes()
 
     def reset_stats(self) -> None:
-        self.stats = FlashStats()
+        self.reader.stats = self.dense_reads = ReadCount()
+        self.stats = FlashStats(self.reader.stats, self.dense_reads)
 
     def close(self) -> None:
         if self.reader is not None:
@@ -216,20 +201,10 @@ class FlashWeights:
         lo, n = self.spans[i]
         t0 = time.perf_counter()
         self.dense_reader.read_into(lo, n, self.scratch.numpy())
-        self.stats.read_s += time.perf_counter() - t0
-        self.stats.dense_bytes += n
-        self.stats.reads += 1
-        from models.store import DTYPES
-
-        lins = []
-        for t in FFN:
-            name = f"blk.{i}.{t}"
-            arrays = {}
-            for key, a in self.store.tensors[name]["arrays"].items():
-                raw = self.scratch[a["offset"] - lo : a["offset"] - lo + a["nbytes"]]
-                arrays[key] = raw.view(DTYPES[a["dtype"]]).view(a["shape"])
-            lins.append(store_linear(self.store, name, arrays))
-        return lins
+        self.dense_reads.add(n, 1, time.perf_counter() - t0)
+        names = [f"blk.{i}.{t}" for t in FFN]
+        views = self.store.tensor_views(names, self.scratch, lo)
+        return [store_linear(self.store, name, views[name]) for name in names]
 
 
 class FlashFFN:
@@ -243,41 +218,29 @@ class FlashFFN:
     def __call__(self, h: torch.Tensor, x: torch.Tensor) -> None:
         p = self.parent
         if p.density >= 1.0 or h.shape[0] > DENSE_ROWS:
-            gate_up, down = p.dense_ffn(self.layer)
-            down.matmul(kernels.swiglu(gate_up.matmul(h)), out=x)
-            p.stats.dense_passes += 1
-            return
+            return self._dense(h, x)
+        ids = p.predictor.top(self.layer, h, p.k).numpy()  # ascending per row
+        ids = ids[0] if h.shape[0] == 1 else np.unique(ids)
+        if ids.size > self.cache.capacity:  # rows whose neurons together outgrow the cache: the dense FFN
+            return self._dense(h, x)
         self.step += 1
-        ids = np.unique(p.predictor.top(self.layer, h, p.k).numpy().reshape(-1))
-        if ids.size > self.cache.capacity:  # many rows: keep the likeliest of the union
-            ids = ids[: self.cache.capacity]
         self._load(ids)
         kernels.flash_ffn(h, self.cache.matrix, self.cache.slots(ids), x)
         p.stats.sparse_passes += 1
         p.stats.neurons += int(ids.size)
+
+    def _dense(self, h: torch.Tensor, x: torch.Tensor) -> None:
+        gate_up, down = self.parent.dense_ffn(self.layer)
+        down.matmul(kernels.swiglu(gate_up.matmul(h)), out=x)
+        self.parent.stats.dense_passes += 1
 
     def _load(self, ids: np.ndarray) -> None:
         """The window's step (§3.1): mark `ids` active, drop what left the window (or, under a fixed capacity,
         the least recently active), and bring the neurons the cache lacks: their bundles, or the layer's whole
         region where the cost model prices that lower (§4.2)."""
         p, cache = self.parent, self.cache
-        miss = cache.admit(ids, self.step, p.window or WHOLE)
-        if miss.size == 0:
-            return
-        before = p.reader.stats.bytes, p.reader.stats.reads, p.reader.stats.seconds, p.reader.stats.layers
-        recs, _ = p.reader.load(self.layer, miss)
-        st = p.reader.stats
-        p.stats.bundle_bytes += st.bytes - before[0]
-        p.stats.reads += st.reads - before[1]
-        p.stats.read_s += st.seconds - before[2]
-        p.stats.layer_reads += st.layers - before[3]
-        p.stats.loaded += int(miss.size)
-        cache.insert(miss, recs, self.step)
-
-
-def flash_capacity(budget_left: int, args, record: int) -> int:
-    """Neurons a layer's cache holds when `budget_left` bytes are the caches' to share."""
-    return max(0, min(args.ffn_dim, budget_left // (args.n_layers * record)))
-
-
-__all__ = ["FlashWeights", "FlashFFN", "FlashStats", "flash_capacity", "costmodel"]
+        miss = cache.admit(ids, self.step)  # no window but the capacity: a neuron stays until its row is wanted
+        if miss.size:
+            recs, _ = p.reader.load(self.layer, miss)  # counted in the reader's stats (FlashStats.bundles)
+            p.stats.loaded += int(miss.size)
+            cache.insert(miss, recs, self.step)

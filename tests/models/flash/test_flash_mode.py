@@ -81,7 +81,7 @@ def test_sparse_passes_compute_the_predicted_neurons_from_the_cache(store):
     ids = w.predictor.top(0, h, w.k).reshape(-1).numpy()
     recs = w.reader.read(0, ids)
     assert torch.allclose(x, records.ffn_reference(h, recs, ARGS.dim), rtol=1e-4, atol=1e-5)
-    assert w.stats.loaded == w.k and w.stats.bundle_bytes > 0  # a cold cache read them all
+    assert w.stats.loaded == w.k and w.stats.bundles.bytes > 0  # a cold cache read them all
     before = w.stats.loaded
     ffn(h, torch.zeros(1, ARGS.dim))  # the same token again: every neuron is in the cache now
     assert w.stats.loaded == before
