@@ -4,6 +4,8 @@ the API key, /health and /metrics, and SIGTERM stopping it all with nothing left
 
 from __future__ import annotations
 
+import copy
+
 import os
 import signal
 import socket
@@ -323,10 +325,11 @@ def _mutations(rng):
     chat = rng.random() < 0.5
     body = {"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"}
     body["max_tokens"] = 4
+    pick = lambda: copy.deepcopy(rng.choice(values))  # a copy: a list put inside itself would be circular
     for _ in range(rng.randint(0, 4)):
-        body[rng.choice(keys)] = rng.choice(values)
+        body[rng.choice(keys)] = pick()
     if chat and rng.random() < 0.3 and isinstance(body.get("messages"), list) and body["messages"]:
-        body["messages"][0] = {rng.choice(keys): rng.choice(values), "role": rng.choice(["user", "tool", 3, None])}
+        body["messages"][0] = {rng.choice(keys): pick(), "role": rng.choice(["user", "tool", 3, None])}
     return ("/v1/chat/completions" if chat else "/v1/completions"), body
 
 
