@@ -7,10 +7,7 @@ import torch
 
 from actors.base import Actor, ActorContext
 from actors.ops import Advance, Advanced, Ahead, Build, DraftStart, Lookup
-from models.engine import LoadedModel, load_store
-from models.store import WeightStore
-from models.transformer import Transformer
-from models.weights import StreamingWeights
+from models.engine import load_store
 from common.settings import SamplingConfig
 from speculative.drafter import LocalDraft
 from common.settings import TreeConfig
@@ -27,12 +24,8 @@ class DraftActor(Actor):
         super().__init__(init, ctx)
         torch.set_num_threads(int(init.get("threads") or torch.get_num_threads()))
         with self.trace.span("load draft", cat="setup"):
-            if init.get("embed_on_disk"):  # under a memory budget: every group but the embedding table
-                store = WeightStore(init["store"])
-                weights = StreamingWeights(store, set(store.group_names()) - {"embed"}, init.get("head_rows") or None)
-                self.lm = LoadedModel(init.get("name", ""), store, None, Transformer(store.args, weights))
-            else:
-                self.lm = load_store(init["store"], init.get("name", ""))
+            # every group but the embedding table; the head's frequent-token rows only where `head_rows` says
+            self.lm = load_store(init["store"], init.get("name", ""), head_rows=init.get("head_rows") or None)
         self.sampling = self.base_sampling = SamplingConfig(**init["sampling"])
         self.cfg = TreeConfig(**init["tree"])
         self.local = LocalDraft(self.lm.model)

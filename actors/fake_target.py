@@ -85,9 +85,9 @@ class FakeVerifierActor(FakeActor):
                     )
                     self.sync.wait(WORKER_WORD, self.sync.step, f"{g}'s {part}")
 
-    def _start(self, prompt: list[int]):
+    def _start(self, prompt: list[int], reuse: bool = True):
         reused = 0
-        while reused < min(len(prompt) - 1, len(self.text)) and prompt[reused] == self.text[reused]:
+        while reuse and reused < min(len(prompt) - 1, len(self.text)) and prompt[reused] == self.text[reused]:
             reused += 1
         for i in range(reused, len(prompt), PREFILL_CHUNK):
             yield from self._forward(min(PREFILL_CHUNK, len(prompt) - i))
@@ -116,7 +116,7 @@ class FakeVerifierActor(FakeActor):
 
     def _job(self, args: Start | Step | Verify):
         if isinstance(args, Start):
-            return self._start(list(args.prompt_ids))
+            return self._start(list(args.prompt_ids), args.reuse)
         if isinstance(args, Step):
             return self._step(args.root)
         return self._verify(args)

@@ -69,6 +69,7 @@ class Start(Payload):
     prompt_ids: list
     capacity: int
     sampling: dict | None = None  # this generation's sampling; None: the run's
+    reuse: bool = True  # False: prefill the whole prompt (a benchmark's modes each pay their own prefill)
 
 
 @dataclass(frozen=True)

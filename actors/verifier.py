@@ -69,7 +69,7 @@ class VerifierActor(Actor):
 
     def op_start(self, args: Start, tensors):
         """Prefill the prompt; the first token."""
-        self.verifier = Verifier(self.model, self._sampling(args), previous=self.verifier)
+        self.verifier = Verifier(self.model, self._sampling(args), previous=self.verifier if args.reuse else None)
         token = self.verifier.start(list(args.prompt_ids), args.capacity)
         return Token(token, self.verifier.reused)
 
@@ -111,7 +111,8 @@ class VerifierActor(Actor):
             planner = self.executor.plan
         try:
             if kind == "start":
-                self.verifier = Verifier(self.model, self._sampling(job_args), previous=self.verifier)
+                previous = self.verifier if job_args.reuse else None
+                self.verifier = Verifier(self.model, self._sampling(job_args), previous=previous)
                 kv = self.tensor(tensors["kv"]) if "kv" in tensors else None
                 job = self.verifier.start_steps(list(job_args.prompt_ids), job_args.capacity, kv, planner)
             elif kind == "step":

@@ -70,8 +70,8 @@ def modes(cfg: RunConfig, prompts: list[Prompt], opts: BenchOptions):
         try:
             for p in prompts:
                 ids, chat = runner.resolved.prompt_ids(p)
-                for m in opts.modes:
-                    rows.append(runner.run(p, mode=m).row)
+                for m in opts.modes:  # each mode prefills the prompt itself, as a new request would
+                    rows.append(runner.run(p, mode=m, reuse=False).row)
                     progress(rows[-1])
                 for b in opts.baselines:
                     rows.append(peers[peer_of(b)].run(p, b, ids, chat, cfg.max_new_tokens))

@@ -121,9 +121,7 @@ def arms(cfg: TreeConfig, draft_model: bool = True) -> tuple[Arm, ...]:
     if not draft_model:
         return (LOOKUP, PLAIN)
     sizes = (
-        {1, 2, cfg.chain_k} | set(range(2, cfg.chain_k + 1, 2))
-        if cfg.mode == "chain"
-        else {2, 4, cfg.width} | set(range(2, cfg.width + 1, 2))
+        set(range(1, cfg.chain_k + 1)) if cfg.mode == "chain" else {2, 4, cfg.width} | set(range(2, cfg.width + 1, 2))
     )
     lookup = (LOOKUP,) if cfg.mode == "tree" and cfg.trie else ()
     return (*lookup, PLAIN, *(Arm("draft", n) for n in sorted(sizes)))

@@ -188,7 +188,7 @@ OPTIONS: tuple[Option, ...] = (
         "draft_vocab",
         None,
         "the draft proposes only the N most frequent tokens (FR-Spec: its output head keeps N "
-        "rows); default 32768 under --memory-budget, else the whole vocabulary; 0: the whole vocabulary",
+        "rows); default 32768; 0: the whole vocabulary",
         kind=int,
         group=MEMORY,
         metavar="N",

@@ -92,18 +92,20 @@ class Runner:
         mode: str | None = None,
         max_new_tokens: int | None = None,
         sampling: SamplingConfig | None = None,
+        reuse: bool = True,
     ) -> Iterator[Chunk]:
         """The generation for `prompt`, a chunk per cycle (stop tokens are never part of the text). A
         consumer may stop early between chunks (a client that went away): each ends a cycle, where the
         models agree with the text, and the next generation starts afresh. `mode` (another of the modes
-        the loaded models run), `max_new_tokens` and `sampling` override the run's for this generation."""
+        the loaded models run), `max_new_tokens` and `sampling` override the run's for this generation. `reuse` False: the
+        whole prompt is prefilled (a benchmark comparing modes on one prompt: each pays its own prefill)."""
         cfg = self.for_generation(mode, max_new_tokens, sampling)
         ids, chat = self.resolved.prompt_ids(prompt)
         tok, stop = self.tokenizer, self.tokenizer.stop_ids
         decoder = StreamDecoder(tok)
         if getattr(self.session, "approximate", False):
             self.session.weights.reset_stats()
-        steps = self.session.loop.stream(ids, cfg.max_new_tokens, stop, cfg.mode, cfg.tree, cfg.sampling)
+        steps = self.session.loop.stream(ids, cfg.max_new_tokens, stop, cfg.mode, cfg.tree, cfg.sampling, reuse)
         for step in steps:
             text = decoder.push([t for t in step.tokens if t not in stop])
             done = self._completion(prompt, cfg, chat, step.result, decoder.text()) if step.result else None

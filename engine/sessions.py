@@ -41,7 +41,7 @@ class LocalSession:
         if cfg.device.startswith("cuda") and not torch.cuda.is_available():
             raise CadenceError("--device cuda was asked for but torch sees no CUDA device; use --device cpu")
         self.target = engine.load_store(r.target, cfg.target, cfg.device)
-        self.draft = engine.load_store(r.draft, cfg.draft, cfg.device) if r.draft is not None else None
+        self.draft = engine.load_store(r.draft, cfg.draft, cfg.device, draft_rows(cfg, r.draft)) if r.draft else None
         draft = None
         if cfg.speculative and cfg.draft == "flash":  # the target's own sparse FFN drafts (models/flash/draft.py)
             from models.flash.draft import flash_draft
@@ -80,7 +80,7 @@ def open_actors(r: Resolved, plan):
             cfg.worker,
             cfg.experts,
             r.paths,
-            draft_rows(cfg, r.draft) if plan is not None else 0,
+            draft_rows(cfg, r.draft),
         )
         return sched, ActorSession(sched, spec)
     except BaseException:

@@ -10,7 +10,7 @@ from models.convert import ensure_store
 from models.store import WeightStore
 from models.tokenizer import TextTokenizer
 from models.transformer import Transformer
-from models.weights import ResidentWeights
+from models.weights import ResidentWeights, StreamingWeights
 
 
 @dataclass
@@ -29,11 +29,17 @@ def load(model: str, fmt: str = "bf16", device: str = "cpu", group_size: int = 3
     return load_store(ensure_store(model, fmt, group_size), model, device)
 
 
-def load_store(store: WeightStore | str, name: str = "", device: str = "cpu") -> LoadedModel:
-    """A model from a weight store, every layer resident."""
+def load_store(
+    store: WeightStore | str, name: str = "", device: str = "cpu", head_rows: int | None = None
+) -> LoadedModel:
+    """A model from a weight store, every layer resident. `head_rows` (a draft, on the CPU): its output head
+    keeps only the rows of the tokens below that id (FR-Spec: the frequent ones), for a cheaper forward."""
     if not isinstance(store, WeightStore):
         store = WeightStore(store)
-    weights = ResidentWeights(store, device)
+    if head_rows and device == "cpu":
+        weights = StreamingWeights(store, set(store.group_names()) - {"embed"}, head_rows)
+    else:
+        weights = ResidentWeights(store, device)
     return LoadedModel(
         name or store.dir.name, store, TextTokenizer(store.tokenizer_info), Transformer(store.args, weights, device)
     )

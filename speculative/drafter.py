@@ -9,6 +9,8 @@ stops growing when Tc falls below alpha or it reaches the verification width.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from common.settings import CATCH_UP, TOP_K, TreeConfig
@@ -36,6 +38,7 @@ class Drafter(DraftingAhead):
         self.seed: Seed | None = None  # a reused lookahead, for the next tree
         self.ahead_steps = self.ahead_reused = 0  # lookahead forwards run / tokens the next tree got from them
         self.skipped = 0  # committed tokens the draft never ran on (catch-up window)
+        self.catchup_s = 0.0  # the last forward over pending tokens, when it was a catch-up (`_feed_pending`)
 
     def start(self, prompt_ids: list[int], capacity: int):
         """Take the prompt (fed with the first tree); the first generated token arrives through `push`.
@@ -77,10 +80,14 @@ class Drafter(DraftingAhead):
             self.skipped += len(self.pending) - CATCH_UP
             self.pending = self.pending[-CATCH_UP:]
         ids = torch.tensor(self.pending, device=dev)
+        t0 = time.perf_counter()
         logits = self.model.forward(
             ids, torch.arange(c.length, c.length + len(ids), device=dev), c, logits_rows=slice(-1, None)
         )[0]
         c.commit()
+        # more rows than a verification leaves (its bonus token, an accepted node not fed): a catch-up, not a
+        # draft step (the governor prices a budget by what its steps cost)
+        self.catchup_s = time.perf_counter() - t0 if len(ids) > 2 else 0.0
         self.pending = []
         return logits
 
@@ -170,6 +177,7 @@ class Drafter(DraftingAhead):
         cfg, t0 = self.cfg, self.pending[-1]
         d = DraftTree(TokenTree(t0), 1.0, 1)
         dists = {ROOT: self._dist(self._feed_pending())}
+        d.catchup_s = self.catchup_s
         c, dev = self.cache, self.model.device
         index = {}  # shape node -> tree node
         level = [i for i, p in enumerate(cfg.shape_parents) if p < 0]
@@ -216,6 +224,7 @@ class Drafter(DraftingAhead):
         else:
             d = DraftTree(TokenTree(self.pending[-1]), 1.0, 1)
             dist = self._dist(self._feed_pending())
+            d.catchup_s = self.catchup_s
             seed = None
         if self.trie and budget > 1:
             self._add_trie(d, budget - 1)
@@ -328,7 +337,7 @@ class LocalDraft:
         if not self.greedy:
             trials, qs = d.wire_trials()
             dists = torch.stack(qs).float() if qs else None
-        return Proposal(d.tree.proposal(d.tc, d.forwards, d.trie_nodes, trials), drafted, d, dists)
+        return Proposal(d.tree.proposal(d.tc, d.forwards, d.trie_nodes, trials, d.catchup_s), drafted, d, dists)
 
     def ahead(self, p: Proposal | None, steps: int, stop=lambda: False) -> int:
         """Draft on from the tree until `stop()` (in the draft actor: until the verdict arrives)."""

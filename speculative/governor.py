@@ -1,30 +1,123 @@
-"""Is speculating paying off? Choose each cycle's draft budget from measured throughput.
+"""Is speculating paying off, and how far? Choose each cycle's draft budget from measured throughput.
 
 On a 2-core CPU a wide verification is not free (each extra row costs a share of a decode step)
-and the draft model costs a third of the target, so a tree that is rarely accepted is slower
-than the target alone. The governor keeps, per arm (a plain target step, prompt lookup, a draft tree
-of a given size: common/settings.py `Arm`), a moving
-average of tokens per second actually obtained, plays the best one, and now and then tries a
-neighbour so the estimates follow the text (code that is being copied, prose that is not).
-A try that loses doubles the wait before the next one (up to `max_gap` cycles): where
-speculation does not pay, probing it must not cost much either; a try that wins resets it.
+and a draft forward costs a third of a target step, so a tree that is rarely accepted is slower than
+the target alone, and one cut too short leaves tokens the draft would have got right.
+
+The plain step and prompt lookup are judged by the tokens per second they measurably earned (a moving
+average per arm). The draft budgets share one model, ARCA's formula (speculative/arca.py) fed online
+instead of by a profile: each verification tells how often a draft token at a given depth is accepted
+(`p`, recent verifications weigh most), and each cycle what a draft forward costs and what a
+verification of so many rows costs. A budget of n is then worth (1 + p + ... + p^d) tokens, d its
+trees' depth, in (its draft forwards x a forward's cost + the verification of its rows), so one
+measured cycle informs every budget and the best one is played at once, not found a step at a time.
+
+Now and then the governor tries what it is not playing (a draft budget while the plain step or lookup
+leads, since only drafting measures `p`; else the plain step or lookup): a try that loses doubles the
+wait before the next one (up to `max_gap` cycles), a try that wins resets it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.settings import PLAIN, Arm
+from common.settings import LOOKUP, PLAIN, Arm
+
+PRIOR_HITS, PRIOR_TRIES = 4.0, 5.0  # p = 0.8 before any verification (a draft of the target's family),
+# worth five draft tokens of evidence: one early miss must not talk the governor out of drafting
+FORGET = 0.95  # per draft token tried: the weight the acceptance counts keep (the text changes under the draft)
+SPIKE = 1.5  # a cost sample counts for at most this much above its average (a noisy host's stalls)
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """What a draft cycle measured: its draft and verification seconds, the draft forwards it ran, the rows
+    verified (the root with the tree), the tree's depth and the accepted path's length."""
+
+    draft_s: float
+    verify_s: float
+    forwards: int
+    rows: int
+    depth: int
+    accepted: int
+
+
+def _ema(old: float | None, new: float, keep: float) -> float:
+    """The moving average; a sample far above it (a stall on a shared host) moves it as SPIKE times it would:
+    one slow cycle must not price drafting out for the many cycles until it is tried again."""
+    return new if old is None else keep * old + (1 - keep) * min(new, SPIKE * old)
+
+
+@dataclass
+class CostModel:
+    """The draft's acceptance and the cycle's costs, measured: what a budget is expected to earn."""
+
+    hits: float = PRIOR_HITS
+    tries: float = PRIOR_TRIES
+    forward_s: float | None = None  # one draft forward
+    plain_s: float | None = None  # a plain target step
+    verify_s: dict[int, float] = field(default_factory=dict)  # rows -> one verification
+    shape: dict[Arm, tuple[float, float, float]] = field(default_factory=dict)  # arm -> forwards, rows, depth
+    keep: float = 0.7
+
+    @property
+    def p(self) -> float:
+        return self.hits / self.tries
+
+    def record(self, arm: Arm, c: Cycle) -> None:
+        # depths 1..accepted were right; the next one was tried and wrong unless the tree ended there
+        tried = c.accepted + (c.accepted < c.depth)
+        fade = FORGET**tried
+        self.hits = fade * self.hits + c.accepted
+        self.tries = fade * self.tries + tried
+        if c.forwards:
+            self.forward_s = _ema(self.forward_s, c.draft_s / c.forwards, self.keep)
+        self.verify_s[c.rows] = _ema(self.verify_s.get(c.rows), c.verify_s, self.keep)
+        old = self.shape.get(arm)
+        new = (c.forwards, c.rows, c.depth)
+        self.shape[arm] = new if old is None else tuple(self.keep * a + (1 - self.keep) * b for a, b in zip(old, new))
+
+    def verification(self, rows: float) -> float | None:
+        """Seconds to verify `rows` rows: measured, else interpolated between measured widths (a plain step is
+        one row), else the widest measured (a pass is memory-bound until arithmetic catches up)."""
+        pts = dict(self.verify_s)
+        if self.plain_s is not None:
+            pts.setdefault(1, self.plain_s)
+        if not pts:
+            return None
+        xs = sorted(pts)
+        if rows <= xs[0]:
+            return pts[xs[0]]
+        for a, b in zip(xs, xs[1:]):
+            if a <= rows <= b:
+                return pts[a] + (pts[b] - pts[a]) * (rows - a) / (b - a)
+        if len(xs) >= 2:  # past the widest: the last measured slope, never falling
+            a, b = xs[-2], xs[-1]
+            return pts[b] + max(0.0, (pts[b] - pts[a]) / (b - a)) * (rows - b)
+        return pts[xs[-1]]
+
+    def rate(self, arm: Arm) -> float | None:
+        """Expected tokens per second of a draft budget, or None before a draft forward was measured."""
+        if self.forward_s is None:
+            return None
+        forwards, rows, depth = self.shape.get(arm, (arm.size, arm.size + 1, arm.size))
+        v = self.verification(rows)
+        if v is None:
+            return None
+        p = self.p
+        tokens = 1.0 + sum(p**i for i in range(1, max(1, round(depth)) + 1))
+        return tokens / (forwards * self.forward_s + v)
 
 
 @dataclass
 class Governor:
     arms: tuple[Arm, ...]  # the choices, in order (common/settings.py `arms`)
     start: Arm  # the arm to begin with
-    explore_every: int = 6  # cycles between tries of a neighbouring budget, at first
+    explore_every: int = 6  # cycles between tries of what is not being played, at first
     max_gap: int = 48  # ... and at most, after tries that lost
     decay: float = 0.7  # weight of the past in the moving averages
-    rate: dict[Arm, float] = field(default_factory=dict)  # arm -> tokens per second
+    rate: dict[Arm, float] = field(default_factory=dict)  # arm -> tokens per second measured
+    model: CostModel = field(default_factory=CostModel)
     cycles: int = 0
     current: Arm = PLAIN
     gap: int = 0  # cycles between tries now
@@ -36,39 +129,58 @@ class Governor:
             self.arms = tuple(sorted((PLAIN, *self.arms)))
         self.current = self.start if self.start in self.arms else self.arms[-1]
         self.gap = self.explore_every
+        self.model.keep = self.decay
 
     def new_text(self):
         """A new prompt: keep what each budget earned, but probe again soon (the new text may be code
         being copied where the last was prose), instead of after a back-off the last text ran up."""
         self.gap, self.last_try, self.trying = self.explore_every, self.cycles, None
 
+    def estimate(self, arm: Arm) -> float | None:
+        """Tokens per second expected of `arm`: the model's for a draft budget, else what it measured."""
+        if arm.kind == "draft":
+            r = self.model.rate(arm)
+            return r if r is not None else self.rate.get(arm)
+        return self.rate.get(arm)
+
     def choose(self) -> Arm:
         """The arm for the next cycle."""
         self.cycles += 1
-        known = dict(self.rate)
-        if PLAIN not in known and self.cycles > 1:
+        known = {a: r for a in self.arms if (r := self.estimate(a)) is not None}
+        if PLAIN not in self.rate and self.cycles > 1:
             return PLAIN  # measure the plain step once, early: the bar speculation has to clear
         if not known:
             return self.current
         best = max(known, key=known.get)
         if self.cycles - self.last_try >= self.gap:
-            i = self.arms.index(best)
-            untried = [a for a in self.arms[max(0, i - 1) : i + 2] if a != best]
-            if untried:
-                # try the neighbour we know least about (never tried, or the less recent guess)
+            drafts = [a for a in known if a.kind == "draft"]
+            if best.kind == "draft":  # refresh what drafting competes with, the least recently judged first
+                others = [a for a in (LOOKUP, PLAIN) if a in self.arms]
+            else:  # only drafting measures the draft's acceptance
+                others = [max(drafts, key=known.get)] if drafts else [a for a in self.arms if a.kind == "draft"][:1]
+            others = [a for a in others if a != best]
+            if others:
                 self.last_try = self.cycles
-                self.trying = min(untried, key=lambda a: known.get(a, -1.0))
+                self.trying = min(others, key=lambda a: self.rate.get(a, -1.0))
                 return self.trying
         return best
 
-    def record(self, arm: Arm, tokens: int, seconds: float):
-        if seconds <= 0 or arm not in self.arms:
-            return  # a draft cut short by the end of the generation says nothing about its size
+    def record(self, arm: Arm, tokens: int, seconds: float, cycle: Cycle | None = None):
+        """A cycle of `arm` made `tokens` in `seconds`; `cycle`: what a draft cycle measured."""
+        if seconds <= 0:
+            return
+        if cycle is not None and arm.kind == "draft" and cycle.depth:
+            self.model.record(arm if arm in self.arms else Arm("draft", arm.size), cycle)
+        if arm == PLAIN:
+            self.model.plain_s = _ema(self.model.plain_s, seconds / max(tokens, 1), self.decay)
+        if arm not in self.arms:
+            return  # a draft cut short by the end of the generation: no arm of its own
+        before = {a: r for a in self.arms if a != arm and (r := self.estimate(a)) is not None}
         r = tokens / seconds
         old = self.rate.get(arm)
         self.rate[arm] = r if old is None else self.decay * old + (1 - self.decay) * r
         if self.trying is not None and arm == self.trying:
             self.trying = None
-            # this try beat the best average: look again soon (the averages need a few tries to turn)
-            won = r > max((v for a, v in self.rate.items() if a != arm), default=0.0)
+            # this try beat the best of the rest: look again soon (the averages need a few tries to turn)
+            won = r > max(before.values(), default=0.0)
             self.gap = self.explore_every if won else min(2 * self.gap, self.max_gap)

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Protocol
 
 from common.errors import PromptError
 from common.settings import LOOKUP, PLAIN, Arm, Generation, SamplingConfig, SpecStats, TreeConfig, arms
-from speculative.governor import Governor
+from speculative.governor import Cycle, Governor
 from speculative.tree import Tree
 
 MODES = ("target", "std", "stdpl", "chain", "tree", "flash")
@@ -71,8 +71,11 @@ class TargetSide(Protocol):
     streamed: bool  # layers come from disk during a forward (the I/O-wait rule applies)
     io_wait: float | None  # measured share of a verification spent waiting for layers
 
-    def start(self, prompt_ids: list[int], capacity: int, sampling: SamplingConfig) -> tuple[int, int]:
-        """Prefill; (the first token, prompt tokens found in the cache from the last generation)."""
+    def start(
+        self, prompt_ids: list[int], capacity: int, sampling: SamplingConfig, reuse: bool = True
+    ) -> tuple[int, int]:
+        """Prefill; (the first token, prompt tokens found in the cache from the last generation, which
+        `reuse` False forgets: the whole prompt prefilled)."""
 
     def step(self, root: int) -> int:
         """A plain decode step on the root."""
@@ -175,11 +178,13 @@ class Speculation:
         mode: str | None = None,
         cfg: TreeConfig | None = None,
         sampling: SamplingConfig | None = None,
+        reuse: bool = True,
     ) -> Iterator[Step]:
         """Generate with this run's mode, or another one (`target` always; `chain`/`tree` need a draft):
         a `Step` after the prefill and after each cycle. Each is a cycle boundary, where both models'
         caches agree with the text: a consumer may stop there (a client that went away), and the next
-        generation starts afresh. `max_new` None: up to the context's end."""
+        generation starts afresh. `max_new` None: up to the context's end. `reuse` False: the prompt is
+        prefilled whole, none of it taken from the last generation's cache."""
         mode, cfg, draft = mode or self.mode, cfg or self.cfg, self.draft
         speculative = mode not in TARGET_ONLY
         if speculative and draft is None:
@@ -190,7 +195,7 @@ class Speculation:
         max_new = limits(self.context, len(prompt_ids), max_new)
         t0 = time.perf_counter()
         most = self.model_context
-        first, reused = self.target.start(prompt_ids, min(most, self.context + slack(cfg)), sampling)
+        first, reused = self.target.start(prompt_ids, min(most, self.context + slack(cfg)), sampling, reuse)
         if speculative:
             window = min(len(prompt_ids), cfg.prompt_window or len(prompt_ids))
             draft.start(prompt_ids, min(most, min(self.context, window + max_new) + slack(cfg)), first, cfg, sampling)
@@ -207,11 +212,13 @@ class Speculation:
                 arm = Arm("draft", room) if room > 0 else PLAIN
             stats.arm_hist[str(arm)] = stats.arm_hist.get(str(arm), 0) + 1
             t_cycle = time.perf_counter()
-            new, accepted, alpha = self._cycle(arm, out[-1], stats, cfg, sampling, draft if speculative else None)
+            new, accepted, alpha, measured = self._cycle(
+                arm, out[-1], stats, cfg, sampling, draft if speculative else None
+            )
             dt = time.perf_counter() - t_cycle
             stats.arm_s[str(arm)] = stats.arm_s.get(str(arm), 0.0) + dt
             if governor:
-                governor.record(arm, len(new), dt)
+                governor.record(arm, len(new), dt, measured)
             for i, tok in enumerate(new):  # stop inside an accepted run
                 if tok in stop or len(out) + i + 1 >= max_new:
                     new = new[: i + 1]
@@ -256,14 +263,17 @@ class Speculation:
 
     def _cycle(
         self, arm: Arm, root: int, stats: SpecStats, cfg: TreeConfig, sampling: SamplingConfig, draft: DraftSide | None
-    ) -> tuple[list[int], int | None, float | None]:
-        """One draft-verify cycle: (the committed tokens, accepted draft tokens, alpha)."""
+    ) -> tuple[list[int], int | None, float | None, Cycle | None]:
+        """One draft-verify cycle: (the committed tokens, accepted draft tokens, alpha, what a draft cycle
+        measured for the governor)."""
         stats.target_forwards += 1
         p = None
         t = time.perf_counter()
+        drafting = 0.0
         if arm.kind == "draft":
             p = draft.propose(arm.size)
-            stats.draft_s += time.perf_counter() - t
+            drafting = time.perf_counter() - t
+            stats.draft_s += drafting
         elif arm.kind == "lookup":
             p = draft.lookup(cfg.width)
         t = time.perf_counter()
@@ -274,7 +284,7 @@ class Speculation:
                 if draft is not None:
                     draft.advance(p if arm.kind == "draft" else None, [], [nxt])
                 stats.verify_s += time.perf_counter() - t
-                return [nxt], None, None
+                return [nxt], None, None, None
             if arm.kind == "draft" and sampling.greedy and (n := self.ahead_steps(cfg)):
                 draft.ahead(p, n)  # the draft drafts on while the target verifies; the verdict interrupts it
             path, nxt = self.target.verify(p)
@@ -283,10 +293,14 @@ class Speculation:
         finally:
             if p is not None:
                 draft.release(p)
-        stats.verify_s += time.perf_counter() - t
+        verifying = time.perf_counter() - t
+        stats.verify_s += verifying
         stats.record_verification(p.tree, path)
         self.counter("accepted", {"length": len(path), "tree": len(p.tokens)})
         if alpha is not None:
             stats.alpha.append(alpha)
             self.counter("alpha", {"alpha": alpha})
-        return new, len(path), alpha
+        t = p.tree  # a catch-up forward is the price of having stepped plainly, not of this budget
+        catchup = t.catchup_s > 0
+        measured = Cycle(drafting - t.catchup_s, verifying, t.forwards - catchup, len(t.tokens) + 1, t.depth, len(path))
+        return new, len(path), alpha, measured if p.drafted else None

@@ -78,7 +78,14 @@ class TokenTree:
     def tokens_of(self, path: list[int]) -> list[int]:
         return [self.nodes[i].token for i in path]
 
-    def proposal(self, tc: float = 1.0, forwards: int = 0, trie_nodes: int = 0, trials: list | None = None) -> "Tree":
+    def proposal(
+        self,
+        tc: float = 1.0,
+        forwards: int = 0,
+        trie_nodes: int = 0,
+        trials: list | None = None,
+        catchup_s: float = 0.0,
+    ) -> "Tree":
         """The tree as the target takes it: plain lists, msgpack-able."""
         return Tree(
             self.root_token,
@@ -89,6 +96,7 @@ class TokenTree:
             tc,
             forwards,
             trie_nodes,
+            catchup_s,
         )
 
     @classmethod
@@ -116,6 +124,15 @@ class Tree:
     tc: float = 1.0  # the tree's confidence
     forwards: int = 0  # draft forwards that built it
     trie_nodes: int = 0  # nodes the trie proposed
+    catchup_s: float = 0.0  # of the drafting, a forward over text the draft had missed (the prompt, plain steps)
+
+    @property
+    def depth(self) -> int:
+        """The deepest node's depth (1: the root's children)."""
+        d: list[int] = []
+        for parent in self.parents:
+            d.append(1 if parent == ROOT else d[parent] + 1)
+        return max(d, default=0)
 
 
 @dataclass(frozen=True)
@@ -173,6 +190,7 @@ class DraftTree:
     # it was drawn from (None: a deterministic candidate, such as a trie branch: a point mass)
     trials: dict[int, list[tuple[int, torch.Tensor | None]]] = field(default_factory=dict)
     trie_nodes: int = 0
+    catchup_s: float = 0.0  # a first forward over more than the last verification's tokens (`Tree.catchup_s`)
     dists: dict[int, torch.Tensor] = field(
         default_factory=dict
     )  # greedy, with lookahead: a fed node's next-token distribution

@@ -120,9 +120,11 @@ class LocalTarget:
         self.model = model
         self.verifier: Verifier | None = None
 
-    def start(self, prompt_ids: list[int], capacity: int, sampling: SamplingConfig) -> tuple[int, int]:
-        """Prefill; the last generation's cache is kept where this prompt continues its text."""
-        self.verifier = Verifier(self.model, sampling, previous=self.verifier)
+    def start(
+        self, prompt_ids: list[int], capacity: int, sampling: SamplingConfig, reuse: bool = True
+    ) -> tuple[int, int]:
+        """Prefill; the last generation's cache is kept where this prompt continues its text (`reuse`)."""
+        self.verifier = Verifier(self.model, sampling, previous=self.verifier if reuse else None)
         return self.verifier.start(prompt_ids, capacity), self.verifier.reused
 
     def step(self, root: int) -> int:

@@ -122,7 +122,6 @@ class ActorSession:
                     **common,
                     "store": spec.draft_store,
                     "tree": asdict(spec.tree),
-                    "embed_on_disk": plan is not None,
                     "head_rows": spec.draft_rows or None,
                 },
                 wait=False,

@@ -61,8 +61,10 @@ class ActorTarget:
 
     # -- the target side ---------------------------------------------------------------------------
 
-    def start(self, prompt_ids: list[int], capacity: int, sampling: SamplingConfig) -> tuple[int, int]:
-        r = self.run(Start(prompt_ids, capacity, asdict(sampling)))
+    def start(
+        self, prompt_ids: list[int], capacity: int, sampling: SamplingConfig, reuse: bool = True
+    ) -> tuple[int, int]:
+        r = self.run(Start(prompt_ids, capacity, asdict(sampling), reuse))
         return r.token, r.reused
 
     def step(self, root: int) -> int:

@@ -43,7 +43,7 @@ def _logging_sends(s: Runtime) -> list:
 def test_every_mode_gives_the_target_only_text(streamed, tmp_path, seed):
     """chain, tree (drafting ahead or not) and `--draft none` (the trie in the scheduler) commit exactly
     what the target alone writes, with and without a stop token, over two prompts in a row (the second
-    reuses the KV cache)."""
+    reuses the KV cache), then a third that is told not to (`reuse=False`)."""
     plan = fake_plan() if streamed else None
     p = prompt(seed=seed)
     want = target_text(p, 48, VOCAB)
@@ -58,6 +58,8 @@ def test_every_mode_gives_the_target_only_text(streamed, tmp_path, seed):
                 again = spec.loop.generate(p, 48, {stop})
                 assert again.new_ids == cut, (mode, draft)
                 assert again.stats["reused_prompt_tokens"] == len(p) - 1
+                fresh = spec.loop.generate(p, 48, {stop}, reuse=False)  # a benchmark's next mode: its own prefill
+                assert fresh.new_ids == cut and fresh.stats["reused_prompt_tokens"] == 0, (mode, draft)
                 if mode in ("chain", "tree"):  # it speculated (not `accepted > 0`: a draft right 70% of the time
                     # misses four times running for ~1% of seeds, and the governor then steps plainly)
                     assert gen.stats["drafted"] > 0 and gen.stats["verifications"] > 0

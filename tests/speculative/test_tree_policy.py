@@ -322,3 +322,74 @@ def test_the_draft_runs_on_the_prompts_last_window_only():
 
     with pytest.raises(CadenceError, match="prompt window"):
         TreeConfig(prompt_window=-1)
+
+
+def _draft_cycle(n: int, accepted: int, forward_s: float = 0.009, verify_s: float = 0.025):
+    """A chain of n draft tokens, `accepted` of them right, at these costs (a speculative.governor.Cycle)."""
+    from speculative.governor import Cycle
+
+    return Cycle(n * forward_s, verify_s, n, n + 1, n, accepted)
+
+
+def test_the_governor_prices_every_budget_from_one_measured_acceptance():
+    """Chains of 6 that are accepted whole: the model says the deepest budget earns most and plays it, without
+    stepping through the budgets a neighbour at a time; when the draft's tokens start failing at once, it falls
+    back to the plain step (measured at 22 ms a token)."""
+    from speculative.governor import Governor
+
+    sizes = tuple(Arm("draft", n) for n in range(1, 7))
+    g = Governor(arms=(PLAIN, *sizes), start=Arm("draft", 2))
+    chosen = []
+    for _ in range(20):
+        a = g.choose()
+        chosen.append(a)
+        if a == PLAIN:
+            g.record(a, 1, 0.022)
+        else:
+            c = _draft_cycle(a.size, a.size)
+            g.record(a, a.size + 1, c.draft_s + c.verify_s, c)
+    assert chosen[:2] == [Arm("draft", 2), PLAIN] and chosen[2].size > 2, chosen  # a jump, not a neighbour
+    assert chosen[-10:].count(Arm("draft", 6)) >= 9 and g.model.p > 0.95
+    late = []
+    for _ in range(30):  # prose: the first draft token is wrong every time
+        a = g.choose()
+        late.append(a)
+        if a == PLAIN:
+            g.record(a, 1, 0.022)
+        else:
+            c = _draft_cycle(a.size, 0)
+            g.record(a, 1, c.draft_s + c.verify_s, c)
+    assert late[-10:].count(PLAIN) >= 9 and g.model.p < 0.6, late
+
+
+def test_one_stalled_cycle_does_not_price_drafting_out():
+    """A draft forward that took 10x its usual time (a neighbour on the shared host) moves the average as a
+    forward 1.5x its usual would: the governor keeps drafting."""
+    from speculative.governor import Governor
+
+    d4 = Arm("draft", 4)
+    g = Governor(arms=(PLAIN, d4), start=d4)
+    g.record(PLAIN, 1, 0.022)
+    for _ in range(5):
+        c = _draft_cycle(4, 4)
+        g.record(d4, 5, c.draft_s + c.verify_s, c)
+    c = _draft_cycle(4, 4, forward_s=0.09)
+    g.record(d4, 5, c.draft_s + c.verify_s, c)
+    assert g.model.forward_s < 0.009 * 1.2 and g.estimate(d4) > g.estimate(PLAIN)
+    assert g.choose() == d4
+
+
+def test_the_cost_model_interpolates_verification_by_rows():
+    from speculative.governor import CostModel
+
+    m = CostModel(plain_s=0.02, verify_s={5: 0.025, 9: 0.033})
+    assert m.verification(1) == 0.02 and m.verification(7) == pytest.approx(0.029)
+    assert m.verification(13) == pytest.approx(0.041)  # past the widest: the last slope
+    assert CostModel().rate(Arm("draft", 4)) is None  # nothing measured: no estimate
+
+
+def test_a_trees_depth():
+    from speculative.tree import Tree
+
+    assert Tree(9, [1, 2, 3, 4], [-1, -1, 0, 2], [0.5] * 4).depth == 3
+    assert Tree(9, [], [], []).depth == 0
