@@ -25,7 +25,9 @@ class DraftActor(Actor):
         torch.set_num_threads(int(init.get("threads") or torch.get_num_threads()))
         with self.trace.span("load draft", cat="setup"):
             # every group but the embedding table; the head's frequent-token rows only where `head_rows` says
-            self.lm = load_store(init["store"], init.get("name", ""), head_rows=init.get("head_rows") or None)
+            self.lm = load_store(
+                init["store"], init.get("name", ""), head_rows=init.get("head_rows") or None, tokenizer=False
+            )
         self.sampling = self.base_sampling = SamplingConfig(**init["sampling"])
         self.cfg = TreeConfig(**init["tree"])
         self.local = LocalDraft(self.lm.model)

@@ -30,10 +30,11 @@ def load(model: str, fmt: str = "bf16", device: str = "cpu", group_size: int = 3
 
 
 def load_store(
-    store: WeightStore | str, name: str = "", device: str = "cpu", head_rows: int | None = None
+    store: WeightStore | str, name: str = "", device: str = "cpu", head_rows: int | None = None, tokenizer: bool = True
 ) -> LoadedModel:
     """A model from a weight store, every layer resident. `head_rows` (a draft, on the CPU): its output head
-    keeps only the rows of the tokens below that id (FR-Spec: the frequent ones), for a cheaper forward."""
+    keeps only the rows of the tokens below that id (FR-Spec: the frequent ones), for a cheaper forward.
+    `tokenizer` False: none loaded (an actor that sees token ids only; the tokenizer's tables are tens of MB)."""
     if not isinstance(store, WeightStore):
         store = WeightStore(store)
     if head_rows and device == "cpu":
@@ -41,5 +42,8 @@ def load_store(
     else:
         weights = ResidentWeights(store, device)
     return LoadedModel(
-        name or store.dir.name, store, TextTokenizer(store.tokenizer_info), Transformer(store.args, weights, device)
+        name or store.dir.name,
+        store,
+        TextTokenizer(store.tokenizer_info) if tokenizer else None,
+        Transformer(store.args, weights, device),
     )
