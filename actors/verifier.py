@@ -69,9 +69,13 @@ class VerifierActor(Actor):
 
     def op_start(self, args: Start, tensors):
         """Prefill the prompt; the first token."""
-        self.verifier = Verifier(self.model, self._sampling(args), previous=self.verifier if args.reuse else None)
+        self.verifier = self._verifier(args)
         token = self.verifier.start(list(args.prompt_ids), args.capacity)
         return Token(token, self.verifier.reused)
+
+    def _verifier(self, args: Start) -> Verifier:
+        """A generation's verifier: the last one's cache kept for a prompt that continues it, unless told not to."""
+        return Verifier(self.model, self._sampling(args), previous=self.verifier if args.reuse else None)
 
     def _sampling(self, args: Start) -> SamplingConfig:
         """A generation's own sampling (a server's request), or the run's."""
@@ -111,8 +115,7 @@ class VerifierActor(Actor):
             planner = self.executor.plan
         try:
             if kind == "start":
-                previous = self.verifier if job_args.reuse else None
-                self.verifier = Verifier(self.model, self._sampling(job_args), previous=previous)
+                self.verifier = self._verifier(job_args)
                 kv = self.tensor(tensors["kv"]) if "kv" in tensors else None
                 job = self.verifier.start_steps(list(job_args.prompt_ids), job_args.capacity, kv, planner)
             elif kind == "step":

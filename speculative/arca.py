@@ -120,10 +120,10 @@ def choose(
         draft = 0.0
         for level in shape.levels()[:-1]:  # the last level's nodes are leaves: never fed to the draft
             m = len(level)
-            draft += draft_level_s.get(m) or _interpolate(draft_level_s, m)
+            draft += draft_level_s.get(m) or interpolate(draft_level_s, m)
         draft += draft_level_s.get(1, 0.0)  # the root itself
         for p in partitions:
-            v = verify_s.get((w + 1, p)) or _interpolate({r: t for (r, q), t in verify_s.items() if q == p}, w + 1)
+            v = verify_s.get((w + 1, p)) or interpolate({r: t for (r, q), t in verify_s.items() if q == p}, w + 1)
             rows.append(
                 {
                     "width": w,
@@ -138,8 +138,9 @@ def choose(
     return sorted(rows, key=lambda r: -r["tokens_per_s"])
 
 
-def _interpolate(points: dict[int, float], x: int) -> float:
-    """Piecewise-linear in x between measured points (flat beyond the ends)."""
+def interpolate(points: dict[int, float], x: float) -> float:
+    """Piecewise-linear in x between measured points: flat below the first; past the last, the last two
+    points' slope (never falling), or in proportion to x where only one point is known."""
     xs = sorted(points)
     if not xs:
         return 0.0
@@ -148,4 +149,7 @@ def _interpolate(points: dict[int, float], x: int) -> float:
     for a, b in zip(xs, xs[1:]):
         if a <= x <= b:
             return points[a] + (points[b] - points[a]) * (x - a) / (b - a)
-    return points[xs[-1]] * x / xs[-1]
+    if len(xs) == 1:
+        return points[xs[0]] * x / xs[0]
+    a, b = xs[-2], xs[-1]
+    return points[b] + max(0.0, (points[b] - points[a]) / (b - a)) * (x - b)

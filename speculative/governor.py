@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.settings import LOOKUP, PLAIN, Arm
+from speculative.arca import interpolate
 
 PRIOR_HITS, PRIOR_TRIES = 4.0, 5.0  # p = 0.8 before any verification (a draft of the target's family),
 # worth five draft tokens of evidence: one early miss must not talk the governor out of drafting
@@ -79,22 +80,11 @@ class CostModel:
 
     def verification(self, rows: float) -> float | None:
         """Seconds to verify `rows` rows: measured, else interpolated between measured widths (a plain step is
-        one row), else the widest measured (a pass is memory-bound until arithmetic catches up)."""
+        one row; past the widest, the last slope)."""
         pts = dict(self.verify_s)
         if self.plain_s is not None:
             pts.setdefault(1, self.plain_s)
-        if not pts:
-            return None
-        xs = sorted(pts)
-        if rows <= xs[0]:
-            return pts[xs[0]]
-        for a, b in zip(xs, xs[1:]):
-            if a <= rows <= b:
-                return pts[a] + (pts[b] - pts[a]) * (rows - a) / (b - a)
-        if len(xs) >= 2:  # past the widest: the last measured slope, never falling
-            a, b = xs[-2], xs[-1]
-            return pts[b] + max(0.0, (pts[b] - pts[a]) / (b - a)) * (rows - b)
-        return pts[xs[-1]]
+        return interpolate(pts, rows) if pts else None
 
     def rate(self, arm: Arm) -> float | None:
         """Expected tokens per second of a draft budget, or None before a draft forward was measured."""
@@ -170,7 +160,7 @@ class Governor:
         if seconds <= 0:
             return
         if cycle is not None and arm.kind == "draft" and cycle.depth:
-            self.model.record(arm if arm in self.arms else Arm("draft", arm.size), cycle)
+            self.model.record(arm, cycle)
         if arm == PLAIN:
             self.model.plain_s = _ema(self.model.plain_s, seconds / max(tokens, 1), self.decay)
         if arm not in self.arms:

@@ -300,7 +300,13 @@ class Speculation:
         if alpha is not None:
             stats.alpha.append(alpha)
             self.counter("alpha", {"alpha": alpha})
+        if not p.drafted:  # the trie's candidates: no draft budget to price
+            return new, len(path), alpha, None
         t = p.tree  # a catch-up forward is the price of having stepped plainly, not of this budget
-        catchup = t.catchup_s > 0
-        measured = Cycle(drafting - t.catchup_s, verifying, t.forwards - catchup, len(t.tokens) + 1, t.depth, len(path))
-        return new, len(path), alpha, measured if p.drafted else None
+        forwards = t.forwards - (t.catchup_s > 0)
+        return (
+            new,
+            len(path),
+            alpha,
+            Cycle(drafting - t.catchup_s, verifying, forwards, len(t.tokens) + 1, t.depth, len(path)),
+        )

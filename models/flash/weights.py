@@ -184,7 +184,7 @@ class FlashWeights:
         return n + self.resident.nbytes()
 
     def reset_stats(self) -> None:
-        self.reader.stats = self.dense_reads = ReadCount()
+        self.reader.stats, self.dense_reads = ReadCount(), ReadCount()  # two counts: bundle reads, dense reads
         self.stats = FlashStats(self.reader.stats, self.dense_reads)
 
     def close(self) -> None:

@@ -65,6 +65,9 @@ def test_density_one_is_the_dense_target_bit_for_bit(store):
     assert got == want
     assert all(torch.equal(a, b) for a, b in zip(got_logits, want_logits))
     assert flash.stats.dense_passes == 12 * ARGS.n_layers and flash.stats.sparse_passes == 0
+    flash.reset_stats()  # a new generation's counts: the dense reads apart from the bundle reads
+    _greedy(Transformer(store.args, flash), ids, 2)
+    assert flash.stats.dense.bytes > 0 and flash.stats.bundles.bytes == 0
     flash.close()
 
 
