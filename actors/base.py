@@ -332,8 +332,10 @@ def actor_main(spec: dict) -> int:
             log.exception("the run loop crashed")
             say(wire.Dead(role, f"crashed: {type(e).__name__}: {e}"))
             return 1
-        if flag.signum is not None:
-            say(wire.Dead(role, f"stopped on {signal.Signals(flag.signum).name}"))
+        # the last word, after the last trace batch on the same socket: the scheduler, which reads them in
+        # order, knows that it has everything once this arrives
+        how = "when asked" if flag.signum is None else f"on {signal.Signals(flag.signum).name}"
+        say(wire.Dead(role, f"stopped {how}"))
         return 0
     finally:
         if actor is not None:

@@ -161,6 +161,9 @@ def settle_draft(r, say) -> None:
     alone = r.cfg.replace(draft="none")
     try:
         with_draft = plan_memory(memory_plan(r.cfg, r.target, r.draft).budget, **plan_inputs(r.cfg, r.target, r.draft))
+    except CadenceError as e:
+        return _without_room(r, say, alone, e)
+    try:
         without = plan_memory(with_draft.budget, **plan_inputs(alone, r.target, None))
     except CadenceError:
         return  # the plan does not fit: the run says so in its own words
@@ -176,6 +179,18 @@ def settle_draft(r, say) -> None:
             "every forward than it saves here; --draft NAME keeps it)"
         )
         r.cfg, r.draft, r.draft_picked = alone, None, False
+
+
+def _without_room(r, say, alone: RunConfig, why: CadenceError) -> None:
+    """The budget cannot hold the draft `--draft auto` picked: tree mode runs with the n-gram trie alone where the
+    target's plan alone fits (a run that was not asked for a draft still runs), and says so in one line; where
+    not even that fits, the run says so in its own words."""
+    try:
+        memory_plan(alone, r.target, None)
+    except CadenceError:
+        return
+    say(f"draft: none (with the draft {r.cfg.draft}, {why}; --draft NAME keeps it)")
+    r.cfg, r.draft, r.draft_picked = alone, None, False
 
 
 def settle_width(r, say) -> None:

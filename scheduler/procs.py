@@ -20,6 +20,22 @@ import zmq
 from scheduler.config import Timeouts
 from shm.watchdog import python_env
 
+# OpenMP's idle threads spin this many turns for the next parallel region before they sleep. libgomp's
+# default (300000 turns, milliseconds) let the actor that had just answered keep a core while the other one
+# computed: a 3-row verification took 31 ms in the verifier actor against 19 ms in one process, and resident
+# `tree` ran at 1.08-1.16x `target` against 1.32-1.41x with 10000 turns (~0.2 ms: still longer than the
+# gaps inside a forward; BENCHMARKS.md). Where the user set OpenMP's waiting, theirs stands.
+SPIN_TURNS = "10000"
+
+
+def actor_env() -> dict[str, str]:
+    """The environment of the actors (and of the zygote that forks them)."""
+    env = python_env()
+    if "OMP_WAIT_POLICY" not in env:
+        env.setdefault("GOMP_SPINCOUNT", SPIN_TURNS)
+    return env
+
+
 # handshake states, in order
 STARTING, INITIALIZING, READY, STOPPING, DEAD = "starting", "initializing", "ready", "stopping", "dead"
 
@@ -86,7 +102,7 @@ def start_actor(
             [sys.executable, "-m", "actors", json.dumps(spec)],
             stdin=subprocess.DEVNULL,
             close_fds=True,
-            env=python_env(),
+            env=actor_env(),
             start_new_session=True,
         )  # as the zygote's (below)
     try:
@@ -159,7 +175,7 @@ class Zygote:
                 [sys.executable, "-m", "actors.zygote", str(to_z), str(from_z), *preload],
                 pass_fds=(to_z, from_z),
                 stdin=subprocess.DEVNULL,
-                env=python_env(),
+                env=actor_env(),
                 start_new_session=True,
             )
         finally:

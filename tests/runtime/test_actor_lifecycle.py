@@ -8,6 +8,7 @@ import signal
 import zlib
 
 import msgpack
+import psutil
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from actors.fake import FakeLoaderActor
 from actors.fake_target import FakeDraftActor
 from actors.ops import Build, DraftStart
 from common.errors import CadenceError
+from scheduler.procs import SPIN_TURNS
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.runtime import Runtime
 from scheduler.events import DeadEvent, ErrorEvent
@@ -37,6 +39,7 @@ def test_handshake_ping_and_clean_exit():
         s.call("draft", DraftStart([1, 2], 12, 3))
         assert len(s.call("draft", Build(4)).result["tokens"]) == 4
     assert proc.popen.returncode == 0  # it stopped when asked, it was not killed
+    assert proc.said == "stopped when asked"  # its last word, after its last trace batch, was waited for
     assert_clean(s.run_id, [proc.pid])
 
 
@@ -265,3 +268,22 @@ def test_replies_the_wire_cannot_carry_fail_the_request_not_the_actor():
             s.call("sloppy", "object")
         assert s.call("sloppy", "ping").ok
     assert_clean(s.run_id)
+
+
+@pytest.mark.parametrize(
+    "env,want",
+    [({}, SPIN_TURNS), ({"GOMP_SPINCOUNT": "123"}, "123"), ({"OMP_WAIT_POLICY": "active"}, None)],
+    ids=["ours", "user-spincount", "user-policy"],
+)
+def test_actors_spin_briefly_unless_the_user_said(monkeypatch, env, want):
+    """An idle actor's OpenMP threads must not hold a core for milliseconds while another actor computes
+    (scheduler/procs.py, SPIN_TURNS); what the user set about OpenMP's waiting stands."""
+    for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with run() as s:
+        proc = s.spawn("draft", FakeDraftActor)
+        seen = psutil.Process(proc.pid).environ()
+    assert seen.get("GOMP_SPINCOUNT") == want
+    assert seen.get("OMP_WAIT_POLICY") == env.get("OMP_WAIT_POLICY")

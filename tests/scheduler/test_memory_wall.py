@@ -4,11 +4,16 @@ A handful of dev prompts (one of each kind) and a few dozen tokens: streaming re
 from disk for every forward, so these runs are slow by design.
 """
 
+import json
+import os
+import subprocess
+import sys
 import time
 
 import psutil
 import pytest
 
+from common import paths
 from common.errors import CadenceError
 from engine.prompts import Prompt, encode_prompt
 from engine.runner import Runner
@@ -95,3 +100,28 @@ def test_a_budget_too_small_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(CadenceError, match="too small.*smallest budget that works is"):
         Runner(_cfg("tree", tmp_path, budget="600MiB"))
     assert shm_segments() <= before
+
+
+def test_a_budget_too_small_for_the_auto_draft_runs_with_the_trie_and_says_why(tmp_path):
+    """`--draft auto` picked the 0.5B draft, and the budget holds the target's plan but not the draft beside it:
+    the default command still runs (tree mode, the n-gram trie proposing), says so in one line, and is lossless.
+    `launch run` in a process of its own, as a user runs it (this one holds the reference model)."""
+    p = _prompts()[0]
+    out = tmp_path / "rows.json"
+    argv = ["run", "--prompt", p.text, "--chat", "off", "--memory-budget", "560MiB", "--max-new-tokens", "8"]
+    env = dict(os.environ, CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
+    run = subprocess.run(
+        [sys.executable, "-m", "launch.cli", *argv, "--no-monitor", "--no-trace", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    row = json.loads(out.read_text())[0]
+    assert row["mode"] == "tree" and row["draft"] is None and row["memory_budget_bytes"] == 560 << 20
+    target = real_model("qwen2.5-coder-1.5b", "int4")
+    ids, _ = encode_prompt(target.tokenizer, p, "off")
+    assert row["new_token_ids"] == generate_target(target, ids, 8, SamplingConfig()).new_ids
+    (line,) = [s for s in run.stderr.splitlines() if s.startswith("draft: none")]
+    assert "qwen2.5-coder-0.5b" in line and "smallest budget that works is" in line and "--draft NAME" in line
