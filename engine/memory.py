@@ -160,7 +160,7 @@ def settle_draft(r, say) -> None:
 
     alone = r.cfg.replace(draft="none")
     try:
-        with_draft = plan_memory(memory_plan(r.cfg, r.target, r.draft).budget, **plan_inputs(r.cfg, r.target, r.draft))
+        with_draft = memory_plan(r.cfg, r.target, r.draft)
     except CadenceError as e:
         return _without_room(r, say, alone, e)
     try:

@@ -60,7 +60,7 @@ log = logging.getLogger("cadence.scheduler")
 _ROLE = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
 
 
-LAST_WORD_S = 0.25  # how long a stopped actor's last message may trail its exit
+LAST_WORD_S = 0.25  # how long a stopped actor's last message may trail the actors' exit
 
 
 class Runtime(EventPump, TensorExchange):
@@ -227,17 +227,12 @@ class Runtime(EventPump, TensorExchange):
             except (zmq.ZMQError, ActorDead):
                 pass
         deadline = time.monotonic() + self.config.timeouts.shutdown_s
-        # until each has exited and its last word arrived (a stopping actor's last message, after its last trace
-        # batch: a process can exit before what it sent reaches this socket); one that died says none, so its
-        # word is awaited LAST_WORD_S past its exit
-        exited: dict[str, float] = {}
-
-        def done(p) -> bool:
-            if p.popen.poll() is None:
-                return False
-            return p.said is not None or time.monotonic() > exited.setdefault(p.role, time.monotonic()) + LAST_WORD_S
-
-        while not all(done(p) for p in live) and time.monotonic() < deadline:
+        while any(p.popen.poll() is None for p in live) and time.monotonic() < deadline:
+            self._pump(0.02)
+        # a process can exit before what it sent last reaches this socket: read on until each said its last
+        # word (a stopping actor's last message, after its last trace batch); one that died says none
+        grace = time.monotonic() + LAST_WORD_S
+        while any(p.said is None for p in live) and time.monotonic() < grace:
             self._pump(0.02)
         for p in live:
             if p.popen.poll() is None:

@@ -5,9 +5,6 @@ from disk for every forward, so these runs are slow by design.
 """
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import psutil
@@ -21,6 +18,7 @@ from engine.config import RunConfig
 from common.settings import SamplingConfig
 from scheduler.errors import ActorDead
 from speculative.generate import generate_target
+from tests.launch.conftest import launch
 from tests.conftest import dev_prompts, real_model, run_until_role_killed, shm_segments
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -109,15 +107,7 @@ def test_a_budget_too_small_for_the_auto_draft_runs_with_the_trie_and_says_why(t
     p = _prompts()[0]
     out = tmp_path / "rows.json"
     argv = ["run", "--prompt", p.text, "--chat", "off", "--memory-budget", "560MiB", "--max-new-tokens", "8"]
-    env = dict(os.environ, CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
-    run = subprocess.run(
-        [sys.executable, "-m", "launch.cli", *argv, "--no-monitor", "--no-trace", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr
+    run = launch(*argv, "--no-monitor", "--no-trace", "--json", str(out), home=paths.home(), check=True)
     row = json.loads(out.read_text())[0]
     assert row["mode"] == "tree" and row["draft"] is None and row["memory_budget_bytes"] == 560 << 20
     target = real_model("qwen2.5-coder-1.5b", "int4")
