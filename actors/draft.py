@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from actors.base import Actor, ActorContext
-from actors.ops import Advance, Advanced, Ahead, Build, DraftStart, Lookup
+from actors.ops import Advance, Advanced, Ahead, Build, DraftStart, DraftStats, Lookup
 from models.engine import load_store
+from models.store import WeightStore
 from common.settings import SamplingConfig
 from speculative.drafter import LocalDraft
 from common.settings import TreeConfig
@@ -25,12 +26,17 @@ class DraftActor(Actor):
         torch.set_num_threads(int(init.get("threads") or torch.get_num_threads()))
         with self.trace.span("load draft", cat="setup"):
             # every group but the embedding table; the head's frequent-token rows only where `head_rows` says
-            self.lm = load_store(
-                init["store"], init.get("name", ""), head_rows=init.get("head_rows") or None, tokenizer=False
-            )
+            rows, flash = init.get("head_rows") or None, init.get("flash")
+            if flash:  # --draft flash: the target's attention and head, its FFN from neuron caches
+                from models.flash.draft import streamed_flash_draft
+
+                store = WeightStore(init["store"])
+                model = streamed_flash_draft(store, flash["density"], flash["rank"], flash["capacity"], rows)
+            else:
+                model = load_store(init["store"], init.get("name", ""), head_rows=rows, tokenizer=False).model
         self.sampling = self.base_sampling = SamplingConfig(**init["sampling"])
         self.cfg = TreeConfig(**init["tree"])
-        self.local = LocalDraft(self.lm.model)
+        self.local = LocalDraft(model)
         self.last = None  # the proposal of the last `build`, until `advance`
 
     def op_start(self, args: DraftStart, tensors):
@@ -61,6 +67,9 @@ class DraftActor(Actor):
     def op_ahead(self, args: Ahead, tensors):
         """Draft on while the target verifies the last tree, until the verdict arrives (LLMCad 3.4)."""
         return {"steps": self.local.ahead(self.last, args.steps, stop=self.interrupted)}
+
+    def op_take_stats(self, args: DraftStats, tensors):
+        return self.local.take_stats()
 
     def op_advance(self, args: Advance, tensors):
         """The verdict: accepted nodes of the last tree (`tree` false: a plain step or the trie's candidates)."""

@@ -257,6 +257,9 @@ class FakeDraftActor(FakeActor):
             steps += 1
         return {"steps": steps}
 
+    def op_take_stats(self, args, tensors):
+        return {}  # a fake draft reads nothing
+
     def op_advance(self, args: Advance, tensors):
         path, new = list(args.path), list(args.new)
         self.text += new

@@ -164,6 +164,13 @@ class Lookup(Payload):
 
 
 @dataclass(frozen=True)
+class DraftStats(Payload):
+    """What the draft measured since the last ask (a flash draft's reads), for the generation's row."""
+
+    op = "take_stats"
+
+
+@dataclass(frozen=True)
 class Ahead(Payload):
     """Draft on from the last tree while the target verifies it, at most `steps` forwards."""
 

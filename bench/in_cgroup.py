@@ -12,7 +12,8 @@ peak of what the processes hold (anonymous + shared memory) against the plan's f
 process's share of it; read GB/s, the loader's busy share of the wall time, the verifier's wait
 for I/O.
 
-Modes: std, stdpl, chain, tree, and `nodraft` (tree with `--draft none`: the n-gram trie alone).
+Modes: std, stdpl, chain, tree, `nodraft` (tree with `--draft none`: the n-gram trie alone) and `fdraft`
+(tree with `--draft flash`: the target's own sparse FFN drafts; `fdraft@D` at `--ffn-density D`).
 A mixture of experts runs each mode once per `--experts` variant (EVICTION+PRELOAD, e.g. none+none
 for loading experts on demand, lru+router, edgemoe+paths), labelled `stdpl/lru+router`.
 """
@@ -32,7 +33,8 @@ from engine.options import argv
 from engine.prompts import Prompt
 from engine.resolve import resolve
 
-MODES = ("std", "stdpl", "chain", "tree", "nodraft", "flash")  # flash@D: --mode flash --ffn-density D (approximate)
+MODES = ("std", "stdpl", "chain", "tree", "nodraft", "fdraft", "flash")  # flash@D: --mode flash --ffn-density D
+DRAFTS = {"nodraft": "none", "fdraft": "flash"}  # tree mode with this --draft
 MiB = 1 << 20
 
 
@@ -41,7 +43,9 @@ def label(row: dict) -> str:
     mode, `nodraft` for tree with no draft model, and a mixture of experts' buffer policies."""
     if row.get("run"):
         return row["run"]
-    mode = "nodraft" if row["mode"] == "tree" and row.get("draft") is None else row["mode"]
+    mode = row["mode"]
+    if mode == "tree" and row.get("draft") in (None, "flash"):
+        mode = "nodraft" if row.get("draft") is None else "fdraft"
     return f"{mode}/{row['experts']}" if row.get("experts") and row["mode"] != "llama.cpp" else mode
 
 
@@ -92,11 +96,11 @@ def _prompt_file(prompts: list[Prompt], d: Path) -> Path:
 def _run_argv(cfg: RunConfig, mode: str, budget: int, variant: tuple[str, ...] | None, c: CgroupOptions) -> list[str]:
     """`launch run` for one of our modes: every option of the run passed on (engine/options.py `argv`)."""
     mode, _, density = mode.partition("@")
-    m = cfg.with_mode("tree" if mode == "nodraft" else mode).replace(memory_budget=str(budget))
+    m = cfg.with_mode("tree" if mode in DRAFTS else mode).replace(memory_budget=str(budget))
     if density:
         m = m.replace(ffn_density=float(density))
-    if mode == "nodraft":
-        m = m.replace(draft="none")
+    if mode in DRAFTS:
+        m = m.replace(draft=DRAFTS[mode])
     elif mode == "tree" and c.tree_draft == "auto":  # each run settles `auto` as `launch run` does (engine/memory.py)
         m = m.replace(draft="auto")
     if variant is not None:
@@ -295,11 +299,13 @@ def speed_table(rows: list[dict], names: list[str]) -> list[list]:
 
 
 def stream_table(rows: list[dict], names: list[str]) -> list[list]:
-    out = [["run", "read GB/s", "loader busy % of wall", "verifier waits on I/O % of wall", "MB read / token"]]
+    out = [["run", "read GB/s", "loader busy % of wall", "verifier waits on I/O % of wall", "MB read / token (all)"]]
     for n in names:
         rs = [r for r in rows if label(r) == n]
         wall, toks = sum(r["wall_s"] for r in rs), sum(len(r["new_token_ids"]) for r in rs)
         byt, rd, wait = (sum(r["stats"].get(k, 0) for r in rs) for k in ("bytes_read", "read_s", "io_wait_s"))
+        # a flash draft's own reads (its bundles, its prompt pass's dense FFNs) count in the bytes per token
+        byt_all = byt + sum(f["bundle_bytes"] + f["dense_bytes"] for r in rs if (f := r["stats"].get("draft_flash")))
         if rd:
             out.append(
                 [
@@ -307,7 +313,7 @@ def stream_table(rows: list[dict], names: list[str]) -> list[list]:
                     f"{byt / rd / 1e9:.2f}",
                     f"{100 * rd / wall:.0f}",
                     f"{100 * wait / wall:.0f}",
-                    f"{byt / toks / 1e6:.0f}",
+                    f"{byt_all / toks / 1e6:.0f}",
                 ]
             )
     return out

@@ -73,11 +73,6 @@ class RunConfig:
                 not (self.mode in ("std", "stdpl") and not self.memory_budget),
                 f"mode {self.mode} streams the target under a memory budget: give --memory-budget (e.g. auto)",
             ),
-            (
-                not (self.draft == "flash" and self.speculative and (self.runtime != "inproc" or self.memory_budget)),
-                "--draft flash (the target's own sparse FFN drafts) runs in one process with the target resident "
-                "for now: add --runtime inproc, without --memory-budget",
-            ),
             (0.0 < self.ffn_density <= 1.0, f"--ffn-density {self.ffn_density} must be above 0 and at most 1"),
             (
                 not (self.memory_budget and self.runtime != "actors" and self.mode != "flash"),
@@ -227,6 +222,15 @@ class RunConfig:
         """The draft model this run loads: None in target-only modes and with --draft none (or an `auto`
         draft not resolved yet)."""
         return self.draft if self.speculative and self.draft not in ("none", "auto", "flash") else None
+
+    def draft_words(self, fmt: bool = False) -> str:
+        """The run's draft for a status line: ", draft NAME" (`fmt`: and its format), ", draft flash (...)",
+        ", no draft model" (a speculative mode: the n-gram trie proposes) or "" (target-only)."""
+        if self.draft_model:
+            return f", draft {self.draft_model}" + (f" {self.draft_format}" if fmt else "")
+        if self.speculative and self.draft == "flash":
+            return f", draft flash (the target's own FFN at density {self.ffn_density:g})"
+        return ", no draft model" if self.speculative else ""
 
     @property
     def draft_format(self) -> str:

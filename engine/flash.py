@@ -17,9 +17,9 @@ from common.units import fmt as fmt_bytes, parse_bytes
 from engine.memory import kv_rows
 from engine.resolve import Resolved
 from engine.sessions import local_cycle
+from models.flash.footprint import CACHE_TOKENS
 
 MARGIN = 96 << 20  # activations, read buffers, allocator slack (85 MiB measured in a cgroup)
-CACHE_TOKENS = 2  # `auto`: caches that hold two tokens' neurons a layer
 
 
 @dataclass(frozen=True)

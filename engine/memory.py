@@ -43,14 +43,40 @@ def draft_rows(cfg: RunConfig, draft: WeightStore | None) -> int:
     return 0 if rows >= draft.args.vocab_size else rows
 
 
-def plan_inputs(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, overheads=None) -> dict:
-    """What the memory plan of `cfg` weighs (scheduler/generation/memplan.py `plan_memory`'s arguments)."""
+def flash_draft(cfg: RunConfig) -> bool:
+    """`--draft flash`: the target's own sparse FFN drafts (models/flash/draft.py)."""
+    return cfg.speculative and cfg.draft == "flash"
+
+
+def flash_choices(cfg: RunConfig, target: WeightStore) -> list[tuple[int, int]]:
+    """(predictor rank, neurons a layer its caches hold) that a budgeted `--draft flash` tries, best first: the
+    store's predictors from the highest rank, each with caches of CACHE_TOKENS tokens' neurons, then of one
+    token's (the least a draft step computes from)."""
+    from models.flash.footprint import CACHE_TOKENS, ranks
+
+    f = target.args.ffn_dim
+    k = max(1, round(cfg.ffn_density * f))  # a token's neurons (models/flash/predictor.py `top_k`)
+    caps = sorted({min(f, n * k) for n in range(CACHE_TOKENS, 0, -1)}, reverse=True)
+    return [(r, c) for r in ranks(target) for c in caps]
+
+
+def plan_inputs(
+    cfg: RunConfig, target: WeightStore, draft: WeightStore | None, overheads=None, flash: tuple[int, int] = ()
+) -> dict:
+    """What the memory plan of `cfg` weighs (scheduler/generation/memplan.py `plan_memory`'s arguments).
+    `flash`: with `--draft flash`, its predictor's rank and the neurons a layer its caches hold (default: the
+    first of `flash_choices`)."""
     from scheduler.generation.footprint import measure_overheads
 
     groups = {g: target.groups[g].nbytes for g in target.group_names() if g != "embed" and not g.startswith("expert.")}
     experts = {g: target.groups[g].nbytes for g in target.group_names() if g.startswith("expert.")}
     draft_w = rows = 0
-    if draft is not None:
+    if flash_draft(cfg):  # the target's attention, head rows, predictor and neuron caches (models/flash/draft.py)
+        from models.flash.footprint import draft_bytes
+
+        draft, rows = target, draft_rows(cfg, target)
+        draft_w = draft_bytes(target, *(flash or flash_choices(cfg, target)[0]), rows or None)
+    elif draft is not None:
         rows = draft_rows(cfg, draft)
         draft_w = sum(n for g, n in draft.group_bytes().items() if g != "embed" and not g.startswith("head."))
         draft_w += draft.head_bytes(rows or None)
@@ -77,18 +103,39 @@ def plan_inputs(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, 
     }
 
 
-def memory_plan(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, overheads=None):
-    """The plan for --memory-budget (`auto`: the smallest budget that works and half of the target)."""
+def memory_plan(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, overheads=None, flash=()):
+    """The plan for --memory-budget (`auto`: the smallest budget that works and half of the target). With
+    `--draft flash`, the first of `flash_choices` that fits, unless `flash` says which."""
     from common.units import parse_bytes
     from scheduler.generation.memplan import plan_memory, smallest_budget
 
-    inputs = plan_inputs(cfg, target, draft, overheads)
+    if flash_draft(cfg) and not flash:  # the best predictor and largest caches the budget holds beside the target
+        *better, least = flash_choices(cfg, target)
+        for choice in better:
+            try:
+                return memory_plan(cfg, target, draft, overheads, choice)
+            except CadenceError:
+                pass
+        return memory_plan(cfg, target, draft, overheads, least)
+    inputs = plan_inputs(cfg, target, draft, overheads, flash)
     if cfg.memory_budget == "auto":
         every = sum(inputs["target_groups"].values()) + sum(inputs.get("experts", {}).values())
         budget = smallest_budget(**inputs) + every // 2
     else:
         budget = parse_bytes(cfg.memory_budget)
     return plan_memory(budget, **inputs)
+
+
+def flash_choice(cfg: RunConfig, target: WeightStore, plan) -> tuple[int, int]:
+    """(predictor rank, neurons a layer its caches hold) of the flash draft under `plan` (the choice `memory_plan`
+    made); with no plan, the best predictor and every neuron of a layer (a resident run: the caches may keep all
+    they ever load)."""
+    from models.flash.footprint import best_rank, draft_bytes
+
+    if plan is None:
+        return best_rank(target), target.args.ffn_dim
+    rows = draft_rows(cfg, target) or None
+    return next(c for c in flash_choices(cfg, target) if draft_bytes(target, *c, rows) == plan.draft_weights)
 
 
 def runtime_config(cfg: RunConfig, target: WeightStore, plan, preload: tuple[str, ...]) -> RuntimeConfig:

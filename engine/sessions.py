@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from common.errors import CadenceError
-from engine.memory import draft_rows, runtime_config
+from engine.memory import draft_rows, flash_choice, flash_draft, runtime_config
 from engine.resolve import Resolved
 
 
@@ -64,7 +64,11 @@ def open_actors(r: Resolved, plan):
     cfg = r.cfg
     # the model actors fork from one zygote that imported torch and the model code once (the modules whose
     # cost scheduler/generation/footprint.py measured)
-    preload = (*ACTOR_MODULES, *(("actors.sparse",) if cfg.worker else ()))
+    preload = (
+        *ACTOR_MODULES,
+        *(("actors.sparse",) if cfg.worker else ()),
+        *(("models.flash.draft",) if flash_draft(cfg) else ()),  # imported once, not in the draft's own pages
+    )
     sched = Runtime(runtime_config(cfg, r.target, plan, preload)).__enter__()
     try:
         spec = SessionSpec(
@@ -80,7 +84,8 @@ def open_actors(r: Resolved, plan):
             cfg.worker,
             cfg.experts,
             r.paths,
-            draft_rows(cfg, r.draft),
+            draft_rows(cfg, r.target if flash_draft(cfg) else r.draft),
+            (cfg.ffn_density, *flash_choice(cfg, r.target, plan)) if flash_draft(cfg) else None,
         )
         return sched, ActorSession(sched, spec)
     except BaseException:

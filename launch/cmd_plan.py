@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from common.errors import CadenceError
-from engine.memory import memory_plan, plan_inputs, settle
+from engine.memory import flash_choices, flash_draft, memory_plan, plan_inputs, settle
 from engine.prompts import Prompt, load_prompts
 from engine.resolve import pick_draft, resolve
 from models.convert import ensure_store
@@ -60,13 +60,7 @@ def cmd_plan(args) -> int:
     r.tokenizer.release_encoder()  # as a run does once its prompts are encoded
     settle(r, print)  # as a run does: whether the `auto` draft stays, and the tree's width
     cfg = r.cfg
-    what = f"{cfg.mode} {cfg.target} {cfg.dtype}" + (
-        f", draft {cfg.draft_model} {cfg.draft_format}"
-        if cfg.draft_model
-        else ", no draft model"
-        if cfg.mode == "tree"
-        else ""
-    )
+    what = f"{cfg.mode} {cfg.target} {cfg.dtype}" + cfg.draft_words(fmt=True)
     new = f"up to {cfg.max_new_tokens} new" if cfg.max_new_tokens else "prompt and answer"
     print(f"{what}; KV caches for a context of {cfg.context} tokens ({new})")
     failed = None
@@ -90,13 +84,16 @@ def cmd_plan(args) -> int:
     if store is None and args.draft == "auto":  # what a speculative mode would draft with (settled away or not one)
         draft = pick_draft(cfg.with_mode("tree"), r.target, say=lambda line: None)
         store = ensure_store(draft, cfg.draft_format) if draft != "none" else None
-    for mode, d in (("std", None), ("stdpl", None), ("chain", store), ("tree", store), ("tree", None)):
-        m = cfg.with_mode(mode, draft=draft if d is not None else "none")
-        label = f"{mode} --draft none" if mode == "tree" and d is None else mode
-        if mode == "chain" and d is None:
-            continue
+    drafts = store is not None or draft == "flash"  # a draft model, or the target's own sparse FFN
+    rows = [("std", "none", None), ("stdpl", "none", None)]
+    rows += [("chain", draft, store), ("tree", draft, store)] if drafts else []
+    for mode, name, d in rows + [("tree", "none", None)]:
+        m = cfg.with_mode(mode, draft=name)
+        label = f"{mode} --draft {name}" if mode == "tree" and name in ("none", "flash") else mode
         try:
-            print(f"  {label:<20} {fmt(smallest_budget(**plan_inputs(m, r.target, d))):>10}")
+            # --draft flash: its smallest choice (the lowest-rank predictor, one token's neurons cached)
+            choice = flash_choices(m, r.target)[-1] if flash_draft(m) else ()
+            print(f"  {label:<20} {fmt(smallest_budget(**plan_inputs(m, r.target, d, flash=choice))):>10}")
         except CadenceError as e:
             print(f"  {label:<20} {e}")
     sys.stdout.flush()

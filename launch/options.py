@@ -71,6 +71,6 @@ def describe(cfg: RunConfig) -> str:
     given = {
         k: v for k, v in cfg.options().items() if v != DEFAULTS[k] and k not in ("target", "mode", "dtype", "draft")
     }
-    draft = f", draft {cfg.draft_model}" if cfg.draft_model else ", no draft model" if cfg.speculative else ""
+    draft = cfg.draft_words()
     extra = "; " + " ".join(f"{k}={v}" for k, v in given.items()) if given else ""
     return f"{cfg.mode} {cfg.target} {cfg.dtype}{draft}; context {cfg.context} tokens; {cfg.runtime}{extra}"

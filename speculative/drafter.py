@@ -356,3 +356,12 @@ class LocalDraft:
 
     def ahead_counts(self) -> tuple[int, int]:
         return self.drafter.ahead_steps, self.drafter.ahead_reused
+
+    def take_stats(self) -> dict:
+        """A flash draft's reads since the last call (models/flash/weights.py `FlashStats`); {} for a draft model."""
+        weights = self.model.weights
+        if not hasattr(weights, "reset_stats"):
+            return {}
+        out = {"draft_flash": weights.stats.as_dict()}
+        weights.reset_stats()
+        return out

@@ -79,3 +79,6 @@ class TrieDraft:
 
     def ahead_counts(self) -> tuple[int, int]:
         return 0, 0
+
+    def take_stats(self) -> dict:
+        return {}

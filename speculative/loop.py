@@ -112,6 +112,9 @@ class DraftSide(Protocol):
     def ahead_counts(self) -> tuple[int, int]:
         """(draft forwards run ahead, tree nodes that reused them) in this generation so far."""
 
+    def take_stats(self) -> dict:
+        """What the draft side measured since the last call (a flash draft's reads), for the JSON row."""
+
 
 def slack(cfg: TreeConfig) -> int:
     """KV rows past the text: a tree in verification, the lookahead, the bonus token."""
@@ -229,6 +232,7 @@ class Speculation:
         st = stats.as_dict() if speculative else {"target_forwards": stats.target_forwards}
         if speculative:
             st["ahead_steps"], st["ahead_reused"] = draft.ahead_counts()
+            st.update(draft.take_stats())
         st["reused_prompt_tokens"] = reused  # found in the KV cache from the last generation
         st.update(self.target.take_stats())
         result = Generation(prompt_ids, out, time.perf_counter() - t0, t_prefill, st)

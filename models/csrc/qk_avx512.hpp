@@ -106,6 +106,13 @@ CAD_INLINE void unpack512(const uint8_t *p, __m512i c[8]) {
     }
 }
 
+/* Group g's sub-scales, one per row of tile t (int8 has none). */
+template <int FMT>
+CAD_INLINE __m512i subscales512(const QW &W, int t, int g) {
+    if constexpr (FMT == Q8) return _mm512_setzero_si512();
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)W.subscales(t, g)));
+}
+
 /* Rows m0 .. m0 + MB of the activations against tile t: out [MB, TR]. */
 template <int FMT, int MB>
 static void tile_avx512(const QW &W, const QA &a, int t, int m0, float *out) {
@@ -114,13 +121,15 @@ static void tile_avx512(const QW &W, const QA &a, int t, int m0, float *out) {
         const int g0 = b * GPS, g1 = std::min(W.ng, g0 + GPS);
         __m512i I1[MB];
         for (int m = 0; m < MB; m++) I1[m] = _mm512_setzero_si512();
+        /* rows 0-7 over the super-block's groups, then rows 8-15 over them again (their codes are in L1 by
+         * then): eight accumulators live at a time, so none of them spills to the stack */
         for (int g = g0; g < g1; g++) {
             prefetch_next<FMT>(W, t, g);
-            __m512i sc = _mm512_setzero_si512();
-            if constexpr (FMT != Q8) sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)W.subscales(t, g)));
-            group512<FMT, 0, (MB < 8 ? MB : 8), MB>(W.codes<FMT>(t, g), a, m0, g, sc, I1);
-            if constexpr (MB > 8) group512<FMT, 8, MB, MB>(W.codes<FMT>(t, g), a, m0, g, sc, I1);
+            group512<FMT, 0, (MB < 8 ? MB : 8), MB>(W.codes<FMT>(t, g), a, m0, g, subscales512<FMT>(W, t, g), I1);
         }
+        if constexpr (MB > 8)
+            for (int g = g0; g < g1; g++)
+                group512<FMT, 8, MB, MB>(W.codes<FMT>(t, g), a, m0, g, subscales512<FMT>(W, t, g), I1);
         sb_finish512<FMT, MB>(W, a, t, b, m0, I1, out);
     }
     scale_rows512<FMT, MB>(W, t, out);

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+
 from models.flash.predictor import Predictor
 from models.flash.weights import FlashFFN, FlashWeights
 from models.store import WeightStore
@@ -56,3 +57,15 @@ def flash_draft(target: Transformer, store: WeightStore, density: float) -> Tran
     """The draft model of `--draft flash` for a resident target model."""
     weights = SharedFlashWeights(target.weights, store, Predictor.load(store, dtype=torch.bfloat16), density)
     return Transformer(store.args, weights, target.device)
+
+
+def streamed_flash_draft(
+    store: WeightStore, density: float, rank: int, capacity: int, head_rows: int | None
+) -> Transformer:
+    """The draft of `--draft flash` in the draft actor, beside a target that streams: every layer's attention and
+    the output head (its `head_rows` most frequent tokens) held here, the predictor of `rank`, each layer's FFN
+    from a neuron cache of `capacity` neurons filled from the bundles; the prompt's pass reads the dense FFNs
+    (`FlashWeights`). models/flash/footprint.py `draft_bytes` says what it holds."""
+    weights = FlashWeights(store, Predictor.load(store, rank, dtype=torch.bfloat16), density, head_rows)
+    weights.allocate(capacity)
+    return Transformer(store.args, weights)

@@ -20,7 +20,6 @@ store's source digest and shape), the density it was evaluated at and the recall
 from __future__ import annotations
 
 import json
-import re
 import zipfile
 from pathlib import Path
 
@@ -29,11 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from common.errors import CadenceError
+from models.flash.footprint import TRAIN, best_rank
 from models.store import WeightStore
 
 VERSION = 1
-PATTERN = re.compile(r"predictor-r(\d+)\.npz")
-_TRAIN = "train one with `launch models train-predictor {model} --prompts CAL.jsonl`"
 
 
 def file_name(rank: int) -> str:
@@ -130,12 +128,8 @@ class Predictor:
     @classmethod
     def load(cls, store: WeightStore, rank: int | None = None, dtype: torch.dtype = torch.float32) -> "Predictor":
         """The store's predictor of `rank` (default: the highest rank there)."""
-        train = _TRAIN.format(model=store.dir.name)
-        if rank is None:
-            ranks = [int(m.group(1)) for p in store.dir.glob("predictor-r*.npz") if (m := PATTERN.fullmatch(p.name))]
-            if not ranks:
-                raise CadenceError(f"{store.dir} has no activation predictor; {train}")
-            rank = max(ranks)
+        train = TRAIN.format(model=store.dir.name)
+        rank = best_rank(store) if rank is None else rank
         path = store.dir / file_name(rank)
         if not path.is_file():
             raise CadenceError(f"{path} does not exist; {train}")

@@ -21,14 +21,13 @@ from models import kernels
 from models.flash import records
 from models.flash.reader import BundleReader, ReadCount
 from models.flash.cache import NeuronCache
+from models.flash.footprint import FFN
 from models.flash.predictor import Predictor
 from models.store import WeightStore
 from models.weights import LayerWeights, StreamingWeights, layer_from_views, store_linear
-from shm.dio import DirectReader
+from shm.dio import ALIGN, DirectReader
 
 DENSE_ROWS = 8  # a pass of more rows than this takes the dense FFN (a prompt's prefill)
-ATTENTION = ("attn_norm", "attn_qkv", "attn_qkv_bias", "attn_out", "ffn_norm", "attn_q_norm", "attn_k_norm")
-FFN = ("ffn_gate_up", "ffn_down")
 
 
 @dataclass
@@ -93,8 +92,9 @@ def _clone_linear(x):
 class FlashWeights:
     """A weight provider (models/weights.py) for `Transformer`: `layer(i)` carries `flash`, the layer's FFN."""
 
-    def __init__(self, store: WeightStore, predictor: Predictor, density: float):
-        """The caches come after (`allocate`): sized from what this process holds once everything else is in."""
+    def __init__(self, store: WeightStore, predictor: Predictor, density: float, head_rows: int | None = None):
+        """The caches come after (`allocate`): sized from what this process holds once everything else is in.
+        `head_rows`: the output head keeps only the rows of the tokens below that id (FR-Spec, a draft's head)."""
         a = store.args
         if a.moe:
             raise CadenceError(f"{store.dir} holds a mixture of experts; --mode flash is for dense FFN models")
@@ -113,6 +113,7 @@ class FlashWeights:
         self.dense_reads = ReadCount()
         self.stats = FlashStats(self.reader.stats, self.dense_reads)
         self.layers: list[LayerWeights] = []
+        self.head_rows = head_rows
         self._load_resident()
 
     def _ffn_span(self, i: int) -> tuple[int, int]:
@@ -126,10 +127,12 @@ class FlashWeights:
         streamed run keeps them (`StreamingWeights`: the head resident, the embedding on disk); the dense FFN
         of a prompt's pass read per layer into one scratch buffer."""
         store = self.store
-        self.resident = StreamingWeights(store, set(self.head_groups))
+        self.resident = StreamingWeights(store, set(self.head_groups), self.head_rows)
         self.embed = self.resident.embed
         self.spans = [self._ffn_span(i) for i in range(self.args.n_layers)]
-        self.scratch = torch.empty(max(n for _, n in self.spans), dtype=torch.uint8)
+        # page-aligned and read at the file's phase within a page: direct reads land in it with no bounce
+        # buffers (4 MiB a reader thread otherwise)
+        self.scratch = torch.frombuffer(mmap.mmap(-1, max(n for _, n in self.spans) + ALIGN), dtype=torch.uint8)
         self.dense_reader = DirectReader(store.path, threads=4)
         groups = [store.groups[f"layer.{i}"] for i in range(self.args.n_layers)]
         tmp = mmap.mmap(-1, max(g.nbytes for g in groups))
@@ -200,10 +203,11 @@ class FlashWeights:
         """Layer i's dense FFN (gate_up, down), read from the store into the scratch buffer."""
         lo, n = self.spans[i]
         t0 = time.perf_counter()
-        self.dense_reader.read_into(lo, n, self.scratch.numpy())
+        at = lo % ALIGN
+        self.dense_reader.read_into(lo, n, self.scratch.numpy(), dest_offset=at)
         self.dense_reads.add(n, 1, time.perf_counter() - t0)
         names = [f"blk.{i}.{t}" for t in FFN]
-        views = self.store.tensor_views(names, self.scratch, lo)
+        views = self.store.tensor_views(names, self.scratch[at:], lo)
         return [store_linear(self.store, name, views[name]) for name in names]
 
 
@@ -221,8 +225,10 @@ class FlashFFN:
             return self._dense(h, x)
         ids = p.predictor.top(self.layer, h, p.k).numpy()  # ascending per row
         ids = ids[0] if h.shape[0] == 1 else np.unique(ids)
-        if ids.size > self.cache.capacity:  # rows whose neurons together outgrow the cache: the dense FFN
-            return self._dense(h, x)
+        if ids.size > self.cache.capacity:  # rows whose neurons together outgrow the cache: one row at a time
+            for r in range(h.shape[0]):
+                self(h[r : r + 1], x[r : r + 1])
+            return
         self.step += 1
         self._load(ids)
         kernels.flash_ffn(h, self.cache.matrix, self.cache.slots(ids), x)

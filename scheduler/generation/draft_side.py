@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from actors.ops import Advance, Ahead, Build, DraftStart, Lookup
+from actors.ops import Advance, Ahead, Build, DraftStart, DraftStats, Lookup
 from common.settings import SamplingConfig, TreeConfig
 from scheduler.errors import ActorError
 from scheduler.runtime import Runtime
@@ -73,3 +73,6 @@ class ActorDraft:
 
     def ahead_counts(self) -> tuple[int, int]:
         return self.counts
+
+    def take_stats(self) -> dict:
+        return self.s.call("draft", DraftStats()).value

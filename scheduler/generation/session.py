@@ -45,6 +45,7 @@ class SessionSpec:
     experts: ExpertOptions = ExpertOptions()  # a mixture of experts' buffer policies under a plan
     paths: object = None  # EdgeMoE's path statistics (scheduler/generation/expert_policy.py PathStats), or None
     draft_rows: int = 0  # FR-Spec under a plan: the draft's head keeps only this many token rows (0: all)
+    flash: tuple[float, int, int] | None = None  # --draft flash: (FFN density, predictor rank, neurons a layer cached)
 
 
 class ActorSession:
@@ -78,7 +79,8 @@ class ActorSession:
         self.target = ActorTarget(sched, spec.tree, spec.model, streamer, spec.worker, cache)
         draft = None
         if spec.mode not in TARGET_ONLY:
-            draft = ActorDraft(sched, spec.model.vocab_size) if spec.draft_store else TrieDraft(spec.tree.width)
+            drafts = spec.draft_store or spec.flash
+            draft = ActorDraft(sched, spec.model.vocab_size) if drafts else TrieDraft(spec.tree.width)
         self.loop = Speculation(
             self.target,
             draft,
@@ -114,18 +116,16 @@ class ActorSession:
                 wait=False,
             )
         sched.spawn("verifier", actors["verifier"], vinit, wait=False)
-        if spec.mode not in TARGET_ONLY and spec.draft_store:
-            sched.spawn(
-                "draft",
-                actors["draft"],
-                {
-                    **common,
-                    "store": spec.draft_store,
-                    "tree": asdict(spec.tree),
-                    "head_rows": spec.draft_rows or None,
-                },
-                wait=False,
-            )
+        if spec.mode not in TARGET_ONLY and (spec.draft_store or spec.flash):
+            dinit = {
+                **common,
+                "store": spec.draft_store,
+                "tree": asdict(spec.tree),
+                "head_rows": spec.draft_rows or None,
+            }
+            if spec.flash:  # the target's own sparse FFN (models/flash/draft.py), from the target's store
+                dinit.update(store=spec.target_store, flash=dict(zip(("density", "rank", "capacity"), spec.flash)))
+            sched.spawn("draft", actors["draft"], dinit, wait=False)
 
     @property
     def experts(self):

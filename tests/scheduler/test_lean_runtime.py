@@ -2,7 +2,8 @@
 (`launch run`, the scheduler torch-free, the actors forked from one zygote) inside a fresh cgroup
 whose limit is the budget. Every mode gives std's token ids, none is OOM-killed, what its
 processes hold (anonymous + shared memory) stays under the limit, and the plan's figure for it is
-within 15% of the measured peak.
+within 15% of the measured peak. `flash` is tree mode with `--draft flash` (the target's own sparse FFN
+drafts from neuron caches, issue 26): its bundles and a small predictor are written beside the store once.
 """
 
 import json
@@ -17,7 +18,31 @@ from tests.conftest import dev_prompts
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 BUDGET = 768 << 20
 N = 24
-MODES = ("std", "stdpl", "chain", "tree", "nodraft")
+MODES = ("std", "stdpl", "chain", "tree", "nodraft", "flash")
+FLASH_DENSITY = "0.1"
+ARGV = {"nodraft": ["--mode", "tree", "--draft", "none"], "flash": ["--mode", "tree", "--draft", "flash"]}
+
+
+def flash_assets() -> None:
+    """The real target's FFN bundles and a rank-32 activation predictor (fitted on two dev prompts), where the
+    store has none yet: what `launch models bundle` and `launch models train-predictor` write."""
+    from common.errors import CadenceError
+    from engine.prompts import Prompt, encode_prompt
+    from models.flash import bundles
+    from models.flash.predictor import best_rank
+    from models.flash.train import FitConfig, fit
+    from tests.conftest import real_model
+
+    lm = real_model("qwen2.5-coder-1.5b", "int4")
+    try:
+        bundles.Layout.of(lm.store)
+    except CadenceError:
+        bundles.write(lm.store, 3)
+    try:
+        best_rank(lm.store)
+    except CadenceError:
+        ids = [encode_prompt(lm.tokenizer, Prompt(p["id"], p["kind"], p["prompt"]), "auto")[0] for p in dev_prompts()]
+        fit(lm.model, ids[:3], ids[3:5], FitConfig(rank=32, density=0.3, tokens=16)).save(lm.store)
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +51,7 @@ def runs(tmp_path_factory):
         detect()
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"no memory cgroup here: {e}")
+    flash_assets()
     d = tmp_path_factory.mktemp("lean")
     prompts = d / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in dev_prompts() if p["id"] == "fib"))
@@ -39,9 +65,8 @@ def runs(tmp_path_factory):
             "run",
             "--prompts",
             str(prompts),
-            "--mode",
-            "tree" if mode == "nodraft" else mode,
-            *(["--draft", "none"] if mode == "nodraft" else []),
+            *ARGV.get(mode, ["--mode", mode]),
+            *(["--ffn-density", FLASH_DENSITY] if mode == "flash" else []),
             "--memory-budget",
             str(BUDGET),
             "--max-new-tokens",
@@ -67,13 +92,16 @@ def test_each_mode_runs_under_the_limit_and_equals_std(runs, mode):
     assert rows[0]["stats"]["loads"] > 0  # the target streamed
     if mode == "nodraft":
         assert rows[0]["draft"] is None
+    if mode == "flash":
+        assert rows[0]["draft"] == "flash" and rows[0]["stats"]["drafted"] > 0 and "approximate" not in rows[0]
+        assert rows[0]["stats"]["draft_flash"]["bundle_bytes"] > 0  # its caches loaded neurons from the bundles
     print(
         f"{mode}: {rows[0]['tokens_per_s']} tok/s, held {run.peak_held_bytes >> 20} MiB, plan "
         f"{rows[0]['memory_plan']['held_bytes'] >> 20} MiB, by process {run.held_by_process}"
     )
 
 
-@pytest.mark.parametrize("mode", ("stdpl", "tree"))
+@pytest.mark.parametrize("mode", ("stdpl", "tree", "flash"))
 def test_the_plan_is_within_15_percent_of_what_the_run_holds(runs, mode):
     run, rows = runs[mode]
     planned, held = rows[0]["memory_plan"]["held_bytes"], run.peak_held_bytes
