@@ -56,7 +56,7 @@ def flash_choices(cfg: RunConfig, target: WeightStore) -> list[tuple[int, int]]:
 
     f = target.args.ffn_dim
     k = max(1, round(cfg.ffn_density * f))  # a token's neurons (models/flash/predictor.py `top_k`)
-    caps = sorted({min(f, n * k) for n in range(CACHE_TOKENS, 0, -1)}, reverse=True)
+    caps = [0] if cfg.ffn_density >= 1.0 else sorted({min(f, n * k) for n in range(CACHE_TOKENS, 0, -1)}, reverse=True)
     return [(r, c) for r in ranks(target) for c in caps]
 
 
@@ -123,19 +123,18 @@ def memory_plan(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, 
         budget = smallest_budget(**inputs) + every // 2
     else:
         budget = parse_bytes(cfg.memory_budget)
-    return plan_memory(budget, **inputs)
+    plan = plan_memory(budget, **inputs)
+    return dataclasses.replace(plan, draft_choice=flash) if flash else plan
 
 
 def flash_choice(cfg: RunConfig, target: WeightStore, plan) -> tuple[int, int]:
-    """(predictor rank, neurons a layer its caches hold) of the flash draft under `plan` (the choice `memory_plan`
-    made); with no plan, the best predictor and every neuron of a layer (a resident run: the caches may keep all
-    they ever load)."""
-    from models.flash.footprint import best_rank, draft_bytes
+    """(predictor rank, neurons a layer its caches hold) of the flash draft: the choice `memory_plan` made under a
+    plan; with none, the best predictor and every neuron of a layer (a resident run: the caches may keep all
+    they ever load). One sentence where the target cannot have a flash draft (no bundles, no predictor)."""
+    from models.flash.footprint import best_rank, check
 
-    if plan is None:
-        return best_rank(target), target.args.ffn_dim
-    rows = draft_rows(cfg, target) or None
-    return next(c for c in flash_choices(cfg, target) if draft_bytes(target, *c, rows) == plan.draft_weights)
+    check(target)
+    return plan.draft_choice if plan is not None else (best_rank(target), target.args.ffn_dim)
 
 
 def runtime_config(cfg: RunConfig, target: WeightStore, plan, preload: tuple[str, ...]) -> RuntimeConfig:

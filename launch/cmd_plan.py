@@ -72,6 +72,9 @@ def cmd_plan(args) -> int:
     else:
         print(plan.report())
         print(f"  resident: {_ranges(list(plan.resident))}")
+        if plan.draft_choice:  # --draft flash
+            rank, cached = plan.draft_choice
+            print(f"  flash draft: the rank-{rank} predictor, {cached} neurons a layer in its caches")
         if plan.streamed:
             print(
                 f"  streamed: {_ranges(list(plan.streamed))}, through {plan.n_slots} slots of {fmt(plan.slot_bytes)}; "

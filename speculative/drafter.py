@@ -317,6 +317,7 @@ class LocalDraft:
         self.greedy = True
 
     def start(self, prompt_ids: list[int], capacity: int, first: int, cfg: TreeConfig, sampling: SamplingConfig):
+        self.take_stats()  # what a generation stopped early left untaken is not this one's
         self.greedy = sampling.greedy
         self.drafter = Drafter(self.model, sampling, cfg)
         self.drafter.start(prompt_ids, capacity)

@@ -30,6 +30,18 @@ def best_rank(store: WeightStore) -> int:
     return ranks(store)[0]
 
 
+def check(store: WeightStore) -> None:
+    """One sentence where `store` cannot run the flash machinery: a mixture of experts, a format other than
+    int4, no bundles, no predictor (what models/flash/weights.py would find later, in an actor)."""
+    if store.args.moe:
+        raise CadenceError(f"{store.dir} holds a mixture of experts; LLM in a flash is for dense FFN models")
+    if store.format != "int4":
+        raise CadenceError(f"LLM in a flash reads int4 neuron bundles; {store.dir} is {store.format}: use --dtype int4")
+    if store.manifest.get("bundles") is None:
+        raise CadenceError(f"{store.dir} has no FFN bundles; write them with `launch models bundle {store.dir}`")
+    ranks(store)
+
+
 def _tensor_bytes(store: WeightStore, names) -> int:
     return sum(x["nbytes"] for t in names if t in store.tensors for x in store.tensors[t]["arrays"].values())
 
@@ -40,14 +52,14 @@ def draft_bytes(store: WeightStore, rank: int, capacity: int, head_rows: int | N
     layer's records, models/flash/bundles.py `Layout.layer_bytes`), the per-neuron bookkeeping, `capacity`
     neurons a layer of caches and SLACK."""
     a = store.args
-    lay = store.manifest.get("bundles")
-    if lay is None:
-        raise CadenceError(f"{store.dir} has no FFN bundles; write them with `launch models bundle {store.dir}`")
+    check(store)
+    lay = store.manifest["bundles"]
     record, per_chunk = int(lay["record_bytes"]), int(lay["chunk_neurons"])
     attention = _tensor_bytes(store, [f"blk.{i}.{t}" for i in range(a.n_layers) for t in ATTENTION])
     ffn = max(_tensor_bytes(store, [f"blk.{i}.{t}" for t in FFN]) for i in range(a.n_layers))
     predictor = 2 * a.n_layers * rank * (a.dim + 2 * a.ffn_dim)
-    reader = -(-a.ffn_dim // per_chunk) * (-(-per_chunk * record // 4096) * 4096)  # chunks of whole 4 KiB blocks
+    # the bundle reader's scratch (a layer's chunks of whole 4 KiB blocks, at most) and a step's missing records
+    reader = -(-a.ffn_dim // per_chunk) * (-(-per_chunk * record // 4096) * 4096) + capacity * record
     # per layer: the reader's neuron orders and positions (int64), a cache's slot of each neuron (int32) and
     # its rows' ids and last steps (int32, int64)
     books = a.n_layers * (20 * a.ffn_dim + 12 * capacity)

@@ -102,14 +102,18 @@ class BundleReader:
         lay = self.layout
         if not 0 <= layer < lay.n_layers:
             raise ValueError(f"layer {layer} is not one of the model's {lay.n_layers}")
-        buf = mmap.mmap(-1, lay.layer_bytes)  # page-aligned, its own: the tensor returned may view it
-        st = self.io.read_into(lay.start(layer), lay.layer_bytes, buf)
-        self.stats.add(lay.layer_bytes, 1, st.seconds, layer=True)
-        body = torch.frombuffer(buf, dtype=torch.uint8).view(lay.chunks, lay.chunk_bytes)
-        recs = body[:, : lay.chunk_neurons * self.record].reshape(-1, self.record)[: lay.ffn_dim]
+        recs = self._layer_into(layer, mmap.mmap(-1, lay.layer_bytes))  # its own: the tensor returned views it
         if lay.order == "identity":
             return recs
         return recs[torch.from_numpy(self.positions[layer])]
+
+    def _layer_into(self, layer: int, buf: mmap.mmap) -> torch.Tensor:
+        """Layer `layer`'s chunks read into `buf` (page-aligned) in one read: its records in file order."""
+        lay = self.layout
+        st = self.io.read_into(lay.start(layer), lay.layer_bytes, buf)
+        self.stats.add(lay.layer_bytes, 1, st.seconds, layer=True)
+        body = torch.frombuffer(buf, dtype=torch.uint8)[: lay.layer_bytes].view(lay.chunks, lay.chunk_bytes)
+        return body[:, : lay.chunk_neurons * self.record].reshape(-1, self.record)[: lay.ffn_dim]
 
     def load(self, layer: int, neurons, out: torch.Tensor | None = None) -> tuple[torch.Tensor, Choice]:
         """The records of `neurons`, read as `plan` prices lower: their blocks, or the whole layer."""
@@ -120,12 +124,16 @@ class BundleReader:
             if starts.size:
                 self._read_blocks(choice.reads, starts, out)
             return out[: starts.size], choice
-        idx = torch.from_numpy(np.asarray(neurons, dtype=np.int64).reshape(-1))
-        whole = self.read_layer(layer)
-        if out is None:
-            return whole[idx], choice
-        torch.index_select(whole, 0, idx, out=out[: idx.numel()])
-        return out[: idx.numel()], choice
+        # the whole layer through the scratch buffer (no second layer-sized buffer), its records picked straight
+        # into `out` (at their file positions where the layer's order is not the neurons')
+        pos = np.asarray(neurons, dtype=np.int64).reshape(-1)
+        if self.layout.order != "identity":
+            pos = self.positions[layer][pos]
+        out = self._out(out, pos.size)
+        with self._lock:
+            whole = self._layer_into(layer, self._ensure(self.layout.layer_bytes))
+            torch.index_select(whole, 0, torch.from_numpy(pos), out=out[: pos.size])
+        return out[: pos.size], choice
 
     def _out(self, out: torch.Tensor | None, n: int) -> torch.Tensor:
         if out is None:

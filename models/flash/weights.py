@@ -223,12 +223,17 @@ class FlashFFN:
         p = self.parent
         if p.density >= 1.0 or h.shape[0] > DENSE_ROWS:
             return self._dense(h, x)
-        ids = p.predictor.top(self.layer, h, p.k).numpy()  # ascending per row
-        ids = ids[0] if h.shape[0] == 1 else np.unique(ids)
+        rows = p.predictor.top(self.layer, h, p.k).numpy()  # ascending per row
+        ids = rows[0] if h.shape[0] == 1 else np.unique(rows)
         if ids.size > self.cache.capacity:  # rows whose neurons together outgrow the cache: one row at a time
             for r in range(h.shape[0]):
-                self(h[r : r + 1], x[r : r + 1])
+                self._sparse(h[r : r + 1], x[r : r + 1], rows[r])
             return
+        self._sparse(h, x, ids)
+
+    def _sparse(self, h: torch.Tensor, x: torch.Tensor, ids: np.ndarray) -> None:
+        """The FFN over the neurons `ids` (ascending), from the cache (loading what it lacks), added into x."""
+        p = self.parent
         self.step += 1
         self._load(ids)
         kernels.flash_ffn(h, self.cache.matrix, self.cache.slots(ids), x)

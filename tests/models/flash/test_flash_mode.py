@@ -124,6 +124,10 @@ def test_a_budget_too_small_and_a_missing_predictor_end_in_one_sentence(store, t
     )
     with pytest.raises(CadenceError, match="train-predictor"):
         _run(bare)
+    for budget in (None, "auto"):  # --draft flash over the actors: said before any actor starts, with or without a plan
+        cfg = RunConfig.from_options(target=str(bare.dir), mode="tree", draft="flash", memory_budget=budget)
+        with pytest.raises(CadenceError, match="has no (FFN bundles|activation predictor)"):
+            Runner(cfg, [Prompt("p", "complete", "def f(x): return")])
 
 
 @pytest.mark.parametrize(
