@@ -17,7 +17,7 @@ from common.units import fmt as fmt_bytes, parse_bytes
 from engine.memory import kv_rows
 from engine.resolve import Resolved
 from engine.sessions import local_cycle
-from models.flash.footprint import CACHE_TOKENS
+from models.flash.footprint import CACHE_TOKENS, top_k
 
 MARGIN = 96 << 20  # activations, read buffers, allocator slack (85 MiB measured in a cgroup)
 
@@ -53,7 +53,7 @@ def plan(r: Resolved, held: int) -> FlashPlan:
 
     cfg, a = r.cfg, r.target.args
     per_neuron = a.n_layers * records.record_bytes(a.dim)
-    k = max(1, round(cfg.ffn_density * a.ffn_dim))
+    k = top_k(cfg.ffn_density, a.ffn_dim)
     kv = a.kv_bytes_per_token() * kv_rows(cfg)
     fixed = held + kv + MARGIN
     if not cfg.memory_budget:

@@ -52,10 +52,10 @@ def flash_choices(cfg: RunConfig, target: WeightStore) -> list[tuple[int, int]]:
     """(predictor rank, neurons a layer its caches hold) that a budgeted `--draft flash` tries, best first: the
     store's predictors from the highest rank, each with caches of CACHE_TOKENS tokens' neurons, then of one
     token's (the least a draft step computes from)."""
-    from models.flash.footprint import CACHE_TOKENS, ranks
+    from models.flash.footprint import CACHE_TOKENS, ranks, top_k
 
     f = target.args.ffn_dim
-    k = max(1, round(cfg.ffn_density * f))  # a token's neurons (models/flash/predictor.py `top_k`)
+    k = top_k(cfg.ffn_density, f)
     caps = [0] if cfg.ffn_density >= 1.0 else sorted({min(f, n * k) for n in range(CACHE_TOKENS, 0, -1)}, reverse=True)
     return [(r, c) for r in ranks(target) for c in caps]
 
@@ -111,6 +111,8 @@ def memory_plan(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, 
 
     if flash_draft(cfg) and not flash:  # the best predictor and largest caches the budget holds beside the target
         *better, least = flash_choices(cfg, target)
+        # this machine's overheads, measured once for every choice (they weigh the same draft shape)
+        overheads = overheads or plan_inputs(cfg, target, draft, None, least)["overheads"]
         for choice in better:
             try:
                 return memory_plan(cfg, target, draft, overheads, choice)

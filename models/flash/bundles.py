@@ -27,6 +27,7 @@ from common.errors import CadenceError
 from models import linear
 from models.flash import records
 from models.flash.costmodel import aligned
+from models.flash.footprint import check_kind
 from models.store import WeightStore
 
 FILE = "bundles.bin"
@@ -133,10 +134,7 @@ class Layout:
 
 def check_store(store: WeightStore) -> None:
     """One sentence where a store cannot have bundles."""
-    if store.args.moe:
-        raise CadenceError(f"{store.dir} holds a mixture of experts: FFN bundles are for dense FFN models")
-    if store.format != "int4":
-        raise CadenceError(f"FFN bundles are written for int4 weight stores; {store.dir} is {store.format}")
+    check_kind(store)
     records.check_dim(store.args.dim)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-
 from models.flash.predictor import Predictor
 from models.flash.weights import FlashFFN, FlashWeights
 from models.store import WeightStore

@@ -30,13 +30,25 @@ def best_rank(store: WeightStore) -> int:
     return ranks(store)[0]
 
 
-def check(store: WeightStore) -> None:
-    """One sentence where `store` cannot run the flash machinery: a mixture of experts, a format other than
-    int4, no bundles, no predictor (what models/flash/weights.py would find later, in an actor)."""
+def top_k(density: float, ffn_dim: int) -> int:
+    """The neurons a token computes at `density`."""
+    return max(1, round(density * ffn_dim))
+
+
+def check_kind(store: WeightStore) -> None:
+    """One sentence where `store` cannot have FFN bundles: a mixture of experts, or a format other than int4."""
     if store.args.moe:
-        raise CadenceError(f"{store.dir} holds a mixture of experts; LLM in a flash is for dense FFN models")
+        raise CadenceError(f"{store.dir} holds a mixture of experts: FFN bundles are for dense FFN models")
     if store.format != "int4":
-        raise CadenceError(f"LLM in a flash reads int4 neuron bundles; {store.dir} is {store.format}: use --dtype int4")
+        raise CadenceError(
+            f"FFN bundles are written for int4 weight stores; {store.dir} is {store.format}: use --dtype int4"
+        )
+
+
+def check(store: WeightStore) -> None:
+    """One sentence where `store` cannot run the flash machinery: `check_kind`, no bundles, no predictor (what
+    models/flash/weights.py would find later, in an actor)."""
+    check_kind(store)
     if store.manifest.get("bundles") is None:
         raise CadenceError(f"{store.dir} has no FFN bundles; write them with `launch models bundle {store.dir}`")
     ranks(store)

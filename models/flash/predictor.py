@@ -56,10 +56,6 @@ def activations(gate_up, h: torch.Tensor) -> torch.Tensor:
     return (F.silu(g) * u).abs()
 
 
-def top_k(density: float, ffn_dim: int) -> int:
-    return max(1, round(density * ffn_dim))
-
-
 def top_mask(act: torch.Tensor, k: int) -> torch.Tensor:
     """[T, F] bool: each token's k largest activations."""
     mask = torch.zeros(act.shape, dtype=torch.bool)

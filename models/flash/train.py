@@ -20,7 +20,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from models.flash.predictor import Predictor, activations, recall_at_k, top_k
+from models.flash.footprint import top_k
+from models.flash.predictor import Predictor, activations, recall_at_k
 from models.transformer import Transformer
 
 

@@ -21,7 +21,7 @@ from models import kernels
 from models.flash import records
 from models.flash.reader import BundleReader, ReadCount
 from models.flash.cache import NeuronCache
-from models.flash.footprint import FFN
+from models.flash.footprint import FFN, check_kind, top_k
 from models.flash.predictor import Predictor
 from models.store import WeightStore
 from models.weights import LayerWeights, StreamingWeights, layer_from_views, store_linear
@@ -96,16 +96,11 @@ class FlashWeights:
         """The caches come after (`allocate`): sized from what this process holds once everything else is in.
         `head_rows`: the output head keeps only the rows of the tokens below that id (FR-Spec, a draft's head)."""
         a = store.args
-        if a.moe:
-            raise CadenceError(f"{store.dir} holds a mixture of experts; --mode flash is for dense FFN models")
-        if store.format != "int4":
-            raise CadenceError(
-                f"--mode flash reads int4 neuron bundles; {store.dir} is {store.format}: use --dtype int4"
-            )
+        check_kind(store)
         if not 0.0 < density <= 1.0:
             raise CadenceError(f"--ffn-density {density} must be above 0 and at most 1")
         self.store, self.args, self.predictor, self.density = store, a, predictor, density
-        self.k = max(1, min(a.ffn_dim, int(round(density * a.ffn_dim))))
+        self.k = top_k(density, a.ffn_dim)
         self.capacity = 0
         self.record = records.record_bytes(a.dim)
         self.head_groups = store.head_groups()

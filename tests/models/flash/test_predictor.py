@@ -11,7 +11,8 @@ import torch
 from common.errors import CadenceError
 from models import engine
 from models.convert import convert
-from models.flash.predictor import Predictor, activations, file_name, top_k, top_mask
+from models.flash.footprint import top_k
+from models.flash.predictor import Predictor, activations, file_name, top_mask
 from models.flash.train import FitConfig, capture, fit
 from models.source import GGUFSource
 from models.weights import random_tensors
