@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from common.errors import CadenceError
-from models import kernels
+from models import kernels, layer_kernel
 from models.attention import Visibility, attend
 from models.config import ModelArgs
 from models.requests import ForwardPlan, NeedExperts, NeedWeights, SplitAttention, SplitColumns
@@ -121,6 +121,7 @@ class Transformer:
         self.scale = 1.0 / math.sqrt(args.head_dim)
         # CPU: the fused row-wise kernels of models/csrc/ops.cpp; elsewhere: torch ops
         self.fused = self.device.type == "cpu" and args.dim % 16 == 0 and args.head_dim <= 1024 and kernels.available()
+        self.layer_calls = self.fused  # a dense layer in one kernel call where it can (models/layer_kernel.py)
         # the requests for weights, made once: a forward yields the same ones every time
         self.layer_needs = [NeedWeights(f"layer.{i}", i) for i in range(args.n_layers)]
         self.head_needs = [NeedWeights(g, j) for j, g in enumerate(weights.head_groups)]
@@ -151,6 +152,10 @@ class Transformer:
     ):
         """A generator (see `forward_steps`): yields a `SplitAttention` when the plan splits attention."""
         a = self.args
+        if self.layer_calls and self.ffn_inputs is None and (plan is None or not plan.attn_split):
+            rec = layer_kernel.record(w, a)
+            if rec is not None:  # the whole layer in one call, the same bits
+                return layer_kernel.run(rec, x, positions, self.rotary, cache, i, vis, self.scale, a.norm_eps)
         T = x.shape[0]
         qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps))
         if a.qk_norm:

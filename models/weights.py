@@ -37,6 +37,7 @@ class LayerWeights:
     shexp_gate_up: Linear | None = None
     shexp_down: Linear | None = None
     flash: object | None = None  # LLM in a flash: the layer's FFN (models/flash/weights.py `FlashFFN`)
+    kernel_record: torch.Tensor | None = None  # the layer as one kernel call takes it (models/layer_kernel.py)
 
 
 @dataclass

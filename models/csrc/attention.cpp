@@ -9,6 +9,7 @@
  * Layouts: q, out [T, H, D]; k, v cache [Hkv, cap, D]; lse [T, H] (optional).
  * Row r sees cache slots [0, n_shared) and then slots idx[ptr[r] .. ptr[r+1]), in that order.
  */
+#include "ops.hpp"
 #include "vec.hpp"
 
 #include <algorithm>
@@ -17,19 +18,20 @@
 
 static constexpr int CH = 32;
 
-/* dot(q, k) over D in one fixed order: two accumulators over 16-wide steps, then hsum. */
+/* dot(q, k) over D in one fixed order: two eight-lane accumulators over 16-wide steps (lanes 0-7 and 8-15
+ * of one sixteen-lane one), then hsum. */
 static inline float dot(const float *a, const float *b, int D) {
-    v8f acc0 = v8_splat(0.0f), acc1 = v8_splat(0.0f);
+    v16f acc = v16_splat(0.0f);
     int i = 0;
-    for (; i + 16 <= D; i += 16) {
-        acc0 += v8_load(a + i) * v8_load(b + i);
-        acc1 += v8_load(a + i + 8) * v8_load(b + i + 8);
-    }
+    for (; i + 16 <= D; i += 16) acc += v16_load(a + i) * v16_load(b + i);
+    v8f acc0 = v16_lo(acc);
     for (; i + 8 <= D; i += 8) acc0 += v8_load(a + i) * v8_load(b + i);
-    float s = v8_hsum(acc0 + acc1);
+    float s = v8_hsum(acc0 + v16_hi(acc));
     for (; i < D; i++) s += a[i] * b[i];
     return s;
 }
+
+static inline float hsum16(v16f v) { return v8_hsum(v16_lo(v) + v16_hi(v)); }
 
 /* Four dots at once, each in exactly dot()'s order (same bits), for more independent work. */
 static inline void dot4(const float *a, const float *const *b, int D, float *out) {
@@ -37,18 +39,18 @@ static inline void dot4(const float *a, const float *const *b, int D, float *out
         for (int t = 0; t < 4; t++) out[t] = dot(a, b[t], D);
         return;
     }
-    v8f x0 = v8_splat(0.0f), x1 = x0, y0 = x0, y1 = x0, z0 = x0, z1 = x0, w0 = x0, w1 = x0;
+    v16f x = v16_splat(0.0f), y = x, z = x, w = x;
     for (int i = 0; i < D; i += 16) {
-        v8f a0 = v8_load(a + i), a1 = v8_load(a + i + 8);
-        x0 += a0 * v8_load(b[0] + i); x1 += a1 * v8_load(b[0] + i + 8);
-        y0 += a0 * v8_load(b[1] + i); y1 += a1 * v8_load(b[1] + i + 8);
-        z0 += a0 * v8_load(b[2] + i); z1 += a1 * v8_load(b[2] + i + 8);
-        w0 += a0 * v8_load(b[3] + i); w1 += a1 * v8_load(b[3] + i + 8);
+        const v16f q = v16_load(a + i);
+        x += q * v16_load(b[0] + i);
+        y += q * v16_load(b[1] + i);
+        z += q * v16_load(b[2] + i);
+        w += q * v16_load(b[3] + i);
     }
-    out[0] = v8_hsum(x0 + x1);
-    out[1] = v8_hsum(y0 + y1);
-    out[2] = v8_hsum(z0 + z1);
-    out[3] = v8_hsum(w0 + w1);
+    out[0] = hsum16(x);
+    out[1] = hsum16(y);
+    out[2] = hsum16(z);
+    out[3] = hsum16(w);
 }
 
 struct ChunkState {
@@ -72,21 +74,32 @@ static ChunkState chunk(const float *q, const float *const *kp, const float *con
     for (j = 0; j < CH; j += 8) v8_store(s + j, v8_exp(v8_load(s + j) - m));
     float l = 0.0f;
     for (j = 0; j < n; j++) l += s[j];
+    /* each output lane sums its keys in order, however the lanes are grouped into vectors */
     int d = 0;
-    for (; d + 32 <= D; d += 32) { /* four independent chains hide the FMA latency */
-        v8f a0 = v8_splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+    for (; d + 64 <= D; d += 64) { /* four independent chains hide the add latency */
+        v16f a0 = v16_splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
         for (j = 0; j < n; j++) {
-            const v8f p = v8_splat(s[j]);
+            const v16f p = v16_splat(s[j]);
             const float *v = vp[j] + d;
-            a0 += p * v8_load(v);
-            a1 += p * v8_load(v + 8);
-            a2 += p * v8_load(v + 16);
-            a3 += p * v8_load(v + 24);
+            a0 += p * v16_load(v);
+            a1 += p * v16_load(v + 16);
+            a2 += p * v16_load(v + 32);
+            a3 += p * v16_load(v + 48);
         }
-        v8_store(oc + d, a0);
-        v8_store(oc + d + 8, a1);
-        v8_store(oc + d + 16, a2);
-        v8_store(oc + d + 24, a3);
+        v16_store(oc + d, a0);
+        v16_store(oc + d + 16, a1);
+        v16_store(oc + d + 32, a2);
+        v16_store(oc + d + 48, a3);
+    }
+    for (; d + 32 <= D; d += 32) {
+        v16f a0 = v16_splat(0.0f), a1 = a0;
+        for (j = 0; j < n; j++) {
+            const v16f p = v16_splat(s[j]);
+            a0 += p * v16_load(vp[j] + d);
+            a1 += p * v16_load(vp[j] + d + 16);
+        }
+        v16_store(oc + d, a0);
+        v16_store(oc + d + 16, a1);
     }
     for (; d + 8 <= D; d += 8) {
         v8f acc = v8_splat(0.0f);
@@ -121,13 +134,14 @@ static void merge(float *m, float *l, float *o, ChunkState c, const float *oc, i
 
 static constexpr int RB = 4; /* rows per work item */
 
-extern "C" void cad_attention(const float *q, const float *kc, const float *vc, float *out, float *lse, int T, int H,
-                              int Hkv, int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx,
-                              float scale, int nthreads) {
+/* The work items (a KV head and a block of rows each) shared among the threads of the enclosing parallel
+ * region (csrc/layer.cpp's, or cad_attention's own); on one thread outside any. */
+void attention_for(const float *q, const float *kc, const float *vc, float *out, float *lse, int T, int H, int Hkv,
+                   int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx, float scale) {
     const int G = H / Hkv;
     const int nblocks = (T + RB - 1) / RB;
     const int nfull = n_shared / CH;
-#pragma omp parallel for schedule(dynamic) num_threads(nthreads)
+#pragma omp for schedule(dynamic)
     for (int item = 0; item < Hkv * nblocks; item++) {
         const int kh = item % Hkv, r0 = (item / Hkv) * RB, r1 = std::min(T, r0 + RB);
         const float *K = kc + (size_t)kh * cap * D, *V = vc + (size_t)kh * cap * D;
@@ -173,6 +187,13 @@ extern "C" void cad_attention(const float *q, const float *kc, const float *vc, 
             }
         }
     }
+}
+
+extern "C" void cad_attention(const float *q, const float *kc, const float *vc, float *out, float *lse, int T, int H,
+                              int Hkv, int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx,
+                              float scale, int nthreads) {
+#pragma omp parallel num_threads(nthreads)
+    attention_for(q, kc, vc, out, lse, T, H, Hkv, D, cap, n_shared, ptr, idx, scale);
 }
 
 /* ---- The same attention, split in three (Ghidorah's dense / sparse parts, merged by online softmax).

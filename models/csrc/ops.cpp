@@ -1,6 +1,7 @@
 /* The small per-layer operations around the matrix products, fused so that a decode step is a
  * handful of calls per layer instead of dozens of tensor ops. All are row-wise: a row's result
  * never depends on the other rows. */
+#include "ops.hpp"
 #include "vec.hpp"
 
 #include <algorithm>
@@ -65,15 +66,22 @@ extern "C" void cad_qkv_rope(const float *qkv, const float *bias, const int64_t 
 
 /* out [T, F] = silu(gate) * up, with gu [T, 2F] = [gate | up]; element by element, so threads may take
  * any pieces of the rows. */
-extern "C" void cad_swiglu(const float *gu, float *out, int T, int F, int nthreads) {
-    constexpr int PIECE = 1024;
+static constexpr int PIECE = 1024;
+
+void swiglu_for(const float *gu, float *out, int T, int F) {
     const int per_row = (F + PIECE - 1) / PIECE, n = T * per_row;
-#pragma omp parallel for schedule(static) num_threads(n > 4 ? nthreads : 1)
+#pragma omp for schedule(static)
     for (int i = 0; i < n; i++) {
         const int t = i / per_row, f0 = i % per_row * PIECE, fn = std::min(PIECE, F - f0);
         const float *g = gu + (size_t)t * 2 * F;
         swiglu_row(g + f0, g + F + f0, out + (size_t)t * F + f0, fn);
     }
+}
+
+extern "C" void cad_swiglu(const float *gu, float *out, int T, int F, int nthreads) {
+    const int n = T * ((F + PIECE - 1) / PIECE);
+#pragma omp parallel num_threads(n > 4 ? nthreads : 1)
+    swiglu_for(gu, out, T, F);
 }
 
 /* A full memory fence: the sync words two processes share in the arena (actors/syncarea.py) are

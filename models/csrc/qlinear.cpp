@@ -168,17 +168,19 @@ void qgemm_tiles(const QW &W, const QA &a, int t0, int t1, float *y, int ldy, in
         tiles<Q8>(W, a, t0, t1, y, ldy, accumulate);
 }
 
-void qlinear(const float *x, int M, const QW &W, float *y, int ldy, int accumulate, int nthreads) {
-    const int T = W.tiles();
-    QA a;
+void qlinear_in(const float *x, int M, const QW &W, float *y, int ldy, int accumulate, QA &a) {
+#pragma omp single
     shape(M, W.K, act_rows(M), a);
-#pragma omp parallel num_threads(std::max(1, std::min(nthreads, T)))
-    {
-        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        for (int m = id; m < M; m += nt) quantize_row(x + (size_t)m * W.K, W.K, a, m);
+    const int T = W.tiles(), nt = omp_get_num_threads(), id = omp_get_thread_num();
+    for (int m = id; m < M; m += nt) quantize_row(x + (size_t)m * W.K, W.K, a, m);
 #pragma omp barrier
-        qgemm_tiles(W, a, (int)((long)T * id / nt), (int)((long)T * (id + 1) / nt), y, ldy, accumulate);
-    }
+    qgemm_tiles(W, a, (int)((long)T * id / nt), (int)((long)T * (id + 1) / nt), y, ldy, accumulate);
+}
+
+void qlinear(const float *x, int M, const QW &W, float *y, int ldy, int accumulate, int nthreads) {
+    QA a;
+#pragma omp parallel num_threads(std::max(1, std::min(nthreads, W.tiles())))
+    qlinear_in(x, M, W, y, ldy, accumulate, a);
 }
 
 #ifdef CAD_AMX

@@ -121,6 +121,10 @@ static inline float half_to_float(uint16_t h) {
 /* y[m, n] (+)= x W^T for x [M, K]: the rows rounded to int8, then the tiles, by `nthreads` threads;
  * y's rows are ldy floats apart. */
 void qlinear(const float *x, int M, const QW &W, float *y, int ldy, int accumulate, int nthreads);
+/* The same inside an OpenMP parallel region, its work shared among the region's threads (`a`: the
+ * activations' buffers, shared by them; reused from call to call). y is complete once every thread
+ * has passed a barrier after it. */
+void qlinear_in(const float *x, int M, const QW &W, float *y, int ldy, int accumulate, QA &a);
 /* y (+)= x W^T for the tiles [t0, t1) of W and the rows of `a` (quantized), on the calling thread. */
 void qgemm_tiles(const QW &W, const QA &a, int t0, int t1, float *y, int ldy, int accumulate);
 /* Rows that need the padded activations of the wide (AMX) path. */

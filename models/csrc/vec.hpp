@@ -12,7 +12,17 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef float v8fu __attribute__((vector_size(32), aligned(4), may_alias));
 typedef int32_t v8i __attribute__((vector_size(32)));
 
+/* Sixteen lanes: a zmm where the build has AVX-512, two ymm (or four NEON) elsewhere. Lane by lane the
+ * same IEEE operations as two v8f, so the same bits on every build: only the instruction count differs. */
+typedef float v16f __attribute__((vector_size(64)));
+typedef float v16fu __attribute__((vector_size(64), aligned(4), may_alias));
+
 static inline v8f v8_load(const float *p) { return *(const v8fu *)p; }
+static inline v16f v16_load(const float *p) { return *(const v16fu *)p; }
+static inline void v16_store(float *p, v16f v) { *(v16fu *)p = v; }
+static inline v16f v16_splat(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+static inline v8f v16_lo(v16f v) { return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7); }
+static inline v8f v16_hi(v16f v) { return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15); }
 static inline void v8_store(float *p, v8f v) { *(v8fu *)p = v; }
 static inline v8f v8_splat(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from common.errors import CadenceError
+from models import kernels, layer_kernel
 from models.attention import Visibility
 from models.transformer import Transformer
 from models.weights import TensorWeights, random_tensors
@@ -115,3 +116,47 @@ def test_bad_keep_and_full_cache_are_refused(tiny_args):
         model.forward(torch.arange(6), torch.arange(3, 9), cache)
     with pytest.raises(CadenceError, match="context"):
         model.new_cache(tiny_args.context_length + 1)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_a_layer_in_one_kernel_call_gives_the_separate_calls_bits(tiny_args, fmt):
+    """csrc/layer.cpp runs each layer in one call and one parallel region; `block_fused`'s ~10 calls are the
+    reference: the same logits bit for bit for a prompt, a token and a tree, on one thread and on two."""
+    if not kernels.available():
+        pytest.skip("no kernel library here (no C++ compiler)")
+    g = torch.Generator().manual_seed(5)
+    model = _model(tiny_args, fmt)
+    assert all(layer_kernel.record(model.weights.layer(i), tiny_args) is not None for i in range(tiny_args.n_layers))
+    prefix = torch.randint(0, tiny_args.vocab_size, (37,), generator=g)
+    parents = _random_tree(11, g)
+    tree = torch.randint(0, tiny_args.vocab_size, (11,), generator=g)
+    depth = [0] * 11
+    for i, p in enumerate(parents):
+        depth[i] = 0 if p < 0 else depth[p] + 1
+
+    def run(one_call: bool) -> list[torch.Tensor]:
+        model.layer_calls = one_call
+        cache = model.new_cache(64)
+        out = [model.forward(prefix, torch.arange(37), cache)]
+        cache.commit()
+        out.append(model.forward(torch.tensor([3]), torch.tensor([37]), cache))
+        cache.commit()
+        out.append(model.forward(tree, torch.tensor(depth) + 38, cache, Visibility.tree(38, parents)))
+        return out + [cache.k[:, :, :49], cache.v[:, :, :49]]
+
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for a, b in zip(run(False), run(True)):
+                assert torch.equal(a, b)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_layers_the_one_call_cannot_take_go_through_the_separate_calls(tiny_args):
+    """Dense weights (and q/k norms, experts, LLM in a flash) have no record: `block_fused` computes them."""
+    model = _model(tiny_args, "fp32")
+    assert layer_kernel.record(model.weights.layer(0), tiny_args) is None
+    ids = torch.arange(6)
+    assert torch.equal(model.forward(ids, torch.arange(6), model.new_cache(8)), _sequential_logits(model, ids.tolist()))

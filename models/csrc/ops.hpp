@@ -1,0 +1,13 @@
+/* The per-layer operations other files call: each `..._for` shares its work among the threads of the
+ * enclosing OpenMP parallel region (an orphaned `omp for`, with its barrier at the end), or runs on the
+ * calling thread outside one; a row's result is the same either way. */
+#pragma once
+#include <stdint.h>
+
+extern "C" void cad_rmsnorm(const float *x, const float *w, float *out, int T, int D, float eps);
+extern "C" void cad_qkv_rope(const float *qkv, const float *bias, const int64_t *pos, const float *cos_t,
+                             const float *sin_t, float *q_out, float *kc, float *vc, int T, int H, int Hkv, int hd,
+                             int cap, int slot0);
+void swiglu_for(const float *gu, float *out, int T, int F);
+void attention_for(const float *q, const float *kc, const float *vc, float *out, float *lse, int T, int H, int Hkv,
+                   int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx, float scale);
