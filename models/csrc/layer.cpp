@@ -21,6 +21,7 @@
 namespace {
 
 constexpr int HEAD = 8, REC = 9;
+constexpr size_t KEEP_FLOATS = 1 << 20; /* 4 MiB: the 1.5B's buffers for a 16-wide tree are ~2 MiB */
 
 q::QW qw(const int64_t *r) {
     return q::QW((int)r[0], (int)r[1], (int)r[2], (int)r[3], (const void *)r[4], (const void *)r[5],
@@ -37,16 +38,20 @@ extern "C" void cad_layer(const int64_t *rec, float *x, int T, const int64_t *po
     const q::QW qkv = qw(rec + HEAD), out = qw(rec + HEAD + REC), gate_up = qw(rec + HEAD + 2 * REC),
                 down = qw(rec + HEAD + 3 * REC);
     const int nqkv = (H + 2 * Hkv) * hd, qd = H * hd;
-    /* the stages' buffers, kept by the calling thread from call to call */
-    thread_local std::vector<float> h, y, o, act;
-    thread_local q::QA a;
-    h.resize((size_t)T * std::max(dim, qd));
-    y.resize((size_t)T * std::max(nqkv, 2 * F));
-    o.resize((size_t)T * qd);
-    act.resize((size_t)T * F);
+    /* the stages' buffers: kept by the calling thread from call to call for the narrow passes of decoding;
+     * a wide one (a prompt's pass) gets its own, given back when it returns, so no peak outlives its pass */
+    const size_t nh = (size_t)T * std::max(dim, qd), ny = (size_t)T * std::max(nqkv, 2 * F), no = (size_t)T * qd,
+                 na = (size_t)T * F;
+    thread_local std::vector<float> kept;
+    thread_local q::QA kept_a;
+    std::vector<float> own;
+    q::QA own_a;
+    const bool narrow = nh + ny + no + na <= KEEP_FLOATS;
+    std::vector<float> &buf = narrow ? kept : own;
+    buf.resize(nh + ny + no + na);
     /* named here, outside the region: inside it a thread_local name would be each thread's own */
-    float *hb = h.data(), *yb = y.data(), *ob = o.data(), *ab = act.data();
-    q::QA &qa = a;
+    float *hb = buf.data(), *yb = hb + nh, *ob = yb + ny, *ab = ob + no;
+    q::QA &qa = narrow ? kept_a : own_a;
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp single
