@@ -57,14 +57,9 @@ struct ChunkState {
     float m, l;
 };
 
-/* One chunk of n <= CH keys: m = max score, l = sum exp(s - m), oc = sum exp(s - m) v.
- * Sums run over keys in order; lanes run over the head dimension. */
-static ChunkState chunk(const float *q, const float *const *kp, const float *const *vp, int n, int D, float scale,
-                        float *oc) {
-    alignas(32) float s[CH];
-    int j = 0;
-    for (; j + 4 <= n; j += 4) dot4(q, kp + j, D, s + j);
-    for (; j < n; j++) s[j] = dot(q, kp[j], D);
+/* A chunk's scores into exp weights: s[j] = exp(scale q.k_j - m) for j < n (0 up to CH); returns (m, l). */
+static ChunkState softmax_part(float *s, int n, float scale) {
+    int j;
     float m = -INFINITY;
     for (j = 0; j < n; j++) {
         s[j] *= scale;
@@ -74,8 +69,13 @@ static ChunkState chunk(const float *q, const float *const *kp, const float *con
     for (j = 0; j < CH; j += 8) v8_store(s + j, v8_exp(v8_load(s + j) - m));
     float l = 0.0f;
     for (j = 0; j < n; j++) l += s[j];
-    /* each output lane sums its keys in order, however the lanes are grouped into vectors */
-    int d = 0;
+    return {m, l};
+}
+
+/* oc = sum_j s[j] v_j over n keys: each output lane sums its keys in order, however the lanes are grouped
+ * into vectors. */
+static void weighted_sum(const float *s, const float *const *vp, int n, int D, float *oc) {
+    int j, d = 0;
     for (; d + 64 <= D; d += 64) { /* four independent chains hide the add latency */
         v16f a0 = v16_splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
         for (j = 0; j < n; j++) {
@@ -111,7 +111,55 @@ static ChunkState chunk(const float *q, const float *const *kp, const float *con
         for (j = 0; j < n; j++) acc += s[j] * vp[j][d];
         oc[d] = acc;
     }
-    return {m, l};
+}
+
+/* One chunk of n <= CH keys: m = max score, l = sum exp(s - m), oc = sum exp(s - m) v.
+ * Sums run over keys in order; lanes run over the head dimension. */
+static ChunkState chunk(const float *q, const float *const *kp, const float *const *vp, int n, int D, float scale,
+                        float *oc) {
+    alignas(32) float s[CH];
+    int j = 0;
+    for (; j + 4 <= n; j += 4) dot4(q, kp + j, D, s + j);
+    for (; j < n; j++) s[j] = dot(q, kp[j], D);
+    const ChunkState cs = softmax_part(s, n, scale);
+    weighted_sum(s, vp, n, D, oc);
+    return cs;
+}
+
+/* `chunk` for two queries over the same keys (two heads that share a KV head, or two rows), each key and
+ * value loaded once for both: each query's every sum in `chunk`'s order, so the same bits. D % 64 == 0. */
+static void chunk2(const float *qa, const float *qb, const float *const *kp, const float *const *vp, int n, int D,
+                   float scale, float *oca, float *ocb, ChunkState *out) {
+    alignas(32) float sa[CH], sb[CH];
+    int j = 0;
+    for (; j + 4 <= n; j += 4) { /* dot4's sums for both queries */
+        v16f a0 = v16_splat(0.0f), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        const float *const *k = kp + j;
+        for (int i = 0; i < D; i += 16) {
+            const v16f x = v16_load(qa + i), y = v16_load(qb + i);
+            const v16f k0 = v16_load(k[0] + i), k1 = v16_load(k[1] + i), k2 = v16_load(k[2] + i),
+                       k3 = v16_load(k[3] + i);
+            a0 += x * k0, a1 += x * k1, a2 += x * k2, a3 += x * k3;
+            b0 += y * k0, b1 += y * k1, b2 += y * k2, b3 += y * k3;
+        }
+        sa[j] = hsum16(a0), sa[j + 1] = hsum16(a1), sa[j + 2] = hsum16(a2), sa[j + 3] = hsum16(a3);
+        sb[j] = hsum16(b0), sb[j + 1] = hsum16(b1), sb[j + 2] = hsum16(b2), sb[j + 3] = hsum16(b3);
+    }
+    for (; j < n; j++) sa[j] = dot(qa, kp[j], D), sb[j] = dot(qb, kp[j], D);
+    out[0] = softmax_part(sa, n, scale);
+    out[1] = softmax_part(sb, n, scale);
+    for (int d = 0; d < D; d += 64) { /* weighted_sum's 64-lane blocks for both */
+        v16f a0 = v16_splat(0.0f), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (j = 0; j < n; j++) {
+            const v16f p = v16_splat(sa[j]), r = v16_splat(sb[j]);
+            const float *v = vp[j] + d;
+            const v16f v0 = v16_load(v), v1 = v16_load(v + 16), v2 = v16_load(v + 32), v3 = v16_load(v + 48);
+            a0 += p * v0, a1 += p * v1, a2 += p * v2, a3 += p * v3;
+            b0 += r * v0, b1 += r * v1, b2 += r * v2, b3 += r * v3;
+        }
+        v16_store(oca + d, a0), v16_store(oca + d + 16, a1), v16_store(oca + d + 32, a2), v16_store(oca + d + 48, a3);
+        v16_store(ocb + d, b0), v16_store(ocb + d + 16, b1), v16_store(ocb + d + 32, b2), v16_store(ocb + d + 48, b3);
+    }
 }
 
 /* Fold a chunk's state into the running state (m, l, o). */
@@ -134,6 +182,26 @@ static void merge(float *m, float *l, float *o, ChunkState c, const float *oc, i
 
 static constexpr int RB = 4; /* rows per work item */
 
+/* States s0 .. s1 of a work item (s = (row - r0) * G + head within the KV head's group) folded over one
+ * chunk of n keys, two queries at a time where D allows (chunk2), else one (chunk). oc: 2 D floats. */
+static void fold_chunk(const float *q, int H, int G, int kh, int r0, int s0, int s1, const float *const *kp,
+                       const float *const *vp, int n, int D, float scale, float *m, float *l, float *o, float *oc,
+                       bool first) {
+    const auto qp = [&](int s) { return q + ((size_t)(r0 + s / G) * H + kh * G + s % G) * D; };
+    int s = s0;
+    if (D % 64 == 0)
+        for (; s + 1 < s1; s += 2) {
+            ChunkState cs[2];
+            chunk2(qp(s), qp(s + 1), kp, vp, n, D, scale, oc, oc + D, cs);
+            merge(&m[s], &l[s], &o[(size_t)s * D], cs[0], oc, D, first);
+            merge(&m[s + 1], &l[s + 1], &o[(size_t)(s + 1) * D], cs[1], oc + D, D, first);
+        }
+    for (; s < s1; s++) {
+        const ChunkState cs = chunk(qp(s), kp, vp, n, D, scale, oc);
+        merge(&m[s], &l[s], &o[(size_t)s * D], cs, oc, D, first);
+    }
+}
+
 /* The work items (a KV head and a block of rows each) shared among the threads of the enclosing parallel
  * region (csrc/layer.cpp's, or cad_attention's own); on one thread outside any. */
 void attention_for(const float *q, const float *kc, const float *vc, float *out, float *lse, int T, int H, int Hkv,
@@ -145,7 +213,7 @@ void attention_for(const float *q, const float *kc, const float *vc, float *out,
     for (int item = 0; item < Hkv * nblocks; item++) {
         const int kh = item % Hkv, r0 = (item / Hkv) * RB, r1 = std::min(T, r0 + RB);
         const float *K = kc + (size_t)kh * cap * D, *V = vc + (size_t)kh * cap * D;
-        std::vector<float> m(RB * G), l(RB * G), o((size_t)RB * G * D), oc(D);
+        std::vector<float> m(RB * G), l(RB * G), o((size_t)RB * G * D), oc(2 * D);
         const float *kp[CH], *vp[CH];
         /* Chunks made only of shared keys: loaded once, used by every row and head of the item. */
         for (int c = 0; c < nfull; c++) {
@@ -153,12 +221,8 @@ void attention_for(const float *q, const float *kc, const float *vc, float *out,
                 kp[j] = K + (size_t)(c * CH + j) * D;
                 vp[j] = V + (size_t)(c * CH + j) * D;
             }
-            for (int r = r0; r < r1; r++)
-                for (int g = 0; g < G; g++) {
-                    const int s = (r - r0) * G + g;
-                    ChunkState cs = chunk(q + ((size_t)r * H + kh * G + g) * D, kp, vp, CH, D, scale, oc.data());
-                    merge(&m[s], &l[s], &o[(size_t)s * D], cs, oc.data(), D, c == 0);
-                }
+            fold_chunk(q, H, G, kh, r0, 0, (r1 - r0) * G, kp, vp, CH, D, scale, m.data(), l.data(), o.data(),
+                       oc.data(), c == 0);
         }
         /* The rest of each row: the shared tail after the last full chunk, then its own keys. */
         std::vector<int32_t> slots;
@@ -172,11 +236,8 @@ void attention_for(const float *q, const float *kc, const float *vc, float *out,
                     kp[j] = K + (size_t)slots[c0 + j] * D;
                     vp[j] = V + (size_t)slots[c0 + j] * D;
                 }
-                for (int g = 0; g < G; g++) {
-                    const int s = (r - r0) * G + g;
-                    ChunkState cs = chunk(q + ((size_t)r * H + kh * G + g) * D, kp, vp, n, D, scale, oc.data());
-                    merge(&m[s], &l[s], &o[(size_t)s * D], cs, oc.data(), D, nfull == 0 && c0 == 0);
-                }
+                fold_chunk(q, H, G, kh, r0, (r - r0) * G, (r - r0 + 1) * G, kp, vp, n, D, scale, m.data(), l.data(),
+                           o.data(), oc.data(), nfull == 0 && c0 == 0);
             }
             for (int g = 0; g < G; g++) {
                 const int s = (r - r0) * G + g, h = kh * G + g;
