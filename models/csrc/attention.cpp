@@ -31,7 +31,19 @@ static inline float dot(const float *a, const float *b, int D) {
     return s;
 }
 
-static inline float hsum16(v16f v) { return v8_hsum(v16_lo(v) + v16_hi(v)); }
+/* v8_hsum(lo + hi) of four sixteen-lane vectors at once, lane-wise: the same additions of the same pairs in the same order as
+ * v8_hsum (v[i] + v[i + 4], then (0 + 2) and (1 + 3) of those, then their sum), so the same bits. */
+static inline void hsum16x4(v16f a, v16f b, v16f c, v16f d, float *out) {
+    const v8f x = v16_lo(a) + v16_hi(a), y = v16_lo(b) + v16_hi(b), z = v16_lo(c) + v16_hi(c), w = v16_lo(d) + v16_hi(d);
+    const v8f s1 = __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11) +
+                   __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15); /* x0+x4 .. x3+x7, y0+y4 .. */
+    const v8f s2 = __builtin_shufflevector(z, w, 0, 1, 2, 3, 8, 9, 10, 11) +
+                   __builtin_shufflevector(z, w, 4, 5, 6, 7, 12, 13, 14, 15);
+    const v8f e = __builtin_shufflevector(s1, s2, 0, 1, 4, 5, 8, 9, 12, 13) +
+                  __builtin_shufflevector(s1, s2, 2, 3, 6, 7, 10, 11, 14, 15); /* (0+4)+(2+6), (1+5)+(3+7) each */
+    const v8f f = __builtin_shufflevector(e, e, 0, 2, 4, 6, 0, 2, 4, 6) + __builtin_shufflevector(e, e, 1, 3, 5, 7, 1, 3, 5, 7);
+    out[0] = f[0], out[1] = f[1], out[2] = f[2], out[3] = f[3];
+}
 
 /* Four dots at once, each in exactly dot()'s order (same bits), for more independent work. */
 static inline void dot4(const float *a, const float *const *b, int D, float *out) {
@@ -47,10 +59,7 @@ static inline void dot4(const float *a, const float *const *b, int D, float *out
         z += q * v16_load(b[2] + i);
         w += q * v16_load(b[3] + i);
     }
-    out[0] = hsum16(x);
-    out[1] = hsum16(y);
-    out[2] = hsum16(z);
-    out[3] = hsum16(w);
+    hsum16x4(x, y, z, w, out);
 }
 
 struct ChunkState {
@@ -142,8 +151,8 @@ static void chunk2(const float *qa, const float *qb, const float *const *kp, con
             a0 += x * k0, a1 += x * k1, a2 += x * k2, a3 += x * k3;
             b0 += y * k0, b1 += y * k1, b2 += y * k2, b3 += y * k3;
         }
-        sa[j] = hsum16(a0), sa[j + 1] = hsum16(a1), sa[j + 2] = hsum16(a2), sa[j + 3] = hsum16(a3);
-        sb[j] = hsum16(b0), sb[j + 1] = hsum16(b1), sb[j + 2] = hsum16(b2), sb[j + 3] = hsum16(b3);
+        hsum16x4(a0, a1, a2, a3, sa + j);
+        hsum16x4(b0, b1, b2, b3, sb + j);
     }
     for (; j < n; j++) sa[j] = dot(qa, kp[j], D), sb[j] = dot(qb, kp[j], D);
     out[0] = softmax_part(sa, n, scale);
