@@ -24,12 +24,15 @@ def record(w, args: ModelArgs) -> torch.Tensor | None:
 def _record(w, args: ModelArgs) -> torch.Tensor:
     lins = (w.qkv, w.attn_out, w.gate_up, w.down)
     plain = w.flash is None and w.router is None and w.q_norm is None and w.k_norm is None
+    plain = plain and not args.moe and not args.qk_norm
     if not plain or not all(isinstance(x, linear.QuantLinear) and x.kernel for x in lins):
         return torch.empty(0, dtype=torch.int64)
     tensors = [w.attn_norm, w.ffn_norm] + ([] if w.qkv.bias is None else [w.qkv.bias])
     if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
         return torch.empty(0, dtype=torch.int64)
-    if w.qkv.n != (args.n_heads + 2 * args.n_kv_heads) * args.head_dim or w.gate_up.n != 2 * w.down.k:
+    qkv = (args.n_heads + 2 * args.n_kv_heads) * args.head_dim
+    want = (args.dim, qkv, args.q_dim, args.dim, args.dim, 2 * w.down.k, args.dim)  # the shapes cad_layer assumes
+    if (w.qkv.k, w.qkv.n, w.attn_out.k, w.attn_out.n, w.gate_up.k, w.gate_up.n, w.down.n) != want:
         return torch.empty(0, dtype=torch.int64)
     bias = 0 if w.qkv.bias is None else w.qkv.bias.data_ptr()
     head = [args.dim, args.n_heads, args.n_kv_heads, args.head_dim, w.down.k]
@@ -42,6 +45,7 @@ def run(
 ):
     """x [T, dim] (fp32, contiguous) through layer i in place; its keys and values go to cache slots
     [cache.end, cache.end + T) (`positions`: int64 [T], the rotary tables grown to cover them)."""
+    assert vis.ptr.dtype == torch.int32 and vis.idx.dtype == torch.int32 and vis.ptr.numel() == x.shape[0] + 1
     layer = cache.k.stride(0) * cache.k.element_size() * i
     kernels.lib().cad_layer(
         rec.data_ptr(),
