@@ -1,6 +1,6 @@
 """A dense decoder layer in one kernel call (csrc/layer.cpp): what `Transformer.block_fused` computes with
 ~10 calls, in one, with the same bits. It pays where a layer's products are small (a draft's one-token
-step: the 0.5B's forward went from ~6.1 to ~5 ms), and costs nothing where they are large.
+step: the 0.5B's forward went from ~6.1 to ~4.5 ms), and costs nothing where they are large.
 
 Layers it takes: quantized products (int8, int4, int2) with the kernel library, no q/k norms, a dense FFN
 (not a mixture of experts, not LLM in a flash). Others go through the separate calls."""
