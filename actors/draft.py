@@ -31,7 +31,7 @@ class DraftActor(Actor):
                 from models.flash.draft import streamed_flash_draft
 
                 store = WeightStore(init["store"])
-                model = streamed_flash_draft(store, flash["density"], flash["rank"], flash["capacity"], rows)
+                model = streamed_flash_draft(store, flash["density"], flash["predictor"], flash["capacity"], rows)
             else:
                 model = load_store(init["store"], init.get("name", ""), head_rows=rows, tokenizer=False).model
         self.sampling = self.base_sampling = SamplingConfig(**init["sampling"])

@@ -105,14 +105,14 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", default="engine/assets/heldout.jsonl")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--limit", type=int, default=0)
-    ap.add_argument("--rank", type=int, default=None, help="the predictor's rank (default: the highest trained)")
+    ap.add_argument("--predictor", default=None, help="the predictor: int2, or rN (rank N); default: the best trained")
     ap.add_argument("--draft", default=None, help="also a draft model's agreement (e.g. qwen2.5-coder-0.5b)")
     a = ap.parse_args(argv)
     prompts = load_prompts(a.prompts)[: a.limit or None]
     r = resolve(RunConfig.from_options(target=a.target, mode="flash", max_new_tokens=a.tokens), prompts)
     ids = [r.prompt_ids(p)[0] for p in prompts]
     dense = engine.load_store(r.target).model
-    pred = Predictor.load(r.target, a.rank)
+    pred = Predictor.load(r.target, a.predictor)
     flash = {}
     for d in (float(x) for x in a.densities.split(",")):
         w = FlashWeights(r.target, pred, d)
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
         flash[f"flash@{d:g}"] = (Transformer(r.target.args, w), w)
     others = {a.draft: engine.load(a.draft, "int4").model} if a.draft else None
     rows = quality(dense, flash, ids, a.tokens, set(r.tokenizer.stop_ids), others)
-    print(f"predictor rank {pred.rank}, recall@{pred.density:g} {pred.recall.get('mean', 0):.3f}", file=sys.stderr)
+    print(f"predictor {pred.name}, recall@{pred.density:g} {pred.recall.get('mean', 0):.3f}", file=sys.stderr)
     print(
         "| model | tokens | agreement | perplexity | hit rate | bundle MB a token |\n| --- | ---: | ---: | ---: | ---: | ---: |"
     )

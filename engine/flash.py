@@ -17,7 +17,7 @@ from common.units import fmt as fmt_bytes, parse_bytes
 from engine.memory import kv_rows
 from engine.resolve import Resolved
 from engine.sessions import local_cycle
-from models.flash.footprint import CACHE_TOKENS, top_k
+from models.flash.footprint import CACHE_TOKENS, predictor_bytes, predictors, top_k
 
 MARGIN = 96 << 20  # activations, read buffers, allocator slack (85 MiB measured in a cgroup)
 
@@ -26,13 +26,16 @@ MARGIN = 96 << 20  # activations, read buffers, allocator slack (85 MiB measured
 class FlashPlan:
     budget: int  # 0: no budget (every neuron may stay)
     held: int  # this process once the model is in, its caches aside: interpreter, torch, tokenizer, weights
+    predictor: str
+    predictor_bytes: int  # of `held`
     kv: int
     capacity: int  # neurons per layer's cache
     cache_bytes: int
 
     def lines(self) -> list[str]:
         return [
-            f"  process with attention, head, predictor {fmt_bytes(self.held):>10} (measured)",
+            f"  process with attention, head (measured) {fmt_bytes(self.held - self.predictor_bytes):>10}",
+            f"  the {self.predictor} predictor{' ' * max(0, 25 - len(self.predictor))}{fmt_bytes(self.predictor_bytes):>10}",
             f"  KV cache, activations                   {fmt_bytes(self.kv + MARGIN):>10}",
             f"  neuron caches ({self.capacity} a layer)         {fmt_bytes(self.cache_bytes):>10}",
         ] + (
@@ -46,26 +49,42 @@ class FlashPlan:
         return self.held + self.kv + MARGIN + self.cache_bytes
 
 
-def plan(r: Resolved, held: int) -> FlashPlan:
-    """The caches' share of the budget: what is left once this process holds everything else (`held`,
-    measured), the KV cache and a pass's activations. `auto`: caches that hold CACHE_TOKENS tokens' neurons."""
+def plan(r: Resolved, process: int) -> FlashPlan:
+    """The best predictor (models/flash/footprint.py `predictors`) that leaves caches of at least a token's
+    neurons, and the caches' share of the budget: what is left once this process holds everything else (its
+    bytes now, `process`, measured, and the predictor's), the KV cache and a pass's activations. `auto`: caches
+    that hold CACHE_TOKENS tokens' neurons beside the best predictor. Where none fits, the sentence of the
+    smallest."""
+    names, refused = predictors(r.target), {}
+    for name in names:
+        try:
+            return _plan(r, process, name)
+        except CadenceError as e:
+            refused[name] = e
+    raise refused[min(names, key=lambda n: predictor_bytes(r.target, n))]  # the least it would take
+
+
+def _plan(r: Resolved, process: int, predictor: str) -> FlashPlan:
     from models.flash import records
 
     cfg, a = r.cfg, r.target.args
     per_neuron = a.n_layers * records.record_bytes(a.dim)
     k = top_k(cfg.ffn_density, a.ffn_dim)
     kv = a.kv_bytes_per_token() * kv_rows(cfg)
+    pb = predictor_bytes(r.target, predictor)
+    held = process + pb
     fixed = held + kv + MARGIN
     if not cfg.memory_budget:
-        return FlashPlan(0, held, kv, a.ffn_dim, a.ffn_dim * per_neuron)
+        return FlashPlan(0, held, predictor, pb, kv, a.ffn_dim, a.ffn_dim * per_neuron)
     budget = fixed + CACHE_TOKENS * k * per_neuron if cfg.memory_budget == "auto" else parse_bytes(cfg.memory_budget)
     capacity = min(a.ffn_dim, max(0, budget - fixed) // per_neuron)
     if capacity < k and cfg.ffn_density < 1.0:
         raise CadenceError(
-            f"--memory-budget {fmt_bytes(budget)} leaves room for {capacity} FFN neurons a layer and --ffn-density "
-            f"{cfg.ffn_density} needs {k}; give at least {fmt_bytes(fixed + k * per_neuron)} or a lower --ffn-density"
+            f"--memory-budget {fmt_bytes(budget)} leaves room for {capacity} FFN neurons a layer beside the {predictor} "
+            f"predictor and --ffn-density {cfg.ffn_density} needs {k}; give at least {fmt_bytes(fixed + k * per_neuron)} "
+            "or a lower --ffn-density"
         )
-    return FlashPlan(budget, held, kv, capacity, capacity * per_neuron)
+    return FlashPlan(budget, held, predictor, pb, kv, capacity, capacity * per_neuron)
 
 
 def _process_bytes() -> int:
@@ -94,9 +113,10 @@ class FlashSession:
             raise CadenceError("--mode flash runs on cadence's CPU kernels; use --device cpu")
         torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
         store = r.target
-        predictor = Predictor.load(store, dtype=torch.bfloat16)
-        self.weights = FlashWeights(store, predictor, cfg.ffn_density)
-        self.plan = plan(r, _process_bytes())  # measured with everything in but the caches
+        predictors(store)  # one sentence before the weights are read where there is none
+        self.weights = FlashWeights(store, None, cfg.ffn_density)
+        self.plan = plan(r, _process_bytes())  # measured with everything in but the predictor and the caches
+        self.weights.predictor = Predictor.load(store, self.plan.predictor, dtype=torch.bfloat16)
         self.weights.allocate(self.plan.capacity)
         self.loop = local_cycle(r, Transformer(store.args, self.weights), None)
 
@@ -108,6 +128,7 @@ class FlashSession:
             "ffn_density": self.weights.density,
             "flash": {
                 **st.as_dict(),
+                "predictor": self.plan.predictor,
                 "cache_neurons_per_layer": self.plan.capacity,
                 # the prompt's pass reads the dense FFNs once; each later token reads bundles
                 "decode_read_bytes_per_token": st.bundles.bytes // max(1, tokens - 1),

@@ -48,23 +48,30 @@ def flash_draft(cfg: RunConfig) -> bool:
     return cfg.speculative and cfg.draft == "flash"
 
 
-def flash_choices(cfg: RunConfig, target: WeightStore) -> list[tuple[int, int]]:
-    """(predictor rank, neurons a layer its caches hold) that a budgeted `--draft flash` tries, best first: the
-    store's predictors from the highest rank, each with caches of CACHE_TOKENS tokens' neurons, then of one
-    token's (the least a draft step computes from)."""
-    from models.flash.footprint import CACHE_TOKENS, ranks, top_k
+def flash_choices(cfg: RunConfig, target: WeightStore) -> list[tuple[str, int]]:
+    """(predictor, neurons a layer its caches hold) that a budgeted `--draft flash` tries, best first: the
+    store's predictors from the best (models/flash/footprint.py `predictors`), each with caches of CACHE_TOKENS
+    tokens' neurons, then of one token's (the least a draft step computes from)."""
+    from models.flash.footprint import CACHE_TOKENS, predictors, top_k
 
     f = target.args.ffn_dim
     k = top_k(cfg.ffn_density, f)
     caps = [0] if cfg.ffn_density >= 1.0 else sorted({min(f, n * k) for n in range(CACHE_TOKENS, 0, -1)}, reverse=True)
-    return [(r, c) for r in ranks(target) for c in caps]
+    return [(p, c) for p in predictors(target) for c in caps]
+
+
+def least_flash_choice(cfg: RunConfig, target: WeightStore) -> tuple[str, int]:
+    """The flash draft's smallest choice: the smallest predictor, one token's neurons cached."""
+    from models.flash.footprint import predictor_bytes
+
+    return min(flash_choices(cfg, target), key=lambda c: (predictor_bytes(target, c[0]), c[1]))
 
 
 def plan_inputs(
     cfg: RunConfig, target: WeightStore, draft: WeightStore | None, overheads=None, flash: tuple[int, int] = ()
 ) -> dict:
     """What the memory plan of `cfg` weighs (scheduler/generation/memplan.py `plan_memory`'s arguments).
-    `flash`: with `--draft flash`, its predictor's rank and the neurons a layer its caches hold (default: the
+    `flash`: with `--draft flash`, its predictor and the neurons a layer its caches hold (default: the
     first of `flash_choices`)."""
     from scheduler.generation.footprint import measure_overheads
 
@@ -110,15 +117,16 @@ def memory_plan(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, 
     from scheduler.generation.memplan import plan_memory, smallest_budget
 
     if flash_draft(cfg) and not flash:  # the best predictor and largest caches the budget holds beside the target
-        *better, least = flash_choices(cfg, target)
+        least = least_flash_choice(cfg, target)
         # this machine's overheads, measured once for every choice (they weigh the same draft shape)
         overheads = overheads or plan_inputs(cfg, target, draft, None, least)["overheads"]
-        for choice in better:
+        for choice in flash_choices(cfg, target):
             try:
                 return memory_plan(cfg, target, draft, overheads, choice)
-            except CadenceError:
-                pass
-        return memory_plan(cfg, target, draft, overheads, least)
+            except CadenceError as e:
+                if choice == least:
+                    refused = e  # the least the draft would take, and what it needs
+        raise refused
     inputs = plan_inputs(cfg, target, draft, overheads, flash)
     if cfg.memory_budget == "auto":
         every = sum(inputs["target_groups"].values()) + sum(inputs.get("experts", {}).values())
@@ -129,14 +137,14 @@ def memory_plan(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, 
     return dataclasses.replace(plan, draft_choice=flash) if flash else plan
 
 
-def flash_choice(cfg: RunConfig, target: WeightStore, plan) -> tuple[int, int]:
-    """(predictor rank, neurons a layer its caches hold) of the flash draft: the choice `memory_plan` made under a
+def flash_choice(cfg: RunConfig, target: WeightStore, plan) -> tuple[str, int]:
+    """(predictor, neurons a layer its caches hold) of the flash draft: the choice `memory_plan` made under a
     plan; with none, the best predictor and every neuron of a layer (a resident run: the caches may keep all
     they ever load). One sentence where the target cannot have a flash draft (no bundles, no predictor)."""
-    from models.flash.footprint import best_rank, check
+    from models.flash.footprint import best_predictor, check
 
     check(target)
-    return plan.draft_choice if plan is not None else (best_rank(target), target.args.ffn_dim)
+    return plan.draft_choice if plan is not None else (best_predictor(target), target.args.ffn_dim)
 
 
 def runtime_config(cfg: RunConfig, target: WeightStore, plan, preload: tuple[str, ...]) -> RuntimeConfig:

@@ -13,6 +13,7 @@ from common import paths
 from common.errors import CadenceError
 from models import linear, registry
 from models.convert import ensure_store, known_stores
+from models.flash.footprint import KINDS
 from models.pull import is_pulled, model_path, pull_all
 
 
@@ -82,15 +83,22 @@ def _add_flash(msub) -> None:
     """LLM in a flash: the predictor, the bundles and the read curve."""
     pt = msub.add_parser(
         "train-predictor",
-        help="a dense SwiGLU model: fit LLM in a flash's low-rank activation predictor on calibration prompts "
-        "and write it beside the weight store",
+        help="a dense SwiGLU model: make LLM in a flash's activation predictor (int2: the FFN's own gate and up "
+        "weights in 2 bits; lowrank: fitted on calibration prompts), measure its recall and write it beside the "
+        "weight store",
     )
     pt.add_argument("name", help="a default model name, a .gguf file or an HF model directory")
     _calibration(pt, "the weight store (as --dtype of run)", "recorded too")
     pt.add_argument(
         "--heldout", default=None, help="prompts to measure recall on (JSONL; default: every 4th calibration prompt)"
     )
-    pt.add_argument("--rank", type=int, default=128, help="the predictor's rank (size and accuracy grow with it)")
+    pt.add_argument(
+        "--kind",
+        choices=KINDS,
+        default=None,
+        help="int2 (the default; larger, finds more of the neurons that matter) or lowrank (smaller, for tight budgets)",
+    )
+    pt.add_argument("--rank", type=int, default=None, help="a low-rank predictor's rank (default 128; implies lowrank)")
     pt.add_argument("--density", type=float, default=0.3, help="the share of neurons per token recall is measured at")
     pt.set_defaults(func=cmd_train_predictor)
     pf = msub.add_parser(
@@ -278,11 +286,16 @@ def cmd_train_predictor(args) -> int:
     """LLM in a flash §3.1: models/flash/train.py on the prompts' token ids (encoded here: models/ reads no prompts)."""
     from engine.prompts import DEFAULT_PROMPTS, encode_prompt, load_prompts
     from models import engine
+    from models.flash.footprint import INT2
     from models.flash.train import FitConfig, fit
 
-    if args.rank < 1 or not 0 < args.density <= 1 or args.tokens < 0:
+    kind = args.kind or ("lowrank" if args.rank is not None else INT2)
+    rank = 128 if args.rank is None else args.rank
+    if kind == INT2 and args.rank is not None:
+        raise CadenceError(f"--rank {args.rank} is for --kind lowrank; an int2 predictor has no rank")
+    if rank < 1 or not 0 < args.density <= 1 or args.tokens < 0:
         raise CadenceError(
-            f"--rank {args.rank}, --density {args.density}, --tokens {args.tokens}: "
+            f"--rank {rank}, --density {args.density}, --tokens {args.tokens}: "
             "give a rank of 1 or more, a density in (0, 1] and 0 or more tokens"
         )
     st = ensure_store(args.name, args.fmt)
@@ -296,12 +309,12 @@ def cmd_train_predictor(args) -> int:
         cal = [p for n, p in enumerate(cal) if n % 4 != 3]
     if not cal or not held:
         raise CadenceError("give at least two calibration prompts, or held-out prompts with --heldout")
-    cfg = FitConfig(rank=args.rank, density=args.density, tokens=args.tokens)
+    cfg = FitConfig(kind=kind, rank=rank, density=args.density, tokens=args.tokens)
     p = fit(lm.model, encode(cal), encode(held), cfg, say=print)
     path = p.save(st)
     r = p.recall
     print(
-        f"{path}: rank {p.rank}, {path.stat().st_size / 1e6:.1f} MB; recall of each token's top {args.density:g} "
+        f"{path}: the {p.name} predictor, {path.stat().st_size / 1e6:.1f} MB; recall of each token's top {args.density:g} "
         f"of neurons on {r['heldout_tokens']} held-out tokens: mean {r['mean']:.3f}, worst layer {r['worst_layer']} "
         f"{r['min']:.3f}; activation mass held {r['mass_mean']:.3f}"
     )

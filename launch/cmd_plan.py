@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from common.errors import CadenceError
-from engine.memory import flash_choices, flash_draft, memory_plan, plan_inputs, settle
+from engine.memory import flash_draft, least_flash_choice, memory_plan, plan_inputs, settle
 from engine.prompts import Prompt, load_prompts
 from engine.resolve import pick_draft, resolve
 from models.convert import ensure_store
@@ -73,8 +73,8 @@ def cmd_plan(args) -> int:
         print(plan.report())
         print(f"  resident: {_ranges(list(plan.resident))}")
         if plan.draft_choice:  # --draft flash
-            rank, cached = plan.draft_choice
-            print(f"  flash draft: the rank-{rank} predictor, {cached} neurons a layer in its caches")
+            name, cached = plan.draft_choice
+            print(f"  flash draft: the {name} predictor, {cached} neurons a layer in its caches")
         if plan.streamed:
             print(
                 f"  streamed: {_ranges(list(plan.streamed))}, through {plan.n_slots} slots of {fmt(plan.slot_bytes)}; "
@@ -94,8 +94,7 @@ def cmd_plan(args) -> int:
         m = cfg.with_mode(mode, draft=name)
         label = f"{mode} --draft {name}" if mode == "tree" and name in ("none", "flash") else mode
         try:
-            # --draft flash: its smallest choice (the lowest-rank predictor, one token's neurons cached)
-            choice = flash_choices(m, r.target)[-1] if flash_draft(m) else ()
+            choice = least_flash_choice(m, r.target) if flash_draft(m) else ()  # --draft flash: its smallest
             print(f"  {label:<20} {fmt(smallest_budget(**plan_inputs(m, r.target, d, flash=choice))):>10}")
         except CadenceError as e:
             print(f"  {label:<20} {e}")

@@ -59,12 +59,12 @@ def flash_draft(target: Transformer, store: WeightStore, density: float) -> Tran
 
 
 def streamed_flash_draft(
-    store: WeightStore, density: float, rank: int, capacity: int, head_rows: int | None
+    store: WeightStore, density: float, predictor: str, capacity: int, head_rows: int | None
 ) -> Transformer:
     """The draft of `--draft flash` in the draft actor, beside a target that streams: every layer's attention and
-    the output head (its `head_rows` most frequent tokens) held here, the predictor of `rank`, each layer's FFN
+    the output head (its `head_rows` most frequent tokens) held here, the predictor named `predictor`, each layer's FFN
     from a neuron cache of `capacity` neurons filled from the bundles; the prompt's pass reads the dense FFNs
     (`FlashWeights`). models/flash/footprint.py `draft_bytes` says what it holds."""
-    weights = FlashWeights(store, Predictor.load(store, rank, dtype=torch.bfloat16), density, head_rows)
+    weights = FlashWeights(store, Predictor.load(store, predictor, dtype=torch.bfloat16), density, head_rows)
     weights.allocate(capacity)
     return Transformer(store.args, weights)

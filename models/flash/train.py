@@ -1,15 +1,19 @@
-"""Fitting the low-rank activation predictor (models/flash/predictor.py) on the model's own activations.
+"""Making the activation predictors (models/flash/predictor.py) and measuring their recall on the model's own
+activations.
 
-For each calibration prompt the dense model continues greedily (the text it meets when it generates); every
-layer's FFN input h is recorded on the way, the prompt's tokens and the continuation's. The kernels give a
-row the same result alone or in a block, so these are the inputs a teacher-forced pass over prompt and
-continuation would see.
+For each prompt the dense model continues greedily (the text it meets when it generates); every layer's FFN
+input h is recorded on the way, the prompt's tokens and the continuation's. The kernels give a row the same
+result alone or in a block, so these are the inputs a teacher-forced pass over prompt and continuation would
+see. Recall is measured against each held-out token's true top `density` of neurons.
 
-Per layer, W2 W1 is the rank-r map closest to the layer's own [gate; up] weights W (int4, dequantized) on
-those inputs: it minimises E ||W h - W2 W1 h||^2, which with C = E[h h^T] = L L^T is the truncated SVD of
-W L (Eckart-Young in C's metric). Closed form, seconds a layer; on the 1.5B it ranks neurons better than
-a linear scorer of the same size trained with BCE and Adam against top-k labels (the paper's recipe for
-ReLU models), which cannot express |up . h|. Recall is measured against the true per-token top `density`.
+Low rank: per layer, W2 W1 is the rank-r map closest to the layer's own [gate; up] weights W (int4,
+dequantized) on the calibration inputs: it minimises E ||W h - W2 W1 h||^2, which with C = E[h h^T] = L L^T is
+the truncated SVD of W L (Eckart-Young in C's metric). Closed form, seconds a layer; on the 1.5B it ranks
+neurons better than a linear scorer of the same size trained with BCE and Adam against top-k labels (the
+paper's recipe for ReLU models), which cannot express |up . h|.
+
+int2: W itself rounded to 2-bit codes (models/linear_int2.py: each group's range searched for least squared
+error); no calibration inputs, ~4 s a layer of the 1.5B.
 """
 
 from __future__ import annotations
@@ -20,14 +24,16 @@ from typing import Callable, Sequence
 
 import torch
 
-from models.flash.footprint import top_k
-from models.flash.predictor import Predictor, activations, recall_at_k
+from models import linear
+from models.flash.footprint import INT2, top_k
+from models.flash.predictor import Int2Predictor, LowRankPredictor, Predictor, activations, recall_at_k
 from models.transformer import Transformer
 
 
 @dataclass(frozen=True)
 class FitConfig:
-    rank: int = 128
+    kind: str = "lowrank"  # or int2
+    rank: int = 128  # of a low-rank predictor
     density: float = 0.3  # the share of neurons recall is measured at
     tokens: int = 64  # generated per prompt
 
@@ -74,44 +80,48 @@ def fit(
     cfg: FitConfig,
     say: Callable[[str], None] = lambda s: None,
 ) -> Predictor:
-    """A predictor for every layer of `model` (a dense SwiGLU transformer, every layer at hand), its recall
-    measured on the `heldout` prompts' tokens and continuations."""
+    """A predictor of `cfg.kind` for every layer of `model` (a dense SwiGLU transformer, every layer at hand),
+    its recall measured on the `heldout` prompts' tokens and continuations."""
     a = model.args
     t0 = time.time()
-    h_cal = capture(model, calibration, cfg.tokens)
     h_ho = capture(model, heldout, cfg.tokens)
-    say(
-        f"captured {h_cal[0].shape[0]} calibration and {h_ho[0].shape[0]} held-out tokens "
-        f"x {a.n_layers} layers ({time.time() - t0:.0f} s)"
-    )
-    k, n_ho, rank = top_k(cfg.density, a.ffn_dim), h_ho[0].shape[0], min(cfg.rank, a.dim)
-    w1s, w2s, recall, mass = [], [], [], []
-    t1 = time.time()
-    for i in range(a.n_layers):
-        gate_up = model.weights.layer(i).gate_up
-        w1, w2 = fit_layer(gate_up.dequantized(), h_cal[i], rank)
-        p = Predictor(w1[None], w2[None], {})
-        r, m = recall_at_k(p.scores(0, h_ho[i]), activations(gate_up, h_ho[i]), k)
-        w1s.append(w1), w2s.append(w2), recall.append(r), mass.append(m)
-        h_cal[i] = h_ho[i] = None  # a layer's inputs are done with: free them
+    h_cal = capture(model, calibration, cfg.tokens) if cfg.kind != INT2 else []
+    cal = f"{h_cal[0].shape[0]} calibration and " if h_cal else ""
+    say(f"captured {cal}{h_ho[0].shape[0]} held-out tokens x {a.n_layers} layers ({time.time() - t0:.0f} s)")
+    gate_ups = [model.weights.layer(i).gate_up for i in range(a.n_layers)]
+    parts = []
+    for i, gu in enumerate(gate_ups):
+        if cfg.kind == INT2:
+            parts.append(linear.encode(gu.dequantized(), INT2)[0])
+        else:
+            parts.append(fit_layer(gu.dequantized(), h_cal[i], min(cfg.rank, a.dim)))
+            h_cal[i] = None  # a layer's inputs are done with: free them
         if i % 7 == 6 or i == a.n_layers - 1:
-            say(f"layer {i + 1}/{a.n_layers}: recall@{cfg.density:g} {r:.3f}, mass {m:.3f} ({time.time() - t1:.0f} s)")
-    header = {
+            say(f"layer {i + 1}/{a.n_layers} made ({time.time() - t0:.0f} s)")
+    if cfg.kind == INT2:
+        p: Predictor = Int2Predictor({k: torch.stack([x[k] for x in parts]) for k in parts[0]}, gate_ups[0].n, {})
+    else:
+        p = LowRankPredictor(*(torch.stack(w) for w in zip(*parts)), {})
+    k = top_k(cfg.density, a.ffn_dim)
+    recall, mass = zip(
+        *(recall_at_k(p.scores(i, h), activations(gu, h), k) for i, (gu, h) in enumerate(zip(gate_ups, h_ho)))
+    )
+    p.header = {
         "density": cfg.density,
         "recall": {
             "mean": sum(recall) / len(recall),
             "min": min(recall),
             "worst_layer": recall.index(min(recall)),
-            "per_layer": recall,
-            "mass": mass,
+            "per_layer": list(recall),
+            "mass": list(mass),
             "mass_mean": sum(mass) / len(mass),
             "heldout_prompts": len(heldout),
-            "heldout_tokens": n_ho,
+            "heldout_tokens": h_ho[0].shape[0],
         },
         "fitting": {
-            "prompts": len(calibration),
+            "prompts": len(calibration) if cfg.kind != INT2 else 0,
             "tokens_per_prompt": cfg.tokens,
             "seconds": round(time.time() - t0, 1),
         },
     }
-    return Predictor(torch.stack(w1s), torch.stack(w2s), header)
+    return p

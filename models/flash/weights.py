@@ -92,8 +92,9 @@ def _clone_linear(x):
 class FlashWeights:
     """A weight provider (models/weights.py) for `Transformer`: `layer(i)` carries `flash`, the layer's FFN."""
 
-    def __init__(self, store: WeightStore, predictor: Predictor, density: float, head_rows: int | None = None):
-        """The caches come after (`allocate`): sized from what this process holds once everything else is in.
+    def __init__(self, store: WeightStore, predictor: Predictor | None, density: float, head_rows: int | None = None):
+        """The caches come after (`allocate`): sized from what this process holds once everything else is in (the
+        predictor too, which may be set after, before the first pass).
         `head_rows`: the output head keeps only the rows of the tokens below that id (FR-Spec, a draft's head)."""
         a = store.args
         check_kind(store)

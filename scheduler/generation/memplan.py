@@ -84,7 +84,7 @@ class MemoryPlan:
     expert_buffer: int = 0  # a mixture of experts under the budget: the arena room for experts read on demand
     experts: int = 0  # how many experts the store has (0: a dense model, or every expert resident)
     expert_bytes: int = 0  # the largest expert's bytes
-    draft_choice: tuple = ()  # a draft sized by the run's engine (--draft flash: predictor rank, neurons cached a layer)
+    draft_choice: tuple = ()  # a draft sized by the run's engine (--draft flash: predictor, neurons cached a layer)
 
     @property
     def stream_bytes(self) -> int:

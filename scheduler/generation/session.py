@@ -45,7 +45,7 @@ class SessionSpec:
     experts: ExpertOptions = ExpertOptions()  # a mixture of experts' buffer policies under a plan
     paths: object = None  # EdgeMoE's path statistics (scheduler/generation/expert_policy.py PathStats), or None
     draft_rows: int = 0  # FR-Spec under a plan: the draft's head keeps only this many token rows (0: all)
-    flash: tuple[float, int, int] | None = None  # --draft flash: (FFN density, predictor rank, neurons a layer cached)
+    flash: tuple[float, str, int] | None = None  # --draft flash: (FFN density, predictor, neurons a layer cached)
 
 
 class ActorSession:
@@ -124,7 +124,7 @@ class ActorSession:
                 "head_rows": spec.draft_rows or None,
             }
             if spec.flash:  # the target's own sparse FFN (models/flash/draft.py), from the target's store
-                dinit.update(store=spec.target_store, flash=dict(zip(("density", "rank", "capacity"), spec.flash)))
+                dinit.update(store=spec.target_store, flash=dict(zip(("density", "predictor", "capacity"), spec.flash)))
             sched.spawn("draft", actors["draft"], dinit, wait=False)
 
     @property

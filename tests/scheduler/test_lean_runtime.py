@@ -29,7 +29,7 @@ def flash_assets() -> None:
     from common.errors import CadenceError
     from engine.prompts import Prompt, encode_prompt
     from models.flash import bundles
-    from models.flash.predictor import best_rank
+    from models.flash.footprint import best_predictor
     from models.flash.train import FitConfig, fit
     from tests.conftest import real_model
 
@@ -39,7 +39,7 @@ def flash_assets() -> None:
     except CadenceError:
         bundles.write(lm.store, 3)
     try:
-        best_rank(lm.store)
+        best_predictor(lm.store)
     except CadenceError:
         ids = [encode_prompt(lm.tokenizer, Prompt(p["id"], p["kind"], p["prompt"]), "auto")[0] for p in dev_prompts()]
         fit(lm.model, ids[:3], ids[3:5], FitConfig(rank=32, density=0.3, tokens=16)).save(lm.store)

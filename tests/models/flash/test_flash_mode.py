@@ -11,11 +11,13 @@ import torch
 
 from common.errors import CadenceError
 from engine.config import RunConfig
+from engine.memory import kv_rows
 from engine.prompts import Prompt
 from engine.runner import Runner
 from models import engine
 from models.convert import convert
 from models.flash import bundles
+from models.flash.footprint import predictor_bytes, predictors, top_k
 from models.flash.predictor import Predictor
 from models.flash.train import FitConfig, fit
 from models.flash.weights import FlashWeights
@@ -39,7 +41,8 @@ def store(tmp_path_factory):
     lm = engine.load_store(st)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, ARGS.vocab_size, (10,), generator=g).tolist() for _ in range(6)]
-    fit(lm.model, prompts[:4], prompts[4:], FitConfig(rank=16, density=0.3, tokens=10)).save(st)
+    for cfg in (FitConfig(rank=16), FitConfig(rank=64), FitConfig(kind="int2")):
+        fit(lm.model, prompts[:4], prompts[4:], dataclasses.replace(cfg, density=0.3, tokens=10)).save(st)
     return st
 
 
@@ -71,11 +74,12 @@ def test_density_one_is_the_dense_target_bit_for_bit(store):
     flash.close()
 
 
-def test_sparse_passes_compute_the_predicted_neurons_from_the_cache(store):
+@pytest.mark.parametrize("predictor", ["int2", "r16"])
+def test_sparse_passes_compute_the_predicted_neurons_from_the_cache(store, predictor):
     """A step's FFN over the cached predicted neurons equals the reference FFN over exactly those records."""
     from models.flash import records
 
-    w = FlashWeights(store, Predictor.load(store), 0.5)
+    w = FlashWeights(store, Predictor.load(store, predictor), 0.5)
     w.allocate(ARGS.ffn_dim // 2 + 16)
     ffn = w.layer(0).flash
     h = torch.randn(1, ARGS.dim)
@@ -108,8 +112,33 @@ def test_rows_say_approximate_and_density_one_gives_the_targets_tokens(store):
     assert one["new_token_ids"] == want
     half = _run(store, ffn_density=0.5, memory_budget="2GiB")
     assert half["approximate"] is True and half["flash"]["sparse_passes"] > 0
+    assert half["flash"]["predictor"] == predictors(store)[0]
     assert ServeConfig("m", approximate="flash-ffn-density-0.5").fingerprint.startswith("cadence-approximate")
     assert ServeConfig("m").fingerprint == "cadence-lossless"
+
+
+def test_the_plan_takes_the_best_predictor_that_leaves_a_tokens_neurons(store):
+    """engine/flash.py `plan`: the predictors best first (by recall); the first whose bytes leave caches of at
+    least a token's neurons under the budget, else the last one's sentence."""
+    from engine.flash import MARGIN, plan
+    from engine.resolve import resolve
+    from models.flash import records
+
+    names = predictors(store)
+    size = {n: predictor_bytes(store, n) for n in names}
+    assert names[0] == "r64" and size["r64"] > max(size["r16"], size["int2"])  # the best is the largest here
+    cfg = RunConfig.from_options(target=str(store.dir), mode="flash", ffn_density=0.5, max_new_tokens=8)
+    r = resolve(cfg, [Prompt("p", "complete", "x")])
+    k, per_neuron = top_k(0.5, ARGS.ffn_dim), ARGS.n_layers * records.record_bytes(ARGS.dim)
+    process, kv = 300 << 20, ARGS.kv_bytes_per_token() * kv_rows(r.cfg)
+    at = lambda budget: dataclasses.replace(r, cfg=dataclasses.replace(r.cfg, memory_budget=str(budget)))  # noqa: E731
+    for room in (size["r64"], min(size.values())):  # room for the best predictor, then only for the smallest
+        budget = process + kv + MARGIN + room + k * per_neuron
+        p = plan(at(budget), process)
+        want = next(n for n in names if size[n] <= room)
+        assert p.predictor == want and p.predictor_bytes == size[want] and p.capacity >= k, (room, p)
+    with pytest.raises(CadenceError, match=f"beside the {min(names, key=size.get)} predictor"):
+        plan(at(budget - 1 - k * per_neuron // 2), process)
 
 
 def test_a_budget_too_small_and_a_missing_predictor_end_in_one_sentence(store, tmp_path):
