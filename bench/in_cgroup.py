@@ -184,6 +184,7 @@ def _todo(cfg: RunConfig, r, prompts_file: Path, opts, c: CgroupOptions, budget:
 def bench_cgroup(cfg: RunConfig, prompts: list[Prompt], opts, c: CgroupOptions):
     from bench.cgroup import run_in_cgroup
     from engine.costs import costs
+    from engine.memory import settle_draft
 
     bad = [m for m in opts.modes if m.partition("@")[0] not in MODES]
     if bad:
@@ -191,9 +192,14 @@ def bench_cgroup(cfg: RunConfig, prompts: list[Prompt], opts, c: CgroupOptions):
     r = resolve(cfg.with_mode("tree"), prompts)  # the draft `auto` picks and the context, as each run resolves them
     r.tokenizer.release_encoder()  # as each run's scheduler does before its plan measures it
     budget, base, gguf = _budgets(cfg, c, r)
+    say = lambda line: print(f"cgroup bench: {line}", file=sys.stderr, flush=True)  # noqa: E731
     if r.draft is not None and not r.target.args.moe and {"tree", "chain"} & set(opts.modes):
-        # the runs' choices read this machine's costs: measured here, outside the limit, not in a run's cgroup
-        costs(r.target, r.draft, lambda line: print(f"cgroup bench: {line}", file=sys.stderr, flush=True))
+        # the runs' choices read this machine's costs and may take the draft lean (a store converted on first
+        # use): both done here, outside the limit, not in a run's cgroup
+        r.cfg = r.cfg.replace(memory_budget=str(budget))
+        settle_draft(r, say)
+        if r.draft is not None:
+            costs(r.target, r.draft, say)
     print(
         f"cgroup bench: {budget / MiB:.0f} MiB for every mode; target store {r.target.path.stat().st_size / MiB:.0f} "
         f"MiB, GGUF {gguf.stat().st_size / MiB:.0f} MiB",

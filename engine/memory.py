@@ -218,7 +218,9 @@ def settle_draft(r, say) -> None:
     try:
         with_draft = memory_plan(r.cfg, r.target, r.draft)
     except CadenceError as e:
-        return _without_room(r, say, alone, e)
+        with_draft, lean_refused = _leaner_draft(r, say)
+        if with_draft is None:
+            return _without_room(r, say, alone, lean_refused or e)
     try:
         without = plan_memory(with_draft.budget, **plan_inputs(alone, r.target, None))
     except CadenceError:
@@ -235,6 +237,39 @@ def settle_draft(r, say) -> None:
             "every forward than it saves here; --draft NAME keeps it)"
         )
         r.cfg, r.draft, r.draft_picked = alone, None, False
+
+
+LEAN_FORMAT = "int2"  # the draft's FFN in 2 bits: the 0.5B's weights 215 -> 142 MiB, top-1 agreement 0.87 -> 0.80
+LEAN_VOCAB = DRAFT_VOCAB // 2  # and its head half the rows: 8 MiB less, agreement 0.78 (BENCHMARKS.md)
+
+
+def _leaner_draft(r, say):
+    """The budget cannot hold the draft `--draft auto` picked: the same draft leaner where its format and head
+    were not given (its FFN in int2, then its head cut to LEAN_VOCAB rows), the first whose plan fits, said in
+    one line. (its plan, None) or (None, why the leanest does not fit; None where no leaner draft was tried).
+    A lean draft agrees with the target less, and still beats the trie alone at a budget that streams every
+    target layer (BENCHMARKS.md: 0.5 GiB)."""
+    from models.convert import ensure_store
+
+    cfg, refused = r.cfg, None
+    if cfg.draft_dtype is not None or cfg.draft_format == LEAN_FORMAT or cfg.draft_vocab is not None:
+        return None, None
+    for vocab in (None, LEAN_VOCAB):
+        lean = cfg.replace(draft_dtype=LEAN_FORMAT, draft_vocab=vocab)
+        store = ensure_store(cfg.draft, LEAN_FORMAT)
+        head = f", its head the {vocab} most frequent tokens" if vocab else ""
+        try:
+            plan = memory_plan(lean, r.target, store)
+        except CadenceError as e:
+            refused = CadenceError(f"even in {LEAN_FORMAT}{head}, {e}")
+            continue
+        say(
+            f"draft: {cfg.draft} {LEAN_FORMAT} (its FFN in 2 bits{head}: {plan.budget / 2**20:.0f} MiB cannot hold "
+            f"it in {cfg.draft_format}; --draft-dtype F keeps a format)"
+        )
+        r.cfg, r.draft = lean, store
+        return plan, None
+    return None, refused
 
 
 def _without_room(r, say, alone: RunConfig, why: CadenceError) -> None:

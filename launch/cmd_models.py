@@ -155,9 +155,9 @@ def cmd_list(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    if args.fmt == "int4" and args.group_size not in linear.GROUP_SIZES:  # before a model is read or pulled
+    if args.fmt in ("int4", "int2") and args.group_size not in linear.GROUP_SIZES:  # before a model is read
         raise CadenceError(
-            f"--group-size {args.group_size} is not supported for int4; use {' or '.join(map(str, linear.GROUP_SIZES))}"
+            f"--group-size {args.group_size} is not supported for {args.fmt}; use {' or '.join(map(str, linear.GROUP_SIZES))}"
         )
     st = ensure_store(args.name, args.fmt, args.group_size)
     print(f"{st.dir} ({st.manifest['file_bytes'] / 1e6:.0f} MB)")

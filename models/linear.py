@@ -7,8 +7,10 @@ other rows of the batch; elsewhere (CUDA) in torch. Formats:
   int8               weight-only, symmetric, one fp32 scale per output channel
   int4               weight-only, groups of 32 with 8-bit scale and minimum under fp16 scales per 256
                      (llama.cpp's Q4_K layout, with 8-bit instead of 6-bit sub-scales)
-  int2               as int4 with 2-bit codes (models/linear_int2.py); an expert-only format, not in
-                     FORMATS (the formats a model is converted to): ALL_FORMATS lists it
+  int2               as int4 with 2-bit codes (models/linear_int2.py): a single expert's format (expert-wise
+                     bitwidths), or a model's FFN products in the model format int2, whose attention and
+                     head stay int4 (models/convert.py `linear_format`: in 2 bits they cost a draft most
+                     of its agreement with the target, its FFN a little)
 Quantized formats multiply in integers: activations are rounded to int8 per block of 256 per row.
 Their arrays are stored in tiles of 16 output rows (models/tiles.py), the layout the kernels read.
 """
@@ -242,7 +244,7 @@ def _relative_error(w: torch.Tensor, lin: Linear) -> float:
 
 def encode(w: torch.Tensor, fmt: str, group_size: int = 32) -> tuple[dict[str, torch.Tensor], dict]:
     """A float weight [N, K] in `fmt`: (arrays for the store, metadata incl. round-trip error)."""
-    check_any_format(fmt)
+    check_format(fmt)
     w = w.float()
     if fmt in FLOAT_DTYPES:
         arrays, meta = {"w": w.to(FLOAT_DTYPES[fmt])}, {}
@@ -260,7 +262,7 @@ def encode(w: torch.Tensor, fmt: str, group_size: int = 32) -> tuple[dict[str, t
 
 
 def decode(fmt: str, arrays: dict[str, torch.Tensor], meta: dict, bias: torch.Tensor | None = None) -> Linear:
-    check_any_format(fmt)
+    check_format(fmt)
     if fmt in FLOAT_DTYPES:
         return DenseLinear(arrays["w"], bias)
     if meta.get("tile", tiles.TILE) != tiles.TILE:
@@ -273,14 +275,7 @@ def decode(fmt: str, arrays: dict[str, torch.Tensor], meta: dict, bias: torch.Te
     return cls(arrays, k, meta.get("n"), 0, bias)
 
 
-EXPERT_FORMATS = ("int2",)  # formats for single experts of a mixture, never for a whole model
-ALL_FORMATS = (*FORMATS, *EXPERT_FORMATS)
-assert FORMATS == (*FLOAT_DTYPES, "int8", "int4")
-
-
-def check_any_format(fmt: str) -> str:
-    """check_format, also letting the expert-only formats through."""
-    return fmt if fmt in EXPERT_FORMATS else check_format(fmt)
+assert FORMATS == (*FLOAT_DTYPES, "int8", "int4", "int2")
 
 
 def float_dtype(fmt: str) -> torch.dtype:

@@ -196,9 +196,8 @@ class TensorWeights:
         }
         head = tensors.get("head", tensors["embed"] if args.tied_embeddings else None)
         self.head_groups = ["head.0"]
-        self.head = [
-            HeadPart(0, linear.decode(fmt, *linear.encode(head, fmt, group_size)), tensors["out_norm"].float())
-        ]
+        hf = linear_format("head", fmt)
+        self.head = [HeadPart(0, linear.decode(hf, *linear.encode(head, hf, group_size)), tensors["out_norm"].float())]
 
     def layer(self, i: int) -> LayerWeights:
         return self.layers[i]

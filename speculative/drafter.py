@@ -39,6 +39,7 @@ class Drafter(DraftingAhead):
         self.ahead_steps = self.ahead_reused = 0  # lookahead forwards run / tokens the next tree got from them
         self.skipped = 0  # committed tokens the draft never ran on (catch-up window)
         self.catchup_s = 0.0  # the last forward over pending tokens, when it was a catch-up (`_feed_pending`)
+        self.fed = 0  # rows of the last forward over pending tokens (the prompt's, the first time)
 
     def start(self, prompt_ids: list[int], capacity: int):
         """Take the prompt (fed with the first tree); the first generated token arrives through `push`.
@@ -88,6 +89,7 @@ class Drafter(DraftingAhead):
         # more rows than a verification leaves (its bonus token, an accepted node not fed): a catch-up, not a
         # draft step (the governor prices a budget by what its steps cost)
         self.catchup_s = time.perf_counter() - t0 if len(ids) > 2 else 0.0
+        self.fed = len(ids)
         self.pending = []
         return logits
 
@@ -305,6 +307,9 @@ class Drafter(DraftingAhead):
             self.threshold.update(d.tc, n_all, n_correct)
 
 
+PROMPT_ROWS = 32  # a forward of more rows than this ran over a prompt (a tree's catch-up feeds a few)
+
+
 class LocalDraft:
     """The draft side of the speculation cycle (speculative/loop.py) with the draft model in this process;
     the draft actor (actors/draft.py) runs it too, so what the draft does with a verdict is written once."""
@@ -354,6 +359,11 @@ class LocalDraft:
 
     def release(self, p: Proposal) -> None:
         pass
+
+    def fed_prompt(self) -> bool:
+        """Whether the draft ran over a prompt since the last call (a forward of more than PROMPT_ROWS rows)."""
+        wide, self.drafter.fed = self.drafter.fed > PROMPT_ROWS, 0
+        return wide
 
     def ahead_counts(self) -> tuple[int, int]:
         return self.drafter.ahead_steps, self.drafter.ahead_reused

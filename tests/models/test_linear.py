@@ -25,14 +25,14 @@ def _activation_bound(x, w):
 @pytest.mark.parametrize("fmt", linear.FORMATS)
 @pytest.mark.parametrize("n,k", [(7, 64), (130, 96), (256, 576), (37, 1536), (5, 896)])
 def test_matches_float_math_of_the_stored_weights(fmt, n, k):
-    """Dense formats: fp32 rounding only. int8/int4: plus the int8 rounding of activations per block of 32."""
+    """Dense formats: fp32 rounding only. int8/int4/int2: plus the int8 rounding of activations per block."""
     w = _weight(n, k)
     lin = linear.decode(fmt, *linear.encode(w, fmt, group_size=32))
     deq = lin.dequantized()
     x = torch.randn(64, k, generator=torch.Generator().manual_seed(1))
     ref = (x.double() @ deq.double().T).float()
     bound = 1e-5 * (x.abs() @ deq.abs().T)
-    if fmt in ("int8", "int4"):
+    if fmt in ("int8", "int4", "int2"):
         bound = bound + _activation_bound(x, deq)
     for m in WIDTHS:
         y = lin(x[:m])
@@ -95,22 +95,22 @@ def test_unknown_format_is_refused():
         linear.encode(_weight(4, 16), "int3")
 
 
-# ---------------------------------------------------------------- int2 (an expert-only format)
+# ---------------------------------------------------------------- int2 (experts, and a model's FFN products)
 
 
 def _int2(n, k, seed=0, group=32):
     return linear.decode("int2", *linear.encode(_weight(n, k, seed), "int2", group_size=group))
 
 
-def test_int2_is_expert_only():
-    """int2 encodes and decodes, but is no format a model is converted to (common.settings.FORMATS)."""
-    assert "int2" not in linear.FORMATS and "int2" in linear.ALL_FORMATS
-    assert linear.check_any_format("int2") == "int2"
-    from common.errors import CadenceError
-    from common.settings import check_format
+def test_int2_is_a_model_format_whose_attention_and_head_stay_int4():
+    from models.convert import linear_format
 
-    with pytest.raises(CadenceError, match="not known"):
-        check_format("int2")
+    assert "int2" in linear.FORMATS
+    for name in ("blk.3.ffn_gate_up", "blk.3.ffn_down", "blk.3.exp.5.gate_up", "blk.3.ffn_shexp_down"):
+        assert linear_format(name, "int2") == "int2", name
+    for name in ("blk.3.attn_qkv", "blk.3.attn_out", "head"):
+        assert linear_format(name, "int2") == "int4" and linear_format(name, "int4") == "int4", name
+    assert linear_format("blk.3.ffn_router", "int2") == "fp32"
 
 
 def test_int2_error_is_bounded_and_beats_min_max():

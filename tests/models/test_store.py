@@ -94,6 +94,19 @@ def test_store_model_equals_in_memory_model(tiny, tmp_path, fmt):
     assert torch.equal(a, b)
 
 
+def test_an_int2_store_holds_its_ffn_in_int2_and_the_rest_in_int4(tiny, tmp_path):
+    args, t = tiny
+    st = WeightStore(convert(GGUFSource(write_gguf(tmp_path / "m.gguf", args, t)), tmp_path / "store", "int2"))
+    fmts = {name: e["format"] for name, e in st.tensors.items()}
+    for i in range(args.n_layers):
+        assert fmts[f"blk.{i}.ffn_gate_up"] == fmts[f"blk.{i}.ffn_down"] == "int2"
+        assert fmts[f"blk.{i}.attn_qkv"] == fmts[f"blk.{i}.attn_out"] == "int4"
+    heads = [n for n in fmts if n.startswith("head.")]
+    assert heads and all(fmts[n] == "int4" for n in heads) and st.format == "int2"
+    int4 = WeightStore(convert(GGUFSource(write_gguf(tmp_path / "m4.gguf", args, t)), tmp_path / "s4", "int4"))
+    assert st.path.stat().st_size < int4.path.stat().st_size
+
+
 def test_quantized_gguf_blocks_are_dequantized(tiny, tmp_path):
     args, t = tiny
     src = GGUFSource(write_gguf(tmp_path / "q.gguf", args, t, qtype="Q8_0"))

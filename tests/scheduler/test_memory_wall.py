@@ -100,18 +100,26 @@ def test_a_budget_too_small_is_refused_before_anything_starts(tmp_path):
     assert shm_segments() <= before
 
 
-def test_a_budget_too_small_for_the_auto_draft_runs_with_the_trie_and_says_why(tmp_path):
-    """`--draft auto` picked the 0.5B draft, and the budget holds the target's plan but not the draft beside it:
-    the default command still runs (tree mode, the n-gram trie proposing), says so in one line, and is lossless.
+@pytest.mark.parametrize("budget", ["560MiB", "460MiB"])
+def test_a_budget_too_small_for_the_auto_draft_takes_it_lean_or_the_trie_and_says_why(budget, tmp_path):
+    """`--draft auto` picked the 0.5B draft, and the budget holds the target's plan but not the int4 draft beside
+    it: at 560 MiB the draft runs in the model format int2 (its FFN in 2 bits); at 460 MiB not even that fits and
+    the n-gram trie proposes alone. Either way the default command runs, says so in one line, and is lossless.
     `launch run` in a process of its own, as a user runs it (this one holds the reference model)."""
     p = _prompts()[0]
     out = tmp_path / "rows.json"
-    argv = ["run", "--prompt", p.text, "--chat", "off", "--memory-budget", "560MiB", "--max-new-tokens", "8"]
+    argv = ["run", "--prompt", p.text, "--chat", "off", "--memory-budget", budget, "--max-new-tokens", "8"]
     run = launch(*argv, "--no-monitor", "--no-trace", "--json", str(out), home=paths.home(), check=True)
     row = json.loads(out.read_text())[0]
-    assert row["mode"] == "tree" and row["draft"] is None and row["memory_budget_bytes"] == 560 << 20
     target = real_model("qwen2.5-coder-1.5b", "int4")
     ids, _ = encode_prompt(target.tokenizer, p, "off")
     assert row["new_token_ids"] == generate_target(target, ids, 8, SamplingConfig()).new_ids
-    (line,) = [s for s in run.stderr.splitlines() if s.startswith("draft: none")]
-    assert "qwen2.5-coder-0.5b" in line and "smallest budget that works is" in line and "--draft NAME" in line
+    assert row["mode"] == "tree" and row["memory_budget_bytes"] == int(budget[:-3]) << 20
+    (line,) = [s for s in run.stderr.splitlines() if s.startswith("draft: ")]
+    if budget == "560MiB":
+        assert row["draft"] == "qwen2.5-coder-0.5b" and row["stats"]["verifications"] > 0
+        assert line.startswith("draft: qwen2.5-coder-0.5b int2 (its FFN in 2 bits") and "--draft-dtype" in line
+    else:
+        assert row["draft"] is None
+        assert line.startswith("draft: none") and "qwen2.5-coder-0.5b, even in int2" in line
+        assert "smallest budget that works is" in line and "--draft NAME" in line

@@ -52,6 +52,20 @@ def test_chain_equals_target(pair, prompts, reference):
         assert got.stats["verifications"] > 0
 
 
+def test_the_lean_int2_draft_equals_target(prompts, reference):
+    """The 0.5B in the model format int2 (its FFN in 2 bits: the draft a 0.5 GiB budget holds) drafts a tree:
+    it agrees with the target less, and the output is still the target's."""
+    target, draft = real_model("qwen2.5-coder-1.5b", FMT), real_model("qwen2.5-coder-0.5b", "int2")
+    assert draft.store.tensors["blk.0.ffn_down"]["format"] == "int2"
+    assert draft.store.tensors["blk.0.attn_qkv"]["format"] == "int4"
+    accepted = 0
+    for pid, ids in prompts.items():
+        got = generate_speculative(target, draft, ids, N, SamplingConfig(), TreeConfig(mode="tree"))
+        assert got.new_ids == reference[pid], pid
+        accepted += got.stats["accepted"]
+    assert accepted > 0
+
+
 def test_tree_over_actors_equals_target(reference, tmp_path):
     out = tmp_path / "rows.json"
     env = dict(os.environ, CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
