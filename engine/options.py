@@ -94,7 +94,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "dtype",
         "int4",
-        f"weight format: {', '.join(FORMATS)} (converted once, on first use)",
+        f"weight format: {', '.join(FORMATS)} (converted once, on first use; int2: the FFN in 2 bits, the rest int4)",
         choices=FORMATS,
         aliases=("--format",),
         common=True,
@@ -102,7 +102,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "draft_dtype",
         None,
-        "the draft's weight format (default: --dtype), e.g. an int4 draft for a bf16 target",
+        "the draft's weight format (default: --dtype; under a budget too small for it, int2 where that fits), "
+        "e.g. an int4 draft for a bf16 target",
         choices=FORMATS,
     ),
     Option(
