@@ -194,8 +194,7 @@ def bench_cgroup(cfg: RunConfig, prompts: list[Prompt], opts, c: CgroupOptions):
     budget, base, gguf = _budgets(cfg, c, r)
     say = lambda line: print(f"cgroup bench: {line}", file=sys.stderr, flush=True)  # noqa: E731
     if r.draft is not None and not r.target.args.moe and {"tree", "chain"} & set(opts.modes):
-        # the runs' choices read this machine's costs and may take the draft lean (a store converted on first
-        # use): both done here, outside the limit, not in a run's cgroup
+        # the runs read this machine's costs and may take the draft lean: measured and converted here, not in a cgroup
         r.cfg = r.cfg.replace(memory_budget=str(budget))
         settle_draft(r, say)
         if r.draft is not None:

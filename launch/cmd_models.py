@@ -290,14 +290,7 @@ def cmd_train_predictor(args) -> int:
     from models.flash.train import FitConfig, fit
 
     kind = args.kind or ("lowrank" if args.rank is not None else INT2)
-    rank = 128 if args.rank is None else args.rank
-    if kind == INT2 and args.rank is not None:
-        raise CadenceError(f"--rank {args.rank} is for --kind lowrank; an int2 predictor has no rank")
-    if rank < 1 or not 0 < args.density <= 1 or args.tokens < 0:
-        raise CadenceError(
-            f"--rank {rank}, --density {args.density}, --tokens {args.tokens}: "
-            "give a rank of 1 or more, a density in (0, 1] and 0 or more tokens"
-        )
+    cfg = FitConfig(kind=kind, rank=args.rank, density=args.density, tokens=args.tokens)  # refuses bad values
     st = ensure_store(args.name, args.fmt)
     if st.args.moe:
         raise CadenceError(f"{args.name} is a mixture of experts; the activation predictor is for dense SwiGLU models")
@@ -309,7 +302,6 @@ def cmd_train_predictor(args) -> int:
         cal = [p for n, p in enumerate(cal) if n % 4 != 3]
     if not cal or not held:
         raise CadenceError("give at least two calibration prompts, or held-out prompts with --heldout")
-    cfg = FitConfig(kind=kind, rank=rank, density=args.density, tokens=args.tokens)
     p = fit(lm.model, encode(cal), encode(held), cfg, say=print)
     path = p.save(st)
     r = p.recall

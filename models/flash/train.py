@@ -25,17 +25,29 @@ from typing import Callable, Sequence
 import torch
 
 from models import linear
-from models.flash.footprint import INT2, top_k
+from common.errors import CadenceError
+from models.flash.footprint import INT2, KINDS, top_k
 from models.flash.predictor import Int2Predictor, LowRankPredictor, Predictor, activations, recall_at_k
 from models.transformer import Transformer
 
 
 @dataclass(frozen=True)
 class FitConfig:
-    kind: str = "lowrank"  # or int2
-    rank: int = 128  # of a low-rank predictor
+    kind: str = "lowrank"  # or int2 (KINDS)
+    rank: int | None = None  # a low-rank predictor's (None: 128)
     density: float = 0.3  # the share of neurons recall is measured at
     tokens: int = 64  # generated per prompt
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise CadenceError(f"--kind {self.kind}: a predictor is one of {', '.join(KINDS)}")
+        if self.kind == INT2 and self.rank is not None:
+            raise CadenceError(f"--rank {self.rank} is for --kind lowrank; an int2 predictor has no rank")
+        if (self.rank is not None and self.rank < 1) or not 0 < self.density <= 1 or self.tokens < 0:
+            raise CadenceError(
+                f"--rank {self.rank}, --density {self.density}, --tokens {self.tokens}: "
+                "give a rank of 1 or more, a density in (0, 1] and 0 or more tokens"
+            )
 
 
 def capture(model: Transformer, prompts: Sequence[Sequence[int]], n_new: int) -> list[torch.Tensor]:
@@ -94,7 +106,7 @@ def fit(
         if cfg.kind == INT2:
             parts.append(linear.encode(gu.dequantized(), INT2)[0])
         else:
-            parts.append(fit_layer(gu.dequantized(), h_cal[i], min(cfg.rank, a.dim)))
+            parts.append(fit_layer(gu.dequantized(), h_cal[i], min(cfg.rank or 128, a.dim)))
             h_cal[i] = None  # a layer's inputs are done with: free them
         if i % 7 == 6 or i == a.n_layers - 1:
             say(f"layer {i + 1}/{a.n_layers} made ({time.time() - t0:.0f} s)")

@@ -184,3 +184,17 @@ def test_missing_truncated_damaged_and_foreign_files_end_in_one_sentence(tiny, f
         _refused(st, "int2", str(path), "damaged (arrays")
     finally:
         path.write_bytes(good)
+
+
+@pytest.mark.parametrize(
+    "given,words",
+    [
+        ({"kind": "int2", "rank": 64}, "has no rank"),
+        ({"rank": 0}, "a rank of 1"),
+        ({"density": 0.0}, "a density"),
+        ({"kind": "pca"}, "one of int2, lowrank"),
+    ],
+)
+def test_a_fit_config_refuses_bad_values_in_one_sentence(given, words):
+    with pytest.raises(CadenceError, match=words):
+        FitConfig(**given)
