@@ -183,8 +183,7 @@ def _todo(cfg: RunConfig, r, prompts_file: Path, opts, c: CgroupOptions, budget:
 
 def bench_cgroup(cfg: RunConfig, prompts: list[Prompt], opts, c: CgroupOptions):
     from bench.cgroup import run_in_cgroup
-    from engine.costs import costs
-    from engine.memory import settle_draft
+    from engine.memory import prepare_drafts
 
     bad = [m for m in opts.modes if m.partition("@")[0] not in MODES]
     if bad:
@@ -194,11 +193,7 @@ def bench_cgroup(cfg: RunConfig, prompts: list[Prompt], opts, c: CgroupOptions):
     budget, base, gguf = _budgets(cfg, c, r)
     say = lambda line: print(f"cgroup bench: {line}", file=sys.stderr, flush=True)  # noqa: E731
     if r.draft is not None and not r.target.args.moe and {"tree", "chain"} & set(opts.modes):
-        # the runs read this machine's costs and may take the draft lean: measured and converted here, not in a cgroup
-        r.cfg = r.cfg.replace(memory_budget=str(budget))
-        settle_draft(r, say)
-        if r.draft is not None:
-            costs(r.target, r.draft, say)
+        prepare_drafts(r, say)  # here, outside the limit, not in a run's cgroup (each run still decides itself)
     print(
         f"cgroup bench: {budget / MiB:.0f} MiB for every mode; target store {r.target.path.stat().st_size / MiB:.0f} "
         f"MiB, GGUF {gguf.stat().st_size / MiB:.0f} MiB",

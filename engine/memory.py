@@ -243,6 +243,11 @@ LEAN_FORMAT = "int2"  # the draft's FFN in 2 bits: the 0.5B's weights 215 -> 142
 LEAN_VOCAB = DRAFT_VOCAB // 2  # and its head half the rows: 8 MiB less, agreement 0.78 (BENCHMARKS.md)
 
 
+def _may_go_lean(cfg: RunConfig) -> bool:
+    """The draft's format and head were not given, and it is not lean already."""
+    return cfg.draft_dtype is None and cfg.draft_format != LEAN_FORMAT and cfg.draft_vocab is None
+
+
 def _leaner_draft(r, say):
     """The budget cannot hold the draft `--draft auto` picked: the same draft leaner where its format and head
     were not given (its FFN in int2, then its head cut to LEAN_VOCAB rows), the first whose plan fits, said in
@@ -252,7 +257,7 @@ def _leaner_draft(r, say):
     from models.convert import ensure_store
 
     cfg, refused = r.cfg, None
-    if cfg.draft_dtype is not None or cfg.draft_format == LEAN_FORMAT or cfg.draft_vocab is not None:
+    if not _may_go_lean(cfg):
         return None, None
     for vocab in (None, LEAN_VOCAB):
         lean = cfg.replace(draft_dtype=LEAN_FORMAT, draft_vocab=vocab)
@@ -270,6 +275,17 @@ def _leaner_draft(r, say):
         r.cfg, r.draft = lean, store
         return plan, None
     return None, refused
+
+
+def prepare_drafts(r, say) -> None:
+    """What a budgeted run's choice of draft reads, made ready: this machine's costs for its draft and, where
+    `--draft auto` picked it, the lean draft's store (converted on first use) and costs."""
+    from engine.costs import costs
+    from models.convert import ensure_store
+
+    lean = [ensure_store(r.cfg.draft, LEAN_FORMAT)] if r.draft_picked and _may_go_lean(r.cfg) else []
+    for draft in [r.draft, *lean]:
+        costs(r.target, draft, say)
 
 
 def _without_room(r, say, alone: RunConfig, why: CadenceError) -> None:

@@ -21,8 +21,9 @@ FFN = ("ffn_gate_up", "ffn_down")
 INT2 = "int2"
 KINDS = (INT2, "lowrank")  # what `launch models train-predictor --kind` makes
 PATTERN = re.compile(r"predictor-(r\d+|int2)\.npz")  # a low-rank predictor of rank N (`rN`), or `int2`
-SLACK = 24 << 20  # what the draft actor holds beyond the items below: its reader threads' malloc arenas, torch's
-# and oneDNN's scratch for the predictor's bf16 products (measured: up to 11 MiB over the items at density 0.3)
+SLACK = 48 << 20  # what the draft actor holds beyond the items below: its reader threads' malloc arenas, a step's
+# transient buffers, torch's and oneDNN's scratch for a low-rank predictor's bf16 products (measured in a 1 GiB
+# cgroup: up to 11 MiB over the items at density 0.3 with rank 128, 45 MiB at 0.2 with int2)
 CACHE_TOKENS = 2  # a budget's neuron caches hold two tokens' neurons a layer (`auto`; --draft flash where they fit)
 TRAIN = "train one with `launch models train-predictor {model} --prompts CAL.jsonl`"
 
