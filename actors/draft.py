@@ -51,10 +51,10 @@ class DraftActor(Actor):
         """A tree of at most `budget` tokens (speculative/tree.py `Tree`; none: no tokens); under sampling
         its distributions go to the slot in `dists`."""
         self.last = self.local.propose(args.budget)
-        self._after_prompt()
+        self._give_heap_back()
         return self._reply(self.last, tensors)
 
-    def _after_prompt(self):
+    def _give_heap_back(self):
         """A forward over the prompt (the first tree's, or ahead of it) freed its activations, and a flash draft
         its dense FFN reads, into the heap's arenas: ~80 MiB that glibc keeps and a memory cgroup counts (the
         1.5B's flash draft at density 0.2, measured). Given back once per prompt; a flash draft's, after every
@@ -79,7 +79,7 @@ class DraftActor(Actor):
     def op_ahead(self, args: Ahead, tensors):
         """Draft on while the target verifies the last tree, until the verdict arrives (LLMCad 3.4)."""
         steps = self.local.ahead(self.last, args.steps, stop=self.interrupted)
-        self._after_prompt()
+        self._give_heap_back()
         return {"steps": steps}
 
     def op_take_stats(self, args: DraftStats, tensors):

@@ -33,16 +33,14 @@ class FlashPlan:
     cache_bytes: int
 
     def lines(self) -> list[str]:
-        return [
-            f"  process with attention, head (measured) {fmt_bytes(self.held - self.predictor_bytes):>10}",
-            f"  the {self.predictor} predictor{' ' * max(0, 25 - len(self.predictor))}{fmt_bytes(self.predictor_bytes):>10}",
-            f"  KV cache, activations                   {fmt_bytes(self.kv + MARGIN):>10}",
-            f"  neuron caches ({self.capacity} a layer)         {fmt_bytes(self.cache_bytes):>10}",
-        ] + (
-            [f"  total                                   {fmt_bytes(self.total):>10} of {fmt_bytes(self.budget)}"]
-            if self.budget
-            else []
-        )
+        rows = [
+            ("process with attention, head (measured)", self.held - self.predictor_bytes),
+            (f"the {self.predictor} predictor", self.predictor_bytes),
+            ("KV cache, activations", self.kv + MARGIN),
+            (f"neuron caches ({self.capacity} a layer)", self.cache_bytes),
+        ]
+        total = [f"  {'total':<40}{fmt_bytes(self.total):>10} of {fmt_bytes(self.budget)}"] if self.budget else []
+        return [f"  {label:<40}{fmt_bytes(n):>10}" for label, n in rows] + total
 
     @property
     def total(self) -> int:

@@ -68,7 +68,7 @@ def least_flash_choice(cfg: RunConfig, target: WeightStore) -> tuple[str, int]:
 
 
 def plan_inputs(
-    cfg: RunConfig, target: WeightStore, draft: WeightStore | None, overheads=None, flash: tuple[int, int] = ()
+    cfg: RunConfig, target: WeightStore, draft: WeightStore | None, overheads=None, flash: tuple[str, int] = ()
 ) -> dict:
     """What the memory plan of `cfg` weighs (scheduler/generation/memplan.py `plan_memory`'s arguments).
     `flash`: with `--draft flash`, its predictor and the neurons a layer its caches hold (default: the
@@ -259,9 +259,9 @@ def _leaner_draft(r, say):
     cfg, refused = r.cfg, None
     if not _may_go_lean(cfg):
         return None, None
+    store = ensure_store(cfg.draft, LEAN_FORMAT)
     for vocab in (None, LEAN_VOCAB):
         lean = cfg.replace(draft_dtype=LEAN_FORMAT, draft_vocab=vocab)
-        store = ensure_store(cfg.draft, LEAN_FORMAT)
         head = f", its head the {vocab} most frequent tokens" if vocab else ""
         try:
             plan = memory_plan(lean, r.target, store)

@@ -11,7 +11,7 @@ products of every neuron and score it as the FFN would, score = |silu(g) * u|. T
     int2              [g, u] = Q2 h              the layer's own [gate; up] rounded to 2-bit codes (2.6 bits a
                                                  weight with the scales), computed by the int2 kernel
 
-On the 1.5B, rank 128 (140 MB) finds 0.56 of each token's true top 30%, int2 (241 MB) 0.80 (BENCHMARKS.md).
+On the 1.5B, rank 128 (140 MB) finds 0.56 of each token's true top 30%, int2 (241 MiB) 0.79 (BENCHMARKS.md).
 The caller takes each token's top k.
 
 File: `predictor-{name}.npz` in the store's directory (numpy's zip: per-member CRC, no pickle): `header`, a
