@@ -64,8 +64,8 @@ def _read_index(path: Path, mtime: int, size: int) -> tuple[float, int]:
     try:
         with zipfile.ZipFile(path) as z:
             arrays = sum(_array_bytes(z, name) for name in z.namelist() if name != "header.npy")
-        with np.load(path, allow_pickle=False) as z:
-            header = json.loads(str(z["header"]))
+            with z.open("header.npy") as f:
+                header = json.loads(str(npf.read_array(f, allow_pickle=False)))
         return float(header.get("recall", {}).get("mean", 0.0)), arrays
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, AttributeError):
         return -1.0, size

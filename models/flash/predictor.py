@@ -201,12 +201,6 @@ class Int2Predictor(Predictor):
             linear.decode(INT2, {k: v[i] for k, v in arrays.items()}, {"n": n}) for i in range(len(arrays["q"]))
         ]
 
-    @classmethod
-    def of(cls, gate_ups: list, header: dict) -> "Int2Predictor":
-        """From each layer's [gate; up] linear (the store's own weights)."""
-        per_layer = [linear.encode(gu.dequantized(), INT2)[0] for gu in gate_ups]
-        return cls({k: torch.stack([a[k] for a in per_layer]) for k in per_layer[0]}, gate_ups[0].n, header)
-
     @property
     def name(self) -> str:
         return INT2

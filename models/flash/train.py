@@ -24,8 +24,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from models import linear
 from common.errors import CadenceError
+from models import linear
 from models.flash.footprint import INT2, KINDS, top_k
 from models.flash.predictor import Int2Predictor, LowRankPredictor, Predictor, activations, recall_at_k
 from models.transformer import Transformer
