@@ -97,6 +97,7 @@ def plan_inputs(
         greedy=cfg.sampling.greedy and not cfg.plan_sampling,
         draft_window=cfg.tree.prompt_window,
         draft_vocab=rows,
+        head_part=max(hi - lo for lo, hi in map(target.head_rows, target.head_groups())),
         trie_nodes=trie,
         trace_events=TRACE_EVENTS + 2048,
     )  # the sink's and the scheduler's own, before they move on

@@ -20,6 +20,7 @@ from common.errors import CadenceError
 from models import kernels, layer_kernel
 from models.attention import Visibility, attend
 from models.config import ModelArgs
+from models.sampling import HeadArgmax
 from models.requests import ForwardPlan, NeedExperts, NeedWeights, SplitAttention, SplitColumns
 
 
@@ -307,15 +308,18 @@ class Transformer:
         cache: KVCache,
         vis: Visibility | None = None,
         logits_rows: torch.Tensor | slice | None = None,
+        argmax: bool = False,
     ) -> torch.Tensor:
-        """tokens, positions [T] -> logits [T', vocab] fp32 for `logits_rows` (default all rows).
+        """tokens, positions [T] -> logits [T', V] fp32 for `logits_rows` (default all rows); V is the
+        vocabulary, or the rows a draft's cut head keeps (`head_rows` of its weights: the tokens below it).
+        `argmax`: each row's most likely token instead [T'], found head part by head part (no [T', V] tensor).
 
         The block's keys/values land in cache slots [cache.end, cache.end + T) as pending entries;
         call `cache.commit(keep)` afterwards. `vis` defaults to causal over the whole cache.
         """
         from models.weights import drive
 
-        return drive(self.forward_steps(tokens, positions, cache, vis, logits_rows), self.weights)
+        return drive(self.forward_steps(tokens, positions, cache, vis, logits_rows, argmax=argmax), self.weights)
 
     def forward_steps(
         self,
@@ -325,6 +329,7 @@ class Transformer:
         vis: Visibility | None = None,
         logits_rows: torch.Tensor | slice | None = None,
         plan: ForwardPlan | None = None,
+        argmax: bool = False,
     ):
         """`forward` as a generator of requests (models/plan.py); its return value is the logits.
 
@@ -360,8 +365,10 @@ class Transformer:
         if logits_rows is not None:
             x = x[logits_rows]
         # the output head, part by part (token rows [lo, hi)); a part that is None (a draft that keeps
-        # only the frequent tokens' rows) leaves its logits at -inf
-        logits = torch.full((x.shape[0], self.args.vocab_size), float("-inf"), device=x.device)
+        # only the frequent tokens' rows) is skipped, and a draft's logits stop at the rows it keeps
+        width = getattr(self.weights, "head_rows", None) or self.args.vocab_size
+        top = HeadArgmax(x.shape[0], x.device) if argmax else None
+        logits = None if argmax else torch.full((x.shape[0], width), float("-inf"), device=x.device)
         h = None
         for need in self.head_needs:
             part = yield need
@@ -373,5 +380,8 @@ class Transformer:
                     if self.fused
                     else rms_norm(x, part.norm, self.args.norm_eps)
                 )
-            logits[:, part.lo : part.lo + part.out.n] = part.out(h)
-        return logits
+            if top is not None:
+                top.fold(part.out(h), part.lo)
+            else:
+                logits[:, part.lo : part.lo + part.out.n] = part.out(h)
+        return top.ids if top is not None else logits

@@ -267,6 +267,7 @@ class StreamingWeights:
         proposes only the frequent tokens, for a fraction of the head's memory); the parts above it
         are left out and their logits are -inf."""
         self.store, self.args = store, store.args
+        self.head_rows = head_rows  # the width of the logits a forward gives (models/transformer.py)
         self.resident_groups = set(resident)
         self.head_groups = store.head_groups()
         self.embed = EmbeddingRows(store)

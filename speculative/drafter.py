@@ -94,9 +94,15 @@ class Drafter(DraftingAhead):
         return logits
 
     def _dist(self, logits: torch.Tensor) -> torch.Tensor:
-        """The distribution a draft token is chosen from (greedy: the plain softmax, as confidence)."""
+        """The distribution a draft token is chosen from (greedy: the plain softmax, as confidence). A draft
+        with a cut head gives logits for the tokens below its `head_rows` only: greedy keeps that width (a
+        tree's distributions 64 KB a node, not 600), sampling pads it to the vocabulary, whose distributions
+        the verifier's acceptance test reads."""
         if self.sampling.greedy:
             return torch.softmax(logits.float(), -1)
+        vocab = self.model.args.vocab_size
+        if logits.shape[-1] < vocab:
+            logits = torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=float("-inf"))
         return probs(logits, self.sampling)
 
     def _feed_node(self, token: int, depth: int, anc_slots: list[int]) -> tuple[int, torch.Tensor]:

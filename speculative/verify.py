@@ -81,18 +81,20 @@ class Verifier:
         c, dev = self.cache, self.model.device
         tokens, parents, depths = tree.flatten()
         vis = Visibility.tree(c.length, parents)
-        logits = yield from self.model.forward_steps(
+        greedy = self.sampling.greedy
+        out = yield from self.model.forward_steps(
             torch.tensor(tokens, device=dev),
             torch.tensor(depths, device=dev) + c.length,
             c,
             vis,
             plan=planner(vis) if planner else None,
+            argmax=greedy,  # greedy: each row's token, never the [rows, vocabulary] logits
         )
-        if self.sampling.greedy:
-            choice = logits.argmax(-1).tolist()
+        if greedy:
+            choice = out.tolist()
             path, nxt = longest_accepted_path(tree, lambda row: choice[row])
         else:
-            p = lambda row: probs(logits[row], self.sampling)
+            p = lambda row: probs(out[row], self.sampling)
             path, nxt = accept_sampled(tree, trials or {}, p, self.sampler.uniform, self.sampler.draw)
         c.commit([0] + [i + 1 for i in path])  # the root and the accepted nodes, in order
         self.tokens += [tokens[0]] + [tokens[i + 1] for i in path]

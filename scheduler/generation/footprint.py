@@ -194,12 +194,16 @@ def footprint() -> Footprint:
 TRACE_EVENT_BYTES = 640  # a trace event as the scheduler keeps it (a dict of ~8 fields), measured
 
 
-def activation_bytes(args: dict, rows_prefill: int, rows_verify: int, greedy: bool = True, head_rows: int = 0) -> int:
+def activation_bytes(
+    args: dict, rows_prefill: int, rows_verify: int, greedy: bool = True, head_rows: int = 0, head_part: int = 0
+) -> int:
     """A forward's largest transient tensors (fp32): in a layer, the residual, the norm's output,
     the FFN's gate|up and its product (or q/k/v and the attention output), int8 copies of the
     inputs; after it, the logits, and with sampling their probabilities. `rows_prefill`: rows of a
     prefill chunk (only its last row gets logits); `rows_verify`: rows of a verification (all get
-    logits). `args`: a ModelArgs dict."""
+    logits). `args`: a ModelArgs dict. `head_rows`: a draft's cut head (its logits are that wide);
+    `head_part`: the rows of the largest part of a target's head (a greedy verification holds one
+    part's logits at a time, `models.sampling.HeadArgmax`; 0: the whole row's)."""
     a = args
     q, kv = a["n_heads"] * a["head_dim"], a["n_kv_heads"] * a["head_dim"]
     per_row = 4 * max(2 * a["dim"] + 3 * a["ffn_dim"], 2 * a["dim"] + 2 * q + 2 * kv + q) + a["dim"] + a["ffn_dim"]
@@ -212,8 +216,13 @@ def activation_bytes(args: dict, rows_prefill: int, rows_verify: int, greedy: bo
             + a["dim"]
             + 3 * (a.get("shared_ffn_dim") or 0)
         )
-    vocab = head_rows or a["vocab_size"]
-    logits = 4 * a["vocab_size"] + 4 * vocab * (1 if greedy else 3)  # the -inf-padded row, the head part's, probs
+    vocab = a["vocab_size"]
+    if not greedy:  # the row padded to the vocabulary, and the distributions' working tensors
+        logits = 4 * vocab + 12 * (head_rows or vocab)
+    else:  # the logits and their softmax (a draft's confidence), as wide as the head
+        logits = 8 * (head_rows or vocab)
+    if greedy and head_part and not head_rows:  # a plain step's or a prefill chunk's last row is a whole row
+        return align(max(rows_prefill * per_row, rows_verify * (per_row + 4 * head_part)) + logits)
     return align(max(rows_prefill * per_row + logits, rows_verify * (per_row + logits)))
 
 
@@ -226,6 +235,7 @@ def measure_overheads(
     greedy: bool = True,
     draft_window: int = 64,
     draft_vocab: int = 0,
+    head_part: int = 0,
     trie_nodes: int = 0,
     trace_events: int = 0,
 ) -> Overheads:
@@ -242,7 +252,7 @@ def measure_overheads(
         runtime=align(fp.zygote),
         actor=align(fp.actor),
         exchange=align(max(dists, MiB)),
-        verifier_activations=activation_bytes(target_args, prefill, rows, greedy),
+        verifier_activations=activation_bytes(target_args, prefill, rows, greedy, head_part=head_part),
         draft_activations=0
         if draft_args is None
         else activation_bytes(draft_args, min(prefill, draft_window or prefill), rows, greedy, draft_vocab)

@@ -90,6 +90,12 @@ def test_activations_grow_with_the_rows_and_sampling_keeps_probabilities():
     assert activation_bytes(a, 1, 9) < activation_bytes(a, 1, 17)
     assert activation_bytes(a, 1, 9, greedy=True) < activation_bytes(a, 1, 9, greedy=False)
     assert activation_bytes(a, 1, 9, head_rows=32768) < activation_bytes(a, 1, 9)
+    # a greedy verification holds one head part's logits at a time (models.sampling.HeadArgmax): a wide tree
+    # costs a fraction of the whole rows' logits; sampling keeps every row's distribution whatever the parts
+    part = 30464  # the 1.5B's head parts
+    assert activation_bytes(a, 1, 17, head_part=part) < activation_bytes(a, 1, 17) / 4
+    assert activation_bytes(a, 1, 17, head_part=part) < activation_bytes(a, 1, 9)
+    assert activation_bytes(a, 1, 17, greedy=False, head_part=part) == activation_bytes(a, 1, 17, greedy=False)
 
 
 @pytest.mark.parametrize(

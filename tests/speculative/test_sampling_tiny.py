@@ -111,3 +111,34 @@ def _check(e: torch.Tensor, o: torch.Tensor) -> float:
     chi2 = float(((o - e) ** 2 / e).sum())
     assert chi2 < limit, (chi2, limit, dof)
     return limit
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_draft_with_a_cut_head_proposes_its_rows_and_samples_over_the_whole_vocabulary(tmp_path, greedy):
+    """A draft keeping its head's first `cut` rows (FR-Spec) gives logits that wide: greedy trees stay inside
+    them; sampled trials carry distributions over the whole vocabulary (the verifier's acceptance test reads
+    them), with no mass past the cut."""
+    from models.convert import convert
+    from models.source_hf import HFSource
+    from models.store import WeightStore
+    from models.weights import StreamingWeights
+    from tests.conftest import TINY
+    from tests.models.tiny_files import write_hf_dir
+
+    args, cut = TINY["qwen"], 120
+    store = WeightStore(
+        convert(HFSource(write_hf_dir(tmp_path / "hf", args, random_tensors(args, seed=4))), tmp_path / "s", "int4")
+    )
+    draft = Transformer(store.args, StreamingWeights(store, set(store.group_names()) - {"embed"}, head_rows=cut))
+    sampling = SamplingConfig() if greedy else SamplingConfig(temperature=1.5, top_p=1.0)
+    cfg = TreeConfig(mode="tree", width=6, branch_threshold=0.01, alpha=0.0, trie=False, adaptive=False)
+    drafter = Drafter(draft, sampling, cfg)
+    drafter.start([3, 17, 5, 9], 32)
+    drafter.push([11])
+    d = drafter.build_tree()
+    assert len(d.tree) > 2 and all(n.token < cut for n in d.tree.nodes[1:])
+    if greedy:
+        assert draft.forward(torch.tensor([3, 5]), torch.arange(2), draft.new_cache(4)).shape == (2, cut)
+    else:
+        qs = [q for trials in d.trials.values() for _, q in trials]
+        assert qs and all(q.shape == (args.vocab_size,) and q[cut:].sum() == 0 for q in qs)
