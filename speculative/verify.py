@@ -54,27 +54,32 @@ class Verifier:
             self.cache = c = self.model.new_cache(capacity, storage)
         self.tokens, self.reused = list(prompt_ids), keep
         dev = self.model.device
-        logits = None
+        out = None
         for s in range(keep, len(prompt_ids), PREFILL_CHUNK):
             chunk = torch.tensor(prompt_ids[s : s + PREFILL_CHUNK], device=dev)
             pos = torch.arange(c.length, c.length + len(chunk), device=dev)
             vis = Visibility.causal(c.end, len(chunk)) if planner else None
             plan = planner(vis) if planner else None
-            logits = (yield from self.model.forward_steps(chunk, pos, c, vis, slice(-1, None), plan))[0]
+            out = yield from self.model.forward_steps(
+                chunk, pos, c, vis, slice(-1, None), plan, argmax=self.sampling.greedy
+            )
             c.commit()
-        return self.sampler(logits)
+        return self._next(out[0])
 
     def step_steps(self, root: int):
         """A plain decode step on the root."""
         c, dev = self.cache, self.model.device
-        logits = (
-            yield from self.model.forward_steps(
-                torch.tensor([root], device=dev), torch.tensor([c.length], device=dev), c
-            )
-        )[0]
+        out = yield from self.model.forward_steps(
+            torch.tensor([root], device=dev), torch.tensor([c.length], device=dev), c, argmax=self.sampling.greedy
+        )
         c.commit()
         self.tokens.append(root)
-        return self.sampler(logits)
+        return self._next(out[0])
+
+    def _next(self, row: torch.Tensor) -> int:
+        """The token a pass chose for its last row: under greedy the pass gave it (`argmax`), else drawn from
+        the row's logits."""
+        return int(row) if self.sampling.greedy else self.sampler(row)
 
     def verify_steps(self, tree: TokenTree, trials: dict | None = None, planner=None):
         """One forward over [root] + the tree, acceptance, and the cache kept to the accepted path."""
@@ -88,7 +93,7 @@ class Verifier:
             c,
             vis,
             plan=planner(vis) if planner else None,
-            argmax=greedy,  # greedy: each row's token, never the [rows, vocabulary] logits
+            argmax=greedy,  # greedy: each row's token (never the [rows, vocabulary] logits)
         )
         if greedy:
             choice = out.tolist()

@@ -202,8 +202,8 @@ def activation_bytes(
     inputs; after it, the logits, and with sampling their probabilities. `rows_prefill`: rows of a
     prefill chunk (only its last row gets logits); `rows_verify`: rows of a verification (all get
     logits). `args`: a ModelArgs dict. `head_rows`: a draft's cut head (its logits are that wide);
-    `head_part`: the rows of the largest part of a target's head (a greedy verification holds one
-    part's logits at a time, `models.sampling.HeadArgmax`; 0: the whole row's)."""
+    `head_part`: the rows of the largest part of a target's head (its greedy passes hold one part's
+    logits at a time, `models.sampling.HeadArgmax`; 0: the whole row's)."""
     a = args
     q, kv = a["n_heads"] * a["head_dim"], a["n_kv_heads"] * a["head_dim"]
     per_row = 4 * max(2 * a["dim"] + 3 * a["ffn_dim"], 2 * a["dim"] + 2 * q + 2 * kv + q) + a["dim"] + a["ffn_dim"]
@@ -219,10 +219,10 @@ def activation_bytes(
     vocab = a["vocab_size"]
     if not greedy:  # the row padded to the vocabulary, and the distributions' working tensors
         logits = 4 * vocab + 12 * (head_rows or vocab)
+    elif head_part and not head_rows:  # the target's greedy token, one head part's logits at a time
+        logits = 4 * head_part
     else:  # the logits and their softmax (a draft's confidence), as wide as the head
         logits = 8 * (head_rows or vocab)
-    if greedy and head_part and not head_rows:  # a plain step's or a prefill chunk's last row is a whole row
-        return align(max(rows_prefill * per_row, rows_verify * (per_row + 4 * head_part)) + logits)
     return align(max(rows_prefill * per_row + logits, rows_verify * (per_row + logits)))
 
 
