@@ -220,7 +220,10 @@ def test_a_model_larger_than_the_budget_streams_through_two_slots(store):
 def test_a_loader_killed_mid_load_ends_the_run_with_one_reason(store, seed, tmp_path):
     path, groups = store
     sizes = {n: len(b) for n, b in groups.items()}
-    delay = random.Random(seed).uniform(0.1, 0.5)
+    # the kill lands a few ms after the k-th load is sent: a load (~15 ms of 4 KiB reads) is then in flight for
+    # sure (a kill at a fixed time could land while both slots sat with the consumer and no load was out)
+    rng = random.Random(seed)
+    nth, delay = rng.randint(1, 30), rng.uniform(0.0, 0.005)
     s = Runtime(config(2 * max(sizes.values()), tmp_path))
     with pytest.raises(ActorDead) as e:
         with s:
@@ -235,9 +238,9 @@ def test_a_loader_killed_mid_load_ends_the_run_with_one_reason(store, seed, tmp_
             sent, loads = [], {}
 
             def arm():
-                if not sent:
-                    kill.start()
                 sent.append(1)
+                if len(sent) == nth:
+                    kill.start()
 
             try:
                 stream(s, sizes, list(sizes) * 1000, on_send=arm, loads=loads)
