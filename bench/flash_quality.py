@@ -18,7 +18,7 @@ import torch
 from models.transformer import Transformer
 
 
-def _continuation(model: Transformer, ids: list[int], n: int, stop: set[int]) -> list[int]:
+def continuation(model: Transformer, ids: list[int], n: int, stop: set[int]) -> list[int]:
     cache = model.new_cache(len(ids) + n + 1)
     logits = model.forward(torch.tensor(ids), torch.arange(len(ids)), cache, logits_rows=slice(-1, None))
     cache.commit()
@@ -55,7 +55,7 @@ def quality(
 ) -> list:
     """Rows per flash model ({label: (Transformer, FlashWeights)}), one for the dense model, and one per other
     model ({label: Transformer}: a draft model sharing the tokenizer, as a draft's top-1 agreement)."""
-    conts = [_continuation(dense, ids, tokens, stop) for ids in prompts]
+    conts = [continuation(dense, ids, tokens, stop) for ids in prompts]
     ref = [_forced(dense, ids, c) for ids, c in zip(prompts, conts)]
     n = sum(len(c) for c in conts)
     rows = [_row("dense", ref, ref, n)]

@@ -38,9 +38,14 @@ class SamplingConfig:
 
 
 TOP_K = 4  # candidates looked at per expansion
+DRAFT_ROWS = 2  # a best-first tree runs the draft on at most this many times its budget's nodes (bestfirst.py)
 CATCH_UP = 8  # after plain target steps, the draft runs on at most this many of the tokens it missed
-WIDE = 16  # the width a budgeted run takes where this machine verifies that many rows while the disk reads
+WIDER = (32, 16)  # the widths a budgeted run tries, widest first, where this machine verifies that many rows while
+# the disk reads (engine/memory.py `settle_width`)
 PROMPT_WINDOW = 64  # the draft runs on at most the last this many prompt tokens (0: the whole prompt)
+
+
+GROWTHS = ("auto", "best", "pacer")  # how a greedy draft tree grows (speculative/bestfirst.py, speculative/policy.py)
 
 
 @dataclass(frozen=True)
@@ -48,10 +53,13 @@ class TreeConfig:
     mode: str = "tree"  # "tree" or "chain"
     width: int = 8  # most draft tokens in one verification
     width_auto: bool = (
-        False  # not given: under a budget, WIDE where verification hides behind the disk (engine/memory.py)
+        False  # not given: under a budget, one of WIDER where verification hides behind the disk (engine/memory.py)
     )
     max_depth: int = 8
     branch_threshold: float = 0.3
+    # greedy trees: "best" first by cumulative probability (EAGLE-2), LLMCad's "pacer", or "auto": best where a
+    # budgeted run verifies a tree whose width the disk hides (engine/memory.py `settle_width`), else the pacer
+    growth: str = "auto"
     alpha: float = 0.01
     chain_k: int = 4  # chain mode: draft tokens per verification
     trie: bool = True  # tree mode: add Lookahead trie candidates from the prompt and output n-grams
@@ -73,6 +81,8 @@ class TreeConfig:
             raise CadenceError(f"verification width {self.width} must be within 1..64")
         if self.max_depth < 1 or self.chain_k < 1:
             raise CadenceError("max_depth and chain_k must be at least 1")
+        if self.growth not in GROWTHS:
+            raise CadenceError(f"tree growth '{self.growth}' must be one of {', '.join(GROWTHS)}")
         if not 0 < self.branch_threshold <= 1:
             raise CadenceError(f"branch_threshold={self.branch_threshold} must be in (0, 1]")
         if not 0 <= self.alpha < 1:

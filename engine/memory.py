@@ -13,7 +13,7 @@ import dataclasses
 import psutil
 
 from common.errors import CadenceError
-from common.settings import WIDE
+from common.settings import WIDER
 from common.units import machine_memory
 
 from engine.config import RunConfig
@@ -252,7 +252,9 @@ def _may_go_lean(cfg: RunConfig) -> bool:
 def _leaner_draft(r, say):
     """The budget cannot hold the draft `--draft auto` picked: the same draft leaner where its format and head
     were not given (its FFN in int2, then its head cut to LEAN_VOCAB rows), the first whose plan fits, said in
-    one line. (its plan, None) or (None, why the leanest does not fit; None where no leaner draft was tried).
+    one line. Where the run may widen its tree (`settle_width`), the first that leaves room for the widest tree
+    comes first: a wider best-first tree is worth more than the head's rarest tokens (BENCHMARKS.md).
+    (its plan, None) or (None, why the leanest does not fit; None where no leaner draft was tried).
     A lean draft agrees with the target less, and still beats the trie alone at a budget that streams every
     target layer (BENCHMARKS.md: 0.5 GiB)."""
     from models.convert import ensure_store
@@ -261,17 +263,23 @@ def _leaner_draft(r, say):
     if not _may_go_lean(cfg):
         return None, None
     store = ensure_store(cfg.draft, LEAN_FORMAT)
-    for vocab in (None, LEAN_VOCAB):
+    widths = [w for w in WIDER if w > cfg.tree.width] if _widens(cfg) else []
+    for width, vocab in [(w, v) for w in widths + [0] for v in (None, LEAN_VOCAB)]:
         lean = cfg.replace(draft_dtype=LEAN_FORMAT, draft_vocab=vocab)
         head = f", its head the {vocab} most frequent tokens" if vocab else ""
         try:
+            if width:  # room for the wider tree; the run keeps the default width until `settle_width`
+                memory_plan(
+                    lean.replace(tree=dataclasses.replace(cfg.tree, width=width, width_auto=False)), r.target, store
+                )
             plan = memory_plan(lean, r.target, store)
         except CadenceError as e:
             refused = CadenceError(f"even in {LEAN_FORMAT}{head}, {e}")
             continue
+        room = f", room for a {width}-wide tree" if width and vocab else ""
         say(
-            f"draft: {cfg.draft} {LEAN_FORMAT} (its FFN in 2 bits{head}: {plan.budget / 2**20:.0f} MiB cannot hold "
-            f"it in {cfg.draft_format}; --draft-dtype F keeps a format)"
+            f"draft: {cfg.draft} {LEAN_FORMAT} (its FFN in 2 bits{head}{room}: {plan.budget / 2**20:.0f} MiB cannot "
+            f"hold it in {cfg.draft_format}; --draft-dtype F keeps a format)"
         )
         r.cfg, r.draft = lean, store
         return plan, None
@@ -301,36 +309,52 @@ def _without_room(r, say, alone: RunConfig, why: CadenceError) -> None:
     r.cfg, r.draft, r.draft_picked = alone, None, False
 
 
+def _widens(cfg: RunConfig) -> bool:
+    """A tree whose width was not given, that a budgeted run may widen (`settle_width`)."""
+    t = cfg.tree
+    return t.width_auto and t.adaptive and bool(cfg.memory_budget) and cfg.mode == "tree"
+
+
 def settle_width(r, say) -> None:
-    """Under a budget, a tree whose width was not given verifies WIDE draft tokens where this machine computes
-    that pass in less time than the disk takes to read what every forward streams (engine/costs.py): the
-    wider tree is then free, and accepts more per verification. Kept at the default where the wider plan
-    does not fit the budget, reads more per forward, or the pass and its extra draft levels would outlast the
-    reads; and with `--fixed-width` (no governor to fall back to narrower trees) or a mixture of experts (a
-    wider tree's union of experts reads more)."""
+    """Under a budget, a tree whose width was not given verifies the widest of WIDER draft tokens whose pass this
+    machine computes in less time than the disk takes to read what every forward streams (engine/costs.py): the
+    wider tree is then free, and accepts more per verification; its growth `auto` becomes best first there
+    (BENCHMARKS.md: more accepted at the same price). A width is
+    passed over where its plan does not fit the budget, reads more per forward, or its pass and its extra draft
+    levels would outlast the reads; the default stays with `--fixed-width` (no governor to fall back to
+    narrower trees) or a mixture of experts (a wider tree's union of experts reads more)."""
     t = r.cfg.tree
-    if not (t.width_auto and t.adaptive and r.cfg.memory_budget and r.draft is not None and r.cfg.mode == "tree"):
-        return
-    if WIDE <= t.width or r.target.args.moe:
+    if not (_widens(r.cfg) and r.draft is not None) or r.target.args.moe:
         return
     from scheduler.generation.memplan import plan_memory
 
     try:
         narrow = memory_plan(r.cfg, r.target, r.draft)
-        wide = _pinned(r.cfg.replace(tree=dataclasses.replace(t, width=WIDE, width_auto=False)), narrow.budget)
-        plan = plan_memory(narrow.budget, **plan_inputs(wide, r.target, r.draft)) if wide else None
     except CadenceError:
-        return  # the plan does not fit (the run says so), or the wider tree's activations do not fit beside it
-    if plan is None or not plan.read_per_forward or plan.read_per_forward > narrow.read_per_forward:
-        return  # all resident (the governor weighs each width), or the wider activations push a layer out
-    c = _measured(r, say)
-    if c is None:
-        return
-    verify, read = c.hidden_by_reads(r.target.args.n_layers, WIDE + 1, plan.read_per_forward)
-    verify += (WIDE - t.width) // 2 * c.draft_step_s(r.draft)  # the extra levels of the wider tree
-    if verify < read:
-        say(
-            f"width: {WIDE} (this machine verifies {WIDE + 1} rows in {verify * 1e3:.0f} ms, less than the "
-            f"{read * 1e3:.0f} ms the disk takes for the {plan.read_per_forward / 2**20:.0f} MiB each forward streams)"
-        )
-        r.cfg = wide
+        return  # the plan does not fit: the run says so in its own words
+    if not narrow.read_per_forward:
+        return  # all resident: the governor weighs each width
+    c = None
+    for width in (w for w in WIDER if w > t.width):
+        growth = "best" if t.growth == "auto" else t.growth  # a wider best-first tree accepts more, same price
+        tree = dataclasses.replace(t, width=width, width_auto=False, growth=growth)
+        wide = _pinned(r.cfg.replace(tree=tree), narrow.budget)
+        try:
+            plan = plan_memory(narrow.budget, **plan_inputs(wide, r.target, r.draft)) if wide else None
+        except CadenceError:
+            continue  # the wider tree's activations do not fit beside the rest
+        if plan is None or plan.read_per_forward > narrow.read_per_forward:
+            continue  # the wider activations push a layer out
+        c = c or _measured(r, say)
+        if c is None:
+            return
+        verify, read = c.hidden_by_reads(r.target.args.n_layers, width + 1, plan.read_per_forward)
+        verify += (width - t.width) // 2 * c.draft_step_s(r.draft)  # the extra levels of the wider tree
+        if verify < read:
+            say(
+                f"width: {width} (this machine verifies {width + 1} rows in {verify * 1e3:.0f} ms, less than the "
+                f"{read * 1e3:.0f} ms the disk takes for the {plan.read_per_forward / 2**20:.0f} MiB each forward "
+                "streams)"
+            )
+            r.cfg = wide
+            return

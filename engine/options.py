@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.settings import FORMATS, PROMPT_WINDOW, WIDE, TreeConfig
+from common.settings import FORMATS, GROWTHS, PROMPT_WINDOW, WIDER, TreeConfig
 from models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 MODES = ("target", "std", "stdpl", "chain", "tree", "flash")
@@ -135,7 +135,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "width",
         0,
-        f"tree mode: most draft tokens per verification (0: {TreeConfig.width}, or {WIDE} under a memory "
+        f"tree mode: most draft tokens per verification (0: {TreeConfig.width}, or up to {WIDER[0]} under a memory "
         "budget where this machine verifies that many while the disk reads the streamed layers)",
         kind=int,
         group=SPECULATION,
@@ -153,6 +153,17 @@ OPTIONS: tuple[Option, ...] = (
         TreeConfig.branch_threshold,
         "tree mode: a candidate with at least this draft probability opens a branch",
         kind=float,
+        group=SPECULATION,
+    ),
+    Option(
+        "tree_growth",
+        TreeConfig.growth,
+        "tree mode, greedy: how a draft tree grows. best: the candidates of the greatest cumulative draft "
+        "probability first, two per draft forward (EAGLE-2's dynamic tree); pacer: LLMCad's branch pacer, a "
+        "fed node's top child always and a sibling above --branch-threshold, until Tc < alpha; auto: best where a "
+        "budgeted run verifies a tree whose width the disk hides (it accepts more at the same price), else the "
+        "pacer (resident, a draft forward's price counts: the pacer's trees cost fewer)",
+        choices=GROWTHS,
         group=SPECULATION,
     ),
     Option(

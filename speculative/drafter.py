@@ -2,9 +2,10 @@
 
 `Drafter` owns the draft model's KV cache. The committed text is in that cache except for a
 tail of `pending` tokens (at least the root, the newest token). `build_tree` feeds the pending
-tail, then grows a tree one draft forward per step: the branch pacer picks the tip, the tree
-attention mask lets the tip see only its own ancestors (LLMCad's tree decoder), and the tree
-stops growing when Tc falls below alpha or it reaches the verification width.
+tail, then grows a tree by draft forwards, the tree attention mask letting each node see only its
+own ancestors (LLMCad's tree decoder). Greedy with `growth` best, the tree grows best first
+(speculative/bestfirst.py: the nodes of the greatest cumulative probability); else LLMCad's branch
+pacer picks the tip and the tree stops growing when Tc falls below alpha or it reaches the width.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from common.settings import SamplingConfig
 from models.transformer import Transformer
 from speculative.loop import Proposal
 from speculative.policy import AdaptiveThreshold, branch_candidates, pace
+from speculative.bestfirst import BestFirst
 from speculative.lookahead import DraftingAhead
 from speculative.tree import ROOT, DraftTree, Lookahead, Seed, TokenTree, best_branch
 from speculative.trie import TokenTrie
 
 
-class Drafter(DraftingAhead):
+class Drafter(DraftingAhead, BestFirst):
     def __init__(self, model: Transformer, sampling: SamplingConfig, cfg: TreeConfig):
         self.model, self.sampling, self.cfg = model, sampling, cfg
         self.sampler = Sampler(SamplingConfig(sampling.temperature, sampling.top_p, sampling.seed + 1))
@@ -186,7 +188,6 @@ class Drafter(DraftingAhead):
         d = DraftTree(TokenTree(t0), 1.0, 1)
         dists = {ROOT: self._dist(self._feed_pending())}
         d.catchup_s = self.catchup_s
-        c, dev = self.cache, self.model.device
         index = {}  # shape node -> tree node
         level = [i for i, p in enumerate(cfg.shape_parents) if p < 0]
         while level:
@@ -202,19 +203,7 @@ class Drafter(DraftingAhead):
             feed = sorted({index[cfg.shape_parents[i]] for i in nxt})
             if not feed or len(d.tree) >= budget:
                 break
-            ptr, rows = [0], []
-            for j, node in enumerate(feed):  # each row sees its ancestors' slots, then its own new one
-                rows += [d.tree.nodes[a].slot for a in d.tree.path(node)[:-1]] + [c.end + j]
-                ptr.append(len(rows))
-            vis = Visibility(c.length, torch.tensor(ptr, dtype=torch.int32), torch.tensor(rows, dtype=torch.int32))
-            tokens = torch.tensor([d.tree.nodes[n].token for n in feed], device=dev)
-            pos = torch.tensor([c.length + d.tree.nodes[n].depth - 1 for n in feed], device=dev)
-            end = c.end
-            logits = self.model.forward(tokens, pos, c, vis)
-            for j, node in enumerate(feed):
-                d.tree.nodes[node].fed, d.tree.nodes[node].slot = True, end + j
-                dists[node] = self._dist(logits[j])
-            d.forwards += 1
+            dists.update(zip(feed, self._feed_nodes(d, feed)))
             level = nxt
         d.tc = d.tree.tree_confidence()
         return d
@@ -236,6 +225,11 @@ class Drafter(DraftingAhead):
             seed = None
         if self.trie and budget > 1:
             self._add_trie(d, budget - 1)
+        if self.sampling.greedy and cfg.mode == "tree" and cfg.growth == "best":
+            planted = self._plant(d, seed, dist, budget, expand=False) if seed is not None else []
+            self._grow_best_first(d, [(ROOT, dist), *planted], budget)
+            d.tc = d.tree.tree_confidence()
+            return d
         self._expand(d, ROOT, dist, budget - len(d.tree))
         if seed is not None:
             self._plant(d, seed, dist, budget)

@@ -8,9 +8,14 @@ The plain step and prompt lookup are judged by the tokens per second they measur
 average per arm). The draft budgets share one model, ARCA's formula (speculative/arca.py) fed online
 instead of by a profile: each verification tells how often a draft token at a given depth is accepted
 (`p`, recent verifications weigh most), and each cycle what a draft forward costs and what a
-verification of so many rows costs. A budget of n is then worth (1 + p + ... + p^d) tokens, d its
-trees' depth, in (its draft forwards x a forward's cost + the verification of its rows), so one
+verification of so many rows costs. A budget of n is then worth 1 + (what its draft tokens are expected
+to accept) tokens in (its draft forwards x a forward's cost + the verification of its rows), so one
 measured cycle informs every budget and the best one is played at once, not found a step at a time.
+What a budget's tokens are expected to accept: the summed cumulative draft probability of the best n
+nodes of the trees drafted (each tree reports its nodes' worths: one tree of 32 prices every budget up
+to 32), scaled by how often the draft's beliefs held; before any, a chain's 1 + p + ... + p^d, d its
+trees' depth. (A chain's formula sees no gain in width past the trees' depth: under a budget, where the
+disk sets a verification's time whatever its rows, it played narrow trees that accept less.)
 
 Now and then the governor tries what it is not playing (a draft budget while the plain step or lookup
 leads, since only drafting measures `p`; else the plain step or lookup): a try that loses doubles the
@@ -41,6 +46,7 @@ class Cycle:
     rows: int
     depth: int
     accepted: int
+    worth: tuple = ()  # the tree's nodes' cumulative draft probabilities, greatest first
 
 
 def _ema(old: float | None, new: float, keep: float) -> float:
@@ -59,6 +65,10 @@ class CostModel:
     plain_s: float | None = None  # a plain target step
     verify_s: dict[int, float] = field(default_factory=dict)  # rows -> one verification
     shape: dict[Arm, tuple[float, float, float]] = field(default_factory=dict)  # arm -> forwards, rows, depth
+    worth_priced: bool = False  # a budget's tokens from the trees' worths (best-first trees), else the chain's
+    worth: dict[int, float] = field(default_factory=dict)  # k -> the summed worth of a tree's best k nodes
+    accepted: float | None = None  # draft tokens a verification accepted ...
+    predicted: float | None = None  # ... and the summed worth of the trees verified (moving averages)
     keep: float = 0.7
 
     @property
@@ -77,6 +87,23 @@ class CostModel:
         old = self.shape.get(arm)
         new = (c.forwards, c.rows, c.depth)
         self.shape[arm] = new if old is None else tuple(self.keep * a + (1 - self.keep) * b for a, b in zip(old, new))
+        if c.worth:  # one tree tells what each smaller budget's best nodes are worth
+            total = 0.0
+            for k, w in enumerate(c.worth, 1):
+                total += w
+                self.worth[k] = _ema(self.worth.get(k), total, self.keep)
+            self.accepted = _ema(self.accepted, c.accepted, self.keep)
+            self.predicted = _ema(self.predicted, total, self.keep)
+
+    def expected(self, size: int, depth: float) -> float:
+        """Draft tokens a verification of a tree of `size` nodes and `depth` accepts: the summed worth of the best
+        `size` nodes of the trees drafted (a node is accepted about as often as the draft believes its whole path,
+        scaled by how the draft's beliefs fared), where trees that large were seen; else a chain's, from the
+        acceptance per depth."""
+        seen = [k for k in self.worth if k <= size]
+        if seen and self.predicted and self.worth_priced:
+            return self.worth[max(seen)] * self.accepted / self.predicted
+        return sum(self.p**i for i in range(1, max(1, round(depth)) + 1))
 
     def verification(self, rows: float) -> float | None:
         """Seconds to verify `rows` rows: measured, else interpolated between measured widths (a plain step is
@@ -94,9 +121,7 @@ class CostModel:
         v = self.verification(rows)
         if v is None:
             return None
-        p = self.p
-        tokens = 1.0 + sum(p**i for i in range(1, max(1, round(depth)) + 1))
-        return tokens / (forwards * self.forward_s + v)
+        return (1.0 + self.expected(arm.size, depth)) / (forwards * self.forward_s + v)
 
 
 @dataclass

@@ -13,10 +13,11 @@ from speculative.tree import ROOT, DraftTree, Lookahead, Seed
 class DraftingAhead:
     """Drafter's lookahead: it uses the drafter's cache, config, `_feed_node`, `_child`, `_expand` and `_ready`."""
 
-    def _plant(self, d: DraftTree, seed: Seed, root_dist: torch.Tensor, budget: int):
+    def _plant(self, d: DraftTree, seed: Seed, root_dist: torch.Tensor, budget: int, expand: bool = True):
         """Put a reused lookahead chain into a new tree: its nodes are fed already (their KV entries
-        are the first pending slots), so they expand from their stored distributions, no forward."""
-        t, parent, pdist = d.tree, ROOT, root_dist
+        are the first pending slots), so they expand from their stored distributions, no forward (with
+        `expand`; else the caller grows the tree from them). The planted (node, distribution) pairs."""
+        t, parent, pdist, planted = d.tree, ROOT, root_dist, []
         for j, (tok, dist) in enumerate(zip(seed.tokens, seed.dists)):
             node = self._child(t, parent, tok)
             if node is None:
@@ -26,8 +27,11 @@ class DraftingAhead:
             t.nodes[node].fed, t.nodes[node].slot = True, self.cache.length + j
             d.dists[node] = dist
             self.ahead_reused += 1
-            self._expand(d, node, dist, budget - len(t))
+            planted.append((node, dist))
+            if expand:
+                self._expand(d, node, dist, budget - len(t))
             parent, pdist = node, dist
+        return planted
 
     def look_ahead(self, d: DraftTree | None, steps: int, stop=lambda: False) -> int:
         """Speculative drafting during verification (LLMCad 3.4): while the target verifies `d`, grow a

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol
 
 from common.errors import PromptError
-from common.settings import LOOKUP, PLAIN, Arm, Generation, SamplingConfig, SpecStats, TreeConfig, arms
-from speculative.governor import Cycle, Governor
+from common.settings import DRAFT_ROWS, LOOKUP, PLAIN, Arm, Generation, SamplingConfig, SpecStats, TreeConfig, arms
+from speculative.governor import CostModel, Cycle, Governor
 from speculative.tree import Tree
 
 MODES = ("target", "std", "stdpl", "chain", "tree", "flash")
@@ -117,8 +117,9 @@ class DraftSide(Protocol):
 
 
 def slack(cfg: TreeConfig) -> int:
-    """KV rows past the text: a tree in verification, the lookahead, the bonus token."""
-    return max(cfg.budget, 64) + cfg.ahead + 2
+    """KV rows past the text: a tree in verification (the draft's: every node it ran on, at most DRAFT_ROWS times
+    the budget; the target's: the budget's nodes), the lookahead's chain, the bonus token."""
+    return DRAFT_ROWS * cfg.budget + cfg.ahead + 2
 
 
 def limits(context: int, n_prompt: int, max_new: int | None) -> int:
@@ -248,7 +249,9 @@ class Speculation:
             return None
         choices = arms(cfg, self.draft.has_model)
         start = Arm("draft", cfg.budget) if self.draft.has_model else LOOKUP
-        governor = self.governors.setdefault((mode, choices), Governor(choices, start))
+        governor = self.governors.setdefault(
+            (mode, choices), Governor(choices, start, model=CostModel(worth_priced=cfg.growth == "best"))
+        )
         governor.new_text()
         return governor
 
@@ -312,5 +315,7 @@ class Speculation:
             new,
             len(path),
             alpha,
-            Cycle(drafting - t.catchup_s, verifying, forwards, len(t.tokens) + 1, t.depth, len(path)),
+            Cycle(
+                drafting - t.catchup_s, verifying, forwards, len(t.tokens) + 1, t.depth, len(path), tuple(t.worth or ())
+            ),
         )

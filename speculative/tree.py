@@ -7,6 +7,7 @@ i + 1 is node i) with a parent row for each, which is what the tree attention ma
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -75,6 +76,18 @@ class TokenTree:
         depths = [0] + [n.depth for n in self.nodes]
         return tokens, parents, depths
 
+    def keep(self, indices: list[int]) -> dict[int, int]:
+        """Keep only the nodes `indices` (ascending, each one's parent among them or the root), renumbered in
+        order; returns old index -> new."""
+        index = {old: new for new, old in enumerate(indices)}
+        nodes, self.nodes, self.root_children = self.nodes, [], []
+        for old in indices:
+            n = nodes[old]
+            parent = ROOT if n.parent == ROOT else index[n.parent]
+            self.nodes.append(dataclasses.replace(n, parent=parent, children=[]))
+            (self.root_children if parent == ROOT else self.nodes[parent].children).append(index[old])
+        return index
+
     def tokens_of(self, path: list[int]) -> list[int]:
         return [self.nodes[i].token for i in path]
 
@@ -97,6 +110,7 @@ class TokenTree:
             forwards,
             trie_nodes,
             catchup_s,
+            sorted((n.cum for n in self.nodes), reverse=True),
         )
 
     @classmethod
@@ -125,6 +139,7 @@ class Tree:
     forwards: int = 0  # draft forwards that built it
     trie_nodes: int = 0  # nodes the trie proposed
     catchup_s: float = 0.0  # of the drafting, a forward over text the draft had missed (the prompt, plain steps)
+    worth: list | None = None  # the nodes' cumulative draft probabilities, greatest first (speculative/governor.py)
 
     @property
     def depth(self) -> int:

@@ -41,6 +41,7 @@ OPTION_SETS = [
         width=6,
         chain_k=3,
         branch_threshold=0.2,
+        tree_growth="pacer",
         alpha=0.05,
         no_trie=True,
         fixed_width=True,

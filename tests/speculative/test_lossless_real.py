@@ -52,15 +52,17 @@ def test_chain_equals_target(pair, prompts, reference):
         assert got.stats["verifications"] > 0
 
 
-def test_the_lean_int2_draft_equals_target(prompts, reference):
-    """The 0.5B in the model format int2 (its FFN in 2 bits: the draft a 0.5 GiB budget holds) drafts a tree:
-    it agrees with the target less, and the output is still the target's."""
+@pytest.mark.parametrize("growth,width", [("pacer", 8), ("best", 32)])
+def test_the_lean_int2_draft_equals_target(growth, width, prompts, reference):
+    """The 0.5B in the model format int2 (its FFN in 2 bits: the draft a 0.5 GiB budget holds) drafts a tree,
+    grown by LLMCad's pacer or best first 32 wide (as at 0.5 GiB): it agrees with the target less, and the
+    output is still the target's."""
     target, draft = real_model("qwen2.5-coder-1.5b", FMT), real_model("qwen2.5-coder-0.5b", "int2")
     assert draft.store.tensors["blk.0.ffn_down"]["format"] == "int2"
     assert draft.store.tensors["blk.0.attn_qkv"]["format"] == "int4"
     accepted = 0
     for pid, ids in prompts.items():
-        got = generate_speculative(target, draft, ids, N, SamplingConfig(), TreeConfig(mode="tree"))
+        got = generate_speculative(target, draft, ids, N, SamplingConfig(), TreeConfig(width=width, growth=growth))
         assert got.new_ids == reference[pid], pid
         accepted += got.stats["accepted"]
     assert accepted > 0
@@ -103,15 +105,18 @@ def test_tree_over_actors_equals_target(reference, tmp_path):
     assert list(tmp_path.glob("*.json")) != [out]  # a Chrome trace was written beside the rows
 
 
-@pytest.mark.parametrize("mode,ahead", [("chain", 0), ("tree", 0), ("chain", 3), ("tree", 3)])
-def test_a_draft_equal_to_the_target_is_always_accepted(mode, ahead, prompts):
+@pytest.mark.parametrize(
+    "mode,ahead,growth",
+    [("chain", 0, "auto"), ("tree", 0, "pacer"), ("chain", 3, "auto"), ("tree", 3, "pacer"), ("tree", 3, "best")],
+)
+def test_a_draft_equal_to_the_target_is_always_accepted(mode, ahead, growth, prompts):
     """With `ahead`, the draft drafts on from its best leaf before each verdict; that leaf and the
     target's next token are always right here, so every next tree starts from the reused chain:
     the draft's KV entries for it must be exactly those a fresh feed would write, or a token
     would be rejected."""
     lm = real_model("qwen2.5-coder-0.5b", FMT)
     cfg = TreeConfig(
-        mode=mode, width=6, chain_k=4, trie=False, adaptive=False, ahead=ahead, prompt_window=0
+        mode=mode, width=6, chain_k=4, trie=False, adaptive=False, ahead=ahead, prompt_window=0, growth=growth
     )  # the draft sees what the target sees: the whole prompt
     for pid in ("fib", "rewrite_hints"):
         ids = prompts[pid]
