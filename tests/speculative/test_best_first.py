@@ -100,24 +100,19 @@ def test_the_governor_plays_the_widest_tree_where_verification_costs_the_same_at
     and it keeps playing 32, where the chain formula (acceptance per depth) saw no gain past the trees' depth."""
     from common.settings import PLAIN, Arm
     from speculative.governor import CostModel, Cycle, Governor
+    from tests.speculative.test_tree_policy import play
 
     sizes = tuple(Arm("draft", n) for n in (8, 16, 32))
     g = Governor(arms=(PLAIN, *sizes), start=Arm("draft", 32), model=CostModel(worth_priced=True))
     worth = tuple(0.9**k / (1 + k // 8) for k in range(32))  # a chain's worth falls; the siblings' worth adds up
-    chosen = []
-    for _ in range(24):
-        a = g.choose()
-        chosen.append(a)
-        if a == PLAIN:
-            g.record(a, 1, 0.7)
-        else:  # every budget accepts its best nodes' worth, at the disk's 0.7 s a verification
-            accepted = round(0.8 * sum(worth[: a.size]))
-            g.record(
-                a,
-                accepted + 1,
-                0.7 + 0.005 * a.size,
-                Cycle(0.005 * a.size, 0.7, a.size // 2, a.size + 1, 7, accepted, worth[: a.size]),
-            )
+    chosen = play(  # every budget accepts its best nodes' worth, at the disk's 0.7 s a verification
+        g,
+        24,
+        0.7,
+        lambda a: Cycle(
+            0.005 * a.size, 0.7, a.size // 2, a.size + 1, 7, round(0.8 * sum(worth[: a.size])), worth[: a.size]
+        ),
+    )
     assert chosen[-12:].count(Arm("draft", 32)) >= 11, chosen
     assert g.model.expected(8, 7) < g.model.expected(16, 7) < g.model.expected(32, 7)
     assert g.model.expected(32, 7) == pytest.approx(0.8 * sum(worth), rel=0.1)

@@ -331,6 +331,20 @@ def _draft_cycle(n: int, accepted: int, forward_s: float = 0.009, verify_s: floa
     return Cycle(n * forward_s, verify_s, n, n + 1, n, accepted)
 
 
+def play(g, rounds: int, plain_s: float, cycle) -> list[Arm]:
+    """`rounds` cycles of governor `g`: a plain step takes `plain_s`, a draft arm `a` what `cycle(a)` measured."""
+    chosen = []
+    for _ in range(rounds):
+        a = g.choose()
+        chosen.append(a)
+        if a == PLAIN:
+            g.record(a, 1, plain_s)
+        else:
+            c = cycle(a)
+            g.record(a, c.accepted + 1, c.draft_s + c.verify_s, c)
+    return chosen
+
+
 def test_the_governor_prices_every_budget_from_one_measured_acceptance():
     """Chains of 6 that are accepted whole: the model says the deepest budget earns most and plays it, without
     stepping through the budgets a neighbour at a time; when the draft's tokens start failing at once, it falls
@@ -339,26 +353,10 @@ def test_the_governor_prices_every_budget_from_one_measured_acceptance():
 
     sizes = tuple(Arm("draft", n) for n in range(1, 7))
     g = Governor(arms=(PLAIN, *sizes), start=Arm("draft", 2))
-    chosen = []
-    for _ in range(20):
-        a = g.choose()
-        chosen.append(a)
-        if a == PLAIN:
-            g.record(a, 1, 0.022)
-        else:
-            c = _draft_cycle(a.size, a.size)
-            g.record(a, a.size + 1, c.draft_s + c.verify_s, c)
+    chosen = play(g, 20, 0.022, lambda a: _draft_cycle(a.size, a.size))
     assert chosen[:2] == [Arm("draft", 2), PLAIN] and chosen[2].size > 2, chosen  # a jump, not a neighbour
     assert chosen[-10:].count(Arm("draft", 6)) >= 9 and g.model.p > 0.95
-    late = []
-    for _ in range(30):  # prose: the first draft token is wrong every time
-        a = g.choose()
-        late.append(a)
-        if a == PLAIN:
-            g.record(a, 1, 0.022)
-        else:
-            c = _draft_cycle(a.size, 0)
-            g.record(a, 1, c.draft_s + c.verify_s, c)
+    late = play(g, 30, 0.022, lambda a: _draft_cycle(a.size, 0))  # prose: the first draft token is wrong every time
     assert late[-10:].count(PLAIN) >= 9 and g.model.p < 0.6, late
 
 
