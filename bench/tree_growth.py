@@ -12,7 +12,6 @@ accepts per verification in a run, free of the machine's timing. Prints a markdo
 from __future__ import annotations
 
 import argparse
-import torch
 
 from bench.flash_quality import continuation
 from common.settings import SamplingConfig, TreeConfig
@@ -22,6 +21,7 @@ from engine.resolve import resolve
 from models import engine
 from models.convert import ensure_store
 from speculative.drafter import Drafter
+from speculative.loop import slack
 from speculative.tree import ROOT, best_branch
 
 PROMPTS = ("engine/assets/heldout.jsonl", "engine/assets/dev.jsonl")
@@ -32,7 +32,7 @@ def accepted(model, prompts: list[list[int]], conts: list[list[int]], cfg: TreeC
     acc = verifications = forwards = 0
     for ids, cont in zip(prompts, conts):
         d = Drafter(model, SamplingConfig(), cfg)
-        d.start(ids, len(ids) + len(cont) + 2 * cfg.budget + 8)
+        d.start(ids, len(ids) + len(cont) + slack(cfg))
         d.push(cont[:1])
         at = 1
         while at < len(cont):
@@ -59,7 +59,6 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--limit", type=int, default=0)
     a = ap.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     items = [p for f in PROMPTS for p in load_prompts(f)][: a.limit or None]
     r = resolve(RunConfig.from_options(mode="target", max_new_tokens=a.tokens), items)
     prompts = [r.prompt_ids(p)[0] for p in items]

@@ -334,9 +334,8 @@ def settle_width(r, say) -> None:
         return  # the plan does not fit: the run says so in its own words
     if not narrow.read_per_forward:
         return  # all resident: the governor weighs each width
-    c = None
+    c, growth = None, "best" if t.growth == "auto" else t.growth  # a wider best-first tree accepts more, same price
     for width in (w for w in WIDER if w > t.width):
-        growth = "best" if t.growth == "auto" else t.growth  # a wider best-first tree accepts more, same price
         tree = dataclasses.replace(t, width=width, width_auto=False, growth=growth)
         wide = _pinned(r.cfg.replace(tree=tree), narrow.budget)
         try:

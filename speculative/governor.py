@@ -100,9 +100,8 @@ class CostModel:
         `size` nodes of the trees drafted (a node is accepted about as often as the draft believes its whole path,
         scaled by how the draft's beliefs fared), where trees that large were seen; else a chain's, from the
         acceptance per depth."""
-        seen = [k for k in self.worth if k <= size]
-        if seen and self.predicted and self.worth_priced:
-            return self.worth[max(seen)] * self.accepted / self.predicted
+        if self.worth_priced and self.predicted:  # self.worth holds k = 1 .. the largest tree seen
+            return self.worth[min(size, len(self.worth))] * self.accepted / self.predicted
         return sum(self.p**i for i in range(1, max(1, round(depth)) + 1))
 
     def verification(self, rows: float) -> float | None:

@@ -315,7 +315,5 @@ class Speculation:
             new,
             len(path),
             alpha,
-            Cycle(
-                drafting - t.catchup_s, verifying, forwards, len(t.tokens) + 1, t.depth, len(path), tuple(t.worth or ())
-            ),
+            Cycle(drafting - t.catchup_s, verifying, forwards, len(t.tokens) + 1, t.depth, len(path), t.worth),
         )

@@ -110,7 +110,6 @@ class TokenTree:
             forwards,
             trie_nodes,
             catchup_s,
-            sorted((n.cum for n in self.nodes), reverse=True),
         )
 
     @classmethod
@@ -139,7 +138,15 @@ class Tree:
     forwards: int = 0  # draft forwards that built it
     trie_nodes: int = 0  # nodes the trie proposed
     catchup_s: float = 0.0  # of the drafting, a forward over text the draft had missed (the prompt, plain steps)
-    worth: list | None = None  # the nodes' cumulative draft probabilities, greatest first (speculative/governor.py)
+
+    @property
+    def worth(self) -> tuple:
+        """The nodes' cumulative draft probabilities (each node's times its ancestors'), greatest first: what the
+        governor prices a budget by (speculative/governor.py)."""
+        cum: list[float] = []
+        for parent, p in zip(self.parents, self.probs):
+            cum.append(p * (1.0 if parent == ROOT else cum[parent]))
+        return tuple(sorted(cum, reverse=True))
 
     @property
     def depth(self) -> int:

@@ -41,6 +41,7 @@ def test_keep_renumbers_a_subtree():
     assert [n.token for n in t.nodes] == [1, 3, 6] and [n.parent for n in t.nodes] == [ROOT, 0, 1]
     assert t.root_children == [0] and t.children(0) == [1] and t.children(1) == [2]
     assert t.nodes[2].cum == pytest.approx(0.6 * 0.5 * 0.8)
+    assert t.proposal().worth == pytest.approx((0.6, 0.3, 0.24))  # as the governor gets them: greatest first
 
 
 @pytest.mark.parametrize("seed,budget", [(1, 8), (2, 16), (3, 5)])
