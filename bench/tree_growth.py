@@ -2,11 +2,13 @@
 greedy continuation, and the tree's accepted length is the longest path that follows it.
 
     python -m bench.tree_growth [--drafts int2:16384,int4:32768] [--widths 8,16,32] [--tokens 48] [--limit 0]
+                                [--feeds 2,4]
 
 Every dev and held-out prompt; the target's continuations come from the 1.5B int4 in this process (the same
 tokens every run gives: greedy). Each tree is built by the drafter as a run builds it (`Drafter.build_tree`,
 the trie included), then advanced by the verdict the target would give, so a policy's figure is what it
-accepts per verification in a run, free of the machine's timing. Prints a markdown table.
+accepts per verification in a run, free of the machine's timing. Prints a markdown table. `--feeds`: best-first
+trees again with that many candidates a draft forward, in place of the drafter's own count (`bestfirst.feed`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from engine.prompts import load_prompts
 from engine.resolve import resolve
 from models import engine
 from models.convert import ensure_store
+from speculative import bestfirst
 from speculative.drafter import Drafter
 from speculative.loop import slack
 from speculative.tree import ROOT, best_branch
@@ -27,15 +30,21 @@ from speculative.tree import ROOT, best_branch
 PROMPTS = ("engine/assets/heldout.jsonl", "engine/assets/dev.jsonl")
 
 
-def accepted(model, prompts: list[list[int]], conts: list[list[int]], cfg: TreeConfig) -> tuple[float, float]:
-    """(draft tokens accepted, draft forwards) per verification over the prompts' continuations."""
+def accepted(
+    model, prompts: list[list[int]], conts: list[list[int]], cfg: TreeConfig, before=None
+) -> tuple[float, float]:
+    """(draft tokens accepted, draft forwards) per verification over the prompts' continuations. `before(n, m)`,
+    if given, is called before each tree of prompt n: the target has run its first m tokens (the prompt and the
+    continuation up to the tree's root, exclusive)."""
     acc = verifications = forwards = 0
-    for ids, cont in zip(prompts, conts):
+    for n, (ids, cont) in enumerate(zip(prompts, conts)):
         d = Drafter(model, SamplingConfig(), cfg)
         d.start(ids, len(ids) + len(cont) + slack(cfg))
         d.push(cont[:1])
         at = 1
         while at < len(cont):
+            if before is not None:
+                before(n, len(ids) + at - 1)
             tree = d.build_tree()
             t, node, path = tree.tree, ROOT, []
             while at + len(path) < len(cont):
@@ -58,7 +67,9 @@ def main(argv=None) -> int:
     ap.add_argument("--widths", default="8,16,32")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--feeds", default="", help="best first with N candidates a draft forward (list)")
     a = ap.parse_args(argv)
+    own = bestfirst.feed
     items = [p for f in PROMPTS for p in load_prompts(f)][: a.limit or None]
     r = resolve(RunConfig.from_options(mode="target", max_new_tokens=a.tokens), items)
     prompts = [r.prompt_ids(p)[0] for p in items]
@@ -68,13 +79,17 @@ def main(argv=None) -> int:
     print(f"{len(prompts)} prompts x {a.tokens} tokens of the target's greedy continuation")
     print("| draft | width | growth | accepted / verification | draft forwards / verification |")
     print("| --- | ---: | --- | ---: | ---: |")
+    runs = [("best", None), ("pacer", None)] + [("best", int(n)) for n in a.feeds.split(",") if n]
     for spec in a.drafts.split(","):
         fmt, rows = spec.split(":")
         draft = engine.load_store(ensure_store("qwen2.5-coder-0.5b", fmt), head_rows=int(rows), tokenizer=False)
         for width in map(int, a.widths.split(",")):
-            for growth in ("best", "pacer"):
+            for growth, n in runs:
+                bestfirst.feed = own if n is None else lambda budget, n=n: n
                 acc, fw = accepted(draft.model, prompts, conts, TreeConfig(width=width, growth=growth))
-                print(f"| {fmt}, head {rows} | {width} | {growth} | {acc:.2f} | {fw:.1f} |", flush=True)
+                label = growth if n is None else f"best, {n} a forward"
+                print(f"| {fmt}, head {rows} | {width} | {label} | {acc:.2f} | {fw:.1f} |", flush=True)
+    bestfirst.feed = own
     return 0
 
 

@@ -44,7 +44,7 @@ def test_keep_renumbers_a_subtree():
     assert t.proposal().worth == pytest.approx((0.6, 0.3, 0.24))  # as the governor gets them: greatest first
 
 
-@pytest.mark.parametrize("seed,budget", [(1, 8), (2, 16), (3, 5)])
+@pytest.mark.parametrize("seed,budget", [(1, 8), (2, 16), (3, 5), (4, 32)])  # 32: four candidates a forward
 def test_a_best_first_tree_holds_the_likeliest_candidates_with_their_own_probabilities(seed, budget):
     model = _model(seed)
     d = Drafter(model, SamplingConfig(), TreeConfig(width=budget, trie=False, growth="best"))
