@@ -80,16 +80,18 @@ def main(argv=None) -> int:
     print("| draft | width | growth | accepted / verification | draft forwards / verification |")
     print("| --- | ---: | --- | ---: | ---: |")
     runs = [("best", None), ("pacer", None)] + [("best", int(n)) for n in a.feeds.split(",") if n]
-    for spec in a.drafts.split(","):
-        fmt, rows = spec.split(":")
-        draft = engine.load_store(ensure_store("qwen2.5-coder-0.5b", fmt), head_rows=int(rows), tokenizer=False)
-        for width in map(int, a.widths.split(",")):
-            for growth, n in runs:
-                bestfirst.feed = own if n is None else lambda budget, n=n: n
-                acc, fw = accepted(draft.model, prompts, conts, TreeConfig(width=width, growth=growth))
-                label = growth if n is None else f"best, {n} a forward"
-                print(f"| {fmt}, head {rows} | {width} | {label} | {acc:.2f} | {fw:.1f} |", flush=True)
-    bestfirst.feed = own
+    try:
+        for spec in a.drafts.split(","):
+            fmt, rows = spec.split(":")
+            draft = engine.load_store(ensure_store("qwen2.5-coder-0.5b", fmt), head_rows=int(rows), tokenizer=False)
+            for width in map(int, a.widths.split(",")):
+                for growth, n in runs:
+                    bestfirst.feed = own if n is None else lambda budget, n=n: n
+                    acc, fw = accepted(draft.model, prompts, conts, TreeConfig(width=width, growth=growth))
+                    label = growth if n is None else f"best, {n} a forward"
+                    print(f"| {fmt}, head {rows} | {width} | {label} | {acc:.2f} | {fw:.1f} |", flush=True)
+    finally:
+        bestfirst.feed = own
     return 0
 
 

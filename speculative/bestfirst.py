@@ -25,8 +25,8 @@ from common.settings import DRAFT_ROWS, TOP_K
 from models.attention import Visibility
 from speculative.tree import ROOT, DraftTree
 
-FEED = 2  # candidates run through the draft per forward, at least
-FEED_NODES = 8  # ... and one more per this many of the tree's nodes
+FEED = 2  # candidates run through the draft per forward: at least this many,
+FEED_NODES = 8  # ... or one per this many of the tree's nodes where that is more (a 32-wide tree: four)
 
 
 def feed(budget: int) -> int:
