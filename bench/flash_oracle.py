@@ -31,6 +31,7 @@ from engine.resolve import resolve
 from models import engine, kernels
 from models.convert import ensure_store
 from models.flash import records
+from models.flash.draft import with_ffn
 from models.flash.predictor import Predictor
 from models.flash.weights import DENSE_ROWS
 from models.transformer import Transformer
@@ -43,11 +44,7 @@ class Shared:
 
     def __init__(self, target, n_layers: int, ffn):
         self.target = target
-        self.layers = []
-        for i in range(n_layers):
-            t = target.layer(i)
-            keep = dict(attn_norm=t.attn_norm, qkv=t.qkv, attn_out=t.attn_out, ffn_norm=t.ffn_norm)
-            self.layers.append(LayerWeights(**keep, q_norm=t.q_norm, k_norm=t.k_norm, flash=ffn(i, t.gate_up, t.down)))
+        self.layers = [with_ffn(t, ffn(i, t.gate_up, t.down)) for i, t in enumerate(map(target.layer, range(n_layers)))]
 
     def layer(self, i: int) -> LayerWeights:
         return self.layers[i]

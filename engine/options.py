@@ -159,7 +159,7 @@ OPTIONS: tuple[Option, ...] = (
         "tree_growth",
         TreeConfig.growth,
         "tree mode, greedy: how a draft tree grows. best: the candidates of the greatest cumulative draft "
-        "probability first, two per draft forward (EAGLE-2's dynamic tree); pacer: LLMCad's branch pacer, a "
+        "probability first, two per draft forward (four for a 32-wide tree; EAGLE-2's dynamic tree); pacer: LLMCad's branch pacer, a "
         "fed node's top child always and a sibling above --branch-threshold, until Tc < alpha; auto: best where a "
         "budgeted run verifies a tree whose width the disk hides (it accepts more at the same price), else the "
         "pacer (resident, a draft forward's price counts: the pacer's trees cost fewer)",

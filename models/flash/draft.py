@@ -15,6 +15,19 @@ from models.transformer import Transformer
 from models.weights import LayerWeights
 
 
+def with_ffn(t: LayerWeights, ffn) -> LayerWeights:
+    """Layer `t`'s attention and norms (its own tensors, not copies), its FFN the callable `ffn(h, x)` (adds into x)."""
+    return LayerWeights(
+        attn_norm=t.attn_norm,
+        qkv=t.qkv,
+        attn_out=t.attn_out,
+        ffn_norm=t.ffn_norm,
+        q_norm=t.q_norm,
+        k_norm=t.k_norm,
+        flash=ffn,
+    )
+
+
 class SharedFlashWeights(FlashWeights):
     """FlashWeights over a resident target's weights (`ResidentWeights`): the prompt's pass takes the target's
     dense FFN from memory, a draft step the predicted neurons; every cache may hold all of its layer."""
@@ -26,19 +39,7 @@ class SharedFlashWeights(FlashWeights):
 
     def _load_resident(self) -> None:
         self.resident, self.embed = self.target, self.target.embed  # the head and embedding: the target's
-        for i in range(self.args.n_layers):
-            t = self.target.layer(i)
-            self.layers.append(
-                LayerWeights(
-                    attn_norm=t.attn_norm,
-                    qkv=t.qkv,
-                    attn_out=t.attn_out,
-                    ffn_norm=t.ffn_norm,
-                    q_norm=t.q_norm,
-                    k_norm=t.k_norm,
-                    flash=FlashFFN(self, i, None),
-                )
-            )
+        self.layers += [with_ffn(self.target.layer(i), FlashFFN(self, i, None)) for i in range(self.args.n_layers)]
 
     def dense_ffn(self, i: int):
         t = self.target.layer(i)
