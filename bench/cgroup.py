@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import CadenceError
-from scheduler.generation.footprint import rollup
+from scheduler.ledger import rollup
 from shm.dio import cached_bytes, evict_page_cache
 
 _AGAIN = "drop --cgroup to run without the proof"

@@ -198,14 +198,13 @@ class Runner:
         return total
 
     def held_bytes(self) -> int:
-        """What this process and the run's actors hold now (PSS: anonymous and shared memory)."""
-        from scheduler.generation.footprint import rollup
+        """What this process, the run's actors and the zygote they fork from hold now (PSS: anonymous and shared
+        memory), as the monitor's ledger counts them."""
+        from scheduler.ledger import held, rollup
 
-        total = 0
-        for pid in [os.getpid(), *self.actor_pids()]:
-            r = rollup(pid)  # {} for a process gone since
-            total += r.get("Pss_Anon", 0) + r.get("Pss_Shmem", 0)
-        return total
+        zygote = self.sched.zygote_pid if self.sched is not None else None
+        pids = [os.getpid(), *self.actor_pids(), *([zygote] if zygote else [])]
+        return sum(held(r) for pid in pids if (r := rollup(pid)))
 
 
 def _stderr(line: str) -> None:

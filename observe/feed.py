@@ -200,7 +200,8 @@ class MonitorFeed:
             text = "".join(self._text)
             notes = tuple(self._notes)
             tokens = self.tokens
-        measured = self.ledger.pss_total() if self.ledger.samples else None
+        measured = self.ledger.held_total() if self.ledger.samples else None
+        files = self.ledger.pss_total() - measured if measured is not None else None
         plan = self.ledger.plan_
         planned = self.memory_parts is not None or (
             plan is not None and any(w != "shared arena" for w, _ in plan.lines)
@@ -227,6 +228,7 @@ class MonitorFeed:
             planned,
             hit_rate,
             per_token,
+            files,
         )
 
     def close(self) -> None:

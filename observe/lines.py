@@ -64,7 +64,8 @@ class LogMonitor:
     @staticmethod
     def line(s: MonitorState) -> str:
         used = sum(p.nbytes for p in s.memory)
-        mem = f"{fmt_bytes(s.measured_bytes)} PSS" if s.measured_bytes is not None else f"{fmt_bytes(used)} planned"
+        mem = f"{fmt_bytes(s.measured_bytes)} held" if s.measured_bytes is not None else f"{fmt_bytes(used)} planned"
+        files = f" (+{fmt_bytes(s.file_bytes)} of mapped code)" if s.file_bytes else ""
         actors = "; ".join(
             f"{a.role} {a.state}{' ' + a.op if a.op else ''} cpu {fmt_opt(a.cpu_pct, '.0f')}%"
             f" uss {fmt_bytes(a.uss) if a.uss is not None else '-'}"
@@ -74,7 +75,7 @@ class LogMonitor:
             f"cadence {s.elapsed_s:7.1f}s tokens {s.tokens} {s.tokens_per_s:.1f} tok/s"
             f" accepted {fmt_opt(s.mean_accepted, '.2f')} alpha {fmt_opt(s.alpha[-1] if s.alpha else None, '.3f')}"
             f" disk {s.disk_gbps:.2f} GB/s{s.experts_text}"
-            f" mem {mem} of {fmt_bytes(s.budget_bytes)} | {actors}" + "".join(f" | {n}" for n in s.notes)
+            f" mem {mem} of {fmt_bytes(s.budget_bytes)}{files} | {actors}" + "".join(f" | {n}" for n in s.notes)
         )
 
 

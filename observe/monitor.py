@@ -226,7 +226,8 @@ def _memory(f: Frame, s: MonitorState, width: int) -> None:
         f.add(
             "live   ",
             *_bar([("PSS", s.measured_bytes)], s.budget_bytes, bar),
-            f" {_short(s.measured_bytes)} held of {_short(s.budget_bytes)} {of}",
+            f" {_short(s.measured_bytes)} held of {_short(s.budget_bytes)} {of}"
+            + (f" (+{_short(s.file_bytes)} code)" if s.file_bytes else ""),
         )
     if s.planned:
         legend, n = ["       "], 7

@@ -29,7 +29,7 @@ class MonitorState:
     actors: tuple[ActorRow, ...] = ()
     budget_bytes: int = 0
     memory: tuple[MemoryPart, ...] = ()  # the bar's parts, in order
-    measured_bytes: int | None = None  # live PSS of every process together
+    measured_bytes: int | None = None  # what every process holds now: PSS of anonymous and shared memory
     tokens: int = 0
     tokens_per_s: float = 0.0  # over the last few seconds
     accepted_hist: tuple[tuple[int, int], ...] = ()  # (accepted length, verifications)
@@ -40,6 +40,7 @@ class MonitorState:
     planned: bool = True  # a memory budget was planned (without one, only the measured memory shows)
     expert_hit_rate: float | None = None  # MoE under a budget: the share of experts asked for that were held
     expert_mb_per_token: float | None = None
+    file_bytes: int | None = None  # and the PSS of their mapped files' pages (code: the page cache's, not held)
 
     @property
     def mean_accepted(self) -> float | None:

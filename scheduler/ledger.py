@@ -1,10 +1,13 @@
 """The memory ledger: what the run plans to hold, and what each process holds now.
 
 Plan: named lines (role weights, KV, the arena, ...) that must sum to at most the budget;
-`plan` refuses, naming the shortfall and the largest lines, when they cannot. Live: USS (pages
-only this process holds) and PSS (its fair share of shared pages, e.g. the arena) per actor,
-sampled with psutil on a background thread (a sample of a torch-sized process takes the kernel
-~10 ms, too long for the scheduler's loop); the monitor and the trace's memory counter read `last`.
+`plan` refuses, naming the shortfall and the largest lines, when they cannot. Live, per actor, from
+/proc/<pid>/smaps_rollup on a background thread (a sample of a torch-sized process takes the kernel
+milliseconds, too long for the scheduler's loop): USS (pages only this process holds), PSS (its fair
+share of shared pages, e.g. the arena) and, of the PSS, what it holds: anonymous and shared memory,
+the mapped files' pages aside. Those (libtorch's code, mostly) are the page cache's: a memory cgroup
+reclaims them down to what the plan leaves for code pages, so outside one the PSS runs above a budget
+the run keeps. The monitor, the trace's memory counter and the run's last line show the held figure.
 """
 
 from __future__ import annotations
@@ -47,6 +50,25 @@ class Plan:
         return "\n".join(rows)
 
 
+def rollup(pid: int | str = "self") -> dict[str, int]:
+    """/proc/<pid>/smaps_rollup in bytes (Linux 4.14+): Rss, Pss, Pss_Anon, Pss_Shmem, ...; {} for a process gone."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and parts[0].endswith(":") and parts[1].isdigit():
+                    out[parts[0][:-1]] = int(parts[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def held(r: dict[str, int]) -> int:
+    """Of a rollup's PSS, the anonymous and shared memory (before Linux 5.9's Pss_Anon: all of the PSS, the high side)."""
+    return r["Pss_Anon"] + r.get("Pss_Shmem", 0) if "Pss_Anon" in r else r.get("Pss", 0)
+
+
 @dataclass(frozen=True)
 class Usage:
     role: str
@@ -54,6 +76,7 @@ class Usage:
     uss: int
     pss: int
     rss: int
+    held: int  # of the PSS, anonymous and shared memory: what the plan bounds (mapped files' pages aside)
 
 
 class MemoryLedger:
@@ -64,7 +87,7 @@ class MemoryLedger:
         self.plan_: Plan | None = None
         self.last: dict[str, Usage] = {}
         self.samples = 0  # how many samples `last` has seen
-        self.peak_pss_total = 0
+        self.peak_held_total = 0
         self._watched: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -95,16 +118,22 @@ class MemoryLedger:
             try:
                 procs = [psutil.Process(pid)]
                 procs += [c for c in procs[0].children(recursive=True) if c.pid not in watched]
-                uss = pss = rss = 0
-                for p in procs:
-                    m = p.memory_full_info()
-                    uss, pss, rss = uss + m.uss, pss + getattr(m, "pss", m.uss), rss + m.rss
-                out[role] = Usage(role, pid, uss, pss, rss)
             except psutil.Error:
                 continue
+            rolls = [r for p in procs if (r := rollup(p.pid))]  # those gone since are skipped
+            if rolls:
+                uss = sum(r.get("Private_Clean", 0) + r.get("Private_Dirty", 0) for r in rolls)
+                out[role] = Usage(
+                    role,
+                    pid,
+                    uss,
+                    sum(r.get("Pss", 0) for r in rolls),
+                    sum(r.get("Rss", 0) for r in rolls),
+                    sum(held(r) for r in rolls),
+                )
         self.last = out
         self.samples += 1
-        self.peak_pss_total = max(self.peak_pss_total, self.pss_total())
+        self.peak_held_total = max(self.peak_held_total, self.held_total())
         return out
 
     def watch(self, role: str, pid: int) -> None:
@@ -141,12 +170,17 @@ class MemoryLedger:
     def pss_total(self) -> int:
         return sum(u.pss for u in self.last.values())
 
+    def held_total(self) -> int:
+        return sum(u.held for u in self.last.values())
+
     def report(self) -> str:
         rows = [
             f"  {u.role:<12} pid {u.pid:<8} uss {fmt_bytes(u.uss):>11}  pss {fmt_bytes(u.pss):>11}"
+            f"  held {fmt_bytes(u.held):>11}"
             for u in self.last.values()
         ]
         rows.append(
-            f"  {'total pss':<12} {'':<12} {fmt_bytes(self.pss_total()):>11} of {fmt_bytes(self.budget)} budget"
+            f"  {'total':<12} {'':<12} {'':>15}  pss {fmt_bytes(self.pss_total()):>11}"
+            f"  held {fmt_bytes(self.held_total()):>11} of {fmt_bytes(self.budget)} budget"
         )
         return "\n".join(rows)

@@ -197,4 +197,7 @@ class EventPump:
         """The ledger samples on its own thread; a new sample becomes a trace counter here."""
         if self.ledger.samples != self._samples_seen:
             self._samples_seen = self.ledger.samples
-            self.tracer.counter("memory", {"pss_total": self.ledger.pss_total(), "budget": self.ledger.budget})
+            self.tracer.counter(
+                "memory",
+                {"held": self.ledger.held_total(), "pss_total": self.ledger.pss_total(), "budget": self.ledger.budget},
+            )

@@ -25,6 +25,7 @@ from pathlib import Path
 from common.calibration import cached, child_json
 from common.settings import PREFILL_CHUNK
 from scheduler.generation.memplan import Overheads, align
+from scheduler.ledger import rollup
 
 MiB = 1 << 20
 VERSION = 2
@@ -39,20 +40,6 @@ class Footprint:
     actor: int  # private anonymous memory a forked actor adds before any model data
     watchdog: int  # the watchdog process (a small interpreter of its own)
     code: int  # file-backed pages (code) the zygote and an actor keep resident
-
-
-def rollup(pid: int | str = "self") -> dict[str, int]:
-    """/proc/<pid>/smaps_rollup in bytes (Linux 4.14+): Rss, Pss, Anonymous, Private_Dirty, ..."""
-    out = {}
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 3 and parts[0].endswith(":") and parts[1].isdigit():
-                    out[parts[0][:-1]] = int(parts[1]) * 1024
-    except OSError:
-        pass
-    return out
 
 
 def own_anon_bytes() -> int:

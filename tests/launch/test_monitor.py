@@ -157,8 +157,8 @@ def test_plain_log_lines_when_stdout_is_not_a_terminal():
     lines = log.getvalue().splitlines()
     assert len(lines) >= 3
     assert re.match(
-        r"cadence +\d+\.\ds tokens 8 [\d.]+ tok/s accepted 3.00 alpha 0.300 disk 0.00 GB/s mem .* of 1.00 GiB"
-        r" \| main running cpu [\d-]+% uss .*",
+        r"cadence +\d+\.\ds tokens 8 [\d.]+ tok/s accepted 3.00 alpha 0.300 disk 0.00 GB/s mem [\d.]+ MiB held of 1.00 GiB"
+        r"( \(\+[\d.]+ MiB of mapped code\))? \| main running cpu [\d-]+% uss .*",
         lines[-1],
     )
     assert "\x1b" not in log.getvalue()  # plain text
