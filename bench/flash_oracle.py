@@ -161,16 +161,15 @@ def main(argv=None) -> int:
 
     def row(label, cap, k_in, width, model, oracle=None):
         t0 = time.perf_counter()
-        hook = None
-        if oracle is not None:
+        started = [-1]  # the prompt whose activations the oracle holds
 
-            def hook(n, m):
-                if n != hook.n or m < oracle.upto:
-                    oracle.start(*acts[n])
-                    hook.n = n
-                oracle.refresh(m)
+        def refresh(n, m):
+            if n != started[0]:
+                oracle.start(*acts[n])
+                started[0] = n
+            oracle.refresh(m)
 
-            hook.n = -1
+        hook = refresh if oracle is not None else None
         acc, fw = accepted(model, prompts, conts, TreeConfig(width=width, growth="best"), hook)
         size = f"{sum(oracle.sizes) / len(oracle.sizes):.0f}" if oracle is not None and oracle.sizes else "-"
         mb = f"{mib(cap):.1f}" if isinstance(cap, int) else "-"

@@ -87,7 +87,6 @@ class MemoryLedger:
         self.plan_: Plan | None = None
         self.last: dict[str, Usage] = {}
         self.samples = 0  # how many samples `last` has seen
-        self.peak_held_total = 0
         self._watched: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -133,7 +132,6 @@ class MemoryLedger:
                 )
         self.last = out
         self.samples += 1
-        self.peak_held_total = max(self.peak_held_total, self.held_total())
         return out
 
     def watch(self, role: str, pid: int) -> None:

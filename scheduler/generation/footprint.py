@@ -71,7 +71,8 @@ def private_anon_bytes(pid: int | str = "self") -> int:
 _PROBE = r"""
 import json, os, sys
 import actors.zygote as z
-from scheduler.generation.footprint import own_anon_bytes, private_anon_bytes, rollup
+from scheduler.generation.footprint import own_anon_bytes, private_anon_bytes
+from scheduler.ledger import rollup
 z.preload(sys.argv[1:])
 zygote = own_anon_bytes()
 r, w = os.pipe()

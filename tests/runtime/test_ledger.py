@@ -64,7 +64,6 @@ def test_live_accounting_sees_a_real_process(tmp_path):
         assert 40 * MiB < u.uss <= u.pss <= u.rss
         assert 40 * MiB < u.held <= u.pss - 30 * MiB
         assert ledger.pss_total() == u.pss and ledger.held_total() == u.held and "draft" in ledger.report()
-        assert ledger.peak_held_total == u.held
     finally:
         child.kill()
         child.wait()
