@@ -242,8 +242,7 @@ class WorkerShare:
         with self.trace.span(f"sparse:layer.{i}", cat="attention", args={"rows": T, "k0": plan.k0}):
             _, nch = kernels.attn_chunks(
                 q,
-                self.cache.k[i],
-                self.cache.v[i],
+                *self.cache.kv(i)[:2],
                 plan.n_shared,
                 plan.ptr,
                 plan.idx,

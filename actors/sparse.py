@@ -30,7 +30,7 @@ from actors.syncarea import Clock, SyncArea
 from models import kernels
 from models.config import ModelArgs
 from models.store import WeightStore
-from models.transformer import KVCache
+from models.kvcache import KVCache
 from models.weights import layer_from_views
 
 

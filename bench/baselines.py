@@ -94,16 +94,48 @@ class LlamaCppBaseline:
             llama_cpp.llama_model_default_params = default_params
 
     def run(self, prompt, ids: list[int], chat: bool, max_new: int, stop_ids: set[int], decode) -> dict:
+        """Greedy decoding through llama.cpp's own C API: `llama_decode` and its greedy sampler. The wrapper's
+        `generate` samples in Python over a copy of the whole logits row, which for a 262k vocabulary (Gemma)
+        costs more than the model's forward: 11 tok/s against 36 for Gemma 3 270M here."""
+        import llama_cpp as lc
+
         llm = self.llm
         llm.reset()
+        ctx = llm._ctx.ctx
+        lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
+        smpl = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        lc.llama_sampler_chain_add(smpl, lc.llama_sampler_init_greedy())
+        step = llm.n_batch  # a prompt goes in chunks of what one llama_decode takes
+        batch = lc.llama_batch_init(step, 0, 1)
         new: list[int] = []
-        t0 = time.perf_counter()
-        for tok in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
-            new.append(int(tok))
-            if tok in stop_ids or len(new) >= max_new:
-                break
-        wall = time.perf_counter() - t0
+        try:
+            t0 = time.perf_counter()
+            for s in range(0, len(ids), step):
+                _decode(ctx, batch, ids[s : s + step], s)
+            while True:
+                tok = int(lc.llama_sampler_sample(smpl, ctx, -1))
+                new.append(tok)
+                if tok in stop_ids or len(new) >= max_new:
+                    break
+                _decode(ctx, batch, [tok], len(ids) + len(new) - 1)
+            wall = time.perf_counter() - t0
+        finally:
+            lc.llama_batch_free(batch)
+            lc.llama_sampler_free(smpl)
         return _row(prompt, "llama.cpp", self.name, None, "gguf", chat, ids, new, decode, wall)
+
+
+def _decode(ctx, batch, tokens: list[int], pos0: int) -> None:
+    """One llama_decode of `tokens` at positions pos0.., logits for the last only."""
+    import llama_cpp as lc
+
+    batch.n_tokens = len(tokens)
+    for i, t in enumerate(tokens):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, pos0 + i, 1
+        batch.seq_id[i][0] = 0
+        batch.logits[i] = i == len(tokens) - 1
+    if lc.llama_decode(ctx, batch) != 0:
+        raise RuntimeError(f"llama_decode failed at position {pos0}")
 
 
 def _row(prompt, mode, target, draft, fmt, chat, ids, new, decode, wall) -> dict:

@@ -68,7 +68,7 @@ def _plan(r: Resolved, process: int, predictor: str) -> FlashPlan:
     cfg, a = r.cfg, r.target.args
     per_neuron = a.n_layers * records.record_bytes(a.dim)
     k = top_k(cfg.ffn_density, a.ffn_dim)
-    kv = a.kv_bytes_per_token() * kv_rows(cfg)
+    kv = a.kv_bytes(kv_rows(cfg))
     pb = predictor_bytes(r.target, predictor)
     held = process + pb
     fixed = held + kv + MARGIN

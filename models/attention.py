@@ -70,11 +70,13 @@ class Visibility:
 
 
 def attend(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility, scale: float
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility, scale: float, softcap: float = 0.0
 ) -> torch.Tensor:
-    """q [T, H, D] -> [T, H, D] over k/v cache [Hkv, cap, D]."""
+    """q [T, H, D] -> [T, H, D] over k/v cache [Hkv, cap, D]; `softcap` > 0: scores soft-capped (Gemma 2)."""
     if q.device.type == "cpu" and kernels.available():
-        return kernels.attention(q.contiguous(), k_cache, v_cache, vis.n_shared, vis.ptr, vis.idx, scale)
+        return kernels.attention(
+            q.contiguous(), k_cache, v_cache, vis.n_shared, vis.ptr, vis.idx, scale, softcap=softcap
+        )
     # Elsewhere (CUDA, no compiler): torch's SDPA over a dense mask. Not batch-invariant.
     T, H, D = q.shape
     n = int(vis.idx.max().item()) + 1 if vis.idx.numel() else vis.n_shared
@@ -83,5 +85,9 @@ def attend(
     rep = H // k_cache.shape[0]
     k = k_cache[:, :n].repeat_interleave(rep, 0)
     v = v_cache[:, :n].repeat_interleave(rep, 0)
+    if softcap:  # SDPA has no cap: the scores by hand
+        s = torch.tanh(q.transpose(0, 1) @ k.transpose(1, 2) * scale / softcap) * softcap
+        p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+        return (p @ v).transpose(0, 1)
     out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale)
     return out.transpose(0, 1)

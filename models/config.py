@@ -1,10 +1,15 @@
-"""ModelArgs: the shape of a decoder of the Llama / Qwen family, dense or mixture-of-experts.
+"""ModelArgs: the shape of a decoder, dense or mixture-of-experts, and what its family changes in the block.
 
-Dense: llama, qwen2, qwen3 (q/k norms per head). Mixture-of-experts: qwen2_moe (a shared expert
-with its own sigmoid gate), qwen3_moe (q/k norms per head), olmoe (q/k norms over the whole
-projection), mixtral. Every MoE layer routes each token to `n_experts_used` of `n_experts`
-SwiGLU experts of width `expert_ffn_dim` by a softmax over the router's logits, the top-k
-weights renormalised to sum to one where the model says so (`norm_topk`).
+One block serves every family (models/transformer.py); a family is the values of a few fields here, read from
+its config by models/families/: where the norms stand (`pre_norm`, `post_norm`: Gemma 2/3 both, OLMo 2 after
+only), the FFN's activation (SwiGLU, or Gemma's GeGLU with tanh gelu), scales (embeddings, attention,
+residual branches, logits: Gemma, Granite), soft caps (Gemma 2), q/k norms (per head: Qwen 3, Gemma 3; over the
+whole projection: OLMo 2, OLMoE), rotary scaling (models/rope.py), and sliding-window layers with their own
+rope base (Gemma 2/3, Mistral v0.1, Qwen 2).
+
+A mixture of experts (qwen2_moe with a shared expert, qwen3_moe, olmoe, mixtral) routes each token to
+`n_experts_used` of `n_experts` SwiGLU experts of width `expert_ffn_dim` by a softmax over the router's
+logits, the top-k weights renormalised to sum to one where the model says so (`norm_topk`).
 """
 
 from __future__ import annotations
@@ -12,9 +17,25 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from common.errors import CadenceError
+from models.rope import RopeScaling
 
-ARCHS = ("llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral")
+ARCHS = (
+    "llama",
+    "mistral",
+    "granite",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "olmo2",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+    "mixtral",
+)
 QK_NORMS = ("", "head", "full")  # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe)
+ACTS = ("silu", "gelu_tanh")
 
 
 @dataclass(frozen=True)
@@ -38,6 +59,22 @@ class ModelArgs:
     expert_ffn_dim: int = 0
     shared_ffn_dim: int = 0  # qwen2_moe: the shared expert's width (0: none)
     norm_topk: bool = False
+    # the block: which norms, which activation, which scales (1.0 / 0.0: none)
+    pre_norm: bool = True  # RMSNorm before attention and before the FFN (all but OLMo 2)
+    post_norm: bool = False  # RMSNorm of each branch's output before the residual add (Gemma 2/3, OLMo 2)
+    act: str = "silu"  # the FFN's gate: SwiGLU, or GeGLU with tanh gelu (Gemma)
+    embed_scale: float = 1.0  # embeddings times this (Gemma: sqrt(dim); Granite: embedding_multiplier)
+    attn_scale: float = 0.0  # softmax scale of q.k (0: head_dim ** -0.5)
+    residual_scale: float = 1.0  # each branch times this before the residual add (Granite)
+    attn_softcap: float = 0.0  # scores -> cap * tanh(scores / cap) (Gemma 2)
+    final_softcap: float = 0.0  # the same on the logits
+    logits_div: float = 1.0  # logits divided by this (Granite: logits_scaling)
+    # rotary embeddings and sliding windows
+    rope_scaling: RopeScaling | None = None  # of the full-attention layers
+    rope_dim: int = 0  # rotated dims of a head (0: all); a partial rotary's are moved to the front halves
+    rope_local_base: float = 0.0  # the sliding layers' rope base, unscaled (Gemma 3; 0: as the others)
+    sliding_window: int = 0  # keys a sliding layer's query sees, itself included
+    sliding_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -60,10 +97,29 @@ class ModelArgs:
             )
         if self.head_dim % 2:
             raise CadenceError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.act not in ACTS:
+            raise CadenceError(f"activation {self.act!r} is not one of {ACTS}")
+        if isinstance(self.rope_scaling, dict):
+            object.__setattr__(self, "rope_scaling", RopeScaling.from_dict(self.rope_scaling))
+        object.__setattr__(self, "sliding_layers", tuple(sorted(int(i) for i in self.sliding_layers)))
+        if self.sliding_layers and not (0 < self.sliding_window and 0 <= self.sliding_layers[0]):
+            raise CadenceError(f"sliding layers {self.sliding_layers} need a window > 0 (got {self.sliding_window})")
+        if self.sliding_layers and self.sliding_layers[-1] >= self.n_layers:
+            raise CadenceError(f"sliding layer {self.sliding_layers[-1]} is past the model's {self.n_layers} layers")
+        if not 0 <= self.rope_dim <= self.head_dim or self.rope_dim % 2:
+            raise CadenceError(f"rope_dim={self.rope_dim} must be even and at most head_dim={self.head_dim}")
 
     @property
     def moe(self) -> bool:
         return self.n_experts > 0
+
+    @property
+    def scale(self) -> float:
+        """The softmax scale of q.k."""
+        return self.attn_scale or self.head_dim**-0.5
+
+    def sliding(self, layer: int) -> bool:
+        return layer in self.sliding_layers
 
     @property
     def q_dim(self) -> int:
@@ -94,5 +150,14 @@ class ModelArgs:
         """Weights of one layer that every token uses (all of a dense layer; an MoE layer without its experts)."""
         return self.dim * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.dim + self.ffn_params()
 
-    def kv_bytes_per_token(self, itemsize: int = 4) -> int:
-        return 2 * self.n_layers * self.kv_dim * itemsize
+    def window_rows(self, capacity: int) -> int:
+        """Cache rows a sliding layer keeps for a context of `capacity` tokens (models/kvcache.py)."""
+        from models.kvcache import window_rows
+
+        return window_rows(self, capacity)
+
+    def kv_bytes(self, capacity: int, itemsize: int = 4) -> int:
+        """Bytes of the KV cache for a context of `capacity` tokens: a sliding layer keeps its window only."""
+        n_slide = len(self.sliding_layers)
+        rows = (self.n_layers - n_slide) * capacity + n_slide * self.window_rows(capacity)
+        return 2 * rows * self.kv_dim * itemsize

@@ -25,7 +25,7 @@ from models.kernel_build import BY_NAME, ENV_PATH, PATHS, build, chosen_path, cp
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _SIGNATURES = {
-    "cad_attention": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, ctypes.c_float, _I],
+    "cad_attention": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I],
     "cad_linear": [_P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I],
     "cad_experts": [_P, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I],
     "cad_attn_dense": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, ctypes.c_float, _I],
@@ -33,7 +33,7 @@ _SIGNATURES = {
     "cad_attn_merge": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I],
     "cad_rmsnorm": [_P, _P, _P, _I, _I, ctypes.c_float],
     "cad_qkv_rope": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I],
-    "cad_swiglu": [_P, _P, _I, _I, _I],
+    "cad_glu": [_P, _P, _I, _I, _I, _I],
     "cad_flash_ffn": [_P, _I, _I, _P, ctypes.c_long, _P, _I, _P, _I, _I],
     "cad_layer": [_P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I],
     "cad_fence": [],
@@ -107,11 +107,13 @@ def attention(
     idx: torch.Tensor,
     scale: float,
     want_lse: bool = False,
+    softcap: float = 0.0,
 ):
     """Attention of T query rows over a cache.
 
     q [T, H, D] fp32; k_cache, v_cache [Hkv, cap, D] fp32; row r sees slots [0, n_shared) then
     idx[ptr[r]:ptr[r+1]] (int32, in position order). Returns out [T, H, D] (and lse [T, H]).
+    `softcap` > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2).
     """
     T, H, D = q.shape
     Hkv, cap, _ = k_cache.shape
@@ -134,6 +136,7 @@ def attention(
         _ptr(ptr),
         _ptr(idx),
         scale,
+        softcap,
         torch.get_num_threads(),
     )
     return (out, lse) if want_lse else out
@@ -341,11 +344,19 @@ def qkv_rope(
     return q
 
 
-def swiglu(gu: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+GLU_ACTS = {"silu": 0, "gelu_tanh": 1}
+
+
+def glu(gu: torch.Tensor, act: str = "silu", out: torch.Tensor | None = None) -> torch.Tensor:
+    """gu [T, 2F] = [gate | up] -> act(gate) * up [T, F]: SwiGLU (silu) or GeGLU (tanh gelu)."""
     T, f2 = gu.shape
     out = torch.empty(T, f2 // 2, dtype=torch.float32) if out is None else out
-    lib().cad_swiglu(_ptr(gu.contiguous()), _ptr(out), T, f2 // 2, torch.get_num_threads())
+    lib().cad_glu(_ptr(gu.contiguous()), _ptr(out), T, f2 // 2, GLU_ACTS[act], torch.get_num_threads())
     return out
+
+
+def swiglu(gu: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    return glu(gu, "silu", out)
 
 
 def flash_ffn(

@@ -2,10 +2,14 @@
 ~10 calls, in one, with the same bits. It pays where a layer's products are small (a draft's one-token
 step: the 0.5B's forward went from ~6.1 to ~4.5 ms), and costs nothing where they are large.
 
-Layers it takes: quantized products (int8, int4, int2) with the kernel library, no q/k norms, a dense FFN
-(not a mixture of experts, not LLM in a flash). Others go through the separate calls."""
+Layers it takes: quantized products (int8, int4, int2) with the kernel library and a dense FFN (not a mixture
+of experts, not LLM in a flash), of every family's block (norms before and/or after each branch, q/k norms,
+SwiGLU or GeGLU, a residual scale, soft-capped attention), full-attention or sliding-window alike. Others go
+through the separate calls."""
 
 from __future__ import annotations
+
+import struct
 
 import torch
 
@@ -23,41 +27,46 @@ def record(w, args: ModelArgs) -> torch.Tensor | None:
 
 def _record(w, args: ModelArgs) -> torch.Tensor:
     lins = (w.qkv, w.attn_out, w.gate_up, w.down)
-    plain = w.flash is None and w.router is None and w.q_norm is None and w.k_norm is None
-    plain = plain and not args.moe and not args.qk_norm
-    if not plain or not all(isinstance(x, linear.QuantLinear) and x.kernel for x in lins):
+    dense = w.flash is None and w.router is None and not args.moe
+    if not dense or not all(isinstance(x, linear.QuantLinear) and x.kernel for x in lins):
         return torch.empty(0, dtype=torch.int64)
-    tensors = [w.attn_norm, w.ffn_norm] + ([] if w.qkv.bias is None else [w.qkv.bias])
-    if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
+    norms = (w.attn_norm, w.ffn_norm, w.q_norm, w.k_norm, w.attn_post_norm, w.ffn_post_norm, w.qkv.bias)
+    if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in norms):
         return torch.empty(0, dtype=torch.int64)
     qkv = (args.n_heads + 2 * args.n_kv_heads) * args.head_dim
     want = (args.dim, qkv, args.q_dim, args.dim, args.dim, 2 * w.down.k, args.dim)  # the shapes cad_layer assumes
     if (w.qkv.k, w.qkv.n, w.attn_out.k, w.attn_out.n, w.gate_up.k, w.gate_up.n, w.down.n) != want:
         return torch.empty(0, dtype=torch.int64)
-    bias = 0 if w.qkv.bias is None else w.qkv.bias.data_ptr()
-    head = [args.dim, args.n_heads, args.n_kv_heads, args.head_dim, w.down.k]
-    head += [w.attn_norm.data_ptr(), w.ffn_norm.data_ptr(), bias]
+    flags = (not args.pre_norm) | (args.act == "gelu_tanh") << 1 | {"": 0, "head": 1, "full": 2}[args.qk_norm] << 2
+    ptr = lambda t: 0 if t is None else t.data_ptr()
+    head = [args.dim, args.n_heads, args.n_kv_heads, args.head_dim, w.down.k, *map(ptr, norms[:2]), ptr(w.qkv.bias)]
+    head += [flags, *map(ptr, norms[2:6]), _bits(args.residual_scale), _bits(args.attn_softcap)]
     return torch.tensor(head + [v for x in lins for v in x.record()], dtype=torch.int64)
 
 
-def run(
-    rec: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, rotary, cache, i: int, vis, scale: float, eps: float
-):
-    """x [T, dim] (fp32, contiguous) through layer i in place; its keys and values go to cache slots
-    [cache.end, cache.end + T) (`positions`: int64 [T], the rotary tables grown to cover them)."""
+def _bits(x: float) -> int:
+    """A float as the int64 of its double's bits (the record is int64; cad_layer reads it back)."""
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def run(rec: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, at, scale: float, eps: float):
+    """x [T, dim] (fp32, contiguous) through a layer in place; its keys and values go to the layer's cache
+    rows from `at.slot0` (`at`: models/transformer.py `Place`; `positions`: int64 [T], the rotary tables
+    grown to cover them)."""
+    vis = at.vis
     assert vis.ptr.dtype == torch.int32 and vis.idx.dtype == torch.int32 and vis.ptr.numel() == x.shape[0] + 1
-    layer = cache.k.stride(0) * cache.k.element_size() * i
+    assert at.k.is_contiguous() and at.v.is_contiguous()
     kernels.lib().cad_layer(
         rec.data_ptr(),
         x.data_ptr(),
         x.shape[0],
         positions.data_ptr(),
-        rotary.cos.data_ptr(),
-        rotary.sin.data_ptr(),
-        cache.k.data_ptr() + layer,
-        cache.v.data_ptr() + layer,
-        cache.capacity,
-        cache.end,
+        at.rotary.cos.data_ptr(),
+        at.rotary.sin.data_ptr(),
+        at.k.data_ptr(),
+        at.v.data_ptr(),
+        at.k.shape[1],
+        at.slot0,
         vis.n_shared,
         vis.ptr.data_ptr(),
         vis.idx.data_ptr(),

@@ -2,7 +2,8 @@
 
 Canonical names are the weight store's (see `canonical_names`): q/k/v are fused into one
 `attn_qkv` matrix and gate/up into `ffn_gate_up`, all in HF's layout ([out, in], rotate-half
-RoPE), so the engine has one layout whatever the source.
+RoPE), so the engine has one layout whatever the source. Which tensors and keys a file holds for a
+family is the family's (models/families/); a tensor or key no family reads is refused, never skipped.
 """
 
 from __future__ import annotations
@@ -14,24 +15,21 @@ import numpy as np
 
 from common.errors import CadenceError
 from models.config import ModelArgs
+from models.families import BY_GGUF, BY_NAME, FAMILIES
+from models.families.base import COMMON_GGUF_KEYS, Family, gguf_rope, permute_partial, unpermute
 from models.files import what_is
 from models.gguf_file import GGUFFile
 from models.store import expert_group
 from models.tokenizer import TokenizerInfo, tokenizer_from_gguf_fields
 
-
-# GGUF's architecture names (llama.cpp's) -> ours; a llama file with experts is a Mixtral
-GGUF_ARCHS = {
-    "llama": "llama",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "qwen2moe": "qwen2_moe",
-    "qwen3moe": "qwen3_moe",
-    "olmoe": "olmoe",
-}
-HF_ARCHS = ("llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral")
 # whether each model renormalises its top-k routing weights (llama.cpp's defaults; HF configs say it themselves)
 NORM_TOPK = {"qwen2_moe": False, "qwen3_moe": True, "olmoe": False, "mixtral": True}
+_MOE_GGUF_KEYS = frozenset(
+    "expert_count expert_used_count expert_feed_forward_length expert_shared_feed_forward_length "
+    "expert_weights_norm".split()
+)
+_METADATA = ("general.", "tokenizer.", "quantize.", "split.")
+NORMS = ("attn_norm", "ffn_norm", "attn_post_norm", "ffn_post_norm", "attn_q_norm", "attn_k_norm", "out_norm")
 
 
 def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
@@ -44,14 +42,18 @@ def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
     names = [("embed", "embed")]
     for i in range(args.n_layers):
         g, b = f"layer.{i}", f"blk.{i}"
-        names += [(g, f"{b}.attn_norm"), (g, f"{b}.attn_qkv")]
+        names += [(g, f"{b}.attn_norm")] if args.pre_norm else []
+        names.append((g, f"{b}.attn_qkv"))
         if args.qkv_bias:
             names.append((g, f"{b}.attn_qkv_bias"))
         if args.qk_norm:
             names += [(g, f"{b}.attn_q_norm"), (g, f"{b}.attn_k_norm")]
-        names += [(g, f"{b}.attn_out"), (g, f"{b}.ffn_norm")]
+        names.append((g, f"{b}.attn_out"))
+        names += [(g, f"{b}.attn_post_norm")] if args.post_norm else []
+        names += [(g, f"{b}.ffn_norm")] if args.pre_norm else []
         if not args.moe:
             names += [(g, f"{b}.ffn_gate_up"), (g, f"{b}.ffn_down")]
+            names += [(g, f"{b}.ffn_post_norm")] if args.post_norm else []
             continue
         names.append((g, f"{b}.ffn_router"))
         if args.shared_ffn_dim:
@@ -75,6 +77,8 @@ def tensor_shape(args: ModelArgs, name: str) -> tuple[int, ...]:
     return {
         "attn_norm": (a.dim,),
         "ffn_norm": (a.dim,),
+        "attn_post_norm": (a.dim,),
+        "ffn_post_norm": (a.dim,),
         "out_norm": (a.dim,),
         "attn_qkv": (qkv, a.dim),
         "attn_qkv_bias": (qkv,),
@@ -100,10 +104,27 @@ def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
     return h.hexdigest()
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation (GGUF llama stores rotary pairs interleaved)."""
-    dim = w.shape[0] // n_head // 2
-    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+def qkv_layout(w: np.ndarray, args: ModelArgs, permuted: bool = False) -> np.ndarray:
+    """A fused q/k/v matrix (or bias) in the engine's layout: llama.cpp's interleaved q/k rows put back
+    (`permuted`), a partial rotary's lanes moved to the front halves (models/families/base.py)."""
+    q, k, v = np.split(w, [args.q_dim, args.q_dim + args.kv_dim])
+    if permuted:
+        q, k = unpermute(q, args.n_heads), unpermute(k, args.n_kv_heads)
+    if args.rope_dim:
+        q = permute_partial(q, args.n_heads, args.head_dim, args.rope_dim)
+        k = permute_partial(k, args.n_kv_heads, args.head_dim, args.rope_dim)
+    return np.concatenate([q, k, v])
+
+
+def refuse_unknown(what: str, names, origin: str, family: Family, advice: str) -> None:
+    """One sentence naming the first thing a file holds that no family reads: cadence would compute without it."""
+    names = sorted(names)
+    if names:
+        more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+        raise CadenceError(
+            f"{origin} has {what} '{names[0]}'{more} that cadence does not use for a {family.name} model, "
+            f"so it would compute something else; {advice}"
+        )
 
 
 class GGUFSource:
@@ -129,35 +150,36 @@ class GGUFSource:
             raise CadenceError(
                 f"{self.path} is a damaged GGUF file (its model fields do not make a model: {e}); re-download it"
             ) from None
+        self._check_names()
 
     def _field(self, key: str, default=None):
         return self.file.fields.get(key, default)
 
     def _args(self) -> ModelArgs:
         arch = self._field("general.architecture")
-        if arch not in GGUF_ARCHS:
-            raise CadenceError(
-                f"{self.path.name}: architecture '{arch}' is not supported; cadence runs {', '.join(GGUF_ARCHS)} models"
-            )
-        self.gguf_arch = arch
-        a = lambda k, d=None: self._field(f"{arch}.{k}", d)
-        n_heads = int(a("attention.head_count"))
-        dim = int(a("embedding_length"))
-        scaling = a("rope.scaling.type")
-        if scaling not in (None, "none"):
-            raise CadenceError(f"{self.path.name}: rope scaling '{scaling}' is not supported")
-        head_dim = int(a("attention.key_length", dim // n_heads))
         moe = "blk.0.ffn_gate_exps.weight" in self.tensors
+        fam = BY_NAME["mixtral"] if arch == "llama" and moe else BY_GGUF.get(arch)
+        if fam is None:
+            known = ", ".join(sorted(a for f in FAMILIES for a in f.gguf_archs))
+            raise CadenceError(f"{self.path.name}: architecture '{arch}' is not supported; cadence runs {known} models")
+        self.gguf_arch, self.family = arch, fam
+        if int(self._field("split.count", 1)) > 1:
+            raise CadenceError(
+                f"{self.path.name} is one part of a split GGUF; join the parts first (llama.cpp's gguf-split --merge)"
+            )
+        a = lambda k, d=None: self._field(f"{arch}.{k}", d)
+        if isinstance(a("attention.head_count"), list) or isinstance(a("feed_forward_length"), list):
+            raise CadenceError(f"{self.path.name}: layers of different widths are not supported")
+        n_heads, dim = int(a("attention.head_count")), int(a("embedding_length"))
+        head_dim = int(a("attention.key_length", dim // n_heads))
+        if int(a("attention.value_length", head_dim)) != head_dim:
+            raise CadenceError(f"{self.path.name}: values narrower or wider than keys are not supported")
         if a("expert_count") and not moe:
             raise CadenceError(
                 f"{self.path.name}: its experts are stored one tensor each (an old layout); "
                 "convert it again with a recent llama.cpp (ffn_*_exps tensors)"
             )
-        qn = self.tensors.get("blk.0.attn_q_norm.weight")
-        name = GGUF_ARCHS[arch] if not (arch == "llama" and moe) else "mixtral"
-        shexp = self.tensors.get("blk.0.ffn_gate_shexp.weight")
-        return ModelArgs(
-            arch=name,
+        common = dict(
             vocab_size=int(self.tensors["token_embd.weight"].shape[0]),
             dim=dim,
             n_layers=int(a("block_count")),
@@ -165,18 +187,69 @@ class GGUFSource:
             n_kv_heads=int(a("attention.head_count_kv", n_heads)),
             ffn_dim=int(a("feed_forward_length", 0)) or int(self.tensors["blk.0.ffn_gate_exps.weight"].shape[1]),
             norm_eps=float(a("attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_base=float(a("rope.freq_base", 10000.0)),
             context_length=int(a("context_length", 2048)),
-            qkv_bias="blk.0.attn_q.bias" in self.tensors,
-            tied_embeddings="output.weight" not in self.tensors,
             head_dim=head_dim,
-            qk_norm="" if qn is None else ("head" if qn.shape[0] == head_dim else "full"),
-            n_experts=int(self.tensors["blk.0.ffn_gate_exps.weight"].shape[0]) if moe else 0,
-            n_experts_used=int(a("expert_used_count", 0)) if moe else 0,
-            expert_ffn_dim=int(self.tensors["blk.0.ffn_gate_exps.weight"].shape[1]) if moe else 0,
-            shared_ffn_dim=int(shexp.shape[0]) if shexp is not None else 0,
-            norm_topk=bool(a("expert_weights_norm", NORM_TOPK.get(name, False))) if moe else False,
         )
+        rope_dim = int(a("rope.dimension_count", head_dim))
+        common |= dict(rope_base=float(a("rope.freq_base", 10000.0)), rope_dim=rope_dim if rope_dim < head_dim else 0)
+        common |= gguf_rope(a, self.tensors, self.file.read)
+        self._consumed = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
+        return ModelArgs(
+            arch=fam.name,
+            qkv_bias="blk.0.attn_q.bias" in self.tensors or "blk.0.attn_qkv.bias" in self.tensors,
+            tied_embeddings="output.weight" not in self.tensors,
+            **{**fam.block, **common, **self._moe(a, moe, fam), **fam.gguf_fields(a, common)},
+        )
+
+    def _moe(self, a, moe: bool, fam: Family) -> dict:
+        if not moe:
+            return {}
+        shexp = self.tensors.get("blk.0.ffn_gate_shexp.weight")
+        exps = self.tensors["blk.0.ffn_gate_exps.weight"]
+        return dict(
+            n_experts=int(exps.shape[0]),
+            n_experts_used=int(a("expert_used_count", 0)),
+            expert_ffn_dim=int(exps.shape[1]),
+            shared_ffn_dim=int(shexp.shape[0]) if shexp is not None else 0,
+            norm_topk=bool(a("expert_weights_norm", NORM_TOPK.get(fam.name, False))),
+        )
+
+    def _check_names(self) -> None:
+        """Every key under the architecture and every tensor is one this family reads."""
+        arch, fam = self.gguf_arch, self.family
+        known = COMMON_GGUF_KEYS | fam.gguf_keys | _MOE_GGUF_KEYS
+        keys = [
+            k
+            for k in self.file.fields
+            if not k.startswith(_METADATA) and not (k.startswith(f"{arch}.") and k[len(arch) + 1 :] in known)
+        ]
+        advice = "it is a variant of the model cadence does not run (tell us which model it is)"
+        refuse_unknown("the key", keys, self.path.name, fam, advice)
+        used = set(self._consumed)
+        for _, name in canonical_names(self.args):
+            used |= set(self._sources(name))
+        refuse_unknown("the tensor", set(self.tensors) - used, self.path.name, fam, advice)
+
+    def _sources(self, name: str) -> list[str]:
+        """The GGUF tensors a canonical tensor is made of."""
+        if name == "embed":
+            return ["token_embd.weight"]
+        if name in ("out_norm", "head"):
+            return ["output_norm.weight" if name == "out_norm" else "output.weight"]
+        _, i, part = name.split(".", 2)
+        b = f"blk.{i}"
+        if part.startswith("exp."):
+            which = part.split(".")[2]
+            return [f"{b}.ffn_{x}_exps.weight" for x in (("gate", "up") if which == "gate_up" else ("down",))]
+        moe = {
+            "ffn_router": ["ffn_gate_inp"],
+            "ffn_shexp_gate": ["ffn_gate_inp_shexp"],
+            "ffn_shexp_gate_up": ["ffn_gate_shexp", "ffn_up_shexp"],
+            "ffn_shexp_down": ["ffn_down_shexp"],
+        }
+        if part == "attn_qkv_bias":
+            return [f"{b}.{n}.bias" for n in self.family.gguf_tensors("attn_qkv")]
+        return [f"{b}.{n}.weight" for n in moe.get(part) or self.family.gguf_tensors(part)]
 
     def _tokenizer(self) -> TokenizerInfo:
         model = self._field("tokenizer.ggml.model")
@@ -212,42 +285,15 @@ class GGUFSource:
         return self.file.read(name, index)
 
     def get(self, name: str) -> np.ndarray:
-        a = self.args
-        if name == "embed":
-            return self._raw("token_embd.weight")
-        if name == "out_norm":
-            return self._raw("output_norm.weight")
-        if name == "head":
-            return self._raw("output.weight")
-        _, i, part = name.split(".", 2)
-        b = f"blk.{i}"
-        llama = self.gguf_arch == "llama"
-        if part.startswith("exp."):  # one expert of the [experts, out, in] tensors
-            _, e, which = part.split(".")
-            if which == "gate_up":
-                return np.concatenate(
-                    [self._raw(f"{b}.ffn_gate_exps.weight", int(e)), self._raw(f"{b}.ffn_up_exps.weight", int(e))]
-                )
-            return self._raw(f"{b}.ffn_down_exps.weight", int(e))
-        if part in ("attn_qkv", "attn_qkv_bias"):
-            kind = "weight" if part == "attn_qkv" else "bias"
-            q, k = self._raw(f"{b}.attn_q.{kind}"), self._raw(f"{b}.attn_k.{kind}")
-            if llama:
-                q, k = _unpermute(q, a.n_heads), _unpermute(k, a.n_kv_heads)
-            return np.concatenate([q, k, self._raw(f"{b}.attn_v.{kind}")])
-        if part in ("ffn_gate_up", "ffn_shexp_gate_up"):
-            x = "_shexp" if part == "ffn_shexp_gate_up" else ""
-            return np.concatenate([self._raw(f"{b}.ffn_gate{x}.weight"), self._raw(f"{b}.ffn_up{x}.weight")])
-        if part == "ffn_shexp_gate":
-            return self._raw(f"{b}.ffn_gate_inp_shexp.weight").reshape(1, a.dim)
-        plain = {
-            "attn_norm": "attn_norm.weight",
-            "attn_out": "attn_output.weight",
-            "ffn_norm": "ffn_norm.weight",
-            "ffn_down": "ffn_down.weight",
-            "attn_q_norm": "attn_q_norm.weight",
-            "attn_k_norm": "attn_k_norm.weight",
-            "ffn_router": "ffn_gate_inp.weight",
-            "ffn_shexp_down": "ffn_down_shexp.weight",
-        }
-        return self._raw(f"{b}.{plain[part]}")
+        if name == "head" and self.args.tied_embeddings:
+            name = "embed"
+        srcs = self._sources(name)
+        if ".exp." in name:  # one expert of the [experts, out, in] tensors
+            e = int(name.split(".")[3])
+            return np.concatenate([self._raw(s, e) for s in srcs])
+        if name.endswith("ffn_shexp_gate"):
+            return self._raw(srcs[0]).reshape(1, self.args.dim)
+        w = np.concatenate([self._raw(s) for s in srcs]) if len(srcs) > 1 else self._raw(srcs[0])
+        if name.endswith(("attn_qkv", "attn_qkv_bias")):
+            return qkv_layout(w, self.args, self.family.gguf_permuted)
+        return w

@@ -1,5 +1,6 @@
-"""Our transformer for the Llama / Qwen family: RMSNorm, rotary embeddings, GQA, q/k norms, SwiGLU,
-dense or a mixture of experts.
+"""Our transformer: one decoder block for every family (RMSNorm before and/or after each branch, rotary
+embeddings, GQA, q/k norms, SwiGLU or GeGLU, the scales and soft caps a family has: models/config.py),
+full-attention or sliding-window layers, dense or a mixture of experts.
 
 `forward` scores a block of new tokens with explicit positions and an explicit visibility
 (causal, a token tree, or any mask), writes their keys and values to the cache as pending
@@ -10,8 +11,7 @@ tokens route to once its router has answered (`NeedExperts`), so they can be str
 
 from __future__ import annotations
 
-import math
-from typing import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -20,93 +20,38 @@ from common.errors import CadenceError
 from models import kernels, layer_kernel
 from models.attention import Visibility, attend
 from models.config import ModelArgs
+from models.kvcache import KVCache
+from models.rope import Rotary, inv_freq
 from models.sampling import HeadArgmax
 from models.requests import ForwardPlan, NeedExperts, NeedWeights, SplitAttention, SplitColumns
 
 
-class KVCache:
-    """Keys and values [n_layers, Hkv, capacity, D].
+class Place(NamedTuple):
+    """Where layer i's attention works: its cache rows (keys, values [Hkv, rows, D]), the row of the forward's
+    first new key, the block's visibility in those rows, and the rotary tables of its kind of layer."""
 
-    Slots [0, length) are committed; slots [length, end) are pending: written by forwards since
-    the last commit (a verified block, or a draft tree fed one node at a time). `commit(keep)`
-    keeps the chosen pending entries, in order, and drops the rest.
-    """
+    k: torch.Tensor
+    v: torch.Tensor
+    slot0: int
+    vis: Visibility
+    rotary: Rotary
 
-    def __init__(
-        self, args: ModelArgs, capacity: int, device: str | torch.device = "cpu", storage: torch.Tensor | None = None
-    ):
-        """`storage`: a float32 tensor of `KVCache.numel(args, capacity)` elements to live in (shared memory)."""
-        shape = (args.n_layers, args.n_kv_heads, capacity, args.head_dim)
-        if storage is None:
-            self.k = torch.zeros(shape, dtype=torch.float32, device=device)
-            self.v = torch.zeros(shape, dtype=torch.float32, device=device)
-        else:
-            kv = storage.view(torch.float32)[: self.numel(args, capacity)].view(2, *shape)
-            self.k, self.v = kv[0], kv[1]
-        self.capacity = capacity
-        self.length = 0
-        self.pending = 0
 
-    @staticmethod
-    def numel(args: ModelArgs, capacity: int) -> int:
-        return 2 * args.n_layers * args.n_kv_heads * capacity * args.head_dim
-
-    @property
-    def end(self) -> int:
-        return self.length + self.pending
-
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * 4
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        # k, v: [T, Hkv, D] -> slots [end, end + T)
-        T, e = k.shape[0], self.end
-        self.k[layer, :, e : e + T] = k.transpose(0, 1)
-        self.v[layer, :, e : e + T] = v.transpose(0, 1)
-
-    def commit(self, keep: Sequence[int] | None = None):
-        """Keep pending entries `keep` (ascending indices into the pending slots) in order; drop the rest."""
-        if keep is None:
-            self.length += self.pending
-        else:
-            keep = list(keep)
-            if any(b <= a for a, b in zip(keep, keep[1:])) or (keep and not 0 <= keep[0] <= keep[-1] < self.pending):
-                raise ValueError(f"keep={keep} must be ascending indices into the {self.pending} pending entries")
-            n, L = len(keep), self.length
-            if keep != list(range(n)):
-                src = torch.tensor(keep, device=self.k.device) + L
-                self.k[:, :, L : L + n] = self.k[:, :, src]
-                self.v[:, :, L : L + n] = self.v[:, :, src]
-            self.length += n
-        self.pending = 0
-
-    def rewind(self, length: int):
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot rewind a cache of {self.length} entries to {length}")
-        self.length, self.pending = length, 0
+def plain_block(a: ModelArgs) -> bool:
+    """Llama's block: norms before each branch only, SwiGLU, no scales, caps or sliding windows. The one-call
+    layer kernel and the sparse worker's splits take these; the others run through the separate calls."""
+    return (
+        a.pre_norm
+        and not a.post_norm
+        and a.act == "silu"
+        and a.residual_scale == 1.0
+        and not a.attn_softcap
+        and not a.sliding_layers
+    )
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-class Rotary:
-    """cos/sin tables for rotate-half RoPE, grown on demand."""
-
-    def __init__(self, head_dim: int, base: float, device):
-        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float().to(device) / head_dim))
-        self.cos = self.sin = torch.empty(0, head_dim, device=device)
-
-    def ensure(self, need: int):
-        if need > self.cos.shape[0]:
-            n = max(need, 2 * self.cos.shape[0], 256)
-            freqs = torch.outer(torch.arange(n, device=self.inv_freq.device).float(), self.inv_freq)
-            emb = torch.cat([freqs, freqs], dim=-1)
-            self.cos, self.sin = emb.cos().contiguous(), emb.sin().contiguous()
-
-    def tables(self, positions: torch.Tensor):
-        self.ensure(int(positions.max().item()) + 1)
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [T, 1, D]
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -118,8 +63,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 class Transformer:
     def __init__(self, args: ModelArgs, weights, device: str | torch.device = "cpu"):
         self.args, self.weights, self.device = args, weights, torch.device(device)
-        self.rotary = Rotary(args.head_dim, args.rope_base, self.device)
-        self.scale = 1.0 / math.sqrt(args.head_dim)
+        self.scale = args.scale
+        self.rotaries: dict[tuple[bool, int], Rotary] = {}
+        self.rotary = self.rotary_for(False, 0)
         # CPU: the fused row-wise kernels of models/csrc/ops.cpp; elsewhere: torch ops
         self.fused = self.device.type == "cpu" and args.dim % 16 == 0 and args.head_dim <= 1024 and kernels.available()
         self.layer_calls = self.fused  # a dense layer in one kernel call where it can (models/layer_kernel.py)
@@ -133,6 +79,18 @@ class Transformer:
         )
         self.ffn_inputs: list | None = None  # when a list, each layer's (i, FFN input h [T, dim]) is appended
 
+    def rotary_for(self, sliding: bool, capacity: int) -> Rotary:
+        """The rotary tables of a kind of layer; a scaling that depends on the context (LongRoPE, dynamic NTK)
+        takes the cache's capacity, as llama.cpp takes its context size."""
+        a = self.args
+        local = sliding and a.rope_local_base > 0
+        scaling = None if local else a.rope_scaling
+        key = (local, capacity if scaling is not None and scaling.kind in ("longrope", "dynamic") else 0)
+        if key not in self.rotaries:
+            inv, factor = inv_freq(a.head_dim, a.rope_local_base if local else a.rope_base, scaling, a.rope_dim, key[1])
+            self.rotaries[key] = Rotary(inv, factor, self.device)
+        return self.rotaries[key]
+
     def new_cache(self, capacity: int, storage: torch.Tensor | None = None) -> KVCache:
         if capacity > self.args.context_length:
             raise CadenceError(
@@ -141,35 +99,41 @@ class Transformer:
             )
         return KVCache(self.args, capacity, self.device, storage)
 
-    def block_fused(
-        self,
-        i: int,
-        w,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        cache: KVCache,
-        vis: Visibility,
-        plan: ForwardPlan | None = None,
-    ):
+    def places(self, cache: KVCache, vis: Visibility, positions: torch.Tensor) -> list[Place]:
+        """Each layer's `Place` for one forward (a sliding layer's visibility computed once for all of them)."""
+        a = self.args
+        wvis = cache.window_vis(vis, positions) if cache.window else None
+        full, local = self.rotary_for(False, cache.capacity), self.rotary_for(True, cache.capacity)
+        need = int(positions.max().item()) + 1
+        full.ensure(need)
+        local.ensure(need)
+        out = []
+        for i in range(a.n_layers):
+            k, v, base = cache.kv(i)
+            sliding = a.sliding(i)
+            out.append(Place(k, v, cache.end - base, wvis if sliding else vis, local if sliding else full))
+        return out
+
+    def block_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan: ForwardPlan | None):
         """A generator (see `forward_steps`): yields a `SplitAttention` when the plan splits attention."""
         a = self.args
         if self.layer_calls and self.ffn_inputs is None and (plan is None or not plan.attn_split):
             rec = layer_kernel.record(w, a)
             if rec is not None:  # the whole layer in one call, the same bits
-                return layer_kernel.run(rec, x, positions, self.rotary, cache, i, vis, self.scale, a.norm_eps)
+                return layer_kernel.run(rec, x, positions, at, self.scale, a.norm_eps)
         T = x.shape[0]
-        qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps))
+        qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x)
         if a.qk_norm:
             self.norm_qk(qkv, w, kernels.rmsnorm)
-        q = kernels.qkv_rope(
-            qkv, w.qkv.bias, positions, self.rotary.cos, self.rotary.sin, cache.k[i], cache.v[i], a.n_heads, cache.end
-        )
+        q = kernels.qkv_rope(qkv, w.qkv.bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
         if plan is not None and plan.attn_split:
-            o = yield SplitAttention(i, q, cache.k[i], cache.v[i], vis)
+            if not plain_block(a):
+                raise CadenceError(f"the sparse worker does not split {a.arch}'s attention; run without --partition")
+            o = yield SplitAttention(i, q, at.k, at.v, at.vis)
         else:
-            o = attend(q, cache.k[i], cache.v[i], vis, self.scale)  # [T, H, D]
-        w.attn_out.matmul(o.reshape(T, a.q_dim), out=x)  # x += o W_o^T
-        h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps)
+            o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap)  # [T, H, D]
+        self.residual(x, w.attn_out, o.reshape(T, a.q_dim), w.attn_post_norm, kernels.rmsnorm)
+        h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
         if self.ffn_inputs is not None:
             self.ffn_inputs.append((i, h))
         if a.moe:
@@ -177,8 +141,21 @@ class Transformer:
         elif w.flash is not None:  # LLM in a flash: the predicted neurons only (models/flash)
             w.flash(h, x)
         else:
-            w.down.matmul(kernels.swiglu(w.gate_up.matmul(h)), out=x)
+            self.residual(x, w.down, kernels.glu(w.gate_up.matmul(h), a.act), w.ffn_post_norm, kernels.rmsnorm)
         return x
+
+    def residual(self, x: torch.Tensor, out, h: torch.Tensor, post: torch.Tensor | None, norm):
+        """x += h W^T, through the branch's norm (Gemma, OLMo 2) and scale (Granite) where the model has them."""
+        a = self.args
+        if post is None and a.residual_scale == 1.0:
+            out.matmul(h, out=x)  # added in place
+            return
+        y = out.matmul(h)
+        if post is not None:
+            y = norm(y, post, a.norm_eps)
+        if a.residual_scale != 1.0:
+            y = y * a.residual_scale
+        x += y
 
     def norm_qk(self, qkv: torch.Tensor, w, norm):
         """RMSNorm of the queries and keys in place (per head, or over the whole projection), before RoPE."""
@@ -248,13 +225,11 @@ class Transformer:
     def _buf(plan: ForwardPlan, k: int, T: int, n: int) -> torch.Tensor:
         return plan.bufs[k][: T * n].view(T, n)
 
-    def block_cols(
-        self, i: int, w, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, vis: Visibility, plan: ForwardPlan
-    ):
+    def block_cols(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan: ForwardPlan):
         """`block_fused` with every linear layer handed out as a `SplitColumns` (see `ForwardPlan`):
         x, the inputs of the linears and their outputs live in the plan's shared buffers."""
         a = self.args
-        if a.moe or a.qk_norm:
+        if a.moe or a.qk_norm or not plain_block(a):
             raise CadenceError(
                 f"the sparse worker's column share does not split {a.arch} layers; run without --column-share"
             )
@@ -262,13 +237,11 @@ class Transformer:
         h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps, out=self._buf(plan, 1, T, a.dim))
         qkv = self._buf(plan, 2, T, w.qkv.n)
         yield SplitColumns(i, "qkv", w.qkv, h, qkv, False)
-        q = kernels.qkv_rope(
-            qkv, w.qkv.bias, positions, self.rotary.cos, self.rotary.sin, cache.k[i], cache.v[i], a.n_heads, cache.end
-        )
+        q = kernels.qkv_rope(qkv, w.qkv.bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
         if plan.attn_split:
-            o = yield SplitAttention(i, q, cache.k[i], cache.v[i], vis)
+            o = yield SplitAttention(i, q, at.k, at.v, at.vis)
         else:
-            o = attend(q, cache.k[i], cache.v[i], vis, self.scale)
+            o = attend(q, at.k, at.v, at.vis, self.scale)
         h = self._buf(plan, 1, T, a.q_dim)
         h.copy_(o.reshape(T, a.q_dim))
         yield SplitColumns(i, "attn_out", w.attn_out, h, x, True)  # x += o W_o^T
@@ -279,27 +252,35 @@ class Transformer:
         yield SplitColumns(i, "down", w.down, h, x, True)
         return x
 
-    def block(self, i: int, w, x: torch.Tensor, cos, sin, cache: KVCache, vis: Visibility):
+    def block(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place):
         """The torch-ops layer (devices other than the CPU): a generator like `block_fused`."""
         a = self.args
         T = x.shape[0]
-        qkv = w.qkv(rms_norm(x, w.attn_norm, a.norm_eps))
+        cos, sin = at.rotary.tables(positions)
+        qkv = w.qkv(rms_norm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x)
         if a.qk_norm:
             self.norm_qk(qkv, w, rms_norm)
         q, k, v = qkv.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
         q = rope(q.view(T, a.n_heads, a.head_dim), cos, sin)
         k = rope(k.view(T, a.n_kv_heads, a.head_dim), cos, sin)
-        cache.write(i, k, v.view(T, a.n_kv_heads, a.head_dim))
-        o = attend(q, cache.k[i], cache.v[i], vis, self.scale)  # [T, H, D]
-        x = x + w.attn_out(o.reshape(T, a.q_dim))
-        h = rms_norm(x, w.ffn_norm, a.norm_eps)
+        at.k[:, at.slot0 : at.slot0 + T] = k.transpose(0, 1)
+        at.v[:, at.slot0 : at.slot0 + T] = v.view(T, a.n_kv_heads, a.head_dim).transpose(0, 1)
+        o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap)  # [T, H, D]
+        x = x.clone()
+        self.residual(x, w.attn_out, o.reshape(T, a.q_dim), w.attn_post_norm, rms_norm)
+        h = rms_norm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
         if self.ffn_inputs is not None:
             self.ffn_inputs.append((i, h))
         if w.flash is not None:
             raise CadenceError("--mode flash runs on cadence's CPU kernels; use --device cpu")
         if a.moe:
             return x + (yield from self.moe(i, w, h))
-        return x + self.ffn(w.gate_up, w.down, h)
+        self.residual(x, w.down, self.glu(w.gate_up(h)), w.ffn_post_norm, rms_norm)
+        return x
+
+    def glu(self, gu: torch.Tensor) -> torch.Tensor:
+        gate, up = gu.chunk(2, dim=-1)
+        return (F.silu(gate) if self.args.act == "silu" else F.gelu(gate, approximate="tanh")) * up
 
     def forward(
         self,
@@ -338,35 +319,36 @@ class Transformer:
         them, `forward` feeds it from the weight provider. With a `plan`, it also hands out the split
         parts (`SplitAttention`, `SplitColumns`) and takes their results back.
         """
-        T = tokens.shape[0]
-        if cache.end + T > cache.capacity:
-            raise CadenceError(
-                f"the KV cache holds {cache.capacity} tokens and {cache.end + T} are needed; "
-                "lower --max-new-tokens or shorten the prompt"
-            )
+        a, T = self.args, tokens.shape[0]
+        cache.reserve(positions)
         vis = vis or Visibility.causal(cache.end, T)
         x = self.weights.embed[tokens].float()
+        if a.embed_scale != 1.0:
+            x = x * a.embed_scale
+        places = self.places(cache, vis, positions)
         if self.fused:
-            self.rotary.ensure(int(positions.max().item()) + 1)
             positions = positions.to(torch.int64).contiguous()
             block = self.block_fused
             if plan is not None and plan.column_share > 0:
-                x = self._buf(plan, 0, T, self.args.dim).copy_(x)
+                x = self._buf(plan, 0, T, a.dim).copy_(x)
                 block = self.block_cols
             for i, need in enumerate(self.layer_needs):
                 w = yield need
-                x = yield from block(i, w, x, positions, cache, vis, plan)
+                x = yield from block(i, w, x, positions, places[i], plan)
         else:  # torch ops (not the CPU kernels): nothing is split
-            cos, sin = self.rotary.tables(positions)
             for i, need in enumerate(self.layer_needs):
                 w = yield need
-                x = yield from self.block(i, w, x, cos, sin, cache, vis)
+                x = yield from self.block(i, w, x, positions, places[i])
         cache.pending += T
         if logits_rows is not None:
             x = x[logits_rows]
-        # the output head, part by part (token rows [lo, hi)); a part that is None (a draft that keeps
-        # only the frequent tokens' rows) is skipped, and a draft's logits stop at the rows it keeps
-        width = getattr(self.weights, "head_rows", None) or self.args.vocab_size
+        return (yield from self.head_steps(x, argmax))
+
+    def head_steps(self, x: torch.Tensor, argmax: bool):
+        """The output head, part by part (token rows [lo, hi)); a part that is None (a draft that keeps only the
+        frequent tokens' rows) is skipped, and a draft's logits stop at the rows it keeps."""
+        a = self.args
+        width = getattr(self.weights, "head_rows", None) or a.vocab_size
         top = HeadArgmax(x.shape[0], x.device) if argmax else None
         logits = None if argmax else torch.full((x.shape[0], width), float("-inf"), device=x.device)
         h = None
@@ -375,13 +357,14 @@ class Transformer:
             if part is None:
                 continue
             if h is None:  # head.0 (rows from 0: every head keeps it) carries the final norm
-                h = (
-                    kernels.rmsnorm(x, part.norm, self.args.norm_eps)
-                    if self.fused
-                    else rms_norm(x, part.norm, self.args.norm_eps)
-                )
+                h = (kernels.rmsnorm if self.fused else rms_norm)(x, part.norm, a.norm_eps)
+            y = part.out(h)
+            if a.logits_div != 1.0:  # Granite
+                y = y / a.logits_div
+            if a.final_softcap:  # Gemma 2: as transformers does it, so near ties break the same way
+                y = torch.tanh(y / a.final_softcap) * a.final_softcap
             if top is not None:
-                top.fold(part.out(h), part.lo)
+                top.fold(y, part.lo)
             else:
-                logits[:, part.lo : part.lo + part.out.n] = part.out(h)
+                logits[:, part.lo : part.lo + part.out.n] = y
         return top.ids if top is not None else logits

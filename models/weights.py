@@ -24,10 +24,10 @@ class LayerWeights:
     """A layer's weights that every token uses. A dense layer has its FFN (`gate_up`, `down`); a mixture of
     experts has its `router` (and a shared expert where the model has one); its experts are `ExpertWeights`."""
 
-    attn_norm: torch.Tensor
+    attn_norm: torch.Tensor | None  # None: no norm before the branch (OLMo 2)
     qkv: Linear
     attn_out: Linear
-    ffn_norm: torch.Tensor
+    ffn_norm: torch.Tensor | None
     gate_up: Linear | None = None
     down: Linear | None = None
     q_norm: torch.Tensor | None = None
@@ -36,6 +36,8 @@ class LayerWeights:
     shexp_gate: Linear | None = None
     shexp_gate_up: Linear | None = None
     shexp_down: Linear | None = None
+    attn_post_norm: torch.Tensor | None = None  # a norm of the branch's output before the residual add (Gemma, OLMo 2)
+    ffn_post_norm: torch.Tensor | None = None
     flash: object | None = None  # LLM in a flash: the layer's FFN (models/flash/weights.py `FlashFFN`)
     kernel_record: torch.Tensor | None = None  # the layer as one kernel call takes it (models/layer_kernel.py)
 
@@ -76,10 +78,10 @@ def layer_from_views(store: WeightStore, i: int, views: dict[str, dict[str, torc
     lin = lambda part: store_linear(store, f"{b}.{part}", views[f"{b}.{part}"]) if f"{b}.{part}" in views else None
     norm = lambda part: views[f"{b}.{part}"]["w"] if f"{b}.{part}" in views else None
     return LayerWeights(
-        attn_norm=views[f"{b}.attn_norm"]["w"],
+        attn_norm=norm("attn_norm"),
         qkv=store_linear(store, f"{b}.attn_qkv", views[f"{b}.attn_qkv"], bias),
         attn_out=store_linear(store, f"{b}.attn_out", views[f"{b}.attn_out"]),
-        ffn_norm=views[f"{b}.ffn_norm"]["w"],
+        ffn_norm=norm("ffn_norm"),
         gate_up=lin("ffn_gate_up"),
         down=lin("ffn_down"),
         q_norm=norm("attn_q_norm"),
@@ -88,6 +90,8 @@ def layer_from_views(store: WeightStore, i: int, views: dict[str, dict[str, torc
         shexp_gate=lin("ffn_shexp_gate"),
         shexp_gate_up=lin("ffn_shexp_gate_up"),
         shexp_down=lin("ffn_shexp_down"),
+        attn_post_norm=norm("attn_post_norm"),
+        ffn_post_norm=norm("ffn_post_norm"),
     )
 
 
@@ -175,10 +179,10 @@ class TensorWeights:
             b = f"blk.{i}"
             self.layers.append(
                 LayerWeights(
-                    attn_norm=tensors[f"{b}.attn_norm"].float(),
+                    attn_norm=norm(f"{b}.attn_norm"),
                     qkv=enc(f"{b}.attn_qkv", tensors.get(f"{b}.attn_qkv_bias")),
                     attn_out=enc(f"{b}.attn_out"),
-                    ffn_norm=tensors[f"{b}.ffn_norm"].float(),
+                    ffn_norm=norm(f"{b}.ffn_norm"),
                     gate_up=enc(f"{b}.ffn_gate_up"),
                     down=enc(f"{b}.ffn_down"),
                     q_norm=norm(f"{b}.attn_q_norm"),
@@ -187,6 +191,8 @@ class TensorWeights:
                     shexp_gate=enc(f"{b}.ffn_shexp_gate"),
                     shexp_gate_up=enc(f"{b}.ffn_shexp_gate_up"),
                     shexp_down=enc(f"{b}.ffn_shexp_down"),
+                    attn_post_norm=norm(f"{b}.attn_post_norm"),
+                    ffn_post_norm=norm(f"{b}.ffn_post_norm"),
                 )
             )
         self.expert = {

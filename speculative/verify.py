@@ -48,6 +48,7 @@ class Verifier:
                 min(len(self.tokens), len(prompt_ids)),
             )
             keep = min(keep, len(prompt_ids) - 1, c.length)  # the last prompt token runs again: its logits are needed
+            keep = keep if c.can_rewind(keep) else 0  # a sliding-window layer may have dropped rows it needs
         if keep > 0:
             c.rewind(keep)
         else:

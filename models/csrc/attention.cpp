@@ -66,12 +66,14 @@ struct ChunkState {
     float m, l;
 };
 
-/* A chunk's scores into exp weights: s[j] = exp(scale q.k_j - m) for j < n (0 up to CH); returns (m, l). */
-static ChunkState softmax_part(float *s, int n, float scale) {
+/* A chunk's scores into exp weights: s[j] = exp(scale q.k_j - m) for j < n (0 up to CH); returns (m, l).
+ * cap > 0 soft-caps each scaled score first, cap tanh(s / cap) (Gemma 2), as transformers does. */
+static ChunkState softmax_part(float *s, int n, float scale, float cap) {
     int j;
     float m = -INFINITY;
     for (j = 0; j < n; j++) {
         s[j] *= scale;
+        if (cap > 0.0f) s[j] = std::tanh(s[j] / cap) * cap;
         m = std::max(m, s[j]);
     }
     for (j = n; j < CH; j++) s[j] = m - 1000.0f; /* exp underflows to exactly 0 */
@@ -125,12 +127,12 @@ static void weighted_sum(const float *s, const float *const *vp, int n, int D, f
 /* One chunk of n <= CH keys: m = max score, l = sum exp(s - m), oc = sum exp(s - m) v.
  * Sums run over keys in order; lanes run over the head dimension. */
 static ChunkState chunk(const float *q, const float *const *kp, const float *const *vp, int n, int D, float scale,
-                        float *oc) {
+                        float *oc, float cap = 0.0f) {
     alignas(32) float s[CH];
     int j = 0;
     for (; j + 4 <= n; j += 4) dot4(q, kp + j, D, s + j);
     for (; j < n; j++) s[j] = dot(q, kp[j], D);
-    const ChunkState cs = softmax_part(s, n, scale);
+    const ChunkState cs = softmax_part(s, n, scale, cap);
     weighted_sum(s, vp, n, D, oc);
     return cs;
 }
@@ -138,7 +140,7 @@ static ChunkState chunk(const float *q, const float *const *kp, const float *con
 /* `chunk` for two queries over the same keys (two heads that share a KV head, or two rows), each key and
  * value loaded once for both: each query's every sum in `chunk`'s order, so the same bits. D % 64 == 0. */
 static void chunk2(const float *qa, const float *qb, const float *const *kp, const float *const *vp, int n, int D,
-                   float scale, float *oca, float *ocb, ChunkState *out) {
+                   float scale, float cap, float *oca, float *ocb, ChunkState *out) {
     alignas(32) float sa[CH], sb[CH];
     int j = 0;
     for (; j + 4 <= n; j += 4) { /* dot4's sums for both queries */
@@ -155,8 +157,8 @@ static void chunk2(const float *qa, const float *qb, const float *const *kp, con
         hsum16x4(b0, b1, b2, b3, sb + j);
     }
     for (; j < n; j++) sa[j] = dot(qa, kp[j], D), sb[j] = dot(qb, kp[j], D);
-    out[0] = softmax_part(sa, n, scale);
-    out[1] = softmax_part(sb, n, scale);
+    out[0] = softmax_part(sa, n, scale, cap);
+    out[1] = softmax_part(sb, n, scale, cap);
     for (int d = 0; d < D; d += 64) { /* weighted_sum's 64-lane blocks for both */
         v16f a0 = v16_splat(0.0f), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
         for (j = 0; j < n; j++) {
@@ -194,19 +196,19 @@ static constexpr int RB = 4; /* rows per work item */
 /* States s0 .. s1 of a work item (s = (row - r0) * G + head within the KV head's group) folded over one
  * chunk of n keys, two queries at a time where D allows (chunk2), else one (chunk). oc: 2 D floats. */
 static void fold_chunk(const float *q, int H, int G, int kh, int r0, int s0, int s1, const float *const *kp,
-                       const float *const *vp, int n, int D, float scale, float *m, float *l, float *o, float *oc,
-                       bool first) {
+                       const float *const *vp, int n, int D, float scale, float cap, float *m, float *l, float *o,
+                       float *oc, bool first) {
     const auto qp = [&](int s) { return q + ((size_t)(r0 + s / G) * H + kh * G + s % G) * D; };
     int s = s0;
     if (D % 64 == 0)
         for (; s + 1 < s1; s += 2) {
             ChunkState cs[2];
-            chunk2(qp(s), qp(s + 1), kp, vp, n, D, scale, oc, oc + D, cs);
+            chunk2(qp(s), qp(s + 1), kp, vp, n, D, scale, cap, oc, oc + D, cs);
             merge(&m[s], &l[s], &o[(size_t)s * D], cs[0], oc, D, first);
             merge(&m[s + 1], &l[s + 1], &o[(size_t)(s + 1) * D], cs[1], oc + D, D, first);
         }
     for (; s < s1; s++) {
-        const ChunkState cs = chunk(qp(s), kp, vp, n, D, scale, oc);
+        const ChunkState cs = chunk(qp(s), kp, vp, n, D, scale, oc, cap);
         merge(&m[s], &l[s], &o[(size_t)s * D], cs, oc, D, first);
     }
 }
@@ -214,7 +216,7 @@ static void fold_chunk(const float *q, int H, int G, int kh, int r0, int s0, int
 /* The work items (a KV head and a block of rows each) shared among the threads of the enclosing parallel
  * region (csrc/layer.cpp's, or cad_attention's own); on one thread outside any. */
 void attention_for(const float *q, const float *kc, const float *vc, float *out, float *lse, int T, int H, int Hkv,
-                   int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx, float scale) {
+                   int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx, float scale, float softcap) {
     const int G = H / Hkv;
     const int nblocks = (T + RB - 1) / RB;
     const int nfull = n_shared / CH;
@@ -230,8 +232,8 @@ void attention_for(const float *q, const float *kc, const float *vc, float *out,
                 kp[j] = K + (size_t)(c * CH + j) * D;
                 vp[j] = V + (size_t)(c * CH + j) * D;
             }
-            fold_chunk(q, H, G, kh, r0, 0, (r1 - r0) * G, kp, vp, CH, D, scale, m.data(), l.data(), o.data(),
-                       oc.data(), c == 0);
+            fold_chunk(q, H, G, kh, r0, 0, (r1 - r0) * G, kp, vp, CH, D, scale, softcap, m.data(), l.data(),
+                       o.data(), oc.data(), c == 0);
         }
         /* The rest of each row: the shared tail after the last full chunk, then its own keys. */
         std::vector<int32_t> slots;
@@ -245,8 +247,8 @@ void attention_for(const float *q, const float *kc, const float *vc, float *out,
                     kp[j] = K + (size_t)slots[c0 + j] * D;
                     vp[j] = V + (size_t)slots[c0 + j] * D;
                 }
-                fold_chunk(q, H, G, kh, r0, (r - r0) * G, (r - r0 + 1) * G, kp, vp, n, D, scale, m.data(), l.data(),
-                           o.data(), oc.data(), nfull == 0 && c0 == 0);
+                fold_chunk(q, H, G, kh, r0, (r - r0) * G, (r - r0 + 1) * G, kp, vp, n, D, scale, softcap, m.data(),
+                           l.data(), o.data(), oc.data(), nfull == 0 && c0 == 0);
             }
             for (int g = 0; g < G; g++) {
                 const int s = (r - r0) * G + g, h = kh * G + g;
@@ -261,9 +263,9 @@ void attention_for(const float *q, const float *kc, const float *vc, float *out,
 
 extern "C" void cad_attention(const float *q, const float *kc, const float *vc, float *out, float *lse, int T, int H,
                               int Hkv, int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx,
-                              float scale, int nthreads) {
+                              float scale, float softcap, int nthreads) {
 #pragma omp parallel num_threads(nthreads)
-    attention_for(q, kc, vc, out, lse, T, H, Hkv, D, cap, n_shared, ptr, idx, scale);
+    attention_for(q, kc, vc, out, lse, T, H, Hkv, D, cap, n_shared, ptr, idx, scale, softcap);
 }
 
 /* ---- The same attention, split in three (Ghidorah's dense / sparse parts, merged by online softmax).

@@ -1,6 +1,7 @@
 /* A whole dense decoder layer in one call and one OpenMP parallel region: RMSNorm, the qkv product,
- * bias and RoPE with the keys and values written to the cache, attention, the output product added to
- * the residual, RMSNorm, gate_up, SwiGLU and down added to the residual.
+ * bias, q/k norms and RoPE with the keys and values written to the cache, attention, the output product
+ * added to the residual (through a norm and a scale where the family has them), RMSNorm, gate_up, the gated
+ * activation (SwiGLU or GeGLU) and down added to the residual likewise.
  *
  * The same operations as the layer's separate calls (models/transformer.py `block_fused`), in the same
  * order, through the same functions, so the same bits: only the stages' work is shared among the threads
@@ -9,23 +10,58 @@
  * was a fifth of the 0.5B draft's forward.
  *
  * The layer's record (int64, models/layer_kernel.py writes it): dim, H, Hkv, hd, F, the addresses of
- * attn_norm, ffn_norm and the qkv bias (0: none), then qkv, attn_out, gate_up and down as
- * `QuantLinear.record` gives them (format, n, k, row0 and five array addresses). */
+ * attn_norm, ffn_norm and the qkv bias (0: none), the flags (bit 0: no norms before the branches, bit 1:
+ * GeGLU, bits 2-3: q/k norms 0 none, 1 per head, 2 over the whole projection), the addresses of q_norm,
+ * k_norm, attn_post_norm and ffn_post_norm (0: none), the residual scale and the attention's soft cap (as
+ * the bits of a double), then qkv, attn_out, gate_up and down as `QuantLinear.record` gives them (format,
+ * n, k, row0 and five array addresses). */
 #include "ops.hpp"
 #include "qlinear.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <omp.h>
 #include <vector>
 
 namespace {
 
-constexpr int HEAD = 8, REC = 9;
+constexpr int HEAD = 15, REC = 9;
 constexpr size_t KEEP_FLOATS = 1 << 20; /* 4 MiB: the 1.5B's buffers for a 16-wide tree are ~2 MiB */
 
 q::QW qw(const int64_t *r) {
     return q::QW((int)r[0], (int)r[1], (int)r[2], (int)r[3], (const void *)r[4], (const void *)r[5],
                  (const void *)r[6], (const void *)r[7], (const void *)r[8]);
+}
+
+double as_double(int64_t bits) {
+    double d;
+    std::memcpy(&d, &bits, sizeof d);
+    return d;
+}
+
+/* x += y (through its post norm and the residual scale, where the layer has them): what `Transformer.residual`
+ * does with torch's elementwise ops, one rounding each. */
+void add_branch(float *x, float *y, const float *post, float scale, int T, int dim, float eps) {
+    if (post) cad_rmsnorm(y, post, y, T, dim, eps);
+    const size_t n = (size_t)T * dim;
+    if (scale != 1.0f)
+        for (size_t i = 0; i < n; i++) y[i] = y[i] * scale;
+    for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
+}
+
+/* The q/k norms, before RoPE: per head over hd (Qwen 3, Gemma 3) or over each whole projection (OLMo 2). */
+void norm_qk(float *qkv, int T, int H, int Hkv, int hd, int kind, const float *qn, const float *kn, float eps) {
+    const int width = (H + 2 * Hkv) * hd;
+    for (int t = 0; t < T; t++) {
+        float *q = qkv + (size_t)t * width, *k = q + (size_t)H * hd;
+        if (kind == 1) {
+            cad_rmsnorm(q, qn, q, H, hd, eps);
+            cad_rmsnorm(k, kn, k, Hkv, hd, eps);
+        } else {
+            cad_rmsnorm(q, qn, q, 1, H * hd, eps);
+            cad_rmsnorm(k, kn, k, 1, Hkv * hd, eps);
+        }
+    }
 }
 
 }  // namespace
@@ -35,13 +71,19 @@ extern "C" void cad_layer(const int64_t *rec, float *x, int T, const int64_t *po
                           const int32_t *ptr, const int32_t *idx, float scale, float eps, int nthreads) {
     const int dim = (int)rec[0], H = (int)rec[1], Hkv = (int)rec[2], hd = (int)rec[3], F = (int)rec[4];
     const float *attn_norm = (const float *)rec[5], *ffn_norm = (const float *)rec[6], *bias = (const float *)rec[7];
+    const int flags = (int)rec[8], qk_kind = (flags >> 2) & 3;
+    const bool pre = !(flags & 1), gelu = flags & 2;
+    const float *q_norm = (const float *)rec[9], *k_norm = (const float *)rec[10];
+    const float *attn_post = (const float *)rec[11], *ffn_post = (const float *)rec[12];
+    const float res_scale = (float)as_double(rec[13]), softcap = (float)as_double(rec[14]);
+    const bool plain_out = !attn_post && res_scale == 1.0f, plain_down = !ffn_post && res_scale == 1.0f;
     const q::QW qkv = qw(rec + HEAD), out = qw(rec + HEAD + REC), gate_up = qw(rec + HEAD + 2 * REC),
                 down = qw(rec + HEAD + 3 * REC);
     const int nqkv = (H + 2 * Hkv) * hd, qd = H * hd;
     /* the stages' buffers: kept by the calling thread from call to call for the narrow passes of decoding;
      * a wide one (a prompt's pass) gets its own, given back when it returns, so no peak outlives its pass */
-    const size_t nh = (size_t)T * std::max(dim, qd), ny = (size_t)T * std::max(nqkv, 2 * F), no = (size_t)T * qd,
-                 na = (size_t)T * F;
+    const size_t nh = (size_t)T * std::max(dim, qd), ny = (size_t)T * std::max({nqkv, 2 * F, dim}),
+                 no = (size_t)T * std::max(qd, dim), na = (size_t)T * F;
     thread_local std::vector<float> kept;
     thread_local q::QA kept_a;
     std::vector<float> own;
@@ -55,19 +97,30 @@ extern "C" void cad_layer(const int64_t *rec, float *x, int T, const int64_t *po
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp single
-        cad_rmsnorm(x, attn_norm, hb, T, dim, eps);
-        q::qlinear_in(hb, T, qkv, yb, nqkv, 0, qa);
+        if (pre) cad_rmsnorm(x, attn_norm, hb, T, dim, eps);
+        q::qlinear_in(pre ? hb : x, T, qkv, yb, nqkv, 0, qa);
 #pragma omp barrier
 #pragma omp single
-        cad_qkv_rope(yb, bias, pos, cos_t, sin_t, hb, kc, vc, T, H, Hkv, hd, cap, slot0);
-        attention_for(hb, kc, vc, ob, nullptr, T, H, Hkv, hd, cap, n_shared, ptr, idx, scale);
-        q::qlinear_in(ob, T, out, x, dim, 1, qa); /* x += o W_o^T */
+        {
+            if (qk_kind) norm_qk(yb, T, H, Hkv, hd, qk_kind, q_norm, k_norm, eps);
+            cad_qkv_rope(yb, bias, pos, cos_t, sin_t, hb, kc, vc, T, H, Hkv, hd, cap, slot0);
+        }
+        attention_for(hb, kc, vc, ob, nullptr, T, H, Hkv, hd, cap, n_shared, ptr, idx, scale, softcap);
+        q::qlinear_in(ob, T, out, plain_out ? x : yb, dim, plain_out, qa); /* x += o W_o^T */
 #pragma omp barrier
 #pragma omp single
-        cad_rmsnorm(x, ffn_norm, hb, T, dim, eps);
-        q::qlinear_in(hb, T, gate_up, yb, 2 * F, 0, qa);
+        {
+            if (!plain_out) add_branch(x, yb, attn_post, res_scale, T, dim, eps);
+            if (pre) cad_rmsnorm(x, ffn_norm, hb, T, dim, eps);
+        }
+        q::qlinear_in(pre ? hb : x, T, gate_up, yb, 2 * F, 0, qa);
 #pragma omp barrier
-        swiglu_for(yb, ab, T, F);
-        q::qlinear_in(ab, T, down, x, dim, 1, qa); /* x += swiglu W_down^T */
+        glu_for(yb, ab, T, F, gelu);
+        q::qlinear_in(ab, T, down, plain_down ? x : ob, dim, plain_down, qa); /* x += act W_down^T */
+        if (!plain_down) {
+#pragma omp barrier
+#pragma omp single
+            add_branch(x, ob, ffn_post, res_scale, T, dim, eps);
+        }
     }
 }

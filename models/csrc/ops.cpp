@@ -68,20 +68,26 @@ extern "C" void cad_qkv_rope(const float *qkv, const float *bias, const int64_t 
  * any pieces of the rows. */
 static constexpr int PIECE = 1024;
 
-void swiglu_for(const float *gu, float *out, int T, int F) {
+void glu_for(const float *gu, float *out, int T, int F, bool gelu) {
     const int per_row = (F + PIECE - 1) / PIECE, n = T * per_row;
 #pragma omp for schedule(static)
     for (int i = 0; i < n; i++) {
         const int t = i / per_row, f0 = i % per_row * PIECE, fn = std::min(PIECE, F - f0);
         const float *g = gu + (size_t)t * 2 * F;
-        swiglu_row(g + f0, g + F + f0, out + (size_t)t * F + f0, fn);
+        if (gelu)
+            geglu_row(g + f0, g + F + f0, out + (size_t)t * F + f0, fn);
+        else
+            swiglu_row(g + f0, g + F + f0, out + (size_t)t * F + f0, fn);
     }
 }
 
-extern "C" void cad_swiglu(const float *gu, float *out, int T, int F, int nthreads) {
+void swiglu_for(const float *gu, float *out, int T, int F) { glu_for(gu, out, T, F, false); }
+
+/* act 0: SwiGLU, 1: GeGLU with tanh gelu. */
+extern "C" void cad_glu(const float *gu, float *out, int T, int F, int act, int nthreads) {
     const int n = T * ((F + PIECE - 1) / PIECE);
 #pragma omp parallel num_threads(n > 4 ? nthreads : 1)
-    swiglu_for(gu, out, T, F);
+    glu_for(gu, out, T, F, act == 1);
 }
 
 /* A full memory fence: the sync words two processes share in the arena (actors/syncarea.py) are

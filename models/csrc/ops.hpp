@@ -9,5 +9,6 @@ extern "C" void cad_qkv_rope(const float *qkv, const float *bias, const int64_t 
                              const float *sin_t, float *q_out, float *kc, float *vc, int T, int H, int Hkv, int hd,
                              int cap, int slot0);
 void swiglu_for(const float *gu, float *out, int T, int F);
+void glu_for(const float *gu, float *out, int T, int F, bool gelu);
 void attention_for(const float *q, const float *kc, const float *vc, float *out, float *lse, int T, int H, int Hkv,
-                   int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx, float scale);
+                   int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx, float scale, float softcap);

@@ -83,3 +83,19 @@ static inline void swiglu_row(const float *g, const float *u, float *o, int F) {
     }
     for (; i < F; i++) o[i] = g[i] / (scalar_exp(-g[i]) + 1.0f) * u[i];
 }
+
+/* out[i] = gelu_tanh(g[i]) * u[i] (Gemma's GeGLU): 0.5 x (1 + tanh(y)) = x / (1 + exp(-2y)), with
+ * y = sqrt(2 / pi) (x + 0.044715 x^3), the exp above. */
+static inline void geglu_row(const float *g, const float *u, float *o, int F) {
+    const float c = 0.7978845608028654f, c3 = 0.7978845608028654f * 0.044715f;
+    int i = 0;
+    for (; i + 8 <= F; i += 8) {
+        const v8f x = v8_load(g + i);
+        const v8f y = x * c + x * x * x * c3;
+        v8_store(o + i, x / (v8_exp(y * -2.0f) + 1.0f) * v8_load(u + i));
+    }
+    for (; i < F; i++) {
+        const float x = g[i], y = x * c + x * x * x * c3;
+        o[i] = x / (scalar_exp(y * -2.0f) + 1.0f) * u[i];
+    }
+}

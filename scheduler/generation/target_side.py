@@ -186,7 +186,7 @@ class ActorTarget:
                 s.slots.free(self.kv_slot)
                 self.kv_slot = None
             cap = job.capacity
-            self.kv_slot = s.slots.alloc(a.kv_bytes_per_token() * cap)
+            self.kv_slot = s.slots.alloc(a.kv_bytes(cap))
             out["kv"] = s.slot_desc(self.kv_slot)
         return out
 

@@ -64,7 +64,11 @@ def test_transformers_4_and_5_spellings_read_and_run_the_same(arch, tmp_path):
         ("mixtral", {"sliding_window": 64}),
     ],
 )
-def test_a_sliding_window_in_either_spelling_bounds_the_context(arch, config, tmp_path):
-    """Within its window, sliding-window attention is full attention: the context is cut to the window."""
-    _, v4, v5 = written(arch, tmp_path, **config)
-    assert HFSource(v4).args.context_length == HFSource(v5).args.context_length == 64
+def test_a_sliding_window_in_either_spelling_slides_the_same_layers(arch, config, tmp_path):
+    """The window and the layers it covers read the same from either spelling; the context stays the model's (a
+    sliding layer keeps only its window's rows: models/kvcache.py)."""
+    args, v4, v5 = written(arch, tmp_path, **config)
+    a4, a5 = HFSource(v4).args, HFSource(v5).args
+    assert a4.sliding_window == a5.sliding_window == 64
+    assert a4.sliding_layers == a5.sliding_layers == tuple(range(args.n_layers))
+    assert a4.context_length == a5.context_length == args.context_length > 64

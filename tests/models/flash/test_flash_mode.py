@@ -130,7 +130,7 @@ def test_the_plan_takes_the_best_predictor_that_leaves_a_tokens_neurons(store):
     cfg = RunConfig.from_options(target=str(store.dir), mode="flash", ffn_density=0.5, max_new_tokens=8)
     r = resolve(cfg, [Prompt("p", "complete", "x")])
     k, per_neuron = top_k(0.5, ARGS.ffn_dim), ARGS.n_layers * records.record_bytes(ARGS.dim)
-    process, kv = 300 << 20, ARGS.kv_bytes_per_token() * kv_rows(r.cfg)
+    process, kv = 300 << 20, ARGS.kv_bytes(kv_rows(r.cfg))
     at = lambda budget: dataclasses.replace(r, cfg=dataclasses.replace(r.cfg, memory_budget=str(budget)))  # noqa: E731
     for room in (size["r64"], min(size.values())):  # room for the best predictor, then only for the smallest
         budget = process + kv + MARGIN + room + k * per_neuron

@@ -1,0 +1,29 @@
+"""The model families cadence runs, one short module each over the shared pieces of `base`."""
+
+from __future__ import annotations
+
+from models.families.base import Family
+from models.families.gemma import GEMMA2, GEMMA3
+from models.families.llama import GRANITE, LLAMA, MISTRAL, MIXTRAL
+from models.families.olmo import OLMO2, OLMOE
+from models.families.phi3 import PHI3
+from models.families.qwen import QWEN2, QWEN2_MOE, QWEN3, QWEN3_MOE
+
+FAMILIES: tuple[Family, ...] = (
+    LLAMA,
+    MISTRAL,
+    GRANITE,
+    QWEN2,
+    QWEN3,
+    GEMMA2,
+    GEMMA3,
+    PHI3,
+    OLMO2,
+    QWEN2_MOE,
+    QWEN3_MOE,
+    OLMOE,
+    MIXTRAL,
+)
+BY_HF = {t: f for f in FAMILIES for t in f.hf_types}
+BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_archs}
+BY_NAME = {f.name: f for f in FAMILIES}

@@ -1,0 +1,202 @@
+"""What a family of models is, in the few things that tell it apart: its names (HF `model_type`, llama.cpp
+architecture), the `ModelArgs` fields its config sets (models/config.py: the block is one for every family),
+and where its tensors are in an HF directory and in a GGUF file. Everything else is shared here: the config
+fields every family has, rotary scaling in both spellings, which layers slide, and the tensor transforms
+(llama.cpp's q/k row order, a partial rotary's lanes, Gemma's `1 + w` norms).
+
+A field, key or tensor a family does not know is never ignored: models/source.py and source_hf.py refuse
+it in one sentence that names it (a model that loads and computes wrong is the worst outcome).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from common.errors import CadenceError
+from models.rope import RopeScaling
+
+# Canonical part -> its tensors in an HF layer (`model.layers.{i}.` + name + `.weight`), concatenated in order.
+LLAMA_HF = {
+    "attn_norm": ("input_layernorm",),
+    "attn_qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "attn_out": ("self_attn.o_proj",),
+    "ffn_norm": ("post_attention_layernorm",),
+    "ffn_gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "ffn_down": ("mlp.down_proj",),
+    "attn_q_norm": ("self_attn.q_norm",),
+    "attn_k_norm": ("self_attn.k_norm",),
+}
+# ... and in a GGUF layer (`blk.{i}.` + name + `.weight`), as llama.cpp's converter names them
+LLAMA_GGUF = {
+    "attn_norm": ("attn_norm",),
+    "attn_qkv": ("attn_q", "attn_k", "attn_v"),
+    "attn_out": ("attn_output",),
+    "ffn_norm": ("ffn_norm",),
+    "ffn_gate_up": ("ffn_gate", "ffn_up"),
+    "ffn_down": ("ffn_down",),
+    "attn_q_norm": ("attn_q_norm",),
+    "attn_k_norm": ("attn_k_norm",),
+    "attn_post_norm": ("post_attention_norm",),
+    "ffn_post_norm": ("post_ffw_norm",),
+}
+
+# HF config keys that change nothing cadence computes: metadata, training settings, generation defaults
+COMMON_HF_KEYS = frozenset(
+    "architectures model_type torch_dtype dtype transformers_version _name_or_path bos_token_id eos_token_id "
+    "pad_token_id sep_token_id decoder_start_token_id tie_word_embeddings vocab_size hidden_size intermediate_size "
+    "num_hidden_layers num_attention_heads num_key_value_heads head_dim max_position_embeddings rms_norm_eps "
+    "rope_theta rope_scaling rope_parameters partial_rotary_factor hidden_act initializer_range use_cache "
+    "attention_dropout attention_bias mlp_bias pretraining_tp layer_types sliding_window output_attentions "
+    "output_hidden_states return_dict use_return_dict torchscript use_bfloat16 is_encoder_decoder is_decoder "
+    "add_cross_attention cross_attention_hidden_size tie_encoder_decoder chunk_size_feed_forward id2label label2id "
+    "problem_type tokenizer_class prefix task_specific_params finetuning_task pruned_heads tf_legacy_loss "
+    "max_length min_length do_sample early_stopping num_beams num_beam_groups diversity_penalty temperature top_k "
+    "top_p typical_p repetition_penalty length_penalty no_repeat_ngram_size encoder_no_repeat_ngram_size "
+    "bad_words_ids num_return_sequences output_scores return_dict_in_generate forced_bos_token_id "
+    "forced_eos_token_id remove_invalid_values exponential_decay_length_penalty suppress_tokens "
+    "begin_suppress_tokens embd_pdrop resid_pdrop hidden_dropout attention_probs_dropout_prob unsloth_version "
+    "unsloth_fixed auto_map cache_implementation use_sliding_window max_window_layers".split()
+)
+# GGUF keys under the architecture's prefix that every family reads, or that change nothing
+COMMON_GGUF_KEYS = frozenset(
+    "context_length embedding_length block_count feed_forward_length attention.head_count attention.head_count_kv "
+    "attention.layer_norm_rms_epsilon attention.key_length attention.value_length rope.freq_base "
+    "rope.dimension_count vocab_size rope.scaling.type rope.scaling.factor rope.scaling.original_context_length "
+    "rope.scaling.finetuned rope.scaling.attn_factor rope.scaling.yarn_beta_fast rope.scaling.yarn_beta_slow "
+    "rope.scaling.yarn_log_multiplier".split()
+)
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # ModelArgs.arch
+    hf_types: tuple[str, ...]
+    gguf_archs: tuple[str, ...]
+    block: dict = field(default_factory=dict)  # ModelArgs fields every model of the family has
+    hf_defaults: dict = field(default_factory=dict)  # what transformers' config class assumes for an absent key
+    hf_keys: frozenset = frozenset()  # config keys the family reads beyond COMMON_HF_KEYS
+    hf_fields: Callable[[dict, dict], dict] = lambda cfg, args: {}  # (config, common fields) -> family fields
+    hf_names: dict = field(default_factory=dict)  # overrides of LLAMA_HF
+    hf_norm_shift: float = 0.0  # Gemma: norms stored as w, applied as 1 + w
+    gguf_keys: frozenset = frozenset()
+    gguf_fields: Callable[[Callable, dict], dict] = lambda key, args: {}  # (key(name, default), common) -> fields
+    gguf_names: dict = field(default_factory=dict)  # overrides of LLAMA_GGUF
+    gguf_permuted: bool = False  # llama.cpp interleaved the rotary pairs of q/k rows (its NORM rope)
+
+    def hf_tensors(self, part: str) -> tuple[str, ...]:
+        return {**LLAMA_HF, **self.hf_names}[part]
+
+    def gguf_tensors(self, part: str) -> tuple[str, ...]:
+        return {**LLAMA_GGUF, **self.gguf_names}[part]
+
+
+def hf_rope(cfg: dict, head_dim: int, kind: str = FULL) -> tuple[float, RopeScaling | None, int]:
+    """(base, scaling, rotated dims) of a kind of layer from an HF config: transformers 5's `rope_parameters`
+    (flat, or one per layer kind), else 4's `rope_theta` beside `rope_scaling`."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if isinstance(rope.get(kind), dict):
+        rope = rope[kind]
+    elif kind == SLIDING and cfg.get("rope_local_base_freq"):  # transformers 4's Gemma 3: unscaled, its own base
+        rope = {"rope_theta": cfg["rope_local_base_freq"]}
+    elif any(isinstance(v, dict) for v in rope.values()):
+        rope = next(v for v in rope.values() if isinstance(v, dict))
+    base = float(rope.get("rope_theta") or cfg.get("rope_theta") or 10000.0)
+    partial = float(rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0)
+    rope_dim = int(head_dim * partial) if partial < 1.0 else 0
+    kind_name = rope.get("rope_type", rope.get("type", "default"))
+    if kind_name == "default":
+        return base, None, rope_dim
+    orig = rope.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+    orig = int(orig or cfg["max_position_embeddings"])
+    factor = rope.get("factor")
+    if kind_name in ("longrope", "yarn") and factor is None:
+        factor = cfg["max_position_embeddings"] / orig
+    scaling = RopeScaling(
+        kind_name,
+        factor=float(factor if factor is not None else 1.0),
+        original_context=cfg["max_position_embeddings"] if kind_name == "dynamic" else orig,
+        low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+        beta_fast=float(rope.get("beta_fast") or 32),
+        beta_slow=float(rope.get("beta_slow") or 1),
+        truncate=bool(rope.get("truncate", True)),
+        mscale=float(rope.get("mscale") or 0),
+        mscale_all_dim=float(rope.get("mscale_all_dim") or 0),
+        attention_factor=float(rope.get("attention_factor") or 0),
+        short_factor=tuple(rope.get("short_factor") or ()),
+        long_factor=tuple(rope.get("long_factor") or ()),
+    )
+    return base, scaling, rope_dim
+
+
+def layer_kinds(cfg: dict, n_layers: int, default: Callable[[int], bool]) -> tuple[int, ...]:
+    """The sliding layers: transformers 5's `layer_types`, else the family's rule for transformers 4's keys."""
+    types = cfg.get("layer_types")
+    if types is None:
+        return tuple(i for i in range(n_layers) if default(i))
+    odd = sorted(set(types) - {SLIDING, FULL})
+    if odd or len(types) != n_layers:
+        raise CadenceError(
+            f"layer_types {odd or len(types)} is not {n_layers} of {FULL!r} and {SLIDING!r}; cadence runs those only"
+        )
+    return tuple(i for i, t in enumerate(types) if t == SLIDING)
+
+
+def windowed(window, sliding: tuple[int, ...], context: int) -> dict:
+    """The ModelArgs fields of a sliding window: none where no layer slides or the window covers the context."""
+    if not window or not sliding or int(window) >= context:
+        return {}
+    return {"sliding_window": int(window), "sliding_layers": sliding}
+
+
+def gguf_rope(key: Callable, tensors: dict, read: Callable[[str], np.ndarray]) -> dict:
+    """The rope fields of a GGUF: its scaling keys, Llama 3's `rope_freqs` divisors, LongRoPE's factor tensors."""
+    kind = key("rope.scaling.type", None)
+    out = {}
+    if "rope_freqs.weight" in tensors:
+        if kind not in (None, "none"):
+            raise CadenceError(f"rope scaling '{kind}' beside a rope_freqs tensor is not a layout cadence knows")
+        out["rope_scaling"] = RopeScaling("divisors", divisors=tuple(read("rope_freqs.weight").tolist()))
+    elif "rope_factors_long.weight" in tensors:
+        out["rope_scaling"] = RopeScaling(
+            "longrope",
+            original_context=int(key("rope.scaling.original_context_length", 4096)),
+            attention_factor=float(key("rope.scaling.attn_factor", 0) or 0),
+            short_factor=tuple(read("rope_factors_short.weight").tolist()),
+            long_factor=tuple(read("rope_factors_long.weight").tolist()),
+        )
+    elif kind == "linear":
+        out["rope_scaling"] = RopeScaling("linear", factor=float(key("rope.scaling.factor")))
+    elif kind == "yarn":
+        out["rope_scaling"] = RopeScaling(
+            "yarn",
+            factor=float(key("rope.scaling.factor")),
+            original_context=int(key("rope.scaling.original_context_length")),
+            beta_fast=float(key("rope.scaling.yarn_beta_fast", 32.0)),
+            beta_slow=float(key("rope.scaling.yarn_beta_slow", 1.0)),
+            attention_factor=float(key("rope.scaling.attn_factor", 0) or 0),
+        )
+    elif kind not in (None, "none"):
+        raise CadenceError(f"rope scaling '{kind}' is not supported; cadence runs linear, yarn and llama3 (rope_freqs)")
+    return out
+
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (its NORM rope keeps each rotary pair's rows side by side)."""
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+def permute_partial(w: np.ndarray, n_head: int, head_dim: int, rope_dim: int) -> np.ndarray:
+    """A partial rotary's q/k rows rearranged for a whole-head rotate-half: each head's lanes
+    [rotated first half | unrotated first half | rotated second half | unrotated second half], so that the
+    pairs (i, i + rope_dim / 2) land at (i, i + head_dim / 2); the unrotated lanes get frequency 0
+    (models/rope.py). q.k is the same sum over the same lanes in another order."""
+    r, p = rope_dim // 2, (head_dim - rope_dim) // 2
+    lanes = np.arange(head_dim)
+    order = np.concatenate([lanes[:r], lanes[rope_dim : rope_dim + p], lanes[r:rope_dim], lanes[rope_dim + p :]])
+    return w.reshape(n_head, head_dim, *w.shape[1:])[:, order].reshape(w.shape)

@@ -1,0 +1,70 @@
+"""Llama (2 and 3.x, with its rope scaling), Mistral (a sliding window on every layer where its config gives
+one), Granite (Llama's block with four multipliers) and Mixtral (Llama's attention, a mixture of experts).
+llama.cpp writes all but Granite as its `llama` architecture, with q/k rows in its interleaved rotary order."""
+
+from __future__ import annotations
+
+from models.families.base import Family, windowed
+
+
+def _every_layer(window, args: dict) -> dict:
+    return windowed(window, tuple(range(args["n_layers"])), args["context_length"])
+
+
+LLAMA = Family(
+    "llama",
+    hf_types=("llama",),
+    gguf_archs=("llama",),
+    # transformers' Llama has no sliding window: a `sliding_window` in its config changes nothing there
+    gguf_keys=frozenset({"attention.sliding_window"}),
+    gguf_fields=lambda key, a: _every_layer(key("attention.sliding_window", 0), a),
+    gguf_permuted=True,
+)
+
+MISTRAL = Family(
+    "mistral",
+    hf_types=("mistral",),
+    gguf_archs=(),  # llama.cpp writes Mistral as `llama`
+    hf_defaults={"sliding_window": 4096, "rope_theta": 10000.0},
+    hf_fields=lambda cfg, a: _every_layer(cfg["sliding_window"], a),
+)
+
+_GRANITE_KEYS = {
+    "embedding_multiplier": "embed_scale",
+    "attention_multiplier": "attn_scale",
+    "residual_multiplier": "residual_scale",
+    "logits_scaling": "logits_div",
+}
+_GRANITE_GGUF = {
+    "embedding_scale": "embed_scale",
+    "attention.scale": "attn_scale",
+    "residual_scale": "residual_scale",
+    "logit_scale": "logits_div",
+}
+
+GRANITE = Family(
+    "granite",
+    hf_types=("granite",),
+    gguf_archs=("granite",),
+    hf_defaults={k: 1.0 for k in _GRANITE_KEYS},
+    hf_keys=frozenset(_GRANITE_KEYS),
+    hf_fields=lambda cfg, a: {f: float(cfg[k]) for k, f in _GRANITE_KEYS.items()},
+    gguf_keys=frozenset(_GRANITE_GGUF),
+    gguf_fields=lambda key, a: {f: float(key(k, 1.0)) for k, f in _GRANITE_GGUF.items()},
+    gguf_permuted=True,
+)
+
+MIXTRAL = Family(
+    "mixtral",
+    hf_types=("mixtral",),
+    gguf_archs=(),  # llama.cpp writes Mixtral as `llama` with expert tensors
+    block={"norm_topk": True},
+    hf_defaults={"rope_theta": 1e6, "rms_norm_eps": 1e-5, "sliding_window": None},
+    hf_keys=frozenset(
+        "num_local_experts num_experts_per_tok router_aux_loss_coef output_router_logits router_jitter_noise".split()
+    ),
+    hf_fields=lambda cfg, a: _every_layer(cfg["sliding_window"], a),
+    gguf_keys=frozenset({"attention.sliding_window"}),
+    gguf_fields=lambda key, a: _every_layer(key("attention.sliding_window", 0), a),
+    gguf_permuted=True,
+)

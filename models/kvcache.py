@@ -1,0 +1,184 @@
+"""The KV cache: keys and values of every layer, committed and pending, in global slots.
+
+Slots [0, length) are committed, in position order (slot s holds position s); slots [length, end) are
+pending: written by forwards since the last commit (a verified block, or a draft tree fed one node at a
+time). `commit(keep)` keeps the chosen pending entries, in order, and drops the rest.
+
+A full-attention layer keeps every slot. A sliding-window layer (Gemma 2/3, Mistral v0.1, Qwen 2's upper
+layers) keeps only what a query can still see: its rows hold global slots [base, end), and when a forward
+needs room, the rows below `length - (window - 1) - REWIND` are dropped (the rest moved down), so a long
+context costs a window's memory there. Rows are addressed globally everywhere else; `layer(i)` says where a
+layer's rows start, and `window_vis` turns a block's visibility into the sliding layers' own (each row's
+keys in the window, in order, in their rows).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from common.errors import CadenceError
+from common.settings import PREFILL_CHUNK
+from models.attention import Visibility
+from models.config import ModelArgs
+
+REWIND = 64  # committed rows a sliding layer keeps past its window: a rewind by up to this many still works
+
+
+def window_rows(args: ModelArgs, capacity: int) -> int:
+    """Rows a sliding layer holds for a context of `capacity`: the window, what a rewind may need, and a
+    forward's new rows (a prefill chunk, a tree)."""
+    if not args.sliding_layers:
+        return 0
+    return min(capacity, args.sliding_window - 1 + REWIND + PREFILL_CHUNK)
+
+
+class KVCache:
+    """Keys and values: full layers [n_full, Hkv, capacity, D], sliding ones [n_slide, Hkv, rows, D]."""
+
+    def __init__(
+        self, args: ModelArgs, capacity: int, device: str | torch.device = "cpu", storage: torch.Tensor | None = None
+    ):
+        """`storage`: a float32 tensor of `KVCache.numel(args, capacity)` elements to live in (shared memory)."""
+        self.args, self.capacity, self.device = args, capacity, device
+        self.window = args.sliding_window if args.sliding_layers else 0
+        n_slide = len(args.sliding_layers)
+        full, slide = (args.n_layers - n_slide, capacity), (n_slide, window_rows(args, capacity))
+        self.rows = slide[1]
+        self.owned = storage is None
+        if storage is None:
+            parts = [torch.zeros((2, n, args.n_kv_heads, c, args.head_dim), device=device) for n, c in (full, slide)]
+        else:
+            flat, parts, lo = storage.view(torch.float32), [], 0
+            for n, c in (full, slide):
+                shape = (2, n, args.n_kv_heads, c, args.head_dim)
+                size = 2 * n * args.n_kv_heads * c * args.head_dim
+                parts.append(flat[lo : lo + size].view(shape))
+                lo += size
+        (self.k, self.v), (self.wk, self.wv) = parts[0], parts[1]
+        # layer i -> (keys, values) of its own rows
+        index, j, w = [], 0, 0
+        for i in range(args.n_layers):
+            if args.sliding(i):
+                index.append((True, w))
+                w += 1
+            else:
+                index.append((False, j))
+                j += 1
+        self.index = index
+        self.base = 0  # the global slot of a sliding layer's row 0
+        self.pos = torch.zeros(capacity, dtype=torch.int64) if self.window else None  # each slot's position
+        self.length = 0
+        self.pending = 0
+
+    @staticmethod
+    def numel(args: ModelArgs, capacity: int) -> int:
+        return args.kv_bytes(capacity) // 4
+
+    @property
+    def end(self) -> int:
+        return self.length + self.pending
+
+    def nbytes(self) -> int:
+        return 2 * (self.k.numel() + self.wk.numel()) * 4
+
+    def kv(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Layer i's keys and values [Hkv, rows, D] and the global slot of their row 0."""
+        sliding, j = self.index[i]
+        if sliding:
+            return self.wk[j], self.wv[j], self.base
+        return self.k[j], self.v[j], 0
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        # k, v: [T, Hkv, D] -> slots [end, end + T)
+        kc, vc, base = self.kv(layer)
+        T, e = k.shape[0], self.end - base
+        kc[:, e : e + T] = k.transpose(0, 1)
+        vc[:, e : e + T] = v.transpose(0, 1)
+
+    def reserve(self, positions: torch.Tensor):
+        """Room for a forward of these rows' positions: sliding rows no query can see any more are dropped
+        (or, in a cache of its own, the rows grow); their positions are noted for `window_vis`."""
+        T = positions.numel()
+        if self.end + T > self.capacity:
+            raise CadenceError(
+                f"the KV cache holds {self.capacity} tokens and {self.end + T} are needed; "
+                "lower --max-new-tokens or shorten the prompt"
+            )
+        if not self.window:
+            return
+        self.pos[self.end : self.end + T] = positions.to(torch.int64).cpu()
+        if self.end + T - self.base <= self.rows:
+            return
+        keep_from = max(self.base, self.length - (self.window - 1) - REWIND)
+        n = self.end - keep_from
+        if keep_from > self.base:
+            src = keep_from - self.base
+            self.wk[:, :, :n] = self.wk[:, :, src : src + n].clone()
+            self.wv[:, :, :n] = self.wv[:, :, src : src + n].clone()
+            self.base = keep_from
+        if n + T > self.rows:
+            if not self.owned:
+                raise CadenceError(
+                    f"a forward of {T} rows does not fit the sliding-window layers' {self.rows} rows; "
+                    f"feed at most {self.rows - n} rows at a time"
+                )
+            grow = lambda t: torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], n + T - self.rows, t.shape[3])], dim=2)
+            self.wk, self.wv = grow(self.wk), grow(self.wv)
+            self.rows = n + T
+
+    def window_vis(self, vis: Visibility, positions: torch.Tensor) -> Visibility:
+        """The sliding layers' visibility: row r sees the slots of `vis` whose positions lie in its window
+        (> p_r - window), in the same order, as rows of the sliding layers (n_shared 0: rows differ)."""
+        T = vis.rows
+        lo = (positions.to(torch.int64).cpu() - self.window + 1).clamp(min=0)
+        if bool(((lo < self.base) & (lo < vis.n_shared)).any()):
+            raise CadenceError("a sliding-window layer lost rows a query still sees; this is a bug, please report it")
+        ptr, idx = vis.ptr.long(), vis.idx.long()
+        c = (vis.n_shared - lo).clamp(min=0)  # committed keys each row sees: [lo, n_shared)
+        row = torch.repeat_interleave(torch.arange(T), ptr[1:] - ptr[:-1])
+        keep = self.pos[idx] >= lo[row]
+        o = torch.bincount(row[keep], minlength=T)
+        newptr = torch.zeros(T + 1, dtype=torch.int64)
+        newptr[1:] = (c + o).cumsum(0)
+        out = torch.empty(int(newptr[-1]), dtype=torch.int64)
+        rc = torch.repeat_interleave(torch.arange(T), c)
+        within = torch.arange(rc.numel()) - torch.repeat_interleave(c.cumsum(0) - c, c)
+        out[newptr[rc] + within] = lo[rc] + within
+        ro = row[keep]
+        rank = torch.arange(ro.numel()) - torch.repeat_interleave(o.cumsum(0) - o, o)
+        out[newptr[ro] + c[ro] + rank] = idx[keep]
+        return Visibility(0, newptr.to(torch.int32), (out - self.base).to(torch.int32))
+
+    def commit(self, keep: Sequence[int] | None = None):
+        """Keep pending entries `keep` (ascending indices into the pending slots) in order; drop the rest."""
+        if keep is None:
+            self.length += self.pending
+            self.pending = 0
+            return
+        keep = list(keep)
+        if any(b <= a for a, b in zip(keep, keep[1:])) or (keep and not 0 <= keep[0] <= keep[-1] < self.pending):
+            raise ValueError(f"keep={keep} must be ascending indices into the {self.pending} pending entries")
+        n, L = len(keep), self.length
+        if keep != list(range(n)):
+            src = torch.tensor(keep, device=self.k.device) + L
+            self.k[:, :, L : L + n] = self.k[:, :, src]
+            self.v[:, :, L : L + n] = self.v[:, :, src]
+            if self.window:
+                self.wk[:, :, L - self.base : L - self.base + n] = self.wk[:, :, src - self.base]
+                self.wv[:, :, L - self.base : L - self.base + n] = self.wv[:, :, src - self.base]
+                self.pos[L : L + n] = self.pos[src.cpu()]
+        self.length += n
+        self.pending = 0
+
+    def can_rewind(self, length: int) -> bool:
+        """Whether the sliding layers still hold what a query at `length` sees."""
+        return 0 <= length <= self.length and (not self.window or max(0, length - self.window + 1) >= self.base)
+
+    def rewind(self, length: int):
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot rewind a cache of {self.length} entries to {length}")
+        if not self.can_rewind(length):
+            raise ValueError(f"cannot rewind to {length}: the sliding-window layers dropped the rows it needs")
+        self.length, self.pending = length, 0

@@ -1,0 +1,332 @@
+"""Tiny random-weight models of more families, built by transformers itself and saved as real HF directories.
+
+`tiny_hf(model_type, variant, folder, spelling)` writes config.json (as the installed transformers 5 saves it, or
+as transformers 4 spelled it: `spell_4`), model.safetensors (float32) and a small byte-level BPE tokenizer;
+`write_gguf_like_llama_cpp` (tests/models/families_gguf.py) writes the same model as llama.cpp's converter does.
+`VARIANTS` names each family's variants. Shapes: hidden 64, 4 heads / 2 kv heads, head_dim 16 (32 where the family
+has an explicit one: mistral like Nemo, qwen3, gemma), 2 layers (gemma2 4, gemma3 6: sliding and full layers both),
+vocabulary 320, every sliding window 8 tokens. Each builds in well under a second.
+
+What the variants exercise: llama `llama3` (wavelength-dependent rope rescaling: with head_dim 16 and
+original_max_position_embeddings 64 one dimension keeps its frequency, one is smoothed, six are divided by 8);
+mistral `sliding`; gemma2 `plain` (Gemma 2's own caps, 50 / 30, which barely bite here) and `softcap` (12 / 8, which
+do); gemma3 `linear` (rope scaling on the full-attention layers only, like Gemma 3 4B+); phi3 `partial` (Phi-4-mini's
+partial_rotary_factor 0.75), `longrope` (Phi-3-mini-128k's short/long factors, original context 32 of 128) and
+`partial_longrope` (both, tied, as Phi-4-mini); granite's four multipliers; qwen2 `sliding` (layer 0 full, layer 1
+sliding, from use_sliding_window + max_window_layers). Gemma's query_pre_attn_scalar equals head_dim (32, not
+hidden / heads = 16): a GGUF has no key for it and llama.cpp uses 1/sqrt(head_dim) (1/sqrt(hidden / heads) for the
+27B), so only such a model means the same in both files.
+
+`python -m tests.models.families DIR` runs `self_check` (not a CI test; about 10 seconds)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+VOCAB = 320
+# Qwen2's split regex (llama.cpp's pre-tokenizer "qwen2"): the tokenizer.json's pre-tokenizer
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+MERGES = ["Ġ t", "Ġ a", "i n", "h e"]
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def vocab_tokens() -> list[str]:
+    """GPT-2's 256 byte characters (printable bytes first), the merges' results, the specials, <unusedN> up to VOCAB
+    (the same vocabulary as tests/models/tiny_files.py's)."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    chars = [chr(b) for b in bs] + [chr(256 + n) for n in range(256 - len(bs))]
+    toks = chars + [m.replace(" ", "") for m in MERGES] + SPECIALS
+    return toks + [f"<unused{i}>" for i in range(VOCAB - len(toks))]
+
+
+_TOKS = vocab_tokens()
+BOS, EOS = _TOKS.index("<|endoftext|>"), _TOKS.index("<|im_end|>")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+WINDOW = 8  # every sliding window: a 10-token prompt already runs past it
+
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    bos_token_id=BOS,
+    eos_token_id=EOS,
+    pad_token_id=BOS,
+    tie_word_embeddings=False,
+)
+_GEMMA = dict(head_dim=32, query_pre_attn_scalar=32, sliding_window=WINDOW, tie_word_embeddings=True)
+_LLAMA3 = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
+# Phi-3-mini-128k style factors: short ones near 1, long ones growing with the dimension (8 = head_dim / 2, 6 at 0.75)
+_SHORT = [1.0, 1.02, 1.05, 1.1, 1.2, 1.3, 1.45, 1.6]
+_LONG = [1.0, 1.2, 1.8, 3.0, 5.5, 9.0, 14.0, 20.0]
+
+
+def _rope(theta: float, **kw) -> dict:
+    return {"rope_parameters": {"rope_type": "default", "rope_theta": theta, **kw}}
+
+
+def _phi3(partial: float, longrope: bool) -> dict:
+    n = int(16 * partial) // 2
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": partial}
+    if not longrope:
+        return dict(rope_parameters=rope, original_max_position_embeddings=256, rms_norm_eps=1e-6)
+    rope.update(rope_type="longrope", short_factor=_SHORT[:n], long_factor=_LONG[:n])
+    return dict(
+        rope_parameters=rope, max_position_embeddings=128, original_max_position_embeddings=32, rms_norm_eps=1e-6
+    )
+
+
+# model_type -> variant -> the config's arguments beyond _COMMON
+FAMILIES: dict[str, dict[str, dict]] = {
+    "llama": {
+        "plain": _rope(500000.0),
+        "llama3": {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, **_LLAMA3}},
+    },
+    "mistral": {
+        "plain": dict(head_dim=32, sliding_window=None, **_rope(1e6)),
+        "sliding": dict(head_dim=32, sliding_window=WINDOW, **_rope(1e6)),
+    },
+    "gemma2": {
+        "plain": dict(num_hidden_layers=4, attn_logit_softcapping=50.0, final_logit_softcapping=30.0, **_GEMMA),
+        "softcap": dict(num_hidden_layers=4, attn_logit_softcapping=12.0, final_logit_softcapping=8.0, **_GEMMA),
+    },
+    "gemma3_text": {
+        "plain": dict(num_hidden_layers=6, **_GEMMA),
+        "linear": dict(
+            num_hidden_layers=6,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+            **_GEMMA,
+        ),
+    },
+    "phi3": {
+        "plain": _phi3(1.0, False),
+        "partial": _phi3(0.75, False),
+        "longrope": _phi3(1.0, True),
+        "partial_longrope": dict(_phi3(0.75, True), tie_word_embeddings=True),  # Phi-4-mini's combination
+    },
+    "granite": {
+        "plain": dict(
+            embedding_multiplier=4.0,
+            attention_multiplier=0.125,
+            residual_multiplier=0.5,
+            logits_scaling=2.0,
+            tie_word_embeddings=True,
+            **_rope(100000.0),
+        ),
+    },
+    "olmo2": {"plain": dict(rms_norm_eps=1e-6, **_rope(500000.0))},
+    "qwen3": {"plain": dict(head_dim=32, tie_word_embeddings=True, **_rope(1e6))},
+    "qwen2": {
+        "plain": dict(tie_word_embeddings=True, **_rope(1e6)),
+        "sliding": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **_rope(1e6)),
+    },
+}
+VARIANTS: dict[str, tuple[str, ...]] = {m: tuple(v) for m, v in FAMILIES.items()}
+GEMMA_NORMS = ("gemma2", "gemma3_text")  # RMSNorm weights stored as w, applied as (1 + w)
+# Gemma's embeddings (x sqrt(hidden)) and tied head make a random model repeat its last token unless the branches
+# outweigh the embedding: its norms are drawn around (1 + w) = 3 and its matrices smaller.
+SCALE = {"gemma2": 1.0, "gemma3_text": 1.0, "granite": 2.5, "olmo2": 1.0, "qwen3": 1.0}  # else 1.5: chosen so that
+# seed 0's greedy tokens wander (no family repeats one token from a 60-token prompt)
+
+
+def family_config(model_type: str, variant: str):
+    """The transformers 5 config object of a family's variant."""
+    from transformers import AutoConfig
+
+    if variant not in FAMILIES[model_type]:
+        raise KeyError(f"{model_type} has variants {VARIANTS[model_type]}, not {variant!r}")
+    kw = {**_COMMON, **copy.deepcopy(FAMILIES[model_type][variant])}
+    cfg = AutoConfig.for_model(model_type, **kw)
+    cfg.architectures = [type(cfg).__name__.replace("TextConfig", "Config").replace("Config", "ForCausalLM")]
+    return cfg
+
+
+def _randomise(model, model_type: str, seed: int) -> None:
+    """Every parameter drawn anew: matrices ~ N(0, scale^2 / fan_in), norms around their identity, biases small."""
+    g = torch.Generator().manual_seed(seed)
+    scale = SCALE.get(model_type, 1.5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            x = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if "norm" in name:
+                x = (2.0 + 0.3 * x) if model_type in GEMMA_NORMS else 1.0 + 0.25 * x
+                if name == "model.norm.weight" and model_type not in GEMMA_NORMS:
+                    x = 3.0 * x  # logits ~ 3x wider: the greedy margins well clear of float noise
+            elif p.ndim >= 2:
+                x = x * (scale / p.shape[-1] ** 0.5)
+            else:
+                x = 0.1 * x
+            p.copy_(x)
+
+
+def write_tokenizer(folder: Path, tokenizer_class: str = "PreTrainedTokenizerFast") -> None:
+    """tokenizer.json (a byte-level BPE with Qwen2's split regex, built with `tokenizers`) + tokenizer_config.json."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    toks = vocab_tokens()
+    bpe = models.BPE(vocab={t: i for i, t in enumerate(toks)}, merges=[tuple(m.split(" ")) for m in MERGES])
+    tok = Tokenizer(bpe)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIALS])
+    (folder / "tokenizer.json").write_text(tok.to_str())
+    tc = {
+        "tokenizer_class": tokenizer_class,
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "add_bos_token": False,
+        "model_max_length": 256,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(tc, indent=2))
+
+
+def tiny_hf(model_type: str, variant: str, folder: Path, spelling: int = 5, seed: int = 0) -> Path:
+    """A complete HF model directory of a tiny random model of the family: config.json spelled as transformers
+    `spelling` (4 or 5) wrote it, model.safetensors (float32), tokenizer.json and tokenizer_config.json."""
+    from transformers import AutoModelForCausalLM
+
+    if spelling not in (4, 5):
+        raise ValueError(f"spelling is 4 or 5, not {spelling}")
+    cfg = family_config(model_type, variant)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    _randomise(model, model_type, seed)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    (folder / "generation_config.json").unlink(missing_ok=True)
+    if spelling == 4:
+        cfg5 = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(spell_4(cfg5), indent=2, sort_keys=True) + "\n")
+    write_tokenizer(folder, "GPT2Tokenizer" if model_type == "phi3" else "PreTrainedTokenizerFast")
+    return folder
+
+
+def spell_4(cfg: dict) -> dict:
+    """config.json as transformers 4 wrote it for the family (from the dict transformers 5 saved)."""
+    d = dict(cfg)
+    mt = d["model_type"]
+    d["torch_dtype"] = d.pop("dtype", "float32")
+    d["transformers_version"] = "4.51.3"
+    rp = copy.deepcopy(d.pop("rope_parameters"))
+    if mt == "gemma3_text":
+        full, sliding = rp["full_attention"], rp["sliding_attention"]
+        d["rope_theta"], d["rope_local_base_freq"] = full.pop("rope_theta"), sliding.pop("rope_theta")
+        d["rope_scaling"] = None if full["rope_type"] == "default" else full
+        types = d.pop("layer_types")
+        n = types.index("full_attention") + 1
+        assert types == ["full_attention" if (i + 1) % n == 0 else "sliding_attention" for i in range(len(types))]
+        d["sliding_window_pattern"] = n
+        d["cache_implementation"] = "hybrid"
+        d.pop("_sliding_window_pattern", None)
+    else:
+        d["rope_theta"] = rp.pop("rope_theta")
+        if (prf := rp.pop("partial_rotary_factor", 1.0)) != 1.0:
+            d["partial_rotary_factor"] = prf
+        if mt == "phi3":
+            rp.pop("original_max_position_embeddings", None)  # phi3 keeps it at the top level
+            if rp.get("rope_type") == "longrope":
+                rp = {"long_factor": rp["long_factor"], "short_factor": rp["short_factor"], "type": "longrope"}
+        d["rope_scaling"] = None if rp.get("rope_type") == "default" else rp
+    if mt in ("gemma2", "gemma3_text"):
+        d.pop("use_bidirectional_attention", None)  # added in transformers 5
+    if mt == "gemma2":
+        n = len(d["layer_types"])
+        assert d.pop("layer_types") == ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+        d["cache_implementation"] = "hybrid"
+    if mt in ("qwen2", "qwen3"):  # transformers 4 derived the sliding layers from use_sliding_window, max_window_layers
+        types = d.pop("layer_types")
+        w, m = d["sliding_window"] if d["use_sliding_window"] else None, d["max_window_layers"]
+        assert types == ["sliding_attention" if w and i >= m else "full_attention" for i in range(len(types))]
+        if mt == "qwen2" and w is None:  # Qwen2.5's configs carry a window that use_sliding_window switches off
+            d["sliding_window"] = d["max_position_embeddings"]
+    return d
+
+
+def write_gguf_like_llama_cpp(hf_folder: Path, out: Path, qtype: str = "F32") -> Path:
+    """tests/models/families_gguf.py's writer: the model as llama.cpp's convert_hf_to_gguf.py writes it."""
+    from tests.models.families_gguf import write_gguf_like_llama_cpp as write
+
+    return write(hf_folder, out, qtype)
+
+
+PROMPT = "The quick brown fox jumps over the lazy dog; then it ran 42 laps."  # 60 tokens
+_INERT = {"_name_or_path", "transformers_version", "sliding_window_pattern", "_sliding_window_pattern"}
+
+
+def _read_config(folder: Path) -> dict:
+    """transformers 5's reading of config.json, less what a transformers 4 spelling leaves as inert attributes."""
+    from transformers import AutoConfig
+
+    d = {k: v for k, v in AutoConfig.from_pretrained(folder).to_dict().items() if k not in _INERT}
+    d.pop("cache_implementation", None)
+    rope = d.get("rope_parameters") or {}
+    for r in (rope, *(v for v in rope.values() if isinstance(v, dict))):
+        r.pop("type", None)  # transformers 4's rope_scaling "type", kept beside the "rope_type" it became
+    if d.get("partial_rotary_factor", -1) == rope.get("partial_rotary_factor"):
+        del d["partial_rotary_factor"]
+    return d
+
+
+def self_check(root: Path, n_tokens: int = 16) -> None:
+    """For every family and variant: the two spellings read to the same transformers 5 config and run to identical
+    logits on PROMPT, and seed 0's greedy tokens after it are not one token repeated. Prints a line per variant."""
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    for mt, variants in VARIANTS.items():
+        for v in variants:
+            d5, d4 = (tiny_hf(mt, v, Path(root) / f"{mt}-{v}-s{s}", spelling=s) for s in (5, 4))
+            c5, c4 = _read_config(d5), _read_config(d4)
+            assert c5 == c4, (
+                mt,
+                v,
+                {k: (c4.get(k), c5.get(k)) for k in c4.keys() | c5.keys() if c4.get(k) != c5.get(k)},
+            )
+            ids = Tokenizer.from_file(str(d5 / "tokenizer.json")).encode(PROMPT).ids
+            m5, m4 = (AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").eval() for d in (d5, d4))
+            seq, margins = list(ids), []
+            with torch.no_grad():
+                assert torch.equal(m5(torch.tensor([ids])).logits, m4(torch.tensor([ids])).logits), (mt, v)
+                for _ in range(n_tokens):
+                    top = m5(torch.tensor([seq])).logits[0, -1].topk(2)
+                    margins.append(float(top.values[0] - top.values[1]))
+                    seq.append(int(top.indices[0]))
+            out = seq[len(ids) :]
+            assert len(set(out)) > 1, (mt, v, out)
+            print(
+                f"{mt:12s} {v:17s} same config and logits in both spellings; greedy: {len(set(out)):2d} distinct "
+                f"of {n_tokens}, smallest top-2 margin {min(margins):.3f}: {out}"
+            )
+
+
+if __name__ == "__main__":
+    import sys
+    import tempfile
+
+    self_check(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()))

@@ -1,0 +1,187 @@
+"""The families users bring (Llama 3.x, Mistral, Gemma 2 and 3, Phi-3/4, Granite, OLMo 2, Qwen 2 and 3), each a
+tiny random model built by transformers itself, read from its HF directory in both config spellings and from the
+GGUF llama.cpp's converter would write: the same model, HF's greedy tokens in fp32, and a file holding a tensor or
+a field cadence does not use refused in one sentence naming it."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from common.errors import CadenceError
+from models.convert import convert
+from models.source import GGUFSource
+from models.source_hf import HFSource
+from models.store import WeightStore
+from models.transformer import Transformer
+from models.weights import ResidentWeights
+from tests.models.families import PROMPT, VARIANTS, tiny_hf, write_gguf_like_llama_cpp
+
+CASES = [(mt, v) for mt, vs in VARIANTS.items() for v in vs]
+N_NEW = 16
+# llama.cpp's converter writes no window for these (llama.cpp runs them without one): their GGUF is another model
+NO_WINDOW_IN_GGUF = {("mistral", "sliding"), ("qwen2", "sliding")}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """(model_type, variant) -> (HF dir as transformers 5 wrote it, as 4 did, the GGUF, HF's model), built once."""
+    cache = {}
+
+    def get(mt: str, v: str):
+        if (mt, v) not in cache:
+            from transformers import AutoModelForCausalLM
+
+            d = tmp_path_factory.mktemp(f"{mt}-{v}")
+            d5, d4 = tiny_hf(mt, v, d / "s5", 5), tiny_hf(mt, v, d / "s4", 4)
+            gguf = write_gguf_like_llama_cpp(d5, d / "m.gguf")
+            hf = AutoModelForCausalLM.from_pretrained(d5, dtype=torch.float32, attn_implementation="eager").eval()
+            cache[mt, v] = (d5, d4, gguf, hf)
+        return cache[mt, v]
+
+    return get
+
+
+def prompt_ids(folder) -> list[int]:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(folder / "tokenizer.json")).encode(PROMPT).ids
+
+
+def ours(src, out, fmt="fp32") -> Transformer:
+    st = WeightStore(convert(src, out, fmt))
+    return Transformer(st.args, ResidentWeights(st))
+
+
+def greedy_like_hf(model: Transformer, hf, ids: list[int], n: int) -> None:
+    """Our greedy tokens (one cached forward a token) are HF's (the whole sequence each step): identical, or they
+    part only where HF's own top two are within float noise of each other (a near tie), never otherwise."""
+    cache = model.new_cache(len(ids) + n)
+    logits = model.forward(torch.tensor(ids), torch.arange(len(ids)), cache)[-1]
+    cache.commit()
+    seq = list(ids)
+    for step in range(n):
+        with torch.no_grad():
+            ref = hf(torch.tensor([seq])).logits[0, -1]
+        mine, top = int(logits.argmax()), ref.topk(2)
+        if mine != int(top.indices[0]):
+            margin = float(top.values[0] - top.values[1])
+            assert margin < 1e-4 * max(1.0, float(top.values[0].abs())), (step, mine, top.indices.tolist(), margin)
+            return
+        seq.append(mine)
+        logits = model.forward(torch.tensor([mine]), torch.tensor([len(seq) - 1]), cache)[0]
+        cache.commit()
+
+
+@pytest.mark.parametrize("mt,v", CASES)
+def test_both_spellings_and_the_gguf_read_the_same_model(built, mt, v):
+    d5, d4, gguf, _ = built(mt, v)
+    h5, h4, g = HFSource(d5), HFSource(d4), GGUFSource(gguf)
+    assert h5.args == h4.args
+    a = h5.args
+    if a.sliding_layers:
+        assert 0 < a.sliding_window < a.context_length and len(a.sliding_layers) < a.n_layers or mt == "mistral"
+    expect = a
+    if (mt, v) in NO_WINDOW_IN_GGUF:
+        expect = type(a)(**{**a.to_dict(), "sliding_window": 0, "sliding_layers": ()})
+    differ = {k for k, x in a.to_dict().items() if g.args.to_dict()[k] != expect.to_dict()[k]}
+    if mt == "mistral":  # llama.cpp writes Mistral as a Llama: the same block
+        assert g.args.arch == "llama"
+        differ.discard("arch")
+    # a GGUF spells LongRoPE's factor as its attention factor, Llama 3's scaling as per-frequency divisors, and
+    # keeps the norms' epsilon as a float32
+    assert differ <= {"rope_scaling", "norm_eps"}, differ
+    assert g.args.norm_eps == pytest.approx(a.norm_eps, rel=1e-6)
+    for name in ("blk.0.attn_qkv", "blk.1.attn_out", "blk.0.ffn_gate_up", "blk.1.ffn_down", "out_norm", "embed"):
+        assert np.array_equal(h5.get(name), g.get(name)), name
+    for name in ("attn_norm", "ffn_norm", "attn_post_norm", "ffn_post_norm", "attn_q_norm", "attn_k_norm"):
+        if any(n.endswith(name) for _, n in _names(a)):
+            assert np.allclose(h5.get(f"blk.1.{name}"), g.get(f"blk.1.{name}"), rtol=0, atol=1e-6), name
+
+
+def _names(args):
+    from models.source import canonical_names
+
+    return canonical_names(args)
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+@pytest.mark.parametrize("mt,v", CASES)
+def test_fp32_logits_and_greedy_tokens_are_transformers_own(built, tmp_path, mt, v, source):
+    d5, _, gguf, hf = built(mt, v)
+    if source == "gguf" and (mt, v) in NO_WINDOW_IN_GGUF:
+        pytest.skip("llama.cpp's converter writes no sliding window for this family: another model than HF's")
+    src = HFSource(d5) if source == "hf" else GGUFSource(gguf)
+    model = ours(src, tmp_path / "store")
+    ids = prompt_ids(d5)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    got = model.forward(torch.tensor(ids), torch.arange(len(ids)), model.new_cache(len(ids)))
+    assert float((got - ref).abs().max()) < 1e-4 * max(1.0, float(ref.abs().max())), float((got - ref).abs().max())
+    greedy_like_hf(model, hf, ids, N_NEW)
+
+
+def _rewrite_config(folder, **changes):
+    p = folder / "config.json"
+    p.write_text(json.dumps({**json.loads(p.read_text()), **changes}))
+
+
+def test_a_config_field_cadence_does_not_use_is_refused_naming_it(built, tmp_path):
+    import shutil
+
+    d = shutil.copytree(built("llama", "plain")[0], tmp_path / "m")
+    _rewrite_config(d, attn_temperature_tuning=True)
+    with pytest.raises(CadenceError, match="config field 'attn_temperature_tuning'"):
+        HFSource(d)
+    _rewrite_config(d, attn_temperature_tuning=None, model_type="llama4_text")
+    with pytest.raises(CadenceError, match="model_type 'llama4_text' is not supported"):
+        HFSource(d)
+
+
+def test_a_tensor_cadence_does_not_use_is_refused_naming_it(built, tmp_path):
+    """An output projection bias (attention_bias on Llama) would be left out of the sum: refused, from either file."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    d = shutil.copytree(built("llama", "plain")[0], tmp_path / "m")
+    t = load_file(d / "model.safetensors")
+    t["model.layers.0.self_attn.o_proj.bias"] = torch.ones(64)
+    save_file(t, d / "model.safetensors")
+    with pytest.raises(CadenceError, match="tensor 'model.layers.0.self_attn.o_proj.bias'"):
+        HFSource(d)
+    gguf = _with_extra(built("gemma3_text", "plain")[2], tmp_path / "x.gguf", tensor="blk.0.attn_output.bias")
+    with pytest.raises(CadenceError, match="tensor 'blk.0.attn_output.bias'"):
+        GGUFSource(gguf)
+    gguf = _with_extra(built("gemma3_text", "plain")[2], tmp_path / "y.gguf", key="gemma3.attention.temperature")
+    with pytest.raises(CadenceError, match="key 'gemma3.attention.temperature'"):
+        GGUFSource(gguf)
+
+
+def _with_extra(src, out, tensor: str | None = None, key: str | None = None):
+    """A copy of a GGUF file with one more tensor or key."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(out), arch)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            w.add_array(name, f.contents())
+        else:
+            w.add_key_value(name, f.contents(), vt)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    if tensor:
+        w.add_tensor(tensor, np.ones(64, dtype=np.float32))
+    if key:
+        w.add_float32(key, 1.0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
