@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up cadence in ./.venv: torch 2.13.0 (CPU) first, then the package, then the models.
 #   ./setup.sh          runtime only, then pulls the default models
-#   ./setup.sh --test   also the test dependencies (and headless Chromium for the trace viewer's test)
+#   ./setup.sh --test   also the test dependencies (and headless Chromium for the trace viewer's test) and
+#                       gemma-3-270m, which the tests of the Gemma family run
 set -euo pipefail
 cd "$(dirname "$0")"
 extras=""
@@ -25,3 +26,7 @@ if [ -n "$extras" ]; then
 fi
 echo "cadence setup: pulling the default models"
 .venv/bin/launch models pull
+if [ -n "$extras" ]; then
+    echo "cadence setup: pulling gemma-3-270m (the tests' Gemma model)"
+    .venv/bin/launch models pull gemma-3-270m
+fi

@@ -101,7 +101,7 @@ class LlamaCppBaseline:
 
         llm = self.llm
         llm.reset()
-        ctx = llm._ctx.ctx
+        ctx = llm.ctx
         lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
         smpl = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         lc.llama_sampler_chain_add(smpl, lc.llama_sampler_init_greedy())

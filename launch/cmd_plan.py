@@ -85,7 +85,7 @@ def cmd_plan(args) -> int:
     print("smallest budget per mode:")
     draft, store = cfg.draft, r.draft
     if store is None and args.draft == "auto":  # what a speculative mode would draft with (settled away or not one)
-        draft = pick_draft(cfg.with_mode("tree"), r.target, say=lambda line: None)
+        draft = pick_draft(cfg.with_mode("tree"), say=lambda line: None)
         store = ensure_store(draft, cfg.draft_format) if draft != "none" else None
     drafts = store is not None or draft == "flash"  # a draft model, or the target's own sparse FFN
     rows = [("std", "none", None), ("stdpl", "none", None)]

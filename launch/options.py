@@ -74,3 +74,10 @@ def describe(cfg: RunConfig) -> str:
     draft = cfg.draft_words()
     extra = "; " + " ".join(f"{k}={v}" for k, v in given.items()) if given else ""
     return f"{cfg.mode} {cfg.target} {cfg.dtype}{draft}; context {cfg.context} tokens; {cfg.runtime}{extra}"
+
+
+def add_calibration(p, store_help: str, tokens_note: str) -> None:
+    """The options of a command that runs a model on calibration prompts: its store, the prompts, the tokens."""
+    p.add_argument("--dtype", "--format", dest="fmt", default="int4", help=store_help)
+    p.add_argument("--prompts", default=None, help="calibration prompts (JSONL; default: the development set)")
+    p.add_argument("--tokens", type=int, default=64, help=f"tokens the model generates per prompt ({tokens_note})")

@@ -14,10 +14,10 @@ logits, the top-k weights renormalised to sum to one where the model says so (`n
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from common.errors import CadenceError
-from models.rope import RopeScaling
+from common.settings import PREFILL_CHUNK
 
 ARCHS = (
     "llama",
@@ -36,6 +36,42 @@ ARCHS = (
 )
 QK_NORMS = ("", "head", "full")  # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe)
 ACTS = ("silu", "gelu_tanh")
+# committed rows a sliding-window layer keeps past its window (models/kvcache.py): a rewind by up to this many works
+WINDOW_REWIND = 64
+
+
+ROPE_KINDS = ("linear", "dynamic", "yarn", "longrope", "llama3", "divisors")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    kind: str
+    factor: float = 1.0
+    original_context: int = 0  # the pretraining context (llama3, yarn, longrope); dynamic: max_position_embeddings
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0
+    truncate: bool = True
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+    attention_factor: float = 0.0  # yarn, longrope: cos and sin scaled by it (0: derived from the factor)
+    short_factor: tuple[float, ...] = ()  # longrope, one per frequency
+    long_factor: tuple[float, ...] = ()
+    divisors: tuple[float, ...] = ()  # a GGUF's rope_freqs: each frequency divided by its own
+
+    def __post_init__(self):
+        if self.kind not in ROPE_KINDS:
+            raise CadenceError(f"rope scaling '{self.kind}' is not supported; cadence runs {', '.join(ROPE_KINDS)}")
+        for name in ("short_factor", "long_factor", "divisors"):
+            object.__setattr__(self, name, tuple(float(x) for x in getattr(self, name)))
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "RopeScaling | None":
+        if d is None:
+            return None
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 @dataclass(frozen=True)
@@ -151,10 +187,11 @@ class ModelArgs:
         return self.dim * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.dim + self.ffn_params()
 
     def window_rows(self, capacity: int) -> int:
-        """Cache rows a sliding layer keeps for a context of `capacity` tokens (models/kvcache.py)."""
-        from models.kvcache import window_rows
-
-        return window_rows(self, capacity)
+        """Cache rows a sliding layer holds for a context of `capacity` (models/kvcache.py): the window, what a
+        rewind may need, and a forward's new rows (a prefill chunk, a tree)."""
+        if not self.sliding_layers:
+            return 0
+        return min(capacity, self.sliding_window - 1 + WINDOW_REWIND + PREFILL_CHUNK)
 
     def kv_bytes(self, capacity: int, itemsize: int = 4) -> int:
         """Bytes of the KV cache for a context of `capacity` tokens: a sliding layer keeps its window only."""

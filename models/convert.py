@@ -255,12 +255,19 @@ def source_identity(path: Path) -> str:
 
 
 def resolve(model: str) -> tuple[str, Path, str]:
-    """(label, source path, source sha256) for a registry name or a path; pulls registry models."""
+    """(label, source path, source sha256) for a registry name, a hub model (hf:OWNER/REPO[:FILE]) or a path;
+    pulls registry and hub models not yet pulled."""
+    from models import hub
+
     if model in registry.MODELS:
         spec = registry.spec(model)
         if not is_pulled(spec):
             pull(spec)
         return spec.name, model_path(spec), spec.sha256
+    if hub.is_ref(model):
+        ref = hub.parse(model)
+        path = hub.pull(ref)  # nothing to do once pulled: it resolves without the network
+        return ref.label, path, hub.recorded_sha256(ref) or source_identity(path)
     path = Path(model).expanduser()
     if not path.exists():
         registry.spec(model)  # raises the "unknown model" sentence for names that are not paths

