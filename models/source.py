@@ -20,7 +20,8 @@ from models.families.base import COMMON_GGUF_KEYS, Family, gguf_rope, permute_pa
 from models.files import what_is
 from models.gguf_file import GGUFFile
 from models.store import expert_group
-from models.tokenizer import TokenizerInfo, tokenizer_from_gguf_fields
+from models.tokenizer import TokenizerInfo
+from models.tokenizer_gguf import info_from_gguf
 
 # whether each model renormalises its top-k routing weights (llama.cpp's defaults; HF configs say it themselves)
 NORM_TOPK = {"qwen2_moe": False, "qwen3_moe": True, "olmoe": False, "mixtral": True}
@@ -252,27 +253,7 @@ class GGUFSource:
         return [f"{b}.{n}.weight" for n in moe.get(part) or self.family.gguf_tensors(part)]
 
     def _tokenizer(self) -> TokenizerInfo:
-        model = self._field("tokenizer.ggml.model")
-        if model != "gpt2":
-            raise CadenceError(
-                f"{self.path.name}: tokenizer type '{model}' is not supported (cadence reads byte-level BPE)"
-            )
-        tokens = self._field("tokenizer.ggml.tokens")
-        tok = tokenizer_from_gguf_fields(
-            tokens,
-            self._field("tokenizer.ggml.token_type", []),
-            self._field("tokenizer.ggml.merges", []),
-            self._field("tokenizer.ggml.pre", "default"),
-        )
-        bos, eos = self._field("tokenizer.ggml.bos_token_id"), self._field("tokenizer.ggml.eos_token_id")
-        return TokenizerInfo(
-            tokenizer_json=tok.to_str(),
-            bos_id=None if bos is None else int(bos),
-            eos_ids=[] if eos is None else [int(eos)],
-            add_bos=bool(self._field("tokenizer.ggml.add_bos_token", False)),
-            chat_template=self._field("tokenizer.chat_template"),
-            special={"bos": tokens[bos] if bos is not None else "", "eos": tokens[eos] if eos is not None else ""},
-        )
+        return info_from_gguf(self.file.fields, self.path.name, self.gguf_arch)
 
     def identity(self) -> str:
         if self._sha256 is None:

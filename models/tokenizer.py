@@ -3,7 +3,8 @@
 A GGUF file carries no tokenizer.json: it stores the vocabulary, the merges, the token types
 and the name of the pre-tokenizer (`tokenizer.ggml.pre`). We rebuild the same `tokenizers`
 pipeline HF ships for these models: the model's split regex, byte-level mapping, BPE, and the
-control tokens added whole so that `<|im_start|>` stays one token.
+control tokens added whole so that `<|im_start|>` stays one token. SentencePiece GGUFs, and the
+choice between the two kinds, are models/tokenizer_gguf.py's (`info_from_gguf`).
 
 What users and clients send is checked at the entry points (`encode`, `apply_chat_template`): text that is
 not UTF-8 is one sentence naming it, and a text far longer than the context is refused from its length
@@ -12,7 +13,6 @@ before the tokenizer reads it (`min_tokens`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,23 +21,54 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 from common.errors import CadenceError
 from common.heap import trim_heap
+from models.bytetable import ByteTable
 from models.textcheck import TooLong, check_strings, checked_text, token_bound
 
-# Split regexes by llama.cpp pre-tokenizer name (the same ones HF's tokenizer.json files use).
+# Split regexes by llama.cpp pre-tokenizer name (`tokenizer.ggml.pre`), each as the family's HF tokenizer.json has it.
 _QWEN2 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
     r"|\s+(?!\S)|\s+"
 )
+# Llama 3's, which is tiktoken's cl100k: DBRX's, OLMo 2's, Phi-4's and Granite 4's (all written `dbrx`).
 _LLAMA3 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_SPLITS = {"qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2, "llama3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-bpe": _LLAMA3}
-# Pre-tokenizers that are GPT-2's byte-level regex, with digits split one by one first.
+# Mistral Nemo's tekken: a word is its capitals and then its small letters, digits one by one.
+_TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# tiktoken's o200k (`gpt-4o`): Phi-4-mini's.
+_GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLITS = {
+    "qwen2": _QWEN2,
+    "deepseek-r1-qwen": _QWEN2,
+    "llama3": _LLAMA3,
+    "llama-v3": _LLAMA3,
+    "llama-bpe": _LLAMA3,
+    "smaug-bpe": _LLAMA3,
+    "dbrx": _LLAMA3,
+    "tekken": _TEKKEN,
+    "gpt-4o": _GPT4O,
+}
+# Where llama.cpp skips the merges for a word that is a token whole, as these families' tokenizer.json do.
+_IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "tekken"}
+_NFC = {"qwen2", "deepseek-r1-qwen"}
+# GPT-2's byte-level regex, with digits split one by one first: StarCoder's, SmolLM's, Granite 3's (`refact`).
 _GPT2_DIGITS = {"smollm", "starcoder", "refact"}
-_GPT2 = {"gpt2", "default", "olmo"}
+_GPT2 = {"gpt2", "gpt-2", "phi-2", "default", "olmo"}
+GGUF_PRE_TOKENIZERS = frozenset(_SPLITS) | _GPT2_DIGITS | _GPT2  # the `tokenizer.ggml.pre` names read here
 
 CONTROL, USER_DEFINED = 3, 4
+# End-of-turn tokens by name: ChatML's (Qwen, SmolLM, Phi-4), Llama 3's (and its tool call's end), Granite's and
+# OLMo 2's end of text, Gemma's, Phi-3's and Phi-4-mini's. Mistral's turns end with `</s>`, the GGUF's EOS.
+END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
 
 
 def _pre_tokenizer(pre: str):
@@ -71,10 +102,10 @@ def tokenizer_from_gguf_fields(tokens: list[str], token_types: list[int], merges
             merges=pairs,
             fuse_unk=False,
             byte_fallback=False,
-            ignore_merges=pre in _SPLITS and pre.startswith("llama"),
+            ignore_merges=pre in _IGNORE_MERGES,
         )
     )
-    if pre in ("qwen2", "deepseek-r1-qwen"):
+    if pre in _NFC:
         tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = _pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
@@ -124,8 +155,8 @@ class TextTokenizer:
         )
         self.bos_id, self.add_bos = info.bos_id, info.add_bos
         self.stop_ids = set(info.eos_ids)
-        # Chat models also stop at their end-of-turn token.
-        for name in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>"):
+        # Chat models also stop at their end-of-turn token (what their chat templates close a turn with).
+        for name in END_OF_TURN:
             tid = self.tok.token_to_id(name)
             if tid is not None:
                 self.stop_ids.add(tid)
@@ -135,10 +166,11 @@ class TextTokenizer:
         trim_heap()  # parsing the JSON left ~90 MiB of freed heap behind
 
     def release_encoder(self) -> bool:
-        """Drop the `tokenizers` object (~45 MiB for a 152k vocabulary) and decode from a table of each
-        token's bytes (~2 MiB) instead. A run whose prompts are all encoded already (`launch run`,
-        `launch bench` under a memory budget) gives those pages to the target. Only byte-level BPE
-        decodes this way; anything else keeps its tokenizer (returns False). `encode` then refuses."""
+        """Drop the `tokenizers` object (~45 MiB for a 152k vocabulary, ~150 MiB for Gemma's 262k) and decode
+        from a table of each token's bytes (a few MiB) instead. A run whose prompts are all encoded already
+        (`launch run`, `launch bench` under a memory budget) gives those pages to the target. Byte-level and
+        SentencePiece BPE decode this way (models/bytetable.py); anything else keeps its tokenizer (returns
+        False). `encode` then refuses."""
         if self.tok is None:
             return True
         table = ByteTable.of(self.tok, self.info.tokenizer_json, self.vocab_size)
@@ -177,7 +209,8 @@ class TextTokenizer:
         if limit is not None and n_bytes > len(text):
             self.check_length(n_bytes, limit, name)
         ids = self.tok.encode(text, add_special_tokens=False).ids
-        if self.add_bos and self.bos_id is not None:
+        if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
+            # a chat template that writes `{{ bos_token }}` (Gemma's, Llama 3's) has given the text its BOS already
             ids = [self.bos_id] + ids
         if limit is not None and len(ids) > limit:
             raise TooLong(name, len(ids), limit, exact=True)
@@ -188,13 +221,14 @@ class TextTokenizer:
         can encode to, in O(1); `ascii`: the text is ASCII. Each token covers at most `longest` bytes of the
         normalized text, and the normalizer shrinks a text at most `shrink` times (NFC composes up to 3.5
         bytes into one, checked over all of Unicode in tests/models/test_tokenizer.py; it keeps ASCII as
-        it is). 0 where the pipeline may drop text (a normalizer not known here, fused unknown tokens)."""
+        it is). 0 where the pipeline may drop text (a normalizer not known here, fused unknown tokens). The
+        BOS counts only as the one id an empty text has: a text that starts with it gets no second one."""
         if self._bound is None:
             self._bound = token_bound(self.tok) if self.tok is not None else (0, 0)
         longest, shrink = self._bound
         if not longest:
             return 0
-        return -(-n_bytes // (longest * (1 if ascii else shrink))) + bool(self.add_bos and self.bos_id is not None)
+        return max(-(-n_bytes // (longest * (1 if ascii else shrink))), int(self.add_bos and self.bos_id is not None))
 
     def check_length(self, n_bytes: int, limit: int, name: str = "the prompt", ascii: bool = False) -> None:
         """Raise `TooLong` if a text of `n_bytes` bytes (or more) has more than `limit` ids whatever it holds, in
@@ -237,59 +271,6 @@ class TextTokenizer:
             bos_token=self.info.special.get("bos", ""),
             eos_token=self.info.special.get("eos", ""),
         )
-
-
-def byte_alphabet() -> list[tuple[int, str]]:
-    """GPT-2's byte-level alphabet: (byte, the printable character it is written as), printable bytes first."""
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("\xa1"), ord("\xac") + 1))
-        + list(range(ord("\xae"), ord("\xff") + 1))
-    )
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [(b, chr(c)) for b, c in zip(bs, cs)]
-
-
-class ByteTable:
-    """Each token's bytes in one blob: what a byte-level BPE decoder does, for a few MiB."""
-
-    def __init__(self, blob: bytes, offsets, special: set[int]):
-        self.blob, self.offsets, self.special = blob, offsets, special
-
-    @classmethod
-    def of(cls, tok: Tokenizer, tokenizer_json: str, vocab: int) -> "ByteTable | None":
-        from array import array
-
-        spec = json.loads(tokenizer_json)
-        if (spec.get("decoder") or {}).get("type") != "ByteLevel" or spec["model"].get("type") != "BPE":
-            return None
-        added = {a["id"]: a for a in spec.get("added_tokens", [])}
-        to_byte = {ch: b for b, ch in byte_alphabet()}
-        parts, offsets, pos = [], array("I", [0]), 0
-        for i in range(vocab):
-            piece = tok.id_to_token(i) or ""
-            if i in added:  # added tokens decode to their text as it is
-                b = added[i]["content"].encode()
-            else:
-                try:
-                    b = bytes(to_byte[c] for c in piece)
-                except KeyError:  # a token outside the byte alphabet: this table cannot stand in
-                    return None
-            parts.append(b)
-            pos += len(b)
-            offsets.append(pos)
-        return cls(b"".join(parts), offsets, {i for i, a in added.items() if a.get("special")})
-
-    def decode(self, ids: list[int], skip_special: bool = False) -> str:
-        o, blob = self.offsets, self.blob
-        out = b"".join(blob[o[i] : o[i + 1]] for i in ids if not (skip_special and i in self.special))
-        return out.decode("utf-8", errors="replace")
 
 
 class StreamDecoder:

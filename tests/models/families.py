@@ -2,7 +2,7 @@
 
 `tiny_hf(model_type, variant, folder, spelling)` writes config.json (as the installed transformers 5 saves it, or
 as transformers 4 spelled it: `spell_4`), model.safetensors (float32) and a small byte-level BPE tokenizer;
-`write_gguf_like_llama_cpp` (tests/models/families_gguf.py) writes the same model as llama.cpp's converter does.
+`write_gguf_like_llama_cpp` (bench/hf_gguf.py) writes the same model as llama.cpp's converter does.
 `VARIANTS` names each family's variants. Shapes: hidden 64, 4 heads / 2 kv heads, head_dim 16 (32 where the family
 has an explicit one: mistral like Nemo, qwen3, gemma), 2 layers (gemma2 4, gemma3 6: sliding and full layers both),
 vocabulary 320, every sliding window 8 tokens. Each builds in well under a second.
@@ -27,12 +27,9 @@ from pathlib import Path
 
 import torch
 
+from bench.hf_gguf import QWEN2_SPLIT  # the tokenizer.json's pre-tokenizer: Qwen2's split (llama.cpp's "qwen2")
+
 VOCAB = 320
-# Qwen2's split regex (llama.cpp's pre-tokenizer "qwen2"): the tokenizer.json's pre-tokenizer
-QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-    r"|\s+(?!\S)|\s+"
-)
 MERGES = ["Ġ t", "Ġ a", "i n", "h e"]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -270,7 +267,7 @@ def spell_4(cfg: dict) -> dict:
 
 def write_gguf_like_llama_cpp(hf_folder: Path, out: Path, qtype: str = "F32") -> Path:
     """tests/models/families_gguf.py's writer: the model as llama.cpp's convert_hf_to_gguf.py writes it."""
-    from tests.models.families_gguf import write_gguf_like_llama_cpp as write
+    from bench.hf_gguf import write_gguf_like_llama_cpp as write
 
     return write(hf_folder, out, qtype)
 

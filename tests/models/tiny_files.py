@@ -15,7 +15,7 @@ BYTE_TOKENS = None
 
 def byte_vocab() -> list[str]:
     """GPT-2's printable spelling of the 256 bytes, plus a few merges' results and specials."""
-    from models.tokenizer import byte_alphabet
+    from models.bytetable import byte_alphabet
 
     return [ch for _, ch in byte_alphabet()]
 

@@ -1,4 +1,5 @@
-"""An HF model directory of tests/models/families.py written as a GGUF file the way llama.cpp's converter writes it.
+"""An HF model directory written as a GGUF file the way llama.cpp's converter writes it (random-weight models of each
+family for benchmarks, bench/synth_family.py; the tiny ones of tests/models/families.py).
 
 `write_gguf_like_llama_cpp(hf_folder, out, qtype)` follows convert_hf_to_gguf.py (conversion/llama.py, gemma.py,
 phi.py, granite.py, olmo.py, qwen.py, base.py) key for key and tensor for tensor, in its order: the same
@@ -14,7 +15,7 @@ every family and variant). What each family's converter does to the tensors:
 
 Only the byte-level BPE tokenizer path (`tokenizer.ggml.model` = gpt2) is reproduced, which is what the tiny folders
 carry; the pre-tokenizer is named from the tokenizer.json's split regex (the real converter hashes the token ids of a
-check text, which no 320-token vocabulary matches)."""
+check text, which no 320-token vocabulary matches). Needs transformers."""
 
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ from pathlib import Path
 
 import torch
 
-from tests.models.families import QWEN2_SPLIT
+QWEN2_SPLIT = (  # Qwen2's split regex (llama.cpp's pre-tokenizer "qwen2"), as its tokenizer.json has it
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
 
 GGUF_ARCH = {
     "llama": "llama",
