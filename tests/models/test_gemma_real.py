@@ -14,7 +14,7 @@ from speculative.generate import generate_target
 pytestmark = [pytest.mark.real, pytest.mark.gemma, pytest.mark.slow]
 N = 32
 PROMPTS = [  # raw text: a base model continues it (the held-out set's code prompts, and prose)
-    Prompt("merge", "complete", "def merge_intervals(intervals):\n    \"\"\"Merge overlapping intervals.\"\"\"\n"),
+    Prompt("merge", "complete", 'def merge_intervals(intervals):\n    """Merge overlapping intervals."""\n'),
     Prompt("prose", "open", "The history of the printing press begins in"),
     Prompt("list", "complete", "Three reasons to learn a second language:\n1."),
 ]
