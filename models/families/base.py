@@ -68,6 +68,12 @@ COMMON_GGUF_KEYS = frozenset(
     "rope.scaling.finetuned rope.scaling.attn_factor rope.scaling.yarn_beta_fast rope.scaling.yarn_beta_slow "
     "rope.scaling.yarn_log_multiplier".split()
 )
+# what the mixtures of experts' configs say of their experts (models/source_hf.py reads and checks each)
+MOE_HF_KEYS = frozenset(
+    "num_experts num_local_experts num_experts_per_tok moe_intermediate_size shared_expert_intermediate_size "
+    "norm_topk_prob decoder_sparse_step mlp_only_layers router_aux_loss_coef output_router_logits "
+    "router_jitter_noise".split()
+)
 SLIDING, FULL = "sliding_attention", "full_attention"
 
 

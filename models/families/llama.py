@@ -4,7 +4,7 @@ llama.cpp writes all but Granite as its `llama` architecture, with q/k rows in i
 
 from __future__ import annotations
 
-from models.families.base import Family, windowed
+from models.families.base import MOE_HF_KEYS, Family, windowed
 
 
 def _every_layer(window, args: dict) -> dict:
@@ -60,9 +60,7 @@ MIXTRAL = Family(
     gguf_archs=(),  # llama.cpp writes Mixtral as `llama` with expert tensors
     block={"norm_topk": True},
     hf_defaults={"rope_theta": 1e6, "rms_norm_eps": 1e-5, "sliding_window": None},
-    hf_keys=frozenset(
-        "num_local_experts num_experts_per_tok router_aux_loss_coef output_router_logits router_jitter_noise".split()
-    ),
+    hf_keys=MOE_HF_KEYS,
     hf_fields=lambda cfg, a: _every_layer(cfg["sliding_window"], a),
     gguf_keys=frozenset({"attention.sliding_window"}),
     gguf_fields=lambda key, a: _every_layer(key("attention.sliding_window", 0), a),

@@ -3,7 +3,7 @@ before them; q/k norms over the whole projection) and OLMoE (a mixture of expert
 
 from __future__ import annotations
 
-from models.families.base import Family
+from models.families.base import MOE_HF_KEYS, Family
 
 _FULL_QK = {"attn_q_norm": ("self_attn.q_norm",), "attn_k_norm": ("self_attn.k_norm",)}
 
@@ -26,8 +26,6 @@ OLMOE = Family(
     gguf_archs=("olmoe",),
     block={"qk_norm": "full"},
     hf_defaults={"rms_norm_eps": 1e-5, "rope_theta": 10000.0},
-    hf_keys=frozenset(
-        "num_experts num_experts_per_tok norm_topk_prob router_aux_loss_coef output_router_logits clip_qkv".split()
-    ),
+    hf_keys=MOE_HF_KEYS | {"clip_qkv"},
     hf_names=_FULL_QK,
 )

@@ -4,12 +4,9 @@ its own sigmoid gate). Their sliding window, where a config turns it on, covers 
 
 from __future__ import annotations
 
-from models.families.base import Family, layer_kinds, windowed
+from models.families.base import MOE_HF_KEYS, Family, layer_kinds, windowed
 
-_MOE_KEYS = frozenset(
-    "num_experts num_local_experts num_experts_per_tok moe_intermediate_size shared_expert_intermediate_size "
-    "norm_topk_prob decoder_sparse_step mlp_only_layers router_aux_loss_coef output_router_logits qkv_bias".split()
-)
+_MOE_KEYS = MOE_HF_KEYS | {"qkv_bias"}
 
 
 def _sliding(cfg: dict, a: dict) -> dict:
