@@ -13,7 +13,7 @@ import numpy as np
 from common.errors import CadenceError
 from models.config import ModelArgs
 from models.families import BY_HF
-from models.families.base import COMMON_HF_KEYS, Family, hf_rope
+from models.families.base import COMMON_HF_KEYS, Family, Unsupported, hf_rope
 from models.files import read_json, read_text
 from models.source import NORMS, canonical_names, qkv_layout, refuse_unknown, sha256_file
 from models.tokenizer import info_from_hf
@@ -160,18 +160,22 @@ def hf_args(cfg: dict, path: Path, qkv_bias: bool, tied: bool) -> ModelArgs:
         return _hf_args(cfg, fam, path, qkv_bias, tied)
     except KeyError as e:
         raise CadenceError(f"{path} has no {e} field, which a {fam.name} config needs; re-download it") from None
+    except Unsupported as e:
+        raise CadenceError(f"{path}: {e} is not something cadence runs in a {fam.name} model") from None
     except (TypeError, ValueError, AttributeError) as e:
-        raise CadenceError(f"{path} has a field cadence cannot run in a {fam.name} config ({e})") from None
+        raise CadenceError(
+            f"{path} has a field of the wrong kind for a {fam.name} config ({e}); re-download it"
+        ) from None
 
 
 def _hf_args(cfg: dict, fam: Family, path: Path, qkv_bias: bool, tied: bool) -> ModelArgs:
     if cfg.get("mlp_bias"):
-        raise ValueError("mlp_bias: true")
+        raise Unsupported("mlp_bias: true (biases in the FFN)")
     if cfg.get("clip_qkv") is not None:
-        raise ValueError(f"clip_qkv={cfg['clip_qkv']}")
+        raise Unsupported(f"clip_qkv={cfg['clip_qkv']}")
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
     if act != {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}[fam.block.get("act", "silu")]:
-        raise ValueError(f"hidden_act {act!r}")
+        raise Unsupported(f"hidden_act {act!r}")
     n_heads, dim = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
     common = dict(
         vocab_size=int(cfg["vocab_size"]),

@@ -77,6 +77,10 @@ MOE_HF_KEYS = frozenset(
 SLIDING, FULL = "sliding_attention", "full_attention"
 
 
+class Unsupported(Exception):
+    """A config field whose value sets a computation cadence does not run (the sources say which file)."""
+
+
 @dataclass(frozen=True)
 class Family:
     name: str  # ModelArgs.arch

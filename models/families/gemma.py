@@ -6,7 +6,7 @@ rotate with a base of their own (`rope_local_base_freq`), unscaled."""
 
 from __future__ import annotations
 
-from models.families.base import SLIDING, Family, hf_rope, layer_kinds, windowed
+from models.families.base import SLIDING, Family, Unsupported, hf_rope, layer_kinds, windowed
 
 _NAMES_HF = {
     "attn_post_norm": ("post_attention_layernorm",),
@@ -22,9 +22,9 @@ _KEYS = frozenset(
 
 def _scales(cfg: dict, a: dict) -> dict:
     if cfg.get("use_bidirectional_attention"):
-        raise ValueError("use_bidirectional_attention: an encoder (EmbeddingGemma), not a causal decoder")
+        raise Unsupported("use_bidirectional_attention: an encoder (EmbeddingGemma), not a causal decoder")
     if cfg["hidden_activation"] not in ("gelu_pytorch_tanh", "gelu_tanh"):
-        raise ValueError(f"hidden_activation {cfg['hidden_activation']!r} (cadence runs gelu_pytorch_tanh)")
+        raise Unsupported(f"hidden_activation {cfg['hidden_activation']!r} (cadence runs gelu_pytorch_tanh)")
     return {
         "embed_scale": a["dim"] ** 0.5,
         "attn_scale": float(cfg["query_pre_attn_scalar"]) ** -0.5,
@@ -43,7 +43,7 @@ def _gemma3_hf(cfg: dict, a: dict) -> dict:
     sliding = layer_kinds(cfg, a["n_layers"], lambda i: bool((i + 1) % pattern))
     local_base, local_scaling, _ = hf_rope(cfg, a["head_dim"], SLIDING)
     if local_scaling is not None:
-        raise ValueError(f"rope scaling '{local_scaling.kind}' on the sliding layers (cadence scales full ones)")
+        raise Unsupported(f"rope scaling '{local_scaling.kind}' on the sliding layers (cadence scales full ones)")
     return {**_scales(cfg, a), **windowed(cfg["sliding_window"], sliding, a["context_length"])} | {
         "rope_local_base": local_base
     }

@@ -134,7 +134,15 @@ def test_a_config_field_cadence_does_not_use_is_refused_naming_it(built, tmp_pat
     _rewrite_config(d, attn_temperature_tuning=True)
     with pytest.raises(CadenceError, match="config field 'attn_temperature_tuning'"):
         HFSource(d)
-    _rewrite_config(d, attn_temperature_tuning=None, model_type="llama4_text")
+    _rewrite_config(d, attn_temperature_tuning=None)
+    with pytest.raises(CadenceError, match="config field 'attn_temperature_tuning'"):  # even set to null
+        HFSource(d)
+    config = json.loads((d / "config.json").read_text())
+    del config["attn_temperature_tuning"]
+    (d / "config.json").write_text(json.dumps({**config, "mlp_bias": True}))
+    with pytest.raises(CadenceError, match="mlp_bias: true .* is not something cadence runs in a llama model"):
+        HFSource(d)
+    _rewrite_config(d, mlp_bias=False, model_type="llama4_text")
     with pytest.raises(CadenceError, match="model_type 'llama4_text' is not supported"):
         HFSource(d)
 
