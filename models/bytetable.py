@@ -1,4 +1,5 @@
-"""Decoding from a table of each token's bytes, so that a run can let its `tokenizers` object go.
+"""Decoding from a table of each token's bytes, so that a run can let its `tokenizers` object go (and a
+SentencePiece vocabulary, encoded by models/spm.py, never needs one).
 
 A 152k byte-level vocabulary's tokenizer holds ~45 MiB and Gemma's 262k SentencePiece one far more; the
 table holds each token's bytes in one blob (a few MiB). It decodes exactly as the tokenizer's decoder does
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import json
 from array import array
+from collections.abc import Iterable
 
 from tokenizers import Tokenizer
 
 SPACE = "\u2581"  # SentencePiece's ▁
+_SPACE = SPACE.encode()
 
 
 def byte_alphabet() -> list[tuple[int, str]]:
@@ -90,16 +93,23 @@ class ByteTable:
         strip = _spm_decoder(decoder)
         if strip is None:
             return None
-        fallback = {}
-        pieces = []
-        for i in range(vocab):
-            text = (added[i]["content"] if i in added else tok.id_to_token(i) or "").replace(SPACE, " ")
-            b = fallback_byte(text)
+        pieces = (added[i]["content"] if i in added else tok.id_to_token(i) or "" for i in range(vocab))
+        return cls.of_spm((p.encode() for p in pieces), special, strip)
+
+    @classmethod
+    def of_spm(cls, tokens: Iterable[bytes], special: set[int], strip: bool) -> "ByteTable":
+        """The table of a SentencePiece vocabulary, each id's token in order as UTF-8 (models/spm.py's, or a
+        `tokenizers` pipeline's): `special` the ids that `skip_special` drops, `strip` whether a text's first
+        space goes."""
+        blob, offsets, fallback = bytearray(), array("I", [0]), {}
+        for i, token in enumerate(tokens):
+            b = fallback_byte(token.decode()) if len(token) == 6 else None
             if b is not None:  # any token spelled so is a byte to the decoder, an added one too
                 fallback[i] = b
-                text = ""
-            pieces.append(text.encode())
-        return cls(*_packed(pieces), special, fallback, strip)
+            else:
+                blob += token.replace(_SPACE, b" ")
+            offsets.append(len(blob))
+        return cls(bytes(blob), offsets, special, fallback, strip)
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         o, blob = self.offsets, self.blob

@@ -1,4 +1,5 @@
-"""The weight store: `manifest.json` + `weights.bin` + `tokenizer.json` in one directory.
+"""The weight store: `manifest.json` + `weights.bin` + the tokenizer in one directory (`tokenizer.json`, or
+`tokenizer.spm` for a GGUF's SentencePiece vocabulary: models/spm.py; the manifest names which).
 
 `weights.bin` holds every array at a 4 KiB-aligned offset, grouped in the order a
 layer-by-layer reader needs them: `embed`, `layer.0` ... `layer.N-1`, `head.0` ... `head.P-1`
@@ -17,13 +18,14 @@ from pathlib import Path
 
 from common.errors import CadenceError
 from models.config import ModelArgs
-from models.files import read_json, read_text, what_is
+from models.files import read_json, what_is
 
 # torch, numpy and the tokenizer are imported where they are used: the I/O loader reads a store's
 # manifest and nothing else, and stays a small process.
 ALIGN = 4096
-FORMAT_VERSION = 4  # 2: int4 as 8-bit sub-scales under fp16 super-scales; 3: the head in parts (head.0 ...);
-# 4: int8, int4 and int2 in tiles of 16 rows (models/tiles.py)
+FORMAT_VERSION = 5  # 2: int4 as 8-bit sub-scales under fp16 super-scales; 3: the head in parts (head.0 ...);
+# 4: int8, int4 and int2 in tiles of 16 rows (models/tiles.py); 5: a SentencePiece vocabulary in
+# tokenizer.spm, not a tokenizer.json, the manifest's tokenizer entry naming the file
 _DTYPE_NAMES = ("float32", "bfloat16", "float16", "int8", "uint8", "int32")
 
 
@@ -91,7 +93,7 @@ class StoreWriter:
     def finish(self, manifest: dict, tokenizer):
         self.f.write(b"\0" * (_align(self.pos) - self.pos))
         self.f.close()
-        (self.dir / "tokenizer.json").write_text(tokenizer.tokenizer_json)
+        (self.dir / tokenizer.file).write_bytes(tokenizer.dumps())
         manifest = {
             "format_version": FORMAT_VERSION,
             **manifest,
@@ -156,12 +158,21 @@ class WeightStore:
             )
 
     @property
-    def tokenizer_info(self):
-        from models.tokenizer import loads_info
+    def tokenizer_file(self) -> Path:
+        """The tokenizer's file: tokenizer.json, or tokenizer.spm (models/spm.py)."""
+        name = self._tokenizer_meta.get("file")
+        if name not in ("tokenizer.json", "tokenizer.spm"):
+            raise CadenceError(
+                f"{self.dir / 'manifest.json'} is damaged (its tokenizer entry names no tokenizer file); "
+                f"delete {self.dir} and convert again"
+            )
+        return self.dir / name
 
-        path = self.dir / "tokenizer.json"
-        text = read_text(path, f"delete {self.dir} and convert again")
-        return loads_info(text, self._tokenizer_meta, origin=str(path))
+    @property
+    def tokenizer_info(self):
+        from models.tokenizer import read_info
+
+        return read_info(self.tokenizer_file, self._tokenizer_meta, f"delete {self.dir} and convert again")
 
     def group_names(self) -> list[str]:
         return list(self.groups)

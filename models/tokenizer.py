@@ -4,7 +4,9 @@ A GGUF file carries no tokenizer.json: it stores the vocabulary, the merges, the
 and the name of the pre-tokenizer (`tokenizer.ggml.pre`). We rebuild the same `tokenizers`
 pipeline HF ships for these models: the model's split regex, byte-level mapping, BPE, and the
 control tokens added whole so that `<|im_start|>` stays one token. SentencePiece GGUFs, and the
-choice between the two kinds, are models/tokenizer_gguf.py's (`info_from_gguf`).
+choice between the two kinds, are models/tokenizer_gguf.py's (`info_from_gguf`): a SentencePiece vocabulary is
+kept as its tokens, scores and types (models/spm.py's `SpmVocab`) and encoded by models/spm.py, with no
+`tokenizers` object (Gemma's 262k vocabulary makes one of ~400 MiB while it is parsed).
 
 What users and clients send is checked at the entry points (`encode`, `apply_chat_template`): text that is
 not UTF-8 is one sentence naming it, and a text far longer than the context is refused from its length
@@ -22,6 +24,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from common.errors import CadenceError
 from common.heap import trim_heap
 from models.bytetable import ByteTable
+from models.files import read_bytes, read_text
+from models.spm import CONTROL, FILE as SPM_FILE, UNKNOWN, USER_DEFINED, SpmEncoder, SpmVocab
 from models.textcheck import TooLong, check_strings, checked_text, token_bound
 
 # Split regexes by llama.cpp pre-tokenizer name (`tokenizer.ggml.pre`), each as the family's HF tokenizer.json has it.
@@ -65,7 +69,6 @@ _GPT2_DIGITS = {"smollm", "starcoder", "refact"}
 _GPT2 = {"gpt2", "gpt-2", "phi-2", "default", "olmo"}
 GGUF_PRE_TOKENIZERS = frozenset(_SPLITS) | _GPT2_DIGITS | _GPT2  # the `tokenizer.ggml.pre` names read here
 
-CONTROL, USER_DEFINED = 3, 4
 # End-of-turn tokens by name: ChatML's (Qwen, SmolLM, Phi-4), Llama 3's (and its tool call's end), Granite's and
 # OLMo 2's end of text, Gemma's, Phi-3's and Phi-4-mini's. Mistral's turns end with `</s>`, the GGUF's EOS.
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
@@ -121,7 +124,8 @@ def tokenizer_from_gguf_fields(tokens: list[str], token_types: list[int], merges
 
 @dataclass
 class TokenizerInfo:
-    """What a weight store keeps of the tokenizer: the tokenizers JSON plus the ids that matter."""
+    """What a weight store keeps of the tokenizer: the tokenizers JSON (or, for a SentencePiece vocabulary, the
+    vocabulary itself: `spm`, and no JSON) plus the ids that matter."""
 
     tokenizer_json: str
     bos_id: int | None
@@ -130,6 +134,16 @@ class TokenizerInfo:
     chat_template: str | None = None
     special: dict[str, str] = field(default_factory=dict)
     origin: str = ""  # the file it was read from, for a sentence if it does not parse
+    spm: SpmVocab | None = None
+
+    @property
+    def file(self) -> str:
+        """The name of the file a weight store keeps it in, beside its manifest."""
+        return SPM_FILE if self.spm is not None else "tokenizer.json"
+
+    def dumps(self) -> bytes:
+        """That file's bytes."""
+        return self.spm.dumps() if self.spm is not None else self.tokenizer_json.encode()
 
     def to_dict(self) -> dict:
         return {
@@ -138,6 +152,7 @@ class TokenizerInfo:
             "add_bos": self.add_bos,
             "chat_template": self.chat_template,
             "special": self.special,
+            "file": self.file,
         }
 
 
@@ -146,37 +161,55 @@ class TextTokenizer:
 
     def __init__(self, info: TokenizerInfo):
         self.info = info
-        # a store's tokenizer.json (what a GGUF or HF source builds has been parsed already)
-        origin = Path(info.origin) if info.origin else None
-        self.tok = parse_tokenizer(
-            info.tokenizer_json,
-            str(origin or "the tokenizer"),
-            f"delete {origin.parent} and convert again" if origin else "convert the model again",
-        )
+        self.tok: Tokenizer | None = None
+        self.spm: SpmEncoder | None = None  # a SentencePiece vocabulary's encoder, which decodes from `table`
+        self.table: ByteTable | None = None
+        if info.spm is not None:
+            self.spm, kinds = SpmEncoder(info.spm), info.spm.types
+            special = {i for i, k in enumerate(kinds) if k in (CONTROL, UNKNOWN)}  # what skip_special drops
+            self.table = ByteTable.of_spm(info.spm.tokens, special, info.spm.add_space_prefix)
+            self.vocab_size = len(info.spm.tokens)
+        else:  # a store's tokenizer.json (what a GGUF or HF source builds has been parsed already)
+            origin = Path(info.origin) if info.origin else None
+            self.tok = parse_tokenizer(
+                info.tokenizer_json,
+                str(origin or "the tokenizer"),
+                f"delete {origin.parent} and convert again" if origin else "convert the model again",
+            )
+            self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         self.bos_id, self.add_bos = info.bos_id, info.add_bos
         self.stop_ids = set(info.eos_ids)
         # Chat models also stop at their end-of-turn token (what their chat templates close a turn with).
         for name in END_OF_TURN:
-            tid = self.tok.token_to_id(name)
+            tid = self.token_id(name)
             if tid is not None:
                 self.stop_ids.add(tid)
-        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
-        self.table: ByteTable | None = None
         self._bound: tuple[int, int] | None = None  # (longest token's bytes, the normalizer's shrink): see min_tokens
         trim_heap()  # parsing the JSON left ~90 MiB of freed heap behind
 
-    def release_encoder(self) -> bool:
-        """Drop the `tokenizers` object (~45 MiB for a 152k vocabulary, ~150 MiB for Gemma's 262k) and decode
-        from a table of each token's bytes (a few MiB) instead. A run whose prompts are all encoded already
-        (`launch run`, `launch bench` under a memory budget) gives those pages to the target. Byte-level and
-        SentencePiece BPE decode this way (models/bytetable.py); anything else keeps its tokenizer (returns
-        False). `encode` then refuses."""
+    def token_id(self, token: str) -> int | None:
+        """The id of a token (the first, where the vocabulary spells two alike), None where it is none."""
+        if self.spm is not None:
+            return self.spm.token_id(token)
         if self.tok is None:
+            raise CadenceError(_RELEASED)
+        return self.tok.token_to_id(token)
+
+    def release_encoder(self) -> bool:
+        """Drop the `tokenizers` object (~45 MiB for a 152k vocabulary) or the SentencePiece encoder (~35 MiB for
+        Gemma's 262k) and decode from a table of each token's bytes (a few MiB) instead. A run whose prompts are
+        all encoded already (`launch run`, `launch bench` under a memory budget) gives those pages to the target.
+        Byte-level and SentencePiece BPE decode this way (models/bytetable.py); anything else keeps its
+        tokenizer (returns False). `encode` then refuses."""
+        if self.tok is None and self.spm is None:
             return True
-        table = ByteTable.of(self.tok, self.info.tokenizer_json, self.vocab_size)
+        table = (
+            self.table if self.table is not None else ByteTable.of(self.tok, self.info.tokenizer_json, self.vocab_size)
+        )
         if table is None:
             return False
-        self.tok, self.table, self.info = (
+        self.tok, self.spm, self.table, self.info = (
+            None,
             None,
             table,
             TokenizerInfo(
@@ -198,17 +231,14 @@ class TextTokenizer:
           length in O(1) (and from its UTF-8 bytes, which the check above computes anyway): a 50 MB string is
           refused at once, and never a text that would fit. What passes the bound is counted exactly.
         """
-        if self.tok is None:
-            raise CadenceError(
-                "this run encoded its prompts up front and let its tokenizer go (to save memory); "
-                "a new prompt needs a run that keeps it (launch chat, launch serve, the Python API)"
-            )
+        if self.tok is None and self.spm is None:
+            raise CadenceError(_RELEASED)
         if limit is not None:  # O(1): a str's length in characters is a lower bound of its bytes
             self.check_length(len(text), limit, name, ascii=isinstance(text, str) and text.isascii())
         text, n_bytes = checked_text(text, name)
         if limit is not None and n_bytes > len(text):
             self.check_length(n_bytes, limit, name)
-        ids = self.tok.encode(text, add_special_tokens=False).ids
+        ids = self.spm.encode(text) if self.spm is not None else self.tok.encode(text, add_special_tokens=False).ids
         if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
             # a chat template that writes `{{ bos_token }}` (Gemma's, Llama 3's) has given the text its BOS already
             ids = [self.bos_id] + ids
@@ -224,7 +254,10 @@ class TextTokenizer:
         it is). 0 where the pipeline may drop text (a normalizer not known here, fused unknown tokens). The
         BOS counts only as the one id an empty text has: a text that starts with it gets no second one."""
         if self._bound is None:
-            self._bound = token_bound(self.tok) if self.tok is not None else (0, 0)
+            if self.spm is not None:  # spaces become `▁`, a text a `▁` longer: a normalizer that never shrinks
+                self._bound = (self.spm.bound(), 1)
+            else:
+                self._bound = token_bound(self.tok) if self.tok is not None else (0, 0)
         longest, shrink = self._bound
         if not longest:
             return 0
@@ -299,6 +332,12 @@ class StreamDecoder:
         return self.tokenizer.decode(self.ids)
 
 
+_RELEASED = (
+    "this run encoded its prompts up front and let its tokenizer go (to save memory); "
+    "a new prompt needs a run that keeps it (launch chat, launch serve, the Python API)"
+)
+
+
 def parse_tokenizer(tokenizer_json: str, origin: str, advice: str) -> Tokenizer:
     """A `tokenizers` Tokenizer from its JSON; one sentence naming `origin` where the JSON is not one."""
     try:
@@ -340,10 +379,18 @@ def info_from_hf(
     )
 
 
-def loads_info(tokenizer_json: str, meta: dict, origin: str = "") -> TokenizerInfo:
+def read_info(path: Path, meta: dict, advice: str) -> TokenizerInfo:
+    """A weight store's tokenizer: `path` its file (`TokenizerInfo.file`: tokenizer.json, or tokenizer.spm for a
+    SentencePiece vocabulary), `meta` its manifest's entry; a sentence ending in `advice` where it is damaged."""
+    spm, text = None, ""
+    if path.name == SPM_FILE:
+        spm = SpmVocab.loads(read_bytes(path, advice), str(path), advice)
+    else:
+        text = read_text(path, advice)
     return TokenizerInfo(
-        tokenizer_json=tokenizer_json,
+        tokenizer_json=text,
         **{k: meta.get(k) for k in ("bos_id", "eos_ids", "add_bos", "chat_template")},
         special=meta.get("special") or {},
-        origin=origin,
+        origin=str(path),
+        spm=spm,
     )

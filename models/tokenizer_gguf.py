@@ -6,8 +6,12 @@ tokenizer.json has, so that ids match HF's, from `tokenizers` building blocks:
 
 - `gpt2`, byte-level BPE (Llama 3, Qwen2, SmolLM, Granite, OLMo 2, Mistral Nemo, Phi-4): the merges are in the
   file, the split regex is the one `tokenizer.ggml.pre` names (models/tokenizer.py, `tokenizer_from_gguf_fields`).
-- `llama`, SentencePiece BPE (Gemma 2/3, Mistral v0.1-v0.3, Llama 2, Phi-3): a `tokenizers` BPE with byte
-  fallback (`<0xNN>` tokens), spaces written `▁`, and merges derived from the scores as transformers'
+- `llama`, SentencePiece BPE (Gemma 2/3, Mistral v0.1-v0.3, Llama 2, Phi-3): kept as its tokens, scores and
+  types (models/spm.py's `SpmVocab`) and encoded by models/spm.py as SentencePiece and llama.cpp encode, with
+  no `tokenizers` object: the one below takes ~400 MiB for Gemma's 262k vocabulary (513k merges) while it is
+  built or parsed, more than a run under a small budget has. That pipeline, `spm_tokenizer`, stays as the
+  reference the encoder is tested against (tests/models/test_gguf_tokenizers.py): a `tokenizers` BPE with
+  byte fallback (`<0xNN>` tokens), spaces written `▁`, and merges derived from the scores as transformers'
   converters do (`spm_merges`); control tokens (`<start_of_turn>`, `[INST]`) and user-defined ones (Gemma's
   runs of spaces, tabs and newlines, which llama.cpp's converter writes with real spaces) are matched whole
   in the text first, as llama.cpp does. `tokenizer.ggml.add_space_prefix` (absent: True, llama.cpp's
@@ -36,10 +40,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
 from common.errors import CadenceError
 from models.bytetable import SPACE
+from models.spm import CONTROL, NORMAL, UNKNOWN, USER_DEFINED, SpmVocab
 from models.tokenizer import GGUF_PRE_TOKENIZERS, TokenizerInfo, tokenizer_from_gguf_fields
-
-# SentencePiece token types, as llama.cpp's converter writes them in `tokenizer.ggml.token_type`.
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 # Gemma's chat format, for a Gemma GGUF that carries no `tokenizer.chat_template` (the Gemma 3 270M one on the
 # hub has none). It writes what the chat_template of google/gemma-3-*-it's tokenizer_config.json writes: a
@@ -70,15 +72,9 @@ def info_from_gguf(fields: Mapping[str, Any], name: str, arch: str) -> Tokenizer
     tokens = fields.get("tokenizer.ggml.tokens")
     if kind is None or not tokens:
         raise CadenceError(f"{name} carries no tokenizer (no tokenizer.ggml fields); use a GGUF file that has one")
-    types = list(fields.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
+    tok = spm = None
     if kind == "llama":
-        tok = spm_tokenizer(
-            tokens,
-            list(fields.get("tokenizer.ggml.scores") or [0.0] * len(tokens)),
-            types,
-            add_space_prefix=bool(fields.get("tokenizer.ggml.add_space_prefix", True)),
-            unk_id=fields.get("tokenizer.ggml.unknown_token_id"),
-        )
+        spm = spm_vocab(fields)
         add_bos = fields.get("tokenizer.ggml.add_bos_token", True)  # llama.cpp's default for SentencePiece
     elif kind == "gpt2":
         pre = fields.get("tokenizer.ggml.pre", "default")
@@ -87,6 +83,7 @@ def info_from_gguf(fields: Mapping[str, Any], name: str, arch: str) -> Tokenizer
                 f"{name} splits text with the '{pre}' pre-tokenizer, which cadence does not know "
                 f"(it knows {', '.join(sorted(GGUF_PRE_TOKENIZERS))}); use the model's HF directory instead"
             )
+        types = list(fields.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
         tok = tokenizer_from_gguf_fields(tokens, types, fields.get("tokenizer.ggml.merges") or [], pre)
         add_bos = fields.get("tokenizer.ggml.add_bos_token", False)
     else:
@@ -97,12 +94,25 @@ def info_from_gguf(fields: Mapping[str, Any], name: str, arch: str) -> Tokenizer
     bos, eos = _token_id(fields, "bos", tokens), _token_id(fields, "eos", tokens)
     eot = _token_id(fields, "eot", tokens)  # Gemma 1 and CodeGemma files name their end of turn
     return TokenizerInfo(
-        tokenizer_json=tok.to_str(),
+        tokenizer_json=tok.to_str() if tok is not None else "",
+        spm=spm,
         bos_id=bos,
         eos_ids=[i for i in dict.fromkeys((eos, eot)) if i is not None],
         add_bos=bool(add_bos),
         chat_template=fields.get("tokenizer.chat_template") or default_chat_template(arch, tokens),
         special={"bos": tokens[bos] if bos is not None else "", "eos": tokens[eos] if eos is not None else ""},
+    )
+
+
+def spm_vocab(fields: Mapping[str, Any]) -> SpmVocab:
+    """A `llama` GGUF's SentencePiece vocabulary (scores absent: all 0; types absent: all normal)."""
+    tokens = fields["tokenizer.ggml.tokens"]
+    return SpmVocab.of(
+        tokens,
+        fields.get("tokenizer.ggml.scores") or [0.0] * len(tokens),
+        fields.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens),
+        add_space_prefix=bool(fields.get("tokenizer.ggml.add_space_prefix", True)),
+        unk_id=fields.get("tokenizer.ggml.unknown_token_id"),
     )
 
 
@@ -145,7 +155,8 @@ def spm_tokenizer(
 ) -> Tokenizer:
     """A SentencePiece BPE vocabulary as a `tokenizers` pipeline: `▁` for spaces (one before each text between
     special tokens where `add_space_prefix`), BPE over the scores' merges with `<0xNN>` byte fallback, control
-    and user-defined tokens kept whole, and the decoder back."""
+    and user-defined tokens kept whole, and the decoder back. The reference models/spm.py's encoder is tested
+    against; cadence itself encodes with that encoder."""
     index: dict[str, int] = {}
     for i, t in enumerate(tokens):
         index.setdefault(t, i)

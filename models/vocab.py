@@ -3,10 +3,11 @@
 A draft proposes token ids that the target verifies, so the two must give every id the same token: the same
 vocabulary. The fingerprint is a sha256 over the token of each id, in id order, added and special tokens
 included, read cheaply from where the model is: a GGUF file's `tokenizer.ggml.tokens` (its header, a fraction
-of a second), an HF directory's tokenizer.json, or a weight store's. The padding llama.cpp appends to a GGUF's
-list up to the embedding's rows (`[PAD151665]` ...) is left out, so a GGUF and the HF directory it was
-converted from have the same fingerprint; the embedding's rows (`rows`) are compared on their own, since a
-draft's distributions must be as wide as the target's. Cached by path, size and mtime, as
+of a second), an HF directory's tokenizer.json, or a weight store's (or its tokenizer.spm, models/spm.py). The
+padding llama.cpp appends to a GGUF's list up to the embedding's rows (`[PAD151665]` ...) is left out, so a
+GGUF and the HF directory it was converted from have the same fingerprint; the embedding's rows (`rows`) are
+compared on their own, since a draft's distributions must be as wide as the target's. Cached by path, size
+and mtime, as
 models/convert.py caches a file's sha256; read in a child process by a process without torch (the scheduler of
 a run, whose memory counts against its budget: a GGUF's vocabulary and merges are tens of MB of strings while
 they are read).
@@ -28,7 +29,7 @@ from common import paths
 from common.errors import CadenceError
 from models.files import read_json
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,10 @@ def _of_store(path: Path) -> Vocab:
     from models.store import WeightStore
 
     st = WeightStore(path)
-    tokens = tokens_of_json(read_json(path / "tokenizer.json", f"delete {path} and convert again"), path)
+    if st.tokenizer_file.name == "tokenizer.json":
+        tokens = tokens_of_json(read_json(st.tokenizer_file, f"delete {path} and convert again"), path)
+    else:  # a SentencePiece vocabulary (models/spm.py): its tokens as they are
+        tokens = [t.decode() for t in st.tokenizer_info.spm.tokens]
     a = st.args
     per_layer = a.layer_params() + (a.n_experts * a.expert_params() if a.moe else 0)
     params = a.n_layers * per_layer + a.vocab_size * a.dim * (1 if a.tied_embeddings else 2)
@@ -130,7 +134,7 @@ def _key_files(path: Path) -> tuple[str, list[Path]]:
     if path.is_file():
         return "gguf", [path]
     if (path / "manifest.json").is_file():
-        return "store", [path / "manifest.json", path / "tokenizer.json"]
+        return "store", [path / "manifest.json", path / "tokenizer.json", path / "tokenizer.spm"]
     if (path / "tokenizer.json").is_file():
         return "hf", [path / "tokenizer.json", path / "config.json", *sorted(path.glob("*.safetensors"))]
     raise CadenceError(f"{path} is neither a GGUF file, an HF model directory (with tokenizer.json) nor a weight store")

@@ -16,6 +16,7 @@ both ends) stays in memory; `write` merges the sorted runs back into one file.
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import math
 import os
@@ -220,7 +221,7 @@ class TraceSink:
             with open(tmp, "w") as f:
                 f.write('{"traceEvents":[')
                 first = True
-                for ev in [*self._meta(), *self._timed()]:
+                for ev in itertools.chain(self._meta(), self._timed()):  # streamed: never the whole run at once
                     f.write(("" if first else ",") + json.dumps(ev, allow_nan=False, separators=(",", ":")))
                     first = False
                 f.write('],"displayTimeUnit":"ms","otherData":' + json.dumps(self._other()) + "}")

@@ -3,12 +3,16 @@
 Each kind is trained small here (sentencepiece for SentencePiece BPE; the tokenizers library, with the family's
 own pre-tokenizer, for byte-level BPE), its GGUF written as llama.cpp's converter writes it
 (tests/models/gguf_tokenizer_files.py), and our ids compared with the reference's over a few thousand varied
-texts (tests/models/text_corpus.py); decode(encode(x)) must give x back. The real Gemma 3 270M file is compared
-with transformers' and llama.cpp's own GGUF tokenizers where it has been pulled.
+texts (tests/models/text_corpus.py); decode(encode(x)) must give x back. A SentencePiece vocabulary is compared
+twice: as cadence encodes it (models/spm.py, decoding from a byte table) and as the `tokenizers` pipeline of
+models/tokenizer_gguf.py (`spm_tokenizer`) does, which tests/models/test_spm.py holds the two to, id for id.
+The real Gemma 3 270M file is compared with transformers' and llama.cpp's own GGUF tokenizers where it has
+been pulled.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import random
@@ -18,8 +22,8 @@ import pytest
 
 from common import paths
 from common.errors import CadenceError
-from models.tokenizer import TextTokenizer
-from models.tokenizer_gguf import GEMMA_CHAT_TEMPLATE, info_from_gguf
+from models.tokenizer import TextTokenizer, TokenizerInfo
+from models.tokenizer_gguf import GEMMA_CHAT_TEMPLATE, info_from_gguf, spm_tokenizer
 from tests.models.gguf_tokenizer_files import bpe_vocab, spm_vocab, write_tokenizer_gguf
 from tests.models.text_corpus import corpus
 
@@ -61,13 +65,35 @@ SPM_MODELS = {
 }
 
 
+def ids_of(ours: TextTokenizer, texts: list[str]) -> list[list[int]]:
+    """The ids of each text, no BOS, as `ours` encodes them (its SentencePiece encoder, or its `tokenizers`
+    object, which encodes a batch on all cores)."""
+    if ours.spm is not None:
+        return [ours.spm.encode(t) for t in texts]
+    return [e.ids for e in ours.tok.encode_batch(texts, add_special_tokens=False)]
+
+
 def _mismatches(ours: TextTokenizer, reference, texts: list[str]) -> list[str]:
-    got = [e.ids for e in ours.tok.encode_batch(texts, add_special_tokens=False)]
-    return [t for t, a, b in zip(texts, got, reference(texts)) if a != b]
+    return [t for t, a, b in zip(texts, ids_of(ours, texts), reference(texts)) if a != b]
+
+
+def pipeline_of(info: TokenizerInfo) -> TokenizerInfo:
+    """A SentencePiece vocabulary's tokenizer as the `tokenizers` pipeline (`spm_tokenizer`) rather than
+    models/spm.py's encoder: the same ids, BOS, stop tokens and chat template."""
+    v = info.spm
+    tok = spm_tokenizer(
+        [t.decode() for t in v.tokens],
+        list(v.scores),
+        list(v.types),
+        add_space_prefix=v.add_space_prefix,
+        unk_id=v.unk_id,
+    )
+    return dataclasses.replace(info, tokenizer_json=tok.to_str(), spm=None)
 
 
 def _spm_case(name: str, folder):
-    """(name, sentencepiece processor, transformers' fast tokenizer from its .model, ours from the GGUF)."""
+    """(name, sentencepiece processor, transformers' fast tokenizer from its .model, ours from the GGUF, the
+    `tokenizers` pipeline of the same vocabulary)."""
     import sentencepiece
     from transformers import GemmaTokenizerFast, LlamaTokenizerFast
 
@@ -84,7 +110,8 @@ def _spm_case(name: str, folder):
     fields = write_tokenizer_gguf(
         folder / "t.gguf", folder, arch, "llama", tokens, types, scores=scores, space_prefix=prefix
     )
-    return name, sp, hf, TextTokenizer(info_from_gguf(fields, "t.gguf", arch))
+    info = info_from_gguf(fields, "t.gguf", arch)
+    return name, sp, hf, TextTokenizer(info), TextTokenizer(pipeline_of(info))
 
 
 @pytest.fixture(scope="module")
@@ -97,9 +124,15 @@ def spm_gemma(tmp_path_factory):
     return _spm_case("gemma", tmp_path_factory.mktemp("spm-gemma"))
 
 
-@pytest.fixture(params=sorted(SPM_MODELS))
+ENCODERS = ("spm", "tokenizers")  # cadence's SentencePiece encoder (models/spm.py), the `tokenizers` pipeline
+
+
+@pytest.fixture(params=[(m, e) for m in sorted(SPM_MODELS) for e in ENCODERS], ids="-".join)
 def spm_case(request):
-    return request.getfixturevalue(f"spm_{request.param}")
+    """(name, sentencepiece, transformers, the encoder under test: cadence's or the `tokenizers` pipeline)."""
+    model, encoder = request.param
+    name, sp, hf, ours, pipeline = request.getfixturevalue(f"spm_{model}")
+    return name, sp, hf, ours if encoder == "spm" else pipeline
 
 
 def _control_pieces(sp) -> list[str]:
@@ -139,14 +172,16 @@ def test_sentencepiece_ids_are_transformers(spm_case):
     assert _mismatches(ours, lambda b: hf(b, add_special_tokens=False)["input_ids"], texts) == []
 
 
-def test_llama_sentencepiece_is_transformers_own_sentencepiece_pipeline(spm_llama):
+@pytest.mark.parametrize("encoder", ENCODERS)
+def test_llama_sentencepiece_is_transformers_own_sentencepiece_pipeline(spm_llama, encoder):
     """transformers' pipeline that "encodes like SentencePieceProcessor.encode" (its legacy dummy prefix, the
     one Llama 2's and Phi-3's tokenizer.json have), with the control tokens added as they add them, agrees on
     every text, leading spaces and control tokens included."""
     from tokenizers import AddedToken
     from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
 
-    _, sp, _, ours = spm_llama
+    _, sp, _, ours, pipeline = spm_llama
+    ours = ours if encoder == "spm" else pipeline
     if not hasattr(SpmConverter, "build_tokenizer_from_spm_proto"):
         pytest.skip("this transformers has no SentencePiece-faithful builder")
     proto = import_protobuf().ModelProto()
@@ -186,25 +221,47 @@ def test_sentencepiece_streams_and_bounds(spm_case):
         assert 0 < ours.min_tokens(len(text.encode()), text.isascii()) <= len(ids)
 
 
-def test_sentencepiece_byte_table_decodes_as_the_tokenizer(spm_case):
+@pytest.mark.parametrize("model", sorted(SPM_MODELS))
+def test_sentencepiece_byte_table_decodes_as_the_tokenizer(model, request):
     """Every token, and random runs of them (lone bytes of a character included), decode from the byte table as
-    the tokenizer decodes them, special tokens kept or skipped, the leading space stripped or not."""
-    _, _, _, ours = spm_case
-    lean = TextTokenizer(ours.info)
+    the `tokenizers` pipeline's decoder decodes them, special tokens kept or skipped, the leading space stripped
+    or not: the table cadence decodes a SentencePiece vocabulary with, and the one a run that let the pipeline
+    go would make of it."""
+    *_, ours, pipeline = request.getfixturevalue(f"spm_{model}")
+    lean = TextTokenizer(pipeline.info)
     assert lean.release_encoder() and lean.tok is None and lean.table.fallback
-    assert [i for i in range(ours.vocab_size) if lean.decode([i]) != ours.decode([i])] == []
-    rng = random.Random(0)
-    for _ in range(2000):
-        ids = [rng.randrange(ours.vocab_size) for _ in range(rng.randrange(1, 24))]
-        assert lean.decode(ids) == ours.decode(ids) and lean.decode(ids, True) == ours.decode(ids, True)
-    for text in CORPUS[::7]:
-        assert lean.decode(ours.encode(text)) == ours.decode(ours.encode(text))
+    assert ours.tok is None and ours.table.fallback and ours.vocab_size == pipeline.vocab_size
+    for table in (ours, lean):
+        assert [i for i in range(ours.vocab_size) if table.decode([i]) != pipeline.decode([i])] == []
+        rng = random.Random(0)
+        for _ in range(2000):
+            ids = [rng.randrange(ours.vocab_size) for _ in range(rng.randrange(1, 24))]
+            assert table.decode(ids) == pipeline.decode(ids) and table.decode(ids, True) == pipeline.decode(ids, True)
+        for text in CORPUS[::7]:
+            assert table.decode(ours.encode(text)) == pipeline.decode(ours.encode(text))
+
+
+@pytest.mark.parametrize("model", sorted(SPM_MODELS))
+def test_sentencepiece_encoder_is_the_tokenizers_pipeline(model, request):
+    """cadence's encoder gives the `tokenizers` pipeline's ids on every text, control tokens read as such or as
+    text (the pipeline's `encode_special_tokens`), and the same stop ids, vocabulary size and length bound."""
+    from models.textcheck import token_bound
+
+    *_, ours, pipeline = request.getfixturevalue(f"spm_{model}")
+    assert ours.tok is None and ids_of(ours, CORPUS) == ids_of(pipeline, CORPUS)
+    pipeline.tok.encode_special_tokens = True
+    try:
+        assert [ours.spm.encode(t, special=False) for t in CORPUS] == ids_of(pipeline, CORPUS)
+    finally:
+        pipeline.tok.encode_special_tokens = False
+    assert (ours.stop_ids, ours.vocab_size, ours.bos_id) == (pipeline.stop_ids, pipeline.vocab_size, pipeline.bos_id)
+    assert (ours.spm.bound(), 1) == token_bound(pipeline.tok)
 
 
 def test_gemma_gets_its_chat_template_and_stops_at_the_end_of_a_turn(spm_gemma, spm_llama):
     """A Gemma GGUF without a chat template gets Gemma's (a system message folded into the first user turn),
     the rendered text encodes with one BOS, and `<end_of_turn>` stops generation; a file's own template wins."""
-    _, _, _, ours = spm_gemma
+    ours = spm_gemma[3]
     assert ours.info.chat_template == GEMMA_CHAT_TEMPLATE and spm_llama[3].info.chat_template is None
     text = ours.apply_chat_template(
         [
@@ -219,8 +276,8 @@ def test_gemma_gets_its_chat_template_and_stops_at_the_end_of_a_turn(spm_gemma, 
         "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
     )
     ids = ours.encode(text)
-    assert ids[:2] == [ours.bos_id, ours.tok.token_to_id("<start_of_turn>")] and ids.count(ours.bos_id) == 1
-    assert ours.tok.token_to_id("<end_of_turn>") in ours.stop_ids
+    assert ids[:2] == [ours.bos_id, ours.token_id("<start_of_turn>")] and ids.count(ours.bos_id) == 1
+    assert ours.token_id("<end_of_turn>") in ours.stop_ids and ours.stop_ids == spm_gemma[4].stop_ids
     with pytest.raises(CadenceError, match="roles must alternate"):
         ours.apply_chat_template([{"role": "assistant", "content": "x"}])
     fields = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<start_of_turn>", "<end_of_turn>"]}
@@ -354,32 +411,51 @@ def gemma3():
     return path, TextTokenizer(info_from_gguf(fields, path.name, fields["general.architecture"]))
 
 
+@pytest.fixture(scope="module")
+def gemma3_pipeline(gemma3):
+    """Gemma 3's vocabulary as the `tokenizers` pipeline (513k merges: ~500 MiB and seconds to build)."""
+    return TextTokenizer(pipeline_of(gemma3[1].info))
+
+
+@pytest.fixture(params=ENCODERS)
+def gemma3_encoder(request, gemma3):
+    """(the GGUF's path, Gemma 3's tokenizer: cadence's encoder, or the `tokenizers` pipeline)."""
+    return gemma3[0], gemma3[1] if request.param == "spm" else request.getfixturevalue("gemma3_pipeline")
+
+
+@pytest.fixture(scope="module")
+def gemma3_hf(gemma3):
+    """transformers' own tokenizer of the GGUF (ten seconds to build)."""
+    from transformers import AutoTokenizer
+
+    path = gemma3[0]
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
 @pytest.mark.real
 @pytest.mark.gemma
-def test_real_gemma3_ids_are_transformers(gemma3):
+def test_real_gemma3_ids_are_transformers(gemma3_encoder, gemma3_hf):
     """Our ids are transformers' own GGUF tokenizer's, and decode back, except where transformers departs from
     SentencePiece and llama.cpp: it spells Gemma's whitespace tokens `▁▁...` and reaches them by merges, so a
     literal ▁ is a space to it, and a run of more than 31 spaces (the longest such token) comes out as 16 + 16
     where they match the longest first (31 + 1); those texts are llama.cpp's below."""
-    from transformers import AutoTokenizer
-
-    path, ours = gemma3
-    hf = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    _, ours = gemma3_encoder
+    hf = gemma3_hf
     texts = [t for t in CORPUS if SPACE not in t and not re.search(" {32,}", t)]
     assert len(texts) > 2 * len(CORPUS) // 3
     assert _mismatches(ours, lambda b: hf(b, add_special_tokens=False)["input_ids"], texts) == []
     assert [t for t in texts if ours.decode(ours.encode(t)[1:]) != t] == []
     assert [ours.decode([i]) for i in ours.encode(" " * 40 + "x")] == ["<bos>", " " * 31, " " * 9, "x"]
-    assert ours.info.chat_template == GEMMA_CHAT_TEMPLATE and ours.tok.token_to_id("<end_of_turn>") in ours.stop_ids
+    assert ours.info.chat_template == GEMMA_CHAT_TEMPLATE and ours.token_id("<end_of_turn>") in ours.stop_ids
 
 
 @pytest.mark.real
 @pytest.mark.gemma
-def test_real_gemma3_ids_are_llama_cpps(gemma3):
+def test_real_gemma3_ids_are_llama_cpps(gemma3_encoder):
     """Every text, whitespace runs and literal ▁ included, encodes as llama.cpp's tokenizer encodes it (control
     tokens read as such, as a chat template's must be)."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    path, ours = gemma3
+    path, ours = gemma3_encoder
     ll = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     bad = [t for t in CORPUS if ours.encode(t)[1:] != ll.tokenize(t.encode(), add_bos=False, special=True)]
     assert bad == []
@@ -387,13 +463,35 @@ def test_real_gemma3_ids_are_llama_cpps(gemma3):
 
 @pytest.mark.real
 @pytest.mark.gemma
-def test_real_gemma3_byte_table_decodes_as_the_tokenizer(gemma3):
-    """All 262k tokens, and random runs of them, decode from the byte table as from the tokenizer."""
+def test_real_gemma3_encoder_is_the_tokenizers_pipeline(gemma3, gemma3_pipeline):
+    """cadence's encoder gives the `tokenizers` pipeline's ids on every text, control tokens read as such or as
+    text (the pipeline's `encode_special_tokens`), and the same stop ids, vocabulary size and length bound."""
+    from models.textcheck import token_bound
+
     _, ours = gemma3
-    lean = TextTokenizer(ours.info)
-    assert lean.release_encoder()
-    assert [i for i in range(ours.vocab_size) if lean.decode([i]) != ours.decode([i])] == []
-    rng = random.Random(0)
-    for _ in range(2000):
-        ids = [rng.randrange(ours.vocab_size) for _ in range(rng.randrange(1, 24))]
-        assert lean.decode(ids) == ours.decode(ids) and lean.decode(ids, True) == ours.decode(ids, True)
+    ref = gemma3_pipeline.tok
+    assert ids_of(ours, CORPUS) == ids_of(gemma3_pipeline, CORPUS)
+    ref.encode_special_tokens = True
+    try:
+        assert [ours.spm.encode(t, special=False) for t in CORPUS] == ids_of(gemma3_pipeline, CORPUS)
+    finally:
+        ref.encode_special_tokens = False
+    assert (ours.stop_ids, ours.vocab_size) == (gemma3_pipeline.stop_ids, gemma3_pipeline.vocab_size)
+    assert (ours.spm.bound(), 1) == token_bound(ref)
+
+
+@pytest.mark.real
+@pytest.mark.gemma
+def test_real_gemma3_byte_table_decodes_as_the_tokenizer(gemma3, gemma3_pipeline):
+    """All 262k tokens, and random runs of them, decode from the byte table (cadence's, and the one the pipeline
+    leaves behind it) as the `tokenizers` pipeline decodes them."""
+    _, ours = gemma3
+    lean = TextTokenizer(gemma3_pipeline.info)
+    assert lean.release_encoder() and ours.tok is None
+    for table in (ours, lean):
+        assert [i for i in range(ours.vocab_size) if table.decode([i]) != gemma3_pipeline.decode([i])] == []
+        rng = random.Random(0)
+        for _ in range(2000):
+            ids = [rng.randrange(ours.vocab_size) for _ in range(rng.randrange(1, 24))]
+            assert table.decode(ids) == gemma3_pipeline.decode(ids)
+            assert table.decode(ids, True) == gemma3_pipeline.decode(ids, True)

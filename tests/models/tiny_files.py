@@ -67,7 +67,8 @@ def _llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path: Path, args: ModelArgs, t: dict[str, torch.Tensor], qtype: str = "F32") -> Path:
+def write_gguf(path: Path, args: ModelArgs, t: dict[str, torch.Tensor], qtype: str = "F32", tokenizer=None) -> Path:
+    """`tokenizer(w, vocab_size)` writes the tokenizer's fields (default: the tiny byte-level BPE's, `add_tokenizer`)."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), args.arch)
@@ -80,7 +81,7 @@ def write_gguf(path: Path, args: ModelArgs, t: dict[str, torch.Tensor], qtype: s
     w.add_head_count_kv(args.n_kv_heads)
     w.add_rope_freq_base(args.rope_base)
     w.add_layer_norm_rms_eps(args.norm_eps)
-    add_tokenizer(w, args.vocab_size)
+    (tokenizer or add_tokenizer)(w, args.vocab_size)
     w.add_chat_template(
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
