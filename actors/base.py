@@ -120,7 +120,7 @@ class Actor:
         self.ctx.send(wire.Heartbeat(time.monotonic_ns()))
 
     def interrupted(self) -> bool:
-        """A message is waiting: a long op that may stop early (a lookahead) should end now."""
+        """A message is waiting: a long op that may stop early (drafting ahead) should end now."""
         return bool(self.ctx.sock.poll(0, zmq.POLLIN))
 
     def close(self) -> None:

@@ -8,7 +8,7 @@ import torch
 from actors.base import Actor, ActorContext
 from common.heap import trim_heap
 from actors.ops import Advance, Advanced, Ahead, Build, DraftStart, DraftStats, Lookup
-from models.engine import load_store
+from models.loading import load_store
 from models.store import WeightStore
 from common.settings import SamplingConfig
 from speculative.drafter import LocalDraft
@@ -29,7 +29,7 @@ class DraftActor(Actor):
             # every group but the embedding table; the head's frequent-token rows only where `head_rows` says
             rows, flash = init.get("head_rows") or None, init.get("flash")
             if flash:  # --draft flash: the target's attention and head, its FFN from neuron caches
-                from models.flash.draft import streamed_flash_draft
+                from models.flash.sparse_target import streamed_flash_draft
 
                 store = WeightStore(init["store"])
                 model = streamed_flash_draft(store, flash["density"], flash["predictor"], flash["capacity"], rows)
@@ -56,10 +56,10 @@ class DraftActor(Actor):
 
     def _give_heap_back(self):
         """A forward over the prompt (the first tree's, or ahead of it) freed its activations, and a flash draft
-        its dense FFN reads, into the heap's arenas: ~80 MiB that glibc keeps and a memory cgroup counts (the
-        1.5B's flash draft at density 0.2, measured). Given back once per prompt; a flash draft's, after every
-        tree too (its neuron reads' buffers left ~45 MiB more over a generation; its steps take 0.1 s and more,
-        a trim a millisecond)."""
+        its dense FFN reads, into the heap's arenas, which glibc keeps and a memory cgroup counts (enough to be
+        OOM-killed: BENCHMARKS.md, "`--draft flash` with the int2 predictor, under 1.0 GiB"). Given back once per
+        prompt; a flash draft's, after every tree too (its neuron reads' buffers add up over a generation, and a
+        trim costs far less than one of its steps)."""
         if self.local.fed_prompt() or self.flash:
             trim_heap()
 

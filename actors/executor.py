@@ -28,7 +28,7 @@ import torch
 from actors.syncarea import ABANDONED, END, FORWARD, VERIFIER, WORKER, Clock, SyncArea
 from models import kernels
 from models.attention import Visibility
-from models.config import ModelArgs
+from models.args import ModelArgs
 from models.linear import column_split
 from models.requests import ForwardPlan, SplitAttention, SplitColumns
 

@@ -73,7 +73,7 @@ class Start(Payload):
 
 
 @dataclass(frozen=True)
-class Step(Payload):
+class PlainStep(Payload):
     """A plain decode step on the root."""
 
     op = "step"
@@ -129,7 +129,7 @@ class Experts(Payload):
     experts: list
 
 
-Begin.JOBS.update(start=Start, step=Step, verify=Verify)
+Begin.JOBS.update(start=Start, step=PlainStep, verify=Verify)
 
 
 # -- the draft (actors/draft.py) ------------------------------------------------------------------
@@ -253,7 +253,7 @@ class AwaitExperts:
 
 @dataclass(frozen=True)
 class Advanced:
-    """The draft took a verdict: alpha after it, and the lookahead's counts so far this generation."""
+    """The draft took a verdict: alpha after it, and drafting ahead's counts so far this generation."""
 
     alpha: float
     ahead_steps: int

@@ -28,7 +28,7 @@ from actors.ops import Serve
 from actors.executor import WorkerShare
 from actors.syncarea import Clock, SyncArea
 from models import kernels
-from models.config import ModelArgs
+from models.args import ModelArgs
 from models.store import WeightStore
 from models.kvcache import KVCache
 from models.weights import layer_from_views

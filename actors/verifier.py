@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 
 from actors.base import Actor, ActorContext
-from actors.ops import AwaitExperts, AwaitGroup, Begin, Experts, Layer, Start, Step, Token, Verify
+from actors.ops import AwaitExperts, AwaitGroup, Begin, Experts, Layer, Start, PlainStep, Token, Verify
 from actors.executor import SplitExecutor
 from actors.syncarea import Clock
-from models.engine import load_store
+from models.loading import load_store
 from models.requests import NeedExperts, NeedWeights
 from common.settings import SamplingConfig
 from models.store import WeightStore, expert_group
@@ -81,7 +81,7 @@ class VerifierActor(Actor):
         """A generation's own sampling (a server's request), or the run's."""
         return SamplingConfig(**args.sampling) if args.sampling else self.sampling
 
-    def op_step(self, args: Step, tensors):
+    def op_step(self, args: PlainStep, tensors):
         """A plain decode step on the root."""
         return Token(self.verifier.step(args.root))
 
@@ -99,7 +99,7 @@ class VerifierActor(Actor):
     # -- streaming --------------------------------------------------------------------------
 
     def op_begin(self, args: Begin, tensors):
-        """Start a job (its payload: Start, Step or Tree in `args.args`), with `split` {"id", "rows", "timeout_s"}
+        """Start a job (its payload: Start, PlainStep or Tree in `args.args`), with `split` {"id", "rows", "timeout_s"}
         when the sparse worker serves it."""
         if self.job is not None:
             raise RuntimeError(f"a {self.kind} job is still waiting for {self._waits_for()}")

@@ -1,8 +1,8 @@
 """`python -m actors.zygote FD_IN FD_OUT [MODULE...]`: imports the actors' code once, then forks every actor.
 
-Three model processes that each import torch hold 364-431 MiB of private memory on this machine;
-one process that imports torch and forks them holds about 160 MiB in all, because the children
-share its pages copy-on-write. So the scheduler (which never imports torch) starts this one
+Model processes that each import torch hold a copy of its pages each; one process that imports torch and
+forks them holds them once, because the children share its pages copy-on-write (BENCHMARKS.md, "The lean
+runtime under 1.0 and 0.75 GiB"). So the scheduler (which never imports torch) starts this one
 process, which imports the MODULEs it is given (torch, the kernels and the model code, loaded
 once, into the shared pages), then asks it for each actor in turn, one JSON line per request:
 

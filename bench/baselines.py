@@ -96,7 +96,8 @@ class LlamaCppBaseline:
     def run(self, prompt, ids: list[int], chat: bool, max_new: int, stop_ids: set[int], decode) -> dict:
         """Greedy decoding through llama.cpp's own C API: `llama_decode` and its greedy sampler. The wrapper's
         `generate` samples in Python over a copy of the whole logits row, which for a 262k vocabulary (Gemma)
-        costs more than the model's forward: 11 tok/s against 36 for Gemma 3 270M here."""
+        costs more than the model's forward (BENCHMARKS.md, "The llama.cpp baseline now decodes through llama.cpp's
+        own C API")."""
         import llama_cpp as lc
 
         llm = self.llm

@@ -57,7 +57,7 @@ def replay(
 
 def main(argv=None) -> int:
     from engine.prompts import load_prompts
-    from models import engine
+    from models import loading
     from models.convert import ensure_store
 
     p = argparse.ArgumentParser(prog="python -m bench.expert_replay")
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     st = ensure_store(a.target, a.fmt)
-    lm = engine.load_store(st)
+    lm = loading.load_store(st)
     profile = PathStats.load(st.dir / PATHS_FILE)
     ids = [lm.tokenizer.encode(q.text) for q in load_prompts(a.prompts)]
     trace, guesses = record(lm.model, ids, a.tokens)

@@ -28,10 +28,10 @@ from common.settings import TreeConfig
 from engine.config import RunConfig
 from engine.prompts import load_prompts
 from engine.resolve import resolve
-from models import engine, kernels
+from models import loading, kernels
 from models.convert import ensure_store
 from models.flash import records
-from models.flash.draft import with_ffn
+from models.flash.sparse_target import with_ffn
 from models.flash.predictor import Predictor
 from models.flash.weights import DENSE_ROWS
 from models.transformer import Transformer
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     items = [p for f in PROMPTS for p in load_prompts(f)][: a.limit or None]
     r = resolve(RunConfig.from_options(mode="target", max_new_tokens=a.tokens), items)
     prompts = [r.prompt_ids(p)[0] for p in items]
-    loaded = engine.load_store(r.target)
+    loaded = loading.load_store(r.target)
     target, F, L = loaded.model, r.target.args.ffn_dim, r.target.args.n_layers
     conts = [continuation(target, ids, a.tokens, set(r.tokenizer.stop_ids)) for ids in prompts]
     shares = [float(s) for s in a.k_in.split(",")]
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
                     row(label[variant], cap, "-" if variant == "dense" else k_in, width, draft, oracle)
     if a.baseline:
         fmt, rows = a.baseline.split(":")
-        small = engine.load_store(ensure_store("qwen2.5-coder-0.5b", fmt), head_rows=int(rows), tokenizer=False)
+        small = loading.load_store(ensure_store("qwen2.5-coder-0.5b", fmt), head_rows=int(rows), tokenizer=False)
         for width in widths:
             row(f"0.5B {fmt}, head {rows}", "-", "-", width, small.model)
     print(f"total {time.perf_counter() - t_start:.0f} s")

@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     from engine.config import RunConfig
     from engine.prompts import load_prompts
     from engine.resolve import resolve
-    from models import engine
+    from models import loading
     from models.flash.predictor import Predictor
     from models.flash.weights import FlashWeights
 
@@ -111,14 +111,14 @@ def main(argv=None) -> int:
     prompts = load_prompts(a.prompts)[: a.limit or None]
     r = resolve(RunConfig.from_options(target=a.target, mode="flash", max_new_tokens=a.tokens), prompts)
     ids = [r.prompt_ids(p)[0] for p in prompts]
-    dense = engine.load_store(r.target).model
+    dense = loading.load_store(r.target).model
     pred = Predictor.load(r.target, a.predictor)
     flash = {}
     for d in (float(x) for x in a.densities.split(",")):
         w = FlashWeights(r.target, pred, d)
         w.allocate(r.target.args.ffn_dim)
         flash[f"flash@{d:g}"] = (Transformer(r.target.args, w), w)
-    others = {a.draft: engine.load(a.draft, "int4").model} if a.draft else None
+    others = {a.draft: loading.load(a.draft, "int4").model} if a.draft else None
     rows = quality(dense, flash, ids, a.tokens, set(r.tokenizer.stop_ids), others)
     print(f"predictor {pred.name}, recall@{pred.density:g} {pred.recall.get('mean', 0):.3f}", file=sys.stderr)
     print(

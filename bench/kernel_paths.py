@@ -23,10 +23,10 @@ import time
 # The arm's side, as a script: it runs against either checkout, so it uses only what both have.
 WORKER = r"""
 import sys, time, torch
-from models import engine
+from models import loading
 from models.attention import Visibility
 model_name, fmt, context = sys.argv[1], sys.argv[2], int(sys.argv[3])
-lm = engine.load(model_name, fmt)
+lm = loading.load(model_name, fmt)
 m = lm.model
 cache = m.new_cache(context + 65)
 m.forward(torch.arange(context) % 1000 + 100, torch.arange(context), cache)

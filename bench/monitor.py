@@ -2,11 +2,13 @@
 
     .venv/bin/python -m bench.monitor [--pairs 20] [--tokens 80] [--cpu-s 1.5] [--json OUT]
 
+from the repository root (its generation arm drives the fake actors that live beside the tests).
+
 The machine this runs on is shared and noisy, so the two arms are interleaved in short blocks
 (off/on, then on/off, ...) and compared pair by pair, which cancels slow drifts in background load:
 
 - generation: the scheduler `launch run` uses (`ActorSession`, streamed tree mode with the
-  worker) over the four fake actors (actors/fake.py: seeded sleeps, real arena traffic, tracing
+  worker) over the four fake actors (tests/runtime/fakes/actors.py: seeded sleeps, real arena traffic, tracing
   on); each block is one `generate` of `tokens` tokens, with or without
   `Monitor(MonitorFeed(sched))` drawing at 4 Hz into a terminal console (written to /dev/null);
 - cpu: a compute-bound loop in this process (torch matmuls on every core plus a little Python
@@ -124,7 +126,7 @@ def _summary(arms: dict, key: str, clean_below: float = 0.2) -> dict:
     }
 
 
-# seeded sleeps of the fakes, per group of a forward, load, tree, split layer (actors/fake.py)
+# seeded sleeps of the fakes, per group of a forward, load, tree, split layer (tests/runtime/fakes/actors.py)
 FAKE_SCRIPT = {
     "verifier": {"durations": {"group": [0.001, 0.002]}},
     "loader": {"durations": {"load": [0.002, 0.004]}},
@@ -134,9 +136,9 @@ FAKE_SCRIPT = {
 
 
 def bench_generation(pairs: int, tokens: int, seed: int = 0) -> dict:
-    from actors.fake import FAKES, fake_args, target_text, write_fake_store
+    from tests.runtime.fakes.actors import FAKES, fake_args, target_text, write_fake_store
     from common.settings import SamplingConfig, TreeConfig, WorkerSplit
-    from scheduler.config import KiB
+    from scheduler.runtime_config import KiB
     from scheduler.generation.memplan import Overheads, plan_memory
     from scheduler.generation.session import ActorSession, SessionSpec
     from scheduler.runtime import Runtime
@@ -185,7 +187,7 @@ def bench_generation(pairs: int, tokens: int, seed: int = 0) -> dict:
 
 
 def _fake_config(plan, traces: str):
-    from scheduler.config import GiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
+    from scheduler.runtime_config import GiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
 
     return RuntimeConfig(
         memory=MemoryConfig(
@@ -198,14 +200,14 @@ def _fake_config(plan, traces: str):
 
 def _generation_block(sched, spec, prompt: list[int], tokens: int, on: bool, seed: int) -> dict:
     """One block of a pair: the fakes reseeded, a generation with the monitor on or off."""
-    from actors.fake import FAKES
+    from tests.runtime.fakes.actors import FAKES
 
     for role in FAKES:
         sched.call(role, "reseed", {"seed": seed})
     with _monitored(on, lambda: MonitorFeed(sched)) as out:
         feed = out["feed"]
-        on_step = (lambda st: feed.on_tokens(len(st.tokens), st.accepted, st.alpha)) if feed else None
-        out["n"] = len(spec.loop.generate(prompt, tokens, set(), on_step=on_step).new_ids)
+        on_cycle = (lambda st: feed.on_tokens(len(st.tokens), st.accepted, st.alpha)) if feed else None
+        out["n"] = len(spec.loop.generate(prompt, tokens, set(), on_cycle=on_cycle).new_ids)
     return {**out, "rate": out["n"] / out["s"]}
 
 

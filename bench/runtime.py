@@ -24,7 +24,7 @@ import zmq
 
 from actors.base import Actor
 from common.timing import timed
-from scheduler.config import GiB, KiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
+from scheduler.runtime_config import GiB, KiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
 
 SIZES = [4 * KiB * 4**i for i in range(9)]  # 4 KiB .. 256 MiB
 

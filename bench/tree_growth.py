@@ -20,7 +20,7 @@ from common.settings import SamplingConfig, TreeConfig
 from engine.config import RunConfig
 from engine.prompts import load_prompts
 from engine.resolve import resolve
-from models import engine
+from models import loading
 from models.convert import ensure_store
 from speculative import bestfirst
 from speculative.drafter import Drafter
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     items = [p for f in PROMPTS for p in load_prompts(f)][: a.limit or None]
     r = resolve(RunConfig.from_options(mode="target", max_new_tokens=a.tokens), items)
     prompts = [r.prompt_ids(p)[0] for p in items]
-    target = engine.load_store(r.target).model
+    target = loading.load_store(r.target).model
     conts = [continuation(target, ids, a.tokens, set(r.tokenizer.stop_ids)) for ids in prompts]
     del target
     print(f"{len(prompts)} prompts x {a.tokens} tokens of the target's greedy continuation")
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     try:
         for spec in a.drafts.split(","):
             fmt, rows = spec.split(":")
-            draft = engine.load_store(ensure_store("qwen2.5-coder-0.5b", fmt), head_rows=int(rows), tokenizer=False)
+            draft = loading.load_store(ensure_store("qwen2.5-coder-0.5b", fmt), head_rows=int(rows), tokenizer=False)
             for width in map(int, a.widths.split(",")):
                 for growth, n in runs:
                     bestfirst.feed = own if n is None else lambda budget, n=n: n

@@ -18,7 +18,7 @@ from common.units import machine_memory
 
 from engine.config import RunConfig
 from models.store import WeightStore
-from scheduler.config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
+from scheduler.runtime_config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
 from speculative.loop import slack
 
 DRAFT_VOCAB = 32768  # FR-Spec: the draft's head keeps this many of the most frequent tokens
@@ -43,8 +43,8 @@ def draft_rows(cfg: RunConfig, draft: WeightStore | None) -> int:
     return 0 if rows >= draft.args.vocab_size else rows
 
 
-def flash_draft(cfg: RunConfig) -> bool:
-    """`--draft flash`: the target's own sparse FFN drafts (models/flash/draft.py)."""
+def uses_flash_draft(cfg: RunConfig) -> bool:
+    """`--draft flash`: the target's own sparse FFN drafts (models/flash/sparse_target.py)."""
     return cfg.speculative and cfg.draft == "flash"
 
 
@@ -78,7 +78,7 @@ def plan_inputs(
     groups = {g: target.groups[g].nbytes for g in target.group_names() if g != "embed" and not g.startswith("expert.")}
     experts = {g: target.groups[g].nbytes for g in target.group_names() if g.startswith("expert.")}
     draft_w = rows = 0
-    if flash_draft(cfg):  # the target's attention, head rows, predictor and neuron caches (models/flash/draft.py)
+    if uses_flash_draft(cfg):  # the target's attention, head rows, predictor and caches (models/flash/sparse_target.py)
         from models.flash.footprint import draft_bytes
 
         draft, rows = target, draft_rows(cfg, target)
@@ -117,7 +117,7 @@ def memory_plan(cfg: RunConfig, target: WeightStore, draft: WeightStore | None, 
     from common.units import parse_bytes
     from scheduler.generation.memplan import plan_memory, smallest_budget
 
-    if flash_draft(cfg) and not flash:  # the best predictor and largest caches the budget holds beside the target
+    if uses_flash_draft(cfg) and not flash:  # the best predictor and largest caches the budget holds beside the target
         least = least_flash_choice(cfg, target)
         # this machine's overheads, measured once for every choice (they weigh the same draft shape)
         overheads = overheads or plan_inputs(cfg, target, draft, None, least)["overheads"]

@@ -105,11 +105,11 @@ class Runner:
         decoder = StreamDecoder(tok)
         if getattr(self.session, "approximate", False):
             self.session.weights.reset_stats()
-        steps = self.session.loop.stream(ids, cfg.max_new_tokens, stop, cfg.mode, cfg.tree, cfg.sampling, reuse)
-        for step in steps:
-            text = decoder.push([t for t in step.tokens if t not in stop])
-            done = self._completion(prompt, cfg, chat, step.result, decoder.text()) if step.result else None
-            yield Chunk(text, step.tokens, step.accepted, step.alpha, step.finish_reason, done)
+        cycles = self.session.loop.stream(ids, cfg.max_new_tokens, stop, cfg.mode, cfg.tree, cfg.sampling, reuse)
+        for c in cycles:
+            text = decoder.push([t for t in c.tokens if t not in stop])
+            done = self._completion(prompt, cfg, chat, c.result, decoder.text()) if c.result else None
+            yield Chunk(text, c.tokens, c.accepted, c.alpha, c.finish_reason, done)
 
     def prepare(self, prompt: Prompt, max_new_tokens: int | None = None) -> Prompt:
         """`prompt` encoded (its ids kept with it) and checked against the context: a PromptError (its `param`

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from common.errors import CadenceError
-from engine.memory import draft_rows, flash_choice, flash_draft, runtime_config
+from engine.memory import draft_rows, flash_choice, uses_flash_draft, runtime_config
 from engine.resolve import Resolved
 
 
@@ -32,7 +32,7 @@ class LocalSession:
     def __init__(self, r: Resolved):
         import torch
 
-        from models import engine
+        from models import loading
         from speculative.drafter import LocalDraft
         from speculative.lookup import TrieDraft
 
@@ -40,11 +40,11 @@ class LocalSession:
         torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
         if cfg.device.startswith("cuda") and not torch.cuda.is_available():
             raise CadenceError("--device cuda was asked for but torch sees no CUDA device; use --device cpu")
-        self.target = engine.load_store(r.target, cfg.target, cfg.device)
-        self.draft = engine.load_store(r.draft, cfg.draft, cfg.device, draft_rows(cfg, r.draft)) if r.draft else None
+        self.target = loading.load_store(r.target, cfg.target, cfg.device)
+        self.draft = loading.load_store(r.draft, cfg.draft, cfg.device, draft_rows(cfg, r.draft)) if r.draft else None
         draft = None
-        if cfg.speculative and cfg.draft == "flash":  # the target's own sparse FFN drafts (models/flash/draft.py)
-            from models.flash.draft import flash_draft
+        if cfg.speculative and cfg.draft == "flash":  # the target's own sparse FFN (models/flash/sparse_target.py)
+            from models.flash.sparse_target import flash_draft
 
             draft = LocalDraft(flash_draft(self.target.model, r.target, cfg.ffn_density))
         elif cfg.speculative:
@@ -67,7 +67,8 @@ def open_actors(r: Resolved, plan):
     preload = (
         *ACTOR_MODULES,
         *(("actors.sparse",) if cfg.worker else ()),
-        *(("models.flash.draft",) if flash_draft(cfg) else ()),  # imported once, not in the draft's own pages
+        # imported once, not in the draft's own pages
+        *(("models.flash.sparse_target",) if uses_flash_draft(cfg) else ()),
     )
     sched = Runtime(runtime_config(cfg, r.target, plan, preload)).__enter__()
     try:
@@ -84,8 +85,8 @@ def open_actors(r: Resolved, plan):
             cfg.worker,
             cfg.experts,
             r.paths,
-            draft_rows(cfg, r.target if flash_draft(cfg) else r.draft),
-            (cfg.ffn_density, *flash_choice(cfg, r.target, plan)) if flash_draft(cfg) else None,
+            draft_rows(cfg, r.target if uses_flash_draft(cfg) else r.draft),
+            (cfg.ffn_density, *flash_choice(cfg, r.target, plan)) if uses_flash_draft(cfg) else None,
         )
         return sched, ActorSession(sched, spec)
     except BaseException:

@@ -150,7 +150,7 @@ def cmd_profile_experts(args) -> int:
 
     from engine.prompts import DEFAULT_PROMPTS, load_prompts
     from scheduler.generation.expert_policy import PATHS_FILE
-    from models import engine
+    from models import loading
     from models.routing import trace_paths
     from scheduler.generation.expert_policy import PathStats
 
@@ -159,7 +159,7 @@ def cmd_profile_experts(args) -> int:
         raise CadenceError(f"{args.name} is a dense {st.args.arch} model: it has no experts to profile")
     if args.tokens < 0:
         raise CadenceError(f"--tokens {args.tokens} must be 0 or more")
-    lm = engine.load_store(st)
+    lm = loading.load_store(st)
     prompts = load_prompts(args.prompts or DEFAULT_PROMPTS)
     stats, t, n = PathStats(st.args.n_layers, st.args.n_experts), time.time(), 0
     for p in prompts:

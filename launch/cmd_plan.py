@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from common.errors import CadenceError
-from engine.memory import flash_draft, least_flash_choice, memory_plan, plan_inputs, settle
+from engine.memory import uses_flash_draft, least_flash_choice, memory_plan, plan_inputs, settle
 from engine.prompts import Prompt, load_prompts
 from engine.resolve import pick_draft, resolve
 from models.convert import ensure_store
@@ -94,7 +94,7 @@ def cmd_plan(args) -> int:
         m = cfg.with_mode(mode, draft=name)
         label = f"{mode} --draft {name}" if mode == "tree" and name in ("none", "flash") else mode
         try:
-            choice = least_flash_choice(m, r.target) if flash_draft(m) else ()  # --draft flash: its smallest
+            choice = least_flash_choice(m, r.target) if uses_flash_draft(m) else ()  # --draft flash: its smallest
             print(f"  {label:<20} {fmt(smallest_budget(**plan_inputs(m, r.target, d, flash=choice))):>10}")
         except CadenceError as e:
             print(f"  {label:<20} {e}")

@@ -18,7 +18,7 @@ from bench import arca_profile
 from bench.measure import machine
 from common.paths import check_output
 from engine.prompts import DEFAULT_PROMPTS, load_prompts
-from models import engine, registry
+from models import loading, registry
 
 
 def add_parser(sub):
@@ -35,7 +35,7 @@ def add_parser(sub):
 def cmd_profile(args) -> int:
     check_output(args.out, "--out")
     prompts = load_prompts(args.prompts)
-    target, draft = engine.load(args.target, args.fmt), engine.load(args.draft, args.fmt)
+    target, draft = loading.load(args.target, args.fmt), loading.load(args.draft, args.fmt)
     with Progress(console=Console(stderr=True)) as progress:
         m = arca_profile.measure(target, draft, prompts, args.tokens, progress)
     ranked, ctx = m["ranked"], m["context"]

@@ -60,7 +60,7 @@ def add_flash(msub) -> None:
 def cmd_train_predictor(args) -> int:
     """LLM in a flash §3.1: models/flash/train.py on the prompts' token ids (encoded here: models/ reads no prompts)."""
     from engine.prompts import DEFAULT_PROMPTS, encode_prompt, load_prompts
-    from models import engine
+    from models import loading
     from models.flash.footprint import INT2
     from models.flash.train import FitConfig, fit
 
@@ -69,7 +69,7 @@ def cmd_train_predictor(args) -> int:
     st = ensure_store(args.name, args.fmt)
     if st.args.moe:
         raise CadenceError(f"{args.name} is a mixture of experts; the activation predictor is for dense SwiGLU models")
-    lm = engine.load_store(st)
+    lm = loading.load_store(st)
     encode = lambda ps: [encode_prompt(lm.tokenizer, p, "auto", st.args.context_length)[0] for p in ps]  # noqa: E731
     cal = load_prompts(args.prompts or DEFAULT_PROMPTS)
     held = load_prompts(args.heldout) if args.heldout else cal[3::4]

@@ -20,7 +20,7 @@ import torch
 
 from common.errors import CadenceError
 from models.attention import Visibility
-from models.config import WINDOW_REWIND as REWIND, ModelArgs
+from models.args import WINDOW_REWIND as REWIND, ModelArgs
 
 
 class KVCache:

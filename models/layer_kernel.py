@@ -1,6 +1,7 @@
 """A dense decoder layer in one kernel call (csrc/layer.cpp): what `Transformer.block_fused` computes with
 ~10 calls, in one, with the same bits. It pays where a layer's products are small (a draft's one-token
-step: the 0.5B's forward went from ~6.1 to ~4.5 ms), and costs nothing where they are large.
+step; BENCHMARKS.md, "One kernel call a layer, and the attention's arithmetic"), and costs nothing where they
+are large.
 
 Layers it takes: quantized products (int8, int4, int2) with the kernel library and a dense FFN (not a mixture
 of experts, not LLM in a flash), of every family's block (norms before and/or after each branch, q/k norms,
@@ -14,7 +15,7 @@ import struct
 import torch
 
 from models import kernels, linear
-from models.config import ModelArgs
+from models.args import ModelArgs
 
 
 def record(w, args: ModelArgs) -> torch.Tensor | None:

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from models.config import RopeScaling
+from models.args import RopeScaling
 
 
 def inv_freq(

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import CadenceError
-from models.config import ModelArgs
+from models.args import ModelArgs
 from models.families import BY_GGUF, BY_NAME, FAMILIES
 from models.families.base import COMMON_GGUF_KEYS, Family, gguf_rope, permute_partial, unpermute
 from models.files import what_is

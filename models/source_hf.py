@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import CadenceError
-from models.config import ModelArgs
+from models.args import ModelArgs
 from models.families import BY_HF
 from models.families.base import COMMON_HF_KEYS, Family, Unsupported, hf_rope
 from models.files import read_json, read_text

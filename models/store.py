@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import CadenceError
-from models.config import ModelArgs
+from models.args import ModelArgs
 from models.files import read_json, what_is
 
 # torch, numpy and the tokenizer are imported where they are used: the I/O loader reads a store's

@@ -1,5 +1,5 @@
 """Our transformer: one decoder block for every family (RMSNorm before and/or after each branch, rotary
-embeddings, GQA, q/k norms, SwiGLU or GeGLU, the scales and soft caps a family has: models/config.py),
+embeddings, GQA, q/k norms, SwiGLU or GeGLU, the scales and soft caps a family has: models/args.py),
 full-attention or sliding-window layers, dense or a mixture of experts.
 
 `forward` scores a block of new tokens with explicit positions and an explicit visibility
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from common.errors import CadenceError
 from models import kernels, layer_kernel
 from models.attention import Visibility, attend
-from models.config import ModelArgs
+from models.args import ModelArgs
 from models.kvcache import KVCache
 from models.rope import Rotary, inv_freq
 from models.sampling import HeadArgmax
@@ -312,7 +312,7 @@ class Transformer:
         plan: ForwardPlan | None = None,
         argmax: bool = False,
     ):
-        """`forward` as a generator of requests (models/plan.py); its return value is the logits.
+        """`forward` as a generator of requests (models/requests.py); its return value is the logits.
 
         It yields a `NeedWeights` for each layer as it reaches it (then for each part of the output head)
         and takes the weights through `send`: a streaming verifier feeds it layers as the loader brings

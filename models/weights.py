@@ -14,7 +14,7 @@ from functools import cached_property
 import torch
 
 from models import linear
-from models.config import ModelArgs
+from models.args import ModelArgs
 from models.linear import Linear
 from models.store import WeightStore, expert_group
 

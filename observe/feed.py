@@ -76,7 +76,7 @@ class MonitorFeed:
             self.ledger = sched.ledger
             sched.add_listener(self.on_event)
         else:  # in-process run: sample our own process, as the scheduler's ledger would (a USS sample
-            # of a torch-sized process costs the kernel ~10 ms, hence every 5 s)
+            # of a torch-sized process costs the kernel milliseconds, hence every 5 s)
             self.ledger = self._own_ledger = MemoryLedger(budget_bytes or psutil.virtual_memory().total)
             self.ledger.watch("main", os.getpid())
             self.ledger.start_sampling(sample_s)

@@ -58,8 +58,8 @@ Run = tuple  # (text, style): one styled stretch of a line
 
 class Frame:
     """A frame as lines of (text, style) runs, handed to Rich as ready segments: no markup, no
-    wrapping, no measuring. Rich takes ~2 ms a frame for the same lines as Text, ~10 ms as
-    panels and tables; this takes a fraction of a millisecond."""
+    wrapping, no measuring: several times cheaper than the same lines as Rich Text, let alone panels and
+    tables (BENCHMARKS.md, "Monitor overhead")."""
 
     def __init__(self):
         self.lines: list[list[Run]] = []

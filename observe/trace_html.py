@@ -1,6 +1,6 @@
 """`launch trace html`: one self-contained HTML file that draws a Chrome trace.
 
-The viewer (`launch/assets/trace_viewer.html`: vanilla JS on a canvas, no network, nothing
+The viewer (`observe/trace_viewer.html`: vanilla JS on a canvas, no network, nothing
 fetched) gets the trace inlined as a JSON script element: a track per actor process and thread,
 spans coloured by category, counters as line charts, flow arrows, wheel zoom, drag pan, and a
 click on a span shows its args. It exposes `window.viewer` (track list, span counts, `setView`,

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 import psutil
 import zmq
 
-from scheduler.config import Timeouts
+from scheduler.runtime_config import Timeouts
 from shm.watchdog import python_env
 
 # OpenMP's idle threads spin this many turns for the next parallel region before they sleep. libgomp's
 # default (300000 turns, milliseconds) let the actor that had just answered keep a core while the other one
-# computed: a 3-row verification took 31 ms in the verifier actor against 19 ms in one process, and resident
-# `tree` ran at 1.08-1.16x `target` against 1.32-1.41x with 10000 turns (~0.2 ms: still longer than the
-# gaps inside a forward; BENCHMARKS.md). Where the user set OpenMP's waiting, theirs stands.
+# computed, which slowed every verification in the actors; 10000 turns (~0.2 ms) is still longer than the
+# gaps inside a forward (BENCHMARKS.md, "The actor runtime's idle OpenMP threads"). Where the user set
+# OpenMP's waiting, theirs stands.
 SPIN_TURNS = "10000"
 
 
@@ -90,7 +90,7 @@ def bind_router(zctx: zmq.Context, endpoint: str) -> zmq.Socket:
 
 
 def start_actor(
-    role: str, cls_path: str, init: dict, endpoint: str, init_wait_s: float, zygote: "Zygote | None" = None
+    role: str, cls_path: str, init: dict, endpoint: str, init_wait_s: float, zygote: "ZygoteClient | None" = None
 ) -> ActorProc:
     """Fork the actor from `zygote`, or start `python -m actors <spec>` (a fresh interpreter, which
     imports everything again). stdout/stderr are inherited: actor logs land with ours."""
@@ -155,7 +155,7 @@ class ForkedActor:
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-class Zygote:
+class ZygoteClient:
     """The scheduler's side of `actors.zygote`: one process that has imported the actors' code, which
     forks each actor on request. Started on the first spawn; it holds no lease and no socket, so its
     death only means that the next spawn starts a new one."""

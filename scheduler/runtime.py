@@ -33,7 +33,7 @@ from actors.ops import Payload
 from actors.tracing import Tracer
 from common.errors import CadenceError, Terminated
 from common.procname import set_process_name
-from scheduler.config import RuntimeConfig
+from scheduler.runtime_config import RuntimeConfig
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.events import ActorStatus, Pending, ReplyEvent
 from scheduler.exchange import TensorExchange
@@ -43,7 +43,7 @@ from scheduler.procs import (
     READY,
     STOPPING,
     ActorProc,
-    Zygote,
+    ZygoteClient,
     bind_router,
     close_sentinel,
     kill_tree,
@@ -85,7 +85,7 @@ class Runtime(EventPump, TensorExchange):
         self._next_req = 1
         self._samples_seen = 0
         self._router = self._zctx = self._poller = self._watchdog = None
-        self._zygote: Zygote | None = None
+        self._zygote: ZygoteClient | None = None
         self.run_dir = None
         self._started = self._closed = False
 
@@ -176,7 +176,7 @@ class Runtime(EventPump, TensorExchange):
         """The zygote the actors fork from (None until the first spawn, or when actors start as interpreters)."""
         return self._zygote.proc.pid if self._zygote is not None else None
 
-    def _zygote_for_spawn(self) -> Zygote | None:
+    def _zygote_for_spawn(self) -> ZygoteClient | None:
         """The zygote actors fork from, started on the first spawn (and again if it died since)."""
         if not self.config.fork_actors or not hasattr(os, "fork"):
             return None
@@ -184,7 +184,7 @@ class Runtime(EventPump, TensorExchange):
             self._zygote.close()
             self._zygote = None
         if self._zygote is None:
-            self._zygote = Zygote(self.config.timeouts.hello_s, tuple(self.config.preload))
+            self._zygote = ZygoteClient(self.config.timeouts.hello_s, tuple(self.config.preload))
         return self._zygote
 
     def wait_ready(self, roles: list[str] | None = None, timeout: float | None = None) -> None:

@@ -23,7 +23,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from scheduler.config import TraceConfig
+from scheduler.runtime_config import TraceConfig
 
 _PHASES = {"X", "M", "C", "s", "f", "i"}
 _FIELDS = {"ph", "name", "cat", "ts", "dur", "tid", "args", "id", "bp", "s"}

@@ -6,13 +6,13 @@ and a tree's expected accepted length is the sum of its nodes' worths. A node is
 parent, so the `budget` candidates of the greatest worth always form a tree: the tree of the greatest
 expected length the draft can see. LLMCad's pacer (speculative/policy.py) instead always opens a fed node's
 top child, and a sibling only above a fixed threshold: at the same width it leaves out likely siblings near
-the root for unlikely nodes deep in a chain. Teacher-forced on 20 prompts, the lean 0.5B draft at width 8:
-2.46 -> 3.13 accepted a verification, at width 16 2.58 -> 3.68 (BENCHMARKS.md).
+the root for unlikely nodes deep in a chain, and accepts fewer tokens a verification at the same width
+(BENCHMARKS.md, "Best-first draft trees, and the widest tree the disk hides").
 
 The draft runs on `feed(budget)` candidates per forward (a forward of a few rows costs about one: it reads the
 same weights), the best ones whose children could still make the cut; the tree then keeps its `budget` best
-nodes, run on or not. Two a forward up to 16 nodes; a 32-wide tree four (teacher-forced, the lean int2 draft:
-17.1 -> 10.1 forwards a tree, 3.71 -> 3.66 accepted a verification; at 16 wide four would cost 0.6%).
+nodes, run on or not. Two a forward up to 16 nodes; a 32-wide tree four, which costs it far fewer forwards for
+almost the same acceptance (BENCHMARKS.md, "A 32-wide best-first tree with four candidates a draft forward").
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class BestFirst:
 
         def offer(node: int, dist: torch.Tensor) -> None:
             nonlocal seq
-            if self.cfg.ahead:  # a lookahead may start from this node
+            if self.cfg.ahead:  # drafting ahead may start from this node
                 d.dists[node] = dist
             if node != ROOT and t.nodes[node].depth >= self.cfg.max_depth:
                 return

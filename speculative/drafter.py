@@ -22,8 +22,8 @@ from models.transformer import Transformer
 from speculative.loop import Proposal
 from speculative.policy import AdaptiveThreshold, branch_candidates, pace
 from speculative.bestfirst import BestFirst
-from speculative.lookahead import DraftingAhead
-from speculative.tree import ROOT, DraftTree, Lookahead, Seed, TokenTree, best_branch
+from speculative.ahead import DraftingAhead
+from speculative.tree import ROOT, DraftTree, AheadChain, AheadSeed, TokenTree, best_branch
 from speculative.trie import TokenTrie
 
 
@@ -36,9 +36,9 @@ class Drafter(DraftingAhead, BestFirst):
         self.cache = None
         self.pending: list[int] = []
         self.context: list[int] = []  # every committed token: what the trie matches against
-        self.ahead: Lookahead | None = None  # the lookahead of the tree under verification
-        self.seed: Seed | None = None  # a reused lookahead, for the next tree
-        self.ahead_steps = self.ahead_reused = 0  # lookahead forwards run / tokens the next tree got from them
+        self.ahead: AheadChain | None = None  # the chain drafted ahead of the tree under verification
+        self.ahead_seed: AheadSeed | None = None  # a reused ahead chain, for the next tree
+        self.ahead_steps = self.ahead_reused = 0  # forwards drafting ahead / tokens the next tree got from them
         self.skipped = 0  # committed tokens the draft never ran on (catch-up window)
         self.catchup_s = 0.0  # the last forward over pending tokens, when it was a catch-up (`_feed_pending`)
         self.fed = 0  # rows of the last forward over pending tokens (the prompt's, the first time)
@@ -52,7 +52,7 @@ class Drafter(DraftingAhead, BestFirst):
         try would cost more than speculation wins back. The draft guesses from the recent text,
         the trie still matches the whole prompt, and the target decides every token."""
         self.cache = self.model.new_cache(capacity)
-        self.ahead = self.seed = None
+        self.ahead = self.ahead_seed = None
         w = self.cfg.prompt_window
         self.pending = list(prompt_ids[-w:]) if w else list(prompt_ids)
         self.skipped = len(prompt_ids) - len(self.pending)
@@ -162,7 +162,8 @@ class Drafter(DraftingAhead, BestFirst):
             stack.extend(c.children)
 
     def _add_trie(self, d: DraftTree, room: int):
-        """Lookahead candidates for the root's continuation, deterministic (point-mass) trials."""
+        """The trie's candidates (Lookahead decoding) for the root's continuation: deterministic (point-mass)
+        trials."""
         got = self.trie.retrieve(self.context, max_nodes=min(room, self.cfg.trie_nodes))
         index = {}
         for i, (tok, parent, p) in enumerate(zip(got.tokens, got.parents, got.probs)):
@@ -214,7 +215,7 @@ class Drafter(DraftingAhead, BestFirst):
             return self.build_static(self.cfg.budget if budget is None else budget)
         cfg = self.cfg
         budget = cfg.budget if budget is None else budget
-        seed, self.seed = self.seed, None
+        seed, self.ahead_seed = self.ahead_seed, None
         if seed is not None and not self.pending:  # the root and a chain below it were drafted during verification
             d = DraftTree(TokenTree(self.context[-1]), 1.0, 0)
             dist = seed.root_dist
@@ -251,7 +252,7 @@ class Drafter(DraftingAhead, BestFirst):
             )
             node.fed = True
             d.forwards += 1
-            if self.sampling.greedy and cfg.ahead:  # a lookahead may start from this node
+            if self.sampling.greedy and cfg.ahead:  # drafting ahead may start from this node
                 d.dists[tip] = dist
             self._expand(d, tip, dist, budget - len(d.tree))
         d.tc = d.tree.tree_confidence()
@@ -266,10 +267,10 @@ class Drafter(DraftingAhead, BestFirst):
     def advance(self, d: DraftTree | None, path: list[int], new_tokens: list[int]):
         """After a verification: keep the accepted nodes the draft already ran on; the rest is pending.
 
-        With a lookahead from the accepted leaf whose first token is the target's own next token,
+        With a chain drafted ahead from the accepted leaf whose first token is the target's own next token,
         that token becomes the root already fed, and the rest of the chain seeds the next tree."""
         self._remember(new_tokens)
-        ahead, self.ahead, self.seed = self.ahead, None, None
+        ahead, self.ahead, self.ahead_seed = self.ahead, None, None
         if d is None:
             self.cache.commit([])
             self.pending.extend(new_tokens)
@@ -298,7 +299,7 @@ class Drafter(DraftingAhead, BestFirst):
             self.cache.length -= len(rest)  # the chain after the root stays pending, for the next tree
             self.cache.pending = len(rest)
             self.pending = []
-            self.seed = Seed(root_dist, [tok for tok, _, _ in rest], [dist for _, _, dist in rest])
+            self.ahead_seed = AheadSeed(root_dist, [tok for tok, _, _ in rest], [dist for _, _, dist in rest])
         else:
             self.pending = new_tokens[len(fed) :]
 
@@ -347,7 +348,7 @@ class LocalDraft:
 
     def ahead(self, p: Proposal | None, steps: int, stop=lambda: False) -> int:
         """Draft on from the tree until `stop()` (in the draft actor: until the verdict arrives)."""
-        return self.drafter.look_ahead(p.draft if p is not None else None, steps, stop)
+        return self.drafter.draft_ahead(p.draft if p is not None else None, steps, stop)
 
     def advance(self, p: Proposal | None, path: list[int], new: list[int]) -> float:
         """Keep the accepted nodes the draft ran on; adapt the fallback threshold to the verdict."""

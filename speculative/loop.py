@@ -10,7 +10,7 @@ wrap decides where the work happens:
 
 Target-only modes (target, std, stdpl) are the same loop with no draft. The governor, the lookup
 arm, stop tokens, the KV capacity and the stats live here and nowhere else. `stream` yields one
-`Step` per cycle; the last carries the finish reason and the `Generation`. Torch-free: the
+`CycleOutcome` per cycle; the last carries the finish reason and the `Generation`. Torch-free: the
 scheduler process runs this loop.
 """
 
@@ -54,9 +54,9 @@ class Proposal:
 
 
 @dataclass(frozen=True)
-class Step:
+class CycleOutcome:
     """One cycle: the tokens it committed (a stop token, if reached, is the last), the draft tokens the
-    target accepted and alpha after it (None for the prefill and a plain step). The last step of a
+    target accepted and alpha after it (None for the prefill and a plain step). The last outcome of a
     generation also says why it ended ("stop": a stop token; "length": the token limit or the context)
     and carries the `Generation`."""
 
@@ -118,7 +118,7 @@ class DraftSide(Protocol):
 
 def slack(cfg: TreeConfig) -> int:
     """KV rows past the text: a tree in verification (the draft's: every node it ran on, at most DRAFT_ROWS times
-    the budget; the target's: the budget's nodes), the lookahead's chain, the bonus token."""
+    the budget; the target's: the budget's nodes), the chain drafted ahead, the bonus token."""
     return DRAFT_ROWS * cfg.budget + cfg.ahead + 2
 
 
@@ -165,14 +165,14 @@ class Speculation:
         prompt_ids: list[int],
         max_new: int | None,
         stop: set[int],
-        on_step: Callable[[Step], None] | None = None,
+        on_cycle: Callable[[CycleOutcome], None] | None = None,
         **kw,
     ) -> Generation:
-        """`stream` to its end; `on_step(step)` after each cycle."""
-        for step in self.stream(prompt_ids, max_new, stop, **kw):
-            if on_step:
-                on_step(step)
-        return step.result
+        """`stream` to its end; `on_cycle(outcome)` after each cycle."""
+        for outcome in self.stream(prompt_ids, max_new, stop, **kw):
+            if on_cycle:
+                on_cycle(outcome)
+        return outcome.result
 
     def stream(
         self,
@@ -183,9 +183,9 @@ class Speculation:
         cfg: TreeConfig | None = None,
         sampling: SamplingConfig | None = None,
         reuse: bool = True,
-    ) -> Iterator[Step]:
+    ) -> Iterator[CycleOutcome]:
         """Generate with this run's mode, or another one (`target` always; `chain`/`tree` need a draft):
-        a `Step` after the prefill and after each cycle. Each is a cycle boundary, where both models'
+        a `CycleOutcome` after the prefill and after each cycle. Each is a cycle boundary, where both models'
         caches agree with the text: a consumer may stop there (a client that went away), and the next
         generation starts afresh. `max_new` None: up to the context's end. `reuse` False: the prompt is
         prefilled whole, none of it taken from the last generation's cache."""
@@ -207,9 +207,9 @@ class Speculation:
         governor = self._governor(mode, cfg) if speculative else None
         stats = SpecStats()
         out = [first]
-        step = Step([first])
+        outcome = CycleOutcome([first])
         while not self._finished(out, max_new, stop):
-            yield step
+            yield outcome
             arm = governor.choose() if governor else Arm("draft", cfg.budget) if speculative else PLAIN
             room = max_new - len(out) - 1
             if arm.kind == "draft" and arm.size > room:  # the end is near: a smaller tree
@@ -229,7 +229,7 @@ class Speculation:
                     break
             out.extend(new)
             self.counter("tokens", {"total": len(out)})
-            step = Step(new, accepted, alpha)
+            outcome = CycleOutcome(new, accepted, alpha)
         st = stats.as_dict() if speculative else {"target_forwards": stats.target_forwards}
         if speculative:
             st["ahead_steps"], st["ahead_reused"] = draft.ahead_counts()
@@ -237,7 +237,9 @@ class Speculation:
         st["reused_prompt_tokens"] = reused  # found in the KV cache from the last generation
         st.update(self.target.take_stats())
         result = Generation(prompt_ids, out, time.perf_counter() - t0, t_prefill, st)
-        yield Step(step.tokens, step.accepted, step.alpha, "stop" if out[-1] in stop else "length", result)
+        yield CycleOutcome(
+            outcome.tokens, outcome.accepted, outcome.alpha, "stop" if out[-1] in stop else "length", result
+        )
 
     @staticmethod
     def _finished(out: list[int], max_new: int, stop: set[int]) -> bool:
@@ -260,7 +262,7 @@ class Speculation:
         Two cores cannot draft and verify at once for free: with `ahead_auto` the draft drafts ahead
         only while the verifier spends more than AHEAD_WAIT of its verifications waiting for layers
         (measured, a moving average), when a core would idle otherwise. (In one process the draft runs
-        its lookahead before the verification, not beside it: only a fixed `ahead` asks for that.)"""
+        its chain ahead before the verification, not beside it: only a fixed `ahead` asks for that.)"""
         if not cfg.ahead_auto:
             return cfg.ahead
         if not self.target.streamed:

@@ -215,7 +215,7 @@ class DraftTree:
     catchup_s: float = 0.0  # a first forward over more than the last verification's tokens (`Tree.catchup_s`)
     dists: dict[int, torch.Tensor] = field(
         default_factory=dict
-    )  # greedy, with lookahead: a fed node's next-token distribution
+    )  # greedy, drafting ahead: a fed node's next-token distribution
 
     def wire_trials(self) -> tuple[list[list[int]], list]:
         """Sampling trials as [node, child, dist index or -1] rows, and the distinct distributions
@@ -234,7 +234,7 @@ class DraftTree:
 
 
 @dataclass
-class Lookahead:
+class AheadChain:
     """Speculative drafting during verification: a greedy chain grown from the tree's most
     confident leaf while the target verifies the tree. `fed`: the chain's nodes the draft ran on,
     each (token, KV slot, next-token distribution); the first is the leaf itself."""
@@ -244,8 +244,8 @@ class Lookahead:
 
 
 @dataclass
-class Seed:
-    """What a reused lookahead leaves for the next tree: the root's distribution and a chain of
+class AheadSeed:
+    """What a reused ahead chain leaves for the next tree: the root's distribution and a chain of
     nodes already fed (their KV entries pending in the draft cache, in order)."""
 
     root_dist: torch.Tensor

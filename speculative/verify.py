@@ -1,7 +1,7 @@
 """The target side: one forward over the whole tree, then acceptance and the cache kept to it.
 
 Every job (prefill, plain step, tree verification) is written as a generator over the model's
-`forward_steps`: it yields the model's requests (models/plan.py: each layer it needs, the parts it
+`forward_steps`: it yields the model's requests (models/requests.py: each layer it needs, the parts it
 splits) and takes the answers back. With all weights resident, `drive` feeds it at once; a
 streaming verifier feeds it layer by layer as the loader brings them in, and a `planner` (the
 split executor, actors/executor.py) gives each forward its split (actors/verifier.py).

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.prompts import DEFAULT_PROMPTS
-from models.config import ModelArgs
+from models.args import ModelArgs
 
 REPO = Path(__file__).resolve().parent.parent
 DEV_PROMPTS = DEFAULT_PROMPTS  # the shared folder's copy beside the checkout, else the package's
@@ -66,11 +66,11 @@ _loaded: dict = {}
 
 def real_model(name: str, fmt: str):
     """A real default model, converted to `fmt` once per test session."""
-    from models import engine
+    from models import loading
 
     key = (name, fmt)
     if key not in _loaded:
-        _loaded[key] = engine.load(name, fmt)
+        _loaded[key] = loading.load(name, fmt)
     return _loaded[key]
 
 

@@ -1,5 +1,5 @@
 """What a family of models is, in the few things that tell it apart: its names (HF `model_type`, llama.cpp
-architecture), the `ModelArgs` fields its config sets (models/config.py: the block is one for every family),
+architecture), the `ModelArgs` fields its config sets (models/args.py: the block is one for every family),
 and where its tensors are in an HF directory and in a GGUF file. Everything else is shared here: the config
 fields every family has, rotary scaling in both spellings, which layers slide, and the tensor transforms
 (llama.cpp's q/k row order, a partial rotary's lanes, Gemma's `1 + w` norms).
@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from common.errors import CadenceError
-from models.config import RopeScaling
+from models.args import RopeScaling
 
 # Canonical part -> its tensors in an HF layer (`model.layers.{i}.` + name + `.weight`), concatenated in order.
 LLAMA_HF = {

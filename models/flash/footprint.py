@@ -108,7 +108,7 @@ def _tensor_bytes(store: WeightStore, names) -> int:
 
 
 def draft_bytes(store: WeightStore, predictor: str, capacity: int, head_rows: int | None) -> int:
-    """What models/flash/draft.py `streamed_flash_draft` holds: every layer's attention and norms, the head's
+    """What models/flash/sparse_target.py `streamed_flash_draft` holds: every layer's attention and norms, the head's
     rows, the predictor named `predictor`, a layer's dense FFN (the prompt pass's scratch), the bundle reader's buffer (a
     layer's records, models/flash/bundles.py `Layout.layer_bytes`), the per-neuron bookkeeping, `capacity`
     neurons a layer of caches and SLACK."""

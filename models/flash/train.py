@@ -13,7 +13,7 @@ neurons better than a linear scorer of the same size trained with BCE and Adam a
 paper's recipe for ReLU models), which cannot express |up . h|.
 
 int2: W itself rounded to 2-bit codes (models/linear_int2.py: each group's range searched for least squared
-error); no calibration inputs, ~4 s a layer of the 1.5B.
+error); no calibration inputs, seconds a layer.
 """
 
 from __future__ import annotations

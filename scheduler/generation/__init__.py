@@ -1,5 +1,5 @@
 """Generation over the actors: the processes a run starts, the speculation cycle's sides as proxies
-over the wire (`target.py`, `draft.py`), the streamed target's loader traffic (`streaming.py`), and
+over the wire (`target_side.py`, `draft_side.py`), the streamed target's loader traffic (`streaming.py`), and
 the memory plan that sizes it all under a budget (`memplan.py`, with `footprint.py`'s measurements),
 and a mixture-of-experts buffer's eviction and preload policies (`expert_policy.py`, pure).
 

@@ -28,7 +28,7 @@ class ActorDraft:
     def start(self, prompt_ids: list[int], capacity: int, first: int, cfg: TreeConfig, sampling: SamplingConfig):
         self.greedy = sampling.greedy
         self.counts = (0, 0)
-        self.ahead_req = None  # a lookahead of a generation that ended in an error: its reply is nobody's now
+        self.ahead_req = None  # drafting ahead of a generation that ended in an error: its reply is nobody's now
         self.s.call("draft", DraftStart(prompt_ids, capacity, first, asdict(cfg), asdict(sampling)))
 
     def lookup(self, max_nodes: int) -> Proposal | None:

@@ -83,7 +83,7 @@ if pid == 0:
     from actors import wire
     from actors.tracing import Tracer
     from common.heap import trim_heap
-    from models.config import ModelArgs
+    from models.args import ModelArgs
     from models.transformer import Transformer
     from models.weights import TensorWeights, random_tensors
     ctx = zmq.Context(); sock = ctx.socket(zmq.DEALER)

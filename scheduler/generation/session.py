@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 from actors.ops import Groups
 from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit
-from models.config import ModelArgs
+from models.args import ModelArgs
 from scheduler.generation.draft_side import ActorDraft
 from scheduler.generation.target_side import ActorTarget
 from scheduler.runtime import Runtime
@@ -123,7 +123,7 @@ class ActorSession:
                 "tree": asdict(spec.tree),
                 "head_rows": spec.draft_rows or None,
             }
-            if spec.flash:  # the target's own sparse FFN (models/flash/draft.py), from the target's store
+            if spec.flash:  # the target's own sparse FFN (models/flash/sparse_target.py), from the target's store
                 dinit.update(store=spec.target_store, flash=dict(zip(("density", "predictor", "capacity"), spec.flash)))
             sched.spawn("draft", actors["draft"], dinit, wait=False)
 

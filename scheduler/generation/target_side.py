@@ -15,10 +15,10 @@ import struct
 import time
 from dataclasses import asdict
 
-from actors.ops import AwaitExperts, AwaitGroup, Begin, Experts, Payload, Serve, Start, Step, Verify
+from actors.ops import AwaitExperts, AwaitGroup, Begin, Experts, Payload, Serve, Start, PlainStep, Verify
 from actors.syncarea import STOP, SyncArea
 from common.settings import PREFILL_CHUNK, SamplingConfig, TreeConfig, WorkerSplit
-from models.config import ModelArgs
+from models.args import ModelArgs
 from scheduler.errors import ActorDead, ActorError
 from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.procs import DEAD
@@ -68,7 +68,7 @@ class ActorTarget:
         return r.token, r.reused
 
     def step(self, root: int) -> int:
-        return self.run(Step(root)).token
+        return self.run(PlainStep(root)).token
 
     def verify(self, p: Proposal) -> tuple[list[int], int]:
         s = self.s
@@ -100,7 +100,7 @@ class ActorTarget:
     # -- the conversation --------------------------------------------------------------------------
 
     def run(self, job: Payload, tensors: dict | None = None):
-        """A verifier job (Start / Step / Verify) to its result (Token / Verdict): one op, or a conversation
+        """A verifier job (Start / PlainStep / Verify) to its result (Token / Verdict): one op, or a conversation
         when layers stream in from the loader; with the worker, it serves the job's split at the same time
         (a step has one row: nothing to split)."""
         s = self.s
@@ -110,7 +110,7 @@ class ActorTarget:
             return reply.value
         tensors = dict(tensors or {})
         serving, timeout, split = None, None, None
-        if self.worker is not None and not isinstance(job, Step):
+        if self.worker is not None and not isinstance(job, PlainStep):
             serving, split = self._serve(job, tensors)
             if isinstance(job, Start):  # a resident prefill is one op however many chunks it has
                 timeout = s.config.timeouts.request_s * (1 + len(job.prompt_ids) // PREFILL_CHUNK)

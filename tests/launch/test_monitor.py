@@ -37,13 +37,13 @@ def test_monitor_renders_real_numbers_from_a_fake_run(tmp_path):
         mon = Monitor(feed, console=console, refresh_hz=20)
         mon.start()
 
-        def on_step(st):
+        def on_cycle(st):
             cycles.append((len(st.tokens), st.accepted, st.alpha))
             feed.on_tokens(len(st.tokens), st.accepted, st.alpha)
             feed.on_text(f"<{sum(c[0] for c in cycles)}>")
 
         try:
-            gen = spec.loop.generate(prompt(), 40, set(), on_step=on_step)
+            gen = spec.loop.generate(prompt(), 40, set(), on_cycle=on_cycle)
             time.sleep(0.3)  # let the ledger's sampler (every 0.2 s) see every actor
             state = feed.snapshot()
         finally:

@@ -266,7 +266,7 @@ def spell_4(cfg: dict) -> dict:
 
 
 def write_gguf_like_llama_cpp(hf_folder: Path, out: Path, qtype: str = "F32") -> Path:
-    """tests/models/families_gguf.py's writer: the model as llama.cpp's convert_hf_to_gguf.py writes it."""
+    """bench/hf_gguf.py's writer: the model as llama.cpp's convert_hf_to_gguf.py writes it."""
     from bench.hf_gguf import write_gguf_like_llama_cpp as write
 
     return write(hf_folder, out, qtype)

@@ -8,7 +8,7 @@ import torch
 
 from common.settings import SamplingConfig
 from engine.prompts import Prompt, encode_prompt
-from models import engine
+from models import loading
 from speculative.generate import generate_target
 
 pytestmark = [pytest.mark.real, pytest.mark.gemma, pytest.mark.slow]
@@ -22,7 +22,7 @@ PROMPTS = [  # raw text: a base model continues it (the held-out set's code prom
 
 @pytest.fixture(scope="module")
 def gemma(gemma_270m):
-    return engine.load(str(gemma_270m), "fp32")
+    return loading.load(str(gemma_270m), "fp32")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.config import ModelArgs
+from models.args import ModelArgs
 
 BYTE_TOKENS = None
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from models.config import ModelArgs
+from models.args import ModelArgs
 from tests.models.tiny_files import _llama_permute, add_tokenizer, tensor_adder, tokenizer_fields
 
 _BASE = dict(

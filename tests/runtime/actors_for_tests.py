@@ -3,7 +3,7 @@
 import os
 import time
 
-from actors.fake import FakeActor
+from tests.runtime.fakes.actors import FakeActor
 
 # a slow import delays HELLO: the hello_s timeout test
 time.sleep(float(os.environ.get("CADENCE_TEST_IMPORT_SLEEP", "0")))

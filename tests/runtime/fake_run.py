@@ -1,5 +1,5 @@
 """A whole fake run: the scheduler `launch run` uses (`ActorSession` over a `Runtime`) with the
-fake actors of actors/fake.py, a fake model and a real memory plan of it. Tests import `fake_model`,
+fake actors of tests/runtime/fakes/actors.py, a fake model and a real memory plan of it. Tests import `fake_model`,
 `fake_plan`, `small_config` and `speculation`; the fault tests also run it as a separate process
 (`python -m tests.runtime.fake_run`) to SIGKILL or Ctrl-C the scheduler itself.
 """
@@ -11,10 +11,10 @@ import os
 import sys
 import tempfile
 
-from actors.fake import FAKES, fake_args, target_text, write_fake_store
+from tests.runtime.fakes.actors import FAKES, fake_args, target_text, write_fake_store
 from common.errors import CadenceError
 from common.settings import SamplingConfig, TreeConfig, WorkerSplit
-from scheduler.config import GiB, KiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
+from scheduler.runtime_config import GiB, KiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
 from scheduler.generation.memplan import Overheads, plan_memory
 from scheduler.runtime import Runtime
 from scheduler.generation.session import ActorSession, SessionSpec
@@ -29,7 +29,7 @@ NO_OVERHEADS = Overheads(
 
 
 def fake_model(path, seed: int = 0, **roles) -> str:
-    """The fake model's directory; `roles`: each role's script (actors/fake.py)."""
+    """The fake model's directory; `roles`: each role's script (tests/runtime/fakes/actors.py)."""
     return write_fake_store(path, GROUPS, VOCAB, seed, **roles)
 
 

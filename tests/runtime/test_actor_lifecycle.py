@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from actors import wire
-from actors.fake import FakeLoaderActor
-from actors.fake_target import FakeDraftActor
+from tests.runtime.fakes.actors import FakeLoaderActor
+from tests.runtime.fakes.target import FakeDraftActor
 from actors.ops import Build, DraftStart
 from common.errors import CadenceError
 from scheduler.procs import SPIN_TURNS

@@ -1,4 +1,4 @@
-"""launch/bench/cgroup.py: real memory cgroups where this machine has them (OOM kill, peak, page cache
+"""bench/cgroup.py: real memory cgroups where this machine has them (OOM kill, peak, page cache
 charged inside, nothing left behind), and detection against fake /proc + /sys trees for the rest."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from common.errors import CadenceError
-from scheduler.config import GiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
+from scheduler.runtime_config import GiB, MiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
 from scheduler.ledger import BudgetError, MemoryLedger, fmt_bytes
 from scheduler.runtime import Runtime
 from shm.arena import run_segments

@@ -17,10 +17,10 @@ from collections import deque
 import pytest
 import torch
 
-from models.config import ModelArgs
+from models.args import ModelArgs
 from models.store import StoreWriter
 from models.tokenizer import TokenizerInfo
-from scheduler.config import GiB, KiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
+from scheduler.runtime_config import GiB, KiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
 from scheduler.errors import ActorDead, ActorError
 from scheduler.runtime import Runtime
 from scheduler.events import DeadEvent, ReplyEvent

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import time
 
-from actors.fake_target import FakeDraftActor
+from tests.runtime.fakes.target import FakeDraftActor
 from actors.tracing import Tracer
-from scheduler.config import TraceConfig
+from scheduler.runtime_config import TraceConfig
 from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.runtime import Runtime
 from scheduler.trace import TraceSink, validate_trace
@@ -53,7 +53,7 @@ def test_generation_reports_each_cycle_and_writes_its_counters_and_tree_flows(tm
         pids = {role: a.pid for role, a in s.actors.items()}
         try:
             gen = spec.loop.generate(
-                prompt(), 30, set(), on_step=lambda st: cycles.append((len(st.tokens), st.accepted, st.alpha))
+                prompt(), 30, set(), on_cycle=lambda st: cycles.append((len(st.tokens), st.accepted, st.alpha))
             )
         finally:
             spec.close()

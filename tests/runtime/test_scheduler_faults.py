@@ -17,9 +17,9 @@ import zlib
 import numpy as np
 import pytest
 
-from actors.fake import FAKES, target_text
+from tests.runtime.fakes.actors import FAKES, target_text
 from common.settings import WorkerSplit
-from scheduler.config import KiB, MiB, MemoryConfig
+from scheduler.runtime_config import KiB, MiB, MemoryConfig
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.runtime import Runtime
 from scheduler.events import ReplyEvent

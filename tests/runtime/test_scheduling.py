@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.fake import target_text
+from tests.runtime.fakes.actors import target_text
 from actors.ops import Load
 from common.settings import WorkerSplit
 from scheduler.errors import ActorError

@@ -8,7 +8,7 @@ import time
 
 from actors.tracing import Tracer
 from common.settings import WorkerSplit
-from scheduler.config import TraceConfig
+from scheduler.runtime_config import TraceConfig
 from scheduler.runtime import Runtime
 from scheduler.trace import TraceSink, validate_trace
 from tests.runtime.conftest import assert_clean

@@ -11,13 +11,13 @@ import torch
 
 from common.errors import CadenceError
 from common.settings import ExpertOptions, SamplingConfig, TreeConfig
-from models import engine
+from models import loading
 from models.convert import convert
 from models.routing import trace_paths
 from models.source_hf import HFSource
 from models.store import WeightStore
 from models.weights import random_tensors
-from scheduler.config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
+from scheduler.runtime_config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
 from scheduler.generation.expert_policy import PathStats
 from scheduler.generation.memplan import Overheads, plan_memory
 from scheduler.generation.session import ActorSession, SessionSpec
@@ -47,13 +47,13 @@ def prompt():
 
 @pytest.fixture(scope="module")
 def reference(store, prompt):
-    return generate_target(engine.load_store(store), prompt, N, GREEDY, stop_at_eos=False).new_ids
+    return generate_target(loading.load_store(store), prompt, N, GREEDY, stop_at_eos=False).new_ids
 
 
 @pytest.fixture(scope="module")
 def profile(store, prompt):
     st = PathStats(ARGS.n_layers, ARGS.n_experts)
-    for path in trace_paths(engine.load_store(store).model, prompt[::-1], 30):
+    for path in trace_paths(loading.load_store(store).model, prompt[::-1], 30):
         st.add(path)
     return st
 
@@ -215,13 +215,13 @@ def test_a_loader_killed_mid_expert_ends_the_run_with_one_reason_and_leaves_noth
     pid = s.actors["loader"].pid
     killed = []
 
-    def on_step(_):
+    def on_cycle(_):
         if not killed:
             killed.append(os.kill(pid, signal.SIGKILL))
 
     try:
         with pytest.raises(CadenceError, match="loader"):
-            spec.loop.generate(prompt, N, set(), on_step=on_step)
+            spec.loop.generate(prompt, N, set(), on_cycle=on_cycle)
     finally:
         spec.close()
         s.shutdown()
@@ -231,7 +231,7 @@ def test_a_loader_killed_mid_expert_ends_the_run_with_one_reason_and_leaves_noth
 def test_in_process_speculation_on_a_mixture_of_experts_is_lossless(store, prompt, reference):
     from speculative.generate import generate_speculative
 
-    target = engine.load_store(store)
+    target = loading.load_store(store)
     for cfg in (TreeConfig(), TreeConfig(mode="chain")):
         g = generate_speculative(target, target, prompt, N, GREEDY, cfg, stop_at_eos=False)
         assert g.new_ids == reference and g.stats["accepted"] > 0, cfg.mode

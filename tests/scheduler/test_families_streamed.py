@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from common.settings import SamplingConfig, TreeConfig
-from models import engine
+from models import loading
 from models.convert import convert
 from models.source_hf import HFSource
 from models.store import WeightStore
@@ -36,7 +36,7 @@ def test_tree_is_the_target_with_streamed_layers_over_the_actors(tmp_path, mt, v
     g = torch.Generator().manual_seed(3)
     base = torch.randint(3, 300, (14,), generator=g).tolist()
     prompt = base + base[:7]  # past every window of 8, and a repeat for the trie
-    reference = generate_target(engine.load_store(store), prompt, N, SamplingConfig(), stop_at_eos=False).new_ids
+    reference = generate_target(loading.load_store(store), prompt, N, SamplingConfig(), stop_at_eos=False).new_ids
     groups = {n: store.groups[n].nbytes for n in store.group_names() if n != "embed"}
     o = Overheads(**{f.name: 0 for f in dataclasses.fields(Overheads)})
     plan = plan_memory(smallest_budget(groups, 0, 0, 0, overheads=o) + 4096, groups, 0, 0, 0, overheads=o)

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from common.settings import SamplingConfig, TreeConfig
-from models import engine
+from models import loading
 from models.convert import convert
 from models.source import GGUFSource
 from models.store import WeightStore
 from models.weights import random_tensors
-from scheduler.config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
+from scheduler.runtime_config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
 from scheduler.generation.memplan import Overheads, plan_memory
 from scheduler.runtime import Runtime
 from scheduler.generation.session import ActorSession, SessionSpec
@@ -65,7 +65,7 @@ def plain_decode(lm, prompt: list[int], n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def reference(stores, prompt):
-    lm = engine.load_store(stores["target"])
+    lm = loading.load_store(stores["target"])
     ids = generate_target(lm, prompt, N, GREEDY, stop_at_eos=False).new_ids
     assert ids == plain_decode(lm, prompt, N)
     return ids
@@ -157,6 +157,6 @@ def test_streamed_layers_through_the_loader_give_the_targets_tokens(stores, prom
 
 
 def test_in_process_modes_match_the_actor_path(stores, prompt, reference):
-    target, draft = engine.load_store(stores["target"]), engine.load_store(stores["other"])
+    target, draft = loading.load_store(stores["target"]), loading.load_store(stores["other"])
     for d, cfg in ((draft, TreeConfig()), (draft, TreeConfig(mode="chain")), (None, TreeConfig())):
         assert generate_speculative(target, d, prompt, N, GREEDY, cfg, stop_at_eos=False).new_ids == reference

@@ -8,7 +8,7 @@ joint distribution p(x1) p(x2 | x1), computed by running the target on every x1.
 import pytest
 import torch
 
-from models.config import ModelArgs
+from models.args import ModelArgs
 from models.sampling import Sampler, probs
 from common.settings import SamplingConfig
 from models.transformer import Transformer

@@ -14,7 +14,7 @@ from engine.config import RunConfig
 from engine.memory import kv_rows
 from engine.prompts import Prompt
 from engine.runner import Runner
-from models import engine
+from models import loading
 from models.convert import convert
 from models.flash import bundles
 from models.flash.footprint import predictor_bytes, predictors, top_k
@@ -38,7 +38,7 @@ def store(tmp_path_factory):
     src = GGUFSource(write_gguf(root / "m.gguf", ARGS, random_tensors(ARGS, seed=3)))
     st = WeightStore(convert(src, root / "store", "int4"))
     bundles.write(st, 3, source=src)
-    lm = engine.load_store(st)
+    lm = loading.load_store(st)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, ARGS.vocab_size, (10,), generator=g).tolist() for _ in range(6)]
     for cfg in (FitConfig(rank=16), FitConfig(rank=64), FitConfig(kind="int2")):
@@ -60,7 +60,7 @@ def _greedy(model: Transformer, ids: list[int], n: int) -> tuple[list[int], list
 
 
 def test_density_one_is_the_dense_target_bit_for_bit(store):
-    dense = engine.load_store(store).model
+    dense = loading.load_store(store).model
     flash = FlashWeights(store, Predictor.load(store), 1.0)
     ids = list(range(5, 17))
     want, want_logits = _greedy(dense, ids, 12)
@@ -164,8 +164,8 @@ def test_a_budget_too_small_and_a_missing_predictor_end_in_one_sentence(store, t
     [("tree", "inproc", None), ("chain", "inproc", None), ("tree", "actors", None), ("tree", "actors", "auto")],
 )
 def test_draft_flash_is_lossless(store, mode, runtime, budget):
-    """The target's own sparse FFN drafts (models/flash/draft.py), the dense target verifies: the target's tokens,
-    in one process, over the actors, and over the actors under a budget's plan that holds the draft's caches."""
+    """The target's own sparse FFN drafts (models/flash/sparse_target.py), the dense target verifies: the target's
+    tokens, in one process, over the actors, and over the actors under a budget's plan that holds the draft's caches."""
     p = Prompt("p", "complete", "def f(x): return x + 1")
     rows = {}
     for m, draft, rt in (("target", "none", "inproc"), (mode, "flash", runtime)):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from common.errors import CadenceError
-from models import engine, linear
+from models import loading, linear
 from models.convert import convert
 from models.flash.footprint import top_k
 from models.flash.footprint import best_predictor, file_name, predictor_bytes, predictors
@@ -34,7 +34,7 @@ def _store(root, seed: int):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return engine.load_store(_store(tmp_path_factory.mktemp("pred"), 5))
+    return loading.load_store(_store(tmp_path_factory.mktemp("pred"), 5))
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:
@@ -172,10 +172,10 @@ def test_missing_truncated_damaged_and_foreign_files_end_in_one_sentence(tiny, f
         _refused(st, "r64", str(path), "damaged")
     finally:
         path.write_bytes(good)
-    other = engine.load_store(_store(tmp_path, 6)).store  # the same shape, other weights
+    other = loading.load_store(_store(tmp_path, 6)).store  # the same shape, other weights
     (other.dir / path.name).write_bytes(good)
     _refused(other, "r64", "another model")
-    _refused(engine.load_store(_store(tmp_path, 7)).store, None, "has no activation predictor")
+    _refused(loading.load_store(_store(tmp_path, 7)).store, None, "has no activation predictor")
     path = fitted["int2"].save(st)
     good = path.read_bytes()
     try:

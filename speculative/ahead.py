@@ -1,20 +1,21 @@
 """Speculative drafting during verification (LLMCad §3.4), a part of the drafter (speculative/drafter.py):
 while the target verifies a tree, the draft grows a greedy chain from its most confident leaf; when the
 target accepts that leaf and its next token, the next tree starts from the chain (`Drafter.advance`
-keeps it as a `Seed`, `_plant` puts it into the next tree) instead of drafting it again."""
+keeps it as an `AheadSeed`, `_plant` puts it into the next tree) instead of drafting it again."""
 
 from __future__ import annotations
 
 import torch
 
-from speculative.tree import ROOT, DraftTree, Lookahead, Seed
+from speculative.tree import ROOT, DraftTree, AheadChain, AheadSeed
 
 
 class DraftingAhead:
-    """Drafter's lookahead: it uses the drafter's cache, config, `_feed_node`, `_child`, `_expand` and `_ready`."""
+    """The drafter's drafting ahead: it uses the drafter's cache, config, `_feed_node`, `_child`, `_expand` and
+    `_ready`."""
 
-    def _plant(self, d: DraftTree, seed: Seed, root_dist: torch.Tensor, budget: int, expand: bool = True):
-        """Put a reused lookahead chain into a new tree: its nodes are fed already (their KV entries
+    def _plant(self, d: DraftTree, seed: AheadSeed, root_dist: torch.Tensor, budget: int, expand: bool = True):
+        """Put a reused ahead chain into a new tree: its nodes are fed already (their KV entries
         are the first pending slots), so they expand from their stored distributions, no forward (with
         `expand`; else the caller grows the tree from them). The planted (node, distribution) pairs."""
         t, parent, pdist, planted = d.tree, ROOT, root_dist, []
@@ -33,7 +34,7 @@ class DraftingAhead:
             parent, pdist = node, dist
         return planted
 
-    def look_ahead(self, d: DraftTree | None, steps: int, stop=lambda: False) -> int:
+    def draft_ahead(self, d: DraftTree | None, steps: int, stop=lambda: False) -> int:
         """Speculative drafting during verification (LLMCad 3.4): while the target verifies `d`, grow a
         greedy chain from its most confident leaf, one draft forward per step, until `stop()` (the
         verdict has arrived) or `steps`. `advance` keeps the chain when the target accepts that leaf
@@ -46,7 +47,7 @@ class DraftingAhead:
         if not leaves:
             return 0
         leaf = max(leaves, key=lambda i: t.nodes[i].cum)
-        a = self.ahead = Lookahead(leaf)
+        a = self.ahead = AheadChain(leaf)
         anc = [t.nodes[i].slot for i in t.path(leaf)[:-1]]
         depth, tok = t.nodes[leaf].depth, t.nodes[leaf].token
         if t.nodes[leaf].fed:  # expanded during the build, its children cut by the budget
@@ -62,7 +63,7 @@ class DraftingAhead:
         self.ahead_steps += n
         return n
 
-    def _chain(self, a: Lookahead, anc: list[int], tok: int, depth: int, steps: int, stop) -> int:
+    def _chain(self, a: AheadChain, anc: list[int], tok: int, depth: int, steps: int, stop) -> int:
         c, n = self.cache, 0
         while n < steps and c.end + 2 < c.capacity and not stop():
             slot, dist = self._feed_node(tok, depth, anc)

@@ -1,4 +1,4 @@
-"""FAKE target and draft actors (see actors/fake.py): the target is a pure function of the text, the
+"""FAKE target and draft actors (see actors.py beside this module): the target is a pure function of the text, the
 draft guesses it right with probability `accept_p`, so every speculative mode must give `target_text`.
 None of them imports torch.
 """
@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from actors.fake import LOG_ENTRIES, PREFILL_CHUNK, FakeActor, FakeSync, check_slot, slot_bytes, target_next
+from common.settings import PREFILL_CHUNK
+from tests.runtime.fakes.actors import LOG_ENTRIES, FakeActor, FakeSync, check_slot, slot_bytes, target_next
 from actors.syncarea import VERIFIER as VERIFIER_WORD, WORKER as WORKER_WORD
 from actors.ops import (
     Advance,
@@ -21,7 +22,7 @@ from actors.ops import (
     Layer,
     Lookup,
     Start,
-    Step,
+    PlainStep,
     Token,
     Verify,
 )
@@ -114,16 +115,16 @@ class FakeVerifierActor(FakeActor):
             self.text.append(want)
             at = nxt
 
-    def _job(self, args: Start | Step | Verify):
+    def _job(self, args: Start | PlainStep | Verify):
         if isinstance(args, Start):
             return self._start(list(args.prompt_ids), args.reuse)
-        if isinstance(args, Step):
+        if isinstance(args, PlainStep):
             return self._step(args.root)
         return self._verify(args)
 
     # -- resident --------------------------------------------------------------------------------
 
-    def _whole(self, args: Start | Step | Verify):
+    def _whole(self, args: Start | PlainStep | Verify):
         job = self._job(args)
         try:
             need = next(job)
@@ -136,7 +137,7 @@ class FakeVerifierActor(FakeActor):
     def op_start(self, args: Start, tensors):
         return self._whole(args)
 
-    def op_step(self, args: Step, tensors):
+    def op_step(self, args: PlainStep, tensors):
         return self._whole(args)
 
     def op_verify(self, args: Verify, tensors):

@@ -1,5 +1,5 @@
 """FAKE actors, for integration tests: the four roles speaking the real ops, with no model.
-(The target and the draft are in actors/fake_target.py.)
+(The target and the draft are in target.py beside this module.)
 
 `ActorSession(..., impl=FAKES)` spawns these instead of the real actors, so the scheduler that
 `launch run` uses is driven in seconds. They sleep instead of computing and move real bytes through
@@ -44,12 +44,11 @@ import numpy as np
 from actors import wire
 from actors.base import Actor, ActorFatal
 from actors.ops import Groups, GroupSizes, Load, Loaded, Serve
-from models.config import ModelArgs
+from models.args import ModelArgs
 from actors.syncarea import ABANDONED, END, FORWARD, VERIFIER as VERIFIER_WORD, WORKER as WORKER_WORD, Clock, SyncArea
 from shm.desc import TensorDesc
 
 SCRIPT = "fake.json"
-PREFILL_CHUNK = 256  # prompt rows per forward, as models/engine.py
 _MAGIC = b"CDNCLOAD"
 _HEAD = struct.Struct("<8sq32sq")  # magic, load number, group name, bytes
 LOG_ENTRIES = 4096  # entries kept in the logs `stats` reports
@@ -321,8 +320,8 @@ class FakeSparseAttnActor(FakeActor):
 
 
 FAKES = {
-    "verifier": "actors.fake_target:FakeVerifierActor",
-    "draft": "actors.fake_target:FakeDraftActor",
-    "loader": f"actors.fake:{FakeLoaderActor.__name__}",
-    "sparse": f"actors.fake:{FakeSparseAttnActor.__name__}",
+    "verifier": "tests.runtime.fakes.target:FakeVerifierActor",
+    "draft": "tests.runtime.fakes.target:FakeDraftActor",
+    "loader": f"tests.runtime.fakes.actors:{FakeLoaderActor.__name__}",
+    "sparse": f"tests.runtime.fakes.actors:{FakeSparseAttnActor.__name__}",
 }
