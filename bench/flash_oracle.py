@@ -27,7 +27,8 @@ from bench.tree_growth import PROMPTS, accepted
 from common.settings import TreeConfig
 from engine.config import RunConfig
 from engine.prompts import load_prompts
-from engine.resolve import resolve
+from engine.inputs import read_inputs
+from engine.machine import ThisMachine
 from models import loading, kernels
 from models.convert import ensure_store
 from models.flash import records
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
     items = [p for f in PROMPTS for p in load_prompts(f)][: a.limit or None]
-    r = resolve(RunConfig.from_options(mode="target", max_new_tokens=a.tokens), items)
+    r = read_inputs(RunConfig.from_options(mode="target", max_new_tokens=a.tokens), ThisMachine(), items)
     prompts = [r.prompt_ids(p)[0] for p in items]
     loaded = loading.load_store(r.target)
     target, F, L = loaded.model, r.target.args.ffn_dim, r.target.args.n_layers

@@ -94,7 +94,8 @@ def main(argv=None) -> int:
 
     from engine.config import RunConfig
     from engine.prompts import load_prompts
-    from engine.resolve import resolve
+    from engine.inputs import read_inputs
+    from engine.machine import ThisMachine
     from models import loading
     from models.flash.predictor import Predictor
     from models.flash.weights import FlashWeights
@@ -109,7 +110,9 @@ def main(argv=None) -> int:
     ap.add_argument("--draft", default=None, help="also a draft model's agreement (e.g. qwen2.5-coder-0.5b)")
     a = ap.parse_args(argv)
     prompts = load_prompts(a.prompts)[: a.limit or None]
-    r = resolve(RunConfig.from_options(target=a.target, mode="flash", max_new_tokens=a.tokens), prompts)
+    r = read_inputs(
+        RunConfig.from_options(target=a.target, mode="flash", max_new_tokens=a.tokens), ThisMachine(), prompts
+    )
     ids = [r.prompt_ids(p)[0] for p in prompts]
     dense = loading.load_store(r.target).model
     pred = Predictor.load(r.target, a.predictor)

@@ -30,8 +30,9 @@ from common.errors import CadenceError
 from common.settings import ExpertOptions
 from engine.config import RunConfig
 from engine.options import argv
+from engine.inputs import tree_pair
+from engine.machine import ThisMachine
 from engine.prompts import Prompt
-from engine.resolve import resolve
 
 MODES = ("std", "stdpl", "chain", "tree", "nodraft", "fdraft", "flash")  # flash@D: --mode flash --ffn-density D
 DRAFTS = {"nodraft": "none", "fdraft": "flash"}  # tree mode with this --draft
@@ -110,14 +111,16 @@ def _run_argv(cfg: RunConfig, mode: str, budget: int, variant: tuple[str, ...] |
     return [sys.executable, "-m", "launch.cli", "run", *argv(m.options()), "--no-monitor"]
 
 
-def _budgets(cfg: RunConfig, c: CgroupOptions, r) -> tuple[int, int, Path]:
+def _budgets(cfg: RunConfig, c: CgroupOptions, r, machine) -> tuple[int, int, Path]:
     """(the modes' limit, llama.cpp's limit, its GGUF file)."""
     from engine.memory import memory_plan
     from models.convert import resolve as source
     from common.units import parse_bytes
 
     budget = (
-        memory_plan(r.cfg, r.target, r.draft).budget if cfg.memory_budget == "auto" else parse_bytes(cfg.memory_budget)
+        memory_plan(r.cfg, None, r.target, r.draft, machine).budget
+        if cfg.memory_budget == "auto"
+        else parse_bytes(cfg.memory_budget)
     )
     gguf = source(cfg.target)[1]
     base = (
@@ -183,17 +186,17 @@ def _todo(cfg: RunConfig, r, prompts_file: Path, opts, c: CgroupOptions, budget:
 
 def bench_cgroup(cfg: RunConfig, prompts: list[Prompt], opts, c: CgroupOptions):
     from bench.cgroup import run_in_cgroup
-    from engine.memory import prepare_drafts
+    from engine.decide import prepare_drafts
 
     bad = [m for m in opts.modes if m.partition("@")[0] not in MODES]
     if bad:
         raise CadenceError(f"mode {bad[0]} cannot run under --cgroup; use {', '.join(MODES)}")
-    r = resolve(cfg.with_mode("tree"), prompts)  # the draft `auto` picks and the context, as each run resolves them
-    r.tokenizer.release_encoder()  # as each run's scheduler does before its plan measures it
-    budget, base, gguf = _budgets(cfg, c, r)
     say = lambda line: print(f"cgroup bench: {line}", file=sys.stderr, flush=True)  # noqa: E731
+    machine = ThisMachine(say)
+    r = tree_pair(cfg, machine, prompts)
+    budget, base, gguf = _budgets(cfg, c, r, machine)
     if r.draft is not None and not r.target.args.moe and {"tree", "chain"} & set(opts.modes):
-        prepare_drafts(r, say)  # here, outside the limit, not in a run's cgroup (each run still decides itself)
+        prepare_drafts(cfg.with_mode("tree"), machine)  # here, outside the limit (each run still decides itself)
     print(
         f"cgroup bench: {budget / MiB:.0f} MiB for every mode; target store {r.target.path.stat().st_size / MiB:.0f} "
         f"MiB, GGUF {gguf.stat().st_size / MiB:.0f} MiB",

@@ -66,10 +66,10 @@ def modes(cfg: RunConfig, prompts: list[Prompt], opts: BenchOptions):
     rows = []
     run_mode = "tree" if any(m not in ("target", "std", "stdpl") for m in opts.modes) else opts.modes[0]
     with Runner(cfg.with_mode(run_mode), prompts) as runner:
-        peers = _peers(runner.cfg, opts.baselines, opts)
+        peers = _peers(runner.plan.asked.replace(draft=runner.plan.options()["draft"]), opts.baselines, opts)
         try:
             for p in prompts:
-                ids, chat = runner.resolved.prompt_ids(p)
+                ids, chat = runner.inputs.prompt_ids(p)
                 for m in opts.modes:  # each mode prefills the prompt itself, as a new request would
                     rows.append(runner.run(p, mode=m, reuse=False).row)
                     progress(rows[-1])
@@ -104,7 +104,7 @@ def engine(cfg: RunConfig, prompts: list[Prompt], opts: BenchOptions):
                         rows.append(runner.run(p).row)
                         progress(rows[-1])
                         if peers:
-                            ids, chat = runner.resolved.prompt_ids(p)
+                            ids, chat = runner.inputs.prompt_ids(p)
                             rows.append({**peers["hf"].run(p, "hf", ids, chat, one.max_new_tokens), "mode": "target"})
                             progress(rows[-1])  # compared under the same mode name, told apart by format
                 finally:
@@ -165,7 +165,7 @@ def _llama_rows(cfg: RunConfig, prompts: list[Prompt], opts: BenchOptions, runne
     peers, rows = _peers(cfg, ["llama.cpp"], opts), []
     try:
         for p in prompts:
-            ids, chat = runner.resolved.prompt_ids(p)
+            ids, chat = runner.inputs.prompt_ids(p)
             rows.append({**peers["llama.cpp"].run(p, "llama.cpp", ids, chat, cfg.max_new_tokens), "mode": "target"})
             progress(rows[-1])
     finally:

@@ -19,7 +19,8 @@ from bench.flash_quality import continuation
 from common.settings import SamplingConfig, TreeConfig
 from engine.config import RunConfig
 from engine.prompts import load_prompts
-from engine.resolve import resolve
+from engine.inputs import read_inputs
+from engine.machine import ThisMachine
 from models import loading
 from models.convert import ensure_store
 from speculative import bestfirst
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     own = bestfirst.feed
     items = [p for f in PROMPTS for p in load_prompts(f)][: a.limit or None]
-    r = resolve(RunConfig.from_options(mode="target", max_new_tokens=a.tokens), items)
+    r = read_inputs(RunConfig.from_options(mode="target", max_new_tokens=a.tokens), ThisMachine(), items)
     prompts = [r.prompt_ids(p)[0] for p in items]
     target = loading.load_store(r.target).model
     conts = [continuation(target, ids, a.tokens, set(r.tokenizer.stop_ids)) for ids in prompts]

@@ -41,11 +41,9 @@ class LLM:
         """`LLM(**options)`, or `LLM(cfg)` (`LLM.from_config(cfg)`) with a configuration made already."""
         if config is not None and options:
             raise CadenceError("give a RunConfig or options, not both")
-        cfg = config if config is not None else RunConfig.from_options(**options)
-        # a server's requests may sample although its default is greedy: plan room for their distributions
-        self.runner = Runner(cfg.replace(plan_sampling=True))
+        self.runner = Runner(config_of(config if config is not None else RunConfig.from_options(**options)))
         self.tokenizer = self.runner.tokenizer
-        self.plan = self.runner.plan  # the memory plan, under a budget
+        self.plan = self.runner.plan  # every choice made for the run (engine/plan.py), its memory plan under a budget
         self._ids = itertools.count()
 
     @classmethod
@@ -54,8 +52,9 @@ class LLM:
 
     @property
     def config(self) -> RunConfig:
-        """The run's configuration, resolved (the draft `auto` took, the context, the profile's choices)."""
-        return self.runner.cfg
+        """The run's options as given; what was decided from them (the draft `auto` took, the context, the
+        profile's choices, the budget in bytes) is `plan`."""
+        return self.plan.asked
 
     def generate(self, prompt: str, **kw) -> Completion:
         """Complete `prompt` (raw text, no chat template). kw: max_new_tokens, temperature, top_p, seed."""
@@ -86,7 +85,7 @@ class LLM:
         top_p: float | None = None,
         seed: int | None = None,
     ) -> Iterator[Chunk]:
-        base = self.config.sampling
+        base = self.plan.sampling
         sampling = SamplingConfig(
             base.temperature if temperature is None else temperature,
             base.top_p if top_p is None else top_p,
@@ -107,6 +106,12 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def config_of(cfg: RunConfig) -> RunConfig:
+    """The configuration an LLM decides its run from (`launch chat` and `serve` come here too): a request may
+    sample although the run's default is greedy, so its plan has room for the distributions."""
+    return cfg.replace(plan_sampling=True)
 
 
 def _last(chunks: Iterator[Chunk]) -> Chunk:

@@ -41,7 +41,7 @@ TOP_K = 4  # candidates looked at per expansion
 DRAFT_ROWS = 2  # a best-first tree runs the draft on at most this many times its budget's nodes (bestfirst.py)
 CATCH_UP = 8  # after plain target steps, the draft runs on at most this many of the tokens it missed
 WIDER = (32, 16)  # the widths a budgeted run tries, widest first, where this machine verifies that many rows while
-# the disk reads (engine/memory.py `settle_width`)
+# the disk reads (engine/decide.py `_settle_width`)
 PROMPT_WINDOW = 64  # the draft runs on at most the last this many prompt tokens (0: the whole prompt)
 
 
@@ -58,7 +58,7 @@ class TreeConfig:
     max_depth: int = 8
     branch_threshold: float = 0.3
     # greedy trees: "best" first by cumulative probability (EAGLE-2), LLMCad's "pacer", or "auto": best where a
-    # budgeted run verifies a tree whose width the disk hides (engine/memory.py `settle_width`), else the pacer
+    # budgeted run verifies a tree whose width the disk hides (engine/decide.py `_settle_width`), else the pacer
     growth: str = "auto"
     alpha: float = 0.01
     chain_k: int = 4  # chain mode: draft tokens per verification

@@ -1,5 +1,6 @@
 """The configuration of a run: one frozen dataclass with typed parts, built from the options
-(engine/options.py) the same way at every front door, checked once, resolved once (engine/resolve.py).
+(engine/options.py) the same way at every front door and checked once: what the user asked. Every choice made
+from it is made once, by engine/decide.py, into a `RunPlan` (engine/plan.py).
 
     cfg = RunConfig.from_options(target="qwen2.5-coder-1.5b", memory_budget="1GiB", width=12)
     cfg.tree.width, cfg.sampling.greedy, cfg.experts.eviction    # typed parts
@@ -22,12 +23,12 @@ TARGET_ONLY = ("target", "std", "stdpl", "flash")
 @dataclass(frozen=True)
 class RunConfig:
     target: str = DEFAULTS["target"]
-    draft: str = "auto"  # a model, "none" (the trie alone), or "auto" until resolved
+    draft: str = "auto"  # a model, "none" (the trie alone), "flash", or "auto": decide picks
     dtype: str = "int4"
     draft_dtype: str | None = None  # None: the target's
     mode: str = "tree"
     max_new_tokens: int | None = None  # None: until the end of the turn or of the context
-    context: int | None = None  # tokens a generation holds, prompt and answer; None until resolved
+    context: int | None = None  # tokens a generation holds, prompt and answer; None: decide sizes it
     chat: str = "auto"
     sampling: SamplingConfig = SamplingConfig()
     tree: TreeConfig = field(default_factory=TreeConfig)
@@ -43,7 +44,7 @@ class RunConfig:
     threads: int = 0
     trace: bool = True
     trace_dir: str | None = None
-    profile: str | None = None  # an ARCA profile; applied (tree, worker) when the run is resolved
+    profile: str | None = None  # an ARCA profile; decide applies it (tree, worker)
     plan_sampling: bool = False  # plan room for sampling although the run's default is greedy (a server's requests)
 
     def __post_init__(self):
@@ -221,18 +222,9 @@ class RunConfig:
 
     @property
     def draft_model(self) -> str | None:
-        """The draft model this run loads: None in target-only modes and with --draft none (or an `auto`
-        draft not resolved yet)."""
+        """The draft model asked for: None in target-only modes, with --draft none, flash or auto (what `auto`
+        takes is decide's: engine/decide.py)."""
         return self.draft if self.speculative and self.draft not in ("none", "auto", "flash") else None
-
-    def draft_words(self, fmt: bool = False) -> str:
-        """The run's draft for a status line: ", draft NAME" (`fmt`: and its format), ", draft flash (...)",
-        ", no draft model" (a speculative mode: the n-gram trie proposes) or "" (target-only)."""
-        if self.draft_model:
-            return f", draft {self.draft_model}" + (f" {self.draft_format}" if fmt else "")
-        if self.speculative and self.draft == "flash":
-            return f", draft flash (the target's own FFN at density {self.ffn_density:g})"
-        return ", no draft model" if self.speculative else ""
 
     @property
     def draft_format(self) -> str:

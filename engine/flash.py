@@ -9,14 +9,12 @@ Every output of the mode is marked approximate (`FlashSession.approximate`, the 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from common.errors import CadenceError
-from common.units import fmt as fmt_bytes, parse_bytes
+from common.units import fmt as fmt_bytes
 from engine.memory import kv_rows
-from engine.resolve import Resolved
-from engine.sessions import local_cycle
+from engine.plan import RunPlan
 from models.flash.footprint import CACHE_TOKENS, predictor_bytes, predictors, top_k
 
 MARGIN = 96 << 20  # activations, read buffers, allocator slack (85 MiB measured in a cgroup)
@@ -47,39 +45,39 @@ class FlashPlan:
         return self.held + self.kv + MARGIN + self.cache_bytes
 
 
-def plan(r: Resolved, process: int) -> FlashPlan:
+def plan(run: RunPlan, process: int) -> FlashPlan:
     """The best predictor (models/flash/footprint.py `predictors`) that leaves caches of at least a token's
     neurons, and the caches' share of the budget: what is left once this process holds everything else (its
     bytes now, `process`, measured, and the predictor's), the KV cache and a pass's activations. `auto`: caches
     that hold CACHE_TOKENS tokens' neurons beside the best predictor. Where none fits, the sentence of the
     smallest."""
-    names, refused = predictors(r.target), {}
+    names, refused = predictors(run.target), {}
     for name in names:
         try:
-            return _plan(r, process, name)
+            return _plan(run, process, name)
         except CadenceError as e:
             refused[name] = e
-    raise refused[min(names, key=lambda n: predictor_bytes(r.target, n))]  # the least it would take
+    raise refused[min(names, key=lambda n: predictor_bytes(run.target, n))]  # the least it would take
 
 
-def _plan(r: Resolved, process: int, predictor: str) -> FlashPlan:
+def _plan(run: RunPlan, process: int, predictor: str) -> FlashPlan:
     from models.flash import records
 
-    cfg, a = r.cfg, r.target.args
+    a, density = run.target.args, run.ffn_density
     per_neuron = a.n_layers * records.record_bytes(a.dim)
-    k = top_k(cfg.ffn_density, a.ffn_dim)
-    kv = a.kv_bytes(kv_rows(cfg))
-    pb = predictor_bytes(r.target, predictor)
+    k = top_k(density, a.ffn_dim)
+    kv = a.kv_bytes(kv_rows(run))
+    pb = predictor_bytes(run.target, predictor)
     held = process + pb
     fixed = held + kv + MARGIN
-    if not cfg.memory_budget:
+    if not (run.budget or run.budget_auto):
         return FlashPlan(0, held, predictor, pb, kv, a.ffn_dim, a.ffn_dim * per_neuron)
-    budget = fixed + CACHE_TOKENS * k * per_neuron if cfg.memory_budget == "auto" else parse_bytes(cfg.memory_budget)
+    budget = fixed + CACHE_TOKENS * k * per_neuron if run.budget_auto else run.budget
     capacity = min(a.ffn_dim, max(0, budget - fixed) // per_neuron)
-    if capacity < k and cfg.ffn_density < 1.0:
+    if capacity < k and density < 1.0:
         raise CadenceError(
             f"--memory-budget {fmt_bytes(budget)} leaves room for {capacity} FFN neurons a layer beside the {predictor} "
-            f"predictor and --ffn-density {cfg.ffn_density} needs {k}; give at least {fmt_bytes(fixed + k * per_neuron)} "
+            f"predictor and --ffn-density {density} needs {k}; give at least {fmt_bytes(fixed + k * per_neuron)} "
             "or a lower --ffn-density"
         )
     return FlashPlan(budget, held, predictor, pb, kv, capacity, capacity * per_neuron)
@@ -97,26 +95,33 @@ class FlashSession:
 
     streamer = experts = None
     sched = None
-    approximate = True
 
-    def __init__(self, r: Resolved):
+    def __init__(self, run: RunPlan):
         import torch
 
         from models.flash.predictor import Predictor
         from models.flash.weights import FlashWeights
         from models.transformer import Transformer
 
-        cfg = r.cfg
-        if cfg.device != "cpu":
+        if run.device != "cpu":
             raise CadenceError("--mode flash runs on cadence's CPU kernels; use --device cpu")
-        torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
-        store = r.target
+        torch.set_num_threads(run.threads)
+        store = run.target
         predictors(store)  # one sentence before the weights are read where there is none
-        self.weights = FlashWeights(store, None, cfg.ffn_density)
-        self.plan = plan(r, _process_bytes())  # measured with everything in but the predictor and the caches
+        self.weights = FlashWeights(store, None, run.ffn_density)
+        self.plan = plan(run, _process_bytes())  # measured with everything in but the predictor and the caches
         self.weights.predictor = Predictor.load(store, self.plan.predictor, dtype=torch.bfloat16)
         self.weights.allocate(self.plan.capacity)
-        self.loop = local_cycle(r, Transformer(store.args, self.weights), None)
+        self.loop = run.local_cycle(Transformer(store.args, self.weights), None)
+
+    def start_generation(self) -> None:
+        self.weights.reset_stats()
+
+    def lines(self) -> list[str]:
+        return [
+            f"APPROXIMATE: LLM in a flash at FFN density {self.weights.density}, not the target's exact output",
+            *self.plan.lines(),
+        ]
 
     def fields(self, tokens: int) -> dict:
         """The row's flash fields: approximate, the density and what was read per token."""

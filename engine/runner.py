@@ -1,6 +1,7 @@
 """The engine of a run, the same for every front door (`launch run`, `chat`, `serve`, `bench`,
-`cadence.LLM`): what a configuration needs is resolved and loaded once, then prompt after prompt
-streams, a `Chunk` per speculation cycle, the last one with the `Completion`.
+`cadence.LLM`): the target and the prompts read (engine/inputs.py), every choice made once
+(engine/decide.py: a `RunPlan`), the models loaded behind one `Session` (engine/sessions.py), then prompt
+after prompt streams, a `Chunk` per speculation cycle, the last one with the `Completion`.
 
     with Runner(RunConfig.from_options(memory_budget="1GiB")) as runner:
         for chunk in runner.stream(Prompt("p", "chat", "What is a mutex?")):
@@ -9,23 +10,26 @@ streams, a `Chunk` per speculation cycle, the last one with the `Completion`.
 
 Runtimes: `actors` (the default) runs the verifier and draft as actor processes under the scheduler
 (shared-memory tensors, ZeroMQ control, a Chrome trace per run); `inproc` runs the same cycle in
-this process (engine/sessions.py).
+this process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import Callable, Iterator
 
 from common.errors import CadenceError
 from common.settings import SamplingConfig
 from engine.config import RunConfig
-from engine.memory import memory_plan, settle
+from engine.decide import decide
+from engine.inputs import read_inputs
+from engine.machine import ThisMachine
+from engine.plan import Mode, RunPlan
 from engine.prompts import Prompt
-from engine.resolve import resolve
 from engine.rows import Chunk, Completion, make_row, peak_rss_bytes
-from engine.sessions import LocalSession, open_actors
+from engine.sessions import open_session
 from speculative.loop import limits
 from models.tokenizer import StreamDecoder
 
@@ -36,27 +40,27 @@ class Runner:
     def __init__(self, cfg: RunConfig, prompts: list[Prompt] | None = None, say: Callable[[str], None] | None = None):
         """`prompts`: what will be run, if known: each is encoded once, and the context sized to the longest.
         `say`: where a line about a choice made (the draft `auto` took) goes; default stderr."""
-        self.sched = None
+        say = say or _stderr
         self.trace_path = None
-        self.resolved = r = resolve(cfg, prompts, say)  # converts a model once, with progress bars, before any actor
-        self.cfg, self.tokenizer = r.cfg, r.tokenizer
-        if self.cfg.memory_budget and prompts:
+        machine = ThisMachine(say)
+        # the target converted once, with progress bars, before any actor; the prompts encoded
+        self.inputs = read_inputs(cfg, machine, prompts)
+        self.tokenizer = self.inputs.tokenizer
+        if cfg.memory_budget and prompts:
             # every prompt is encoded: decode from a table of token bytes and give the tokenizer's pages
             # (~45 MiB) to the target, before the plan measures this process
             self.tokenizer.release_encoder()
-        if self.cfg.mode == "flash":  # approximate, in this process, its own memory plan (engine/flash.py)
-            from engine.flash import FlashSession
+        self.plan: RunPlan = decide(cfg, machine, self.inputs.lengths())
+        self.inputs.context = self.plan.context
+        for line in self.plan.notes:
+            say(line)
+        self.session = open_session(self.plan)
+        self._open = True
 
-            self.plan, self.session = None, FlashSession(r)
-            return
-        settle(r, say or _stderr)  # under a budget: whether the `auto` draft stays, and the tree's width
-        self.cfg = r.cfg
-        # a mixture of experts' path profile was read (resolve) before the plan measures this process
-        self.plan = memory_plan(self.cfg, r.target, r.draft) if self.cfg.memory_budget else None
-        if self.cfg.runtime == "inproc":
-            self.session = LocalSession(r)
-        else:
-            self.sched, self.session = open_actors(r, self.plan)
+    @property
+    def sched(self):
+        """The scheduler where the models are actors (until the runner closes), else None."""
+        return self.session.sched if getattr(self, "_open", False) else None
 
     def __enter__(self):
         return self
@@ -65,15 +69,14 @@ class Runner:
         self.close()
 
     def close(self):
-        if self.sched is None and hasattr(self, "session"):
+        if not getattr(self, "_open", False):
+            return
+        self._open = False
+        try:
             self.session.close()
-        if self.sched is not None:
-            sched, self.sched = self.sched, None
-            try:
-                self.session.close()
-            finally:
-                sched.shutdown()
-                self.trace_path = sched.trace_path
+        finally:
+            if self.session.sched is not None:
+                self.trace_path = self.session.sched.trace_path
 
     # -- generating -----------------------------------------------------------------------------------
 
@@ -99,49 +102,48 @@ class Runner:
         models agree with the text, and the next generation starts afresh. `mode` (another of the modes
         the loaded models run), `max_new_tokens` and `sampling` override the run's for this generation. `reuse` False: the
         whole prompt is prefilled (a benchmark comparing modes on one prompt: each pays its own prefill)."""
-        cfg = self.for_generation(mode, max_new_tokens, sampling)
-        ids, chat = self.resolved.prompt_ids(prompt)
+        run = self.for_generation(mode, max_new_tokens, sampling)
+        ids, chat = self.inputs.prompt_ids(prompt)
         tok, stop = self.tokenizer, self.tokenizer.stop_ids
         decoder = StreamDecoder(tok)
-        if getattr(self.session, "approximate", False):
-            self.session.weights.reset_stats()
-        cycles = self.session.loop.stream(ids, cfg.max_new_tokens, stop, cfg.mode, cfg.tree, cfg.sampling, reuse)
+        self.session.start_generation()
+        cycles = self.session.loop.stream(ids, run.max_new_tokens, stop, run.mode, run.tree, run.sampling, reuse)
         for c in cycles:
             text = decoder.push([t for t in c.tokens if t not in stop])
-            done = self._completion(prompt, cfg, chat, c.result, decoder.text()) if c.result else None
+            done = self._completion(prompt, run, chat, c.result, decoder.text()) if c.result else None
             yield Chunk(text, c.tokens, c.accepted, c.alpha, c.finish_reason, done)
 
     def prepare(self, prompt: Prompt, max_new_tokens: int | None = None) -> Prompt:
         """`prompt` encoded (its ids kept with it) and checked against the context: a PromptError (its `param`
         says what to change) before any generation starts. A server does this as a request arrives."""
-        ids, chat = self.resolved.prompt_ids(prompt)
-        limits(self.cfg.context, len(ids), max_new_tokens or self.cfg.max_new_tokens)
+        ids, chat = self.inputs.prompt_ids(prompt)
+        limits(self.plan.context, len(ids), max_new_tokens or self.plan.max_new_tokens)
         return dataclasses.replace(prompt, ids=tuple(ids), chat=chat)
 
-    def for_generation(
-        self, mode: str | None, max_new_tokens: int | None, sampling: SamplingConfig | None
-    ) -> RunConfig:
-        cfg = self.cfg
-        if mode and mode != cfg.mode:
-            if mode in ("chain", "tree") and not cfg.speculative:
-                raise CadenceError(f"mode {mode} needs a draft model, which a {cfg.mode} run did not load")
-            if self.session.streamer is not None and (mode == "std") != (cfg.mode == "std"):
-                self.session.streamer.prefetch = mode != "std"
-            cfg = cfg.with_mode(mode)
-        return dataclasses.replace(
-            cfg, max_new_tokens=max_new_tokens or cfg.max_new_tokens, sampling=sampling or cfg.sampling
-        )
+    def for_generation(self, mode: str | None, max_new_tokens: int | None, sampling: SamplingConfig | None) -> RunPlan:
+        """The run's plan for one generation: `mode` (another of the modes the loaded models run),
+        `max_new_tokens` and `sampling` in place of the run's."""
+        run = self.plan
+        if mode and mode != run.mode:
+            mode = Mode(mode)
+            if mode.speculative and not run.speculative:
+                raise CadenceError(f"mode {mode} needs a draft model, which a {run.mode} run did not load")
+            if self.session.streamer is not None and (mode is Mode.STD) != (run.mode is Mode.STD):
+                self.session.streamer.prefetch = mode is not Mode.STD
+            run = run.with_mode(mode)
+        return run.for_generation(max_new_tokens, sampling)
 
-    def _completion(self, prompt: Prompt, cfg: RunConfig, chat: bool, gen, text: str) -> Completion:
+    def _completion(self, prompt: Prompt, run: RunPlan, chat: bool, gen, text: str) -> Completion:
         stop = self.tokenizer.stop_ids
         finish = "stop" if gen.new_ids and gen.new_ids[-1] in stop else "length"
+        d = run.draft if run.speculative else None
         row = make_row(
             id=prompt.id,
             kind=prompt.kind,
-            mode=cfg.mode,
-            target=cfg.target,
-            draft="flash" if cfg.speculative and cfg.draft == "flash" else cfg.draft_model,
-            format=cfg.dtype,
+            mode=str(run.mode),
+            target=run.target_name,
+            draft="flash" if d and d.kind == "flash" else d.name if d else None,
+            format=run.format,
             chat=chat,
             prompt_token_ids=gen.prompt_ids,
             new_token_ids=gen.new_ids,
@@ -150,15 +152,15 @@ class Runner:
             prefill_s=gen.prefill_s,
             peak_rss_bytes=peak_rss_bytes(self.actor_peaks()),
             stats=gen.stats,
-            runtime=cfg.runtime,
+            runtime=str(run.runtime),
             finish_reason=finish,
             **self._plan_fields(),
-            **(self.session.fields(len(gen.new_ids)) if getattr(self.session, "approximate", False) else {}),
+            **self.session.fields(len(gen.new_ids)),
         )
         return Completion(text, gen.new_ids, finish, len(gen.prompt_ids), row["tokens_per_s"], gen.stats, row)
 
     def _plan_fields(self) -> dict:
-        p = self.plan
+        p = self.plan.memory
         if p is None:
             return {}
         out = {
@@ -177,8 +179,8 @@ class Runner:
             out["memory_plan"].update(
                 expert_buffer_bytes=p.expert_buffer, expert_slots=p.expert_slots, experts=p.experts
             )
-            bits = "+bits" if "expert_formats" in self.resolved.target.manifest else ""
-            out["experts"] = self.cfg.experts.label + bits
+            bits = "+bits" if "expert_formats" in self.plan.target.manifest else ""
+            out["experts"] = self.plan.experts.label + bits
         return out
 
     # -- what the run holds -----------------------------------------------------------------------------
@@ -208,6 +210,4 @@ class Runner:
 
 
 def _stderr(line: str) -> None:
-    import sys
-
     print(line, file=sys.stderr, flush=True)

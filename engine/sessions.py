@@ -1,94 +1,142 @@
-"""Where a run's models live: over the actors (scheduler/generation/session.py `ActorSession`, the
-default) or in this process (`LocalSession`, `--runtime inproc`). Either has a speculation cycle
-(`loop`, speculative/loop.py) that the runner streams from, the same way.
+"""Where a run's models live, behind one `Session` protocol that the runner streams from the same way:
+
+- `ActorsSession`: the scheduler and the actors under it (scheduler/generation/session.py `ActorSession`: the
+  verifier, the loader when layers stream, the draft, the sparse worker), the default;
+- `LocalSession`: the models in this process (`--runtime inproc`);
+- `FlashSession` (engine/flash.py): LLM in a flash's sparse FFN in this process (`--mode flash`, APPROXIMATE).
+
+`open_session(plan)` picks one from the `RunPlan` (engine/plan.py); the runner never asks which it got.
 """
 
 from __future__ import annotations
 
-import os
+from typing import Protocol
 
 from common.errors import CadenceError
-from engine.memory import draft_rows, flash_choice, uses_flash_draft, runtime_config
-from engine.resolve import Resolved
+from engine.plan import DraftKind, Mode, Runtime, RunPlan
 
 
-def local_cycle(r: Resolved, target, draft):
-    """The speculation cycle over a target model in this process and a draft side (or None)."""
-    from speculative.loop import Speculation
-    from speculative.verify import LocalTarget
+class Session(Protocol):
+    loop: object  # the speculation cycle (speculative/loop.py `Speculation`)
+    sched: object  # the scheduler (scheduler/runtime.py `Runtime`) where the models are actors, else None
+    streamer: object  # the loader's side of a streamed target (scheduler/generation/streaming.py), or None
+    experts: object  # a mixture of experts' buffer under a budget (scheduler/generation/experts.py), or None
 
-    cfg = r.cfg
-    return Speculation(
-        LocalTarget(target), draft, cfg.mode, cfg.tree, cfg.sampling, cfg.context, r.target.args.context_length
-    )
+    def start_generation(self) -> None:
+        """Before a generation: per-generation counters start afresh."""
+
+    def fields(self, tokens: int) -> dict:
+        """What a finished generation's row adds (`tokens`: how many it made): {} where nothing."""
+
+    def lines(self) -> list[str]:
+        """What the session adds to the run's start line (its own memory arrangement): [] where nothing."""
+
+    def close(self) -> None: ...
 
 
-class LocalSession:
+def open_session(plan: RunPlan) -> Session:
+    if plan.mode is Mode.FLASH:  # approximate, in this process, its own memory arrangement (engine/flash.py)
+        from engine.flash import FlashSession
+
+        return FlashSession(plan)
+    if plan.runtime is Runtime.INPROC:
+        return LocalSession(plan)
+    return ActorsSession(plan)
+
+
+class _Quiet:
+    """What a session without per-generation figures says: nothing."""
+
+    streamer = experts = sched = None
+
+    def start_generation(self) -> None:
+        pass
+
+    def fields(self, tokens: int) -> dict:
+        return {}
+
+    def lines(self) -> list[str]:
+        return []
+
+
+class LocalSession(_Quiet):
     """The models in this process: the cycle over `LocalTarget` and `LocalDraft` (or the trie alone)."""
 
-    streamer = experts = None
-    sched = None
-
-    def __init__(self, r: Resolved):
+    def __init__(self, plan: RunPlan):
         import torch
 
         from models import loading
         from speculative.drafter import LocalDraft
         from speculative.lookup import TrieDraft
 
-        cfg = r.cfg
-        torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
-        if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        torch.set_num_threads(plan.threads)
+        if plan.device.startswith("cuda") and not torch.cuda.is_available():
             raise CadenceError("--device cuda was asked for but torch sees no CUDA device; use --device cpu")
-        self.target = loading.load_store(r.target, cfg.target, cfg.device)
-        self.draft = loading.load_store(r.draft, cfg.draft, cfg.device, draft_rows(cfg, r.draft)) if r.draft else None
+        self.target = loading.load_store(plan.target, plan.target_name, plan.device)
+        d = plan.draft
         draft = None
-        if cfg.speculative and cfg.draft == "flash":  # the target's own sparse FFN (models/flash/sparse_target.py)
+        if d.kind is DraftKind.FLASH:  # the target's own sparse FFN (models/flash/sparse_target.py)
             from models.flash.sparse_target import flash_draft
 
-            draft = LocalDraft(flash_draft(self.target.model, r.target, cfg.ffn_density))
-        elif cfg.speculative:
-            draft = LocalDraft(self.draft.model) if self.draft is not None else TrieDraft(cfg.tree.width)
-        self.loop = local_cycle(r, self.target.model, draft)
+            draft = LocalDraft(flash_draft(self.target.model, plan.target, plan.ffn_density))
+        elif d.model:
+            self.draft = loading.load_store(d.store, d.name, plan.device, d.head_rows)
+            draft = LocalDraft(self.draft.model)
+        elif d.kind is DraftKind.TRIE:
+            draft = TrieDraft(plan.tree.width)
+        self.loop = plan.local_cycle(self.target.model, draft)
 
     def close(self) -> None:
         pass
 
 
-def open_actors(r: Resolved, plan):
-    """The scheduler (its arena, sockets, watchdog) and the run's actors under it: (scheduler, session)."""
-    from scheduler.generation.footprint import ACTOR_MODULES
-    from scheduler.generation.session import ActorSession, SessionSpec
-    from scheduler.runtime import Runtime
+class ActorsSession(_Quiet):
+    """The scheduler (its arena, sockets, watchdog) and the run's actors under it; closing it stops them all."""
 
-    cfg = r.cfg
-    # the model actors fork from one zygote that imported torch and the model code once (the modules whose
-    # cost scheduler/generation/footprint.py measured)
-    preload = (
-        *ACTOR_MODULES,
-        *(("actors.sparse",) if cfg.worker else ()),
-        # imported once, not in the draft's own pages
-        *(("models.flash.sparse_target",) if uses_flash_draft(cfg) else ()),
+    def __init__(self, plan: RunPlan):
+        from scheduler.runtime import Runtime as Scheduler
+
+        self.sched = Scheduler(plan.scheduler).__enter__()
+        try:
+            self._session = _actor_session(self.sched, plan)
+        except BaseException:
+            self.sched.shutdown()
+            raise
+        self.loop, self.target = self._session.loop, self._session.target
+
+    @property
+    def streamer(self):
+        return self._session.streamer
+
+    @property
+    def experts(self):
+        return self._session.experts
+
+    def close(self) -> None:
+        try:
+            self._session.close()
+        finally:
+            self.sched.shutdown()
+
+
+def _actor_session(sched, plan: RunPlan):
+    from scheduler.generation.session import ActorSession, SessionSpec
+
+    d = plan.draft
+    spec = SessionSpec(
+        mode=str(plan.mode),
+        target_store=str(plan.target.dir),
+        model=plan.target.args,
+        draft_store=str(d.store.dir) if d.model else None,
+        sampling=plan.sampling,
+        tree=plan.tree,
+        threads=plan.threads,
+        context=plan.context,
+        plan=plan.memory,
+        worker=plan.worker,
+        experts=plan.experts,
+        paths=plan.paths,
+        draft_rows=d.head_rows,
+        flash=d.flash,
     )
-    sched = Runtime(runtime_config(cfg, r.target, plan, preload)).__enter__()
-    try:
-        spec = SessionSpec(
-            cfg.mode,
-            str(r.target.dir),
-            r.target.args,
-            str(r.draft.dir) if r.draft else None,
-            cfg.sampling,
-            cfg.tree,
-            cfg.threads or os.cpu_count() or 1,
-            cfg.context,
-            plan,
-            cfg.worker,
-            cfg.experts,
-            r.paths,
-            draft_rows(cfg, r.target if uses_flash_draft(cfg) else r.draft),
-            (cfg.ffn_density, *flash_choice(cfg, r.target, plan)) if uses_flash_draft(cfg) else None,
-        )
-        return sched, ActorSession(sched, spec)
-    except BaseException:
-        sched.shutdown()
-        raise
+    return ActorSession(sched, spec)

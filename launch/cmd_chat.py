@@ -12,7 +12,7 @@ import sys
 
 from cadence.api import LLM
 from common.errors import CadenceError, PromptError
-from launch.options import add_run_options, describe, run_config
+from launch.options import add_run_options, run_config
 
 
 def add_parser(sub):
@@ -28,9 +28,7 @@ def cmd_chat(args) -> int:
     with LLM.from_config(cfg) as llm:
         if not llm.tokenizer.info.chat_template:
             raise CadenceError(f"{cfg.target} has no chat template (a base model); use `launch run` to complete text")
-        print(describe(llm.config), file=sys.stderr, flush=True)
-        if llm.plan is not None:
-            print(llm.plan.summary(), file=sys.stderr, flush=True)
+        print(llm.plan.summary(), file=sys.stderr, flush=True)
         history = [{"role": "system", "content": args.system}] if args.system else []
         print("type a message; /reset forgets the conversation, /exit or Ctrl-D ends it", file=sys.stderr, flush=True)
         while (line := _read()) is not None:

@@ -12,10 +12,13 @@ from __future__ import annotations
 import sys
 
 from common.errors import CadenceError
-from engine.memory import uses_flash_draft, least_flash_choice, memory_plan, plan_inputs, settle
+from engine.config import RunConfig
+from engine.decide import BudgetRefused, decide
+from engine.inputs import read_inputs
+from engine.machine import ThisMachine
+from engine.memory import least_flash_choice, plan_inputs, uses_flash_draft
+from engine.plan import RunPlan
 from engine.prompts import Prompt, load_prompts
-from engine.resolve import pick_draft, resolve
-from models.convert import ensure_store
 from launch.options import add_run_options, run_config
 from common.units import fmt
 from scheduler.generation.memplan import smallest_budget
@@ -56,47 +59,64 @@ def cmd_plan(args) -> int:
         if args.prompt
         else []
     )
-    r = resolve(run_config(args), prompts)  # the tokenizer is held as a run's scheduler holds it: measured with it
-    r.tokenizer.release_encoder()  # as a run does once its prompts are encoded
-    settle(r, print)  # as a run does: whether the `auto` draft stays, and the tree's width
-    cfg = r.cfg
-    what = f"{cfg.mode} {cfg.target} {cfg.dtype}" + cfg.draft_words(fmt=True)
-    new = f"up to {cfg.max_new_tokens} new" if cfg.max_new_tokens else "prompt and answer"
-    print(f"{what}; KV caches for a context of {cfg.context} tokens ({new})")
+    cfg = run_config(args)
+    machine = ThisMachine(print)
+    inputs = read_inputs(cfg, machine, prompts)  # the tokenizer is held as a run's scheduler holds it
+    inputs.tokenizer.release_encoder()  # as a run does once its prompts are encoded
     failed = None
     try:
-        plan = memory_plan(cfg, r.target, r.draft)
-    except CadenceError as e:
-        failed = e
-        print(f"  {e}")
+        run = decide(cfg, machine, inputs.lengths())  # as a run decides: the `auto` draft, the width, the plan
+    except BudgetRefused as e:
+        failed, run = e, e.plan
+    for line in run.notes:
+        print(line)
+    print(run.headline())
+    if failed is not None:
+        print(f"  {failed}")
     else:
-        print(plan.report())
-        print(f"  resident: {_ranges(list(plan.resident))}")
-        if plan.draft_choice:  # --draft flash
-            name, cached = plan.draft_choice
-            print(f"  flash draft: the {name} predictor, {cached} neurons a layer in its caches")
-        if plan.streamed:
-            print(
-                f"  streamed: {_ranges(list(plan.streamed))}, through {plan.n_slots} slots of {fmt(plan.slot_bytes)}; "
-                f"{fmt(plan.read_per_forward)} read per target forward"
-            )
-        else:
-            print("  streamed: nothing (the whole target fits)")
+        _memory(run.memory)
+    _smallest(cfg, machine, run)
+    sys.stdout.flush()
+    return 1 if failed is not None else 0
+
+
+def _memory(plan) -> None:
+    print(plan.report())
+    print(f"  resident: {_ranges(list(plan.resident))}")
+    if plan.draft_choice:  # --draft flash
+        name, cached = plan.draft_choice
+        print(f"  flash draft: the {name} predictor, {cached} neurons a layer in its caches")
+    if plan.streamed:
+        print(
+            f"  streamed: {_ranges(list(plan.streamed))}, through {plan.n_slots} slots of {fmt(plan.slot_bytes)}; "
+            f"{fmt(plan.read_per_forward)} read per target forward"
+        )
+    else:
+        print("  streamed: nothing (the whole target fits)")
+
+
+def _smallest(cfg: RunConfig, machine: ThisMachine, run: RunPlan) -> None:
+    """The smallest budget each mode works with, for the models this run would load (a speculative mode's draft:
+    the one decided, or the one `auto` picks where the budget settled on none)."""
     print("smallest budget per mode:")
-    draft, store = cfg.draft, r.draft
-    if store is None and args.draft == "auto":  # what a speculative mode would draft with (settled away or not one)
-        draft = pick_draft(cfg.with_mode("tree"), say=lambda line: None)
-        store = ensure_store(draft, cfg.draft_format) if draft != "none" else None
+    target = machine.store(cfg.target, cfg.dtype)
+    sized = cfg.replace(context=run.context, tree=run.tree, worker=run.worker)
+    draft, store = cfg.draft, None
+    if run.draft.model:
+        draft, store = run.draft.name, run.draft.store
+        sized = sized.replace(draft_dtype=run.draft.format, draft_vocab=run.draft.head_rows)
+    elif draft == "auto":  # what a speculative mode would draft with
+        draft = machine.pick_draft(cfg.target)[0] or "none"
+    if store is None and draft not in ("none", "flash"):
+        store = machine.store(draft, sized.draft_format)
     drafts = store is not None or draft == "flash"  # a draft model, or the target's own sparse FFN
     rows = [("std", "none", None), ("stdpl", "none", None)]
     rows += [("chain", draft, store), ("tree", draft, store)] if drafts else []
     for mode, name, d in rows + [("tree", "none", None)]:
-        m = cfg.with_mode(mode, draft=name)
+        m = sized.with_mode(mode, draft=name)
         label = f"{mode} --draft {name}" if mode == "tree" and name in ("none", "flash") else mode
         try:
-            choice = least_flash_choice(m, r.target) if uses_flash_draft(m) else ()  # --draft flash: its smallest
-            print(f"  {label:<20} {fmt(smallest_budget(**plan_inputs(m, r.target, d, flash=choice))):>10}")
+            choice = least_flash_choice(m, target) if uses_flash_draft(m) else ()  # --draft flash: its smallest
+            print(f"  {label:<20} {fmt(smallest_budget(**plan_inputs(m, target, d, machine, flash=choice))):>10}")
         except CadenceError as e:
             print(f"  {label:<20} {e}")
-    sys.stdout.flush()
-    return 1 if failed is not None else 0

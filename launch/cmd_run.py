@@ -16,7 +16,7 @@ from common.paths import check_output
 from engine.prompts import Prompt, load_prompts
 from engine.rows import write_rows
 from engine.runner import Runner
-from launch.options import add_run_options, describe, run_config
+from launch.options import add_run_options, run_config
 from observe.feed import MonitorFeed
 from observe.monitor import add_monitor_args, open_monitor
 from observe.traces import place_trace, trace_dir
@@ -95,9 +95,9 @@ def cmd_run(args) -> int:
 
 def _generate(args, runner: Runner, prompts: list[Prompt], rows: list[dict]) -> int:
     """Every prompt in turn; the number skipped."""
-    cfg = runner.cfg
+    run = runner.plan
     print(_run_line(runner), file=sys.stderr, flush=True)
-    title = f"{cfg.mode} {cfg.target} {cfg.dtype}"
+    title = f"{run.mode} {run.target_name} {run.format}"
     if runner.sched is not None:
         experts = runner.session.experts
         feed = MonitorFeed(runner.sched, title=title, experts=experts.totals if experts is not None else None)
@@ -139,12 +139,7 @@ def _show(chunk, feed: MonitorFeed, mon) -> None:
 
 def _run_line(runner: Runner) -> str:
     """What the run is, in a line (and its plan under a budget: `launch plan` prints it in full)."""
-    line = describe(runner.cfg)
-    if runner.cfg.mode == "flash":
-        p = runner.session.plan
-        line += f"\nAPPROXIMATE: LLM in a flash at FFN density {runner.cfg.ffn_density}, not the target's exact output"
-        return line + "".join("\n" + x for x in p.lines())
-    return line + ("\n" + runner.plan.summary() if runner.plan is not None else "")
+    return "\n".join([runner.plan.summary(), *runner.session.lines()])
 
 
 def _row_line(row: dict, runner: Runner) -> str:

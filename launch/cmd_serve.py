@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from common.errors import CadenceError
-from launch.options import add_run_options, describe, run_config
+from launch.options import add_run_options, run_config
 from observe.monitor import add_monitor_args
 
 
@@ -39,9 +39,7 @@ def cmd_serve(args) -> int:
 
     def make_llm():
         llm = LLM.from_config(cfg)
-        print(describe(llm.config), file=sys.stderr, flush=True)
-        if llm.plan is not None:
-            print(llm.plan.summary(), file=sys.stderr, flush=True)
+        print(llm.plan.summary(), file=sys.stderr, flush=True)
         return llm
 
     gen = Generator(make_llm, args.queue)
@@ -50,20 +48,21 @@ def cmd_serve(args) -> int:
     gen.ready.wait()
     if gen.llm is None:
         raise CadenceError(f"the models could not be loaded: {gen.error}")
-    budget = gen.llm.plan.budget if gen.llm.plan is not None else None
+    run = gen.llm.plan
+    budget = run.budget
     app = make_app(
         gen,
         ServeConfig(
-            cfg.target,
+            run.target_name,
             args.api_key,
             budget,
             max_body,
             args.open_metrics,
-            f"flash-ffn-density-{cfg.ffn_density}" if cfg.mode == "flash" else None,
+            f"flash-ffn-density-{run.ffn_density}" if run.approximate else None,
         ),
     )
     print(
-        f"launch serve: http://{args.host}:{args.port}/v1 ({cfg.target}, mode {cfg.mode}); Ctrl-C stops",
+        f"launch serve: http://{args.host}:{args.port}/v1 ({run.target_name}, mode {run.mode}); Ctrl-C stops",
         file=sys.stderr,
         flush=True,
     )
@@ -87,7 +86,7 @@ def _monitor(args, gen):
     from observe.monitor import open_monitor
 
     runner = gen.llm.runner
-    feed = MonitorFeed(runner.sched, title=f"serve {runner.cfg.mode} {runner.cfg.target}")
+    feed = MonitorFeed(runner.sched, title=f"serve {runner.plan.mode} {runner.plan.target_name}")
     mon = open_monitor(feed, False if args.monitor is None else args.monitor)
     gen.on_chunk = feed.on_chunk
     mon.start()

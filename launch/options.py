@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from engine.config import RunConfig
-from engine.options import DEFAULTS, OPTIONS, Option
+from engine.options import OPTIONS, Option
 
 
 HELP_ALL = "--help-all"  # `--help` lists the common options; this, every one
@@ -63,17 +63,6 @@ def options_of(args: argparse.Namespace) -> dict:
 def run_config(args: argparse.Namespace, **override) -> RunConfig:
     """The configuration of the run a command line asks for (`override`: options a command fixes)."""
     return RunConfig.from_options(**{**options_of(args), **override})
-
-
-def describe(cfg: RunConfig) -> str:
-    """The run in one line: its models, context and runtime, and every option it was given that is not
-    the default (what a user checks to see that an option reached the run)."""
-    given = {
-        k: v for k, v in cfg.options().items() if v != DEFAULTS[k] and k not in ("target", "mode", "dtype", "draft")
-    }
-    draft = cfg.draft_words()
-    extra = "; " + " ".join(f"{k}={v}" for k, v in given.items()) if given else ""
-    return f"{cfg.mode} {cfg.target} {cfg.dtype}{draft}; context {cfg.context} tokens; {cfg.runtime}{extra}"
 
 
 def add_calibration(p, store_help: str, tokens_note: str) -> None:

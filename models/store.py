@@ -124,6 +124,13 @@ class Group:
 
 
 class WeightStore:
+    def __eq__(self, other) -> bool:
+        """The same store: the same directory and manifest (read twice, it is the same store)."""
+        return isinstance(other, WeightStore) and self.dir == other.dir and self.manifest == other.manifest
+
+    def __hash__(self) -> int:
+        return hash(self.dir)
+
     def __init__(self, directory: Path):
         self.dir = Path(directory)
         mpath = self.dir / "manifest.json"

@@ -1,4 +1,6 @@
-"""Actor processes seen from the scheduler: start one, watch its deadlines, explain its death, kill its tree."""
+"""Actor processes seen from the scheduler: start one (as an interpreter, or forked by the zygote through
+`ZygoteClient`), tell when it missed a deadline, explain its death, kill its tree. The `Supervisor`
+(supervisor.py) keeps the table of them."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import psutil
-import zmq
 
 from scheduler.runtime_config import Timeouts
 from shm.watchdog import python_env
@@ -75,18 +76,6 @@ class ActorProc:
                 f"(raise timeouts.heartbeat_s if its steps take that long)"
             )
         return None
-
-
-def bind_router(zctx: zmq.Context, endpoint: str) -> zmq.Socket:
-    """The scheduler's one control socket; each actor connects a DEALER named after its role."""
-    router = zctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished actor raises, not drops
-    router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a respawned role takes its identity over
-    router.setsockopt(zmq.SNDHWM, 0)
-    router.setsockopt(zmq.RCVHWM, 0)
-    router.setsockopt(zmq.LINGER, 0)
-    router.bind(endpoint)
-    return router
 
 
 def start_actor(

@@ -92,7 +92,7 @@ class Api:
                 "model": self.cfg.model,
                 "queued": gen.jobs.qsize(),
                 "busy": gen.busy,
-                "config": gen.llm.config.options(),
+                "config": gen.llm.plan.options(),
             }
         )
 

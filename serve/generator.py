@@ -90,7 +90,7 @@ class Generator(threading.Thread):
         if job.cancelled.is_set():
             job.put("cancelled")
             return
-        ask, base = job.ask, self.llm.config.sampling
+        ask, base = job.ask, self.llm.plan.sampling
         sampling = SamplingConfig(
             **{"temperature": base.temperature, "top_p": base.top_p, "seed": base.seed, **ask.sampling}
         )

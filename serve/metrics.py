@@ -35,19 +35,20 @@ def prometheus(gen: Generator, budget: int | None) -> str:
     if budget:
         metric("memory_budget_bytes", "gauge", "The memory budget the run was planned for", budget)
     if llm is not None:
-        if llm.plan is not None:
-            metric("memory_planned_bytes", "gauge", "What the plan expects the processes to hold", llm.plan.held)
+        if llm.plan.memory is not None:
+            metric("memory_planned_bytes", "gauge", "What the plan expects the processes to hold", llm.plan.memory.held)
         held = llm.held_bytes()
         if held:
             metric("memory_held_bytes", "gauge", "What the run's processes hold now (PSS: anonymous and shared)", held)
-        for line in run_info(llm.config):
+        for line in run_info(llm.plan):
             lines.append(line)
     return "\n".join(lines) + "\n"
 
 
-def run_info(cfg) -> list[str]:
-    """What the run is: one info metric whose labels are its options (Prometheus' *_info convention)."""
-    labels = ",".join(f'{k}="{_escape(v)}"' for k, v in cfg.options().items() if v is not None)
+def run_info(plan) -> list[str]:
+    """What the run is: one info metric whose labels are its options, as decided (Prometheus' *_info
+    convention)."""
+    labels = ",".join(f'{k}="{_escape(v)}"' for k, v in plan.options().items() if v is not None)
     return [
         "# HELP cadence_run_info The run's options",
         "# TYPE cadence_run_info gauge",

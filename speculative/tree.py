@@ -49,6 +49,27 @@ class TokenTree:
     def children(self, i: int) -> list[int]:
         return self.root_children if i == ROOT else self.nodes[i].children
 
+    def child(self, i: int, token: int) -> int | None:
+        """Node i's (or the root's) child holding `token`, if any."""
+        return next((c for c in self.children(i) if self.nodes[c].token == token), None)
+
+    def ready(self, i: int) -> bool:
+        """The draft can run on node i: its parent is the root or was run on (so every ancestor was)."""
+        p = self.nodes[i].parent
+        return p == ROOT or self.nodes[p].fed
+
+    def reweigh(self, i: int, prob: float) -> None:
+        """Give node i the probability `prob` (a trie candidate the draft also proposes: the draft's probability
+        counts); its descendants' cumulative probabilities follow."""
+        n = self.nodes[i]
+        up = self.nodes[n.parent].cum if n.parent != ROOT else 1.0
+        n.prob, n.cum = prob, up * prob
+        stack = list(n.children)
+        while stack:
+            c = self.nodes[stack.pop()]
+            c.cum = self.nodes[c.parent].cum * c.prob
+            stack.extend(c.children)
+
     def path(self, i: int) -> list[int]:
         """Node indices from the root's child down to i."""
         out = []
@@ -231,23 +252,3 @@ class DraftTree:
                     k = index[id(q)]
                 rows.append([node, child, k])
         return rows, dists
-
-
-@dataclass
-class AheadChain:
-    """Speculative drafting during verification: a greedy chain grown from the tree's most
-    confident leaf while the target verifies the tree. `fed`: the chain's nodes the draft ran on,
-    each (token, KV slot, next-token distribution); the first is the leaf itself."""
-
-    leaf: int
-    fed: list[tuple[int, int, torch.Tensor]] = field(default_factory=list)
-
-
-@dataclass
-class AheadSeed:
-    """What a reused ahead chain leaves for the next tree: the root's distribution and a chain of
-    nodes already fed (their KV entries pending in the draft cache, in order)."""
-
-    root_dist: torch.Tensor
-    tokens: list[int]
-    dists: list[torch.Tensor]

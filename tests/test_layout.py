@@ -216,3 +216,18 @@ def test_ruff_finds_nothing_to_change(check):
     unused imports and variables and undefined names."""
     p = subprocess.run([sys.executable, "-m", "ruff", *check, "."], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+
+
+# where a run's options (engine/config.py `RunConfig`) may be read: the front doors, and the engine up to `decide`
+# (engine/decide.py), which makes every choice once; after it, everything reads the `RunPlan` (engine/plan.py)
+READS_OPTIONS = ("engine.config", "engine.options", "engine.inputs", "engine.decide", "engine.memory", "engine.plan")
+READS_OPTIONS += ("engine.runner", "cadence", "bench", "launch")
+
+
+def test_nothing_after_decide_takes_the_run_options():
+    found = sorted(
+        f"{path.relative_to(ROOT)}"
+        for name, path in MODULES.items()
+        if "RunConfig" in path.read_text() and not any(name == m or name.startswith(m + ".") for m in READS_OPTIONS)
+    )
+    assert not found, "modules past `decide` that take a RunConfig (give them the RunPlan): " + "; ".join(found)

@@ -226,16 +226,19 @@ def measure_overheads(
     head_part: int = 0,
     trie_nodes: int = 0,
     trace_events: int = 0,
+    own: int | None = None,
 ) -> Overheads:
     """The overheads of a run on this machine: the scheduler as this process holds it now (call it
-    once the tokenizer is loaded) plus its trace buffer, the zygote's and each actor's own pages as
+    once the tokenizer is loaded; `own`: its anonymous bytes read once already) plus its trace buffer, the zygote's and each actor's own pages as
     calibrated once (scheduler/generation/footprint.py), activations from the models' shapes."""
     fp = footprint()
     rows = min(width, 64) + 1 + 4  # a tree, its root and trie candidates
     prefill = min(context, PREFILL_CHUNK)
     dists = 0 if greedy else (width + 1) * target_args["vocab_size"] * 4
     return Overheads(
-        scheduler=align(own_anon_bytes() + trace_events * TRACE_EVENT_BYTES + 4 * MiB),  # + monitor and sockets
+        scheduler=align(
+            (own_anon_bytes() if own is None else own) + trace_events * TRACE_EVENT_BYTES + 4 * MiB
+        ),  # + monitor and sockets
         watchdog=align(fp.watchdog),
         runtime=align(fp.zygote),
         actor=align(fp.actor),

@@ -50,7 +50,7 @@ def test_monitor_renders_real_numbers_from_a_fake_run(tmp_path):
             mon.stop()
             spec.close()
     assert mon.frames >= 2  # Live's thread drew while the run went on
-    assert s._listeners == []  # stop closed the feed
+    assert s.pump.listeners == []  # stop closed the feed
     # the snapshot: the run's real figures
     tokens = len(gen.new_ids)
     verified = [(a, alpha) for _, a, alpha in cycles if a is not None]

@@ -105,7 +105,7 @@ def main() -> int:
                             "run_id": sched.run_id,
                             "pids": pids,
                             "pid": os.getpid(),
-                            "watchdog": sched._watchdog.proc.pid,
+                            "watchdog": sched.watchdog_pid,
                             "zygote": sched.zygote_pid,
                         }
                     ),

@@ -243,7 +243,7 @@ def test_scheduler_answers_malformed_frames_from_an_actor_and_keeps_serving():
         s.spawn("spam", f"{T}:SpammingActor")
         assert s.call("spam", "spam", {"n": 100}).result == {"sent": 100}
         assert wait_until(lambda: s.call("spam", "stats").result["errors_received"] == 100, 10)  # each was answered
-        assert s.bad_frames == 100 and s.call("spam", "ping").ok
+        assert s.pump.bad_frames == 100 and s.call("spam", "ping").ok
     assert_clean(s.run_id)
 
 

@@ -29,7 +29,7 @@ def test_listener_sees_events_and_actor_status_shows_the_current_op(tmp_path):
         assert st.op == "sleep" and t0 <= st.op_since <= time.monotonic() and st.queued == 1
         assert s.call("draft", "ping", {"x": 1}).result == {"x": 1}  # the sleep's reply arrives first
         assert [(type(e), e.op) for e in seen] == [(ReplyEvent, "sleep"), (ReplyEvent, "ping")]
-        assert seen[0].reply.req_id == req and s._listeners == [seen.append]
+        assert seen[0].reply.req_id == req and s.pump.listeners == [seen.append]
         assert [e.reply.req_id for e in s.poll(0)] == [req]  # listeners do not consume events
         [st] = s.actor_status()
         assert st.op is None and st.queued == 0

@@ -57,7 +57,7 @@ def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_p
     before = shm_segments()
     cfg = _cfg("tree", tmp_path)
     with Runner(cfg) as runner:
-        plan = runner.plan
+        plan = runner.plan.memory
         assert plan.streamed and plan.n_slots >= 2  # the target really streams
         ahead_steps = 0
         for mode in ("tree", "chain", "stdpl", "std"):
@@ -73,7 +73,7 @@ def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_p
         assert ahead_steps > 0
         sched = runner.sched
         loader = sched.call("loader", "stats").result
-        runner.session.close()  # waits for prefetched loads and gives their slots back
+        runner.session.target.close()  # waits for prefetched loads and gives their slots back
         assert loader["max_end"] <= plan.stream_bytes  # the loader never wrote past its part of the arena
         assert sched.stream_slots.peak_bytes <= plan.stream_bytes
         assert sched.stream_slots.used_bytes == 0  # every slot released

@@ -76,9 +76,9 @@ def test_speculative_sampling_matches_the_target_distribution(mode):
     for i in range(n):
         verifier.cache.rewind(len(PROMPT))
         drafter.cache.rewind(L - 1)
-        drafter.pending = [ROOT]
+        drafter.feed.pending = [ROOT]
         verifier.sampler = Sampler(SamplingConfig(SAMPLING.temperature, SAMPLING.top_p, 10_000 + i))
-        drafter.sampler = Sampler(SamplingConfig(SAMPLING.temperature, SAMPLING.top_p, 20_000 + i))
+        drafter.pacer.sampler = Sampler(SamplingConfig(SAMPLING.temperature, SAMPLING.top_p, 20_000 + i))
         d = drafter.build_tree()
         v = verifier.verify_tree(d.tree, d.trials)
         emitted = d.tree.tokens_of(v.path) + [v.next_token]

@@ -120,18 +120,19 @@ def test_rows_say_approximate_and_density_one_gives_the_targets_tokens(store):
 def test_the_plan_takes_the_best_predictor_that_leaves_a_tokens_neurons(store):
     """engine/flash.py `plan`: the predictors best first (by recall); the first whose bytes leave caches of at
     least a token's neurons under the budget, else the last one's sentence."""
+    from engine.decide import decide
     from engine.flash import MARGIN, plan
-    from engine.resolve import resolve
+    from engine.machine import ThisMachine
     from models.flash import records
 
     names = predictors(store)
     size = {n: predictor_bytes(store, n) for n in names}
     assert names[0] == "r64" and size["r64"] > max(size["r16"], size["int2"])  # the best is the largest here
     cfg = RunConfig.from_options(target=str(store.dir), mode="flash", ffn_density=0.5, max_new_tokens=8)
-    r = resolve(cfg, [Prompt("p", "complete", "x")])
+    run = decide(cfg, ThisMachine(), (1,))
     k, per_neuron = top_k(0.5, ARGS.ffn_dim), ARGS.n_layers * records.record_bytes(ARGS.dim)
-    process, kv = 300 << 20, ARGS.kv_bytes(kv_rows(r.cfg))
-    at = lambda budget: dataclasses.replace(r, cfg=dataclasses.replace(r.cfg, memory_budget=str(budget)))  # noqa: E731
+    process, kv = 300 << 20, ARGS.kv_bytes(kv_rows(run))
+    at = lambda budget: dataclasses.replace(run, budget=budget)  # noqa: E731
     for room in (size["r64"], min(size.values())):  # room for the best predictor, then only for the smallest
         budget = process + kv + MARGIN + room + k * per_neuron
         p = plan(at(budget), process)
@@ -188,8 +189,6 @@ def test_draft_flash_is_lossless(store, mode, runtime, budget):
     reads = got["stats"]["draft_flash"]  # the draft's own reads and passes, in either runtime
     assert reads["sparse_passes"] > 0 and reads["dense_passes"] > 0 and reads["neurons"] >= reads["loaded"]
     if budget:
-        from engine.memory import flash_choice
-
-        assert plan.has_draft  # the draft's caches are in the plan (a tiny target fits whole: the real one
+        assert plan.memory.has_draft  # the draft's caches are in the plan (a tiny target fits whole: the real one
         # streams beside them in tests/scheduler/test_lean_runtime.py)
-        assert flash_choice(cfg, store, plan)[1] >= round(0.3 * ARGS.ffn_dim)
+        assert plan.draft.flash[2] >= round(0.3 * ARGS.ffn_dim) and plan.draft.flash[1:] == plan.memory.draft_choice

@@ -1,0 +1,394 @@
+"""`decide(config, machine) -> RunPlan`: every choice of a run made once, in one place, from the user's options
+(engine/config.py `RunConfig`) and what the machine answers (engine/machine.py), and returned frozen
+(engine/plan.py). `launch run`, `chat`, `serve`, `bench`, `plan` and `cadence.LLM` all come here, so they run
+what one another plan.
+
+In order: the draft `--draft auto` takes (the default draft where it shares the target's tokenizer, else the
+smallest model here that does, else the n-gram trie alone); an ARCA profile's tree and partition; the context
+(sized to the longest prompt where the prompts are known); the budget in bytes; under a budget, whether the
+picked draft stays (or goes lean) and how wide the tree may grow, each from this machine's measured costs; the
+memory plan; the scheduler's settings. A choice made for the user is said in one line of `notes`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from common.errors import CadenceError
+from common.settings import WIDER, WorkerSplit
+from common.units import parse_bytes
+from engine.config import RunConfig
+from engine.memory import (
+    DRAFT_VOCAB,
+    draft_rows,
+    flash_choice,
+    memory_plan,
+    plan_inputs,
+    runtime_config,
+    uses_flash_draft,
+)
+from engine.plan import DraftKind, DraftPlan, Mode, Runtime, RunPlan
+from engine.profiles import parse_partition
+from models import registry
+from models.store import WeightStore
+
+DEFAULT_CONTEXT = 4096  # tokens a generation holds when nothing says how many (ollama and llama-cli take as many)
+BUDGET_CONTEXT = 2048  # ... under a memory budget, where every token's KV rows are memory the target could use
+LEAN_FORMAT = "int2"  # the draft's FFN in 2 bits: the 0.5B's weights 215 -> 142 MiB, top-1 agreement 0.87 -> 0.80
+LEAN_VOCAB = DRAFT_VOCAB // 2  # and its head half the rows: 8 MiB less, agreement 0.78 (BENCHMARKS.md)
+
+
+class BudgetRefused(CadenceError):
+    """The budget cannot hold the run: the sentence says what it needs; `plan` is what was decided up to the
+    memory plan (the draft, the context: what `launch plan` prints above the sentence)."""
+
+    def __init__(self, message: str, plan: RunPlan):
+        super().__init__(message)
+        self.plan = plan
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """A run's choices while `decide` weighs them: the options as far as settled, the draft's store, whether
+    `--draft auto` picked it (only then may a budget drop it or make it lean), the budget (None: `auto`)."""
+
+    cfg: RunConfig
+    target: WeightStore
+    draft: WeightStore | None
+    picked: bool
+    budget: int | None
+    lean: bool = False
+
+    def plan(self, machine, cfg: RunConfig | None = None, draft=..., budget=...):
+        """The memory plan of these choices (`cfg`, `draft`, `budget`: another of them instead)."""
+        return memory_plan(
+            cfg or self.cfg,
+            self.budget if budget is ... else budget,
+            self.target,
+            self.draft if draft is ... else draft,
+            machine,
+        )
+
+
+def decide(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...] = ()) -> RunPlan:
+    """The plan of the run `cfg` asks for on `machine`; `prompt_lengths`: the token counts of the prompts it will
+    run, where known (the context is sized to the longest). The same options and machine give the same plan."""
+    notes: list[str] = []
+    asked = cfg
+    profile = machine.profile(cfg.profile) if cfg.profile else None
+    if cfg.draft_model:  # a draft that cannot serve is refused before any conversion
+        machine.check_draft(cfg.target, cfg.draft)
+    target = machine.store(cfg.target, cfg.dtype)
+    picked = cfg.draft == "auto" and cfg.mode == "tree"
+    if cfg.draft == "auto":
+        cfg = cfg.replace(draft=_pick_draft(cfg, machine, notes) if cfg.speculative else "none")
+    draft = machine.store(cfg.draft, cfg.draft_format) if cfg.draft_model else None
+    if profile is not None:
+        cfg = apply_profile(cfg, profile)
+    cfg = cfg.replace(context=context(cfg, target, prompt_lengths))
+    auto = cfg.memory_budget == "auto"
+    budget = parse_bytes(cfg.memory_budget) if cfg.memory_budget and not auto else None
+    c = _Choice(cfg, target, draft, picked and draft is not None, budget)
+    memory = None
+    if (
+        cfg.memory_budget and cfg.mode != "flash"
+    ):  # flash sizes its caches from what its process holds (engine/flash.py)
+        c = _settle_width(_settle_draft(c, machine, notes), machine, notes)
+        try:
+            memory = c.plan(machine)
+        except CadenceError as e:
+            raise BudgetRefused(str(e), _plan(asked, c, machine, None, budget, auto, notes)) from None
+        budget = memory.budget
+    return _plan(asked, c, machine, memory, budget, auto, notes)
+
+
+def _plan(asked: RunConfig, c: _Choice, machine, memory, budget: int | None, auto: bool, notes: list[str]) -> RunPlan:
+    cfg, target, draft = c.cfg, c.target, c.draft
+    flash = uses_flash_draft(cfg)
+    if flash:
+        d = DraftPlan(DraftKind.FLASH, store=target, head_rows=draft_rows(cfg, target))
+        d = dataclasses.replace(d, flash=(cfg.ffn_density, *flash_choice(cfg, target, memory)))
+    elif draft is not None:
+        kind = DraftKind.LEAN if c.lean else DraftKind.MODEL
+        d = DraftPlan(kind, cfg.draft, draft, cfg.draft_format, draft_rows(cfg, draft))
+    else:
+        d = DraftPlan(DraftKind.TRIE if cfg.speculative else DraftKind.NONE)
+    scheduler = None
+    if cfg.runtime == "actors" and cfg.mode != "flash":
+        from scheduler.generation.footprint import ACTOR_MODULES
+
+        # the model actors fork from one zygote that imported torch and the model code once
+        preload = (
+            *ACTOR_MODULES,
+            *(("actors.sparse",) if cfg.worker else ()),
+            *(("models.flash.sparse_target",) if flash else ()),  # imported once, not in the draft's own pages
+        )
+        scheduler = runtime_config(cfg, target, memory, preload)
+    return RunPlan(
+        asked=asked,
+        mode=Mode(cfg.mode),
+        target_name=cfg.target,
+        target=target,
+        format=cfg.dtype,
+        draft=d,
+        tree=cfg.tree,
+        sampling=cfg.sampling,
+        context=cfg.context,
+        max_new_tokens=cfg.max_new_tokens,
+        chat=cfg.chat,
+        runtime=Runtime(cfg.runtime),
+        device=cfg.device,
+        threads=cfg.threads or machine.cores,
+        budget=budget,
+        budget_auto=auto,
+        memory=memory,
+        scheduler=scheduler,
+        worker=cfg.worker,
+        experts=cfg.experts,
+        paths=expert_paths(cfg, target, machine),
+        ffn_density=cfg.ffn_density,
+        trace=cfg.trace,
+        trace_dir=cfg.trace_dir,
+        notes=tuple(notes),
+    )
+
+
+# -- the draft, the profile, the context ---------------------------------------------------------------
+
+
+def _pick_draft(cfg: RunConfig, machine, notes: list[str]) -> str:
+    """The draft for `--draft auto` (engine/drafts.py), else "none" (the n-gram trie alone); said in one line
+    when it is not the default."""
+    name, default_shares = machine.pick_draft(cfg.target)
+    if name is not None:
+        if name != registry.DEFAULT_DRAFT:
+            why = "is not smaller than {}" if default_shares else "does not share {}'s tokenizer"
+            notes.append(f"draft: {name} (the default draft {registry.DEFAULT_DRAFT} {why.format(cfg.target)})")
+        return name
+    if cfg.mode == "chain":
+        raise CadenceError(
+            f"no model on this machine shares {cfg.target}'s tokenizer and is smaller; give --draft, or use --mode "
+            "tree (with no draft model the n-gram trie proposes)"
+        )
+    notes.append(
+        f"draft: none ({cfg.target} shares its tokenizer with no smaller model on this machine): the n-gram trie of "
+        "the prompt and the output proposes"
+    )
+    return "none"
+
+
+def apply_profile(cfg: RunConfig, prof: dict) -> RunConfig:
+    """An ARCA profile's choices (launch profile): its width and static tree (tree mode), its partition."""
+    tree, worker = cfg.tree, cfg.worker
+    if prof["width"] > 0 and cfg.mode == "tree":
+        tree = dataclasses.replace(
+            tree,
+            width=prof["width"],
+            width_auto=False,
+            trie=False,
+            adaptive=False,
+            shape_parents=tuple(prof["tree"]["parents"]),
+            shape_ranks=tuple(prof["tree"]["ranks"]),
+        )
+    if prof["partition"] != "none":
+        worker = WorkerSplit(*parse_partition(prof["partition"]))
+    return cfg.replace(tree=tree, worker=worker)
+
+
+def context(cfg: RunConfig, target: WeightStore, prompt_lengths) -> int:
+    """Tokens a generation holds: --context; else the longest prompt plus --max-new-tokens where both are
+    known; else DEFAULT_CONTEXT (BUDGET_CONTEXT under a memory budget; more if the longest prompt needs it);
+    at most the model's context."""
+    most = target.args.context_length
+    if cfg.context is not None:
+        if cfg.context > most:
+            raise CadenceError(
+                f"--context {cfg.context} is more than {cfg.target} holds ({most} tokens); give at most {most}"
+            )
+        return cfg.context
+    longest = max(prompt_lengths, default=0)
+    if longest and cfg.max_new_tokens:
+        return min(most, longest + cfg.max_new_tokens)
+    return min(most, max(BUDGET_CONTEXT if cfg.memory_budget else DEFAULT_CONTEXT, longest + 512))
+
+
+def expert_paths(cfg: RunConfig, target: WeightStore, machine):
+    """A mixture of experts' path profile, read from beside its store where the buffer's policies use it."""
+    e = cfg.experts
+    if not target.args.moe or not (e.preload == "paths" or e.eviction == "edgemoe"):
+        return None
+    paths = machine.expert_paths(target)
+    if paths is None and e.preload == "paths":
+        raise CadenceError(
+            f"--expert-preload paths needs the expert path profile of {target.dir.name}; write it "
+            f"with `launch models profile-experts {cfg.target}`"
+        )
+    return paths
+
+
+# -- under a budget: the draft and the width, from this machine's costs ------------------------------------
+
+
+def _pinned(c: _Choice, budget: int, machine) -> int | None | bool:
+    """The budget another choice is weighed under: an `auto` budget pinned to the bytes the first choice was
+    weighed under (a plan of the changed run would find its own smallest); False where that many bytes could
+    not be given as a budget here."""
+    if c.budget is not None:
+        return c.budget
+    return budget if budget <= machine.memory else False
+
+
+def _settle_draft(c: _Choice, machine, notes: list[str]) -> _Choice:
+    """Under a budget, the draft `--draft auto` picked stays only where it pays for the target layers its memory
+    pushes out to disk (engine/costs.py: this machine's forward costs and disk rate against the two plans):
+    else tree mode runs with the n-gram trie alone, whose plan is the target's alone, and says so in one line."""
+    if not c.picked or c.target.args.moe:
+        return c  # a mixture of experts: its expert buffer, not its layers, is what the draft's memory takes
+    from engine.costs import draft_pays
+    from scheduler.generation.memplan import plan_memory
+
+    alone = c.cfg.replace(draft="none")
+    try:
+        with_draft = c.plan(machine)
+    except CadenceError as e:
+        c, with_draft, lean_refused = _leaner_draft(c, machine, notes)
+        if with_draft is None:
+            return _without_room(c, machine, notes, alone, lean_refused or e)
+    try:
+        without = plan_memory(with_draft.budget, **plan_inputs(alone, c.target, None, machine))
+    except CadenceError:
+        return c  # the plan does not fit: the run says so in its own words
+    if with_draft.read_per_forward <= without.read_per_forward:
+        return c  # the draft pushes nothing of the target out: the governor weighs it step by step
+    budget = _pinned(c, with_draft.budget, machine)
+    costs = machine.costs(c.target, c.draft) if budget is not False else None
+    if costs is None:
+        return c
+    if draft_pays(costs, c.target, c.draft, with_draft.read_per_forward, without.read_per_forward, c.cfg.tree.width):
+        return c
+    notes.append(
+        f"draft: none (under {with_draft.budget / 2**30:.2f} GiB the draft {c.cfg.draft} would push "
+        f"{(with_draft.read_per_forward - without.read_per_forward) / 2**20:.0f} MiB more of the target to disk "
+        "every forward than it saves here; --draft NAME keeps it)"
+    )
+    return dataclasses.replace(c, cfg=alone, draft=None, picked=False, lean=False, budget=budget)
+
+
+def _may_go_lean(cfg: RunConfig) -> bool:
+    """The draft's format and head were not given, and it is not lean already."""
+    return cfg.draft_dtype is None and cfg.draft_format != LEAN_FORMAT and cfg.draft_vocab is None
+
+
+def _leaner_draft(c: _Choice, machine, notes: list[str]):
+    """The budget cannot hold the draft `--draft auto` picked: the same draft leaner where its format and head
+    were not given (its FFN in int2, then its head cut to LEAN_VOCAB rows), the first whose plan fits, said in
+    one line. Where the run may widen its tree (`_settle_width`), the first that leaves room for the widest tree
+    comes first: a wider best-first tree is worth more than the head's rarest tokens (BENCHMARKS.md).
+    (the choice, its plan, None) or (the choice, None, why the leanest does not fit; None where none was tried).
+    A lean draft agrees with the target less, and still beats the trie alone at a budget that streams every
+    target layer (BENCHMARKS.md: 0.5 GiB)."""
+    cfg, refused = c.cfg, None
+    if not _may_go_lean(cfg):
+        return c, None, None
+    store = machine.store(cfg.draft, LEAN_FORMAT)
+    widths = [w for w in WIDER if w > cfg.tree.width] if _widens(c) else []
+    for width, vocab in [(w, v) for w in widths + [0] for v in (None, LEAN_VOCAB)]:
+        lean = cfg.replace(draft_dtype=LEAN_FORMAT, draft_vocab=vocab)
+        head = f", its head the {vocab} most frequent tokens" if vocab else ""
+        try:
+            if width:  # room for the wider tree; the run keeps the default width until `_settle_width`
+                c.plan(machine, lean.replace(tree=dataclasses.replace(cfg.tree, width=width, width_auto=False)), store)
+            plan = c.plan(machine, lean, store)
+        except CadenceError as e:
+            refused = CadenceError(f"even in {LEAN_FORMAT}{head}, {e}")
+            continue
+        room = f", room for a {width}-wide tree" if width and vocab else ""
+        notes.append(
+            f"draft: {cfg.draft} {LEAN_FORMAT} (its FFN in 2 bits{head}{room}: {plan.budget / 2**20:.0f} MiB cannot "
+            f"hold it in {cfg.draft_format}; --draft-dtype F keeps a format)"
+        )
+        return dataclasses.replace(c, cfg=lean, draft=store, lean=True), plan, None
+    return c, None, refused
+
+
+def _without_room(c: _Choice, machine, notes: list[str], alone: RunConfig, why: CadenceError) -> _Choice:
+    """The budget cannot hold the draft `--draft auto` picked: tree mode runs with the n-gram trie alone where the
+    target's plan alone fits (a run that was not asked for a draft still runs), and says so in one line; where
+    not even that fits, the run says so in its own words."""
+    try:
+        c.plan(machine, alone, None)
+    except CadenceError:
+        return c
+    notes.append(f"draft: none (with the draft {c.cfg.draft}, {why}; --draft NAME keeps it)")
+    return dataclasses.replace(c, cfg=alone, draft=None, picked=False, lean=False)
+
+
+def prepare_drafts(cfg: RunConfig, machine) -> None:
+    """What a budgeted run's choice of draft reads, made ready: this machine's costs for the draft `auto` picks
+    and, where it may go lean, the lean draft's store (converted on first use) and costs. `launch bench --cgroup`
+    does this outside the cgroups, where each run then decides for itself."""
+    if not (cfg.draft == "auto" and cfg.mode == "tree"):
+        return
+    name, _ = machine.pick_draft(cfg.target)
+    if name is None:
+        return
+    target = machine.store(cfg.target, cfg.dtype)
+    picked = cfg.replace(draft=name)
+    drafts = [machine.store(name, picked.draft_format)]
+    if _may_go_lean(picked):
+        drafts.append(machine.store(name, LEAN_FORMAT))
+    for draft in drafts:
+        machine.costs(target, draft)
+
+
+def _widens(c: _Choice) -> bool:
+    """A tree whose width was not given, that a budgeted run may widen (`_settle_width`)."""
+    t = c.cfg.tree
+    return t.width_auto and t.adaptive and c.cfg.mode == "tree"
+
+
+def _settle_width(c: _Choice, machine, notes: list[str]) -> _Choice:
+    """Under a budget, a tree whose width was not given verifies the widest of WIDER draft tokens whose pass this
+    machine computes in less time than the disk takes to read what every forward streams (engine/costs.py): the
+    wider tree is then free, and accepts more per verification; its growth `auto` becomes best first there
+    (BENCHMARKS.md: more accepted at the same price). A width is passed over where its plan does not fit the
+    budget, reads more per forward, or its pass and its extra draft levels would outlast the reads; the default
+    stays with `--fixed-width` (no governor to fall back to narrower trees) or a mixture of experts (a wider
+    tree's union of experts reads more)."""
+    t = c.cfg.tree
+    if not (_widens(c) and c.draft is not None) or c.target.args.moe:
+        return c
+    from scheduler.generation.memplan import plan_memory
+
+    try:
+        narrow = c.plan(machine)
+    except CadenceError:
+        return c  # the plan does not fit: the run says so in its own words
+    if not narrow.read_per_forward:
+        return c  # all resident: the governor weighs each width
+    costs, growth = None, "best" if t.growth == "auto" else t.growth  # a wider best-first tree accepts more
+    budget = _pinned(c, narrow.budget, machine)
+    if budget is False:
+        return c
+    for width in (w for w in WIDER if w > t.width):
+        wide = c.cfg.replace(tree=dataclasses.replace(t, width=width, width_auto=False, growth=growth))
+        try:
+            plan = plan_memory(narrow.budget, **plan_inputs(wide, c.target, c.draft, machine))
+        except CadenceError:
+            continue  # the wider tree's activations do not fit beside the rest
+        if plan.read_per_forward > narrow.read_per_forward:
+            continue  # the wider activations push a layer out
+        costs = costs or machine.costs(c.target, c.draft)
+        if costs is None:
+            return c
+        verify, read = costs.hidden_by_reads(c.target.args.n_layers, width + 1, plan.read_per_forward)
+        verify += (width - t.width) // 2 * costs.draft_step_s(c.draft)  # the extra levels of the wider tree
+        if verify < read:
+            notes.append(
+                f"width: {width} (this machine verifies {width + 1} rows in {verify * 1e3:.0f} ms, less than the "
+                f"{read * 1e3:.0f} ms the disk takes for the {plan.read_per_forward / 2**20:.0f} MiB each forward "
+                "streams)"
+            )
+            return dataclasses.replace(c, cfg=wide, budget=budget)
+    return c

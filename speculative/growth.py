@@ -1,0 +1,104 @@
+"""How a draft tree grows, given a way to run the draft on its nodes: LLMCad's dynamic tree (the branch pacer picks
+the tip to grow, the self-adaptive fallback says when to verify, speculative/policy.py) and the chain, or an ARCA
+tree shape filled level by level (speculative/arca.py). Best first is bestfirst.py. None of it holds a model or a
+cache: `NodeFeed` runs the draft (speculative/feed.py `DraftFeed`; a test may hand in any other).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from common.settings import TOP_K, SamplingConfig, TreeConfig
+from models.sampling import Sampler
+from speculative.policy import AdaptiveThreshold, branch_candidates, pace
+from speculative.tree import ROOT, DraftTree, TokenTree
+
+
+class NodeFeed(Protocol):
+    def feed_nodes(self, tree: TokenTree, nodes: list[int]) -> list[torch.Tensor]:
+        """One draft forward over tree `nodes` (their ancestors fed already): marks them fed, each with its KV
+        slot; their next-token distributions."""
+
+
+class PacedGrowth:
+    """LLMCad's dynamic tree: a fed node opens its top candidate and every other above the branch threshold
+    (sampling: as many draws), the pacer feeds the tip whose branch is furthest below its share, and the tree
+    goes to verification once its confidence Tc falls below alpha (`threshold`, which the verdicts adapt) or it
+    reaches the budget. Chain mode: the top candidate alone, to the budget."""
+
+    def __init__(self, cfg: TreeConfig, sampling: SamplingConfig, threshold: AdaptiveThreshold):
+        self.cfg, self.greedy, self.threshold = cfg, sampling.greedy, threshold
+        self.sampler = Sampler(SamplingConfig(sampling.temperature, sampling.top_p, sampling.seed + 1))
+
+    def grow(self, d: DraftTree, budget: int, feed: NodeFeed) -> None:
+        """Feed tips one draft forward at a time, each expanded from its distribution, until the fallback or the
+        budget stops the tree."""
+        cfg, t = self.cfg, d.tree
+        while len(t) < budget:
+            if cfg.mode == "tree" and self.threshold.should_verify(t.tree_confidence()):
+                break
+            # a tip under an unfed node (a trie chain) waits for it: its ancestors' KV entries must exist
+            tips = [i for i in t.tips() if t.nodes[i].depth < min(cfg.max_depth, budget) and t.ready(i)]
+            if not tips:
+                break
+            tip = pace(t, tips)
+            (dist,) = feed.feed_nodes(t, [tip])
+            d.forwards += 1
+            if self.greedy and cfg.ahead:  # drafting ahead may start from this node
+                d.dists[tip] = dist
+            self.expand(d, tip, dist, budget - len(t))
+        d.tc = t.tree_confidence()
+
+    def expand(self, d: DraftTree, node: int, dist: torch.Tensor, room: int) -> None:
+        """Open node's children from its next-token distribution `dist`, at most `room` new nodes."""
+        t = d.tree
+        if self.greedy:
+            top = torch.topk(dist, TOP_K)
+            cands = list(zip(top.indices.tolist(), top.values.tolist()))
+            if self.cfg.mode == "chain":
+                cands = cands[:1]
+            for tok, p in branch_candidates(cands, self.cfg.branch_threshold, TOP_K):
+                c = t.child(node, tok)
+                if c is not None:  # a trie candidate the model also proposes: trust the model's probability
+                    t.reweigh(c, p)
+                elif room > 0:
+                    t.add(tok, node, p)
+                    room -= 1
+            return
+        # Sampling: k i.i.d. draws from q, k fixed by q alone (how many candidates clear the threshold).
+        # k is fixed before drawing, so that every draw is a trial whatever token it brings.
+        k = 1 if self.cfg.mode == "chain" else max(1, int((dist >= self.cfg.branch_threshold).sum()))
+        trials = d.trials.setdefault(node, [])
+        for _ in range(min(k, room)):
+            tok = self.sampler.draw(dist)
+            child = t.child(node, tok)
+            if child is None:
+                child = t.add(tok, node, float(dist[tok]))
+            trials.append((child, dist))
+
+
+def fill_shape(d: DraftTree, root_dist: torch.Tensor, cfg: TreeConfig, budget: int, feed: NodeFeed) -> None:
+    """Fill ARCA's tree shape (`cfg.shape_parents`, `cfg.shape_ranks`: each shape node the rank-th candidate of
+    its parent) level by level, one draft forward per level for all its nodes, to at most `budget` nodes."""
+    dists = {ROOT: root_dist}
+    index = {}  # shape node -> tree node
+    level = [i for i, p in enumerate(cfg.shape_parents) if p < 0]
+    while level:
+        for i in level:
+            if len(d.tree) >= budget:
+                break
+            parent = index[cfg.shape_parents[i]] if cfg.shape_parents[i] >= 0 else ROOT
+            dist = dists[parent]
+            top = torch.topk(dist, cfg.shape_ranks[i] + 1)
+            tok, p = int(top.indices[-1]), float(top.values[-1])
+            index[i] = d.tree.add(tok, parent, p)
+        nxt = [i for i, p in enumerate(cfg.shape_parents) if p in index and i not in index]
+        fed = sorted({index[cfg.shape_parents[i]] for i in nxt})
+        if not fed or len(d.tree) >= budget:
+            break
+        dists.update(zip(fed, feed.feed_nodes(d.tree, fed)))
+        d.forwards += 1
+        level = nxt
+    d.tc = d.tree.tree_confidence()

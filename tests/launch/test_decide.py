@@ -1,0 +1,104 @@
+"""`decide` (engine/decide.py) as a pure function of the options and the machine: the same options on the same
+machine give the same `RunPlan`, whichever front door they came through (`launch run`, `chat`, `serve`, `bench`,
+`plan`, `cadence.LLM`); the plan is typed (enums, bytes), and what it decided is what the run then does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cadence.api import config_of
+from engine.config import RunConfig
+from engine.decide import BudgetRefused, decide
+from engine.machine import ThisMachine
+from engine.options import argv
+from engine.plan import DraftKind, Mode, Runtime, RunPlan
+from launch.cli import build_parser
+from launch.options import run_config
+from tests.launch.conftest import launch
+
+# a run under a budget with a draft model, and one whose `auto` draft finds none (the trie alone)
+OPTION_SETS = {
+    "draft": lambda m: dict(target=m, draft=m, memory_budget="600MiB", context=512, max_new_tokens=8, width=6),
+    "auto": lambda m: dict(target=m, memory_budget="auto", context=256, max_new_tokens=8, temperature=0.7, seed=3),
+    "resident": lambda m: dict(target=m, draft=m, mode="chain", chain_k=3, max_new_tokens=8),
+}
+
+
+@pytest.fixture(scope="module")
+def machine():
+    return ThisMachine(say=lambda line: None)
+
+
+@pytest.mark.parametrize("name", list(OPTION_SETS))
+def test_the_same_options_and_machine_give_the_same_plan(tiny_gguf, machine, name):
+    cfg = RunConfig.from_options(**OPTION_SETS[name](str(tiny_gguf)))
+    first, again = decide(cfg, machine), decide(cfg, machine)
+    assert isinstance(first, RunPlan) and first == again
+    assert first.asked == cfg  # the options stay what was asked
+    assert isinstance(first.mode, Mode) and isinstance(first.draft.kind, DraftKind) and first.runtime is Runtime.ACTORS
+    assert first.context == (cfg.context or min(4096, first.target.args.context_length)) and first.threads >= 1
+    if cfg.memory_budget:
+        assert isinstance(first.budget, int) and first.memory.budget == first.budget and first.scheduler is not None
+        assert first.scheduler.memory.budget_bytes == first.budget
+    else:
+        assert first.budget is None and first.memory is None
+    # another machine object over the same machine makes the same choices (its overheads measured afresh)
+    other = decide(cfg, ThisMachine(say=lambda line: None))
+    assert (other.mode, other.draft, other.tree, other.context, other.budget is None) == (
+        first.mode,
+        first.draft,
+        first.tree,
+        first.context,
+        first.budget is None,
+    )
+
+
+def test_the_plan_says_what_it_decided(tiny_gguf, machine):
+    with_draft = decide(RunConfig.from_options(**OPTION_SETS["draft"](str(tiny_gguf))), machine)
+    assert with_draft.draft.kind is DraftKind.MODEL and with_draft.draft.store == with_draft.target
+    assert with_draft.budget == 600 << 20 and with_draft.tree.width == 6 and not with_draft.budget_auto
+    alone = decide(RunConfig.from_options(**OPTION_SETS["auto"](str(tiny_gguf))), machine)
+    assert alone.draft.kind is DraftKind.TRIE and alone.budget_auto and alone.budget == alone.memory.budget
+    assert any("n-gram trie" in n for n in alone.notes)  # the choice made for the user, in one line
+    assert alone.options()["draft"] == "none" and alone.options()["context"] == 256
+    target = decide(RunConfig.from_options(target=str(tiny_gguf), mode="target"), machine)
+    assert target.draft.kind is DraftKind.NONE and not target.speculative
+    assert target.with_mode(Mode.STDPL).mode is Mode.STDPL
+
+
+def test_a_budget_too_small_is_refused_with_what_was_decided(tiny_gguf, machine):
+    cfg = RunConfig.from_options(target=str(tiny_gguf), draft=str(tiny_gguf), memory_budget="100MiB")
+    with pytest.raises(BudgetRefused, match="too small") as e:
+        decide(cfg, machine)
+    assert e.value.plan.draft.kind is DraftKind.MODEL and e.value.plan.memory is None
+
+
+@pytest.mark.parametrize("command", ["run", "chat", "serve", "bench", "plan"])
+@pytest.mark.parametrize("name", list(OPTION_SETS))
+def test_every_front_door_reaches_the_same_plan(tiny_gguf, machine, command, name):
+    """Each command's flags become the configuration `decide` gets: the same plan as `cadence.LLM(**options)`
+    (chat and serve are an LLM behind a terminal or HTTP: their plans keep room for sampled requests) or as
+    the options given to the engine directly (run, bench, plan)."""
+    opts = OPTION_SETS[name](str(tiny_gguf))
+    cfg = run_config(build_parser(command).parse_args([command, *argv(opts)]))
+    if command in ("chat", "serve"):
+        assert decide(config_of(cfg), machine) == decide(config_of(RunConfig.from_options(**opts)), machine)
+    else:
+        assert decide(cfg, machine) == decide(RunConfig.from_options(**opts), machine)
+
+
+def test_launch_plan_and_launch_run_decide_alike(tiny_gguf, tmp_path):
+    """The plan `launch plan` prints is the one `launch run` runs: the same draft, budget and groups resident."""
+    opts = ["--target", str(tiny_gguf), "--draft", str(tiny_gguf), "--memory-budget", "600MiB", "--context", "512"]
+    printed = launch("plan", *opts, home=tmp_path, check=True).stdout
+    out = tmp_path / "rows.json"
+    launch(
+        "run", *opts, "--prompt", "a b c", "--max-new-tokens", "4", "--no-monitor", "--json", str(out), home=tmp_path
+    )
+    row = json.loads(out.read_text())[0]
+    assert f"tree {tiny_gguf} int4, draft {tiny_gguf} int4; KV caches for a context of 512 tokens" in printed
+    assert "of 600 MiB budget" in printed and "resident: layer 0-1; head 0" in printed
+    assert row["memory_budget_bytes"] == 600 << 20 and row["draft"] == str(tiny_gguf)
+    assert row["memory_plan"]["resident_groups"] == 3 and row["memory_plan"]["streamed_groups"] == 0
