@@ -1,9 +1,10 @@
 """The one shape every actor has: heavy setup in `__init__`, one `run()` loop, one process entry.
 
-An actor is a class with a `role` and handlers named `op_<name>(self, args, tensors)`: a request
-for op "build" runs `op_build` (`handle` below). A handler whose `args` is annotated with a payload
-class (actors/ops.py) gets that dataclass. A handler returns a result (a reply dataclass of
-actors/ops.py, or a dict), `(result, tensors)`, or None; tensors go back as arena descriptors (or
+An actor is a class with a `role` and handlers named `op_<name>`: a request for op "build" runs
+`op_build` (`handle` below) with the request's arguments as keyword arguments, checked against the
+handler's signature as they arrive (actors/calls.py: the one typed path across the boundary; a parameter
+named `tensors` takes the request's tensor map). A handler returns a result (a reply dataclass of
+actors/calls.py, or a dict), `(result, tensors)`, or None; tensors go back as arena descriptors (or
 inline when tiny). An exception in a handler fails that request only (the caller gets the error
 text) and the actor keeps serving; `ActorFatal` ends the actor with a DEAD frame instead.
 
@@ -21,14 +22,13 @@ import re
 import signal
 import sys
 import time
-import typing
 from dataclasses import dataclass
 
 import zmq
 
 from actors import wire
 from actors.lifeline import StopFlag, die_with_parent, install_signal_flags
-from actors.ops import Payload, is_reply, reply_wire
+from actors.calls import is_reply, reply_wire, signature
 from actors.tracing import Tracer
 from common.heap import trim_heap
 from common.procname import set_process_name
@@ -73,7 +73,7 @@ class Actor:
         self.arenas = ctx.arenas
         self.log = ctx.log
         self._ops = {name: getattr(self, "op_" + name) for name in self.ops()}
-        self._payloads = {name: _payload_of(getattr(type(self), "op_" + name)) for name in self._ops}
+        self._signatures = {name: signature(getattr(type(self), "op_" + name), name) for name in self._ops}
         self._bad_frames = 0
         self._errors_received = 0
 
@@ -88,11 +88,11 @@ class Actor:
 
     # -- built-in ops ---------------------------------------------------------------------
 
-    def op_ping(self, args: dict, tensors: dict):
+    def op_ping(self, tensors: dict, **args):
         """Echo: liveness and the control round-trip benchmark."""
         return args, tensors
 
-    def op_stats(self, args: dict, tensors: dict):
+    def op_stats(self):
         return {
             "pid": os.getpid(),
             "role": self.role,
@@ -140,15 +140,14 @@ class Actor:
             )
         with self.trace.span(req.op, cat=self.role, args={"req": req.req_id}, flow_in=req.flow_id):
             try:
-                payload = self._payloads[req.op]
-                out = fn(payload.read(req.args) if payload else req.args, req.tensors)
+                out = fn(**self._signatures[req.op].bind(req.args, req.tensors))
                 result, tensors = out if isinstance(out, tuple) else (out or {}, {})
                 if is_reply(result):
                     result = reply_wire(result)
                 if not isinstance(result, dict) or not isinstance(tensors, dict):
                     raise TypeError(
                         f"op {req.op!r} returned {type(result).__name__}, {type(tensors).__name__}; "
-                        f"return a result dict or reply (actors/ops.py), or (result, tensors dict)"
+                        f"return a result dict or reply (actors/calls.py), or (result, tensors dict)"
                     )
                 return wire.Reply(
                     req.req_id, True, result, {k: _wire_tensor(req.op, k, v) for k, v in tensors.items()}, None
@@ -215,15 +214,6 @@ class Actor:
         if n <= _LOG_FIRST_BAD or n % 1000 == 0:
             self.log.warning("bad frame #%d answered with an error: %s", n, message)
         self.ctx.send(wire.Error(req_id, message))
-
-
-def _payload_of(fn) -> type[Payload] | None:
-    """The payload class a handler's `args` is annotated with, if any."""
-    try:
-        p = typing.get_type_hints(fn).get("args")
-    except Exception:  # an annotation that does not resolve: the handler takes the map as it came
-        return None
-    return p if isinstance(p, type) and issubclass(p, Payload) else None
 
 
 def _wire_tensor(op: str, name: str, value):

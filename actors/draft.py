@@ -7,7 +7,7 @@ import torch
 
 from actors.base import Actor, ActorContext
 from common.heap import trim_heap
-from actors.ops import Advance, Advanced, Ahead, Build, DraftStart, DraftStats, Lookup
+from actors.calls import Advanced
 from models.loading import load_store
 from models.store import WeightStore
 from common.settings import SamplingConfig
@@ -41,16 +41,18 @@ class DraftActor(Actor):
         self.flash = bool(flash)
         self.last = None  # the proposal of the last `build`, until `advance`
 
-    def op_start(self, args: DraftStart, tensors):
-        cfg = TreeConfig(**args.tree) if args.tree else self.cfg
-        self.sampling = SamplingConfig(**args.sampling) if args.sampling else self.base_sampling
-        self.local.start(list(args.prompt_ids), args.capacity, args.first, cfg, self.sampling)
+    def op_start(
+        self, prompt_ids: list, capacity: int, first: int, tree: TreeConfig | None = None, sampling: dict | None = None
+    ):
+        """A new prompt and the first generated token; `tree`: this generation's tree settings."""
+        self.sampling = SamplingConfig(**sampling) if sampling else self.base_sampling
+        self.local.start(list(prompt_ids), capacity, first, tree or self.cfg, self.sampling)
         return {}
 
-    def op_build(self, args: Build, tensors):
+    def op_build(self, budget: int, tensors: dict):
         """A tree of at most `budget` tokens (speculative/tree.py `Tree`; none: no tokens); under sampling
-        its distributions go to the slot in `dists`."""
-        self.last = self.local.propose(args.budget)
+        its distributions go to the slot in `tensors["slot"]`."""
+        self.last = self.local.propose(budget)
         self._give_heap_back()
         return self._reply(self.last, tensors)
 
@@ -63,11 +65,11 @@ class DraftActor(Actor):
         if self.local.fed_prompt() or self.flash:
             trim_heap()
 
-    def op_lookup(self, args: Lookup, tensors):
+    def op_lookup(self, max_nodes: int, tensors: dict):
         """Prompt lookup: a tree of the trie's candidates alone, no draft forward. The draft ran on none of
         it, so no tree is kept for `advance` (it takes the verdict as a plain step's)."""
         self.last = None
-        return self._reply(self.local.lookup(args.max_nodes), tensors)
+        return self._reply(self.local.lookup(max_nodes), tensors)
 
     def _reply(self, p, tensors):
         if p is None:
@@ -76,18 +78,21 @@ class DraftActor(Actor):
             return p.tree
         return p.tree, {"dists": self.put(tensors["slot"], p.dists)}
 
-    def op_ahead(self, args: Ahead, tensors):
-        """Draft on while the target verifies the last tree, until the verdict arrives (LLMCad 3.4)."""
-        steps = self.local.ahead(self.last, args.steps, stop=self.interrupted)
+    def op_ahead(self, steps: int):
+        """Draft on while the target verifies the last tree, at most `steps` forwards, until the verdict arrives
+        (LLMCad 3.4)."""
+        steps = self.local.ahead(self.last, steps, stop=self.interrupted)
         self._give_heap_back()
         return {"steps": steps}
 
-    def op_take_stats(self, args: DraftStats, tensors):
+    def op_take_stats(self):
+        """What the draft measured since the last ask (a flash draft's reads), for the generation's row."""
         return self.local.take_stats()
 
-    def op_advance(self, args: Advance, tensors):
-        """The verdict: accepted nodes of the last tree (`tree` false: a plain step or the trie's candidates)."""
-        p = self.last if args.tree else None
+    def op_advance(self, path: list, new: list, tree: bool = True):
+        """The verdict: the accepted nodes of the last tree and the committed tokens (`tree` false: a plain step,
+        or the trie's candidates, which the draft did not run on)."""
+        p = self.last if tree else None
         self.last = None
-        alpha = self.local.advance(p, list(args.path), list(args.new))
+        alpha = self.local.advance(p, list(path), list(new))
         return Advanced(alpha, *self.local.ahead_counts())

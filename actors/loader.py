@@ -13,7 +13,7 @@ init: store_dir (required), threads (4), chunk_bytes (4 MiB), direct (true), and
 from __future__ import annotations
 
 from actors.base import Actor
-from actors.ops import Groups, GroupSizes, Load, Loaded
+from actors.calls import GroupSizes, Loaded
 from models.store import WeightStore
 from shm.desc import TensorDesc
 from shm.dio import DEFAULT_CHUNK, DirectReader
@@ -40,12 +40,13 @@ class LoaderActor(Actor):
         self.loads = self.bytes = self.max_end = 0
         self.seconds = 0.0
 
-    def op_groups(self, args: Groups, tensors):
+    def op_groups(self):
         """The store's groups in file order: name -> bytes (what a slot for it must hold)."""
         return GroupSizes(self.store.group_bytes(), self.store.manifest["file_bytes"])
 
-    def op_load(self, args: Load, tensors):
-        name = args.group
+    def op_load(self, group: str, tensors: dict):
+        """Read `group` into the arena slot `tensors["slot"]`."""
+        name = group
         group = self.store.groups.get(name)
         if group is None:
             have = list(self.store.groups)
@@ -84,9 +85,9 @@ class LoaderActor(Actor):
         self.max_end = max(self.max_end, end)
         return Loaded(name, st.bytes, st.seconds, st.gbps, st.direct)
 
-    def op_stats(self, args, tensors):
+    def op_stats(self):
         return {
-            **super().op_stats(args, tensors),
+            **super().op_stats(),
             "loads": self.loads,
             "bytes": self.bytes,
             "seconds": self.seconds,

@@ -24,7 +24,6 @@ import warnings
 import torch
 
 from actors.base import Actor, ActorContext
-from actors.ops import Serve
 from actors.executor import WorkerShare
 from actors.syncarea import Clock, SyncArea
 from models import kernels
@@ -59,15 +58,16 @@ class SparseAttnActor(Actor):
             layers.append(layer_from_views(store, i, store.views(g.name, buf[g.offset : g.offset + g.nbytes])))
         return layers
 
-    def op_serve(self, args: Serve, tensors):
-        """Serve one verifier job's split (actors/executor.py); at a prompt's start the `kv` slot (the
-        verifier's KV cache, mapped: no copy); the slots sync, q, ch, and with a column share x, xin, y.
-        Replies once the verifier has ended the job."""
+    def op_serve(self, job: int, rows: int, timeout_s: float, tensors: dict, capacity: int | None = None):
+        """Serve the split of verifier job `job` (actors/executor.py) until the verifier ends it, waiting at most
+        `timeout_s` for each of its steps; `rows`: the most rows a forward has. At a prompt's start the `kv` slot
+        (the verifier's KV cache, `capacity` rows, mapped: no copy); the slots sync, q, ch, and with a column
+        share x, xin, y. Replies once the verifier has ended the job."""
         if "kv" in tensors:
-            self.cache = KVCache(self.args, args.capacity, storage=self.tensor(tensors["kv"]))
+            self.cache = KVCache(self.args, capacity, storage=self.tensor(tensors["kv"]))
         if self.cache is None:
             raise RuntimeError("no KV cache bound: a prompt's first job (start) brings it")
         slots = {k: self.tensor(v) for k, v in tensors.items()}
-        share = WorkerShare(self.args, self.cache, self.layers, SyncArea(slots["sync"], args.rows), slots, self.trace)
-        clock = Clock("the verifier", args.timeout_s, self.interrupted, self.beat, self.ctx.heartbeat_s)
-        return {"forwards": share.serve(args.job, clock)}
+        share = WorkerShare(self.args, self.cache, self.layers, SyncArea(slots["sync"], rows), slots, self.trace)
+        clock = Clock("the verifier", timeout_s, self.interrupted, self.beat, self.ctx.heartbeat_s)
+        return {"forwards": share.serve(job, clock)}

@@ -1,7 +1,7 @@
 """The verifier actor: the target model scoring a whole token tree in one pass (speculative/verify.py).
 
 Resident mode (`start`, `step`, `verify`): every target layer is in this process, one op a job,
-answered with its result (`Token`, `Verdict`: actors/ops.py).
+answered with its result (`Token`, `Verdict`: actors/calls.py).
 Job mode (`begin`, then `layer` or `experts`, until the result), used under a memory budget and with
 the sparse-attention worker: a job (`start`, `step` or `verify`) runs until it needs a streamed group,
 `AwaitGroup("layer.7")`; the scheduler has the loader put it into an arena slot and hands it over
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from actors.base import Actor, ActorContext
-from actors.ops import AwaitExperts, AwaitGroup, Begin, Experts, Layer, Start, PlainStep, Token, Verify
+from actors.calls import AwaitExperts, AwaitGroup, Token, signature
 from actors.executor import SplitExecutor
 from actors.syncarea import Clock
 from models.loading import load_store
@@ -27,10 +27,11 @@ from models.store import WeightStore, expert_group
 from models.transformer import Transformer
 from models.weights import StreamingWeights, weights_for
 from speculative.sampling import trials_from_wire
-from speculative.tree import TokenTree, Verdict
+from speculative.tree import TokenTree, Tree, Verdict
 from speculative.verify import Verifier
 
 RESULTS = (Token, Verdict)  # what a job ends with
+JOBS = ("start", "step", "verify")  # what `begin` starts: the resident ops, run a streamed group at a time
 
 
 class VerifierActor(Actor):
@@ -67,46 +68,50 @@ class VerifierActor(Actor):
 
     # -- resident ---------------------------------------------------------------------------
 
-    def op_start(self, args: Start, tensors):
-        """Prefill the prompt; the first token."""
-        self.verifier = self._verifier(args)
-        token = self.verifier.start(list(args.prompt_ids), args.capacity)
+    def op_start(self, prompt_ids: list, capacity: int, sampling: dict | None = None, reuse: bool = True):
+        """Prefill the prompt (the cache keeps the prefix the last generation shares with it, unless `reuse` is
+        false: a benchmark's modes each pay their own prefill); the first token. `sampling`: this generation's
+        (a server's request), else the run's."""
+        self.verifier = self._verifier(sampling, reuse)
+        token = self.verifier.start(list(prompt_ids), capacity)
         return Token(token, self.verifier.reused)
 
-    def _verifier(self, args: Start) -> Verifier:
+    def _verifier(self, sampling: dict | None, reuse: bool) -> Verifier:
         """A generation's verifier: the last one's cache kept for a prompt that continues it, unless told not to."""
-        return Verifier(self.model, self._sampling(args), previous=self.verifier if args.reuse else None)
+        own = SamplingConfig(**sampling) if sampling else self.sampling
+        return Verifier(self.model, own, previous=self.verifier if reuse else None)
 
-    def _sampling(self, args: Start) -> SamplingConfig:
-        """A generation's own sampling (a server's request), or the run's."""
-        return SamplingConfig(**args.sampling) if args.sampling else self.sampling
-
-    def op_step(self, args: PlainStep, tensors):
+    def op_step(self, root: int):
         """A plain decode step on the root."""
-        return Token(self.verifier.step(args.root))
+        return Token(self.verifier.step(root))
 
-    def op_verify(self, args: Verify, tensors):
-        return self.verifier.verify_tree(*self._tree(args, tensors))
+    def op_verify(self, tree: Tree, tensors: dict):
+        """Verify a token tree (what the draft's `build` and `lookup` answer); under sampling its trials index
+        the `dists` tensor that travels with it."""
+        return self.verifier.verify_tree(*self._tree(tree, tensors))
 
-    def _tree(self, args: Verify, tensors):
-        tree = TokenTree.of(args)
+    def _tree(self, tree: Tree, tensors: dict):
         trials = None
-        if args.trials is not None:
+        if tree.trials is not None:
             dists = self.tensor(tensors["dists"]) if "dists" in tensors else None
-            trials = trials_from_wire(args.trials, dists)
-        return tree, trials
+            trials = trials_from_wire(tree.trials, dists)
+        return TokenTree.of(tree), trials
 
     # -- streaming --------------------------------------------------------------------------
 
-    def op_begin(self, args: Begin, tensors):
-        """Start a job (its payload: Start, PlainStep or Tree in `args.args`), with `split` {"id", "rows", "timeout_s"}
-        when the sparse worker serves it."""
+    def op_begin(self, job: str, args: dict, tensors: dict, split: dict | None = None):
+        """Job mode (streamed layers, the sparse worker): start `job` (start, step or verify) with `args`, the
+        arguments that op takes in resident mode; the verifier answers with what it needs next (`AwaitGroup`,
+        `AwaitExperts`) or, at the job's end, its result (`Token`, `Verdict`). `split` {"id", "rows",
+        "timeout_s"}: the sparse worker serves this job (actors/executor.py)."""
         if self.job is not None:
             raise RuntimeError(f"a {self.kind} job is still waiting for {self._waits_for()}")
-        kind, job_args = args.job, args.job_payload()
+        if job not in JOBS:
+            raise ValueError(f"unknown job {job!r}; use start, step or verify")
+        kind, a = job, signature(getattr(type(self), "op_" + job), job).bind(args, tensors)
         planner = None
-        if args.split is not None:
-            sp = args.split
+        if split is not None:
+            sp = split
             clock = Clock(
                 "the sparse worker", float(sp["timeout_s"]), self.interrupted, self.beat, self.ctx.heartbeat_s
             )
@@ -115,37 +120,35 @@ class VerifierActor(Actor):
             planner = self.executor.plan
         try:
             if kind == "start":
-                self.verifier = self._verifier(job_args)
+                self.verifier = self._verifier(a.get("sampling"), a.get("reuse", True))
                 kv = self.tensor(tensors["kv"]) if "kv" in tensors else None
-                job = self.verifier.start_steps(list(job_args.prompt_ids), job_args.capacity, kv, planner)
+                steps = self.verifier.start_steps(list(a["prompt_ids"]), a["capacity"], kv, planner)
             elif kind == "step":
-                job = self.verifier.step_steps(job_args.root)
+                steps = self.verifier.step_steps(a["root"])
             else:
-                job = self.verifier.verify_steps(*self._tree(job_args, tensors), planner)
+                steps = self.verifier.verify_steps(*self._tree(a["tree"], tensors), planner)
         except BaseException:
             self._fail()
             raise
-        self.job, self.kind = job, kind
+        self.job, self.kind = steps, kind
         return self._advance(None)
 
-    def op_experts(self, args: Experts, tensors):
-        """The experts the job waits for, each in a slot of the expert buffer (mapped, not copied)."""
+    def op_experts(self, layer: int, experts: list, tensors: dict):
+        """The experts of MoE layer `layer` the job waits for, each in a slot of the expert buffer,
+        `tensors["e<id>"]` (mapped, not copied)."""
         need = self.need
         if (
             self.job is None
             or not isinstance(need, NeedExperts)
-            or list(need.experts) != list(args.experts)
-            or need.layer != args.layer
+            or list(need.experts) != list(experts)
+            or need.layer != layer
         ):
             raise RuntimeError(
-                f"experts {args.experts} of layer {args.layer} arrived but the verifier waits for {self._waits_for()}"
+                f"experts {experts} of layer {layer} arrived but the verifier waits for {self._waits_for()}"
             )
-        with self.trace.span(f"compute:experts.{args.layer}", cat="verify", args={"experts": len(args.experts)}):
+        with self.trace.span(f"compute:experts.{layer}", cat="verify", args={"experts": len(experts)}):
             r = self._send(
-                {
-                    e: self.weights.from_buffer(expert_group(args.layer, e), self.tensor(tensors[f"e{e}"]))
-                    for e in args.experts
-                }
+                {e: self.weights.from_buffer(expert_group(layer, e), self.tensor(tensors[f"e{e}"])) for e in experts}
             )
         return r if isinstance(r, RESULTS) else self._advance(r)
 
@@ -155,9 +158,8 @@ class VerifierActor(Actor):
         n = self.need
         return f"experts {list(n.experts)} of layer {n.layer}" if isinstance(n, NeedExperts) else n.group
 
-    def op_layer(self, args: Layer, tensors):
-        """The streamed group the job waits for, in an arena slot (mapped, not copied)."""
-        group = args.group
+    def op_layer(self, group: str, tensors: dict):
+        """The streamed group the job waits for, in the arena slot `tensors["slot"]` (mapped, not copied)."""
         if self.job is None or not isinstance(self.need, NeedWeights) or group != self.need.group:
             raise RuntimeError(f"layer {group} arrived but the verifier waits for {self._waits_for()}")
         with self.trace.span(f"compute:{group}", cat="verify", args={"group": group}):

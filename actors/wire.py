@@ -6,8 +6,8 @@ Tensors travel as `TensorDesc` (bytes already in an arena) or, up to `INLINE_MAX
 `WireError` (one readable sentence) for anything malformed; the receiver logs it, answers with an
 `Error`, and keeps serving.
 
-Real actors add operations through `Request.op` / `Reply.result` (payload and reply dataclasses:
-actors/ops.py), not through new message types.
+Real actors add operations through `Request.op` / `Reply.result` (an op's arguments checked against its
+handler's signature, reply dataclasses: actors/calls.py), not through new message types.
 """
 
 import typing
@@ -119,8 +119,8 @@ class Reply(Msg):
 
     @property
     def value(self):
-        """The result as the reply dataclass it was sent as (actors/ops.py REPLIES), or the map."""
-        from actors.ops import read_reply
+        """The result as the reply dataclass it was sent as (actors/calls.py REPLIES), or the map."""
+        from actors.calls import read_reply
 
         return read_reply(self.result)
 

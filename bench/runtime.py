@@ -43,7 +43,7 @@ class BenchActor(Actor):
         self._thread = threading.Thread(target=self._serve_pickles, name="pickle-server", daemon=True)
         self._thread.start()
 
-    def op_touch(self, args, tensors):
+    def op_touch(self, tensors: dict):
         t = self.tensor(tensors["x"]).view(-1)
         return {"first": float(t[0]), "last": float(t[-1])}
 

@@ -5,8 +5,8 @@ the expert buffer).
 
     with Runtime(config) as s:                      # plan memory, sweep, arena, ROUTER, watchdog
         s.spawn("verifier", "actors.verifier:VerifierActor", {...})  # HELLO -> INIT -> READY, each step timed
-        reply = s.call("verifier", Layer("layer.3"), tensors={"slot": desc})   # a payload (actors/ops.py)
-        rid = s.send("loader", Load("layer.4"), ...); events = s.poll(0.1)   # replies, deaths, errors
+        reply = s.call("verifier", "layer", {"group": "layer.3"}, {"slot": desc})   # an op by name (actors/calls.py)
+        rid = s.send("loader", "load", {"group": "layer.4"}, ...); events = s.poll(0.1)   # replies, deaths, errors
     # exit: STOP, join to timeouts.shutdown_s, kill the trees, unlink, write traces/<run-id>.json
 
 `Runtime` composes three parts, each with its own state: the `Supervisor` (supervisor.py: the actor
@@ -28,7 +28,6 @@ import time
 import zmq
 
 from actors import wire
-from actors.ops import Payload
 from actors.tracing import Tracer
 from common.errors import CadenceError, Terminated
 from common.procname import set_process_name
@@ -213,26 +212,22 @@ class Runtime:
     # -- requests -------------------------------------------------------------------------------
 
     def send(
-        self, role: str, op: str | Payload, args: dict | None = None, tensors: dict | None = None, lease: bool = True
+        self, role: str, op: str, args: dict | None = None, tensors: dict | None = None, lease: bool = True
     ) -> int:
-        """Queue a request; returns its id. `op` is the op's name and `args` its map, or a payload
-        (actors/ops.py) that is both. With `lease`, every slot a descriptor points into is leased to
+        """Queue a request; returns its id. `op` is the op's name and `args` its arguments (scheduler/remote.py
+        `Remote` calls an actor's ops as methods). With `lease`, every slot a descriptor points into is leased to
         `role` until its reply (or death), so it cannot be reused while being read."""
-        if isinstance(op, Payload):
-            op, args = op.op, op.wire()
         return self.pump.send(role, op, args or {}, tensors or {}, lease)
 
     def call(
         self,
         role: str,
-        op: str | Payload,
+        op: str,
         args: dict | None = None,
         tensors: dict | None = None,
         timeout: float | None = None,
     ) -> wire.Reply:
         """Send and wait for the reply. ActorError if the op failed, ActorDead, RequestTimeout."""
-        if isinstance(op, Payload):
-            op, args = op.op, op.wire()
         limit = timeout if timeout is not None else self.config.timeouts.request_s
         with self.tracer.span(f"call {op}", cat="scheduler", args={"to": role}):
             req_id = self.send(role, op, args, tensors)

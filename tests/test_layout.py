@@ -231,3 +231,15 @@ def test_nothing_after_decide_takes_the_run_options():
         if "RunConfig" in path.read_text() and not any(name == m or name.startswith(m + ".") for m in READS_OPTIONS)
     )
     assert not found, "modules past `decide` that take a RunConfig (give them the RunPlan): " + "; ".join(found)
+
+
+def test_the_readme_follows_one_token_through_at_most_14_files_that_exist():
+    """The README's path of one token from `launch run` to the screen: the files a reader must open, in order,
+    at most 14 (issue 41: 23 before the plan, the session and the generic call), each one there."""
+    import re
+
+    part = (ROOT / "README.md").read_text().split("To follow one token from `launch run`")[1].split("In one process")[0]
+    steps = re.findall(r"^\d+\. `([a-z_/]+\.py)`", part, re.M)
+    named = set(re.findall(r"`?([a-z_]+/[a-z_/]+\.py)`?", part))
+    assert 0 < len(steps) <= 14 and len(set(steps)) == len(steps), steps
+    assert all((ROOT / f).is_file() for f in named), [f for f in named if not (ROOT / f).is_file()]

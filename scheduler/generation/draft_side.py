@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from actors.ops import Advance, Ahead, Build, DraftStart, DraftStats, Lookup
 from common.settings import SamplingConfig, TreeConfig
 from scheduler.errors import ActorError
+from scheduler.remote import Remote
 from scheduler.runtime import Runtime
 from speculative.loop import Proposal
 
@@ -20,6 +20,7 @@ class ActorDraft:
 
     def __init__(self, sched: Runtime, vocab_size: int):
         self.s, self.vocab_size = sched, vocab_size
+        self.draft = Remote(sched, "draft")  # the draft actor's ops (actors/draft.py)
         self.greedy = True
         self.slots: dict[int, object] = {}  # id(proposal) -> its distributions' arena slot
         self.ahead_req: int | None = None
@@ -29,11 +30,11 @@ class ActorDraft:
         self.greedy = sampling.greedy
         self.counts = (0, 0)
         self.ahead_req = None  # drafting ahead of a generation that ended in an error: its reply is nobody's now
-        self.s.call("draft", DraftStart(prompt_ids, capacity, first, asdict(cfg), asdict(sampling)))
+        self.draft.start(prompt_ids=prompt_ids, capacity=capacity, first=first, tree=cfg, sampling=asdict(sampling))
 
     def lookup(self, max_nodes: int) -> Proposal | None:
         """Prompt lookup: the trie's candidates, no draft forward."""
-        tree = self.s.call("draft", Lookup(max_nodes)).value
+        tree = self.draft.lookup(max_nodes=max_nodes)
         return Proposal(tree, drafted=False) if tree.tokens else None
 
     def propose(self, budget: int) -> Proposal | None:
@@ -43,7 +44,7 @@ class ActorDraft:
             slot = s.slots.alloc((budget + 1) * self.vocab_size * 4)
             tensors = {"slot": s.slot_desc(slot)}
         try:
-            reply = s.call("draft", Build(budget), tensors=tensors)
+            reply = self.draft.call("build", tensors, budget=budget)
         except BaseException:
             if slot is not None:
                 s.slots.free(slot)
@@ -54,10 +55,10 @@ class ActorDraft:
         return p
 
     def ahead(self, p: Proposal, steps: int) -> None:
-        self.ahead_req = self.s.send("draft", Ahead(steps))
+        self.ahead_req = self.draft.send("ahead", steps=steps)
 
     def advance(self, p: Proposal | None, path: list[int], new: list[int]) -> float:
-        adv = self.s.call("draft", Advance(path, new, p is not None)).value
+        adv = self.draft.advance(path=path, new=new, tree=p is not None)
         if self.ahead_req is not None:  # answered before `advance` (one socket, in order), unless a stream poll took it
             req, self.ahead_req = self.ahead_req, None
             r = self.s.take_reply(req)
@@ -75,4 +76,4 @@ class ActorDraft:
         return self.counts
 
     def take_stats(self) -> dict:
-        return self.s.call("draft", DraftStats()).value
+        return self.draft.take_stats()

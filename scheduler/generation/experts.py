@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from actors.ops import Load
 from common.errors import CadenceError
 from common.settings import ExpertOptions
 from models.store import expert_group
@@ -178,7 +177,7 @@ class ExpertCache:
                 f"the expert buffer ({self.slots.capacity >> 20} MiB) cannot hold the "
                 f"{len(self.pinned)} experts layer {key[0]} needs at once; raise --memory-budget"
             )
-        rid = self.s.send("loader", Load(group), tensors={"slot": self.s.slot_desc(slot)})
+        rid = self.s.send("loader", "load", {"group": group}, {"slot": self.s.slot_desc(slot)})
         self.loading[rid] = (key, slot, preload)
         self.by_key[key] = rid
         return True

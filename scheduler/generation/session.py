@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from actors.ops import Groups
 from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit
 from models.args import ModelArgs
 from scheduler.generation.draft_side import ActorDraft
@@ -58,7 +57,7 @@ class ActorSession:
         sched.wait_ready()
         plan, streamer, cache = spec.plan, None, None
         if "loader" in sched.actors:
-            sizes = sched.call("loader", Groups()).value.groups
+            sizes = sched.call("loader", "groups").value.groups
             if plan.streamed:
                 from scheduler.generation.streaming import Streamer
 

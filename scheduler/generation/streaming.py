@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from actors.ops import Layer, Load
 from common.errors import CadenceError
 from scheduler.events import DeadEvent, ErrorEvent, ReplyEvent
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
@@ -77,7 +76,7 @@ class Streamer:
         slot = self.s.stream_slots.try_alloc(self.sizes[group])
         if slot is None:
             return False
-        rid = self.s.send("loader", Load(group), tensors={"slot": self.s.slot_desc(slot)})
+        rid = self.s.send("loader", "load", {"group": group}, {"slot": self.s.slot_desc(slot)})
         self.inflight[rid] = (group, slot)
         self.queue.append(group)
         self._count()
@@ -143,7 +142,7 @@ class Streamer:
         """Hand the verifier the streamed group it waits for; its reply (what it waits for next, or the
         job's result)."""
         slot = self.take(group)
-        r = self.s.call("verifier", Layer(group), tensors={"slot": self.s.slot_desc(slot)}).value
+        r = self.s.call("verifier", "layer", {"group": group}, {"slot": self.s.slot_desc(slot)}).value
         self.done_with(group)
         self.on_events(self.s.poll(0))
         return r

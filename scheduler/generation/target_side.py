@@ -15,13 +15,14 @@ import struct
 import time
 from dataclasses import asdict
 
-from actors.ops import AwaitExperts, AwaitGroup, Begin, Experts, Payload, Serve, Start, PlainStep, Verify
+from actors.calls import AwaitExperts, AwaitGroup, wire_args
 from actors.syncarea import STOP, SyncArea
 from common.settings import PREFILL_CHUNK, SamplingConfig, TreeConfig, WorkerSplit
 from models.args import ModelArgs
 from scheduler.errors import ActorDead, ActorError
 from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.procs import DEAD
+from scheduler.remote import Remote
 from scheduler.runtime import Runtime
 from speculative.loop import Proposal
 
@@ -44,6 +45,7 @@ class ActorTarget:
         `worker`: the sparse-attention worker's split; `experts`: a mixture of experts' buffer under a
         budget (scheduler/generation/experts.py). Each None where the run has none."""
         self.s, self.streamer, self.worker, self.model, self.cfg = sched, streamer, worker, model, cfg
+        self.verifier = Remote(sched, "verifier")  # the verifier actor's ops (actors/verifier.py)
         self.experts = experts
         if experts is not None and streamer is not None:
             experts.on_events = streamer.on_events
@@ -64,16 +66,16 @@ class ActorTarget:
     def start(
         self, prompt_ids: list[int], capacity: int, sampling: SamplingConfig, reuse: bool = True
     ) -> tuple[int, int]:
-        r = self.run(Start(prompt_ids, capacity, asdict(sampling), reuse))
+        r = self.run("start", dict(prompt_ids=prompt_ids, capacity=capacity, sampling=asdict(sampling), reuse=reuse))
         return r.token, r.reused
 
     def step(self, root: int) -> int:
-        return self.run(PlainStep(root)).token
+        return self.run("step", dict(root=root)).token
 
     def verify(self, p: Proposal) -> tuple[list[int], int]:
         s = self.s
         wait0, t = self._io_wait(), time.perf_counter()
-        v = self.run(Verify.of(p.tree), {"dists": p.dists} if p.dists is not None else None)
+        v = self.run("verify", dict(tree=p.tree), {"dists": p.dists} if p.dists is not None else None)
         if (
             self.streamer is not None or self.experts is not None
         ):  # the share of a verification spent waiting for the loader
@@ -99,25 +101,25 @@ class ActorTarget:
 
     # -- the conversation --------------------------------------------------------------------------
 
-    def run(self, job: Payload, tensors: dict | None = None):
-        """A verifier job (Start / PlainStep / Verify) to its result (Token / Verdict): one op, or a conversation
-        when layers stream in from the loader; with the worker, it serves the job's split at the same time
-        (a step has one row: nothing to split)."""
+    def run(self, job: str, args: dict, tensors: dict | None = None):
+        """A verifier job (start / step / verify, with the arguments of that op) to its result (Token / Verdict):
+        one op, or a conversation when layers stream in from the loader (`begin`); with the worker, it serves the
+        job's split at the same time (a step has one row: nothing to split)."""
         s = self.s
         if self.streamer is None and self.worker is None and self.experts is None:
-            reply = s.call("verifier", job, tensors=tensors)
+            reply = self.verifier.call(job, tensors, **args)
             self.job_req = reply.req_id
             return reply.value
         tensors = dict(tensors or {})
         serving, timeout, split = None, None, None
-        if self.worker is not None and not isinstance(job, PlainStep):
-            serving, split = self._serve(job, tensors)
-            if isinstance(job, Start):  # a resident prefill is one op however many chunks it has
-                timeout = s.config.timeouts.request_s * (1 + len(job.prompt_ids) // PREFILL_CHUNK)
+        if self.worker is not None and job != "step":
+            serving, split = self._serve(job, args, tensors)
+            if job == "start":  # a resident prefill is one op however many chunks it has
+                timeout = s.config.timeouts.request_s * (1 + len(args["prompt_ids"]) // PREFILL_CHUNK)
         if self.streamer is not None:
             self.streamer.refill()
         try:
-            reply = s.call("verifier", Begin(job.op, job.wire(), split), tensors=tensors, timeout=timeout)
+            reply = self.verifier.call("begin", tensors, timeout, job=job, args=wire_args(args), split=split)
             self.job_req, r = reply.req_id, reply.value
             while isinstance(r, (AwaitGroup, AwaitExperts)):
                 r = self._experts(r) if isinstance(r, AwaitExperts) else self.streamer.feed(r.group)
@@ -131,9 +133,9 @@ class ActorTarget:
         """Hand the verifier the experts it waits for, from the buffer; its reply (what it waits for next,
         or the job's result)."""
         tensors = self.experts.serve(r.layer, r.experts, r.guess)
-        return self.s.call("verifier", Experts(r.layer, r.experts), tensors=tensors).value
+        return self.verifier.experts(tensors, layer=r.layer, experts=r.experts)
 
-    def _serve(self, job: Payload, tensors: dict) -> tuple[tuple[int, int], dict]:
+    def _serve(self, job: str, args: dict, tensors: dict) -> tuple[tuple[int, int], dict]:
         """Send the worker its one request for this job; ((its request, the job's id), the verifier's split:
         `begin` gets the same slots and ids)."""
         s = self.s
@@ -141,21 +143,25 @@ class ActorTarget:
             s.take_reply(rid)
         self.answered.clear()
         self.failed.clear()  # the last jobs' failures: over with them
-        tensors.update(self._worker_slots(job))
+        tensors.update(self._worker_slots(args.get("capacity") if job == "start" else None))
         self.job_id += 1
         # the verifier gives up on the worker's step before the scheduler gives up on the verifier, so the run
         # ends with the sentence that names the worker; the worker waits longer still (between its steps the
         # verifier may wait on the loader), so it never goes first
         limit = s.config.timeouts.request_s
-        split = {"id": self.job_id, "rows": self.rows, "timeout_s": WORKER_WAIT * limit}  # Begin.split
-        serve = Serve(self.job_id, self.rows, VERIFIER_WAIT * limit, job.capacity if isinstance(job, Start) else None)
-        rid = s.send("sparse", serve, tensors={k: tensors[k] for k in SPLIT_SLOTS if k in tensors})
+        split = {"id": self.job_id, "rows": self.rows, "timeout_s": WORKER_WAIT * limit}  # begin's split
+        rid = s.send(
+            "sparse",
+            "serve",
+            dict(job=self.job_id, rows=self.rows, timeout_s=VERIFIER_WAIT * limit, capacity=args.get("capacity")),
+            {k: tensors[k] for k in SPLIT_SLOTS if k in tensors},
+        )
         self.serving[rid] = self.job_id
         return (rid, self.job_id), split
 
-    def _worker_slots(self, job: Payload) -> dict:
+    def _worker_slots(self, capacity: int | None) -> dict:
         """Arena room for the sync area, Q and the worker's chunk states, the column split's buffers, and at
-        each prompt the KV cache itself."""
+        each prompt (`capacity`: its KV cache's rows) the KV cache itself."""
         s, a = self.s, self.model
         out = {}
         if self.job_slots is None:
@@ -181,12 +187,11 @@ class ActorTarget:
         out.update(zip(("sync", "q", "ch"), map(s.slot_desc, self.job_slots)))
         if self.col_slots:
             out.update(zip(("x", "xin", "y"), map(s.slot_desc, self.col_slots)))
-        if isinstance(job, Start):
+        if capacity is not None:
             if self.kv_slot is not None:
                 s.slots.free(self.kv_slot)
                 self.kv_slot = None
-            cap = job.capacity
-            self.kv_slot = s.slots.alloc(a.kv_bytes(cap))
+            self.kv_slot = s.slots.alloc(a.kv_bytes(capacity))
             out["kv"] = s.slot_desc(self.kv_slot)
         return out
 

@@ -34,10 +34,10 @@ class SpammingActor(FakeActor):
 
     role = "spam"
 
-    def op_spam(self, args, tensors):
-        for i in range(args["n"]):
+    def op_spam(self, n: int):
+        for i in range(n):
             self.ctx.sock.send_multipart([b"\xff" if i % 2 else b"\x11", os.urandom(i % 50)])
-        return {"sent": args["n"]}
+        return {"sent": n}
 
 
 class TreeActor(FakeActor):
@@ -51,7 +51,7 @@ class TreeActor(FakeActor):
 
         self.child = subprocess.Popen(["sleep", "120"])
 
-    def op_child(self, args, tensors):
+    def op_child(self):
         return {"pid": self.child.pid}
 
 
@@ -60,10 +60,10 @@ class SloppyActor(FakeActor):
 
     role = "sloppy"
 
-    def op_number(self, args, tensors):
+    def op_number(self):
         return 42
 
-    def op_object(self, args, tensors):
+    def op_object(self):
         return {"x": object()}
 
 
@@ -72,11 +72,11 @@ class ChecksumActor(FakeActor):
 
     role = "consumer"
 
-    def op_crc(self, args, tensors):
+    def op_crc(self, tensors: dict, sleep_s: float = 0.0):
         import zlib
 
         import numpy as np
 
         d = tensors["x"]
-        time.sleep(float(args.get("sleep_s", 0.0)))
+        time.sleep(sleep_s)
         return {"crc": zlib.crc32(np.frombuffer(self.arenas[d.segment].buf, np.uint8, d.span_bytes, d.offset))}

@@ -15,7 +15,7 @@ import torch
 from actors import wire
 from tests.runtime.fakes.actors import FakeLoaderActor
 from tests.runtime.fakes.target import FakeDraftActor
-from actors.ops import Build, DraftStart
+from scheduler.remote import Remote
 from common.errors import CadenceError
 from scheduler.procs import SPIN_TURNS
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
@@ -36,8 +36,9 @@ def test_handshake_ping_and_clean_exit():
         proc = s.spawn("draft", FakeDraftActor, {"seed": 1})
         assert proc.actor == "FakeDraftActor" and "build" in proc.ops and "ping" in proc.ops
         assert s.call("draft", "ping", {"x": [1, "two"]}).result == {"x": [1, "two"]}
-        s.call("draft", DraftStart([1, 2], 12, 3))
-        assert len(s.call("draft", Build(4)).result["tokens"]) == 4
+        draft = Remote(s, "draft")
+        draft.start(prompt_ids=[1, 2], capacity=12, first=3)
+        assert len(draft.build(budget=4).tokens) == 4
     assert proc.popen.returncode == 0  # it stopped when asked, it was not killed
     assert proc.said == "stopped when asked"  # its last word, after its last trace batch, was waited for
     assert_clean(s.run_id, [proc.pid])
@@ -50,8 +51,10 @@ def test_failed_op_answers_the_caller_and_the_actor_keeps_serving():
             s.call("draft", "fail", {"message": "bad weights"})
         with pytest.raises(ActorError, match="has no op 'nope'; it serves .*build"):
             s.call("draft", "nope")
-        with pytest.raises(ActorError, match="op 'build' takes budget: unknown field\\(s\\) width"):
-            s.call("draft", "build", {"width": 4})  # a payload the op does not take (actors/ops.py)
+        with pytest.raises(ActorError, match="op 'build' takes budget: unknown argument\\(s\\) width"):
+            s.call("draft", "build", {"width": 4})  # an argument the op does not take (actors/calls.py)
+        with pytest.raises(ActorError, match="argument 'budget' must be int, got str"):
+            s.call("draft", "build", {"budget": "four"})
         assert s.call("draft", "ping").ok
     assert_clean(s.run_id)
 

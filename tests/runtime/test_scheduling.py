@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from tests.runtime.fakes.actors import target_text
-from actors.ops import Load
 from common.settings import WorkerSplit
 from scheduler.errors import ActorError
 from scheduler.runtime import Runtime
@@ -31,8 +30,8 @@ def _logging_sends(s: Runtime) -> list:
     sent, send = [], s.send
 
     def logged(role, op, args=None, tensors=None, lease=True):
-        name, fields = (op, args or {}) if isinstance(op, str) else (op.op, op.wire())  # a name and a map, or a payload
-        sent.append((role, name, fields.get("group") or fields.get("job")))
+        fields = args or {}
+        sent.append((role, op, fields.get("group") or fields.get("job")))
         return send(role, op, args, tensors, lease)
 
     s.send = logged
@@ -120,7 +119,7 @@ class ReuseBeforeRelease(Streamer):
         slot = next((sl for sl in self.ready.values() if sl.nbytes >= self.sizes[group]), None)
         if slot is None:
             return super()._issue(group)
-        rid = self.s.send("loader", Load(group), tensors={"slot": self.s.slot_desc(slot)})
+        rid = self.s.send("loader", "load", {"group": group}, {"slot": self.s.slot_desc(slot)})
         self.inflight[rid] = (group, slot)
         self.queue.append(group)
         while rid in self.inflight:  # the overwrite lands before the verifier gets the slot

@@ -11,6 +11,7 @@ import torch
 
 from actors import wire
 from shm.arena import Arena, new_run_id
+from speculative.tree import Tree
 from shm.desc import DTYPES, INLINE_MAX, InlineTensor, TensorDesc
 from shm.tensors import from_inline, put, to_inline, view
 
@@ -182,14 +183,37 @@ def test_descriptor_validation_names_the_field():
         InlineTensor("float32", (1,), b"\0")
 
 
-def test_a_payload_with_a_field_missing_or_unknown_fails_that_request_in_one_sentence():
-    """Op payloads are dataclasses (actors/ops.py): the map on the wire must have exactly their fields."""
-    from actors.ops import Build, Load
+def test_a_request_with_an_argument_missing_unknown_or_of_the_wrong_type_fails_in_one_sentence():
+    """An op's type is its handler's signature (actors/calls.py): the map on the wire must bind to it exactly,
+    each value of its parameter's type; a dataclass parameter takes the map of its fields."""
+    from actors.calls import signature, wire_args
 
-    assert Build.read({"budget": 4}) == Build(4) and Build(4).wire() == {"budget": 4}
+    class Ops:
+        def op_build(self, budget: int, tensors: dict):
+            return budget
+
+        def op_verify(self, tree: Tree, strict: bool = True):
+            return tree
+
+        def op_rate(self, gbps: float, name: str | None = None):
+            return gbps
+
+    build = signature(Ops.op_build, "build")
+    assert build.bind({"budget": 4}, {"slot": 1}) == {"budget": 4, "tensors": {"slot": 1}}
     with pytest.raises(
-        ValueError, match="op 'build' takes budget: unknown field\\(s\\) width; missing field\\(s\\) budget"
+        ValueError, match="op 'build' takes budget: unknown argument\\(s\\) width; missing argument\\(s\\) budget"
     ):
-        Build.read({"width": 4})
-    with pytest.raises(ValueError, match="op 'load' takes group: missing field\\(s\\) group"):
-        Load.read({})
+        build.bind({"width": 4}, {})
+    with pytest.raises(ValueError, match="op 'build': argument 'budget' must be int, got str"):
+        build.bind({"budget": "4"}, {})
+    with pytest.raises(ValueError, match="op 'build': argument 'budget' must be int, got bool"):
+        build.bind({"budget": True}, {})
+    tree = Tree(-1, [5, 6], [-1, 0], [0.9, 0.8])
+    verify = signature(Ops.op_verify, "verify")
+    assert verify.bind(wire_args({"tree": tree}), {}) == {"tree": tree}  # a dataclass travels as its fields
+    with pytest.raises(
+        ValueError, match="argument 'tree' \\(Tree\\) takes root, tokens.*missing argument\\(s\\) probs"
+    ):
+        verify.bind({"tree": {"root": 1, "tokens": [], "parents": []}}, {})
+    rate = signature(Ops.op_rate, "rate")
+    assert rate.bind({"gbps": 2}, {}) == {"gbps": 2.0} and rate.bind({"gbps": 1.5, "name": None}, {})["name"] is None

@@ -43,7 +43,7 @@ import numpy as np
 
 from actors import wire
 from actors.base import Actor, ActorFatal
-from actors.ops import Groups, GroupSizes, Load, Loaded, Serve
+from actors.calls import GroupSizes, Loaded
 from models.args import ModelArgs
 from actors.syncarea import ABANDONED, END, FORWARD, VERIFIER as VERIFIER_WORD, WORKER as WORKER_WORD, Clock, SyncArea
 from shm.desc import TensorDesc
@@ -164,39 +164,38 @@ class FakeActor(Actor):
             with self.trace.span(span, cat=self.role, args={"s": round(seconds, 6)}):
                 time.sleep(seconds)
 
-    def op_stats(self, args, tensors):
-        return {**super().op_stats(args, tensors), "calls": dict(self.calls)}
+    def op_stats(self):
+        return {**super().op_stats(), "calls": dict(self.calls)}
 
-    def op_reseed(self, args, tensors):
+    def op_reseed(self, seed: int):
         """Restart the RNG as `seed` (benchmarks replay one workload block after block)."""
-        self.rng = random.Random(f"{args['seed']}:{self.role}")
+        self.rng = random.Random(f"{seed}:{self.role}")
         return {}
 
-    def op_sleep(self, args, tensors):
+    def op_sleep(self, s: float = 0.0, beats: int = 0):
         """Sleep `s` seconds, in `beats` slices with a heartbeat after each (0: silent)."""
-        beats = int(args.get("beats", 0))
         for _ in range(max(beats, 1)):
-            time.sleep(float(args.get("s", 0.0)) / max(beats, 1))
+            time.sleep(s / max(beats, 1))
             if beats:
                 self.beat()
-        return {"slept": args.get("s", 0.0)}
+        return {"slept": s}
 
-    def op_fail(self, args, tensors):
-        raise ValueError(args.get("message", "scripted failure"))
+    def op_fail(self, message: str = "scripted failure"):
+        raise ValueError(message)
 
-    def op_give_up(self, args, tensors):
-        raise ActorFatal(args.get("message", "scripted fatal error"))
+    def op_give_up(self, message: str = "scripted fatal error"):
+        raise ActorFatal(message)
 
-    def op_transform(self, args, tensors):
+    def op_transform(self, crc: int, tensors: dict, tag=None, max_sleep_s: float = 0.0):
         """Stress test: check the input's crc, write its bytes reversed into the output slot."""
         src = slot_bytes(self, tensors["x"])
-        if zlib.crc32(src) != args["crc"]:
-            raise ValueError(f"input of request {args.get('tag')} changed under us (crc mismatch)")
-        time.sleep(self.rng.uniform(0, float(args.get("max_sleep_s", 0.0))))
+        if zlib.crc32(src) != crc:
+            raise ValueError(f"input of request {tag} changed under us (crc mismatch)")
+        time.sleep(self.rng.uniform(0, max_sleep_s))
         dst = slot_bytes(self, tensors["out"])[: src.size]
         dst[:] = src[::-1]
-        if zlib.crc32(src) != args["crc"]:
-            raise ValueError(f"input of request {args.get('tag')} changed while we read it")
+        if zlib.crc32(src) != crc:
+            raise ValueError(f"input of request {tag} changed while we read it")
         return {"crc": zlib.crc32(dst), "n": int(src.size)}
 
 
@@ -244,11 +243,11 @@ class FakeLoaderActor(FakeActor):
         self.loads = self.bytes = self.max_end = 0
         self.loaded: deque = deque(maxlen=LOG_ENTRIES)  # (group, time.monotonic() at the end of its load)
 
-    def op_groups(self, args: Groups, tensors):
+    def op_groups(self):
         return GroupSizes(self.groups, sum(self.groups.values()))
 
-    def op_load(self, args: Load, tensors):
-        name = args.group
+    def op_load(self, group: str, tensors: dict):
+        name = group
         if name not in self.groups:
             raise ValueError(f"the fake store has no group {name!r}")
         desc, n = tensors.get("slot"), self.groups[name]
@@ -270,9 +269,9 @@ class FakeLoaderActor(FakeActor):
         self.loaded.append((name, time.monotonic()))
         return Loaded(name, n, seconds, n / max(seconds, 1e-9) / 1e9, True)
 
-    def op_stats(self, args, tensors):
+    def op_stats(self):
         return {
-            **super().op_stats(args, tensors),
+            **super().op_stats(),
             "loads": self.loads,
             "bytes": self.bytes,
             "max_end": self.max_end,
@@ -294,12 +293,12 @@ class FakeSparseAttnActor(FakeActor):
         self.capacity = None
         self.steps = 0
 
-    def op_serve(self, args: Serve, tensors):
+    def op_serve(self, job: int, rows: int, timeout_s: float, tensors: dict, capacity: int | None = None):
         if "kv" in tensors:
-            self.capacity = args.capacity
+            self.capacity = capacity
         if self.capacity is None:
             raise RuntimeError("no KV cache bound: a prompt's first job (start) brings it")
-        sync = FakeSync(self, tensors["sync"], args.job, args.rows, "the verifier", args.timeout_s)
+        sync = FakeSync(self, tensors["sync"], job, rows, "the verifier", timeout_s)
         while True:
             step = sync.step + 1
             if not sync.wait(VERIFIER_WORD, step, f"step {step}", newer_ends=True) or sync.ended():
@@ -310,9 +309,9 @@ class FakeSparseAttnActor(FakeActor):
             self.steps += 1
             sync.post(WORKER_WORD, step)
 
-    def op_stats(self, args, tensors):
+    def op_stats(self):
         return {
-            **super().op_stats(args, tensors),
+            **super().op_stats(),
             "columns": self.columns,
             "capacity": self.capacity,
             "steps": self.steps,

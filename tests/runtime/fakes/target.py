@@ -11,21 +11,7 @@ from collections import deque
 from common.settings import PREFILL_CHUNK
 from tests.runtime.fakes.actors import LOG_ENTRIES, FakeActor, FakeSync, check_slot, slot_bytes, target_next
 from actors.syncarea import VERIFIER as VERIFIER_WORD, WORKER as WORKER_WORD
-from actors.ops import (
-    Advance,
-    Advanced,
-    Ahead,
-    AwaitGroup,
-    Begin,
-    Build,
-    DraftStart,
-    Layer,
-    Lookup,
-    Start,
-    PlainStep,
-    Token,
-    Verify,
-)
+from actors.calls import Advanced, AwaitGroup, Token, signature
 from speculative.tree import Tree, Verdict
 
 NO_TREE = Tree(-1, [], [], [])  # no candidates
@@ -100,7 +86,7 @@ class FakeVerifierActor(FakeActor):
         self.text.append(root)
         return Token(target_next(self.text, self.vocab))
 
-    def _verify(self, tree: Verify):
+    def _verify(self, tree: Tree):
         """Greedy: from the root, the child holding the target's token, while there is one."""
         tokens, parents = list(tree.tokens), list(tree.parents)
         yield from self._forward(len(tokens) + 1)
@@ -115,54 +101,55 @@ class FakeVerifierActor(FakeActor):
             self.text.append(want)
             at = nxt
 
-    def _job(self, args: Start | PlainStep | Verify):
-        if isinstance(args, Start):
-            return self._start(list(args.prompt_ids), args.reuse)
-        if isinstance(args, PlainStep):
-            return self._step(args.root)
-        return self._verify(args)
+    def _job(self, job: str, args: dict):
+        if job == "start":
+            return self._start(list(args["prompt_ids"]), args.get("reuse", True))
+        if job == "step":
+            return self._step(args["root"])
+        return self._verify(args["tree"])
 
     # -- resident --------------------------------------------------------------------------------
 
-    def _whole(self, args: Start | PlainStep | Verify):
-        job = self._job(args)
+    def _whole(self, job: str, args: dict):
+        steps = self._job(job, args)
         try:
-            need = next(job)
+            need = next(steps)
         except StopIteration as done:
             return done.value
-        raise RuntimeError(
-            f"a resident {args.op} needs {need}: this verifier was started with streamed groups or a worker"
-        )
+        raise RuntimeError(f"a resident {job} needs {need}: this verifier was started with streamed groups or a worker")
 
-    def op_start(self, args: Start, tensors):
-        return self._whole(args)
+    def op_start(self, prompt_ids: list, capacity: int, sampling: dict | None = None, reuse: bool = True):
+        return self._whole("start", {"prompt_ids": prompt_ids, "reuse": reuse})
 
-    def op_step(self, args: PlainStep, tensors):
-        return self._whole(args)
+    def op_step(self, root: int):
+        return self._whole("step", {"root": root})
 
-    def op_verify(self, args: Verify, tensors):
-        return self._whole(args)
+    def op_verify(self, tree: Tree, tensors: dict):
+        return self._whole("verify", {"tree": tree})
 
     # -- job mode ----------------------------------------------------------------------------------
 
-    def op_begin(self, args: Begin, tensors):
+    def op_begin(self, job: str, args: dict, tensors: dict, split: dict | None = None):
         if self.job is not None:
             raise RuntimeError(f"a job is still waiting for {self.need}")
-        self.begun.append((args.job, time.monotonic()))
+        if job not in ("start", "step", "verify"):
+            raise ValueError(f"unknown job {job!r}; use start, step or verify")
+        bound = signature(getattr(type(self), "op_" + job), job).bind(args, tensors)  # as the real verifier checks
+        self.begun.append((job, time.monotonic()))
         self.sync = None
-        if args.split is not None:  # the worker serves this job: meet it in the sync area, step by step
-            sp = args.split
+        if split is not None:  # the worker serves this job: meet it in the sync area, step by step
+            sp = split
             self.sync = FakeSync(
                 self, tensors["sync"], int(sp["id"]), int(sp["rows"]), "the sparse worker", float(sp["timeout_s"])
             )
             self.sync.begin()
             self.splits += 1
-        self.job = self._job(args.job_payload())
+        self.job = self._job(job, bound)
         return self._resume(None)
 
-    def op_layer(self, args: Layer, tensors):
-        if self.job is None or not isinstance(self.need, AwaitGroup) or args.group != self.need.group:
-            raise RuntimeError(f"layer {args.group} arrived but the verifier waits for {self.need}")
+    def op_layer(self, group: str, tensors: dict):
+        if self.job is None or not isinstance(self.need, AwaitGroup) or group != self.need.group:
+            raise RuntimeError(f"layer {group} arrived but the verifier waits for {self.need}")
         return self._resume(tensors)
 
     def _resume(self, value):
@@ -180,9 +167,9 @@ class FakeVerifierActor(FakeActor):
             raise
         return self.need
 
-    def op_stats(self, args, tensors):
+    def op_stats(self):
         return {
-            **super().op_stats(args, tensors),
+            **super().op_stats(),
             "worker": self.worker,
             "streamed": sorted(self.streamed),
             "consumed": list(self.consumed),
@@ -205,9 +192,9 @@ class FakeDraftActor(FakeActor):
         self.depth = 0  # of the last tree built
         self.alpha = 0.5
 
-    def op_start(self, args: DraftStart, tensors):
-        self.tree = dict(args.tree or self.tree)
-        self.text = list(args.prompt_ids) + [args.first]
+    def op_start(self, prompt_ids: list, capacity: int, first: int, tree: dict | None = None, sampling=None):
+        self.tree = dict(tree or self.tree)
+        self.text = list(prompt_ids) + [first]
         return {}
 
     def _grow(self, budget: int, chain: bool, max_depth: int) -> dict:
@@ -238,32 +225,32 @@ class FakeDraftActor(FakeActor):
             "tc": tc,
         }  # a Tree's fields
 
-    def op_build(self, args: Build, tensors):
+    def op_build(self, budget: int, tensors: dict):
         self.work("build")
         chain = self.tree.get("mode") == "chain"
-        tree = self._grow(args.budget, chain, int(self.tree.get("max_depth", 8)))
+        tree = self._grow(budget, chain, int(self.tree.get("max_depth", 8)))
         return Tree(**tree, forwards=self.depth, trie_nodes=0)
 
-    def op_lookup(self, args: Lookup, tensors):
+    def op_lookup(self, max_nodes: int, tensors: dict):
         """The trie's candidates: sometimes none, else a short chain."""
         if self.rng.random() < 0.5:
             return NO_TREE
-        tree = self._grow(min(2, args.max_nodes), True, 2)
+        tree = self._grow(min(2, max_nodes), True, 2)
         return Tree(**tree, forwards=0, trie_nodes=len(tree["tokens"]))
 
-    def op_ahead(self, args: Ahead, tensors):
-        steps = 0
-        while steps < args.steps and not self.interrupted():
+    def op_ahead(self, steps: int):
+        done, steps = steps, 0
+        while steps < done and not self.interrupted():
             self.work("ahead")
             steps += 1
         return {"steps": steps}
 
-    def op_take_stats(self, args, tensors):
+    def op_take_stats(self):
         return {}  # a fake draft reads nothing
 
-    def op_advance(self, args: Advance, tensors):
-        path, new = list(args.path), list(args.new)
+    def op_advance(self, path: list, new: list, tree: bool = True):
+        path, new = list(path), list(new)
         self.text += new
-        if args.tree and self.depth:
+        if tree and self.depth:
             self.alpha = 0.8 * self.alpha + 0.2 * len(path) / self.depth
         return Advanced(round(self.alpha, 6), 0, 0)
