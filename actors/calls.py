@@ -88,34 +88,30 @@ class Signature:
         return kwargs
 
 
-def _accepted(hint):
-    """A parameter's annotation as what a value may be: a tuple of plain types, or a dataclass (sent as a map)."""
+def _accepted(hint) -> tuple:
+    """A parameter's annotation as the types a value may have (a dataclass among them: sent as the map of its
+    fields)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        out = []
-        for h in typing.get_args(hint):
-            got = _accepted(h)
-            out.extend(got if isinstance(got, tuple) else (got,))
-        return tuple(out)
+        return tuple(t for h in typing.get_args(hint) for t in _accepted(h))
     if hint is type(None) or hint is None:
         return (type(None),)
     if hint is typing.Any or hint is inspect.Parameter.empty:
         return (object,)
-    if dataclasses.is_dataclass(hint):
-        return hint
     return (typing.get_origin(hint) or hint,)
 
 
-def _check(op: str, name: str, kind, value):
-    if isinstance(kind, tuple):
-        if object in kind or type(value) in kind or (type(value) is int and float in kind):
-            return float(value) if type(value) is int and float in kind and int not in kind else value
-        want = " or ".join(t.__name__ for t in kind)
-        raise ValueError(f"op {op!r}: argument {name!r} must be {want}, got {type(value).__name__}")
-    if isinstance(value, kind):
+def _check(op: str, name: str, kind: tuple, value):
+    if object in kind or type(value) in kind:
         return value
-    if not isinstance(value, dict):
-        raise ValueError(f"op {op!r}: argument {name!r} must be a map of {kind.__name__}'s fields")
-    return _read(kind, value, f"op {op!r}: argument {name!r} ({kind.__name__})")
+    if type(value) is int and float in kind:
+        return float(value)
+    record = next((t for t in kind if dataclasses.is_dataclass(t)), None)
+    if record is not None and isinstance(value, dict):
+        return _read(record, value, f"op {op!r}: argument {name!r} ({record.__name__})")
+    if record is not None and isinstance(value, record):
+        return value
+    want = " or ".join(f"a map of {t.__name__}'s fields" if dataclasses.is_dataclass(t) else t.__name__ for t in kind)
+    raise ValueError(f"op {op!r}: argument {name!r} must be {want}, got {type(value).__name__}")
 
 
 @functools.cache

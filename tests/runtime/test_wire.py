@@ -11,6 +11,7 @@ import torch
 
 from actors import wire
 from shm.arena import Arena, new_run_id
+from common.settings import TreeConfig
 from speculative.tree import Tree
 from shm.desc import DTYPES, INLINE_MAX, InlineTensor, TensorDesc
 from shm.tensors import from_inline, put, to_inline, view
@@ -198,6 +199,9 @@ def test_a_request_with_an_argument_missing_unknown_or_of_the_wrong_type_fails_i
         def op_rate(self, gbps: float, name: str | None = None):
             return gbps
 
+        def op_start(self, first: int, tree: TreeConfig | None = None):
+            return tree
+
     build = signature(Ops.op_build, "build")
     assert build.bind({"budget": 4}, {"slot": 1}) == {"budget": 4, "tensors": {"slot": 1}}
     with pytest.raises(
@@ -217,3 +221,8 @@ def test_a_request_with_an_argument_missing_unknown_or_of_the_wrong_type_fails_i
         verify.bind({"tree": {"root": 1, "tokens": [], "parents": []}}, {})
     rate = signature(Ops.op_rate, "rate")
     assert rate.bind({"gbps": 2}, {}) == {"gbps": 2.0} and rate.bind({"gbps": 1.5, "name": None}, {})["name"] is None
+    start = signature(Ops.op_start, "start")  # an optional dataclass: its map, or nothing
+    assert start.bind(wire_args({"first": 1, "tree": TreeConfig(width=5)}), {})["tree"] == TreeConfig(width=5)
+    assert start.bind({"first": 1, "tree": None}, {})["tree"] is None
+    with pytest.raises(ValueError, match="argument 'tree' must be a map of TreeConfig's fields or NoneType, got list"):
+        start.bind({"first": 1, "tree": [5]}, {})
