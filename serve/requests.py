@@ -12,16 +12,63 @@ from engine.prompts import Prompt
 
 MAX_STOPS = 4  # OpenAI takes up to four stop strings
 MAX_MESSAGES = 4096
-# what this server does not do, refused in a 400 rather than ignored: when is a value asking for it
-UNSUPPORTED = {
-    "logprobs": bool,
-    "top_logprobs": bool,
-    "echo": bool,
-    "suffix": bool,
-    "tools": bool,
-    "functions": bool,
-    "best_of": lambda v: v != 1,
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _integer(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# every other parameter of OpenAI's completions and chat completions (and the sampling ones llama.cpp's clients
+# send): (what its value must be, in words; a check of it; when a value asks for what this server does not do).
+# A value of the wrong kind, or one this server cannot honour, is a 400 that names the parameter; a parameter
+# not in any table is refused as unknown, as OpenAI does, never ignored.
+OTHERS = {
+    "presence_penalty": ("a number", _number, lambda v: v != 0),
+    "frequency_penalty": ("a number", _number, lambda v: v != 0),
+    "repetition_penalty": ("a number", _number, lambda v: v != 1),
+    "repeat_penalty": ("a number", _number, lambda v: v != 1),
+    "top_k": ("an integer", _integer, lambda v: v > 0),
+    "min_p": ("a number", _number, lambda v: v != 0),
+    "logit_bias": ("an object", lambda v: isinstance(v, dict), bool),
+    "logprobs": ("true, false or an integer", lambda v: isinstance(v, (bool, int)), bool),
+    "top_logprobs": ("an integer", _integer, bool),
+    "echo": ("true or false", lambda v: isinstance(v, bool), bool),
+    "suffix": ("a string", lambda v: isinstance(v, str), bool),
+    "best_of": ("an integer", _integer, lambda v: v != 1),
+    "tools": ("a list", lambda v: isinstance(v, list), bool),
+    "functions": ("a list", lambda v: isinstance(v, list), bool),
+    "tool_choice": ("a string or an object", lambda v: isinstance(v, (str, dict)), lambda v: v != "none"),
+    "function_call": ("a string or an object", lambda v: isinstance(v, (str, dict)), lambda v: v != "none"),
+    "parallel_tool_calls": ("true or false", lambda v: isinstance(v, bool), lambda v: False),
+    "response_format": ("an object", lambda v: isinstance(v, dict), lambda v: v.get("type", "text") != "text"),
+    "modalities": ("a list", lambda v: isinstance(v, list), lambda v: v != ["text"]),
+    "audio": ("an object", lambda v: isinstance(v, dict), lambda v: True),
+    "prediction": ("an object", lambda v: isinstance(v, dict), lambda v: True),
+    "reasoning_effort": ("a string", lambda v: isinstance(v, str), lambda v: True),
+    "web_search_options": ("an object", lambda v: isinstance(v, dict), lambda v: True),
+    "store": ("true or false", lambda v: isinstance(v, bool), bool),
+    "metadata": ("an object", lambda v: isinstance(v, dict), lambda v: False),
+    "user": ("a string", lambda v: isinstance(v, str), lambda v: False),
+    "service_tier": ("a string", lambda v: isinstance(v, str), lambda v: False),
 }
+# the parameters read where the request is (read_ask and the functions it calls)
+READ = {
+    "model",
+    "n",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+}
+ONLY = {"messages": True, "prompt": False}  # chat's, completions'
 
 
 class ClientError(Exception):
@@ -68,9 +115,7 @@ def read_ask(body: dict, chat: bool, rid: str, models: set[str]) -> Ask:
             "model",
             "not_found_error",
         )
-    for key, asks in UNSUPPORTED.items():
-        if body.get(key) is not None and asks(body[key]):
-            raise ClientError(400, f"{key} is not supported by this server; leave it out", key)
+    _check_others(body, chat)
     if body.get("n", 1) != 1:
         raise ClientError(400, "n must be 1: one choice per request", "n")
     prompt = (
@@ -90,6 +135,30 @@ def read_ask(body: dict, chat: bool, rid: str, models: set[str]) -> Ask:
         _flag(body, "stream"),
         bool((opts or {}).get("include_usage")),
     )
+
+
+def _check_others(body: dict, chat: bool) -> None:
+    """Every parameter besides those `read_ask` reads: of its kind, and asking for nothing this server does not
+    do; a parameter no table knows is unknown."""
+    for key, v in body.items():
+        if key in READ or ONLY.get(key) == chat or v is None:
+            continue
+        if key not in OTHERS:
+            where = "chat completions" if chat else "completions"
+            wrong = (
+                f" (it is a parameter of {'chat completions' if ONLY[key] else 'completions'})" if key in ONLY else ""
+            )
+            raise ClientError(400, f"{key} is not a parameter of {where}{wrong}; leave it out", key)
+        kind, ok, asks = OTHERS[key]
+        if not ok(v):
+            raise ClientError(400, f"{key}={_shown(v)} must be {kind}", key)
+        if asks(v):
+            raise ClientError(400, f"{key}={_shown(v)} is not supported by this server; leave it out", key)
+
+
+def _shown(v) -> str:
+    text = json.dumps(v, ensure_ascii=True)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _messages(body: dict) -> list[dict]:

@@ -245,6 +245,30 @@ def _post(base, path, body=None, content=None, headers=KEY):
             "messages[0].content[0]",
         ),
         ("/v1/completions", {"prompt": "a lone \ud800 surrogate"}, 400, "prompt"),
+        ("/v1/completions", {"prompt": "x", "presence_penalty": "abc"}, 400, "presence_penalty"),
+        ("/v1/completions", {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_k": 40}, 400, "top_k"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 3}},
+            400,
+            "logit_bias",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+            400,
+            "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "f"}]},
+            400,
+            "tools",
+        ),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "user": 7}, 400, "user"),
+        ("/v1/completions", {"prompt": "x", "messages": []}, 400, "messages"),
+        ("/v1/completions", {"prompt": "x", "temprature": 0.5}, 400, "temprature"),
     ],
 )
 def test_what_a_client_got_wrong_is_a_4xx_naming_the_parameter(server, path, body, status, param):
@@ -253,6 +277,33 @@ def test_what_a_client_got_wrong_is_a_4xx_naming_the_parameter(server, path, bod
     err = r.json()["error"]
     assert r.status_code == status and err["param"] == param and err["code"] == status, r.text
     assert err["message"] and "\n" not in err["message"] and "Traceback" not in err["message"]
+
+
+def test_parameters_that_ask_for_nothing_are_honoured_as_they_are(server):
+    """What a client library sends at its defaults (no penalty, no bias, text out, no tools, a user id) is a
+    request like any other: the same tokens as the bare one."""
+    base, _, _ = server
+    bare = {"messages": [{"role": "user", "content": "count: one two"}], "max_tokens": 6, "temperature": 0}
+    given = {
+        **bare,
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "logit_bias": {},
+        "logprobs": False,
+        "response_format": {"type": "text"},
+        "tool_choice": "none",
+        "parallel_tool_calls": True,
+        "user": "u-1",
+        "metadata": {"k": "v"},
+        "store": False,
+        "top_k": 0,
+        "min_p": 0,
+        "repeat_penalty": 1.0,
+        "n": 1,
+    }
+    a, b = _post(base, "/v1/chat/completions", bare), _post(base, "/v1/chat/completions", given)
+    assert a.status_code == b.status_code == 200, b.text
+    assert a.json()["choices"][0]["message"] == b.json()["choices"][0]["message"]
 
 
 def test_a_body_over_the_limit_is_refused_before_it_is_read(server):
