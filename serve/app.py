@@ -5,6 +5,8 @@
     GET  /v1/models             the one model served
     GET  /health                200 once the models are loaded (503 while loading, 500 if they failed)
     GET  /metrics               Prometheus text: tokens/s, acceptance, memory against the budget, disk GB/s
+    GET  /                      a chat page (serve/chat.html: one file, nothing fetched from elsewhere): answers
+                                streamed, code blocks drawn, a stop button, the run's live figures from /metrics
 
 The models load once, in one generation thread that owns the runtime (serve/generator.py). Requests
 wait in a bounded queue, one generation at a time: a full queue answers 429. A request is read and
@@ -30,7 +32,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from common.errors import PromptError
@@ -38,6 +40,7 @@ from serve.generator import Generator, Job
 from serve.requests import Ask, ClientError, parse_json, read_ask
 
 MAX_BODY = 4 << 20  # a request body larger than this is refused (413) before it is read whole
+PAGE = Path(__file__).with_name("chat.html")
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,11 @@ def error(e: ClientError) -> JSONResponse:
 class Api:
     def __init__(self, gen: Generator, cfg: ServeConfig):
         self.gen, self.cfg, self.created = gen, cfg, int(time.time())
+        self.page = PAGE.read_text()
+
+    async def chat_page(self, request: Request):
+        """The chat page: it holds no secret (the API key, where one is wanted, is typed into it)."""
+        return HTMLResponse(self.page)
 
     def authorized(self, request: Request) -> bool:
         if self.cfg.api_key is None:
@@ -292,6 +300,8 @@ def make_app(gen: Generator, cfg: ServeConfig) -> Starlette:
     api = Api(gen, cfg)
     return Starlette(
         routes=[
+            Route("/", api.chat_page),
+            Route("/favicon.ico", lambda request: Response(status_code=204)),
             Route("/health", api.health),
             Route("/metrics", api.metrics),
             Route("/v1/models", api.models),

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 
 from common.errors import CadenceError, PromptError
@@ -44,6 +45,33 @@ class Metrics:
     verifications: int = 0
     bytes_read: int = 0
     read_s: float = 0.0
+    # the generation under way, chunk by chunk (the chat page's live figures): its tokens, the seconds since its
+    # first chunk, its verifications and the draft tokens they accepted
+    live_tokens: int = 0
+    live_started: float = 0.0
+    live_last: float = 0.0
+    live_verifications: int = 0
+    live_accepted: int = 0
+
+    def start(self) -> None:
+        self.live_tokens = self.live_verifications = self.live_accepted = 0
+        self.live_started = self.live_last = 0.0
+
+    def chunk(self, c) -> None:
+        now = time.monotonic()
+        if not self.live_started:
+            self.live_started = now  # after the prompt's pass: the tokens per second of decoding
+        else:
+            self.live_tokens += len(c.tokens)
+        self.live_last = now
+        if c.accepted is not None:
+            self.live_verifications += 1
+            self.live_accepted += c.accepted
+
+    @property
+    def live_tokens_per_s(self) -> float:
+        span = self.live_last - self.live_started
+        return self.live_tokens / span if span > 0 else 0.0
 
     def record(self, c) -> None:
         self.tokens += len(c.token_ids)
@@ -109,7 +137,9 @@ class Generator(threading.Thread):
 
     def _generate(self, job: Job, chunks) -> None:
         text = ""
+        self.stats.start()
         for chunk in chunks:
+            self.stats.chunk(chunk)
             if self.on_chunk is not None:
                 self.on_chunk(chunk)
             text += chunk.text

@@ -32,6 +32,20 @@ def prometheus(gen: Generator, budget: int | None) -> str:
         round(m.bytes_read / m.read_s / 1e9, 4) if m.read_s else 0,
     )
     metric("disk_read_bytes_total", "counter", "Weight bytes read from disk", m.bytes_read)
+    metric("generating", "gauge", "1 while a generation runs", int(gen.busy))
+    metric("live_tokens", "gauge", "Tokens the generation under way (or the last) has decoded", m.live_tokens)
+    metric(
+        "live_tokens_per_second",
+        "gauge",
+        "Tokens per second of the generation under way (or the last), its prompt's pass aside",
+        round(m.live_tokens_per_s, 3),
+    )
+    metric(
+        "live_accepted_per_verification",
+        "gauge",
+        "Draft tokens accepted per verification in the generation under way (or the last)",
+        round(m.live_accepted / m.live_verifications, 3) if m.live_verifications else 0,
+    )
     if budget:
         metric("memory_budget_bytes", "gauge", "The memory budget the run was planned for", budget)
     if llm is not None:

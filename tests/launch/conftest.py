@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -80,3 +82,62 @@ def one_clear_line(p):
     errors = [ln for ln in lines if ln.startswith("launch: ")]
     assert "Traceback" not in p.stderr and len(errors) == 1 and lines[-1] == errors[0], p.stderr
     return errors[0]
+
+
+# -- a real headless Chromium (the trace viewer's and the chat page's tests) ---------------------------------
+
+
+def _which(*names: str) -> str | None:
+    for n in names:
+        found = shutil.which(n) or (n if os.path.isabs(n) and os.access(n, os.X_OK) else None)
+        if found:
+            return found
+    return None
+
+
+CHROMIUM = os.environ.get("CADENCE_CHROMIUM") or _which(
+    "chromium", "chromium-browser", "google-chrome", "/usr/lib/chromium/chromium"
+)
+CHROMEDRIVER = os.environ.get("CADENCE_CHROMEDRIVER") or _which("chromedriver", "/usr/lib/chromium/chromedriver")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1400,900",
+    "--force-device-scale-factor=1",
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if CHROMIUM is None:
+        pytest.skip(
+            "no Chromium found (apt-get install chromium chromium-driver, or run .ci/install-browser.sh; "
+            "CADENCE_CHROMIUM=/path/to/chrome points at another)"
+        )
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.fail("Chromium is here but selenium is not: pip install selenium (.ci/install-browser.sh does)")
+    assert CHROMEDRIVER, (
+        "Chromium is here but chromedriver is not: apt-get install chromium-driver (.ci/install-browser.sh)"
+    )
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in FLAGS:
+        opts.add_argument(flag)
+    profile = tempfile.mkdtemp(prefix="cadence-chromium-")
+    opts.add_argument(f"--user-data-dir={profile}")
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)

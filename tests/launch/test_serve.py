@@ -421,3 +421,92 @@ def test_sigterm_stops_the_server_and_leaves_nothing(server):
     assert "Exception" not in err, err  # nothing the fuzzer sent made the server log an error of its own
     time.sleep(0.5)
     assert not [s for s in shm_segments() - before if s.startswith(f"cadence-{p.pid}x")]  # none of its own left
+
+
+# -- the chat page at / --------------------------------------------------------------------------------
+
+
+def _page_ready(browser, base):
+    from selenium.webdriver.common.by import By
+
+    browser.get(base + "/")
+    browser.execute_script("localStorage.setItem('cadence-key', 'sekret')")  # as a user who typed it once
+    browser.get(base + "/")
+    assert browser.find_element(By.ID, "key").get_attribute("value") == "sekret"
+    browser.get_log("browser")  # what the first visit, without the key, logged
+    browser.execute_script(  # every change to the conversation's elements, counted
+        "window.updates = 0; new MutationObserver((rs) => { window.updates += rs.length; })"
+        ".observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true});"
+    )
+
+
+def _say(browser, text: str, max_tokens: int):
+    from selenium.webdriver.common.by import By
+
+    field = browser.find_element(By.ID, "max-tokens")
+    field.clear()
+    field.send_keys(str(max_tokens))
+    temp = browser.find_element(By.ID, "temperature")
+    temp.clear()
+    temp.send_keys("0")
+    browser.find_element(By.ID, "input").send_keys(text)
+    browser.find_element(By.ID, "send").click()
+
+
+def _wait(browser, what, timeout: float = 60):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, timeout, poll_frequency=0.02).until(what)
+
+
+def test_the_chat_page_streams_an_answer_draws_code_and_shows_the_live_figures(server, browser):
+    """In a real headless Chromium: a message typed and sent, the answer streamed into the page (the same text
+    the API gives), code fences drawn as code, the run's figures filled in from /metrics; nothing fetched from
+    elsewhere."""
+    import re
+
+    from selenium.webdriver.common.by import By
+
+    base, _, _ = server
+    page = httpx.get(f"{base}/").text
+    assert not re.search(r"https?://|<link\b|\bsrc\s*=|@import|url\(", page, re.I)  # nothing from elsewhere, ever
+    _page_ready(browser, base)
+    _say(browser, "count: one two", 12)
+    _wait(browser, lambda d: d.find_element(By.ID, "state").text == "idle")
+    said = browser.execute_script("return conversation")
+    want = _client(base).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "count: one two"}], max_tokens=12, temperature=0
+    )
+    assert [m["role"] for m in said] == ["user", "assistant"] and said[1]["content"] == want.choices[0].message.content
+    assert browser.execute_script("return window.updates") >= 3  # the bubbles, then the answer chunk by chunk
+    drawn = browser.execute_script("return render('a `b` <i>\\n```py\\nx < 1\\n```')")
+    assert drawn == '<p>a <code>b</code> &lt;i&gt;<br></p><pre><code data-lang="py">x &lt; 1\n</code></pre>'
+    _wait(browser, lambda d: "MiB" in d.find_element(By.ID, "memory").text and d.find_element(By.ID, "tps").text != "-")
+    errors = [m for m in browser.get_log("browser") if m["level"] == "SEVERE"]
+    assert not errors, errors
+
+
+def test_the_chat_page_stop_button_ends_the_generation_and_the_chat_goes_on(server, browser):
+    from selenium.webdriver.common.by import By
+
+    base, proc, _ = server
+    _page_ready(browser, base)
+    before = _metric(base, "cadence_requests_cancelled_total")
+    for _ in range(3):  # a tiny model may end its answer before the click: ask again
+        n = len(browser.find_elements(By.CSS_SELECTOR, ".msg.assistant"))
+        _say(browser, "tell a long story about the sea", 400)
+        _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".msg.assistant")) > n)
+        _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.assistant")[-1].text.strip() != "")
+        browser.find_element(By.ID, "stop").click()
+        _wait(browser, lambda d: d.find_element(By.ID, "state").text != "generating")
+        if browser.find_element(By.ID, "state").text == "stopped":
+            break
+    assert browser.find_element(By.ID, "state").text == "stopped"
+    assert "stopped" in browser.find_elements(By.CSS_SELECTOR, ".msg.assistant")[-1].text
+    deadline = time.monotonic() + 15
+    while _metric(base, "cadence_requests_cancelled_total") <= before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _metric(base, "cadence_requests_cancelled_total") > before  # the server stopped generating it
+    _say(browser, "and now?", 6)  # the conversation goes on
+    _wait(browser, lambda d: d.find_element(By.ID, "state").text == "idle")
+    assert browser.execute_script("return conversation")[-1]["role"] == "assistant" and proc.poll() is None

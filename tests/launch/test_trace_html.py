@@ -6,43 +6,14 @@ and a screenshot of it is a real picture. Skips only where no Chromium is instal
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import struct
-import tempfile
 import zlib
 from collections import Counter
 from pathlib import Path
 
-import pytest
 
 from observe.trace_html import render_html, write_html
-
-
-def _which(*names: str) -> str | None:
-    for n in names:
-        found = shutil.which(n) or (n if os.path.isabs(n) and os.access(n, os.X_OK) else None)
-        if found:
-            return found
-    return None
-
-
-CHROMIUM = os.environ.get("CADENCE_CHROMIUM") or _which(
-    "chromium", "chromium-browser", "google-chrome", "/usr/lib/chromium/chromium"
-)
-CHROMEDRIVER = os.environ.get("CADENCE_CHROMEDRIVER") or _which("chromedriver", "/usr/lib/chromium/chromedriver")
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--window-size=1400,900",
-    "--force-device-scale-factor=1",
-]
 
 
 def test_page_is_self_contained_and_escapes_the_trace():
@@ -65,40 +36,6 @@ def test_page_is_self_contained_and_escapes_the_trace():
     assert "<title>a &lt;title&gt;</title>" in page
     data = re.search(r'<script id="trace-data" type="application/json">(.*?)</script>', page, re.S).group(1)
     assert json.loads(data) == trace
-
-
-# -- the browser ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if CHROMIUM is None:
-        pytest.skip(
-            "no Chromium found (apt-get install chromium chromium-driver, or run .ci/install-browser.sh; "
-            "CADENCE_CHROMIUM=/path/to/chrome points at another)"
-        )
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.fail("Chromium is here but selenium is not: pip install selenium (.ci/install-browser.sh does)")
-    assert CHROMEDRIVER, (
-        "Chromium is here but chromedriver is not: apt-get install chromium-driver (.ci/install-browser.sh)"
-    )
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in FLAGS:
-        opts.add_argument(flag)
-    profile = tempfile.mkdtemp(prefix="cadence-chromium-")
-    opts.add_argument(f"--user-data-dir={profile}")
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
-    driver.set_page_load_timeout(60)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _expected(trace: dict):
