@@ -9,8 +9,10 @@ both arrived, and writes one file that opens as it is in Perfetto and chrome://t
 
 Under a memory budget the scheduler's memory must not grow with the run: with
 `TraceConfig.spill_events`, every that many events are sorted and appended to a spill file beside
-the trace, and only what the final write needs (which requests' spans to link, which flows have
-both ends) stays in memory; `write` merges the sorted runs back into one file.
+the trace, and only what the final write needs stays in memory: the flows still waiting for an end
+(or that came out wrong), the spans of the last few runs (a link names a span of the cycle it was made
+in), the links resolved so far. `write` merges the sorted runs back into one file. A server's trace
+thus holds a few runs' worth whatever the number of requests it served.
 """
 
 from __future__ import annotations
@@ -54,6 +56,39 @@ def _order(ev: dict) -> tuple:
     return (ev["ts"], -ev.get("dur", 0))
 
 
+KEEP_RUNS = 4  # a spilled span stays known this many runs for a link to name it (a link names its own cycle's)
+
+
+class Flows:
+    """Which flows have exactly one start and one end, in order, kept as what is not so: the flows still
+    waiting for an end, and those that came out wrong. A flow that pairs up is forgotten (a third end would
+    open it again, and it would never pair): the memory holds what is in flight, not what the run did."""
+
+    def __init__(self):
+        self.open: dict[tuple, list] = {}  # (cat, id) -> [starts, ends, start ts, end ts]
+        self.bad: set[tuple] = set()
+
+    def note(self, ev: dict) -> None:
+        key = (ev.get("cat"), ev["id"])
+        f = self.open.setdefault(key, [0, 0, None, None])
+        k = 0 if ev["ph"] == "s" else 1
+        f[k] += 1
+        f[2 + k] = ev["ts"]
+        if f[0] and f[1]:
+            del self.open[key]
+            if not (f[0] == 1 and f[1] == 1 and f[2] <= f[3]):
+                self.bad.add(key)
+
+    def paired(self, ev: dict) -> bool:
+        key = (ev.get("cat"), ev["id"])
+        return key not in self.open and key not in self.bad
+
+    def copy(self) -> "Flows":
+        out = Flows()
+        out.open, out.bad = {k: list(v) for k, v in self.open.items()}, set(self.bad)
+        return out
+
+
 class TraceSink:
     def __init__(self, run_id: str, config: TraceConfig, t0_ns: int):
         self.run_id = run_id
@@ -65,10 +100,12 @@ class TraceSink:
         self.dropped = 0
         self.rejected = 0
         self.count = 0  # events kept, in memory and spilled
-        self._links: list[tuple] = []  # (from (pid, req), to (pid, req), name, cat)
+        self._links: list[tuple] = []  # links not resolved yet: (id, from (pid, req), to (pid, req), name, cat)
+        self._link_count = 0
+        self._linked: list[dict] = []  # the flow events of the links resolved at a spill
         # what the final write needs of the spilled events
-        self._served: dict[tuple[int, int], tuple[int, int, int]] = {}  # (pid, req) -> (ts, dur, tid) of its span
-        self._flow_ends: dict[tuple, list] = defaultdict(lambda: [0, 0, None, None])  # (cat, id) -> [s, f, s ts, f ts]
+        self._served: dict[tuple[int, int], tuple] = {}  # (pid, req) -> (ts, dur, tid, run) of its span
+        self._flows = Flows()
         self._runs: list[tuple[int, int]] = []  # (offset, count) of each sorted run in the spill file
         self._spill_path: Path | None = None
 
@@ -103,21 +140,20 @@ class TraceSink:
         served `dst`; resolved at write time from the spans' args.req (`Actor.handle` sets it).
         A link whose spans never arrived (an actor died) is left out."""
         if self.config.enabled:
-            self._links.append((src, dst, name, cat))
+            self._link_count += 1
+            self._links.append((self._link_count, src, dst, name, cat))
 
     @staticmethod
-    def _note(ev: dict, served: dict, ends: dict) -> None:
+    def _note(ev: dict, served: dict, flows: "Flows", run: int = 0) -> None:
         """Remember what the final write needs of an event: the span that served a request, flow ends."""
         if ev["ph"] == "X" and "req" in ev.get("args", ()) and "to" not in ev["args"]:  # not the scheduler's "send"
-            served[(ev["pid"], ev["args"]["req"])] = (ev["ts"], ev["dur"], ev["tid"])
+            served[(ev["pid"], ev["args"]["req"])] = (ev["ts"], ev["dur"], ev["tid"], run)
         elif ev["ph"] in "sf":
-            f = ends[(ev.get("cat"), ev["id"])]
-            k = 0 if ev["ph"] == "s" else 1
-            f[k] += 1
-            f[2 + k] = ev["ts"]
+            flows.note(ev)
 
     def _spill(self) -> None:
-        """Move the events in memory to the spill file as one sorted run."""
+        """Move the events in memory to the spill file as one sorted run; resolve the links both of whose spans
+        are known, and forget the spans of runs long gone that no waiting link names."""
         run = sorted(self._events, key=_order)
         self._events = []
         if not run:
@@ -126,12 +162,43 @@ class TraceSink:
             d = self.config.path
             d.mkdir(parents=True, exist_ok=True)
             self._spill_path = d / f".{self.run_id}.spill"
+        n = len(self._runs)
         with open(self._spill_path, "a") as f:
             offset = f.tell()
             for ev in run:
-                self._note(ev, self._served, self._flow_ends)
+                self._note(ev, self._served, self._flows, n)
                 f.write(json.dumps(ev, separators=(",", ":")) + "\n")
         self._runs.append((offset, len(run)))
+        done, self._links = self._resolve(self._links, self._served)
+        self._linked += done
+        named = {end for link in self._links for end in link[1:3]}
+        self._served = {k: v for k, v in self._served.items() if v[3] > n - KEEP_RUNS or k in named}
+
+    @staticmethod
+    def _resolve(links: list, served: dict) -> tuple[list[dict], list]:
+        """(the flow events of the links whose spans are both known, the links still waiting for a span)."""
+        out, waiting = [], []
+        for i, src, dst, name, cat in links:
+            a, b = served.get(src), served.get(dst)
+            if a is None or b is None:
+                waiting.append((i, src, dst, name, cat))
+            elif a[0] + a[1] // 2 <= b[0] + b[1] // 2:  # a link back in time is left out
+                out.append(
+                    {"ph": "s", "name": name, "cat": cat, "id": i, "ts": a[0] + a[1] // 2, "pid": src[0], "tid": a[2]}
+                )
+                out.append(
+                    {
+                        "ph": "f",
+                        "bp": "e",
+                        "name": name,
+                        "cat": cat,
+                        "id": i,
+                        "ts": b[0] + b[1] // 2,
+                        "pid": dst[0],
+                        "tid": b[2],
+                    }
+                )
+        return out, waiting
 
     def _read_run(self, offset: int, count: int):
         with open(self._spill_path) as f:
@@ -139,49 +206,24 @@ class TraceSink:
             for _ in range(count):
                 yield json.loads(f.readline())
 
-    def _link_events(self, served: dict) -> list[dict]:
-        out = []
-        for i, (src, dst, name, cat) in enumerate(self._links, 1):
-            a, b = served.get(src), served.get(dst)
-            if a is None or b is None or a[0] + a[1] // 2 > b[0] + b[1] // 2:
-                continue
-            out.append(
-                {"ph": "s", "name": name, "cat": cat, "id": i, "ts": a[0] + a[1] // 2, "pid": src[0], "tid": a[2]}
-            )
-            out.append(
-                {
-                    "ph": "f",
-                    "bp": "e",
-                    "name": name,
-                    "cat": cat,
-                    "id": i,
-                    "ts": b[0] + b[1] // 2,
-                    "pid": dst[0],
-                    "tid": b[2],
-                }
-            )
-        return out
-
     def _timed(self):
         """Every event but metadata, in time order, as written (us since t0, flows only with both ends):
         the spilled runs and what is still in memory, merged."""
-        served = dict(self._served)
-        ends = defaultdict(lambda: [0, 0, None, None], {k: list(v) for k, v in self._flow_ends.items()})
+        served, flows = dict(self._served), self._flows.copy()
         for ev in self._events:
-            self._note(ev, served, ends)
-        links = self._link_events(served)
+            self._note(ev, served, flows)
+        links = self._linked + self._resolve(self._links, served)[0]
         for ev in links:
-            self._note(ev, served, ends)
+            flows.note(ev)
         tail = sorted(self._events, key=_order)
         runs = [self._read_run(o, n) for o, n in self._runs]
         self.unpaired = 0
-        for ev in heapq.merge(*runs, tail, sorted(links, key=_order), key=_order):
-            if ev["ph"] in "sf":
-                f = ends[(ev.get("cat"), ev["id"])]
-                # a request whose actor died before handling it has a start and no end: leave it out
-                if not (f[0] == 1 and f[1] == 1 and f[2] <= f[3]):
-                    self.unpaired += 1
-                    continue
+        links.sort(key=lambda e: (*_order(e), e["id"], e["ph"]))  # the same order, spilled or not
+        for ev in heapq.merge(*runs, tail, links, key=_order):
+            # a request whose actor died before handling it has a start and no end: leave it out
+            if ev["ph"] in "sf" and not flows.paired(ev):
+                self.unpaired += 1
+                continue
             e = dict(ev)
             e["ts"] = (ev["ts"] - self.t0_ns) / 1000
             if "dur" in ev:

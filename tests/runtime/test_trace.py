@@ -196,3 +196,35 @@ def test_a_trace_spilled_to_disk_is_the_trace_kept_in_memory(tmp_path):
     assert a == b and validate_trace(b) == []
     assert sum(1 for e in b["traceEvents"] if e.get("cat") == "tree") == 18  # every link resolved
     assert not list((tmp_path / "spill").glob(".*.spill"))
+
+
+def test_a_spilling_sink_holds_what_is_in_flight_not_what_the_run_did(tmp_path):
+    """A server under a budget serves request after request: what the sink keeps in memory between spills
+    (flows waiting for an end, spans a link may name, links waiting for a span) stays the same size after
+    3000 requests as after 300, and the trace it writes still pairs every flow and resolves every link."""
+    sink = TraceSink("1x02", TraceConfig(dir=str(tmp_path), spill_events=64), 1000)
+    for pid, name in ((1, "scheduler"), (2, "draft"), (3, "verifier")):
+        sink.name_process(pid, name)
+    held = []
+    for round_ in range(1500):
+        sched, draft, verifier = Tracer(), Tracer(), Tracer()
+        src, dst = 2 * round_ + 1, 2 * round_ + 2
+        for req in (src, dst):
+            with sched.span("send", cat="scheduler", args={"req": req, "to": "x"}, flow_out=req):
+                pass
+        with draft.span("build", cat="draft", args={"req": src}, flow_in=src):
+            pass
+        sink.add(1, sched.drain())
+        sink.add(2, draft.drain())
+        sink.link((2, src), (3, dst), "draft tree", "tree")  # made before the verifier's span arrives
+        with verifier.span("verify", cat="verifier", args={"req": dst}, flow_in=dst):
+            pass
+        sink.add(3, verifier.drain())
+        if round_ in (149, 1499):
+            held.append(len(sink._served) + len(sink._flows.open) + len(sink._flows.bad) + len(sink._links))
+    assert held[1] <= held[0] + 8, held  # not ten times as much after ten times the requests
+    obj = json.loads(sink.write().read_text())
+    assert validate_trace(obj) == [] and obj["otherData"]["unpaired_flow_events"] == 0
+    evs = obj["traceEvents"]
+    assert sum(1 for e in evs if e["ph"] == "s" and e.get("cat") == "tree") == 1500  # every link resolved
+    assert sum(1 for e in evs if e["ph"] == "f" and e.get("cat") != "tree") == 3000  # every request's flow
