@@ -412,17 +412,6 @@ def test_fuzzed_requests_never_get_a_500_and_the_server_serves_on(server):
     assert ok.choices[0].text is not None and proc.poll() is None
 
 
-def test_sigterm_stops_the_server_and_leaves_nothing(server):
-    base, p, before = server
-    p.send_signal(signal.SIGTERM)
-    p.wait(timeout=30)
-    err = p.stderr.read()
-    assert p.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err and "Traceback" not in err, err
-    assert "Exception" not in err, err  # nothing the fuzzer sent made the server log an error of its own
-    time.sleep(0.5)
-    assert not [s for s in shm_segments() - before if s.startswith(f"cadence-{p.pid}x")]  # none of its own left
-
-
 # -- the chat page at / --------------------------------------------------------------------------------
 
 
@@ -510,3 +499,17 @@ def test_the_chat_page_stop_button_ends_the_generation_and_the_chat_goes_on(serv
     _say(browser, "and now?", 6)  # the conversation goes on
     _wait(browser, lambda d: d.find_element(By.ID, "state").text == "idle")
     assert browser.execute_script("return conversation")[-1]["role"] == "assistant" and proc.poll() is None
+
+
+# -- last: it stops the module's server ---------------------------------------------------------------
+
+
+def test_sigterm_stops_the_server_and_leaves_nothing(server):
+    base, p, before = server
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=30)
+    err = p.stderr.read()
+    assert p.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err and "Traceback" not in err, err
+    assert "Exception" not in err, err  # nothing the fuzzer sent made the server log an error of its own
+    time.sleep(0.5)
+    assert not [s for s in shm_segments() - before if s.startswith(f"cadence-{p.pid}x")]  # none of its own left
