@@ -273,7 +273,7 @@ def test_a_wheel_installs_into_a_fresh_venv_and_runs(tiny_gguf, tmp_path):
 
 
 def test_the_benchmark_chart_is_drawn_by_a_browser(tmp_path):
-    from tests.launch.test_trace_html import CHROMIUM, CHROMEDRIVER
+    from tests.launch.conftest import CHROMIUM, CHROMEDRIVER
 
     if not (CHROMIUM and CHROMEDRIVER):
         pytest.skip("no Chromium here (.ci/install-browser.sh installs it)")
