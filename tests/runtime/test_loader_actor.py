@@ -146,6 +146,14 @@ def test_bad_loads_fail_clearly_and_the_loader_keeps_serving(store):
             s.call("loader", "load", {"group": "layer.0"}, {"slot": s.slot_desc(small)})
         with pytest.raises(ActorError, match="load needs tensors\\['slot'\\]"):
             s.call("loader", "load", {"group": "layer.0"})
+        # the real actor's ops are typed by their signatures (actors/calls.py): a wrong kind, an argument the op
+        # does not take or one it lacks ends that request in one sentence; the loader serves on
+        with pytest.raises(ActorError, match="op 'load': argument 'group' must be str, got int"):
+            s.call("loader", "load", {"group": 0}, {"slot": s.slot_desc(small)})
+        with pytest.raises(ActorError, match="op 'load' takes group: unknown argument\\(s\\) layer; missing argument"):
+            s.call("loader", "load", {"layer": 0}, {"slot": s.slot_desc(small)})
+        with pytest.raises(ActorError, match="op 'groups' takes no arguments: unknown argument\\(s\\) all"):
+            s.call("loader", "groups", {"all": True})
         big = s.stream_slots.alloc(len(groups["layer.0"]) + (1 << 20))  # reaches past the 1 MiB region
         with pytest.raises(ActorError, match="past the loader's 1048576-byte region of the arena: the memory bound"):
             s.call(
