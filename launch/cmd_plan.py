@@ -73,6 +73,12 @@ def cmd_plan(args) -> int:
     print(run.headline())
     if failed is not None:
         print(f"  {failed}")
+    elif run.memory is None:  # --mode flash: its caches get what its process leaves of the budget once loaded
+        print(
+            f"  --mode flash sizes its neuron caches from what its process holds once the model is in, under "
+            f"{'the smallest budget that holds a few tokens' if run.budget_auto else fmt(run.budget)}: "
+            "`launch run` prints them"
+        )
     else:
         _memory(run.memory)
     _smallest(cfg, machine, run)

@@ -192,3 +192,34 @@ def test_draft_flash_is_lossless(store, mode, runtime, budget):
         assert plan.memory.has_draft  # the draft's caches are in the plan (a tiny target fits whole: the real one
         # streams beside them in tests/scheduler/test_lean_runtime.py)
         assert plan.draft.flash[2] >= round(0.3 * ARGS.ffn_dim) and plan.draft.flash[1:] == plan.memory.draft_choice
+
+
+def test_launch_plan_says_what_flash_mode_plans(store, tmp_path):
+    """`launch plan --mode flash`: the run decided, and where its neuron caches are sized (no traceback)."""
+    import os
+    import subprocess
+    import sys
+
+    from common import paths
+
+    env = dict(os.environ, CADENCE_HOME=str(tmp_path), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
+    p = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "plan", "--target", str(store.dir), "--mode", "flash"]
+        + ["--memory-budget", "1GiB"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert "--mode flash sizes its neuron caches" in p.stdout and "1.00 GiB" in p.stdout
+    p = subprocess.run(  # the target's own FFN as the draft: its predictor and caches are in the memory plan
+        [sys.executable, "-m", "launch.cli", "plan", "--target", str(store.dir), "--draft", "flash"]
+        + ["--memory-budget", "1GiB"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert "flash draft: the " in p.stdout and "tree --draft flash" in p.stdout, p.stdout
