@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit
-from common.units import fmt
 from engine.config import RunConfig
 from engine.options import DEFAULTS
 from models.store import WeightStore
@@ -64,11 +63,6 @@ class DraftPlan:
     def model(self) -> bool:
         """A draft model loaded beside the target (MODEL or LEAN)."""
         return self.kind in (DraftKind.MODEL, DraftKind.LEAN)
-
-    @property
-    def drafts(self) -> bool:
-        """A draft that runs a forward (a model, or the target's own sparse FFN), not the trie or nothing."""
-        return self.model or self.kind is DraftKind.FLASH
 
 
 @dataclass(frozen=True)
@@ -185,6 +179,3 @@ class RunPlan:
             f"{self.mode} {self.target_name} {self.format}{self.draft_words(fmt_=True)}; KV caches for a context "
             f"of {self.context} tokens ({new})"
         )
-
-    def budget_words(self) -> str:
-        return fmt(self.budget) if self.budget else "none"
