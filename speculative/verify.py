@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from common.errors import CadenceError
 from models.attention import Visibility
+from models.batch import Rows, forward_many_steps
 from common.settings import PREFILL_CHUNK
 from models.sampling import Sampler, probs
 from common.settings import SamplingConfig
@@ -82,20 +84,32 @@ class Verifier:
         the row's logits."""
         return int(row) if self.sampling.greedy else self.sampler(row)
 
-    def verify_steps(self, tree: TokenTree, trials: dict | None = None, planner=None):
-        """One forward over [root] + the tree, acceptance, and the cache kept to the accepted path."""
+    def tree_rows(self, tree: TokenTree) -> tuple[list[int], Rows]:
+        """[root] + the tree's tokens, and its rows for a forward: their positions past the cache, each row
+        seeing the committed text and its own ancestors."""
         c, dev = self.cache, self.model.device
         tokens, parents, depths = tree.flatten()
-        vis = Visibility.tree(c.length, parents)
+        pos = torch.tensor(depths, device=dev) + c.length
+        return tokens, Rows(torch.tensor(tokens, device=dev), pos, c, Visibility.tree(c.length, parents))
+
+    def verify_steps(self, tree: TokenTree, trials: dict | None = None, planner=None):
+        """One forward over [root] + the tree, acceptance, and the cache kept to the accepted path."""
+        tokens, r = self.tree_rows(tree)
         greedy = self.sampling.greedy
         out = yield from self.model.forward_steps(
-            torch.tensor(tokens, device=dev),
-            torch.tensor(depths, device=dev) + c.length,
-            c,
-            vis,
-            plan=planner(vis) if planner else None,
+            r.tokens,
+            r.positions,
+            r.cache,
+            r.vis,
+            plan=planner(r.vis) if planner else None,
             argmax=greedy,  # greedy: each row's token (never the [rows, vocabulary] logits)
         )
+        return self.settle(tree, tokens, out, trials)
+
+    def settle(self, tree: TokenTree, tokens: list[int], out: torch.Tensor, trials: dict | None = None) -> Verdict:
+        """The verdict on a tree from its forward's output (each row's token under greedy, else its logits), and
+        the cache and the text kept to the accepted path."""
+        c, greedy = self.cache, self.sampling.greedy
         if greedy:
             choice = out.tolist()
             path, nxt = longest_accepted_path(tree, lambda row: choice[row])
@@ -116,6 +130,25 @@ class Verifier:
 
     def verify_tree(self, tree: TokenTree, trials: dict | None = None) -> Verdict:
         return drive(self.verify_steps(tree, trials), self.model.weights)
+
+
+def verify_many_steps(jobs: list[tuple[Verifier, TokenTree]]):
+    """Several generations' trees verified in one forward (models/batch.py: the linear layers over all their rows,
+    each one's attention over its own cache): a streamed layer is read once for all of them. Greedy generations
+    only (each gets its rows' tokens, the bits it would get alone); returns their verdicts in order."""
+    if not jobs:
+        return []
+    model = jobs[0][0].model
+    if any(v.model is not model or not v.sampling.greedy for v, _ in jobs):
+        raise CadenceError("a batch of verifications takes greedy generations of one target model")
+    rows = [v.tree_rows(tree) for v, tree in jobs]
+    outs = yield from forward_many_steps(model, [r for _, r in rows], argmax=True)
+    return [v.settle(tree, tokens, out) for (v, tree), (tokens, _), out in zip(jobs, rows, outs)]
+
+
+def verify_many(jobs: list[tuple[Verifier, TokenTree]]) -> list[Verdict]:
+    """`verify_many_steps` with every weight at hand."""
+    return drive(verify_many_steps(jobs), jobs[0][0].model.weights) if jobs else []
 
 
 class LocalTarget:

@@ -1,0 +1,77 @@
+"""One forward over several generations at once (issue 42: Lookahead's batch inference, a streamed layer read once
+for every generation in the batch).
+
+Each generation brings its own rows (a prompt chunk, a token, or a tree with its root), positions, KV cache and
+visibility. The linear layers, the norms and the output head run over every generation's rows together; the
+attention runs per generation, over its own cache with its own mask. The CPU kernels compute each row in an
+order that depends on that row alone, so a row gets the same bits in a batch as in a forward of its own: every
+generation's tokens are the ones it would get alone (tests/models/test_batch.py).
+
+Like `Transformer.forward_steps`, `forward_many_steps` is a generator of weight requests: a layer is asked for
+once, whatever the number of generations, and a streaming verifier feeds it from the loader.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from common.errors import CadenceError
+from models import kernels
+from models.attention import Visibility, attend
+from models.transformer import Transformer
+
+
+class Rows(NamedTuple):
+    """One generation's part of a batched forward."""
+
+    tokens: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    cache: object  # its KVCache
+    vis: Visibility | None = None  # default: causal over its whole cache
+
+
+def forward_many_steps(model: Transformer, batch: list[Rows], argmax: bool = False):
+    """`model.forward_steps` over several generations' rows: returns each one's logits (or, with `argmax`, its rows'
+    most likely tokens), in the batch's order. Dense blocks on the CPU kernels (a mixture of experts, LLM in a
+    flash and the split worker each run one generation at a time)."""
+    a = model.args
+    if a.moe or not model.fused:
+        raise CadenceError(f"a batch of generations runs dense blocks on the CPU kernels; {a.arch} here does not")
+    spans, places, positions, at = [], [], [], 0
+    for r in batch:
+        r.cache.reserve(r.positions)
+        vis = r.vis or Visibility.causal(r.cache.end, r.tokens.shape[0])
+        places.append(model.places(r.cache, vis, r.positions))
+        positions.append(r.positions.to(torch.int64).contiguous())
+        spans.append((at, at + r.tokens.shape[0]))
+        at += r.tokens.shape[0]
+    x = model.weights.embed[torch.cat([r.tokens for r in batch])].float()
+    if a.embed_scale != 1.0:
+        x = x * a.embed_scale
+    for i, need in enumerate(model.layer_needs):
+        w = yield need
+        if w.flash is not None:
+            raise CadenceError("a batch of generations does not run LLM in a flash's sparse FFN")
+        block(model, w, x, positions, [p[i] for p in places], spans)
+    for r in batch:
+        r.cache.pending += r.tokens.shape[0]
+    out = yield from model.head_steps(x, argmax)
+    return [out[lo:hi] for lo, hi in spans]
+
+
+def block(model: Transformer, w, x: torch.Tensor, positions: list, places: list, spans: list) -> None:
+    """One layer over every generation's rows, in place in `x`: the separate kernel calls of
+    `Transformer.block_fused` (the one-call layer kernel takes one cache), each generation's attention its own."""
+    a = model.args
+    qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x)
+    if a.qk_norm:
+        model.norm_qk(qkv, w, kernels.rmsnorm)
+    o = torch.empty(x.shape[0], a.q_dim, dtype=x.dtype)
+    for (lo, hi), pos, at in zip(spans, positions, places):
+        q = kernels.qkv_rope(qkv[lo:hi], w.qkv.bias, pos, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
+        o[lo:hi] = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap).reshape(hi - lo, a.q_dim)
+    model.residual(x, w.attn_out, o, w.attn_post_norm, kernels.rmsnorm)
+    h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
+    model.residual(x, w.down, kernels.glu(w.gate_up.matmul(h), a.act), w.ffn_post_norm, kernels.rmsnorm)

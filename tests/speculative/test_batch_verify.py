@@ -1,0 +1,97 @@
+"""Several generations' trees verified in one forward (models/batch.py, speculative/verify.py `verify_many`):
+every family's block, int4 on the CPU kernels; three generations of different prompts and lengths, each drafting
+with its own draft (the target itself, or another model of its shape), go through eight cycles in lockstep, and each one's verdicts, committed tokens and cache are
+those it gets verified alone (where the one-call layer kernel runs its layers)."""
+
+import pytest
+import torch
+
+from common.settings import SamplingConfig, TreeConfig
+from models import loading
+from models.convert import convert
+from models.source_hf import HFSource
+from models.store import WeightStore
+from speculative.drafter import LocalDraft
+from speculative.tree import TokenTree
+from speculative.verify import Verifier, verify_many
+from tests.models.families import tiny_hf
+from tests.scheduler.test_families_streamed import FAMILIES
+
+CYCLES = 8
+
+
+def _stores(tmp_path, mt, v):
+    """The target, and a draft of the same shape that agrees with it only in part (other weights)."""
+    out = []
+    for name, seed in (("target", 1), ("draft", 2)):
+        hf = tiny_hf(mt, v, tmp_path / f"hf-{name}", seed=seed)
+        out.append(WeightStore(convert(HFSource(hf), tmp_path / f"int4-{name}", "int4")))
+    return out
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 19, 11)]
+
+
+class _Generation:
+    """One generation as a loop runs it: its verifier (its own KV cache) and its draft."""
+
+    def __init__(self, target, draft_model, prompt: list[int]):
+        self.verifier = Verifier(target, SamplingConfig())
+        root = self.verifier.start(prompt, 128)
+        self.draft = LocalDraft(draft_model)
+        self.draft.start(prompt, 128, root, TreeConfig(width=6), SamplingConfig())
+        self.verdicts = []
+
+    def propose(self):
+        self.p = self.draft.propose(6)
+        return TokenTree.of(self.p.tree)
+
+    def take(self, v):
+        self.verdicts.append((list(v.path), v.next_token, v.rows))
+        self.draft.advance(self.p, list(v.path), [self.p.tokens[i] for i in v.path] + [v.next_token])
+
+
+@pytest.mark.parametrize("mt,v", FAMILIES)
+def test_a_batch_of_trees_gives_each_generation_its_own_verdicts(tmp_path, mt, v):
+    target_store, draft_store = _stores(tmp_path, mt, v)
+    target, draft = loading.load_store(target_store).model, loading.load_store(draft_store).model
+    drafts = [target, draft, target]  # the target drafting for itself: its trees are taken whole
+    alone = [_Generation(target, d, p) for d, p in zip(drafts, _prompts())]
+    batched = [_Generation(target, d, p) for d, p in zip(drafts, _prompts())]
+    for cycle in range(CYCLES):
+        for g in alone:
+            g.take(g.verifier.verify_tree(g.propose()))
+        trees = [g.propose() for g in batched]
+        if cycle % 3 == 2:  # generations join and leave between cycles: here the middle one sits one out
+            jobs = [(batched[0], trees[0]), (batched[2], trees[2])]
+            batched[1].take(batched[1].verifier.verify_tree(trees[1]))
+        else:
+            jobs = list(zip(batched, trees))
+        for g, verdict in zip([g for g, _ in jobs], verify_many([(g.verifier, t) for g, t in jobs])):
+            g.take(verdict)
+    assert sum(len(path) for g in alone for path, _, _ in g.verdicts) > CYCLES  # trees were taken, not just roots
+    for a, b in zip(alone, batched):
+        assert b.verdicts == a.verdicts and b.verifier.tokens == a.verifier.tokens
+        n = a.verifier.cache.length
+        assert b.verifier.cache.length == n
+        for i in range(target.args.n_layers):  # the same keys and values, bit for bit
+            ka, va, _ = a.verifier.cache.kv(i)
+            kb, vb, _ = b.verifier.cache.kv(i)
+            assert torch.equal(ka, kb) and torch.equal(va, vb)
+
+
+def test_a_batch_refuses_what_it_cannot_run_together(tmp_path):
+    target_store, _ = _stores(tmp_path, "qwen2", "sliding")
+    target = loading.load_store(target_store).model
+    sampled = Verifier(target, SamplingConfig(temperature=0.7))
+    sampled.start([5, 6, 7], 32)
+    greedy = Verifier(target, SamplingConfig())
+    greedy.start([5, 6, 8], 32)
+    tree = TokenTree.of(type("T", (), {"root": 9, "tokens": [], "parents": [], "probs": []})())
+    from common.errors import CadenceError
+
+    with pytest.raises(CadenceError, match="greedy generations of one target model"):
+        verify_many([(greedy, tree), (sampled, tree)])
+    assert verify_many([]) == []
