@@ -203,23 +203,14 @@ def test_launch_plan_says_what_flash_mode_plans(store, tmp_path):
     from common import paths
 
     env = dict(os.environ, CADENCE_HOME=str(tmp_path), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
-    p = subprocess.run(
-        [sys.executable, "-m", "launch.cli", "plan", "--target", str(store.dir), "--mode", "flash"]
-        + ["--memory-budget", "1GiB"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
-    assert "--mode flash sizes its neuron caches" in p.stdout and "1.00 GiB" in p.stdout
-    p = subprocess.run(  # the target's own FFN as the draft: its predictor and caches are in the memory plan
-        [sys.executable, "-m", "launch.cli", "plan", "--target", str(store.dir), "--draft", "flash"]
-        + ["--memory-budget", "1GiB"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
-    assert "flash draft: the " in p.stdout and "tree --draft flash" in p.stdout, p.stdout
+
+    def plan(*options):
+        cmd = [sys.executable, "-m", "launch.cli", "plan", "--target", str(store.dir), "--memory-budget", "1GiB"]
+        p = subprocess.run([*cmd, *options], capture_output=True, text=True, env=env, timeout=300)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+        return p.stdout
+
+    out = plan("--mode", "flash")
+    assert "--mode flash sizes its neuron caches" in out and "1.00 GiB" in out
+    out = plan("--draft", "flash")  # the target's own FFN as the draft: its predictor and caches are in the plan
+    assert "flash draft: the " in out and "tree --draft flash" in out, out
