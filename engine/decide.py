@@ -98,12 +98,12 @@ def decide(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...] = ()) -> Run
         try:
             memory = c.plan(machine)
         except CadenceError as e:
-            raise BudgetRefused(str(e), _plan(asked, c, machine, None, budget, auto, notes)) from None
+            raise BudgetRefused(str(e), _plan(asked, c, machine, None, budget, notes)) from None
         budget = memory.budget
-    return _plan(asked, c, machine, memory, budget, auto, notes)
+    return _plan(asked, c, machine, memory, budget, notes)
 
 
-def _plan(asked: RunConfig, c: _Choice, machine, memory, budget: int | None, auto: bool, notes: list[str]) -> RunPlan:
+def _plan(asked: RunConfig, c: _Choice, machine, memory, budget: int | None, notes: list[str]) -> RunPlan:
     cfg, target, draft = c.cfg, c.target, c.draft
     flash = uses_flash_draft(cfg)
     if flash:
@@ -141,7 +141,6 @@ def _plan(asked: RunConfig, c: _Choice, machine, memory, budget: int | None, aut
         device=cfg.device,
         threads=cfg.threads or machine.cores,
         budget=budget,
-        budget_auto=auto,
         memory=memory,
         scheduler=scheduler,
         worker=cfg.worker,

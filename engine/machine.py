@@ -33,6 +33,7 @@ class ThisMachine:
         self._overheads: dict[tuple, object] = {}
         self._costs: dict[tuple, object] = {}
         self._profiles: dict[str, dict] = {}
+        self._picks: dict[str, tuple] = {}
         self._own: int | None = None
 
     def store(self, model: str, fmt: str) -> WeightStore:
@@ -59,9 +60,11 @@ class ThisMachine:
 
     def pick_draft(self, target: str) -> tuple[str | None, bool]:
         """(the model here that can draft for `target`, or None; whether the default draft shares its tokenizer)."""
-        from engine import drafts
+        if target not in self._picks:
+            from engine import drafts
 
-        return drafts.pick(target), drafts.default_shares(target)
+            self._picks[target] = (drafts.pick(target), drafts.default_shares(target))
+        return self._picks[target]
 
     def expert_paths(self, store: WeightStore):
         """A mixture of experts' path profile beside its store, or None where it has none."""

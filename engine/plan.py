@@ -82,7 +82,6 @@ class RunPlan:
     device: str
     threads: int  # the cores the models' kernels use
     budget: int | None = None  # bytes; None: no bound, everything resident
-    budget_auto: bool = False  # the budget was `auto` (flash: its session sizes the caches; else the plan did)
     memory: object = None  # the memory plan (scheduler/generation/memplan.py MemoryPlan) under a budget
     scheduler: RuntimeConfig | None = None  # the actor runtime's settings (budget per role, arena, slots)
     worker: WorkerSplit | None = None  # the sparse-attention worker, or None
@@ -96,6 +95,11 @@ class RunPlan:
     @property
     def speculative(self) -> bool:
         return self.mode.speculative
+
+    @property
+    def budget_auto(self) -> bool:
+        """The budget was asked as `auto` (flash: its session sizes the caches; else the memory plan did)."""
+        return self.asked.memory_budget == "auto"
 
     @property
     def approximate(self) -> bool:
