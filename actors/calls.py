@@ -205,8 +205,17 @@ class Loaded:
     direct: bool
 
 
+@dataclass(frozen=True)
+class Batched:
+    """A batch of generations' calls answered (speculative/batch.py), each as its own call would be: a start's
+    [token, reused], a step's token, a verification's [accepted path, next token]."""
+
+    results: list
+
+
 REPLIES: dict[str, type] = {
     "token": Token,
+    "batched": Batched,
     "verdict": Verdict,
     "await_group": AwaitGroup,
     "await_experts": AwaitExperts,

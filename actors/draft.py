@@ -35,41 +35,61 @@ class DraftActor(Actor):
                 model = streamed_flash_draft(store, flash["density"], flash["predictor"], flash["capacity"], rows)
             else:
                 model = load_store(init["store"], init.get("name", ""), head_rows=rows, tokenizer=False).model
-        self.sampling = self.base_sampling = SamplingConfig(**init["sampling"])
+        self.base_sampling = SamplingConfig(**init["sampling"])
         self.cfg = TreeConfig(**init["tree"])
-        self.local = LocalDraft(model)
+        self.model = model
+        self.slots = {0: LocalDraft(model)}  # a batch of generations: a draft side (its own cache) per slot
         self.flash = bool(flash)
-        self.last = None  # the proposal of the last `build`, until `advance`
+        self.last: dict[int, object] = {}  # a slot's proposal of its last `build`, until `advance`
+
+    def _slot(self, slot: int) -> LocalDraft:
+        if slot not in self.slots:
+            self.slots[slot] = LocalDraft(self.model)
+        return self.slots[slot]
 
     def op_start(
-        self, prompt_ids: list, capacity: int, first: int, tree: TreeConfig | None = None, sampling: dict | None = None
+        self,
+        prompt_ids: list,
+        capacity: int,
+        first: int,
+        tree: TreeConfig | None = None,
+        sampling: dict | None = None,
+        slot: int = 0,
     ):
-        """A new prompt and the first generated token; `tree`: this generation's tree settings."""
-        self.sampling = SamplingConfig(**sampling) if sampling else self.base_sampling
-        self.local.start(list(prompt_ids), capacity, first, tree or self.cfg, self.sampling)
+        """A new prompt and the first generated token; `tree`: this generation's tree settings. `slot`: which of a
+        batch's generations (speculative/batch.py), each with a draft cache of its own; every op takes it."""
+        sampling = SamplingConfig(**sampling) if sampling else self.base_sampling
+        self._slot(slot).start(list(prompt_ids), capacity, first, tree or self.cfg, sampling)
         return {}
 
-    def op_build(self, budget: int, tensors: dict):
+    def op_build(self, budget: int, tensors: dict, slot: int = 0):
         """A tree of at most `budget` tokens (speculative/tree.py `Tree`; none: no tokens); under sampling
         its distributions go to the slot in `tensors["slot"]`."""
-        self.last = self.local.propose(budget)
-        self._give_heap_back()
-        return self._reply(self.last, tensors)
+        self.last[slot] = p = self._slot(slot).propose(budget)
+        self._give_heap_back(slot)
+        return self._reply(p, tensors)
 
-    def _give_heap_back(self):
+    def op_release(self, slot: int):
+        """A batch's generation was cancelled: its slot's draft cache goes."""
+        if slot:
+            self.slots.pop(slot, None)
+        self.last.pop(slot, None)
+        return {}
+
+    def _give_heap_back(self, slot: int):
         """A forward over the prompt (the first tree's, or ahead of it) freed its activations, and a flash draft
         its dense FFN reads, into the heap's arenas, which glibc keeps and a memory cgroup counts (enough to be
         OOM-killed: BENCHMARKS.md, "`--draft flash` with the int2 predictor, under 1.0 GiB"). Given back once per
         prompt; a flash draft's, after every tree too (its neuron reads' buffers add up over a generation, and a
         trim costs far less than one of its steps)."""
-        if self.local.fed_prompt() or self.flash:
+        if self.slots[slot].fed_prompt() or self.flash:
             trim_heap()
 
-    def op_lookup(self, max_nodes: int, tensors: dict):
+    def op_lookup(self, max_nodes: int, tensors: dict, slot: int = 0):
         """Prompt lookup: a tree of the trie's candidates alone, no draft forward. The draft ran on none of
         it, so no tree is kept for `advance` (it takes the verdict as a plain step's)."""
-        self.last = None
-        return self._reply(self.local.lookup(max_nodes), tensors)
+        self.last.pop(slot, None)
+        return self._reply(self._slot(slot).lookup(max_nodes), tensors)
 
     def _reply(self, p, tensors):
         if p is None:
@@ -78,21 +98,22 @@ class DraftActor(Actor):
             return p.tree
         return p.tree, {"dists": self.put(tensors["slot"], p.dists)}
 
-    def op_ahead(self, steps: int):
+    def op_ahead(self, steps: int, slot: int = 0):
         """Draft on while the target verifies the last tree, at most `steps` forwards, until the verdict arrives
         (LLMCad 3.4)."""
-        steps = self.local.ahead(self.last, steps, stop=self.interrupted)
-        self._give_heap_back()
+        steps = self._slot(slot).ahead(self.last.get(slot), steps, stop=self.interrupted)
+        self._give_heap_back(slot)
         return {"steps": steps}
 
-    def op_take_stats(self):
+    def op_take_stats(self, slot: int = 0):
         """What the draft measured since the last ask (a flash draft's reads), for the generation's row."""
-        return self.local.take_stats()
+        return self._slot(slot).take_stats()
 
-    def op_advance(self, path: list, new: list, tree: bool = True):
+    def op_advance(self, path: list, new: list, tree: bool = True, slot: int = 0):
         """The verdict: the accepted nodes of the last tree and the committed tokens (`tree` false: a plain step,
         or the trie's candidates, which the draft did not run on)."""
-        p = self.last if tree else None
-        self.last = None
-        alpha = self.local.advance(p, list(path), list(new))
-        return Advanced(alpha, *self.local.ahead_counts())
+        p = self.last.pop(slot, None)
+        p = p if tree else None
+        local = self._slot(slot)
+        alpha = local.advance(p, list(path), list(new))
+        return Advanced(alpha, *local.ahead_counts())

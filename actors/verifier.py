@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from actors.base import Actor, ActorContext
-from actors.calls import AwaitExperts, AwaitGroup, Token, signature
+from actors.calls import AwaitExperts, AwaitGroup, Batched, Token, signature
 from actors.executor import SplitExecutor
 from actors.syncarea import Clock
 from models.loading import load_store
@@ -25,13 +25,13 @@ from models.requests import NeedExperts, NeedWeights
 from common.settings import SamplingConfig
 from models.store import WeightStore, expert_group
 from models.transformer import Transformer
-from models.weights import StreamingWeights, weights_for
+from models.weights import StreamingWeights, drive, weights_for
 from speculative.sampling import trials_from_wire
 from speculative.tree import TokenTree, Tree, Verdict
-from speculative.verify import Verifier
+from speculative.verify import Prefill, Verifier, many_steps
 
-RESULTS = (Token, Verdict)  # what a job ends with
-JOBS = ("start", "step", "verify")  # what `begin` starts: the resident ops, run a streamed group at a time
+RESULTS = (Token, Verdict, Batched)  # what a job ends with
+JOBS = ("start", "step", "verify", "batch")  # what `begin` starts: the resident ops, run a streamed group at a time
 
 
 class VerifierActor(Actor):
@@ -62,6 +62,7 @@ class VerifierActor(Actor):
             )
         self.sampling = SamplingConfig(**init["sampling"])
         self.verifier = None
+        self.slots: dict[int, Verifier] = {}  # a batch of generations (op `batch`): each slot's verifier
         self.job = None  # job mode: the job under way (a generator) and what it waits for
         self.need = None
         self.kind = None
@@ -72,14 +73,15 @@ class VerifierActor(Actor):
         """Prefill the prompt (the cache keeps the prefix the last generation shares with it, unless `reuse` is
         false: a benchmark's modes each pay their own prefill); the first token. `sampling`: this generation's
         (a server's request), else the run's."""
-        self.verifier = self._verifier(sampling, reuse)
+        self.verifier = self._verifier(sampling, reuse, self.verifier)
         token = self.verifier.start(list(prompt_ids), capacity)
         return Token(token, self.verifier.reused)
 
-    def _verifier(self, sampling: dict | None, reuse: bool) -> Verifier:
-        """A generation's verifier: the last one's cache kept for a prompt that continues it, unless told not to."""
+    def _verifier(self, sampling: dict | None, reuse: bool, previous: Verifier | None) -> Verifier:
+        """A generation's verifier: the last one's cache (`previous`: of this slot) kept for a prompt that continues
+        it, unless told not to."""
         own = SamplingConfig(**sampling) if sampling else self.sampling
-        return Verifier(self.model, own, previous=self.verifier if reuse else None)
+        return Verifier(self.model, own, previous=previous if reuse else None)
 
     def op_step(self, root: int):
         """A plain decode step on the root."""
@@ -90,12 +92,54 @@ class VerifierActor(Actor):
         the `dists` tensor that travels with it."""
         return self.verifier.verify_tree(*self._tree(tree, tensors))
 
-    def _tree(self, tree: Tree, tensors: dict):
+    def _tree(self, tree: Tree, tensors: dict, dists: str = "dists"):
         trials = None
         if tree.trials is not None:
-            dists = self.tensor(tensors["dists"]) if "dists" in tensors else None
-            trials = trials_from_wire(tree.trials, dists)
+            d = self.tensor(tensors[dists]) if dists in tensors else None
+            trials = trials_from_wire(tree.trials, d)
         return TokenTree.of(tree), trials
+
+    # -- a batch of generations ---------------------------------------------------------------
+
+    def op_batch(self, calls: list, tensors: dict):
+        """Several generations' calls, one each (speculative/batch.py): {"slot", "kind" (start, step or verify),
+        "args" (that op's arguments)}; the prefills one by one, then every step and verification in one forward
+        (speculative/verify.py `many_steps`: a streamed layer read once for all). Call i's tree distributions
+        under sampling: `tensors["dists<i>"]`."""
+        return drive(self._batch_steps(calls, tensors), self.weights)
+
+    def op_release(self, slot: int):
+        """A batch's generation was cancelled: its slot's cache goes."""
+        self.slots.pop(slot, None)
+        return {}
+
+    def _batch_steps(self, calls: list, tensors: dict):
+        jobs = []
+        for i, c in enumerate(calls):
+            slot, kind, a = int(c["slot"]), c["kind"], c["args"]
+            if kind == "start":
+                v = self._verifier(a.get("sampling"), a.get("reuse", True), self.slots.get(slot))
+                self.slots[slot] = v
+                jobs.append((v, Prefill(list(a["prompt_ids"]), int(a["capacity"])), None))
+            elif slot not in self.slots:
+                raise ValueError(f"slot {slot} has no generation; start one there first")
+            elif kind == "step":
+                jobs.append((self.slots[slot], int(a["root"]), None))
+            elif kind == "verify":
+                jobs.append((self.slots[slot], *self._tree(Tree(**a["tree"]), tensors, f"dists{i}")))
+            else:
+                raise ValueError(f"a batch takes start, step and verify calls, not {kind!r}")
+        done = yield from many_steps(jobs)
+        out = []
+        for (v, what, _), r in zip(jobs, done):
+            out.append(
+                [r, v.reused]
+                if isinstance(what, Prefill)
+                else [list(r.path), r.next_token]
+                if isinstance(r, Verdict)
+                else r
+            )
+        return Batched(out)
 
     # -- streaming --------------------------------------------------------------------------
 
@@ -120,11 +164,13 @@ class VerifierActor(Actor):
             planner = self.executor.plan
         try:
             if kind == "start":
-                self.verifier = self._verifier(a.get("sampling"), a.get("reuse", True))
+                self.verifier = self._verifier(a.get("sampling"), a.get("reuse", True), self.verifier)
                 kv = self.tensor(tensors["kv"]) if "kv" in tensors else None
                 steps = self.verifier.start_steps(list(a["prompt_ids"]), a["capacity"], kv, planner)
             elif kind == "step":
                 steps = self.verifier.step_steps(a["root"])
+            elif kind == "batch":
+                steps = self._batch_steps(a["calls"], tensors)
             else:
                 steps = self.verifier.verify_steps(*self._tree(a["tree"], tensors), planner)
         except BaseException:
@@ -211,6 +257,6 @@ class VerifierActor(Actor):
         kind, self.job, self.need = self.kind, None, None
         if self.executor is not None:
             self.executor.end()
-        if kind == "verify":
+        if kind in ("verify", "batch"):
             return value
         return Token(value, self.verifier.reused if kind == "start" else 0)

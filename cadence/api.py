@@ -56,9 +56,26 @@ class LLM:
         profile's choices, the budget in bytes) is `plan`."""
         return self.plan.asked
 
-    def generate(self, prompt: str, **kw) -> Completion:
-        """Complete `prompt` (raw text, no chat template). kw: max_new_tokens, temperature, top_p, seed."""
+    def generate(self, prompt: str | list[str], **kw) -> Completion | list[Completion]:
+        """Complete `prompt` (raw text, no chat template). kw: max_new_tokens, temperature, top_p, seed. A list of
+        prompts: their completions in the same order, generated `parallel` (an option of the LLM) at a time
+        together, each greedy one exactly what it would be alone."""
+        if isinstance(prompt, (list, tuple)):
+            return self._generate_many(list(prompt), **kw)
         return _last(self.stream(prompt, **kw)).completion
+
+    def _generate_many(self, texts: list[str], max_new_tokens: int | None = None, **sampling) -> list[Completion]:
+        if not all(isinstance(t, str) for t in texts):
+            raise CadenceError("generate takes a prompt or a list of prompts (strings)")
+        prompts = [Prompt(f"api-{next(self._ids)}", "complete", t, chat=False) for t in texts]
+        order = {p.id: i for i, p in enumerate(prompts)}
+        out: list = [None] * len(prompts)
+        for p, c in self.runner.stream_many(prompts, None, max_new_tokens, self._sampling(**sampling)):
+            if isinstance(c, CadenceError):
+                raise c
+            if c.completion is not None:
+                out[order[p.id]] = c.completion
+        return out
 
     def stream(self, prompt: str, **kw) -> Iterator[Chunk]:
         """`generate` as chunks of text, as the model commits them; the last one carries the Completion.
@@ -85,13 +102,16 @@ class LLM:
         top_p: float | None = None,
         seed: int | None = None,
     ) -> Iterator[Chunk]:
+        sampling = self._sampling(temperature, top_p, seed)
+        return self.runner.stream(prompt, max_new_tokens=max_new_tokens, sampling=sampling)
+
+    def _sampling(self, temperature: float | None = None, top_p: float | None = None, seed: int | None = None):
         base = self.plan.sampling
-        sampling = SamplingConfig(
+        return SamplingConfig(
             base.temperature if temperature is None else temperature,
             base.top_p if top_p is None else top_p,
             base.seed if seed is None else seed,
         )
-        return self.runner.stream(prompt, max_new_tokens=max_new_tokens, sampling=sampling)
 
     def held_bytes(self) -> int:
         """What the run's processes hold now (PSS: anonymous and shared memory)."""

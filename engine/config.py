@@ -42,6 +42,7 @@ class RunConfig:
     ffn_density: float = 0.3  # --mode flash: the share of a layer's FFN neurons a token computes
     device: str = "cpu"
     threads: int = 0
+    parallel: int = 1  # generations at once (speculative/batch.py), each with its own KV caches of `context`
     trace: bool = True
     trace_dir: str | None = None
     profile: str | None = None  # an ARCA profile; decide applies it (tree, worker)
@@ -57,6 +58,7 @@ class RunConfig:
             ),
             (self.context is None or self.context >= 2, f"--context={self.context} must be at least 2 tokens"),
             (self.chat in ("auto", "on", "off"), f"--chat={self.chat} must be auto, on or off"),
+            (self.parallel >= 1, f"--parallel {self.parallel} must be at least 1 (generations at once)"),
             (self.threads >= 0, f"--threads {self.threads} is not a thread count; give a number, or 0 for all cores"),
             (
                 not (self.draft == "none" and self.mode == "chain"),
@@ -158,6 +160,7 @@ class RunConfig:
             ffn_density=o["ffn_density"],
             device=o["device"],
             threads=o["threads"],
+            parallel=o["parallel"],
             trace=not o["no_trace"],
             trace_dir=o["trace_dir"],
             profile=o["profile"],
@@ -180,6 +183,7 @@ class RunConfig:
             "chat": self.chat,
             "context": self.context,
             "threads": self.threads,
+            "parallel": self.parallel,
             "device": self.device,
             "runtime": self.runtime,
             "ffn_density": self.ffn_density,

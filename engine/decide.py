@@ -140,6 +140,7 @@ def _plan(asked: RunConfig, c: _Choice, machine, memory, budget: int | None, not
         runtime=Runtime(cfg.runtime),
         device=cfg.device,
         threads=cfg.threads or machine.cores,
+        parallel=cfg.parallel,
         budget=budget,
         memory=memory,
         scheduler=scheduler,
@@ -197,8 +198,8 @@ def apply_profile(cfg: RunConfig, prof: dict) -> RunConfig:
 
 def context(cfg: RunConfig, target: WeightStore, prompt_lengths) -> int:
     """Tokens a generation holds: --context; else the longest prompt plus --max-new-tokens where both are
-    known; else DEFAULT_CONTEXT (BUDGET_CONTEXT under a memory budget; more if the longest prompt needs it);
-    at most the model's context."""
+    known; else DEFAULT_CONTEXT (BUDGET_CONTEXT under a memory budget, shared out among --parallel slots; more if
+    the longest prompt needs it); at most the model's context. Each slot of a batch holds this many."""
     most = target.args.context_length
     if cfg.context is not None:
         if cfg.context > most:
@@ -209,7 +210,8 @@ def context(cfg: RunConfig, target: WeightStore, prompt_lengths) -> int:
     longest = max(prompt_lengths, default=0)
     if longest and cfg.max_new_tokens:
         return min(most, longest + cfg.max_new_tokens)
-    return min(most, max(BUDGET_CONTEXT if cfg.memory_budget else DEFAULT_CONTEXT, longest + 512))
+    base = BUDGET_CONTEXT // cfg.parallel if cfg.memory_budget else DEFAULT_CONTEXT  # slots share a budget's rows
+    return min(most, max(base, longest + 512))
 
 
 def expert_paths(cfg: RunConfig, target: WeightStore, machine):
@@ -370,7 +372,9 @@ def _settle_width(c: _Choice, machine, notes: list[str]) -> _Choice:
     budget = _pinned(c, narrow.budget, machine)
     if budget is False:
         return c
-    for width in (w for w in WIDER if w > t.width):
+    n = c.cfg.parallel  # --parallel: every slot's tree in one forward, the rows hidden by the reads shared out
+    widths = [w for w in WIDER if w > t.width] if n == 1 else sorted({*WIDER, t.width, 6, 4, 2}, reverse=True)
+    for width in widths:
         wide = c.cfg.replace(tree=dataclasses.replace(t, width=width, width_auto=False, growth=growth))
         try:
             plan = plan_memory(narrow.budget, **plan_inputs(wide, c.target, c.draft, machine))
@@ -381,11 +385,12 @@ def _settle_width(c: _Choice, machine, notes: list[str]) -> _Choice:
         costs = costs or machine.costs(c.target, c.draft)
         if costs is None:
             return c
-        verify, read = costs.hidden_by_reads(c.target.args.n_layers, width + 1, plan.read_per_forward)
-        verify += (width - t.width) // 2 * costs.draft_step_s(c.draft)  # the extra levels of the wider tree
+        verify, read = costs.hidden_by_reads(c.target.args.n_layers, n * (width + 1), plan.read_per_forward)
+        verify += n * max(0, width - t.width) // 2 * costs.draft_step_s(c.draft)  # the wider trees' extra levels
         if verify < read:
+            trees = f"{n} trees of {width + 1} rows" if n > 1 else f"{width + 1} rows"
             notes.append(
-                f"width: {width} (this machine verifies {width + 1} rows in {verify * 1e3:.0f} ms, less than the "
+                f"width: {width} (this machine verifies {trees} in {verify * 1e3:.0f} ms, less than the "
                 f"{read * 1e3:.0f} ms the disk takes for the {plan.read_per_forward / 2**20:.0f} MiB each forward "
                 "streams)"
             )

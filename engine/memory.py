@@ -84,12 +84,13 @@ def plan_inputs(
         rows = draft_rows(cfg, draft)
         draft_w = sum(n for g, n in draft.group_bytes().items() if g != "embed" and not g.startswith("head."))
         draft_w += draft.head_bytes(rows or None)
-    trie = 8 * cfg.context if cfg.tree.trie and cfg.mode == "tree" else 0
+    n = cfg.parallel  # slots: each its own KV caches and trie; their trees verified in one forward
+    trie = 8 * cfg.context * n if cfg.tree.trie and cfg.mode == "tree" else 0
     prompt = cfg.context - (cfg.max_new_tokens or 0)  # the longest prompt, where the new tokens are known
     o = machine.overheads(
         target,
         draft,
-        width=cfg.tree.budget,
+        width=n * (cfg.tree.budget + 1) - 1,  # the rows of every slot's tree in one forward
         context=prompt,
         greedy=cfg.sampling.greedy and not cfg.plan_sampling,
         draft_window=cfg.tree.prompt_window,
@@ -101,8 +102,8 @@ def plan_inputs(
     return {
         "target_groups": groups,
         "draft_weights": draft_w,
-        "draft_kv": draft.args.kv_bytes(kv_rows(cfg, draft=True)) if draft else 0,
-        "target_kv": target.args.kv_bytes(kv_rows(cfg)),
+        "draft_kv": n * draft.args.kv_bytes(kv_rows(cfg, draft=True)) if draft else 0,
+        "target_kv": n * target.args.kv_bytes(kv_rows(cfg)),
         "overheads": o,
         **({"experts": experts, "experts_used": target.args.n_experts_used} if experts else {}),
     }

@@ -125,6 +125,15 @@ OPTIONS: tuple[Option, ...] = (
         common=True,
     ),
     Option("threads", 0, "CPU threads per process (0: all cores)", kind=int, common=True),
+    Option(
+        "parallel",
+        1,
+        "generations at once, each in a slot with KV caches of its own, every cycle's trees verified in one "
+        "forward (under --memory-budget a streamed layer is read once for all of them); --context is each slot's",
+        kind=int,
+        metavar="N",
+        common=True,
+    ),
     Option("device", "cpu", "cpu or cuda (cuda needs --runtime inproc)"),
     Option(
         "runtime",

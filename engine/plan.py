@@ -81,6 +81,7 @@ class RunPlan:
     runtime: Runtime
     device: str
     threads: int  # the cores the models' kernels use
+    parallel: int  # generations at once (speculative/batch.py), each a slot with KV caches of `context` tokens
     budget: int | None = None  # bytes; None: no bound, everything resident
     memory: object = None  # the memory plan (scheduler/generation/memplan.py MemoryPlan) under a budget
     scheduler: RuntimeConfig | None = None  # the actor runtime's settings (budget per role, arena, slots)
@@ -167,8 +168,9 @@ class RunPlan:
         if not self.tree.width_auto and self.asked.tree.width_auto:  # decided here, not asked
             given["width"] = self.tree.width
         extra = "; " + " ".join(f"{k}={v}" for k, v in given.items()) if given else ""
+        slots = f"{self.parallel} slots of " if self.parallel > 1 else ""
         return (
-            f"{self.mode} {self.target_name} {self.format}{self.draft_words()}; context {self.context} tokens; "
+            f"{self.mode} {self.target_name} {self.format}{self.draft_words()}; context {slots}{self.context} tokens; "
             f"{self.runtime}{extra}"
         )
 
@@ -179,7 +181,8 @@ class RunPlan:
     def headline(self) -> str:
         """The first line of `launch plan`: the models and what the KV caches are sized for."""
         new = f"up to {self.max_new_tokens} new" if self.max_new_tokens else "prompt and answer"
+        slots = f"{self.parallel} slots (--parallel), each with KV caches for" if self.parallel > 1 else "KV caches for"
         return (
-            f"{self.mode} {self.target_name} {self.format}{self.draft_words(fmt_=True)}; KV caches for a context "
+            f"{self.mode} {self.target_name} {self.format}{self.draft_words(fmt_=True)}; {slots} a context "
             f"of {self.context} tokens ({new})"
         )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from common.errors import CadenceError
 from common.settings import SamplingConfig
@@ -72,6 +72,8 @@ class Runner:
         if not getattr(self, "_open", False):
             return
         self._open = False
+        if getattr(self, "_batch", None) is not None:
+            self._batch.close()
         try:
             self.session.close()
         finally:
@@ -110,8 +112,85 @@ class Runner:
         cycles = self.session.loop.stream(ids, run.max_new_tokens, stop, run.mode, run.tree, run.sampling, reuse)
         for c in cycles:
             text = decoder.push([t for t in c.tokens if t not in stop])
+            if c.result:
+                text += decoder.finish()
             done = self._completion(prompt, run, chat, c.result, decoder.text()) if c.result else None
             yield Chunk(text, c.tokens, c.accepted, c.alpha, c.finish_reason, done)
+
+    def batch(self):
+        """The run's batch of `--parallel` slots (speculative/batch.py `Lockstep`), made at the first ask."""
+        if getattr(self, "_batch", None) is None:
+            self._batch = self.session.batch(self.plan.parallel)
+            self._joined: dict = {}  # a generation in the batch: its prompt, plan, chat and text decoder
+        return self._batch
+
+    def stream_many(
+        self,
+        prompts: Iterable[Prompt],
+        mode: str | None = None,
+        max_new_tokens: int | None = None,
+        sampling: SamplingConfig | None = None,
+    ) -> Iterator[tuple[Prompt, Chunk | CadenceError]]:
+        """Every prompt's generation, `--parallel` at a time together (each prompt joins as a slot frees): (the
+        prompt, a chunk of its generation) as each cycle ends, in the order the generations move; a prompt that
+        cannot run gets its error instead (the others go on). Each greedy generation's tokens are those `stream`
+        would give it alone."""
+        batch, todo = self.batch(), iter(enumerate(prompts))
+        more = True
+        while True:
+            while more and batch.free:
+                nxt = next(todo, None)
+                if nxt is None:
+                    more = False
+                    break
+                try:
+                    self.join(nxt[0], nxt[1], mode, max_new_tokens, sampling)
+                except CadenceError as e:
+                    yield nxt[1], e
+            if not batch.active:
+                return
+            for key, outcome in batch.cycle():
+                prompt = self._joined[key][0]
+                yield prompt, self.chunk(key, outcome)
+
+    def join(
+        self,
+        key,
+        prompt: Prompt,
+        mode: str | None = None,
+        max_new_tokens: int | None = None,
+        sampling: SamplingConfig | None = None,
+    ) -> None:
+        """`prompt`'s generation joins the batch at its next cycle (a free slot needed: `batch().free`), under
+        `key`; `chunk` turns its outcomes into chunks."""
+        run = self.for_generation(mode, max_new_tokens, sampling)
+        ids, chat = self.inputs.prompt_ids(prompt)
+        stop = self.tokenizer.stop_ids
+        self.batch().join(key, ids, run.max_new_tokens, stop, run.mode, run.tree, run.sampling)
+        self._joined[key] = (prompt, run, chat, StreamDecoder(self.tokenizer))
+
+    def chunk(self, key, outcome) -> Chunk | CadenceError:
+        """A batch's outcome for `key` as the generation's next chunk (the last with its `Completion`), or the error
+        that ended it alone."""
+        prompt, run, chat, decoder = self._joined[key]
+        if isinstance(outcome, BaseException):
+            del self._joined[key]
+            if not isinstance(outcome, CadenceError):
+                raise outcome
+            return outcome
+        stop = self.tokenizer.stop_ids
+        text = decoder.push([t for t in outcome.tokens if t not in stop])
+        done = None
+        if outcome.result is not None:
+            text += decoder.finish()
+            del self._joined[key]
+            done = self._completion(prompt, run, chat, outcome.result, decoder.text())
+        return Chunk(text, outcome.tokens, outcome.accepted, outcome.alpha, outcome.finish_reason, done)
+
+    def leave(self, key) -> None:
+        """`key`'s generation ends now (a client went away): its slot is free for the next."""
+        self._joined.pop(key, None)
+        self.batch().leave(key)
 
     def prepare(self, prompt: Prompt, max_new_tokens: int | None = None) -> Prompt:
         """`prompt` encoded (its ids kept with it) and checked against the context: a PromptError (its `param`

@@ -31,6 +31,9 @@ class Session(Protocol):
     def lines(self) -> list[str]:
         """What the session adds to the run's start line (its own memory arrangement): [] where nothing."""
 
+    def batch(self, slots: int):
+        """Up to `slots` generations at once, a cycle at a time together (speculative/batch.py `Lockstep`)."""
+
     def close(self) -> None: ...
 
 
@@ -58,6 +61,11 @@ class _Quiet:
     def lines(self) -> list[str]:
         return []
 
+    def batch(self, slots: int):
+        raise CadenceError(
+            "this run generates one prompt at a time (--parallel takes the tree, chain and target modes)"
+        )
+
 
 class LocalSession(_Quiet):
     """The models in this process: the cycle over `LocalTarget` and `LocalDraft` (or the trie alone)."""
@@ -74,17 +82,24 @@ class LocalSession(_Quiet):
             raise CadenceError("--device cuda was asked for but torch sees no CUDA device; use --device cpu")
         self.target = loading.load_store(plan.target, plan.target_name, plan.device)
         d = plan.draft
-        draft = None
+        self._drafts = lambda slot: None  # a draft side of its own for each slot of a batch
         if d.kind is DraftKind.FLASH:  # the target's own sparse FFN (models/flash/sparse_target.py)
             from models.flash.sparse_target import flash_draft
 
-            draft = LocalDraft(flash_draft(self.target.model, plan.target, plan.ffn_density))
+            model = flash_draft(self.target.model, plan.target, plan.ffn_density)
+            self._drafts = lambda slot: LocalDraft(model)
         elif d.model:
             self.draft = loading.load_store(d.store, d.name, plan.device, d.head_rows)
-            draft = LocalDraft(self.draft.model)
+            self._drafts = lambda slot: LocalDraft(self.draft.model)
         elif d.kind is DraftKind.TRIE:
-            draft = TrieDraft(plan.tree.width)
-        self.loop = plan.local_cycle(self.target.model, draft)
+            self._drafts = lambda slot: TrieDraft(plan.tree.width)
+        self.loop = plan.local_cycle(self.target.model, self._drafts(0))
+
+    def batch(self, slots: int):
+        from speculative.batch import Lockstep
+        from speculative.verify import LocalBatch
+
+        return Lockstep(self.loop, LocalBatch(self.target.model), self._drafts, slots)
 
     def close(self) -> None:
         pass
@@ -103,6 +118,9 @@ class ActorsSession(_Quiet):
             self.sched.shutdown()
             raise
         self.loop, self.target = self._session.loop, self._session.target
+
+    def batch(self, slots: int):
+        return self._session.batch(slots)
 
     @property
     def streamer(self):

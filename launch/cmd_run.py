@@ -107,6 +107,8 @@ def _generate(args, runner: Runner, prompts: list[Prompt], rows: list[dict]) -> 
     skipped = 0
     mon.start()
     try:
+        if run.parallel > 1:
+            return _generate_parallel(args, runner, prompts, rows, feed, mon)
         for p in prompts:
             if len(prompts) > 1 and not mon.shows_text:
                 print(f"\n── {p.id} ({p.kind})", flush=True)
@@ -127,6 +129,31 @@ def _generate(args, runner: Runner, prompts: list[Prompt], rows: list[dict]) -> 
     finally:
         mon.stop()
         feed.close()
+    return skipped
+
+
+def _generate_parallel(args, runner: Runner, prompts: list[Prompt], rows: list[dict], feed, mon) -> int:
+    """`--parallel N`: N prompts at a time together; each one's text and row written as it finishes, in the order
+    they finish (each row has its prompt's id)."""
+    skipped = 0
+    for p, c in runner.stream_many(prompts):
+        if isinstance(c, PromptError):
+            if len(prompts) == 1:
+                raise c
+            skipped += 1
+            print(f"launch run: prompt {p.id} skipped: {c}", file=sys.stderr, flush=True)
+            continue
+        if isinstance(c, CadenceError):
+            raise c
+        feed.on_tokens(len(c.tokens), c.accepted, c.alpha)  # the texts of several generations do not make one
+        if c.completion is None:
+            continue
+        rows.append(c.completion.row)
+        if args.json_out:
+            write_rows(args.json_out, rows)
+        if not mon.shows_text:
+            print(f"\n── {p.id} ({p.kind})\n{c.completion.text}", flush=True)
+        print(_row_line(c.completion.row, runner), file=sys.stderr, flush=True)
     return skipped
 
 

@@ -30,6 +30,7 @@ class Rows(NamedTuple):
     positions: torch.Tensor  # [T]
     cache: object  # its KVCache
     vis: Visibility | None = None  # default: causal over its whole cache
+    last: bool = False  # only its last row's output is wanted (a prompt's chunk): only that row meets the head
 
 
 def forward_many_steps(model: Transformer, batch: list[Rows], argmax: bool = False):
@@ -57,6 +58,13 @@ def forward_many_steps(model: Transformer, batch: list[Rows], argmax: bool = Fal
         block(model, w, x, positions, [p[i] for p in places], spans)
     for r in batch:
         r.cache.pending += r.tokens.shape[0]
+    if any(r.last for r in batch):  # a prompt's rows but its last go no further
+        keep = [(hi - 1, hi) if r.last else (lo, hi) for r, (lo, hi) in zip(batch, spans)]
+        x = torch.cat([x[lo:hi] for lo, hi in keep])
+        spans, at = [], 0
+        for lo, hi in keep:
+            spans.append((at, at + hi - lo))
+            at += hi - lo
     out = yield from model.head_steps(x, argmax)
     return [out[lo:hi] for lo, hi in spans]
 

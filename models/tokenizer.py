@@ -317,6 +317,7 @@ class StreamDecoder:
         self.ids: list[int] = []
         self.prefix = 0  # ids[prefix:read] were decoded into the last piece: the context of the next
         self.read = 0
+        self.sent = 0  # characters given out in pieces
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
@@ -325,11 +326,17 @@ class StreamDecoder:
         if len(text) <= len(before) or text.endswith("\ufffd"):  # nothing new, or a character not finished yet
             return ""
         self.prefix, self.read = self.read, len(self.ids)
+        self.sent += len(text) - len(before)
         return text[len(before) :]
 
     def text(self) -> str:
         """Everything pushed, decoded whole."""
         return self.tokenizer.decode(self.ids)
+
+    def finish(self) -> str:
+        """At the end: what the pieces held back (a character never finished is written as U+FFFD, as `text` has
+        it), so that the pieces add up to `text`."""
+        return self.text()[self.sent :]
 
 
 _RELEASED = (

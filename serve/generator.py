@@ -1,6 +1,8 @@
-"""The one thread that owns the models: it loads them, then runs one generation at a time from a
-bounded queue. A job's pieces go back to its request's event loop; a client that goes away sets
-`cancelled`, and its generation stops at the next cycle boundary (where the models agree with the text)."""
+"""The one thread that owns the models: it loads them, then runs the generations from a bounded queue: one at a
+time, or with `--parallel N` up to N together (speculative/batch.py: each joins at the next cycle as a slot frees,
+every cycle's trees verified in one forward). A job's pieces go back to its request's event loop; a client that
+goes away sets `cancelled`, and its generation stops at the next cycle boundary (where the models agree with the
+text), its slot free at once."""
 
 from __future__ import annotations
 
@@ -92,7 +94,8 @@ class Generator(threading.Thread):
         self.llm = None
         self.error: str | None = None
         self.ready = threading.Event()
-        self.busy = False
+        self.busy = 0  # generations under way
+        self.slots: dict[int, int] = {}  # --parallel: a busy slot -> the tokens its generation has made
         self.stats = Metrics()
         self.on_chunk = None  # a watcher of every generation's chunks (the monitor's feed)
 
@@ -105,26 +108,121 @@ class Generator(threading.Thread):
             return
         self.ready.set()
         try:
+            if self.llm.plan.parallel > 1:
+                self._serve_batch()
+                return
             while (job := self.jobs.get()) is not None:
-                self.busy = True
+                self.busy = 1
                 try:
                     self._serve(job)
                 finally:
-                    self.busy = False
+                    self.busy = 0
         finally:
             self.llm.close()
+
+    def _sampling(self, ask: Ask) -> SamplingConfig:
+        base = self.llm.plan.sampling
+        return SamplingConfig(
+            **{"temperature": base.temperature, "top_p": base.top_p, "seed": base.seed, **ask.sampling}
+        )
+
+    def _serve_batch(self) -> None:
+        """`--parallel`: jobs join the batch as slots free, between cycles; each cycle moves every one of them."""
+        runner = self.llm.runner
+        batch = runner.batch()
+        live: dict[int, list] = {}  # id(job) -> [job, the text so far, its slot]
+        stopping = False
+        while True:
+            while not stopping and batch.free:
+                try:
+                    job = self.jobs.get(block=not live)  # idle: wait for a request
+                except queue.Empty:
+                    break
+                if job is None:
+                    stopping = True
+                    break
+                if job.cancelled.is_set():
+                    job.put("cancelled")
+                    continue
+                try:
+                    runner.join(id(job), job.ask.prompt, None, job.ask.max_new_tokens, self._sampling(job.ask))
+                except PromptError as e:
+                    job.put("client_error", e)
+                    continue
+                except CadenceError as e:
+                    job.put("error", str(e))
+                    continue
+                if not live:
+                    self.stats.start()
+                live[id(job)] = [job, "", batch.gens[id(job)].slot]
+            for key, (job, _, _) in list(live.items()):
+                if job.cancelled.is_set():  # at a cycle boundary: the slot is free for the next request
+                    self._end(runner, live, key)
+                    self.stats.cancelled += 1
+                    job.put("cancelled")
+            self.busy = len(live)
+            if not live:
+                if stopping:
+                    return
+                continue
+            try:
+                outcomes = batch.cycle()
+            except Exception as e:  # noqa: BLE001 - an actor died or failed: every request under way fails with it
+                log.exception("generation failed")
+                self.error = f"{type(e).__name__}: {e}"
+                for key, (job, _, _) in list(live.items()):
+                    self._end(runner, live, key)
+                    job.put("error", self.error)
+                continue
+            for key, outcome in outcomes:
+                if key in live:
+                    self._take(runner, live, key, runner.chunk(key, outcome))
+            self.slots = {slot: self.slots.get(slot, 0) for _, _, slot in live.values()}
+            self.busy = len(live)
+
+    def _take(self, runner, live: dict, key: int, chunk) -> None:
+        """A batch generation's chunk to its request: a piece, its end, a stop string, or its error."""
+        job = live[key][0]
+        if isinstance(chunk, CadenceError):
+            del live[key]
+            job.put(
+                "client_error" if isinstance(chunk, PromptError) else "error",
+                chunk if isinstance(chunk, PromptError) else str(chunk),
+            )
+            return
+        self.stats.chunk(chunk)
+        if self.on_chunk is not None:
+            self.on_chunk(chunk)
+        slot = live[key][2]
+        self.slots[slot] = self.slots.get(slot, 0) + len(chunk.tokens)
+        text = live[key][1] = live[key][1] + chunk.text
+        cut = stop_at(text, job.ask.stop)
+        if cut is not None:
+            self._end(runner, live, key)
+            job.put("piece", chunk.text[: max(0, len(chunk.text) - (len(text) - cut))])
+            job.put("stopped", text[:cut])
+            return
+        if chunk.text:
+            job.put("piece", chunk.text)
+        if chunk.completion is not None:
+            del live[key]
+            self.slots.pop(slot, None)
+            self.stats.record(chunk.completion)
+            job.put("done", chunk.completion)
+
+    def _end(self, runner, live: dict, key: int) -> None:
+        _, _, slot = live.pop(key)
+        self.slots.pop(slot, None)
+        runner.leave(key)
 
     def _serve(self, job: Job) -> None:
         if job.cancelled.is_set():
             job.put("cancelled")
             return
-        ask, base = job.ask, self.llm.plan.sampling
-        sampling = SamplingConfig(
-            **{"temperature": base.temperature, "top_p": base.top_p, "seed": base.seed, **ask.sampling}
-        )
+        ask = job.ask
         try:
             self._generate(
-                job, self.llm.runner.stream(ask.prompt, max_new_tokens=ask.max_new_tokens, sampling=sampling)
+                job, self.llm.runner.stream(ask.prompt, max_new_tokens=ask.max_new_tokens, sampling=self._sampling(ask))
             )
         except PromptError as e:  # the client's prompt, found wanting only now
             job.put("client_error", e)

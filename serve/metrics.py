@@ -32,7 +32,16 @@ def prometheus(gen: Generator, budget: int | None) -> str:
         round(m.bytes_read / m.read_s / 1e9, 4) if m.read_s else 0,
     )
     metric("disk_read_bytes_total", "counter", "Weight bytes read from disk", m.bytes_read)
-    metric("generating", "gauge", "1 while a generation runs", int(gen.busy))
+    metric("generating", "gauge", "Generations under way (at most --parallel)", int(gen.busy))
+    if llm is not None and llm.plan.parallel > 1:
+        metric("slots", "gauge", "Generations that may run at once (--parallel)", llm.plan.parallel)
+        lines.extend(
+            [
+                "# HELP cadence_slot_tokens Tokens the generation in each busy slot has made so far",
+                "# TYPE cadence_slot_tokens gauge",
+            ]
+        )
+        lines.extend(f'cadence_slot_tokens{{slot="{s}"}} {n}' for s, n in sorted(dict(gen.slots).items()))
     metric("live_tokens", "gauge", "Tokens the generation under way (or the last) has decoded", m.live_tokens)
     metric(
         "live_tokens_per_second",

@@ -67,6 +67,21 @@ class CycleOutcome:
     result: Generation | None = None
 
 
+@dataclass(frozen=True)
+class Call:
+    """What a generation asks of the target side (`Speculation.steps` yields it): `kind` start, step or verify,
+    with that method's arguments. One generation alone has it answered at once (`answer`); a batch of generations
+    has every generation's call of a cycle answered in one forward (speculative/batch.py)."""
+
+    kind: str
+    args: tuple
+
+
+def answer(target: "TargetSide", call: Call):
+    """A call answered by a target side of one generation."""
+    return getattr(target, call.kind)(*call.args)
+
+
 class TargetSide(Protocol):
     streamed: bool  # layers come from disk during a forward (the I/O-wait rule applies)
     io_wait: float | None  # measured share of a verification spent waiting for layers
@@ -189,7 +204,38 @@ class Speculation:
         caches agree with the text: a consumer may stop there (a client that went away), and the next
         generation starts afresh. `max_new` None: up to the context's end. `reuse` False: the prompt is
         prefilled whole, none of it taken from the last generation's cache."""
-        mode, cfg, draft = mode or self.mode, cfg or self.cfg, self.draft
+        steps = self.steps(prompt_ids, max_new, stop, mode, cfg, sampling, reuse)
+        reply = None
+        while True:
+            try:
+                item = steps.send(reply)
+            except StopIteration:
+                return
+            if isinstance(item, Call):
+                reply = answer(self.target, item)
+            else:
+                reply = None
+                yield item
+
+    def steps(
+        self,
+        prompt_ids: list[int],
+        max_new: int | None,
+        stop: set[int],
+        mode: str | None = None,
+        cfg: TreeConfig | None = None,
+        sampling: SamplingConfig | None = None,
+        reuse: bool = True,
+        draft: DraftSide | None = None,
+        governors: dict | None = None,
+        target: TargetSide | None = None,
+    ) -> Iterator[CycleOutcome | Call]:
+        """`stream`, with every call on the target side yielded as a `Call` whose answer is sent back: one
+        generation's cycle, whoever computes its verifications. A batch of generations (speculative/batch.py)
+        gives each its own `draft` side and `governors`, and answers their calls together; `target` is what the
+        I/O-wait rule reads (the run's target side by default)."""
+        mode, cfg = mode or self.mode, cfg or self.cfg
+        draft = draft or self.draft
         speculative = mode not in TARGET_ONLY
         if speculative and draft is None:
             raise ValueError(f"mode {mode} needs a draft, which this run did not start")
@@ -199,12 +245,16 @@ class Speculation:
         max_new = limits(self.context, len(prompt_ids), max_new)
         t0 = time.perf_counter()
         most = self.model_context
-        first, reused = self.target.start(prompt_ids, min(most, self.context + slack(cfg)), sampling, reuse)
+        first, reused = yield Call("start", (prompt_ids, min(most, self.context + slack(cfg)), sampling, reuse))
         if speculative:
             window = min(len(prompt_ids), cfg.prompt_window or len(prompt_ids))
             draft.start(prompt_ids, min(most, min(self.context, window + max_new) + slack(cfg)), first, cfg, sampling)
         t_prefill = time.perf_counter() - t0
-        governor = self._governor(mode, cfg) if speculative else None
+        governor = (
+            self._governor(mode, cfg, draft, self.governors if governors is None else governors)
+            if speculative
+            else None
+        )
         stats = SpecStats()
         out = [first]
         outcome = CycleOutcome([first])
@@ -216,8 +266,8 @@ class Speculation:
                 arm = Arm("draft", room) if room > 0 else PLAIN
             stats.arm_hist[str(arm)] = stats.arm_hist.get(str(arm), 0) + 1
             t_cycle = time.perf_counter()
-            new, accepted, alpha, measured = self._cycle(
-                arm, out[-1], stats, cfg, sampling, draft if speculative else None
+            new, accepted, alpha, measured = yield from self._cycle(
+                arm, out[-1], stats, cfg, sampling, draft if speculative else None, target or self.target
             )
             dt = time.perf_counter() - t_cycle
             stats.arm_s[str(arm)] = stats.arm_s.get(str(arm), 0.0) + dt
@@ -235,7 +285,7 @@ class Speculation:
             st["ahead_steps"], st["ahead_reused"] = draft.ahead_counts()
             st.update(draft.take_stats())
         st["reused_prompt_tokens"] = reused  # found in the KV cache from the last generation
-        st.update(self.target.take_stats())
+        st.update((yield Call("take_stats", ())))
         result = Generation(prompt_ids, out, time.perf_counter() - t0, t_prefill, st)
         yield CycleOutcome(
             outcome.tokens, outcome.accepted, outcome.alpha, "stop" if out[-1] in stop else "length", result
@@ -245,19 +295,19 @@ class Speculation:
     def _finished(out: list[int], max_new: int, stop: set[int]) -> bool:
         return len(out) >= max_new or out[-1] in stop
 
-    def _governor(self, mode: str, cfg: TreeConfig) -> Governor | None:
+    def _governor(self, mode: str, cfg: TreeConfig, draft: DraftSide, governors: dict) -> Governor | None:
         """What speculation earned on earlier prompts carries over. No draft model: the trie or a plain step."""
-        if not (cfg.adaptive or not self.draft.has_model):
+        if not (cfg.adaptive or not draft.has_model):
             return None
-        choices = arms(cfg, self.draft.has_model)
-        start = Arm("draft", cfg.budget) if self.draft.has_model else LOOKUP
-        governor = self.governors.setdefault(
+        choices = arms(cfg, draft.has_model)
+        start = Arm("draft", cfg.budget) if draft.has_model else LOOKUP
+        governor = governors.setdefault(
             (mode, choices), Governor(choices, start, model=CostModel(worth_priced=cfg.growth == "best"))
         )
         governor.new_text()
         return governor
 
-    def ahead_steps(self, cfg: TreeConfig) -> int:
+    def ahead_steps(self, cfg: TreeConfig, target: TargetSide | None = None) -> int:
         """Draft forwards the draft may run during this verification (LLMCad's speculative drafting).
         Two cores cannot draft and verify at once for free: with `ahead_auto` the draft drafts ahead
         only while the verifier spends more than AHEAD_WAIT of its verifications waiting for layers
@@ -265,16 +315,24 @@ class Speculation:
         its chain ahead before the verification, not beside it: only a fixed `ahead` asks for that.)"""
         if not cfg.ahead_auto:
             return cfg.ahead
-        if not self.target.streamed:
+        target = target or self.target
+        if not target.streamed:
             return 0
-        w = self.target.io_wait
+        w = target.io_wait
         return cfg.ahead if w is None or w > AHEAD_WAIT else 0
 
     def _cycle(
-        self, arm: Arm, root: int, stats: SpecStats, cfg: TreeConfig, sampling: SamplingConfig, draft: DraftSide | None
-    ) -> tuple[list[int], int | None, float | None, Cycle | None]:
-        """One draft-verify cycle: (the committed tokens, accepted draft tokens, alpha, what a draft cycle
-        measured for the governor)."""
+        self,
+        arm: Arm,
+        root: int,
+        stats: SpecStats,
+        cfg: TreeConfig,
+        sampling: SamplingConfig,
+        draft: DraftSide | None,
+        target: TargetSide,
+    ):
+        """One draft-verify cycle, its target calls yielded: (the committed tokens, accepted draft tokens, alpha,
+        what a draft cycle measured for the governor)."""
         stats.target_forwards += 1
         p = None
         t = time.perf_counter()
@@ -288,15 +346,15 @@ class Speculation:
         t = time.perf_counter()
         try:
             if p is None or not p.tokens:
-                nxt = self.target.step(root)
+                nxt = yield Call("step", (root,))
                 stats.plain_steps += 1
                 if draft is not None:
                     draft.advance(p if arm.kind == "draft" else None, [], [nxt])
                 stats.verify_s += time.perf_counter() - t
                 return [nxt], None, None, None
-            if arm.kind == "draft" and sampling.greedy and (n := self.ahead_steps(cfg)):
+            if arm.kind == "draft" and sampling.greedy and (n := self.ahead_steps(cfg, target)):
                 draft.ahead(p, n)  # the draft drafts on while the target verifies; the verdict interrupts it
-            path, nxt = self.target.verify(p)
+            path, nxt = yield Call("verify", (p,))
             new = [p.tokens[i] for i in path] + [nxt]
             alpha = draft.advance(p if p.drafted else None, path, new)
         finally:

@@ -9,6 +9,8 @@ split executor, actors/executor.py) gives each forward its split (actors/verifie
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from common.errors import CadenceError
@@ -43,6 +45,22 @@ class Verifier:
         lives. The longest prefix the cache holds already (from the last generation) is kept, not prefilled
         again: a row's keys and values do not depend on the rows computed with it, so this is exact.
         `planner(vis)`: each forward's `ForwardPlan` (or None)."""
+        r = yield from self.prompt_rows(prompt_ids, capacity, storage, planner)
+        plan = planner(r.vis) if planner else None
+        out = yield from self.model.forward_steps(
+            r.tokens, r.positions, r.cache, r.vis, slice(-1, None), plan, argmax=self.sampling.greedy
+        )
+        return self.started(out)
+
+    def started(self, out: torch.Tensor) -> int:
+        """The first token from the prompt's last forward (its last row's output)."""
+        self.cache.commit()
+        return self._next(out[-1])
+
+    def prompt_rows(self, prompt_ids: list[int], capacity: int, storage: torch.Tensor | None = None, planner=None):
+        """`start_steps` up to the prompt's last chunk, whose rows it returns (`Rows`, only the last row's output
+        wanted) for a forward of its own or a batch's (speculative/verify.py `many_steps`); `started` takes that
+        forward's output."""
         c, keep = self.cache, 0
         if c is not None and storage is None and c.capacity >= capacity:
             keep = next(
@@ -57,17 +75,16 @@ class Verifier:
             self.cache = c = self.model.new_cache(capacity, storage)
         self.tokens, self.reused = list(prompt_ids), keep
         dev = self.model.device
-        out = None
-        for s in range(keep, len(prompt_ids), PREFILL_CHUNK):
+        starts = list(range(keep, len(prompt_ids), PREFILL_CHUNK))
+        for s in starts:
             chunk = torch.tensor(prompt_ids[s : s + PREFILL_CHUNK], device=dev)
             pos = torch.arange(c.length, c.length + len(chunk), device=dev)
             vis = Visibility.causal(c.end, len(chunk)) if planner else None
+            if s == starts[-1]:
+                return Rows(chunk, pos, c, vis, last=True)
             plan = planner(vis) if planner else None
-            out = yield from self.model.forward_steps(
-                chunk, pos, c, vis, slice(-1, None), plan, argmax=self.sampling.greedy
-            )
+            yield from self.model.forward_steps(chunk, pos, c, vis, slice(-1, None), plan, argmax=self.sampling.greedy)
             c.commit()
-        return self._next(out[0])
 
     def step_steps(self, root: int):
         """A plain decode step on the root."""
@@ -132,23 +149,57 @@ class Verifier:
         return drive(self.verify_steps(tree, trials), self.model.weights)
 
 
-def verify_many_steps(jobs: list[tuple[Verifier, TokenTree]]):
-    """Several generations' trees verified in one forward (models/batch.py: the linear layers over all their rows,
-    each one's attention over its own cache): a streamed layer is read once for all of them. Greedy generations
-    only (each gets its rows' tokens, the bits it would get alone); returns their verdicts in order."""
+class Prefill(NamedTuple):
+    """A prompt to prefill, as a batch's job (`many_steps`)."""
+
+    prompt_ids: list[int]
+    capacity: int
+
+
+def many_steps(jobs: list[tuple["Verifier", object, dict | None]]):
+    """Several generations' cycles in one forward (models/batch.py: the linear layers over all their rows, each
+    one's attention over its own cache): a streamed layer is read once for all of them. A job is (its verifier, a
+    `Prefill`, a root token for a plain step or a `TokenTree` to verify, the tree's trials under sampling); each gets
+    what its own `start_steps`, `step_steps` or `verify_steps` would return (a token, a `Verdict`), with the same
+    bits: its rows are computed as they would be alone. A prompt longer than a chunk prefills its first chunks
+    alone, its last with the batch. Returns them in order."""
     if not jobs:
         return []
     model = jobs[0][0].model
-    if any(v.model is not model or not v.sampling.greedy for v, _ in jobs):
-        raise CadenceError("a batch of verifications takes greedy generations of one target model")
-    rows = [v.tree_rows(tree) for v, tree in jobs]
-    outs = yield from forward_many_steps(model, [r for _, r in rows], argmax=True)
-    return [v.settle(tree, tokens, out) for (v, tree), (tokens, _), out in zip(jobs, rows, outs)]
+    if any(v.model is not model for v, _, _ in jobs):
+        raise CadenceError("a batch of generations takes generations of one target model")
+    rows, parts = [], []
+    for v, what, _ in jobs:
+        if isinstance(what, Prefill):
+            r = yield from v.prompt_rows(what.prompt_ids, what.capacity)
+            tokens = None
+        elif isinstance(what, TokenTree):
+            tokens, r = v.tree_rows(what)
+        else:
+            c, dev = v.cache, model.device
+            tokens, r = [what], Rows(torch.tensor([what], device=dev), torch.tensor([c.length], device=dev), c)
+        rows.append(tokens)
+        parts.append(r)
+    greedy = all(v.sampling.greedy for v, _, _ in jobs)  # else logits, and each greedy one takes its argmax
+    outs = yield from forward_many_steps(model, parts, argmax=greedy)
+    done = []
+    for (v, what, trials), tokens, out in zip(jobs, rows, outs):
+        if v.sampling.greedy and not greedy:
+            out = out.argmax(-1)
+        if isinstance(what, Prefill):
+            done.append(v.started(out))
+        elif isinstance(what, TokenTree):
+            done.append(v.settle(what, tokens, out, trials))
+        else:
+            v.cache.commit()
+            v.tokens.append(what)
+            done.append(v._next(out[0]))
+    return done
 
 
 def verify_many(jobs: list[tuple[Verifier, TokenTree]]) -> list[Verdict]:
-    """`verify_many_steps` with every weight at hand."""
-    return drive(verify_many_steps(jobs), jobs[0][0].model.weights) if jobs else []
+    """Greedy generations' trees verified in one forward, every weight at hand."""
+    return drive(many_steps([(v, t, None) for v, t in jobs]), jobs[0][0].model.weights) if jobs else []
 
 
 class LocalTarget:
@@ -180,3 +231,53 @@ class LocalTarget:
 
     def take_stats(self) -> dict:
         return {}
+
+
+class LocalBatch:
+    """The target side of a batch of generations (speculative/batch.py) with the model in this process: a
+    verifier per slot, every slot's step or verification of a cycle in one forward."""
+
+    streamed = False
+    io_wait = None
+
+    def __init__(self, model: Transformer):
+        self.model = model
+        self.verifiers: dict[int, Verifier] = {}
+
+    def answer(self, calls: list) -> list:
+        """Each (slot, `Call`) answered as `LocalTarget` would answer it alone: the prefills one by one, then every
+        plain step and verification in one forward."""
+        jobs = []
+        for slot, call in calls:
+            if call.kind == "start":
+                prompt_ids, capacity, sampling, reuse = call.args
+                v = Verifier(self.model, sampling, previous=self.verifiers.get(slot) if reuse else None)
+                self.verifiers[slot] = v
+                jobs.append((v, Prefill(prompt_ids, capacity), None))
+            else:
+                jobs.append(_job(self.verifiers[slot], call))
+        done = drive(many_steps(jobs), self.model.weights) if jobs else []
+        return [(r, v.reused) if isinstance(w, Prefill) else reply(r) for (v, w, _), r in zip(jobs, done)]
+
+    def release(self, slot: int) -> None:
+        """A generation cancelled: its slot's cache goes."""
+        self.verifiers.pop(slot, None)
+
+    def take_stats(self, slot: int) -> dict:
+        return {}
+
+
+def _job(v: Verifier, call) -> tuple:
+    """A step or verify `Call` as a `many_steps` job."""
+    if call.kind == "step":
+        return v, call.args[0], None
+    p = call.args[0]
+    trials = None
+    if not v.sampling.greedy and p.tree.trials is not None:
+        trials = trials_from_wire(p.tree.trials, p.dists)
+    return v, TokenTree.of(p.tree), trials
+
+
+def reply(r):
+    """What a target side answers: a start's (token, reused), a step's token, a verification's (path, next token)."""
+    return (r.path, r.next_token) if isinstance(r, Verdict) else r

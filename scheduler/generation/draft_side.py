@@ -18,9 +18,11 @@ from speculative.loop import Proposal
 class ActorDraft:
     has_model = True
 
-    def __init__(self, sched: Runtime, vocab_size: int):
-        self.s, self.vocab_size = sched, vocab_size
+    def __init__(self, sched: Runtime, vocab_size: int, slot: int = 0):
+        """`slot`: a batch's generation (speculative/batch.py): the draft actor keeps a draft cache for each."""
+        self.s, self.vocab_size, self.slot = sched, vocab_size, slot
         self.draft = Remote(sched, "draft")  # the draft actor's ops (actors/draft.py)
+        self.at = {"slot": slot} if slot else {}  # what every op is sent with (the one generation's: nothing)
         self.greedy = True
         self.slots: dict[int, object] = {}  # id(proposal) -> its distributions' arena slot
         self.ahead_req: int | None = None
@@ -30,11 +32,13 @@ class ActorDraft:
         self.greedy = sampling.greedy
         self.counts = (0, 0)
         self.ahead_req = None  # drafting ahead of a generation that ended in an error: its reply is nobody's now
-        self.draft.start(prompt_ids=prompt_ids, capacity=capacity, first=first, tree=cfg, sampling=asdict(sampling))
+        self.draft.start(
+            prompt_ids=prompt_ids, capacity=capacity, first=first, tree=cfg, sampling=asdict(sampling), **self.at
+        )
 
     def lookup(self, max_nodes: int) -> Proposal | None:
         """Prompt lookup: the trie's candidates, no draft forward."""
-        tree = self.draft.lookup(max_nodes=max_nodes)
+        tree = self.draft.lookup(max_nodes=max_nodes, **self.at)
         return Proposal(tree, drafted=False) if tree.tokens else None
 
     def propose(self, budget: int) -> Proposal | None:
@@ -44,7 +48,7 @@ class ActorDraft:
             slot = s.slots.alloc((budget + 1) * self.vocab_size * 4)
             tensors = {"slot": s.slot_desc(slot)}
         try:
-            reply = self.draft.call("build", tensors, budget=budget)
+            reply = self.draft.call("build", tensors, budget=budget, **self.at)
         except BaseException:
             if slot is not None:
                 s.slots.free(slot)
@@ -55,10 +59,10 @@ class ActorDraft:
         return p
 
     def ahead(self, p: Proposal, steps: int) -> None:
-        self.ahead_req = self.draft.send("ahead", steps=steps)
+        self.ahead_req = self.draft.send("ahead", steps=steps, **self.at)
 
     def advance(self, p: Proposal | None, path: list[int], new: list[int]) -> float:
-        adv = self.draft.advance(path=path, new=new, tree=p is not None)
+        adv = self.draft.advance(path=path, new=new, tree=p is not None, **self.at)
         if self.ahead_req is not None:  # answered before `advance` (one socket, in order), unless a stream poll took it
             req, self.ahead_req = self.ahead_req, None
             r = self.s.take_reply(req)
@@ -76,4 +80,4 @@ class ActorDraft:
         return self.counts
 
     def take_stats(self) -> dict:
-        return self.draft.take_stats()
+        return self.draft.take_stats(**self.at)

@@ -232,7 +232,7 @@ def measure_overheads(
     once the tokenizer is loaded; `own`: its anonymous bytes read once already) plus its trace buffer, the zygote's and each actor's own pages as
     calibrated once (scheduler/generation/footprint.py), activations from the models' shapes."""
     fp = footprint()
-    rows = min(width, 64) + 1 + 4  # a tree, its root and trie candidates
+    rows = min(width, 256) + 1 + 4  # a tree (or a batch of trees), its root and trie candidates
     prefill = min(context, PREFILL_CHUNK)
     dists = 0 if greedy else (width + 1) * target_args["vocab_size"] * 4
     return Overheads(

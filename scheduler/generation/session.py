@@ -76,13 +76,9 @@ class ActorSession:
                     spec.paths,
                 )
         self.target = ActorTarget(sched, spec.tree, spec.model, streamer, spec.worker, cache)
-        draft = None
-        if spec.mode not in TARGET_ONLY:
-            drafts = spec.draft_store or spec.flash
-            draft = ActorDraft(sched, spec.model.vocab_size) if drafts else TrieDraft(spec.tree.width)
         self.loop = Speculation(
             self.target,
-            draft,
+            self._draft(0),
             spec.mode,
             spec.tree,
             spec.sampling,
@@ -90,6 +86,22 @@ class ActorSession:
             spec.model.context_length,
             counter=sched.tracer.counter,
         )
+
+    def _draft(self, slot: int):
+        """The draft side of a generation (`slot`: of a batch's), or None in a target-only mode."""
+        spec = self.spec
+        if spec.mode in TARGET_ONLY:
+            return None
+        if spec.draft_store or spec.flash:
+            return ActorDraft(self.s, spec.model.vocab_size, slot)
+        return TrieDraft(spec.tree.width)
+
+    def batch(self, slots: int):
+        """Up to `slots` generations at once over these actors (speculative/batch.py `Lockstep`)."""
+        from scheduler.generation.target_side import ActorBatch
+        from speculative.batch import Lockstep
+
+        return Lockstep(self.loop, ActorBatch(self.target), self._draft, slots)
 
     @staticmethod
     def _spawn(sched: Runtime, spec: SessionSpec, actors: dict[str, str]) -> None:

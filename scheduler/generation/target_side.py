@@ -19,6 +19,7 @@ from actors.calls import AwaitExperts, AwaitGroup, wire_args
 from actors.syncarea import STOP, SyncArea
 from common.settings import PREFILL_CHUNK, SamplingConfig, TreeConfig, WorkerSplit
 from models.args import ModelArgs
+from common.errors import CadenceError
 from scheduler.errors import ActorDead, ActorError
 from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.procs import DEAD
@@ -101,17 +102,18 @@ class ActorTarget:
 
     # -- the conversation --------------------------------------------------------------------------
 
-    def run(self, job: str, args: dict, tensors: dict | None = None):
-        """A verifier job (start / step / verify, with the arguments of that op) to its result (Token / Verdict):
-        one op, or a conversation when layers stream in from the loader (`begin`); with the worker, it serves the
-        job's split at the same time (a step has one row: nothing to split)."""
+    def run(self, job: str, args: dict, tensors: dict | None = None, timeout: float | None = None):
+        """A verifier job (start / step / verify / batch, with the arguments of that op) to its result (Token /
+        Verdict / Batched): one op, or a conversation when layers stream in from the loader (`begin`); with the
+        worker, it serves the job's split at the same time (a step has one row: nothing to split). `timeout`: for
+        the whole op resident, for each reply streamed (default: the scheduler's)."""
         s = self.s
         if self.streamer is None and self.worker is None and self.experts is None:
-            reply = self.verifier.call(job, tensors, **args)
+            reply = self.verifier.call(job, tensors, timeout, **args)
             self.job_req = reply.req_id
             return reply.value
         tensors = dict(tensors or {})
-        serving, timeout, split = None, None, None
+        serving, split = None, None
         if self.worker is not None and job != "step":
             serving, split = self._serve(job, args, tensors)
             if job == "start":  # a resident prefill is one op however many chunks it has
@@ -241,3 +243,55 @@ class ActorTarget:
             if slot is not None:
                 self.s.slots.free(slot)
         self.kv_slot = self.job_slots = self.col_slots = None
+
+
+class ActorBatch:
+    """The target side of a batch of generations (speculative/batch.py) over the verifier actor: a verifier per slot
+    there, and every slot's call of a cycle in one job (op `batch`), so that under a budget each streamed layer is
+    read from disk once for every generation in the batch."""
+
+    def __init__(self, target: ActorTarget):
+        if target.worker is not None or target.experts is not None:
+            raise CadenceError(
+                "--parallel runs dense models without the sparse-attention worker; drop --sparse-attn, or run one "
+                "prompt at a time"
+            )
+        self.target, self.s = target, target.s
+        self.streamed = target.streamed
+
+    def answer(self, calls: list) -> list:
+        wire, tensors, links, starts = [], {}, [], 0
+        for i, (slot, call) in enumerate(calls):
+            if call.kind == "start":
+                prompt_ids, capacity, sampling, reuse = call.args
+                args = dict(prompt_ids=prompt_ids, capacity=capacity, sampling=asdict(sampling), reuse=reuse)
+                starts += 1 + len(prompt_ids) // PREFILL_CHUNK
+            elif call.kind == "step":
+                args = dict(root=call.args[0])
+            else:
+                p = call.args[0]
+                args = dict(tree=asdict(p.tree))
+                if p.dists is not None:
+                    tensors[f"dists{i}"] = p.dists
+                if p.req is not None:
+                    links.append(p.req)
+            wire.append(dict(slot=slot, kind=call.kind, args=args))
+        limit = self.s.config.timeouts.request_s
+        timeout = limit * (1 + starts) if self.target.streamer is None else None  # resident: prefills in the one op
+        results = self.target.run("batch", dict(calls=wire), tensors or None, timeout).results
+        s = self.s
+        for req in links:  # the arrows from the drafts' trees to the verification of them all
+            s.trace.link(
+                (s.actors["draft"].pid, req), (s.actors["verifier"].pid, self.target.job_req), "draft tree", "tree"
+            )
+        return [
+            tuple(r) if c.kind == "start" else (list(r[0]), r[1]) if c.kind == "verify" else r
+            for (_, c), r in zip(calls, results)
+        ]
+
+    def release(self, slot: int) -> None:
+        self.target.verifier.release(slot=slot)
+
+    def take_stats(self, slot: int) -> dict:
+        """The loader's figures are the batch's, not a generation's: each generation's row leaves them out."""
+        return {}

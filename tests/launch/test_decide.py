@@ -102,3 +102,18 @@ def test_launch_plan_and_launch_run_decide_alike(tiny_gguf, tmp_path):
     assert "of 600 MiB budget" in printed and "resident: layer 0-1; head 0" in printed
     assert row["memory_budget_bytes"] == 600 << 20 and row["draft"] == str(tiny_gguf)
     assert row["memory_plan"]["resident_groups"] == 3 and row["memory_plan"]["streamed_groups"] == 0
+
+
+def test_parallel_slots_each_have_their_kv_caches_in_the_plan(tiny_gguf, machine):
+    """`--parallel N`: each slot's KV caches (the target's and the draft's) are in the memory plan, a budget's
+    default context is shared out among the slots, and `launch plan` says how many slots at what context."""
+    base = dict(target=str(tiny_gguf), draft=str(tiny_gguf), memory_budget="auto", max_new_tokens=8, width=6)
+    one = decide(RunConfig.from_options(**base, context=256), machine)
+    four = decide(RunConfig.from_options(**base, context=256, parallel=4), machine)
+    assert four.parallel == 4 and four.memory.target_kv == 4 * one.memory.target_kv > 0
+    assert four.memory.draft_kv == 4 * one.memory.draft_kv
+    shared = decide(RunConfig.from_options(**base, parallel=4), machine)
+    assert shared.context == min(shared.target.args.context_length, 512)  # 2048 rows a budget's default, shared
+    assert f"4 slots (--parallel), each with KV caches for a context of {shared.context} tokens" in shared.headline()
+    with pytest.raises(Exception, match="--parallel 0 must be at least 1"):
+        RunConfig.from_options(**base, parallel=0)

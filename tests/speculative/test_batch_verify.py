@@ -82,16 +82,23 @@ def test_a_batch_of_trees_gives_each_generation_its_own_verdicts(tmp_path, mt, v
             assert torch.equal(ka, kb) and torch.equal(va, vb)
 
 
-def test_a_batch_refuses_what_it_cannot_run_together(tmp_path):
-    target_store, _ = _stores(tmp_path, "qwen2", "sliding")
-    target = loading.load_store(target_store).model
-    sampled = Verifier(target, SamplingConfig(temperature=0.7))
+def test_a_batch_mixes_sampled_and_greedy_generations_but_not_models(tmp_path):
+    """A sampled generation's rows need the logits: the batch computes them for all, and the greedy one takes their
+    argmax, the token it gets alone. Two target models cannot share a forward."""
+    target_store, draft_store = _stores(tmp_path, "qwen2", "sliding")
+    target, other = loading.load_store(target_store).model, loading.load_store(draft_store).model
+    sampled = Verifier(target, SamplingConfig(temperature=0.7, seed=1))
     sampled.start([5, 6, 7], 32)
-    greedy = Verifier(target, SamplingConfig())
+    greedy, alone = Verifier(target, SamplingConfig()), Verifier(target, SamplingConfig())
     greedy.start([5, 6, 8], 32)
-    tree = TokenTree.of(type("T", (), {"root": 9, "tokens": [], "parents": [], "probs": []})())
+    alone.start([5, 6, 8], 32)
+    tree = TokenTree.of(type("T", (), {"root": 9, "tokens": [4], "parents": [-1], "probs": [1.0]})())
+    verdict = verify_many([(greedy, tree), (sampled, tree)])[0]
+    assert verdict == alone.verify_tree(tree) and greedy.tokens == alone.tokens
+    foreign = Verifier(other, SamplingConfig())
+    foreign.start([5, 6, 8], 32)
     from common.errors import CadenceError
 
-    with pytest.raises(CadenceError, match="greedy generations of one target model"):
-        verify_many([(greedy, tree), (sampled, tree)])
+    with pytest.raises(CadenceError, match="one target model"):
+        verify_many([(greedy, tree), (foreign, tree)])
     assert verify_many([]) == []

@@ -135,3 +135,27 @@ def test_a_draft_equal_to_the_target_is_always_accepted(mode, ahead, growth, pro
             assert got.stats["ahead_reused"] >= (ahead - 2) * (got.stats["verifications"] - 1) > 0, got.stats
         else:
             assert got.stats["ahead_steps"] == got.stats["ahead_reused"] == 0
+
+
+@pytest.mark.parametrize("budget", [None, "768MiB"])
+def test_parallel_generations_over_actors_equal_target(reference, tmp_path, budget):
+    """`launch run --parallel 4`: six prompts, four at a time (the others joining as slots free), every cycle's
+    trees verified in one forward; resident, and under a budget where each streamed layer is read once for all of
+    them. Each prompt's tokens are the target's alone."""
+    chosen = dev_prompts()[:6]
+    prompts = tmp_path / "six.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in chosen))
+    out = tmp_path / "rows.json"
+    env = dict(os.environ, CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
+    cmd = [sys.executable, "-m", "launch.cli", "run", "--dtype", FMT, "--prompts", str(prompts), "--parallel", "4"]
+    cmd += ["--max-new-tokens", str(N), "--json", str(out), "--no-trace"]
+    cmd += ["--memory-budget", budget] if budget else []
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert sorted(r["id"] for r in rows) == sorted(p["id"] for p in chosen)
+    for r in rows:
+        assert r["new_token_ids"] == reference[r["id"]], r["id"]
+    assert sum(r["stats"]["accepted"] for r in rows) > 0
+    if budget:
+        assert all(r["memory_plan"]["streamed_groups"] > 0 for r in rows)

@@ -1,0 +1,197 @@
+"""Several generations at once, a cycle at a time together (issue 42: continuous batching, Lookahead's batch
+inference, llama.cpp's slots).
+
+Each generation runs the one speculation cycle (speculative/loop.py `Speculation.steps`) with a draft side and a
+governor of its own; what it asks of the target (a prefill, a plain step, a tree to verify) is collected from every
+generation in the batch and answered in one forward (`BatchTarget.answer`: speculative/verify.py `LocalBatch` in
+this process, scheduler/generation/target_side.py `ActorBatch` over the verifier actor, where a streamed layer is
+then read once for every generation). Generations join and leave between cycles; each keeps its own stop tokens,
+sampling, rollback and stats, and a greedy one's tokens are exactly those it would make alone.
+
+    batch = Lockstep(loop, target, drafts, slots=4)
+    batch.join("a", prompt_ids, 64, stop)
+    while batch.active:
+        for key, outcome in batch.cycle():   # a CycleOutcome per generation, or the exception that ended it
+            ...
+
+Torch-free: the scheduler process runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Iterator, Protocol
+
+from common.errors import CadenceError
+from common.settings import SamplingConfig, TreeConfig
+from speculative.loop import Call, CycleOutcome, DraftSide, Speculation
+
+
+class BatchTarget(Protocol):
+    def answer(self, calls: list[tuple[int, Call]]) -> list:
+        """Each (slot, call) answered as a target side of that slot's generation alone would answer it."""
+
+    def release(self, slot: int) -> None:
+        """The slot's generation was cancelled: its cache goes."""
+
+    def take_stats(self, slot: int) -> dict: ...
+
+
+class _NoAhead:
+    """What a batched generation's I/O-wait rule reads: nobody drafts ahead of a batch's verification (the draft
+    side grows the next generation's tree meanwhile)."""
+
+    streamed = False
+    io_wait = None
+
+
+@dataclass
+class _Generation:
+    key: Hashable
+    slot: int
+    steps: Iterator
+    draft: DraftSide | None
+    reply: object = None  # the target's answer to its last call, sent back at the next cycle
+    called: bool = False  # its first call is not made yet
+    cycles: int = 0
+    governors: dict = field(default_factory=dict)
+
+
+class Lockstep:
+    def __init__(
+        self,
+        loop: Speculation,
+        target: BatchTarget,
+        drafts: Callable[[int], DraftSide | None],
+        slots: int,
+    ):
+        """`loop`: the run's speculation cycle (its mode, tree settings, sampling, context); `target`: the batch's
+        target side; `drafts(slot)`: a draft side of the slot's own (None in a target-only mode); `slots`: the most
+        generations at once."""
+        if slots < 1:
+            raise CadenceError(f"a batch needs at least one slot, not {slots}")
+        self.loop, self.target, self.slots = loop, target, slots
+        self.drafts: dict[int, DraftSide | None] = {}
+        self._new_draft = drafts
+        self.gens: dict[Hashable, _Generation] = {}
+        self.governors: dict[int, dict] = {}  # a slot's governors, kept across the generations it serves
+
+    @property
+    def active(self) -> int:
+        return len(self.gens)
+
+    @property
+    def free(self) -> int:
+        return self.slots - len(self.gens)
+
+    def join(
+        self,
+        key: Hashable,
+        prompt_ids: list[int],
+        max_new: int | None,
+        stop: set[int],
+        mode: str | None = None,
+        cfg: TreeConfig | None = None,
+        sampling: SamplingConfig | None = None,
+        reuse: bool = True,
+    ) -> int:
+        """A generation joins at the next cycle, in a free slot (its number returned)."""
+        if key in self.gens:
+            raise CadenceError(f"generation {key!r} is already in the batch")
+        taken = {g.slot for g in self.gens.values()}
+        slot = next((s for s in range(self.slots) if s not in taken), None)
+        if slot is None:
+            raise CadenceError(f"all {self.slots} slots are taken; wait for a generation to end")
+        if slot not in self.drafts:
+            self.drafts[slot] = self._new_draft(slot)
+        cfg = cfg or self.loop.cfg
+        if cfg.ahead or cfg.ahead_auto:  # nothing drafts ahead of a batch (`_NoAhead`), nor needs the rows for it
+            cfg = dataclasses.replace(cfg, ahead=0, ahead_auto=False)
+        draft = self.drafts[slot]
+        governors = self.governors.setdefault(slot, {})
+        steps = self.loop.steps(
+            prompt_ids, max_new, stop, mode, cfg, sampling, reuse, draft=draft, governors=governors, target=_NoAhead()
+        )
+        self.gens[key] = _Generation(key, slot, steps, draft, governors=governors)
+        return slot
+
+    def leave(self, key: Hashable) -> None:
+        """A generation ends before its time (a client went away): its slot is free at once and its cache goes."""
+        g = self.gens.pop(key, None)
+        if g is None:
+            return
+        g.steps.close()
+        self.target.release(g.slot)
+
+    def cycle(self) -> list[tuple[Hashable, CycleOutcome | BaseException]]:
+        """Every generation one cycle on: its draft grows its tree, then one forward verifies them all. Returns
+        each generation's outcome (a finished one's last carries its `Generation` and leaves the batch), or the
+        exception that ended it alone (a prompt that does not fit the context); an error of the target side
+        (a dead actor) ends them all and is raised."""
+        outcomes, calls = [], []
+        for g in list(self.gens.values()):
+            try:
+                call = self._advance(g, outcomes)
+            except Exception as e:  # this generation's own failure: the others go on
+                self.gens.pop(g.key, None)
+                self.target.release(g.slot)
+                outcomes.append((g.key, e))
+                continue
+            if call is not None:
+                calls.append((g, call))
+        if calls:
+            try:
+                replies = self.target.answer([(g.slot, c) for g, c in calls])
+            except BaseException:
+                for g, _ in calls:
+                    self.leave(g.key)
+                raise
+            for (g, _), r in zip(calls, replies):
+                g.reply = r
+        return outcomes
+
+    def _advance(self, g: _Generation, outcomes: list) -> Call | None:
+        """Run a generation until it asks the target for a forward (returned) or ends (None)."""
+        reply, g.reply = g.reply, None
+        while True:
+            try:
+                item = g.steps.send(reply) if g.called else next(g.steps)
+            except StopIteration:
+                self.gens.pop(g.key, None)
+                return None
+            g.called, reply = True, None
+            if isinstance(item, Call):
+                if item.kind == "take_stats":  # answered here: nothing to compute
+                    reply = self.target.take_stats(g.slot)
+                    continue
+                return item
+            outcomes.append((g.key, item))
+            if item.result is not None:  # its last outcome: the slot is free for the next cycle
+                self.gens.pop(g.key, None)
+                return None
+
+    def close(self) -> None:
+        """Every generation dropped (the run ends: its processes go with their caches)."""
+        for g in self.gens.values():
+            g.steps.close()
+        self.gens.clear()
+
+
+def run_all(
+    batch: Lockstep, jobs: Iterator[tuple[Hashable, dict]]
+) -> Iterator[tuple[Hashable, CycleOutcome | BaseException]]:
+    """Every job (key, `join`'s keyword arguments) through the batch: each joins as a slot frees, and each outcome is
+    yielded as its cycle ends."""
+    jobs = iter(jobs)
+    waiting = True
+    while True:
+        while waiting and batch.free:
+            nxt = next(jobs, None)
+            if nxt is None:
+                waiting = False
+                break
+            batch.join(nxt[0], **nxt[1])
+        if not batch.active:
+            return
+        yield from batch.cycle()

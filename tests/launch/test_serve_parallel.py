@@ -1,0 +1,139 @@
+"""`launch serve --parallel 4` under a memory budget, as many clients meet it: 24 streaming clients at once on a
+tiny model, a third of them hanging up after their first piece. Every stream served to its end closes with
+`[DONE]` and is the text the request gets alone, no request gets a 5xx, the cancelled ones free their slots, the
+processes hold no more than the budget, and SIGTERM leaves no shared memory behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from common import paths
+from tests.conftest import shm_segments
+from tests.launch.test_serve import KEY, _free_port, _metric
+
+httpx = pytest.importorskip("httpx")
+
+PROMPTS = ["once upon a time", "the cat sat on", "in the beginning", "def main():", "1, 2, 3,", "hello there"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_gguf, tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    port = _free_port()
+    env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
+    before = shm_segments()
+    args = ["--target", str(tiny_gguf), "--draft", str(tiny_gguf), "--port", str(port), "--api-key", "sekret"]
+    args += ["--parallel", "4", "--queue", "32", "--memory-budget", "auto", "--max-new-tokens", "24", "--no-trace"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "launch.cli", "serve", *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            pytest.fail(f"launch serve exited: {p.stderr.read()}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    else:
+        p.kill()
+        pytest.fail("launch serve did not become healthy in 120 s")
+    yield base, p, before
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
+def _stream(base: str, prompt: str, hang_up: bool) -> tuple[int, str, bool]:
+    """(status, the streamed text, whether `[DONE]` closed it)."""
+    text, done = "", False
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{base}/v1/completions", headers=KEY, json=body, timeout=300) as r:
+        if r.status_code != 200:
+            return r.status_code, r.read().decode(), False
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            text += json.loads(data)["choices"][0]["text"]
+            if hang_up and text:
+                break
+    return 200, text, done
+
+
+def test_many_streaming_clients_with_disconnects_each_get_their_own_answer(server):
+    base, _, _ = server
+    alone = {}
+    for prompt in PROMPTS:  # one at a time first: what each request gets alone
+        r = httpx.post(
+            f"{base}/v1/completions", headers=KEY, json={"prompt": prompt, "max_tokens": 24, "temperature": 0}
+        )
+        assert r.status_code == 200, r.text
+        alone[prompt] = r.json()["choices"][0]["text"]
+    cancelled = _metric(base, "cadence_requests_cancelled_total")
+    rng = random.Random(3)
+    jobs = [(rng.choice(PROMPTS), i % 3 == 0) for i in range(24)]
+    results: list = [None] * len(jobs)
+    seen = []
+
+    def client(i):
+        results[i] = _stream(base, *jobs[i])
+
+    def watch():  # generations under way, while the clients run
+        while any(r is None for r in results):
+            seen.append(_metric(base, "cadence_generating"))
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    for t in threads:
+        t.join()
+    watcher.join()
+    assert max(seen) > 1  # several generations at once
+    for (prompt, hang_up), (status, text, done) in zip(jobs, results):
+        assert status == 200, text
+        if not hang_up:
+            assert done and text == alone[prompt], prompt
+    deadline = time.monotonic() + 30
+    while _metric(base, "cadence_requests_cancelled_total") <= cancelled and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _metric(base, "cadence_requests_cancelled_total") > cancelled
+    while _metric(base, "cadence_generating") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _metric(base, "cadence_generating") == 0  # every slot free again
+    assert _metric(base, "cadence_memory_held_bytes") <= _metric(base, "cadence_memory_budget_bytes")
+    metrics = httpx.get(f"{base}/metrics", headers=KEY).text
+    assert "cadence_slots 4" in metrics
+
+
+def test_sigterm_with_parallel_slots_leaves_nothing(server):
+    base, p, before = server
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=30)
+    err = p.stderr.read()
+    assert p.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
+    time.sleep(0.5)
+    assert not [s for s in shm_segments() - before if s.startswith(f"cadence-{p.pid}x")]

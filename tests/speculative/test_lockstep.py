@@ -1,0 +1,100 @@
+"""Several generations at once (speculative/batch.py `Lockstep`) in this process, on tiny random int4 models: six
+prompts of different lengths and token limits through three slots, joining as slots free, one sampled among the
+greedy ones, one cancelled halfway and one whose prompt does not fit: every greedy generation's tokens are exactly
+its own run alone, the cancelled slot serves the next prompt, and the prompt that does not fit fails alone."""
+
+import pytest
+import torch
+
+from common.errors import PromptError
+from common.settings import SamplingConfig, TreeConfig
+from models import loading
+from models.convert import convert
+from models.source_hf import HFSource
+from models.store import WeightStore
+from speculative.batch import Lockstep, run_all
+from speculative.drafter import LocalDraft
+from speculative.loop import Speculation
+from speculative.lookup import TrieDraft
+from speculative.verify import LocalBatch, LocalTarget
+from tests.models.families import tiny_hf
+
+CONTEXT = 160
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lockstep")
+    out = []
+    for name, seed in (("target", 1), ("draft", 2)):
+        hf = tiny_hf("qwen2", "plain", tmp / f"hf-{name}", seed=seed)
+        out.append(loading.load_store(WeightStore(convert(HFSource(hf), tmp / f"int4-{name}", "int4"))).model)
+    return out
+
+
+def _prompts(n: int = 6) -> list[list[int]]:
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(3, 300, (k,), generator=g).tolist() for k in (5, 40, 11, 23, 7, 17)[:n]]
+
+
+def _loop(target, draft, mode="tree"):
+    d = LocalDraft(draft) if draft is not None else TrieDraft(6)
+    return Speculation(LocalTarget(target), d, mode, TreeConfig(width=6), SamplingConfig(), CONTEXT)
+
+
+@pytest.mark.parametrize("mode,with_draft", [("tree", True), ("tree", False), ("target", False), ("chain", True)])
+def test_each_generation_of_a_batch_is_its_own_run_alone(pair, mode, with_draft):
+    target, _ = pair
+    draft = target if with_draft else None  # the target drafting for itself: its trees are taken
+    loop = _loop(target, draft, mode)
+    limits = [30, 12, 41, 25, 8, 33]
+    alone = [loop.generate(p, n, set()).new_ids for p, n in zip(_prompts(), limits)]
+    factory = (lambda slot: LocalDraft(draft)) if draft is not None else (lambda slot: TrieDraft(6))
+    batch = Lockstep(loop, LocalBatch(target), factory if mode != "target" else (lambda slot: None), 3)
+    jobs = ((i, dict(prompt_ids=p, max_new=n, stop=set())) for i, (p, n) in enumerate(zip(_prompts(), limits)))
+    got, most = {}, 0
+    for key, o in run_all(batch, jobs):
+        assert not isinstance(o, BaseException), o
+        most = max(most, batch.active)
+        if o.result is not None:
+            got[key] = o.result
+    assert most == 3  # three at once, the others joining as slots freed
+    assert {k: g.new_ids for k, g in got.items()} == dict(enumerate(alone))
+    if with_draft:
+        assert sum(g.stats["accepted"] for g in got.values()) > 0  # trees were taken, not just roots
+
+
+def test_a_batch_takes_joins_cancellations_sampling_and_a_prompt_that_does_not_fit(pair):
+    target, draft = pair
+    loop = _loop(target, draft)
+    prompts = _prompts()
+    alone = {i: loop.generate(p, 24, set()).new_ids for i, p in enumerate(prompts)}
+    batch = Lockstep(loop, LocalBatch(target), lambda slot: LocalDraft(draft), 3)
+    batch.join(0, prompts[0], 24, set())
+    batch.join("sampled", prompts[1], 24, set(), sampling=SamplingConfig(temperature=0.8, seed=3))
+    batch.join("cancelled", prompts[2], 24, set())
+    got, errors, cycles = {}, {}, 0
+    while batch.active:
+        cycles += 1
+        for key, o in batch.cycle():
+            if isinstance(o, BaseException):
+                errors[key] = o
+            elif o.result is not None:
+                got[key] = o.result
+        if cycles == 3:  # a client went away: its slot takes the next prompt at once
+            batch.leave("cancelled")
+            assert batch.free == 1
+            batch.join(3, prompts[3], 24, set())
+            with pytest.raises(Exception, match="already in the batch"):
+                batch.join(3, prompts[3], 24, set())
+        if cycles == 4:
+            assert batch.free == 0
+            with pytest.raises(Exception, match="slots are taken"):
+                batch.join(9, prompts[4], 24, set())
+        if 0 in got and "too long" not in errors and "too long" not in batch.gens:
+            batch.join("too long", list(range(3, 3 + CONTEXT)), 24, set())
+            batch.join(5, prompts[5], 24, set())
+    assert isinstance(errors.pop("too long"), PromptError) and not errors
+    assert "cancelled" not in got and len(got["sampled"].new_ids) == 24
+    for i in (0, 3, 5):
+        assert got[i].new_ids == alone[i], i
