@@ -213,9 +213,17 @@ class Batched:
     results: list
 
 
+@dataclass(frozen=True)
+class Trees:
+    """A batch's draft trees (op `build_many`), each as the map of a `Tree`'s fields, in the order asked."""
+
+    trees: list
+
+
 REPLIES: dict[str, type] = {
     "token": Token,
     "batched": Batched,
+    "trees": Trees,
     "verdict": Verdict,
     "await_group": AwaitGroup,
     "await_experts": AwaitExperts,

@@ -3,11 +3,13 @@ draft side (speculative/drafter.py `LocalDraft`), so both runtimes draft with th
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from actors.base import Actor, ActorContext
 from common.heap import trim_heap
-from actors.calls import Advanced
+from actors.calls import Advanced, Trees
 from models.loading import load_store
 from models.store import WeightStore
 from common.settings import SamplingConfig
@@ -68,6 +70,19 @@ class DraftActor(Actor):
         self.last[slot] = p = self._slot(slot).propose(budget)
         self._give_heap_back(slot)
         return self._reply(p, tensors)
+
+    def op_build_many(self, slots: list, budgets: list):
+        """A batch's trees (greedy), one for each of `slots` of at most its `budgets` tokens, grown in shared draft
+        forwards (speculative/draft_batch.py): each the tree `build` grows for that slot alone."""
+        if len(slots) != len(budgets) or len(set(slots)) != len(slots):
+            raise ValueError("build_many takes one budget for each of distinct slots")
+        ps = LocalDraft.propose_many([(self._slot(int(s)), int(b)) for s, b in zip(slots, budgets)])
+        trees = []
+        for s, p in zip(slots, ps):
+            self.last[s] = p
+            self._give_heap_back(s)
+            trees.append(dataclasses.asdict(self._reply(p, {})))  # greedy: a Tree alone, no distributions
+        return Trees(trees)
 
     def op_release(self, slot: int):
         """A batch's generation was cancelled: its slot's draft cache goes."""

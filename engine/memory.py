@@ -26,11 +26,17 @@ TRACE_EVENTS = 16384  # trace events the scheduler holds before it spills them t
 def kv_rows(cfg, draft: bool = False) -> int:
     """KV cache rows a generation of `cfg` (a RunConfig or a RunPlan: its context, tree and new tokens) may fill
     (speculative/loop.py sizes the caches the same way): the context and a tree's slack; the draft sees only the
-    prompt's last `prompt_window` tokens of it."""
+    prompt's last `prompt_window` tokens of it. With --parallel, a slot's tree may take the rows of the others'
+    (speculative/batch.py `Lockstep.width`): its slack is for that tree."""
     rows = cfg.context
     if draft and cfg.tree.prompt_window:
         rows = min(rows, cfg.tree.prompt_window + (cfg.max_new_tokens or rows))
-    return rows + slack(cfg.tree)
+    tree = cfg.tree
+    if cfg.parallel > 1:
+        from speculative.batch import WIDEST
+
+        tree = dataclasses.replace(tree, width=min(WIDEST, cfg.parallel * (tree.budget + 1) - 1))
+    return rows + slack(tree)
 
 
 def draft_rows(cfg: RunConfig, draft: WeightStore | None) -> int:
@@ -91,6 +97,7 @@ def plan_inputs(
         target,
         draft,
         width=n * (cfg.tree.budget + 1) - 1,  # the rows of every slot's tree in one forward
+        batch_rows=n * (cfg.tree.budget + 1) if n > 1 else 0,  # ... and beside a prompt's chunk
         context=prompt,
         greedy=cfg.sampling.greedy and not cfg.plan_sampling,
         draft_window=cfg.tree.prompt_window,

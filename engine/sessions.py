@@ -99,10 +99,19 @@ class LocalSession(_Quiet):
         from speculative.batch import Lockstep
         from speculative.verify import LocalBatch
 
-        return Lockstep(self.loop, LocalBatch(self.target.model), self._drafts, slots)
+        return Lockstep(self.loop, LocalBatch(self.target.model), self._drafts, slots, _propose)
 
     def close(self) -> None:
         pass
+
+
+def _propose(asks: list) -> list:
+    """A batch's trees: grown in shared draft forwards where every side is a draft model in this process."""
+    from speculative.drafter import LocalDraft
+
+    if all(isinstance(d, LocalDraft) for d, _ in asks):
+        return LocalDraft.propose_many(asks)
+    return [d.propose(budget) for d, budget in asks]
 
 
 class ActorsSession(_Quiet):

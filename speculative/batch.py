@@ -20,12 +20,15 @@ Torch-free: the scheduler process runs it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterator, Protocol
 
 from common.errors import CadenceError
-from common.settings import SamplingConfig, TreeConfig
+from common.settings import PREFILL_CHUNK, SamplingConfig, TreeConfig
 from speculative.loop import Call, CycleOutcome, DraftSide, Speculation
+
+WIDEST = 32  # the widest tree a generation of a batch verifies (the widest a budgeted run alone tries: WIDER)
 
 
 class BatchTarget(Protocol):
@@ -52,8 +55,9 @@ class _Generation:
     slot: int
     steps: Iterator
     draft: DraftSide | None
+    rows: int = 0  # its prompt's tokens (a cycle admits prompts of at most a prefill chunk's rows together)
     reply: object = None  # the target's answer to its last call, sent back at the next cycle
-    called: bool = False  # its first call is not made yet
+    called: bool = False  # its first call is made
     cycles: int = 0
     governors: dict = field(default_factory=dict)
 
@@ -65,13 +69,16 @@ class Lockstep:
         target: BatchTarget,
         drafts: Callable[[int], DraftSide | None],
         slots: int,
+        propose: Callable[[list], list] | None = None,
     ):
         """`loop`: the run's speculation cycle (its mode, tree settings, sampling, context); `target`: the batch's
         target side; `drafts(slot)`: a draft side of the slot's own (None in a target-only mode); `slots`: the most
-        generations at once."""
+        generations at once; `propose([(draft side, budget)])`: their trees, grown in shared draft forwards
+        (default: one after another)."""
         if slots < 1:
             raise CadenceError(f"a batch needs at least one slot, not {slots}")
         self.loop, self.target, self.slots = loop, target, slots
+        self.propose = propose or (lambda asks: [d.propose(budget) for d, budget in asks])
         self.drafts: dict[int, DraftSide | None] = {}
         self._new_draft = drafts
         self.gens: dict[Hashable, _Generation] = {}
@@ -109,12 +116,35 @@ class Lockstep:
         if cfg.ahead or cfg.ahead_auto:  # nothing drafts ahead of a batch (`_NoAhead`), nor needs the rows for it
             cfg = dataclasses.replace(cfg, ahead=0, ahead_auto=False)
         draft = self.drafts[slot]
+        size = None
+        if self.target.streamed and draft is not None and draft.has_model:
+            # under the wall a forward costs one read of the streamed layers whatever its rows: no governor weighs
+            # a tree against a plain step, and the rows the plan holds go to the generations there are
+            widest = self.width(cfg, 1)  # what it may get alone: its caches' room is sized for that tree
+            size = functools.partial(self.width, cfg)
+            cfg = dataclasses.replace(cfg, adaptive=False, width=widest)
         governors = self.governors.setdefault(slot, {})
         steps = self.loop.steps(
-            prompt_ids, max_new, stop, mode, cfg, sampling, reuse, draft=draft, governors=governors, target=_NoAhead()
+            prompt_ids,
+            max_new,
+            stop,
+            mode,
+            cfg,
+            sampling,
+            reuse,
+            draft=draft,
+            governors=governors,
+            target=_NoAhead(),
+            size=size,
         )
-        self.gens[key] = _Generation(key, slot, steps, draft, governors=governors)
+        self.gens[key] = _Generation(key, slot, steps, draft, len(prompt_ids), governors=governors)
         return slot
+
+    def width(self, cfg: TreeConfig, generations: int | None = None) -> int:
+        """A streamed batch's tree budget per generation this cycle: the rows of `slots` trees of `cfg.budget` (what
+        the plan sized activations for) shared out among the generations there are, at most `WIDEST`."""
+        n = generations or max(1, len(self.gens))
+        return max(1, min(WIDEST, self.slots * (cfg.budget + 1) // n - 1))
 
     def leave(self, key: Hashable) -> None:
         """A generation ends before its time (a client went away): its slot is free at once and its cache goes."""
@@ -129,17 +159,29 @@ class Lockstep:
         each generation's outcome (a finished one's last carries its `Generation` and leaves the batch), or the
         exception that ended it alone (a prompt that does not fit the context); an error of the target side
         (a dead actor) ends them all and is raised."""
-        outcomes, calls = [], []
-        for g in list(self.gens.values()):
-            try:
-                call = self._advance(g, outcomes)
-            except Exception as e:  # this generation's own failure: the others go on
-                self.gens.pop(g.key, None)
-                self.target.release(g.slot)
-                outcomes.append((g.key, e))
-                continue
-            if call is not None:
-                calls.append((g, call))
+        outcomes, calls, moving = [], [], self._moving()
+        while moving:  # each generation to its target call; the draft trees they ask for on the way grown together
+            asks = []
+            for g in moving:
+                try:
+                    call = self._advance(g, outcomes)
+                except Exception as e:  # this generation's own failure: the others go on
+                    self.gens.pop(g.key, None)
+                    self.target.release(g.slot)
+                    outcomes.append((g.key, e))
+                    continue
+                if call is not None:
+                    (asks if call.side == "draft" else calls).append((g, call))
+            if asks:
+                try:
+                    trees = self.propose([(g.draft, c.args[0]) for g, c in asks])
+                except BaseException:
+                    for g, _ in asks + calls:
+                        self.leave(g.key)
+                    raise
+                for (g, _), p in zip(asks, trees):
+                    g.reply = p
+            moving = [g for g, _ in asks]
         if calls:
             try:
                 replies = self.target.answer([(g.slot, c) for g, c in calls])
@@ -150,6 +192,19 @@ class Lockstep:
             for (g, _), r in zip(calls, replies):
                 g.reply = r
         return outcomes
+
+    def _moving(self) -> list[_Generation]:
+        """The generations this cycle moves: every one started, and those waiting whose prompts fill at most a
+        prefill chunk together (always one): a forward's activations are those of a chunk and the trees beside it,
+        as the plan counts them."""
+        room, out = PREFILL_CHUNK, []
+        for g in self.gens.values():
+            if not g.called:
+                if room <= 0 or (g.rows > room and room < PREFILL_CHUNK):
+                    continue
+                room -= g.rows
+            out.append(g)
+        return out
 
     def _advance(self, g: _Generation, outcomes: list) -> Call | None:
         """Run a generation until it asks the target for a forward (returned) or ends (None)."""

@@ -181,6 +181,20 @@ class LocalDraft:
     def propose(self, budget: int) -> Proposal | None:
         return self._proposal(self.drafter.build_tree(budget))
 
+    @staticmethod
+    def propose_many(asks: list[tuple["LocalDraft", int]]) -> list[Proposal | None]:
+        """Several generations' trees (each its draft side and budget) grown together, their draft forwards shared
+        (speculative/draft_batch.py); each tree the one its `propose` grows alone."""
+        from speculative.draft_batch import grow_together
+
+        drafts = [d for d, _ in asks]
+        if not drafts or any(d.model is not drafts[0].model for d in drafts):
+            return [d.propose(b) for d, b in asks]
+        trees = grow_together(
+            drafts[0].model, [d.drafter.feed for d in drafts], lambda i: asks[i][0].drafter.build_tree(asks[i][1])
+        )
+        return [d._proposal(t) for d, t in zip(drafts, trees)]
+
     def lookup(self, max_nodes: int) -> Proposal | None:
         """The trie's candidates alone: the draft runs on none of them."""
         return self._proposal(self.drafter.lookup(max_nodes), drafted=False)

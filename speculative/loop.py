@@ -69,16 +69,18 @@ class CycleOutcome:
 
 @dataclass(frozen=True)
 class Call:
-    """What a generation asks of the target side (`Speculation.steps` yields it): `kind` start, step or verify,
-    with that method's arguments. One generation alone has it answered at once (`answer`); a batch of generations
-    has every generation's call of a cycle answered in one forward (speculative/batch.py)."""
+    """What a generation asks for a forward (`Speculation.steps` yields it): of the target side (`side` "target":
+    `kind` start, step or verify) or of the draft side ("draft": propose), with that method's arguments. One
+    generation alone has it answered at once; a batch of generations has every generation's calls of a cycle
+    answered in shared forwards (speculative/batch.py)."""
 
     kind: str
     args: tuple
+    side: str = "target"
 
 
 def answer(target: "TargetSide", call: Call):
-    """A call answered by a target side of one generation."""
+    """A call answered by a side of one generation."""
     return getattr(target, call.kind)(*call.args)
 
 
@@ -212,7 +214,7 @@ class Speculation:
             except StopIteration:
                 return
             if isinstance(item, Call):
-                reply = answer(self.target, item)
+                reply = answer(self.target if item.side == "target" else self.draft, item)
             else:
                 reply = None
                 yield item
@@ -229,11 +231,13 @@ class Speculation:
         draft: DraftSide | None = None,
         governors: dict | None = None,
         target: TargetSide | None = None,
+        size: Callable[[], int] | None = None,
     ) -> Iterator[CycleOutcome | Call]:
         """`stream`, with every call on the target side yielded as a `Call` whose answer is sent back: one
         generation's cycle, whoever computes its verifications. A batch of generations (speculative/batch.py)
         gives each its own `draft` side and `governors`, and answers their calls together; `target` is what the
-        I/O-wait rule reads (the run's target side by default)."""
+        I/O-wait rule reads (the run's target side by default); `size()`: each cycle's tree budget where no
+        governor chooses (a batch shares its rows out among the generations it holds)."""
         mode, cfg = mode or self.mode, cfg or self.cfg
         draft = draft or self.draft
         speculative = mode not in TARGET_ONLY
@@ -260,7 +264,8 @@ class Speculation:
         outcome = CycleOutcome([first])
         while not self._finished(out, max_new, stop):
             yield outcome
-            arm = governor.choose() if governor else Arm("draft", cfg.budget) if speculative else PLAIN
+            width = size() if size is not None else cfg.budget
+            arm = governor.choose() if governor else Arm("draft", width) if speculative else PLAIN
             room = max_new - len(out) - 1
             if arm.kind == "draft" and arm.size > room:  # the end is near: a smaller tree
                 arm = Arm("draft", room) if room > 0 else PLAIN
@@ -338,7 +343,7 @@ class Speculation:
         t = time.perf_counter()
         drafting = 0.0
         if arm.kind == "draft":
-            p = draft.propose(arm.size)
+            p = yield Call("propose", (arm.size,), "draft")
             drafting = time.perf_counter() - t
             stats.draft_s += drafting
         elif arm.kind == "lookup":

@@ -13,6 +13,7 @@ from scheduler.errors import ActorError
 from scheduler.remote import Remote
 from scheduler.runtime import Runtime
 from speculative.loop import Proposal
+from speculative.tree import Tree
 
 
 class ActorDraft:
@@ -81,3 +82,13 @@ class ActorDraft:
 
     def take_stats(self) -> dict:
         return self.draft.take_stats(**self.at)
+
+
+def propose_many(asks: list) -> list:
+    """A batch's trees: from the draft actor in one op (`build_many`: its forwards shared) where every side is a
+    greedy `ActorDraft` of a slot; else each side's `propose` in turn."""
+    sides = [d for d, _ in asks]
+    if not all(isinstance(d, ActorDraft) and d.greedy for d in sides) or len({d.slot for d in sides}) < len(sides):
+        return [d.propose(budget) for d, budget in asks]
+    reply = sides[0].draft.call("build_many", slots=[d.slot for d in sides], budgets=[b for _, b in asks])
+    return [Proposal(Tree(**t), req=reply.req_id) for t in reply.value.trees]

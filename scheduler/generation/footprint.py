@@ -227,13 +227,16 @@ def measure_overheads(
     trie_nodes: int = 0,
     trace_events: int = 0,
     own: int | None = None,
+    batch_rows: int = 0,
 ) -> Overheads:
     """The overheads of a run on this machine: the scheduler as this process holds it now (call it
     once the tokenizer is loaded; `own`: its anonymous bytes read once already) plus its trace buffer, the zygote's and each actor's own pages as
-    calibrated once (scheduler/generation/footprint.py), activations from the models' shapes."""
+    calibrated once (scheduler/generation/footprint.py), activations from the models' shapes. `batch_rows`: with
+    --parallel, the other generations' tree rows that ride in a forward with a prompt's chunk
+    (speculative/batch.py: the prompts a cycle admits fill at most a chunk)."""
     fp = footprint()
     rows = min(width, 256) + 1 + 4  # a tree (or a batch of trees), its root and trie candidates
-    prefill = min(context, PREFILL_CHUNK)
+    prefill = min(context, PREFILL_CHUNK) + batch_rows
     dists = 0 if greedy else (width + 1) * target_args["vocab_size"] * 4
     return Overheads(
         scheduler=align(

@@ -98,10 +98,11 @@ class ActorSession:
 
     def batch(self, slots: int):
         """Up to `slots` generations at once over these actors (speculative/batch.py `Lockstep`)."""
+        from scheduler.generation.draft_side import propose_many
         from scheduler.generation.target_side import ActorBatch
         from speculative.batch import Lockstep
 
-        return Lockstep(self.loop, ActorBatch(self.target), self._draft, slots)
+        return Lockstep(self.loop, ActorBatch(self.target), self._draft, slots, propose_many)
 
     @staticmethod
     def _spawn(sched: Runtime, spec: SessionSpec, actors: dict[str, str]) -> None:

@@ -280,7 +280,7 @@ class ActorBatch:
         timeout = limit * (1 + starts) if self.target.streamer is None else None  # resident: prefills in the one op
         results = self.target.run("batch", dict(calls=wire), tensors or None, timeout).results
         s = self.s
-        for req in links:  # the arrows from the drafts' trees to the verification of them all
+        for req in dict.fromkeys(links):  # the arrows from the drafts' trees to the verification of them all
             s.trace.link(
                 (s.actors["draft"].pid, req), (s.actors["verifier"].pid, self.target.job_req), "draft tree", "tree"
             )

@@ -110,8 +110,11 @@ def test_parallel_slots_each_have_their_kv_caches_in_the_plan(tiny_gguf, machine
     base = dict(target=str(tiny_gguf), draft=str(tiny_gguf), memory_budget="auto", max_new_tokens=8, width=6)
     one = decide(RunConfig.from_options(**base, context=256), machine)
     four = decide(RunConfig.from_options(**base, context=256, parallel=4), machine)
-    assert four.parallel == 4 and four.memory.target_kv == 4 * one.memory.target_kv > 0
-    assert four.memory.draft_kv == 4 * one.memory.draft_kv
+    from engine.memory import kv_rows
+
+    assert four.parallel == 4 and four.memory.target_kv == 4 * four.target.args.kv_bytes(kv_rows(four))
+    assert four.memory.target_kv > 4 * one.memory.target_kv > 0  # each slot's room for the widest tree it may get
+    assert four.memory.draft_kv > 4 * one.memory.draft_kv
     shared = decide(RunConfig.from_options(**base, parallel=4), machine)
     assert shared.context == min(shared.target.args.context_length, 512)  # 2048 rows a budget's default, shared
     assert f"4 slots (--parallel), each with KV caches for a context of {shared.context} tokens" in shared.headline()

@@ -37,20 +37,28 @@ def _prompts(n: int = 6) -> list[list[int]]:
     return [torch.randint(3, 300, (k,), generator=g).tolist() for k in (5, 40, 11, 23, 7, 17)[:n]]
 
 
-def _loop(target, draft, mode="tree"):
+def _loop(target, draft, mode="tree", adaptive=True):
     d = LocalDraft(draft) if draft is not None else TrieDraft(6)
-    return Speculation(LocalTarget(target), d, mode, TreeConfig(width=6), SamplingConfig(), CONTEXT)
+    cfg = TreeConfig(mode=mode if mode != "target" else "tree", width=6, adaptive=adaptive)
+    return Speculation(LocalTarget(target), d, mode, cfg, SamplingConfig(), CONTEXT)
 
 
-@pytest.mark.parametrize("mode,with_draft", [("tree", True), ("tree", False), ("target", False), ("chain", True)])
-def test_each_generation_of_a_batch_is_its_own_run_alone(pair, mode, with_draft):
-    target, _ = pair
-    draft = target if with_draft else None  # the target drafting for itself: its trees are taken
-    loop = _loop(target, draft, mode)
+@pytest.mark.parametrize(
+    "mode,draft_model,shared",
+    [("tree", "target", True), ("tree", "other", True), ("tree", "other", False), ("tree", None, False)]
+    + [("target", None, False), ("chain", "target", True)],
+)
+def test_each_generation_of_a_batch_is_its_own_run_alone(pair, mode, draft_model, shared):
+    """`shared`: the trees grown in shared draft forwards (speculative/draft_batch.py); with a fixed width (no
+    governor timing the cycles) each generation drafts exactly the trees it drafts alone."""
+    target, other = pair
+    draft = {"target": target, "other": other, None: None}[draft_model]  # the target drafting for itself: all taken
+    loop = _loop(target, draft, mode, adaptive=draft is None)
     limits = [30, 12, 41, 25, 8, 33]
-    alone = [loop.generate(p, n, set()).new_ids for p, n in zip(_prompts(), limits)]
+    alone = [loop.generate(p, n, set()) for p, n in zip(_prompts(), limits)]
     factory = (lambda slot: LocalDraft(draft)) if draft is not None else (lambda slot: TrieDraft(6))
-    batch = Lockstep(loop, LocalBatch(target), factory if mode != "target" else (lambda slot: None), 3)
+    propose = LocalDraft.propose_many if shared else None
+    batch = Lockstep(loop, LocalBatch(target), factory if mode != "target" else (lambda slot: None), 3, propose)
     jobs = ((i, dict(prompt_ids=p, max_new=n, stop=set())) for i, (p, n) in enumerate(zip(_prompts(), limits)))
     got, most = {}, 0
     for key, o in run_all(batch, jobs):
@@ -59,8 +67,13 @@ def test_each_generation_of_a_batch_is_its_own_run_alone(pair, mode, with_draft)
         if o.result is not None:
             got[key] = o.result
     assert most == 3  # three at once, the others joining as slots freed
-    assert {k: g.new_ids for k, g in got.items()} == dict(enumerate(alone))
-    if with_draft:
+    assert {k: g.new_ids for k, g in got.items()} == {i: a.new_ids for i, a in enumerate(alone)}
+    if draft is not None:
+        for i, a in enumerate(alone):  # the same trees, drafted and taken
+            assert [got[i].stats[k] for k in ("drafted", "accepted", "draft_forwards")] == [
+                a.stats[k] for k in ("drafted", "accepted", "draft_forwards")
+            ], i
+    if draft_model == "target":
         assert sum(g.stats["accepted"] for g in got.values()) > 0  # trees were taken, not just roots
 
 
@@ -69,7 +82,7 @@ def test_a_batch_takes_joins_cancellations_sampling_and_a_prompt_that_does_not_f
     loop = _loop(target, draft)
     prompts = _prompts()
     alone = {i: loop.generate(p, 24, set()).new_ids for i, p in enumerate(prompts)}
-    batch = Lockstep(loop, LocalBatch(target), lambda slot: LocalDraft(draft), 3)
+    batch = Lockstep(loop, LocalBatch(target), lambda slot: LocalDraft(draft), 3, LocalDraft.propose_many)
     batch.join(0, prompts[0], 24, set())
     batch.join("sampled", prompts[1], 24, set(), sampling=SamplingConfig(temperature=0.8, seed=3))
     batch.join("cancelled", prompts[2], 24, set())

@@ -1,0 +1,119 @@
+"""Many requests at once (issue 42): the same prompts run one at a time (today's server: a request waits for the one
+before it) and `--parallel N` together, each in a memory cgroup of the budget where one is given. Reports the
+aggregate tokens/s and its ratio to one at a time, each request's time to its first token and its own tokens/s, the
+cgroup's peak, and whether every generation equals the one-at-a-time run token for token.
+
+    python -m bench.parallel --prompts engine/assets/heldout.jsonl --limit 8 --max-new-tokens 64 \\
+        --parallel 1,2,4,8 --memory-budget 768MiB
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common.units import parse_bytes
+
+
+def child(args) -> None:
+    """One configuration in this process: every prompt's generation, its first-token and end times."""
+    from engine.config import RunConfig
+    from engine.prompts import load_prompts
+    from engine.runner import Runner
+
+    prompts = load_prompts(args.prompts)[: args.limit]
+    opts = dict(parallel=args.n or 1, max_new_tokens=args.max_new_tokens, no_trace=True)
+    if args.memory_budget:
+        opts["memory_budget"] = args.memory_budget
+    with Runner(RunConfig.from_options(**opts), prompts, say=lambda line: None) as r:  # as `launch run` runs them
+        first, ends, rows = {}, {}, {}
+        t0 = time.perf_counter()
+        if args.n == 0:  # one at a time, as a server without slots serves them
+            for p in prompts:
+                for c in r.stream(p):
+                    first.setdefault(p.id, time.perf_counter() - t0)
+                    if c.completion is not None:
+                        ends[p.id], rows[p.id] = time.perf_counter() - t0, c.completion.row
+        else:
+            for p, c in r.stream_many(prompts):
+                first.setdefault(p.id, time.perf_counter() - t0)
+                if c.completion is not None:
+                    ends[p.id], rows[p.id] = time.perf_counter() - t0, c.completion.row
+        wall = time.perf_counter() - t0
+    out = {
+        "wall_s": wall,
+        "tokens": sum(len(row["new_token_ids"]) for row in rows.values()),
+        "ids": {k: row["new_token_ids"] for k, row in rows.items()},
+        "ttft_s": first,
+        "end_s": ends,
+        "tokens_per_s": {k: row["tokens_per_s"] for k, row in rows.items()},
+        "width": r.plan.tree.width,
+    }
+    Path(args.out).write_text(json.dumps(out))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.parallel")
+    ap.add_argument("--prompts", default="engine/assets/heldout.jsonl")
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--parallel", default="1,2,4,8", help="the N to run together (one at a time always runs first)")
+    ap.add_argument("--memory-budget", default=None, help="run each in a memory cgroup of this size")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(args)
+    from bench.cgroup import run_in_cgroup
+    import subprocess
+
+    results = {}
+    for n in [0, *(int(x) for x in args.parallel.split(","))]:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            out = f.name
+        argv_ = [sys.executable, "-m", "bench.parallel", "--child", "--n", str(n), "--out", out]
+        argv_ += ["--prompts", args.prompts, "--limit", str(args.limit), "--max-new-tokens", str(args.max_new_tokens)]
+        argv_ += ["--memory-budget", args.memory_budget] if args.memory_budget else []
+        peak = None
+        if args.memory_budget:
+            run = run_in_cgroup(argv_, parse_bytes(args.memory_budget), timeout=3600)
+            ok, peak, err = (
+                run.returncode == 0 and not run.oom_killed,
+                run.peak_held_bytes or run.peak_bytes,
+                run.stderr,
+            )
+        else:
+            p = subprocess.run(argv_, capture_output=True, text=True, timeout=3600)
+            ok, err = p.returncode == 0, p.stderr
+        if not ok:
+            print(f"N={n or 1} ({'together' if n else 'one at a time'}) failed: {err[-800:]}", file=sys.stderr)
+            continue
+        results[n] = r = json.loads(Path(out).read_text())
+        r["peak"] = peak
+        os.unlink(out)
+    base = results.get(0)
+    print(
+        f"| N | how | width | aggregate tok/s | x one at a time | mean TTFT s | mean tok/s each | peak held MiB | lossless |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n, r in results.items():
+        agg = r["tokens"] / r["wall_s"]
+        ratio = agg / (base["tokens"] / base["wall_s"]) if base else float("nan")
+        same = base is not None and r["ids"] == base["ids"]
+        peak = f"{r['peak'] / 2**20:.0f}" if r["peak"] else "-"
+        how = "one at a time" if n == 0 else f"--parallel {n}"
+        print(
+            f"| {n or 1} | {how} | {r['width']} | {agg:.2f} | {ratio:.2f}x | {statistics.mean(r['ttft_s'].values()):.2f} "
+            f"| {statistics.mean(r['tokens_per_s'].values()):.2f} | {peak} | {'yes' if same else 'NO'} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
