@@ -100,7 +100,7 @@ def main(argv=None) -> None:
         os.unlink(out)
     base = results.get(0)
     print(
-        f"| N | how | width | aggregate tok/s | x one at a time | mean TTFT s | mean tok/s each | peak held MiB | lossless |"
+        "| N | how | width | aggregate tok/s | x one at a time | mean TTFT s | mean tok/s each | peak held MiB | lossless |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for n, r in results.items():
