@@ -64,18 +64,29 @@ class DraftActor(Actor):
         self._slot(slot).start(list(prompt_ids), capacity, first, tree or self.cfg, sampling)
         return {}
 
-    def op_build(self, budget: int, tensors: dict, slot: int = 0):
+    def _catch_up(self, slot: int, behind: list | None) -> None:
+        """`behind`: what plain steps committed since the last op (the scheduler sends them with the next)."""
+        if behind:
+            self._slot(slot).advance(None, [], list(behind))
+
+    def op_build(self, budget: int, tensors: dict, slot: int = 0, behind: list | None = None):
         """A tree of at most `budget` tokens (speculative/tree.py `Tree`; none: no tokens); under sampling
-        its distributions go to the slot in `tensors["slot"]`."""
+        its distributions go to the slot in `tensors["slot"]`. `behind`: tokens plain steps committed since the
+        draft last heard (every op on a generation's text takes them)."""
+        self._catch_up(slot, behind)
         self.last[slot] = p = self._slot(slot).propose(budget)
         self._give_heap_back(slot)
         return self._reply(p, tensors)
 
-    def op_build_many(self, slots: list, budgets: list):
+    def op_build_many(self, slots: list, budgets: list, behind: list | None = None):
         """A batch's trees (greedy), one for each of `slots` of at most its `budgets` tokens, grown in shared draft
-        forwards (speculative/draft_batch.py): each the tree `build` grows for that slot alone."""
-        if len(slots) != len(budgets) or len(set(slots)) != len(slots):
-            raise ValueError("build_many takes one budget for each of distinct slots")
+        forwards (speculative/draft_batch.py): each the tree `build` grows for that slot alone. `behind`: each
+        slot's tokens from plain steps since the draft last heard."""
+        behind = behind or [[] for _ in slots]
+        if not (len(slots) == len(budgets) == len(behind)) or len(set(slots)) != len(slots):
+            raise ValueError("build_many takes one budget (and one list behind) for each of distinct slots")
+        for s, b in zip(slots, behind):
+            self._catch_up(int(s), b)
         ps = LocalDraft.propose_many([(self._slot(int(s)), int(b)) for s, b in zip(slots, budgets)])
         trees = []
         for s, p in zip(slots, ps):
@@ -100,9 +111,10 @@ class DraftActor(Actor):
         if self.slots[slot].fed_prompt() or self.flash:
             trim_heap()
 
-    def op_lookup(self, max_nodes: int, tensors: dict, slot: int = 0):
+    def op_lookup(self, max_nodes: int, tensors: dict, slot: int = 0, behind: list | None = None):
         """Prompt lookup: a tree of the trie's candidates alone, no draft forward. The draft ran on none of
         it, so no tree is kept for `advance` (it takes the verdict as a plain step's)."""
+        self._catch_up(slot, behind)
         self.last.pop(slot, None)
         return self._reply(self._slot(slot).lookup(max_nodes), tensors)
 
@@ -124,9 +136,10 @@ class DraftActor(Actor):
         """What the draft measured since the last ask (a flash draft's reads), for the generation's row."""
         return self._slot(slot).take_stats()
 
-    def op_advance(self, path: list, new: list, tree: bool = True, slot: int = 0):
+    def op_advance(self, path: list, new: list, tree: bool = True, slot: int = 0, behind: list | None = None):
         """The verdict: the accepted nodes of the last tree and the committed tokens (`tree` false: a plain step,
         or the trie's candidates, which the draft did not run on)."""
+        self._catch_up(slot, behind)
         p = self.last.pop(slot, None)
         p = p if tree else None
         local = self._slot(slot)

@@ -118,8 +118,11 @@ class VerifierActor(Actor):
         for i, c in enumerate(calls):
             slot, kind, a = int(c["slot"]), c["kind"], c["args"]
             if kind == "start":
-                v = self._verifier(a.get("sampling"), a.get("reuse", True), self.slots.get(slot))
-                self.slots[slot] = v
+                v = self.slots.get(slot)
+                if v is None or not v.prefilling:  # a new prompt (else its next chunk)
+                    v = self._verifier(a.get("sampling"), a.get("reuse", True), v)
+                    v.begin_prompt(list(a["prompt_ids"]), int(a["capacity"]))
+                    self.slots[slot] = v
                 jobs.append((v, Prefill(list(a["prompt_ids"]), int(a["capacity"])), None))
             elif slot not in self.slots:
                 raise ValueError(f"slot {slot} has no generation; start one there first")
@@ -132,13 +135,10 @@ class VerifierActor(Actor):
         done = yield from many_steps(jobs)
         out = []
         for (v, what, _), r in zip(jobs, done):
-            out.append(
-                [r, v.reused]
-                if isinstance(what, Prefill)
-                else [list(r.path), r.next_token]
-                if isinstance(r, Verdict)
-                else r
-            )
+            if isinstance(what, Prefill):  # None: its prompt has chunks still to prefill
+                out.append(None if r is None else [r, v.reused])
+            else:
+                out.append([list(r.path), r.next_token] if isinstance(r, Verdict) else r)
         return Batched(out)
 
     # -- streaming --------------------------------------------------------------------------

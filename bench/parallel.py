@@ -28,7 +28,7 @@ def child(args) -> None:
     from engine.runner import Runner
 
     prompts = load_prompts(args.prompts)[: args.limit]
-    opts = dict(parallel=args.n or 1, max_new_tokens=args.max_new_tokens, no_trace=True)
+    opts = dict(parallel=args.n or 1, max_new_tokens=args.max_new_tokens, no_trace=True, mode=args.mode)
     if args.memory_budget:
         opts["memory_budget"] = args.memory_budget
     with Runner(RunConfig.from_options(**opts), prompts, say=lambda line: None) as r:  # as `launch run` runs them
@@ -65,6 +65,7 @@ def main(argv=None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--parallel", default="1,2,4,8", help="the N to run together (one at a time always runs first)")
     ap.add_argument("--memory-budget", default=None, help="run each in a memory cgroup of this size")
+    ap.add_argument("--mode", default="tree", help="tree, or target: plain batched decoding, no draft")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -81,6 +82,7 @@ def main(argv=None) -> None:
         argv_ = [sys.executable, "-m", "bench.parallel", "--child", "--n", str(n), "--out", out]
         argv_ += ["--prompts", args.prompts, "--limit", str(args.limit), "--max-new-tokens", str(args.max_new_tokens)]
         argv_ += ["--memory-budget", args.memory_budget] if args.memory_budget else []
+        argv_ += ["--mode", args.mode]
         peak = None
         if args.memory_budget:
             run = run_in_cgroup(argv_, parse_bytes(args.memory_budget), timeout=3600)

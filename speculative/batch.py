@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterator, Protocol
 
 from common.errors import CadenceError
-from common.settings import PREFILL_CHUNK, SamplingConfig, TreeConfig
+from common.settings import PLAIN, PREFILL_CHUNK, Arm, SamplingConfig, TreeConfig
+from speculative.governor import Governor
 from speculative.loop import Call, CycleOutcome, DraftSide, Speculation
 
 WIDEST = 32  # the widest tree a generation of a batch verifies (the widest a budgeted run alone tries: WIDER)
@@ -58,6 +60,7 @@ class _Generation:
     rows: int = 0  # its prompt's tokens (a cycle admits prompts of at most a prefill chunk's rows together)
     reply: object = None  # the target's answer to its last call, sent back at the next cycle
     called: bool = False  # its first call is made
+    waiting: Call | None = None  # its start, while its prompt has chunks still to prefill (one a cycle)
     cycles: int = 0
     governors: dict = field(default_factory=dict)
 
@@ -83,6 +86,8 @@ class Lockstep:
         self._new_draft = drafts
         self.gens: dict[Hashable, _Generation] = {}
         self.governors: dict[int, dict] = {}  # a slot's governors, kept across the generations it serves
+        self.governor: Governor | None = None  # resident: the batch's, choosing every generation's arm each cycle
+        self.arm = PLAIN  # its choice for this cycle
 
     @property
     def active(self) -> int:
@@ -123,6 +128,17 @@ class Lockstep:
             widest = self.width(cfg, 1)  # what it may get alone: its caches' room is sized for that tree
             size = functools.partial(self.width, cfg)
             cfg = dataclasses.replace(cfg, adaptive=False, width=widest)
+        elif draft is not None and draft.has_model and cfg.adaptive:
+            # resident, rows cost compute: one governor for the batch picks every generation's tree (or a plain
+            # step) from what the batch's cycles measured, tokens per second of them all
+            if self.governor is None:
+                # it begins with plain steps, the bar drafting has to clear (several generations' rows in one forward
+                # cost little more than one's), and tries drafting now and then, less often while it loses
+                sizes = sorted({2, 4, cfg.budget})
+                arms = (PLAIN, *(Arm("draft", n) for n in sizes))
+                self.governor = Governor(arms, PLAIN, explore_every=12, max_gap=96)
+            size = lambda: self.arm.size if self.arm.kind == "draft" else 0  # noqa: E731
+            cfg = dataclasses.replace(cfg, adaptive=False)
         governors = self.governors.setdefault(slot, {})
         steps = self.loop.steps(
             prompt_ids,
@@ -159,6 +175,10 @@ class Lockstep:
         each generation's outcome (a finished one's last carries its `Generation` and leaves the batch), or the
         exception that ended it alone (a prompt that does not fit the context); an error of the target side
         (a dead actor) ends them all and is raised."""
+        governor = self.governor
+        if governor is not None:
+            self.arm = governor.choose()
+        t0 = time.perf_counter()
         outcomes, calls, moving = [], [], self._moving()
         while moving:  # each generation to its target call; the draft trees they ask for on the way grown together
             asks = []
@@ -189,15 +209,23 @@ class Lockstep:
                 for g, _ in calls:
                     self.leave(g.key)
                 raise
-            for (g, _), r in zip(calls, replies):
-                g.reply = r
+            for (g, c), r in zip(calls, replies):
+                g.waiting, g.reply = (c, None) if c.kind == "start" and r is None else (None, r)
+            if governor is not None and all(c.kind != "start" for _, c in calls):
+                # a cycle of the batch's arm alone (a prompt's pass would price it wrong): the tokens it committed
+                made = sum(len(r[0]) + 1 if c.kind == "verify" else 1 for (_, c), r in zip(calls, replies))
+                # (a draft that missed the text while plain steps ran catches up first: a try of drafting pays it,
+                # as drafting after plain steps always does)
+                governor.record(self.arm, made, time.perf_counter() - t0)
         return outcomes
 
     def _moving(self) -> list[_Generation]:
-        """The generations this cycle moves: every one started, and those waiting whose prompts fill at most a
-        prefill chunk together (always one): a forward's activations are those of a chunk and the trees beside it,
-        as the plan counts them."""
+        """The generations this cycle moves: every one started (a long prompt a chunk a cycle), and new ones whose
+        prompts fill at most a prefill chunk with those (always one, when none is prefilling): a forward's
+        activations are those of a chunk and the trees beside it, as the plan counts them."""
         room, out = PREFILL_CHUNK, []
+        for g in self.gens.values():
+            room -= PREFILL_CHUNK if g.waiting is not None else 0  # a long prompt's next chunk
         for g in self.gens.values():
             if not g.called:
                 if room <= 0 or (g.rows > room and room < PREFILL_CHUNK):
@@ -208,6 +236,8 @@ class Lockstep:
 
     def _advance(self, g: _Generation, outcomes: list) -> Call | None:
         """Run a generation until it asks the target for a forward (returned) or ends (None)."""
+        if g.waiting is not None:
+            return g.waiting
         reply, g.reply = g.reply, None
         while True:
             try:

@@ -264,8 +264,8 @@ class Speculation:
         outcome = CycleOutcome([first])
         while not self._finished(out, max_new, stop):
             yield outcome
-            width = size() if size is not None else cfg.budget
-            arm = governor.choose() if governor else Arm("draft", width) if speculative else PLAIN
+            width = size() if size is not None else cfg.budget  # 0: a plain step
+            arm = governor.choose() if governor else Arm("draft", width) if speculative and width else PLAIN
             room = max_new - len(out) - 1
             if arm.kind == "draft" and arm.size > room:  # the end is near: a smaller tree
                 arm = Arm("draft", room) if room > 0 else PLAIN

@@ -37,6 +37,7 @@ class Verifier:
             list(previous.tokens) if previous is not None else []
         )  # what the cache holds, committed
         self.reused = 0  # prompt tokens the last start found in the cache
+        self.chunks: list[list[int]] = []  # the prompt's chunks still to prefill
 
     # -- jobs as generators ------------------------------------------------------------------
 
@@ -45,22 +46,21 @@ class Verifier:
         lives. The longest prefix the cache holds already (from the last generation) is kept, not prefilled
         again: a row's keys and values do not depend on the rows computed with it, so this is exact.
         `planner(vis)`: each forward's `ForwardPlan` (or None)."""
-        r = yield from self.prompt_rows(prompt_ids, capacity, storage, planner)
-        plan = planner(r.vis) if planner else None
-        out = yield from self.model.forward_steps(
-            r.tokens, r.positions, r.cache, r.vis, slice(-1, None), plan, argmax=self.sampling.greedy
-        )
-        return self.started(out)
+        self.begin_prompt(prompt_ids, capacity, storage)
+        while True:
+            r = self.next_chunk(planner is not None)
+            plan = planner(r.vis) if planner else None
+            out = yield from self.model.forward_steps(
+                r.tokens, r.positions, r.cache, r.vis, slice(-1, None), plan, argmax=self.sampling.greedy
+            )
+            token = self.chunk_done(out)
+            if token is not None:
+                return token
 
-    def started(self, out: torch.Tensor) -> int:
-        """The first token from the prompt's last forward (its last row's output)."""
-        self.cache.commit()
-        return self._next(out[-1])
-
-    def prompt_rows(self, prompt_ids: list[int], capacity: int, storage: torch.Tensor | None = None, planner=None):
-        """`start_steps` up to the prompt's last chunk, whose rows it returns (`Rows`, only the last row's output
-        wanted) for a forward of its own or a batch's (speculative/verify.py `many_steps`); `started` takes that
-        forward's output."""
+    def begin_prompt(self, prompt_ids: list[int], capacity: int, storage: torch.Tensor | None = None) -> None:
+        """A new prompt: the cache kept to the prefix it shares with the last generation's text (or a new one), and
+        the rest of the prompt to prefill a chunk at a time (`next_chunk`, `chunk_done`): in forwards of its own,
+        or riding in a batch's forwards beside other generations' trees (`many_steps`)."""
         c, keep = self.cache, 0
         if c is not None and storage is None and c.capacity >= capacity:
             keep = next(
@@ -74,17 +74,27 @@ class Verifier:
         else:
             self.cache = c = self.model.new_cache(capacity, storage)
         self.tokens, self.reused = list(prompt_ids), keep
-        dev = self.model.device
-        starts = list(range(keep, len(prompt_ids), PREFILL_CHUNK))
-        for s in starts:
-            chunk = torch.tensor(prompt_ids[s : s + PREFILL_CHUNK], device=dev)
-            pos = torch.arange(c.length, c.length + len(chunk), device=dev)
-            vis = Visibility.causal(c.end, len(chunk)) if planner else None
-            if s == starts[-1]:
-                return Rows(chunk, pos, c, vis, last=True)
-            plan = planner(vis) if planner else None
-            yield from self.model.forward_steps(chunk, pos, c, vis, slice(-1, None), plan, argmax=self.sampling.greedy)
-            c.commit()
+        self.chunks = [prompt_ids[s : s + PREFILL_CHUNK] for s in range(keep, len(prompt_ids), PREFILL_CHUNK)]
+
+    @property
+    def prefilling(self) -> bool:
+        """Part of the prompt is still to prefill."""
+        return bool(self.chunks)
+
+    def next_chunk(self, explicit: bool = False) -> Rows:
+        """The prompt's next chunk's rows (only the last row's output wanted). `explicit`: with its causal
+        visibility spelled out (a planner splits it)."""
+        c, dev = self.cache, self.model.device
+        chunk = torch.tensor(self.chunks[0], device=dev)
+        pos = torch.arange(c.length, c.length + len(chunk), device=dev)
+        return Rows(chunk, pos, c, Visibility.causal(c.end, len(chunk)) if explicit else None, last=True)
+
+    def chunk_done(self, out: torch.Tensor) -> int | None:
+        """A chunk's forward done: its rows committed; after the last, the first generated token (from its last
+        row's output), else None."""
+        self.cache.commit()
+        self.chunks.pop(0)
+        return None if self.chunks else self._next(out[-1])
 
     def step_steps(self, root: int):
         """A plain decode step on the root."""
@@ -150,7 +160,9 @@ class Verifier:
 
 
 class Prefill(NamedTuple):
-    """A prompt to prefill, as a batch's job (`many_steps`)."""
+    """A prompt to prefill, as a batch's job (`many_steps`): its next chunk rides in the batch's forward. A new
+    prompt begins at its first (`Verifier.begin_prompt`, by whoever made the verifier); the job gives None until
+    its last chunk gives the first token."""
 
     prompt_ids: list[int]
     capacity: int
@@ -171,8 +183,7 @@ def many_steps(jobs: list[tuple["Verifier", object, dict | None]]):
     rows, parts = [], []
     for v, what, _ in jobs:
         if isinstance(what, Prefill):
-            r = yield from v.prompt_rows(what.prompt_ids, what.capacity)
-            tokens = None
+            r, tokens = v.next_chunk(), None
         elif isinstance(what, TokenTree):
             tokens, r = v.tree_rows(what)
         else:
@@ -187,7 +198,7 @@ def many_steps(jobs: list[tuple["Verifier", object, dict | None]]):
         if v.sampling.greedy and not greedy:
             out = out.argmax(-1)
         if isinstance(what, Prefill):
-            done.append(v.started(out))
+            done.append(v.chunk_done(out))
         elif isinstance(what, TokenTree):
             done.append(v.settle(what, tokens, out, trials))
         else:
@@ -251,13 +262,19 @@ class LocalBatch:
         for slot, call in calls:
             if call.kind == "start":
                 prompt_ids, capacity, sampling, reuse = call.args
-                v = Verifier(self.model, sampling, previous=self.verifiers.get(slot) if reuse else None)
-                self.verifiers[slot] = v
+                v = self.verifiers.get(slot)
+                if v is None or not v.prefilling:  # a new prompt (else its next chunk)
+                    v = Verifier(self.model, sampling, previous=v if reuse else None)
+                    v.begin_prompt(prompt_ids, capacity)
+                    self.verifiers[slot] = v
                 jobs.append((v, Prefill(prompt_ids, capacity), None))
             else:
                 jobs.append(_job(self.verifiers[slot], call))
         done = drive(many_steps(jobs), self.model.weights) if jobs else []
-        return [(r, v.reused) if isinstance(w, Prefill) else reply(r) for (v, w, _), r in zip(jobs, done)]
+        return [
+            (None if r is None else (r, v.reused)) if isinstance(w, Prefill) else reply(r)
+            for (v, w, _), r in zip(jobs, done)
+        ]
 
     def release(self, slot: int) -> None:
         """A generation cancelled: its slot's cache goes."""

@@ -28,10 +28,13 @@ class ActorDraft:
         self.slots: dict[int, object] = {}  # id(proposal) -> its distributions' arena slot
         self.ahead_req: int | None = None
         self.counts = (0, 0)
+        self.alpha = 0.0  # the last verdict's
+        self.behind: list[int] = []  # tokens plain steps committed, not sent yet: they go with the next op
 
     def start(self, prompt_ids: list[int], capacity: int, first: int, cfg: TreeConfig, sampling: SamplingConfig):
         self.greedy = sampling.greedy
         self.counts = (0, 0)
+        self.behind = []
         self.ahead_req = None  # drafting ahead of a generation that ended in an error: its reply is nobody's now
         self.draft.start(
             prompt_ids=prompt_ids, capacity=capacity, first=first, tree=cfg, sampling=asdict(sampling), **self.at
@@ -39,7 +42,7 @@ class ActorDraft:
 
     def lookup(self, max_nodes: int) -> Proposal | None:
         """Prompt lookup: the trie's candidates, no draft forward."""
-        tree = self.draft.lookup(max_nodes=max_nodes, **self.at)
+        tree = self.draft.lookup(max_nodes=max_nodes, **self._behind(), **self.at)
         return Proposal(tree, drafted=False) if tree.tokens else None
 
     def propose(self, budget: int) -> Proposal | None:
@@ -49,7 +52,7 @@ class ActorDraft:
             slot = s.slots.alloc((budget + 1) * self.vocab_size * 4)
             tensors = {"slot": s.slot_desc(slot)}
         try:
-            reply = self.draft.call("build", tensors, budget=budget, **self.at)
+            reply = self.draft.call("build", tensors, budget=budget, **self._behind(), **self.at)
         except BaseException:
             if slot is not None:
                 s.slots.free(slot)
@@ -62,14 +65,23 @@ class ActorDraft:
     def ahead(self, p: Proposal, steps: int) -> None:
         self.ahead_req = self.draft.send("ahead", steps=steps, **self.at)
 
+    def _behind(self) -> dict:
+        """What plain steps committed since the draft last heard, for the op that goes now (nothing: no argument)."""
+        behind, self.behind = self.behind, []
+        return {"behind": behind} if behind else {}
+
     def advance(self, p: Proposal | None, path: list[int], new: list[int]) -> float:
-        adv = self.draft.advance(path=path, new=new, tree=p is not None, **self.at)
+        if p is None and self.ahead_req is None:  # a plain step: its tokens go with the next op, not a message now
+            self.behind += new
+            return self.alpha
+        adv = self.draft.advance(path=path, new=new, tree=p is not None, **self._behind(), **self.at)
         if self.ahead_req is not None:  # answered before `advance` (one socket, in order), unless a stream poll took it
             req, self.ahead_req = self.ahead_req, None
             r = self.s.take_reply(req)
             if r is not None and not r.ok:
                 raise ActorError("draft", "ahead", req, r.error)
         self.counts = (adv.ahead_steps, adv.ahead_reused)
+        self.alpha = adv.alpha
         return adv.alpha
 
     def release(self, p: Proposal) -> None:
@@ -90,5 +102,8 @@ def propose_many(asks: list) -> list:
     sides = [d for d, _ in asks]
     if not all(isinstance(d, ActorDraft) and d.greedy for d in sides) or len({d.slot for d in sides}) < len(sides):
         return [d.propose(budget) for d, budget in asks]
-    reply = sides[0].draft.call("build_many", slots=[d.slot for d in sides], budgets=[b for _, b in asks])
+    behind = [d._behind().get("behind", []) for d in sides]
+    reply = sides[0].draft.call(
+        "build_many", slots=[d.slot for d in sides], budgets=[b for _, b in asks], behind=behind
+    )
     return [Proposal(Tree(**t), req=reply.req_id) for t in reply.value.trees]

@@ -285,7 +285,7 @@ class ActorBatch:
                 (s.actors["draft"].pid, req), (s.actors["verifier"].pid, self.target.job_req), "draft tree", "tree"
             )
         return [
-            tuple(r) if c.kind == "start" else (list(r[0]), r[1]) if c.kind == "verify" else r
+            (None if r is None else tuple(r)) if c.kind == "start" else (list(r[0]), r[1]) if c.kind == "verify" else r
             for (_, c), r in zip(calls, results)
         ]
 

@@ -51,7 +51,7 @@ def test_failed_op_answers_the_caller_and_the_actor_keeps_serving():
             s.call("draft", "fail", {"message": "bad weights"})
         with pytest.raises(ActorError, match="has no op 'nope'; it serves .*build"):
             s.call("draft", "nope")
-        with pytest.raises(ActorError, match="op 'build' takes budget: unknown argument\\(s\\) width"):
+        with pytest.raises(ActorError, match="op 'build' takes budget, behind: unknown argument\\(s\\) width"):
             s.call("draft", "build", {"width": 4})  # an argument the op does not take (actors/calls.py)
         with pytest.raises(ActorError, match="argument 'budget' must be int, got str"):
             s.call("draft", "build", {"budget": "four"})

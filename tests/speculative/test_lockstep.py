@@ -111,3 +111,35 @@ def test_a_batch_takes_joins_cancellations_sampling_and_a_prompt_that_does_not_f
     assert "cancelled" not in got and len(got["sampled"].new_ids) == 24
     for i in (0, 3, 5):
         assert got[i].new_ids == alone[i], i
+
+
+def test_a_long_prompt_prefills_a_chunk_a_cycle_beside_the_others_trees(pair, monkeypatch):
+    """A prompt of more than a prefill chunk (here 32 rows) rides in the batch's forwards a chunk at a time (the
+    other generations verify their trees meanwhile), and a later prompt joins only beside its last chunk."""
+    import speculative.batch
+    import speculative.verify
+
+    chunk = 32
+    monkeypatch.setattr(speculative.verify, "PREFILL_CHUNK", chunk)
+    monkeypatch.setattr(speculative.batch, "PREFILL_CHUNK", chunk)
+    target, _ = pair
+    loop = Speculation(LocalTarget(target), LocalDraft(target), "tree", TreeConfig(width=6), SamplingConfig(), CONTEXT)
+    g = torch.Generator().manual_seed(11)
+    long = torch.randint(3, 300, (chunk + 20,), generator=g).tolist()
+    prompts = [_prompts()[0], long, _prompts()[2]]
+    alone = [loop.generate(p, 20, set()).new_ids for p in prompts]
+    batch = Lockstep(loop, LocalBatch(target), lambda slot: LocalDraft(target), 3, LocalDraft.propose_many)
+    got, first_cycle = {}, {}
+    for i, p in enumerate(prompts):
+        batch.join(i, p, 20, set())
+    cycle = 0
+    while batch.active:
+        cycle += 1
+        for key, o in batch.cycle():
+            first_cycle.setdefault(key, cycle)
+            if o.result is not None:
+                got[key] = o.result.new_ids
+    assert got == dict(enumerate(alone))
+    # a prompt's first token comes out at the cycle after its last chunk: the short ones fill the first cycle's
+    # chunk together, the long one waits for room, then prefills in cycles 2 and 3
+    assert first_cycle == {0: 2, 2: 2, 1: 4}

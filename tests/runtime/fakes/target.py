@@ -225,14 +225,16 @@ class FakeDraftActor(FakeActor):
             "tc": tc,
         }  # a Tree's fields
 
-    def op_build(self, budget: int, tensors: dict):
+    def op_build(self, budget: int, tensors: dict, behind: list | None = None):
+        self.text += list(behind or [])  # what plain steps committed since the last op
         self.work("build")
         chain = self.tree.get("mode") == "chain"
         tree = self._grow(budget, chain, int(self.tree.get("max_depth", 8)))
         return Tree(**tree, forwards=self.depth, trie_nodes=0)
 
-    def op_lookup(self, max_nodes: int, tensors: dict):
+    def op_lookup(self, max_nodes: int, tensors: dict, behind: list | None = None):
         """The trie's candidates: sometimes none, else a short chain."""
+        self.text += list(behind or [])
         if self.rng.random() < 0.5:
             return NO_TREE
         tree = self._grow(min(2, max_nodes), True, 2)
@@ -248,9 +250,9 @@ class FakeDraftActor(FakeActor):
     def op_take_stats(self):
         return {}  # a fake draft reads nothing
 
-    def op_advance(self, path: list, new: list, tree: bool = True):
+    def op_advance(self, path: list, new: list, tree: bool = True, behind: list | None = None):
         path, new = list(path), list(new)
-        self.text += new
+        self.text += list(behind or []) + new
         if tree and self.depth:
             self.alpha = 0.8 * self.alpha + 0.2 * len(path) / self.depth
         return Advanced(round(self.alpha, 6), 0, 0)
