@@ -77,7 +77,9 @@ class Lockstep:
         """`loop`: the run's speculation cycle (its mode, tree settings, sampling, context); `target`: the batch's
         target side; `drafts(slot)`: a draft side of the slot's own (None in a target-only mode); `slots`: the most
         generations at once; `propose([(draft side, budget)])`: their trees, grown in shared draft forwards
-        (default: one after another)."""
+        (default: one after another). Nothing drafts ahead of a batch's verification: tried over the actors (each
+        slot's chain drafted while the forward reads its layers), it cost the verifier's compute more than the
+        chains saved (BENCHMARKS.md)."""
         if slots < 1:
             raise CadenceError(f"a batch needs at least one slot, not {slots}")
         self.loop, self.target, self.slots = loop, target, slots
@@ -123,9 +125,14 @@ class Lockstep:
         draft = self.drafts[slot]
         size = None
         if self.target.streamed and draft is not None and draft.has_model:
-            # under the wall a forward costs one read of the streamed layers whatever its rows: no governor weighs
-            # a tree against a plain step, and the rows the plan holds go to the generations there are
+            # under the wall a forward costs one read of the streamed layers whatever its rows, and the rows the plan
+            # holds go to the generations there are (`width`); but the trees are drafted while the read waits, so
+            # one governor for the batch weighs narrower trees (less drafting) against the plan's from what the
+            # batch's cycles measure (a plain step, a read for one token each, is never worth it here)
             widest = self.width(cfg, 1)  # what it may get alone: its caches' room is sized for that tree
+            if self.governor is None and cfg.adaptive:
+                sizes = sorted({max(2, cfg.budget // 4), max(2, cfg.budget // 2), cfg.budget, widest})
+                self.governor = Governor(tuple(Arm("draft", n) for n in sizes), Arm("draft", cfg.budget), plain=False)
             size = functools.partial(self.width, cfg)
             cfg = dataclasses.replace(cfg, adaptive=False, width=widest)
         elif draft is not None and draft.has_model and cfg.adaptive:
@@ -158,9 +165,13 @@ class Lockstep:
 
     def width(self, cfg: TreeConfig, generations: int | None = None) -> int:
         """A streamed batch's tree budget per generation this cycle: the rows of `slots` trees of `cfg.budget` (what
-        the plan sized activations for) shared out among the generations there are, at most `WIDEST`."""
+        the plan sized activations for) shared out among the generations there are, at most `WIDEST`; the tree
+        the batch's governor plays if it is narrower (the rows the slots free widen it in proportion)."""
         n = generations or max(1, len(self.gens))
-        return max(1, min(WIDEST, self.slots * (cfg.budget + 1) // n - 1))
+        share = max(1, min(WIDEST, self.slots * (cfg.budget + 1) // n - 1))
+        if generations is None and self.governor is not None and self.arm.kind == "draft":
+            return max(1, min(share, self.arm.size * share // max(1, cfg.budget)))
+        return share
 
     def leave(self, key: Hashable) -> None:
         """A generation ends before its time (a client went away): its slot is free at once and its cache goes."""

@@ -137,9 +137,10 @@ class Governor:
     gap: int = 0  # cycles between tries now
     last_try: int = 0  # the cycle of the last try
     trying: Arm | None = None  # the arm being tried this cycle
+    plain: bool = True  # the plain step is an arm (a batch under the wall: a read for a token each never is)
 
     def __post_init__(self):
-        if PLAIN not in self.arms:
+        if PLAIN not in self.arms and self.plain:
             self.arms = tuple(sorted((PLAIN, *self.arms)))
         self.current = self.start if self.start in self.arms else self.arms[-1]
         self.gap = self.explore_every
@@ -161,7 +162,7 @@ class Governor:
         """The arm for the next cycle."""
         self.cycles += 1
         known = {a: r for a in self.arms if (r := self.estimate(a)) is not None}
-        if PLAIN not in self.rate and self.cycles > 1:
+        if self.plain and PLAIN not in self.rate and self.cycles > 1:
             return PLAIN  # measure the plain step once, early: the bar speculation has to clear
         if not known:
             return self.current
@@ -169,7 +170,7 @@ class Governor:
         if self.cycles - self.last_try >= self.gap:
             drafts = [a for a in known if a.kind == "draft"]
             if best.kind == "draft":  # refresh what drafting competes with, the least recently judged first
-                others = [a for a in (LOOKUP, PLAIN) if a in self.arms]
+                others = [a for a in (LOOKUP, PLAIN) if a in self.arms] or [a for a in self.arms if a != best]
             else:  # only drafting measures the draft's acceptance
                 others = [max(drafts, key=known.get)] if drafts else [a for a in self.arms if a.kind == "draft"][:1]
             others = [a for a in others if a != best]
