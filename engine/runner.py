@@ -135,23 +135,15 @@ class Runner:
         prompt, a chunk of its generation) as each cycle ends, in the order the generations move; a prompt that
         cannot run gets its error instead (the others go on). Each greedy generation's tokens are those `stream`
         would give it alone."""
-        batch, todo = self.batch(), iter(enumerate(prompts))
-        more = True
-        while True:
-            while more and batch.free:
-                nxt = next(todo, None)
-                if nxt is None:
-                    more = False
-                    break
-                try:
-                    self.join(nxt[0], nxt[1], mode, max_new_tokens, sampling)
-                except CadenceError as e:
-                    yield nxt[1], e
-            if not batch.active:
-                return
-            for key, outcome in batch.cycle():
-                prompt = self._joined[key][0]
-                yield prompt, self.chunk(key, outcome)
+        from speculative.batch import run_all
+
+        prompts = list(prompts)
+        join = lambda i, p: self.join(i, p, mode, max_new_tokens, sampling)  # noqa: E731
+        for i, outcome in run_all(self.batch(), enumerate(prompts), join):
+            if i in self._joined:
+                yield prompts[i], self.chunk(i, outcome)
+            else:  # it could not join
+                yield prompts[i], outcome
 
     def join(
         self,

@@ -196,19 +196,28 @@ class Generator(threading.Thread):
         slot = live[key][2]
         self.slots[slot] = self.slots.get(slot, 0) + len(chunk.tokens)
         text = live[key][1] = live[key][1] + chunk.text
+        if self._pass_on(job, text, chunk):  # a stop string, or its end
+            if chunk.completion is None:
+                self._end(runner, live, key)
+            else:
+                del live[key]
+                self.slots.pop(slot, None)
+
+    def _pass_on(self, job: Job, text: str, chunk) -> bool:
+        """A chunk to its request (`text`: all so far): its piece, and where the generation ends (a stop string in
+        the text, or its last chunk) how; whether it ended."""
         cut = stop_at(text, job.ask.stop)
-        if cut is not None:
-            self._end(runner, live, key)
+        if cut is not None:  # a stop string: the text up to it, and the generation ends here
             job.put("piece", chunk.text[: max(0, len(chunk.text) - (len(text) - cut))])
             job.put("stopped", text[:cut])
-            return
+            return True
         if chunk.text:
             job.put("piece", chunk.text)
         if chunk.completion is not None:
-            del live[key]
-            self.slots.pop(slot, None)
             self.stats.record(chunk.completion)
             job.put("done", chunk.completion)
+            return True
+        return False
 
     def _end(self, runner, live: dict, key: int) -> None:
         _, _, slot = live.pop(key)
@@ -241,17 +250,8 @@ class Generator(threading.Thread):
             if self.on_chunk is not None:
                 self.on_chunk(chunk)
             text += chunk.text
-            cut = stop_at(text, job.ask.stop)
-            if cut is not None:  # a stop string: the text up to it, and the generation ends here
+            if self._pass_on(job, text, chunk):
                 chunks.close()
-                job.put("piece", chunk.text[: max(0, len(chunk.text) - (len(text) - cut))])
-                job.put("stopped", text[:cut])
-                return
-            if chunk.text:
-                job.put("piece", chunk.text)
-            if chunk.completion is not None:
-                self.stats.record(chunk.completion)
-                job.put("done", chunk.completion)
                 return
             if job.cancelled.is_set():
                 chunks.close()  # at a cycle boundary: the models agree with the text; the next job starts afresh

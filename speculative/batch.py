@@ -275,10 +275,12 @@ class Lockstep:
 
 
 def run_all(
-    batch: Lockstep, jobs: Iterator[tuple[Hashable, dict]]
+    batch: Lockstep, jobs: Iterator[tuple[Hashable, object]], join=None
 ) -> Iterator[tuple[Hashable, CycleOutcome | BaseException]]:
-    """Every job (key, `join`'s keyword arguments) through the batch: each joins as a slot frees, and each outcome is
-    yielded as its cycle ends."""
+    """Every job (key, what `join(key, what)` takes; default: `batch.join`'s keyword arguments) through the batch:
+    each joins as a slot frees, and each outcome is yielded as its cycle ends. A job that cannot join (a
+    CadenceError) is yielded as its error; the others go on."""
+    join = join or (lambda key, kw: batch.join(key, **kw))
     jobs = iter(jobs)
     waiting = True
     while True:
@@ -287,7 +289,10 @@ def run_all(
             if nxt is None:
                 waiting = False
                 break
-            batch.join(nxt[0], **nxt[1])
+            try:
+                join(*nxt)
+            except CadenceError as e:
+                yield nxt[0], e
         if not batch.active:
             return
         yield from batch.cycle()

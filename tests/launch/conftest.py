@@ -141,3 +141,54 @@ def browser():
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+# -- `launch serve` in a process of its own ------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(home: Path, args: list[str]):
+    """`launch serve ARGS` on a free port with CADENCE_HOME `home`, once /health answers: (its base URL, the process,
+    the shared-memory segments there were before it). A generator: the process is killed at its end if still up."""
+    import time
+
+    import httpx
+
+    from tests.conftest import shm_segments
+
+    port = free_port()
+    env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
+    before = shm_segments()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "launch.cli", "serve", "--port", str(port), *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            pytest.fail(f"launch serve exited: {p.stderr.read()}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    else:
+        p.kill()
+        pytest.fail("launch serve did not become healthy in 120 s")
+    yield base, p, before
+    if p.poll() is None:
+        p.kill()
+        p.wait()

@@ -8,80 +8,24 @@ import copy
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-from common import paths
 from tests.conftest import shm_segments
+from tests.launch.conftest import serve
 
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 KEY = {"Authorization": "Bearer sekret"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tiny_gguf, tmp_path_factory):
-    home = tmp_path_factory.mktemp("home")
-    port = _free_port()
-    env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
-    before = shm_segments()
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "launch.cli",
-            "serve",
-            "--target",
-            str(tiny_gguf),
-            "--dtype",
-            "int4",
-            "--draft",
-            str(tiny_gguf),
-            "--port",
-            str(port),
-            "--api-key",
-            "sekret",
-            "--queue",
-            "1",
-            "--max-new-tokens",
-            "32",
-            "--no-trace",
-        ],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            pytest.fail(f"launch serve exited: {p.stderr.read()}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    else:
-        p.kill()
-        pytest.fail("launch serve did not become healthy in 120 s")
-    yield base, p, before
-    if p.poll() is None:
-        p.kill()
-        p.wait()
+    args = ["--target", str(tiny_gguf), "--dtype", "int4", "--draft", str(tiny_gguf), "--api-key", "sekret"]
+    args += ["--queue", "1", "--max-new-tokens", "32", "--no-trace"]
+    yield from serve(tmp_path_factory.mktemp("home"), args)
 
 
 def _client(base, key="sekret"):

@@ -6,19 +6,16 @@ processes hold no more than the budget, and SIGTERM leaves no shared memory behi
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-from common import paths
 from tests.conftest import shm_segments
-from tests.launch.test_serve import KEY, _free_port, _metric
+from tests.launch.conftest import serve
+from tests.launch.test_serve import KEY, _metric
 
 httpx = pytest.importorskip("httpx")
 
@@ -27,38 +24,9 @@ PROMPTS = ["once upon a time", "the cat sat on", "in the beginning", "def main()
 
 @pytest.fixture(scope="module")
 def server(tiny_gguf, tmp_path_factory):
-    home = tmp_path_factory.mktemp("home")
-    port = _free_port()
-    env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
-    before = shm_segments()
-    args = ["--target", str(tiny_gguf), "--draft", str(tiny_gguf), "--port", str(port), "--api-key", "sekret"]
-    args += ["--parallel", "4", "--queue", "32", "--memory-budget", "auto", "--max-new-tokens", "24", "--no-trace"]
-    p = subprocess.Popen(
-        [sys.executable, "-m", "launch.cli", "serve", *args],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            pytest.fail(f"launch serve exited: {p.stderr.read()}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    else:
-        p.kill()
-        pytest.fail("launch serve did not become healthy in 120 s")
-    yield base, p, before
-    if p.poll() is None:
-        p.kill()
-        p.wait()
+    args = ["--target", str(tiny_gguf), "--draft", str(tiny_gguf), "--api-key", "sekret", "--parallel", "4"]
+    args += ["--queue", "32", "--memory-budget", "auto", "--max-new-tokens", "24", "--no-trace"]
+    yield from serve(tmp_path_factory.mktemp("home"), args)
 
 
 def _stream(base: str, prompt: str, hang_up: bool) -> tuple[int, str, bool]:
