@@ -132,7 +132,7 @@ OPTIONS: tuple[Option, ...] = (
         "forward (under --memory-budget a streamed layer is read once for all of them); --context is each slot's",
         kind=int,
         metavar="N",
-        common=True,
+        group=MEMORY,
     ),
     Option("device", "cpu", "cpu or cuda (cuda needs --runtime inproc)"),
     Option(

@@ -1,9 +1,10 @@
 """Several generations at once, a cycle at a time together (issue 42: continuous batching, Lookahead's batch
 inference, llama.cpp's slots).
 
-Each generation runs the one speculation cycle (speculative/loop.py `Speculation.steps`) with a draft side and a
-governor of its own; what it asks of the target (a prefill, a plain step, a tree to verify) is collected from every
-generation in the batch and answered in one forward (`BatchTarget.answer`: speculative/verify.py `LocalBatch` in
+Each generation runs the one speculation cycle (speculative/loop.py `Speculation.steps`) with a draft side of its
+own; the batch's governor sizes every generation's tree from the load (`join`). The trees they ask for are grown
+together (`propose`), and what they ask of the target (a prefill chunk, a plain step, a tree to verify) is collected
+from every generation in the batch and answered in one forward (`BatchTarget.answer`: speculative/verify.py `LocalBatch` in
 this process, scheduler/generation/target_side.py `ActorBatch` over the verifier actor, where a streamed layer is
 then read once for every generation). Generations join and leave between cycles; each keeps its own stop tokens,
 sampling, rollback and stats, and a greedy one's tokens are exactly those it would make alone.
@@ -34,6 +35,8 @@ WIDEST = 32  # the widest tree a generation of a batch verifies (the widest a bu
 
 
 class BatchTarget(Protocol):
+    streamed: bool  # layers come from disk during a forward: a forward costs one read whatever its rows
+
     def answer(self, calls: list[tuple[int, Call]]) -> list:
         """Each (slot, call) answered as a target side of that slot's generation alone would answer it."""
 
@@ -61,7 +64,6 @@ class _Generation:
     reply: object = None  # the target's answer to its last call, sent back at the next cycle
     called: bool = False  # its first call is made
     waiting: Call | None = None  # its start, while its prompt has chunks still to prefill (one a cycle)
-    cycles: int = 0
     governors: dict = field(default_factory=dict)
 
 

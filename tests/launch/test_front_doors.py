@@ -38,6 +38,7 @@ OPTION_SETS = [
         chat="on",
         context=777,
         threads=1,
+        parallel=3,
         width=6,
         chain_k=3,
         branch_threshold=0.2,
