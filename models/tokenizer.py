@@ -315,8 +315,7 @@ class StreamDecoder:
     def __init__(self, tokenizer: TextTokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.prefix = 0  # ids[prefix:read] were decoded into the last piece: the context of the next
-        self.read = 0
+        self.prefix = self.read = 0  # ids[prefix:read] were decoded into the last piece: the context of the next
         self.sent = 0  # characters given out in pieces
 
     def push(self, ids: list[int]) -> str:
@@ -325,8 +324,7 @@ class StreamDecoder:
         text = self.tokenizer.decode(self.ids[self.prefix :])
         if len(text) <= len(before) or text.endswith("\ufffd"):  # nothing new, or a character not finished yet
             return ""
-        self.prefix, self.read = self.read, len(self.ids)
-        self.sent += len(text) - len(before)
+        self.prefix, self.read, self.sent = self.read, len(self.ids), self.sent + len(text) - len(before)
         return text[len(before) :]
 
     def text(self) -> str:
@@ -334,8 +332,7 @@ class StreamDecoder:
         return self.tokenizer.decode(self.ids)
 
     def finish(self) -> str:
-        """At the end: what the pieces held back (a character never finished is written as U+FFFD, as `text` has
-        it), so that the pieces add up to `text`."""
+        """At the end: what the pieces held back (an unfinished character as U+FFFD), so they add up to `text`."""
         return self.text()[self.sent :]
 
 
