@@ -95,13 +95,6 @@ class DraftActor(Actor):
             trees.append(dataclasses.asdict(self._reply(p, {})))  # greedy: a Tree alone, no distributions
         return Trees(trees)
 
-    def op_release(self, slot: int):
-        """A batch's generation was cancelled: its slot's draft cache goes."""
-        if slot:
-            self.slots.pop(slot, None)
-        self.last.pop(slot, None)
-        return {}
-
     def _give_heap_back(self, slot: int):
         """A forward over the prompt (the first tree's, or ahead of it) freed its activations, and a flash draft
         its dense FFN reads, into the heap's arenas, which glibc keeps and a memory cgroup counts (enough to be

@@ -42,6 +42,8 @@ class Runner:
         `say`: where a line about a choice made (the draft `auto` took) goes; default stderr."""
         say = say or _stderr
         self.trace_path = None
+        self._batch = None  # the `--parallel` slots, made at the first ask (`batch`)
+        self._joined: dict = {}  # a generation in the batch: its prompt, plan, chat and text decoder
         machine = ThisMachine(say)
         # the target converted once, with progress bars, before any actor; the prompts encoded
         self.inputs = read_inputs(cfg, machine, prompts)
@@ -72,7 +74,7 @@ class Runner:
         if not getattr(self, "_open", False):
             return
         self._open = False
-        if getattr(self, "_batch", None) is not None:
+        if self._batch is not None:
             self._batch.close()
         try:
             self.session.close()
@@ -119,9 +121,8 @@ class Runner:
 
     def batch(self):
         """The run's batch of `--parallel` slots (speculative/batch.py `Lockstep`), made at the first ask."""
-        if getattr(self, "_batch", None) is None:
+        if self._batch is None:
             self._batch = self.session.batch(self.plan.parallel)
-            self._joined: dict = {}  # a generation in the batch: its prompt, plan, chat and text decoder
         return self._batch
 
     def stream_many(
