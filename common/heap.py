@@ -25,16 +25,3 @@ def trim_heap() -> None:
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
-
-
-M_ARENA_MAX = -8  # mallopt's parameter (malloc.h)
-
-
-@lru_cache(maxsize=1)
-def one_arena() -> None:
-    """Every thread of this process allocates from the main arena (glibc gives each new thread an arena of its own,
-    whose freed blocks it keeps: a few threads growing draft trees together held tens of MiB more, enough for a
-    memory cgroup to kill the process). Once per process, before its threads start."""
-    libc = _libc()
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(M_ARENA_MAX, 1)

@@ -90,8 +90,9 @@ class Lockstep:
         self._new_draft = drafts
         self.gens: dict[Hashable, _Generation] = {}
         self.governors: dict[int, dict] = {}  # a slot's governors, kept across the generations it serves
-        self.governor: Governor | None = None  # resident: the batch's, choosing every generation's arm each cycle
-        self.arm = PLAIN  # its choice for this cycle
+        self.governor: Governor | None = None  # the batch's, choosing every generation's arm this cycle
+        self.by_count: dict[int, Governor] | None = None  # resident: a governor per number of generations at once
+        self.arm: Arm | None = PLAIN  # the batch governor's choice for this cycle (None: each generation's own)
 
     @property
     def active(self) -> int:
@@ -138,16 +139,12 @@ class Lockstep:
             size = functools.partial(self.width, cfg)
             cfg = dataclasses.replace(cfg, adaptive=False, width=widest)
         elif draft is not None and draft.has_model and cfg.adaptive:
-            # resident, rows cost compute: one governor for the batch picks every generation's tree (or a plain
-            # step) from what the batch's cycles measured, tokens per second of them all
-            if self.governor is None:
-                # it begins with plain steps, the bar drafting has to clear (several generations' rows in one forward
-                # cost little more than one's), and tries drafting now and then, less often while it loses
-                sizes = sorted({2, 4, cfg.budget})
-                arms = (PLAIN, *(Arm("draft", n) for n in sizes))
-                self.governor = Governor(arms, PLAIN, explore_every=12, max_gap=96)
-            size = lambda: self.arm.size if self.arm.kind == "draft" else 0  # noqa: E731
-            cfg = dataclasses.replace(cfg, adaptive=False)
+            # resident, rows cost compute: while the batch holds several generations, a governor for that many
+            # picks every one's tree (or a plain step) from what the batch's cycles measure, tokens per second of
+            # them all (`cycle`); one generation alone runs as alone, its own governor choosing (`size` None)
+            if self.by_count is None:
+                self.by_count = {}
+            size = lambda: None if self.arm is None else self.arm.size if self.arm.kind == "draft" else 0  # noqa: E731
         governors = self.governors.setdefault(slot, {})
         steps = self.loop.steps(
             prompt_ids,
@@ -171,7 +168,7 @@ class Lockstep:
         the batch's governor plays if it is narrower (the rows the slots free widen it in proportion)."""
         n = generations or max(1, len(self.gens))
         share = max(1, min(WIDEST, self.slots * (cfg.budget + 1) // n - 1))
-        if generations is None and self.governor is not None and self.arm.kind == "draft":
+        if generations is None and self.governor is not None and self.arm is not None and self.arm.kind == "draft":
             return max(1, min(share, self.arm.size * share // max(1, cfg.budget)))
         return share
 
@@ -188,11 +185,16 @@ class Lockstep:
         each generation's outcome (a finished one's last carries its `Generation` and leaves the batch), or the
         exception that ended it alone (a prompt that does not fit the context); an error of the target side
         (a dead actor) ends them all and is raised."""
+        moving = self._moving()
+        if self.by_count is not None:
+            n = len(moving)
+            if n > 1 and n not in self.by_count:
+                self.by_count[n] = _resident_governor(self.loop.cfg, list(self.by_count.values()))
+            self.governor = self.by_count[n] if n > 1 else None
         governor = self.governor
-        if governor is not None:
-            self.arm = governor.choose()
+        self.arm = governor.choose() if governor is not None else None
         t0 = time.perf_counter()
-        outcomes, calls, moving = [], [], self._moving()
+        outcomes, calls = [], []
         while moving:  # each generation to its target call; the draft trees they ask for on the way grown together
             asks = []
             for g in moving:
@@ -274,6 +276,23 @@ class Lockstep:
         for g in self.gens.values():
             g.steps.close()
         self.gens.clear()
+
+
+TRY_SHARE = 0.03  # a resident batch's tries of drafting cost at most this share of its time (they lose there
+# on a 2-core CPU: several generations' single rows in one forward cost little more than one, and a try pays the
+# drafts' catch-up on the text the plain steps made: ~8 plain cycles' worth at four generations, BENCHMARKS.md)
+
+
+def _resident_governor(cfg: TreeConfig, others: list[Governor]) -> Governor:
+    """A resident batch's governor for a number of generations at once. It begins with plain steps, the bar
+    drafting has to clear, and tries drafting now and then: after a try that lost, not before what it lost is
+    TRY_SHARE of the time since. It waits as long as the governors of the other numbers wait (what drafting lost
+    at four generations it mostly loses at three)."""
+    sizes = sorted({2, 4, cfg.budget})
+    arms = (PLAIN, *(Arm("draft", n) for n in sizes))
+    g = Governor(arms, PLAIN, explore_every=12, max_gap=96, try_share=TRY_SHARE)
+    g.gap = max([g.gap, *(o.gap for o in others)])
+    return g
 
 
 def run_all(

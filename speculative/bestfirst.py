@@ -34,13 +34,14 @@ def feed(budget: int) -> int:
     return max(FEED, budget // FEED_NODES)
 
 
-def grow_best_first(
-    d: DraftTree, fed: list[tuple[int, torch.Tensor]], budget: int, cfg: TreeConfig, draft: NodeFeed
-) -> None:
+def grow_best_first(d: DraftTree, fed: list[tuple[int, torch.Tensor]], budget: int, cfg: TreeConfig, draft: NodeFeed):
     """Grow `d` to the `budget` nodes of the greatest cumulative probability the draft can find from its fed
     nodes' distributions `fed` ((node or ROOT, dist)). Each draft forward runs the `feed` best candidates whose
     children could still make the cut (worth more than the budget-th best node found so far), at most
-    DRAFT_ROWS x `budget` rows in all; the tree then keeps its `budget` best nodes (those run on and those not)."""
+    DRAFT_ROWS x `budget` rows in all; the tree then keeps its `budget` best nodes (those run on and those not).
+
+    A generator: each draft forward is `draft.feed_nodes_steps`, whose forward it yields (speculative/feed.py
+    `run_here` runs them at once; speculative/draft_batch.py shares them among several trees)."""
     t, heap, seq, rows, per = d.tree, [], 0, 0, feed(budget)
 
     def offer(node: int, dist: torch.Tensor) -> None:
@@ -72,7 +73,7 @@ def grow_best_first(
         if not batch:
             break
         rows += len(batch)
-        dists = draft.feed_nodes(t, batch)
+        dists = yield from draft.feed_nodes_steps(t, batch)
         d.forwards += 1
         for node, dist in zip(batch, dists):
             offer(node, dist)

@@ -17,7 +17,7 @@ from common.settings import SamplingConfig, TreeConfig
 from models.transformer import Transformer
 from speculative.ahead import DraftingAhead
 from speculative.bestfirst import grow_best_first
-from speculative.feed import DraftFeed
+from speculative.feed import DraftFeed, run_here
 from speculative.growth import PacedGrowth, fill_shape
 from speculative.loop import Proposal
 from speculative.policy import AdaptiveThreshold
@@ -104,26 +104,33 @@ class Drafter:
         return d
 
     def build_tree(self, budget: int | None = None) -> DraftTree:
+        """`build_tree_steps` with its draft forwards run here."""
+        return run_here(self.build_tree_steps(budget), self.feed.model)
+
+    def build_tree_steps(self, budget: int | None = None):
         """Grow a tree of at most `budget` tokens (default: the verification width) under the root: the pending
         tail fed (or, where a chain drafted during the last verification was reused, the root and the chain
-        below it fed already), the trie's candidates, then the growth policy's draft forwards."""
+        below it fed already), the trie's candidates, then the growth policy's draft forwards. A generator of the
+        best-first tree's draft forwards (speculative/feed.py `run_here`); the other growths run theirs at once."""
         cfg = self.cfg
         budget = cfg.budget if budget is None else budget
         if cfg.shape_parents and self.greedy:
             return self.build_static(budget)
         seed = self.ahead.take_seed()
+        best = self.greedy and cfg.mode == "tree" and cfg.growth == "best"
         if seed is not None and not self.feed.pending:
             d = DraftTree(TokenTree(self.context[-1]), 1.0, 0)
             dist = seed.root_dist
         else:
             d = DraftTree(TokenTree(self.feed.pending[-1]), 1.0, 1)
-            dist, d.catchup_s = self.feed.feed_pending()
+            pending = self.feed.feed_pending_steps()
+            dist, d.catchup_s = (yield from pending) if best else run_here(pending, self.feed.model)
             seed = None
         if self.trie and budget > 1:
             self._add_trie(d, budget - 1)
-        if self.greedy and cfg.mode == "tree" and cfg.growth == "best":
+        if best:
             planted = self.ahead.plant(d, seed, dist, budget) if seed is not None else []
-            grow_best_first(d, [(ROOT, dist), *planted], budget, cfg, self.feed)
+            yield from grow_best_first(d, [(ROOT, dist), *planted], budget, cfg, self.feed)
             return d
         self.pacer.expand(d, ROOT, dist, budget - len(d.tree))
         if seed is not None:
@@ -190,9 +197,7 @@ class LocalDraft:
         drafts = [d for d, _ in asks]
         if not drafts or any(d.model is not drafts[0].model for d in drafts):
             return [d.propose(b) for d, b in asks]
-        trees = grow_together(
-            drafts[0].model, [d.drafter.feed for d in drafts], lambda i: asks[i][0].drafter.build_tree(asks[i][1])
-        )
+        trees = grow_together(drafts[0].model, [d.drafter.build_tree_steps(b) for d, b in asks])
         return [d._proposal(t) for d, t in zip(drafts, trees)]
 
     def lookup(self, max_nodes: int) -> Proposal | None:

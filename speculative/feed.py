@@ -15,6 +15,7 @@ import torch
 
 from common.settings import CATCH_UP, SamplingConfig
 from models.attention import Visibility
+from models.batch import Rows
 from models.sampling import probs
 from models.transformer import Transformer
 from speculative.tree import TokenTree
@@ -60,8 +61,13 @@ class DraftFeed:
         return fed
 
     def feed_pending(self) -> tuple[torch.Tensor, float]:
+        """`feed_pending_steps` with its forward run here."""
+        return run_here(self.feed_pending_steps(), self.model)
+
+    def feed_pending_steps(self):
         """Run the draft on the committed tokens it has not seen: (the root's next-token distribution, the
-        forward's seconds where it was a catch-up, else 0).
+        forward's seconds where it was a catch-up, else 0). A generator: it yields its forward's `Rows` and is sent
+        their logits (`run_here` runs it at once; speculative/draft_batch.py shares it with other caches' rows).
 
         Behind by more than CATCH_UP tokens after plain target steps (the governor found that
         speculation did not pay), it runs on the last CATCH_UP only: a forward over all of them
@@ -74,9 +80,7 @@ class DraftFeed:
             self.pending = self.pending[-CATCH_UP:]
         ids = torch.tensor(self.pending, device=dev)
         t0 = time.perf_counter()
-        logits = self.model.forward(
-            ids, torch.arange(c.length, c.length + len(ids), device=dev), c, logits_rows=slice(-1, None)
-        )[0]
+        logits = (yield Rows(ids, torch.arange(c.length, c.length + len(ids), device=dev), c, last=True))[0]
         c.commit()
         # more rows than a verification leaves (its bonus token, an accepted node not fed): a catch-up, not a
         # draft step (the governor prices a budget by what its steps cost)
@@ -86,12 +90,18 @@ class DraftFeed:
         return self._dist(logits), catchup_s
 
     def feed_nodes(self, tree: TokenTree, nodes: list[int]) -> list[torch.Tensor]:
+        """`feed_nodes_steps` with its forward run here."""
+        return run_here(self.feed_nodes_steps(tree, nodes), self.model)
+
+    def feed_nodes_steps(self, tree: TokenTree, nodes: list[int]):
         """One draft forward over tree `nodes` (their ancestors fed already): each row sees the committed text,
         its ancestors' KV slots and its own new one. Marks them fed, each with its slot; their next-token
-        distributions."""
+        distributions. A generator like `feed_pending_steps`."""
         t = tree
         ancestors = [[t.nodes[a].slot for a in t.path(n)[:-1]] for n in nodes]
-        slots, logits = self._forward([t.nodes[n].token for n in nodes], [t.nodes[n].depth for n in nodes], ancestors)
+        slots, logits = yield from self._forward(
+            [t.nodes[n].token for n in nodes], [t.nodes[n].depth for n in nodes], ancestors
+        )
         dists = []
         for j, node in enumerate(nodes):
             t.nodes[node].fed, t.nodes[node].slot = True, slots[j]
@@ -101,14 +111,15 @@ class DraftFeed:
     def feed_chain(self, token: int, depth: int, anc_slots: list[int]) -> tuple[int, torch.Tensor]:
         """One draft forward of a node at `depth` under the ancestors in `anc_slots`, in no tree: its slot and
         next-token distribution."""
-        slots, logits = self._forward([token], [depth], [anc_slots])
+        slots, logits = run_here(self._forward([token], [depth], [anc_slots]), self.model)
         return slots[0], self._dist(logits[0])
 
     def _forward(
         self, tokens: list[int], depths: list[int], ancestors: list[list[int]]
     ) -> tuple[list[int], torch.Tensor]:
         """Rows of `tokens` at `depths` below the root, each seeing the committed text, its `ancestors`' slots
-        and its own new slot (the tree decoder's mask): (their slots, logits [rows, vocab])."""
+        and its own new slot (the tree decoder's mask): (their slots, logits [rows, vocab]). A generator: yields
+        the forward's `Rows`, is sent their logits."""
         c, dev = self.cache, self.model.device
         end, ptr, rows = c.end, [0], []
         for j, anc in enumerate(ancestors):
@@ -116,7 +127,7 @@ class DraftFeed:
             ptr.append(len(rows))
         vis = Visibility(c.length, torch.tensor(ptr, dtype=torch.int32), torch.tensor(rows, dtype=torch.int32))
         pos = torch.tensor([c.length + depth - 1 for depth in depths], device=dev)
-        logits = self.model.forward(torch.tensor(tokens, device=dev), pos, c, vis)
+        logits = yield Rows(torch.tensor(tokens, device=dev), pos, c, vis)
         return [end + j for j in range(len(tokens))], logits
 
     def _dist(self, logits: torch.Tensor) -> torch.Tensor:
@@ -140,3 +151,15 @@ class DraftFeed:
         if held:
             c.length -= held
             c.pending = held
+
+
+def run_here(steps, model: Transformer):
+    """A draft generator (`DraftFeed.feed_pending_steps`, `feed_nodes_steps`, `Drafter.build_tree_steps`) with each
+    forward it yields run at once on `model`, a forward of its own: what it returns."""
+    try:
+        rows = next(steps)
+        while True:
+            logits_rows = slice(-1, None) if rows.last else None
+            rows = steps.send(model.forward(rows.tokens, rows.positions, rows.cache, rows.vis, logits_rows=logits_rows))
+    except StopIteration as done:
+        return done.value

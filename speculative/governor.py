@@ -24,6 +24,7 @@ wait before the next one (up to `max_gap` cycles), a try that wins resets it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from common.settings import LOOKUP, PLAIN, Arm
@@ -138,6 +139,9 @@ class Governor:
     last_try: int = 0  # the cycle of the last try
     trying: Arm | None = None  # the arm being tried this cycle
     plain: bool = True  # the plain step is an arm (a batch under the wall: a read for a token each never is)
+    try_share: float | None = None  # where set, a losing try waits until what it lost is at most this share of the
+    # time since (a try that costs many cycles' worth, as drafting after plain steps does in a resident batch)
+    cycle_s: float | None = None  # the moving average of a cycle's seconds, tries aside
 
     def __post_init__(self):
         if PLAIN not in self.arms and self.plain:
@@ -194,8 +198,14 @@ class Governor:
         r = tokens / seconds
         old = self.rate.get(arm)
         self.rate[arm] = r if old is None else self.decay * old + (1 - self.decay) * r
-        if self.trying is not None and arm == self.trying:
-            self.trying = None
-            # this try beat the best of the rest: look again soon (the averages need a few tries to turn)
-            won = r > max(before.values(), default=0.0)
-            self.gap = self.explore_every if won else min(2 * self.gap, self.max_gap)
+        if self.trying is None or arm != self.trying:
+            self.cycle_s = _ema(self.cycle_s, seconds, self.decay)
+            return
+        self.trying = None
+        # this try beat the best of the rest: look again soon (the averages need a few tries to turn)
+        best = max(before.values(), default=0.0)
+        won = r > best
+        self.gap = self.explore_every if won else min(2 * self.gap, self.max_gap)
+        if not won and self.try_share and self.cycle_s and best > 0:
+            lost_s = seconds - tokens / best  # what the try cost over the best arm's time for its tokens
+            self.gap = max(self.gap, math.ceil(lost_s / (self.try_share * self.cycle_s)))

@@ -21,6 +21,9 @@ class NodeFeed(Protocol):
         """One draft forward over tree `nodes` (their ancestors fed already): marks them fed, each with its KV
         slot; their next-token distributions."""
 
+    def feed_nodes_steps(self, tree: TokenTree, nodes: list[int]):
+        """`feed_nodes` as a generator: yields the forward's rows (models/batch.py `Rows`), is sent their logits."""
+
 
 class PacedGrowth:
     """LLMCad's dynamic tree: a fed node opens its top candidate and every other above the branch threshold

@@ -237,7 +237,8 @@ class Speculation:
         generation's cycle, whoever computes its verifications. A batch of generations (speculative/batch.py)
         gives each its own `draft` side and `governors`, and answers their calls together; `target` is what the
         I/O-wait rule reads (the run's target side by default); `size()`: each cycle's tree budget where no
-        governor chooses (a batch shares its rows out among the generations it holds)."""
+        governor chooses, or None where its own does (a batch shares its rows out among the generations it holds;
+        one generation alone in a resident batch runs as alone)."""
         mode, cfg = mode or self.mode, cfg or self.cfg
         draft = draft or self.draft
         speculative = mode not in TARGET_ONLY
@@ -264,8 +265,14 @@ class Speculation:
         outcome = CycleOutcome([first])
         while not self._finished(out, max_new, stop):
             yield outcome
-            width = size() if size is not None else cfg.budget  # 0: a plain step
-            arm = governor.choose() if governor else Arm("draft", width) if speculative and width else PLAIN
+            width = size() if size is not None else None  # the batch's choice (0: a plain step), else its own
+            own = width is None
+            if own:
+                arm = (
+                    governor.choose() if governor else Arm("draft", cfg.budget) if speculative and cfg.budget else PLAIN
+                )
+            else:
+                arm = Arm("draft", width) if speculative and width else PLAIN
             room = max_new - len(out) - 1
             if arm.kind == "draft" and arm.size > room:  # the end is near: a smaller tree
                 arm = Arm("draft", room) if room > 0 else PLAIN
@@ -276,7 +283,7 @@ class Speculation:
             )
             dt = time.perf_counter() - t_cycle
             stats.arm_s[str(arm)] = stats.arm_s.get(str(arm), 0.0) + dt
-            if governor:
+            if governor and own:
                 governor.record(arm, len(new), dt, measured)
             for i, tok in enumerate(new):  # stop inside an accepted run
                 if tok in stop or len(out) + i + 1 >= max_new:

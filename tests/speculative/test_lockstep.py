@@ -143,3 +143,22 @@ def test_a_long_prompt_prefills_a_chunk_a_cycle_beside_the_others_trees(pair, mo
     # a prompt's first token comes out at the cycle after its last chunk: the short ones fill the first cycle's
     # chunk together, the long one waits for room, then prefills in cycles 2 and 3
     assert first_cycle == {0: 2, 2: 2, 1: 4}
+
+
+def test_a_resident_batch_steps_several_plainly_and_lets_one_alone_run_as_alone(pair):
+    """Resident, rows cost compute: several generations at once begin with plain steps (their single rows in one
+    forward cost little more than one; drafting is tried later, and rarely once it loses), while a generation
+    alone in the batch drafts from its first cycle, its own governor choosing as when it runs alone."""
+    target, draft = pair
+    loop = _loop(target, draft)
+    prompts = _prompts(3)
+    batch = Lockstep(loop, LocalBatch(target), lambda slot: LocalDraft(draft), 3, LocalDraft.propose_many)
+    for i, p in enumerate(prompts):
+        batch.join(i, p, 8, set())
+    got = {k: o.result for k, o in run_all(batch, iter(())) if o.result is not None}
+    assert {k: r.stats["arm_hist"] for k, r in got.items()} == {i: {"plain": 7} for i in range(3)}
+    assert set(batch.by_count) == {3}
+    batch.join("alone", prompts[0], 8, set())
+    (alone,) = [o.result for _, o in run_all(batch, iter(())) if o.result is not None]
+    assert any(arm.startswith("draft") for arm in alone.stats["arm_hist"]), alone.stats["arm_hist"]
+    assert alone.new_ids == loop.generate(prompts[0], 8, set()).new_ids

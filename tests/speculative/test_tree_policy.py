@@ -147,6 +147,25 @@ def test_governor_backs_off_probing_what_keeps_losing():
     assert later[-20:].count(D2) >= 19 and g.gap > g.explore_every
 
 
+def test_a_try_that_costs_many_cycles_waits_until_its_loss_is_a_small_share():
+    """A resident batch's governor (`try_share`): plain cycles of 0.03 s make 4 tokens; a try of budget 2 costs
+    0.3 s for 8 (the drafts' catch-up). The next try waits until what it lost, 0.24 s, is 3% of the cycles since:
+    267 cycles, not max_gap's 24; a try that wins brings the tries back to every 3 cycles."""
+    g = Governor(arms=(PLAIN, D2), start=PLAIN, explore_every=3, max_gap=24, try_share=0.03)
+    chosen = []
+    for _ in range(600):
+        w = g.choose()
+        chosen.append(w)
+        g.record(w, tokens={PLAIN: 4, D2: 8}[w], seconds={PLAIN: 0.03, D2: 0.3}[w])
+    tries = [i for i, w in enumerate(chosen) if w == D2]
+    assert len(tries) == 3 and tries[0] < 6 and all(b - a >= 267 for a, b in zip(tries, tries[1:])), tries
+    g.record(D2, tokens=200, seconds=0.3)  # not a try: no gap change
+    assert g.gap >= 267
+    g.trying = D2
+    g.record(D2, tokens=400, seconds=0.3)  # a try that wins
+    assert g.gap == 3
+
+
 def test_residual_is_the_normalised_positive_part():
     p = torch.tensor([0.5, 0.3, 0.2])
     q = torch.tensor([0.2, 0.6, 0.2])
