@@ -42,7 +42,8 @@ class RunConfig:
     ffn_density: float = 0.3  # --mode flash: the share of a layer's FFN neurons a token computes
     device: str = "cpu"
     threads: int = 0
-    parallel: int = 1  # generations at once (speculative/batch.py), each with its own KV caches of `context`
+    parallel: int = 1  # generations at once (speculative/batch.py), each with its own KV caches of `context`;
+    # 0: as many as the memory allows (engine/memory.py `most_slots`)
     trace: bool = True
     trace_dir: str | None = None
     profile: str | None = None  # an ARCA profile; decide applies it (tree, worker)
@@ -58,7 +59,10 @@ class RunConfig:
             ),
             (self.context is None or self.context >= 2, f"--context={self.context} must be at least 2 tokens"),
             (self.chat in ("auto", "on", "off"), f"--chat={self.chat} must be auto, on or off"),
-            (self.parallel >= 1, f"--parallel {self.parallel} must be at least 1 (generations at once)"),
+            (
+                self.parallel >= 0,
+                f"--parallel {self.parallel} must be at least 1 (generations at once), or 0: as many as memory allows",
+            ),
             (self.threads >= 0, f"--threads {self.threads} is not a thread count; give a number, or 0 for all cores"),
             (
                 not (self.draft == "none" and self.mode == "chain"),

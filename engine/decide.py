@@ -24,6 +24,7 @@ from engine.memory import (
     draft_rows,
     flash_choice,
     memory_plan,
+    most_slots,
     plan_inputs,
     runtime_config,
     uses_flash_draft,
@@ -76,6 +77,9 @@ def decide(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...] = ()) -> Run
     run, where known (the context is sized to the longest). The same options and machine give the same plan."""
     notes: list[str] = []
     asked = cfg
+    if cfg.parallel == 0:  # as many slots as the memory allows
+        n, why = most_slots(cfg, machine, prompt_lengths, decide)
+        cfg, notes = cfg.replace(parallel=n), [why]
     profile = machine.profile(cfg.profile) if cfg.profile else None
     if cfg.draft_model:  # a draft that cannot serve is refused before any conversion
         machine.check_draft(cfg.target, cfg.draft)
@@ -91,9 +95,7 @@ def decide(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...] = ()) -> Run
     budget = parse_bytes(cfg.memory_budget) if cfg.memory_budget and not auto else None
     c = _Choice(cfg, target, draft, picked and draft is not None, budget)
     memory = None
-    if (
-        cfg.memory_budget and cfg.mode != "flash"
-    ):  # flash sizes its caches from what its process holds (engine/flash.py)
+    if cfg.memory_budget and cfg.mode != "flash":  # flash sizes its caches from what it holds (engine/flash.py)
         c = _settle_width(_settle_draft(c, machine, notes), machine, notes)
         try:
             memory = c.plan(machine)

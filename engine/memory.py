@@ -177,3 +177,54 @@ def runtime_config(cfg: RunConfig, target: WeightStore, plan, preload: tuple[str
     return RuntimeConfig(
         memory=mem, pipeline=PipelineConfig(layer_bytes=plan.slot_bytes or (1 << 20)), trace=trace, preload=preload
     )
+
+
+SLOTS = 4  # the most generations at once `--parallel 0` picks (llama-server's `-np` auto takes 4 too)
+SLOT_CONTEXT = 512  # tokens a slot holds at the least (under a budget the default context is shared out)
+BATCHED_MODES = ("tree", "chain", "target")  # the modes a batch of generations runs (engine/sessions.py)
+
+
+def most_slots(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...], decide) -> tuple[int, str]:
+    """`--parallel 0` (`launch serve`'s default): as many slots as the run's memory allows, and the line that says
+    why; `decide`: engine/decide.py's, which calls this.
+
+    A slot is a generation under way with KV caches of its own; under a budget their caches and their trees' rows
+    take memory the target's layers and the draft would have used, so more slots are not always better: a budget
+    that holds four slots only by dropping the draft model serves each request slower than it held one
+    (BENCHMARKS.md, "Many requests at once": 0.5 GiB). The choice: the most slots, up to SLOTS, whose plan keeps
+    the draft model one slot's plan has and gives each slot at least SLOT_CONTEXT tokens; resident, SLOTS."""
+    alone = _one_at_a_time(cfg, machine)
+    if alone:
+        return 1, f"slots: 1 (--parallel 0: {alone} generates one prompt at a time)"
+    if not cfg.memory_budget:
+        return SLOTS, f"slots: {SLOTS} (--parallel 0, no memory budget)"
+    one = decide(cfg.replace(parallel=1), machine, prompt_lengths)
+    n = SLOTS
+    while n > 1:
+        try:
+            plan = decide(cfg.replace(parallel=n), machine, prompt_lengths)
+        except CadenceError:
+            plan = None
+        if plan is not None and plan.draft.model >= one.draft.model and plan.context >= SLOT_CONTEXT:
+            break
+        n //= 2
+    why = "the most of {} the budget holds with {} and {} tokens a slot".format(
+        SLOTS, "the draft model" if one.draft.model else "the trie", SLOT_CONTEXT
+    )
+    return n, f"slots: {n} (--parallel 0: {why})"
+
+
+def _one_at_a_time(cfg: RunConfig, machine) -> str | None:
+    """What in `cfg` runs one generation at a time (a batch's forward runs dense blocks on the CPU kernels), if
+    anything."""
+    if cfg.mode not in BATCHED_MODES:
+        return f"mode {cfg.mode}"
+    if cfg.device != "cpu":
+        return f"--device {cfg.device}"
+    if cfg.worker is not None:
+        return "the sparse worker"
+    if cfg.draft == "flash":
+        return "--draft flash"
+    if machine.store(cfg.target, cfg.dtype).args.moe:
+        return "a mixture of experts"
+    return None

@@ -129,7 +129,8 @@ OPTIONS: tuple[Option, ...] = (
         "parallel",
         1,
         "generations at once, each in a slot with KV caches of its own, every cycle's trees verified in one "
-        "forward (under --memory-budget a streamed layer is read once for all of them); --context is each slot's",
+        "forward (under --memory-budget a streamed layer is read once for all of them); --context is each slot's; "
+        "0: as many as the memory allows, up to 4 (launch serve's default)",
         kind=int,
         metavar="N",
         group=MEMORY,

@@ -15,9 +15,9 @@ def add_parser(sub):
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes and /metrics")
     p.add_argument("--open-metrics", action="store_true", help="with --api-key: /metrics without the key")
-    p.add_argument("--queue", type=int, default=8, help="requests that may wait for the one running (more get 429)")
+    p.add_argument("--queue", type=int, default=8, help="requests that may wait for a slot (more get 429)")
     p.add_argument("--max-body", default="4MiB", help="the largest request body taken (more gets 413)")
-    add_run_options(p)
+    add_run_options(p, parallel=0)  # as many slots as the memory allows (engine/slots.py)
     add_monitor_args(p, trace=False)
     p.set_defaults(func=cmd_serve)
 

@@ -265,14 +265,7 @@ class Speculation:
         outcome = CycleOutcome([first])
         while not self._finished(out, max_new, stop):
             yield outcome
-            width = size() if size is not None else None  # the batch's choice (0: a plain step), else its own
-            own = width is None
-            if own:
-                arm = (
-                    governor.choose() if governor else Arm("draft", cfg.budget) if speculative and cfg.budget else PLAIN
-                )
-            else:
-                arm = Arm("draft", width) if speculative and width else PLAIN
+            arm, own = _choose(governor, size, cfg.budget, speculative)
             room = max_new - len(out) - 1
             if arm.kind == "draft" and arm.size > room:  # the end is near: a smaller tree
                 arm = Arm("draft", room) if room > 0 else PLAIN
@@ -389,3 +382,13 @@ class Speculation:
             alpha,
             Cycle(drafting - t.catchup_s, verifying, forwards, len(t.tokens) + 1, t.depth, len(path), t.worth),
         )
+
+
+def _choose(governor: Governor | None, size: Callable[[], int | None] | None, budget: int, speculative: bool):
+    """A cycle's arm, and whether the generation's own governor chose it: `size()` is a batch's choice of tree
+    (0: a plain step), or None where the generation's own governor (else its `budget`) decides."""
+    width = size() if size is not None else None
+    if width is None and governor is not None:
+        return governor.choose(), True
+    width = budget if width is None else width
+    return (Arm("draft", width) if speculative and width else PLAIN), False

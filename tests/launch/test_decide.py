@@ -83,6 +83,8 @@ def test_every_front_door_reaches_the_same_plan(tiny_gguf, machine, command, nam
     the options given to the engine directly (run, bench, plan)."""
     opts = OPTION_SETS[name](str(tiny_gguf))
     cfg = run_config(build_parser(command).parse_args([command, *argv(opts)]))
+    if command == "serve":  # its own default: as many slots as the memory allows
+        opts = {"parallel": 0, **opts}
     if command in ("chat", "serve"):
         assert decide(config_of(cfg), machine) == decide(config_of(RunConfig.from_options(**opts)), machine)
     else:
@@ -118,5 +120,24 @@ def test_parallel_slots_each_have_their_kv_caches_in_the_plan(tiny_gguf, machine
     shared = decide(RunConfig.from_options(**base, parallel=4), machine)
     assert shared.context == min(shared.target.args.context_length, 512)  # 2048 rows a budget's default, shared
     assert f"4 slots (--parallel), each with KV caches for a context of {shared.context} tokens" in shared.headline()
-    with pytest.raises(Exception, match="--parallel 0 must be at least 1"):
-        RunConfig.from_options(**base, parallel=0)
+    with pytest.raises(Exception, match="--parallel -1 must be at least 1"):
+        RunConfig.from_options(**base, parallel=-1)
+
+
+def test_parallel_0_takes_as_many_slots_as_the_budget_holds_with_the_draft(tiny_gguf, machine):
+    """`--parallel 0` (launch serve's default): four slots where the budget holds them with the draft; a budget
+    that holds the draft with one slot but not four gets fewer; resident, four."""
+    base = dict(target=str(tiny_gguf), draft=str(tiny_gguf), max_new_tokens=8, width=6, context=512)
+    smallest = {
+        n: decide(RunConfig.from_options(**base, memory_budget="auto", parallel=n), machine).memory.smallest
+        for n in (1, 2, 4)
+    }
+    assert smallest[1] < smallest[2] < smallest[4]
+    for budget, slots in ((smallest[4], 4), (smallest[4] - 1, 2), (smallest[2] - 1, 1)):
+        plan = decide(RunConfig.from_options(**base, memory_budget=str(budget), parallel=0), machine)
+        assert plan.parallel == slots and plan.draft.model, budget
+        assert plan.notes[0].startswith(f"slots: {slots} (--parallel 0: the most of 4 the budget holds with the draft")
+        assert plan.asked.parallel == 0
+    assert decide(RunConfig.from_options(**base, parallel=0), machine).parallel == 4
+    flash = decide(RunConfig.from_options(**base, parallel=0, mode="flash"), machine)
+    assert flash.parallel == 1 and "mode flash generates one prompt at a time" in flash.notes[0]

@@ -72,7 +72,8 @@ def test_the_sets_cover_every_option():
 def test_every_option_reaches_the_configuration_from_every_command(command, given):
     args = build_parser(command).parse_args([command, *argv(given)])
     cfg = run_config(args)
-    want = {**DEFAULTS, **({"max_new_tokens": 128} if command == "bench" else {}), **given}  # bench: fixed lengths
+    own = {"bench": {"max_new_tokens": 128}, "serve": {"parallel": 0}}.get(command, {})  # bench: fixed lengths;
+    want = {**DEFAULTS, **own, **given}  # serve: as many slots as the memory allows
     assert cfg.options() == want
     assert cfg == RunConfig.from_options(**want)  # what cadence.LLM(**options) builds
 
