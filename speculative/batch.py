@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Hashable, Iterator, Protocol
 
 from common.errors import CadenceError
@@ -64,7 +64,6 @@ class _Generation:
     reply: object = None  # the target's answer to its last call, sent back at the next cycle
     called: bool = False  # its first call is made
     waiting: Call | None = None  # its start, while its prompt has chunks still to prefill (one a cycle)
-    governors: dict = field(default_factory=dict)
 
 
 class Lockstep:
@@ -159,7 +158,7 @@ class Lockstep:
             target=_NoAhead(),
             size=size,
         )
-        self.gens[key] = _Generation(key, slot, steps, draft, len(prompt_ids), governors=governors)
+        self.gens[key] = _Generation(key, slot, steps, draft, len(prompt_ids))
         return slot
 
     def width(self, cfg: TreeConfig, generations: int | None = None) -> int:
