@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from common.errors import CadenceError
-from models import kernels
+from models import kernels, layer_kernel
 from models.attention import Visibility, attend
 from models.transformer import Transformer
 
@@ -51,11 +51,16 @@ def forward_many_steps(model: Transformer, batch: list[Rows], argmax: bool = Fal
     x = model.weights.embed[torch.cat([r.tokens for r in batch])].float()
     if a.embed_scale != 1.0:
         x = x * a.embed_scale
+    pos = torch.cat(positions)
     for i, need in enumerate(model.layer_needs):
         w = yield need
         if w.flash is not None:
             raise CadenceError("a batch of generations does not run LLM in a flash's sparse FFN")
-        block(model, w, x, positions, [p[i] for p in places], spans)
+        rec = layer_kernel.record(w, a) if model.layer_calls and model.ffn_inputs is None else None
+        if rec is not None:  # the whole layer in one call over every generation's rows, the same bits
+            layer_kernel.run_many(rec, x, pos, [p[i] for p in places], spans, model.scale, a.norm_eps)
+        else:
+            block(model, w, x, positions, [p[i] for p in places], spans)
     for r in batch:
         r.cache.pending += r.tokens.shape[0]
     if any(r.last for r in batch):  # a prompt's rows but its last go no further
@@ -70,8 +75,8 @@ def forward_many_steps(model: Transformer, batch: list[Rows], argmax: bool = Fal
 
 
 def block(model: Transformer, w, x: torch.Tensor, positions: list, places: list, spans: list) -> None:
-    """One layer over every generation's rows, in place in `x`: the separate kernel calls of
-    `Transformer.block_fused` (the one-call layer kernel takes one cache), each generation's attention its own."""
+    """One layer over every generation's rows, in place in `x`, where the one-call kernel does not take the layer:
+    the separate kernel calls of `Transformer.block_fused`, each generation's attention its own."""
     a = model.args
     qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x)
     if a.qk_norm:

@@ -36,6 +36,7 @@ _SIGNATURES = {
     "cad_glu": [_P, _P, _I, _I, _I, _I],
     "cad_flash_ffn": [_P, _I, _I, _P, ctypes.c_long, _P, _I, _P, _I, _I],
     "cad_layer": [_P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I],
+    "cad_layer_many": [_P, _P, _I, _P, _I, _P, ctypes.c_float, ctypes.c_float, _I],
     "cad_fence": [],
     "cad_init": [_I],
 }

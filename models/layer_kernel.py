@@ -76,3 +76,31 @@ def run(rec: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, at, scale: 
         torch.get_num_threads(),
     )
     return x
+
+
+def run_many(
+    rec: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, places: list, spans: list, scale: float, eps: float
+):
+    """`run` over several generations' rows at once (models/batch.py): x [T, dim] holds each generation's rows at
+    its span (lo, hi), `positions` int64 [T] theirs, `places` each one's `Place` in this layer."""
+    gens = []
+    for (lo, hi), at in zip(spans, places):
+        vis = at.vis
+        assert vis.ptr.dtype == torch.int32 and vis.idx.dtype == torch.int32 and vis.ptr.numel() == hi - lo + 1
+        assert at.k.is_contiguous() and at.v.is_contiguous()
+        rot = at.rotary
+        gens += (lo, hi, rot.cos.data_ptr(), rot.sin.data_ptr(), at.k.data_ptr(), at.v.data_ptr(), at.k.shape[1])
+        gens += (at.slot0, vis.n_shared, vis.ptr.data_ptr(), vis.idx.data_ptr())
+    table = torch.tensor(gens, dtype=torch.int64)
+    kernels.lib().cad_layer_many(
+        rec.data_ptr(),
+        x.data_ptr(),
+        x.shape[0],
+        positions.data_ptr(),
+        len(spans),
+        table.data_ptr(),
+        scale,
+        eps,
+        torch.get_num_threads(),
+    )
+    return x

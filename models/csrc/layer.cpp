@@ -64,11 +64,19 @@ void norm_qk(float *qkv, int T, int H, int Hkv, int hd, int kind, const float *q
     }
 }
 
-}  // namespace
+/* One generation's part of a layer's rows: rows [lo, hi) of x, their rotary tables, its cache and its
+ * visibility (as cad_layer's arguments of the same names). */
+struct Gen {
+    int64_t lo, hi;
+    const float *cos_t, *sin_t;
+    float *kc, *vc;
+    int64_t cap, slot0, n_shared;
+    const int32_t *ptr, *idx;
+};
+static_assert(sizeof(Gen) == 11 * sizeof(int64_t), "a Gen is read from eleven int64s");
 
-extern "C" void cad_layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float *cos_t,
-                          const float *sin_t, float *kc, float *vc, int cap, int slot0, int n_shared,
-                          const int32_t *ptr, const int32_t *idx, float scale, float eps, int nthreads) {
+void layer(const int64_t *rec, float *x, int T, const int64_t *pos, int ngen, const Gen *gens, float scale, float eps,
+           int nthreads) {
     const int dim = (int)rec[0], H = (int)rec[1], Hkv = (int)rec[2], hd = (int)rec[3], F = (int)rec[4];
     const float *attn_norm = (const float *)rec[5], *ffn_norm = (const float *)rec[6], *bias = (const float *)rec[7];
     const int flags = (int)rec[8], qk_kind = (flags >> 2) & 3;
@@ -103,9 +111,17 @@ extern "C" void cad_layer(const int64_t *rec, float *x, int T, const int64_t *po
 #pragma omp single
         {
             if (qk_kind) norm_qk(yb, T, H, Hkv, hd, qk_kind, q_norm, k_norm, eps);
-            cad_qkv_rope(yb, bias, pos, cos_t, sin_t, hb, kc, vc, T, H, Hkv, hd, cap, slot0);
+            for (int g = 0; g < ngen; g++) {
+                const Gen &e = gens[g];
+                cad_qkv_rope(yb + e.lo * nqkv, bias, pos + e.lo, e.cos_t, e.sin_t, hb + e.lo * qd, e.kc, e.vc,
+                             (int)(e.hi - e.lo), H, Hkv, hd, (int)e.cap, (int)e.slot0);
+            }
         }
-        attention_for(hb, kc, vc, ob, nullptr, T, H, Hkv, hd, cap, n_shared, ptr, idx, scale, softcap);
+        for (int g = 0; g < ngen; g++) { /* each generation over its own cache, with its own visibility */
+            const Gen &e = gens[g];
+            attention_for(hb + e.lo * qd, e.kc, e.vc, ob + e.lo * qd, nullptr, (int)(e.hi - e.lo), H, Hkv, hd,
+                          (int)e.cap, (int)e.n_shared, e.ptr, e.idx, scale, softcap);
+        }
         q::qlinear_in(ob, T, out, plain_out ? x : yb, dim, plain_out, qa); /* x += o W_o^T */
 #pragma omp barrier
 #pragma omp single
@@ -123,4 +139,21 @@ extern "C" void cad_layer(const int64_t *rec, float *x, int T, const int64_t *po
             add_branch(x, ob, ffn_post, res_scale, T, dim, eps);
         }
     }
+}
+
+}  // namespace
+
+extern "C" void cad_layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float *cos_t,
+                          const float *sin_t, float *kc, float *vc, int cap, int slot0, int n_shared,
+                          const int32_t *ptr, const int32_t *idx, float scale, float eps, int nthreads) {
+    const Gen one{0, T, cos_t, sin_t, kc, vc, cap, slot0, n_shared, ptr, idx};
+    layer(rec, x, T, pos, 1, &one, scale, eps, nthreads);
+}
+
+/* The layer over several generations' rows at once (issue 42's batch): the norms and products over all T rows
+ * together, each generation's RoPE, cache writes and attention over its own cache (`gens`: `ngen` records of
+ * eleven int64s, a Gen each, their rows in order). Each row gets the bits it gets through cad_layer alone. */
+extern "C" void cad_layer_many(const int64_t *rec, float *x, int T, const int64_t *pos, int ngen, const int64_t *gens,
+                               float scale, float eps, int nthreads) {
+    layer(rec, x, T, pos, ngen, reinterpret_cast<const Gen *>(gens), scale, eps, nthreads);
 }

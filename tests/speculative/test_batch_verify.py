@@ -55,11 +55,25 @@ class _Generation:
 
 @pytest.mark.parametrize("mt,v", FAMILIES)
 def test_a_batch_of_trees_gives_each_generation_its_own_verdicts(tmp_path, mt, v):
+    _batch_against_alone(tmp_path, mt, v, one_call=True)
+
+
+@pytest.mark.parametrize("mt,v", [FAMILIES[1], FAMILIES[2]])
+def test_a_batch_through_the_separate_calls_gives_the_same_verdicts(tmp_path, mt, v):
+    """Where the one-call kernel does not take a layer, the batch runs it through the separate kernel calls."""
+    _batch_against_alone(tmp_path, mt, v, one_call=False)
+
+
+def _batch_against_alone(tmp_path, mt, v, one_call: bool):
+    """Three generations verified alone (through the one-call layer kernel), and in batches (through
+    `cad_layer_many`, or the separate calls): the same verdicts, tokens, keys and values."""
     target_store, draft_store = _stores(tmp_path, mt, v)
     target, draft = loading.load_store(target_store).model, loading.load_store(draft_store).model
+    batch_target = loading.load_store(target_store).model
+    batch_target.layer_calls = one_call
     drafts = [target, draft, target]  # the target drafting for itself: its trees are taken whole
     alone = [_Generation(target, d, p) for d, p in zip(drafts, _prompts())]
-    batched = [_Generation(target, d, p) for d, p in zip(drafts, _prompts())]
+    batched = [_Generation(batch_target, d, p) for d, p in zip(drafts, _prompts())]
     for cycle in range(CYCLES):
         for g in alone:
             g.take(g.verifier.verify_tree(g.propose()))
