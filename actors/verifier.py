@@ -28,7 +28,7 @@ from models.transformer import Transformer
 from models.weights import StreamingWeights, drive, weights_for
 from speculative.sampling import trials_from_wire
 from speculative.tree import TokenTree, Tree, Verdict
-from speculative.verify import Prefill, Verifier, many_steps
+from speculative.verify import Arena, Prefill, Verifier, many_steps
 
 RESULTS = (Token, Verdict, Batched)  # what a job ends with
 JOBS = ("start", "step", "verify", "batch")  # what `begin` starts: the resident ops, run a streamed group at a time
@@ -63,6 +63,7 @@ class VerifierActor(Actor):
         self.sampling = SamplingConfig(**init["sampling"])
         self.verifier = None
         self.slots: dict[int, Verifier] = {}  # a batch of generations (op `batch`): each slot's verifier
+        self.pool = Arena(self.model)  # their caches' KV pool (speculative/kvpool.py)
         self.job = None  # job mode: the job under way (a generator) and what it waits for
         self.need = None
         self.kind = None
@@ -121,7 +122,9 @@ class VerifierActor(Actor):
                 v = self.slots.get(slot)
                 if v is None or not v.prefilling:  # a new prompt (else its next chunk)
                     v = self._verifier(a.get("sampling"), a.get("reuse", True), v)
-                    v.begin_prompt(list(a["prompt_ids"]), int(a["capacity"]))
+                    v.begin_prompt(
+                        list(a["prompt_ids"]), int(a["capacity"]), self.pool.view(a.get("placed"), int(a["capacity"]))
+                    )
                     self.slots[slot] = v
                 jobs.append((v, Prefill(list(a["prompt_ids"]), int(a["capacity"])), None))
             elif slot not in self.slots:

@@ -50,6 +50,7 @@ def child(args) -> None:
         "wall_s": wall,
         "tokens": sum(len(row["new_token_ids"]) for row in rows.values()),
         "ids": {k: row["new_token_ids"] for k, row in rows.items()},
+        "prompt_ids": {k: row["prompt_token_ids"] for k, row in rows.items()},
         "ttft_s": first,
         "end_s": ends,
         "tokens_per_s": {k: row["tokens_per_s"] for k, row in rows.items()},
@@ -66,41 +67,75 @@ def main(argv=None) -> None:
     ap.add_argument("--parallel", default="1,2,4,8", help="the N to run together (one at a time always runs first)")
     ap.add_argument("--memory-budget", default=None, help="run each in a memory cgroup of this size")
     ap.add_argument("--mode", default="tree", help="tree, or target: plain batched decoding, no draft")
+    ap.add_argument("--llama-server", help="a llama-server binary: run it with -np N on the same prompts' ids too")
+    ap.add_argument("--gguf", help="the GGUF llama-server runs (default: the pulled default target's)")
+    ap.add_argument(
+        "--llama-limit", type=int, help="llama-server gets only this many of the prompts (it is slow under a budget)"
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--llama-ids", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child and args.llama_server:
+        from bench import llama_server
+
+        ids = json.loads(Path(args.llama_ids).read_text())
+        result = llama_server.child(args.llama_server, args.gguf, ids, args.n, args.max_new_tokens)
+        return llama_server.write(args.out, result)
     if args.child:
         return child(args)
+    ns = [0, *(int(x) for x in args.parallel.split(","))]
+    common = ["--max-new-tokens", str(args.max_new_tokens)]
+    results = {
+        n: _run(
+            args, ["--n", str(n), "--prompts", args.prompts, "--limit", str(args.limit), "--mode", args.mode, *common]
+        )
+        for n in ns
+    }
+    _table(results, "cadence")
+    if args.llama_server and results.get(0):
+        from models.pull import model_path
+        from models.registry import DEFAULT_TARGET, spec
+
+        gguf = args.gguf or str(model_path(spec(DEFAULT_TARGET)))
+        ids = dict(list(results[0]["prompt_ids"].items())[: args.llama_limit])
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(ids, f)
+        llama = ["--llama-server", args.llama_server, "--gguf", gguf, "--llama-ids", f.name, *common]
+        _table({n: _run(args, ["--n", str(n), *llama], evict=[gguf]) for n in ns}, f"llama-server -np N ({gguf})")
+        os.unlink(f.name)
+
+
+def _run(args, argv: list[str], evict=()) -> dict | None:
+    """One configuration in a child process (in a memory cgroup of the budget where one is given): its figures."""
     from bench.cgroup import run_in_cgroup
     import subprocess
 
-    results = {}
-    for n in [0, *(int(x) for x in args.parallel.split(","))]:
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-            out = f.name
-        argv_ = [sys.executable, "-m", "bench.parallel", "--child", "--n", str(n), "--out", out]
-        argv_ += ["--prompts", args.prompts, "--limit", str(args.limit), "--max-new-tokens", str(args.max_new_tokens)]
-        argv_ += ["--memory-budget", args.memory_budget] if args.memory_budget else []
-        argv_ += ["--mode", args.mode]
-        peak = None
-        if args.memory_budget:
-            run = run_in_cgroup(argv_, parse_bytes(args.memory_budget), timeout=3600)
-            ok, peak, err = (
-                run.returncode == 0 and not run.oom_killed,
-                run.peak_held_bytes or run.peak_bytes,
-                run.stderr,
-            )
-        else:
-            p = subprocess.run(argv_, capture_output=True, text=True, timeout=3600)
-            ok, err = p.returncode == 0, p.stderr
-        if not ok:
-            print(f"N={n or 1} ({'together' if n else 'one at a time'}) failed: {err[-800:]}", file=sys.stderr)
-            continue
-        results[n] = r = json.loads(Path(out).read_text())
-        r["peak"] = peak
-        os.unlink(out)
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    argv_ = [sys.executable, "-m", "bench.parallel", "--child", "--out", out, *argv]
+    peak = None
+    if args.memory_budget:
+        argv_ += ["--memory-budget", args.memory_budget]
+        run = run_in_cgroup(argv_, parse_bytes(args.memory_budget), evict=evict, timeout=3600)
+        ok, peak, err = run.returncode == 0 and not run.oom_killed, run.peak_held_bytes or run.peak_bytes, run.stderr
+    else:
+        p = subprocess.run(argv_, capture_output=True, text=True, timeout=3600)
+        ok, err = p.returncode == 0, p.stderr
+    if not ok:
+        print(f"{' '.join(argv)} failed: {err[-800:]}", file=sys.stderr)
+        return None
+    r = json.loads(Path(out).read_text())
+    r["peak"] = peak
+    os.unlink(out)
+    return r
+
+
+def _table(results: dict, title: str) -> None:
+    results = {n: r for n, r in results.items() if r is not None}
     base = results.get(0)
+    print(f"\n{title}\n")
     print(
         "| N | how | width | aggregate tok/s | x one at a time | mean TTFT s | mean tok/s each | peak held MiB | lossless |"
     )

@@ -181,8 +181,11 @@ class RunPlan:
     def headline(self) -> str:
         """The first line of `launch plan`: the models and what the KV caches are sized for."""
         new = f"up to {self.max_new_tokens} new" if self.max_new_tokens else "prompt and answer"
-        slots = f"{self.parallel} slots (--parallel), each with KV caches for" if self.parallel > 1 else "KV caches for"
-        return (
-            f"{self.mode} {self.target_name} {self.format}{self.draft_words(fmt_=True)}; {slots} a context "
-            f"of {self.context} tokens ({new})"
-        )
+        head = f"{self.mode} {self.target_name} {self.format}{self.draft_words(fmt_=True)}"
+        if self.parallel > 1:  # speculative/kvpool.py: each generation takes the rows it needs of the slots' pool
+            most = min(self.target.args.context_length, self.parallel * self.context)
+            return (
+                f"{head}; {self.parallel} slots (--parallel) sharing a KV pool of {self.parallel} x {self.context} "
+                f"tokens (a generation takes what it needs, up to {most}; {new})"
+            )
+        return f"{head}; KV caches for a context of {self.context} tokens ({new})"

@@ -58,6 +58,8 @@ class Runner:
             say(line)
         self.session = open_session(self.plan)
         self._open = True
+        if self.plan.parallel > 1:  # a generation may take more than a slot's share of the KV pool
+            self.inputs.context = self.batch().most_context()
 
     @property
     def sched(self):
@@ -189,7 +191,7 @@ class Runner:
         """`prompt` encoded (its ids kept with it) and checked against the context: a PromptError (its `param`
         says what to change) before any generation starts. A server does this as a request arrives."""
         ids, chat = self.inputs.prompt_ids(prompt)
-        limits(self.plan.context, len(ids), max_new_tokens or self.plan.max_new_tokens)
+        limits(self.inputs.context, len(ids), max_new_tokens or self.plan.max_new_tokens)
         return dataclasses.replace(prompt, ids=tuple(ids), chat=chat)
 
     def for_generation(self, mode: str | None, max_new_tokens: int | None, sampling: SamplingConfig | None) -> RunPlan:

@@ -99,7 +99,9 @@ class LocalSession(_Quiet):
         from speculative.batch import Lockstep
         from speculative.verify import LocalBatch
 
-        return Lockstep(self.loop, LocalBatch(self.target.model), self._drafts, slots, _propose)
+        args = self.target.model.args
+        kv = lambda rows: args.kv_bytes(rows) // 4  # noqa: E731
+        return Lockstep(self.loop, LocalBatch(self.target.model), self._drafts, slots, _propose, kv)
 
     def close(self) -> None:
         pass

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from common.errors import CadenceError, PromptError
 from common.settings import SamplingConfig
 from serve.requests import Ask
+from speculative.batch import NoRoom
 
 log = logging.getLogger("cadence.serve")
 
@@ -131,11 +132,11 @@ class Generator(threading.Thread):
         runner = self.llm.runner
         batch = runner.batch()
         live: dict[int, list] = {}  # id(job) -> [job, the text so far, its slot]
-        stopping = False
+        stopping, held = False, None  # held: the job the KV pool had no room for, first to join when one ends
         while True:
             while not stopping and batch.free:
                 try:
-                    job = self.jobs.get(block=not live)  # idle: wait for a request
+                    job, held = held or self.jobs.get(block=not live), None  # idle: wait for a request
                 except queue.Empty:
                     break
                 if job is None:
@@ -146,6 +147,9 @@ class Generator(threading.Thread):
                     continue
                 try:
                     runner.join(id(job), job.ask.prompt, None, job.ask.max_new_tokens, self._sampling(job.ask))
+                except NoRoom:  # (never with nothing running: an empty pool holds any prompt `prepare` let in)
+                    held = job
+                    break
                 except PromptError as e:
                     job.put("client_error", e)
                     continue

@@ -29,6 +29,7 @@ from typing import Callable, Hashable, Iterator, Protocol
 from common.errors import CadenceError
 from common.settings import PLAIN, PREFILL_CHUNK, Arm, SamplingConfig, TreeConfig
 from speculative.governor import Governor
+from speculative.kvpool import KVPool, Placed
 from speculative.loop import Call, CycleOutcome, DraftSide, Speculation
 
 WIDEST = 32  # the widest tree a generation of a batch verifies (the widest a budgeted run alone tries: WIDER)
@@ -64,6 +65,11 @@ class _Generation:
     reply: object = None  # the target's answer to its last call, sent back at the next cycle
     called: bool = False  # its first call is made
     waiting: Call | None = None  # its start, while its prompt has chunks still to prefill (one a cycle)
+    placed: Placed | None = None  # its target cache's range of the batch's KV pool
+
+
+class NoRoom(CadenceError):
+    """The batch's KV pool has no room for the generation now: it joins when one that runs ends."""
 
 
 class Lockstep:
@@ -74,11 +80,13 @@ class Lockstep:
         drafts: Callable[[int], DraftSide | None],
         slots: int,
         propose: Callable[[list], list] | None = None,
+        kv_size: Callable[[int], int] | None = None,
     ):
         """`loop`: the run's speculation cycle (its mode, tree settings, sampling, context); `target`: the batch's
         target side; `drafts(slot)`: a draft side of the slot's own (None in a target-only mode); `slots`: the most
         generations at once; `propose([(draft side, budget)])`: their trees, grown in shared draft forwards
-        (default: one after another). Nothing drafts ahead of a batch's verification: tried over the actors (each
+        (default: one after another); `kv_size(rows)`: the elements of a target cache of that many rows, where the
+        slots' caches share one pool of `slots` times a context's (speculative/kvpool.py). Nothing drafts ahead of a batch's verification: tried over the actors (each
         slot's chain drafted while the forward reads its layers), it cost the verifier's compute more than the
         chains saved (BENCHMARKS.md)."""
         if slots < 1:
@@ -92,6 +100,26 @@ class Lockstep:
         self.governor: Governor | None = None  # the batch's, choosing every generation's arm this cycle
         self.by_count: dict[int, Governor] | None = None  # resident: a governor per number of generations at once
         self.arm: Arm | None = PLAIN  # the batch governor's choice for this cycle (None: each generation's own)
+        self.pool = None
+        if kv_size is not None:  # a slot's share: the context and the slack of the widest tree it may get
+            share = loop.capacity(loop.context, dataclasses.replace(loop.cfg, width=self.width(loop.cfg, 1)))
+            self.pool = KVPool(slots * kv_size(share), kv_size)
+
+    def most_context(self, cfg: TreeConfig | None = None) -> int:
+        """The most tokens, prompt and answer, one generation holds: with a pool, what the whole pool holds."""
+        cfg = cfg or self.loop.cfg
+        if self.pool is None:
+            return self.loop.context
+        return min(self.loop.model_context, self.pool.most()) - (self.loop.capacity(0, cfg))
+
+    def _context(self, n_prompt: int, max_new: int | None, cfg: TreeConfig) -> int | None:
+        """A generation's context from the pool: its prompt and new tokens (without a number: a slot's share, or
+        half a share past a longer prompt), at most what the pool holds."""
+        if self.pool is None:
+            return None
+        share = self.loop.context
+        want = n_prompt + max_new if max_new is not None else max(share, n_prompt + share // 2)
+        return min(want, self.most_context(cfg))
 
     @property
     def active(self) -> int:
@@ -112,7 +140,8 @@ class Lockstep:
         sampling: SamplingConfig | None = None,
         reuse: bool = True,
     ) -> int:
-        """A generation joins at the next cycle, in a free slot (its number returned)."""
+        """A generation joins at the next cycle, in a free slot (its number returned). `NoRoom`: the KV pool cannot
+        hold its context while the others run (it may join when one ends)."""
         if key in self.gens:
             raise CadenceError(f"generation {key!r} is already in the batch")
         taken = {g.slot for g in self.gens.values()}
@@ -144,6 +173,11 @@ class Lockstep:
             if self.by_count is None:
                 self.by_count = {}
             size = lambda: None if self.arm is None else self.arm.size if self.arm.kind == "draft" else 0  # noqa: E731
+        context, placed = self._context(len(prompt_ids), max_new, cfg), None
+        if context is not None and context >= len(prompt_ids) + (max_new or 1):  # (else the loop says it is too long)
+            placed = self.pool.place(slot, self.loop.capacity(context, cfg))
+            if placed is None:
+                raise NoRoom(f"the KV pool cannot hold {context} more tokens while {len(self.gens)} generations run")
         governors = self.governors.setdefault(slot, {})
         steps = self.loop.steps(
             prompt_ids,
@@ -157,8 +191,9 @@ class Lockstep:
             governors=governors,
             target=_NoAhead(),
             size=size,
+            context=context,
         )
-        self.gens[key] = _Generation(key, slot, steps, draft, len(prompt_ids))
+        self.gens[key] = _Generation(key, slot, steps, draft, len(prompt_ids), placed=placed)
         return slot
 
     def width(self, cfg: TreeConfig, generations: int | None = None) -> int:
@@ -177,7 +212,13 @@ class Lockstep:
         if g is None:
             return
         g.steps.close()
-        self.target.release(g.slot)
+        self._release(g.slot)
+
+    def _release(self, slot: int) -> None:
+        """Slot's cache goes (its generation failed or was cancelled), with its range of the pool."""
+        self.target.release(slot)
+        if self.pool is not None:
+            self.pool.drop(slot)
 
     def cycle(self) -> list[tuple[Hashable, CycleOutcome | BaseException]]:
         """Every generation one cycle on: its draft grows its tree, then one forward verifies them all. Returns
@@ -201,7 +242,7 @@ class Lockstep:
                     call = self._advance(g, outcomes)
                 except Exception as e:  # this generation's own failure: the others go on
                     self.gens.pop(g.key, None)
-                    self.target.release(g.slot)
+                    self._release(g.slot)
                     outcomes.append((g.key, e))
                     continue
                 if call is not None:
@@ -218,7 +259,7 @@ class Lockstep:
             moving = [g for g, _ in asks]
         if calls:
             try:
-                replies = self.target.answer([(g.slot, c) for g, c in calls])
+                replies = self.target.answer([(g.slot, _placed(c, g.placed)) for g, c in calls])
             except BaseException:
                 for g, _ in calls:
                     self.leave(g.key)
@@ -257,7 +298,7 @@ class Lockstep:
             try:
                 item = g.steps.send(reply) if g.called else next(g.steps)
             except StopIteration:
-                self.gens.pop(g.key, None)
+                self._ended(g)
                 return None
             g.called, reply = True, None
             if isinstance(item, Call):
@@ -267,14 +308,29 @@ class Lockstep:
                 return item
             outcomes.append((g.key, item))
             if item.result is not None:  # its last outcome: the slot is free for the next cycle
-                self.gens.pop(g.key, None)
+                self._ended(g)
                 return None
+
+    def _ended(self, g: _Generation) -> None:
+        """A generation's end: its slot is free, and its cache's range kept for the next prompt there."""
+        self.gens.pop(g.key, None)
+        if self.pool is not None:
+            self.pool.end(g.slot)
 
     def close(self) -> None:
         """Every generation dropped (the run ends: its processes go with their caches)."""
         for g in self.gens.values():
             g.steps.close()
         self.gens.clear()
+
+
+def _placed(call: Call, placed: Placed | None) -> Call:
+    """A start call with where its cache goes in the pool: the range's rows, and its prefix reused only from the
+    range the slot kept."""
+    if call.kind != "start" or placed is None:
+        return call
+    prompt_ids, _, sampling, reuse = call.args
+    return Call("start", (prompt_ids, placed.capacity, sampling, reuse and placed.kept, placed), call.side)
 
 
 TRY_SHARE = 0.03  # a resident batch's tries of drafting cost at most this share of its time (they lose there
@@ -302,15 +358,21 @@ def run_all(
     CadenceError) is yielded as its error; the others go on."""
     join = join or (lambda key, kw: batch.join(key, **kw))
     jobs = iter(jobs)
-    waiting = True
+    waiting, held = True, None  # held: the job the KV pool had no room for, first to join when one ends
     while True:
         while waiting and batch.free:
-            nxt = next(jobs, None)
+            nxt = held or next(jobs, None)
+            held = None
             if nxt is None:
                 waiting = False
                 break
             try:
                 join(*nxt)
+            except NoRoom:
+                if not batch.active:  # nothing will end to make room (the pool holds less than one slot's share)
+                    raise
+                held = nxt
+                break
             except CadenceError as e:
                 yield nxt[0], e
         if not batch.active:

@@ -232,13 +232,15 @@ class Speculation:
         governors: dict | None = None,
         target: TargetSide | None = None,
         size: Callable[[], int] | None = None,
+        context: int | None = None,
     ) -> Iterator[CycleOutcome | Call]:
         """`stream`, with every call on the target side yielded as a `Call` whose answer is sent back: one
         generation's cycle, whoever computes its verifications. A batch of generations (speculative/batch.py)
         gives each its own `draft` side and `governors`, and answers their calls together; `target` is what the
         I/O-wait rule reads (the run's target side by default); `size()`: each cycle's tree budget where no
         governor chooses, or None where its own does (a batch shares its rows out among the generations it holds;
-        one generation alone in a resident batch runs as alone)."""
+        one generation alone in a resident batch runs as alone); `context`: this generation's, where a batch's KV
+        pool gives it more or less than the run's (speculative/kvpool.py)."""
         mode, cfg = mode or self.mode, cfg or self.cfg
         draft = draft or self.draft
         speculative = mode not in TARGET_ONLY
@@ -247,13 +249,13 @@ class Speculation:
         if mode == "chain" and not draft.has_model:
             raise ValueError("mode chain needs a draft model; --draft none speculates in tree mode only")
         sampling = sampling or self.sampling
-        max_new = limits(self.context, len(prompt_ids), max_new)
+        context = context or self.context
+        max_new = limits(context, len(prompt_ids), max_new)
         t0 = time.perf_counter()
-        most = self.model_context
-        first, reused = yield Call("start", (prompt_ids, min(most, self.context + slack(cfg)), sampling, reuse))
+        first, reused = yield Call("start", (prompt_ids, self.capacity(context, cfg), sampling, reuse))
         if speculative:
             window = min(len(prompt_ids), cfg.prompt_window or len(prompt_ids))
-            draft.start(prompt_ids, min(most, min(self.context, window + max_new) + slack(cfg)), first, cfg, sampling)
+            draft.start(prompt_ids, self.capacity(min(context, window + max_new), cfg), first, cfg, sampling)
         t_prefill = time.perf_counter() - t0
         governor = (
             self._governor(mode, cfg, draft, self.governors if governors is None else governors)
@@ -295,6 +297,10 @@ class Speculation:
         yield CycleOutcome(
             outcome.tokens, outcome.accepted, outcome.alpha, "stop" if out[-1] in stop else "length", result
         )
+
+    def capacity(self, context: int, cfg: TreeConfig) -> int:
+        """KV rows a generation of `context` tokens fills with trees of `cfg` (at most the model's positions)."""
+        return min(self.model_context, context + slack(cfg))
 
     @staticmethod
     def _finished(out: list[int], max_new: int, stop: set[int]) -> bool:

@@ -16,6 +16,7 @@ import torch
 from common.errors import CadenceError
 from models.attention import Visibility
 from models.batch import Rows, forward_many_steps
+from models.kvcache import KVCache
 from common.settings import PREFILL_CHUNK
 from models.sampling import Sampler, probs
 from common.settings import SamplingConfig
@@ -62,7 +63,7 @@ class Verifier:
         the rest of the prompt to prefill a chunk at a time (`next_chunk`, `chunk_done`): in forwards of its own,
         or riding in a batch's forwards beside other generations' trees (`many_steps`)."""
         c, keep = self.cache, 0
-        if c is not None and storage is None and c.capacity >= capacity:
+        if c is not None and c.capacity >= capacity and (storage is None or storage.data_ptr() == c.k.data_ptr()):
             keep = next(
                 (i for i, (a, b) in enumerate(zip(self.tokens, prompt_ids)) if a != b),
                 min(len(self.tokens), len(prompt_ids)),
@@ -254,6 +255,7 @@ class LocalBatch:
     def __init__(self, model: Transformer):
         self.model = model
         self.verifiers: dict[int, Verifier] = {}
+        self.pool = Arena(model)
 
     def answer(self, calls: list) -> list:
         """Each (slot, `Call`) answered as `LocalTarget` would answer it alone: the prefills one by one, then every
@@ -261,11 +263,11 @@ class LocalBatch:
         jobs = []
         for slot, call in calls:
             if call.kind == "start":
-                prompt_ids, capacity, sampling, reuse = call.args
+                prompt_ids, capacity, sampling, reuse, *placed = call.args
                 v = self.verifiers.get(slot)
                 if v is None or not v.prefilling:  # a new prompt (else its next chunk)
                     v = Verifier(self.model, sampling, previous=v if reuse else None)
-                    v.begin_prompt(prompt_ids, capacity)
+                    v.begin_prompt(prompt_ids, capacity, self.pool.view(placed[0] if placed else None, capacity))
                     self.verifiers[slot] = v
                 jobs.append((v, Prefill(prompt_ids, capacity), None))
             else:
@@ -282,6 +284,25 @@ class LocalBatch:
 
     def take_stats(self, slot: int) -> dict:
         return {}
+
+
+class Arena:
+    """The memory of a batch's KV pool (speculative/kvpool.py decides where each cache goes): one array, made at the
+    first start placed in it, each slot's cache a view of its range (its pages touched as a cache takes them)."""
+
+    def __init__(self, model: Transformer):
+        self.model, self.memory = model, None
+
+    def view(self, placed, capacity: int) -> torch.Tensor | None:
+        """The storage of a cache of `capacity` rows at `placed` (a `Placed`, or its list over the wire; None: a
+        cache of its own)."""
+        if placed is None:
+            return None
+        offset, total = int(placed[0]), int(placed[2])
+        if self.memory is None or self.memory.numel() != total:
+            self.memory = torch.empty(total, dtype=torch.float32, device=self.model.device)
+        view = self.memory[offset : offset + KVCache.numel(self.model.args, capacity)]
+        return view if placed[3] else view.zero_()  # a new cache starts as a cache of its own would, zeroed
 
 
 def _job(v: Verifier, call) -> tuple:

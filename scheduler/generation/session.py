@@ -102,7 +102,9 @@ class ActorSession:
         from scheduler.generation.target_side import ActorBatch
         from speculative.batch import Lockstep
 
-        return Lockstep(self.loop, ActorBatch(self.target), self._draft, slots, propose_many)
+        args = self.spec.model
+        kv = lambda rows: args.kv_bytes(rows) // 4  # noqa: E731
+        return Lockstep(self.loop, ActorBatch(self.target), self._draft, slots, propose_many, kv)
 
     @staticmethod
     def _spawn(sched: Runtime, spec: SessionSpec, actors: dict[str, str]) -> None:

@@ -119,7 +119,7 @@ def test_parallel_slots_each_have_their_kv_caches_in_the_plan(tiny_gguf, machine
     assert four.memory.draft_kv > 4 * one.memory.draft_kv
     shared = decide(RunConfig.from_options(**base, parallel=4), machine)
     assert shared.context == min(shared.target.args.context_length, 512)  # 2048 rows a budget's default, shared
-    assert f"4 slots (--parallel), each with KV caches for a context of {shared.context} tokens" in shared.headline()
+    assert f"4 slots (--parallel) sharing a KV pool of 4 x {shared.context} tokens" in shared.headline()
     with pytest.raises(Exception, match="--parallel -1 must be at least 1"):
         RunConfig.from_options(**base, parallel=-1)
 

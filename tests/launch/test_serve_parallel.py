@@ -25,7 +25,7 @@ PROMPTS = ["once upon a time", "the cat sat on", "in the beginning", "def main()
 @pytest.fixture(scope="module")
 def server(tiny_gguf, tmp_path_factory):
     args = ["--target", str(tiny_gguf), "--draft", str(tiny_gguf), "--api-key", "sekret", "--parallel", "4"]
-    args += ["--queue", "32", "--memory-budget", "auto", "--max-new-tokens", "24", "--no-trace"]
+    args += ["--queue", "32", "--memory-budget", "auto", "--max-new-tokens", "24", "--no-trace", "--context", "64"]
     yield from serve(tmp_path_factory.mktemp("home"), args)
 
 
@@ -95,6 +95,34 @@ def test_many_streaming_clients_with_disconnects_each_get_their_own_answer(serve
     assert _metric(base, "cadence_memory_held_bytes") <= _metric(base, "cadence_memory_budget_bytes")
     metrics = httpx.get(f"{base}/metrics", headers=KEY).text
     assert "cadence_slots 4" in metrics
+
+
+def test_a_prompt_longer_than_a_slots_share_is_served_from_the_kv_pool(server):
+    """Each slot's share is 64 tokens; a prompt of more runs from the slots' KV pool (speculative/kvpool.py), beside
+    short requests; one longer than the whole pool is a 400 that names the prompt."""
+    base, _, _ = server
+    long = "once upon a time " * 6
+    results: dict = {}
+
+    def ask(name, prompt):
+        results[name] = httpx.post(
+            f"{base}/v1/completions",
+            headers=KEY,
+            json={"prompt": prompt, "max_tokens": 24, "temperature": 0},
+            timeout=300,
+        )
+
+    threads = [threading.Thread(target=ask, args=(i, p)) for i, p in enumerate(PROMPTS[:3])]
+    threads.append(threading.Thread(target=ask, args=("long", long)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r.status_code == 200 for r in results.values()), {k: r.text for k, r in results.items()}
+    usage = results["long"].json()["usage"]
+    assert usage["prompt_tokens"] > 64 and usage["completion_tokens"] > 0
+    r = httpx.post(f"{base}/v1/completions", headers=KEY, json={"prompt": long * 8, "max_tokens": 24}, timeout=60)
+    assert r.status_code == 400 and "prompt" in r.text, r.text
 
 
 def test_sigterm_with_parallel_slots_leaves_nothing(server):

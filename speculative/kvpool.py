@@ -1,0 +1,90 @@
+"""The KV caches of a batch's generations in one pool (issue 42, item 3; vLLM's and llama.cpp's unified caches do
+the same in pages and cells): the target's caches of every slot live in one arena of the plan's slots' bytes, and a
+generation takes the rows it needs, not a fixed share each. A short request leaves room for a long one; a prompt
+longer than a slot's share runs when the others leave it room, and waits (`place` says None) until they do.
+
+Each cache is a contiguous range of the arena (the kernels read a cache's rows as one array). A slot keeps its last
+range after its generation ends, so the next prompt of a conversation there finds its prefix (`Placed.kept`); an
+idle slot's range goes when a new generation needs its room. The arena itself lives with the target's verifier
+(speculative/verify.py `LocalBatch`, actors/verifier.py): it gets each range's offset with the generation's start.
+
+Torch-free: the scheduler process decides where each cache goes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+
+class Placed(NamedTuple):
+    """Where a generation's cache goes: its first element in the arena, its rows, the arena's elements, and whether
+    it is the range the slot held before, untouched since (its prefix may be reused)."""
+
+    offset: int
+    capacity: int
+    total: int
+    kept: bool
+
+
+@dataclass
+class _Range:
+    offset: int
+    size: int  # elements
+    capacity: int  # rows
+    live: bool  # a generation runs in it (else the slot's last one, kept for its prefix)
+
+
+class KVPool:
+    def __init__(self, total: int, size: Callable[[int], int]):
+        """`total`: the arena's elements; `size(capacity)`: the elements of a cache of that many rows (a sliding-window
+        layer's rows stop growing at its window, so sizes are not proportional)."""
+        self.total, self.size = total, size
+        self.ranges: dict[int, _Range] = {}  # slot -> its range
+
+    def most(self) -> int:
+        """The most rows one cache can hold: the whole arena's."""
+        lo, hi = 1, 1 << 24
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.size(mid) <= self.total else (lo, mid - 1)
+        return lo
+
+    def place(self, slot: int, capacity: int) -> Placed | None:
+        """A range for slot's next generation, of `capacity` rows: the slot's own last range
+        where it holds them, else the first gap that does, idle slots' ranges given up where none is wide enough.
+        None: the live generations leave no such room now (the caller waits for one to end)."""
+        need = self.size(capacity)
+        own = self.ranges.get(slot)
+        if own is not None and own.size >= need and not own.live:
+            own.live = True
+            return Placed(own.offset, own.capacity, self.total, True)
+        idle = sorted((r.size, s) for s, r in self.ranges.items() if not r.live and s != slot)
+        others = {s: r for s, r in self.ranges.items() if s != slot}
+        while True:
+            at = self._gap(others.values(), need)
+            if at is not None:
+                break
+            if not idle:
+                return None
+            others.pop(idle.pop()[1])  # the widest idle range first
+        self.ranges = {**others, slot: _Range(at, need, capacity, True)}
+        return Placed(at, capacity, self.total, False)
+
+    def end(self, slot: int) -> None:
+        """Slot's generation ended: its range is kept (idle) for the next prompt there."""
+        if slot in self.ranges:
+            self.ranges[slot].live = False
+
+    def drop(self, slot: int) -> None:
+        """Slot's cache is gone (its generation cancelled): its range is free."""
+        self.ranges.pop(slot, None)
+
+    def _gap(self, ranges, need: int) -> int | None:
+        """The first offset where `need` elements fit between the ranges."""
+        at = 0
+        for r in sorted(ranges, key=lambda r: r.offset):
+            if r.offset - at >= need:
+                return at
+            at = max(at, r.offset + r.size)
+        return at if self.total - at >= need else None
