@@ -229,8 +229,10 @@ class Lockstep:
         if self.by_count is not None:
             n = len(moving)
             if n > 1 and n not in self.by_count:
-                self.by_count[n] = _resident_governor(self.loop.cfg, list(self.by_count.values()))
+                self.by_count[n] = _resident_governor(self.loop.cfg)
             self.governor = self.by_count[n] if n > 1 else None
+            if self.governor is not None:  # what a try lost at one number of generations it mostly loses at another
+                self.governor.gap = max(g.gap for g in self.by_count.values())
         governor = self.governor
         self.arm = governor.choose() if governor is not None else None
         t0 = time.perf_counter()
@@ -338,16 +340,14 @@ TRY_SHARE = 0.03  # a resident batch's tries of drafting cost at most this share
 # drafts' catch-up on the text the plain steps made: ~8 plain cycles' worth at four generations, BENCHMARKS.md)
 
 
-def _resident_governor(cfg: TreeConfig, others: list[Governor]) -> Governor:
+def _resident_governor(cfg: TreeConfig) -> Governor:
     """A resident batch's governor for a number of generations at once. It begins with plain steps, the bar
     drafting has to clear, and tries drafting now and then: after a try that lost, not before what it lost is
-    TRY_SHARE of the time since. It waits as long as the governors of the other numbers wait (what drafting lost
-    at four generations it mostly loses at three)."""
+    TRY_SHARE of the time since. It waits as long as the governors of the other numbers wait (`cycle`: what
+    drafting lost at four generations it mostly loses at three)."""
     sizes = sorted({2, 4, cfg.budget})
     arms = (PLAIN, *(Arm("draft", n) for n in sizes))
-    g = Governor(arms, PLAIN, explore_every=12, max_gap=96, try_share=TRY_SHARE)
-    g.gap = max([g.gap, *(o.gap for o in others)])
-    return g
+    return Governor(arms, PLAIN, explore_every=12, max_gap=96, try_share=TRY_SHARE)
 
 
 def run_all(
