@@ -147,9 +147,14 @@ class Generator(threading.Thread):
                     continue
                 try:
                     runner.join(id(job), job.ask.prompt, None, job.ask.max_new_tokens, self._sampling(job.ask))
-                except NoRoom:  # (never with nothing running: an empty pool holds any prompt `prepare` let in)
-                    held = job
-                    break
+                except NoRoom as e:
+                    if live:  # it joins first when one of them ends
+                        held = job
+                        break
+                    job.put(
+                        "error", str(e)
+                    )  # nothing will end to make room (an empty pool holds what `prepare` lets in)
+                    continue
                 except PromptError as e:
                     job.put("client_error", e)
                     continue

@@ -368,11 +368,11 @@ def run_all(
                 break
             try:
                 join(*nxt)
-            except NoRoom:
-                if not batch.active:  # nothing will end to make room (the pool holds less than one slot's share)
-                    raise
-                held = nxt
-                break
+            except NoRoom as e:
+                if batch.active:  # it joins when one of them ends
+                    held = nxt
+                    break
+                yield nxt[0], e  # nothing will end to make room
             except CadenceError as e:
                 yield nxt[0], e
         if not batch.active:
