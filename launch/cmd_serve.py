@@ -17,7 +17,7 @@ def add_parser(sub):
     p.add_argument("--open-metrics", action="store_true", help="with --api-key: /metrics without the key")
     p.add_argument("--queue", type=int, default=8, help="requests that may wait for a slot (more get 429)")
     p.add_argument("--max-body", default="4MiB", help="the largest request body taken (more gets 413)")
-    add_run_options(p, parallel=0)  # as many slots as the memory allows (engine/slots.py)
+    add_run_options(p, parallel=0)  # as many slots as the memory allows (engine/memory.py most_slots)
     add_monitor_args(p, trace=False)
     p.set_defaults(func=cmd_serve)
 

@@ -151,9 +151,8 @@ class Generator(threading.Thread):
                     if live:  # it joins first when one of them ends
                         held = job
                         break
-                    job.put(
-                        "error", str(e)
-                    )  # nothing will end to make room (an empty pool holds what `prepare` lets in)
+                    # nothing will end to make room (an empty pool holds what `prepare` lets in)
+                    job.put("error", str(e))
                     continue
                 except PromptError as e:
                     job.put("client_error", e)

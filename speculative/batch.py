@@ -30,7 +30,7 @@ from common.errors import CadenceError
 from common.settings import PLAIN, PREFILL_CHUNK, Arm, SamplingConfig, TreeConfig
 from speculative.governor import Governor
 from speculative.kvpool import KVPool, Placed
-from speculative.loop import Call, CycleOutcome, DraftSide, Speculation
+from speculative.loop import Call, CycleOutcome, DraftSide, Speculation, slack
 
 WIDEST = 32  # the widest tree a generation of a batch verifies (the widest a budgeted run alone tries: WIDER)
 
@@ -86,9 +86,9 @@ class Lockstep:
         target side; `drafts(slot)`: a draft side of the slot's own (None in a target-only mode); `slots`: the most
         generations at once; `propose([(draft side, budget)])`: their trees, grown in shared draft forwards
         (default: one after another); `kv_size(rows)`: the elements of a target cache of that many rows, where the
-        slots' caches share one pool of `slots` times a context's (speculative/kvpool.py). Nothing drafts ahead of a batch's verification: tried over the actors (each
-        slot's chain drafted while the forward reads its layers), it cost the verifier's compute more than the
-        chains saved (BENCHMARKS.md)."""
+        slots' caches share one pool of `slots` times a context's (speculative/kvpool.py). Nothing drafts ahead of a
+        batch's verification: tried over the actors (each slot's chain drafted while the forward reads its layers),
+        it cost the verifier's compute more than the chains saved (BENCHMARKS.md)."""
         if slots < 1:
             raise CadenceError(f"a batch needs at least one slot, not {slots}")
         self.loop, self.target, self.slots = loop, target, slots
@@ -110,7 +110,7 @@ class Lockstep:
         cfg = cfg or self.loop.cfg
         if self.pool is None:
             return self.loop.context
-        return min(self.loop.model_context, self.pool.most()) - (self.loop.capacity(0, cfg))
+        return min(self.loop.model_context, self.pool.most) - slack(cfg)
 
     def _context(self, n_prompt: int, max_new: int | None, cfg: TreeConfig) -> int | None:
         """A generation's context from the pool: its prompt and new tokens (without a number: a slot's share, or
@@ -327,12 +327,14 @@ class Lockstep:
 
 
 def _placed(call: Call, placed: Placed | None) -> Call:
-    """A start call with where its cache goes in the pool: the range's rows, and its prefix reused only from the
-    range the slot kept."""
-    if call.kind != "start" or placed is None:
+    """A start call as a batch's target side takes it: with where its cache goes in the pool (None: no pool), the
+    range's rows, and its prefix reused only from the range the slot kept."""
+    if call.kind != "start":
         return call
-    prompt_ids, _, sampling, reuse = call.args
-    return Call("start", (prompt_ids, placed.capacity, sampling, reuse and placed.kept, placed), call.side)
+    prompt_ids, capacity, sampling, reuse = call.args
+    if placed is not None:
+        capacity, reuse = placed.capacity, reuse and placed.kept
+    return Call("start", (prompt_ids, capacity, sampling, reuse, placed), call.side)
 
 
 TRY_SHARE = 0.03  # a resident batch's tries of drafting cost at most this share of its time (they lose there

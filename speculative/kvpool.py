@@ -41,14 +41,11 @@ class KVPool:
         layer's rows stop growing at its window, so sizes are not proportional)."""
         self.total, self.size = total, size
         self.ranges: dict[int, _Range] = {}  # slot -> its range
-
-    def most(self) -> int:
-        """The most rows one cache can hold: the whole arena's."""
-        lo, hi = 1, 1 << 24
+        lo, hi = 1, 1 << 24  # the most rows one cache can hold: the whole arena's
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if self.size(mid) <= self.total else (lo, mid - 1)
-        return lo
+            lo, hi = (mid, hi) if size(mid) <= total else (lo, mid - 1)
+        self.most = lo
 
     def place(self, slot: int, capacity: int) -> Placed | None:
         """A range for slot's next generation, of `capacity` rows: the slot's own last range

@@ -263,11 +263,11 @@ class LocalBatch:
         jobs = []
         for slot, call in calls:
             if call.kind == "start":
-                prompt_ids, capacity, sampling, reuse, *placed = call.args
+                prompt_ids, capacity, sampling, reuse, placed = call.args
                 v = self.verifiers.get(slot)
                 if v is None or not v.prefilling:  # a new prompt (else its next chunk)
                     v = Verifier(self.model, sampling, previous=v if reuse else None)
-                    v.begin_prompt(prompt_ids, capacity, self.pool.view(placed[0] if placed else None, capacity))
+                    v.begin_prompt(prompt_ids, capacity, self.pool.view(placed, capacity))
                     self.verifiers[slot] = v
                 jobs.append((v, Prefill(prompt_ids, capacity), None))
             else:

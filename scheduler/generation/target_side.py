@@ -263,10 +263,10 @@ class ActorBatch:
         wire, tensors, links, starts = [], {}, [], 0
         for i, (slot, call) in enumerate(calls):
             if call.kind == "start":
-                prompt_ids, capacity, sampling, reuse, *placed = call.args
+                prompt_ids, capacity, sampling, reuse, placed = call.args
                 args = dict(prompt_ids=prompt_ids, capacity=capacity, sampling=asdict(sampling), reuse=reuse)
-                if placed:  # its range of the batch's KV pool (speculative/kvpool.py)
-                    args["placed"] = list(placed[0])
+                if placed is not None:  # its range of the batch's KV pool (speculative/kvpool.py)
+                    args["placed"] = list(placed)
                 starts += 1 + len(prompt_ids) // PREFILL_CHUNK
             elif call.kind == "step":
                 args = dict(root=call.args[0])

@@ -112,6 +112,35 @@ def test_a_tiny_model_gives_the_same_logits_on_every_path(path):
         assert torch.equal(logits(), ref)
 
 
+def test_a_batch_of_generations_gives_each_its_logits_alone_on_every_path(path):
+    """A batch's layer in one call over several caches (csrc/layer.cpp `cad_layer_many`): every generation's logits
+    are its forward's alone, on each path, and the same as the portable path's."""
+    from models import layer_kernel
+    from models.batch import Rows, forward_many_steps
+    from models.weights import drive
+
+    args = TINY["qwen"]
+    w = TensorWeights(args, random_tensors(args, seed=4), fmt="int4")
+    prompts = [torch.tensor([5, 77, 200, 12, 9]), torch.tensor([150, 151]), torch.tensor([2, 64, 33, 260, 101, 7, 8])]
+
+    def batched():
+        model = Transformer(args, w)
+        assert model.layer_calls and layer_kernel.record(w.layer(0), args) is not None  # the one call takes it
+        rows = [Rows(t, torch.arange(len(t)), model.new_cache(32)) for t in prompts]
+        return drive(forward_many_steps(model, rows), w)
+
+    def alone():
+        model = Transformer(args, w)
+        return [model.forward(t, torch.arange(len(t)), model.new_cache(32)) for t in prompts]
+
+    with kernels.using(kernels.load("portable")):
+        ref = batched()
+    with kernels.using(path[1]):
+        got, each = batched(), alone()
+    for g, r, a in zip(got, ref, each):
+        assert torch.equal(g, r) and torch.equal(g, a)
+
+
 def test_a_path_the_cpu_lacks_is_refused_in_one_sentence(monkeypatch):
     monkeypatch.setenv(kernels.ENV_PATH, "sse9")
     with pytest.raises(CadenceError, match="sse9 is not a kernel path; choose one of"):

@@ -17,7 +17,7 @@ from tests.speculative.test_lockstep import _prompts, pair  # noqa: F401 - the m
 
 def test_the_pool_places_ranges_keeps_a_slots_last_one_and_gives_idle_ones_up():
     pool = KVPool(100, lambda rows: 2 * rows)  # two elements a row: 50 rows in all
-    assert pool.most() == 50
+    assert pool.most == 50
     a = pool.place(0, 20)
     b = pool.place(1, 10)
     assert (a.offset, a.capacity, a.kept) == (0, 20, False) and b.offset == 40
@@ -40,7 +40,7 @@ def test_the_pool_places_ranges_keeps_a_slots_last_one_and_gives_idle_ones_up():
 def test_a_sliding_window_cache_is_sized_by_its_own_function():
     window = lambda rows: 3 * rows + 2 * min(rows, 8)  # noqa: E731 - full layers grow, sliding ones stop at 8
     pool = KVPool(window(40) * 2, window)
-    assert pool.most() == (window(40) * 2 - 16) // 3
+    assert pool.most == (window(40) * 2 - 16) // 3
     assert pool.place(0, 40) is not None and pool.place(1, 40) is not None and pool.place(2, 1) is None
 
 
