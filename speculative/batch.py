@@ -28,7 +28,7 @@ from typing import Callable, Hashable, Iterator, Protocol
 
 from common.errors import CadenceError
 from common.settings import PLAIN, PREFILL_CHUNK, Arm, SamplingConfig, TreeConfig
-from speculative.governor import Governor
+from speculative.governor import Governor, resident_batch_governor
 from speculative.kvpool import KVPool, Placed
 from speculative.loop import Call, CycleOutcome, DraftSide, Speculation, slack
 
@@ -62,10 +62,14 @@ class _Generation:
     steps: Iterator
     draft: DraftSide | None
     rows: int = 0  # its prompt's tokens (a cycle admits prompts of at most a prefill chunk's rows together)
-    reply: object = None  # the target's answer to its last call, sent back at the next cycle
+    reply: object = None  # the answer to its last call (a draft tree, or the forward's), until it takes it
     called: bool = False  # its first call is made
     waiting: Call | None = None  # its start, while its prompt has chunks still to prefill (one a cycle)
     placed: Placed | None = None  # its target cache's range of the batch's KV pool
+    call: Call | None = None  # a call it made while taking its answer, made at the next cycle
+
+
+_FIRST = object()  # what starts a generation's steps
 
 
 class NoRoom(CadenceError):
@@ -103,7 +107,7 @@ class Lockstep:
         self.pool = None
         if kv_size is not None:  # a slot's share: the context and the slack of the widest tree it may get
             share = loop.capacity(loop.context, dataclasses.replace(loop.cfg, width=self.width(loop.cfg, 1)))
-            self.pool = KVPool(slots * kv_size(share), kv_size)
+            self.pool = KVPool(slots * kv_size(share), kv_size, slots)
 
     def most_context(self, cfg: TreeConfig | None = None) -> int:
         """The most tokens, prompt and answer, one generation holds: with a pool, what the whole pool holds."""
@@ -229,7 +233,7 @@ class Lockstep:
         if self.by_count is not None:
             n = len(moving)
             if n > 1 and n not in self.by_count:
-                self.by_count[n] = _resident_governor(self.loop.cfg)
+                self.by_count[n] = resident_batch_governor(self.loop.cfg)
             self.governor = self.by_count[n] if n > 1 else None
             if self.governor is not None:  # what a try lost at one number of generations it mostly loses at another
                 self.governor.gap = max(g.gap for g in self.by_count.values())
@@ -268,6 +272,9 @@ class Lockstep:
                 raise
             for (g, c), r in zip(calls, replies):
                 g.waiting, g.reply = (c, None) if c.kind == "start" and r is None else (None, r)
+            for g, _ in calls:  # each answered generation takes its answer now: its tokens go out with this cycle,
+                if g.waiting is None:  # and one that ended frees its slot for a job to join before the next
+                    self._settle(g, outcomes)
             if governor is not None and all(c.kind != "start" for _, c in calls):
                 # a cycle of the batch's arm alone (a prompt's pass would price it wrong): the tokens it committed
                 made = sum(len(r[0]) + 1 if c.kind == "verify" else 1 for (_, c), r in zip(calls, replies))
@@ -295,10 +302,26 @@ class Lockstep:
         """Run a generation until it asks the target for a forward (returned) or ends (None)."""
         if g.waiting is not None:
             return g.waiting
-        reply, g.reply = g.reply, None
+        call, g.call = g.call, None
+        return call or self._run(g, outcomes, g.reply if g.called else _FIRST, until_outcome=False)
+
+    def _settle(self, g: _Generation, outcomes: list) -> None:
+        """A generation takes its target's answer as soon as the forward ends, up to the outcome it makes (its
+        next arm is chosen at the next cycle, when the batch knows who runs). A failure ends it alone."""
+        try:
+            g.call = self._run(g, outcomes, g.reply, until_outcome=True)
+        except Exception as e:
+            self.gens.pop(g.key, None)
+            self._release(g.slot)
+            outcomes.append((g.key, e))
+
+    def _run(self, g: _Generation, outcomes: list, reply, until_outcome: bool) -> Call | None:
+        """Send `reply` to a generation and run it until it asks for a forward (returned), makes an outcome
+        (`until_outcome`), or ends (None)."""
+        g.reply = None
         while True:
             try:
-                item = g.steps.send(reply) if g.called else next(g.steps)
+                item = next(g.steps) if reply is _FIRST else g.steps.send(reply)
             except StopIteration:
                 self._ended(g)
                 return None
@@ -311,6 +334,8 @@ class Lockstep:
             outcomes.append((g.key, item))
             if item.result is not None:  # its last outcome: the slot is free for the next cycle
                 self._ended(g)
+                return None
+            if until_outcome:
                 return None
 
     def _ended(self, g: _Generation) -> None:
@@ -335,21 +360,6 @@ def _placed(call: Call, placed: Placed | None) -> Call:
     if placed is not None:
         capacity, reuse = placed.capacity, reuse and placed.kept
     return Call("start", (prompt_ids, capacity, sampling, reuse, placed), call.side)
-
-
-TRY_SHARE = 0.03  # a resident batch's tries of drafting cost at most this share of its time (they lose there
-# on a 2-core CPU: several generations' single rows in one forward cost little more than one, and a try pays the
-# drafts' catch-up on the text the plain steps made: ~8 plain cycles' worth at four generations, BENCHMARKS.md)
-
-
-def _resident_governor(cfg: TreeConfig) -> Governor:
-    """A resident batch's governor for a number of generations at once. It begins with plain steps, the bar
-    drafting has to clear, and tries drafting now and then: after a try that lost, not before what it lost is
-    TRY_SHARE of the time since. It waits as long as the governors of the other numbers wait (`cycle`: what
-    drafting lost at four generations it mostly loses at three)."""
-    sizes = sorted({2, 4, cfg.budget})
-    arms = (PLAIN, *(Arm("draft", n) for n in sizes))
-    return Governor(arms, PLAIN, explore_every=12, max_gap=96, try_share=TRY_SHARE)
 
 
 def run_all(

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from common.settings import LOOKUP, PLAIN, Arm
+from common.settings import LOOKUP, PLAIN, Arm, TreeConfig
 from speculative.arca import interpolate
 
 PRIOR_HITS, PRIOR_TRIES = 4.0, 5.0  # p = 0.8 before any verification (a draft of the target's family),
@@ -209,3 +209,18 @@ class Governor:
         if not won and self.try_share and self.cycle_s and best > 0:
             lost_s = seconds - tokens / best  # what the try cost over the best arm's time for its tokens
             self.gap = max(self.gap, math.ceil(lost_s / (self.try_share * self.cycle_s)))
+
+
+TRY_SHARE = 0.03  # a resident batch's tries of drafting cost at most this share of its time (they lose there
+# on a 2-core CPU: several generations' single rows in one forward cost little more than one, and a try pays the
+# drafts' catch-up on the text the plain steps made: ~8 plain cycles' worth at four generations, BENCHMARKS.md)
+
+
+def resident_batch_governor(cfg: TreeConfig) -> Governor:
+    """A resident batch's governor for a number of generations at once. It begins with plain steps, the bar
+    drafting has to clear, and tries drafting now and then: after a try that lost, not before what it lost is
+    TRY_SHARE of the time since. It waits as long as the governors of the other numbers wait
+    (speculative/batch.py `Lockstep.cycle`: what drafting lost at four generations it mostly loses at three)."""
+    sizes = sorted({2, 4, cfg.budget})
+    arms = (PLAIN, *(Arm("draft", n) for n in sizes))
+    return Governor(arms, PLAIN, explore_every=12, max_gap=96, try_share=TRY_SHARE)

@@ -36,10 +36,11 @@ class _Range:
 
 
 class KVPool:
-    def __init__(self, total: int, size: Callable[[int], int]):
+    def __init__(self, total: int, size: Callable[[int], int], slots: int = 1):
         """`total`: the arena's elements; `size(capacity)`: the elements of a cache of that many rows (a sliding-window
-        layer's rows stop growing at its window, so sizes are not proportional)."""
-        self.total, self.size = total, size
+        layer's rows stop growing at its window, so sizes are not proportional); `slots`: the generations at once,
+        each with a home range of the arena's `slots`-th part where a generation of a share's rows goes."""
+        self.total, self.size, self.share = total, size, total // max(1, slots)
         self.ranges: dict[int, _Range] = {}  # slot -> its range
         lo, hi = 1, 1 << 24  # the most rows one cache can hold: the whole arena's
         while lo < hi:
@@ -48,9 +49,10 @@ class KVPool:
         self.most = lo
 
     def place(self, slot: int, capacity: int) -> Placed | None:
-        """A range for slot's next generation, of `capacity` rows: the slot's own last range
-        where it holds them, else the first gap that does, idle slots' ranges given up where none is wide enough.
-        None: the live generations leave no such room now (the caller waits for one to end)."""
+        """A range for slot's next generation, of `capacity` rows: the slot's own last range where it holds them,
+        else the slot's home where nothing else lies (generations of a share each never fragment the arena), else
+        the first gap that holds them, idle slots' ranges given up where none is wide enough. None: the live
+        generations leave no such room now (the caller waits for one to end)."""
         need = self.size(capacity)
         own = self.ranges.get(slot)
         if own is not None and own.size >= need and not own.live:
@@ -58,10 +60,9 @@ class KVPool:
             return Placed(own.offset, own.capacity, self.total, True)
         idle = sorted((r.size, s) for s, r in self.ranges.items() if not r.live and s != slot)
         others = {s: r for s, r in self.ranges.items() if s != slot}
-        while True:
-            at = self._gap(others.values(), need)
-            if at is not None:
-                break
+        home = slot * self.share
+        at = home if home + need <= self.total and not any(_overlap(r, home, need) for r in others.values()) else None
+        while at is None and (at := self._gap(others.values(), need)) is None:
             if not idle:
                 return None
             others.pop(idle.pop()[1])  # the widest idle range first
@@ -85,3 +86,7 @@ class KVPool:
                 return at
             at = max(at, r.offset + r.size)
         return at if self.total - at >= need else None
+
+
+def _overlap(r: _Range, at: int, size: int) -> bool:
+    return r.offset < at + size and at < r.offset + r.size

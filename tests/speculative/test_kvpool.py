@@ -37,6 +37,25 @@ def test_the_pool_places_ranges_keeps_a_slots_last_one_and_gives_idle_ones_up():
     assert pool.place(2, 50) == (0, 50, 100, False) and set(pool.ranges) == {2}
 
 
+def test_generations_of_at_most_a_share_each_always_find_room():
+    """Slots joining and leaving at random with generations of any size up to a share: each slot's home range
+    takes them, so the arena never fragments into gaps too narrow for the next (first fit alone would)."""
+    pool, rng = KVPool(100, lambda rows: rows, 4), torch.Generator().manual_seed(5)
+    live = set()
+    for _ in range(400):
+        slot = int(torch.randint(0, 4, (1,), generator=rng))
+        if slot in live:
+            pool.end(slot)
+            live.discard(slot)
+            continue
+        rows = int(torch.randint(1, 26, (1,), generator=rng))
+        placed = pool.place(slot, rows)
+        assert placed is not None, (slot, rows, pool.ranges)
+        live.add(slot)
+    taken = sorted((r.offset, r.offset + r.size) for r in pool.ranges.values())
+    assert all(a[1] <= b[0] for a, b in zip(taken, taken[1:]))  # no two ranges overlap
+
+
 def test_a_sliding_window_cache_is_sized_by_its_own_function():
     window = lambda rows: 3 * rows + 2 * min(rows, 8)  # noqa: E731 - full layers grow, sliding ones stop at 8
     pool = KVPool(window(40) * 2, window)

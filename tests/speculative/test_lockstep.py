@@ -113,6 +113,33 @@ def test_a_batch_takes_joins_cancellations_sampling_and_a_prompt_that_does_not_f
         assert got[i].new_ids == alone[i], i
 
 
+def test_a_generation_that_ends_frees_its_slot_with_the_forward_that_ended_it(pair):
+    """A generation takes its answer as the forward ends: its tokens go out with that cycle, and the one whose last
+    tokens it was leaves at once, so the next job joins its slot before the next forward. Through one slot, every
+    cycle is a forward: no cycle only takes answers while the slot stands empty."""
+    target, draft = pair
+    loop = _loop(target, draft)
+    prompts = _prompts(4)
+    alone = {i: loop.generate(p, 10, set()).new_ids for i, p in enumerate(prompts)}
+    local = LocalBatch(target)
+    forwards = []
+    answer = local.answer
+    local.answer = lambda calls: forwards.append(len(calls)) or answer(calls)
+    batch = Lockstep(loop, local, lambda slot: LocalDraft(draft), 1, LocalDraft.propose_many)
+    jobs, got, cycles = list(enumerate(prompts)), {}, 0
+    while jobs or batch.active:
+        if batch.free and jobs:
+            key, prompt = jobs.pop(0)
+            batch.join(key, prompt, 10, set())
+        cycles += 1
+        for key, o in batch.cycle():
+            got.setdefault(key, []).extend(o.tokens)
+            if o.result is not None:
+                assert batch.free == 1  # it left with the forward that made its last tokens
+    assert got == alone
+    assert cycles == len(forwards) and set(forwards) == {1}
+
+
 def test_a_long_prompt_prefills_a_chunk_a_cycle_beside_the_others_trees(pair, monkeypatch):
     """A prompt of more than a prefill chunk (here 32 rows) rides in the batch's forwards a chunk at a time (the
     other generations verify their trees meanwhile), and a later prompt joins only beside its last chunk."""
@@ -140,9 +167,9 @@ def test_a_long_prompt_prefills_a_chunk_a_cycle_beside_the_others_trees(pair, mo
             if o.result is not None:
                 got[key] = o.result.new_ids
     assert got == dict(enumerate(alone))
-    # a prompt's first token comes out at the cycle after its last chunk: the short ones fill the first cycle's
+    # a prompt's first token comes out with the cycle of its last chunk: the short ones fill the first cycle's
     # chunk together, the long one waits for room, then prefills in cycles 2 and 3
-    assert first_cycle == {0: 2, 2: 2, 1: 4}
+    assert first_cycle == {0: 1, 2: 1, 1: 3}
 
 
 def test_a_resident_batch_steps_several_plainly_and_lets_one_alone_run_as_alone(pair):
