@@ -78,8 +78,10 @@ def decide(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...] = ()) -> Run
     notes: list[str] = []
     asked = cfg
     if cfg.parallel == 0:  # as many slots as the memory allows
-        n, why = most_slots(cfg, machine, prompt_lengths, decide)
-        cfg, notes = cfg.replace(parallel=n), [why]
+        store = machine.store(cfg.target, cfg.dtype)
+        share = lambda n: context(cfg.replace(parallel=n), store, prompt_lengths)  # noqa: E731
+        n, shorter, why = most_slots(cfg, machine, prompt_lengths, decide, share)
+        cfg, notes = cfg.replace(parallel=n, context=shorter or cfg.context), [why]
     profile = machine.profile(cfg.profile) if cfg.profile else None
     if cfg.draft_model:  # a draft that cannot serve is refused before any conversion
         machine.check_draft(cfg.target, cfg.draft)

@@ -184,34 +184,58 @@ SLOT_CONTEXT = 512  # tokens a slot holds at the least (under a budget the defau
 BATCHED_MODES = ("tree", "chain", "target")  # the modes a batch of generations runs (engine/sessions.py)
 
 
-def most_slots(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...], decide) -> tuple[int, str]:
-    """`--parallel 0` (`launch serve`'s default): as many slots as the run's memory allows, and the line that says
-    why; `decide`: engine/decide.py's, which calls this.
+def most_slots(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...], decide, share) -> tuple[int, int | None, str]:
+    """`--parallel 0` (`launch serve`'s default): as many slots as the run's memory allows, the context each holds
+    where it is shorter than the budget's default share (None: the default), and the line that says why;
+    `decide`: engine/decide.py's, which calls this; `share(n)`: a slot's default context among `n`.
 
     A slot is a generation under way with KV caches of its own; under a budget their caches and their trees' rows
     take memory the target's layers and the draft would have used, so more slots are not always better: a budget
     that holds four slots only by dropping the draft model serves each request slower than it held one
     (BENCHMARKS.md, "Many requests at once": 0.5 GiB). The choice: the most slots, up to SLOTS, whose plan keeps
-    the draft model one slot's plan has and gives each slot at least SLOT_CONTEXT tokens; resident, SLOTS."""
+    the draft model one slot's plan has and gives each slot at least SLOT_CONTEXT tokens (where no context is
+    asked for, a shorter share than the default, down to SLOT_CONTEXT, keeps the draft); resident, SLOTS."""
     alone = _one_at_a_time(cfg, machine)
     if alone:
-        return 1, f"slots: 1 (--parallel 0: {alone} generates one prompt at a time)"
+        return 1, None, f"slots: 1 (--parallel 0: {alone} generates one prompt at a time)"
     if not cfg.memory_budget:
-        return SLOTS, f"slots: {SLOTS} (--parallel 0, no memory budget)"
+        return SLOTS, None, f"slots: {SLOTS} (--parallel 0, no memory budget)"
     one = decide(cfg.replace(parallel=1), machine, prompt_lengths)
-    n = SLOTS
+    default = cfg.context is None and not (prompt_lengths and cfg.max_new_tokens)  # the budget's context, shared
+    n, context = SLOTS, None
     while n > 1:
-        try:
-            plan = decide(cfg.replace(parallel=n), machine, prompt_lengths)
-        except CadenceError:
-            plan = None
-        if plan is not None and plan.draft.model >= one.draft.model and plan.context >= SLOT_CONTEXT:
+        plan = _slots_plan(cfg, n, None, machine, prompt_lengths, decide)
+        if _keeps_draft(plan, one):
             break
+        if default:  # a shorter share than the default
+            shorter = range(share(n) - SLOT_STEP, SLOT_CONTEXT - 1, -SLOT_STEP)
+            plans = (_slots_plan(cfg, n, c, machine, prompt_lengths, decide) for c in shorter)
+            context = next((p.context for p in plans if _keeps_draft(p, one)), None)
+            if context:
+                break
         n //= 2
-    why = "the most of {} the budget holds with {} and {} tokens a slot".format(
+    why = "the most of {} the budget holds with {} and at least {} tokens a slot".format(
         SLOTS, "the draft model" if one.draft.model else "the trie", SLOT_CONTEXT
     )
-    return n, f"slots: {n} (--parallel 0: {why})"
+    if context:
+        why += f"; each holds {context} (its share of the default context, {share(n)}, would drop the draft)"
+    return n, context or None, f"slots: {n} (--parallel 0: {why})"
+
+
+SLOT_STEP = 128  # the shorter shares a slot's context is tried at
+
+
+def _slots_plan(cfg: RunConfig, n: int, context: int | None, machine, prompt_lengths, decide):
+    """The plan of `n` slots of `context` tokens each (None: the default share), or None where none fits."""
+    try:
+        return decide(cfg.replace(parallel=n, context=context), machine, prompt_lengths)
+    except CadenceError:
+        return None
+
+
+def _keeps_draft(plan, one) -> bool:
+    """Whether a slots' plan keeps one slot's draft model and gives each slot at least SLOT_CONTEXT tokens."""
+    return plan is not None and plan.draft.model >= one.draft.model and plan.context >= SLOT_CONTEXT
 
 
 def _one_at_a_time(cfg: RunConfig, machine) -> str | None:

@@ -141,3 +141,25 @@ def test_parallel_0_takes_as_many_slots_as_the_budget_holds_with_the_draft(tiny_
     assert decide(RunConfig.from_options(**base, parallel=0), machine).parallel == 4
     flash = decide(RunConfig.from_options(**base, parallel=0, mode="flash"), machine)
     assert flash.parallel == 1 and "mode flash generates one prompt at a time" in flash.notes[0]
+
+
+def test_parallel_0_shortens_each_slots_share_to_keep_the_draft(tiny_gguf, machine, monkeypatch):
+    """`launch serve`'s default with no context asked for: where several slots at their share of the default
+    context would drop the draft, a shorter share (down to SLOT_CONTEXT) that keeps it is taken; a context the
+    user asked for is kept, and then the budget holds one slot."""
+    import engine.memory
+
+    monkeypatch.setattr(engine.memory, "SLOT_CONTEXT", 128)  # the tiny model holds 512 tokens in all
+    monkeypatch.setattr(engine.memory, "SLOT_STEP", 64)
+    base = dict(target=str(tiny_gguf), draft=str(tiny_gguf), width=6)
+    smallest = lambda n, context: decide(  # noqa: E731
+        RunConfig.from_options(**base, memory_budget="auto", parallel=n, context=context), machine
+    ).memory.smallest
+    budget = smallest(2, 256)
+    assert smallest(2, 512) > budget and smallest(4, 512) > budget  # the default shares drop the draft
+    plan = decide(RunConfig.from_options(**base, memory_budget=str(budget), parallel=0), machine)
+    assert plan.parallel > 1 and plan.draft.model and 128 <= plan.context < 512
+    assert plan.memory.total <= budget
+    assert f"each holds {plan.context} (its share of the default context, 512, would drop the draft)" in plan.notes[0]
+    asked = decide(RunConfig.from_options(**base, memory_budget=str(budget), parallel=0, context=512), machine)
+    assert asked.parallel == 1 and asked.context == 512 and asked.draft.model
