@@ -240,7 +240,7 @@ class Lockstep:
         governor = self.governor
         self.arm = governor.choose() if governor is not None else None
         t0 = time.perf_counter()
-        outcomes, calls = [], []
+        outcomes, calls, catchup = [], [], 0.0
         while moving:  # each generation to its target call; the draft trees they ask for on the way grown together
             asks = []
             for g in moving:
@@ -262,6 +262,7 @@ class Lockstep:
                     raise
                 for (g, _), p in zip(asks, trees):
                     g.reply = p
+                catchup += sum(p.tree.catchup_s for p in trees if p is not None)  # the drafts' catch-ups
             moving = [g for g, _ in asks]
         if calls:
             try:
@@ -278,9 +279,9 @@ class Lockstep:
             if governor is not None and all(c.kind != "start" for _, c in calls):
                 # a cycle of the batch's arm alone (a prompt's pass would price it wrong): the tokens it committed
                 made = sum(len(r[0]) + 1 if c.kind == "verify" else 1 for (_, c), r in zip(calls, replies))
-                # (a draft that missed the text while plain steps ran catches up first: a try of drafting pays it,
-                # as drafting after plain steps always does)
-                governor.record(self.arm, made, time.perf_counter() - t0)
+                # (drafts that missed the text while plain steps ran catch up first: a try of drafting is judged
+                # without that forward, which drafting on would not pay again, and a lost try's cost counts it)
+                governor.record(self.arm, made, time.perf_counter() - t0, catchup_s=catchup)
         return outcomes
 
     def _moving(self) -> list[_Generation]:

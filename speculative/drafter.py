@@ -192,12 +192,16 @@ class LocalDraft:
     def propose_many(asks: list[tuple["LocalDraft", int]]) -> list[Proposal | None]:
         """Several generations' trees (each its draft side and budget) grown together, their draft forwards shared
         (speculative/draft_batch.py); each tree the one its `propose` grows alone."""
-        from speculative.draft_batch import grow_together
+        from speculative.draft_batch import grow_together, shares_forwards
 
         drafts = [d for d, _ in asks]
         if not drafts or any(d.model is not drafts[0].model for d in drafts):
             return [d.propose(b) for d, b in asks]
         trees = grow_together(drafts[0].model, [d.drafter.build_tree_steps(b) for d, b in asks])
+        if len(asks) > 1 and shares_forwards(drafts[0].model):  # their catch-ups were one forward: each its share
+            caught = [t for t in trees if t is not None and t.catchup_s > 0]
+            for t in caught:
+                t.catchup_s /= len(caught)
         return [d._proposal(t) for d, t in zip(drafts, trees)]
 
     def lookup(self, max_nodes: int) -> Proposal | None:

@@ -184,8 +184,10 @@ class Governor:
                 return self.trying
         return best
 
-    def record(self, arm: Arm, tokens: int, seconds: float, cycle: Cycle | None = None):
-        """A cycle of `arm` made `tokens` in `seconds`; `cycle`: what a draft cycle measured."""
+    def record(self, arm: Arm, tokens: int, seconds: float, cycle: Cycle | None = None, catchup_s: float = 0.0):
+        """A cycle of `arm` made `tokens` in `seconds`; `cycle`: what a draft cycle measured; `catchup_s`: of the
+        seconds, the drafts' catch-up on text they missed while plain steps ran (a batch's try of drafting pays
+        it once, then drafts on): left out of the arm's rate, counted in what a lost try cost."""
         if seconds <= 0:
             return
         if cycle is not None and arm.kind == "draft" and cycle.depth:
@@ -195,7 +197,7 @@ class Governor:
         if arm not in self.arms:
             return  # a draft cut short by the end of the generation: no arm of its own
         before = {a: r for a in self.arms if a != arm and (r := self.estimate(a)) is not None}
-        r = tokens / seconds
+        r = tokens / max(seconds - catchup_s, seconds / 100)
         old = self.rate.get(arm)
         self.rate[arm] = r if old is None else self.decay * old + (1 - self.decay) * r
         if self.trying is None or arm != self.trying:

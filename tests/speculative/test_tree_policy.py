@@ -166,6 +166,22 @@ def test_a_try_that_costs_many_cycles_waits_until_its_loss_is_a_small_share():
     assert g.gap == 3
 
 
+def test_a_try_is_judged_without_the_drafts_catch_up_and_a_lost_one_counts_it():
+    """A try of drafting after plain steps first pays the drafts' catch-up on the text they missed, which drafting
+    on would not pay again: its rate leaves that out (here 8 tokens in 0.05 s of its own, beating plain's 4 in
+    0.03 s), while a try that loses counts all it cost in the wait before the next."""
+    g = Governor(arms=(PLAIN, D2), start=PLAIN, explore_every=3, max_gap=24, try_share=0.03)
+    while g.choose() == PLAIN:
+        g.record(PLAIN, tokens=4, seconds=0.03)
+    g.record(D2, tokens=8, seconds=0.3, catchup_s=0.25)
+    assert g.rate[D2] > g.rate[PLAIN] and g.gap == 3 and g.choose() == D2
+    lost = Governor(arms=(PLAIN, D2), start=PLAIN, explore_every=3, max_gap=24, try_share=0.03)
+    while lost.choose() == PLAIN:
+        lost.record(PLAIN, tokens=4, seconds=0.03)
+    lost.record(D2, tokens=4, seconds=0.3, catchup_s=0.25)  # 4 tokens in 0.05 s of its own: it lost
+    assert lost.gap >= (0.3 - 0.03) / (0.03 * 0.03)  # the whole 0.3 s it took, not its own 0.05 s
+
+
 def test_residual_is_the_normalised_positive_part():
     p = torch.tensor([0.5, 0.3, 0.2])
     q = torch.tensor([0.2, 0.6, 0.2])
