@@ -24,8 +24,9 @@ def _stderr(line: str) -> None:
 
 
 class ThisMachine:
-    def __init__(self, say: Callable[[str], None] | None = None):
-        """`say`: where a line about slow work done for the plan goes (a measurement); default stderr."""
+    def __init__(self, say: Callable[[str], None] | None = None, own: int | None = None):
+        """`say`: where a line about slow work done for the plan goes (a measurement); default stderr. `own`: the
+        anonymous bytes the run's scheduler process holds (default: this process's, read at the first plan)."""
         self.say = say or _stderr
         self.memory = machine_memory()
         self.cores = os.cpu_count() or 1
@@ -34,7 +35,7 @@ class ThisMachine:
         self._costs: dict[tuple, object] = {}
         self._profiles: dict[str, dict] = {}
         self._picks: dict[str, tuple] = {}
-        self._own: int | None = None
+        self._own = own
 
     def store(self, model: str, fmt: str) -> WeightStore:
         """`model`'s weight store in format `fmt` (converted now, with progress bars, on first use)."""

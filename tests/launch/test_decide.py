@@ -16,6 +16,7 @@ from engine.options import argv
 from engine.plan import DraftKind, Mode, Runtime, RunPlan
 from launch.cli import build_parser
 from launch.options import run_config
+from scheduler.generation.footprint import own_anon_bytes
 from tests.launch.conftest import launch
 
 # a run under a budget with a draft model, and one whose `auto` draft finds none (the trie alone)
@@ -26,9 +27,14 @@ OPTION_SETS = {
 }
 
 
+# the scheduler's own bytes as this process held them when the tests were collected: by the time a test here
+# runs, the tests before it may have loaded models into this process (gigabytes no run's scheduler holds)
+OWN = own_anon_bytes()
+
+
 @pytest.fixture(scope="module")
 def machine():
-    return ThisMachine(say=lambda line: None)
+    return ThisMachine(say=lambda line: None, own=OWN)
 
 
 @pytest.mark.parametrize("name", list(OPTION_SETS))
@@ -45,7 +51,7 @@ def test_the_same_options_and_machine_give_the_same_plan(tiny_gguf, machine, nam
     else:
         assert first.budget is None and first.memory is None
     # another machine object over the same machine makes the same choices (its overheads measured afresh)
-    other = decide(cfg, ThisMachine(say=lambda line: None))
+    other = decide(cfg, ThisMachine(say=lambda line: None, own=OWN))
     assert (other.mode, other.draft, other.tree, other.context, other.budget is None) == (
         first.mode,
         first.draft,
@@ -152,9 +158,11 @@ def test_parallel_0_shortens_each_slots_share_to_keep_the_draft(tiny_gguf, machi
     monkeypatch.setattr(engine.memory, "SLOT_CONTEXT", 128)  # the tiny model holds 512 tokens in all
     monkeypatch.setattr(engine.memory, "SLOT_STEP", 64)
     base = dict(target=str(tiny_gguf), draft=str(tiny_gguf), width=6)
-    smallest = lambda n, context: decide(  # noqa: E731
-        RunConfig.from_options(**base, memory_budget="auto", parallel=n, context=context), machine
-    ).memory.smallest
+    smallest = lambda n, context: (
+        decide(  # noqa: E731
+            RunConfig.from_options(**base, memory_budget="auto", parallel=n, context=context), machine
+        ).memory.smallest
+    )
     budget = smallest(2, 256)
     assert smallest(2, 512) > budget and smallest(4, 512) > budget  # the default shares drop the draft
     plan = decide(RunConfig.from_options(**base, memory_budget=str(budget), parallel=0), machine)
