@@ -78,9 +78,7 @@ def decide(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...] = ()) -> Run
     notes: list[str] = []
     asked = cfg
     if cfg.parallel == 0:  # as many slots as the memory allows
-        store = machine.store(cfg.target, cfg.dtype)
-        share = lambda n: context(cfg.replace(parallel=n), store, prompt_lengths)  # noqa: E731
-        n, shorter, why = most_slots(cfg, machine, prompt_lengths, decide, share)
+        n, shorter, why = most_slots(cfg, machine, prompt_lengths, decide, context)
         cfg, notes = cfg.replace(parallel=n, context=shorter or cfg.context), [why]
     profile = machine.profile(cfg.profile) if cfg.profile else None
     if cfg.draft_model:  # a draft that cannot serve is refused before any conversion

@@ -184,10 +184,12 @@ SLOT_CONTEXT = 512  # tokens a slot holds at the least (under a budget the defau
 BATCHED_MODES = ("tree", "chain", "target")  # the modes a batch of generations runs (engine/sessions.py)
 
 
-def most_slots(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...], decide, share) -> tuple[int, int | None, str]:
+def most_slots(
+    cfg: RunConfig, machine, prompt_lengths: tuple[int, ...], decide, context
+) -> tuple[int, int | None, str]:
     """`--parallel 0` (`launch serve`'s default): as many slots as the run's memory allows, the context each holds
     where it is shorter than the budget's default share (None: the default), and the line that says why;
-    `decide`: engine/decide.py's, which calls this; `share(n)`: a slot's default context among `n`.
+    `decide`, `context`: engine/decide.py's (the plan; a run's context, here each slot's default share).
 
     A slot is a generation under way with KV caches of its own; under a budget their caches and their trees' rows
     take memory the target's layers and the draft would have used, so more slots are not always better: a budget
@@ -201,25 +203,26 @@ def most_slots(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...], decide,
     if not cfg.memory_budget:
         return SLOTS, None, f"slots: {SLOTS} (--parallel 0, no memory budget)"
     one = decide(cfg.replace(parallel=1), machine, prompt_lengths)
+    share = lambda n: context(cfg.replace(parallel=n), one.target, prompt_lengths)  # noqa: E731
     default = cfg.context is None and not (prompt_lengths and cfg.max_new_tokens)  # the budget's context, shared
-    n, context = SLOTS, None
+    n, shorter = SLOTS, None
     while n > 1:
         plan = _slots_plan(cfg, n, None, machine, prompt_lengths, decide)
         if _keeps_draft(plan, one):
             break
         if default:  # a shorter share than the default
-            shorter = range(share(n) - SLOT_STEP, SLOT_CONTEXT - 1, -SLOT_STEP)
-            plans = (_slots_plan(cfg, n, c, machine, prompt_lengths, decide) for c in shorter)
-            context = next((p.context for p in plans if _keeps_draft(p, one)), None)
-            if context:
+            contexts = range(share(n) - SLOT_STEP, SLOT_CONTEXT - 1, -SLOT_STEP)
+            plans = (_slots_plan(cfg, n, c, machine, prompt_lengths, decide) for c in contexts)
+            shorter = next((p.context for p in plans if _keeps_draft(p, one)), None)
+            if shorter:
                 break
         n //= 2
     why = "the most of {} the budget holds with {} and at least {} tokens a slot".format(
         SLOTS, "the draft model" if one.draft.model else "the trie", SLOT_CONTEXT
     )
-    if context:
-        why += f"; each holds {context} (its share of the default context, {share(n)}, would drop the draft)"
-    return n, context or None, f"slots: {n} (--parallel 0: {why})"
+    if shorter:
+        why += f"; each holds {shorter} (its share of the default context, {share(n)}, would drop the draft)"
+    return n, shorter, f"slots: {n} (--parallel 0: {why})"
 
 
 SLOT_STEP = 128  # the shorter shares a slot's context is tried at
