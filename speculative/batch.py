@@ -62,14 +62,11 @@ class _Generation:
     steps: Iterator
     draft: DraftSide | None
     rows: int = 0  # its prompt's tokens (a cycle admits prompts of at most a prefill chunk's rows together)
-    reply: object = None  # the answer to its last call (a draft tree, or the forward's), until it takes it
+    reply: object = None  # the draft's tree for its last call, until it takes it
     called: bool = False  # its first call is made
     waiting: Call | None = None  # its start, while its prompt has chunks still to prefill (one a cycle)
     placed: Placed | None = None  # its target cache's range of the batch's KV pool
     call: Call | None = None  # a call it made while taking its answer, made at the next cycle
-
-
-_FIRST = object()  # what starts a generation's steps
 
 
 class NoRoom(CadenceError):
@@ -247,9 +244,7 @@ class Lockstep:
                 try:
                     call = self._advance(g, outcomes)
                 except Exception as e:  # this generation's own failure: the others go on
-                    self.gens.pop(g.key, None)
-                    self._release(g.slot)
-                    outcomes.append((g.key, e))
+                    self._failed(g, e, outcomes)
                     continue
                 if call is not None:
                     (asks if call.side == "draft" else calls).append((g, call))
@@ -272,10 +267,11 @@ class Lockstep:
                     self.leave(g.key)
                 raise
             for (g, c), r in zip(calls, replies):
-                g.waiting, g.reply = (c, None) if c.kind == "start" and r is None else (None, r)
-            for g, _ in calls:  # each answered generation takes its answer now: its tokens go out with this cycle,
-                if g.waiting is None:  # and one that ended frees its slot for a job to join before the next
-                    self._settle(g, outcomes)
+                # each answered generation takes its answer now: its tokens go out with this cycle, and one that
+                # ended frees its slot for a job to join before the next (a long prompt's start waits for its chunks)
+                g.waiting = c if c.kind == "start" and r is None else None
+                if g.waiting is None:
+                    self._settle(g, r, outcomes)
             if governor is not None and all(c.kind != "start" for _, c in calls):
                 # a cycle of the batch's arm alone (a prompt's pass would price it wrong): the tokens it committed
                 made = sum(len(r[0]) + 1 if c.kind == "verify" else 1 for (_, c), r in zip(calls, replies))
@@ -304,25 +300,29 @@ class Lockstep:
         if g.waiting is not None:
             return g.waiting
         call, g.call = g.call, None
-        return call or self._run(g, outcomes, g.reply if g.called else _FIRST, until_outcome=False)
+        reply, g.reply = g.reply, None
+        return call or self._run(g, outcomes, reply, until_outcome=False)
 
-    def _settle(self, g: _Generation, outcomes: list) -> None:
+    def _settle(self, g: _Generation, reply, outcomes: list) -> None:
         """A generation takes its target's answer as soon as the forward ends, up to the outcome it makes (its
         next arm is chosen at the next cycle, when the batch knows who runs). A failure ends it alone."""
         try:
-            g.call = self._run(g, outcomes, g.reply, until_outcome=True)
+            g.call = self._run(g, outcomes, reply, until_outcome=True)
         except Exception as e:
-            self.gens.pop(g.key, None)
-            self._release(g.slot)
-            outcomes.append((g.key, e))
+            self._failed(g, e, outcomes)
+
+    def _failed(self, g: _Generation, e: Exception, outcomes: list) -> None:
+        """A generation's own failure ends it alone: its slot and cache go, its outcome is the exception."""
+        self.gens.pop(g.key, None)
+        self._release(g.slot)
+        outcomes.append((g.key, e))
 
     def _run(self, g: _Generation, outcomes: list, reply, until_outcome: bool) -> Call | None:
-        """Send `reply` to a generation and run it until it asks for a forward (returned), makes an outcome
-        (`until_outcome`), or ends (None)."""
-        g.reply = None
+        """Send `reply` to a generation (its first step, if it has made no call) and run it until it asks for a
+        forward (returned), makes an outcome (`until_outcome`), or ends (None)."""
         while True:
             try:
-                item = next(g.steps) if reply is _FIRST else g.steps.send(reply)
+                item = g.steps.send(reply) if g.called else next(g.steps)
             except StopIteration:
                 self._ended(g)
                 return None
