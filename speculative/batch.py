@@ -28,7 +28,7 @@ from typing import Callable, Hashable, Iterator, Protocol
 
 from common.errors import CadenceError
 from common.settings import PLAIN, PREFILL_CHUNK, Arm, SamplingConfig, TreeConfig
-from speculative.governor import Governor, resident_batch_governor
+from speculative.governor import CatchUp, Governor, resident_batch_governor
 from speculative.kvpool import KVPool, Placed
 from speculative.loop import Call, CycleOutcome, DraftSide, Speculation, slack
 
@@ -101,6 +101,7 @@ class Lockstep:
         self.governor: Governor | None = None  # the batch's, choosing every generation's arm this cycle
         self.by_count: dict[int, Governor] | None = None  # resident: a governor per number of generations at once
         self.arm: Arm | None = PLAIN  # the batch governor's choice for this cycle (None: each generation's own)
+        self.catchup = CatchUp()  # what a resident batch's next try of drafting would cost
         self.pool = None
         if kv_size is not None:  # a slot's share: the context and the slack of the widest tree it may get
             share = loop.capacity(loop.context, dataclasses.replace(loop.cfg, width=self.width(loop.cfg, 1)))
@@ -195,6 +196,7 @@ class Lockstep:
             context=context,
         )
         self.gens[key] = _Generation(key, slot, steps, draft, len(prompt_ids), placed=placed)
+        self.catchup.join(key, min(len(prompt_ids), cfg.prompt_window or len(prompt_ids)) + 1, self.gens)
         return slot
 
     def width(self, cfg: TreeConfig, generations: int | None = None) -> int:
@@ -230,7 +232,7 @@ class Lockstep:
         if self.by_count is not None:
             n = len(moving)
             if n > 1 and n not in self.by_count:
-                self.by_count[n] = resident_batch_governor(self.loop.cfg)
+                self.by_count[n] = resident_batch_governor(self.loop.cfg, lambda: self.catchup.may_try(self.gens))
             self.governor = self.by_count[n] if n > 1 else None
             if self.governor is not None:  # what a try lost at one number of generations it mostly loses at another
                 self.governor.gap = max(g.gap for g in self.by_count.values())
@@ -257,7 +259,8 @@ class Lockstep:
                     raise
                 for (g, _), p in zip(asks, trees):
                     g.reply = p
-                catchup += sum(p.tree.catchup_s for p in trees if p is not None)  # the drafts' catch-ups
+                trees = [(g.key, p.tree.catchup_s) for (g, _), p in zip(asks, trees) if p is not None]
+                catchup += self.catchup.drafted(trees)  # the drafts' catch-ups
             moving = [g for g, _ in asks]
         if calls:
             try:
@@ -266,6 +269,8 @@ class Lockstep:
                 for g, _ in calls:
                     self.leave(g.key)
                 raise
+            rows = [(g.key, c.kind, min(g.rows, PREFILL_CHUNK) if c.kind == "start" else 1) for g, c in calls]
+            self.catchup.answered(rows, time.perf_counter() - t0)
             for (g, c), r in zip(calls, replies):
                 # each answered generation takes its answer now: its tokens go out with this cycle, and one that
                 # ended frees its slot for a job to join before the next (a long prompt's start waits for its chunks)
@@ -278,6 +283,7 @@ class Lockstep:
                 # (drafts that missed the text while plain steps ran catch up first: a try of drafting is judged
                 # without that forward, which drafting on would not pay again, and a lost try's cost counts it)
                 governor.record(self.arm, made, time.perf_counter() - t0, catchup_s=catchup)
+        self.catchup.spent += time.perf_counter() - t0
         return outcomes
 
     def _moving(self) -> list[_Generation]:

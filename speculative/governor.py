@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
-from common.settings import LOOKUP, PLAIN, Arm, TreeConfig
+from common.settings import CATCH_UP, LOOKUP, PLAIN, Arm, TreeConfig
 from speculative.arca import interpolate
 
 PRIOR_HITS, PRIOR_TRIES = 4.0, 5.0  # p = 0.8 before any verification (a draft of the target's family),
@@ -142,6 +143,8 @@ class Governor:
     try_share: float | None = None  # where set, a losing try waits until what it lost is at most this share of the
     # time since (a try that costs many cycles' worth, as drafting after plain steps does in a resident batch)
     cycle_s: float | None = None  # the moving average of a cycle's seconds, tries aside
+    may_try: Callable[[], bool] | None = None  # where set, whether a try of drafting is made now (a resident batch
+    # prices its drafts' catch-up before it tries: `CatchUp`)
 
     def __post_init__(self):
         if PLAIN not in self.arms and self.plain:
@@ -178,6 +181,8 @@ class Governor:
             else:  # only drafting measures the draft's acceptance
                 others = [max(drafts, key=known.get)] if drafts else [a for a in self.arms if a.kind == "draft"][:1]
             others = [a for a in others if a != best]
+            if others and best.kind != "draft" and self.may_try is not None and not self.may_try():
+                others = []  # a try of drafting would cost more than its share now
             if others:
                 self.last_try = self.cycles
                 self.trying = min(others, key=lambda a: self.rate.get(a, -1.0))
@@ -218,11 +223,72 @@ TRY_SHARE = 0.03  # a resident batch's tries of drafting cost at most this share
 # drafts' catch-up on the text the plain steps made: ~8 plain cycles' worth at four generations, BENCHMARKS.md)
 
 
-def resident_batch_governor(cfg: TreeConfig) -> Governor:
+@dataclass
+class CatchUp:
+    """What a resident batch's next try of drafting would pay before it drafts a token: its drafts' run over the text
+    they have not seen (a new generation's prompt, as much of it as the draft reads, then a token for each plain
+    step: at most CATCH_UP once it has drafted, speculative/feed.py). At eight generations on two cores that is a
+    forward over their prompts, 0.46 s of a 6.9 s run (BENCHMARKS.md), more than a try can win back there. A try is
+    made only while that price is at most TRY_SHARE of the seconds the batch ran since its last try. A row is
+    priced as the drafts' catch-ups measurably cost, and before any as a prompt row of the target's (a larger
+    model's: the price errs high)."""
+
+    row_s: float | None = None  # a row of the drafts' catch-up (moving average)
+    prompt_row_s: float | None = None  # a row of the target's forwards over prompts (moving average)
+    spent: float = 0.0  # seconds the batch ran since its last try of drafting
+    behind: dict = field(default_factory=dict)  # generation -> (tokens its draft has not run on, whether it drafted)
+    keep: float = 0.7
+
+    def rows(self, key) -> int:
+        """The rows a generation's draft runs over first: what it has not seen, at most CATCH_UP once it drafted."""
+        n, drafted = self.behind.get(key, (0, False))
+        return min(n, CATCH_UP) if drafted else n
+
+    def price(self, keys: Iterable) -> float | None:
+        """Seconds the catch-up of these generations' drafts costs now; None before anything priced a row."""
+        row = self.row_s if self.row_s is not None else self.prompt_row_s
+        return None if row is None else row * sum(self.rows(k) for k in keys)
+
+    def may_try(self, keys: Iterable) -> bool:
+        """Whether a try of drafting is made now (a yes starts the count of seconds to the next)."""
+        price = self.price(keys)
+        if price is None or price > TRY_SHARE * self.spent:
+            return False
+        self.spent = 0.0
+        return True
+
+    def join(self, key, rows: int, active: Iterable) -> None:
+        """A generation whose draft reads `rows` of its prompt (and its first token) first; `active`: who runs."""
+        keep = set(active)
+        self.behind = {k: v for k, v in self.behind.items() if k in keep}
+        self.behind[key] = (rows, False)
+
+    def drafted(self, trees: list[tuple[object, float]]) -> float:
+        """Trees grown for these generations (key, the tree's catch-up seconds): their seconds of catch-up, which
+        price a row."""
+        caught = [(k, s) for k, s in trees if s > 0]
+        seconds, rows = sum(s for _, s in caught), sum(self.rows(k) for k, _ in caught)
+        if seconds > 0 and rows > 0:
+            self.row_s = _ema(self.row_s, seconds / rows, self.keep)
+        return seconds
+
+    def answered(self, calls: list[tuple[object, str, int]], seconds: float) -> None:
+        """A forward of `seconds` answered these generations' calls (key, kind, rows): a plain step leaves a draft a
+        token further behind, a verification of its tree only the target's next token; prompts price a row."""
+        for key, kind, _ in calls:
+            n, drafted = self.behind.get(key, (0, False))
+            if kind in ("step", "verify"):
+                self.behind[key] = (n + 1, drafted) if kind == "step" else (1, True)
+        if seconds > 0 and any(kind == "start" for _, kind, _ in calls):
+            self.prompt_row_s = _ema(self.prompt_row_s, seconds / sum(r for *_, r in calls), self.keep)
+
+
+def resident_batch_governor(cfg: TreeConfig, may_try: Callable[[], bool] | None = None) -> Governor:
     """A resident batch's governor for a number of generations at once. It begins with plain steps, the bar
-    drafting has to clear, and tries drafting now and then: after a try that lost, not before what it lost is
-    TRY_SHARE of the time since. It waits as long as the governors of the other numbers wait
-    (speculative/batch.py `Lockstep.cycle`: what drafting lost at four generations it mostly loses at three)."""
+    drafting has to clear, and tries drafting now and then, where `may_try()` (`CatchUp.may_try`): after a try
+    that lost, not before what it lost is TRY_SHARE of the time since. It waits as long as the governors of the
+    other numbers wait (speculative/batch.py `Lockstep.cycle`: what drafting lost at four generations it mostly
+    loses at three)."""
     sizes = sorted({2, 4, cfg.budget})
     arms = (PLAIN, *(Arm("draft", n) for n in sizes))
-    return Governor(arms, PLAIN, explore_every=12, max_gap=96, try_share=TRY_SHARE)
+    return Governor(arms, PLAIN, explore_every=12, max_gap=96, try_share=TRY_SHARE, may_try=may_try)

@@ -174,8 +174,9 @@ def test_a_long_prompt_prefills_a_chunk_a_cycle_beside_the_others_trees(pair, mo
 
 def test_a_resident_batch_steps_several_plainly_and_lets_one_alone_run_as_alone(pair):
     """Resident, rows cost compute: several generations at once begin with plain steps (their single rows in one
-    forward cost little more than one; drafting is tried later, and rarely once it loses), while a generation
-    alone in the batch drafts from its first cycle, its own governor choosing as when it runs alone."""
+    forward cost little more than one; drafting is tried only where the drafts' catch-up on the prompts and the
+    plain steps' tokens is a small share of the time since: `CatchUp`), while a generation alone in the batch
+    drafts from its first cycle, its own governor choosing as when it runs alone."""
     target, draft = pair
     loop = _loop(target, draft)
     prompts = _prompts(3)

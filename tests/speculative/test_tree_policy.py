@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from speculative.governor import Governor
+from speculative.governor import CATCH_UP, TRY_SHARE, CatchUp, Governor
 from common.settings import LOOKUP, PLAIN, Arm, arms
 from speculative.policy import AdaptiveThreshold, branch_candidates, pace
 from speculative.sampling import accept_sampled, residual
@@ -180,6 +180,52 @@ def test_a_try_is_judged_without_the_drafts_catch_up_and_a_lost_one_counts_it():
         lost.record(PLAIN, tokens=4, seconds=0.03)
     lost.record(D2, tokens=4, seconds=0.3, catchup_s=0.25)  # 4 tokens in 0.05 s of its own: it lost
     assert lost.gap >= (0.3 - 0.03) / (0.03 * 0.03)  # the whole 0.3 s it took, not its own 0.05 s
+
+
+def test_a_resident_batch_tries_drafting_only_while_its_drafts_catch_up_is_a_small_share():
+    """`CatchUp`: a try of drafting first runs the drafts over what they have not seen (a new generation's prompt,
+    then a token per plain step, at most CATCH_UP once it drafted). Priced before the try, it is made only while
+    that costs at most TRY_SHARE of the seconds since the last; a row priced as the target's prompt rows cost until
+    a catch-up measured one."""
+    c = CatchUp()
+    c.join("a", 40, [])
+    c.join("b", 60, ["a"])
+    assert c.price(["a", "b"]) is None and not c.may_try(["a", "b"])  # nothing priced a row yet
+    c.answered([("a", "start", 40), ("b", "start", 60)], 0.2)  # 100 prompt rows in 0.2 s
+    assert c.price(["a", "b"]) == pytest.approx(0.2)
+    for _ in range(10):
+        c.answered([("a", "step", 1), ("b", "step", 1)], 0.03)
+        c.spent += 0.03
+    assert (c.rows("a"), c.rows("b")) == (50, 70) and c.price(["a", "b"]) == pytest.approx(0.24)
+    assert not c.may_try(["a", "b"]) and c.spent == pytest.approx(0.3)  # 0.24 s is 80% of 0.3 s
+    c.spent = 0.24 / TRY_SHARE
+    assert c.may_try(["a", "b"]) and c.spent == 0.0  # a try: the count starts again
+    assert c.drafted([("a", 0.05), ("b", 0.07)]) == pytest.approx(0.12)  # their catch-up: 120 rows
+    assert c.row_s == pytest.approx(0.001)
+    c.answered([("a", "verify", 4), ("b", "verify", 3)], 0.05)
+    for _ in range(30):
+        c.answered([("a", "step", 1), ("b", "step", 1)], 0.03)
+    assert c.rows("a") == CATCH_UP and c.price(["a", "b"]) == pytest.approx(2 * CATCH_UP * 0.001)
+    c.join("c", 20, ["a"])  # b went: only those who run are priced and kept
+    assert set(c.behind) == {"a", "c"}
+
+
+def test_a_governor_makes_no_try_of_drafting_that_may_try_refuses():
+    """A resident batch's governor asks `may_try` before each try of drafting, never before playing what leads."""
+    asked = []
+    g = Governor(arms=(PLAIN, D2), start=PLAIN, explore_every=3, max_gap=24, try_share=0.03)
+    g.may_try = lambda: asked.append(g.cycles) or len(asked) > 5
+    chosen = []
+    for _ in range(30):
+        w = g.choose()
+        chosen.append(w)
+        g.record(w, tokens={PLAIN: 4, D2: 12}[w], seconds=0.03)
+    first = chosen.index(D2)
+    assert len(asked) == 6 and D2 not in chosen[:first]  # refused five times, then tried
+    assert (
+        chosen[first:].count(D2) >= 2 * len(chosen[first:]) // 3 and PLAIN in chosen[first:]
+    )  # drafting won: it leads, and the tries of plain steps ask nothing
+    assert len(asked) == 6
 
 
 def test_residual_is_the_normalised_positive_part():
