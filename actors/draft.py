@@ -78,9 +78,10 @@ class DraftActor(Actor):
         self._give_heap_back(slot)
         return self._reply(p, tensors)
 
-    def op_build_many(self, slots: list, budgets: list, behind: list | None = None):
-        """A batch's trees (greedy), one for each of `slots` of at most its `budgets` tokens, grown in shared draft
-        forwards (speculative/draft_batch.py): each the tree `build` grows for that slot alone. `behind`: each
+    def op_build_many(self, slots: list, budgets: list, tensors: dict, behind: list | None = None):
+        """A batch's trees, one for each of `slots` of at most its `budgets` tokens, grown in shared draft forwards
+        (speculative/draft_batch.py): each the tree `build` grows for that slot alone. Under sampling the i-th
+        tree's distributions go to the arena slot `tensors[f"slot{i}"]` (back as `dists{i}`). `behind`: each
         slot's tokens from plain steps since the draft last heard."""
         behind = behind or [[] for _ in slots]
         if not (len(slots) == len(budgets) == len(behind)) or len(set(slots)) != len(slots):
@@ -88,12 +89,15 @@ class DraftActor(Actor):
         for s, b in zip(slots, behind):
             self._catch_up(int(s), b)
         ps = LocalDraft.propose_many([(self._slot(int(s)), int(b)) for s, b in zip(slots, budgets)])
-        trees = []
-        for s, p in zip(slots, ps):
+        trees, out = [], {}
+        for i, (s, p) in enumerate(zip(slots, ps)):
             self.last[s] = p
             self._give_heap_back(s)
-            trees.append(dataclasses.asdict(self._reply(p, {})))  # greedy: a Tree alone, no distributions
-        return Trees(trees)
+            r = self._reply(p, {"slot": tensors.get(f"slot{i}")})
+            tree, dists = r if isinstance(r, tuple) else (r, {})
+            trees.append(dataclasses.asdict(tree))
+            out.update({f"dists{i}": d for d in dists.values()})
+        return Trees(trees), out
 
     def _give_heap_back(self, slot: int):
         """A forward over the prompt (the first tree's, or ahead of it) freed its activations, and a flash draft

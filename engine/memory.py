@@ -98,6 +98,7 @@ def plan_inputs(
         draft,
         width=n * (cfg.tree.budget + 1) - 1,  # the rows of every slot's tree in one forward
         batch_rows=n * (cfg.tree.budget + 1) if n > 1 else 0,  # ... and beside a prompt's chunk
+        trees=n,  # ... each sampled one's distributions in a slot of the exchange
         context=prompt,
         greedy=cfg.sampling.greedy and not cfg.plan_sampling,
         draft_window=cfg.tree.prompt_window,

@@ -111,7 +111,7 @@ class Drafter:
         """Grow a tree of at most `budget` tokens (default: the verification width) under the root: the pending
         tail fed (or, where a chain drafted during the last verification was reused, the root and the chain
         below it fed already), the trie's candidates, then the growth policy's draft forwards. A generator of the
-        best-first tree's draft forwards (speculative/feed.py `run_here`); the other growths run theirs at once."""
+        tree's draft forwards (speculative/feed.py `run_here`; an ARCA shape runs its own at once)."""
         cfg = self.cfg
         budget = cfg.budget if budget is None else budget
         if cfg.shape_parents and self.greedy:
@@ -123,8 +123,7 @@ class Drafter:
             dist = seed.root_dist
         else:
             d = DraftTree(TokenTree(self.feed.pending[-1]), 1.0, 1)
-            pending = self.feed.feed_pending_steps()
-            dist, d.catchup_s = (yield from pending) if best else run_here(pending, self.feed.model)
+            dist, d.catchup_s = yield from self.feed.feed_pending_steps()
             seed = None
         if self.trie and budget > 1:
             self._add_trie(d, budget - 1)
@@ -135,7 +134,7 @@ class Drafter:
         self.pacer.expand(d, ROOT, dist, budget - len(d.tree))
         if seed is not None:
             self.ahead.plant(d, seed, dist, budget, self.pacer.expand)
-        self.pacer.grow(d, budget, self.feed)
+        yield from self.pacer.grow(d, budget, self.feed)
         return d
 
     def draft_ahead(self, d: DraftTree | None, steps: int, stop=lambda: False) -> int:

@@ -35,9 +35,10 @@ class PacedGrowth:
         self.cfg, self.greedy, self.threshold = cfg, sampling.greedy, threshold
         self.sampler = Sampler(SamplingConfig(sampling.temperature, sampling.top_p, sampling.seed + 1))
 
-    def grow(self, d: DraftTree, budget: int, feed: NodeFeed) -> None:
+    def grow(self, d: DraftTree, budget: int, feed: NodeFeed):
         """Feed tips one draft forward at a time, each expanded from its distribution, until the fallback or the
-        budget stops the tree."""
+        budget stops the tree. A generator of those forwards (`NodeFeed.feed_nodes_steps`): run each at once
+        (speculative/feed.py `run_here`), or share it with other trees' (speculative/draft_batch.py)."""
         cfg, t = self.cfg, d.tree
         while len(t) < budget:
             if cfg.mode == "tree" and self.threshold.should_verify(t.tree_confidence()):
@@ -47,7 +48,7 @@ class PacedGrowth:
             if not tips:
                 break
             tip = pace(t, tips)
-            (dist,) = feed.feed_nodes(t, [tip])
+            (dist,) = yield from feed.feed_nodes_steps(t, [tip])
             d.forwards += 1
             if self.greedy and cfg.ahead:  # drafting ahead may start from this node
                 d.dists[tip] = dist

@@ -97,13 +97,32 @@ class ActorDraft:
 
 
 def propose_many(asks: list) -> list:
-    """A batch's trees: from the draft actor in one op (`build_many`: its forwards shared) where every side is a
-    greedy `ActorDraft` of a slot; else each side's `propose` in turn."""
+    """A batch's trees: from the draft actor in one op (`build_many`: its forwards shared) where every side is an
+    `ActorDraft` of a slot of its own, a sampled one's distributions in an arena slot of its own as `propose`'s
+    are (freed at its `release`); else each side's `propose` in turn."""
     sides = [d for d, _ in asks]
-    if not all(isinstance(d, ActorDraft) and d.greedy for d in sides) or len({d.slot for d in sides}) < len(sides):
+    if not all(isinstance(d, ActorDraft) for d in sides) or len({d.slot for d in sides}) < len(sides):
         return [d.propose(budget) for d, budget in asks]
-    behind = [d._behind().get("behind", []) for d in sides]
-    reply = sides[0].draft.call(
-        "build_many", slots=[d.slot for d in sides], budgets=[b for _, b in asks], behind=behind
-    )
-    return [Proposal(Tree(**t), req=reply.req_id) for t in reply.value.trees]
+    s, held = sides[0].s, {}
+    try:
+        for i, (d, budget) in enumerate(asks):
+            if not d.greedy:
+                held[i] = s.slots.alloc((budget + 1) * d.vocab_size * 4)
+        behind = [d._behind().get("behind", []) for d in sides]
+        reply = sides[0].draft.call(
+            "build_many",
+            {f"slot{i}": s.slot_desc(slot) for i, slot in held.items()},
+            slots=[d.slot for d in sides],
+            budgets=[b for _, b in asks],
+            behind=behind,
+        )
+    except BaseException:
+        for slot in held.values():
+            s.slots.free(slot)
+        raise
+    out = []
+    for i, (d, t) in enumerate(zip(sides, reply.value.trees)):
+        out.append(Proposal(Tree(**t), dists=reply.tensors.get(f"dists{i}"), req=reply.req_id))
+        if i in held:
+            d.slots[id(out[-1])] = held[i]
+    return out

@@ -77,6 +77,31 @@ def test_each_generation_of_a_batch_is_its_own_run_alone(pair, mode, draft_model
         assert sum(g.stats["accepted"] for g in got.values()) > 0  # trees were taken, not just roots
 
 
+def test_sampled_generations_grow_their_trees_in_shared_forwards_and_each_is_its_run_alone(pair, monkeypatch):
+    """Sampled trees grow by the pacer, whose draft forwards are shared with the other generations' like best-first
+    trees' (speculative/draft_batch.py): with fixed trees, each sampled generation (its own temperature and seed)
+    draws exactly the tokens it draws alone, while the batch ran fewer draft forwards than its trees did."""
+    import speculative.draft_batch as draft_batch
+
+    target, draft = pair
+    loop = _loop(target, draft, adaptive=False)
+    settings = [SamplingConfig(temperature=t, seed=s) for t, s in ((0.8, 3), (1.0, 4), (0.6, 5))]
+    prompts = _prompts(3)
+    alone = [loop.generate(p, 20, set(), sampling=c) for p, c in zip(prompts, settings)]
+    forwards = []
+    shared = draft_batch.forward_many_steps
+    monkeypatch.setattr(
+        draft_batch, "forward_many_steps", lambda m, rows, **k: forwards.append(1) or shared(m, rows, **k)
+    )
+    batch = Lockstep(loop, LocalBatch(target), lambda slot: LocalDraft(draft), 3, LocalDraft.propose_many)
+    for i, (p, c) in enumerate(zip(prompts, settings)):
+        batch.join(i, p, 20, set(), sampling=c)
+    got = {k: o.result for k, o in run_all(batch, iter(())) if o.result is not None}
+    assert {k: g.new_ids for k, g in got.items()} == {i: a.new_ids for i, a in enumerate(alone)}
+    trees = sum(g.stats["draft_forwards"] for g in got.values())
+    assert trees == sum(a.stats["draft_forwards"] for a in alone) and 0 < len(forwards) < trees
+
+
 def test_a_batch_takes_joins_cancellations_sampling_and_a_prompt_that_does_not_fit(pair):
     target, draft = pair
     loop = _loop(target, draft)
