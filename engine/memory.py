@@ -155,9 +155,14 @@ def runtime_config(cfg: RunConfig, target: WeightStore, plan, preload: tuple[str
     `preload`: the modules the actors' zygote imports once."""
     trace = TraceConfig(enabled=cfg.trace, dir=cfg.trace_dir, spill_events=TRACE_EVENTS if plan else 0)
     if plan is None:
-        # with the worker, the KV cache lives in the arena, and so do the split's buffers (Q, chunk states, columns)
+        # with the worker, the KV cache lives in the arena, and so do the split's buffers (Q, chunk states, columns);
+        # every slot's sampled tree its distributions (a page is held only once it is used)
+        from scheduler.generation.footprint import exchange_bytes
+
         extra = target.args.kv_bytes(kv_rows(cfg)) + (64 << 20) if cfg.worker else 0
-        mem = MemoryConfig(budget_bytes=psutil.virtual_memory().total, arena_bytes=(64 << 20) + extra)
+        n, greedy = cfg.parallel, cfg.sampling.greedy and not cfg.plan_sampling
+        exchange = max(64 << 20, exchange_bytes(n * (cfg.tree.budget + 1) - 1, target.args.vocab_size, greedy, n))
+        mem = MemoryConfig(budget_bytes=psutil.virtual_memory().total, arena_bytes=exchange + extra)
         return RuntimeConfig(memory=mem, trace=trace, preload=preload)
     o = plan.overheads
     roles = {

@@ -171,3 +171,18 @@ def test_parallel_0_shortens_each_slots_share_to_keep_the_draft(tiny_gguf, machi
     assert f"each holds {plan.context} (its share of the default context, 512, would drop the draft)" in plan.notes[0]
     asked = decide(RunConfig.from_options(**base, memory_budget=str(budget), parallel=0, context=512), machine)
     assert asked.parallel == 1 and asked.context == 512 and asked.draft.model
+
+
+@pytest.mark.real
+def test_a_resident_batchs_arena_holds_every_sampled_trees_distributions(machine):
+    """Without a budget the arena is no plan's, yet eight sampled slots of 32-token trees hold eight trees'
+    distributions of Qwen's vocabulary at once (the fixed 64 MiB held three: `launch run --parallel 8 --width 32
+    --fixed-width --temperature 0.7` lost every row to the fourth). Each goes in a page-rounded slot (shm/slots.py)."""
+    from engine.memory import runtime_config
+    from shm.slots import SlotAllocator
+
+    store = machine.store("qwen2.5-coder-0.5b", "int4")
+    opts = dict(target="qwen2.5-coder-0.5b", parallel=8, width=32, fixed_width=True, temperature=0.7)
+    arena = SlotAllocator(runtime_config(RunConfig.from_options(**opts), store, None, ()).memory.arena_bytes)
+    for _ in range(8):
+        arena.alloc(33 * store.args.vocab_size * 4)
