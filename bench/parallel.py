@@ -5,6 +5,9 @@ cgroup's peak, and whether every generation equals the one-at-a-time run token f
 
     python -m bench.parallel --prompts engine/assets/heldout.jsonl --limit 8 --max-new-tokens 64 \\
         --parallel 1,2,4,8 --memory-budget 768MiB
+
+`--mode tree,target --rounds 3`: plain batched decoding beside the trees, every configuration three times,
+interleaved, each row its median run, and the ratio of the two modes at each N.
 """
 
 from __future__ import annotations
@@ -66,7 +69,15 @@ def main(argv=None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--parallel", default="1,2,4,8", help="the N to run together (one at a time always runs first)")
     ap.add_argument("--memory-budget", default=None, help="run each in a memory cgroup of this size")
-    ap.add_argument("--mode", default="tree", help="tree, or target: plain batched decoding, no draft")
+    ap.add_argument(
+        "--mode", default="tree", help="tree, or target: plain batched decoding, no draft; or both: tree,target"
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="every configuration this many times, interleaved; each row its median run",
+    )
     ap.add_argument("--llama-server", help="a llama-server binary: run it with -np N on the same prompts' ids too")
     ap.add_argument("--gguf", help="the GGUF llama-server runs (default: the pulled default target's)")
     ap.add_argument(
@@ -86,20 +97,31 @@ def main(argv=None) -> None:
     if args.child:
         return child(args)
     ns = [0, *(int(x) for x in args.parallel.split(","))]
+    modes = args.mode.split(",")
     common = ["--max-new-tokens", str(args.max_new_tokens)]
-    results = {
-        n: _run(
-            args, ["--n", str(n), "--prompts", args.prompts, "--limit", str(args.limit), "--mode", args.mode, *common]
-        )
-        for n in ns
-    }
-    _table(results, "cadence")
-    if args.llama_server and results.get(0):
+    runs: dict = {(m, n): [] for m in modes for n in ns}
+    for _ in range(args.rounds):  # interleaved: a noisy host's slow minutes fall on every configuration alike
+        for n in ns:
+            for m in modes[: 1 if n == 0 else None]:  # one at a time: the first mode's (today's server)
+                cfg = ["--n", str(n), "--prompts", args.prompts, "--limit", str(args.limit), "--mode", m, *common]
+                runs[(m, n)].append(_run(args, cfg))
+    base = _median(runs[(modes[0], 0)])
+    tables = {m: {0: base, **{n: _median(runs[(m, n)]) for n in ns if n}} for m in modes}
+    median = f"; each row the median of {args.rounds} runs" if args.rounds > 1 else ""
+    for m in modes:
+        _table(tables[m], f"cadence --mode {m} (one at a time: --mode {modes[0]}'s{median})")
+    if len(modes) > 1:
+        print(f"\n{modes[0]} / {modes[1]} at the same N (aggregate tok/s):")
+        for n in ns[1:]:
+            a, b = tables[modes[0]][n], tables[modes[1]][n]
+            if a and b:
+                print(f"  N={n}: {_agg(a):.2f} / {_agg(b):.2f} = {_agg(a) / _agg(b):.2f}")
+    if args.llama_server and base:
         from models.pull import model_path
         from models.registry import DEFAULT_TARGET, spec
 
         gguf = args.gguf or str(model_path(spec(DEFAULT_TARGET)))
-        ids = dict(list(results[0]["prompt_ids"].items())[: args.llama_limit])
+        ids = dict(list(base["prompt_ids"].items())[: args.llama_limit])
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(ids, f)
         llama = ["--llama-server", args.llama_server, "--gguf", gguf, "--llama-ids", f.name, *common]
@@ -130,6 +152,16 @@ def _run(args, argv: list[str], evict=()) -> dict | None:
     r["peak"] = peak
     os.unlink(out)
     return r
+
+
+def _agg(r: dict) -> float:
+    return r["tokens"] / r["wall_s"]
+
+
+def _median(runs: list) -> dict | None:
+    """The run of the median aggregate tok/s (the lower of the two middle ones), None where none finished."""
+    done = sorted((r for r in runs if r is not None), key=_agg)
+    return done[(len(done) - 1) // 2] if done else None
 
 
 def _table(results: dict, title: str) -> None:
