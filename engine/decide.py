@@ -19,19 +19,20 @@ from common.errors import CadenceError
 from common.settings import WIDER, WorkerSplit
 from common.units import parse_bytes
 from engine.config import RunConfig
+from engine.drafts import auto_draft
 from engine.memory import (
     DRAFT_VOCAB,
     draft_rows,
     flash_choice,
     memory_plan,
     most_slots,
+    slots_without_draft,
     plan_inputs,
     runtime_config,
     uses_flash_draft,
 )
 from engine.plan import DraftKind, DraftPlan, Mode, Runtime, RunPlan
 from engine.profiles import parse_partition
-from models import registry
 from models.store import WeightStore
 
 DEFAULT_CONTEXT = 4096  # tokens a generation holds when nothing says how many (ollama and llama-cli take as many)
@@ -86,7 +87,7 @@ def decide(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...] = ()) -> Run
     target = machine.store(cfg.target, cfg.dtype)
     picked = cfg.draft == "auto" and cfg.mode == "tree"
     if cfg.draft == "auto":
-        cfg = cfg.replace(draft=_pick_draft(cfg, machine, notes) if cfg.speculative else "none")
+        cfg = cfg.replace(draft=auto_draft(cfg, machine, notes) if cfg.speculative else "none")
     draft = machine.store(cfg.draft, cfg.draft_format) if cfg.draft_model else None
     if profile is not None:
         cfg = apply_profile(cfg, profile)
@@ -102,7 +103,9 @@ def decide(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...] = ()) -> Run
         except CadenceError as e:
             raise BudgetRefused(str(e), _plan(asked, c, machine, None, budget, notes)) from None
         budget = memory.budget
-    return _plan(asked, c, machine, memory, budget, notes)
+    plan = _plan(asked, c, machine, memory, budget, notes)
+    fewer = slots_without_draft(asked, plan, machine, prompt_lengths, decide)  # where fewer slots keep the draft
+    return dataclasses.replace(plan, notes=plan.notes + tuple(fewer)) if fewer else plan
 
 
 def _plan(asked: RunConfig, c: _Choice, machine, memory, budget: int | None, notes: list[str]) -> RunPlan:
@@ -157,27 +160,6 @@ def _plan(asked: RunConfig, c: _Choice, machine, memory, budget: int | None, not
 
 
 # -- the draft, the profile, the context ---------------------------------------------------------------
-
-
-def _pick_draft(cfg: RunConfig, machine, notes: list[str]) -> str:
-    """The draft for `--draft auto` (engine/drafts.py), else "none" (the n-gram trie alone); said in one line
-    when it is not the default."""
-    name, default_shares = machine.pick_draft(cfg.target)
-    if name is not None:
-        if name != registry.DEFAULT_DRAFT:
-            why = "is not smaller than {}" if default_shares else "does not share {}'s tokenizer"
-            notes.append(f"draft: {name} (the default draft {registry.DEFAULT_DRAFT} {why.format(cfg.target)})")
-        return name
-    if cfg.mode == "chain":
-        raise CadenceError(
-            f"no model on this machine shares {cfg.target}'s tokenizer and is smaller; give --draft, or use --mode "
-            "tree (with no draft model the n-gram trie proposes)"
-        )
-    notes.append(
-        f"draft: none ({cfg.target} shares its tokenizer with no smaller model on this machine): the n-gram trie of "
-        "the prompt and the output proposes"
-    )
-    return "none"
 
 
 def apply_profile(cfg: RunConfig, prof: dict) -> RunConfig:

@@ -89,3 +89,24 @@ def drafters(vocabs: dict[str, Vocab]) -> dict[str, list[str]]:
         name: [n for n, v in sorted(vocabs.items(), key=lambda kv: kv[1].params) if v.drafts_for(target)]
         for name, target in vocabs.items()
     }
+
+
+def auto_draft(cfg, machine, notes: list[str]) -> str:
+    """The draft `--draft auto` takes for the run `cfg` (engine/decide.py), from what `machine` (engine/machine.py)
+    picks among the models here, else "none" (the n-gram trie alone); said in one line when it is not the default."""
+    name, default_shares = machine.pick_draft(cfg.target)
+    if name is not None:
+        if name != registry.DEFAULT_DRAFT:
+            why = "is not smaller than {}" if default_shares else "does not share {}'s tokenizer"
+            notes.append(f"draft: {name} (the default draft {registry.DEFAULT_DRAFT} {why.format(cfg.target)})")
+        return name
+    if cfg.mode == "chain":
+        raise CadenceError(
+            f"no model on this machine shares {cfg.target}'s tokenizer and is smaller; give --draft, or use --mode "
+            "tree (with no draft model the n-gram trie proposes)"
+        )
+    notes.append(
+        f"draft: none ({cfg.target} shares its tokenizer with no smaller model on this machine): the n-gram trie of "
+        "the prompt and the output proposes"
+    )
+    return "none"

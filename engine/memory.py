@@ -234,6 +234,27 @@ def most_slots(
 SLOT_STEP = 128  # the shorter shares a slot's context is tried at
 
 
+def slots_without_draft(asked: RunConfig, plan, machine, prompt_lengths, decide) -> list[str]:
+    """Where `--parallel N` given by hand leaves no room under the budget for the draft model fewer slots keep: the
+    most slots that keep it, in one line (each of N generations runs on the n-gram trie alone, slower than fewer
+    with the draft: BENCHMARKS.md, "Many requests at once", 0.5 GiB). `plan`: N slots' (engine/decide.py `_plan`)."""
+    wanted = asked.speculative and asked.draft not in ("none", "flash")
+    if asked.parallel <= 1 or plan.draft.model or not asked.memory_budget or not wanted:
+        return []
+    n = asked.parallel // 2
+    while n >= 1:
+        kept = _slots_plan(asked, n, asked.context, machine, prompt_lengths, decide)
+        if kept is not None and kept.draft.model:
+            break
+        n //= 2
+    if n < 1:
+        return []
+    return [
+        f"slots: {asked.parallel} leave no room for the draft model under this budget, so each generation runs on "
+        f"the n-gram trie alone; --parallel {n} keeps the draft (--parallel 0 picks the most that do)"
+    ]
+
+
 def _slots_plan(cfg: RunConfig, n: int, context: int | None, machine, prompt_lengths, decide):
     """The plan of `n` slots of `context` tokens each (None: the default share), or None where none fits."""
     try:

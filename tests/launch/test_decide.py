@@ -186,3 +186,25 @@ def test_a_resident_batchs_arena_holds_every_sampled_trees_distributions(machine
     arena = SlotAllocator(runtime_config(RunConfig.from_options(**opts), store, None, ()).memory.arena_bytes)
     for _ in range(8):
         arena.alloc(33 * store.args.vocab_size * 4)
+
+
+@pytest.mark.real
+def test_parallel_n_that_leaves_no_room_for_the_draft_says_how_many_slots_keep_it(machine):
+    """`--parallel N` given by hand, under a budget that holds the picked draft beside one slot but not beside N:
+    the plan drops the draft (each generation on the n-gram trie alone) and says which fewer slots keep it."""
+    base = dict(target="qwen2.5-coder-1.5b", context=256, max_new_tokens=64)
+    from engine.decide import LEAN_FORMAT, LEAN_VOCAB
+
+    lean = dict(draft_dtype=LEAN_FORMAT, draft_vocab=LEAN_VOCAB)  # the leanest draft the plan would go to
+    budget = str(decide(RunConfig.from_options(**base, **lean, memory_budget="auto"), machine).memory.smallest)
+    one = decide(RunConfig.from_options(**base, memory_budget=budget, parallel=1), machine)
+    assert one.draft.model  # the least that holds one slot with the draft
+    four = decide(RunConfig.from_options(**base, memory_budget=budget, parallel=4), machine)
+    assert four.parallel == 4 and not four.draft.model
+    (line,) = [n for n in four.notes if n.startswith("slots: 4 leave no room for the draft model")]
+    kept = int(line.split("--parallel ")[1].split()[0])
+    assert (
+        1 <= kept < 4
+        and decide(RunConfig.from_options(**base, memory_budget=budget, parallel=kept), machine).draft.model
+    )
+    assert not any(n.startswith("slots:") for n in one.notes)
