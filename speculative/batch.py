@@ -269,7 +269,7 @@ class Lockstep:
                 for g, _ in calls:
                     self.leave(g.key)
                 raise
-            rows = [(g.key, c.kind, min(g.rows, PREFILL_CHUNK) if c.kind == "start" else 1) for g, c in calls]
+            rows = [(g.key, c, min(g.rows, PREFILL_CHUNK) if c.kind == "start" else 1) for g, c in calls]
             self.catchup.answered(rows, time.perf_counter() - t0)
             for (g, c), r in zip(calls, replies):
                 # each answered generation takes its answer now: its tokens go out with this cycle, and one that

@@ -272,14 +272,17 @@ class CatchUp:
             self.row_s = _ema(self.row_s, seconds / rows, self.keep)
         return seconds
 
-    def answered(self, calls: list[tuple[object, str, int]], seconds: float) -> None:
-        """A forward of `seconds` answered these generations' calls (key, kind, rows): a plain step leaves a draft a
-        token further behind, a verification of its tree only the target's next token; prompts price a row."""
-        for key, kind, _ in calls:
+    def answered(self, calls: list[tuple[object, object, int]], seconds: float) -> None:
+        """A forward of `seconds` answered these generations' calls (key, speculative/loop.py `Call`, rows): a
+        verification of a drafted tree leaves its draft behind by the target's next token alone, a plain step (or
+        the trie's candidates, which the draft did not run on) a token further; prompts price a row."""
+        for key, call, _ in calls:
             n, drafted = self.behind.get(key, (0, False))
-            if kind in ("step", "verify"):
-                self.behind[key] = (n + 1, drafted) if kind == "step" else (1, True)
-        if seconds > 0 and any(kind == "start" for _, kind, _ in calls):
+            if call.kind == "verify" and call.args[0].drafted:
+                self.behind[key] = (1, True)
+            elif call.kind != "start":
+                self.behind[key] = (n + 1, drafted)
+        if seconds > 0 and any(call.kind == "start" for _, call, _ in calls):
             self.prompt_row_s = _ema(self.prompt_row_s, seconds / sum(r for *_, r in calls), self.keep)
 
 

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from speculative.governor import CATCH_UP, TRY_SHARE, CatchUp, Governor
+from speculative.loop import Call, Proposal
 from common.settings import LOOKUP, PLAIN, Arm, arms
 from speculative.policy import AdaptiveThreshold, branch_candidates, pace
 from speculative.sampling import accept_sampled, residual
-from speculative.tree import ROOT, TokenTree, best_branch, longest_accepted_path
+from speculative.tree import ROOT, TokenTree, Tree, best_branch, longest_accepted_path
 from speculative.trie import TokenTrie
 
 
@@ -182,6 +183,13 @@ def test_a_try_is_judged_without_the_drafts_catch_up_and_a_lost_one_counts_it():
     assert lost.gap >= (0.3 - 0.03) / (0.03 * 0.03)  # the whole 0.3 s it took, not its own 0.05 s
 
 
+START, STEP = Call("start", ([], 0, None, True)), Call("step", (0,))
+
+
+def _verify(drafted: bool) -> Call:
+    return Call("verify", (Proposal(Tree(0, [1], [-1], [0.9]), drafted),))
+
+
 def test_a_resident_batch_tries_drafting_only_while_its_drafts_catch_up_is_a_small_share():
     """`CatchUp`: a try of drafting first runs the drafts over what they have not seen (a new generation's prompt,
     then a token per plain step, at most CATCH_UP once it drafted). Priced before the try, it is made only while
@@ -191,10 +199,10 @@ def test_a_resident_batch_tries_drafting_only_while_its_drafts_catch_up_is_a_sma
     c.join("a", 40, [])
     c.join("b", 60, ["a"])
     assert c.price(["a", "b"]) is None and not c.may_try(["a", "b"])  # nothing priced a row yet
-    c.answered([("a", "start", 40), ("b", "start", 60)], 0.2)  # 100 prompt rows in 0.2 s
+    c.answered([("a", START, 40), ("b", START, 60)], 0.2)  # 100 prompt rows in 0.2 s
     assert c.price(["a", "b"]) == pytest.approx(0.2)
     for _ in range(10):
-        c.answered([("a", "step", 1), ("b", "step", 1)], 0.03)
+        c.answered([("a", STEP, 1), ("b", STEP, 1)], 0.03)
         c.spent += 0.03
     assert (c.rows("a"), c.rows("b")) == (50, 70) and c.price(["a", "b"]) == pytest.approx(0.24)
     assert not c.may_try(["a", "b"]) and c.spent == pytest.approx(0.3)  # 0.24 s is 80% of 0.3 s
@@ -202,9 +210,12 @@ def test_a_resident_batch_tries_drafting_only_while_its_drafts_catch_up_is_a_sma
     assert c.may_try(["a", "b"]) and c.spent == 0.0  # a try: the count starts again
     assert c.drafted([("a", 0.05), ("b", 0.07)]) == pytest.approx(0.12)  # their catch-up: 120 rows
     assert c.row_s == pytest.approx(0.001)
-    c.answered([("a", "verify", 4), ("b", "verify", 3)], 0.05)
+    c.answered([("a", _verify(drafted=True), 4), ("b", _verify(drafted=True), 3)], 0.05)
+    assert (c.rows("a"), c.rows("b")) == (1, 1)  # each behind by the target's next token alone
+    c.answered([("b", _verify(drafted=False), 3)], 0.03)  # the trie's candidates: b's draft ran on none of them
+    assert c.rows("b") == 2
     for _ in range(30):
-        c.answered([("a", "step", 1), ("b", "step", 1)], 0.03)
+        c.answered([("a", STEP, 1), ("b", STEP, 1)], 0.03)
     assert c.rows("a") == CATCH_UP and c.price(["a", "b"]) == pytest.approx(2 * CATCH_UP * 0.001)
     c.join("c", 20, ["a"])  # b went: only those who run are priced and kept
     assert set(c.behind) == {"a", "c"}
