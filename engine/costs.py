@@ -20,6 +20,7 @@ from pathlib import Path
 from common.calibration import cached, child_json
 from models.kernel_build import cpu_flags, cpu_model, sources_digest  # no torch
 from models.store import WeightStore
+from speculative.arca import interpolate
 
 ROWS = (1, 2, 3, 5, 9, 17, 33)  # a token, or a tree of 1..32 tokens and its root
 DISK_BYTES = 256 << 20  # read to measure the disk (less if the store is smaller)
@@ -36,9 +37,10 @@ class Costs:
     draft_head_s: float  # the draft's output head, one row
 
     def forward_s(self, n_layers: int, rows: int, read_bytes: int) -> float:
-        """A target forward of `rows` rows that reads `read_bytes` from disk meanwhile."""
-        r = min(self.layer_s, key=lambda k: abs(int(k) - rows))
-        compute = n_layers * self.layer_s[r] + self.head_s[r]
+        """A target forward of `rows` rows that reads `read_bytes` from disk meanwhile: the linear work between the
+        widths measured, and past the widest (a batch's trees: 4 x 17 rows) at its last slope."""
+        layer, head = ({int(k): v for k, v in t.items()} for t in (self.layer_s, self.head_s))
+        compute = n_layers * interpolate(layer, rows) + interpolate(head, rows)
         return max(compute, read_bytes / (self.disk_gbps * 1e9))
 
     def draft_step_s(self, draft: WeightStore) -> float:

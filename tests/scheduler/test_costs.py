@@ -3,6 +3,8 @@ drive under a budget, whether the draft `--draft auto` picked pays for the targe
 
 import json
 
+import pytest
+
 from engine.costs import Costs, costs, draft_pays
 from models.convert import convert
 from models.source_hf import HFSource
@@ -41,7 +43,10 @@ def test_a_forward_costs_its_compute_or_its_reads_whichever_is_longer():
     c = _costs(disk_gbps=1.0, layer_ms=2.0)
     assert c.forward_s(10, 1, 0) == 10 * 2e-3 + 1e-3  # resident: the linear work alone
     assert c.forward_s(10, 1, 500 * 10**6) == 0.5  # streamed: the disk's half second hides the compute
-    assert c.forward_s(10, 16, 0) == c.forward_s(10, 17, 0)  # the nearest width measured
+    assert c.forward_s(10, 9, 0) < c.forward_s(10, 13, 0) < c.forward_s(10, 17, 0)  # between the widths measured
+    # past the widest (33 rows): at its slope, as a batch's trees of 4 x 17 rows cost (the nearest width, 33, was
+    # taken for them before: half their price)
+    assert c.forward_s(10, 68, 0) == pytest.approx(10 * 2e-3 * 68 / 4 + 1e-3 * 68 / 4)
 
 
 def test_the_draft_pays_unless_it_pushes_too_much_of_the_target_to_disk(tmp_path):
