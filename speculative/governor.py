@@ -19,7 +19,9 @@ disk sets a verification's time whatever its rows, it played narrow trees that a
 
 Now and then the governor tries what it is not playing (a draft budget while the plain step or lookup
 leads, since only drafting measures `p`; else the plain step or lookup): a try that loses doubles the
-wait before the next one (up to `max_gap` cycles), a try that wins resets it.
+wait before the next one (up to `max_gap` cycles), a try that wins resets it. A resident batch's governor also
+asks, before a try of drafting, whether its price (the drafts' catch-up on the text they have not read) is a
+small enough share of the time since the last (`CatchUp`).
 """
 
 from __future__ import annotations
