@@ -241,13 +241,14 @@ def slots_without_draft(asked: RunConfig, plan, machine, prompt_lengths, decide)
     wanted = asked.speculative and asked.draft not in ("none", "flash")
     if asked.parallel <= 1 or plan.draft.model or not asked.memory_budget or not wanted:
         return []
-    n = asked.parallel // 2
-    while n >= 1:
-        kept = _slots_plan(asked, n, asked.context, machine, prompt_lengths, decide)
-        if kept is not None and kept.draft.model:
+    fewer = [asked.parallel >> k for k in range(asked.parallel.bit_length() - 1, 0, -1)]  # 1, ..., N/4, N/2
+    n = 0  # upward, so that no plan asked here looks for fewer slots of its own (one that drops the draft would)
+    for m in fewer:
+        kept = _slots_plan(asked, m, asked.context, machine, prompt_lengths, decide)
+        if kept is None or not kept.draft.model:
             break
-        n //= 2
-    if n < 1:
+        n = m
+    if not n:
         return []
     return [
         f"slots: {asked.parallel} leave no room for the draft model under this budget, so each generation runs on "
