@@ -7,7 +7,9 @@ cgroup's peak, and whether every generation equals the one-at-a-time run token f
         --parallel 1,2,4,8 --memory-budget 768MiB
 
 `--mode tree,target --rounds 3`: plain batched decoding beside the trees, every configuration three times,
-interleaved, each row its median run, and the ratio of the two modes at each N.
+interleaved, each row its median run, and the ratio of the two modes at each N. With `--rounds`, each round's
+ratio to its own round's one-at-a-time run too (a noisy disk's slow minutes fall on both), and whether every run
+is lossless.
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ def main(argv=None) -> None:
     median = f"; each row the median of {args.rounds} runs" if args.rounds > 1 else ""
     for m in modes:
         _table(tables[m], f"cadence --mode {m} (one at a time: --mode {modes[0]}'s{median})")
+    if args.rounds > 1:
+        _by_round(runs, modes, ns, base)
     if len(modes) > 1:
         print(f"\n{modes[0]} / {modes[1]} at the same N (aggregate tok/s):")
         for n in ns[1:]:
@@ -156,6 +160,24 @@ def _run(args, argv: list[str], evict=()) -> dict | None:
 
 def _agg(r: dict) -> float:
     return r["tokens"] / r["wall_s"]
+
+
+def _by_round(runs: dict, modes: list[str], ns: list[int], base: dict | None) -> None:
+    """Each round's ratio to that round's one at a time (the same minutes of a noisy disk on both), their median,
+    and whether every run (not only each row's median one) equals one at a time token for token."""
+    alone = runs[(modes[0], 0)]
+    print("\nx one at a time, round by round (each against its own round's one at a time):")
+    for m in modes:
+        for n in ns[1:]:
+            got = [(r, a) for r, a in zip(runs[(m, n)], alone) if r is not None and a is not None]
+            if not got:
+                continue
+            ratios = [_agg(r) / _agg(a) for r, a in got]
+            same = all(r["ids"] == base["ids"] for r, _ in got) if base else False
+            print(
+                f"  --mode {m} N={n}: {', '.join(f'{x:.2f}x' for x in ratios)}; median {statistics.median(ratios):.2f}x; "
+                f"every run lossless: {'yes' if same else 'NO'}"
+            )
 
 
 def _median(runs: list) -> dict | None:
