@@ -35,8 +35,13 @@ def kv_rows(cfg, draft: bool = False) -> int:
     if cfg.parallel > 1:
         from speculative.batch import WIDEST
 
-        tree = dataclasses.replace(tree, width=min(WIDEST, cfg.parallel * (tree.budget + 1) - 1))
+        tree = dataclasses.replace(tree, width=min(WIDEST, batch_width(cfg)))
     return rows + slack(tree)
+
+
+def batch_width(cfg) -> int:
+    """Draft tokens in one forward: every slot's tree of the run's budget, each with its root (one slot: the tree)."""
+    return cfg.parallel * (cfg.tree.budget + 1) - 1
 
 
 def draft_rows(cfg: RunConfig, draft: WeightStore | None) -> int:
@@ -96,7 +101,7 @@ def plan_inputs(
     o = machine.overheads(
         target,
         draft,
-        width=n * (cfg.tree.budget + 1) - 1,  # the rows of every slot's tree in one forward
+        width=batch_width(cfg),  # the rows of every slot's tree in one forward
         batch_rows=n * (cfg.tree.budget + 1) if n > 1 else 0,  # ... and beside a prompt's chunk
         trees=n,  # ... each sampled one's distributions in a slot of the exchange
         context=prompt,
@@ -161,7 +166,7 @@ def runtime_config(cfg: RunConfig, target: WeightStore, plan, preload: tuple[str
 
         extra = target.args.kv_bytes(kv_rows(cfg)) + (64 << 20) if cfg.worker else 0
         n, greedy = cfg.parallel, cfg.sampling.greedy and not cfg.plan_sampling
-        exchange = max(64 << 20, exchange_bytes(n * (cfg.tree.budget + 1) - 1, target.args.vocab_size, greedy, n))
+        exchange = max(64 << 20, exchange_bytes(batch_width(cfg), target.args.vocab_size, greedy, n))
         mem = MemoryConfig(budget_bytes=psutil.virtual_memory().total, arena_bytes=exchange + extra)
         return RuntimeConfig(memory=mem, trace=trace, preload=preload)
     o = plan.overheads

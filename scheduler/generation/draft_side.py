@@ -46,18 +46,23 @@ class ActorDraft:
         return Proposal(tree, drafted=False) if tree.tokens else None
 
     def propose(self, budget: int) -> Proposal | None:
-        s = self.s
-        slot, tensors = None, {}
-        if not self.greedy:  # room for the draft's distributions, one row per fed node
-            slot = s.slots.alloc((budget + 1) * self.vocab_size * 4)
-            tensors = {"slot": s.slot_desc(slot)}
+        slot = self._dists_slot(budget)
         try:
+            tensors = {"slot": self.s.slot_desc(slot)} if slot is not None else {}
             reply = self.draft.call("build", tensors, budget=budget, **self._behind(), **self.at)
         except BaseException:
             if slot is not None:
-                s.slots.free(slot)
+                self.s.slots.free(slot)
             raise
-        p = Proposal(reply.value, dists=reply.tensors.get("dists"), req=reply.req_id)
+        return self._held(Proposal(reply.value, dists=reply.tensors.get("dists"), req=reply.req_id), slot)
+
+    def _dists_slot(self, budget: int):
+        """Sampled: an arena slot for the draft's distributions of a tree of `budget` (one row per fed node and its
+        root), freed at the proposal's `release`; greedy: None."""
+        return None if self.greedy else self.s.slots.alloc((budget + 1) * self.vocab_size * 4)
+
+    def _held(self, p: Proposal, slot) -> Proposal:
+        """`p`, its distributions' arena slot (if any) kept until its `release`."""
         if slot is not None:
             self.slots[id(p)] = slot
         return p
@@ -106,8 +111,8 @@ def propose_many(asks: list) -> list:
     s, held = sides[0].s, {}
     try:
         for i, (d, budget) in enumerate(asks):
-            if not d.greedy:
-                held[i] = s.slots.alloc((budget + 1) * d.vocab_size * 4)
+            if (slot := d._dists_slot(budget)) is not None:
+                held[i] = slot
         behind = [d._behind().get("behind", []) for d in sides]
         reply = sides[0].draft.call(
             "build_many",
@@ -120,9 +125,7 @@ def propose_many(asks: list) -> list:
         for slot in held.values():
             s.slots.free(slot)
         raise
-    out = []
-    for i, (d, t) in enumerate(zip(sides, reply.value.trees)):
-        out.append(Proposal(Tree(**t), dists=reply.tensors.get(f"dists{i}"), req=reply.req_id))
-        if i in held:
-            d.slots[id(out[-1])] = held[i]
-    return out
+    return [
+        d._held(Proposal(Tree(**t), dists=reply.tensors.get(f"dists{i}"), req=reply.req_id), held.get(i))
+        for i, (d, t) in enumerate(zip(sides, reply.value.trees))
+    ]
