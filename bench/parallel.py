@@ -10,6 +10,9 @@ cgroup's peak, and whether every generation equals the one-at-a-time run token f
 interleaved, each row its median run, and the ratio of the two modes at each N. With `--rounds`, each round's
 ratio to its own round's one-at-a-time run too (a noisy disk's slow minutes fall on both), and whether every run
 is lossless.
+
+"while N run": the aggregate over the cycles in which N generations ran, all slots busy (`while_full`): a finite
+set's drain at the end, where the queue is empty and fewer run, is left out of it (the whole-run figure keeps it).
 """
 
 from __future__ import annotations
@@ -39,17 +42,16 @@ def child(args) -> None:
     with Runner(RunConfig.from_options(**opts), prompts, say=lambda line: None) as r:  # as `launch run` runs them
         first, ends, rows = {}, {}, {}
         t0 = time.perf_counter()
-        if args.n == 0:  # one at a time, as a server without slots serves them
-            for p in prompts:
-                for c in r.stream(p):
-                    first.setdefault(p.id, time.perf_counter() - t0)
-                    if c.completion is not None:
-                        ends[p.id], rows[p.id] = time.perf_counter() - t0, c.completion.row
-        else:
-            for p, c in r.stream_many(prompts):
-                first.setdefault(p.id, time.perf_counter() - t0)
-                if c.completion is not None:
-                    ends[p.id], rows[p.id] = time.perf_counter() - t0, c.completion.row
+        chunks = []  # (seconds, prompt, tokens) of every chunk, as it came
+        it = ((p, c) for p in prompts for c in r.stream(p)) if args.n == 0 else r.stream_many(prompts)
+        for p, c in it:  # n 0: one at a time, as a server without slots serves them
+            now = time.perf_counter() - t0
+            first.setdefault(p.id, now)
+            if isinstance(c, Exception):
+                continue
+            chunks.append((now, p.id, len(c.tokens)))
+            if c.completion is not None:
+                ends[p.id], rows[p.id] = now, c.completion.row
         wall = time.perf_counter() - t0
     out = {
         "wall_s": wall,
@@ -60,8 +62,32 @@ def child(args) -> None:
         "end_s": ends,
         "tokens_per_s": {k: row["tokens_per_s"] for k, row in rows.items()},
         "width": r.plan.tree.width,
+        "cycles": cycles(chunks),
     }
     Path(args.out).write_text(json.dumps(out))
+
+
+CYCLE_GAP = 0.02  # seconds between two chunks that come from different cycles (a cycle's come together)
+
+
+def cycles(chunks: list[tuple[float, str, int]]) -> list[tuple[float, int, int]]:
+    """(seconds, generations, tokens) of each cycle of a run, from its chunks as they came: a cycle's chunks come
+    in one burst when it ends (one a generation it moved), its seconds run from the last cycle's end."""
+    out, last, start = [], 0.0, 0
+    for i in range(1, len(chunks) + 1):
+        if i == len(chunks) or chunks[i][0] - chunks[i - 1][0] > CYCLE_GAP:
+            burst = chunks[start:i]
+            out.append((burst[-1][0] - last, len({c[1] for c in burst}), sum(c[2] for c in burst)))
+            last, start = burst[-1][0], i
+    return out
+
+
+def while_full(r: dict, n: int) -> float | None:
+    """Aggregate tok/s over the cycles in which `n` generations ran (the slots all busy: the drain at the end,
+    where the queue is empty and fewer run, left out); one at a time (n 1): every cycle of every generation."""
+    full = [(s, t) for s, k, t in r.get("cycles", ()) if k >= n]
+    secs = sum(s for s, _ in full)
+    return sum(t for _, t in full) / secs if secs > 0 else None
 
 
 def main(argv=None) -> None:
@@ -173,9 +199,12 @@ def _by_round(runs: dict, modes: list[str], ns: list[int], base: dict | None) ->
             if not got:
                 continue
             ratios = [_agg(r) / _agg(a) for r, a in got]
+            busy = [f / o for f, o in ((while_full(r, n), while_full(a, 1)) for r, a in got) if f and o]
             same = all(r["ids"] == base["ids"] for r, _ in got) if base else False
             print(
                 f"  --mode {m} N={n}: {', '.join(f'{x:.2f}x' for x in ratios)}; median {statistics.median(ratios):.2f}x; "
+                f"while {n} run: {', '.join(f'{x:.2f}x' for x in busy)}"
+                f"{f'; median {statistics.median(busy):.2f}x' if busy else ''}; "
                 f"every run lossless: {'yes' if same else 'NO'}"
             )
 
@@ -191,18 +220,22 @@ def _table(results: dict, title: str) -> None:
     base = results.get(0)
     print(f"\n{title}\n")
     print(
-        "| N | how | width | aggregate tok/s | x one at a time | mean TTFT s | mean tok/s each | peak held MiB | lossless |"
+        "| N | how | width | aggregate tok/s | x one at a time | while N run: tok/s | x | mean TTFT s "
+        "| mean tok/s each | peak held MiB | lossless |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n, r in results.items():
         agg = r["tokens"] / r["wall_s"]
         ratio = agg / (base["tokens"] / base["wall_s"]) if base else float("nan")
+        full, one = while_full(r, n or 1), while_full(base, 1) if base else None
+        busy = f"{full:.2f} | {full / one:.2f}x" if full and one else "- | -"
         same = base is not None and r["ids"] == base["ids"]
         peak = f"{r['peak'] / 2**20:.0f}" if r["peak"] else "-"
         how = "one at a time" if n == 0 else f"--parallel {n}"
         print(
-            f"| {n or 1} | {how} | {r['width']} | {agg:.2f} | {ratio:.2f}x | {statistics.mean(r['ttft_s'].values()):.2f} "
-            f"| {statistics.mean(r['tokens_per_s'].values()):.2f} | {peak} | {'yes' if same else 'NO'} |"
+            f"| {n or 1} | {how} | {r['width']} | {agg:.2f} | {ratio:.2f}x | {busy} "
+            f"| {statistics.mean(r['ttft_s'].values()):.2f} | {statistics.mean(r['tokens_per_s'].values()):.2f} "
+            f"| {peak} | {'yes' if same else 'NO'} |"
         )
 
 
