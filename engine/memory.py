@@ -27,7 +27,7 @@ def kv_rows(cfg, draft: bool = False) -> int:
     """KV cache rows a generation of `cfg` (a RunConfig or a RunPlan: its context, tree and new tokens) may fill
     (speculative/loop.py sizes the caches the same way): the context and a tree's slack; the draft sees only the
     prompt's last `prompt_window` tokens of it. With --parallel, a slot's tree may take the rows of the others'
-    (speculative/batch.py `Lockstep.width`): its slack is for that tree."""
+    (speculative/batch.py `Lockstep.width`): its slack is for that tree, and nothing drafts ahead of a batch."""
     rows = cfg.context
     if draft and cfg.tree.prompt_window:
         rows = min(rows, cfg.tree.prompt_window + (cfg.max_new_tokens or rows))
@@ -35,8 +35,8 @@ def kv_rows(cfg, draft: bool = False) -> int:
     if cfg.parallel > 1:
         from speculative.batch import WIDEST
 
-        tree = dataclasses.replace(tree, width=min(WIDEST, batch_width(cfg)))
-    return rows + slack(tree)
+        tree = dataclasses.replace(tree, width=min(WIDEST, batch_width(cfg)), ahead=0)  # nothing drafts ahead
+    return rows + slack(tree, draft)
 
 
 def batch_width(cfg) -> int:

@@ -133,10 +133,11 @@ class DraftSide(Protocol):
         """What the draft side measured since the last call (a flash draft's reads), for the JSON row."""
 
 
-def slack(cfg: TreeConfig) -> int:
+def slack(cfg: TreeConfig, draft: bool = True) -> int:
     """KV rows past the text: a tree in verification (the draft's: every node it ran on, at most DRAFT_ROWS times
-    the budget; the target's: the budget's nodes), the chain drafted ahead, the bonus token."""
-    return DRAFT_ROWS * cfg.budget + cfg.ahead + 2
+    the budget; the target's, `draft` False: the budget's nodes, a prompt lookup's too), the chain drafted ahead,
+    the root and the bonus token."""
+    return (DRAFT_ROWS if draft else 1) * cfg.budget + cfg.ahead + 2
 
 
 def limits(context: int, n_prompt: int, max_new: int | None) -> int:
@@ -255,7 +256,7 @@ class Speculation:
         first, reused = yield Call("start", (prompt_ids, self.capacity(context, cfg), sampling, reuse))
         if speculative:
             window = min(len(prompt_ids), cfg.prompt_window or len(prompt_ids))
-            draft.start(prompt_ids, self.capacity(min(context, window + max_new), cfg), first, cfg, sampling)
+            draft.start(prompt_ids, self.capacity(min(context, window + max_new), cfg, True), first, cfg, sampling)
         t_prefill = time.perf_counter() - t0
         governor = (
             self._governor(mode, cfg, draft, self.governors if governors is None else governors)
@@ -298,9 +299,10 @@ class Speculation:
             outcome.tokens, outcome.accepted, outcome.alpha, "stop" if out[-1] in stop else "length", result
         )
 
-    def capacity(self, context: int, cfg: TreeConfig) -> int:
-        """KV rows a generation of `context` tokens fills with trees of `cfg` (at most the model's positions)."""
-        return min(self.model_context, context + slack(cfg))
+    def capacity(self, context: int, cfg: TreeConfig, draft: bool = False) -> int:
+        """KV rows a generation of `context` tokens fills with trees of `cfg` (at most the model's positions): the
+        target's caches, or with `draft` the draft's (it runs on more rows of a tree than the target verifies)."""
+        return min(self.model_context, context + slack(cfg, draft))
 
     @staticmethod
     def _finished(out: list[int], max_new: int, stop: set[int]) -> bool:

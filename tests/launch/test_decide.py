@@ -123,6 +123,14 @@ def test_parallel_slots_each_have_their_kv_caches_in_the_plan(tiny_gguf, machine
     assert four.parallel == 4 and four.memory.target_kv == 4 * four.target.args.kv_bytes(kv_rows(four))
     assert four.memory.target_kv > 4 * one.memory.target_kv > 0  # each slot's room for the widest tree it may get
     assert four.memory.draft_kv > 4 * one.memory.draft_kv
+    # a slot's tree may take the others' rows (at most WIDEST); the draft runs on up to twice a tree's nodes
+    # (speculative/bestfirst.py), the target verifies the tree, its root and the bonus token; the draft sees the
+    # prompt's last 64 tokens and the new ones
+    from engine.memory import batch_width
+    from speculative.batch import WIDEST
+
+    w = min(WIDEST, batch_width(four))
+    assert kv_rows(four) == four.context + w + 2 and kv_rows(four, draft=True) == 64 + 8 + 2 * w + 2
     shared = decide(RunConfig.from_options(**base, parallel=4), machine)
     assert shared.context == min(shared.target.args.context_length, 512)  # 2048 rows a budget's default, shared
     assert f"4 slots (--parallel) sharing a KV pool of 4 x {shared.context} tokens" in shared.headline()

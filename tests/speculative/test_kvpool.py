@@ -63,7 +63,7 @@ def test_a_sliding_window_cache_is_sized_by_its_own_function():
     assert pool.place(0, 40) is not None and pool.place(1, 40) is not None and pool.place(2, 1) is None
 
 
-SHARE = 96  # a slot's context: three slots' pool holds 414 rows, a generation at most 242 (the tiny model's 256)
+SHARE = 96  # a slot's context: three slots' pool holds 354 rows, a generation at most 248 (the tiny model's 256)
 
 
 def _pooled(target, draft, context: int = SHARE):
@@ -76,13 +76,13 @@ def _pooled(target, draft, context: int = SHARE):
 def test_a_prompt_longer_than_a_share_waits_for_room_then_runs_as_alone(pair):  # noqa: F811
     target, draft = pair
     loop, batch = _pooled(target, draft)
-    assert batch.most_context() == 242
+    assert batch.most_context() == 248
     g = torch.Generator().manual_seed(3)
     long = torch.randint(3, 300, (180,), generator=g).tolist()  # past a share, within the pool
     prompts = _prompts(3)
     alone = {i: loop.generate(p, None if i < 2 else 16, set()).new_ids for i, p in enumerate(prompts)}
-    alone["long"] = _pooled(target, draft, 242)[0].generate(long, 24, set()).new_ids
-    # two with no number of tokens (a share each) hold 220 rows; the long one's 218 wait until one of them ends
+    alone["long"] = _pooled(target, draft, 248)[0].generate(long, 24, set()).new_ids
+    # two with no number of tokens (a share each) hold 208 rows; the long one's 212 wait until one of them ends
     jobs = [(0, dict(prompt_ids=prompts[0], max_new=None, stop=set()))]
     jobs += [(1, dict(prompt_ids=prompts[1], max_new=None, stop=set()))]
     jobs += [
@@ -104,7 +104,7 @@ def test_a_prompt_longer_than_a_share_waits_for_room_then_runs_as_alone(pair):  
 def test_a_prompt_past_the_whole_pool_fails_alone_and_a_full_pool_says_no_room(pair):  # noqa: F811
     target, draft = pair
     _, batch = _pooled(target, draft)
-    batch.join("too long", list(range(3, 3 + 243)), 4, set())
+    batch.join("too long", list(range(3, 3 + 249)), 4, set())
     slot = batch.join(0, _prompts(2)[1], 150, set())
     with pytest.raises(NoRoom, match="KV pool"):
         batch.join(1, _prompts(1)[0], 230, set())
