@@ -135,8 +135,7 @@ class DraftSide(Protocol):
 
 def slack(cfg: TreeConfig, draft: bool = True) -> int:
     """KV rows past the text: a tree in verification (the draft's: every node it ran on, at most DRAFT_ROWS times
-    the budget; the target's, `draft` False: the budget's nodes, a prompt lookup's too), the chain drafted ahead,
-    the root and the bonus token."""
+    the budget; the target's, `draft` False: the budget's nodes), the chain drafted ahead, root and bonus token."""
     return (DRAFT_ROWS if draft else 1) * cfg.budget + cfg.ahead + 2
 
 
@@ -300,8 +299,7 @@ class Speculation:
         )
 
     def capacity(self, context: int, cfg: TreeConfig, draft: bool = False) -> int:
-        """KV rows a generation of `context` tokens fills with trees of `cfg` (at most the model's positions): the
-        target's caches, or with `draft` the draft's (it runs on more rows of a tree than the target verifies)."""
+        """KV rows the target's (`draft`: the draft's) caches of `context` tokens fill with trees of `cfg`."""
         return min(self.model_context, context + slack(cfg, draft))
 
     @staticmethod
