@@ -1,0 +1,41 @@
+"""`python -m bench.parallel` (issue 42's benchmark): a cycle's chunks grouped by when they came, the aggregate while
+every slot is busy, and a real run of the default models end to end (tiny sizes; no timing is asserted)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.parallel import cycles, while_full
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_cycles_chunks_come_in_one_burst_and_the_drain_is_left_out():
+    chunks = [(0.5, "a", 1), (0.501, "b", 1), (1.0, "a", 3), (1.004, "b", 2), (1.6, "b", 1)]  # "a" ends at 1.0
+    got = cycles(chunks)
+    assert [(k, t) for _, k, t in got] == [(2, 2), (2, 5), (1, 1)]
+    assert [round(s, 3) for s, _, _ in got] == [0.501, 0.503, 0.596]  # each from the last cycle's end
+    run = {"cycles": got}
+    assert while_full(run, 2) == pytest.approx(7 / 1.004)  # the last cycle, "b" alone, left out
+    assert while_full(run, 1) == pytest.approx(8 / 1.6)  # one at a time: every cycle
+    assert while_full(run, 3) is None and while_full({}, 1) is None
+
+
+def test_the_benchmark_runs_one_at_a_time_and_two_together_losslessly():
+    cmd = [sys.executable, "-m", "bench.parallel", "--prompts", "engine/assets/dev.jsonl", "--limit", "3"]
+    out = subprocess.run(
+        [*cmd, "--max-new-tokens", "8", "--parallel", "2"], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+        for line in out.stdout.splitlines()
+        if line.startswith("| 1 ") or line.startswith("| 2 ")
+    }
+    one, two = rows["1"], rows["2"]
+    assert one[1] == "one at a time" and two[1] == "--parallel 2"
+    assert one[-1] == two[-1] == "yes"  # each generation token for token as one at a time
+    assert float(one[5]) == pytest.approx(float(one[3]), rel=0.05)  # alone, the two figures are one
+    assert float(two[5]) > 0 and two[6].endswith("x")
