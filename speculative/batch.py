@@ -112,7 +112,7 @@ class Lockstep:
         cfg = cfg or self.loop.cfg
         if self.pool is None:
             return self.loop.context
-        return min(self.loop.model_context, self.pool.most) - slack(cfg, draft=False)
+        return min(self.loop.model_context, self.pool.most) - slack(cfg)
 
     def _context(self, n_prompt: int, max_new: int | None, cfg: TreeConfig) -> int | None:
         """A generation's context from the pool: its prompt and new tokens (without a number: a slot's share, or

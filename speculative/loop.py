@@ -133,9 +133,9 @@ class DraftSide(Protocol):
         """What the draft side measured since the last call (a flash draft's reads), for the JSON row."""
 
 
-def slack(cfg: TreeConfig, draft: bool = True) -> int:
+def slack(cfg: TreeConfig, draft: bool = False) -> int:
     """KV rows past the text: a tree in verification (the draft's: every node it ran on, at most DRAFT_ROWS times
-    the budget; the target's, `draft` False: the budget's nodes), the chain drafted ahead, root and bonus token."""
+    the budget; the target's, the default: the budget's nodes), the chain drafted ahead, root and bonus token."""
     return (DRAFT_ROWS if draft else 1) * cfg.budget + cfg.ahead + 2
 
 

@@ -118,7 +118,8 @@ def test_parallel_slots_each_have_their_kv_caches_in_the_plan(tiny_gguf, machine
     base = dict(target=str(tiny_gguf), draft=str(tiny_gguf), memory_budget="auto", max_new_tokens=8, width=6)
     one = decide(RunConfig.from_options(**base, context=256), machine)
     four = decide(RunConfig.from_options(**base, context=256, parallel=4), machine)
-    from engine.memory import kv_rows
+    from engine.memory import batch_width, kv_rows
+    from speculative.batch import WIDEST
 
     assert four.parallel == 4 and four.memory.target_kv == 4 * four.target.args.kv_bytes(kv_rows(four))
     assert four.memory.target_kv > 4 * one.memory.target_kv > 0  # each slot's room for the widest tree it may get
@@ -126,9 +127,6 @@ def test_parallel_slots_each_have_their_kv_caches_in_the_plan(tiny_gguf, machine
     # a slot's tree may take the others' rows (at most WIDEST); the draft runs on up to twice a tree's nodes
     # (speculative/bestfirst.py), the target verifies the tree, its root and the bonus token; the draft sees the
     # prompt's last 64 tokens and the new ones
-    from engine.memory import batch_width
-    from speculative.batch import WIDEST
-
     w = min(WIDEST, batch_width(four))
     assert kv_rows(four) == four.context + w + 2 and kv_rows(four, draft=True) == 64 + 8 + 2 * w + 2
     shared = decide(RunConfig.from_options(**base, parallel=4), machine)

@@ -25,9 +25,8 @@ def test_a_cycles_chunks_come_in_one_burst_and_the_drain_is_left_out():
 
 def test_the_benchmark_runs_one_at_a_time_and_two_together_losslessly():
     cmd = [sys.executable, "-m", "bench.parallel", "--prompts", "engine/assets/dev.jsonl", "--limit", "3"]
-    out = subprocess.run(
-        [*cmd, "--max-new-tokens", "8", "--parallel", "2"], capture_output=True, text=True, timeout=600
-    )
+    argv = [*cmd, "--max-new-tokens", "8", "--parallel", "2"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {
         line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
