@@ -128,6 +128,8 @@ def main(argv=None) -> None:
     modes = args.mode.split(",")
     common = ["--max-new-tokens", str(args.max_new_tokens)]
     runs: dict = {(m, n): [] for m in modes for n in ns}
+    if args.memory_budget:
+        _prepare(args)
     for _ in range(args.rounds):  # interleaved: a noisy host's slow minutes fall on every configuration alike
         for n in ns:
             for m in modes[: 1 if n == 0 else None]:  # one at a time: the first mode's (today's server)
@@ -157,6 +159,21 @@ def main(argv=None) -> None:
         llama = ["--llama-server", args.llama_server, "--gguf", gguf, "--llama-ids", f.name, *common]
         _table({n: _run(args, ["--n", str(n), *llama], evict=[gguf]) for n in ns}, f"llama-server -np N ({gguf})")
         os.unlink(f.name)
+
+
+def _prepare(args) -> None:
+    """The weight stores and this machine's costs the runs read, made here, outside the cgroups: a first run's
+    conversion holds the unquantized weights, more than a small budget, and would be killed inside one."""
+    from engine.config import RunConfig
+    from engine.decide import prepare_drafts
+    from engine.inputs import tree_pair
+    from engine.machine import ThisMachine
+    from engine.prompts import load_prompts
+
+    cfg = RunConfig.from_options(memory_budget=args.memory_budget, max_new_tokens=args.max_new_tokens)
+    machine = ThisMachine(lambda line: print(line, file=sys.stderr, flush=True))
+    tree_pair(cfg, machine, load_prompts(args.prompts)[: args.limit])
+    prepare_drafts(cfg.with_mode("tree"), machine)
 
 
 def _run(args, argv: list[str], evict=()) -> dict | None:

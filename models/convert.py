@@ -313,6 +313,12 @@ def _convert_in_child(model: str, fmt: str, group_size: int) -> None:
         text=True,
     )
     if p.returncode != 0:
+        if p.returncode < 0:  # a signal: in a memory cgroup smaller than the conversion needs, the kernel's OOM kill
+            raise CadenceError(
+                f"converting {model} to {fmt} was killed (signal {-p.returncode}), most likely for memory: a conversion "
+                f"holds the model's unquantized weights, more than a small memory limit allows; convert it once where "
+                f"memory allows (`launch models convert {model} --dtype {fmt} --group-size {group_size}`), then run"
+            )
         lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
         raise CadenceError(
             lines[-1].removeprefix("convert: ")

@@ -105,3 +105,27 @@ def test_a_lock_left_by_a_killed_converter_is_taken_over(gguf, tmp_path):
     out, err = converted(converter(gguf, home))
     assert not out and "convert tiny -> fp32" in err  # no wait: the kernel dropped the dead one's lock
     assert WeightStore(store).manifest["source"]["sha256"] == sha256_file(gguf) and not partial.exists()
+
+
+def test_a_conversion_killed_for_memory_says_so_and_what_to_do(gguf, tmp_path):
+    """A first run under a memory limit smaller than a conversion needs: the kernel kills the converting child, and
+    the run's one sentence names the cause and the command that converts it once outside the limit."""
+    from bench.cgroup import detect, run_in_cgroup
+    from common.errors import CadenceError
+
+    try:
+        detect()
+    except (CadenceError, OSError) as e:
+        pytest.skip(f"no usable memory cgroup here: {e}")
+    code = (
+        "import sys\nfrom common.errors import CadenceError\nfrom models.convert import ensure_store\n"
+        f"try:\n    ensure_store({str(gguf)!r}, 'fp32')\nexcept CadenceError as e:\n    print(e)\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    env = dict(os.environ, CADENCE_HOME=str(tmp_path), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
+    run = run_in_cgroup([sys.executable, "-c", code], 96 << 20, env=env, timeout=120)  # torch alone needs more
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    said = run.stdout.strip()
+    assert said.startswith(f"converting {gguf} to fp32 was killed (signal 9), most likely for memory"), said
+    assert f"`launch models convert {gguf} --dtype fp32 --group-size 32`" in said
+    assert not store_of(gguf, tmp_path).exists()
