@@ -150,6 +150,7 @@ class MemoryCgroup:
         if self.version == 2:
             self._enable_memory(parent)
         self.dir = parent / self.name
+        sweep(parent)
         try:
             self.dir.mkdir()
         except OSError as e:
@@ -260,7 +261,21 @@ class MemoryCgroup:
                 return  # the cgroup is gone
 
     def kill_all(self, timeout: float = 5.0) -> None:
-        """SIGKILL every process in the cgroup and wait until it is empty."""
+        """SIGKILL every process in the cgroup but the runs' watchdogs (shm/watchdog.py: once the process that started
+        one is gone, it removes that run's shared memory and exits; killed with the rest, the segments would stay),
+        give those `timeout` to finish, then SIGKILL whatever is left and wait until the cgroup is empty."""
+        from shm.watchdog import PROCESS_NAME
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rest = [pid for pid in self.pids() if _name(pid) != PROCESS_NAME]
+            if not rest:
+                break
+            for pid in rest:
+                _kill(pid)
+            time.sleep(0.01)
+        while self.pids() and time.monotonic() < deadline:  # the watchdogs, cleaning up
+            time.sleep(0.02)
         kill = self.dir / "cgroup.kill"  # v2, Linux 5.14+
         deadline = time.monotonic() + timeout
         while self.pids() and time.monotonic() < deadline:
@@ -268,10 +283,7 @@ class MemoryCgroup:
                 _write(kill, 1)
             else:
                 for pid in self.pids():
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    _kill(pid)
             time.sleep(0.01)
 
     def close(self) -> None:
@@ -304,6 +316,52 @@ class MemoryCgroup:
                         f"remove it by hand with rmdir once its processes have exited"
                     ) from None
                 time.sleep(0.02)
+
+
+def sweep(parent: Path) -> list[str]:
+    """Remove the cgroups under `parent` that a run killed before it could remove its own left behind (SIGKILL, or a
+    signal its process had no handler for): `cadence-PID-...` whose process PID is gone and which hold no process.
+    Their names returned. One that holds a process, or whose PID lives (maybe reused), stays."""
+    gone = []
+    for d in parent.glob("cadence-*-*"):
+        try:
+            pid = int(d.name.split("-")[1])
+        except ValueError:
+            continue
+        if pid == os.getpid() or _alive(pid):
+            continue
+        try:
+            if (d / "cgroup.procs").read_text().split():
+                continue
+            d.rmdir()
+        except OSError:
+            continue  # gone meanwhile, or not ours to remove
+        gone.append(d.name)
+    return gone
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from common.errors import Terminated
 from common.units import parse_bytes
 
 
@@ -256,5 +258,15 @@ def _table(results: dict, title: str) -> None:
         )
 
 
+def _terminated(signum, frame):
+    raise Terminated(signum)
+
+
 if __name__ == "__main__":
-    main()
+    signal.signal(signal.SIGTERM, _terminated)  # as Ctrl-C: the run in its cgroup is killed and the cgroup removed
+    try:
+        main()
+    except KeyboardInterrupt as e:
+        why = "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted"
+        print(f"bench.parallel: {why}; the run under way was stopped and nothing is reported", file=sys.stderr)
+        sys.exit(128 + (e.signum if isinstance(e, Terminated) else signal.SIGINT))

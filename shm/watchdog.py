@@ -19,6 +19,7 @@ import sys
 from common.procname import set_process_name
 from shm.arena import SEGMENT_NAME, SHM_DIR
 
+PROCESS_NAME = "cad-watchdog"  # what ps shows (and bench/cgroup.py `kill_all` spares, so that it cleans up)
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -85,7 +86,7 @@ def _cleanup(segments: list[str], dirs: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     run_id, scheduler_pid, fd = argv[0], int(argv[1]), int(argv[2])
-    set_process_name("cad-watchdog")
+    set_process_name(PROCESS_NAME)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     segments: list[str] = []

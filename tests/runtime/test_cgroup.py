@@ -114,6 +114,29 @@ def test_a_timeout_kills_everything_in_the_cgroup():
     assert not leftovers()
 
 
+@real
+def test_a_cgroup_left_by_a_killed_run_is_swept_by_the_next_one():
+    """A run killed before it could remove its cgroup (SIGKILL) leaves `cadence-PID-...` behind; the next cgroup made
+    removes it, as long as its process is gone and it holds none. One whose process lives stays."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    live = subprocess.Popen(["sleep", "30"])
+    stale, kept = INFO.own_dir / f"cadence-{dead.pid}-5ca1ed", INFO.own_dir / f"cadence-{live.pid}-a11ve0"
+    stale.mkdir()
+    kept.mkdir()
+    try:
+        with MemoryCgroup(64 * MiB, info=INFO) as cg:
+            assert cg.dir.exists()
+        assert not stale.exists() and kept.exists()
+    finally:
+        live.kill()
+        live.wait()
+        for d in (stale, kept):
+            if d.exists():
+                d.rmdir()
+    assert not leftovers()
+
+
 # -- detection on fake trees -------------------------------------------------------------------
 
 

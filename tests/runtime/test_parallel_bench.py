@@ -1,8 +1,10 @@
 """`python -m bench.parallel` (issue 42's benchmark): a cycle's chunks grouped by when they came, the aggregate while
 every slot is busy, and a real run of the default models end to end (tiny sizes; no timing is asserted)."""
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,3 +40,54 @@ def test_the_benchmark_runs_one_at_a_time_and_two_together_losslessly():
     assert one[-1] == two[-1] == "yes"  # each generation token for token as one at a time
     assert float(one[5]) == pytest.approx(float(one[3]), rel=0.05)  # alone, the two figures are one
     assert float(two[5]) > 0 and two[6].endswith("x")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # exited, not yet reaped
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def test_sigterm_stops_the_benchmark_leaving_no_cgroup_process_or_segment():
+    """SIGTERM while a run is under way in its memory cgroup: one line, exit 143, and the run's processes, its cgroup
+    and its shared memory are gone (before, the cgroup stayed and made later cgroup runs see a leftover)."""
+    from bench.cgroup import detect
+    from common.errors import CadenceError
+    from tests.conftest import shm_segments
+
+    try:
+        info = detect()
+    except (CadenceError, OSError) as e:
+        pytest.skip(f"no usable memory cgroup here: {e}")
+    before = shm_segments()
+    argv = [sys.executable, "-m", "bench.parallel", "--prompts", "engine/assets/dev.jsonl", "--limit", "2"]
+    p = subprocess.Popen(
+        [*argv, "--max-new-tokens", "64", "--parallel", "2", "--memory-budget", "1GiB"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    members, deadline = [], time.monotonic() + 300
+    while not members and p.poll() is None and time.monotonic() < deadline:
+        for d in info.own_dir.glob(f"cadence-{p.pid}-*"):  # a run under way inside, with its actors
+            try:
+                members = [int(x) for x in (d / "cgroup.procs").read_text().split()]
+            except FileNotFoundError:
+                pass
+        members = members if len(members) >= 3 else []
+        time.sleep(0.05)
+    assert members, "no run started in a cgroup"
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("bench.parallel: stopped by SIGTERM") and "Traceback" not in err
+    assert not list(info.own_dir.glob(f"cadence-{p.pid}-*"))
+    deadline = time.monotonic() + 30
+    while not all(_gone(pid) for pid in members) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in members)
+    while shm_segments() - before and time.monotonic() < deadline:  # a killed run's watchdog clears them
+        time.sleep(0.1)
+    assert not shm_segments() - before
