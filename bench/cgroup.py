@@ -250,11 +250,10 @@ class MemoryCgroup:
                 time.sleep(0.02)
 
 
-def sweep(parent: Path) -> list[str]:
+def sweep(parent: Path) -> None:
     """Remove the cgroups under `parent` that a run killed before it could remove its own left behind (SIGKILL, or a
     signal its process had no handler for): `cadence-PID-...` whose process PID is gone and which hold no process.
-    Their names returned. One that holds a process, or whose PID lives (maybe reused), stays."""
-    gone = []
+    One that holds a process, or whose PID lives (maybe reused), stays."""
     for d in parent.glob("cadence-*-*"):
         try:
             pid = int(d.name.split("-")[1])
@@ -267,9 +266,7 @@ def sweep(parent: Path) -> list[str]:
                 continue
             d.rmdir()
         except OSError:
-            continue  # gone meanwhile, or not ours to remove
-        gone.append(d.name)
-    return gone
+            pass  # gone meanwhile, or not ours to remove
 
 
 def _name(pid: int) -> str:
@@ -291,8 +288,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # another user's
+        pass
     return True
 
 

@@ -51,8 +51,11 @@ def measure(model, prompts: list[list[int]], width: int, cycles: int) -> tuple[f
         ps = LocalDraft.propose_many([(d, width) for d in drafts])
         seconds.append(time.perf_counter() - t0)
         forwards.append(max((p.draft.forwards for p in ps if p is not None), default=0))
-        for d, p in zip(drafts, ps):
-            d.advance(p, *verdict(p)) if p is not None else d.advance(None, [], [prompts[0][-1]])
+        for d, p, ids in zip(drafts, ps, prompts):
+            if p is None:  # no tree: a plain step's verdict
+                d.advance(None, [], [ids[-1]])
+            else:
+                d.advance(p, *verdict(p))
     keep = slice(2, None) if cycles > 3 else slice(None)
     return statistics.median(seconds[keep]), statistics.median(forwards[keep])
 

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common.errors import Terminated
+from common.errors import Terminated, stop_on_sigterm
 from common.units import parse_bytes
 
 
@@ -258,12 +258,8 @@ def _table(results: dict, title: str) -> None:
         )
 
 
-def _terminated(signum, frame):
-    raise Terminated(signum)
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _terminated)  # as Ctrl-C: the run in its cgroup is killed and the cgroup removed
+    stop_on_sigterm()  # as Ctrl-C: the run in its cgroup is killed and the cgroup removed
     try:
         main()
     except KeyboardInterrupt as e:

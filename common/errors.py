@@ -25,3 +25,13 @@ class Terminated(KeyboardInterrupt):
     def __init__(self, signum: int = 15):
         super().__init__(signum)
         self.signum = signum
+
+
+def stop_on_sigterm() -> None:
+    """From now on SIGTERM raises `Terminated` in the main thread, wherever it is (handled as Ctrl-C is)."""
+    import signal
+
+    def _terminated(signum, frame):
+        raise Terminated(signum)
+
+    signal.signal(signal.SIGTERM, _terminated)

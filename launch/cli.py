@@ -15,7 +15,7 @@ import re
 import signal
 import sys
 
-from common.errors import CadenceError, Terminated
+from common.errors import CadenceError, Terminated, stop_on_sigterm
 
 # subcommand module names, in the order `launch --help` lists them
 COMMANDS = ("models", "run", "chat", "serve", "plan", "bench", "profile", "trace", "runtime_bench")
@@ -72,10 +72,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _terminated(signum, frame):
-    raise Terminated(signum)
-
-
 def _command(argv: list[str]) -> str | None:
     """The subcommand module named by argv, if argv names one before any option."""
     first = next((a for a in argv if not a.startswith("-")), None)
@@ -102,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    signal.signal(signal.SIGTERM, _terminated)
+    stop_on_sigterm()
     try:
         return int(args.func(args) or 0)
     except Terminated:

@@ -106,3 +106,14 @@ def run_until_role_killed(cfg, role: str, after_s: float, prompts, rounds: int) 
                 runner.run(p)
         finally:
             killer.cancel()
+
+
+def memory_cgroup_or_skip():
+    """This machine's memory cgroup (bench/cgroup.py `detect`), or the test skipped saying why there is none."""
+    from bench.cgroup import detect
+    from common.errors import CadenceError
+
+    try:
+        return detect()
+    except (CadenceError, OSError) as e:
+        pytest.skip(f"no usable memory cgroup here: {e}")

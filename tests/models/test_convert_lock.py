@@ -110,13 +110,10 @@ def test_a_lock_left_by_a_killed_converter_is_taken_over(gguf, tmp_path):
 def test_a_conversion_killed_for_memory_says_so_and_what_to_do(gguf, tmp_path):
     """A first run under a memory limit smaller than a conversion needs: the kernel kills the converting child, and
     the run's one sentence names the cause and the command that converts it once outside the limit."""
-    from bench.cgroup import detect, run_in_cgroup
-    from common.errors import CadenceError
+    from bench.cgroup import run_in_cgroup
+    from tests.conftest import memory_cgroup_or_skip
 
-    try:
-        detect()
-    except (CadenceError, OSError) as e:
-        pytest.skip(f"no usable memory cgroup here: {e}")
+    memory_cgroup_or_skip()
     code = (
         "import sys\nfrom common.errors import CadenceError\nfrom models.convert import ensure_store\n"
         f"try:\n    ensure_store({str(gguf)!r}, 'fp32')\nexcept CadenceError as e:\n    print(e)\n"

@@ -52,14 +52,9 @@ def _gone(pid: int) -> bool:
 def test_sigterm_stops_the_benchmark_leaving_no_cgroup_process_or_segment():
     """SIGTERM while a run is under way in its memory cgroup: one line, exit 143, and the run's processes, its cgroup
     and its shared memory are gone (before, the cgroup stayed and made later cgroup runs see a leftover)."""
-    from bench.cgroup import detect
-    from common.errors import CadenceError
-    from tests.conftest import shm_segments
+    from tests.conftest import memory_cgroup_or_skip, shm_segments
 
-    try:
-        info = detect()
-    except (CadenceError, OSError) as e:
-        pytest.skip(f"no usable memory cgroup here: {e}")
+    info = memory_cgroup_or_skip()
     before = shm_segments()
     argv = [sys.executable, "-m", "bench.parallel", "--prompts", "engine/assets/dev.jsonl", "--limit", "2"]
     p = subprocess.Popen(

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from bench.cgroup import detect, run_in_cgroup
+from bench.cgroup import run_in_cgroup
 from shm.watchdog import REPO_ROOT, python_env
-from tests.conftest import dev_prompts
+from tests.conftest import dev_prompts, memory_cgroup_or_skip
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 BUDGET = 768 << 20
@@ -46,10 +46,7 @@ def flash_assets() -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    try:
-        detect()
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"no memory cgroup here: {e}")
+    memory_cgroup_or_skip()
     flash_assets()
     d = tmp_path_factory.mktemp("lean")
     prompts = d / "prompts.jsonl"
