@@ -12,6 +12,10 @@ every family and variant). What each family's converter does to the tensors:
 - phi3: `qkv_proj` stays fused as `attn_qkv`, `gate_up_proj` stays fused as `ffn_up` (gate rows first); longrope's
   factors become `rope_factors_long/short.weight` plus `rope.scaling.attn_factor`.
 - olmo2, gemma: post-norms (`post_attention_norm`, `post_ffw_norm`); qwen2, qwen3, olmo2, gemma, phi3: no permutation.
+- smollm3, ministral3 (`mistral3`): LlamaModel's permutation; ministral3's YaRN keys, `yarn_log_multiplier` and
+  `attention.temperature_scale`. olmo3 (`olmo2`) and exaone4: a window and per-layer sliding flags. glm4: its
+  four norms, gate_up kept fused as `ffn_up`, `rope.dimension_count` half a head. seed_oss: its pre-FFN norm
+  as `post_attention_norm`. (conversion/llama.py, olmo.py, exaone.py, glm.py, mistral3.py)
 
 Only the byte-level BPE tokenizer path (`tokenizer.ggml.model` = gpt2) is reproduced, which is what the tiny folders
 carry; the pre-tokenizer is named from the tokenizer.json's split regex (the real converter hashes the token ids of a
@@ -25,6 +29,8 @@ import struct
 from pathlib import Path
 
 import torch
+
+from bench.hf_gguf_vocab import vocab_gpt2
 
 QWEN2_SPLIT = (  # Qwen2's split regex (llama.cpp's pre-tokenizer "qwen2"), as its tokenizer.json has it
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
@@ -41,8 +47,20 @@ GGUF_ARCH = {
     "olmo2": "olmo2",
     "qwen3": "qwen3",
     "qwen2": "qwen2",
+    "smollm3": "smollm3",
+    "olmo3": "olmo2",  # Olmo3Model is Olmo2Model with a window
+    "seed_oss": "seed_oss",
+    "exaone4": "exaone4",
+    "glm4": "glm4",
+    "ministral3": "mistral3",
 }
-PERMUTE_QK = ("llama", "mistral", "granite")  # LlamaModel and its subclasses: undo_permute = True
+PERMUTE_QK = (
+    "llama",
+    "mistral",
+    "granite",
+    "smollm3",
+    "ministral3",
+)  # LlamaModel and its subclasses: undo_permute = True
 GEMMA = ("gemma2", "gemma3_text")
 FILE_TYPES = {"F32": 0, "F16": 1, "Q8_0": 7, "BF16": 32}  # gguf.LlamaFileType of each --outtype
 PRE_TOKENIZERS = {QWEN2_SPLIT: "qwen2"}
@@ -65,8 +83,11 @@ _LAYER = {
     "mlp.up_proj": "ffn_up",
     "mlp.gate_up_proj": "ffn_up",  # phi3: gate and up fused, gate first, one tensor of 2 * n_ff rows
     "mlp.down_proj": "ffn_down",
+    "post_self_attn_layernorm": "post_attention_norm",  # glm4
+    "post_mlp_layernorm": "post_ffw_norm",  # glm4
 }
-_POST_ATTN = ("gemma2", "gemma3_text", "olmo2")  # ... but the attention's post-norm in these
+# ... but the attention's post-norm in these (Seed-OSS: llama.cpp's name for its pre-FFN norm)
+_POST_ATTN = ("gemma2", "gemma3_text", "olmo2", "olmo3", "exaone4", "seed_oss")
 
 
 def gguf_tensor_name(model_type: str, hf_name: str) -> str:
@@ -204,6 +225,16 @@ def _text_model_params(w, h: dict, rope: dict, ftype: int) -> None:
         w.add_rope_scaling_factor(rp["factor"])
     elif kind in ("su", "longrope"):
         w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
+    elif kind == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rp["factor"])
+        w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
+        for key, add in (
+            ("beta_fast", w.add_rope_scaling_yarn_beta_fast),
+            ("beta_slow", w.add_rope_scaling_yarn_beta_slow),
+        ):
+            if rp.get(key) is not None:
+                add(rp[key])
     elif kind not in (None, "default", "llama3"):  # llama3: the rope_freqs tensor, no key
         raise NotImplementedError(f"rope type {kind!r} is not reproduced here")
     if (theta := rp.get("rope_theta")) is not None:
@@ -272,6 +303,17 @@ def _hparams(w, h: dict, rope: dict, ftype: int) -> None:
         ):
             if h.get(key):
                 add(h[key])
+    if mt == "ministral3":  # Ministral3Model: the YaRN log multiplier and Llama 4's query scaling
+        w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
+        w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
+    if mt == "exaone4":
+        w.add_vocab_size(h["vocab_size"])
+    if mt in ("olmo3", "exaone4") and h.get("sliding_window") is not None:  # per-layer flags from layer_types
+        w.add_sliding_window(h["sliding_window"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in h["layer_types"]])
+    if mt == "glm4":
+        head_dim = h.get("head_dim") or h["hidden_size"] // h["num_attention_heads"]
+        w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.5)))
     if mt == "gemma3_text":  # Gemma3Model re-adds context, heads, eps, key/value length, freq_base: the same values
         assert h.get("attn_logit_softcapping") is None
         if h.get("final_logit_softcapping"):
@@ -279,90 +321,6 @@ def _hparams(w, h: dict, rope: dict, ftype: int) -> None:
         if h.get("sliding_window_pattern") != 1:
             w.add_sliding_window(h["sliding_window"])
     return None
-
-
-def _looks_special(tok: str) -> bool:
-    """TextModel.does_token_look_special."""
-    return (
-        tok in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
-        or (tok.startswith("<|") and tok.endswith("|>"))
-        or (tok.startswith("<｜") and tok.endswith("｜>"))
-        or (tok.startswith("<unused") and tok.endswith(">"))
-    )
-
-
-def _vocab_gpt2(w, folder: Path, h: dict) -> None:
-    """TextModel._set_vocab_gpt2 (get_vocab_base): one token per id up to vocab_size, then the special vocab."""
-    import gguf
-
-    tj = json.loads((folder / "tokenizer.json").read_text())
-    added = {t["id"]: t for t in tj["added_tokens"]}
-    rev = {i: t for t, i in tj["model"]["vocab"].items()} | {i: t["content"] for i, t in added.items()}
-    tokens, types = [], []
-    for i in range(h["vocab_size"]):
-        tok = rev.get(i)
-        if tok is None:
-            tokens.append(f"[PAD{i}]")
-            types.append(gguf.TokenType.UNUSED)
-            continue
-        if i not in added:
-            types.append(gguf.TokenType.NORMAL)
-        elif added[i]["special"] or _looks_special(tok):
-            types.append(gguf.TokenType.CONTROL)
-        else:
-            tok = tok.replace("\u2581", " ")
-            types.append(gguf.TokenType.USER_DEFINED)
-        tokens.append(tok)
-    pre = tj["pre_tokenizer"]
-    split = pre["pretokenizers"][0] if pre and pre.get("type") == "Sequence" else pre
-    if not split or split.get("type") != "Split" or split["pattern"].get("Regex") not in PRE_TOKENIZERS:
-        raise NotImplementedError(f"no llama.cpp pre-tokenizer name known for {split}")
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(PRE_TOKENIZERS[split["pattern"]["Regex"]])
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    _special_vocab(w, folder, tj)
-
-
-def _special_vocab(w, folder: Path, tj: dict) -> None:
-    """gguf.SpecialVocab(load_merges=True) as llama.cpp's gguf-py has it, for tokenizers with no post-processor
-    template: merges, special ids (tokenizer_config.json first, then config.json), add_*_token, chat template."""
-    merges = tj["model"].get("merges") or []
-    if merges and not isinstance(merges[0], str):  # pairs: spaces inside a part written as U+0120
-        merges = [" ".join("".join(chr(ord(c) + 256) if c == " " else c for c in p) for p in m) for m in merges]
-    tc_path = folder / "tokenizer_config.json"
-    tc = json.loads(tc_path.read_text()) if tc_path.is_file() else {}
-    cfg = json.loads((folder / "config.json").read_text())
-    add: dict[str, bool] = {}
-    if pp := tj.get("post_processor"):
-        for proc in pp.get("processors", [pp]):
-            if proc.get("type") != "ByteLevel":
-                raise NotImplementedError(f"post-processor {proc.get('type')} is not reproduced here")
-            add.setdefault("bos", False)
-            add.setdefault("eos", False)
-    ids: dict[str, int] = {}
-    for typ in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"):
-        if isinstance(flag := tc.get(f"add_{typ}_token"), bool):
-            add.setdefault(typ, flag)
-        entry = tc.get(f"{typ}_token")
-        content = entry.get("content") if isinstance(entry, dict) else entry
-        tid = next((t["id"] for t in tj["added_tokens"] if t["content"] == content), None)
-        if isinstance(content, str) and isinstance(tid, int):
-            ids.setdefault(typ, tid)
-    for typ in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"):
-        if isinstance(tid := cfg.get(f"{typ}_token_id", cfg.get("text_config", {}).get(f"{typ}_token_id")), int):
-            ids.setdefault(typ, tid)
-    if merges:
-        w.add_token_merges(merges)
-    for typ, tid in ids.items():
-        getattr(w, f"add_{typ}_token_id")(tid)
-    for typ, flag in add.items():
-        getattr(w, f"add_add_{typ}_token")(flag)
-    template = tc.get("chat_template")
-    if template is None and (folder / "chat_template.jinja").is_file():
-        template = (folder / "chat_template.jinja").read_text()
-    if template is not None:
-        w.add_chat_template(template)
 
 
 def write_gguf_like_llama_cpp(hf_folder: Path, out: Path, qtype: str = "F32") -> Path:
@@ -390,7 +348,7 @@ def write_gguf_like_llama_cpp(hf_folder: Path, out: Path, qtype: str = "F32") ->
     meta.set_gguf_meta_model(w)
     _hparams(w, h, rope, FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    _vocab_gpt2(w, hf_folder, h)
+    vocab_gpt2(w, hf_folder, h, PRE_TOKENIZERS)
     if mt == "gemma2":
         w.add_add_space_prefix(False)  # Gemma2Model.set_vocab (after its SentencePiece vocab, here the BPE one)
     w.write_header_to_file()

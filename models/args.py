@@ -33,6 +33,13 @@ ARCHS = (
     "qwen3_moe",
     "olmoe",
     "mixtral",
+    "smollm3",
+    "olmo3",
+    "seed_oss",
+    "exaone4",
+    "glm4",
+    "ministral3",
+    "lfm2",
 )
 QK_NORMS = ("", "head", "full")  # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe)
 ACTS = ("silu", "gelu_tanh")
@@ -111,6 +118,14 @@ class ModelArgs:
     rope_local_base: float = 0.0  # the sliding layers' rope base, unscaled (Gemma 3; 0: as the others)
     sliding_window: int = 0  # keys a sliding layer's query sees, itself included
     sliding_layers: tuple[int, ...] = ()
+    nope_layers: tuple[int, ...] = ()  # layers without rotary embeddings (SmolLM3, EXAONE 4's global ones)
+    # queries scaled by position after RoPE (Ministral 3, Llama 4): q *= 1 + beta * ln(1 + floor((pos + offset) / scale))
+    attn_temp_beta: float = 0.0
+    attn_temp_scale: float = 1.0
+    attn_temp_offset: int = 0
+    # short-convolution layers in place of attention (LFM2): a depthwise causal convolution of `conv_kernel` taps
+    conv_layers: tuple[int, ...] = ()
+    conv_kernel: int = 0
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -140,6 +155,18 @@ class ModelArgs:
         object.__setattr__(self, "sliding_layers", tuple(sorted(int(i) for i in self.sliding_layers)))
         if self.sliding_layers and not (0 < self.sliding_window and 0 <= self.sliding_layers[0]):
             raise CadenceError(f"sliding layers {self.sliding_layers} need a window > 0 (got {self.sliding_window})")
+        object.__setattr__(self, "nope_layers", tuple(sorted(int(i) for i in self.nope_layers)))
+        if self.nope_layers and self.nope_layers[-1] >= self.n_layers:
+            raise CadenceError(f"layer {self.nope_layers[-1]} without rope is past the model's {self.n_layers} layers")
+        object.__setattr__(self, "conv_layers", tuple(sorted(int(i) for i in self.conv_layers)))
+        if self.conv_layers and not (self.conv_kernel > 1 and self.conv_layers[-1] < self.n_layers):
+            raise CadenceError(
+                f"conv layers {self.conv_layers} need a kernel > 1 (got {self.conv_kernel}) and a layer each"
+            )
+        if set(self.conv_layers) & set(self.sliding_layers):
+            raise CadenceError("a layer cannot be both a convolution and a sliding-window attention layer")
+        if self.attn_temp_beta and self.attn_temp_scale <= 0:
+            raise CadenceError(f"attn_temp_scale={self.attn_temp_scale} must be positive")
         if self.sliding_layers and self.sliding_layers[-1] >= self.n_layers:
             raise CadenceError(f"sliding layer {self.sliding_layers[-1]} is past the model's {self.n_layers} layers")
         if not 0 <= self.rope_dim <= self.head_dim or self.rope_dim % 2:
@@ -156,6 +183,16 @@ class ModelArgs:
 
     def sliding(self, layer: int) -> bool:
         return layer in self.sliding_layers
+
+    def conv(self, layer: int) -> bool:
+        return layer in self.conv_layers
+
+    def rope_kind(self, layer: int) -> str:
+        """Which rotary tables a layer takes: "none" (NoPE), "local" (a sliding layer's own base, unscaled) or
+        "full"."""
+        if layer in self.nope_layers:
+            return "none"
+        return "local" if self.sliding(layer) and self.rope_local_base > 0 else "full"
 
     @property
     def q_dim(self) -> int:
@@ -194,7 +231,8 @@ class ModelArgs:
         return min(capacity, self.sliding_window - 1 + WINDOW_REWIND + PREFILL_CHUNK)
 
     def kv_bytes(self, capacity: int, itemsize: int = 4) -> int:
-        """Bytes of the KV cache for a context of `capacity` tokens: a sliding layer keeps its window only."""
-        n_slide = len(self.sliding_layers)
-        rows = (self.n_layers - n_slide) * capacity + n_slide * self.window_rows(capacity)
-        return 2 * rows * self.kv_dim * itemsize
+        """Bytes of the KV cache for a context of `capacity` tokens: a sliding layer keeps its window only; a
+        convolution layer keeps its input row (dim wide) for every token, where a node's taps come from."""
+        n_slide, n_conv = len(self.sliding_layers), len(self.conv_layers)
+        rows = (self.n_layers - n_slide - n_conv) * capacity + n_slide * self.window_rows(capacity)
+        return (2 * rows * self.kv_dim + n_conv * capacity * self.dim) * itemsize

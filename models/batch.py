@@ -20,6 +20,7 @@ import torch
 from common.errors import CadenceError
 from models import kernels, layer_kernel
 from models.attention import Visibility, attend
+from models.shortconv import conv_mix
 from models.transformer import Transformer
 
 
@@ -56,7 +57,8 @@ def forward_many_steps(model: Transformer, batch: list[Rows], argmax: bool = Fal
         w = yield need
         if w.flash is not None:
             raise CadenceError("a batch of generations does not run LLM in a flash's sparse FFN")
-        rec = layer_kernel.record(w, a) if model.layer_calls and model.ffn_inputs is None else None
+        one_call = model.layer_calls and model.ffn_inputs is None and not a.attn_temp_beta
+        rec = layer_kernel.record(w, a) if one_call else None
         if rec is not None:  # the whole layer in one call over every generation's rows, the same bits
             layer_kernel.run_many(rec, x, pos, [p[i] for p in places], spans, model.scale, a.norm_eps)
         else:
@@ -78,13 +80,23 @@ def block(model: Transformer, w, x: torch.Tensor, positions: list, places: list,
     """One layer over every generation's rows, in place in `x`, where the one-call kernel does not take the layer:
     the separate kernel calls of `Transformer.block_fused`, each generation's attention its own."""
     a = model.args
-    qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x)
-    if a.qk_norm:
-        model.norm_qk(qkv, w, kernels.rmsnorm)
-    o = torch.empty(x.shape[0], a.q_dim, dtype=x.dtype)
-    for (lo, hi), pos, at in zip(spans, positions, places):
-        q = kernels.qkv_rope(qkv[lo:hi], w.qkv.bias, pos, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
-        o[lo:hi] = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap).reshape(hi - lo, a.q_dim)
-    model.residual(x, w.attn_out, o, w.attn_post_norm, kernels.rmsnorm)
+    h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
+    if w.conv_in is not None:  # a short convolution: each generation's taps over its own cache rows
+        b, c, xx = w.conv_in.matmul(h).split(a.dim, dim=-1)
+        bx, y = b * xx, torch.empty_like(c)
+        for (lo, hi), at in zip(spans, places):
+            y[lo:hi] = conv_mix(at.k, at.slot0, bx[lo:hi], w.conv_w, at.vis)
+        model.residual(x, w.conv_out, c * y, w.attn_post_norm, kernels.rmsnorm)
+    else:
+        qkv = w.qkv.matmul(h)
+        if a.qk_norm:
+            model.norm_qk(qkv, w, kernels.rmsnorm)
+        o = torch.empty(x.shape[0], a.q_dim, dtype=x.dtype)
+        for (lo, hi), pos, at in zip(spans, positions, places):
+            rot = at.rotary
+            q = kernels.qkv_rope(qkv[lo:hi], w.qkv.bias, pos, rot.cos, rot.sin, at.k, at.v, a.n_heads, at.slot0)
+            model.temper(q, pos)
+            o[lo:hi] = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap).reshape(hi - lo, a.q_dim)
+        model.residual(x, w.attn_out, o, w.attn_post_norm, kernels.rmsnorm)
     h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
     model.residual(x, w.down, kernels.glu(w.gate_up.matmul(h), a.act), w.ffn_post_norm, kernels.rmsnorm)

@@ -35,6 +35,8 @@ LINEAR = (
     "ffn_shexp_down",
     "gate_up",
     "down",
+    "conv_in",
+    "conv_out",
 )
 # kept in fp32 whatever the format: a router decides which experts run, and its weights are a few KiB per layer
 FP32_LINEAR = ("ffn_router", "ffn_shexp_gate")
@@ -94,6 +96,8 @@ def _write_store(
 
     check_format(fmt)
     args = source.args
+    if getattr(source, "wrapper", ""):
+        _stderr(f"{source.wrapper} is a multimodal model: cadence converts and runs its text model; images are not run")
     # the head is written in parts, below; the final norm goes with the first part
     names = [("head.0" if g == "head" else g, n) for g, n in canonical_names(args) if n != "head"]
     starts = head_part_starts(args)

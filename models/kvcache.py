@@ -7,13 +7,17 @@ time). `commit(keep)` keeps the chosen pending entries, in order, and drops the 
 A full-attention layer keeps every slot. A sliding-window layer (Gemma 2/3, Mistral v0.1, Qwen 2's upper
 layers) keeps only what a query can still see: its rows hold global slots [base, end), and when a forward
 needs room, the rows below `length - (window - 1) - REWIND` are dropped (the rest moved down), so a long
-context costs a window's memory there. Rows are addressed globally everywhere else; `layer(i)` says where a
+context costs a window's memory there. A short-convolution layer (LFM2) keeps each token's input row instead of a
+key and a value: a node's convolution reads the rows of its nearest ancestors (models/shortconv.py), so a tree
+verifies in one forward and `commit(keep)` keeps the accepted path's rows as it keeps keys. Rows are addressed
+globally everywhere else; `layer(i)` says where a
 layer's rows start, and `window_vis` turns a block's visibility into the sliding layers' own (each row's
 keys in the window, in order, in their rows).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -24,7 +28,8 @@ from models.args import WINDOW_REWIND as REWIND, ModelArgs
 
 
 class KVCache:
-    """Keys and values: full layers [n_full, Hkv, capacity, D], sliding ones [n_slide, Hkv, rows, D]."""
+    """Keys and values: full layers [n_full, Hkv, capacity, D], sliding ones [n_slide, Hkv, rows, D]; convolution
+    layers' input rows [n_conv, capacity, dim]."""
 
     def __init__(
         self, args: ModelArgs, capacity: int, device: str | torch.device = "cpu", storage: torch.Tensor | None = None
@@ -32,29 +37,26 @@ class KVCache:
         """`storage`: a float32 tensor of `KVCache.numel(args, capacity)` elements to live in (shared memory)."""
         self.args, self.capacity, self.device = args, capacity, device
         self.window = args.sliding_window if args.sliding_layers else 0
-        n_slide = len(args.sliding_layers)
-        full, slide = (args.n_layers - n_slide, capacity), (n_slide, args.window_rows(capacity))
+        n_slide, n_conv = len(args.sliding_layers), len(args.conv_layers)
+        full, slide = (args.n_layers - n_slide - n_conv, capacity), (n_slide, args.window_rows(capacity))
         self.rows = slide[1]
         self.owned = storage is None
+        shapes = [(2, n, args.n_kv_heads, c, args.head_dim) for n, c in (full, slide)] + [(n_conv, capacity, args.dim)]
         if storage is None:
-            parts = [torch.zeros((2, n, args.n_kv_heads, c, args.head_dim), device=device) for n, c in (full, slide)]
+            parts = [torch.zeros(shape, device=device) for shape in shapes]
         else:
             flat, parts, lo = storage.view(torch.float32), [], 0
-            for n, c in (full, slide):
-                shape = (2, n, args.n_kv_heads, c, args.head_dim)
-                size = 2 * n * args.n_kv_heads * c * args.head_dim
+            for shape in shapes:
+                size = math.prod(shape)
                 parts.append(flat[lo : lo + size].view(shape))
                 lo += size
-        (self.k, self.v), (self.wk, self.wv) = parts[0], parts[1]
-        # layer i -> (keys, values) of its own rows
-        index, j, w = [], 0, 0
+        (self.k, self.v), (self.wk, self.wv), self.conv = parts
+        # layer i -> (kind, its index among its kind's layers)
+        index, count = [], {"full": 0, "sliding": 0, "conv": 0}
         for i in range(args.n_layers):
-            if args.sliding(i):
-                index.append((True, w))
-                w += 1
-            else:
-                index.append((False, j))
-                j += 1
+            kind = "conv" if args.conv(i) else "sliding" if args.sliding(i) else "full"
+            index.append((kind, count[kind]))
+            count[kind] += 1
         self.index = index
         self.base = 0  # the global slot of a sliding layer's row 0
         self.pos = torch.zeros(capacity, dtype=torch.int64) if self.window else None  # each slot's position
@@ -70,13 +72,16 @@ class KVCache:
         return self.length + self.pending
 
     def nbytes(self) -> int:
-        return 2 * (self.k.numel() + self.wk.numel()) * 4
+        return (2 * (self.k.numel() + self.wk.numel()) + self.conv.numel()) * 4
 
-    def kv(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Layer i's keys and values [Hkv, rows, D] and the global slot of their row 0."""
-        sliding, j = self.index[i]
-        if sliding:
+    def kv(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """Layer i's keys and values [Hkv, rows, D] and the global slot of their row 0; a convolution layer's
+        input rows [capacity, dim] and None."""
+        kind, j = self.index[i]
+        if kind == "sliding":
             return self.wk[j], self.wv[j], self.base
+        if kind == "conv":
+            return self.conv[j], None, 0
         return self.k[j], self.v[j], 0
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
@@ -154,6 +159,7 @@ class KVCache:
             src = torch.tensor(keep, device=self.k.device) + L
             self.k[:, :, L : L + n] = self.k[:, :, src]
             self.v[:, :, L : L + n] = self.v[:, :, src]
+            self.conv[:, L : L + n] = self.conv[:, src]
             if self.window:
                 self.wk[:, :, L - self.base : L - self.base + n] = self.wk[:, :, src - self.base]
                 self.wv[:, :, L - self.base : L - self.base + n] = self.wv[:, :, src - self.base]

@@ -16,7 +16,8 @@ import numpy as np
 from common.errors import CadenceError
 from models.args import ModelArgs
 from models.families import BY_GGUF, BY_NAME, FAMILIES
-from models.families.base import COMMON_GGUF_KEYS, Family, gguf_rope, permute_partial, unpermute
+from models.families.base import COMMON_GGUF_KEYS, Family, deinterleave, gguf_rope, permute_partial, unpermute
+from models.families.pending import pending
 from models.files import what_is
 from models.gguf_file import GGUFFile
 from models.store import expert_group
@@ -44,12 +45,15 @@ def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
     for i in range(args.n_layers):
         g, b = f"layer.{i}", f"blk.{i}"
         names += [(g, f"{b}.attn_norm")] if args.pre_norm else []
-        names.append((g, f"{b}.attn_qkv"))
-        if args.qkv_bias:
-            names.append((g, f"{b}.attn_qkv_bias"))
-        if args.qk_norm:
-            names += [(g, f"{b}.attn_q_norm"), (g, f"{b}.attn_k_norm")]
-        names.append((g, f"{b}.attn_out"))
+        if args.conv(i):
+            names += [(g, f"{b}.conv_in"), (g, f"{b}.conv_w"), (g, f"{b}.conv_out")]
+        else:
+            names.append((g, f"{b}.attn_qkv"))
+            if args.qkv_bias:
+                names.append((g, f"{b}.attn_qkv_bias"))
+            if args.qk_norm:
+                names += [(g, f"{b}.attn_q_norm"), (g, f"{b}.attn_k_norm")]
+            names.append((g, f"{b}.attn_out"))
         names += [(g, f"{b}.attn_post_norm")] if args.post_norm else []
         names += [(g, f"{b}.ffn_norm")] if args.pre_norm else []
         if not args.moe:
@@ -94,6 +98,9 @@ def tensor_shape(args: ModelArgs, name: str) -> tuple[int, ...]:
         "ffn_shexp_down": (a.dim, a.shared_ffn_dim),
         "gate_up": (2 * a.expert_ffn_dim, a.dim),
         "down": (a.dim, a.expert_ffn_dim),
+        "conv_in": (3 * a.dim, a.dim),
+        "conv_w": (a.dim, a.conv_kernel),
+        "conv_out": (a.dim, a.dim),
     }[part]
 
 
@@ -105,12 +112,17 @@ def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
     return h.hexdigest()
 
 
-def qkv_layout(w: np.ndarray, args: ModelArgs, permuted: bool = False) -> np.ndarray:
+def qkv_layout(w: np.ndarray, args: ModelArgs, permuted: bool = False, interleaved: bool = False) -> np.ndarray:
     """A fused q/k/v matrix (or bias) in the engine's layout: llama.cpp's interleaved q/k rows put back
-    (`permuted`), a partial rotary's lanes moved to the front halves (models/families/base.py)."""
+    (`permuted`), a model's own interleaved pairs put in rotate-half order (`interleaved`: GLM-4), a partial
+    rotary's lanes moved to the front halves (models/families/base.py)."""
     q, k, v = np.split(w, [args.q_dim, args.q_dim + args.kv_dim])
     if permuted:
         q, k = unpermute(q, args.n_heads), unpermute(k, args.n_kv_heads)
+    if interleaved:
+        lanes = args.rope_dim or args.head_dim
+        q = deinterleave(q, args.n_heads, args.head_dim, lanes)
+        k = deinterleave(k, args.n_kv_heads, args.head_dim, lanes)
     if args.rope_dim:
         q = permute_partial(q, args.n_heads, args.head_dim, args.rope_dim)
         k = permute_partial(k, args.n_kv_heads, args.head_dim, args.rope_dim)
@@ -160,9 +172,14 @@ class GGUFSource:
         arch = self._field("general.architecture")
         moe = "blk.0.ffn_gate_exps.weight" in self.tensors
         fam = BY_NAME["mixtral"] if arch == "llama" and moe else BY_GGUF.get(arch)
+        if arch == "olmo2" and f"{arch}.attention.sliding_window" in self.file.fields:
+            fam = BY_NAME["olmo3"]  # llama.cpp's olmo2 with a window
         if fam is None:
             known = ", ".join(sorted(a for f in FAMILIES for a in f.gguf_archs))
-            raise CadenceError(f"{self.path.name}: architecture '{arch}' is not supported; cadence runs {known} models")
+            raise CadenceError(
+                f"{self.path.name}: architecture '{arch}' is not supported{pending('gguf', arch)}; "
+                f"cadence runs {known} models"
+            )
         self.gguf_arch, self.family = arch, fam
         if int(self._field("split.count", 1)) > 1:
             raise CadenceError(
@@ -276,5 +293,5 @@ class GGUFSource:
             return self._raw(srcs[0]).reshape(1, self.args.dim)
         w = np.concatenate([self._raw(s) for s in srcs]) if len(srcs) > 1 else self._raw(srcs[0])
         if name.endswith(("attn_qkv", "attn_qkv_bias")):
-            return qkv_layout(w, self.args, self.family.gguf_permuted)
+            return qkv_layout(w, self.args, self.family.gguf_permuted, self.family.interleaved)
         return w

@@ -14,6 +14,7 @@ from common.errors import CadenceError
 from models.args import ModelArgs
 from models.families import BY_HF
 from models.families.base import COMMON_HF_KEYS, Family, Unsupported, hf_rope
+from models.families.pending import pending
 from models.files import read_json, read_text
 from models.source import NORMS, canonical_names, qkv_layout, refuse_unknown, sha256_file
 from models.tokenizer import info_from_hf
@@ -47,21 +48,32 @@ class HFSource:
                         self.index[k] = f
             except Exception as e:
                 raise CadenceError(f"{f} is a damaged safetensors file ({e}); re-download it") from None
+        cfg, self.wrapper = text_part(cfg)
+        # a multimodal checkpoint's text model: under model.language_model. (or llava's language_model.model.)
+        self.prefix, self.head_name = "model.", "lm_head.weight"
+        for prefix, head in (
+            ("model.language_model.", "lm_head.weight"),
+            ("language_model.model.", "language_model.lm_head.weight"),
+        ):
+            if f"{prefix}embed_tokens.weight" in self.index:
+                self.prefix, self.head_name = prefix, head
         self.family = family_of(cfg, cfg_path)
         self.args = hf_args(
             cfg,
             cfg_path,
-            "model.layers.0.self_attn.q_proj.bias" in self.index
-            or "model.layers.0.self_attn.qkv_proj.bias" in self.index,
-            bool(cfg.get("tie_word_embeddings", False)) or "lm_head.weight" not in self.index,
+            f"{self.prefix}layers.0.self_attn.q_proj.bias" in self.index
+            or f"{self.prefix}layers.0.self_attn.qkv_proj.bias" in self.index,
+            bool(cfg.get("tie_word_embeddings", False)) or self.head_name not in self.index,
         )
         self.moe_prefix = "block_sparse_moe" if self.args.arch == "mixtral" else "mlp"
         tc_path = self.path / "tokenizer_config.json"
         tc = read_json(tc_path, "re-download it") if tc_path.exists() else {}
         self.tokenizer = info_from_hf(read_text(tj, "re-download it"), tc, cfg, origin=str(tj))
         self._files = files + [cfg_path, tj]
-        used = {n for _, c in canonical_names(self.args) for n in self._sources(c)} | {"lm_head.weight"}
+        used = {n for _, c in canonical_names(self.args) for n in self._sources(c)} | {self.head_name}
         unknown = {k for k in self.index if k not in used and not k.endswith(_IGNORED)}
+        if self.wrapper:  # the vision (and audio) towers and their projectors: images are not run
+            unknown = {k for k in unknown if k.startswith(self.prefix)}
         refuse_unknown("the tensor", unknown, str(self.path), self.family, "it is a variant cadence does not run")
 
     def _needs(self, name: str) -> Path:
@@ -90,10 +102,14 @@ class HFSource:
         """The tensors of the directory a canonical tensor is made of (an expert: any of its spellings)."""
         if name in ("embed", "out_norm", "head"):
             return [
-                {"embed": "model.embed_tokens.weight", "out_norm": "model.norm.weight", "head": "lm_head.weight"}[name]
+                {
+                    "embed": f"{self.prefix}embed_tokens.weight",
+                    "out_norm": f"{self.prefix}{self.family.hf_names.get('out_norm', ('norm',))[0]}.weight",
+                    "head": self.head_name,
+                }[name]
             ]
         _, i, part = name.split(".", 2)
-        p = f"model.layers.{i}"
+        p = f"{self.prefix}layers.{i}"
         if part.startswith("exp."):
             _, e, which = part.split(".")
             m = f"{p}.{self.moe_prefix}.experts"
@@ -113,7 +129,7 @@ class HFSource:
     def _expert(self, i: str, e: int, which: str) -> np.ndarray:
         """One expert's matrix: from per-expert tensors (checkpoints as published), or from the fused
         [experts, ...] tensors transformers 5 may keep."""
-        m = f"model.layers.{i}.{self.moe_prefix}.experts"
+        m = f"{self.prefix}layers.{i}.{self.moe_prefix}.experts"
         names = {"gate": ("w1", "gate_proj"), "up": ("w3", "up_proj"), "down": ("w2", "down_proj")}[which]
         for n in names:
             if f"{m}.{e}.{n}.weight" in self.index:
@@ -134,16 +150,30 @@ class HFSource:
         srcs = self._sources(name)
         w = np.concatenate([self._raw(s) for s in srcs]) if len(srcs) > 1 else self._raw(srcs[0])
         if name.endswith(("attn_qkv", "attn_qkv_bias")):
-            return qkv_layout(w, self.args)
+            return qkv_layout(w, self.args, interleaved=self.family.interleaved)
+        if name.endswith("conv_w"):  # transformers' depthwise Conv1d holds [dim, 1, K]
+            return w.reshape(w.shape[0], -1)
         if name.endswith(NORMS) and self.family.hf_norm_shift:
             return w + np.float32(self.family.hf_norm_shift)  # Gemma: applied as 1 + w, as transformers does
         return w
 
 
+def text_part(cfg: dict) -> tuple[dict, str]:
+    """(the config of the text model, the multimodal wrapper's model_type or ''): a checkpoint with a `text_config`
+    (Mistral 3, Gemma 4, Qwen 3.5) is run as its text model, as llama.cpp converts it; the root's tie flag counts."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        return cfg, ""
+    tied = bool(cfg.get("tie_word_embeddings")) or bool(text.get("tie_word_embeddings"))
+    return {**text, "tie_word_embeddings": tied}, str(cfg.get("model_type"))
+
+
 def family_of(cfg: dict, path: Path) -> Family:
     mt = cfg.get("model_type")
     if mt not in BY_HF:
-        raise CadenceError(f"{path}: model_type '{mt}' is not supported; cadence runs {', '.join(BY_HF)} models")
+        raise CadenceError(
+            f"{path}: model_type '{mt}' is not supported{pending('hf', mt)}; cadence runs {', '.join(BY_HF)} models"
+        )
     return BY_HF[mt]
 
 

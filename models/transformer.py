@@ -22,6 +22,7 @@ from models.attention import Visibility, attend
 from models.args import ModelArgs
 from models.kvcache import KVCache
 from models.rope import Rotary, inv_freq
+from models.shortconv import conv_mix
 from models.sampling import HeadArgmax
 from models.requests import ForwardPlan, NeedExperts, NeedWeights, SplitAttention, SplitColumns
 
@@ -43,6 +44,9 @@ def plain_block(a: ModelArgs) -> bool:
     return (
         a.pre_norm
         and not a.post_norm
+        and not a.nope_layers
+        and not a.attn_temp_beta
+        and not a.conv_layers
         and a.act == "silu"
         and a.residual_scale == 1.0
         and not a.attn_softcap
@@ -65,7 +69,7 @@ class Transformer:
         self.args, self.weights, self.device = args, weights, torch.device(device)
         self.scale = args.scale
         self.rotaries: dict[tuple[bool, int], Rotary] = {}
-        self.rotary = self.rotary_for(False, 0)
+        self.rotary = self.rotary_for("full", 0)
         # CPU: the fused row-wise kernels of models/csrc/ops.cpp; elsewhere: torch ops
         self.fused = self.device.type == "cpu" and args.dim % 16 == 0 and args.head_dim <= 1024 and kernels.available()
         self.layer_calls = self.fused  # a dense layer in one kernel call where it can (models/layer_kernel.py)
@@ -79,17 +83,30 @@ class Transformer:
         )
         self.ffn_inputs: list | None = None  # when a list, each layer's (i, FFN input h [T, dim]) is appended
 
-    def rotary_for(self, sliding: bool, capacity: int) -> Rotary:
-        """The rotary tables of a kind of layer; a scaling that depends on the context (LongRoPE, dynamic NTK)
+    def rotary_for(self, kind: str, capacity: int) -> Rotary:
+        """The rotary tables of a kind of layer (`ModelArgs.rope_kind`: "full", "local", "none": zero frequencies,
+        cos 1 and sin 0, which rotate nothing); a scaling that depends on the context (LongRoPE, dynamic NTK)
         takes the cache's capacity, as llama.cpp takes its context size."""
         a = self.args
-        local = sliding and a.rope_local_base > 0
-        scaling = None if local else a.rope_scaling
-        key = (local, capacity if scaling is not None and scaling.kind in ("longrope", "dynamic") else 0)
+        scaling = a.rope_scaling if kind == "full" else None
+        key = (kind, capacity if scaling is not None and scaling.kind in ("longrope", "dynamic") else 0)
         if key not in self.rotaries:
-            inv, factor = inv_freq(a.head_dim, a.rope_local_base if local else a.rope_base, scaling, a.rope_dim, key[1])
+            if kind == "none":
+                inv, factor = torch.zeros(a.head_dim // 2), 1.0
+            else:
+                base = a.rope_local_base if kind == "local" else a.rope_base
+                inv, factor = inv_freq(a.head_dim, base, scaling, a.rope_dim, key[1])
             self.rotaries[key] = Rotary(inv, factor, self.device)
         return self.rotaries[key]
+
+    def temper(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Queries [T, H, D] scaled by their positions (Ministral 3, Llama 4), in place; each row by its own
+        position, so a tree node gets what it gets decoded alone."""
+        a = self.args
+        if a.attn_temp_beta:
+            steps = torch.floor((positions.to(torch.float32) + a.attn_temp_offset) / a.attn_temp_scale)
+            q *= (1 + a.attn_temp_beta * torch.log1p(steps)).to(q.dtype).view(-1, 1, 1)
+        return q
 
     def new_cache(self, capacity: int, storage: torch.Tensor | None = None) -> KVCache:
         if capacity > self.args.context_length:
@@ -103,36 +120,51 @@ class Transformer:
         """Each layer's `Place` for one forward (a sliding layer's visibility computed once for all of them)."""
         a = self.args
         wvis = cache.window_vis(vis, positions) if cache.window else None
-        full, local = self.rotary_for(False, cache.capacity), self.rotary_for(True, cache.capacity)
         need = int(positions.max().item()) + 1
-        full.ensure(need)
-        local.ensure(need)
+        rotaries = {}
+        for kind in {a.rope_kind(i) for i in range(a.n_layers)}:
+            rotaries[kind] = self.rotary_for(kind, cache.capacity)
+            rotaries[kind].ensure(need)
         out = []
         for i in range(a.n_layers):
             k, v, base = cache.kv(i)
             sliding = a.sliding(i)
-            out.append(Place(k, v, cache.end - base, wvis if sliding else vis, local if sliding else full))
+            out.append(Place(k, v, cache.end - base, wvis if sliding else vis, rotaries[a.rope_kind(i)]))
         return out
 
     def block_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan: ForwardPlan | None):
         """A generator (see `forward_steps`): yields a `SplitAttention` when the plan splits attention."""
         a = self.args
-        if self.layer_calls and self.ffn_inputs is None and (plan is None or not plan.attn_split):
+        if (
+            self.layer_calls
+            and self.ffn_inputs is None
+            and (plan is None or not plan.attn_split)
+            and not a.attn_temp_beta
+            and not a.conv_layers
+        ):
             rec = layer_kernel.record(w, a)
             if rec is not None:  # the whole layer in one call, the same bits
                 return layer_kernel.run(rec, x, positions, at, self.scale, a.norm_eps)
         T = x.shape[0]
-        qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x)
-        if a.qk_norm:
-            self.norm_qk(qkv, w, kernels.rmsnorm)
-        q = kernels.qkv_rope(qkv, w.qkv.bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
-        if plan is not None and plan.attn_split:
-            if not plain_block(a):
-                raise CadenceError(f"the sparse worker does not split {a.arch}'s attention; run without --partition")
-            o = yield SplitAttention(i, q, at.k, at.v, at.vis)
+        if w.conv_in is not None:
+            self.conv_mixer(x, w, at, kernels.rmsnorm)
         else:
-            o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap)  # [T, H, D]
-        self.residual(x, w.attn_out, o.reshape(T, a.q_dim), w.attn_post_norm, kernels.rmsnorm)
+            qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x)
+            if a.qk_norm:
+                self.norm_qk(qkv, w, kernels.rmsnorm)
+            q = kernels.qkv_rope(
+                qkv, w.qkv.bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0
+            )
+            self.temper(q, positions)
+            if plan is not None and plan.attn_split:
+                if not plain_block(a):
+                    raise CadenceError(
+                        f"the sparse worker does not split {a.arch}'s attention; run without --partition"
+                    )
+                o = yield SplitAttention(i, q, at.k, at.v, at.vis)
+            else:
+                o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap)  # [T, H, D]
+            self.residual(x, w.attn_out, o.reshape(T, a.q_dim), w.attn_post_norm, kernels.rmsnorm)
         h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
         if self.ffn_inputs is not None:
             self.ffn_inputs.append((i, h))
@@ -143,6 +175,14 @@ class Transformer:
         else:
             self.residual(x, w.down, kernels.glu(w.gate_up.matmul(h), a.act), w.ffn_post_norm, kernels.rmsnorm)
         return x
+
+    def conv_mixer(self, x: torch.Tensor, w, at: Place, norm) -> None:
+        """A short-convolution layer's branch (LFM2), added to x in place: each row's taps are its ancestors'
+        (models/shortconv.py), its input row kept in the layer's cache rows (`at.k`)."""
+        a = self.args
+        bcx = w.conv_in.matmul(norm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x)  # [T, 3 dim]
+        b, c, xx = bcx.split(a.dim, dim=-1)
+        self.residual(x, w.conv_out, c * conv_mix(at.k, at.slot0, b * xx, w.conv_w, at.vis), w.attn_post_norm, norm)
 
     def residual(self, x: torch.Tensor, out, h: torch.Tensor, post: torch.Tensor | None, norm):
         """x += h W^T, through the branch's norm (Gemma, OLMo 2) and scale (Granite) where the model has them."""
@@ -256,18 +296,27 @@ class Transformer:
         """The torch-ops layer (devices other than the CPU): a generator like `block_fused`."""
         a = self.args
         T = x.shape[0]
+        if w.conv_in is not None:
+            x = x.clone()
+            self.conv_mixer(x, w, at, rms_norm)
+            return (yield from self.ffn_branch(i, w, x))
         cos, sin = at.rotary.tables(positions)
         qkv = w.qkv(rms_norm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x)
         if a.qk_norm:
             self.norm_qk(qkv, w, rms_norm)
         q, k, v = qkv.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
-        q = rope(q.view(T, a.n_heads, a.head_dim), cos, sin)
+        q = self.temper(rope(q.view(T, a.n_heads, a.head_dim), cos, sin), positions)
         k = rope(k.view(T, a.n_kv_heads, a.head_dim), cos, sin)
         at.k[:, at.slot0 : at.slot0 + T] = k.transpose(0, 1)
         at.v[:, at.slot0 : at.slot0 + T] = v.view(T, a.n_kv_heads, a.head_dim).transpose(0, 1)
         o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap)  # [T, H, D]
         x = x.clone()
         self.residual(x, w.attn_out, o.reshape(T, a.q_dim), w.attn_post_norm, rms_norm)
+        return (yield from self.ffn_branch(i, w, x))
+
+    def ffn_branch(self, i: int, w, x: torch.Tensor):
+        """The torch-ops FFN branch of `block`, added to x (a generator: an MoE asks for its experts)."""
+        a = self.args
         h = rms_norm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
         if self.ffn_inputs is not None:
             self.ffn_inputs.append((i, h))

@@ -25,8 +25,8 @@ class LayerWeights:
     experts has its `router` (and a shared expert where the model has one); its experts are `ExpertWeights`."""
 
     attn_norm: torch.Tensor | None  # None: no norm before the branch (OLMo 2)
-    qkv: Linear
-    attn_out: Linear
+    qkv: Linear | None  # None: a short-convolution layer (LFM2), its mixer the conv_* below
+    attn_out: Linear | None
     ffn_norm: torch.Tensor | None
     gate_up: Linear | None = None
     down: Linear | None = None
@@ -40,6 +40,9 @@ class LayerWeights:
     ffn_post_norm: torch.Tensor | None = None
     flash: object | None = None  # LLM in a flash: the layer's FFN (models/flash/weights.py `FlashFFN`)
     kernel_record: torch.Tensor | None = None  # the layer as one kernel call takes it (models/layer_kernel.py)
+    conv_in: Linear | None = None  # a short-convolution layer: [B | C | x~] from x, its taps [dim, K], its output
+    conv_w: torch.Tensor | None = None
+    conv_out: Linear | None = None
 
 
 @dataclass
@@ -77,10 +80,11 @@ def layer_from_views(store: WeightStore, i: int, views: dict[str, dict[str, torc
     bias = views.get(f"{b}.attn_qkv_bias", {}).get("w")
     lin = lambda part: store_linear(store, f"{b}.{part}", views[f"{b}.{part}"]) if f"{b}.{part}" in views else None
     norm = lambda part: views[f"{b}.{part}"]["w"] if f"{b}.{part}" in views else None
+    qkv = store_linear(store, f"{b}.attn_qkv", views[f"{b}.attn_qkv"], bias) if f"{b}.attn_qkv" in views else None
     return LayerWeights(
         attn_norm=norm("attn_norm"),
-        qkv=store_linear(store, f"{b}.attn_qkv", views[f"{b}.attn_qkv"], bias),
-        attn_out=store_linear(store, f"{b}.attn_out", views[f"{b}.attn_out"]),
+        qkv=qkv,
+        attn_out=lin("attn_out"),
         ffn_norm=norm("ffn_norm"),
         gate_up=lin("ffn_gate_up"),
         down=lin("ffn_down"),
@@ -92,6 +96,9 @@ def layer_from_views(store: WeightStore, i: int, views: dict[str, dict[str, torc
         shexp_down=lin("ffn_shexp_down"),
         attn_post_norm=norm("attn_post_norm"),
         ffn_post_norm=norm("ffn_post_norm"),
+        conv_in=lin("conv_in"),
+        conv_w=norm("conv_w"),
+        conv_out=lin("conv_out"),
     )
 
 
@@ -193,6 +200,9 @@ class TensorWeights:
                     shexp_down=enc(f"{b}.ffn_shexp_down"),
                     attn_post_norm=norm(f"{b}.attn_post_norm"),
                     ffn_post_norm=norm(f"{b}.ffn_post_norm"),
+                    conv_in=enc(f"{b}.conv_in"),
+                    conv_w=norm(f"{b}.conv_w"),
+                    conv_out=enc(f"{b}.conv_out"),
                 )
             )
         self.expert = {

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from models.families.base import Family
+from models.families.exaone import EXAONE4
 from models.families.gemma import GEMMA2, GEMMA3
-from models.families.llama import GRANITE, LLAMA, MISTRAL, MIXTRAL
-from models.families.olmo import OLMO2, OLMOE
+from models.families.glm import GLM4
+from models.families.lfm2 import LFM2
+from models.families.llama import GRANITE, LLAMA, MINISTRAL3, MISTRAL, MIXTRAL, SEED_OSS
+from models.families.olmo import OLMO2, OLMO3, OLMOE
 from models.families.phi3 import PHI3
 from models.families.qwen import QWEN2, QWEN2_MOE, QWEN3, QWEN3_MOE
+from models.families.smollm3 import SMOLLM3
 
 FAMILIES: tuple[Family, ...] = (
     LLAMA,
@@ -23,6 +27,13 @@ FAMILIES: tuple[Family, ...] = (
     QWEN3_MOE,
     OLMOE,
     MIXTRAL,
+    SMOLLM3,
+    OLMO3,
+    SEED_OSS,
+    EXAONE4,
+    GLM4,
+    MINISTRAL3,
+    LFM2,
 )
 BY_HF = {t: f for f in FAMILIES for t in f.hf_types}
 BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_archs}

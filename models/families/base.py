@@ -96,6 +96,7 @@ class Family:
     gguf_fields: Callable[[Callable, dict], dict] = lambda key, args: {}  # (key(name, default), common) -> fields
     gguf_names: dict = field(default_factory=dict)  # overrides of LLAMA_GGUF
     gguf_permuted: bool = False  # llama.cpp interleaved the rotary pairs of q/k rows (its NORM rope)
+    interleaved: bool = False  # the model itself rotates interleaved pairs (GLM-4), in both files
 
     def hf_tensors(self, part: str) -> tuple[str, ...]:
         return {**LLAMA_HF, **self.hf_names}[part]
@@ -163,6 +164,15 @@ def windowed(window, sliding: tuple[int, ...], context: int) -> dict:
     return {"sliding_window": int(window), "sliding_layers": sliding}
 
 
+def gguf_pattern(key: Callable, n_layers: int, every: int) -> tuple[int, ...]:
+    """The sliding layers of a GGUF (llama.cpp's `load_swa_pattern`): a per-layer list of flags as the converters
+    write it, else one full layer in `every`, the last of each."""
+    pattern = key("attention.sliding_window_pattern", every)
+    if isinstance(pattern, list):
+        return tuple(i for i, s in enumerate(pattern) if s)
+    return tuple(i for i in range(n_layers) if pattern == 0 or i % pattern < pattern - 1)
+
+
 def gguf_rope(key: Callable, tensors: dict, read: Callable[[str], np.ndarray]) -> dict:
     """The rope fields of a GGUF: its scaling keys, Llama 3's `rope_freqs` divisors, LongRoPE's factor tensors."""
     kind = key("rope.scaling.type", None)
@@ -182,6 +192,7 @@ def gguf_rope(key: Callable, tensors: dict, read: Callable[[str], np.ndarray]) -
     elif kind == "linear":
         out["rope_scaling"] = RopeScaling("linear", factor=float(key("rope.scaling.factor")))
     elif kind == "yarn":
+        log_mul = float(key("rope.scaling.yarn_log_multiplier", 0) or 0)  # llama.cpp: mscale_all_dim
         out["rope_scaling"] = RopeScaling(
             "yarn",
             factor=float(key("rope.scaling.factor")),
@@ -189,6 +200,8 @@ def gguf_rope(key: Callable, tensors: dict, read: Callable[[str], np.ndarray]) -
             beta_fast=float(key("rope.scaling.yarn_beta_fast", 32.0)),
             beta_slow=float(key("rope.scaling.yarn_beta_slow", 1.0)),
             attention_factor=float(key("rope.scaling.attn_factor", 0) or 0),
+            mscale=1.0 if log_mul else 0.0,
+            mscale_all_dim=log_mul,
         )
     elif kind not in (None, "none"):
         raise CadenceError(f"rope scaling '{kind}' is not supported; cadence runs linear, yarn and llama3 (rope_freqs)")
@@ -199,6 +212,15 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation (its NORM rope keeps each rotary pair's rows side by side)."""
     dim = w.shape[0] // n_head // 2
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+def deinterleave(w: np.ndarray, n_head: int, head_dim: int, lanes: int) -> np.ndarray:
+    """A model that rotates interleaved pairs (2i, 2i + 1) of a head's first `lanes` lanes (GLM-4) in the
+    rotate-half order of those lanes (pairs (i, i + lanes / 2)); the other lanes stay."""
+    heads = w.reshape(n_head, head_dim, *w.shape[1:]).copy()
+    rot = heads[:, :lanes].reshape(n_head * lanes, *w.shape[1:])
+    heads[:, :lanes] = unpermute(rot, n_head).reshape(n_head, lanes, *w.shape[1:])
+    return heads.reshape(w.shape)
 
 
 def permute_partial(w: np.ndarray, n_head: int, head_dim: int, rope_dim: int) -> np.ndarray:

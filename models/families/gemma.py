@@ -6,7 +6,7 @@ rotate with a base of their own (`rope_local_base_freq`), unscaled."""
 
 from __future__ import annotations
 
-from models.families.base import SLIDING, Family, Unsupported, hf_rope, layer_kinds, windowed
+from models.families.base import SLIDING, Family, Unsupported, gguf_pattern, hf_rope, layer_kinds, windowed
 
 _NAMES_HF = {
     "attn_post_norm": ("post_attention_layernorm",),
@@ -61,16 +61,8 @@ def _gguf_scales(key, a: dict, big: int) -> dict:
     }
 
 
-def _gguf_pattern(key, n_layers: int, every: int) -> tuple[int, ...]:
-    """llama.cpp's `load_swa_pattern`: a per-layer list, else one full layer in `every`, the last of each."""
-    pattern = key("attention.sliding_window_pattern", every)
-    if isinstance(pattern, list):
-        return tuple(i for i, s in enumerate(pattern) if s)
-    return tuple(i for i in range(n_layers) if pattern == 0 or i % pattern < pattern - 1)
-
-
 def _gemma2_gguf(key, a: dict) -> dict:
-    sliding = _gguf_pattern(key, a["n_layers"], 2)
+    sliding = gguf_pattern(key, a["n_layers"], 2)
     out = {**_gguf_scales(key, a, 46), **windowed(key("attention.sliding_window", 4096), sliding, a["context_length"])}
     base = key("rope.freq_base_swa", None)
     return out | ({"rope_local_base": float(base)} if base else {})
@@ -78,7 +70,7 @@ def _gemma2_gguf(key, a: dict) -> dict:
 
 def _gemma3_gguf(key, a: dict) -> dict:
     window = key("attention.sliding_window", 0)
-    sliding = _gguf_pattern(key, a["n_layers"], 6) if window else ()
+    sliding = gguf_pattern(key, a["n_layers"], 6) if window else ()
     local = {"rope_local_base": float(key("rope.freq_base_swa", 10000.0))} if window else {}
     return {**_gguf_scales(key, a, 62), **windowed(window, sliding, a["context_length"]), **local}
 

@@ -130,6 +130,40 @@ FAMILIES: dict[str, dict[str, dict]] = {
     },
     "olmo2": {"plain": dict(rms_norm_eps=1e-6, **_rope(500000.0))},
     "qwen3": {"plain": dict(head_dim=32, tie_word_embeddings=True, **_rope(1e6))},
+    "smollm3": {"plain": dict(num_hidden_layers=4, **_rope(2e6))},  # layer 3 takes no rope
+    "olmo3": {"plain": dict(num_hidden_layers=4, sliding_window=WINDOW, rms_norm_eps=1e-6, **_rope(500000.0))},
+    "seed_oss": {"plain": dict(head_dim=32, attention_bias=True, attention_dropout=0.0, **_rope(1e7))},
+    "exaone4": {
+        "plain": dict(num_hidden_layers=4, sliding_window=WINDOW, sliding_window_pattern=4, **_rope(1e6)),
+        # the 1.2B: every layer full, every layer rotates (transformers cannot derive its layer_types: given)
+        "global": dict(sliding_window=None, layer_types=["full_attention"] * 2, **_rope(1e6)),
+    },
+    "glm4": {"plain": dict(head_dim=16, attention_bias=True, **_rope(10000.0, partial_rotary_factor=0.5))},
+    "ministral3": {  # YaRN over 16 positions, so a 60-token prompt's queries reach a temperature of 1 + 0.1 ln 4
+        "plain": dict(
+            head_dim=16,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1e6,
+                "factor": 16.0,
+                "original_max_position_embeddings": 16,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.1,
+            },
+        )
+    },
+    "lfm2": {  # convolution layers around two attention layers; a 3-tap kernel, the FFN width adjusted (2/3, x16)
+        "plain": dict(
+            num_hidden_layers=4,
+            layer_types=["conv", "full_attention", "conv", "full_attention"],
+            block_multiple_of=16,
+            tie_word_embeddings=True,
+            **_rope(1e6),
+        )
+    },
     "qwen2": {
         "plain": dict(tie_word_embeddings=True, **_rope(1e6)),
         "sliding": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **_rope(1e6)),

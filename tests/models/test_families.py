@@ -1,4 +1,5 @@
-"""The families users bring (Llama 3.x, Mistral, Gemma 2 and 3, Phi-3/4, Granite, OLMo 2, Qwen 2 and 3), each a
+"""The families users bring (Llama 3.x, Mistral, Gemma 2 and 3, Phi-3/4, Granite, OLMo 2 and 3, Qwen 2 and 3, SmolLM3,
+Seed-OSS, EXAONE 4, GLM-4, Ministral 3), each a
 tiny random model built by transformers itself, read from its HF directory in both config spellings and from the
 GGUF llama.cpp's converter would write: the same model, HF's greedy tokens in fp32, and a file holding a tensor or
 a field cadence does not use refused in one sentence naming it."""
@@ -22,6 +23,7 @@ CASES = [(mt, v) for mt, vs in VARIANTS.items() for v in vs]
 N_NEW = 16
 # llama.cpp's converter writes no window for these (llama.cpp runs them without one): their GGUF is another model
 NO_WINDOW_IN_GGUF = {("mistral", "sliding"), ("qwen2", "sliding")}
+NO_GGUF = {"lfm2"}  # cadence reads LFM2 from an HF directory only so far (llama.cpp's lfm2 GGUF: not yet)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def built(tmp_path_factory):
 
             d = tmp_path_factory.mktemp(f"{mt}-{v}")
             d5, d4 = tiny_hf(mt, v, d / "s5", 5), tiny_hf(mt, v, d / "s4", 4)
-            gguf = write_gguf_like_llama_cpp(d5, d / "m.gguf")
+            gguf = write_gguf_like_llama_cpp(d5, d / "m.gguf") if mt not in NO_GGUF else None
             hf = AutoModelForCausalLM.from_pretrained(d5, dtype=torch.float32, attn_implementation="eager").eval()
             cache[mt, v] = (d5, d4, gguf, hf)
         return cache[mt, v]
@@ -77,9 +79,12 @@ def greedy_like_hf(model: Transformer, hf, ids: list[int], n: int) -> None:
 @pytest.mark.parametrize("mt,v", CASES)
 def test_both_spellings_and_the_gguf_read_the_same_model(built, mt, v):
     d5, d4, gguf, _ = built(mt, v)
-    h5, h4, g = HFSource(d5), HFSource(d4), GGUFSource(gguf)
+    h5, h4 = HFSource(d5), HFSource(d4)
     assert h5.args == h4.args
     a = h5.args
+    if gguf is None:
+        return
+    g = GGUFSource(gguf)
     if a.sliding_layers:
         assert 0 < a.sliding_window < a.context_length and len(a.sliding_layers) < a.n_layers or mt == "mistral"
     expect = a
@@ -90,9 +95,10 @@ def test_both_spellings_and_the_gguf_read_the_same_model(built, mt, v):
         assert g.args.arch == "llama"
         differ.discard("arch")
     # a GGUF spells LongRoPE's factor as its attention factor, Llama 3's scaling as per-frequency divisors, and
-    # keeps the norms' epsilon as a float32
-    assert differ <= {"rope_scaling", "norm_eps"}, differ
+    # keeps the norms' epsilon and the queries' temperature as float32
+    assert differ <= {"rope_scaling", "norm_eps", "attn_temp_beta"}, differ
     assert g.args.norm_eps == pytest.approx(a.norm_eps, rel=1e-6)
+    assert g.args.attn_temp_beta == pytest.approx(a.attn_temp_beta, rel=1e-6)
     for name in ("blk.0.attn_qkv", "blk.1.attn_out", "blk.0.ffn_gate_up", "blk.1.ffn_down", "out_norm", "embed"):
         assert np.array_equal(h5.get(name), g.get(name)), name
     for name in ("attn_norm", "ffn_norm", "attn_post_norm", "ffn_post_norm", "attn_q_norm", "attn_k_norm"):
@@ -110,6 +116,8 @@ def _names(args):
 @pytest.mark.parametrize("mt,v", CASES)
 def test_fp32_logits_and_greedy_tokens_are_transformers_own(built, tmp_path, mt, v, source):
     d5, _, gguf, hf = built(mt, v)
+    if source == "gguf" and mt in NO_GGUF:
+        pytest.skip("no GGUF of this family is read yet")
     if source == "gguf" and (mt, v) in NO_WINDOW_IN_GGUF:
         pytest.skip("llama.cpp's converter writes no sliding window for this family: another model than HF's")
     src = HFSource(d5) if source == "hf" else GGUFSource(gguf)

@@ -27,6 +27,10 @@ FAMILIES = [
     ("granite", "plain"),
     ("olmo2", "plain"),
     ("qwen2", "sliding"),
+    ("exaone4", "plain"),  # NoPE global layers among sliding ones, post-norms, q/k norms per head
+    ("glm4", "plain"),  # four norms, interleaved partial rotary, q/k/v biases
+    ("ministral3", "plain"),  # queries scaled by position after YaRN
+    ("lfm2", "plain"),  # short-convolution layers: each tree node's taps its own ancestors'
 ]
 
 

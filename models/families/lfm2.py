@@ -1,0 +1,70 @@
+"""LFM2 (Liquid): a hybrid of short-convolution layers and attention layers (`layer_types` "conv" /
+"full_attention", or transformers 4's `full_attn_idxs`). A convolution layer mixes tokens by a depthwise causal
+convolution of `conv_L_cache` taps over B * x~ (models/shortconv.py); an attention layer has q/k norms per head
+and its output projection named `out_proj`. Norms `operator_norm` (before the mixer) and `ffn_norm`; the final
+norm is `embedding_norm`. The FFN's width is adjusted from `intermediate_size` (`block_auto_adjust_ff_dim`)."""
+
+from __future__ import annotations
+
+from models.families.base import Family, Unsupported
+
+_KEYS = frozenset(
+    "norm_eps conv_bias conv_L_cache block_multiple_of block_ffn_dim_multiplier block_auto_adjust_ff_dim "
+    "full_attn_idxs block_dim block_ff_dim block_mlp_init_scale block_out_init_scale block_use_swiglu "
+    "block_use_xavier_init block_norm_eps conv_dim conv_dim_out conv_use_xavier_init".split()
+)
+
+
+def _ffn_dim(cfg: dict) -> int:
+    """transformers' Lfm2MLP width."""
+    n = int(cfg["intermediate_size"])
+    if not cfg.get("block_auto_adjust_ff_dim", True):
+        return n
+    n = int(2 * n / 3)
+    if cfg.get("block_ffn_dim_multiplier") is not None:
+        n = int(cfg["block_ffn_dim_multiplier"] * n)
+        m = int(cfg.get("block_multiple_of", 256))
+        n = m * ((n + m - 1) // m)
+    return n
+
+
+def _hf(cfg: dict, a: dict) -> dict:
+    if cfg.get("conv_bias"):
+        raise Unsupported("conv_bias: true (biases in the convolution layers)")
+    n = a["n_layers"]
+    types = cfg.get("layer_types")
+    if types is None:
+        full = cfg.get("full_attn_idxs")
+        types = ["full_attention" if full is None or i in full else "conv" for i in range(n)]
+    if len(types) != n or set(types) - {"conv", "full_attention"}:
+        raise ValueError(f"layer_types {types} is not {n} of 'conv' and 'full_attention'")
+    return {
+        "conv_layers": tuple(i for i, t in enumerate(types) if t == "conv"),
+        "conv_kernel": int(cfg.get("conv_L_cache") or 3),
+        "ffn_dim": _ffn_dim(cfg),
+        "norm_eps": float(cfg.get("norm_eps") or 1e-5),
+    }
+
+
+LFM2 = Family(
+    "lfm2",
+    hf_types=("lfm2",),
+    gguf_archs=(),
+    block={"qk_norm": "head"},
+    hf_defaults={"rope_theta": 1_000_000.0, "conv_L_cache": 3},
+    hf_keys=_KEYS,
+    hf_fields=_hf,
+    hf_names={
+        "attn_norm": ("operator_norm",),
+        "attn_out": ("self_attn.out_proj",),
+        "attn_q_norm": ("self_attn.q_layernorm",),
+        "attn_k_norm": ("self_attn.k_layernorm",),
+        "ffn_norm": ("ffn_norm",),
+        "ffn_gate_up": ("feed_forward.w1", "feed_forward.w3"),
+        "ffn_down": ("feed_forward.w2",),
+        "conv_in": ("conv.in_proj",),
+        "conv_w": ("conv.conv",),
+        "conv_out": ("conv.out_proj",),
+        "out_norm": ("embedding_norm",),
+    },
+)

@@ -1,0 +1,43 @@
+"""The architectures of 2026 cadence does not run yet, by their HF `model_type` and llama.cpp architecture, each with
+what it needs that the block lacks: a model of one is refused in one sentence naming that part, rather than with a
+bare "not supported" (issue 54). A family that comes to run leaves this table."""
+
+from __future__ import annotations
+
+_RECURRENT = "a recurrent state, which cadence's block does not keep yet"
+_NEEDS = {
+    "gated delta-net linear-attention layers (" + _RECURRENT + ")": (
+        ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid"),
+        ("qwen35", "qwen35moe", "qwen3next"),
+    ),
+    "LFM2-MoE's experts (and cadence reads LFM2 from an HF directory only so far)": (
+        ("lfm2_moe",),
+        ("lfm2", "lfm2moe"),
+    ),
+    "Mamba-2 layers (" + _RECURRENT + ")": (
+        ("granitemoehybrid", "falcon_h1", "nemotron_h"),
+        ("granitehybrid", "falcon-h1", "nemotron_h", "nemotron_h_moe"),
+    ),
+    "per-layer embeddings, keys and values shared between layers, and per-layer head sizes": (
+        ("gemma4", "gemma4_text"),
+        ("gemma4",),
+    ),
+    "attention sinks and gpt-oss's experts (biased router and experts, a clamped SwiGLU, MXFP4 weights)": (
+        ("gpt_oss",),
+        ("gpt-oss",),
+    ),
+    "chunked attention and Llama 4's experts (top-1 routing that scales the expert's input, a shared expert)": (
+        ("llama4", "llama4_text"),
+        ("llama4",),
+    ),
+    "multi-head latent attention (MLA)": (("mistral4",), ("mistral4",)),
+    "GLM-4.5's experts (a sigmoid router with a selection bias, shared experts)": (("glm4_moe",), ("glm4moe",)),
+}
+HF_NEEDS = {t: need for need, (hf, _) in _NEEDS.items() for t in hf}
+GGUF_NEEDS = {a: need for need, (_, gguf) in _NEEDS.items() for a in gguf}
+
+
+def pending(kind: str, name: str) -> str:
+    """' (it needs ...)' for an architecture this table knows (`kind`: "hf" or "gguf"), else ''."""
+    need = (HF_NEEDS if kind == "hf" else GGUF_NEEDS).get(name)
+    return f" yet: it needs {need}" if need else ""
