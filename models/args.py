@@ -14,6 +14,7 @@ logits, the top-k weights renormalised to sum to one where the model says so (`n
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 from common.errors import CadenceError
@@ -40,6 +41,7 @@ ARCHS = (
     "glm4",
     "ministral3",
     "lfm2",
+    "qwen3_5",
 )
 QK_NORMS = ("", "head", "full")  # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe)
 ACTS = ("silu", "gelu_tanh")
@@ -126,6 +128,14 @@ class ModelArgs:
     # short-convolution layers in place of attention (LFM2): a depthwise causal convolution of `conv_kernel` taps
     conv_layers: tuple[int, ...] = ()
     conv_kernel: int = 0
+    # gated delta-net layers in place of attention (Qwen 3.5, Qwen3-Next): a short convolution over q/k/v, then a
+    # recurrent state [v heads, k dim, v dim] per layer (models/recurrent.py)
+    gdn_layers: tuple[int, ...] = ()
+    gdn_k_heads: int = 0
+    gdn_v_heads: int = 0
+    gdn_k_dim: int = 0
+    gdn_v_dim: int = 0
+    attn_gate: bool = False  # the attention's output times sigmoid of a gate projection (Qwen 3.5, Qwen3-Next)
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -163,8 +173,21 @@ class ModelArgs:
             raise CadenceError(
                 f"conv layers {self.conv_layers} need a kernel > 1 (got {self.conv_kernel}) and a layer each"
             )
-        if set(self.conv_layers) & set(self.sliding_layers):
-            raise CadenceError("a layer cannot be both a convolution and a sliding-window attention layer")
+        object.__setattr__(self, "gdn_layers", tuple(sorted(int(i) for i in self.gdn_layers)))
+        if self.gdn_layers and not (
+            self.conv_kernel > 1
+            and self.gdn_layers[-1] < self.n_layers
+            and min(self.gdn_k_heads, self.gdn_k_dim, self.gdn_v_dim) > 0
+            and self.gdn_v_heads % self.gdn_k_heads == 0
+        ):
+            raise CadenceError(
+                f"gated delta-net layers need a kernel > 1, key heads dividing value heads and sizes > 0 (kernel "
+                f"{self.conv_kernel}, heads {self.gdn_k_heads}/{self.gdn_v_heads}, dims {self.gdn_k_dim}/{self.gdn_v_dim})"
+            )
+        if self.conv_layers and self.gdn_layers:
+            raise CadenceError("a model has one kind of recurrent layer: short convolutions or gated delta-nets")
+        if set(self.rec_layers) & set(self.sliding_layers):
+            raise CadenceError("a layer cannot be both a recurrent and a sliding-window attention layer")
         if self.attn_temp_beta and self.attn_temp_scale <= 0:
             raise CadenceError(f"attn_temp_scale={self.attn_temp_scale} must be positive")
         if self.sliding_layers and self.sliding_layers[-1] >= self.n_layers:
@@ -186,6 +209,39 @@ class ModelArgs:
 
     def conv(self, layer: int) -> bool:
         return layer in self.conv_layers
+
+    @property
+    def rec_layers(self) -> tuple[int, ...]:
+        """The layers with a recurrent state instead of a KV cache (convolutions, gated delta-nets)."""
+        return self.conv_layers or self.gdn_layers
+
+    def recurrent(self, layer: int) -> bool:
+        return layer in self.rec_layers
+
+    @property
+    def gdn_conv_dim(self) -> int:
+        """Channels a gated delta-net convolves: q, k (k heads x k dim each) and v (v heads x v dim)."""
+        return 2 * self.gdn_k_heads * self.gdn_k_dim + self.gdn_v_heads * self.gdn_v_dim
+
+    @property
+    def rec_width(self) -> int:
+        """Floats a recurrent layer keeps per recent token (models/recurrent.py): a convolution's input row; a gated
+        delta-net's too, then its k, v, log-decay and beta for the state's replay."""
+        if self.conv_layers:
+            return self.dim
+        if self.gdn_layers:
+            return self.gdn_conv_dim + self.gdn_k_heads * self.gdn_k_dim + self.gdn_v_heads * (self.gdn_v_dim + 2)
+        return 0
+
+    @property
+    def rec_state(self) -> tuple[int, ...]:
+        """The shape of a recurrent layer's state besides its rows: a gated delta-net's [v heads, k dim, v dim]."""
+        return (self.gdn_v_heads, self.gdn_k_dim, self.gdn_v_dim) if self.gdn_layers else (0,)
+
+    def rec_rows(self, capacity: int) -> int:
+        """Recent tokens a recurrent layer keeps rows for: the kernel's reach back, what a rewind within the
+        pending rows needs, and a forward's new rows."""
+        return min(capacity, self.conv_kernel - 1 + WINDOW_REWIND + PREFILL_CHUNK) if self.rec_layers else 0
 
     def rope_kind(self, layer: int) -> str:
         """Which rotary tables a layer takes: "none" (NoPE), "local" (a sliding layer's own base, unscaled) or
@@ -232,7 +288,8 @@ class ModelArgs:
 
     def kv_bytes(self, capacity: int, itemsize: int = 4) -> int:
         """Bytes of the KV cache for a context of `capacity` tokens: a sliding layer keeps its window only; a
-        convolution layer keeps its input row (dim wide) for every token, where a node's taps come from."""
-        n_slide, n_conv = len(self.sliding_layers), len(self.conv_layers)
-        rows = (self.n_layers - n_slide - n_conv) * capacity + n_slide * self.window_rows(capacity)
-        return (2 * rows * self.kv_dim + n_conv * capacity * self.dim) * itemsize
+        recurrent layer its state and its recent tokens' rows (models/recurrent.py)."""
+        n_slide, n_rec = len(self.sliding_layers), len(self.rec_layers)
+        rows = (self.n_layers - n_slide - n_rec) * capacity + n_slide * self.window_rows(capacity)
+        rec = n_rec * (self.rec_rows(capacity) * self.rec_width + math.prod(self.rec_state))
+        return (2 * rows * self.kv_dim + rec) * itemsize

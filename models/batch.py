@@ -20,7 +20,6 @@ import torch
 from common.errors import CadenceError
 from models import kernels, layer_kernel
 from models.attention import Visibility, attend
-from models.shortconv import conv_mix
 from models.transformer import Transformer
 
 
@@ -80,14 +79,11 @@ def block(model: Transformer, w, x: torch.Tensor, positions: list, places: list,
     """One layer over every generation's rows, in place in `x`, where the one-call kernel does not take the layer:
     the separate kernel calls of `Transformer.block_fused`, each generation's attention its own."""
     a = model.args
-    h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
-    if w.conv_in is not None:  # a short convolution: each generation's taps over its own cache rows
-        b, c, xx = w.conv_in.matmul(h).split(a.dim, dim=-1)
-        bx, y = b * xx, torch.empty_like(c)
+    if w.qkv is None:  # a recurrent layer: each generation's rows over its own state
         for (lo, hi), at in zip(spans, places):
-            y[lo:hi] = conv_mix(at.k, at.slot0, bx[lo:hi], w.conv_w, at.vis)
-        model.residual(x, w.conv_out, c * y, w.attn_post_norm, kernels.rmsnorm)
+            model.mixer(x[lo:hi], w, at, kernels.rmsnorm)
     else:
+        h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
         qkv = w.qkv.matmul(h)
         if a.qk_norm:
             model.norm_qk(qkv, w, kernels.rmsnorm)
@@ -97,6 +93,6 @@ def block(model: Transformer, w, x: torch.Tensor, positions: list, places: list,
             q = kernels.qkv_rope(qkv[lo:hi], w.qkv.bias, pos, rot.cos, rot.sin, at.k, at.v, a.n_heads, at.slot0)
             model.temper(q, pos)
             o[lo:hi] = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap).reshape(hi - lo, a.q_dim)
-        model.residual(x, w.attn_out, o, w.attn_post_norm, kernels.rmsnorm)
+        model.residual(x, w.attn_out, model.gated(o, w, h), w.attn_post_norm, kernels.rmsnorm)
     h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
     model.residual(x, w.down, kernels.glu(w.gate_up.matmul(h), a.act), w.ffn_post_norm, kernels.rmsnorm)

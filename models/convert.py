@@ -37,6 +37,9 @@ LINEAR = (
     "down",
     "conv_in",
     "conv_out",
+    "attn_gate",
+    "gdn_in",
+    "gdn_out",
 )
 # kept in fp32 whatever the format: a router decides which experts run, and its weights are a few KiB per layer
 FP32_LINEAR = ("ffn_router", "ffn_shexp_gate")

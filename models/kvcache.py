@@ -7,9 +7,9 @@ time). `commit(keep)` keeps the chosen pending entries, in order, and drops the 
 A full-attention layer keeps every slot. A sliding-window layer (Gemma 2/3, Mistral v0.1, Qwen 2's upper
 layers) keeps only what a query can still see: its rows hold global slots [base, end), and when a forward
 needs room, the rows below `length - (window - 1) - REWIND` are dropped (the rest moved down), so a long
-context costs a window's memory there. A short-convolution layer (LFM2) keeps each token's input row instead of a
-key and a value: a node's convolution reads the rows of its nearest ancestors (models/shortconv.py), so a tree
-verifies in one forward and `commit(keep)` keeps the accepted path's rows as it keeps keys. Rows are addressed
+context costs a window's memory there. A recurrent layer (LFM2's convolutions, Qwen 3.5's gated delta-nets:
+models/recurrent.py) keeps a state and rows of its recent tokens instead of keys and values: `commit(keep)` keeps
+the accepted path's rows as it keeps keys, and the next forward folds them into the state. Rows are addressed
 globally everywhere else; `layer(i)` says where a
 layer's rows start, and `window_vis` turns a block's visibility into the sliding layers' own (each row's
 keys in the window, in order, in their rows).
@@ -25,11 +25,12 @@ import torch
 from common.errors import CadenceError
 from models.attention import Visibility
 from models.args import WINDOW_REWIND as REWIND, ModelArgs
+from models.recurrent import fold
 
 
 class KVCache:
-    """Keys and values: full layers [n_full, Hkv, capacity, D], sliding ones [n_slide, Hkv, rows, D]; convolution
-    layers' input rows [n_conv, capacity, dim]."""
+    """Keys and values: full layers [n_full, Hkv, capacity, D], sliding ones [n_slide, Hkv, rows, D]; recurrent
+    layers' rows [n_rec, rec_rows, rec_width] and states [n_rec, *rec_state]."""
 
     def __init__(
         self, args: ModelArgs, capacity: int, device: str | torch.device = "cpu", storage: torch.Tensor | None = None
@@ -37,11 +38,12 @@ class KVCache:
         """`storage`: a float32 tensor of `KVCache.numel(args, capacity)` elements to live in (shared memory)."""
         self.args, self.capacity, self.device = args, capacity, device
         self.window = args.sliding_window if args.sliding_layers else 0
-        n_slide, n_conv = len(args.sliding_layers), len(args.conv_layers)
-        full, slide = (args.n_layers - n_slide - n_conv, capacity), (n_slide, args.window_rows(capacity))
+        n_slide, n_rec = len(args.sliding_layers), len(args.rec_layers)
+        full, slide = (args.n_layers - n_slide - n_rec, capacity), (n_slide, args.window_rows(capacity))
         self.rows = slide[1]
         self.owned = storage is None
-        shapes = [(2, n, args.n_kv_heads, c, args.head_dim) for n, c in (full, slide)] + [(n_conv, capacity, args.dim)]
+        shapes = [(2, n, args.n_kv_heads, c, args.head_dim) for n, c in (full, slide)]
+        shapes += [(n_rec, args.rec_rows(capacity), args.rec_width), (n_rec, *args.rec_state)]
         if storage is None:
             parts = [torch.zeros(shape, device=device) for shape in shapes]
         else:
@@ -50,11 +52,13 @@ class KVCache:
                 size = math.prod(shape)
                 parts.append(flat[lo : lo + size].view(shape))
                 lo += size
-        (self.k, self.v), (self.wk, self.wv), self.conv = parts
+        (self.k, self.v), (self.wk, self.wv), self.rec, self.state = parts
+        self.rbase = 0  # the global slot of a recurrent layer's row 0
+        self.folded = 0  # the slots its state holds
         # layer i -> (kind, its index among its kind's layers)
-        index, count = [], {"full": 0, "sliding": 0, "conv": 0}
+        index, count = [], {"full": 0, "sliding": 0, "rec": 0}
         for i in range(args.n_layers):
-            kind = "conv" if args.conv(i) else "sliding" if args.sliding(i) else "full"
+            kind = "rec" if args.recurrent(i) else "sliding" if args.sliding(i) else "full"
             index.append((kind, count[kind]))
             count[kind] += 1
         self.index = index
@@ -72,16 +76,16 @@ class KVCache:
         return self.length + self.pending
 
     def nbytes(self) -> int:
-        return (2 * (self.k.numel() + self.wk.numel()) + self.conv.numel()) * 4
+        return (2 * (self.k.numel() + self.wk.numel()) + self.rec.numel() + self.state.numel()) * 4
 
     def kv(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-        """Layer i's keys and values [Hkv, rows, D] and the global slot of their row 0; a convolution layer's
-        input rows [capacity, dim] and None."""
+        """Layer i's keys and values [Hkv, rows, D] and the global slot of their row 0; a recurrent layer's rows
+        [rec_rows, rec_width], its state (None: a convolution has none) and the global slot of its row 0."""
         kind, j = self.index[i]
         if kind == "sliding":
             return self.wk[j], self.wv[j], self.base
-        if kind == "conv":
-            return self.conv[j], None, 0
+        if kind == "rec":
+            return self.rec[j], self.state[j] if self.args.gdn_layers else None, self.rbase
         return self.k[j], self.v[j], 0
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
@@ -100,6 +104,8 @@ class KVCache:
                 f"the KV cache holds {self.capacity} tokens and {self.end + T} are needed; "
                 "lower --max-new-tokens or shorten the prompt"
             )
+        if self.args.rec_layers:
+            self._reserve_recurrent(T)
         if not self.window:
             return
         self.pos[self.end : self.end + T] = positions.to(torch.int64).cpu()
@@ -121,6 +127,31 @@ class KVCache:
             grow = lambda t: torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], n + T - self.rows, t.shape[3])], dim=2)
             self.wk, self.wv = grow(self.wk), grow(self.wv)
             self.rows = n + T
+
+    def _reserve_recurrent(self, T: int) -> None:
+        """The committed rows folded into the recurrent states, then room for T new rows: rows below the kernel's
+        reach back from the committed text dropped (or, in a cache of its own, the rows grow)."""
+        a = self.args
+        if a.gdn_layers and self.length > self.folded:
+            lo, hi = self.folded - self.rbase, self.length - self.rbase
+            for j in range(len(a.rec_layers)):
+                fold(self.state[j], self.rec[j, lo:hi], a)
+        self.folded = self.length
+        cap = self.rec.shape[1]
+        if self.end + T - self.rbase <= cap:
+            return
+        keep_from = max(self.rbase, self.length - (a.conv_kernel - 1))
+        n = self.end - keep_from
+        if keep_from > self.rbase:
+            src = keep_from - self.rbase
+            self.rec[:, :n] = self.rec[:, src : src + n].clone()
+            self.rbase = keep_from
+        if n + T > cap:
+            if not self.owned:
+                raise CadenceError(
+                    f"a forward of {T} rows does not fit the recurrent layers' {cap} rows; feed at most {cap - n} at a time"
+                )
+            self.rec = torch.cat([self.rec, self.rec.new_zeros(self.rec.shape[0], n + T - cap, self.rec.shape[2])], 1)
 
     def window_vis(self, vis: Visibility, positions: torch.Tensor) -> Visibility:
         """The sliding layers' visibility: row r sees the slots of `vis` whose positions lie in its window
@@ -159,7 +190,8 @@ class KVCache:
             src = torch.tensor(keep, device=self.k.device) + L
             self.k[:, :, L : L + n] = self.k[:, :, src]
             self.v[:, :, L : L + n] = self.v[:, :, src]
-            self.conv[:, L : L + n] = self.conv[:, src]
+            if self.args.rec_layers:
+                self.rec[:, L - self.rbase : L - self.rbase + n] = self.rec[:, src - self.rbase]
             if self.window:
                 self.wk[:, :, L - self.base : L - self.base + n] = self.wk[:, :, src - self.base]
                 self.wv[:, :, L - self.base : L - self.base + n] = self.wv[:, :, src - self.base]
@@ -168,8 +200,13 @@ class KVCache:
         self.pending = 0
 
     def can_rewind(self, length: int) -> bool:
-        """Whether the sliding layers still hold what a query at `length` sees."""
-        return 0 <= length <= self.length and (not self.window or max(0, length - self.window + 1) >= self.base)
+        """Whether the sliding layers still hold what a query at `length` sees, and the recurrent layers their state
+        there (a state cannot step back past what it folded; a convolution needs its taps' rows)."""
+        if not 0 <= length <= self.length or (self.window and max(0, length - self.window + 1) < self.base):
+            return False
+        if self.args.gdn_layers:
+            return length >= self.folded
+        return not self.args.conv_layers or max(0, length - self.args.conv_kernel + 1) >= self.rbase
 
     def rewind(self, length: int):
         if not 0 <= length <= self.length:

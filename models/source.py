@@ -47,12 +47,15 @@ def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
         names += [(g, f"{b}.attn_norm")] if args.pre_norm else []
         if args.conv(i):
             names += [(g, f"{b}.conv_in"), (g, f"{b}.conv_w"), (g, f"{b}.conv_out")]
+        elif i in args.gdn_layers:
+            names += [(g, f"{b}.{p}") for p in ("gdn_in", "gdn_conv", "gdn_dt", "gdn_a", "gdn_norm", "gdn_out")]
         else:
             names.append((g, f"{b}.attn_qkv"))
             if args.qkv_bias:
                 names.append((g, f"{b}.attn_qkv_bias"))
             if args.qk_norm:
                 names += [(g, f"{b}.attn_q_norm"), (g, f"{b}.attn_k_norm")]
+            names += [(g, f"{b}.attn_gate")] if args.attn_gate else []
             names.append((g, f"{b}.attn_out"))
         names += [(g, f"{b}.attn_post_norm")] if args.post_norm else []
         names += [(g, f"{b}.ffn_norm")] if args.pre_norm else []
@@ -101,6 +104,13 @@ def tensor_shape(args: ModelArgs, name: str) -> tuple[int, ...]:
         "conv_in": (3 * a.dim, a.dim),
         "conv_w": (a.dim, a.conv_kernel),
         "conv_out": (a.dim, a.dim),
+        "attn_gate": (a.q_dim, a.dim),
+        "gdn_in": (a.gdn_conv_dim + a.gdn_v_heads * (a.gdn_v_dim + 2), a.dim),
+        "gdn_conv": (a.gdn_conv_dim, a.conv_kernel),
+        "gdn_dt": (a.gdn_v_heads,),
+        "gdn_a": (a.gdn_v_heads,),
+        "gdn_norm": (a.gdn_v_dim,),
+        "gdn_out": (a.dim, a.gdn_v_heads * a.gdn_v_dim),
     }[part]
 
 
@@ -127,6 +137,15 @@ def qkv_layout(w: np.ndarray, args: ModelArgs, permuted: bool = False, interleav
         q = permute_partial(q, args.n_heads, args.head_dim, args.rope_dim)
         k = permute_partial(k, args.n_kv_heads, args.head_dim, args.rope_dim)
     return np.concatenate([q, k, v])
+
+
+def head_norm_layout(w: np.ndarray, args: ModelArgs, interleaved: bool = False) -> np.ndarray:
+    """A per-head q/k norm's weights [head_dim] with their lanes where `qkv_layout` moved the heads' lanes."""
+    if args.qk_norm != "head":
+        return w
+    if interleaved:
+        w = deinterleave(w.reshape(-1, 1), 1, args.head_dim, args.rope_dim or args.head_dim).reshape(-1)
+    return permute_partial(w.reshape(-1, 1), 1, args.head_dim, args.rope_dim).reshape(-1) if args.rope_dim else w
 
 
 def refuse_unknown(what: str, names, origin: str, family: Family, advice: str) -> None:
@@ -294,4 +313,6 @@ class GGUFSource:
         w = np.concatenate([self._raw(s) for s in srcs]) if len(srcs) > 1 else self._raw(srcs[0])
         if name.endswith(("attn_qkv", "attn_qkv_bias")):
             return qkv_layout(w, self.args, self.family.gguf_permuted, self.family.interleaved)
+        if name.endswith(("attn_q_norm", "attn_k_norm")):
+            return head_norm_layout(w, self.args, self.family.interleaved)
         return w

@@ -16,7 +16,7 @@ from models.families import BY_HF
 from models.families.base import COMMON_HF_KEYS, Family, Unsupported, hf_rope
 from models.families.pending import pending
 from models.files import read_json, read_text
-from models.source import NORMS, canonical_names, qkv_layout, refuse_unknown, sha256_file
+from models.source import NORMS, canonical_names, head_norm_layout, qkv_layout, refuse_unknown, sha256_file
 from models.tokenizer import info_from_hf
 
 # Keys transformers 4 and 5 spell differently when they save a config (the config classes' attribute maps:
@@ -71,7 +71,8 @@ class HFSource:
         self.tokenizer = info_from_hf(read_text(tj, "re-download it"), tc, cfg, origin=str(tj))
         self._files = files + [cfg_path, tj]
         used = {n for _, c in canonical_names(self.args) for n in self._sources(c)} | {self.head_name}
-        unknown = {k for k in self.index if k not in used and not k.endswith(_IGNORED)}
+        # a multi-token prediction head (Qwen 3.5, Qwen3-Next) is a draft of its own, not run here
+        unknown = {k for k in self.index if k not in used and not k.endswith(_IGNORED) and not k.startswith("mtp.")}
         if self.wrapper:  # the vision (and audio) towers and their projectors: images are not run
             unknown = {k for k in unknown if k.startswith(self.prefix)}
         refuse_unknown("the tensor", unknown, str(self.path), self.family, "it is a variant cadence does not run")
@@ -124,6 +125,8 @@ class HFSource:
         }
         if part == "attn_qkv_bias":
             return [f"{p}.{n}.bias" for n in self.family.hf_tensors("attn_qkv")]
+        if part in self.family.hf_params:  # a parameter of its own, not a module's weight
+            return [f"{p}.{n}" for n in self.family.hf_tensors(part)]
         return [f"{p}.{n}.weight" for n in moe.get(part) or self.family.hf_tensors(part)]
 
     def _expert(self, i: str, e: int, which: str) -> np.ndarray:
@@ -148,11 +151,13 @@ class HFSource:
                 return np.concatenate([self._expert(i, int(e), "gate"), self._expert(i, int(e), "up")])
             return self._expert(i, int(e), "down")
         srcs = self._sources(name)
-        w = np.concatenate([self._raw(s) for s in srcs]) if len(srcs) > 1 else self._raw(srcs[0])
+        w = np.concatenate([self.family.hf_split(name, s, self._raw(s), self.args) for s in srcs])
         if name.endswith(("attn_qkv", "attn_qkv_bias")):
             return qkv_layout(w, self.args, interleaved=self.family.interleaved)
-        if name.endswith("conv_w"):  # transformers' depthwise Conv1d holds [dim, 1, K]
+        if name.endswith(("conv_w", "gdn_conv")):  # transformers' depthwise Conv1d holds [channels, 1, K]
             return w.reshape(w.shape[0], -1)
+        if name.endswith(("attn_q_norm", "attn_k_norm")):
+            w = head_norm_layout(w, self.args, self.family.interleaved)
         if name.endswith(NORMS) and self.family.hf_norm_shift:
             return w + np.float32(self.family.hf_norm_shift)  # Gemma: applied as 1 + w, as transformers does
         return w

@@ -22,20 +22,24 @@ from models.attention import Visibility, attend
 from models.args import ModelArgs
 from models.kvcache import KVCache
 from models.rope import Rotary, inv_freq
-from models.shortconv import conv_mix
+from models import recurrent
 from models.sampling import HeadArgmax
 from models.requests import ForwardPlan, NeedExperts, NeedWeights, SplitAttention, SplitColumns
 
 
 class Place(NamedTuple):
     """Where layer i's attention works: its cache rows (keys, values [Hkv, rows, D]), the row of the forward's
-    first new key, the block's visibility in those rows, and the rotary tables of its kind of layer."""
+    first new key, the block's visibility in those rows, and the rotary tables of its kind of layer. A recurrent
+    layer's: its rows [rows, width] and state (models/recurrent.py), the global slot of its row 0 (`base`) and the
+    slots its state holds (`folded`)."""
 
     k: torch.Tensor
-    v: torch.Tensor
+    v: torch.Tensor | None
     slot0: int
     vis: Visibility
     rotary: Rotary
+    base: int = 0
+    folded: int = 0
 
 
 def plain_block(a: ModelArgs) -> bool:
@@ -46,7 +50,8 @@ def plain_block(a: ModelArgs) -> bool:
         and not a.post_norm
         and not a.nope_layers
         and not a.attn_temp_beta
-        and not a.conv_layers
+        and not a.rec_layers
+        and not a.attn_gate
         and a.act == "silu"
         and a.residual_scale == 1.0
         and not a.attn_softcap
@@ -129,7 +134,8 @@ class Transformer:
         for i in range(a.n_layers):
             k, v, base = cache.kv(i)
             sliding = a.sliding(i)
-            out.append(Place(k, v, cache.end - base, wvis if sliding else vis, rotaries[a.rope_kind(i)]))
+            rot = rotaries[a.rope_kind(i)]
+            out.append(Place(k, v, cache.end - base, wvis if sliding else vis, rot, base, cache.folded))
         return out
 
     def block_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan: ForwardPlan | None):
@@ -140,16 +146,18 @@ class Transformer:
             and self.ffn_inputs is None
             and (plan is None or not plan.attn_split)
             and not a.attn_temp_beta
-            and not a.conv_layers
+            and not a.rec_layers
+            and not a.attn_gate
         ):
             rec = layer_kernel.record(w, a)
             if rec is not None:  # the whole layer in one call, the same bits
                 return layer_kernel.run(rec, x, positions, at, self.scale, a.norm_eps)
         T = x.shape[0]
-        if w.conv_in is not None:
-            self.conv_mixer(x, w, at, kernels.rmsnorm)
+        if a.recurrent(i):
+            self.mixer(x, w, at, kernels.rmsnorm)
         else:
-            qkv = w.qkv.matmul(kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x)
+            h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
+            qkv = w.qkv.matmul(h)
             if a.qk_norm:
                 self.norm_qk(qkv, w, kernels.rmsnorm)
             q = kernels.qkv_rope(
@@ -164,7 +172,7 @@ class Transformer:
                 o = yield SplitAttention(i, q, at.k, at.v, at.vis)
             else:
                 o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap)  # [T, H, D]
-            self.residual(x, w.attn_out, o.reshape(T, a.q_dim), w.attn_post_norm, kernels.rmsnorm)
+            self.residual(x, w.attn_out, self.gated(o.reshape(T, a.q_dim), w, h), w.attn_post_norm, kernels.rmsnorm)
         h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
         if self.ffn_inputs is not None:
             self.ffn_inputs.append((i, h))
@@ -176,13 +184,16 @@ class Transformer:
             self.residual(x, w.down, kernels.glu(w.gate_up.matmul(h), a.act), w.ffn_post_norm, kernels.rmsnorm)
         return x
 
-    def conv_mixer(self, x: torch.Tensor, w, at: Place, norm) -> None:
-        """A short-convolution layer's branch (LFM2), added to x in place: each row's taps are its ancestors'
-        (models/shortconv.py), its input row kept in the layer's cache rows (`at.k`)."""
-        a = self.args
-        bcx = w.conv_in.matmul(norm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x)  # [T, 3 dim]
-        b, c, xx = bcx.split(a.dim, dim=-1)
-        self.residual(x, w.conv_out, c * conv_mix(at.k, at.slot0, b * xx, w.conv_w, at.vis), w.attn_post_norm, norm)
+    @staticmethod
+    def gated(o: torch.Tensor, w, h: torch.Tensor) -> torch.Tensor:
+        """The attention's output [T, q_dim] times sigmoid of its gate projection of the layer's input h, where the
+        model has one (Qwen 3.5)."""
+        return o if w.attn_gate is None else o * torch.sigmoid(w.attn_gate.matmul(h))
+
+    def mixer(self, x: torch.Tensor, w, at: Place, norm) -> None:
+        """A recurrent layer's branch (LFM2's convolution, a gated delta-net), added to x in place: each row reads
+        its own ancestors' state (models/recurrent.py)."""
+        (recurrent.short_conv if self.args.conv_layers else recurrent.gated_delta_net)(self, x, w, at, norm)
 
     def residual(self, x: torch.Tensor, out, h: torch.Tensor, post: torch.Tensor | None, norm):
         """x += h W^T, through the branch's norm (Gemma, OLMo 2) and scale (Granite) where the model has them."""
@@ -296,12 +307,13 @@ class Transformer:
         """The torch-ops layer (devices other than the CPU): a generator like `block_fused`."""
         a = self.args
         T = x.shape[0]
-        if w.conv_in is not None:
+        if a.recurrent(i):
             x = x.clone()
-            self.conv_mixer(x, w, at, rms_norm)
+            self.mixer(x, w, at, rms_norm)
             return (yield from self.ffn_branch(i, w, x))
         cos, sin = at.rotary.tables(positions)
-        qkv = w.qkv(rms_norm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x)
+        hn = rms_norm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
+        qkv = w.qkv(hn)
         if a.qk_norm:
             self.norm_qk(qkv, w, rms_norm)
         q, k, v = qkv.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
@@ -311,7 +323,7 @@ class Transformer:
         at.v[:, at.slot0 : at.slot0 + T] = v.view(T, a.n_kv_heads, a.head_dim).transpose(0, 1)
         o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap)  # [T, H, D]
         x = x.clone()
-        self.residual(x, w.attn_out, o.reshape(T, a.q_dim), w.attn_post_norm, rms_norm)
+        self.residual(x, w.attn_out, self.gated(o.reshape(T, a.q_dim), w, hn), w.attn_post_norm, rms_norm)
         return (yield from self.ffn_branch(i, w, x))
 
     def ffn_branch(self, i: int, w, x: torch.Tensor):

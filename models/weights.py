@@ -43,6 +43,13 @@ class LayerWeights:
     conv_in: Linear | None = None  # a short-convolution layer: [B | C | x~] from x, its taps [dim, K], its output
     conv_w: torch.Tensor | None = None
     conv_out: Linear | None = None
+    attn_gate: Linear | None = None  # the attention output's gate (Qwen 3.5)
+    gdn_in: Linear | None = None  # a gated delta-net: [q k v | z | b | a] from x, its convolution's taps, dt bias,
+    gdn_conv: torch.Tensor | None = None  # A_log, its output norm (per value head) and projection
+    gdn_dt: torch.Tensor | None = None
+    gdn_a: torch.Tensor | None = None
+    gdn_norm: torch.Tensor | None = None
+    gdn_out: Linear | None = None
 
 
 @dataclass
@@ -99,6 +106,8 @@ def layer_from_views(store: WeightStore, i: int, views: dict[str, dict[str, torc
         conv_in=lin("conv_in"),
         conv_w=norm("conv_w"),
         conv_out=lin("conv_out"),
+        **{p: lin(p) for p in ("attn_gate", "gdn_in", "gdn_out")},
+        **{p: norm(p) for p in ("gdn_conv", "gdn_dt", "gdn_a", "gdn_norm")},
     )
 
 
@@ -203,6 +212,8 @@ class TensorWeights:
                     conv_in=enc(f"{b}.conv_in"),
                     conv_w=norm(f"{b}.conv_w"),
                     conv_out=enc(f"{b}.conv_out"),
+                    **{p: enc(f"{b}.{p}") for p in ("attn_gate", "gdn_in", "gdn_out")},
+                    **{p: norm(f"{b}.{p}") for p in ("gdn_conv", "gdn_dt", "gdn_a", "gdn_norm")},
                 )
             )
         self.expert = {

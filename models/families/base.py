@@ -97,6 +97,10 @@ class Family:
     gguf_names: dict = field(default_factory=dict)  # overrides of LLAMA_GGUF
     gguf_permuted: bool = False  # llama.cpp interleaved the rotary pairs of q/k rows (its NORM rope)
     interleaved: bool = False  # the model itself rotates interleaved pairs (GLM-4), in both files
+    hf_params: frozenset = frozenset()  # parts whose HF tensors are parameters (`dt_bias`), not `.weight`s
+    # (canonical name, HF tensor name, its array) -> the part of it the canonical tensor takes (Qwen 3.5's q_proj:
+    # each head's queries, or its gates)
+    hf_split: Callable[[str, str, np.ndarray, object], np.ndarray] = lambda name, src, w, args: w
 
     def hf_tensors(self, part: str) -> tuple[str, ...]:
         return {**LLAMA_HF, **self.hf_names}[part]

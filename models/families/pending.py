@@ -4,17 +4,17 @@ bare "not supported" (issue 54). A family that comes to run leaves this table.""
 
 from __future__ import annotations
 
-_RECURRENT = "a recurrent state, which cadence's block does not keep yet"
 _NEEDS = {
-    "gated delta-net linear-attention layers (" + _RECURRENT + ")": (
-        ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid"),
-        ("qwen35", "qwen35moe", "qwen3next"),
+    "a GGUF reader for Qwen 3.5 (cadence reads it from an HF directory so far)": ((), ("qwen35",)),
+    "gated delta-net layers beside experts, or OLMo's own (cadence runs Qwen 3.5's dense ones so far)": (
+        ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid"),
+        ("qwen35moe", "qwen3next"),
     ),
     "LFM2-MoE's experts (and cadence reads LFM2 from an HF directory only so far)": (
         ("lfm2_moe",),
         ("lfm2", "lfm2moe"),
     ),
-    "Mamba-2 layers (" + _RECURRENT + ")": (
+    "Mamba-2 layers (cadence keeps short-convolution and gated delta-net states so far)": (
         ("granitemoehybrid", "falcon_h1", "nemotron_h"),
         ("granitehybrid", "falcon-h1", "nemotron_h", "nemotron_h_moe"),
     ),

@@ -164,6 +164,19 @@ FAMILIES: dict[str, dict[str, dict]] = {
             **_rope(1e6),
         )
     },
+    "qwen3_5_text": {  # delta-nets (2 key heads serving 4 value heads) around one gated attention layer in four
+        "plain": dict(
+            num_hidden_layers=4,
+            head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            linear_conv_kernel_dim=4,
+            tie_word_embeddings=True,
+            **_rope(1e7, partial_rotary_factor=0.25),
+        )
+    },
     "qwen2": {
         "plain": dict(tie_word_embeddings=True, **_rope(1e6)),
         "sliding": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **_rope(1e6)),

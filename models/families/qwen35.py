@@ -1,0 +1,72 @@
+"""Qwen 3.5 (dense): gated delta-net layers (`linear_attention`: a short convolution over q/k/v, then a recurrent
+state; models/recurrent.py) among full-attention layers, one in `full_attention_interval` (4). The attention layers
+gate their output by sigmoid of a second half of q_proj (each head's [queries | gates]), have q/k norms per head and a
+partial rotary (a quarter of each head). Every RMSNorm is applied as `1 + w`, but the delta-net's gated output norm
+(plain w). The released checkpoints wrap it with a vision tower (`Qwen3_5ForConditionalGeneration`): cadence runs the
+text model; its multi-token prediction head (`mtp.*`) is left aside. For text alone the multimodal rope's sections
+rotate as one: a plain partial rotary."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from models.families.base import Family, Unsupported
+
+_KEYS = frozenset(
+    "linear_conv_kernel_dim linear_key_head_dim linear_value_head_dim linear_num_key_heads linear_num_value_heads "
+    "full_attention_interval attn_output_gate mtp_num_hidden_layers mtp_use_dedicated_embeddings".split()
+)
+
+
+def _hf(cfg: dict, a: dict) -> dict:
+    if cfg.get("attn_output_gate") is False:
+        raise Unsupported("attn_output_gate: false (attention without its output gate)")
+    n = a["n_layers"]
+    every = int(cfg.get("full_attention_interval") or 4)
+    types = cfg.get("layer_types") or ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n)]
+    if len(types) != n or set(types) - {"linear_attention", "full_attention"}:
+        raise ValueError(f"layer_types {types} is not {n} of 'linear_attention' and 'full_attention'")
+    return {
+        "gdn_layers": tuple(i for i, t in enumerate(types) if t == "linear_attention"),
+        "gdn_k_heads": int(cfg["linear_num_key_heads"]),
+        "gdn_v_heads": int(cfg["linear_num_value_heads"]),
+        "gdn_k_dim": int(cfg["linear_key_head_dim"]),
+        "gdn_v_dim": int(cfg["linear_value_head_dim"]),
+        "conv_kernel": int(cfg["linear_conv_kernel_dim"]),
+    }
+
+
+def _split(name: str, src: str, w: np.ndarray, args) -> np.ndarray:
+    """q_proj holds each head's [queries | gates]: attn_qkv takes the queries, attn_gate the gates."""
+    if not src.endswith("q_proj.weight"):
+        return w
+    heads = w.reshape(args.n_heads, 2, args.head_dim, *w.shape[1:])
+    return heads[:, 1 if name.endswith("attn_gate") else 0].reshape(args.q_dim, *w.shape[1:])
+
+
+QWEN3_5 = Family(
+    "qwen3_5",
+    hf_types=("qwen3_5_text",),
+    gguf_archs=(),
+    block={"qk_norm": "head", "attn_gate": True},
+    hf_defaults={"rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4},
+    hf_keys=_KEYS,
+    hf_fields=_hf,
+    hf_norm_shift=1.0,
+    hf_names={
+        "attn_gate": ("self_attn.q_proj",),
+        "gdn_in": (
+            "linear_attn.in_proj_qkv",
+            "linear_attn.in_proj_z",
+            "linear_attn.in_proj_b",
+            "linear_attn.in_proj_a",
+        ),
+        "gdn_conv": ("linear_attn.conv1d",),
+        "gdn_dt": ("linear_attn.dt_bias",),
+        "gdn_a": ("linear_attn.A_log",),
+        "gdn_norm": ("linear_attn.norm",),
+        "gdn_out": ("linear_attn.out_proj",),
+    },
+    hf_params=frozenset({"gdn_dt", "gdn_a"}),
+    hf_split=_split,
+)

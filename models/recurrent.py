@@ -1,0 +1,146 @@
+"""Recurrent layers over token trees: LFM2's short convolution and Qwen 3.5's gated delta-net, verified in one
+forward where every node reads its own ancestors' state, and kept to the accepted path by `KVCache.commit`.
+
+A recurrent layer keeps rows of its recent tokens (models/kvcache.py, from global slot `base`): a convolution's
+input row (LFM2: B * x~; a delta-net: its q/k/v channels before the convolution), and a delta-net's k, v, log-decay
+and beta after it. Its state [v heads, k dim, v dim] holds every token up to slot `folded`; the rows past it are
+folded in when a forward starts (`fold`), after `commit(keep)` has kept the accepted path's rows as it keeps keys.
+
+A node's convolution taps are its nearest ancestors' rows (the last slots its visibility lists, then the committed
+ones before them), never a sibling's or the flattened tree's preceding row. Its delta-net state is its parent's
+stepped once, the parent's own stepped from the state along the ancestors its visibility lists: a tree costs a
+step a node, and a node's state is the one decoding its path alone gives, bit for bit (the same steps in the same
+order). Siblings share their parent's state; a rejected branch's rows are dropped by the commit, never folded.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from models.attention import Visibility
+
+
+def taps(vis: Visibility, kernel: int) -> torch.Tensor:
+    """int64 [T, kernel]: the global slot of each row's j-th nearest ancestor (j = 0: the row itself), -1 before
+    the start of the context."""
+    ptr, idx = vis.ptr.long(), vis.idx.long()
+    count = ptr[1:] - ptr[:-1]  # each row's own slots (ancestors in this forward or pending, itself last)
+    j = torch.arange(kernel).view(1, -1)
+    own = j < count.view(-1, 1)
+    at = (ptr[1:].view(-1, 1) - 1 - j).clamp(min=0, max=max(idx.numel() - 1, 0))
+    from_idx = idx[at] if idx.numel() else torch.zeros_like(at)
+    committed = vis.n_shared - 1 - (j - count.view(-1, 1))
+    return torch.where(own, from_idx, committed).clamp(min=-1)
+
+
+def conv_mix(rows: torch.Tensor, base: int, slots: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Each row's causal depthwise convolution over its taps `slots` [T, K] (global; rows[s - base] holds slot s):
+    [T, channels]. `weight` [channels, K] as transformers' Conv1d holds it (tap K-1 on the row itself)."""
+    kernel = weight.shape[1]
+    width = weight.shape[0]
+    got = rows[(slots - base).clamp(min=0), :width] * (slots >= 0).unsqueeze(-1).to(rows.dtype)  # [T, K, C]
+    out = got[:, 0] * weight[:, kernel - 1]
+    for j in range(1, kernel):  # tap by tap: each row's sum in the same order whatever the forward's rows
+        out += got[:, j] * weight[:, kernel - 1 - j]
+    return out
+
+
+def short_conv(model, x: torch.Tensor, w, at, norm) -> None:
+    """LFM2's convolution branch, added to x in place: in_proj -> [B | C | x~]; C * conv(B * x~); out_proj."""
+    a = model.args
+    b, c, xx = w.conv_in.matmul(norm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x).split(a.dim, dim=-1)
+    T = x.shape[0]
+    at.k[at.slot0 : at.slot0 + T] = b * xx
+    y = c * conv_mix(at.k, at.base, taps(at.vis, a.conv_kernel).to(x.device), w.conv_w)
+    model.residual(x, w.conv_out, y, None, norm)
+
+
+# -- gated delta-net ------------------------------------------------------------------------------------------
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
+    """A delta-net state [Hv, Dk, Dv] after one more token, from its row's k, v, log-decay g and beta:
+    S <- e^g S; S <- S + k (beta (v - S^T k))^T (transformers' recurrent gated delta rule, in its float steps)."""
+    hk, dk, hv, dv = a.gdn_k_heads, a.gdn_k_dim, a.gdn_v_heads, a.gdn_v_dim
+    lo = a.gdn_conv_dim
+    k = row[lo : lo + hk * dk].view(hk, dk).repeat_interleave(hv // hk, 0)
+    lo += hk * dk
+    v = row[lo : lo + hv * dv].view(hv, dv)
+    g, beta = row[lo + hv * dv : lo + hv * (dv + 1)], row[lo + hv * (dv + 1) : lo + hv * (dv + 2)]
+    state = state * g.exp()[:, None, None]
+    kv_mem = (state * k.unsqueeze(-1)).sum(-2)
+    delta = (v - kv_mem) * beta.unsqueeze(-1)
+    return state + k.unsqueeze(-1) * delta.unsqueeze(-2)
+
+
+def fold(state: torch.Tensor, rows: torch.Tensor, a) -> None:
+    """The state stepped over `rows` (a chain of tokens, in order), in place."""
+    s = state
+    for r in range(rows.shape[0]):
+        s = step(s, rows[r], a)
+    state.copy_(s)
+
+
+def _states(at, a, T: int):
+    """Yields (row, its state) for the forward's T rows in order: each row's parent's state stepped once, the parent
+    found as the row's last visible slot before itself; an ancestor from an earlier forward (a draft's pending
+    nodes) stepped from the folded state along what the row sees. A state is dropped once its rows' children are
+    done."""
+    vis, rows, base, end = at.vis, at.k, at.base, at.base + at.slot0
+    ptr, idx = vis.ptr.tolist(), vis.idx.tolist()
+    chains = [list(range(at.folded, vis.n_shared)) + idx[ptr[r] : ptr[r + 1]] for r in range(T)]
+    parent = [c[-2] if len(c) > 1 else None for c in chains]
+    children: dict[int, int] = {}
+    for p in parent:
+        if p is not None:
+            children[p] = children.get(p, 0) + 1
+    memo: dict[int, torch.Tensor] = {}
+    for r in range(T):
+        chain = chains[r]
+        j = len(chain) - 1  # the nearest ancestor whose state is known, then step from there
+        while j > 0 and chain[j - 1] not in memo:
+            j -= 1
+        s = memo[chain[j - 1]] if j > 0 else at.v
+        for slot in chain[j:-1]:  # ancestors from earlier forwards (this forward's are in the memo)
+            s = memo[slot] = step(s, rows[slot - base], a)
+        s = step(s, rows[end + r - base], a)
+        if children.get(end + r):
+            memo[end + r] = s
+        p = parent[r]
+        if p is not None and p >= end:
+            children[p] -= 1
+            if not children[p]:
+                memo.pop(p, None)
+        yield r, s
+
+
+def gated_delta_net(model, x: torch.Tensor, w, at, norm) -> None:
+    """Qwen 3.5's delta-net branch, added to x in place: in_proj -> q/k/v (convolved, SiLU), z, b, a; each row's
+    state stepped from its parent's; out = out_proj(gated_norm(S^T q) * silu(z))."""
+    a = model.args
+    T, C, hk, dk, hv, dv = x.shape[0], a.gdn_conv_dim, a.gdn_k_heads, a.gdn_k_dim, a.gdn_v_heads, a.gdn_v_dim
+    h = norm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
+    pre, z, b, araw = w.gdn_in.matmul(h).split([C, hv * dv, hv, hv], dim=-1)
+    rows, s0 = at.k, at.slot0
+    rows[s0 : s0 + T, :C] = pre
+    slots = taps(at.vis, a.conv_kernel).to(x.device)
+    # Row by row from here (the products above and below are the kernels', row by row too): an elementwise op over
+    # a few rows or many may round a row differently, and a node must get the bits its path decoded alone gets.
+    q = torch.empty(T, hv, dk, dtype=x.dtype, device=x.device)
+    for r in range(T):
+        qkv = F.silu(conv_mix(rows, at.base, slots[r : r + 1], w.gdn_conv))[0]
+        qr, kr, vr = qkv.split([hk * dk, hk * dk, hv * dv])
+        q[r] = (_l2norm(qr.view(hk, dk)) * dk**-0.5).repeat_interleave(hv // hk, 0)
+        g = -w.gdn_a.exp() * F.softplus(araw[r] + w.gdn_dt)
+        rows[s0 + r, C:] = torch.cat([_l2norm(kr.view(hk, dk)).view(-1), vr, g, torch.sigmoid(b[r])])
+    o = torch.empty(T, hv * dv, dtype=x.dtype, device=x.device)
+    for r, s in _states(at, a, T):
+        y = (s * q[r].unsqueeze(-1)).sum(-2)  # [Hv, Dv]
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + a.norm_eps) * w.gdn_norm
+        o[r] = (y * F.silu(z[r].view(hv, dv))).view(-1)
+    model.residual(x, w.gdn_out, o, None, norm)

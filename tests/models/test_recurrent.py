@@ -1,0 +1,99 @@
+"""Recurrent layers under a token tree (models/recurrent.py: LFM2's short convolutions, Qwen 3.5's gated
+delta-nets): a node's taps are its own ancestors' rows, never a sibling's or the preceding row of the flattened tree;
+a tree forward gives each node what decoding its path alone gives, bit for bit; a rejected branch leaves the state
+exactly the accepted path's; and a draft's nodes fed one forward at a time read their pending ancestors' states."""
+
+import pytest
+import torch
+
+from models import loading
+from models.attention import Visibility
+from models.convert import convert
+from models.recurrent import taps
+from models.source_hf import HFSource
+from models.store import WeightStore
+from tests.models.families import tiny_hf
+
+# a tree under a committed context of 5: 0 -> {1 -> {3, 4}, 2 -> 5}
+PARENTS = [-1, 0, 0, 1, 1, 2]
+
+
+def test_taps_are_the_nearest_ancestors_then_the_committed_rows():
+    got = taps(Visibility.tree(5, PARENTS), 3).tolist()
+    # slots: the tree's nodes at 5..10; committed 0..4
+    assert got == [[5, 4, 3], [6, 5, 4], [7, 5, 4], [8, 6, 5], [9, 6, 5], [10, 7, 5]]
+    assert taps(Visibility.causal(0, 2), 3).tolist() == [[0, -1, -1], [1, 0, -1]]  # zeros before the context
+
+
+@pytest.fixture(scope="module", params=["lfm2", "qwen3_5_text"])
+def model(tmp_path_factory, request):
+    d = tmp_path_factory.mktemp(request.param)
+    store = WeightStore(convert(HFSource(tiny_hf(request.param, "plain", d / "hf", seed=1)), d / "int4", "int4"))
+    return loading.load_store(store).model
+
+
+def _path(node: int) -> list[int]:
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = PARENTS[node]
+    return out[::-1]
+
+
+def test_a_tree_gives_each_node_its_path_decoded_alone_and_keeps_the_accepted_state(model):
+    lfm2 = model
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(3, 300, (9,), generator=g)
+    nodes = torch.randint(3, 300, (len(PARENTS),), generator=g)
+    depth = [len(_path(n)) for n in range(len(PARENTS))]
+
+    def primed():
+        cache = lfm2.new_cache(32)
+        lfm2.forward(prompt, torch.arange(len(prompt)), cache)
+        cache.commit()
+        return cache
+
+    cache = primed()
+    L = cache.length
+    pos = torch.tensor([L - 1 + d for d in depth])
+    tree = lfm2.forward(nodes, pos, cache, Visibility.tree(L, PARENTS))
+    for n in range(len(PARENTS)):  # the chain of n's path, decoded one token at a time from the same prompt
+        alone = primed()
+        for k, m in enumerate(_path(n)):
+            logits = lfm2.forward(nodes[m : m + 1], torch.tensor([L + k]), alone)[0]
+            alone.commit()
+        assert torch.equal(tree[n], logits), n
+    accepted = _path(4)  # 0 -> 1 -> 4: siblings 2, 3, 5 rejected
+    cache.commit(accepted)
+    nxt = torch.tensor([7])
+    after = lfm2.forward(nxt, torch.tensor([L + len(accepted)]), cache)[0]
+    alone = primed()
+    lfm2.forward(nodes[accepted], torch.arange(L, L + len(accepted)), alone)
+    alone.commit()
+    assert torch.equal(after, lfm2.forward(nxt, torch.tensor([L + len(accepted)]), alone)[0])
+    for i in lfm2.args.rec_layers:  # the accepted path's state and rows, bit for bit
+        (ra, sa, ba), (rb, sb, bb) = cache.kv(i), alone.kv(i)
+        assert sa is sb is None or torch.equal(sa, sb)
+        lo = max(ba, bb, cache.length + 1 - lfm2.args.conv_kernel)
+        assert torch.equal(ra[lo - ba : cache.length + 1 - ba], rb[lo - bb : alone.length + 1 - bb])
+
+
+def test_nodes_fed_one_forward_at_a_time_read_their_pending_ancestors(model):
+    """A draft grows its tree a node a forward (speculative/feed.py): a node's parent is pending from an earlier
+    forward, its state stepped from the folded one along the node's visible ancestors."""
+    g = torch.Generator().manual_seed(6)
+    prompt = torch.randint(3, 300, (7,), generator=g)
+    nodes = torch.randint(3, 300, (len(PARENTS),), generator=g)
+    cache = model.new_cache(32)
+    model.forward(prompt, torch.arange(len(prompt)), cache)
+    cache.commit()
+    L = cache.length
+    whole = model.forward(
+        nodes, torch.tensor([L - 1 + len(_path(n)) for n in range(len(PARENTS))]), cache, Visibility.tree(L, PARENTS)
+    )
+    cache.commit([])  # the whole tree rejected: the next forward starts from the same state
+    for n in range(len(PARENTS)):  # one node a forward, each seeing its ancestors' pending slots and its own
+        anc = [L + a for a in _path(n)[:-1]] + [cache.end]
+        vis = Visibility(L, torch.tensor([0, len(anc)], dtype=torch.int32), torch.tensor(anc, dtype=torch.int32))
+        one = model.forward(nodes[n : n + 1], torch.tensor([L - 1 + len(_path(n))]), cache, vis)[0]
+        assert torch.equal(one, whole[n]), n
