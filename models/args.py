@@ -42,6 +42,7 @@ ARCHS = (
     "ministral3",
     "lfm2",
     "qwen3_5",
+    "granitehybrid",
 )
 QK_NORMS = ("", "head", "full")  # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe)
 ACTS = ("silu", "gelu_tanh")
@@ -136,6 +137,14 @@ class ModelArgs:
     gdn_k_dim: int = 0
     gdn_v_dim: int = 0
     attn_gate: bool = False  # the attention's output times sigmoid of a gate projection (Qwen 3.5, Qwen3-Next)
+    # Mamba-2 layers in place of attention (Granite 4.0-H): a short convolution over x, B and C (with a bias), then a
+    # state [heads, head dim, state size] per layer
+    ssm_layers: tuple[int, ...] = ()
+    ssm_heads: int = 0
+    ssm_head_dim: int = 0
+    ssm_state: int = 0
+    ssm_groups: int = 1
+    ssm_conv_bias: bool = True
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -184,8 +193,19 @@ class ModelArgs:
                 f"gated delta-net layers need a kernel > 1, key heads dividing value heads and sizes > 0 (kernel "
                 f"{self.conv_kernel}, heads {self.gdn_k_heads}/{self.gdn_v_heads}, dims {self.gdn_k_dim}/{self.gdn_v_dim})"
             )
-        if self.conv_layers and self.gdn_layers:
-            raise CadenceError("a model has one kind of recurrent layer: short convolutions or gated delta-nets")
+        object.__setattr__(self, "ssm_layers", tuple(sorted(int(i) for i in self.ssm_layers)))
+        if self.ssm_layers and not (
+            self.conv_kernel > 1
+            and self.ssm_layers[-1] < self.n_layers
+            and min(self.ssm_heads, self.ssm_head_dim, self.ssm_state, self.ssm_groups) > 0
+            and self.ssm_heads % self.ssm_groups == 0
+        ):
+            raise CadenceError(
+                f"Mamba-2 layers need a kernel > 1, groups dividing heads and sizes > 0 (kernel {self.conv_kernel}, "
+                f"heads {self.ssm_heads}, groups {self.ssm_groups}, head dim {self.ssm_head_dim}, state {self.ssm_state})"
+            )
+        if sum(map(bool, (self.conv_layers, self.gdn_layers, self.ssm_layers))) > 1:
+            raise CadenceError("a model has one kind of recurrent layer: convolutions, gated delta-nets or Mamba-2")
         if set(self.rec_layers) & set(self.sliding_layers):
             raise CadenceError("a layer cannot be both a recurrent and a sliding-window attention layer")
         if self.attn_temp_beta and self.attn_temp_scale <= 0:
@@ -213,7 +233,20 @@ class ModelArgs:
     @property
     def rec_layers(self) -> tuple[int, ...]:
         """The layers with a recurrent state instead of a KV cache (convolutions, gated delta-nets)."""
-        return self.conv_layers or self.gdn_layers
+        return self.conv_layers or self.gdn_layers or self.ssm_layers
+
+    @property
+    def rec_kind(self) -> str:
+        return "conv" if self.conv_layers else "gdn" if self.gdn_layers else "ssm" if self.ssm_layers else ""
+
+    @property
+    def ssm_inner(self) -> int:
+        return self.ssm_heads * self.ssm_head_dim
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        """Channels a Mamba-2 layer convolves: x (heads x head dim), B and C (groups x state size each)."""
+        return self.ssm_inner + 2 * self.ssm_groups * self.ssm_state
 
     def recurrent(self, layer: int) -> bool:
         return layer in self.rec_layers
@@ -231,11 +264,15 @@ class ModelArgs:
             return self.dim
         if self.gdn_layers:
             return self.gdn_conv_dim + self.gdn_k_heads * self.gdn_k_dim + self.gdn_v_heads * (self.gdn_v_dim + 2)
+        if self.ssm_layers:  # its convolution's input, then x and B after it, the step dt and its decay exp(dt A)
+            return self.ssm_conv_dim + self.ssm_inner + self.ssm_groups * self.ssm_state + 2 * self.ssm_heads
         return 0
 
     @property
     def rec_state(self) -> tuple[int, ...]:
         """The shape of a recurrent layer's state besides its rows: a gated delta-net's [v heads, k dim, v dim]."""
+        if self.ssm_layers:
+            return (self.ssm_heads, self.ssm_head_dim, self.ssm_state)
         return (self.gdn_v_heads, self.gdn_k_dim, self.gdn_v_dim) if self.gdn_layers else (0,)
 
     def rec_rows(self, capacity: int) -> int:

@@ -40,6 +40,8 @@ LINEAR = (
     "attn_gate",
     "gdn_in",
     "gdn_out",
+    "ssm_in",
+    "ssm_out",
 )
 # kept in fp32 whatever the format: a router decides which experts run, and its weights are a few KiB per layer
 FP32_LINEAR = ("ffn_router", "ffn_shexp_gate")

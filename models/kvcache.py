@@ -85,7 +85,7 @@ class KVCache:
         if kind == "sliding":
             return self.wk[j], self.wv[j], self.base
         if kind == "rec":
-            return self.rec[j], self.state[j] if self.args.gdn_layers else None, self.rbase
+            return self.rec[j], self.state[j] if self.args.rec_kind != "conv" else None, self.rbase
         return self.k[j], self.v[j], 0
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
@@ -132,7 +132,7 @@ class KVCache:
         """The committed rows folded into the recurrent states, then room for T new rows: rows below the kernel's
         reach back from the committed text dropped (or, in a cache of its own, the rows grow)."""
         a = self.args
-        if a.gdn_layers and self.length > self.folded:
+        if a.rec_kind != "conv" and self.length > self.folded:
             lo, hi = self.folded - self.rbase, self.length - self.rbase
             for j in range(len(a.rec_layers)):
                 fold(self.state[j], self.rec[j, lo:hi], a)
@@ -204,7 +204,7 @@ class KVCache:
         there (a state cannot step back past what it folded; a convolution needs its taps' rows)."""
         if not 0 <= length <= self.length or (self.window and max(0, length - self.window + 1) < self.base):
             return False
-        if self.args.gdn_layers:
+        if self.args.rec_kind != "conv":
             return length >= self.folded
         return not self.args.conv_layers or max(0, length - self.args.conv_kernel + 1) >= self.rbase
 

@@ -64,6 +64,11 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
+    """A recurrent state after one more token, from its row (the model's kind of layer)."""
+    return (ssm_step if a.ssm_layers else gdn_step)(state, row, a)
+
+
+def gdn_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
     """A delta-net state [Hv, Dk, Dv] after one more token, from its row's k, v, log-decay g and beta:
     S <- e^g S; S <- S + k (beta (v - S^T k))^T (transformers' recurrent gated delta rule, in its float steps)."""
     hk, dk, hv, dv = a.gdn_k_heads, a.gdn_k_dim, a.gdn_v_heads, a.gdn_v_dim
@@ -144,3 +149,52 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm) -> None:
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + a.norm_eps) * w.gdn_norm
         o[r] = (y * F.silu(z[r].view(hv, dv))).view(-1)
     model.residual(x, w.gdn_out, o, None, norm)
+
+
+# -- Mamba-2 ------------------------------------------------------------------------------------------------------
+
+
+def ssm_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
+    """A Mamba-2 state [H, P, N] after one more token: h <- exp(dt A) h + (dt B) x (transformers' selective state
+    update, in its float steps), from the row's x, B, dt and exp(dt A)."""
+    H, P, N, G = a.ssm_heads, a.ssm_head_dim, a.ssm_state, a.ssm_groups
+    lo = a.ssm_conv_dim
+    x = row[lo : lo + H * P].view(H, P)
+    lo += H * P
+    B = row[lo : lo + G * N].view(G, N).repeat_interleave(H // G, 0)
+    lo += G * N
+    dt, da = row[lo : lo + H], row[lo + H : lo + 2 * H]
+    return state * da[:, None, None] + (dt[:, None] * B).unsqueeze(1) * x.unsqueeze(-1)
+
+
+def mamba2(model, x: torch.Tensor, w, at, norm) -> None:
+    """A Mamba-2 branch (Granite 4.0-H), added to x in place: in_proj -> z, x B C (convolved with a bias, SiLU), dt;
+    each row's state stepped from its parent's; y = C h + D x; out_proj(group_norm(y * silu(z)))."""
+    a = model.args
+    T, H, P, N, G = x.shape[0], a.ssm_heads, a.ssm_head_dim, a.ssm_state, a.ssm_groups
+    inner, conv_dim = a.ssm_inner, a.ssm_conv_dim
+    h = norm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
+    z, pre, dt_raw = w.ssm_in.matmul(h).split([inner, conv_dim, H], dim=-1)
+    rows, s0 = at.k, at.slot0
+    rows[s0 : s0 + T, :conv_dim] = pre
+    slots = taps(at.vis, a.conv_kernel).to(x.device)
+    A = -w.ssm_a.exp()
+    xs, cs = torch.empty(T, H, P, dtype=x.dtype), torch.empty(T, G, N, dtype=x.dtype)
+    for r in range(T):  # row by row, as the delta-net's (`gated_delta_net`)
+        xbc = conv_mix(rows, at.base, slots[r : r + 1], w.ssm_conv)[0]
+        if w.ssm_conv_b is not None:
+            xbc = xbc + w.ssm_conv_b
+        xr, br, cr = F.silu(xbc).split([inner, G * N, G * N])
+        dt = F.softplus(dt_raw[r] + w.ssm_dt)
+        rows[s0 + r, conv_dim:] = torch.cat([xr, br, dt, torch.exp(dt * A)])
+        xs[r], cs[r] = xr.view(H, P), cr.view(G, N)
+    o = torch.empty(T, inner, dtype=x.dtype)
+    for r, s in _states(at, a, T):
+        c = cs[r].repeat_interleave(H // G, 0)  # [H, N]
+        y = ((s * c.unsqueeze(1)).sum(-1) + w.ssm_d.unsqueeze(-1) * xs[r]).view(-1) * F.silu(z[r])
+        y = y.view(G, -1)
+        o[r] = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + a.norm_eps)).view(-1) * w.ssm_norm
+    model.residual(x, w.ssm_out, o, None, norm)
+
+
+MIXERS = {"conv": short_conv, "gdn": gated_delta_net, "ssm": mamba2}

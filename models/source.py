@@ -31,6 +31,7 @@ _MOE_GGUF_KEYS = frozenset(
     "expert_weights_norm".split()
 )
 _METADATA = ("general.", "tokenizer.", "quantize.", "split.")
+SSM_PARTS = ("ssm_in", "ssm_conv", "ssm_conv_b", "ssm_dt", "ssm_a", "ssm_d", "ssm_norm", "ssm_out")
 NORMS = ("attn_norm", "ffn_norm", "attn_post_norm", "ffn_post_norm", "attn_q_norm", "attn_k_norm", "out_norm")
 
 
@@ -49,6 +50,8 @@ def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
             names += [(g, f"{b}.conv_in"), (g, f"{b}.conv_w"), (g, f"{b}.conv_out")]
         elif i in args.gdn_layers:
             names += [(g, f"{b}.{p}") for p in ("gdn_in", "gdn_conv", "gdn_dt", "gdn_a", "gdn_norm", "gdn_out")]
+        elif i in args.ssm_layers:
+            names += [(g, f"{b}.{p}") for p in SSM_PARTS if p != "ssm_conv_b" or args.ssm_conv_bias]
         else:
             names.append((g, f"{b}.attn_qkv"))
             if args.qkv_bias:
@@ -111,6 +114,14 @@ def tensor_shape(args: ModelArgs, name: str) -> tuple[int, ...]:
         "gdn_a": (a.gdn_v_heads,),
         "gdn_norm": (a.gdn_v_dim,),
         "gdn_out": (a.dim, a.gdn_v_heads * a.gdn_v_dim),
+        "ssm_in": (a.ssm_inner + a.ssm_conv_dim + a.ssm_heads, a.dim),
+        "ssm_conv": (a.ssm_conv_dim, a.conv_kernel),
+        "ssm_conv_b": (a.ssm_conv_dim,),
+        "ssm_dt": (a.ssm_heads,),
+        "ssm_a": (a.ssm_heads,),
+        "ssm_d": (a.ssm_heads,),
+        "ssm_norm": (a.ssm_inner,),
+        "ssm_out": (a.dim, a.ssm_inner),
     }[part]
 
 

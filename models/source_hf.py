@@ -13,7 +13,7 @@ import numpy as np
 from common.errors import CadenceError
 from models.args import ModelArgs
 from models.families import BY_HF
-from models.families.base import COMMON_HF_KEYS, Family, Unsupported, hf_rope
+from models.families.base import COMMON_HF_KEYS, MOE_HF_KEYS, Family, Unsupported, hf_rope
 from models.families.pending import pending
 from models.files import read_json, read_text
 from models.source import NORMS, canonical_names, head_norm_layout, qkv_layout, refuse_unknown, sha256_file
@@ -154,7 +154,7 @@ class HFSource:
         w = np.concatenate([self.family.hf_split(name, s, self._raw(s), self.args) for s in srcs])
         if name.endswith(("attn_qkv", "attn_qkv_bias")):
             return qkv_layout(w, self.args, interleaved=self.family.interleaved)
-        if name.endswith(("conv_w", "gdn_conv")):  # transformers' depthwise Conv1d holds [channels, 1, K]
+        if name.endswith(("conv_w", "gdn_conv", "ssm_conv")):  # transformers' depthwise Conv1d: [channels, 1, K]
             return w.reshape(w.shape[0], -1)
         if name.endswith(("attn_q_norm", "attn_k_norm")):
             w = head_norm_layout(w, self.args, self.family.interleaved)
@@ -230,7 +230,7 @@ def _hf_args(cfg: dict, fam: Family, path: Path, qkv_bias: bool, tied: bool) -> 
 
 
 def _moe(cfg: dict, fam: Family, path: Path) -> dict:
-    if not any(k in fam.hf_keys for k in EXPERT_COUNT_KEYS):
+    if not MOE_HF_KEYS <= fam.hf_keys:  # not a mixture-of-experts family (Granite 4.0-H reads its own keys)
         return {}
     if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
         raise CadenceError(

@@ -193,7 +193,7 @@ class Transformer:
     def mixer(self, x: torch.Tensor, w, at: Place, norm) -> None:
         """A recurrent layer's branch (LFM2's convolution, a gated delta-net), added to x in place: each row reads
         its own ancestors' state (models/recurrent.py)."""
-        (recurrent.short_conv if self.args.conv_layers else recurrent.gated_delta_net)(self, x, w, at, norm)
+        recurrent.MIXERS[self.args.rec_kind](self, x, w, at, norm)
 
     def residual(self, x: torch.Tensor, out, h: torch.Tensor, post: torch.Tensor | None, norm):
         """x += h W^T, through the branch's norm (Gemma, OLMo 2) and scale (Granite) where the model has them."""

@@ -19,6 +19,22 @@ from models.linear import Linear
 from models.store import WeightStore, expert_group
 
 
+# the recurrent layers' parts, by kind: products (a store's format), and vectors kept as float32
+LINEAR_PARTS = ("attn_gate", "gdn_in", "gdn_out", "ssm_in", "ssm_out")
+VECTOR_PARTS = (
+    "gdn_conv",
+    "gdn_dt",
+    "gdn_a",
+    "gdn_norm",
+    "ssm_conv",
+    "ssm_conv_b",
+    "ssm_dt",
+    "ssm_a",
+    "ssm_d",
+    "ssm_norm",
+)
+
+
 @dataclass
 class LayerWeights:
     """A layer's weights that every token uses. A dense layer has its FFN (`gate_up`, `down`); a mixture of
@@ -50,6 +66,14 @@ class LayerWeights:
     gdn_a: torch.Tensor | None = None
     gdn_norm: torch.Tensor | None = None
     gdn_out: Linear | None = None
+    ssm_in: Linear | None = None  # a Mamba-2 layer: [z | x B C | dt] from x, its convolution's taps and bias, dt
+    ssm_conv: torch.Tensor | None = None  # bias, A_log, D, its gated group norm and output projection
+    ssm_conv_b: torch.Tensor | None = None
+    ssm_dt: torch.Tensor | None = None
+    ssm_a: torch.Tensor | None = None
+    ssm_d: torch.Tensor | None = None
+    ssm_norm: torch.Tensor | None = None
+    ssm_out: Linear | None = None
 
 
 @dataclass
@@ -106,8 +130,8 @@ def layer_from_views(store: WeightStore, i: int, views: dict[str, dict[str, torc
         conv_in=lin("conv_in"),
         conv_w=norm("conv_w"),
         conv_out=lin("conv_out"),
-        **{p: lin(p) for p in ("attn_gate", "gdn_in", "gdn_out")},
-        **{p: norm(p) for p in ("gdn_conv", "gdn_dt", "gdn_a", "gdn_norm")},
+        **{p: lin(p) for p in LINEAR_PARTS},
+        **{p: norm(p) for p in VECTOR_PARTS},
     )
 
 
@@ -212,8 +236,8 @@ class TensorWeights:
                     conv_in=enc(f"{b}.conv_in"),
                     conv_w=norm(f"{b}.conv_w"),
                     conv_out=enc(f"{b}.conv_out"),
-                    **{p: enc(f"{b}.{p}") for p in ("attn_gate", "gdn_in", "gdn_out")},
-                    **{p: norm(f"{b}.{p}") for p in ("gdn_conv", "gdn_dt", "gdn_a", "gdn_norm")},
+                    **{p: enc(f"{b}.{p}") for p in LINEAR_PARTS},
+                    **{p: norm(f"{b}.{p}") for p in VECTOR_PARTS},
                 )
             )
         self.expert = {

@@ -14,8 +14,8 @@ _NEEDS = {
         ("lfm2_moe",),
         ("lfm2", "lfm2moe"),
     ),
-    "Mamba-2 layers (cadence keeps short-convolution and gated delta-net states so far)": (
-        ("granitemoehybrid", "falcon_h1", "nemotron_h"),
+    "Mamba-2 layers run its way (cadence runs Granite 4.0-H's so far)": (
+        ("falcon_h1", "nemotron_h"),
         ("granitehybrid", "falcon-h1", "nemotron_h", "nemotron_h_moe"),
     ),
     "per-layer embeddings, keys and values shared between layers, and per-layer head sizes": (

@@ -177,6 +177,26 @@ FAMILIES: dict[str, dict[str, dict]] = {
             **_rope(1e7, partial_rotary_factor=0.25),
         )
     },
+    "granitemoehybrid": {  # Mamba-2 layers (4 heads in 2 groups) around a NoPE attention layer, muP multipliers
+        "plain": dict(
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+            num_local_experts=0,
+            shared_intermediate_size=96,
+            mamba_n_heads=4,
+            mamba_n_groups=2,
+            mamba_d_state=8,
+            mamba_d_head=16,
+            mamba_d_conv=4,
+            mamba_expand=1,
+            embedding_multiplier=4.0,
+            attention_multiplier=0.125,
+            residual_multiplier=0.5,
+            logits_scaling=2.0,
+            tie_word_embeddings=True,
+            **_rope(10000.0),
+        )
+    },
     "qwen2": {
         "plain": dict(tie_word_embeddings=True, **_rope(1e6)),
         "sliding": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **_rope(1e6)),
@@ -297,6 +317,8 @@ def spell_4(cfg: dict) -> dict:
             if rp.get("rope_type") == "longrope":
                 rp = {"long_factor": rp["long_factor"], "short_factor": rp["short_factor"], "type": "longrope"}
         d["rope_scaling"] = None if rp.get("rope_type") == "default" else rp
+    if mt == "granitemoehybrid":  # transformers 4's layer kinds: mamba and attention
+        d["layer_types"] = [{"linear_attention": "mamba", "full_attention": "attention"}[t] for t in d["layer_types"]]
     if mt in ("gemma2", "gemma3_text"):
         d.pop("use_bidirectional_attention", None)  # added in transformers 5
     if mt == "gemma2":

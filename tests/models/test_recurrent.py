@@ -1,5 +1,5 @@
 """Recurrent layers under a token tree (models/recurrent.py: LFM2's short convolutions, Qwen 3.5's gated
-delta-nets): a node's taps are its own ancestors' rows, never a sibling's or the preceding row of the flattened tree;
+delta-nets, Granite 4.0-H's Mamba-2): a node's taps are its own ancestors' rows, never a sibling's or the preceding row of the flattened tree;
 a tree forward gives each node what decoding its path alone gives, bit for bit; a rejected branch leaves the state
 exactly the accepted path's; and a draft's nodes fed one forward at a time read their pending ancestors' states."""
 
@@ -25,7 +25,7 @@ def test_taps_are_the_nearest_ancestors_then_the_committed_rows():
     assert taps(Visibility.causal(0, 2), 3).tolist() == [[0, -1, -1], [1, 0, -1]]  # zeros before the context
 
 
-@pytest.fixture(scope="module", params=["lfm2", "qwen3_5_text"])
+@pytest.fixture(scope="module", params=["lfm2", "qwen3_5_text", "granitemoehybrid"])
 def model(tmp_path_factory, request):
     d = tmp_path_factory.mktemp(request.param)
     store = WeightStore(convert(HFSource(tiny_hf(request.param, "plain", d / "hf", seed=1)), d / "int4", "int4"))

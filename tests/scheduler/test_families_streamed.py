@@ -31,6 +31,7 @@ FAMILIES = [
     ("glm4", "plain"),  # four norms, interleaved partial rotary, q/k/v biases
     ("ministral3", "plain"),  # queries scaled by position after YaRN
     ("lfm2", "plain"),  # short-convolution layers: each tree node's taps its own ancestors'
+    ("granitemoehybrid", "plain"),  # Mamba-2: each node's state its parent's stepped; NoPE attention, muP
     ("qwen3_5_text", "plain"),  # gated delta-nets: each node's state its parent's stepped; gated attention
 ]
 

@@ -1,0 +1,86 @@
+"""Granite 4.0-H (`granitemoehybrid`, dense: H-Micro, H-1B, H-350M): Mamba-2 layers (models/recurrent.py) among
+attention layers that take no rotary embeddings (`position_embedding_type` null), Granite's four multipliers, and a
+shared SwiGLU MLP (`shared_mlp.input_linear`: gate rows first). transformers 4 spelled the layer kinds `mamba` and
+`attention`. The mixture-of-experts variants (H-Tiny, H-Small) are refused naming their experts."""
+
+from __future__ import annotations
+
+import math
+
+from models.families.base import Family, Unsupported
+
+_MULTIPLIERS = {
+    "embedding_multiplier": "embed_scale",
+    "attention_multiplier": "attn_scale",
+    "residual_multiplier": "residual_scale",
+    "logits_scaling": "logits_div",
+}
+_KEYS = frozenset(_MULTIPLIERS) | frozenset(
+    "num_local_experts num_experts_per_tok output_router_logits router_aux_loss_coef shared_intermediate_size "
+    "position_embedding_type layers_block_type mamba_n_heads mamba_n_groups mamba_d_state mamba_d_head mamba_d_conv "
+    "mamba_expand mamba_chunk_size mamba_conv_bias mamba_proj_bias time_step_limit time_step_min time_step_max "
+    "time_step_floor init_method".split()
+)
+_LEGACY = {"mamba": "linear_attention", "attention": "full_attention"}
+
+
+def _number(x) -> float:
+    """A float as transformers 5 writes one JSON cannot hold: {"__float__": "Infinity"}."""
+    return float(x["__float__"]) if isinstance(x, dict) else float(x)
+
+
+def _hf(cfg: dict, a: dict) -> dict:
+    if cfg.get("num_local_experts"):
+        raise Unsupported(f"num_local_experts={cfg['num_local_experts']} (Granite 4.0-H's experts)")
+    if cfg.get("mamba_proj_bias"):
+        raise Unsupported("mamba_proj_bias: true (biases on the Mamba projections)")
+    limit = [_number(x) for x in cfg.get("time_step_limit") or (0.0, math.inf)]
+    if limit[0] != 0.0 or not math.isinf(limit[1]):
+        raise Unsupported(f"time_step_limit={limit} (a clamped Mamba step)")
+    n = a["n_layers"]
+    types = [_LEGACY.get(t, t) for t in (cfg.get("layer_types") or cfg.get("layers_block_type") or [])]
+    types = types or ["linear_attention"] * n
+    if len(types) != n or set(types) - {"linear_attention", "full_attention"}:
+        raise ValueError(f"layer_types {types} is not {n} of 'linear_attention' and 'full_attention'")
+    heads = int(cfg["mamba_n_heads"])
+    inner = int(cfg.get("mamba_expand") or 2) * a["dim"]
+    head_dim = cfg.get("mamba_d_head")
+    attention = tuple(i for i, t in enumerate(types) if t == "full_attention")
+    rope = cfg.get("position_embedding_type")
+    if rope not in (None, "rope"):
+        raise Unsupported(f"position_embedding_type={rope!r}")
+    return {
+        **{f: float(cfg[k]) for k, f in _MULTIPLIERS.items()},
+        "ffn_dim": int(cfg["shared_intermediate_size"]),
+        "ssm_layers": tuple(i for i, t in enumerate(types) if t == "linear_attention"),
+        "ssm_heads": heads,
+        "ssm_head_dim": inner // heads if head_dim in (None, "auto") else int(head_dim),
+        "ssm_state": int(cfg["mamba_d_state"]),
+        "ssm_groups": int(cfg.get("mamba_n_groups") or 1),
+        "ssm_conv_bias": bool(cfg.get("mamba_conv_bias", True)),
+        "conv_kernel": int(cfg.get("mamba_d_conv") or 4),
+        "nope_layers": attention if rope is None else (),
+    }
+
+
+GRANITE_HYBRID = Family(
+    "granitehybrid",
+    hf_types=("granitemoehybrid",),
+    gguf_archs=(),
+    hf_defaults={**{k: 1.0 for k in _MULTIPLIERS}, "rope_theta": 10000.0, "mamba_expand": 2, "mamba_conv_bias": True},
+    hf_keys=_KEYS,
+    hf_fields=_hf,
+    hf_names={
+        "ffn_gate_up": ("shared_mlp.input_linear",),
+        "ffn_down": ("shared_mlp.output_linear",),
+        "ssm_in": ("mamba.in_proj",),
+        "ssm_conv": ("mamba.conv1d",),
+        "ssm_conv_b": ("mamba.conv1d.bias",),
+        "ssm_dt": ("mamba.dt_bias",),
+        "ssm_a": ("mamba.A_log",),
+        "ssm_d": ("mamba.D",),
+        "ssm_norm": ("mamba.norm",),
+        "ssm_out": ("mamba.out_proj",),
+    },
+    hf_params=frozenset({"ssm_conv_b", "ssm_dt", "ssm_a", "ssm_d"}),
+)
