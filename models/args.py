@@ -43,9 +43,10 @@ ARCHS = (
     "lfm2",
     "qwen3_5",
     "granitehybrid",
+    "nemotron_h",
 )
 QK_NORMS = ("", "head", "full")  # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe)
-ACTS = ("silu", "gelu_tanh")
+ACTS = ("silu", "gelu_tanh", "relu2")  # relu2: a non-gated FFN, relu(x W_up)^2 (Nemotron-H)
 # committed rows a sliding-window layer keeps past its window (models/kvcache.py): a rewind by up to this many works
 WINDOW_REWIND = 64
 
@@ -145,6 +146,9 @@ class ModelArgs:
     ssm_state: int = 0
     ssm_groups: int = 1
     ssm_conv_bias: bool = True
+    # layers of one part only (Nemotron-H: a layer is a mixer or an FFN): no attention or recurrent mixer, no FFN
+    no_mixer_layers: tuple[int, ...] = ()
+    no_ffn_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -204,6 +208,10 @@ class ModelArgs:
                 f"Mamba-2 layers need a kernel > 1, groups dividing heads and sizes > 0 (kernel {self.conv_kernel}, "
                 f"heads {self.ssm_heads}, groups {self.ssm_groups}, head dim {self.ssm_head_dim}, state {self.ssm_state})"
             )
+        for name in ("no_mixer_layers", "no_ffn_layers"):
+            object.__setattr__(self, name, tuple(sorted(int(i) for i in getattr(self, name))))
+        if set(self.no_mixer_layers) & set(self.rec_layers + self.sliding_layers):
+            raise CadenceError("a layer without a mixer cannot be a recurrent or sliding-window layer")
         if sum(map(bool, (self.conv_layers, self.gdn_layers, self.ssm_layers))) > 1:
             raise CadenceError("a model has one kind of recurrent layer: convolutions, gated delta-nets or Mamba-2")
         if set(self.rec_layers) & set(self.sliding_layers):
@@ -250,6 +258,13 @@ class ModelArgs:
 
     def recurrent(self, layer: int) -> bool:
         return layer in self.rec_layers
+
+    def mixes(self, layer: int) -> bool:
+        """The layer has a mixer (attention or recurrent)."""
+        return layer not in self.no_mixer_layers
+
+    def has_ffn(self, layer: int) -> bool:
+        return layer not in self.no_ffn_layers
 
     @property
     def gdn_conv_dim(self) -> int:
@@ -327,6 +342,7 @@ class ModelArgs:
         """Bytes of the KV cache for a context of `capacity` tokens: a sliding layer keeps its window only; a
         recurrent layer its state and its recent tokens' rows (models/recurrent.py)."""
         n_slide, n_rec = len(self.sliding_layers), len(self.rec_layers)
-        rows = (self.n_layers - n_slide - n_rec) * capacity + n_slide * self.window_rows(capacity)
+        rows = (self.n_layers - n_slide - n_rec - len(self.no_mixer_layers)) * capacity
+        rows += n_slide * self.window_rows(capacity)
         rec = n_rec * (self.rec_rows(capacity) * self.rec_width + math.prod(self.rec_state))
         return (2 * rows * self.kv_dim + rec) * itemsize

@@ -79,10 +79,10 @@ def block(model: Transformer, w, x: torch.Tensor, positions: list, places: list,
     """One layer over every generation's rows, in place in `x`, where the one-call kernel does not take the layer:
     the separate kernel calls of `Transformer.block_fused`, each generation's attention its own."""
     a = model.args
-    if w.qkv is None:  # a recurrent layer: each generation's rows over its own state
+    if w.qkv is None and w.attn_norm is not None:  # a recurrent layer: each generation's rows over its own state
         for (lo, hi), at in zip(spans, places):
             model.mixer(x[lo:hi], w, at, kernels.rmsnorm)
-    else:
+    elif w.qkv is not None:
         h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
         qkv = w.qkv.matmul(h)
         if a.qk_norm:
@@ -94,5 +94,7 @@ def block(model: Transformer, w, x: torch.Tensor, positions: list, places: list,
             model.temper(q, pos)
             o[lo:hi] = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap).reshape(hi - lo, a.q_dim)
         model.residual(x, w.attn_out, model.gated(o, w, h), w.attn_post_norm, kernels.rmsnorm)
+    if w.gate_up is None:  # a mixer-only layer (Nemotron-H)
+        return
     h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
-    model.residual(x, w.down, kernels.glu(w.gate_up.matmul(h), a.act), w.ffn_post_norm, kernels.rmsnorm)
+    model.residual(x, w.down, model.act(w.gate_up.matmul(h)), w.ffn_post_norm, kernels.rmsnorm)

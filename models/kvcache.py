@@ -39,7 +39,8 @@ class KVCache:
         self.args, self.capacity, self.device = args, capacity, device
         self.window = args.sliding_window if args.sliding_layers else 0
         n_slide, n_rec = len(args.sliding_layers), len(args.rec_layers)
-        full, slide = (args.n_layers - n_slide - n_rec, capacity), (n_slide, args.window_rows(capacity))
+        n_full = args.n_layers - n_slide - n_rec - len(args.no_mixer_layers)
+        full, slide = (n_full, capacity), (n_slide, args.window_rows(capacity))
         self.rows = slide[1]
         self.owned = storage is None
         shapes = [(2, n, args.n_kv_heads, c, args.head_dim) for n, c in (full, slide)]
@@ -56,9 +57,9 @@ class KVCache:
         self.rbase = 0  # the global slot of a recurrent layer's row 0
         self.folded = 0  # the slots its state holds
         # layer i -> (kind, its index among its kind's layers)
-        index, count = [], {"full": 0, "sliding": 0, "rec": 0}
+        index, count = [], {"full": 0, "sliding": 0, "rec": 0, "none": 0}
         for i in range(args.n_layers):
-            kind = "rec" if args.recurrent(i) else "sliding" if args.sliding(i) else "full"
+            kind = "rec" if args.recurrent(i) else "sliding" if args.sliding(i) else "full" if args.mixes(i) else "none"
             index.append((kind, count[kind]))
             count[kind] += 1
         self.index = index
@@ -86,6 +87,8 @@ class KVCache:
             return self.wk[j], self.wv[j], self.base
         if kind == "rec":
             return self.rec[j], self.state[j] if self.args.rec_kind != "conv" else None, self.rbase
+        if kind == "none":  # an FFN-only layer (Nemotron-H): no cache
+            return self.k[:0], self.v[:0], 0
         return self.k[j], self.v[j], 0
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):

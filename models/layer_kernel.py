@@ -29,7 +29,7 @@ def record(w, args: ModelArgs) -> torch.Tensor | None:
 def _record(w, args: ModelArgs) -> torch.Tensor:
     lins = (w.qkv, w.attn_out, w.gate_up, w.down)
     # a recurrent layer, or an attention gated by its input (Qwen 3.5), goes through the separate calls
-    dense = w.flash is None and w.router is None and not args.moe and w.attn_gate is None
+    dense = w.flash is None and w.router is None and not args.moe and w.attn_gate is None and args.act != "relu2"
     if not dense or not all(isinstance(x, linear.QuantLinear) and x.kernel for x in lins):
         return torch.empty(0, dtype=torch.int64)
     norms = (w.attn_norm, w.ffn_norm, w.q_norm, w.k_norm, w.attn_post_norm, w.ffn_post_norm, w.qkv.bias)

@@ -35,6 +35,22 @@ SSM_PARTS = ("ssm_in", "ssm_conv", "ssm_conv_b", "ssm_dt", "ssm_a", "ssm_d", "ss
 NORMS = ("attn_norm", "ffn_norm", "attn_post_norm", "ffn_post_norm", "attn_q_norm", "attn_k_norm", "out_norm")
 
 
+def _mixer_names(args: ModelArgs, i: int, g: str, b: str) -> list[tuple[str, str]]:
+    """Layer i's mixer's tensors: attention's, or a recurrent layer's (models/recurrent.py)."""
+    names = [(g, f"{b}.attn_norm")] if args.pre_norm else []
+    if args.conv(i):
+        parts = ["conv_in", "conv_w", "conv_out"]
+    elif i in args.gdn_layers:
+        parts = ["gdn_in", "gdn_conv", "gdn_dt", "gdn_a", "gdn_norm", "gdn_out"]
+    elif i in args.ssm_layers:
+        parts = [p for p in SSM_PARTS if p != "ssm_conv_b" or args.ssm_conv_bias]
+    else:
+        parts = ["attn_qkv"] + ["attn_qkv_bias"] * args.qkv_bias + ["attn_q_norm", "attn_k_norm"] * bool(args.qk_norm)
+        parts += ["attn_gate"] * args.attn_gate + ["attn_out"]
+    names += [(g, f"{b}.{p}") for p in parts]
+    return names + ([(g, f"{b}.attn_post_norm")] if args.post_norm else [])
+
+
 def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
     """(group, tensor) in the order a layer-by-layer reader needs them.
 
@@ -45,22 +61,9 @@ def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
     names = [("embed", "embed")]
     for i in range(args.n_layers):
         g, b = f"layer.{i}", f"blk.{i}"
-        names += [(g, f"{b}.attn_norm")] if args.pre_norm else []
-        if args.conv(i):
-            names += [(g, f"{b}.conv_in"), (g, f"{b}.conv_w"), (g, f"{b}.conv_out")]
-        elif i in args.gdn_layers:
-            names += [(g, f"{b}.{p}") for p in ("gdn_in", "gdn_conv", "gdn_dt", "gdn_a", "gdn_norm", "gdn_out")]
-        elif i in args.ssm_layers:
-            names += [(g, f"{b}.{p}") for p in SSM_PARTS if p != "ssm_conv_b" or args.ssm_conv_bias]
-        else:
-            names.append((g, f"{b}.attn_qkv"))
-            if args.qkv_bias:
-                names.append((g, f"{b}.attn_qkv_bias"))
-            if args.qk_norm:
-                names += [(g, f"{b}.attn_q_norm"), (g, f"{b}.attn_k_norm")]
-            names += [(g, f"{b}.attn_gate")] if args.attn_gate else []
-            names.append((g, f"{b}.attn_out"))
-        names += [(g, f"{b}.attn_post_norm")] if args.post_norm else []
+        names += _mixer_names(args, i, g, b) if args.mixes(i) else []
+        if not args.has_ffn(i):
+            continue
         names += [(g, f"{b}.ffn_norm")] if args.pre_norm else []
         if not args.moe:
             names += [(g, f"{b}.ffn_gate_up"), (g, f"{b}.ffn_down")]
@@ -94,7 +97,7 @@ def tensor_shape(args: ModelArgs, name: str) -> tuple[int, ...]:
         "attn_qkv": (qkv, a.dim),
         "attn_qkv_bias": (qkv,),
         "attn_out": (a.dim, a.q_dim),
-        "ffn_gate_up": (2 * a.ffn_dim, a.dim),
+        "ffn_gate_up": ((1 if a.act == "relu2" else 2) * a.ffn_dim, a.dim),
         "ffn_down": (a.dim, a.ffn_dim),
         "attn_q_norm": (norm_width or a.q_dim,),
         "attn_k_norm": (norm_width or a.kv_dim,),

@@ -49,15 +49,19 @@ class HFSource:
             except Exception as e:
                 raise CadenceError(f"{f} is a damaged safetensors file ({e}); re-download it") from None
         cfg, self.wrapper = text_part(cfg)
-        # a multimodal checkpoint's text model: under model.language_model. (or llava's language_model.model.)
+        self.family = family_of(cfg, cfg_path)
+        cfg = self.family.hf_config(cfg)
+        # a multimodal checkpoint's text model: under model.language_model. (or llava's language_model.model.);
+        # Nemotron-H's under backbone.
         self.prefix, self.head_name = "model.", "lm_head.weight"
+        embed = self.family.hf_names.get("embed", ("embed_tokens",))[0]
         for prefix, head in (
             ("model.language_model.", "lm_head.weight"),
             ("language_model.model.", "language_model.lm_head.weight"),
+            ("backbone.", "lm_head.weight"),
         ):
-            if f"{prefix}embed_tokens.weight" in self.index:
+            if f"{prefix}{embed}.weight" in self.index:
                 self.prefix, self.head_name = prefix, head
-        self.family = family_of(cfg, cfg_path)
         self.args = hf_args(
             cfg,
             cfg_path,
@@ -104,7 +108,7 @@ class HFSource:
         if name in ("embed", "out_norm", "head"):
             return [
                 {
-                    "embed": f"{self.prefix}embed_tokens.weight",
+                    "embed": f"{self.prefix}{self.family.hf_names.get('embed', ('embed_tokens',))[0]}.weight",
                     "out_norm": f"{self.prefix}{self.family.hf_names.get('out_norm', ('norm',))[0]}.weight",
                     "head": self.head_name,
                 }[name]
@@ -187,7 +191,7 @@ def hf_args(cfg: dict, path: Path, qkv_bias: bool, tied: bool) -> ModelArgs:
     or 5 writes it; a field missing, of the wrong type, or not one the family reads ends in one sentence
     naming the file."""
     fam = family_of(cfg, path)
-    cfg = {**fam.hf_defaults, **cfg}
+    cfg = {**fam.hf_defaults, **fam.hf_config(cfg)}
     refuse_unknown(
         "the config field", set(cfg) - COMMON_HF_KEYS - fam.hf_keys, str(path), fam, "remove it if it is 0 or false"
     )

@@ -52,6 +52,8 @@ def plain_block(a: ModelArgs) -> bool:
         and not a.attn_temp_beta
         and not a.rec_layers
         and not a.attn_gate
+        and not a.no_mixer_layers
+        and not a.no_ffn_layers
         and a.act == "silu"
         and a.residual_scale == 1.0
         and not a.attn_softcap
@@ -146,33 +148,16 @@ class Transformer:
             and self.ffn_inputs is None
             and (plan is None or not plan.attn_split)
             and not a.attn_temp_beta
-            and not a.rec_layers
-            and not a.attn_gate
         ):
             rec = layer_kernel.record(w, a)
             if rec is not None:  # the whole layer in one call, the same bits
                 return layer_kernel.run(rec, x, positions, at, self.scale, a.norm_eps)
-        T = x.shape[0]
         if a.recurrent(i):
             self.mixer(x, w, at, kernels.rmsnorm)
-        else:
-            h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
-            qkv = w.qkv.matmul(h)
-            if a.qk_norm:
-                self.norm_qk(qkv, w, kernels.rmsnorm)
-            q = kernels.qkv_rope(
-                qkv, w.qkv.bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0
-            )
-            self.temper(q, positions)
-            if plan is not None and plan.attn_split:
-                if not plain_block(a):
-                    raise CadenceError(
-                        f"the sparse worker does not split {a.arch}'s attention; run without --partition"
-                    )
-                o = yield SplitAttention(i, q, at.k, at.v, at.vis)
-            else:
-                o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap)  # [T, H, D]
-            self.residual(x, w.attn_out, self.gated(o.reshape(T, a.q_dim), w, h), w.attn_post_norm, kernels.rmsnorm)
+        elif a.mixes(i):
+            yield from self.attention_fused(i, w, x, positions, at, plan)
+        if not a.has_ffn(i):
+            return x
         h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
         if self.ffn_inputs is not None:
             self.ffn_inputs.append((i, h))
@@ -181,8 +166,31 @@ class Transformer:
         elif w.flash is not None:  # LLM in a flash: the predicted neurons only (models/flash)
             w.flash(h, x)
         else:
-            self.residual(x, w.down, kernels.glu(w.gate_up.matmul(h), a.act), w.ffn_post_norm, kernels.rmsnorm)
+            self.residual(x, w.down, self.act(w.gate_up.matmul(h)), w.ffn_post_norm, kernels.rmsnorm)
         return x
+
+    def attention_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan):
+        """The attention branch of `block_fused`, added to x in place (a generator: a plan may split it)."""
+        a, T = self.args, x.shape[0]
+        h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
+        qkv = w.qkv.matmul(h)
+        if a.qk_norm:
+            self.norm_qk(qkv, w, kernels.rmsnorm)
+        q = kernels.qkv_rope(qkv, w.qkv.bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
+        self.temper(q, positions)
+        if plan is not None and plan.attn_split:
+            if not plain_block(a):
+                raise CadenceError(f"the sparse worker does not split {a.arch}'s attention; run without --partition")
+            o = yield SplitAttention(i, q, at.k, at.v, at.vis)
+        else:
+            o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap)  # [T, H, D]
+        self.residual(x, w.attn_out, self.gated(o.reshape(T, a.q_dim), w, h), w.attn_post_norm, kernels.rmsnorm)
+
+    def act(self, gu: torch.Tensor) -> torch.Tensor:
+        """The FFN's activation of x W_gate_up on the CPU kernels: SwiGLU, GeGLU, or relu^2 of x W_up (Nemotron-H)."""
+        if self.args.act == "relu2":
+            return torch.square(F.relu(gu))
+        return kernels.glu(gu, self.args.act)
 
     @staticmethod
     def gated(o: torch.Tensor, w, h: torch.Tensor) -> torch.Tensor:
@@ -307,9 +315,10 @@ class Transformer:
         """The torch-ops layer (devices other than the CPU): a generator like `block_fused`."""
         a = self.args
         T = x.shape[0]
-        if a.recurrent(i):
+        if a.recurrent(i) or not a.mixes(i):
             x = x.clone()
-            self.mixer(x, w, at, rms_norm)
+            if a.recurrent(i):
+                self.mixer(x, w, at, rms_norm)
             return (yield from self.ffn_branch(i, w, x))
         cos, sin = at.rotary.tables(positions)
         hn = rms_norm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
@@ -329,6 +338,8 @@ class Transformer:
     def ffn_branch(self, i: int, w, x: torch.Tensor):
         """The torch-ops FFN branch of `block`, added to x (a generator: an MoE asks for its experts)."""
         a = self.args
+        if not a.has_ffn(i):
+            return x
         h = rms_norm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
         if self.ffn_inputs is not None:
             self.ffn_inputs.append((i, h))
@@ -340,6 +351,8 @@ class Transformer:
         return x
 
     def glu(self, gu: torch.Tensor) -> torch.Tensor:
+        if self.args.act == "relu2":
+            return torch.square(F.relu(gu))
         gate, up = gu.chunk(2, dim=-1)
         return (F.silu(gate) if self.args.act == "silu" else F.gelu(gate, approximate="tanh")) * up
 

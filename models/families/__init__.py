@@ -8,6 +8,7 @@ from models.families.gemma import GEMMA2, GEMMA3
 from models.families.glm import GLM4
 from models.families.granite_hybrid import GRANITE_HYBRID
 from models.families.lfm2 import LFM2
+from models.families.nemotron_h import NEMOTRON_H
 from models.families.llama import GRANITE, LLAMA, MINISTRAL3, MISTRAL, MIXTRAL, SEED_OSS
 from models.families.olmo import OLMO2, OLMO3, OLMOE
 from models.families.phi3 import PHI3
@@ -38,6 +39,7 @@ FAMILIES: tuple[Family, ...] = (
     LFM2,
     QWEN3_5,
     GRANITE_HYBRID,
+    NEMOTRON_H,
 )
 BY_HF = {t: f for f in FAMILIES for t in f.hf_types}
 BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_archs}

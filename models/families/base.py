@@ -101,6 +101,7 @@ class Family:
     # (canonical name, HF tensor name, its array) -> the part of it the canonical tensor takes (Qwen 3.5's q_proj:
     # each head's queries, or its gates)
     hf_split: Callable[[str, str, np.ndarray, object], np.ndarray] = lambda name, src, w, args: w
+    hf_config: Callable[[dict], dict] = lambda cfg: cfg  # a config in the common keys' spelling (Nemotron-H's)
 
     def hf_tensors(self, part: str) -> tuple[str, ...]:
         return {**LLAMA_HF, **self.hf_names}[part]

@@ -14,8 +14,8 @@ _NEEDS = {
         ("lfm2_moe",),
         ("lfm2", "lfm2moe"),
     ),
-    "Mamba-2 layers run its way (cadence runs Granite 4.0-H's so far)": (
-        ("falcon_h1", "nemotron_h"),
+    "Mamba-2 layers run its way (cadence runs Granite 4.0-H's and Nemotron-H's, from HF directories, so far)": (
+        ("falcon_h1",),
         ("granitehybrid", "falcon-h1", "nemotron_h", "nemotron_h_moe"),
     ),
     "per-layer embeddings, keys and values shared between layers, and per-layer head sizes": (

@@ -197,6 +197,18 @@ FAMILIES: dict[str, dict[str, dict]] = {
             **_rope(10000.0),
         )
     },
+    "nemotron_h": {  # a layer a part: Mamba-2, MLP (relu^2), NoPE attention, MLP
+        "plain": dict(
+            layers_block_type=["linear_attention", "mlp", "full_attention", "mlp"],
+            head_dim=16,
+            ssm_state_size=8,
+            mamba_num_heads=4,
+            mamba_head_dim=16,
+            n_groups=2,
+            conv_kernel=4,
+            layer_norm_epsilon=1e-5,
+        )
+    },
     "qwen2": {
         "plain": dict(tie_word_embeddings=True, **_rope(1e6)),
         "sliding": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **_rope(1e6)),
@@ -297,6 +309,12 @@ def spell_4(cfg: dict) -> dict:
     mt = d["model_type"]
     d["torch_dtype"] = d.pop("dtype", "float32")
     d["transformers_version"] = "4.51.3"
+    if mt == "nemotron_h":  # transformers 4: the layer kinds as a pattern string, no rope at all
+        pattern = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
+        d["hybrid_override_pattern"] = "".join(pattern[t] for t in d.pop("layers_block_type"))
+        d["num_hidden_layers"] = len(d["hybrid_override_pattern"])
+        d.pop("rope_parameters", None)
+        return d
     rp = copy.deepcopy(d.pop("rope_parameters"))
     if mt == "gemma3_text":
         full, sliding = rp["full_attention"], rp["sliding_attention"]

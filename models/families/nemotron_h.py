@@ -1,0 +1,99 @@
+"""Nemotron-H (NVIDIA): a layer is one part, after its own pre-norm: a Mamba-2 mixer (models/recurrent.py), an
+attention (no rotary: NoPE), or a non-gated MLP (relu(x W_up)^2 W_down), in the order `layers_block_type` gives
+(transformers 4: `hybrid_override_pattern`, M / * / -). Its tensors sit under `backbone.` (`embeddings`, `norm_f`,
+`layers.N.norm`, `layers.N.mixer.*`). Mixture-of-experts layers (E, Nemotron-3) are refused naming them."""
+
+from __future__ import annotations
+
+import math
+
+from models.families.base import Family, Unsupported
+
+_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+_LEGACY = {"mamba": "linear_attention", "attention": "full_attention"}
+_KEYS = frozenset(
+    "layers_block_type hybrid_override_pattern layer_norm_epsilon num_logits_to_keep mlp_hidden_act use_mamba_kernels "
+    "ssm_state_size mamba_num_heads mamba_head_dim mamba_hidden_act n_groups conv_kernel expand time_step_min "
+    "time_step_max time_step_limit time_step_floor use_conv_bias chunk_size mamba_proj_bias mamba_ssm_cache_dtype "
+    "n_routed_experts output_router_logits n_shared_experts moe_intermediate_size moe_shared_expert_intermediate_size "
+    "moe_latent_size moe_shared_expert_overlap num_experts_per_tok routed_scaling_factor n_group topk_group "
+    "norm_topk_prob num_nextn_predict_layers mtp_layers_block_type use_bias rescale_prenorm_residual residual_in_fp32 "
+    "hidden_dropout".split()
+)
+
+
+def _types(cfg: dict) -> list[str]:
+    types = cfg.get("layers_block_type") or cfg.get("layer_types")
+    if types is None and cfg.get("hybrid_override_pattern"):
+        types = [_PATTERN[c] for c in cfg["hybrid_override_pattern"]]
+    return [_LEGACY.get(t, t) for t in types or []]
+
+
+def _config(cfg: dict) -> dict:
+    """The common keys in Nemotron-H's spelling: its layer count is its pattern's, its norms' epsilon its own."""
+    return {**cfg, "num_hidden_layers": len(_types(cfg)), "rms_norm_eps": cfg.get("layer_norm_epsilon", 1e-5)}
+
+
+def _number(x) -> float:
+    return float(x["__float__"]) if isinstance(x, dict) else float(x)
+
+
+def _hf(cfg: dict, a: dict) -> dict:
+    types = _types(cfg)
+    if "moe" in types:
+        raise Unsupported("mixture-of-experts layers (layers_block_type 'moe': Nemotron-3's experts)")
+    if set(types) - {"linear_attention", "full_attention", "mlp"}:
+        raise ValueError(f"layers_block_type {types} holds a kind cadence does not know")
+    if cfg.get("mlp_hidden_act", "relu2") != "relu2" or cfg.get("mamba_hidden_act", "silu") != "silu":
+        raise Unsupported(f"activations {cfg.get('mlp_hidden_act')!r} / {cfg.get('mamba_hidden_act')!r}")
+    if cfg.get("mamba_proj_bias") or cfg.get("use_bias"):
+        raise Unsupported("biases on the Mamba projections")
+    limit = [_number(x) for x in cfg.get("time_step_limit") or (0.0, math.inf)]
+    if limit[0] != 0.0 or not math.isinf(limit[1]):
+        raise Unsupported(f"time_step_limit={limit} (a clamped Mamba step)")
+    if cfg.get("sliding_window"):
+        raise Unsupported(f"sliding_window={cfg['sliding_window']}")
+    kind = lambda k: tuple(i for i, t in enumerate(types) if t == k)  # noqa: E731
+    return {
+        "act": "relu2",
+        "ssm_layers": kind("linear_attention"),
+        "ssm_heads": int(cfg["mamba_num_heads"]),
+        "ssm_head_dim": int(cfg["mamba_head_dim"]),
+        "ssm_state": int(cfg["ssm_state_size"]),
+        "ssm_groups": int(cfg.get("n_groups") or 1),
+        "ssm_conv_bias": bool(cfg.get("use_conv_bias", True)),
+        "conv_kernel": int(cfg.get("conv_kernel") or 4),
+        "nope_layers": kind("full_attention"),
+        "no_mixer_layers": kind("mlp"),
+        "no_ffn_layers": kind("linear_attention") + kind("full_attention"),
+    }
+
+
+NEMOTRON_H = Family(
+    "nemotron_h",
+    hf_types=("nemotron_h",),
+    gguf_archs=(),
+    hf_defaults={"rope_theta": 10000.0},
+    hf_keys=_KEYS,
+    hf_fields=_hf,
+    hf_config=_config,
+    hf_names={
+        "embed": ("embeddings",),
+        "out_norm": ("norm_f",),
+        "attn_norm": ("norm",),
+        "ffn_norm": ("norm",),
+        "attn_qkv": ("mixer.q_proj", "mixer.k_proj", "mixer.v_proj"),
+        "attn_out": ("mixer.o_proj",),
+        "ffn_gate_up": ("mixer.up_proj",),
+        "ffn_down": ("mixer.down_proj",),
+        "ssm_in": ("mixer.in_proj",),
+        "ssm_conv": ("mixer.conv1d",),
+        "ssm_conv_b": ("mixer.conv1d.bias",),
+        "ssm_dt": ("mixer.dt_bias",),
+        "ssm_a": ("mixer.A_log",),
+        "ssm_d": ("mixer.D",),
+        "ssm_norm": ("mixer.norm",),
+        "ssm_out": ("mixer.out_proj",),
+    },
+    hf_params=frozenset({"ssm_conv_b", "ssm_dt", "ssm_a", "ssm_d"}),
+)
