@@ -23,6 +23,7 @@ from scheduler.generation.expert_policy import LRU, EdgeMoEEviction, PathStats, 
 def record(model, prompts: list[list[int]], n_new: int) -> tuple[list, list]:
     """(trace[token][layer] = its experts, lookahead[token][layer] = the guessed experts of that layer, the
     likeliest first; none at layer 0), over greedy decoding of each prompt."""
+    from models import moe
     from models.routing import routed_forwards
 
     trace, guesses = [], []
@@ -31,7 +32,7 @@ def record(model, prompts: list[list[int]], n_new: int) -> tuple[list, list]:
         for routes in routed_forwards(model, ids, n_new):
             for r in range(len(routes[0][0])):
                 trace.append([routes[i][0][r].tolist() for i in range(n)])
-                guesses.append([[]] + [list(model.guess(i, routes[i][2][r : r + 1])) for i in range(n - 1)])
+                guesses.append([[]] + [list(moe.guess(model, i, routes[i][2][r : r + 1])) for i in range(n - 1)])
     return trace, guesses
 
 

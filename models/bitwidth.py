@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from common.heap import trim_heap
-from models import linear
+from models import linear, moe
 from models.transformer import Transformer
 from models.weights import ExpertWeights
 
@@ -154,6 +154,8 @@ def _importance(model: Transformer, mixed: MixedExperts, routes: list, lo: str, 
             rows, k = (ids == e).nonzero(as_tuple=True)
             x = h.index_select(0, rows)
             ref, low = mixed.variants[reference][i, e], mixed.variants[lo][i, e]
-            d = (model.ffn(low.gate_up, low.down, x) - model.ffn(ref.gate_up, ref.down, x)) * top[rows, k, None]
+            d = (moe.ffn(model, low.gate_up, low.down, x) - moe.ffn(model, ref.gate_up, ref.down, x)) * top[
+                rows, k, None
+            ]
             out[i, e] = out.get((i, e), 0.0) + float(d.pow(2).sum()) / scale
     return out

@@ -22,9 +22,9 @@ from models.attention import Visibility, attend
 from models.args import ModelArgs
 from models.kvcache import KVCache
 from models.rope import Rotary, inv_freq
-from models import recurrent
+from models import moe, recurrent
 from models.sampling import HeadArgmax
-from models.requests import ForwardPlan, NeedExperts, NeedWeights, SplitAttention, SplitColumns
+from models.requests import ForwardPlan, NeedWeights, SplitAttention, SplitColumns
 
 
 class Place(NamedTuple):
@@ -162,7 +162,7 @@ class Transformer:
         if self.ffn_inputs is not None:
             self.ffn_inputs.append((i, h))
         if a.moe:
-            x += yield from self.moe(i, w, h)
+            x += yield from moe.moe(self, i, w, h)
         elif w.flash is not None:  # LLM in a flash: the predicted neurons only (models/flash)
             w.flash(h, x)
         else:
@@ -223,62 +223,6 @@ class Transformer:
             part = qkv[:, lo : lo + n]
             width = a.head_dim if a.qk_norm == "head" else n
             part.copy_(norm(part.reshape(-1, width), weight, a.norm_eps).view(T, n))
-
-    def route(self, router, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(expert ids [T, k], their weights [T, k]): softmax over the router's logits, top k, renormalised
-        where the model does so. Each row on its own (the kernels' property): a token routes the same way
-        verified in a tree or decoded alone."""
-        a = self.args
-        probs = torch.softmax(router.matmul(h), dim=-1)
-        top, ids = torch.topk(probs, a.n_experts_used, dim=-1)
-        if a.norm_topk:
-            top = top / top.sum(-1, keepdim=True)
-        return ids, top
-
-    def guess(self, i: int, h: torch.Tensor) -> tuple[int, ...]:
-        """Next-router lookahead (mixtral-offloading): the experts layer i+1's router picks for layer i's FFN
-        input, by their best routing weight over the rows; () at the last layer or when layer i+1 is not at hand."""
-        try:
-            router = self.weights.layer(i + 1).router
-        except (IndexError, KeyError):
-            return ()
-        ids, top = self.route(router, h)
-        best: dict[int, float] = {}
-        for e, p in zip(ids.flatten().tolist(), top.flatten().tolist()):
-            best[e] = max(best.get(e, 0.0), p)
-        return tuple(sorted(best, key=lambda e: (-best[e], e)))  # the likeliest first: a preload takes the first few
-
-    def moe(self, i: int, w, h: torch.Tensor):
-        """A generator: yields `NeedExperts` for the experts the rows of h route to, returns the layer's
-        MoE output [T, dim] (each expert on its rows, weighted; plus the shared expert, gated)."""
-        ids, top = self.route(w.router, h)
-        if self.routes is not None:
-            self.routes.append((ids, top, h))
-        used = tuple(sorted(set(ids.flatten().tolist())))
-        guess = self.guess(i, h) if self.lookahead else ()
-        out = torch.zeros_like(h)
-        n = self.expert_batch or len(used)  # a buffer that cannot hold the union at once takes it in parts
-        for lo in range(0, len(used), n):
-            part = used[lo : lo + n]
-            experts = yield NeedExperts(i, part, guess)
-            tables = [experts[e].table for e in part] if self.fused else [None]
-            if all(t is not None for t in tables):  # one kernel call for the part (csrc/experts.cpp)
-                kernels.experts(h, ids, top, torch.tensor(part, dtype=torch.int32), torch.stack(tables), out)
-                continue
-            for e in part:
-                rows, k = (ids == e).nonzero(as_tuple=True)
-                out.index_add_(
-                    0, rows, self.ffn(experts[e].gate_up, experts[e].down, h.index_select(0, rows)) * top[rows, k, None]
-                )
-        if w.shexp_gate_up is not None:
-            out += torch.sigmoid(w.shexp_gate.matmul(h)) * self.ffn(w.shexp_gate_up, w.shexp_down, h)
-        return out
-
-    def ffn(self, gate_up, down, h: torch.Tensor) -> torch.Tensor:
-        if self.fused:
-            return down.matmul(kernels.swiglu(gate_up.matmul(h)))
-        gate, up = gate_up(h).chunk(2, dim=-1)
-        return down(F.silu(gate) * up)
 
     @staticmethod
     def _buf(plan: ForwardPlan, k: int, T: int, n: int) -> torch.Tensor:
@@ -346,7 +290,7 @@ class Transformer:
         if w.flash is not None:
             raise CadenceError("--mode flash runs on cadence's CPU kernels; use --device cpu")
         if a.moe:
-            return x + (yield from self.moe(i, w, h))
+            return x + (yield from moe.moe(self, i, w, h))
         self.residual(x, w.down, self.glu(w.gate_up(h)), w.ffn_post_norm, rms_norm)
         return x
 

@@ -19,20 +19,30 @@ from models.linear import Linear
 from models.store import WeightStore, expert_group
 
 
-# the recurrent layers' parts, by kind: products (a store's format), and vectors kept as float32
-LINEAR_PARTS = ("attn_gate", "gdn_in", "gdn_out", "ssm_in", "ssm_out")
-VECTOR_PARTS = (
-    "gdn_conv",
-    "gdn_dt",
-    "gdn_a",
-    "gdn_norm",
-    "ssm_conv",
-    "ssm_conv_b",
-    "ssm_dt",
-    "ssm_a",
-    "ssm_d",
-    "ssm_norm",
-)
+# LayerWeights field -> the canonical tensor it is made of ("blk.<i>." + name), and whether it is a product (a
+# `Linear` in the store's format) or a vector kept as float32
+PARTS = {
+    **{f: (p, True) for f, p in (("qkv", "attn_qkv"), ("attn_out", "attn_out"), ("gate_up", "ffn_gate_up"))},
+    **{f: (p, True) for f, p in (("down", "ffn_down"), ("router", "ffn_router"), ("shexp_gate", "ffn_shexp_gate"))},
+    **{f: ("ffn_" + f, True) for f in ("shexp_gate_up", "shexp_down")},
+    **{f: (f, True) for f in ("conv_in", "conv_out", "attn_gate", "gdn_in", "gdn_out", "ssm_in", "ssm_out")},
+    **{f: (p, False) for f, p in (("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm"))},
+    **{f: (f, False) for f in ("attn_norm", "ffn_norm", "attn_post_norm", "ffn_post_norm", "conv_w")},
+    **{f: (f, False) for f in ("gdn_conv", "gdn_dt", "gdn_a", "gdn_norm", "ssm_conv", "ssm_conv_b", "ssm_dt")},
+    **{f: (f, False) for f in ("ssm_a", "ssm_d", "ssm_norm")},
+}
+
+
+def layer_weights(i: int, product, vector) -> "LayerWeights":
+    """Layer i's weights from `product(name, bias)` and `vector(name)`, each None for a tensor the layer lacks."""
+    b = f"blk.{i}"
+    bias = vector(f"{b}.attn_qkv_bias")
+    return LayerWeights(
+        **{
+            f: product(f"{b}.{p}", bias if f == "qkv" else None) if lin else vector(f"{b}.{p}")
+            for f, (p, lin) in PARTS.items()
+        }
+    )
 
 
 @dataclass
@@ -40,10 +50,10 @@ class LayerWeights:
     """A layer's weights that every token uses. A dense layer has its FFN (`gate_up`, `down`); a mixture of
     experts has its `router` (and a shared expert where the model has one); its experts are `ExpertWeights`."""
 
-    attn_norm: torch.Tensor | None  # None: no norm before the branch (OLMo 2)
-    qkv: Linear | None  # None: a short-convolution layer (LFM2), its mixer the conv_* below
-    attn_out: Linear | None
-    ffn_norm: torch.Tensor | None
+    attn_norm: torch.Tensor | None = None  # None: no norm before the branch (OLMo 2)
+    qkv: Linear | None = None  # None: a recurrent layer (models/recurrent.py), its mixer below, or an FFN only
+    attn_out: Linear | None = None
+    ffn_norm: torch.Tensor | None = None
     gate_up: Linear | None = None
     down: Linear | None = None
     q_norm: torch.Tensor | None = None
@@ -107,31 +117,10 @@ def store_linear(store: WeightStore, name: str, arrays: dict[str, torch.Tensor],
 
 
 def layer_from_views(store: WeightStore, i: int, views: dict[str, dict[str, torch.Tensor]]) -> LayerWeights:
-    b = f"blk.{i}"
-    bias = views.get(f"{b}.attn_qkv_bias", {}).get("w")
-    lin = lambda part: store_linear(store, f"{b}.{part}", views[f"{b}.{part}"]) if f"{b}.{part}" in views else None
-    norm = lambda part: views[f"{b}.{part}"]["w"] if f"{b}.{part}" in views else None
-    qkv = store_linear(store, f"{b}.attn_qkv", views[f"{b}.attn_qkv"], bias) if f"{b}.attn_qkv" in views else None
-    return LayerWeights(
-        attn_norm=norm("attn_norm"),
-        qkv=qkv,
-        attn_out=lin("attn_out"),
-        ffn_norm=norm("ffn_norm"),
-        gate_up=lin("ffn_gate_up"),
-        down=lin("ffn_down"),
-        q_norm=norm("attn_q_norm"),
-        k_norm=norm("attn_k_norm"),
-        router=lin("ffn_router"),
-        shexp_gate=lin("ffn_shexp_gate"),
-        shexp_gate_up=lin("ffn_shexp_gate_up"),
-        shexp_down=lin("ffn_shexp_down"),
-        attn_post_norm=norm("attn_post_norm"),
-        ffn_post_norm=norm("ffn_post_norm"),
-        conv_in=lin("conv_in"),
-        conv_w=norm("conv_w"),
-        conv_out=lin("conv_out"),
-        **{p: lin(p) for p in LINEAR_PARTS},
-        **{p: norm(p) for p in VECTOR_PARTS},
+    return layer_weights(
+        i,
+        lambda name, bias: store_linear(store, name, views[name], bias) if name in views else None,
+        lambda name: views[name]["w"] if name in views else None,
     )
 
 
@@ -214,32 +203,7 @@ class TensorWeights:
 
         norm = lambda name: tensors[name].float() if name in tensors else None
         self.embed = tensors["embed"].to(linear.float_dtype(fmt))
-        self.layers = []
-        for i in range(args.n_layers):
-            b = f"blk.{i}"
-            self.layers.append(
-                LayerWeights(
-                    attn_norm=norm(f"{b}.attn_norm"),
-                    qkv=enc(f"{b}.attn_qkv", tensors.get(f"{b}.attn_qkv_bias")),
-                    attn_out=enc(f"{b}.attn_out"),
-                    ffn_norm=norm(f"{b}.ffn_norm"),
-                    gate_up=enc(f"{b}.ffn_gate_up"),
-                    down=enc(f"{b}.ffn_down"),
-                    q_norm=norm(f"{b}.attn_q_norm"),
-                    k_norm=norm(f"{b}.attn_k_norm"),
-                    router=enc(f"{b}.ffn_router"),
-                    shexp_gate=enc(f"{b}.ffn_shexp_gate"),
-                    shexp_gate_up=enc(f"{b}.ffn_shexp_gate_up"),
-                    shexp_down=enc(f"{b}.ffn_shexp_down"),
-                    attn_post_norm=norm(f"{b}.attn_post_norm"),
-                    ffn_post_norm=norm(f"{b}.ffn_post_norm"),
-                    conv_in=enc(f"{b}.conv_in"),
-                    conv_w=norm(f"{b}.conv_w"),
-                    conv_out=enc(f"{b}.conv_out"),
-                    **{p: enc(f"{b}.{p}") for p in LINEAR_PARTS},
-                    **{p: norm(f"{b}.{p}") for p in VECTOR_PARTS},
-                )
-            )
+        self.layers = [layer_weights(i, enc, norm) for i in range(args.n_layers)]
         self.expert = {
             (i, e): ExpertWeights(enc(f"blk.{i}.exp.{e}.gate_up"), enc(f"blk.{i}.exp.{e}.down"))
             for i in range(args.n_layers)

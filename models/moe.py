@@ -1,0 +1,71 @@
+"""A mixture of experts' FFN (qwen2_moe with a shared expert, qwen3_moe, olmoe, mixtral): each token routed to
+`n_experts_used` of `n_experts` SwiGLU experts by a softmax over the router's logits, asked for as `NeedExperts` so
+that they can be streamed (EdgeMoE's expert buffer), run in one kernel call where the kernels take them."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from models import kernels
+from models.requests import NeedExperts
+
+
+def route(model, router, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(expert ids [T, k], their weights [T, k]): softmax over the router's logits, top k, renormalised
+    where the model does so. Each row on its own (the kernels' property): a token routes the same way
+    verified in a tree or decoded alone."""
+    a = model.args
+    probs = torch.softmax(router.matmul(h), dim=-1)
+    top, ids = torch.topk(probs, a.n_experts_used, dim=-1)
+    if a.norm_topk:
+        top = top / top.sum(-1, keepdim=True)
+    return ids, top
+
+
+def guess(model, i: int, h: torch.Tensor) -> tuple[int, ...]:
+    """Next-router lookahead (mixtral-offloading): the experts layer i+1's router picks for layer i's FFN
+    input, by their best routing weight over the rows; () at the last layer or when layer i+1 is not at hand."""
+    try:
+        router = model.weights.layer(i + 1).router
+    except (IndexError, KeyError):
+        return ()
+    ids, top = route(model, router, h)
+    best: dict[int, float] = {}
+    for e, p in zip(ids.flatten().tolist(), top.flatten().tolist()):
+        best[e] = max(best.get(e, 0.0), p)
+    return tuple(sorted(best, key=lambda e: (-best[e], e)))  # the likeliest first: a preload takes the first few
+
+
+def moe(model, i: int, w, h: torch.Tensor):
+    """A generator: yields `NeedExperts` for the experts the rows of h route to, returns the layer's
+    MoE output [T, dim] (each expert on its rows, weighted; plus the shared expert, gated)."""
+    ids, top = route(model, w.router, h)
+    if model.routes is not None:
+        model.routes.append((ids, top, h))
+    used = tuple(sorted(set(ids.flatten().tolist())))
+    lookahead = guess(model, i, h) if model.lookahead else ()
+    out = torch.zeros_like(h)
+    n = model.expert_batch or len(used)  # a buffer that cannot hold the union at once takes it in parts
+    for lo in range(0, len(used), n):
+        part = used[lo : lo + n]
+        experts = yield NeedExperts(i, part, lookahead)
+        tables = [experts[e].table for e in part] if model.fused else [None]
+        if all(t is not None for t in tables):  # one kernel call for the part (csrc/experts.cpp)
+            kernels.experts(h, ids, top, torch.tensor(part, dtype=torch.int32), torch.stack(tables), out)
+            continue
+        for e in part:
+            rows, k = (ids == e).nonzero(as_tuple=True)
+            out.index_add_(
+                0, rows, ffn(model, experts[e].gate_up, experts[e].down, h.index_select(0, rows)) * top[rows, k, None]
+            )
+    if w.shexp_gate_up is not None:
+        out += torch.sigmoid(w.shexp_gate.matmul(h)) * ffn(model, w.shexp_gate_up, w.shexp_down, h)
+    return out
+
+
+def ffn(model, gate_up, down, h: torch.Tensor) -> torch.Tensor:
+    if model.fused:
+        return down.matmul(kernels.swiglu(gate_up.matmul(h)))
+    gate, up = gate_up(h).chunk(2, dim=-1)
+    return down(F.silu(gate) * up)
