@@ -44,6 +44,7 @@ ARCHS = (
     "qwen3_5",
     "granitehybrid",
     "nemotron_h",
+    "gpt_oss",
 )
 QK_NORMS = ("", "head", "full")  # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe)
 ACTS = ("silu", "gelu_tanh", "relu2")  # relu2: a non-gated FFN, relu(x W_up)^2 (Nemotron-H)
@@ -149,6 +150,16 @@ class ModelArgs:
     # layers of one part only (Nemotron-H: a layer is a mixer or an FFN): no attention or recurrent mixer, no FFN
     no_mixer_layers: tuple[int, ...] = ()
     no_ffn_layers: tuple[int, ...] = ()
+    # gpt-oss: a learned logit per head in every softmax's denominator (attention sinks), a bias on the attention's
+    # output; a router with a bias whose top k logits are softmaxed, experts with biases and a clamped SwiGLU,
+    # (up + 1) * gate * sigmoid(alpha * gate) with gate <= limit and |up| <= limit
+    attn_sinks: bool = False
+    attn_out_bias: bool = False
+    router_bias: bool = False
+    router_topk_first: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float = 0.0
+    swiglu_alpha: float = 1.0
 
     def __post_init__(self):
         if self.arch not in ARCHS:

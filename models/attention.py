@@ -69,14 +69,33 @@ class Visibility:
         return (self.ptr[1:] - self.ptr[:-1]).long() + self.n_shared - 1
 
 
+def rowwise(fn, x: torch.Tensor) -> torch.Tensor:
+    """fn of x [T, n] elementwise, each row padded to 64 lanes: a row's values are rounded the same whatever the
+    number of rows (a vectorised op over a few rows or many may take a row's tail by another path)."""
+    T, n = x.shape
+    pad = torch.zeros(T, -(-n // 64) * 64, dtype=x.dtype, device=x.device)
+    pad[:, :n] = x
+    return fn(pad)[:, :n]
+
+
 def attend(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, vis: Visibility, scale: float, softcap: float = 0.0
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    vis: Visibility,
+    scale: float,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [T, H, D] -> [T, H, D] over k/v cache [Hkv, cap, D]; `softcap` > 0: scores soft-capped (Gemma 2)."""
+    """q [T, H, D] -> [T, H, D] over k/v cache [Hkv, cap, D]; `softcap` > 0: scores soft-capped (Gemma 2);
+    `sinks` [H]: a logit per head in the softmax's denominator only (gpt-oss): the output times
+    sum(e^s) / (sum(e^s) + e^sink) = sigmoid(lse - sink)."""
     if q.device.type == "cpu" and kernels.available():
-        return kernels.attention(
-            q.contiguous(), k_cache, v_cache, vis.n_shared, vis.ptr, vis.idx, scale, softcap=softcap
-        )
+        args = (q.contiguous(), k_cache, v_cache, vis.n_shared, vis.ptr, vis.idx, scale)
+        if sinks is None:
+            return kernels.attention(*args, softcap=softcap)
+        out, lse = kernels.attention(*args, want_lse=True, softcap=softcap)
+        return out * rowwise(torch.sigmoid, lse - sinks).unsqueeze(-1)
     # Elsewhere (CUDA, no compiler): torch's SDPA over a dense mask. Not batch-invariant.
     T, H, D = q.shape
     n = int(vis.idx.max().item()) + 1 if vis.idx.numel() else vis.n_shared
@@ -85,9 +104,12 @@ def attend(
     rep = H // k_cache.shape[0]
     k = k_cache[:, :n].repeat_interleave(rep, 0)
     v = v_cache[:, :n].repeat_interleave(rep, 0)
-    if softcap:  # SDPA has no cap: the scores by hand
-        s = torch.tanh(q.transpose(0, 1) @ k.transpose(1, 2) * scale / softcap) * softcap
-        p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+    if softcap or sinks is not None:  # SDPA has neither a cap nor sinks: the scores by hand
+        s = q.transpose(0, 1) @ k.transpose(1, 2) * scale
+        s = (torch.tanh(s / softcap) * softcap if softcap else s).masked_fill(~mask, float("-inf"))
+        if sinks is not None:
+            s = torch.cat([s, sinks.view(-1, 1, 1).expand(-1, s.shape[1], 1)], dim=-1)
+        p = torch.softmax(s, dim=-1)[..., : v.shape[1]]
         return (p @ v).transpose(0, 1)
     out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale)
     return out.transpose(0, 1)

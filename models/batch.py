@@ -92,7 +92,7 @@ def block(model: Transformer, w, x: torch.Tensor, positions: list, places: list,
             rot = at.rotary
             q = kernels.qkv_rope(qkv[lo:hi], w.qkv.bias, pos, rot.cos, rot.sin, at.k, at.v, a.n_heads, at.slot0)
             model.temper(q, pos)
-            o[lo:hi] = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap).reshape(hi - lo, a.q_dim)
+            o[lo:hi] = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap, w.attn_sinks).reshape(hi - lo, -1)
         model.residual(x, w.attn_out, model.gated(o, w, h), w.attn_post_norm, kernels.rmsnorm)
     if w.gate_up is None:  # a mixer-only layer (Nemotron-H)
         return

@@ -16,6 +16,9 @@ def route(model, router, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     where the model does so. Each row on its own (the kernels' property): a token routes the same way
     verified in a tree or decoded alone."""
     a = model.args
+    if a.router_topk_first:  # gpt-oss: the top k of the logits (the router's bias added), softmaxed among them
+        top, ids = torch.topk(router(h), a.n_experts_used, dim=-1)
+        return ids, torch.softmax(top, dim=-1)
     probs = torch.softmax(router.matmul(h), dim=-1)
     top, ids = torch.topk(probs, a.n_experts_used, dim=-1)
     if a.norm_topk:
@@ -50,7 +53,7 @@ def moe(model, i: int, w, h: torch.Tensor):
     for lo in range(0, len(used), n):
         part = used[lo : lo + n]
         experts = yield NeedExperts(i, part, lookahead)
-        tables = [experts[e].table for e in part] if model.fused else [None]
+        tables = [experts[e].table for e in part] if model.fused and not model.args.expert_bias else [None]
         if all(t is not None for t in tables):  # one kernel call for the part (csrc/experts.cpp)
             kernels.experts(h, ids, top, torch.tensor(part, dtype=torch.int32), torch.stack(tables), out)
             continue
@@ -65,6 +68,11 @@ def moe(model, i: int, w, h: torch.Tensor):
 
 
 def ffn(model, gate_up, down, h: torch.Tensor) -> torch.Tensor:
+    a = model.args
+    if a.swiglu_limit:  # gpt-oss: biases, a clamped gate and up, (up + 1) * gate * sigmoid(alpha * gate)
+        gate, up = gate_up(h).chunk(2, dim=-1)
+        gate, up = gate.clamp(max=a.swiglu_limit), up.clamp(min=-a.swiglu_limit, max=a.swiglu_limit)
+        return down((up + 1) * (gate * torch.sigmoid(gate * a.swiglu_alpha)))
     if model.fused:
         return down.matmul(kernels.swiglu(gate_up.matmul(h)))
     gate, up = gate_up(h).chunk(2, dim=-1)

@@ -46,7 +46,8 @@ def _mixer_names(args: ModelArgs, i: int, g: str, b: str) -> list[tuple[str, str
         parts = [p for p in SSM_PARTS if p != "ssm_conv_b" or args.ssm_conv_bias]
     else:
         parts = ["attn_qkv"] + ["attn_qkv_bias"] * args.qkv_bias + ["attn_q_norm", "attn_k_norm"] * bool(args.qk_norm)
-        parts += ["attn_gate"] * args.attn_gate + ["attn_out"]
+        parts += ["attn_gate"] * args.attn_gate + ["attn_sinks"] * args.attn_sinks + ["attn_out"]
+        parts += ["attn_out_bias"] * args.attn_out_bias
     names += [(g, f"{b}.{p}") for p in parts]
     return names + ([(g, f"{b}.attn_post_norm")] if args.post_norm else [])
 
@@ -70,10 +71,12 @@ def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
             names += [(g, f"{b}.ffn_post_norm")] if args.post_norm else []
             continue
         names.append((g, f"{b}.ffn_router"))
+        names += [(g, f"{b}.ffn_router_bias")] if args.router_bias else []
         if args.shared_ffn_dim:
             names += [(g, f"{b}.ffn_shexp_gate"), (g, f"{b}.ffn_shexp_gate_up"), (g, f"{b}.ffn_shexp_down")]
         for e in range(args.n_experts):
-            names += [(expert_group(i, e), f"{b}.exp.{e}.gate_up"), (expert_group(i, e), f"{b}.exp.{e}.down")]
+            parts = ("gate_up", "gate_up_bias", "down", "down_bias") if args.expert_bias else ("gate_up", "down")
+            names += [(expert_group(i, e), f"{b}.exp.{e}.{p}") for p in parts]
     names.append(("head", "out_norm"))
     if not args.tied_embeddings:
         names.append(("head", "head"))
@@ -125,6 +128,11 @@ def tensor_shape(args: ModelArgs, name: str) -> tuple[int, ...]:
         "ssm_d": (a.ssm_heads,),
         "ssm_norm": (a.ssm_inner,),
         "ssm_out": (a.dim, a.ssm_inner),
+        "attn_sinks": (a.n_heads,),
+        "attn_out_bias": (a.dim,),
+        "ffn_router_bias": (a.n_experts,),
+        "gate_up_bias": (2 * a.expert_ffn_dim,),
+        "down_bias": (a.dim,),
     }[part]
 
 

@@ -118,8 +118,11 @@ class HFSource:
         if part.startswith("exp."):
             _, e, which = part.split(".")
             m = f"{p}.{self.moe_prefix}.experts"
+            base = "gate_up_proj" if which.startswith("gate_up") else "down_proj"
+            if which.endswith("_bias"):
+                return [f"{m}.{base}_bias"]
             single = {"gate_up": ("w1", "gate_proj", "w3", "up_proj"), "down": ("w2", "down_proj")}[which]
-            fused = ("gate_up_proj",) if which == "gate_up" else ("down_proj",)
+            fused = (base, f"{base}_blocks", f"{base}_scales")  # MXFP4: blocks of 32 4-bit values and their scales
             return [f"{m}.{e}.{n}.weight" for n in single] + [f"{m}.{n}" for n in fused]
         moe = {
             "ffn_router": [f"{self.moe_prefix}.gate"],
@@ -131,7 +134,9 @@ class HFSource:
             return [f"{p}.{n}.bias" for n in self.family.hf_tensors("attn_qkv")]
         if part in self.family.hf_params:  # a parameter of its own, not a module's weight
             return [f"{p}.{n}" for n in self.family.hf_tensors(part)]
-        return [f"{p}.{n}.weight" for n in moe.get(part) or self.family.hf_tensors(part)]
+        return [
+            f"{p}.{n}.weight" for n in self.family.hf_names.get(part) or moe.get(part) or self.family.hf_tensors(part)
+        ]
 
     def _expert(self, i: str, e: int, which: str) -> np.ndarray:
         """One expert's matrix: from per-expert tensors (checkpoints as published), or from the fused
@@ -146,9 +151,34 @@ class HFSource:
         gate, up = np.split(self._raw(f"{m}.gate_up_proj")[e], 2)
         return gate if which == "gate" else up
 
+    def _slice(self, key: str, index: int):
+        """Tensor `key`'s entry `index` along its first dimension, as stored (a read of that entry alone)."""
+        from safetensors import safe_open
+
+        if key not in self.index:
+            raise CadenceError(f"{self.path} has no tensor '{key}'; it is not a complete {self.args.arch} model")
+        with safe_open(self.index[key], framework="pt") as sf:
+            return sf.get_slice(key)[index]
+
+    def _expert_xw(self, i: str, e: int, which: str) -> np.ndarray:
+        """One expert's part from gpt-oss's fused tensors: [experts, in, out] used as x W, gate and up interleaved by
+        column (or MXFP4 blocks [experts, out, ...]), as [out, in] with the gate rows first."""
+        m = f"{self.prefix}layers.{i}.{self.moe_prefix}.experts"
+        base = "gate_up_proj" if which.startswith("gate_up") else "down_proj"
+        if which.endswith("_bias"):
+            w = self._slice(f"{m}.{base}_bias", e).float().numpy()
+        elif f"{m}.{base}_blocks" in self.index:
+            w = mxfp4(self._slice(f"{m}.{base}_blocks", e), self._slice(f"{m}.{base}_scales", e))
+        else:
+            w = self._slice(f"{m}.{base}", e).float().numpy().T
+        return np.concatenate([w[0::2], w[1::2]]) if base == "gate_up_proj" else np.ascontiguousarray(w)
+
     def get(self, name: str) -> np.ndarray:
         if name == "head" and self.args.tied_embeddings:
             name = "embed"
+        if ".exp." in name and self.family.experts_xw:
+            _, i, _, e, which = name.split(".")
+            return self._expert_xw(i, int(e), which)
         if ".exp." in name:
             _, i, _, e, which = name.split(".")
             if which == "gate_up":
@@ -165,6 +195,19 @@ class HFSource:
         if name.endswith(NORMS) and self.family.hf_norm_shift:
             return w + np.float32(self.family.hf_norm_shift)  # Gemma: applied as 1 + w, as transformers does
         return w
+
+
+FP4_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
+
+
+def mxfp4(blocks, scales) -> np.ndarray:
+    """MXFP4 weights [out, groups, 16 bytes] (two 4-bit E2M1 values a byte, the low nibble first) and their
+    scales [out, groups] (E8M0: 2^(s - 127)) as float32 [out, groups * 32], as transformers dequantizes them."""
+    b = blocks.numpy().astype(np.uint8)
+    out = np.empty((*b.shape[:-1], b.shape[-1] * 2), dtype=np.float32)
+    out[..., 0::2], out[..., 1::2] = FP4_VALUES[b & 0x0F], FP4_VALUES[b >> 4]
+    out = np.ldexp(out, scales.numpy().astype(np.int32)[..., None] - 127)
+    return out.reshape(b.shape[0], -1)
 
 
 def text_part(cfg: dict) -> tuple[dict, str]:

@@ -54,6 +54,8 @@ def plain_block(a: ModelArgs) -> bool:
         and not a.attn_gate
         and not a.no_mixer_layers
         and not a.no_ffn_layers
+        and not a.attn_sinks
+        and not a.attn_out_bias
         and a.act == "silu"
         and a.residual_scale == 1.0
         and not a.attn_softcap
@@ -183,7 +185,7 @@ class Transformer:
                 raise CadenceError(f"the sparse worker does not split {a.arch}'s attention; run without --partition")
             o = yield SplitAttention(i, q, at.k, at.v, at.vis)
         else:
-            o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap)  # [T, H, D]
+            o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap, w.attn_sinks)  # [T, H, D]
         self.residual(x, w.attn_out, self.gated(o.reshape(T, a.q_dim), w, h), w.attn_post_norm, kernels.rmsnorm)
 
     def act(self, gu: torch.Tensor) -> torch.Tensor:
@@ -206,10 +208,10 @@ class Transformer:
     def residual(self, x: torch.Tensor, out, h: torch.Tensor, post: torch.Tensor | None, norm):
         """x += h W^T, through the branch's norm (Gemma, OLMo 2) and scale (Granite) where the model has them."""
         a = self.args
-        if post is None and a.residual_scale == 1.0:
+        if post is None and a.residual_scale == 1.0 and out.bias is None:
             out.matmul(h, out=x)  # added in place
             return
-        y = out.matmul(h)
+        y = out(h)  # with its bias (gpt-oss's attention output)
         if post is not None:
             y = norm(y, post, a.norm_eps)
         if a.residual_scale != 1.0:
@@ -274,7 +276,7 @@ class Transformer:
         k = rope(k.view(T, a.n_kv_heads, a.head_dim), cos, sin)
         at.k[:, at.slot0 : at.slot0 + T] = k.transpose(0, 1)
         at.v[:, at.slot0 : at.slot0 + T] = v.view(T, a.n_kv_heads, a.head_dim).transpose(0, 1)
-        o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap)  # [T, H, D]
+        o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap, w.attn_sinks)  # [T, H, D]
         x = x.clone()
         self.residual(x, w.attn_out, self.gated(o.reshape(T, a.q_dim), w, hn), w.attn_post_norm, rms_norm)
         return (yield from self.ffn_branch(i, w, x))

@@ -29,19 +29,17 @@ PARTS = {
     **{f: (p, False) for f, p in (("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm"))},
     **{f: (f, False) for f in ("attn_norm", "ffn_norm", "attn_post_norm", "ffn_post_norm", "conv_w")},
     **{f: (f, False) for f in ("gdn_conv", "gdn_dt", "gdn_a", "gdn_norm", "ssm_conv", "ssm_conv_b", "ssm_dt")},
-    **{f: (f, False) for f in ("ssm_a", "ssm_d", "ssm_norm")},
+    **{f: (f, False) for f in ("ssm_a", "ssm_d", "ssm_norm", "attn_sinks")},
 }
+BIASES = {"qkv": "attn_qkv_bias", "attn_out": "attn_out_bias", "router": "ffn_router_bias"}  # a product's bias
 
 
 def layer_weights(i: int, product, vector) -> "LayerWeights":
     """Layer i's weights from `product(name, bias)` and `vector(name)`, each None for a tensor the layer lacks."""
     b = f"blk.{i}"
-    bias = vector(f"{b}.attn_qkv_bias")
+    bias = lambda f: vector(f"{b}.{BIASES[f]}") if f in BIASES else None  # noqa: E731
     return LayerWeights(
-        **{
-            f: product(f"{b}.{p}", bias if f == "qkv" else None) if lin else vector(f"{b}.{p}")
-            for f, (p, lin) in PARTS.items()
-        }
+        **{f: product(f"{b}.{p}", bias(f)) if lin else vector(f"{b}.{p}") for f, (p, lin) in PARTS.items()}
     )
 
 
@@ -84,6 +82,7 @@ class LayerWeights:
     ssm_d: torch.Tensor | None = None
     ssm_norm: torch.Tensor | None = None
     ssm_out: Linear | None = None
+    attn_sinks: torch.Tensor | None = None  # gpt-oss: a logit per head in every softmax's denominator
 
 
 @dataclass
@@ -127,9 +126,8 @@ def layer_from_views(store: WeightStore, i: int, views: dict[str, dict[str, torc
 def expert_from_views(store: WeightStore, group: str, views: dict) -> ExpertWeights:
     _, i, e = group.split(".")
     b = f"blk.{i}.exp.{e}"
-    return ExpertWeights(
-        store_linear(store, f"{b}.gate_up", views[f"{b}.gate_up"]), store_linear(store, f"{b}.down", views[f"{b}.down"])
-    )
+    bias = lambda p: views[f"{b}.{p}_bias"]["w"] if f"{b}.{p}_bias" in views else None  # noqa: E731
+    return ExpertWeights(*(store_linear(store, f"{b}.{p}", views[f"{b}.{p}"], bias(p)) for p in ("gate_up", "down")))
 
 
 def head_part_from_views(store: WeightStore, group: str, views: dict) -> HeadPart:
@@ -205,7 +203,9 @@ class TensorWeights:
         self.embed = tensors["embed"].to(linear.float_dtype(fmt))
         self.layers = [layer_weights(i, enc, norm) for i in range(args.n_layers)]
         self.expert = {
-            (i, e): ExpertWeights(enc(f"blk.{i}.exp.{e}.gate_up"), enc(f"blk.{i}.exp.{e}.down"))
+            (i, e): ExpertWeights(
+                *(enc(f"blk.{i}.exp.{e}.{p}", tensors.get(f"blk.{i}.exp.{e}.{p}_bias")) for p in ("gate_up", "down"))
+            )
             for i in range(args.n_layers)
             for e in range(args.n_experts)
         }

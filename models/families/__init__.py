@@ -6,6 +6,7 @@ from models.families.base import Family
 from models.families.exaone import EXAONE4
 from models.families.gemma import GEMMA2, GEMMA3
 from models.families.glm import GLM4
+from models.families.gpt_oss import GPT_OSS
 from models.families.granite_hybrid import GRANITE_HYBRID
 from models.families.lfm2 import LFM2
 from models.families.nemotron_h import NEMOTRON_H
@@ -40,6 +41,7 @@ FAMILIES: tuple[Family, ...] = (
     QWEN3_5,
     GRANITE_HYBRID,
     NEMOTRON_H,
+    GPT_OSS,
 )
 BY_HF = {t: f for f in FAMILIES for t in f.hf_types}
 BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_archs}

@@ -209,6 +209,24 @@ FAMILIES: dict[str, dict[str, dict]] = {
             layer_norm_epsilon=1e-5,
         )
     },
+    "gpt_oss": {  # sinks, biases, sliding layers among full ones, YaRN untruncated; 4 experts, 2 a token
+        "plain": dict(
+            num_hidden_layers=2,
+            head_dim=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=WINDOW,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+            },
+        )
+    },
     "qwen2": {
         "plain": dict(tie_word_embeddings=True, **_rope(1e6)),
         "sliding": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **_rope(1e6)),
