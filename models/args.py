@@ -45,6 +45,7 @@ ARCHS = (
     "granitehybrid",
     "nemotron_h",
     "gpt_oss",
+    "qwen3_5_moe",
 )
 QK_NORMS = ("", "head", "full")  # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe)
 ACTS = ("silu", "gelu_tanh", "relu2")  # relu2: a non-gated FFN, relu(x W_up)^2 (Nemotron-H)

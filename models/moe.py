@@ -49,6 +49,8 @@ def moe(model, i: int, w, h: torch.Tensor):
     used = tuple(sorted(set(ids.flatten().tolist())))
     lookahead = guess(model, i, h) if model.lookahead else ()
     out = torch.zeros_like(h)
+    if w.shexp_gate_up is not None:  # before the experts are asked for: a streamed layer's slot may be reused then
+        out += torch.sigmoid(w.shexp_gate.matmul(h)) * ffn(model, w.shexp_gate_up, w.shexp_down, h)
     n = model.expert_batch or len(used)  # a buffer that cannot hold the union at once takes it in parts
     for lo in range(0, len(used), n):
         part = used[lo : lo + n]
@@ -62,8 +64,6 @@ def moe(model, i: int, w, h: torch.Tensor):
             out.index_add_(
                 0, rows, ffn(model, experts[e].gate_up, experts[e].down, h.index_select(0, rows)) * top[rows, k, None]
             )
-    if w.shexp_gate_up is not None:
-        out += torch.sigmoid(w.shexp_gate.matmul(h)) * ffn(model, w.shexp_gate_up, w.shexp_down, h)
     return out
 
 

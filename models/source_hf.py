@@ -293,6 +293,6 @@ def _moe(cfg: dict, fam: Family, path: Path) -> dict:
         n_experts=int(n_experts),
         n_experts_used=int(cfg.get("num_experts_per_tok") or 0),
         expert_ffn_dim=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
-        shared_ffn_dim=int(cfg.get("shared_expert_intermediate_size") or 0) if fam.name == "qwen2_moe" else 0,
+        shared_ffn_dim=int(cfg.get("shared_expert_intermediate_size") or 0) if fam.shared_expert else 0,
         norm_topk=True if fam.name == "mixtral" else bool(cfg.get("norm_topk_prob", False)),
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 _NEEDS = {
     "a GGUF reader for Qwen 3.5 (cadence reads it from an HF directory so far)": ((), ("qwen35",)),
     "gated delta-net layers beside experts, or OLMo's own (cadence runs Qwen 3.5's dense ones so far)": (
-        ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid"),
+        ("qwen3_next", "olmo_hybrid"),
         ("qwen35moe", "qwen3next"),
     ),
     "LFM2-MoE's experts (and cadence reads LFM2 from an HF directory only so far)": (

@@ -32,5 +32,5 @@ def _qwen(name: str, hf_type: str, gguf: str, block: dict, keys=frozenset(), **k
 
 QWEN2 = _qwen("qwen2", "qwen2", "qwen2", {})
 QWEN3 = _qwen("qwen3", "qwen3", "qwen3", {"qk_norm": "head"})
-QWEN2_MOE = _qwen("qwen2_moe", "qwen2_moe", "qwen2moe", {}, _MOE_KEYS)
+QWEN2_MOE = _qwen("qwen2_moe", "qwen2_moe", "qwen2moe", {}, _MOE_KEYS, shared_expert=True)
 QWEN3_MOE = _qwen("qwen3_moe", "qwen3_moe", "qwen3moe", {"qk_norm": "head"}, _MOE_KEYS)

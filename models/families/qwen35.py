@@ -1,16 +1,19 @@
-"""Qwen 3.5 (dense): gated delta-net layers (`linear_attention`: a short convolution over q/k/v, then a recurrent
+"""Qwen 3.5, dense and mixture of experts: gated delta-net layers (`linear_attention`: a short convolution over q/k/v, then a recurrent
 state; models/recurrent.py) among full-attention layers, one in `full_attention_interval` (4). The attention layers
 gate their output by sigmoid of a second half of q_proj (each head's [queries | gates]), have q/k norms per head and a
 partial rotary (a quarter of each head). Every RMSNorm is applied as `1 + w`, but the delta-net's gated output norm
 (plain w). The released checkpoints wrap it with a vision tower (`Qwen3_5ForConditionalGeneration`): cadence runs the
 text model; its multi-token prediction head (`mtp.*`) is left aside. For text alone the multimodal rope's sections
-rotate as one: a plain partial rotary."""
+rotate as one: a plain partial rotary. The mixture of experts (`qwen3_5_moe`) routes by a softmax, its top k
+renormalised, beside a shared expert gated by sigmoid (Qwen2-MoE's FFN)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from models.families.base import Family, Unsupported
+import dataclasses
+
+from models.families.base import MOE_HF_KEYS, Family, Unsupported
 
 _KEYS = frozenset(
     "linear_conv_kernel_dim linear_key_head_dim linear_value_head_dim linear_num_key_heads linear_num_value_heads "
@@ -69,4 +72,15 @@ QWEN3_5 = Family(
     },
     hf_params=frozenset({"gdn_dt", "gdn_a"}),
     hf_split=_split,
+)
+
+QWEN3_5_MOE = dataclasses.replace(
+    QWEN3_5,
+    name="qwen3_5_moe",
+    hf_types=("qwen3_5_moe_text",),
+    hf_keys=QWEN3_5.hf_keys | MOE_HF_KEYS | {"shared_expert_intermediate_size"},
+    hf_fields=lambda cfg, a: {**_hf(cfg, a), "norm_topk": True},
+    # no dense FFN: the experts' width stands for it
+    hf_config=lambda cfg: {"intermediate_size": cfg.get("moe_intermediate_size"), **cfg},
+    shared_expert=True,
 )

@@ -1,6 +1,6 @@
-"""gpt-oss over the actors (a tiny random model built by transformers): its layers and its experts streamed from
-disk through the loader, `tree` and `chain` give the target's own tokens; and its released MXFP4 expert blocks read
-as transformers dequantizes them."""
+"""The 2026 mixtures of experts over the actors (tiny random models built by transformers: gpt-oss, Qwen 3.5's):
+their layers and experts streamed from disk through the loader, `tree` and `chain` give the target's own tokens;
+and gpt-oss's released MXFP4 expert blocks read as transformers dequantizes them."""
 
 import dataclasses
 
@@ -26,12 +26,9 @@ def hf_dir(tmp_path_factory):
     return tiny_hf("gpt_oss", "plain", tmp_path_factory.mktemp("gpt_oss") / "hf", seed=1)
 
 
-@pytest.fixture(scope="module")
-def store(hf_dir, tmp_path_factory):
-    return WeightStore(convert(HFSource(hf_dir), tmp_path_factory.mktemp("gpt_oss_store") / "int4", "int4"))
-
-
-def test_tree_and_chain_are_the_target_with_layers_and_experts_streamed(store):
+@pytest.mark.parametrize("mt", ["gpt_oss", "qwen3_5_moe_text"])
+def test_tree_and_chain_are_the_target_with_layers_and_experts_streamed(tmp_path, mt):
+    store = WeightStore(convert(HFSource(tiny_hf(mt, "plain", tmp_path / "hf", seed=1)), tmp_path / "int4", "int4"))
     g = torch.Generator().manual_seed(3)
     base = torch.randint(3, 300, (12,), generator=g).tolist()
     prompt = base + base[:6]  # past the sliding window of 8
