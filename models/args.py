@@ -46,6 +46,7 @@ ARCHS = (
     "nemotron_h",
     "gpt_oss",
     "qwen3_5_moe",
+    "lfm2_moe",
 )
 QK_NORMS = ("", "head", "full")  # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe)
 ACTS = ("silu", "gelu_tanh", "relu2")  # relu2: a non-gated FFN, relu(x W_up)^2 (Nemotron-H)
@@ -161,6 +162,13 @@ class ModelArgs:
     expert_bias: bool = False
     swiglu_limit: float = 0.0
     swiglu_alpha: float = 1.0
+    # a mixture of experts' other routers (LFM2-MoE, GLM-4.5): sigmoid scores, a bias that only chooses the top k,
+    # the chosen renormalised (+ eps) and scaled; its first layers dense
+    dense_layers: tuple[int, ...] = ()
+    router_sigmoid: bool = False
+    router_select_bias: bool = False
+    routed_scale: float = 1.0
+    norm_topk_eps: float = 0.0
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -277,6 +285,10 @@ class ModelArgs:
 
     def has_ffn(self, layer: int) -> bool:
         return layer not in self.no_ffn_layers
+
+    def experts_at(self, layer: int) -> bool:
+        """The layer's FFN is a mixture of experts (not a dense layer of a mixture's model)."""
+        return self.moe and layer not in self.dense_layers
 
     @property
     def gdn_conv_dim(self) -> int:

@@ -8,14 +8,22 @@ import torch
 import torch.nn.functional as F
 
 from models import kernels
+from models.attention import rowwise
 from models.requests import NeedExperts
 
 
-def route(model, router, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def route(model, router, h: torch.Tensor, sel: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(expert ids [T, k], their weights [T, k]): softmax over the router's logits, top k, renormalised
     where the model does so. Each row on its own (the kernels' property): a token routes the same way
     verified in a tree or decoded alone."""
     a = model.args
+    if a.router_sigmoid:  # sigmoid scores; `sel` (a bias) only chooses; the chosen renormalised and scaled
+        s = rowwise(torch.sigmoid, router.matmul(h))
+        ids = torch.topk(s + sel if sel is not None else s, a.n_experts_used, dim=-1).indices
+        top = s.gather(-1, ids)
+        if a.norm_topk:
+            top = top / (top.sum(-1, keepdim=True) + a.norm_topk_eps)
+        return ids, top * a.routed_scale
     if a.router_topk_first:  # gpt-oss: the top k of the logits (the router's bias added), softmaxed among them
         top, ids = torch.topk(router(h), a.n_experts_used, dim=-1)
         return ids, torch.softmax(top, dim=-1)
@@ -30,10 +38,12 @@ def guess(model, i: int, h: torch.Tensor) -> tuple[int, ...]:
     """Next-router lookahead (mixtral-offloading): the experts layer i+1's router picks for layer i's FFN
     input, by their best routing weight over the rows; () at the last layer or when layer i+1 is not at hand."""
     try:
-        router = model.weights.layer(i + 1).router
+        nxt = model.weights.layer(i + 1)
     except (IndexError, KeyError):
         return ()
-    ids, top = route(model, router, h)
+    if nxt.router is None:
+        return ()
+    ids, top = route(model, nxt.router, h, nxt.router_sel)
     best: dict[int, float] = {}
     for e, p in zip(ids.flatten().tolist(), top.flatten().tolist()):
         best[e] = max(best.get(e, 0.0), p)
@@ -43,7 +53,7 @@ def guess(model, i: int, h: torch.Tensor) -> tuple[int, ...]:
 def moe(model, i: int, w, h: torch.Tensor):
     """A generator: yields `NeedExperts` for the experts the rows of h route to, returns the layer's
     MoE output [T, dim] (each expert on its rows, weighted; plus the shared expert, gated)."""
-    ids, top = route(model, w.router, h)
+    ids, top = route(model, w.router, h, w.router_sel)
     if model.routes is not None:
         model.routes.append((ids, top, h))
     used = tuple(sorted(set(ids.flatten().tolist())))

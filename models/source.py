@@ -66,12 +66,13 @@ def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
         if not args.has_ffn(i):
             continue
         names += [(g, f"{b}.ffn_norm")] if args.pre_norm else []
-        if not args.moe:
+        if not args.experts_at(i):
             names += [(g, f"{b}.ffn_gate_up"), (g, f"{b}.ffn_down")]
             names += [(g, f"{b}.ffn_post_norm")] if args.post_norm else []
             continue
         names.append((g, f"{b}.ffn_router"))
         names += [(g, f"{b}.ffn_router_bias")] if args.router_bias else []
+        names += [(g, f"{b}.ffn_router_sel")] if args.router_select_bias else []
         if args.shared_ffn_dim:
             names += [(g, f"{b}.ffn_shexp_gate"), (g, f"{b}.ffn_shexp_gate_up"), (g, f"{b}.ffn_shexp_down")]
         for e in range(args.n_experts):
@@ -131,6 +132,7 @@ def tensor_shape(args: ModelArgs, name: str) -> tuple[int, ...]:
         "attn_sinks": (a.n_heads,),
         "attn_out_bias": (a.dim,),
         "ffn_router_bias": (a.n_experts,),
+        "ffn_router_sel": (a.n_experts,),
         "gate_up_bias": (2 * a.expert_ffn_dim,),
         "down_bias": (a.dim,),
     }[part]

@@ -69,7 +69,7 @@ class HFSource:
             or f"{self.prefix}layers.0.self_attn.qkv_proj.bias" in self.index,
             bool(cfg.get("tie_word_embeddings", False)) or self.head_name not in self.index,
         )
-        self.moe_prefix = "block_sparse_moe" if self.args.arch == "mixtral" else "mlp"
+        self.moe_prefix = "block_sparse_moe" if self.args.arch == "mixtral" else self.family.hf_moe_prefix
         tc_path = self.path / "tokenizer_config.json"
         tc = read_json(tc_path, "re-download it") if tc_path.exists() else {}
         self.tokenizer = info_from_hf(read_text(tj, "re-download it"), tc, cfg, origin=str(tj))

@@ -163,7 +163,7 @@ class Transformer:
         h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
         if self.ffn_inputs is not None:
             self.ffn_inputs.append((i, h))
-        if a.moe:
+        if a.experts_at(i):
             x += yield from moe.moe(self, i, w, h)
         elif w.flash is not None:  # LLM in a flash: the predicted neurons only (models/flash)
             w.flash(h, x)
@@ -291,7 +291,7 @@ class Transformer:
             self.ffn_inputs.append((i, h))
         if w.flash is not None:
             raise CadenceError("--mode flash runs on cadence's CPU kernels; use --device cpu")
-        if a.moe:
+        if a.experts_at(i):
             return x + (yield from moe.moe(self, i, w, h))
         self.residual(x, w.down, self.glu(w.gate_up(h)), w.ffn_post_norm, rms_norm)
         return x

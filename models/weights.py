@@ -30,6 +30,7 @@ PARTS = {
     **{f: (f, False) for f in ("attn_norm", "ffn_norm", "attn_post_norm", "ffn_post_norm", "conv_w")},
     **{f: (f, False) for f in ("gdn_conv", "gdn_dt", "gdn_a", "gdn_norm", "ssm_conv", "ssm_conv_b", "ssm_dt")},
     **{f: (f, False) for f in ("ssm_a", "ssm_d", "ssm_norm", "attn_sinks")},
+    "router_sel": ("ffn_router_sel", False),
 }
 BIASES = {"qkv": "attn_qkv_bias", "attn_out": "attn_out_bias", "router": "ffn_router_bias"}  # a product's bias
 
@@ -83,6 +84,7 @@ class LayerWeights:
     ssm_norm: torch.Tensor | None = None
     ssm_out: Linear | None = None
     attn_sinks: torch.Tensor | None = None  # gpt-oss: a logit per head in every softmax's denominator
+    router_sel: torch.Tensor | None = None  # a bias on the router's scores that only chooses (LFM2-MoE, GLM-4.5)
 
 
 @dataclass
@@ -167,6 +169,7 @@ class ResidentWeights:
             (i, e): expert_from_views(store, expert_group(i, e), group(expert_group(i, e)))
             for i in range(self.args.n_layers)
             for e in range(self.args.n_experts)
+            if self.args.experts_at(i)
         }
         self.head_groups = store.head_groups()
         self.head = [head_part_from_views(store, g, group(g)) for g in self.head_groups]
@@ -208,6 +211,7 @@ class TensorWeights:
             )
             for i in range(args.n_layers)
             for e in range(args.n_experts)
+            if args.experts_at(i)
         }
         head = tensors.get("head", tensors["embed"] if args.tied_embeddings else None)
         self.head_groups = ["head.0"]

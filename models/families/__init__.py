@@ -8,7 +8,7 @@ from models.families.gemma import GEMMA2, GEMMA3
 from models.families.glm import GLM4
 from models.families.gpt_oss import GPT_OSS
 from models.families.granite_hybrid import GRANITE_HYBRID
-from models.families.lfm2 import LFM2
+from models.families.lfm2 import LFM2, LFM2_MOE
 from models.families.nemotron_h import NEMOTRON_H
 from models.families.llama import GRANITE, LLAMA, MINISTRAL3, MISTRAL, MIXTRAL, SEED_OSS
 from models.families.olmo import OLMO2, OLMO3, OLMOE
@@ -43,6 +43,7 @@ FAMILIES: tuple[Family, ...] = (
     NEMOTRON_H,
     GPT_OSS,
     QWEN3_5_MOE,
+    LFM2_MOE,
 )
 BY_HF = {t: f for f in FAMILIES for t in f.hf_types}
 BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_archs}

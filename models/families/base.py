@@ -102,6 +102,7 @@ class Family:
     # each head's queries, or its gates)
     hf_split: Callable[[str, str, np.ndarray, object], np.ndarray] = lambda name, src, w, args: w
     hf_config: Callable[[dict], dict] = lambda cfg: cfg  # a config in the common keys' spelling (Nemotron-H's)
+    hf_moe_prefix: str = "mlp"  # where a layer's router and experts are (`feed_forward` in LFM2-MoE)
     shared_expert: bool = False  # a shared expert beside the routed ones, gated by sigmoid (Qwen2-MoE, Qwen 3.5)
     experts_xw: bool = False  # experts fused [experts, in, out] as x W, gate and up interleaved (gpt-oss)
 

@@ -6,7 +6,9 @@ norm is `embedding_norm`. The FFN's width is adjusted from `intermediate_size` (
 
 from __future__ import annotations
 
-from models.families.base import Family, Unsupported
+import dataclasses
+
+from models.families.base import MOE_HF_KEYS, Family, Unsupported
 
 _KEYS = frozenset(
     "norm_eps conv_bias conv_L_cache block_multiple_of block_ffn_dim_multiplier block_auto_adjust_ff_dim "
@@ -67,4 +69,29 @@ LFM2 = Family(
         "conv_out": ("conv.out_proj",),
         "out_norm": ("embedding_norm",),
     },
+)
+
+
+def _moe(cfg: dict, a: dict) -> dict:
+    return {
+        **_hf({**cfg, "block_auto_adjust_ff_dim": False}, a),
+        "dense_layers": tuple(range(int(cfg.get("num_dense_layers") or 0))),
+        "router_sigmoid": True,
+        "router_select_bias": bool(cfg.get("use_expert_bias", True)),
+        "routed_scale": float(cfg.get("routed_scaling_factor") or 1.0),
+        "norm_topk_eps": 1e-6,
+    }
+
+
+# LFM2-MoE: its first `num_dense_layers` FFNs dense, the rest experts chosen by sigmoid scores plus a bias that
+# only chooses (`expert_bias`), renormalised and scaled
+LFM2_MOE = dataclasses.replace(
+    LFM2,
+    name="lfm2_moe",
+    hf_types=("lfm2_moe",),
+    hf_keys=LFM2.hf_keys | MOE_HF_KEYS | {"num_dense_layers", "use_expert_bias", "routed_scaling_factor"},
+    hf_fields=_moe,
+    hf_names={**LFM2.hf_names, "ffn_router_sel": ("feed_forward.expert_bias",)},
+    hf_params=frozenset({"ffn_router_sel"}),
+    hf_moe_prefix="feed_forward",
 )

@@ -4,27 +4,24 @@ bare "not supported" (issue 54). A family that comes to run leaves this table.""
 
 from __future__ import annotations
 
+_HF_ONLY = "a GGUF reader for its architecture (cadence reads it from an HF directory so far)"
 _NEEDS = {
-    "a GGUF reader for Qwen 3.5 (cadence reads it from an HF directory so far)": ((), ("qwen35",)),
-    "gated delta-net layers beside experts, or OLMo's own (cadence runs Qwen 3.5's dense ones so far)": (
+    _HF_ONLY: (
+        (),
+        ("qwen35", "qwen35moe", "lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "gpt-oss"),
+    ),
+    "gated delta-net layers of its own kind (cadence runs Qwen 3.5's, dense and with experts, so far)": (
         ("qwen3_next", "olmo_hybrid"),
-        ("qwen35moe", "qwen3next"),
+        ("qwen3next",),
     ),
-    "LFM2-MoE's experts (and cadence reads LFM2 from an HF directory only so far)": (
-        ("lfm2_moe",),
-        ("lfm2", "lfm2moe"),
-    ),
-    "Mamba-2 layers run its way (cadence runs Granite 4.0-H's and Nemotron-H's, from HF directories, so far)": (
+    "Mamba-2 beside attention in every layer (cadence runs Granite 4.0-H's and Nemotron-H's Mamba-2 layers)": (
         ("falcon_h1",),
-        ("granitehybrid", "falcon-h1", "nemotron_h", "nemotron_h_moe"),
+        ("falcon-h1",),
     ),
+    "Nemotron-3's experts (a sigmoid router with a selection bias over relu^2 experts)": ((), ("nemotron_h_moe",)),
     "per-layer embeddings, keys and values shared between layers, and per-layer head sizes": (
         ("gemma4", "gemma4_text"),
         ("gemma4",),
-    ),
-    "a GGUF reader for gpt-oss (its MXFP4 GGUF tensors; cadence reads it from an HF directory so far)": (
-        (),
-        ("gpt-oss",),
     ),
     "chunked attention and Llama 4's experts (top-1 routing that scales the expert's input, a shared expert)": (
         ("llama4", "llama4_text"),

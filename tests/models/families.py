@@ -243,6 +243,18 @@ FAMILIES: dict[str, dict[str, dict]] = {
             **_rope(1e7, partial_rotary_factor=0.25),
         )
     },
+    "lfm2_moe": {  # LFM2's layers, the first FFN dense, then 4 experts (2 a token) by sigmoid scores and a bias
+        "plain": dict(
+            num_hidden_layers=4,
+            layer_types=["conv", "full_attention", "conv", "full_attention"],
+            num_dense_layers=1,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            routed_scaling_factor=1.5,
+            **_rope(1e6),
+        )
+    },
     "qwen2": {
         "plain": dict(tie_word_embeddings=True, **_rope(1e6)),
         "sliding": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **_rope(1e6)),
@@ -284,6 +296,9 @@ def _randomise(model, model_type: str, seed: int) -> None:
             else:
                 x = 0.1 * x
             p.copy_(x)
+        for name, b in model.named_buffers():  # a router's bias that only chooses: large enough to change a choice
+            if name.endswith(("expert_bias", "e_score_correction_bias")):
+                b.copy_(0.5 * torch.randn(b.shape, generator=g))
 
 
 def write_tokenizer(folder: Path, tokenizer_class: str = "PreTrainedTokenizerFast") -> None:
