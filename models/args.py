@@ -47,6 +47,7 @@ ARCHS = (
     "gpt_oss",
     "qwen3_5_moe",
     "lfm2_moe",
+    "glm4_moe",
 )
 QK_NORMS = ("", "head", "full")  # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe)
 ACTS = ("silu", "gelu_tanh", "relu2")  # relu2: a non-gated FFN, relu(x W_up)^2 (Nemotron-H)
@@ -169,6 +170,7 @@ class ModelArgs:
     router_select_bias: bool = False
     routed_scale: float = 1.0
     norm_topk_eps: float = 0.0
+    shared_gated: bool = True  # the shared expert's output times sigmoid of its gate (Qwen2-MoE), else as it is
 
     def __post_init__(self):
         if self.arch not in ARCHS:

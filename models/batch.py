@@ -85,12 +85,11 @@ def block(model: Transformer, w, x: torch.Tensor, positions: list, places: list,
     elif w.qkv is not None:
         h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
         qkv = w.qkv.matmul(h)
-        if a.qk_norm:
-            model.norm_qk(qkv, w, kernels.rmsnorm)
+        bias = model.norm_qk_biased(qkv, w, kernels.rmsnorm) if a.qk_norm else w.qkv.bias
         o = torch.empty(x.shape[0], a.q_dim, dtype=x.dtype)
         for (lo, hi), pos, at in zip(spans, positions, places):
             rot = at.rotary
-            q = kernels.qkv_rope(qkv[lo:hi], w.qkv.bias, pos, rot.cos, rot.sin, at.k, at.v, a.n_heads, at.slot0)
+            q = kernels.qkv_rope(qkv[lo:hi], bias, pos, rot.cos, rot.sin, at.k, at.v, a.n_heads, at.slot0)
             model.temper(q, pos)
             o[lo:hi] = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap, w.attn_sinks).reshape(hi - lo, -1)
         model.residual(x, w.attn_out, model.gated(o, w, h), w.attn_post_norm, kernels.rmsnorm)

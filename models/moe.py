@@ -60,7 +60,8 @@ def moe(model, i: int, w, h: torch.Tensor):
     lookahead = guess(model, i, h) if model.lookahead else ()
     out = torch.zeros_like(h)
     if w.shexp_gate_up is not None:  # before the experts are asked for: a streamed layer's slot may be reused then
-        out += torch.sigmoid(w.shexp_gate.matmul(h)) * ffn(model, w.shexp_gate_up, w.shexp_down, h)
+        shared = ffn(model, w.shexp_gate_up, w.shexp_down, h)
+        out += shared if w.shexp_gate is None else torch.sigmoid(w.shexp_gate.matmul(h)) * shared
     n = model.expert_batch or len(used)  # a buffer that cannot hold the union at once takes it in parts
     for lo in range(0, len(used), n):
         part = used[lo : lo + n]

@@ -74,7 +74,8 @@ def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
         names += [(g, f"{b}.ffn_router_bias")] if args.router_bias else []
         names += [(g, f"{b}.ffn_router_sel")] if args.router_select_bias else []
         if args.shared_ffn_dim:
-            names += [(g, f"{b}.ffn_shexp_gate"), (g, f"{b}.ffn_shexp_gate_up"), (g, f"{b}.ffn_shexp_down")]
+            names += [(g, f"{b}.ffn_shexp_gate")] if args.shared_gated else []
+            names += [(g, f"{b}.ffn_shexp_gate_up"), (g, f"{b}.ffn_shexp_down")]
         for e in range(args.n_experts):
             parts = ("gate_up", "gate_up_bias", "down", "down_bias") if args.expert_bias else ("gate_up", "down")
             names += [(expert_group(i, e), f"{b}.exp.{e}.{p}") for p in parts]

@@ -22,7 +22,7 @@ from models.tokenizer import info_from_hf
 # Keys transformers 4 and 5 spell differently when they save a config (the config classes' attribute maps:
 # transformers 5 writes Qwen3-MoE's and Mixtral's expert count as num_local_experts, OLMoE's as num_experts;
 # it moves rope_theta and rope_scaling into rope_parameters, and a sliding window into layer_types).
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts")
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 _IGNORED = ("rotary_emb.inv_freq",)  # buffers old checkpoints saved; computed from the config here
 
 
@@ -75,8 +75,11 @@ class HFSource:
         self.tokenizer = info_from_hf(read_text(tj, "re-download it"), tc, cfg, origin=str(tj))
         self._files = files + [cfg_path, tj]
         used = {n for _, c in canonical_names(self.args) for n in self._sources(c)} | {self.head_name}
-        # a multi-token prediction head (Qwen 3.5, Qwen3-Next) is a draft of its own, not run here
-        unknown = {k for k in self.index if k not in used and not k.endswith(_IGNORED) and not k.startswith("mtp.")}
+        # a multi-token prediction head (Qwen 3.5, Qwen3-Next: mtp.*; GLM-4.5: layers past the last) is a draft of its
+        # own, not run here
+        n, mtp = self.args.n_layers, int(cfg.get("num_nextn_predict_layers") or cfg.get("num_mtp_layers") or 0)
+        skip = ("mtp.", *(f"{self.prefix}layers.{i}." for i in range(n, n + mtp)))
+        unknown = {k for k in self.index if k not in used and not k.endswith(_IGNORED) and not k.startswith(skip)}
         if self.wrapper:  # the vision (and audio) towers and their projectors: images are not run
             unknown = {k for k in unknown if k.startswith(self.prefix)}
         refuse_unknown("the tensor", unknown, str(self.path), self.family, "it is a variant cadence does not run")

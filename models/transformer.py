@@ -176,9 +176,8 @@ class Transformer:
         a, T = self.args, x.shape[0]
         h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
         qkv = w.qkv.matmul(h)
-        if a.qk_norm:
-            self.norm_qk(qkv, w, kernels.rmsnorm)
-        q = kernels.qkv_rope(qkv, w.qkv.bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
+        bias = self.norm_qk_biased(qkv, w, kernels.rmsnorm) if a.qk_norm else w.qkv.bias
+        q = kernels.qkv_rope(qkv, bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
         self.temper(q, positions)
         if plan is not None and plan.attn_split:
             if not plain_block(a):
@@ -217,6 +216,13 @@ class Transformer:
         if a.residual_scale != 1.0:
             y = y * a.residual_scale
         x += y
+
+    def norm_qk_biased(self, qkv: torch.Tensor, w, norm) -> None:
+        """`norm_qk` of the projection with its bias added first (GLM-4.5: the norm sees the biased q and k); the
+        bias left for RoPE's kernel to add: none."""
+        if w.qkv.bias is not None:
+            qkv += w.qkv.bias
+        self.norm_qk(qkv, w, norm)
 
     def norm_qk(self, qkv: torch.Tensor, w, norm):
         """RMSNorm of the queries and keys in place (per head, or over the whole projection), before RoPE."""

@@ -6,6 +6,7 @@ from models.families.base import Family
 from models.families.exaone import EXAONE4
 from models.families.gemma import GEMMA2, GEMMA3
 from models.families.glm import GLM4
+from models.families.glm_moe import GLM4_MOE
 from models.families.gpt_oss import GPT_OSS
 from models.families.granite_hybrid import GRANITE_HYBRID
 from models.families.lfm2 import LFM2, LFM2_MOE
@@ -44,6 +45,7 @@ FAMILIES: tuple[Family, ...] = (
     GPT_OSS,
     QWEN3_5_MOE,
     LFM2_MOE,
+    GLM4_MOE,
 )
 BY_HF = {t: f for f in FAMILIES for t in f.hf_types}
 BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_archs}

@@ -28,7 +28,10 @@ _NEEDS = {
         ("llama4",),
     ),
     "multi-head latent attention (MLA)": (("mistral4",), ("mistral4",)),
-    "GLM-4.5's experts (a sigmoid router with a selection bias, shared experts)": (("glm4_moe",), ("glm4moe",)),
+    "GLM-4.5's group-limited routing and a GGUF reader (cadence reads GLM-4.5 from an HF directory)": (
+        (),
+        ("glm4moe",),
+    ),
 }
 HF_NEEDS = {t: need for need, (hf, _) in _NEEDS.items() for t in hf}
 GGUF_NEEDS = {a: need for need, (_, gguf) in _NEEDS.items() for a in gguf}

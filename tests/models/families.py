@@ -255,6 +255,21 @@ FAMILIES: dict[str, dict[str, dict]] = {
             **_rope(1e6),
         )
     },
+    "glm4_moe": {  # the first FFN dense, then 4 experts (2 a token) by sigmoid scores and a choosing bias, one shared
+        "plain": dict(
+            num_hidden_layers=3,
+            head_dim=16,
+            attention_bias=True,
+            use_qk_norm=True,
+            first_k_dense_replace=1,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            routed_scaling_factor=1.5,
+            **_rope(10000.0, partial_rotary_factor=0.5),
+        )
+    },
     "qwen2": {
         "plain": dict(tie_word_embeddings=True, **_rope(1e6)),
         "sliding": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **_rope(1e6)),

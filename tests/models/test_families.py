@@ -31,6 +31,7 @@ NO_GGUF = {  # read from an HF directory only so far (llama.cpp's GGUFs of these
     "granitemoehybrid",
     "nemotron_h",
     "gpt_oss",
+    "glm4_moe",
 }
 
 
