@@ -48,6 +48,7 @@ ARCHS = (
     "qwen3_5_moe",
     "lfm2_moe",
     "glm4_moe",
+    "qwen3_next",
 )
 QK_NORMS = ("", "head", "full")  # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe)
 ACTS = ("silu", "gelu_tanh", "relu2")  # relu2: a non-gated FFN, relu(x W_up)^2 (Nemotron-H)

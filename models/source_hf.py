@@ -282,10 +282,8 @@ def _hf_args(cfg: dict, fam: Family, path: Path, qkv_bias: bool, tied: bool) -> 
 def _moe(cfg: dict, fam: Family, path: Path) -> dict:
     if not MOE_HF_KEYS <= fam.hf_keys:  # not a mixture-of-experts family (Granite 4.0-H reads its own keys)
         return {}
-    if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
-        raise CadenceError(
-            f"{path}: dense layers among the expert layers (mlp_only_layers, decoder_sparse_step) are not supported"
-        )
+    step, only = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or ())
+    dense = tuple(i for i in range(int(cfg["num_hidden_layers"])) if i in only or (i + 1) % step)
     n_experts = next((cfg[k] for k in EXPERT_COUNT_KEYS if cfg.get(k)), 0)
     if not n_experts:
         raise CadenceError(
@@ -298,4 +296,5 @@ def _moe(cfg: dict, fam: Family, path: Path) -> dict:
         expert_ffn_dim=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
         shared_ffn_dim=int(cfg.get("shared_expert_intermediate_size") or 0) if fam.shared_expert else 0,
         norm_topk=True if fam.name == "mixtral" else bool(cfg.get("norm_topk_prob", False)),
+        dense_layers=dense,  # dense FFNs among the experts' layers (mlp_only_layers, decoder_sparse_step)
     )

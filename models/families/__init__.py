@@ -15,7 +15,7 @@ from models.families.llama import GRANITE, LLAMA, MINISTRAL3, MISTRAL, MIXTRAL, 
 from models.families.olmo import OLMO2, OLMO3, OLMOE
 from models.families.phi3 import PHI3
 from models.families.qwen import QWEN2, QWEN2_MOE, QWEN3, QWEN3_MOE
-from models.families.qwen35 import QWEN3_5, QWEN3_5_MOE
+from models.families.qwen35 import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
 from models.families.smollm3 import SMOLLM3
 
 FAMILIES: tuple[Family, ...] = (
@@ -46,6 +46,7 @@ FAMILIES: tuple[Family, ...] = (
     QWEN3_5_MOE,
     LFM2_MOE,
     GLM4_MOE,
+    QWEN3_NEXT,
 )
 BY_HF = {t: f for f in FAMILIES for t in f.hf_types}
 BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_archs}

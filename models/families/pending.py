@@ -8,12 +8,9 @@ _HF_ONLY = "a GGUF reader for its architecture (cadence reads it from an HF dire
 _NEEDS = {
     _HF_ONLY: (
         (),
-        ("qwen35", "qwen35moe", "lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "gpt-oss"),
+        ("qwen35", "qwen35moe", "qwen3next", "lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "gpt-oss"),
     ),
-    "gated delta-net layers of its own kind (cadence runs Qwen 3.5's, dense and with experts, so far)": (
-        ("qwen3_next", "olmo_hybrid"),
-        ("qwen3next",),
-    ),
+    "gated delta-net layers of its own kind (cadence runs Qwen 3.5's and Qwen3-Next's so far)": (("olmo_hybrid",), ()),
     "Mamba-2 beside attention in every layer (cadence runs Granite 4.0-H's and Nemotron-H's Mamba-2 layers)": (
         ("falcon_h1",),
         ("falcon-h1",),

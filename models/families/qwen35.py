@@ -5,7 +5,9 @@ partial rotary (a quarter of each head). Every RMSNorm is applied as `1 + w`, bu
 (plain w). The released checkpoints wrap it with a vision tower (`Qwen3_5ForConditionalGeneration`): cadence runs the
 text model; its multi-token prediction head (`mtp.*`) is left aside. For text alone the multimodal rope's sections
 rotate as one: a plain partial rotary. The mixture of experts (`qwen3_5_moe`) routes by a softmax, its top k
-renormalised, beside a shared expert gated by sigmoid (Qwen2-MoE's FFN)."""
+renormalised, beside a shared expert gated by sigmoid (Qwen2-MoE's FFN). Qwen3-Next is the same model with its
+delta-nets' projections fused and grouped by key head (`in_proj_qkvz`: per key head [q | k | its value heads' v |
+their z]; `in_proj_ba`: [b | a]), put back in Qwen 3.5's order as read."""
 
 from __future__ import annotations
 
@@ -83,4 +85,28 @@ QWEN3_5_MOE = dataclasses.replace(
     # no dense FFN: the experts' width stands for it
     hf_config=lambda cfg: {"intermediate_size": cfg.get("moe_intermediate_size"), **cfg},
     shared_expert=True,
+)
+
+
+def _next_split(name: str, src: str, w: np.ndarray, args) -> np.ndarray:
+    """Qwen3-Next's fused delta-net projections, grouped by key head, as Qwen 3.5's [q | k | v | z] and [b | a]."""
+    hk, dk, r, dv = args.gdn_k_heads, args.gdn_k_dim, args.gdn_v_heads // args.gdn_k_heads, args.gdn_v_dim
+    if src.endswith("in_proj_qkvz.weight"):
+        g = w.reshape(hk, 2 * dk + 2 * r * dv, -1)
+        parts = np.split(g, [dk, 2 * dk, 2 * dk + r * dv], axis=1)  # q, k, v, z of each key head
+        return np.concatenate([p.reshape(-1, w.shape[-1]) for p in parts])
+    if src.endswith("in_proj_ba.weight"):
+        g = w.reshape(hk, 2 * r, -1)
+        return np.concatenate([g[:, :r].reshape(-1, w.shape[-1]), g[:, r:].reshape(-1, w.shape[-1])])
+    return _split(name, src, w, args)
+
+
+QWEN3_NEXT = dataclasses.replace(
+    QWEN3_5_MOE,
+    name="qwen3_next",
+    hf_types=("qwen3_next",),
+    hf_keys=QWEN3_5_MOE.hf_keys | {"decoder_sparse_step", "mlp_only_layers"},
+    hf_config=lambda cfg: cfg,
+    hf_names={**QWEN3_5.hf_names, "gdn_in": ("linear_attn.in_proj_qkvz", "linear_attn.in_proj_ba")},
+    hf_split=_next_split,
 )

@@ -270,6 +270,23 @@ FAMILIES: dict[str, dict[str, dict]] = {
             **_rope(10000.0, partial_rotary_factor=0.5),
         )
     },
+    "qwen3_next": {  # fused, grouped delta-net projections; 4 experts (2 a token) and a shared one; layer 1 dense
+        "plain": dict(
+            num_hidden_layers=4,
+            head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            linear_conv_kernel_dim=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            mlp_only_layers=[1],
+            **_rope(1e7, partial_rotary_factor=0.25),
+        )
+    },
     "qwen2": {
         "plain": dict(tie_word_embeddings=True, **_rope(1e6)),
         "sliding": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **_rope(1e6)),

@@ -32,6 +32,7 @@ NO_GGUF = {  # read from an HF directory only so far (llama.cpp's GGUFs of these
     "nemotron_h",
     "gpt_oss",
     "glm4_moe",
+    "qwen3_next",
 }
 
 
