@@ -49,6 +49,7 @@ ARCHS = (
     "lfm2_moe",
     "glm4_moe",
     "qwen3_next",
+    "olmo_hybrid",
 )
 QK_NORMS = ("", "head", "full")  # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe)
 ACTS = ("silu", "gelu_tanh", "relu2")  # relu2: a non-gated FFN, relu(x W_up)^2 (Nemotron-H)
@@ -171,6 +172,9 @@ class ModelArgs:
     router_select_bias: bool = False
     routed_scale: float = 1.0
     norm_topk_eps: float = 0.0
+    pre_only_layers: tuple[int, ...] = ()  # pre-norms, no post-norms, in a post-norm model (OLMo-hybrid's delta-nets)
+    gdn_beta_scale: float = 1.0  # beta = scale * sigmoid(b) (OLMo-hybrid: 2, negative eigenvalues allowed)
+    gdn_norm_eps: float = 0.0  # the delta-net output norm's epsilon (0: the model's)
     shared_gated: bool = True  # the shared expert's output times sigmoid of its gate (Qwen2-MoE), else as it is
 
     def __post_init__(self):
@@ -285,6 +289,14 @@ class ModelArgs:
     def mixes(self, layer: int) -> bool:
         """The layer has a mixer (attention or recurrent)."""
         return layer not in self.no_mixer_layers
+
+    def pre(self, layer: int) -> bool:
+        """The layer has norms before its branches."""
+        return self.pre_norm or layer in self.pre_only_layers
+
+    def post(self, layer: int) -> bool:
+        """The layer has norms on its branches' outputs."""
+        return self.post_norm and layer not in self.pre_only_layers
 
     def has_ffn(self, layer: int) -> bool:
         return layer not in self.no_ffn_layers

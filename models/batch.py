@@ -83,7 +83,7 @@ def block(model: Transformer, w, x: torch.Tensor, positions: list, places: list,
         for (lo, hi), at in zip(spans, places):
             model.mixer(x[lo:hi], w, at, kernels.rmsnorm)
     elif w.qkv is not None:
-        h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
+        h = model.pre(x, w.attn_norm, kernels.rmsnorm)
         qkv = w.qkv.matmul(h)
         bias = model.norm_qk_biased(qkv, w, kernels.rmsnorm) if a.qk_norm else w.qkv.bias
         o = torch.empty(x.shape[0], a.q_dim, dtype=x.dtype)
@@ -95,5 +95,5 @@ def block(model: Transformer, w, x: torch.Tensor, positions: list, places: list,
         model.residual(x, w.attn_out, model.gated(o, w, h), w.attn_post_norm, kernels.rmsnorm)
     if w.gate_up is None:  # a mixer-only layer (Nemotron-H)
         return
-    h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
+    h = model.pre(x, w.ffn_norm, kernels.rmsnorm)
     model.residual(x, w.down, model.act(w.gate_up.matmul(h)), w.ffn_post_norm, kernels.rmsnorm)

@@ -42,7 +42,7 @@ def _record(w, args: ModelArgs) -> torch.Tensor:
     want = (args.dim, qkv, args.q_dim, args.dim, args.dim, 2 * w.down.k, args.dim)  # the shapes cad_layer assumes
     if (w.qkv.k, w.qkv.n, w.attn_out.k, w.attn_out.n, w.gate_up.k, w.gate_up.n, w.down.n) != want:
         return torch.empty(0, dtype=torch.int64)
-    flags = (not args.pre_norm) | (args.act == "gelu_tanh") << 1 | {"": 0, "head": 1, "full": 2}[args.qk_norm] << 2
+    flags = (w.attn_norm is None) | (args.act == "gelu_tanh") << 1 | {"": 0, "head": 1, "full": 2}[args.qk_norm] << 2
     ptr = lambda t: 0 if t is None else t.data_ptr()
     head = [args.dim, args.n_heads, args.n_kv_heads, args.head_dim, w.down.k, *map(ptr, norms[:2]), ptr(w.qkv.bias)]
     head += [flags, *map(ptr, norms[2:6]), _bits(args.residual_scale), _bits(args.attn_softcap)]

@@ -49,7 +49,7 @@ def conv_mix(rows: torch.Tensor, base: int, slots: torch.Tensor, weight: torch.T
 def short_conv(model, x: torch.Tensor, w, at, norm) -> None:
     """LFM2's convolution branch, added to x in place: in_proj -> [B | C | x~]; C * conv(B * x~); out_proj."""
     a = model.args
-    b, c, xx = w.conv_in.matmul(norm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x).split(a.dim, dim=-1)
+    b, c, xx = w.conv_in.matmul(model.pre(x, w.attn_norm, norm)).split(a.dim, dim=-1)
     T = x.shape[0]
     at.k[at.slot0 : at.slot0 + T] = b * xx
     y = c * conv_mix(at.k, at.base, taps(at.vis, a.conv_kernel).to(x.device), w.conv_w)
@@ -129,7 +129,7 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm) -> None:
     state stepped from its parent's; out = out_proj(gated_norm(S^T q) * silu(z))."""
     a = model.args
     T, C, hk, dk, hv, dv = x.shape[0], a.gdn_conv_dim, a.gdn_k_heads, a.gdn_k_dim, a.gdn_v_heads, a.gdn_v_dim
-    h = norm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
+    h = model.pre(x, w.attn_norm, norm)
     pre, z, b, araw = w.gdn_in.matmul(h).split([C, hv * dv, hv, hv], dim=-1)
     rows, s0 = at.k, at.slot0
     rows[s0 : s0 + T, :C] = pre
@@ -142,11 +142,12 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm) -> None:
         qr, kr, vr = qkv.split([hk * dk, hk * dk, hv * dv])
         q[r] = (_l2norm(qr.view(hk, dk)) * dk**-0.5).repeat_interleave(hv // hk, 0)
         g = -w.gdn_a.exp() * F.softplus(araw[r] + w.gdn_dt)
-        rows[s0 + r, C:] = torch.cat([_l2norm(kr.view(hk, dk)).view(-1), vr, g, torch.sigmoid(b[r])])
+        beta = torch.sigmoid(b[r]) * a.gdn_beta_scale if a.gdn_beta_scale != 1.0 else torch.sigmoid(b[r])
+        rows[s0 + r, C:] = torch.cat([_l2norm(kr.view(hk, dk)).view(-1), vr, g, beta])
     o = torch.empty(T, hv * dv, dtype=x.dtype, device=x.device)
     for r, s in _states(at, a, T):
         y = (s * q[r].unsqueeze(-1)).sum(-2)  # [Hv, Dv]
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + a.norm_eps) * w.gdn_norm
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + (a.gdn_norm_eps or a.norm_eps)) * w.gdn_norm
         o[r] = (y * F.silu(z[r].view(hv, dv))).view(-1)
     model.residual(x, w.gdn_out, o, None, norm)
 
@@ -173,7 +174,7 @@ def mamba2(model, x: torch.Tensor, w, at, norm) -> None:
     a = model.args
     T, H, P, N, G = x.shape[0], a.ssm_heads, a.ssm_head_dim, a.ssm_state, a.ssm_groups
     inner, conv_dim = a.ssm_inner, a.ssm_conv_dim
-    h = norm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
+    h = model.pre(x, w.attn_norm, norm)
     z, pre, dt_raw = w.ssm_in.matmul(h).split([inner, conv_dim, H], dim=-1)
     rows, s0 = at.k, at.slot0
     rows[s0 : s0 + T, :conv_dim] = pre

@@ -37,7 +37,7 @@ NORMS = ("attn_norm", "ffn_norm", "attn_post_norm", "ffn_post_norm", "attn_q_nor
 
 def _mixer_names(args: ModelArgs, i: int, g: str, b: str) -> list[tuple[str, str]]:
     """Layer i's mixer's tensors: attention's, or a recurrent layer's (models/recurrent.py)."""
-    names = [(g, f"{b}.attn_norm")] if args.pre_norm else []
+    names = [(g, f"{b}.attn_norm")] if args.pre(i) else []
     if args.conv(i):
         parts = ["conv_in", "conv_w", "conv_out"]
     elif i in args.gdn_layers:
@@ -49,7 +49,7 @@ def _mixer_names(args: ModelArgs, i: int, g: str, b: str) -> list[tuple[str, str
         parts += ["attn_gate"] * args.attn_gate + ["attn_sinks"] * args.attn_sinks + ["attn_out"]
         parts += ["attn_out_bias"] * args.attn_out_bias
     names += [(g, f"{b}.{p}") for p in parts]
-    return names + ([(g, f"{b}.attn_post_norm")] if args.post_norm else [])
+    return names + ([(g, f"{b}.attn_post_norm")] if args.post(i) else [])
 
 
 def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
@@ -65,10 +65,10 @@ def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
         names += _mixer_names(args, i, g, b) if args.mixes(i) else []
         if not args.has_ffn(i):
             continue
-        names += [(g, f"{b}.ffn_norm")] if args.pre_norm else []
+        names += [(g, f"{b}.ffn_norm")] if args.pre(i) else []
         if not args.experts_at(i):
             names += [(g, f"{b}.ffn_gate_up"), (g, f"{b}.ffn_down")]
-            names += [(g, f"{b}.ffn_post_norm")] if args.post_norm else []
+            names += [(g, f"{b}.ffn_post_norm")] if args.post(i) else []
             continue
         names.append((g, f"{b}.ffn_router"))
         names += [(g, f"{b}.ffn_router_bias")] if args.router_bias else []

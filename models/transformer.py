@@ -160,7 +160,7 @@ class Transformer:
             yield from self.attention_fused(i, w, x, positions, at, plan)
         if not a.has_ffn(i):
             return x
-        h = kernels.rmsnorm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
+        h = self.pre(x, w.ffn_norm, kernels.rmsnorm)
         if self.ffn_inputs is not None:
             self.ffn_inputs.append((i, h))
         if a.experts_at(i):
@@ -174,7 +174,7 @@ class Transformer:
     def attention_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan):
         """The attention branch of `block_fused`, added to x in place (a generator: a plan may split it)."""
         a, T = self.args, x.shape[0]
-        h = kernels.rmsnorm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
+        h = self.pre(x, w.attn_norm, kernels.rmsnorm)
         qkv = w.qkv.matmul(h)
         bias = self.norm_qk_biased(qkv, w, kernels.rmsnorm) if a.qk_norm else w.qkv.bias
         q = kernels.qkv_rope(qkv, bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
@@ -192,6 +192,10 @@ class Transformer:
         if self.args.act == "relu2":
             return torch.square(F.relu(gu))
         return kernels.glu(gu, self.args.act)
+
+    def pre(self, x: torch.Tensor, weight: torch.Tensor | None, norm) -> torch.Tensor:
+        """A branch's input: x through its pre-norm where the layer has one (not OLMo 2's), else x itself."""
+        return x if weight is None else norm(x, weight, self.args.norm_eps)
 
     @staticmethod
     def gated(o: torch.Tensor, w, h: torch.Tensor) -> torch.Tensor:
@@ -273,7 +277,7 @@ class Transformer:
                 self.mixer(x, w, at, rms_norm)
             return (yield from self.ffn_branch(i, w, x))
         cos, sin = at.rotary.tables(positions)
-        hn = rms_norm(x, w.attn_norm, a.norm_eps) if a.pre_norm else x
+        hn = self.pre(x, w.attn_norm, rms_norm)
         qkv = w.qkv(hn)
         if a.qk_norm:
             self.norm_qk(qkv, w, rms_norm)
@@ -292,7 +296,7 @@ class Transformer:
         a = self.args
         if not a.has_ffn(i):
             return x
-        h = rms_norm(x, w.ffn_norm, a.norm_eps) if a.pre_norm else x
+        h = self.pre(x, w.ffn_norm, rms_norm)
         if self.ffn_inputs is not None:
             self.ffn_inputs.append((i, h))
         if w.flash is not None:

@@ -12,7 +12,7 @@ from models.families.granite_hybrid import GRANITE_HYBRID
 from models.families.lfm2 import LFM2, LFM2_MOE
 from models.families.nemotron_h import NEMOTRON_H
 from models.families.llama import GRANITE, LLAMA, MINISTRAL3, MISTRAL, MIXTRAL, SEED_OSS
-from models.families.olmo import OLMO2, OLMO3, OLMOE
+from models.families.olmo import OLMO2, OLMO3, OLMO_HYBRID, OLMOE
 from models.families.phi3 import PHI3
 from models.families.qwen import QWEN2, QWEN2_MOE, QWEN3, QWEN3_MOE
 from models.families.qwen35 import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
@@ -47,6 +47,7 @@ FAMILIES: tuple[Family, ...] = (
     LFM2_MOE,
     GLM4_MOE,
     QWEN3_NEXT,
+    OLMO_HYBRID,
 )
 BY_HF = {t: f for f in FAMILIES for t in f.hf_types}
 BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_archs}

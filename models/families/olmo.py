@@ -1,7 +1,9 @@
 """OLMo 2 (norms after attention and after the FFN, on each branch's output before the residual add, none
 before them; q/k norms over the whole projection), OLMo 3 (the same block, three sliding-window layers in four,
 whose rotary stays unscaled where the full layers' is scaled) and OLMoE (a mixture of experts, q/k norms
-likewise). llama.cpp writes OLMo 3 as `olmo2` with a window."""
+likewise). llama.cpp writes OLMo 3 as `olmo2` with a window. OLMo-hybrid: OLMo 3's post-norm attention layers (no
+rotary unless the config gives a base) among gated delta-net layers with norms before their branches (models/
+recurrent.py: separate q/k/v/a/b/g projections, beta up to 2 where `linear_allow_neg_eigval`)."""
 
 from __future__ import annotations
 
@@ -64,4 +66,70 @@ OLMOE = Family(
     hf_defaults={"rms_norm_eps": 1e-5, "rope_theta": 10000.0},
     hf_keys=MOE_HF_KEYS | {"clip_qkv"},
     hf_names=_FULL_QK,
+)
+
+
+_HYBRID_KEYS = frozenset(
+    "linear_num_key_heads linear_num_value_heads linear_key_head_dim linear_value_head_dim linear_a_log_min "
+    "linear_a_log_max linear_dt_min linear_dt_max linear_dt_init_floor linear_conv_kernel_dim "
+    "linear_allow_neg_eigval".split()
+)
+
+
+def _hybrid_hf(cfg: dict, a: dict) -> dict:
+    n = a["n_layers"]
+    types = cfg.get("layer_types") or ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(n)]
+    if len(types) != n or set(types) - {"linear_attention", "full_attention"}:
+        raise ValueError(f"layer_types {types} is not {n} of 'linear_attention' and 'full_attention'")
+    gdn = tuple(i for i, t in enumerate(types) if t == "linear_attention")
+    rope = cfg.get("rope_parameters") or {}
+    nope = () if (rope.get("rope_theta") or cfg.get("rope_theta")) else tuple(i for i in range(n) if i not in gdn)
+    hk = int(cfg.get("linear_num_key_heads") or a["n_heads"])
+    dk = int(cfg.get("linear_key_head_dim") or 0.75 * a["dim"] / hk)
+    return {
+        "gdn_layers": gdn,
+        "pre_only_layers": gdn,
+        "gdn_k_heads": hk,
+        "gdn_v_heads": int(cfg.get("linear_num_value_heads") or hk),
+        "gdn_k_dim": dk,
+        "gdn_v_dim": int(cfg.get("linear_value_head_dim") or 2 * dk),
+        "conv_kernel": int(cfg.get("linear_conv_kernel_dim") or 4),
+        "gdn_beta_scale": 2.0 if cfg.get("linear_allow_neg_eigval", True) else 1.0,
+        "gdn_norm_eps": 1e-5,
+        "nope_layers": nope,
+    }
+
+
+OLMO_HYBRID = Family(
+    "olmo_hybrid",
+    hf_types=("olmo_hybrid",),
+    gguf_archs=(),
+    block={"pre_norm": False, "post_norm": True, "qk_norm": "full"},
+    hf_defaults={"rms_norm_eps": 1e-6},
+    hf_keys=_HYBRID_KEYS,
+    hf_fields=_hybrid_hf,
+    # OLMo-core's names, as the checkpoints and transformers' save keep them: a delta-net layer's norms before its
+    # branches, and the attention layers' post-attention norm, are `attention_layer_norm` / `feedforward_layer_norm`;
+    # the convolution's taps are split in three (concatenated, q k v's channels in order)
+    hf_names={
+        **_FULL_QK,
+        "attn_norm": ("attention_layer_norm",),
+        "ffn_norm": ("feedforward_layer_norm",),
+        "attn_post_norm": ("feedforward_layer_norm",),
+        "ffn_post_norm": ("post_feedforward_layernorm",),
+        "gdn_in": (
+            "linear_attn.q_proj",
+            "linear_attn.k_proj",
+            "linear_attn.v_proj",
+            "linear_attn.g_proj",
+            "linear_attn.b_proj",
+            "linear_attn.a_proj",
+        ),
+        "gdn_conv": ("linear_attn.q_conv1d", "linear_attn.k_conv1d", "linear_attn.v_conv1d"),
+        "gdn_dt": ("linear_attn.dt_bias",),
+        "gdn_a": ("linear_attn.A_log",),
+        "gdn_norm": ("linear_attn.o_norm",),
+        "gdn_out": ("linear_attn.o_proj",),
+    },
+    hf_params=frozenset({"gdn_dt", "gdn_a"}),
 )

@@ -10,7 +10,6 @@ _NEEDS = {
         (),
         ("qwen35", "qwen35moe", "qwen3next", "lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "gpt-oss"),
     ),
-    "gated delta-net layers of its own kind (cadence runs Qwen 3.5's and Qwen3-Next's so far)": (("olmo_hybrid",), ()),
     "Mamba-2 beside attention in every layer (cadence runs Granite 4.0-H's and Nemotron-H's Mamba-2 layers)": (
         ("falcon_h1",),
         ("falcon-h1",),

@@ -287,6 +287,19 @@ FAMILIES: dict[str, dict[str, dict]] = {
             **_rope(1e7, partial_rotary_factor=0.25),
         )
     },
+    "olmo_hybrid": {  # pre-norm delta-nets (4 heads of 8 / 16, beta up to 2) around a post-norm rotary attention layer
+        "plain": dict(
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+            linear_num_key_heads=4,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            rms_norm_eps=1e-6,
+            **_rope(500000.0),
+        )
+    },
     "qwen2": {
         "plain": dict(tie_word_embeddings=True, **_rope(1e6)),
         "sliding": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **_rope(1e6)),

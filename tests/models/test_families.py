@@ -33,6 +33,7 @@ NO_GGUF = {  # read from an HF directory only so far (llama.cpp's GGUFs of these
     "gpt_oss",
     "glm4_moe",
     "qwen3_next",
+    "olmo_hybrid",
 }
 
 

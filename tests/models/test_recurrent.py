@@ -25,7 +25,7 @@ def test_taps_are_the_nearest_ancestors_then_the_committed_rows():
     assert taps(Visibility.causal(0, 2), 3).tolist() == [[0, -1, -1], [1, 0, -1]]  # zeros before the context
 
 
-@pytest.fixture(scope="module", params=["lfm2", "qwen3_5_text", "granitemoehybrid", "nemotron_h"])
+@pytest.fixture(scope="module", params=["lfm2", "qwen3_5_text", "granitemoehybrid", "nemotron_h", "olmo_hybrid"])
 def model(tmp_path_factory, request):
     d = tmp_path_factory.mktemp(request.param)
     store = WeightStore(convert(HFSource(tiny_hf(request.param, "plain", d / "hf", seed=1)), d / "int4", "int4"))

@@ -33,6 +33,7 @@ FAMILIES = [
     ("lfm2", "plain"),  # short-convolution layers: each tree node's taps its own ancestors'
     ("granitemoehybrid", "plain"),  # Mamba-2: each node's state its parent's stepped; NoPE attention, muP
     ("nemotron_h", "plain"),  # a layer a part: Mamba-2, relu^2 MLP, NoPE attention
+    ("olmo_hybrid", "plain"),  # pre-norm delta-nets (beta up to 2) beside post-norm attention
     ("qwen3_5_text", "plain"),  # gated delta-nets: each node's state its parent's stepped; gated attention
 ]
 
