@@ -313,7 +313,7 @@ class ModelArgs:
     @property
     def rec_width(self) -> int:
         """Floats a recurrent layer keeps per recent token (models/recurrent.py): a convolution's input row; a gated
-        delta-net's too, then its k, v, log-decay and beta for the state's replay."""
+        delta-net's too, then its k, v, decay and beta for the state's replay."""
         if self.conv_layers:
             return self.dim
         if self.gdn_layers:

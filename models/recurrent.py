@@ -2,7 +2,7 @@
 forward where every node reads its own ancestors' state, and kept to the accepted path by `KVCache.commit`.
 
 A recurrent layer keeps rows of its recent tokens (models/kvcache.py, from global slot `base`): a convolution's
-input row (LFM2: B * x~; a delta-net: its q/k/v channels before the convolution), and a delta-net's k, v, log-decay
+input row (LFM2: B * x~; a delta-net: its q/k/v channels before the convolution), and a delta-net's k, v, decay
 and beta after it. Its state [v heads, k dim, v dim] holds every token up to slot `folded`; the rows past it are
 folded in when a forward starts (`fold`), after `commit(keep)` has kept the accepted path's rows as it keeps keys.
 
@@ -14,6 +14,8 @@ order). Siblings share their parent's state; a rejected branch's rows are droppe
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -59,8 +61,39 @@ def short_conv(model, x: torch.Tensor, w, at, norm) -> None:
 # -- gated delta-net ------------------------------------------------------------------------------------------
 
 
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def lanes(fn, x: torch.Tensor, group: int = 1) -> torch.Tensor:
+    """fn of x [T, n] over rows padded with zeros to a multiple of 64 lanes (and of `group`, the width fn views a
+    row's heads in): every element then goes through the same vectorised path, so a row is rounded the same in a
+    forward of one row or of many (an elementwise op over a flat tensor takes its tail by another path)."""
+    T, n = x.shape
+    width = -(-n // math.lcm(64, group)) * math.lcm(64, group)
+    if width == n:
+        return fn(x)
+    pad = x.new_zeros(T, width)
+    pad[:, :n] = x
+    return fn(pad)[:, :n]
+
+
+def lanes2(fn, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`lanes` of an elementwise fn of two [T, n] tensors."""
+    T, n = x.shape
+    width = -(-n // 64) * 64
+    px, py = x.new_zeros(T, width), y.new_zeros(T, width)
+    px[:, :n], py[:, :n] = x, y
+    return fn(px, py)[:, :n]
+
+
+def _heads(x: torch.Tensor, d: int, fn) -> torch.Tensor:
+    """fn of each d-wide head of the rows x [T, n] (`lanes`, the heads viewed [T, heads, d])."""
+    return lanes(lambda p: fn(p.view(p.shape[0], -1, d)).reshape(p.shape), x, d)
 
 
 def step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
@@ -69,15 +102,16 @@ def step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
 
 
 def gdn_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
-    """A delta-net state [Hv, Dk, Dv] after one more token, from its row's k, v, log-decay g and beta:
-    S <- e^g S; S <- S + k (beta (v - S^T k))^T (transformers' recurrent gated delta rule, in its float steps)."""
+    """A delta-net state [..., Hv, Dk, Dv] after one more token, from its row's [..., W] k, v, decay e^g and beta:
+    S <- e^g S; S <- S + k (beta (v - S^T k))^T (transformers' recurrent gated delta rule, in its float steps).
+    Several states at once (a tree's level) get the bits each gets alone: a state's slab is whole vectors."""
     hk, dk, hv, dv = a.gdn_k_heads, a.gdn_k_dim, a.gdn_v_heads, a.gdn_v_dim
     lo = a.gdn_conv_dim
-    k = row[lo : lo + hk * dk].view(hk, dk).repeat_interleave(hv // hk, 0)
+    k = row[..., lo : lo + hk * dk].unflatten(-1, (hk, dk)).repeat_interleave(hv // hk, -2)
     lo += hk * dk
-    v = row[lo : lo + hv * dv].view(hv, dv)
-    g, beta = row[lo + hv * dv : lo + hv * (dv + 1)], row[lo + hv * (dv + 1) : lo + hv * (dv + 2)]
-    state = state * g.exp()[:, None, None]
+    v = row[..., lo : lo + hv * dv].unflatten(-1, (hv, dv))
+    decay, beta = row[..., lo + hv * dv : lo + hv * (dv + 1)], row[..., lo + hv * (dv + 1) : lo + hv * (dv + 2)]
+    state = state * decay[..., None, None]
     kv_mem = (state * k.unsqueeze(-1)).sum(-2)
     delta = (v - kv_mem) * beta.unsqueeze(-1)
     return state + k.unsqueeze(-1) * delta.unsqueeze(-2)
@@ -91,11 +125,12 @@ def fold(state: torch.Tensor, rows: torch.Tensor, a) -> None:
     state.copy_(s)
 
 
-def _states(at, a, T: int):
-    """Yields (row, its state) for the forward's T rows in order: each row's parent's state stepped once, the parent
-    found as the row's last visible slot before itself; an ancestor from an earlier forward (a draft's pending
-    nodes) stepped from the folded state along what the row sees. A state is dropped once its rows' children are
-    done."""
+def _levels(at, a, T: int):
+    """Yields (first row, the states [n, *state] of rows first..first+n-1) for the forward's T rows in order, a level
+    at a time: rows whose parents are all known before them (a tree's depth; a chain's one row) stepped together from
+    their parents' states. A row's parent is its last visible slot before itself; an ancestor from an earlier forward
+    (a draft's pending nodes) is stepped from the folded state along what the row sees. A state is dropped once its
+    rows' children are done."""
     vis, rows, base, end = at.vis, at.k, at.base, at.base + at.slot0
     ptr, idx = vis.ptr.tolist(), vis.idx.tolist()
     chains = [list(range(at.folded, vis.n_shared)) + idx[ptr[r] : ptr[r + 1]] for r in range(T)]
@@ -105,23 +140,32 @@ def _states(at, a, T: int):
         if p is not None:
             children[p] = children.get(p, 0) + 1
     memo: dict[int, torch.Tensor] = {}
-    for r in range(T):
-        chain = chains[r]
-        j = len(chain) - 1  # the nearest ancestor whose state is known, then step from there
-        while j > 0 and chain[j - 1] not in memo:
-            j -= 1
-        s = memo[chain[j - 1]] if j > 0 else at.v
-        for slot in chain[j:-1]:  # ancestors from earlier forwards (this forward's are in the memo)
-            s = memo[slot] = step(s, rows[slot - base], a)
-        s = step(s, rows[end + r - base], a)
-        if children.get(end + r):
-            memo[end + r] = s
-        p = parent[r]
-        if p is not None and p >= end:
-            children[p] -= 1
-            if not children[p]:
-                memo.pop(p, None)
-        yield r, s
+    r = 0
+    while r < T:
+        e = r + 1
+        while e < T and not (parent[e] is not None and end + r <= parent[e] < end + e):
+            e += 1
+        starts = []
+        for i in range(r, e):
+            chain = chains[i]
+            j = len(chain) - 1  # the nearest ancestor whose state is known, then step from there
+            while j > 0 and chain[j - 1] not in memo:
+                j -= 1
+            s = memo[chain[j - 1]] if j > 0 else at.v
+            for slot in chain[j:-1]:  # ancestors from earlier forwards (this forward's are in the memo)
+                s = memo[slot] = step(s, rows[slot - base], a)
+            starts.append(s)
+        states = step(torch.stack(starts), rows[end + r - base : end + e - base], a)
+        for i in range(r, e):
+            if children.get(end + i):
+                memo[end + i] = states[i - r]
+            p = parent[i]
+            if p is not None and p >= end:
+                children[p] -= 1
+                if not children[p]:
+                    memo.pop(p, None)
+        yield r, states
+        r = e
 
 
 def gated_delta_net(model, x: torch.Tensor, w, at, norm) -> None:
@@ -134,21 +178,20 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm) -> None:
     rows, s0 = at.k, at.slot0
     rows[s0 : s0 + T, :C] = pre
     slots = taps(at.vis, a.conv_kernel).to(x.device)
-    # Row by row from here (the products above and below are the kernels', row by row too): an elementwise op over
-    # a few rows or many may round a row differently, and a node must get the bits its path decoded alone gets.
-    q = torch.empty(T, hv, dk, dtype=x.dtype, device=x.device)
-    for r in range(T):
-        qkv = F.silu(conv_mix(rows, at.base, slots[r : r + 1], w.gdn_conv))[0]
-        qr, kr, vr = qkv.split([hk * dk, hk * dk, hv * dv])
-        q[r] = (_l2norm(qr.view(hk, dk)) * dk**-0.5).repeat_interleave(hv // hk, 0)
-        g = -w.gdn_a.exp() * F.softplus(araw[r] + w.gdn_dt)
-        beta = torch.sigmoid(b[r]) * a.gdn_beta_scale if a.gdn_beta_scale != 1.0 else torch.sigmoid(b[r])
-        rows[s0 + r, C:] = torch.cat([_l2norm(kr.view(hk, dk)).view(-1), vr, g, beta])
-    o = torch.empty(T, hv * dv, dtype=x.dtype, device=x.device)
-    for r, s in _states(at, a, T):
-        y = (s * q[r].unsqueeze(-1)).sum(-2)  # [Hv, Dv]
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + (a.gdn_norm_eps or a.norm_eps)) * w.gdn_norm
-        o[r] = (y * F.silu(z[r].view(hv, dv))).view(-1)
+    # Every elementwise op below over rows padded to whole vectors (`lanes`): a node gets the bits its path decoded
+    # alone gets (the products above and below are the kernels', row by row).
+    qkv = lanes(F.silu, conv_mix(rows, at.base, slots, w.gdn_conv))
+    qr, kr, vr = qkv.split([hk * dk, hk * dk, hv * dv], dim=-1)
+    q = _heads(qr, dk, lambda t: _l2norm(t) * dk**-0.5).reshape(T, hk, dk).repeat_interleave(hv // hk, 1)
+    k = _heads(kr.contiguous(), dk, _l2norm)
+    decay = lanes(torch.exp, lanes(F.softplus, araw + w.gdn_dt) * -w.gdn_a.exp())  # e^g, g = -e^A softplus(a + dt)
+    beta = lanes(lambda t: torch.sigmoid(t) * a.gdn_beta_scale, b.contiguous())
+    rows[s0 : s0 + T, C:] = torch.cat([k, vr, decay, beta], dim=-1)
+    o = torch.empty(T, hv, dv, dtype=x.dtype, device=x.device)
+    for r, s in _levels(at, a, T):
+        o[r : r + len(s)] = (s * q[r : r + len(s)].unsqueeze(-1)).sum(-2)  # [n, Hv, Dv]
+    o = _heads(o.view(T, -1), dv, lambda t: _rms(t, a.gdn_norm_eps or a.norm_eps))
+    o = lanes2(lambda y, g: y * F.silu(g), (o.view(T, hv, dv) * w.gdn_norm).view(T, -1), z)
     model.residual(x, w.gdn_out, o, None, norm)
 
 
@@ -160,12 +203,12 @@ def ssm_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
     update, in its float steps), from the row's x, B, dt and exp(dt A)."""
     H, P, N, G = a.ssm_heads, a.ssm_head_dim, a.ssm_state, a.ssm_groups
     lo = a.ssm_conv_dim
-    x = row[lo : lo + H * P].view(H, P)
+    x = row[..., lo : lo + H * P].unflatten(-1, (H, P))
     lo += H * P
-    B = row[lo : lo + G * N].view(G, N).repeat_interleave(H // G, 0)
+    B = row[..., lo : lo + G * N].unflatten(-1, (G, N)).repeat_interleave(H // G, -2)
     lo += G * N
-    dt, da = row[lo : lo + H], row[lo + H : lo + 2 * H]
-    return state * da[:, None, None] + (dt[:, None] * B).unsqueeze(1) * x.unsqueeze(-1)
+    dt, da = row[..., lo : lo + H], row[..., lo + H : lo + 2 * H]
+    return state * da[..., None, None] + (dt[..., None] * B).unsqueeze(-2) * x.unsqueeze(-1)
 
 
 def mamba2(model, x: torch.Tensor, w, at, norm) -> None:
@@ -180,21 +223,18 @@ def mamba2(model, x: torch.Tensor, w, at, norm) -> None:
     rows[s0 : s0 + T, :conv_dim] = pre
     slots = taps(at.vis, a.conv_kernel).to(x.device)
     A = -w.ssm_a.exp()
-    xs, cs = torch.empty(T, H, P, dtype=x.dtype), torch.empty(T, G, N, dtype=x.dtype)
-    for r in range(T):  # row by row, as the delta-net's (`gated_delta_net`)
-        xbc = conv_mix(rows, at.base, slots[r : r + 1], w.ssm_conv)[0]
-        if w.ssm_conv_b is not None:
-            xbc = xbc + w.ssm_conv_b
-        xr, br, cr = F.silu(xbc).split([inner, G * N, G * N])
-        dt = F.softplus(dt_raw[r] + w.ssm_dt)
-        rows[s0 + r, conv_dim:] = torch.cat([xr, br, dt, torch.exp(dt * A)])
-        xs[r], cs[r] = xr.view(H, P), cr.view(G, N)
-    o = torch.empty(T, inner, dtype=x.dtype)
-    for r, s in _states(at, a, T):
-        c = cs[r].repeat_interleave(H // G, 0)  # [H, N]
-        y = ((s * c.unsqueeze(1)).sum(-1) + w.ssm_d.unsqueeze(-1) * xs[r]).view(-1) * F.silu(z[r])
-        y = y.view(G, -1)
-        o[r] = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + a.norm_eps)).view(-1) * w.ssm_norm
+    xbc = conv_mix(rows, at.base, slots, w.ssm_conv)  # every elementwise op over whole vectors (`lanes`)
+    xbc = lanes(F.silu, xbc + w.ssm_conv_b if w.ssm_conv_b is not None else xbc)
+    xs, br, cs = xbc.split([inner, G * N, G * N], dim=-1)
+    dt = lanes(F.softplus, dt_raw + w.ssm_dt)
+    rows[s0 : s0 + T, conv_dim:] = torch.cat([xs, br, dt, lanes(torch.exp, dt * A)], dim=-1)
+    ys = torch.empty(T, H, P, dtype=x.dtype)
+    cs = cs.reshape(T, G, N).repeat_interleave(H // G, 1)  # [T, H, N]
+    for r, s in _levels(at, a, T):
+        ys[r : r + len(s)] = (s * cs[r : r + len(s)].unsqueeze(-2)).sum(-1)
+    y = lanes2(torch.add, ys.view(T, -1), (w.ssm_d.view(H, 1) * xs.reshape(T, H, P)).view(T, -1))
+    y = _heads(lanes2(lambda u, g: u * F.silu(g), y, z.contiguous()), inner // G, lambda t: _rms(t, a.norm_eps))
+    o = y * w.ssm_norm
     model.residual(x, w.ssm_out, o, None, norm)
 
 
