@@ -10,6 +10,7 @@ it in one sentence that names it (a model that loads and computes wrong is the w
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -163,6 +164,15 @@ def layer_kinds(cfg: dict, n_layers: int, default: Callable[[int], bool]) -> tup
             f"layer_types {odd or len(types)} is not {n_layers} of {FULL!r} and {SLIDING!r}; cadence runs those only"
         )
     return tuple(i for i, t in enumerate(types) if t == SLIDING)
+
+
+def check_mamba_steps(cfg: dict) -> None:
+    """Mamba-2's step dt unclamped (`time_step_limit` (0, inf), the released models'): a clamp is refused. A float
+    JSON cannot hold is written by transformers 5 as {"__float__": "Infinity"}."""
+    number = lambda x: float(x["__float__"]) if isinstance(x, dict) else float(x)  # noqa: E731
+    limit = [number(x) for x in cfg.get("time_step_limit") or (0.0, math.inf)]
+    if limit[0] != 0.0 or not math.isinf(limit[1]):
+        raise Unsupported(f"time_step_limit={limit} (a clamped Mamba step)")
 
 
 def windowed(window, sliding: tuple[int, ...], context: int) -> dict:

@@ -5,9 +5,7 @@ shared SwiGLU MLP (`shared_mlp.input_linear`: gate rows first). transformers 4 s
 
 from __future__ import annotations
 
-import math
-
-from models.families.base import Family, Unsupported
+from models.families.base import Family, Unsupported, check_mamba_steps
 
 _MULTIPLIERS = {
     "embedding_multiplier": "embed_scale",
@@ -24,19 +22,12 @@ _KEYS = frozenset(_MULTIPLIERS) | frozenset(
 _LEGACY = {"mamba": "linear_attention", "attention": "full_attention"}
 
 
-def _number(x) -> float:
-    """A float as transformers 5 writes one JSON cannot hold: {"__float__": "Infinity"}."""
-    return float(x["__float__"]) if isinstance(x, dict) else float(x)
-
-
 def _hf(cfg: dict, a: dict) -> dict:
     if cfg.get("num_local_experts"):
         raise Unsupported(f"num_local_experts={cfg['num_local_experts']} (Granite 4.0-H's experts)")
     if cfg.get("mamba_proj_bias"):
         raise Unsupported("mamba_proj_bias: true (biases on the Mamba projections)")
-    limit = [_number(x) for x in cfg.get("time_step_limit") or (0.0, math.inf)]
-    if limit[0] != 0.0 or not math.isinf(limit[1]):
-        raise Unsupported(f"time_step_limit={limit} (a clamped Mamba step)")
+    check_mamba_steps(cfg)
     n = a["n_layers"]
     types = [_LEGACY.get(t, t) for t in (cfg.get("layer_types") or cfg.get("layers_block_type") or [])]
     types = types or ["linear_attention"] * n

@@ -5,9 +5,7 @@ attention (no rotary: NoPE), or a non-gated MLP (relu(x W_up)^2 W_down), in the 
 
 from __future__ import annotations
 
-import math
-
-from models.families.base import Family, Unsupported
+from models.families.base import Family, Unsupported, check_mamba_steps
 
 _PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 _LEGACY = {"mamba": "linear_attention", "attention": "full_attention"}
@@ -34,10 +32,6 @@ def _config(cfg: dict) -> dict:
     return {**cfg, "num_hidden_layers": len(_types(cfg)), "rms_norm_eps": cfg.get("layer_norm_epsilon", 1e-5)}
 
 
-def _number(x) -> float:
-    return float(x["__float__"]) if isinstance(x, dict) else float(x)
-
-
 def _hf(cfg: dict, a: dict) -> dict:
     types = _types(cfg)
     if "moe" in types:
@@ -48,9 +42,7 @@ def _hf(cfg: dict, a: dict) -> dict:
         raise Unsupported(f"activations {cfg.get('mlp_hidden_act')!r} / {cfg.get('mamba_hidden_act')!r}")
     if cfg.get("mamba_proj_bias") or cfg.get("use_bias"):
         raise Unsupported("biases on the Mamba projections")
-    limit = [_number(x) for x in cfg.get("time_step_limit") or (0.0, math.inf)]
-    if limit[0] != 0.0 or not math.isinf(limit[1]):
-        raise Unsupported(f"time_step_limit={limit} (a clamped Mamba step)")
+    check_mamba_steps(cfg)
     if cfg.get("sliding_window"):
         raise Unsupported(f"sliding_window={cfg['sliding_window']}")
     kind = lambda k: tuple(i for i, t in enumerate(types) if t == k)  # noqa: E731
