@@ -50,8 +50,11 @@ ARCHS = (
     "glm4_moe",
     "qwen3_next",
     "olmo_hybrid",
+    "llama4",
 )
-QK_NORMS = ("", "head", "full")  # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe)
+# none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe); a weightless RMSNorm per
+# head after RoPE, on the rotating layers (Llama 4's L2 norm)
+QK_NORMS = ("", "head", "full", "l2")
 ACTS = ("silu", "gelu_tanh", "relu2")  # relu2: a non-gated FFN, relu(x W_up)^2 (Nemotron-H)
 # committed rows a sliding-window layer keeps past its window (models/kvcache.py): a rewind by up to this many works
 WINDOW_REWIND = 64
@@ -133,6 +136,10 @@ class ModelArgs:
     attn_temp_beta: float = 0.0
     attn_temp_scale: float = 1.0
     attn_temp_offset: int = 0
+    attn_temp_layers: tuple[int, ...] = ()  # the layers whose queries are so scaled (empty: every layer)
+    # chunked attention (Llama 4's rotating layers): a query sees the keys of its own chunk of `chunk_size` positions
+    chunk_size: int = 0
+    chunk_layers: tuple[int, ...] = ()
     # short-convolution layers in place of attention (LFM2): a depthwise causal convolution of `conv_kernel` taps
     conv_layers: tuple[int, ...] = ()
     conv_kernel: int = 0
@@ -175,6 +182,7 @@ class ModelArgs:
     pre_only_layers: tuple[int, ...] = ()  # pre-norms, no post-norms, in a post-norm model (OLMo-hybrid's delta-nets)
     gdn_beta_scale: float = 1.0  # beta = scale * sigmoid(b) (OLMo-hybrid: 2, negative eigenvalues allowed)
     gdn_norm_eps: float = 0.0  # the delta-net output norm's epsilon (0: the model's)
+    router_scales_input: bool = False  # Llama 4: the routing weight scales the expert's input, not its output
     shared_gated: bool = True  # the shared expert's output times sigmoid of its gate (Qwen2-MoE), else as it is
 
     def __post_init__(self):

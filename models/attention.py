@@ -7,6 +7,7 @@ slots up to itself; for a token tree, the slots of its ancestors and itself.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -69,13 +70,34 @@ class Visibility:
         return (self.ptr[1:] - self.ptr[:-1]).long() + self.n_shared - 1
 
 
-def rowwise(fn, x: torch.Tensor) -> torch.Tensor:
-    """fn of x [T, n] elementwise, each row padded to 64 lanes: a row's values are rounded the same whatever the
-    number of rows (a vectorised op over a few rows or many may take a row's tail by another path)."""
+def lanes(fn, x: torch.Tensor, group: int = 1) -> torch.Tensor:
+    """fn of x [T, n] over rows padded with zeros to a multiple of 64 lanes (and of `group`, the width fn views a
+    row's heads in): every element then goes through the same vectorised path, so a row is rounded the same in a
+    forward of one row or of many (an elementwise op over a flat tensor takes its tail by another path)."""
     T, n = x.shape
-    pad = torch.zeros(T, -(-n // 64) * 64, dtype=x.dtype, device=x.device)
+    width = -(-n // math.lcm(64, group)) * math.lcm(64, group)
+    if width == n:
+        return fn(x)
+    pad = x.new_zeros(T, width)
     pad[:, :n] = x
     return fn(pad)[:, :n]
+
+
+def chunk_vis(vis: Visibility, positions: torch.Tensor, chunk: int) -> Visibility:
+    """A chunked-attention layer's visibility (Llama 4): row r sees what `vis` lets it see from its own chunk of
+    `chunk` positions only (committed slot s holds position s; a row's own slots are its path, one position each,
+    ending at its own)."""
+    p = positions.to(torch.int64).cpu()
+    lo = (p // chunk) * chunk
+    ptr, idx = vis.ptr.tolist(), vis.idx.tolist()
+    rows = []
+    for r in range(vis.rows):
+        own = idx[ptr[r] : ptr[r + 1]]
+        keep = min(len(own), int(p[r] - lo[r]) + 1)
+        rows.append(list(range(int(lo[r]), vis.n_shared)) + own[len(own) - keep :])
+    new_ptr = torch.tensor([0] + [len(x) for x in rows], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    new_idx = torch.tensor([s for x in rows for s in x], dtype=torch.int32)
+    return Visibility(0, new_ptr, new_idx)
 
 
 def attend(
@@ -95,7 +117,7 @@ def attend(
         if sinks is None:
             return kernels.attention(*args, softcap=softcap)
         out, lse = kernels.attention(*args, want_lse=True, softcap=softcap)
-        return out * rowwise(torch.sigmoid, lse - sinks).unsqueeze(-1)
+        return out * lanes(torch.sigmoid, lse - sinks).unsqueeze(-1)
     # Elsewhere (CUDA, no compiler): torch's SDPA over a dense mask. Not batch-invariant.
     T, H, D = q.shape
     n = int(vis.idx.max().item()) + 1 if vis.idx.numel() else vis.n_shared

@@ -61,7 +61,7 @@ def forward_many_steps(model: Transformer, batch: list[Rows], argmax: bool = Fal
         if rec is not None:  # the whole layer in one call over every generation's rows, the same bits
             layer_kernel.run_many(rec, x, pos, [p[i] for p in places], spans, model.scale, a.norm_eps)
         else:
-            block(model, w, x, positions, [p[i] for p in places], spans)
+            block(model, i, w, x, positions, [p[i] for p in places], spans)
     for r in batch:
         r.cache.pending += r.tokens.shape[0]
     if any(r.last for r in batch):  # a prompt's rows but its last go no further
@@ -75,7 +75,7 @@ def forward_many_steps(model: Transformer, batch: list[Rows], argmax: bool = Fal
     return [out[lo:hi] for lo, hi in spans]
 
 
-def block(model: Transformer, w, x: torch.Tensor, positions: list, places: list, spans: list) -> None:
+def block(model: Transformer, i: int, w, x: torch.Tensor, positions: list, places: list, spans: list) -> None:
     """One layer over every generation's rows, in place in `x`, where the one-call kernel does not take the layer:
     the separate kernel calls of `Transformer.block_fused`, each generation's attention its own."""
     a = model.args
@@ -85,12 +85,13 @@ def block(model: Transformer, w, x: torch.Tensor, positions: list, places: list,
     elif w.qkv is not None:
         h = model.pre(x, w.attn_norm, kernels.rmsnorm)
         qkv = w.qkv.matmul(h)
-        bias = model.norm_qk_biased(qkv, w, kernels.rmsnorm) if a.qk_norm else w.qkv.bias
+        bias = model.norm_qk_biased(qkv, w, kernels.rmsnorm) if a.qk_norm in ("head", "full") else w.qkv.bias
         o = torch.empty(x.shape[0], a.q_dim, dtype=x.dtype)
         for (lo, hi), pos, at in zip(spans, positions, places):
             rot = at.rotary
             q = kernels.qkv_rope(qkv[lo:hi], bias, pos, rot.cos, rot.sin, at.k, at.v, a.n_heads, at.slot0)
-            model.temper(q, pos)
+            model.temper(q, pos, i)
+            model.norm_keys(at, hi - lo, i)
             o[lo:hi] = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap, w.attn_sinks).reshape(hi - lo, -1)
         model.residual(x, w.attn_out, model.gated(o, w, h), w.attn_post_norm, kernels.rmsnorm)
     if w.gate_up is None:  # a mixer-only layer (Nemotron-H)

@@ -28,11 +28,11 @@ def record(w, args: ModelArgs) -> torch.Tensor | None:
 
 def _record(w, args: ModelArgs) -> torch.Tensor:
     lins = (w.qkv, w.attn_out, w.gate_up, w.down)
-    # a recurrent layer, or an attention gated by its input (Qwen 3.5), goes through the separate calls
+    # through the separate calls: a recurrent layer, an attention gated by its input (Qwen 3.5), q/k norms over a
+    # biased projection (the kernel adds the bias after them), Llama 4's L2 norm and chunks, relu^2 MLPs
+    biased_norm = args.qk_norm and w.qkv is not None and w.qkv.bias is not None
     dense = w.flash is None and w.router is None and not args.moe and w.attn_gate is None and args.act != "relu2"
-    dense = dense and not (
-        args.qk_norm and w.qkv is not None and w.qkv.bias is not None
-    )  # its bias comes after the norm
+    dense = dense and not biased_norm and args.qk_norm in ("", "head", "full") and not args.chunk_layers
     if not dense or not all(isinstance(x, linear.QuantLinear) and x.kernel for x in lins):
         return torch.empty(0, dtype=torch.int64)
     norms = (w.attn_norm, w.ffn_norm, w.q_norm, w.k_norm, w.attn_post_norm, w.ffn_post_norm, w.qkv.bias)

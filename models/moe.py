@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from models import kernels
-from models.attention import rowwise
+from models.attention import lanes
 from models.requests import NeedExperts
 
 
@@ -18,7 +18,7 @@ def route(model, router, h: torch.Tensor, sel: torch.Tensor | None = None) -> tu
     verified in a tree or decoded alone."""
     a = model.args
     if a.router_sigmoid:  # sigmoid scores; `sel` (a bias) only chooses; the chosen renormalised and scaled
-        s = rowwise(torch.sigmoid, router.matmul(h))
+        s = lanes(torch.sigmoid, router.matmul(h))
         ids = torch.topk(s + sel if sel is not None else s, a.n_experts_used, dim=-1).indices
         top = s.gather(-1, ids)
         if a.norm_topk:
@@ -66,15 +66,18 @@ def moe(model, i: int, w, h: torch.Tensor):
     for lo in range(0, len(used), n):
         part = used[lo : lo + n]
         experts = yield NeedExperts(i, part, lookahead)
-        tables = [experts[e].table for e in part] if model.fused and not model.args.expert_bias else [None]
+        plain = not (model.args.expert_bias or model.args.router_scales_input)  # the kernel's SwiGLU experts
+        tables = [experts[e].table for e in part] if model.fused and plain else [None]
         if all(t is not None for t in tables):  # one kernel call for the part (csrc/experts.cpp)
             kernels.experts(h, ids, top, torch.tensor(part, dtype=torch.int32), torch.stack(tables), out)
             continue
         for e in part:
             rows, k = (ids == e).nonzero(as_tuple=True)
-            out.index_add_(
-                0, rows, ffn(model, experts[e].gate_up, experts[e].down, h.index_select(0, rows)) * top[rows, k, None]
-            )
+            x, weight = h.index_select(0, rows), top[rows, k, None]
+            if model.args.router_scales_input:  # Llama 4: the routing weight scales the expert's input
+                out.index_add_(0, rows, ffn(model, experts[e].gate_up, experts[e].down, x * weight))
+            else:
+                out.index_add_(0, rows, ffn(model, experts[e].gate_up, experts[e].down, x) * weight)
     return out
 
 

@@ -15,12 +15,10 @@ order). Siblings share their parent's state; a rejected branch's rows are droppe
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-from models.attention import Visibility
+from models.attention import Visibility, lanes
 
 
 def taps(vis: Visibility, kernel: int) -> torch.Tensor:
@@ -67,19 +65,6 @@ def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
-
-
-def lanes(fn, x: torch.Tensor, group: int = 1) -> torch.Tensor:
-    """fn of x [T, n] over rows padded with zeros to a multiple of 64 lanes (and of `group`, the width fn views a
-    row's heads in): every element then goes through the same vectorised path, so a row is rounded the same in a
-    forward of one row or of many (an elementwise op over a flat tensor takes its tail by another path)."""
-    T, n = x.shape
-    width = -(-n // math.lcm(64, group)) * math.lcm(64, group)
-    if width == n:
-        return fn(x)
-    pad = x.new_zeros(T, width)
-    pad[:, :n] = x
-    return fn(pad)[:, :n]
 
 
 def lanes2(fn, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -45,7 +45,11 @@ def _mixer_names(args: ModelArgs, i: int, g: str, b: str) -> list[tuple[str, str
     elif i in args.ssm_layers:
         parts = [p for p in SSM_PARTS if p != "ssm_conv_b" or args.ssm_conv_bias]
     else:
-        parts = ["attn_qkv"] + ["attn_qkv_bias"] * args.qkv_bias + ["attn_q_norm", "attn_k_norm"] * bool(args.qk_norm)
+        parts = (
+            ["attn_qkv"]
+            + ["attn_qkv_bias"] * args.qkv_bias
+            + ["attn_q_norm", "attn_k_norm"] * (args.qk_norm in ("head", "full"))
+        )
         parts += ["attn_gate"] * args.attn_gate + ["attn_sinks"] * args.attn_sinks + ["attn_out"]
         parts += ["attn_out_bias"] * args.attn_out_bias
     names += [(g, f"{b}.{p}") for p in parts]

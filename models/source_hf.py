@@ -174,7 +174,9 @@ class HFSource:
             w = mxfp4(self._slice(f"{m}.{base}_blocks", e), self._slice(f"{m}.{base}_scales", e))
         else:
             w = self._slice(f"{m}.{base}", e).float().numpy().T
-        return np.concatenate([w[0::2], w[1::2]]) if base == "gate_up_proj" else np.ascontiguousarray(w)
+        if base == "gate_up_proj" and self.family.experts_xw == "interleaved":
+            return np.concatenate([w[0::2], w[1::2]])
+        return np.ascontiguousarray(w)
 
     def get(self, name: str) -> np.ndarray:
         if name == "head" and self.args.tied_embeddings:

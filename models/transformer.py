@@ -18,11 +18,12 @@ import torch.nn.functional as F
 
 from common.errors import CadenceError
 from models import kernels, layer_kernel
-from models.attention import Visibility, attend
+from models.attention import Visibility, attend, chunk_vis, lanes
 from models.args import ModelArgs
 from models.kvcache import KVCache
 from models.rope import Rotary, inv_freq
-from models import moe, recurrent
+from models import moe, recurrent, torch_block
+from models.torch_block import l2_norm, rms_norm
 from models.sampling import HeadArgmax
 from models.requests import ForwardPlan, NeedWeights, SplitAttention, SplitColumns
 
@@ -63,16 +64,6 @@ def plain_block(a: ModelArgs) -> bool:
     )
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rot * sin
-
-
 class Transformer:
     def __init__(self, args: ModelArgs, weights, device: str | torch.device = "cpu"):
         self.args, self.weights, self.device = args, weights, torch.device(device)
@@ -108,14 +99,22 @@ class Transformer:
             self.rotaries[key] = Rotary(inv, factor, self.device)
         return self.rotaries[key]
 
-    def temper(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Queries [T, H, D] scaled by their positions (Ministral 3, Llama 4), in place; each row by its own
-        position, so a tree node gets what it gets decoded alone."""
+    def temper(self, q: torch.Tensor, positions: torch.Tensor, i: int) -> torch.Tensor:
+        """Queries [T, H, D] of layer i scaled by their positions (Ministral 3, Llama 4's NoPE layers), in place;
+        each row by its own position, so a tree node gets what it gets decoded alone. Llama 4's L2 norm too."""
         a = self.args
-        if a.attn_temp_beta:
-            steps = torch.floor((positions.to(torch.float32) + a.attn_temp_offset) / a.attn_temp_scale)
-            q *= (1 + a.attn_temp_beta * torch.log1p(steps)).to(q.dtype).view(-1, 1, 1)
+        if a.qk_norm == "l2" and i not in a.nope_layers:
+            q.copy_(l2_norm(q, a.norm_eps))
+        if a.attn_temp_beta and (not a.attn_temp_layers or i in a.attn_temp_layers):
+            steps = torch.floor((positions.to(torch.float32).view(-1, 1) + a.attn_temp_offset) / a.attn_temp_scale)
+            q *= lanes(lambda s: 1 + a.attn_temp_beta * torch.log1p(s), steps).to(q.dtype).view(-1, 1, 1)
         return q
+
+    def norm_keys(self, at: Place, T: int, i: int) -> None:
+        """Llama 4's L2 norm of the keys RoPE's kernel wrote to the cache (rows slot0..slot0+T), in place."""
+        if self.args.qk_norm == "l2" and i not in self.args.nope_layers:
+            rows = at.k[:, at.slot0 : at.slot0 + T]
+            rows.copy_(l2_norm(rows, self.args.norm_eps))
 
     def new_cache(self, capacity: int, storage: torch.Tensor | None = None) -> KVCache:
         if capacity > self.args.context_length:
@@ -129,6 +128,7 @@ class Transformer:
         """Each layer's `Place` for one forward (a sliding layer's visibility computed once for all of them)."""
         a = self.args
         wvis = cache.window_vis(vis, positions) if cache.window else None
+        cvis = chunk_vis(vis, positions, a.chunk_size) if a.chunk_layers else None
         need = int(positions.max().item()) + 1
         rotaries = {}
         for kind in {a.rope_kind(i) for i in range(a.n_layers)}:
@@ -139,7 +139,8 @@ class Transformer:
             k, v, base = cache.kv(i)
             sliding = a.sliding(i)
             rot = rotaries[a.rope_kind(i)]
-            out.append(Place(k, v, cache.end - base, wvis if sliding else vis, rot, base, cache.folded))
+            lvis = wvis if sliding else cvis if i in a.chunk_layers else vis
+            out.append(Place(k, v, cache.end - base, lvis, rot, base, cache.folded))
         return out
 
     def block_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan: ForwardPlan | None):
@@ -176,9 +177,10 @@ class Transformer:
         a, T = self.args, x.shape[0]
         h = self.pre(x, w.attn_norm, kernels.rmsnorm)
         qkv = w.qkv.matmul(h)
-        bias = self.norm_qk_biased(qkv, w, kernels.rmsnorm) if a.qk_norm else w.qkv.bias
+        bias = self.norm_qk_biased(qkv, w, kernels.rmsnorm) if a.qk_norm in ("head", "full") else w.qkv.bias
         q = kernels.qkv_rope(qkv, bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
-        self.temper(q, positions)
+        self.temper(q, positions, i)
+        self.norm_keys(at, q.shape[0], i)
         if plan is not None and plan.attn_split:
             if not plain_block(a):
                 raise CadenceError(f"the sparse worker does not split {a.arch}'s attention; run without --partition")
@@ -267,51 +269,6 @@ class Transformer:
         yield SplitColumns(i, "down", w.down, h, x, True)
         return x
 
-    def block(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place):
-        """The torch-ops layer (devices other than the CPU): a generator like `block_fused`."""
-        a = self.args
-        T = x.shape[0]
-        if a.recurrent(i) or not a.mixes(i):
-            x = x.clone()
-            if a.recurrent(i):
-                self.mixer(x, w, at, rms_norm)
-            return (yield from self.ffn_branch(i, w, x))
-        cos, sin = at.rotary.tables(positions)
-        hn = self.pre(x, w.attn_norm, rms_norm)
-        qkv = w.qkv(hn)
-        if a.qk_norm:
-            self.norm_qk(qkv, w, rms_norm)
-        q, k, v = qkv.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
-        q = self.temper(rope(q.view(T, a.n_heads, a.head_dim), cos, sin), positions)
-        k = rope(k.view(T, a.n_kv_heads, a.head_dim), cos, sin)
-        at.k[:, at.slot0 : at.slot0 + T] = k.transpose(0, 1)
-        at.v[:, at.slot0 : at.slot0 + T] = v.view(T, a.n_kv_heads, a.head_dim).transpose(0, 1)
-        o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap, w.attn_sinks)  # [T, H, D]
-        x = x.clone()
-        self.residual(x, w.attn_out, self.gated(o.reshape(T, a.q_dim), w, hn), w.attn_post_norm, rms_norm)
-        return (yield from self.ffn_branch(i, w, x))
-
-    def ffn_branch(self, i: int, w, x: torch.Tensor):
-        """The torch-ops FFN branch of `block`, added to x (a generator: an MoE asks for its experts)."""
-        a = self.args
-        if not a.has_ffn(i):
-            return x
-        h = self.pre(x, w.ffn_norm, rms_norm)
-        if self.ffn_inputs is not None:
-            self.ffn_inputs.append((i, h))
-        if w.flash is not None:
-            raise CadenceError("--mode flash runs on cadence's CPU kernels; use --device cpu")
-        if a.experts_at(i):
-            return x + (yield from moe.moe(self, i, w, h))
-        self.residual(x, w.down, self.glu(w.gate_up(h)), w.ffn_post_norm, rms_norm)
-        return x
-
-    def glu(self, gu: torch.Tensor) -> torch.Tensor:
-        if self.args.act == "relu2":
-            return torch.square(F.relu(gu))
-        gate, up = gu.chunk(2, dim=-1)
-        return (F.silu(gate) if self.args.act == "silu" else F.gelu(gate, approximate="tanh")) * up
-
     def forward(
         self,
         tokens: torch.Tensor,
@@ -368,7 +325,7 @@ class Transformer:
         else:  # torch ops (not the CPU kernels): nothing is split
             for i, need in enumerate(self.layer_needs):
                 w = yield need
-                x = yield from self.block(i, w, x, positions, places[i])
+                x = yield from torch_block.block(self, i, w, x, positions, places[i])
         cache.pending += T
         if logits_rows is not None:
             x = x[logits_rows]

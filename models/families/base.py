@@ -105,7 +105,8 @@ class Family:
     hf_config: Callable[[dict], dict] = lambda cfg: cfg  # a config in the common keys' spelling (Nemotron-H's)
     hf_moe_prefix: str = "mlp"  # where a layer's router and experts are (`feed_forward` in LFM2-MoE)
     shared_expert: bool = False  # a shared expert beside the routed ones, gated by sigmoid (Qwen2-MoE, Qwen 3.5)
-    experts_xw: bool = False  # experts fused [experts, in, out] as x W, gate and up interleaved (gpt-oss)
+    # experts fused [experts, in, out] as x W, gate and up "interleaved" by column (gpt-oss) or in "halves" (Llama 4)
+    experts_xw: str = ""
 
     def hf_tensors(self, part: str) -> tuple[str, ...]:
         return {**LLAMA_HF, **self.hf_names}[part]

@@ -42,5 +42,5 @@ GPT_OSS = Family(
         "ffn_router_bias": ("mlp.router.bias",),
     },
     hf_params=frozenset({"attn_sinks", "attn_out_bias", "ffn_router_bias"}),
-    experts_xw=True,
+    experts_xw="interleaved",
 )

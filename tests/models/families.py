@@ -300,6 +300,22 @@ FAMILIES: dict[str, dict[str, dict]] = {
             **_rope(500000.0),
         )
     },
+    "llama4_text": {  # chunks of 8, L2 q/k norms, layer 3 NoPE and tempered (floor 8); experts (top-1) on layers 1, 3
+        "plain": dict(
+            num_hidden_layers=4,
+            head_dim=16,
+            intermediate_size=32,
+            intermediate_size_mlp=96,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=2,
+            attention_chunk_size=WINDOW,
+            floor_scale=8,
+            attn_scale=0.1,
+            use_qk_norm=True,
+            **_rope(500000.0),
+        )
+    },
     "qwen2": {
         "plain": dict(tie_word_embeddings=True, **_rope(1e6)),
         "sliding": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **_rope(1e6)),

@@ -34,6 +34,7 @@ NO_GGUF = {  # read from an HF directory only so far (llama.cpp's GGUFs of these
     "glm4_moe",
     "qwen3_next",
     "olmo_hybrid",
+    "llama4_text",
 }
 
 
@@ -212,3 +213,19 @@ def _with_extra(src, out, tensor: str | None = None, key: str | None = None):
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+@pytest.mark.parametrize(
+    "mt", ["lfm2", "qwen3_5_text", "granitemoehybrid", "nemotron_h", "gpt_oss", "llama4_text", "exaone4", "glm4_moe"]
+)
+def test_the_torch_ops_path_is_transformers_own_too(built, tmp_path, mt):
+    """The layer in torch ops (models/torch_block.py: devices other than the CPU) on the 2026 families' new parts:
+    recurrent layers, sinks, chunks, L2 and biased q/k norms, relu^2, experts."""
+    d5, _, _, hf = built(mt, "plain")
+    model = ours(HFSource(d5), tmp_path / "store")
+    model.fused = model.layer_calls = False
+    ids = prompt_ids(d5)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    got = model.forward(torch.tensor(ids), torch.arange(len(ids)), model.new_cache(len(ids)))
+    assert float((got - ref).abs().max()) < 1e-3 * max(1.0, float(ref.abs().max())), float((got - ref).abs().max())

@@ -1,4 +1,5 @@
-"""The 2026 mixtures of experts over the actors (tiny random models built by transformers: gpt-oss, Qwen 3.5's):
+"""The 2026 mixtures of experts over the actors (tiny random models built by transformers: gpt-oss, Qwen 3.5's,
+Qwen3-Next, LFM2-MoE, GLM-4.5, Llama 4):
 their layers and experts streamed from disk through the loader, `tree` and `chain` give the target's own tokens;
 and gpt-oss's released MXFP4 expert blocks read as transformers dequantizes them."""
 
@@ -26,7 +27,7 @@ def hf_dir(tmp_path_factory):
     return tiny_hf("gpt_oss", "plain", tmp_path_factory.mktemp("gpt_oss") / "hf", seed=1)
 
 
-@pytest.mark.parametrize("mt", ["gpt_oss", "qwen3_5_moe_text", "qwen3_next", "lfm2_moe", "glm4_moe"])
+@pytest.mark.parametrize("mt", ["gpt_oss", "qwen3_5_moe_text", "qwen3_next", "lfm2_moe", "glm4_moe", "llama4_text"])
 def test_tree_and_chain_are_the_target_with_layers_and_experts_streamed(tmp_path, mt):
     store = WeightStore(convert(HFSource(tiny_hf(mt, "plain", tmp_path / "hf", seed=1)), tmp_path / "int4", "int4"))
     g = torch.Generator().manual_seed(3)

@@ -1,0 +1,75 @@
+"""The layer in torch ops, for devices other than the CPU (the CPU runs `Transformer.block_fused` on cadence's
+kernels): the same block, a generator of weight requests like it. Also the norms and the rotation both paths share."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from common.errors import CadenceError
+from models import moe
+from models.attention import attend
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama 4's weightless RMS norm over the last dimension (a head), each vector on its own."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rot * sin
+
+
+def block(model, i: int, w, x: torch.Tensor, positions: torch.Tensor, at):
+    """The torch-ops layer (devices other than the CPU): a generator like `block_fused`."""
+    a = model.args
+    T = x.shape[0]
+    if a.recurrent(i) or not a.mixes(i):
+        x = x.clone()
+        if a.recurrent(i):
+            model.mixer(x, w, at, rms_norm)
+        return (yield from ffn_branch(model, i, w, x))
+    cos, sin = at.rotary.tables(positions)
+    hn = model.pre(x, w.attn_norm, rms_norm)
+    qkv = w.qkv(hn)
+    if a.qk_norm in ("head", "full"):
+        model.norm_qk(qkv, w, rms_norm)
+    q, k, v = qkv.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
+    q = model.temper(rope(q.view(T, a.n_heads, a.head_dim), cos, sin), positions, i)
+    k = rope(k.view(T, a.n_kv_heads, a.head_dim), cos, sin)
+    k = l2_norm(k, a.norm_eps) if a.qk_norm == "l2" and i not in a.nope_layers else k
+    at.k[:, at.slot0 : at.slot0 + T] = k.transpose(0, 1)
+    at.v[:, at.slot0 : at.slot0 + T] = v.view(T, a.n_kv_heads, a.head_dim).transpose(0, 1)
+    o = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap, w.attn_sinks)  # [T, H, D]
+    x = x.clone()
+    model.residual(x, w.attn_out, model.gated(o.reshape(T, a.q_dim), w, hn), w.attn_post_norm, rms_norm)
+    return (yield from ffn_branch(model, i, w, x))
+
+
+def ffn_branch(model, i: int, w, x: torch.Tensor):
+    """The torch-ops FFN branch of `block`, added to x (a generator: an MoE asks for its experts)."""
+    a = model.args
+    if not a.has_ffn(i):
+        return x
+    h = model.pre(x, w.ffn_norm, rms_norm)
+    if model.ffn_inputs is not None:
+        model.ffn_inputs.append((i, h))
+    if w.flash is not None:
+        raise CadenceError("--mode flash runs on cadence's CPU kernels; use --device cpu")
+    if a.experts_at(i):
+        return x + (yield from moe.moe(model, i, w, h))
+    model.residual(x, w.down, glu(model, w.gate_up(h)), w.ffn_post_norm, rms_norm)
+    return x
+
+
+def glu(model, gu: torch.Tensor) -> torch.Tensor:
+    if model.args.act == "relu2":
+        return torch.square(F.relu(gu))
+    gate, up = gu.chunk(2, dim=-1)
+    return (F.silu(gate) if model.args.act == "silu" else F.gelu(gate, approximate="tanh")) * up
