@@ -56,6 +56,7 @@ class KVCache:
         (self.k, self.v), (self.wk, self.wv), self.rec, self.state = parts
         self.rbase = 0  # the global slot of a recurrent layer's row 0
         self.folded = 0  # the slots its state holds
+        self.chains: dict = {}  # layer -> (first slot, end slot, state there): a long chain's state, computed at once
         # layer i -> (kind, its index among its kind's layers)
         index, count = [], {"full": 0, "sliding": 0, "rec": 0, "none": 0}
         for i in range(args.n_layers):
@@ -138,7 +139,12 @@ class KVCache:
         if a.rec_kind != "conv" and self.length > self.folded:
             lo, hi = self.folded - self.rbase, self.length - self.rbase
             for j in range(len(a.rec_layers)):
-                fold(self.state[j], self.rec[j, lo:hi], a)
+                chain = self.chains.get(self.rec[j].data_ptr())
+                if chain is not None and chain[:2] == (self.folded, self.length):  # a prompt chunk's, kept whole
+                    self.state[j].copy_(chain[2])
+                else:
+                    fold(self.state[j], self.rec[j, lo:hi], a)
+        self.chains.clear()
         self.folded = self.length
         cap = self.rec.shape[1]
         if self.end + T - self.rbase <= cap:

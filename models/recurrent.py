@@ -63,6 +63,49 @@ def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
+CHUNKED = 128  # a chain of at least this many rows (a prompt's chunk: a verification has at most 65) runs chunked
+
+
+def _one_chain(at, T: int) -> bool:
+    """The forward's rows are one chain from the folded state (a prompt's chunk): row r sees the committed text and
+    rows 0..r, nothing pending before them."""
+    vis = at.vis
+    if vis.n_shared != at.folded or at.base + at.slot0 != at.folded:
+        return False
+    lens = (vis.ptr[1:] - vis.ptr[:-1]).tolist()
+    return lens == list(range(1, T + 1)) and vis.idx[vis.ptr[-2] :].tolist() == list(range(at.folded, at.folded + T))
+
+
+def chunk_rule(q, k, v, g, beta, state, chunk: int = 64):
+    """The gated delta rule over a chain of T tokens at once (transformers' chunked WY form): q, k [T, H, Dk] (q
+    normalised and scaled, k normalised), v [T, H, Dv], g (log decays) and beta [T, H], from `state` [H, Dk, Dv];
+    (outputs [T, H, Dv], the state after the last token). Equal to T steps up to rounding."""
+    T = q.shape[0]
+    pad = (chunk - T % chunk) % chunk
+    q, k, v = (F.pad(x.transpose(0, 1), (0, 0, 0, pad)) for x in (q, k, v))  # [H, T', D]
+    g, beta = (F.pad(x.transpose(0, 1), (0, pad)) for x in (g, beta))  # [H, T']
+    H, n = q.shape[0], (T + pad) // chunk
+    v_beta, k_beta = v * beta.unsqueeze(-1), k * beta.unsqueeze(-1)
+    q, k, k_beta, v_beta = (x.reshape(H, n, chunk, x.shape[-1]) for x in (q, k, k_beta, v_beta))
+    cum = g.reshape(H, n, chunk).cumsum(-1)
+    upper = torch.ones(chunk, chunk, dtype=torch.bool).triu(1)
+    pair = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(upper, float("-inf")).exp()
+    system = (k_beta @ k.transpose(-1, -2)) * pair
+    inner = (q @ k.transpose(-1, -2)) * pair
+    new_v = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    k_cum = torch.linalg.solve_triangular(system, k_beta * cum.exp().unsqueeze(-1), upper=False, unitriangular=True)
+    q = q * cum.exp().unsqueeze(-1)
+    k = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)
+    decay = cum[..., -1].exp()[..., None, None]
+    out = torch.empty_like(new_v)
+    s = state.clone()
+    for i in range(n):
+        vn = new_v[:, i] - k_cum[:, i] @ s
+        out[:, i] = q[:, i] @ s + inner[:, i] @ vn
+        s = s * decay[:, i] + k[:, i].transpose(-1, -2) @ vn
+    return out.reshape(H, -1, out.shape[-1])[:, :T].transpose(0, 1), s
+
+
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
@@ -172,9 +215,16 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm) -> None:
     decay = lanes(torch.exp, lanes(F.softplus, araw + w.gdn_dt) * -w.gdn_a.exp())  # e^g, g = -e^A softplus(a + dt)
     beta = lanes(lambda t: torch.sigmoid(t) * a.gdn_beta_scale, b.contiguous())
     rows[s0 : s0 + T, C:] = torch.cat([k, vr, decay, beta], dim=-1)
-    o = torch.empty(T, hv, dv, dtype=x.dtype, device=x.device)
-    for r, s in _levels(at, a, T):
-        o[r : r + len(s)] = (s * q[r : r + len(s)].unsqueeze(-1)).sum(-2)  # [n, Hv, Dv]
+    if T >= CHUNKED and _one_chain(at, T):  # a prompt's chunk: the chunked form, its end state kept for the fold
+        g = lanes(F.softplus, araw + w.gdn_dt) * -w.gdn_a.exp()
+        k_v = k.view(T, hk, dk).repeat_interleave(hv // hk, 1)
+        o, end = chunk_rule(q, k_v, vr.reshape(T, hv, dv), g, beta, at.v)
+        o = o.contiguous()
+        at.chains[at.k.data_ptr()] = (at.folded, at.base + at.slot0 + T, end)  # by the layer's rows
+    else:
+        o = torch.empty(T, hv, dv, dtype=x.dtype, device=x.device)
+        for r, s in _levels(at, a, T):
+            o[r : r + len(s)] = (s * q[r : r + len(s)].unsqueeze(-1)).sum(-2)  # [n, Hv, Dv]
     o = _heads(o.view(T, -1), dv, lambda t: _rms(t, a.gdn_norm_eps or a.norm_eps))
     o = lanes2(lambda y, g: y * F.silu(g), (o.view(T, hv, dv) * w.gdn_norm).view(T, -1), z)
     model.residual(x, w.gdn_out, o, None, norm)

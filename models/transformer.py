@@ -41,6 +41,7 @@ class Place(NamedTuple):
     rotary: Rotary
     base: int = 0
     folded: int = 0
+    chains: dict | None = None  # a recurrent layer's state at the end of a long chain it ran (KVCache.chains)
 
 
 def plain_block(a: ModelArgs) -> bool:
@@ -140,7 +141,7 @@ class Transformer:
             sliding = a.sliding(i)
             rot = rotaries[a.rope_kind(i)]
             lvis = wvis if sliding else cvis if i in a.chunk_layers else vis
-            out.append(Place(k, v, cache.end - base, lvis, rot, base, cache.folded))
+            out.append(Place(k, v, cache.end - base, lvis, rot, base, cache.folded, cache.chains))
         return out
 
     def block_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan: ForwardPlan | None):

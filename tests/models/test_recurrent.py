@@ -97,3 +97,36 @@ def test_nodes_fed_one_forward_at_a_time_read_their_pending_ancestors(model):
         vis = Visibility(L, torch.tensor([0, len(anc)], dtype=torch.int32), torch.tensor(anc, dtype=torch.int32))
         one = model.forward(nodes[n : n + 1], torch.tensor([L - 1 + len(_path(n))]), cache, vis)[0]
         assert torch.equal(one, whole[n]), n
+
+
+def test_a_long_prompt_runs_chunked_and_speculation_on_it_stays_lossless(tmp_path):
+    """A prompt's chunk of CHUNKED rows or more runs the delta rule's chunked form (models/recurrent.py
+    `chunk_rule`), its end state kept for the fold: close to stepping token by token, and `tree` and `chain` after it
+    are the target's own tokens (both prefill alike)."""
+    from common.settings import SamplingConfig, TreeConfig
+    from models import recurrent
+    from speculative.generate import generate_speculative, generate_target
+
+    store = WeightStore(
+        convert(HFSource(tiny_hf("qwen3_5_text", "plain", tmp_path / "hf", seed=1)), tmp_path / "s", "fp32")
+    )
+    target = loading.load_store(store)
+    m = target.model
+    prompt = torch.randint(3, 300, (recurrent.CHUNKED + 40,), generator=torch.Generator().manual_seed(8))
+    runs = []
+    for chunked in (True, False):
+        cache = m.new_cache(len(prompt) + 8)
+        saved, recurrent.CHUNKED = recurrent.CHUNKED, recurrent.CHUNKED if chunked else 1 << 30
+        try:
+            runs.append(m.forward(prompt, torch.arange(len(prompt)), cache)[-1])
+            assert bool(cache.chains) == chunked  # each delta-net layer's end state, for the fold
+            cache.commit()
+            runs.append(m.forward(torch.tensor([7]), torch.tensor([len(prompt)]), cache)[0])  # after the fold
+        finally:
+            recurrent.CHUNKED = saved
+    for a, b in ((runs[0], runs[2]), (runs[1], runs[3])):
+        assert float((a - b).abs().max()) < 1e-4 * max(1.0, float(b.abs().max()))
+    reference = generate_target(target, prompt.tolist(), 16, SamplingConfig(), stop_at_eos=False).new_ids
+    for cfg in (TreeConfig(), TreeConfig(mode="chain")):
+        got = generate_speculative(target, target, prompt.tolist(), 16, SamplingConfig(), cfg, stop_at_eos=False)
+        assert got.new_ids == reference and got.stats["accepted"] > 0, cfg.mode
