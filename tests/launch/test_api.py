@@ -60,6 +60,7 @@ def test_the_readme_python_example_runs_as_written(tmp_path):
     import re
     import subprocess
     import sys
+    import time
     from pathlib import Path
 
     from shm.watchdog import REPO_ROOT
@@ -69,4 +70,7 @@ def test_the_readme_python_example_runs_as_written(tmp_path):
     before = shm_segments()
     p = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert len(p.stdout.strip().splitlines()) >= 2 and shm_segments() <= before
+    deadline = time.monotonic() + 15  # on a loaded host the last actors may still be leaving (test_nothing_lost.py)
+    while time.monotonic() < deadline and not shm_segments() <= before:
+        time.sleep(0.2)
+    assert len(p.stdout.strip().splitlines()) >= 2 and shm_segments() <= before, shm_segments() - before
