@@ -56,7 +56,8 @@ class KVCache:
         (self.k, self.v), (self.wk, self.wv), self.rec, self.state = parts
         self.rbase = 0  # the global slot of a recurrent layer's row 0
         self.folded = 0  # the slots its state holds
-        self.chains: dict = {}  # layer -> (first slot, end slot, state there): a long chain's state, computed at once
+        # a layer's rows (their data_ptr) -> (first slot, end slot, state there): a prompt chunk's end state, computed at once
+        self.chains: dict = {}
         # layer i -> (kind, its index among its kind's layers)
         index, count = [], {"full": 0, "sliding": 0, "rec": 0, "none": 0}
         for i in range(args.n_layers):
