@@ -56,7 +56,7 @@ class KVCache:
         (self.k, self.v), (self.wk, self.wv), self.rec, self.state = parts
         self.rbase = 0  # the global slot of a recurrent layer's row 0
         self.folded = 0  # the slots its state holds
-        # a layer's rows (their data_ptr) -> (first slot, end slot, state there): a prompt chunk's end state, computed at once
+        # a layer's rows (data_ptr) -> (first slot, end slot, the state there): a prompt chunk's, computed at once
         self.chains: dict = {}
         # layer i -> (kind, its index among its kind's layers)
         index, count = [], {"full": 0, "sliding": 0, "rec": 0, "none": 0}
