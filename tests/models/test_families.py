@@ -162,8 +162,8 @@ def test_a_config_field_cadence_does_not_use_is_refused_naming_it(built, tmp_pat
     (d / "config.json").write_text(json.dumps({**config, "mlp_bias": True}))
     with pytest.raises(CadenceError, match="mlp_bias: true .* is not something cadence runs in a llama model"):
         HFSource(d)
-    _rewrite_config(d, mlp_bias=False, model_type="llama4_text")
-    with pytest.raises(CadenceError, match="model_type 'llama4_text' is not supported"):
+    _rewrite_config(d, mlp_bias=False, model_type="falcon_h1")
+    with pytest.raises(CadenceError, match="model_type 'falcon_h1' is not supported"):
         HFSource(d)
 
 
