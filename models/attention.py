@@ -74,13 +74,19 @@ def lanes(fn, x: torch.Tensor, group: int = 1) -> torch.Tensor:
     """fn of x [T, n] over rows padded with zeros to a multiple of 64 lanes (and of `group`, the width fn views a
     row's heads in): every element then goes through the same vectorised path, so a row is rounded the same in a
     forward of one row or of many (an elementwise op over a flat tensor takes its tail by another path)."""
+    n = x.shape[1]
+    return fn(padded(x, group))[:, :n]
+
+
+def padded(x: torch.Tensor, group: int = 1) -> torch.Tensor:
+    """x [T, n] with zero columns up to a multiple of 64 lanes and of `group` (x itself where it is one)."""
     T, n = x.shape
     width = -(-n // math.lcm(64, group)) * math.lcm(64, group)
     if width == n:
-        return fn(x)
+        return x
     pad = x.new_zeros(T, width)
     pad[:, :n] = x
-    return fn(pad)[:, :n]
+    return pad
 
 
 def chunk_vis(vis: Visibility, positions: torch.Tensor, chunk: int) -> Visibility:

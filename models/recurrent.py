@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.attention import Visibility, lanes
+from models.attention import Visibility, lanes, padded
 
 
 def taps(vis: Visibility, kernel: int) -> torch.Tensor:
@@ -112,11 +112,7 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 
 def lanes2(fn, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """`lanes` of an elementwise fn of two [T, n] tensors."""
-    T, n = x.shape
-    width = -(-n // 64) * 64
-    px, py = x.new_zeros(T, width), y.new_zeros(T, width)
-    px[:, :n], py[:, :n] = x, y
-    return fn(px, py)[:, :n]
+    return fn(padded(x), padded(y))[:, : x.shape[1]]
 
 
 def _heads(x: torch.Tensor, d: int, fn) -> torch.Tensor:

@@ -167,6 +167,26 @@ def layer_kinds(cfg: dict, n_layers: int, default: Callable[[int], bool]) -> tup
     return tuple(i for i, t in enumerate(types) if t == SLIDING)
 
 
+def hybrid_kinds(cfg: dict, n_layers: int, kinds: set[str], default: Callable[[int], str]) -> list[str]:
+    """A hybrid's layer kinds: the config's `layer_types` (transformers 4's `mamba` / `attention` read as 5's
+    `linear_attention` / `full_attention`), else the family's rule; a list of another length or kind is refused."""
+    legacy = {"mamba": "linear_attention", "attention": "full_attention"}
+    types = [legacy.get(t, t) for t in cfg.get("layer_types") or []] or [default(i) for i in range(n_layers)]
+    if len(types) != n_layers or set(types) - kinds:
+        raise ValueError(f"layer_types {types} is not {n_layers} of {sorted(kinds)}")
+    return types
+
+
+def mamba_names(prefix: str) -> dict:
+    """Where a Mamba-2 mixer's tensors are in an HF layer, under `prefix` (Granite: `mamba.`, Nemotron-H: `mixer.`)."""
+    parts = {"ssm_in": "in_proj", "ssm_conv": "conv1d", "ssm_conv_b": "conv1d.bias", "ssm_dt": "dt_bias"}
+    parts |= {"ssm_a": "A_log", "ssm_d": "D", "ssm_norm": "norm", "ssm_out": "out_proj"}
+    return {part: (prefix + name,) for part, name in parts.items()}
+
+
+MAMBA_PARAMS = frozenset({"ssm_conv_b", "ssm_dt", "ssm_a", "ssm_d"})  # parameters of their own, not `.weight`s
+
+
 def check_mamba_steps(cfg: dict) -> None:
     """Mamba-2's step dt unclamped (`time_step_limit` (0, inf), the released models'): a clamp is refused. A float
     JSON cannot hold is written by transformers 5 as {"__float__": "Infinity"}."""

@@ -5,7 +5,7 @@ shared SwiGLU MLP (`shared_mlp.input_linear`: gate rows first). transformers 4 s
 
 from __future__ import annotations
 
-from models.families.base import Family, Unsupported, check_mamba_steps
+from models.families.base import MAMBA_PARAMS, Family, Unsupported, check_mamba_steps, hybrid_kinds, mamba_names
 
 _MULTIPLIERS = {
     "embedding_multiplier": "embed_scale",
@@ -19,7 +19,6 @@ _KEYS = frozenset(_MULTIPLIERS) | frozenset(
     "mamba_expand mamba_chunk_size mamba_conv_bias mamba_proj_bias time_step_limit time_step_min time_step_max "
     "time_step_floor init_method".split()
 )
-_LEGACY = {"mamba": "linear_attention", "attention": "full_attention"}
 
 
 def _hf(cfg: dict, a: dict) -> dict:
@@ -29,10 +28,8 @@ def _hf(cfg: dict, a: dict) -> dict:
         raise Unsupported("mamba_proj_bias: true (biases on the Mamba projections)")
     check_mamba_steps(cfg)
     n = a["n_layers"]
-    types = [_LEGACY.get(t, t) for t in (cfg.get("layer_types") or cfg.get("layers_block_type") or [])]
-    types = types or ["linear_attention"] * n
-    if len(types) != n or set(types) - {"linear_attention", "full_attention"}:
-        raise ValueError(f"layer_types {types} is not {n} of 'linear_attention' and 'full_attention'")
+    cfg = {**cfg, "layer_types": cfg.get("layer_types") or cfg.get("layers_block_type")}
+    types = hybrid_kinds(cfg, n, {"linear_attention", "full_attention"}, lambda i: "linear_attention")
     heads = int(cfg["mamba_n_heads"])
     inner = int(cfg.get("mamba_expand") or 2) * a["dim"]
     head_dim = cfg.get("mamba_d_head")
@@ -64,14 +61,7 @@ GRANITE_HYBRID = Family(
     hf_names={
         "ffn_gate_up": ("shared_mlp.input_linear",),
         "ffn_down": ("shared_mlp.output_linear",),
-        "ssm_in": ("mamba.in_proj",),
-        "ssm_conv": ("mamba.conv1d",),
-        "ssm_conv_b": ("mamba.conv1d.bias",),
-        "ssm_dt": ("mamba.dt_bias",),
-        "ssm_a": ("mamba.A_log",),
-        "ssm_d": ("mamba.D",),
-        "ssm_norm": ("mamba.norm",),
-        "ssm_out": ("mamba.out_proj",),
+        **mamba_names("mamba."),
     },
-    hf_params=frozenset({"ssm_conv_b", "ssm_dt", "ssm_a", "ssm_d"}),
+    hf_params=MAMBA_PARAMS,
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from models.families.base import MOE_HF_KEYS, Family, Unsupported
+from models.families.base import MOE_HF_KEYS, Family, Unsupported, hybrid_kinds
 
 _KEYS = frozenset(
     "norm_eps conv_bias conv_L_cache block_multiple_of block_ffn_dim_multiplier block_auto_adjust_ff_dim "
@@ -34,12 +34,9 @@ def _hf(cfg: dict, a: dict) -> dict:
     if cfg.get("conv_bias"):
         raise Unsupported("conv_bias: true (biases in the convolution layers)")
     n = a["n_layers"]
-    types = cfg.get("layer_types")
-    if types is None:
-        full = cfg.get("full_attn_idxs")
-        types = ["full_attention" if full is None or i in full else "conv" for i in range(n)]
-    if len(types) != n or set(types) - {"conv", "full_attention"}:
-        raise ValueError(f"layer_types {types} is not {n} of 'conv' and 'full_attention'")
+    full = cfg.get("full_attn_idxs")
+    kind = lambda i: "full_attention" if full is None or i in full else "conv"  # noqa: E731 - transformers 4's
+    types = hybrid_kinds(cfg, n, {"conv", "full_attention"}, kind)
     return {
         "conv_layers": tuple(i for i, t in enumerate(types) if t == "conv"),
         "conv_kernel": int(cfg.get("conv_L_cache") or 3),

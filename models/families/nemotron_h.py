@@ -5,7 +5,7 @@ attention (no rotary: NoPE), or a non-gated MLP (relu(x W_up)^2 W_down), in the 
 
 from __future__ import annotations
 
-from models.families.base import Family, Unsupported, check_mamba_steps
+from models.families.base import MAMBA_PARAMS, Family, Unsupported, check_mamba_steps, mamba_names
 
 _PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 _LEGACY = {"mamba": "linear_attention", "attention": "full_attention"}
@@ -78,14 +78,7 @@ NEMOTRON_H = Family(
         "attn_out": ("mixer.o_proj",),
         "ffn_gate_up": ("mixer.up_proj",),
         "ffn_down": ("mixer.down_proj",),
-        "ssm_in": ("mixer.in_proj",),
-        "ssm_conv": ("mixer.conv1d",),
-        "ssm_conv_b": ("mixer.conv1d.bias",),
-        "ssm_dt": ("mixer.dt_bias",),
-        "ssm_a": ("mixer.A_log",),
-        "ssm_d": ("mixer.D",),
-        "ssm_norm": ("mixer.norm",),
-        "ssm_out": ("mixer.out_proj",),
+        **mamba_names("mixer."),
     },
-    hf_params=frozenset({"ssm_conv_b", "ssm_dt", "ssm_a", "ssm_d"}),
+    hf_params=MAMBA_PARAMS,
 )

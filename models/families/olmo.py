@@ -7,7 +7,17 @@ recurrent.py: separate q/k/v/a/b/g projections, beta up to 2 where `linear_allow
 
 from __future__ import annotations
 
-from models.families.base import MOE_HF_KEYS, SLIDING, Family, Unsupported, gguf_pattern, hf_rope, layer_kinds, windowed
+from models.families.base import (
+    MOE_HF_KEYS,
+    SLIDING,
+    Family,
+    Unsupported,
+    gguf_pattern,
+    hf_rope,
+    hybrid_kinds,
+    layer_kinds,
+    windowed,
+)
 
 _FULL_QK = {"attn_q_norm": ("self_attn.q_norm",), "attn_k_norm": ("self_attn.k_norm",)}
 
@@ -78,9 +88,8 @@ _HYBRID_KEYS = frozenset(
 
 def _hybrid_hf(cfg: dict, a: dict) -> dict:
     n = a["n_layers"]
-    types = cfg.get("layer_types") or ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(n)]
-    if len(types) != n or set(types) - {"linear_attention", "full_attention"}:
-        raise ValueError(f"layer_types {types} is not {n} of 'linear_attention' and 'full_attention'")
+    kind = lambda i: "full_attention" if i % 4 == 3 else "linear_attention"  # noqa: E731
+    types = hybrid_kinds(cfg, n, {"linear_attention", "full_attention"}, kind)
     gdn = tuple(i for i, t in enumerate(types) if t == "linear_attention")
     rope = cfg.get("rope_parameters") or {}
     nope = () if (rope.get("rope_theta") or cfg.get("rope_theta")) else tuple(i for i in range(n) if i not in gdn)

@@ -15,7 +15,7 @@ import numpy as np
 
 import dataclasses
 
-from models.families.base import MOE_HF_KEYS, Family, Unsupported
+from models.families.base import MOE_HF_KEYS, Family, Unsupported, hybrid_kinds
 
 _KEYS = frozenset(
     "linear_conv_kernel_dim linear_key_head_dim linear_value_head_dim linear_num_key_heads linear_num_value_heads "
@@ -28,9 +28,8 @@ def _hf(cfg: dict, a: dict) -> dict:
         raise Unsupported("attn_output_gate: false (attention without its output gate)")
     n = a["n_layers"]
     every = int(cfg.get("full_attention_interval") or 4)
-    types = cfg.get("layer_types") or ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n)]
-    if len(types) != n or set(types) - {"linear_attention", "full_attention"}:
-        raise ValueError(f"layer_types {types} is not {n} of 'linear_attention' and 'full_attention'")
+    kind = lambda i: "linear_attention" if (i + 1) % every else "full_attention"  # noqa: E731
+    types = hybrid_kinds(cfg, n, {"linear_attention", "full_attention"}, kind)
     return {
         "gdn_layers": tuple(i for i, t in enumerate(types) if t == "linear_attention"),
         "gdn_k_heads": int(cfg["linear_num_key_heads"]),
