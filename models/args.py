@@ -15,10 +15,11 @@ logits, the top-k weights renormalised to sum to one where the model says so (`n
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 from common.errors import CadenceError
 from common.settings import PREFILL_CHUNK
+from models.rope_scaling import RopeScaling
 
 ARCHS = (
     "llama",
@@ -51,6 +52,7 @@ ARCHS = (
     "qwen3_next",
     "olmo_hybrid",
     "llama4",
+    "falcon_h1",
 )
 # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe); a weightless RMSNorm per
 # head after RoPE, on the rotating layers (Llama 4's L2 norm)
@@ -58,40 +60,6 @@ QK_NORMS = ("", "head", "full", "l2")
 ACTS = ("silu", "gelu_tanh", "relu2")  # relu2: a non-gated FFN, relu(x W_up)^2 (Nemotron-H)
 # committed rows a sliding-window layer keeps past its window (models/kvcache.py): a rewind by up to this many works
 WINDOW_REWIND = 64
-
-
-ROPE_KINDS = ("linear", "dynamic", "yarn", "longrope", "llama3", "divisors")
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    kind: str
-    factor: float = 1.0
-    original_context: int = 0  # the pretraining context (llama3, yarn, longrope); dynamic: max_position_embeddings
-    low_freq_factor: float = 1.0  # llama3
-    high_freq_factor: float = 4.0
-    beta_fast: float = 32.0  # yarn
-    beta_slow: float = 1.0
-    truncate: bool = True
-    mscale: float = 0.0
-    mscale_all_dim: float = 0.0
-    attention_factor: float = 0.0  # yarn, longrope: cos and sin scaled by it (0: derived from the factor)
-    short_factor: tuple[float, ...] = ()  # longrope, one per frequency
-    long_factor: tuple[float, ...] = ()
-    divisors: tuple[float, ...] = ()  # a GGUF's rope_freqs: each frequency divided by its own
-
-    def __post_init__(self):
-        if self.kind not in ROPE_KINDS:
-            raise CadenceError(f"rope scaling '{self.kind}' is not supported; cadence runs {', '.join(ROPE_KINDS)}")
-        for name in ("short_factor", "long_factor", "divisors"):
-            object.__setattr__(self, name, tuple(float(x) for x in getattr(self, name)))
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> "RopeScaling | None":
-        if d is None:
-            return None
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 @dataclass(frozen=True)
@@ -159,6 +127,9 @@ class ModelArgs:
     ssm_state: int = 0
     ssm_groups: int = 1
     ssm_conv_bias: bool = True
+    # the gated output: "gated" norm(y * silu(z)) in groups (Granite), "before" norm(y) * silu(z), "none" y * silu(z)
+    ssm_norm: str = "gated"
+    parallel_mixers: bool = False  # Falcon-H1: a recurrent layer attends too, both mixers on the layer's one input
     # layers of one part only (Nemotron-H: a layer is a mixer or an FFN): no attention or recurrent mixer, no FFN
     no_mixer_layers: tuple[int, ...] = ()
     no_ffn_layers: tuple[int, ...] = ()
@@ -249,6 +220,8 @@ class ModelArgs:
             raise CadenceError("a layer without a mixer cannot be a recurrent or sliding-window layer")
         if sum(map(bool, (self.conv_layers, self.gdn_layers, self.ssm_layers))) > 1:
             raise CadenceError("a model has one kind of recurrent layer: convolutions, gated delta-nets or Mamba-2")
+        if self.ssm_norm not in ("gated", "before", "none"):
+            raise CadenceError(f"ssm_norm={self.ssm_norm!r} is not one of gated, before, none")
         if set(self.rec_layers) & set(self.sliding_layers):
             raise CadenceError("a layer cannot be both a recurrent and a sliding-window attention layer")
         if self.attn_temp_beta and self.attn_temp_scale <= 0:
@@ -293,6 +266,15 @@ class ModelArgs:
 
     def recurrent(self, layer: int) -> bool:
         return layer in self.rec_layers
+
+    def attends(self, layer: int) -> bool:
+        """The layer has an attention mixer (a recurrent layer too where the mixers run side by side: Falcon-H1)."""
+        return self.mixes(layer) and (self.parallel_mixers or layer not in self.rec_layers)
+
+    @property
+    def n_full(self) -> int:
+        """Layers attending over the whole context (a KV cache row per token)."""
+        return sum(self.attends(i) and not self.sliding(i) for i in range(self.n_layers))
 
     def mixes(self, layer: int) -> bool:
         """The layer has a mixer (attention or recurrent)."""
@@ -389,7 +371,7 @@ class ModelArgs:
         """Bytes of the KV cache for a context of `capacity` tokens: a sliding layer keeps its window only; a
         recurrent layer its state and its recent tokens' rows (models/recurrent.py)."""
         n_slide, n_rec = len(self.sliding_layers), len(self.rec_layers)
-        rows = (self.n_layers - n_slide - n_rec - len(self.no_mixer_layers)) * capacity
+        rows = self.n_full * capacity
         rows += n_slide * self.window_rows(capacity)
         rec = n_rec * (self.rec_rows(capacity) * self.rec_width + math.prod(self.rec_state))
         return (2 * rows * self.kv_dim + rec) * itemsize

@@ -79,11 +79,12 @@ def block(model: Transformer, i: int, w, x: torch.Tensor, positions: list, place
     """One layer over every generation's rows, in place in `x`, where the one-call kernel does not take the layer:
     the separate kernel calls of `Transformer.block_fused`, each generation's attention its own."""
     a = model.args
-    if w.qkv is None and w.attn_norm is not None:  # a recurrent layer: each generation's rows over its own state
+    src = x.clone() if a.parallel_mixers and a.recurrent(i) else x  # both mixers read the layer's input (Falcon-H1)
+    if a.recurrent(i):  # each generation's rows over its own state
         for (lo, hi), at in zip(spans, places):
-            model.mixer(x[lo:hi], w, at, kernels.rmsnorm)
-    elif w.qkv is not None:
-        h = model.pre(x, w.attn_norm, kernels.rmsnorm)
+            model.mixer(x[lo:hi], w, at if at.rec is None else at.rec, kernels.rmsnorm, src[lo:hi])
+    if w.qkv is not None:
+        h = model.pre(src, w.attn_norm, kernels.rmsnorm)
         qkv = w.qkv.matmul(h)
         bias = model.norm_qk_biased(qkv, w, kernels.rmsnorm) if a.qk_norm in ("head", "full") else w.qkv.bias
         o = torch.empty(x.shape[0], a.q_dim, dtype=x.dtype)

@@ -39,8 +39,7 @@ class KVCache:
         self.args, self.capacity, self.device = args, capacity, device
         self.window = args.sliding_window if args.sliding_layers else 0
         n_slide, n_rec = len(args.sliding_layers), len(args.rec_layers)
-        n_full = args.n_layers - n_slide - n_rec - len(args.no_mixer_layers)
-        full, slide = (n_full, capacity), (n_slide, args.window_rows(capacity))
+        full, slide = (args.n_full, capacity), (n_slide, args.window_rows(capacity))
         self.rows = slide[1]
         self.owned = storage is None
         shapes = [(2, n, args.n_kv_heads, c, args.head_dim) for n, c in (full, slide)]
@@ -61,10 +60,13 @@ class KVCache:
         # layer i -> (kind, its index among its kind's layers)
         index, count = [], {"full": 0, "sliding": 0, "rec": 0, "none": 0}
         for i in range(args.n_layers):
-            kind = "rec" if args.recurrent(i) else "sliding" if args.sliding(i) else "full" if args.mixes(i) else "none"
+            kind = "sliding" if args.sliding(i) else "full" if args.attends(i) else "none"
+            kind = "rec" if args.recurrent(i) and kind == "none" else kind
             index.append((kind, count[kind]))
             count[kind] += 1
         self.index = index
+        # a layer attending beside its recurrent mixer (Falcon-H1) -> its index among the recurrent layers
+        self.rec_index = {i: j for j, i in enumerate(args.rec_layers)} if args.parallel_mixers else {}
         self.base = 0  # the global slot of a sliding layer's row 0
         self.pos = torch.zeros(capacity, dtype=torch.int64) if self.window else None  # each slot's position
         self.length = 0
@@ -88,10 +90,15 @@ class KVCache:
         if kind == "sliding":
             return self.wk[j], self.wv[j], self.base
         if kind == "rec":
-            return self.rec[j], self.state[j] if self.args.rec_kind != "conv" else None, self.rbase
+            return self.rec_kv(j)
         if kind == "none":  # an FFN-only layer (Nemotron-H): no cache
             return self.k[:0], self.v[:0], 0
         return self.k[j], self.v[j], 0
+
+    def rec_kv(self, j: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """The j-th recurrent layer's rows [rec_rows, rec_width], state (None: a convolution has none) and the global
+        slot of its row 0."""
+        return self.rec[j], self.state[j] if self.args.rec_kind != "conv" else None, self.rbase
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         # k, v: [T, Hkv, D] -> slots [end, end + T)

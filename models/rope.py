@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from models.args import RopeScaling
+from models.rope_scaling import RopeScaling
 
 
 def inv_freq(

@@ -38,14 +38,19 @@ NORMS = ("attn_norm", "ffn_norm", "attn_post_norm", "ffn_post_norm", "attn_q_nor
 def _mixer_names(args: ModelArgs, i: int, g: str, b: str) -> list[tuple[str, str]]:
     """Layer i's mixer's tensors: attention's, or a recurrent layer's (models/recurrent.py)."""
     names = [(g, f"{b}.attn_norm")] if args.pre(i) else []
+    parts = []
     if args.conv(i):
         parts = ["conv_in", "conv_w", "conv_out"]
     elif i in args.gdn_layers:
         parts = ["gdn_in", "gdn_conv", "gdn_dt", "gdn_a", "gdn_norm", "gdn_out"]
     elif i in args.ssm_layers:
-        parts = [p for p in SSM_PARTS if p != "ssm_conv_b" or args.ssm_conv_bias]
-    else:
-        parts = (
+        parts = [
+            p
+            for p in SSM_PARTS
+            if (p != "ssm_conv_b" or args.ssm_conv_bias) and (p != "ssm_norm" or args.ssm_norm != "none")
+        ]
+    if args.attends(i):
+        parts += (
             ["attn_qkv"]
             + ["attn_qkv_bias"] * args.qkv_bias
             + ["attn_q_norm", "attn_k_norm"] * (args.qk_norm in ("head", "full"))

@@ -69,6 +69,7 @@ class HFSource:
             or f"{self.prefix}layers.0.self_attn.qkv_proj.bias" in self.index,
             bool(cfg.get("tie_word_embeddings", False)) or self.head_name not in self.index,
         )
+        self.scales = self.family.hf_scales({**self.family.hf_defaults, **cfg}, self.args)
         self.moe_prefix = "block_sparse_moe" if self.args.arch == "mixtral" else self.family.hf_moe_prefix
         tc_path = self.path / "tokenizer_config.json"
         tc = read_json(tc_path, "re-download it") if tc_path.exists() else {}
@@ -191,6 +192,8 @@ class HFSource:
             return self._expert(i, int(e), "down")
         srcs = self._sources(name)
         w = np.concatenate([self.family.hf_split(name, s, self._raw(s), self.args) for s in srcs])
+        if (scale := self.scales.get(name.rsplit(".", 1)[-1])) is not None:
+            w = w * scale.reshape(-1, *(1,) * (w.ndim - 1)).astype(np.float32)
         if name.endswith(("attn_qkv", "attn_qkv_bias")):
             return qkv_layout(w, self.args, interleaved=self.family.interleaved)
         if name.endswith(("conv_w", "gdn_conv", "ssm_conv")):  # transformers' depthwise Conv1d: [channels, 1, K]

@@ -30,13 +30,17 @@ def block(model, i: int, w, x: torch.Tensor, positions: torch.Tensor, at):
     """The torch-ops layer (devices other than the CPU): a generator like `block_fused`."""
     a = model.args
     T = x.shape[0]
-    if a.recurrent(i) or not a.mixes(i):
+    if not a.attends(i):
         x = x.clone()
         if a.recurrent(i):
             model.mixer(x, w, at, rms_norm)
         return (yield from ffn_branch(model, i, w, x))
+    src = x
+    if at.rec is not None:  # a Mamba-2 mixer beside the attention, on the same input (Falcon-H1)
+        x = x.clone()
+        model.mixer(x, w, at.rec, rms_norm, src)
     cos, sin = at.rotary.tables(positions)
-    hn = model.pre(x, w.attn_norm, rms_norm)
+    hn = model.pre(src, w.attn_norm, rms_norm)
     qkv = w.qkv(hn)
     if a.qk_norm in ("head", "full"):
         model.norm_qk(qkv, w, rms_norm)
@@ -47,7 +51,7 @@ def block(model, i: int, w, x: torch.Tensor, positions: torch.Tensor, at):
     at.k[:, at.slot0 : at.slot0 + T] = k.transpose(0, 1)
     at.v[:, at.slot0 : at.slot0 + T] = v.view(T, a.n_kv_heads, a.head_dim).transpose(0, 1)
     o = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap, w.attn_sinks)  # [T, H, D]
-    x = x.clone()
+    x = x.clone() if x is src else x
     model.residual(x, w.attn_out, model.gated(o.reshape(T, a.q_dim), w, hn), w.attn_post_norm, rms_norm)
     return (yield from ffn_branch(model, i, w, x))
 

@@ -42,6 +42,7 @@ class Place(NamedTuple):
     base: int = 0
     folded: int = 0
     chains: dict | None = None  # a recurrent layer's state at the end of a long chain it ran (KVCache.chains)
+    rec: "Place | None" = None  # an attending layer's recurrent mixer's, where the two run side by side (Falcon-H1)
 
 
 def plain_block(a: ModelArgs) -> bool:
@@ -141,7 +142,11 @@ class Transformer:
             sliding = a.sliding(i)
             rot = rotaries[a.rope_kind(i)]
             lvis = wvis if sliding else cvis if i in a.chunk_layers else vis
-            out.append(Place(k, v, cache.end - base, lvis, rot, base, cache.folded, cache.chains))
+            rec = None
+            if i in cache.rec_index:
+                rows, state, rbase = cache.rec_kv(cache.rec_index[i])
+                rec = Place(rows, state, cache.end - rbase, vis, rot, rbase, cache.folded, cache.chains)
+            out.append(Place(k, v, cache.end - base, lvis, rot, base, cache.folded, cache.chains, rec))
         return out
 
     def block_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan: ForwardPlan | None):
@@ -156,7 +161,11 @@ class Transformer:
             rec = layer_kernel.record(w, a)
             if rec is not None:  # the whole layer in one call, the same bits
                 return layer_kernel.run(rec, x, positions, at, self.scale, a.norm_eps)
-        if a.recurrent(i):
+        if at.rec is not None:  # both mixers on the layer's input, their outputs added (Falcon-H1)
+            src = x.clone()
+            self.mixer(x, w, at.rec, kernels.rmsnorm, src)
+            yield from self.attention_fused(i, w, x, positions, at, plan, src)
+        elif a.recurrent(i):
             self.mixer(x, w, at, kernels.rmsnorm)
         elif a.mixes(i):
             yield from self.attention_fused(i, w, x, positions, at, plan)
@@ -173,10 +182,11 @@ class Transformer:
             self.residual(x, w.down, self.act(w.gate_up.matmul(h)), w.ffn_post_norm, kernels.rmsnorm)
         return x
 
-    def attention_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan):
-        """The attention branch of `block_fused`, added to x in place (a generator: a plan may split it)."""
+    def attention_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan, src=None):
+        """The attention branch of `block_fused`, added to x in place (a generator: a plan may split it); its input
+        `src` where it is not x (a mixer beside it has added to x already)."""
         a, T = self.args, x.shape[0]
-        h = self.pre(x, w.attn_norm, kernels.rmsnorm)
+        h = self.pre(x if src is None else src, w.attn_norm, kernels.rmsnorm)
         qkv = w.qkv.matmul(h)
         bias = self.norm_qk_biased(qkv, w, kernels.rmsnorm) if a.qk_norm in ("head", "full") else w.qkv.bias
         q = kernels.qkv_rope(qkv, bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
@@ -206,10 +216,10 @@ class Transformer:
         model has one (Qwen 3.5)."""
         return o if w.attn_gate is None else o * torch.sigmoid(w.attn_gate.matmul(h))
 
-    def mixer(self, x: torch.Tensor, w, at: Place, norm) -> None:
-        """A recurrent layer's branch (LFM2's convolution, a gated delta-net), added to x in place: each row reads
-        its own ancestors' state (models/recurrent.py)."""
-        recurrent.MIXERS[self.args.rec_kind](self, x, w, at, norm)
+    def mixer(self, x: torch.Tensor, w, at: Place, norm, src: torch.Tensor | None = None) -> None:
+        """A recurrent layer's branch (LFM2's convolution, a gated delta-net, Mamba-2) of `src` (default x), added
+        to x in place: each row reads its own ancestors' state (models/recurrent.py)."""
+        recurrent.MIXERS[self.args.rec_kind](self, x, w, at, norm, x if src is None else src)
 
     def residual(self, x: torch.Tensor, out, h: torch.Tensor, post: torch.Tensor | None, norm):
         """x += h W^T, through the branch's norm (Gemma, OLMo 2) and scale (Granite) where the model has them."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from models.families.base import Family
 from models.families.exaone import EXAONE4
+from models.families.falcon_h1 import FALCON_H1
 from models.families.gemma import GEMMA2, GEMMA3
 from models.families.glm import GLM4
 from models.families.glm_moe import GLM4_MOE
@@ -50,6 +51,7 @@ FAMILIES: tuple[Family, ...] = (
     QWEN3_NEXT,
     OLMO_HYBRID,
     LLAMA4,
+    FALCON_H1,
 )
 BY_HF = {t: f for f in FAMILIES for t in f.hf_types}
 BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_archs}

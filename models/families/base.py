@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from common.errors import CadenceError
-from models.args import RopeScaling
+from models.rope_scaling import RopeScaling
 
 # Canonical part -> its tensors in an HF layer (`model.layers.{i}.` + name + `.weight`), concatenated in order.
 LLAMA_HF = {
@@ -103,6 +103,9 @@ class Family:
     # each head's queries, or its gates)
     hf_split: Callable[[str, str, np.ndarray, object], np.ndarray] = lambda name, src, w, args: w
     hf_config: Callable[[dict], dict] = lambda cfg: cfg  # a config in the common keys' spelling (Nemotron-H's)
+    # (config, ModelArgs) -> {part: a scale per output row}: multipliers folded into the weights as they are read
+    # (Falcon-H1's muP multipliers, as llama.cpp's converter folds them)
+    hf_scales: Callable[[dict, object], dict] = lambda cfg, args: {}
     hf_moe_prefix: str = "mlp"  # where a layer's router and experts are (`feed_forward` in LFM2-MoE)
     shared_expert: bool = False  # a shared expert beside the routed ones, gated by sigmoid (Qwen2-MoE, Qwen 3.5)
     # experts fused [experts, in, out] as x W, gate and up "interleaved" by column (gpt-oss) or in "halves" (Llama 4)

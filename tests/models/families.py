@@ -209,6 +209,28 @@ FAMILIES: dict[str, dict[str, dict]] = {
             layer_norm_epsilon=1e-5,
         )
     },
+    "falcon_h1": {  # Mamba-2 beside attention in every layer, muP multipliers everywhere; its three output norms
+        v: dict(
+            mamba_d_ssm=64,
+            mamba_n_heads=4,
+            mamba_n_groups=2,
+            mamba_d_state=8,
+            mamba_d_conv=4,
+            mamba_rms_norm=v != "plain",
+            mamba_norm_before_gate=v == "normed",
+            embedding_multiplier=2.0,
+            lm_head_multiplier=0.5,
+            key_multiplier=0.6,
+            attention_in_multiplier=1.3,
+            attention_out_multiplier=0.8,
+            ssm_in_multiplier=1.2,
+            ssm_out_multiplier=0.7,
+            ssm_multipliers=[0.9, 1.1, 0.8, 1.25, 0.6],
+            mlp_multipliers=[1.4, 0.75],
+            **_rope(10000.0),
+        )
+        for v in ("plain", "normed", "gated")
+    },
     "gpt_oss": {  # sinks, biases, sliding layers among full ones, YaRN untruncated; 4 experts, 2 a token
         "plain": dict(
             num_hidden_layers=2,

@@ -35,6 +35,7 @@ NO_GGUF = {  # read from an HF directory only so far (llama.cpp's GGUFs of these
     "qwen3_next",
     "olmo_hybrid",
     "llama4_text",
+    "falcon_h1",
 }
 
 
@@ -162,8 +163,8 @@ def test_a_config_field_cadence_does_not_use_is_refused_naming_it(built, tmp_pat
     (d / "config.json").write_text(json.dumps({**config, "mlp_bias": True}))
     with pytest.raises(CadenceError, match="mlp_bias: true .* is not something cadence runs in a llama model"):
         HFSource(d)
-    _rewrite_config(d, mlp_bias=False, model_type="falcon_h1")
-    with pytest.raises(CadenceError, match="model_type 'falcon_h1' is not supported"):
+    _rewrite_config(d, mlp_bias=False, model_type="mistral4")
+    with pytest.raises(CadenceError, match="model_type 'mistral4' is not supported"):
         HFSource(d)
 
 
@@ -216,7 +217,18 @@ def _with_extra(src, out, tensor: str | None = None, key: str | None = None):
 
 
 @pytest.mark.parametrize(
-    "mt", ["lfm2", "qwen3_5_text", "granitemoehybrid", "nemotron_h", "gpt_oss", "llama4_text", "exaone4", "glm4_moe"]
+    "mt",
+    [
+        "lfm2",
+        "qwen3_5_text",
+        "granitemoehybrid",
+        "nemotron_h",
+        "gpt_oss",
+        "llama4_text",
+        "exaone4",
+        "glm4_moe",
+        "falcon_h1",
+    ],
 )
 def test_the_torch_ops_path_is_transformers_own_too(built, tmp_path, mt):
     """The layer in torch ops (models/torch_block.py: devices other than the CPU) on the 2026 families' new parts:

@@ -25,7 +25,9 @@ def test_taps_are_the_nearest_ancestors_then_the_committed_rows():
     assert taps(Visibility.causal(0, 2), 3).tolist() == [[0, -1, -1], [1, 0, -1]]  # zeros before the context
 
 
-@pytest.fixture(scope="module", params=["lfm2", "qwen3_5_text", "granitemoehybrid", "nemotron_h", "olmo_hybrid"])
+@pytest.fixture(
+    scope="module", params=["lfm2", "qwen3_5_text", "granitemoehybrid", "nemotron_h", "olmo_hybrid", "falcon_h1"]
+)
 def model(tmp_path_factory, request):
     d = tmp_path_factory.mktemp(request.param)
     store = WeightStore(convert(HFSource(tiny_hf(request.param, "plain", d / "hf", seed=1)), d / "int4", "int4"))
@@ -71,8 +73,8 @@ def test_a_tree_gives_each_node_its_path_decoded_alone_and_keeps_the_accepted_st
     lfm2.forward(nodes[accepted], torch.arange(L, L + len(accepted)), alone)
     alone.commit()
     assert torch.equal(after, lfm2.forward(nxt, torch.tensor([L + len(accepted)]), alone)[0])
-    for i in lfm2.args.rec_layers:  # the accepted path's state and rows, bit for bit
-        (ra, sa, ba), (rb, sb, bb) = cache.kv(i), alone.kv(i)
+    for j in range(len(lfm2.args.rec_layers)):  # the accepted path's state and rows, bit for bit
+        (ra, sa, ba), (rb, sb, bb) = cache.rec_kv(j), alone.rec_kv(j)
         assert sa is sb is None or torch.equal(sa, sb)
         lo = max(ba, bb, cache.length + 1 - lfm2.args.conv_kernel)
         assert torch.equal(ra[lo - ba : cache.length + 1 - ba], rb[lo - bb : alone.length + 1 - bb])

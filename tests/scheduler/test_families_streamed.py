@@ -31,7 +31,7 @@ FAMILIES = [
     ("glm4", "plain"),  # four norms, interleaved partial rotary, q/k/v biases
     ("ministral3", "plain"),  # queries scaled by position after YaRN
     ("lfm2", "plain"),  # short-convolution layers: each tree node's taps its own ancestors'
-    ("granitemoehybrid", "plain"),  # Mamba-2: each node's state its parent's stepped; NoPE attention, muP
+    ("falcon_h1", "normed"),  # Mamba-2 beside attention in each layer: each node's state its parent's stepped
     ("nemotron_h", "plain"),  # a layer a part: Mamba-2, relu^2 MLP, NoPE attention
     ("olmo_hybrid", "plain"),  # pre-norm delta-nets (beta up to 2) beside post-norm attention
     ("qwen3_5_text", "plain"),  # gated delta-nets: each node's state its parent's stepped; gated attention
