@@ -53,6 +53,7 @@ ARCHS = (
     "olmo_hybrid",
     "llama4",
     "falcon_h1",
+    "mistral4",
 )
 # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe); a weightless RMSNorm per
 # head after RoPE, on the rotating layers (Llama 4's L2 norm)
@@ -129,6 +130,9 @@ class ModelArgs:
     ssm_conv_bias: bool = True
     # the gated output: "gated" norm(y * silu(z)) in groups (Granite), "before" norm(y) * silu(z), "none" y * silu(z)
     ssm_norm: str = "gated"
+    # multi-head latent attention (Mistral 4, models/mla.py): the latent's width (0: none) and the queries' (0: none)
+    mla_kv_rank: int = 0
+    mla_q_rank: int = 0
     parallel_mixers: bool = False  # Falcon-H1: a recurrent layer attends too, both mixers on the layer's one input
     # layers of one part only (Nemotron-H: a layer is a mixer or an FFN): no attention or recurrent mixer, no FFN
     no_mixer_layers: tuple[int, ...] = ()
@@ -220,6 +224,8 @@ class ModelArgs:
             raise CadenceError("a layer without a mixer cannot be a recurrent or sliding-window layer")
         if sum(map(bool, (self.conv_layers, self.gdn_layers, self.ssm_layers))) > 1:
             raise CadenceError("a model has one kind of recurrent layer: convolutions, gated delta-nets or Mamba-2")
+        if self.mla_kv_rank and (self.n_kv_heads != self.n_heads or not 0 < self.rope_dim < self.head_dim):
+            raise CadenceError("latent attention needs a key head per query head and a rotary part of each head")
         if self.ssm_norm not in ("gated", "before", "none"):
             raise CadenceError(f"ssm_norm={self.ssm_norm!r} is not one of gated, before, none")
         if set(self.rec_layers) & set(self.sliding_layers):

@@ -83,10 +83,9 @@ def block(model: Transformer, i: int, w, x: torch.Tensor, positions: list, place
     if a.recurrent(i):  # each generation's rows over its own state
         for (lo, hi), at in zip(spans, places):
             model.mixer(x[lo:hi], w, at if at.rec is None else at.rec, kernels.rmsnorm, src[lo:hi])
-    if w.qkv is not None:
+    if a.attends(i):
         h = model.pre(src, w.attn_norm, kernels.rmsnorm)
-        qkv = w.qkv.matmul(h)
-        bias = model.norm_qk_biased(qkv, w, kernels.rmsnorm) if a.qk_norm in ("head", "full") else w.qkv.bias
+        qkv, bias = model.project(w, h, kernels.rmsnorm)
         o = torch.empty(x.shape[0], a.q_dim, dtype=x.dtype)
         for (lo, hi), pos, at in zip(spans, positions, places):
             rot = at.rotary

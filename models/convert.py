@@ -42,12 +42,16 @@ LINEAR = (
     "gdn_out",
     "ssm_in",
     "ssm_out",
+    "attn_q_a",
+    "attn_q",
+    "attn_kv_a",
+    "attn_kv_b",
 )
 # kept in fp32 whatever the format: a router decides which experts run, and its weights are a few KiB per layer
 FP32_LINEAR = ("ffn_router", "ffn_shexp_gate")
 # kept in int4 by the model format int2 (only its FFN products are in 2 bits): the 0.5B draft's top-1 agreement
 # with the 1.5B, 0.91 in int4, is 0.84 with its FFN in int2 and 0.66 with its attention too
-INT4_IN_INT2 = ("attn_qkv", "attn_out", "head")
+INT4_IN_INT2 = ("attn_qkv", "attn_out", "head", "attn_q_a", "attn_q", "attn_kv_a", "attn_kv_b")
 
 
 def is_linear(name: str) -> bool:

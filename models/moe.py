@@ -30,8 +30,8 @@ def route(model, router, h: torch.Tensor, sel: torch.Tensor | None = None) -> tu
     probs = torch.softmax(router.matmul(h), dim=-1)
     top, ids = torch.topk(probs, a.n_experts_used, dim=-1)
     if a.norm_topk:
-        top = top / top.sum(-1, keepdim=True)
-    return ids, top
+        top = top / (top.sum(-1, keepdim=True) + a.norm_topk_eps)
+    return ids, top if a.routed_scale == 1.0 else top * a.routed_scale  # scaled (Mistral 4)
 
 
 def guess(model, i: int, h: torch.Tensor) -> tuple[int, ...]:

@@ -49,7 +49,10 @@ def _mixer_names(args: ModelArgs, i: int, g: str, b: str) -> list[tuple[str, str
             for p in SSM_PARTS
             if (p != "ssm_conv_b" or args.ssm_conv_bias) and (p != "ssm_norm" or args.ssm_norm != "none")
         ]
-    if args.attends(i):
+    if args.attends(i) and args.mla_kv_rank:  # latent attention (models/mla.py)
+        parts += ["attn_q_a", "attn_q_a_norm"] * bool(args.mla_q_rank)
+        parts += ["attn_q", "attn_kv_a", "attn_kv_a_norm", "attn_kv_b", "attn_out"]
+    elif args.attends(i):
         parts += (
             ["attn_qkv"]
             + ["attn_qkv_bias"] * args.qkv_bias
@@ -140,6 +143,12 @@ def tensor_shape(args: ModelArgs, name: str) -> tuple[int, ...]:
         "ssm_norm": (a.ssm_inner,),
         "ssm_out": (a.dim, a.ssm_inner),
         "attn_sinks": (a.n_heads,),
+        "attn_q_a": (a.mla_q_rank, a.dim),
+        "attn_q_a_norm": (a.mla_q_rank,),
+        "attn_q": (a.q_dim, a.mla_q_rank or a.dim),
+        "attn_kv_a": (a.mla_kv_rank + a.rope_dim, a.dim),
+        "attn_kv_a_norm": (a.mla_kv_rank,),
+        "attn_kv_b": (a.n_heads * (2 * a.head_dim - a.rope_dim), a.mla_kv_rank),
         "attn_out_bias": (a.dim,),
         "ffn_router_bias": (a.n_experts,),
         "ffn_router_sel": (a.n_experts,),

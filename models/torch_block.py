@@ -41,7 +41,7 @@ def block(model, i: int, w, x: torch.Tensor, positions: torch.Tensor, at):
         model.mixer(x, w, at.rec, rms_norm, src)
     cos, sin = at.rotary.tables(positions)
     hn = model.pre(src, w.attn_norm, rms_norm)
-    qkv = w.qkv(hn)
+    qkv = w.qkv(hn) if w.mla_kv_a is None else model.project(w, hn, rms_norm)[0]
     if a.qk_norm in ("head", "full"):
         model.norm_qk(qkv, w, rms_norm)
     q, k, v = qkv.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)

@@ -22,7 +22,7 @@ from models.attention import Visibility, attend, chunk_vis, lanes
 from models.args import ModelArgs
 from models.kvcache import KVCache
 from models.rope import Rotary, inv_freq
-from models import moe, recurrent, torch_block
+from models import mla, moe, recurrent, torch_block
 from models.torch_block import l2_norm, rms_norm
 from models.sampling import HeadArgmax
 from models.requests import ForwardPlan, NeedWeights, SplitAttention, SplitColumns
@@ -59,6 +59,7 @@ def plain_block(a: ModelArgs) -> bool:
         and not a.no_ffn_layers
         and not a.attn_sinks
         and not a.attn_out_bias
+        and not a.mla_kv_rank
         and a.act == "silu"
         and a.residual_scale == 1.0
         and not a.attn_softcap
@@ -187,8 +188,7 @@ class Transformer:
         `src` where it is not x (a mixer beside it has added to x already)."""
         a, T = self.args, x.shape[0]
         h = self.pre(x if src is None else src, w.attn_norm, kernels.rmsnorm)
-        qkv = w.qkv.matmul(h)
-        bias = self.norm_qk_biased(qkv, w, kernels.rmsnorm) if a.qk_norm in ("head", "full") else w.qkv.bias
+        qkv, bias = self.project(w, h, kernels.rmsnorm)
         q = kernels.qkv_rope(qkv, bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
         self.temper(q, positions, i)
         self.norm_keys(at, q.shape[0], i)
@@ -199,6 +199,17 @@ class Transformer:
         else:
             o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap, w.attn_sinks)  # [T, H, D]
         self.residual(x, w.attn_out, self.gated(o.reshape(T, a.q_dim), w, h), w.attn_post_norm, kernels.rmsnorm)
+
+    def project(self, w, h: torch.Tensor, norm) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layer's queries, keys and values of its input h [T, q_dim + 2 kv_dim], q/k normed where the model
+        norms them, and the bias RoPE's kernel is to add (none where the norms took it): one product, or latent
+        attention's (models/mla.py)."""
+        if w.mla_kv_a is not None:
+            return mla.project(self, w, h, norm), None
+        qkv = w.qkv.matmul(h)
+        if self.args.qk_norm in ("head", "full"):
+            return qkv, self.norm_qk_biased(qkv, w, norm)
+        return qkv, w.qkv.bias
 
     def act(self, gu: torch.Tensor) -> torch.Tensor:
         """The FFN's activation of x W_gate_up on the CPU kernels: SwiGLU, GeGLU, or relu^2 of x W_up (Nemotron-H)."""

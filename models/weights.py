@@ -31,6 +31,8 @@ PARTS = {
     **{f: (f, False) for f in ("gdn_conv", "gdn_dt", "gdn_a", "gdn_norm", "ssm_conv", "ssm_conv_b", "ssm_dt")},
     **{f: (f, False) for f in ("ssm_a", "ssm_d", "ssm_norm", "attn_sinks")},
     "router_sel": ("ffn_router_sel", False),
+    **{f"mla_{p}": (f"attn_{p}", True) for p in ("q_a", "q", "kv_a", "kv_b")},
+    **{f"mla_{p}": (f"attn_{p}", False) for p in ("q_a_norm", "kv_a_norm")},
 }
 BIASES = {"qkv": "attn_qkv_bias", "attn_out": "attn_out_bias", "router": "ffn_router_bias"}  # a product's bias
 
@@ -85,6 +87,12 @@ class LayerWeights:
     ssm_out: Linear | None = None
     attn_sinks: torch.Tensor | None = None  # gpt-oss: a logit per head in every softmax's denominator
     router_sel: torch.Tensor | None = None  # a bias on the router's scores that only chooses (LFM2-MoE, GLM-4.5)
+    mla_q_a: Linear | None = None  # latent attention (models/mla.py): the queries' bottleneck, its norm, the
+    mla_q_a_norm: torch.Tensor | None = None  # queries' projection; the latent and shared rotary key, the latent's
+    mla_q: Linear | None = None  # norm, and its expansion to each head's key part and value
+    mla_kv_a: Linear | None = None
+    mla_kv_a_norm: torch.Tensor | None = None
+    mla_kv_b: Linear | None = None
 
 
 @dataclass

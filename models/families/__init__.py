@@ -13,6 +13,7 @@ from models.families.granite_hybrid import GRANITE_HYBRID
 from models.families.lfm2 import LFM2, LFM2_MOE
 from models.families.nemotron_h import NEMOTRON_H
 from models.families.llama4 import LLAMA4
+from models.families.mistral4 import MISTRAL4
 from models.families.llama import GRANITE, LLAMA, MINISTRAL3, MISTRAL, MIXTRAL, SEED_OSS
 from models.families.olmo import OLMO2, OLMO3, OLMO_HYBRID, OLMOE
 from models.families.phi3 import PHI3
@@ -52,6 +53,7 @@ FAMILIES: tuple[Family, ...] = (
     OLMO_HYBRID,
     LLAMA4,
     FALCON_H1,
+    MISTRAL4,
 )
 BY_HF = {t: f for f in FAMILIES for t in f.hf_types}
 BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_archs}

@@ -16,7 +16,7 @@ _NEEDS = {
         ("gemma4",),
     ),
     "a GGUF reader for Llama 4 (cadence reads it from an HF directory so far)": ((), ("llama4",)),
-    "multi-head latent attention (MLA)": (("mistral4",), ("mistral4",)),
+    "a GGUF reader for Mistral 4 (cadence reads it from an HF directory so far)": ((), ("mistral4",)),
     "GLM-4.5's group-limited routing and a GGUF reader (cadence reads GLM-4.5 from an HF directory)": (
         (),
         ("glm4moe",),

@@ -231,6 +231,35 @@ FAMILIES: dict[str, dict[str, dict]] = {
         )
         for v in ("plain", "normed", "gated")
     },
+    "mistral4": {  # latent attention (YaRN with mscale, interleaved rotary pairs, position-scaled queries), a dense
+        # first layer, then 4 softmax-routed experts (2 a token, scaled) beside a shared one
+        "plain": dict(
+            num_key_value_heads=4,  # a key head per query head, as MLA expands them
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            kv_lora_rank=32,
+            q_lora_rank=32,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            routed_scaling_factor=1.5,
+            max_position_embeddings=256,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.1,
+            },
+        )
+    },
     "gpt_oss": {  # sinks, biases, sliding layers among full ones, YaRN untruncated; 4 experts, 2 a token
         "plain": dict(
             num_hidden_layers=2,
@@ -413,16 +442,26 @@ def write_tokenizer(folder: Path, tokenizer_class: str = "PreTrainedTokenizerFas
     (folder / "tokenizer_config.json").write_text(json.dumps(tc, indent=2))
 
 
+def causal_lm(model_type: str):
+    """transformers' causal-LM class of the family (Mistral 4's is not among AutoModelForCausalLM's)."""
+    from transformers import AutoModelForCausalLM
+
+    if model_type == "mistral4":
+        from transformers.models.mistral4.modeling_mistral4 import Mistral4ForCausalLM
+
+        return Mistral4ForCausalLM
+    return AutoModelForCausalLM
+
+
 def tiny_hf(model_type: str, variant: str, folder: Path, spelling: int = 5, seed: int = 0) -> Path:
     """A complete HF model directory of a tiny random model of the family: config.json spelled as transformers
     `spelling` (4 or 5) wrote it, model.safetensors (float32), tokenizer.json and tokenizer_config.json."""
-    from transformers import AutoModelForCausalLM
-
     if spelling not in (4, 5):
         raise ValueError(f"spelling is 4 or 5, not {spelling}")
     cfg = family_config(model_type, variant)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    cls = causal_lm(model_type)
+    model = (cls.from_config if hasattr(cls, "from_config") else cls._from_config)(cfg, dtype=torch.float32)
     _randomise(model, model_type, seed)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from models.source_hf import HFSource
 from models.store import WeightStore
 from models.transformer import Transformer
 from models.weights import ResidentWeights
-from tests.models.families import PROMPT, VARIANTS, tiny_hf, write_gguf_like_llama_cpp
+from tests.models.families import PROMPT, VARIANTS, causal_lm, tiny_hf, write_gguf_like_llama_cpp
 
 CASES = [(mt, v) for mt, vs in VARIANTS.items() for v in vs]
 N_NEW = 16
@@ -36,6 +36,7 @@ NO_GGUF = {  # read from an HF directory only so far (llama.cpp's GGUFs of these
     "olmo_hybrid",
     "llama4_text",
     "falcon_h1",
+    "mistral4",
 }
 
 
@@ -46,12 +47,10 @@ def built(tmp_path_factory):
 
     def get(mt: str, v: str):
         if (mt, v) not in cache:
-            from transformers import AutoModelForCausalLM
-
             d = tmp_path_factory.mktemp(f"{mt}-{v}")
             d5, d4 = tiny_hf(mt, v, d / "s5", 5), tiny_hf(mt, v, d / "s4", 4)
             gguf = write_gguf_like_llama_cpp(d5, d / "m.gguf") if mt not in NO_GGUF else None
-            hf = AutoModelForCausalLM.from_pretrained(d5, dtype=torch.float32, attn_implementation="eager").eval()
+            hf = causal_lm(mt).from_pretrained(d5, dtype=torch.float32, attn_implementation="eager").eval()
             cache[mt, v] = (d5, d4, gguf, hf)
         return cache[mt, v]
 
@@ -163,8 +162,8 @@ def test_a_config_field_cadence_does_not_use_is_refused_naming_it(built, tmp_pat
     (d / "config.json").write_text(json.dumps({**config, "mlp_bias": True}))
     with pytest.raises(CadenceError, match="mlp_bias: true .* is not something cadence runs in a llama model"):
         HFSource(d)
-    _rewrite_config(d, mlp_bias=False, model_type="mistral4")
-    with pytest.raises(CadenceError, match="model_type 'mistral4' is not supported"):
+    _rewrite_config(d, mlp_bias=False, model_type="gemma4_text")
+    with pytest.raises(CadenceError, match="model_type 'gemma4_text' is not supported"):
         HFSource(d)
 
 
@@ -228,6 +227,7 @@ def _with_extra(src, out, tensor: str | None = None, key: str | None = None):
         "exaone4",
         "glm4_moe",
         "falcon_h1",
+        "mistral4",
     ],
 )
 def test_the_torch_ops_path_is_transformers_own_too(built, tmp_path, mt):

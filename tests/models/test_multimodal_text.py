@@ -1,4 +1,4 @@
-"""A multimodal checkpoint (Mistral 3's `Mistral3ForConditionalGeneration` wrapping Ministral 3; Gemma 4 and
+"""A multimodal checkpoint (Mistral 3's `Mistral3ForConditionalGeneration` wrapping Ministral 3 or Mistral 4; Gemma 4 and
 Qwen 3.5 ship the same way): its config nests the text model's in `text_config`, its weights sit under
 `model.language_model.` (llava's older dumps: `language_model.model.`) beside a vision tower. cadence reads the text
 model, the same as the text-only directory, skips the vision tensors, and says that images are not run."""
@@ -43,11 +43,15 @@ def _wrap(plain, out, prefix: str, head: str):
 
 
 @pytest.mark.parametrize(
-    "prefix,head",
-    [("model.language_model.", "lm_head.weight"), ("language_model.model.", "language_model.lm_head.weight")],
+    "mt,prefix,head",
+    [
+        ("ministral3", "model.language_model.", "lm_head.weight"),
+        ("ministral3", "language_model.model.", "language_model.lm_head.weight"),
+        ("mistral4", "model.language_model.", "lm_head.weight"),  # Mistral Small 4: latent attention and experts
+    ],
 )
-def test_the_text_model_of_a_multimodal_checkpoint_is_the_text_only_model(tmp_path, capfd, prefix, head):
-    plain = tiny_hf("ministral3", "plain", tmp_path / "plain")
+def test_the_text_model_of_a_multimodal_checkpoint_is_the_text_only_model(tmp_path, capfd, mt, prefix, head):
+    plain = tiny_hf(mt, "plain", tmp_path / "plain")
     wrapped = _wrap(plain, tmp_path / "wrapped", prefix, head)
     a, b = HFSource(plain), HFSource(wrapped)
     assert a.args == b.args

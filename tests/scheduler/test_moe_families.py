@@ -27,7 +27,9 @@ def hf_dir(tmp_path_factory):
     return tiny_hf("gpt_oss", "plain", tmp_path_factory.mktemp("gpt_oss") / "hf", seed=1)
 
 
-@pytest.mark.parametrize("mt", ["gpt_oss", "qwen3_5_moe_text", "qwen3_next", "lfm2_moe", "glm4_moe", "llama4_text"])
+@pytest.mark.parametrize(
+    "mt", ["gpt_oss", "qwen3_5_moe_text", "qwen3_next", "lfm2_moe", "glm4_moe", "llama4_text", "mistral4"]
+)
 def test_tree_and_chain_are_the_target_with_layers_and_experts_streamed(tmp_path, mt):
     store = WeightStore(convert(HFSource(tiny_hf(mt, "plain", tmp_path / "hf", seed=1)), tmp_path / "int4", "int4"))
     g = torch.Generator().manual_seed(3)
