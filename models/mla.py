@@ -9,8 +9,6 @@ the expanded keys and values (not the latent: simpler, and more bytes a token)."
 
 from __future__ import annotations
 
-import torch
-
 NORM_EPS = 1e-6  # the latents' norms take their own epsilon, not the model's (transformers' default)
 
 
@@ -21,15 +19,16 @@ def lanes(head_dim: int, rope_dim: int) -> tuple[list[int], list[int]]:
     return rot, [j for j in range(head_dim) if j not in rot]
 
 
-def project(model, w, h: torch.Tensor, norm) -> torch.Tensor:
-    """[T, q_dim + 2 kv_dim]: the queries, keys and values of the rows h, as `w.qkv.matmul(h)` is elsewhere."""
+def project(model, w, h, norm):
+    """[T, q_dim + 2 kv_dim]: the queries, keys and values of the rows h [T, dim], as `w.qkv.matmul(h)` is elsewhere.
+    (This module imports no torch: a family's reader takes `lanes` from here in processes that must not load it.)"""
     a = model.args
     T, H, D, R = h.shape[0], a.n_heads, a.head_dim, a.rope_dim
     q_in = h if w.mla_q_a is None else norm(w.mla_q_a.matmul(h), w.mla_q_a_norm, NORM_EPS)
     ckv = w.mla_kv_a.matmul(h)  # [T, rank + R]
     rank = ckv.shape[1] - R
     kv = w.mla_kv_b.matmul(norm(ckv[:, :rank], w.mla_kv_a_norm, NORM_EPS)).view(T, H, 2 * D - R)
-    qkv = torch.empty(T, 3 * H * D, dtype=h.dtype, device=h.device)
+    qkv = h.new_empty(T, 3 * H * D)
     qkv[:, : H * D] = w.mla_q.matmul(q_in)
     k = qkv[:, H * D : 2 * H * D].view(T, H, D)
     rot, nope = lanes(D, R)

@@ -12,7 +12,7 @@ from engine.prompts import Prompt, encode_prompt
 from models.convert import resolve
 from common.settings import SamplingConfig
 from speculative.generate import generate_target
-from tests.conftest import dev_prompts, real_model
+from tests.conftest import dev_prompts, real_model, some_dev_prompts
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -62,11 +62,11 @@ def test_logits_match_within_1e3(pair):
         assert (ours - ref).abs().max() <= 1e-3, p["id"]
 
 
-def test_greedy_64_tokens_identical_on_every_dev_prompt(pair):
+def test_greedy_64_tokens_identical_on_six_dev_prompts(pair):
     """HF generates every prompt in one left-padded batch (its positions come from the attention
     mask), ours one prompt at a time: the same tokens either way."""
     lm, hf = pair
-    prompts = dev_prompts()
+    prompts = some_dev_prompts()
     seqs = [_ids(lm, p) for p in prompts]
     n = max(map(len, seqs))
     inp = torch.tensor([[0] * (n - len(x)) + x for x in seqs])

@@ -1,4 +1,4 @@
-"""Lossless on the real pair: Qwen2.5-Coder 0.5B drafting for 1.5B, every dev prompt, 64 tokens, greedy.
+"""Lossless on the real pair: Qwen2.5-Coder 0.5B drafting for 1.5B, six dev prompts of every kind, 64 tokens, greedy.
 
 `chain` runs in process; `tree` runs as a user runs it: `launch run` with the draft and verifier as
 actor processes. Both must give the target's own token ids, token for token.
@@ -16,7 +16,7 @@ from engine.prompts import Prompt, encode_prompt
 from common.settings import SamplingConfig
 from common.settings import TreeConfig
 from speculative.generate import generate_speculative, generate_target
-from tests.conftest import DEV_PROMPTS, dev_prompts, real_model
+from tests.conftest import real_model, some_dev_prompts
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 N = 64  # the lossless check on every dev prompt; 64 tokens hold several verifications each
@@ -33,7 +33,7 @@ def prompts(pair):
     target, _ = pair
     return {
         p["id"]: encode_prompt(target.tokenizer, Prompt(p["id"], p["kind"], p["prompt"]), "auto")[0]
-        for p in dev_prompts()
+        for p in some_dev_prompts()
     }
 
 
@@ -68,6 +68,12 @@ def test_the_lean_int2_draft_equals_target(growth, width, prompts, reference):
     assert accepted > 0
 
 
+def _prompt_file(folder) -> str:
+    path = folder / "some.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in some_dev_prompts()))
+    return str(path)
+
+
 def test_tree_over_actors_equals_target(reference, tmp_path):
     out = tmp_path / "rows.json"
     env = dict(os.environ, CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
@@ -82,7 +88,7 @@ def test_tree_over_actors_equals_target(reference, tmp_path):
             "--dtype",
             FMT,
             "--prompts",
-            str(DEV_PROMPTS),
+            str(_prompt_file(tmp_path)),
             "--max-new-tokens",
             str(N),
             "--json",
@@ -144,12 +150,11 @@ def test_parallel_generations_over_actors_equal_target(reference, tmp_path, budg
     them. Each prompt's tokens are the target's alone. Resident, the trees are fixed (`--fixed-width`): there a
     batch of four tries drafting only once its drafts' catch-up is a small share of its time (`CatchUp`), which a
     run this short never reaches on a 2-core CPU."""
-    chosen = dev_prompts()[:6]
-    prompts = tmp_path / "six.jsonl"
-    prompts.write_text("".join(json.dumps(p) + "\n" for p in chosen))
+    chosen = some_dev_prompts()
+    prompts = _prompt_file(tmp_path)
     out = tmp_path / "rows.json"
     env = dict(os.environ, CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
-    cmd = [sys.executable, "-m", "launch.cli", "run", "--dtype", FMT, "--prompts", str(prompts), "--parallel", "4"]
+    cmd = [sys.executable, "-m", "launch.cli", "run", "--dtype", FMT, "--prompts", prompts, "--parallel", "4"]
     cmd += ["--max-new-tokens", str(N), "--json", str(out), "--no-trace"]
     cmd += ["--memory-budget", budget] if budget else ["--fixed-width"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
