@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.modes import Mode
 from common.errors import CadenceError
 
 # weight formats of a store (models/linear.py); int2: the FFN's weights in 2 bits, the rest in int4 (a draft
@@ -50,7 +51,7 @@ GROWTHS = ("auto", "best", "pacer")  # how a greedy draft tree grows (speculativ
 
 @dataclass(frozen=True)
 class TreeConfig:
-    mode: str = "tree"  # "tree" or "chain"
+    mode: Mode = Mode.TREE  # the speculation's shape: Mode.TREE or Mode.CHAIN (a run's `Mode.shape`)
     width: int = 8  # most draft tokens in one verification
     width_auto: bool = (
         False  # not given: under a budget, one of WIDER where verification hides behind the disk (engine/memory.py)
@@ -75,8 +76,9 @@ class TreeConfig:
     shape_ranks: tuple = ()
 
     def __post_init__(self):
-        if self.mode not in ("tree", "chain"):
+        if self.mode not in (Mode.TREE, Mode.CHAIN):
             raise CadenceError(f"tree mode '{self.mode}' must be tree or chain")
+        object.__setattr__(self, "mode", Mode(self.mode))
         if not 1 <= self.width <= 64:
             raise CadenceError(f"verification width {self.width} must be within 1..64")
         if self.max_depth < 1 or self.chain_k < 1:
@@ -94,7 +96,7 @@ class TreeConfig:
 
     @property
     def budget(self) -> int:
-        return self.chain_k if self.mode == "chain" else self.width
+        return self.chain_k if self.mode is Mode.CHAIN else self.width
 
 
 PREFILL_CHUNK = 256  # prompt rows per forward (speculative/verify.py; scheduler/generation/memplan.py plans for it)
@@ -133,9 +135,11 @@ def arms(cfg: TreeConfig, draft_model: bool = True) -> tuple[Arm, ...]:
     if not draft_model:
         return (LOOKUP, PLAIN)
     sizes = (
-        set(range(1, cfg.chain_k + 1)) if cfg.mode == "chain" else {2, 4, cfg.width} | set(range(2, cfg.width + 1, 2))
+        set(range(1, cfg.chain_k + 1))
+        if cfg.mode is Mode.CHAIN
+        else {2, 4, cfg.width} | set(range(2, cfg.width + 1, 2))
     )
-    lookup = (LOOKUP,) if cfg.mode == "tree" and cfg.trie else ()
+    lookup = (LOOKUP,) if cfg.mode is Mode.TREE and cfg.trie else ()
     return (*lookup, PLAIN, *(Arm("draft", n) for n in sorted(sizes)))
 
 

@@ -13,11 +13,10 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from common.errors import CadenceError
+from common.modes import MODES, Mode
 from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit, check_format
-from engine.options import AUTO_AHEAD, BY_NAME, DEFAULTS, MODES, RUNTIMES
+from engine.options import AUTO_AHEAD, BY_NAME, DEFAULTS, RUNTIMES
 from common.units import parse_bytes
-
-TARGET_ONLY = ("target", "std", "stdpl", "flash")
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class RunConfig:
     draft: str = "auto"  # a model, "none" (the trie alone), "flash", or "auto": decide picks
     dtype: str = "int4"
     draft_dtype: str | None = None  # None: the target's
-    mode: str = "tree"
+    mode: Mode = Mode.TREE  # an option's text becomes the member
     max_new_tokens: int | None = None  # None: until the end of the turn or of the context
     context: int | None = None  # tokens a generation holds, prompt and answer; None: decide sizes it
     chat: str = "auto"
@@ -50,8 +49,10 @@ class RunConfig:
     plan_sampling: bool = False  # plan room for sampling although the run's default is greedy (a server's requests)
 
     def __post_init__(self):
+        if self.mode not in MODES:
+            raise CadenceError(f"mode '{self.mode}' is not known; use one of {', '.join(MODES)}")
+        object.__setattr__(self, "mode", Mode(self.mode))
         checks = (
-            (self.mode in MODES, f"mode '{self.mode}' is not known; use one of {', '.join(MODES)}"),
             (self.runtime in RUNTIMES, f"runtime '{self.runtime}' is not known; use one of {', '.join(RUNTIMES)}"),
             (
                 self.max_new_tokens is None or self.max_new_tokens >= 1,
@@ -65,7 +66,7 @@ class RunConfig:
             ),
             (self.threads >= 0, f"--threads {self.threads} is not a thread count; give a number, or 0 for all cores"),
             (
-                not (self.draft == "none" and self.mode == "chain"),
+                not (self.draft == "none" and self.mode is Mode.CHAIN),
                 "mode chain needs a draft model; with --draft none use --mode tree (the n-gram trie proposes)",
             ),
             (
@@ -77,12 +78,12 @@ class RunConfig:
                 "the actor runtime runs on the CPU for now; use --runtime inproc with --device cuda",
             ),
             (
-                not (self.mode in ("std", "stdpl") and not self.memory_budget),
+                not (self.mode.streamed and not self.memory_budget),
                 f"mode {self.mode} streams the target under a memory budget: give --memory-budget (e.g. auto)",
             ),
             (0.0 < self.ffn_density <= 1.0, f"--ffn-density {self.ffn_density} must be above 0 and at most 1"),
             (
-                not (self.memory_budget and self.runtime != "actors" and self.mode != "flash"),
+                not (self.memory_budget and self.runtime != "actors" and self.mode is not Mode.FLASH),
                 "--memory-budget needs the actor runtime (the I/O loader is an actor); drop --runtime inproc",
             ),
             (
@@ -96,11 +97,11 @@ class RunConfig:
                 f"--draft-vocab={self.draft_vocab} must be 0 (the whole vocabulary) or a number of tokens",
             ),
             (
-                not (self.memory_budget and self.mode == "target"),
+                not (self.memory_budget and self.mode is Mode.TARGET),
                 "mode target keeps the whole target in memory; under --memory-budget use std, stdpl, chain or tree",
             ),
             (
-                self.tree.mode == ("chain" if self.mode == "chain" else "tree"),
+                self.tree.mode is self.mode.shape,
                 f"the tree settings are for mode {self.tree.mode}, the run's mode is {self.mode}",
             ),
         )
@@ -123,9 +124,9 @@ class RunConfig:
         if unknown:
             raise CadenceError(f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(BY_NAME)}")
         o = {**DEFAULTS, **options}
-        mode = o["mode"]
+        mode = Mode(o["mode"]) if o["mode"] in MODES else o["mode"]  # an unknown one: refused by __post_init__
         tree = TreeConfig(
-            mode="chain" if mode == "chain" else "tree",
+            mode=mode.shape if isinstance(mode, Mode) else Mode.TREE,
             width=o["width"] or TreeConfig.width,
             width_auto=not o["width"],
             chain_k=o["chain_k"],
@@ -175,7 +176,7 @@ class RunConfig:
         t, s, w, e = self.tree, self.sampling, self.worker or WorkerSplit(), self.experts
         return {
             "target": self.target,
-            "mode": self.mode,
+            "mode": self.mode.value,
             "memory_budget": self.memory_budget,
             "max_new_tokens": self.max_new_tokens,
             "temperature": s.temperature,
@@ -215,18 +216,16 @@ class RunConfig:
     def replace(self, **kw) -> RunConfig:
         return dataclasses.replace(self, **kw)
 
-    def with_mode(self, mode: str, **kw) -> RunConfig:
+    def with_mode(self, mode: Mode | str, **kw) -> RunConfig:
         """The same run in another mode (the same models; `kw`: other fields changed with it): its tree
         settings follow."""
-        return self.replace(
-            mode=mode, tree=dataclasses.replace(self.tree, mode="chain" if mode == "chain" else "tree"), **kw
-        )
+        return self.replace(mode=Mode(mode), tree=dataclasses.replace(self.tree, mode=Mode(mode).shape), **kw)
 
     # -- what follows from it -----------------------------------------------------------------------
 
     @property
     def speculative(self) -> bool:
-        return self.mode not in TARGET_ONLY
+        return self.mode.speculative
 
     @property
     def draft_model(self) -> str | None:

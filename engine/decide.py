@@ -85,7 +85,7 @@ def decide(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...] = ()) -> Run
     if cfg.draft_model:  # a draft that cannot serve is refused before any conversion
         machine.check_draft(cfg.target, cfg.draft)
     target = machine.store(cfg.target, cfg.dtype)
-    picked = cfg.draft == "auto" and cfg.mode == "tree"
+    picked = cfg.draft == "auto" and cfg.mode is Mode.TREE
     if cfg.draft == "auto":
         cfg = cfg.replace(draft=auto_draft(cfg, machine, notes) if cfg.speculative else "none")
     draft = machine.store(cfg.draft, cfg.draft_format) if cfg.draft_model else None
@@ -96,7 +96,7 @@ def decide(cfg: RunConfig, machine, prompt_lengths: tuple[int, ...] = ()) -> Run
     budget = parse_bytes(cfg.memory_budget) if cfg.memory_budget and not auto else None
     c = _Choice(cfg, target, draft, picked and draft is not None, budget)
     memory = None
-    if cfg.memory_budget and cfg.mode != "flash":  # flash sizes its caches from what it holds (engine/flash.py)
+    if cfg.memory_budget and cfg.mode is not Mode.FLASH:  # flash sizes its caches from what it holds (engine/flash.py)
         c = _settle_width(_settle_draft(c, machine, notes), machine, notes)
         try:
             memory = c.plan(machine)
@@ -120,7 +120,7 @@ def _plan(asked: RunConfig, c: _Choice, machine, memory, budget: int | None, not
     else:
         d = DraftPlan(DraftKind.TRIE if cfg.speculative else DraftKind.NONE)
     scheduler = None
-    if cfg.runtime == "actors" and cfg.mode != "flash":
+    if cfg.runtime == "actors" and cfg.mode is not Mode.FLASH:
         from scheduler.generation.footprint import ACTOR_MODULES
 
         # the model actors fork from one zygote that imported torch and the model code once
@@ -132,7 +132,7 @@ def _plan(asked: RunConfig, c: _Choice, machine, memory, budget: int | None, not
         scheduler = runtime_config(cfg, target, memory, preload)
     return RunPlan(
         asked=asked,
-        mode=Mode(cfg.mode),
+        mode=cfg.mode,
         target_name=cfg.target,
         target=target,
         format=cfg.dtype,
@@ -165,7 +165,7 @@ def _plan(asked: RunConfig, c: _Choice, machine, memory, budget: int | None, not
 def apply_profile(cfg: RunConfig, prof: dict) -> RunConfig:
     """An ARCA profile's choices (launch profile): its width and static tree (tree mode), its partition."""
     tree, worker = cfg.tree, cfg.worker
-    if prof["width"] > 0 and cfg.mode == "tree":
+    if prof["width"] > 0 and cfg.mode is Mode.TREE:
         tree = dataclasses.replace(
             tree,
             width=prof["width"],
@@ -313,7 +313,7 @@ def prepare_drafts(cfg: RunConfig, machine) -> None:
     """What a budgeted run's choice of draft reads, made ready: this machine's costs for the draft `auto` picks
     and, where it may go lean, the lean draft's store (converted on first use) and costs. `launch bench --cgroup`
     does this outside the cgroups, where each run then decides for itself."""
-    if not (cfg.draft == "auto" and cfg.mode == "tree"):
+    if not (cfg.draft == "auto" and cfg.mode is Mode.TREE):
         return
     name, _ = machine.pick_draft(cfg.target)
     if name is None:
@@ -330,7 +330,7 @@ def prepare_drafts(cfg: RunConfig, machine) -> None:
 def _widens(c: _Choice) -> bool:
     """A tree whose width was not given, that a budgeted run may widen (`_settle_width`)."""
     t = c.cfg.tree
-    return t.width_auto and t.adaptive and c.cfg.mode == "tree"
+    return t.width_auto and t.adaptive and c.cfg.mode is Mode.TREE
 
 
 def _settle_width(c: _Choice, machine, notes: list[str]) -> _Choice:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common.modes import Mode
 from common.errors import CadenceError
 from models import hub, registry
 from models.pull import is_pulled, model_path, pull
@@ -100,7 +101,7 @@ def auto_draft(cfg, machine, notes: list[str]) -> str:
             why = "is not smaller than {}" if default_shares else "does not share {}'s tokenizer"
             notes.append(f"draft: {name} (the default draft {registry.DEFAULT_DRAFT} {why.format(cfg.target)})")
         return name
-    if cfg.mode == "chain":
+    if cfg.mode is Mode.CHAIN:
         raise CadenceError(
             f"no model on this machine shares {cfg.target}'s tokenizer and is smaller; give --draft, or use --mode "
             "tree (with no draft model the n-gram trie proposes)"

@@ -12,6 +12,7 @@ import dataclasses
 
 import psutil
 
+from common.modes import Mode
 from common.errors import CadenceError
 
 from engine.config import RunConfig
@@ -96,7 +97,7 @@ def plan_inputs(
         draft_w = sum(n for g, n in draft.group_bytes().items() if g != "embed" and not g.startswith("head."))
         draft_w += draft.head_bytes(rows or None)
     n = cfg.parallel  # slots: each its own KV caches and trie; their trees verified in one forward
-    trie = 8 * cfg.context * n if cfg.tree.trie and cfg.mode == "tree" else 0
+    trie = 8 * cfg.context * n if cfg.tree.trie and cfg.mode is Mode.TREE else 0
     prompt = cfg.context - (cfg.max_new_tokens or 0)  # the longest prompt, where the new tokens are known
     o = machine.overheads(
         target,
@@ -192,7 +193,6 @@ def runtime_config(cfg: RunConfig, target: WeightStore, plan, preload: tuple[str
 
 SLOTS = 4  # the most generations at once `--parallel 0` picks (llama-server's `-np` auto takes 4 too)
 SLOT_CONTEXT = 512  # tokens a slot holds at the least (under a budget the default context is shared out)
-BATCHED_MODES = ("tree", "chain", "target")  # the modes a batch of generations runs (engine/sessions.py)
 
 
 def most_slots(
@@ -277,7 +277,7 @@ def _keeps_draft(plan, one) -> bool:
 def _one_at_a_time(cfg: RunConfig, machine) -> str | None:
     """What in `cfg` runs one generation at a time (a batch's forward runs dense blocks on the CPU kernels), if
     anything."""
-    if cfg.mode not in BATCHED_MODES:
+    if not cfg.mode.batched:
         return f"mode {cfg.mode}"
     if cfg.device != "cpu":
         return f"--device {cfg.device}"

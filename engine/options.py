@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.modes import MODES
 from common.settings import FORMATS, GROWTHS, PROMPT_WINDOW, WIDER, TreeConfig
 from models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
-MODES = ("target", "std", "stdpl", "chain", "tree", "flash")
 RUNTIMES = ("actors", "inproc")
 AUTO_AHEAD = 4  # --draft-ahead auto: at most this many draft steps per verification
 

@@ -17,24 +17,12 @@ import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 
+from common.modes import Mode
 from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit
 from engine.config import RunConfig
 from engine.options import DEFAULTS
 from models.store import WeightStore
 from scheduler.runtime_config import RuntimeConfig
-
-
-class Mode(StrEnum):
-    TARGET = "target"  # the target alone, resident
-    STD = "std"  # the target alone, streamed under a budget, no prefetch
-    STDPL = "stdpl"  # ... with the loader reading ahead
-    CHAIN = "chain"  # speculative decoding with a chain of draft tokens
-    TREE = "tree"  # token-tree speculation
-    FLASH = "flash"  # APPROXIMATE: LLM in a flash's sparse FFN, in this process
-
-    @property
-    def speculative(self) -> bool:
-        return self in (Mode.CHAIN, Mode.TREE)
 
 
 class DraftKind(StrEnum):
@@ -109,7 +97,7 @@ class RunPlan:
     def with_mode(self, mode: Mode) -> RunPlan:
         """The same run in another mode of the models it loaded (a benchmark's or a request's): its tree follows."""
         mode = Mode(mode)
-        tree = dataclasses.replace(self.tree, mode="chain" if mode is Mode.CHAIN else "tree")
+        tree = dataclasses.replace(self.tree, mode=Mode(mode).shape)
         return dataclasses.replace(self, mode=mode, tree=tree)
 
     def for_generation(self, max_new_tokens: int | None, sampling: SamplingConfig | None) -> RunPlan:

@@ -85,16 +85,16 @@ def _json_kind(v) -> str:
     return kinds.get(type(v), "null")
 
 
-def use_chat(prompt: Prompt, mode: str) -> bool:
+def use_chat(prompt: Prompt, chat: str) -> bool:
     """Whether the prompt gets the chat template: its own say, else --chat (auto: instructions and
     conversations do, code to complete does not)."""
     if prompt.messages:
         return True
     if prompt.chat is not None:
         return bool(prompt.chat)
-    if mode == "auto":
+    if chat == "auto":
         return prompt.kind in INSTRUCTION_KINDS
-    return mode == "on"
+    return chat == "on"
 
 
 def encode_prompt(tokenizer, prompt: Prompt, chat_mode: str, limit: int | None = None) -> tuple[list[int], bool]:

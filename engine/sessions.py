@@ -153,7 +153,7 @@ def _actor_session(sched, plan: RunPlan):
 
     d = plan.draft
     spec = SessionSpec(
-        mode=str(plan.mode),
+        mode=plan.mode,
         target_store=str(plan.target.dir),
         model=plan.target.args,
         draft_store=str(d.store.dir) if d.model else None,

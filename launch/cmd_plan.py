@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from common.modes import Mode
 from common.errors import CadenceError
 from engine.config import RunConfig
 from engine.decide import BudgetRefused, decide
@@ -116,11 +117,11 @@ def _smallest(cfg: RunConfig, machine: ThisMachine, run: RunPlan) -> None:
     if store is None and draft not in ("none", "flash"):
         store = machine.store(draft, sized.draft_format)
     drafts = store is not None or draft == "flash"  # a draft model, or the target's own sparse FFN
-    rows = [("std", "none", None), ("stdpl", "none", None)]
-    rows += [("chain", draft, store), ("tree", draft, store)] if drafts else []
-    for mode, name, d in rows + [("tree", "none", None)]:
+    rows = [(Mode.STD, "none", None), (Mode.STDPL, "none", None)]
+    rows += [(Mode.CHAIN, draft, store), (Mode.TREE, draft, store)] if drafts else []
+    for mode, name, d in rows + [(Mode.TREE, "none", None)]:
         m = sized.with_mode(mode, draft=name)
-        label = f"{mode} --draft {name}" if mode == "tree" and name in ("none", "flash") else mode
+        label = f"{mode} --draft {name}" if mode is Mode.TREE and name in ("none", "flash") else mode
         try:
             choice = least_flash_choice(m, target) if uses_flash_draft(m) else ()  # --draft flash: its smallest
             print(f"  {label:<20} {fmt(smallest_budget(**plan_inputs(m, target, d, machine, flash=choice))):>10}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from common.modes import Mode
 from common.settings import SamplingConfig, TreeConfig
 from models.transformer import Transformer
 from speculative.ahead import DraftingAhead
@@ -32,7 +33,7 @@ class Drafter:
         self.threshold = AdaptiveThreshold(cfg.alpha)  # the pacer's fallback; the verdicts adapt it
         self.pacer = PacedGrowth(cfg, sampling, self.threshold)
         self.ahead = DraftingAhead(self.feed, cfg, sampling.greedy)
-        self.trie = TokenTrie() if cfg.trie and cfg.mode == "tree" else None
+        self.trie = TokenTrie() if cfg.trie and cfg.mode is Mode.TREE else None
         self.context: list[int] = []  # every committed token: what the trie matches against
 
     @property
@@ -117,7 +118,7 @@ class Drafter:
         if cfg.shape_parents and self.greedy:
             return self.build_static(budget)
         seed = self.ahead.take_seed()
-        best = self.greedy and cfg.mode == "tree" and cfg.growth == "best"
+        best = self.greedy and cfg.mode is Mode.TREE and cfg.growth == "best"
         if seed is not None and not self.feed.pending:
             d = DraftTree(TokenTree(self.context[-1]), 1.0, 0)
             dist = seed.root_dist
@@ -159,7 +160,7 @@ class Drafter:
         self.feed.push(new_tokens[len(fed) + n :])
 
     def update_threshold(self, d: DraftTree, n_all: int, n_correct: int):
-        if self.cfg.mode == "tree":
+        if self.cfg.mode is Mode.TREE:
             self.threshold.update(d.tc, n_all, n_correct)
 
 

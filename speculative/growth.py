@@ -10,6 +10,7 @@ from typing import Protocol
 
 import torch
 
+from common.modes import Mode
 from common.settings import TOP_K, SamplingConfig, TreeConfig
 from models.sampling import Sampler
 from speculative.policy import AdaptiveThreshold, branch_candidates, pace
@@ -41,7 +42,7 @@ class PacedGrowth:
         (speculative/feed.py `run_here`), or share it with other trees' (speculative/draft_batch.py)."""
         cfg, t = self.cfg, d.tree
         while len(t) < budget:
-            if cfg.mode == "tree" and self.threshold.should_verify(t.tree_confidence()):
+            if cfg.mode is Mode.TREE and self.threshold.should_verify(t.tree_confidence()):
                 break
             # a tip under an unfed node (a trie chain) waits for it: its ancestors' KV entries must exist
             tips = [i for i in t.tips() if t.nodes[i].depth < min(cfg.max_depth, budget) and t.ready(i)]
@@ -61,7 +62,7 @@ class PacedGrowth:
         if self.greedy:
             top = torch.topk(dist, TOP_K)
             cands = list(zip(top.indices.tolist(), top.values.tolist()))
-            if self.cfg.mode == "chain":
+            if self.cfg.mode is Mode.CHAIN:
                 cands = cands[:1]
             for tok, p in branch_candidates(cands, self.cfg.branch_threshold, TOP_K):
                 c = t.child(node, tok)
@@ -73,7 +74,7 @@ class PacedGrowth:
             return
         # Sampling: k i.i.d. draws from q, k fixed by q alone (how many candidates clear the threshold).
         # k is fixed before drawing, so that every draw is a trial whatever token it brings.
-        k = 1 if self.cfg.mode == "chain" else max(1, int((dist >= self.cfg.branch_threshold).sum()))
+        k = 1 if self.cfg.mode is Mode.CHAIN else max(1, int((dist >= self.cfg.branch_threshold).sum()))
         trials = d.trials.setdefault(node, [])
         for _ in range(min(k, room)):
             tok = self.sampler.draw(dist)

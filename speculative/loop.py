@@ -21,17 +21,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol
 
 from common.errors import PromptError
+from common.modes import Mode
 from common.settings import DRAFT_ROWS, LOOKUP, PLAIN, Arm, Generation, SamplingConfig, SpecStats, TreeConfig, arms
 from speculative.governor import CostModel, Cycle, Governor
 from speculative.tree import Tree
 
-MODES = ("target", "std", "stdpl", "chain", "tree", "flash")
-TARGET_ONLY = (
-    "target",
-    "std",
-    "stdpl",
-    "flash",
-)  # flash: the target with its sparse FFN (approximate); std, stdpl: the target alone, streamed (without / with prefetch)
 AHEAD_WAIT = 0.2  # draft ahead while the verifier waits on I/O for more than this share of a verification
 
 
@@ -160,7 +154,7 @@ class Speculation:
         self,
         target: TargetSide,
         draft: DraftSide | None,
-        mode: str,
+        mode: Mode,
         cfg: TreeConfig,
         sampling: SamplingConfig,
         context: int,
@@ -172,7 +166,7 @@ class Speculation:
         prompt that continues this one (a conversation) finds its prefix there. `model_context`: the most
         the model's positions go to (a cache never needs more). `counter(name, values)`: trace counters
         (tokens, accepted length, alpha)."""
-        self.target, self.draft, self.mode, self.cfg, self.sampling = target, draft, mode, cfg, sampling
+        self.target, self.draft, self.mode, self.cfg, self.sampling = target, draft, Mode(mode), cfg, sampling
         self.context, self.model_context = context, model_context or context
         self.counter = counter or (lambda name, values: None)
         self.governors: dict[tuple, Governor] = {}  # per mode and arm set, kept across prompts
@@ -196,7 +190,7 @@ class Speculation:
         prompt_ids: list[int],
         max_new: int | None,
         stop: set[int],
-        mode: str | None = None,
+        mode: Mode | None = None,
         cfg: TreeConfig | None = None,
         sampling: SamplingConfig | None = None,
         reuse: bool = True,
@@ -224,7 +218,7 @@ class Speculation:
         prompt_ids: list[int],
         max_new: int | None,
         stop: set[int],
-        mode: str | None = None,
+        mode: Mode | None = None,
         cfg: TreeConfig | None = None,
         sampling: SamplingConfig | None = None,
         reuse: bool = True,
@@ -241,12 +235,12 @@ class Speculation:
         governor chooses, or None where its own does (a batch shares its rows out among the generations it holds;
         one generation alone in a resident batch runs as alone); `context`: this generation's, where a batch's KV
         pool gives it more or less than the run's (speculative/kvpool.py)."""
-        mode, cfg = mode or self.mode, cfg or self.cfg
+        mode, cfg = Mode(mode or self.mode), cfg or self.cfg
         draft = draft or self.draft
-        speculative = mode not in TARGET_ONLY
+        speculative = mode.speculative
         if speculative and draft is None:
             raise ValueError(f"mode {mode} needs a draft, which this run did not start")
-        if mode == "chain" and not draft.has_model:
+        if mode is Mode.CHAIN and not draft.has_model:
             raise ValueError("mode chain needs a draft model; --draft none speculates in tree mode only")
         sampling = sampling or self.sampling
         context = context or self.context
@@ -306,7 +300,7 @@ class Speculation:
     def _finished(out: list[int], max_new: int, stop: set[int]) -> bool:
         return len(out) >= max_new or out[-1] in stop
 
-    def _governor(self, mode: str, cfg: TreeConfig, draft: DraftSide, governors: dict) -> Governor | None:
+    def _governor(self, mode: Mode, cfg: TreeConfig, draft: DraftSide, governors: dict) -> Governor | None:
         """What speculation earned on earlier prompts carries over. No draft model: the trie or a plain step."""
         if not (cfg.adaptive or not draft.has_model):
             return None

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from common.modes import Mode
 from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit
 from models.args import ModelArgs
 from scheduler.generation.draft_side import ActorDraft
 from scheduler.generation.target_side import ActorTarget
 from scheduler.runtime import Runtime
 from speculative.lookup import TrieDraft
-from speculative.loop import TARGET_ONLY, Speculation
+from speculative.loop import Speculation
 
 ACTORS = {
     "verifier": "actors.verifier:VerifierActor",
@@ -31,7 +32,7 @@ ACTORS = {
 class SessionSpec:
     """What a run's actors are started with (engine/runner.py makes it from the run's configuration)."""
 
-    mode: str
+    mode: Mode
     target_store: str  # the weight store's directory
     model: ModelArgs  # the target's shape
     draft_store: str | None  # None: no draft model (a speculative mode then has the trie propose, here)
@@ -62,7 +63,7 @@ class ActorSession:
                 from scheduler.generation.streaming import Streamer
 
                 streamer = Streamer(
-                    sched, list(plan.streamed), {g: sizes[g] for g in plan.streamed}, prefetch=spec.mode != "std"
+                    sched, list(plan.streamed), {g: sizes[g] for g in plan.streamed}, prefetch=spec.mode is not Mode.STD
                 )
             if plan.expert_buffer > 0:
                 from scheduler.generation.experts import ExpertCache
@@ -90,7 +91,7 @@ class ActorSession:
     def _draft(self, slot: int):
         """The draft side of a generation (`slot`: of a batch's), or None in a target-only mode."""
         spec = self.spec
-        if spec.mode in TARGET_ONLY:
+        if not spec.mode.speculative:
             return None
         if spec.draft_store or spec.flash:
             return ActorDraft(self.s, spec.model.vocab_size, slot)
@@ -130,7 +131,7 @@ class ActorSession:
                 wait=False,
             )
         sched.spawn("verifier", actors["verifier"], vinit, wait=False)
-        if spec.mode not in TARGET_ONLY and (spec.draft_store or spec.flash):
+        if spec.mode.speculative and (spec.draft_store or spec.flash):
             dinit = {
                 **common,
                 "store": spec.draft_store,
