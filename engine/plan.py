@@ -97,7 +97,7 @@ class RunPlan:
     def with_mode(self, mode: Mode) -> RunPlan:
         """The same run in another mode of the models it loaded (a benchmark's or a request's): its tree follows."""
         mode = Mode(mode)
-        tree = dataclasses.replace(self.tree, mode=Mode(mode).shape)
+        tree = dataclasses.replace(self.tree, mode=mode.shape)
         return dataclasses.replace(self, mode=mode, tree=tree)
 
     def for_generation(self, max_new_tokens: int | None, sampling: SamplingConfig | None) -> RunPlan:

@@ -47,6 +47,9 @@ class SessionSpec:
     draft_rows: int = 0  # FR-Spec under a plan: the draft's head keeps only this many token rows (0: all)
     flash: tuple[float, str, int] | None = None  # --draft flash: (FFN density, predictor, neurons a layer cached)
 
+    def __post_init__(self):
+        object.__setattr__(self, "mode", Mode(self.mode))  # a mode's text (a test's, a message's) as the member
+
 
 class ActorSession:
     def __init__(self, sched: Runtime, spec: SessionSpec, impl: dict[str, str] | None = None):
