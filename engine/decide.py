@@ -250,6 +250,7 @@ def _settle_draft(c: _Choice, machine, notes: list[str]) -> _Choice:
     costs = machine.costs(c.target, c.draft) if budget is not False else None
     if costs is None:
         return c
+    _priced(costs, notes)
     if draft_pays(costs, c.target, c.draft, with_draft.read_per_forward, without.read_per_forward, c.cfg.tree.width):
         return c
     notes.append(
@@ -369,6 +370,7 @@ def _settle_width(c: _Choice, machine, notes: list[str]) -> _Choice:
         costs = costs or machine.costs(c.target, c.draft)
         if costs is None:
             return c
+        _priced(costs, notes)
         verify, read = costs.hidden_by_reads(c.target.args.n_layers, n * (width + 1), plan.read_per_forward)
         verify += n * max(0, width - t.width) // 2 * costs.draft_step_s(c.draft)  # the wider trees' extra levels
         if verify < read:
@@ -380,3 +382,9 @@ def _settle_width(c: _Choice, machine, notes: list[str]) -> _Choice:
             )
             return dataclasses.replace(c, cfg=wide, budget=budget)
     return c
+
+
+def _priced(costs, notes: list[str]) -> None:
+    """The plan's notes say once what the choices were priced with, and when and how it was measured."""
+    if costs.describe() not in notes:
+        notes.append(costs.describe())

@@ -111,3 +111,29 @@ def test_a_calibration_file_that_cannot_be_read_is_measured_again(tmp_path, monk
     assert child_json([sys.executable, "-c", "print('{\"a\": 1}')"], "probing") == {"a": 1}
     with pytest.raises(CadenceError, match=r"^probing failed \(SystemExit: bad\); retry$"):
         child_json([sys.executable, "-c", "raise SystemExit('SystemExit: bad')"], "probing", "; retry")
+
+
+def test_costs_measured_on_a_busy_machine_serve_the_run_and_are_not_kept(tmp_path, monkeypatch):
+    """Two processes spinning on this machine's cores while the costs are measured (a first run beside a
+    download or a build): the figures price this run, say so, and are not cached; measured again on the quiet
+    machine, they are, and say when and how they were taken."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("CADENCE_HOME", str(tmp_path / "home"))
+    target, said = _store(tmp_path), []
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        busy = costs(target, target, said.append)
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+    assert not busy.kept and busy.load["cpu"] > 0.25, busy.load
+    assert "busy with other work: used for this run, not kept" in said[-1], said
+    assert "used for this run only, not kept" in busy.describe()
+    assert not list((tmp_path / "home" / "calibration").glob("costs-*.json"))
+    quiet = costs(target, target, said.append)
+    assert quiet.kept and quiet.load["cpu"] < 0.25 and quiet.measured_at
+    assert len(list((tmp_path / "home" / "calibration").glob("costs-*.json"))) == 1
+    assert quiet.describe().startswith(f"costs: disk {quiet.disk_gbps:.2f} GB/s") and "measured 20" in quiet.describe()
