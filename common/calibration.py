@@ -65,13 +65,16 @@ def cached(
     measure: Callable[[], dict],
     make: Callable[[dict], T],
     check: Callable[[dict], str | None] | None = None,
+    fresh: bool = False,
 ) -> T:
     """`make` of the figures kept for `key`, or of `measure()` now, then kept (written whole or not at all; a
     home that cannot be written measures again next time). A file `make` cannot read is measured again. `check`:
-    why the figures just measured are not to be kept (a busy machine, repeats that disagree), or None."""
+    why the figures just measured are not to be kept (a busy machine, repeats that disagree), or None. `fresh`:
+    measured again whatever is kept (`launch calibrate`)."""
     path = paths.home() / "calibration" / f"{name}-{key}.json"
     try:
-        return make(json.loads(path.read_text()))
+        if not fresh:
+            return make(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         pass
     got = measure()

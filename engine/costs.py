@@ -68,9 +68,9 @@ class Costs:
         return self.forward_s(n_layers, rows, 0), read_bytes / (self.disk_gbps * 1e9)
 
 
-def costs(target: WeightStore, draft: WeightStore | None, say=None) -> Costs:
+def costs(target: WeightStore, draft: WeightStore | None, say=None, fresh: bool = False) -> Costs:
     """This machine's costs for the pair, from the cache or measured now (a few seconds, said in one line
-    through `say`) and cached."""
+    through `say`) and cached; `fresh`: measured again whatever is cached."""
     cmd = [sys.executable, "-m", "engine.costs", str(target.dir), str(draft.dir) if draft else ""]
 
     def measure() -> dict:
@@ -93,6 +93,7 @@ def costs(target: WeightStore, draft: WeightStore | None, say=None) -> Costs:
         measure,
         lambda d: Costs(**{**d, "layer_s": _rows(d["layer_s"]), "head_s": _rows(d["head_s"])}),
         check,
+        fresh,
     )
     if why:
         if say:

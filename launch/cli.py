@@ -18,7 +18,7 @@ import sys
 from common.errors import CadenceError, Terminated, stop_on_sigterm
 
 # subcommand module names, in the order `launch --help` lists them
-COMMANDS = ("models", "run", "chat", "serve", "plan", "bench", "profile", "trace", "runtime_bench")
+COMMANDS = ("models", "run", "chat", "serve", "plan", "calibrate", "bench", "profile", "trace", "runtime_bench")
 
 
 class _Help(argparse.HelpFormatter):

@@ -137,3 +137,24 @@ def test_costs_measured_on_a_busy_machine_serve_the_run_and_are_not_kept(tmp_pat
     assert quiet.kept and quiet.load["cpu"] < 0.25 and quiet.measured_at
     assert len(list((tmp_path / "home" / "calibration").glob("costs-*.json"))) == 1
     assert quiet.describe().startswith(f"costs: disk {quiet.disk_gbps:.2f} GB/s") and "measured 20" in quiet.describe()
+
+
+def test_launch_calibrate_measures_again_whatever_is_cached(tmp_path):
+    """`launch calibrate` over a cached figure it would otherwise read back: measured anew, said, and kept."""
+    import os
+    import subprocess
+    import sys
+
+    from common import paths
+    from tests.conftest import REPO
+
+    home, hf = tmp_path / "home", write_hf_dir(tmp_path / "hf", TINY["qwen"], random_tensors(TINY["qwen"], seed=3))
+    env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
+    cmd = [sys.executable, "-m", "launch.cli", "calibrate", "--target", str(hf), "--draft", "none", "--dtype", "int4"]
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert first.returncode == 0 and "costs: disk" in first.stdout, first.stderr[-2000:]
+    (kept,) = (home / "calibration").glob("costs-*.json")
+    kept.write_text(json.dumps({**json.loads(kept.read_text()), "disk_gbps": 123.0}))
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert again.returncode == 0 and "costs: disk 123.00" not in again.stdout, again.stdout
+    assert json.loads(kept.read_text())["disk_gbps"] != 123.0
