@@ -8,6 +8,10 @@ class CadenceError(Exception):
     """
 
 
+class UsageError(CadenceError):
+    """An option that cannot work as given (a port another process listens on): exit status 2, bad usage."""
+
+
 class PromptError(CadenceError):
     """One prompt cannot run (too long for the context, empty, not text): a run of many reports it and
     goes on with the others; a server answers its request with a client error. `param`: what to change

@@ -15,7 +15,7 @@ import re
 import signal
 import sys
 
-from common.errors import CadenceError, Terminated, stop_on_sigterm
+from common.errors import CadenceError, Terminated, UsageError, stop_on_sigterm
 
 # subcommand module names, in the order `launch --help` lists them
 COMMANDS = ("models", "run", "chat", "serve", "plan", "calibrate", "bench", "profile", "trace", "runtime_bench")
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     except CadenceError as e:
         print(f"launch: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, UsageError) else 1
 
 
 if __name__ == "__main__":

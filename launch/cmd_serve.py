@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from common.errors import CadenceError
+from common.errors import CadenceError, UsageError
 from launch.options import add_run_options, run_config
 from observe.monitor import add_monitor_args
 
@@ -17,6 +17,7 @@ def add_parser(sub):
     p.add_argument("--open-metrics", action="store_true", help="with --api-key: /metrics without the key")
     p.add_argument("--queue", type=int, default=8, help="requests that may wait for a slot (more get 429)")
     p.add_argument("--max-body", default="4MiB", help="the largest request body taken (more gets 413)")
+    p.add_argument("--quiet", action="store_true", help="no line per request on stderr")
     add_run_options(p, parallel=0)  # as many slots as the memory allows (engine/memory.py most_slots)
     add_monitor_args(p, trace=False)
     p.set_defaults(func=cmd_serve)
@@ -34,6 +35,7 @@ def cmd_serve(args) -> int:
         raise CadenceError(f"--port {args.port} is not a port; give 1-65535")
     if args.queue < 1:
         raise CadenceError(f"--queue {args.queue} must be at least 1")
+    _check_port(args.host, args.port)  # before the models load: minutes a busy port would waste
     max_body = parse_bytes(args.max_body)
     cfg = run_config(args)
 
@@ -59,6 +61,7 @@ def cmd_serve(args) -> int:
             max_body,
             args.open_metrics,
             f"flash-ffn-density-{run.ffn_density}" if run.approximate else None,
+            access_log=not args.quiet,
         ),
     )
     print(
@@ -77,6 +80,27 @@ def cmd_serve(args) -> int:
     if gen.is_alive():
         raise CadenceError("the generation thread did not stop within 30 s; its actors were left to the watchdog")
     return 0
+
+
+def _check_port(host: str, port: int) -> None:
+    """One sentence (exit 2) where the address cannot be listened on: another process listens there, or the
+    host is not this machine's."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as e:
+        raise UsageError(f"--host {host} is not an address of this machine ({e.strerror or e}); give another") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise UsageError(
+                f"port {port} on {host} is taken ({e.strerror}): another server listens there; "
+                "stop it or give --port another"
+            ) from None
 
 
 def _monitor(args, gen):

@@ -23,6 +23,7 @@ import asyncio
 import hmac
 import json
 import queue
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
+from starlette.middleware import Middleware
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -40,6 +42,7 @@ from serve.generator import Generator, Job
 from serve.requests import Ask, ClientError, parse_json, read_ask
 
 MAX_BODY = 4 << 20  # a request body larger than this is refused (413) before it is read whole
+RETRY_AFTER_S = 2  # what a 429 asks a client to wait (a slot frees within a few cycles of a generation)
 PAGE = Path(__file__).with_name("chat.html")
 
 
@@ -51,6 +54,7 @@ class ServeConfig:
     max_body: int = MAX_BODY
     open_metrics: bool = False  # /metrics without the key
     approximate: str | None = None  # --mode flash: what every response says it is (not the target's exact output)
+    access_log: bool = True  # a line per request on stderr (launch serve --quiet: none)
 
     @property
     def fingerprint(self) -> str:
@@ -61,6 +65,34 @@ class ServeConfig:
         """Names a request may give the served model by: its id, and for a file its name and stem."""
         p = Path(self.model)
         return {self.model, p.name, p.stem}
+
+
+class AccessLog:
+    """One line per request on stderr, after its response has gone (a stream's last event included): method,
+    path, status, the tokens it generated, seconds; as llama-server and uvicorn users expect to see."""
+
+    def __init__(self, app, write=None):
+        self.app = app
+        self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0, status = time.perf_counter(), [0]
+        scope.setdefault("state", {})
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            job = scope["state"].get("job")
+            tokens = f" {job.tokens} tokens" if job is not None and job.tokens is not None else ""
+            code = status[0] or 499  # no response started: the client left first
+            self.write(f"{scope['method']} {scope['path']} {code}{tokens} {time.perf_counter() - t0:.2f} s")
 
 
 def error(e: ClientError) -> JSONResponse:
@@ -146,15 +178,18 @@ class Api:
         except ClientError as e:
             return error(e)
         job = Job(ask, asyncio.get_running_loop())
+        request.state.job = job  # its tokens, for the access log
         try:
             self.gen.jobs.put_nowait(job)
         except queue.Full:
             self.gen.stats.rejected += 1
-            return error(
+            busy = error(
                 ClientError(
                     429, f"{self.gen.jobs.maxsize} requests are waiting already; retry later", None, "rate_limit_error"
                 )
             )
+            busy.headers["Retry-After"] = str(RETRY_AFTER_S)
+            return busy
         self.gen.stats.requests += 1
         if ask.stream:
             return EventSourceResponse(self._events(job, rid), ping=15, send_timeout=30)
@@ -307,5 +342,6 @@ def make_app(gen: Generator, cfg: ServeConfig) -> Starlette:
             Route("/v1/models", api.models),
             Route("/v1/completions", api.completions, methods=["POST"]),
             Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
-        ]
+        ],
+        middleware=[Middleware(AccessLog)] if cfg.access_log else [],
     )

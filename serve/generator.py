@@ -31,8 +31,11 @@ class Job:
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    tokens: int | None = None  # the tokens it generated, once done (the access log's)
 
     def put(self, kind: str, value=None) -> None:
+        if kind == "done":
+            self.tokens = len(value.token_ids)
         self.loop.call_soon_threadsafe(self.out.put_nowait, (kind, value))
 
 

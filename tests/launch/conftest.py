@@ -166,14 +166,17 @@ def serve(home: Path, args: list[str]):
     port = free_port()
     env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
     before = shm_segments()
-    p = subprocess.Popen(
-        [sys.executable, "-m", "launch.cli", "serve", "--port", str(port), *args],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log = home / f"serve-{port}.stderr"  # a file, not a pipe: a line per request must never fill a pipe and block
+    with open(log, "w") as err:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "launch.cli", "serve", "--port", str(port), *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+        )
+    p.stderr = open(log)  # what it said so far, read as tests read a pipe's (`p.stderr.read()`)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -109,7 +109,7 @@ def test_bad_requests_get_one_sentence(server):
 def test_a_full_queue_answers_429_and_every_accepted_request_completes(server):
     base, _, _ = server
     h = {"Authorization": "Bearer sekret"}
-    codes = []
+    codes, waits = [], []
 
     def ask():
         r = httpx.post(
@@ -119,6 +119,8 @@ def test_a_full_queue_answers_429_and_every_accepted_request_completes(server):
             timeout=120,
         )
         codes.append(r.status_code)
+        if r.status_code == 429:
+            waits.append(r.headers.get("retry-after"))
 
     threads = [threading.Thread(target=ask) for _ in range(5)]
     for t in threads:
@@ -128,6 +130,30 @@ def test_a_full_queue_answers_429_and_every_accepted_request_completes(server):
     assert 429 in codes and 200 in codes and set(codes) <= {200, 429}, (
         codes
     )  # one running, one queued, the rest refused
+    assert waits and all(w is not None and int(w) > 0 for w in waits), waits  # each refusal says when to retry
+
+
+def test_serve_on_a_port_another_process_listens_on_says_so_before_loading(tiny_gguf, tmp_path):
+    """A busy port is found before the models load (minutes, for a large one): one sentence, exit 2 (bad usage)."""
+    import socket
+    import subprocess
+    import sys
+
+    from common import paths
+
+    env = dict(os.environ, CADENCE_HOME=str(tmp_path), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cmd = [sys.executable, "-m", "launch.cli", "serve", "--target", str(tiny_gguf), "--port", str(port)]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip() == (
+        f"launch: port {port} on 127.0.0.1 is taken (Address already in use): another server listens there; "
+        "stop it or give --port another"
+    ), p.stderr
+    assert not (tmp_path / "stores").exists()  # nothing was loaded or converted
 
 
 def test_a_client_that_leaves_mid_stream_stops_its_generation(server):
@@ -455,5 +481,12 @@ def test_sigterm_stops_the_server_and_leaves_nothing(server):
     err = p.stderr.read()
     assert p.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err and "Traceback" not in err, err
     assert "Exception" not in err, err  # nothing the fuzzer sent made the server log an error of its own
+    # a line per request, as llama-server's and uvicorn's users read them: method, path, status, tokens, seconds
+    import re
+
+    lines = [ln for ln in err.splitlines() if re.fullmatch(r"(GET|POST) /\S* \d{3}( \d+ tokens)? \d+\.\d\d s", ln)]
+    assert any(re.match(r"POST /v1/chat/completions 200 \d+ tokens", ln) for ln in lines), err[-3000:]
+    assert any(ln.startswith(("POST /v1/completions 400 ", "POST /v1/chat/completions 400 ")) for ln in lines)
+    assert any(" 429 " in ln for ln in lines) and any(ln.startswith("GET /health 200 ") for ln in lines)
     time.sleep(0.5)
     assert not [s for s in shm_segments() - before if s.startswith(f"cadence-{p.pid}x")]  # none of its own left
