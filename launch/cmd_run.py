@@ -36,7 +36,11 @@ def add_parser(sub):
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="one prompt (the same as PROMPT)")
-    src.add_argument("--prompts", help='a JSONL prompt set: {"id", "kind", "prompt"} per line')
+    src.add_argument(
+        "--prompts",
+        help='a JSONL prompt set: {"id", "kind", "prompt"} per line; "kind" is complete (the default: raw text the '
+        "model continues), or copy, open or chat (instructions: with --chat auto they get the chat template)",
+    )
     p.add_argument("--json", dest="json_out", help="write one JSON row per prompt to this file, as each finishes")
     add_run_options(p)
     add_monitor_args(p)
