@@ -301,11 +301,12 @@ def _leaner_draft(c: _Choice, machine, notes: list[str]):
 def _without_room(c: _Choice, machine, notes: list[str], alone: RunConfig, why: CadenceError) -> _Choice:
     """The budget cannot hold the draft `--draft auto` picked: tree mode runs with the n-gram trie alone where the
     target's plan alone fits (a run that was not asked for a draft still runs), and says so in one line; where
-    not even that fits, the run says so in its own words."""
+    not even that fits, the run is refused in the words of that plan: the smallest budget it names is the smallest
+    any plan of the run reaches, not the one with the draft."""
     try:
         c.plan(machine, alone, None)
     except CadenceError:
-        return c
+        return dataclasses.replace(c, cfg=alone, draft=None, picked=False, lean=False)
     notes.append(f"draft: none (with the draft {c.cfg.draft}, {why}; --draft NAME keeps it)")
     return dataclasses.replace(c, cfg=alone, draft=None, picked=False, lean=False)
 

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 
 from speculative.lookup import PromptLookup
 from tests.launch.conftest import launch, one_clear_line
@@ -96,3 +97,18 @@ def test_prompt_lookup_proposes_what_followed_the_same_words_before():
     assert tree.trie_nodes == len(tree.tokens) and all(k == -1 for *_, k in tree.trials)
     look.push([1])
     assert look.tree() is None  # nothing ever followed 7 1
+
+
+@pytest.mark.real
+def test_a_budget_no_plan_fits_names_the_smallest_any_plan_reaches():
+    """`--draft auto` picks the 0.5B; at 300 MiB neither its plan nor the trie's alone fits: the refusal names the
+    smallest budget of the run's plans (the trie's, as `tree --draft none` lists it), not the draft's."""
+    import re
+
+    from common import paths
+
+    p = launch("plan", "--memory-budget", "300MiB", home=paths.home())
+    said = re.search(r"too small: .* the smallest budget that works is (\d+) MiB", p.stdout)
+    listed = re.search(r"tree --draft none\s+(\d+) MiB", p.stdout)
+    assert p.returncode == 1 and said and listed and said.group(1) == listed.group(1), p.stdout + p.stderr
+    assert "the draft (" not in said.group(0)
