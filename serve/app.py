@@ -231,8 +231,8 @@ class Api:
             try:
                 kind, value = await asyncio.wait_for(job.out.get(), timeout=0.25)
             except asyncio.TimeoutError:
-                if await request.is_disconnected():  # the client left: stop its generation
-                    job.cancelled.set()
+                if await request.is_disconnected() and self.gen.left(job):  # the client left while it waited
+                    return self._failed("cancelled", None, job)
                 continue
             if kind == "piece":
                 text += value
@@ -321,7 +321,7 @@ class Api:
                     yield {"data": "[DONE]"}
                     return
         finally:
-            job.cancelled.set()  # a client that left mid-stream (or any end): its generation stops at the next cycle
+            self.gen.left(job)  # a client that left mid-stream (or any end): its generation stops at the next cycle
 
 
 def usage(done) -> dict:

@@ -89,12 +89,26 @@ class Metrics:
         self.read_s += c.stats.get("read_s", 0.0)
 
 
+class JobQueue(queue.Queue):
+    """The requests waiting for a slot; one whose client left while it waited gives its place up at once."""
+
+    def discard(self, job) -> bool:
+        """Take `job` out if it still waits (then a 429 no longer counts it): whether it did."""
+        with self.mutex:
+            try:
+                self.queue.remove(job)
+            except ValueError:
+                return False
+            self.not_full.notify()
+            return True
+
+
 class Generator(threading.Thread):
     """Owns the model pair: loads it, then serves one job at a time from a bounded queue."""
 
     def __init__(self, make_llm, queue_size: int):
         super().__init__(name="cadence-generator", daemon=True)
-        self.make_llm, self.jobs = make_llm, queue.Queue(maxsize=queue_size)
+        self.make_llm, self.jobs = make_llm, JobQueue(maxsize=queue_size)
         self.llm = None
         self.error: str | None = None
         self.ready = threading.Event()
@@ -145,7 +159,8 @@ class Generator(threading.Thread):
                 if job is None:
                     stopping = True
                     break
-                if job.cancelled.is_set():
+                if job.cancelled.is_set():  # its client left as the slot freed
+                    self.stats.cancelled += 1
                     job.put("cancelled")
                     continue
                 try:
@@ -236,7 +251,8 @@ class Generator(threading.Thread):
         runner.leave(key)
 
     def _serve(self, job: Job) -> None:
-        if job.cancelled.is_set():
+        if job.cancelled.is_set():  # its client left as the slot freed
+            self.stats.cancelled += 1
             job.put("cancelled")
             return
         ask = job.ask
@@ -269,6 +285,15 @@ class Generator(threading.Thread):
                 self.stats.cancelled += 1
                 job.put("cancelled")
                 return
+
+    def left(self, job: Job) -> bool:
+        """A client left: its generation stops at the next cycle, or, while it still waits for a slot, it gives
+        its place up now and is counted (whether it was still waiting)."""
+        job.cancelled.set()
+        if self.jobs.discard(job):
+            self.stats.cancelled += 1
+            return True
+        return False
 
     def stop(self) -> None:
         for job in list(self.jobs.queue):
