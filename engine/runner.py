@@ -121,6 +121,11 @@ class Runner:
             done = self._completion(prompt, run, chat, c.result, decoder.text()) if c.result else None
             yield Chunk(text, c.tokens, c.accepted, c.alpha, c.finish_reason, done)
 
+    def take_io(self) -> dict:
+        """The loader's (and an expert buffer's) figures since the last ask: a batch's, which no one generation's
+        row holds (a server adds them to its metrics each cycle)."""
+        return self.session.target.take_stats()
+
     def batch(self):
         """The run's batch of `--parallel` slots (speculative/batch.py `Lockstep`), made at the first ask."""
         if self._batch is None:

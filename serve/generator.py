@@ -85,8 +85,12 @@ class Metrics:
         self.last_tokens_per_s = c.tokens_per_s
         self.accepted += c.stats.get("accepted", 0)
         self.verifications += c.stats.get("verifications", 0)
-        self.bytes_read += c.stats.get("bytes_read", 0)
-        self.read_s += c.stats.get("read_s", 0.0)
+        self.io(c.stats)
+
+    def io(self, stats: dict) -> None:
+        """A generation's reads, or a batch's (`Runner.take_io`: each cycle, where no row holds them)."""
+        self.bytes_read += stats.get("bytes_read", 0)
+        self.read_s += stats.get("read_s", 0.0)
 
 
 class JobQueue(queue.Queue):
@@ -200,6 +204,7 @@ class Generator(threading.Thread):
                     self._end(runner, live, key)
                     job.put("error", self.error)
                 continue
+            self.stats.io(runner.take_io())  # the batch's reads: no generation's row holds them
             for key, outcome in outcomes:
                 if key in live:
                     self._take(runner, live, key, runner.chunk(key, outcome))

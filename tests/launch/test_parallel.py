@@ -57,3 +57,21 @@ def test_generations_join_and_leave_at_random_cycles_and_each_is_its_own_run(tin
             else:
                 assert len(ids) == 20
     assert not (shm_segments() - before)
+
+
+@pytest.mark.real
+def test_a_batch_s_reads_are_taken_by_the_run_not_lost_between_its_rows():
+    """The real pair at 768 MiB (the target streams), two generations at once: the batch's loads are no one
+    generation's, its rows leave them out, and `Runner.take_io` (what a server's /metrics adds each cycle) has
+    them."""
+    from engine.config import RunConfig
+    from engine.runner import Runner
+
+    cfg = RunConfig.from_options(memory_budget="768MiB", parallel=2, max_new_tokens=6, no_trace=True)
+    with Runner(cfg) as runner:
+        assert runner.plan.memory.streamed
+        prompts = [Prompt(f"p{i}", "complete", t) for i, t in enumerate(TEXTS[:2])]
+        done = [c.completion for _, c in runner.stream_many(prompts) if getattr(c, "completion", None)]
+        io = runner.take_io()
+    assert len(done) == 2 and not any(c.stats.get("bytes_read") for c in done)
+    assert io["bytes_read"] > 0 and io["loads"] > 0 and io["read_s"] > 0, io
