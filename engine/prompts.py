@@ -99,16 +99,11 @@ def use_chat(prompt: Prompt, chat: str) -> bool:
 
 def encode_prompt(tokenizer, prompt: Prompt, chat_mode: str, limit: int | None = None) -> tuple[list[int], bool]:
     """The prompt as token ids, after the chat template if it gets one; whether it did. With --chat
-    auto a model without a template (a base model) gets the raw text. `limit`: the context, for the
+    auto a model without a template of its own (a base model: none in its files, or only the family's that
+    cadence knows, as for Gemma 3 270M's base GGUF) gets the raw text. `limit`: the context, for the
     tokenizer's cheap refusal of a text that cannot fit."""
     chat = use_chat(prompt, chat_mode)
-    if (
-        chat
-        and chat_mode == "auto"
-        and prompt.chat is None
-        and not tokenizer.info.chat_template
-        and not prompt.messages
-    ):
+    if chat and chat_mode == "auto" and prompt.chat is None and not own_template(tokenizer) and not prompt.messages:
         chat = False
     try:
         if not chat:
@@ -124,6 +119,14 @@ def encode_prompt(tokenizer, prompt: Prompt, chat_mode: str, limit: int | None =
         ) from None
     except CadenceError as e:  # text that is not text: this prompt's, not the run's
         raise PromptError(str(e), _param(str(e), prompt)) from None
+
+
+def own_template(tokenizer) -> bool:
+    """Whether the model's files carry a chat template (an instruct model), not just the family's default."""
+    from models.tokenizer_gguf import FAMILY_TEMPLATES
+
+    template = tokenizer.info.chat_template
+    return bool(template) and template not in FAMILY_TEMPLATES
 
 
 def _param(message: str, prompt: Prompt) -> str:

@@ -91,8 +91,9 @@ def cmd_pull(args) -> int:
 
 
 def cmd_list(args) -> int:
-    """The models (the registry's, pulled or not, then those pulled from the hub), each with its vocabulary's
-    size and the models on this machine that can draft for it; then the weight stores."""
+    """The models (the registry's, pulled or not, then those pulled from the hub), each with its kind (instruct: it
+    carries a chat template; base: it completes text), its vocabulary's size and the models on this machine that
+    can draft for it; then the weight stores."""
     from engine.drafts import drafters, pulled_vocabs
 
     console = Console()
@@ -100,8 +101,8 @@ def cmd_list(args) -> int:
     can = drafters(vocabs)
     t = Table(title="models")
     t.add_column("name", no_wrap=True)  # a name whole, whatever the width: what the other columns refer to
-    for c in ("pulled", "size", "tokens"):
-        t.add_column(c, justify="right" if c != "pulled" else "left")
+    for c in ("pulled", "kind", "size", "tokens"):
+        t.add_column(c, justify="right" if c in ("size", "tokens") else "left")
     t.add_column("drafts for it", overflow="fold")
     t.add_column("path", overflow="fold")
     rows = [(s.name, is_pulled(s), s.size, model_path(s)) for s in registry.MODELS.values()]
@@ -112,6 +113,7 @@ def cmd_list(args) -> int:
         t.add_row(
             name,
             "yes" if pulled else "no",
+            ("instruct" if v.chat else "base") if v else "-",  # base: text to complete (--chat auto: no template)
             f"{size / 1e6:.0f} MB",
             vocab,
             ", ".join(can.get(name, [])) or "-",

@@ -121,6 +121,9 @@ def _token_id(fields: Mapping[str, Any], what: str, tokens: list[str]) -> int | 
     return int(tid) if tid is not None and 0 <= int(tid) < len(tokens) else None
 
 
+FAMILY_TEMPLATES = (GEMMA_CHAT_TEMPLATE,)  # the defaults below: no model's own (engine/prompts.py `own_template`)
+
+
 def default_chat_template(arch: str, tokens: list[str]) -> str | None:
     """The family's well-known chat template, for a GGUF that carries none: Gemma's, where its turn tokens
     are in the vocabulary; else None (the model is run without one)."""

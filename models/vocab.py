@@ -29,7 +29,7 @@ from common import paths
 from common.errors import CadenceError
 from models.files import read_json
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: whether the model chats
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class Vocab:
     tokens: int
     rows: int
     params: int
+    chat: bool = False  # its files carry a chat template: an instruct model (else a base model, to complete text)
 
     def same_ids(self, other: Vocab) -> bool:
         """The two give every token id the same token, over the same rows of logits."""
@@ -51,14 +52,14 @@ class Vocab:
         return self.same_ids(target) and self.params < target.params
 
 
-def from_tokens(tokens: list, rows: int, params: int) -> Vocab:
+def from_tokens(tokens: list, rows: int, params: int, chat: bool = False) -> Vocab:
     """The Vocab of an id -> token list: llama.cpp's trailing `[PAD<id>]` rows and unassigned ids left out of
     its fingerprint and count."""
     n = len(tokens)
     while n and (tokens[n - 1] is None or tokens[n - 1] == f"[PAD{n - 1}]"):
         n -= 1
     digest = hashlib.sha256(json.dumps(tokens[:n], ensure_ascii=False).encode()).hexdigest()
-    return Vocab(digest, n, int(rows), int(params))
+    return Vocab(digest, n, int(rows), int(params), bool(chat))
 
 
 def tokens_of_json(tokenizer_json: dict, origin: Path) -> list:
@@ -92,7 +93,7 @@ def _of_gguf(path: Path) -> Vocab:
     emb = g.tensors.get("token_embd.weight")
     rows = emb.shape[0] if emb is not None else len(tokens)
     params = sum(math.prod(t.shape) for t in g.tensors.values())
-    return from_tokens(tokens, rows, params)
+    return from_tokens(tokens, rows, params, bool(g.fields.get("tokenizer.chat_template")))
 
 
 def _safetensors_params(path: Path) -> int:
@@ -112,7 +113,9 @@ def _of_hf(path: Path) -> Vocab:
     cfg = read_json(path / "config.json", advice) if (path / "config.json").is_file() else {}
     rows = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size") or len(tokens)
     params = sum(_safetensors_params(f) for f in sorted(path.glob("*.safetensors")))
-    return from_tokens(tokens, rows, params)
+    tc = read_json(path / "tokenizer_config.json", advice) if (path / "tokenizer_config.json").is_file() else {}
+    chat = bool(tc.get("chat_template")) or (path / "chat_template.jinja").is_file()
+    return from_tokens(tokens, rows, params, chat)
 
 
 def _of_store(path: Path) -> Vocab:
@@ -126,7 +129,10 @@ def _of_store(path: Path) -> Vocab:
     a = st.args
     per_layer = a.layer_params() + (a.n_experts * a.expert_params() if a.moe else 0)
     params = a.n_layers * per_layer + a.vocab_size * a.dim * (1 if a.tied_embeddings else 2)
-    return from_tokens(tokens, a.vocab_size, params)
+    from models.tokenizer_gguf import FAMILY_TEMPLATES  # a template cadence supplied is not the model's own
+
+    template = st.tokenizer_info.chat_template
+    return from_tokens(tokens, a.vocab_size, params, bool(template) and template not in FAMILY_TEMPLATES)
 
 
 def _key_files(path: Path) -> tuple[str, list[Path]]:

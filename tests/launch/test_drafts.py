@@ -96,9 +96,10 @@ def test_models_list_shows_which_models_can_draft_for_each(files, home, monkeypa
     rows = {
         ln.split("│")[1].strip(): [c.strip() for c in ln.split("│")[2:-1]] for ln in listed.splitlines() if "│" in ln
     }
-    assert rows["hf:me/big:big.gguf"][:4] == ["yes", f"{files['big'].stat().st_size / 1e6:.0f} MB", "300", SMALL]
-    assert rows[SMALL][2:4] == ["300", "-"] and rows[OTHER][2:4] == ["283", "-"]
-    assert rows["qwen2.5-coder-1.5b"][:4] == ["no", "1117 MB", "-", "-"]  # not pulled: nothing read
+    big = files["big"].stat().st_size / 1e6
+    assert rows["hf:me/big:big.gguf"][:5] == ["yes", "instruct", f"{big:.0f} MB", "300", SMALL]  # it has a template
+    assert rows[SMALL][3:5] == ["300", "-"] and rows[OTHER][3:5] == ["283", "-"]
+    assert rows["qwen2.5-coder-1.5b"][:5] == ["no", "-", "1117 MB", "-", "-"]  # not pulled: nothing read
 
 
 @pytest.mark.real

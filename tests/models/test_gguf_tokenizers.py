@@ -284,6 +284,16 @@ def test_gemma_gets_its_chat_template_and_stops_at_the_end_of_a_turn(spm_gemma, 
     assert info_from_gguf(fields, "g.gguf", "gemma2").chat_template == GEMMA_CHAT_TEMPLATE
     assert info_from_gguf({**fields, "tokenizer.chat_template": "X"}, "g.gguf", "gemma2").chat_template == "X"
     assert info_from_gguf(fields, "g.gguf", "llama").chat_template is None
+    # that template is the family's, not the model's (a base model, as Gemma 3 270M's base GGUF is): `--chat auto`
+    # leaves an instruction as raw text to complete; `--chat on` and a conversation's messages take it
+    from engine.prompts import Prompt, encode_prompt, own_template
+
+    ask = Prompt("q", "open", "Name three colours.")
+    assert not own_template(ours) and encode_prompt(ours, ask, "auto") == (ours.encode(ask.text), False)
+    assert (
+        encode_prompt(ours, ask, "on")[1]
+        and encode_prompt(ours, Prompt("c", "chat", "", messages=({"role": "user", "content": "hi"},)), "auto")[1]
+    )
 
 
 # Each family's pre-tokenizer and normalizer as its HF tokenizer.json has them (the split regexes as llama.cpp's
