@@ -26,7 +26,8 @@ ROWS = (1, 2, 3, 5, 9, 17, 33)  # a token, or a tree of 1..32 tokens and its roo
 DISK_BYTES = 256 << 20  # read to measure the disk (less if the store is smaller)
 READ_PIECE = 32 << 20  # ... in pieces of about a layer's size, as the loader reads
 VERSION = 3  # 3: checked before kept (figures cached by 2 may have been taken on a busy machine)
-MAX_SPREAD = 0.50  # two measurements further apart than this are not kept (quiet hosts here differ by up to 40%)
+MAX_SPREAD = 0.50  # two measurements' compute further apart than this is not kept (quiet hosts here: up to 40%)
+MAX_DISK_SPREAD = 1.0  # ... their disk rates, a factor of two (a quiet host's disk moves that much within minutes)
 SPREAD_BYTES, SPREAD_S = 64 << 20, 2e-4  # ... among the figures long enough to time
 
 
@@ -39,14 +40,15 @@ class Costs:
     draft_head_s: float  # the draft's output head, one row
     measured_at: str = ""  # when (local time)
     load: dict = field(default_factory=dict)  # the machine's load just before (common/calibration.py)
-    spread: float = 0.0  # how far the two measurements taken apart disagreed (the better of each is kept)
+    spread: float = 0.0  # how far the two measurements' compute disagreed (the better of each figure is kept)
+    disk_spread: float = 0.0  # ... and their disk rates
     kept: bool = True  # False: measured now on a machine too busy, or too noisy, to keep the figures
 
     def describe(self) -> str:
         """When and how the figures were measured, for `launch plan`."""
         how = (
             f"measured {self.measured_at or 'before'}, CPU {self.load.get('cpu', 0):.0%} and disk "
-            f"{self.load.get('disk', 0):.0%} busy with other work just before, two measurements {self.spread:.0%} "
+            f"{self.load.get('disk', 0):.0%} busy with other work just before, two measurements {self.spread:.0%} (disk {self.disk_spread:.0%}) "
             f"apart{'' if self.kept else ', used for this run only, not kept'}"
         )
         return f"costs: disk {self.disk_gbps:.2f} GB/s, a target layer of 9 rows {self.layer_s[9] * 1e3:.2f} ms ({how})"
@@ -83,7 +85,10 @@ def costs(target: WeightStore, draft: WeightStore | None, say=None, fresh: bool 
     why = []
 
     def check(got: dict) -> str | None:
-        spread = got["spread"] > MAX_SPREAD and f"two measurements were {got['spread']:.0%} apart"
+        spread = got["spread"] > MAX_SPREAD and f"two measurements' compute was {got['spread']:.0%} apart"
+        spread = spread or (
+            got["disk_spread"] > MAX_DISK_SPREAD and f"two disk rates were {got['disk_spread']:.0%} apart"
+        )
         why.extend([r for r in (busy_reason(got["load"]), spread) if r])
         return why[0] if why else None
 
@@ -183,14 +188,15 @@ def draft_pays(
 
 def repeated(target: WeightStore, draft: WeightStore | None) -> dict:
     """Three measurements, the best figure of each kept, and how far apart the last two were (the first warms the
-    process up): the disk's rate where the store gives a read long enough to time (SPREAD_BYTES), a 9-row layer and
-    the head where they take long enough (SPREAD_S); a tiny model's microseconds are all noise and price nothing."""
+    process up): a 9-row layer and the head where they take long enough (SPREAD_S), and apart from them the disk's
+    rate where the store gives a read long enough to time (SPREAD_BYTES); a tiny model's microseconds are all noise
+    and price nothing."""
     runs = [measure(target, draft) for _ in range(3)]
     a, b = runs[1:]
     apart = lambda x, y: abs(x - y) / max(min(x, y), 1e-12)  # noqa: E731
     pairs = [(a.layer_s[9], b.layer_s[9]), (a.head_s[9], b.head_s[9])]
     pairs = [(x, y) for x, y in pairs if min(x, y) >= SPREAD_S]
-    pairs += [(a.disk_gbps, b.disk_gbps)] if target.path.stat().st_size >= SPREAD_BYTES else []
+    disk = apart(a.disk_gbps, b.disk_gbps) if target.path.stat().st_size >= SPREAD_BYTES else 0.0
     best = lambda f: {r: min(getattr(c, f)[r] for c in runs) for r in getattr(a, f)}  # noqa: E731
     c = Costs(
         max(c.disk_gbps for c in runs),
@@ -199,6 +205,7 @@ def repeated(target: WeightStore, draft: WeightStore | None) -> dict:
         min(c.draft_layer_s for c in runs),
         min(c.draft_head_s for c in runs),
         spread=round(max([apart(x, y) for x, y in pairs] or [0.0]), 3),
+        disk_spread=round(disk, 3),
     )
     return asdict(c)
 
