@@ -109,8 +109,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "chat",
         "auto",
-        "apply the model's chat template (auto: to a prompt given on the command line and to "
-        "prompt kinds copy/open, when the model has one)",
+        "the chat template (auto: command-line prompts, kinds copy/open/chat, models with their own)",
         choices=("auto", "on", "off"),
         common=True,
     ),

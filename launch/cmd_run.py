@@ -38,8 +38,7 @@ def add_parser(sub):
     src.add_argument("--prompt", help="one prompt (the same as PROMPT)")
     src.add_argument(
         "--prompts",
-        help='a JSONL prompt set: {"id", "kind", "prompt"} per line; "kind" is complete (the default: raw text the '
-        "model continues), or copy, open or chat (instructions: with --chat auto they get the chat template)",
+        help='JSONL, {"id", "kind", "prompt"} a line; kind: complete (raw text, the default), copy, open, chat',
     )
     p.add_argument("--json", dest="json_out", help="write one JSON row per prompt to this file, as each finishes")
     add_run_options(p)
