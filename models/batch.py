@@ -79,12 +79,15 @@ def block(model: Transformer, i: int, w, x: torch.Tensor, positions: list, place
     """One layer over every generation's rows, in place in `x`, where the one-call kernel does not take the layer:
     the separate kernel calls of `Transformer.block_fused`, each generation's attention its own."""
     a = model.args
-    src = x.clone() if a.parallel_mixers and a.recurrent(i) else x  # both mixers read the layer's input (Falcon-H1)
+    h = None  # the layer's normed input, where two mixers share it (Falcon-H1): normed once, before either adds
+    if a.parallel_mixers and a.recurrent(i):
+        h = model.pre(x, w.attn_norm, kernels.rmsnorm)
+        h = x.clone() if h is x else h
     if a.recurrent(i):  # each generation's rows over its own state
         for (lo, hi), at in zip(spans, places):
-            model.mixer(x[lo:hi], w, at if at.rec is None else at.rec, kernels.rmsnorm, src[lo:hi])
+            model.mixer(x[lo:hi], w, at if at.rec is None else at.rec, kernels.rmsnorm, None if h is None else h[lo:hi])
     if a.attends(i):
-        h = model.pre(src, w.attn_norm, kernels.rmsnorm)
+        h = model.pre(x, w.attn_norm, kernels.rmsnorm) if h is None else h
         qkv, bias = model.project(w, h, kernels.rmsnorm)
         o = torch.empty(x.shape[0], a.q_dim, dtype=x.dtype)
         for (lo, hi), pos, at in zip(spans, positions, places):

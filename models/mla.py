@@ -9,14 +9,17 @@ the expanded keys and values (not the latent: simpler, and more bytes a token)."
 
 from __future__ import annotations
 
+from functools import cache
+
 NORM_EPS = 1e-6  # the latents' norms take their own epsilon, not the model's (transformers' default)
 
 
+@cache  # asked every layer of every forward: made once
 def lanes(head_dim: int, rope_dim: int) -> tuple[list[int], list[int]]:
     """(the lanes of a head that rotate, in the order of the rotary part's halves; the lanes that do not)."""
     half, r = head_dim // 2, rope_dim // 2
     rot = [*range(r), *range(half, half + r)]
-    return rot, [j for j in range(head_dim) if j not in rot]
+    return rot, [j for j in range(head_dim) if not (j < r or half <= j < half + r)]
 
 
 def project(model, w, h, norm):

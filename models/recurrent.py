@@ -46,10 +46,10 @@ def conv_mix(rows: torch.Tensor, base: int, slots: torch.Tensor, weight: torch.T
     return out
 
 
-def short_conv(model, x: torch.Tensor, w, at, norm, src: torch.Tensor) -> None:
+def short_conv(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
     """LFM2's convolution branch, added to x in place: in_proj -> [B | C | x~]; C * conv(B * x~); out_proj."""
     a = model.args
-    b, c, xx = w.conv_in.matmul(model.pre(src, w.attn_norm, norm)).split(a.dim, dim=-1)
+    b, c, xx = w.conv_in.matmul(h).split(a.dim, dim=-1)
     T = x.shape[0]
     at.k[at.slot0 : at.slot0 + T] = b * xx
     y = c * conv_mix(at.k, at.base, taps(at.vis, a.conv_kernel).to(x.device), w.conv_w)
@@ -192,12 +192,11 @@ def _levels(at, a, T: int):
         r = e
 
 
-def gated_delta_net(model, x: torch.Tensor, w, at, norm, src: torch.Tensor) -> None:
+def gated_delta_net(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
     """Qwen 3.5's delta-net branch, added to x in place: in_proj -> q/k/v (convolved, SiLU), z, b, a; each row's
     state stepped from its parent's; out = out_proj(gated_norm(S^T q) * silu(z))."""
     a = model.args
     T, C, hk, dk, hv, dv = x.shape[0], a.gdn_conv_dim, a.gdn_k_heads, a.gdn_k_dim, a.gdn_v_heads, a.gdn_v_dim
-    h = model.pre(src, w.attn_norm, norm)
     pre, z, b, araw = w.gdn_in.matmul(h).split([C, hv * dv, hv, hv], dim=-1)
     rows, s0 = at.k, at.slot0
     rows[s0 : s0 + T, :C] = pre
@@ -242,14 +241,13 @@ def ssm_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
     return state * da[..., None, None] + (dt[..., None] * B).unsqueeze(-2) * x.unsqueeze(-1)
 
 
-def mamba2(model, x: torch.Tensor, w, at, norm, src: torch.Tensor) -> None:
-    """A Mamba-2 branch of src (Granite 4.0-H, Nemotron-H, Falcon-H1), added to x in place: in_proj -> z, x B C
+def mamba2(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
+    """A Mamba-2 branch of h, the layer's normed input (Granite 4.0-H, Nemotron-H, Falcon-H1), added to x in place: in_proj -> z, x B C
     (convolved with a bias, SiLU), dt; each row's state stepped from its parent's; y = C h + D x;
     out_proj(group_norm(y * silu(z))) (or `ModelArgs.ssm_norm`'s other order, or no norm)."""
     a = model.args
     T, H, P, N, G = x.shape[0], a.ssm_heads, a.ssm_head_dim, a.ssm_state, a.ssm_groups
     inner, conv_dim = a.ssm_inner, a.ssm_conv_dim
-    h = model.pre(src, w.attn_norm, norm)
     z, pre, dt_raw = w.ssm_in.matmul(h).split([inner, conv_dim, H], dim=-1)
     rows, s0 = at.k, at.slot0
     rows[s0 : s0 + T, :conv_dim] = pre

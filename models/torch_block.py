@@ -35,12 +35,11 @@ def block(model, i: int, w, x: torch.Tensor, positions: torch.Tensor, at):
         if a.recurrent(i):
             model.mixer(x, w, at, rms_norm)
         return (yield from ffn_branch(model, i, w, x))
-    src = x
-    if at.rec is not None:  # a Mamba-2 mixer beside the attention, on the same input (Falcon-H1)
-        x = x.clone()
-        model.mixer(x, w, at.rec, rms_norm, src)
+    hn = model.pre(x, w.attn_norm, rms_norm)
+    if at.rec is not None:  # a Mamba-2 mixer beside the attention, on the same normed input (Falcon-H1)
+        hn, x = (x.clone() if hn is x else hn), x.clone()
+        model.mixer(x, w, at.rec, rms_norm, hn)
     cos, sin = at.rotary.tables(positions)
-    hn = model.pre(src, w.attn_norm, rms_norm)
     qkv = w.qkv(hn) if w.mla_kv_a is None else model.project(w, hn, rms_norm)[0]
     if a.qk_norm in ("head", "full"):
         model.norm_qk(qkv, w, rms_norm)
@@ -51,7 +50,7 @@ def block(model, i: int, w, x: torch.Tensor, positions: torch.Tensor, at):
     at.k[:, at.slot0 : at.slot0 + T] = k.transpose(0, 1)
     at.v[:, at.slot0 : at.slot0 + T] = v.view(T, a.n_kv_heads, a.head_dim).transpose(0, 1)
     o = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap, w.attn_sinks)  # [T, H, D]
-    x = x.clone() if x is src else x
+    x = x.clone() if at.rec is None else x  # (beside a mixer: cloned above)
     model.residual(x, w.attn_out, model.gated(o.reshape(T, a.q_dim), w, hn), w.attn_post_norm, rms_norm)
     return (yield from ffn_branch(model, i, w, x))
 

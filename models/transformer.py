@@ -162,10 +162,11 @@ class Transformer:
             rec = layer_kernel.record(w, a)
             if rec is not None:  # the whole layer in one call, the same bits
                 return layer_kernel.run(rec, x, positions, at, self.scale, a.norm_eps)
-        if at.rec is not None:  # both mixers on the layer's input, their outputs added (Falcon-H1)
-            src = x.clone()
-            self.mixer(x, w, at.rec, kernels.rmsnorm, src)
-            yield from self.attention_fused(i, w, x, positions, at, plan, src)
+        if at.rec is not None:  # both mixers on the layer's one normed input, their outputs added (Falcon-H1)
+            h = self.pre(x, w.attn_norm, kernels.rmsnorm)
+            h = x.clone() if h is x else h  # (a layer without a pre-norm: the mixer adds to x before attention reads)
+            self.mixer(x, w, at.rec, kernels.rmsnorm, h)
+            yield from self.attention_fused(i, w, x, positions, at, plan, h)
         elif a.recurrent(i):
             self.mixer(x, w, at, kernels.rmsnorm)
         elif a.mixes(i):
@@ -183,11 +184,11 @@ class Transformer:
             self.residual(x, w.down, self.act(w.gate_up.matmul(h)), w.ffn_post_norm, kernels.rmsnorm)
         return x
 
-    def attention_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan, src=None):
-        """The attention branch of `block_fused`, added to x in place (a generator: a plan may split it); its input
-        `src` where it is not x (a mixer beside it has added to x already)."""
+    def attention_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan, h=None):
+        """The attention branch of `block_fused`, added to x in place (a generator: a plan may split it); `h`: its
+        normed input where the caller has it (a mixer beside it shares it)."""
         a, T = self.args, x.shape[0]
-        h = self.pre(x if src is None else src, w.attn_norm, kernels.rmsnorm)
+        h = self.pre(x, w.attn_norm, kernels.rmsnorm) if h is None else h
         qkv, bias = self.project(w, h, kernels.rmsnorm)
         q = kernels.qkv_rope(qkv, bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
         self.temper(q, positions, i)
@@ -227,10 +228,12 @@ class Transformer:
         model has one (Qwen 3.5)."""
         return o if w.attn_gate is None else o * torch.sigmoid(w.attn_gate.matmul(h))
 
-    def mixer(self, x: torch.Tensor, w, at: Place, norm, src: torch.Tensor | None = None) -> None:
-        """A recurrent layer's branch (LFM2's convolution, a gated delta-net, Mamba-2) of `src` (default x), added
-        to x in place: each row reads its own ancestors' state (models/recurrent.py)."""
-        recurrent.MIXERS[self.args.rec_kind](self, x, w, at, norm, x if src is None else src)
+    def mixer(self, x: torch.Tensor, w, at: Place, norm, h: torch.Tensor | None = None) -> None:
+        """A recurrent layer's branch (LFM2's convolution, a gated delta-net, Mamba-2) of its normed input `h`
+        (default: x through its pre-norm), added to x in place: each row reads its own ancestors' state
+        (models/recurrent.py)."""
+        h = self.pre(x, w.attn_norm, norm) if h is None else h
+        recurrent.MIXERS[self.args.rec_kind](self, x, w, at, norm, h)
 
     def residual(self, x: torch.Tensor, out, h: torch.Tensor, post: torch.Tensor | None, norm):
         """x += h W^T, through the branch's norm (Gemma, OLMo 2) and scale (Granite) where the model has them."""

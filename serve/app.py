@@ -71,9 +71,8 @@ class AccessLog:
     """One line per request on stderr, after its response has gone (a stream's last event included): method,
     path, status, the tokens it generated, seconds; as llama-server and uvicorn users expect to see."""
 
-    def __init__(self, app, write=None):
+    def __init__(self, app):
         self.app = app
-        self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -92,7 +91,8 @@ class AccessLog:
             job = scope["state"].get("job")
             tokens = f" {job.tokens} tokens" if job is not None and job.tokens is not None else ""
             code = status[0] or 499  # no response started: the client left first
-            self.write(f"{scope['method']} {scope['path']} {code}{tokens} {time.perf_counter() - t0:.2f} s")
+            line = f"{scope['method']} {scope['path']} {code}{tokens} {time.perf_counter() - t0:.2f} s"
+            print(line, file=sys.stderr, flush=True)
 
 
 def error(e: ClientError) -> JSONResponse:
