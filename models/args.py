@@ -54,6 +54,7 @@ ARCHS = (
     "llama4",
     "falcon_h1",
     "mistral4",
+    "gemma4",
 )
 # none; RMSNorm per head over head_dim (qwen3); over the whole q / k projection (olmoe); a weightless RMSNorm per
 # head after RoPE, on the rotating layers (Llama 4's L2 norm)
@@ -159,6 +160,19 @@ class ModelArgs:
     gdn_norm_eps: float = 0.0  # the delta-net output norm's epsilon (0: the model's)
     router_scales_input: bool = False  # Llama 4: the routing weight scales the expert's input, not its output
     shared_gated: bool = True  # the shared expert's output times sigmoid of its gate (Qwen2-MoE), else as it is
+    # Gemma 4: full-attention layers with heads of their own size and count (0: the sliding layers'), each value
+    # head normed (weightless), the last `kv_shared` layers attending over the keys and values the last earlier
+    # layer of their kind made (no cache of their own), each layer's output times a scalar of its own, and
+    # per-layer embeddings (`ple_dim` per layer from a table of `ple_vocab` rows, read from disk row by row)
+    full_head_dim: int = 0
+    full_kv_heads: int = 0
+    v_norm: bool = False
+    kv_shared: int = 0
+    layer_scale: bool = False
+    ple_dim: int = 0
+    ple_vocab: int = 0
+    k_eq_v: bool = False  # full layers' values are their raw keys (read as value rows equal to the key rows)
+    wide_shared_ffn: bool = False  # the KV-sharing layers' FFN twice as wide (Gemma 4's use_double_wide_mlp)
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -236,6 +250,22 @@ class ModelArgs:
             raise CadenceError(f"sliding layer {self.sliding_layers[-1]} is past the model's {self.n_layers} layers")
         if not 0 <= self.rope_dim <= self.head_dim or self.rope_dim % 2:
             raise CadenceError(f"rope_dim={self.rope_dim} must be even and at most head_dim={self.head_dim}")
+        self._check_shared()
+
+    def _check_shared(self):
+        """Gemma 4's fields: full layers' heads of their own only where sliding layers rotate with tables of their
+        own (the tables' width is the head's), and a layer of each kind before the ones that share."""
+        if (self.full_head_dim or self.full_kv_heads) and not (self.sliding_layers and self.rope_local_base > 0):
+            raise CadenceError(
+                "full-attention heads of their own size need sliding layers with a rope base of their own"
+            )
+        if self.full_head_dim % 2 or (self.full_kv_heads and self.n_heads % self.full_kv_heads):
+            raise CadenceError(f"full_head_dim={self.full_head_dim} must be even, full_kv_heads divide n_heads")
+        if not 0 <= self.kv_shared < self.n_layers:
+            raise CadenceError(f"kv_shared={self.kv_shared} must be below the model's {self.n_layers} layers")
+        for i in range(self.n_layers - self.kv_shared, self.n_layers):
+            if self.kv_source(i) is None:
+                raise CadenceError(f"layer {i} shares the keys and values of an earlier layer of its kind; none is")
 
     @property
     def moe(self) -> bool:
@@ -280,7 +310,7 @@ class ModelArgs:
     @property
     def n_full(self) -> int:
         """Layers attending over the whole context (a KV cache row per token)."""
-        return sum(self.attends(i) and not self.sliding(i) for i in range(self.n_layers))
+        return sum(self.attends(i) and not self.sliding(i) and not self.shares_kv(i) for i in range(self.n_layers))
 
     def mixes(self, layer: int) -> bool:
         """The layer has a mixer (attention or recurrent)."""
@@ -337,6 +367,39 @@ class ModelArgs:
             return "none"
         return "local" if self.sliding(layer) and self.rope_local_base > 0 else "full"
 
+    def head_dim_at(self, layer: int) -> int:
+        """A layer's head size: a full-attention layer's own where the model gives one (Gemma 4)."""
+        return self.full_head_dim if self.full_head_dim and not self.sliding(layer) else self.head_dim
+
+    def kv_heads_at(self, layer: int) -> int:
+        return self.full_kv_heads if self.full_kv_heads and not self.sliding(layer) else self.n_kv_heads
+
+    def q_dim_at(self, layer: int) -> int:
+        return self.n_heads * self.head_dim_at(layer)
+
+    def kv_dim_at(self, layer: int) -> int:
+        return self.kv_heads_at(layer) * self.head_dim_at(layer)
+
+    def ffn_dim_at(self, layer: int) -> int:
+        return self.ffn_dim * (2 if self.wide_shared_ffn and self.shares_kv(layer) else 1)
+
+    def shares_kv(self, layer: int) -> bool:
+        """The layer attends over an earlier layer's keys and values and makes none (Gemma 4's last layers)."""
+        return layer >= self.n_layers - self.kv_shared
+
+    def kv_source(self, layer: int) -> int | None:
+        """The layer whose keys and values a layer attends over: itself, or for a sharing layer the last layer of
+        its kind (sliding or full) before the sharing ones (None: there is none)."""
+        if not self.shares_kv(layer):
+            return layer
+        first = self.n_layers - self.kv_shared
+        return next((j for j in range(first - 1, -1, -1) if self.sliding(j) == self.sliding(layer)), None)
+
+    @property
+    def n_sliding(self) -> int:
+        """Sliding-window layers with a cache of their own."""
+        return sum(not self.shares_kv(i) for i in self.sliding_layers)
+
     @property
     def q_dim(self) -> int:
         return self.n_heads * self.head_dim
@@ -376,8 +439,8 @@ class ModelArgs:
     def kv_bytes(self, capacity: int, itemsize: int = 4) -> int:
         """Bytes of the KV cache for a context of `capacity` tokens: a sliding layer keeps its window only; a
         recurrent layer its state and its recent tokens' rows (models/recurrent.py)."""
-        n_slide, n_rec = len(self.sliding_layers), len(self.rec_layers)
-        rows = self.n_full * capacity
-        rows += n_slide * self.window_rows(capacity)
-        rec = n_rec * (self.rec_rows(capacity) * self.rec_width + math.prod(self.rec_state))
-        return (2 * rows * self.kv_dim + rec) * itemsize
+        full = self.full_kv_heads or self.n_kv_heads, self.full_head_dim or self.head_dim
+        kv = 2 * self.n_full * capacity * math.prod(full)
+        kv += 2 * self.n_sliding * self.window_rows(capacity) * self.kv_dim
+        rec = len(self.rec_layers) * (self.rec_rows(capacity) * self.rec_width + math.prod(self.rec_state))
+        return (kv + rec) * itemsize

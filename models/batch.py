@@ -51,9 +51,12 @@ def forward_many_steps(model: Transformer, batch: list[Rows], argmax: bool = Fal
     x = model.weights.embed[torch.cat([r.tokens for r in batch])].float()
     if a.embed_scale != 1.0:
         x = x * a.embed_scale
-    pos = torch.cat(positions)
+    pos, tokens = torch.cat(positions), torch.cat([r.tokens for r in batch])
+    ple = None
     for i, need in enumerate(model.layer_needs):
         w = yield need
+        if i == 0:  # per-layer embeddings over every generation's rows, where the model has them (Gemma 4)
+            ple = model.ple_inputs(tokens, x, w, kernels.rmsnorm)
         if w.flash is not None:
             raise CadenceError("a batch of generations does not run LLM in a flash's sparse FFN")
         one_call = model.layer_calls and model.ffn_inputs is None and not a.attn_temp_beta
@@ -61,7 +64,7 @@ def forward_many_steps(model: Transformer, batch: list[Rows], argmax: bool = Fal
         if rec is not None:  # the whole layer in one call over every generation's rows, the same bits
             layer_kernel.run_many(rec, x, pos, [p[i] for p in places], spans, model.scale, a.norm_eps)
         else:
-            block(model, i, w, x, positions, [p[i] for p in places], spans)
+            block(model, i, w, x, positions, [p[i] for p in places], spans, None if ple is None else ple[:, i])
     for r in batch:
         r.cache.pending += r.tokens.shape[0]
     if any(r.last for r in batch):  # a prompt's rows but its last go no further
@@ -75,7 +78,7 @@ def forward_many_steps(model: Transformer, batch: list[Rows], argmax: bool = Fal
     return [out[lo:hi] for lo, hi in spans]
 
 
-def block(model: Transformer, i: int, w, x: torch.Tensor, positions: list, places: list, spans: list) -> None:
+def block(model: Transformer, i: int, w, x: torch.Tensor, positions: list, places: list, spans: list, ple=None):
     """One layer over every generation's rows, in place in `x`, where the one-call kernel does not take the layer:
     the separate kernel calls of `Transformer.block_fused`, each generation's attention its own."""
     a = model.args
@@ -88,11 +91,10 @@ def block(model: Transformer, i: int, w, x: torch.Tensor, positions: list, place
             model.mixer(x[lo:hi], w, at if at.rec is None else at.rec, kernels.rmsnorm, None if h is None else h[lo:hi])
     if a.attends(i):
         h = model.pre(x, w.attn_norm, kernels.rmsnorm) if h is None else h
-        qkv, bias = model.project(w, h, kernels.rmsnorm)
-        o = torch.empty(x.shape[0], a.q_dim, dtype=x.dtype)
+        qkv, bias = model.project(w, h, kernels.rmsnorm, i)
+        o = torch.empty(x.shape[0], a.q_dim_at(i), dtype=x.dtype)
         for (lo, hi), pos, at in zip(spans, positions, places):
-            rot = at.rotary
-            q = kernels.qkv_rope(qkv[lo:hi], bias, pos, rot.cos, rot.sin, at.k, at.v, a.n_heads, at.slot0)
+            q = model.rotate(qkv[lo:hi], bias, pos, at, i)
             model.temper(q, pos, i)
             model.norm_keys(at, hi - lo, i)
             o[lo:hi] = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap, w.attn_sinks).reshape(hi - lo, -1)
@@ -101,3 +103,4 @@ def block(model: Transformer, i: int, w, x: torch.Tensor, positions: list, place
         return
     h = model.pre(x, w.ffn_norm, kernels.rmsnorm)
     model.residual(x, w.down, model.act(w.gate_up.matmul(h)), w.ffn_post_norm, kernels.rmsnorm)
+    model.finish(x, w, ple, kernels.rmsnorm)

@@ -46,6 +46,9 @@ LINEAR = (
     "attn_q",
     "attn_kv_a",
     "attn_kv_b",
+    "ple_proj",
+    "ple_gate",
+    "ple_out",
 )
 # kept in fp32 whatever the format: a router decides which experts run, and its weights are a few KiB per layer
 FP32_LINEAR = ("ffn_router", "ffn_shexp_gate")
@@ -185,7 +188,7 @@ def _write_tensors(
             arrays, meta = linear.encode(torch.from_numpy(source.get(name)), f, group_size=group_size)
             writer.add(group, name, f, arrays, meta)
         else:
-            dtype = linear.float_dtype(fmt) if name == "embed" else torch.float32
+            dtype = linear.float_dtype(fmt) if name in ("embed", "embed_pl") else torch.float32
             writer.add(group, name, "float", {"w": torch.from_numpy(source.get(name)).to(dtype)})
         advance()
     # The output head in parts of about a layer's bytes, each a group of its own: streamed, a part fits the

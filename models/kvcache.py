@@ -38,11 +38,11 @@ class KVCache:
         """`storage`: a float32 tensor of `KVCache.numel(args, capacity)` elements to live in (shared memory)."""
         self.args, self.capacity, self.device = args, capacity, device
         self.window = args.sliding_window if args.sliding_layers else 0
-        n_slide, n_rec = len(args.sliding_layers), len(args.rec_layers)
-        full, slide = (args.n_full, capacity), (n_slide, args.window_rows(capacity))
-        self.rows = slide[1]
+        n_slide, n_rec = args.n_sliding, len(args.rec_layers)
+        self.rows = args.window_rows(capacity)
         self.owned = storage is None
-        shapes = [(2, n, args.n_kv_heads, c, args.head_dim) for n, c in (full, slide)]
+        full = (args.full_kv_heads or args.n_kv_heads, capacity, args.full_head_dim or args.head_dim)
+        shapes = [(2, args.n_full, *full), (2, n_slide, args.n_kv_heads, self.rows, args.head_dim)]
         shapes += [(n_rec, args.rec_rows(capacity), args.rec_width), (n_rec, *args.rec_state)]
         if storage is None:
             parts = [torch.zeros(shape, device=device) for shape in shapes]
@@ -62,6 +62,9 @@ class KVCache:
         for i in range(args.n_layers):
             kind = "sliding" if args.sliding(i) else "full" if args.attends(i) else "none"
             kind = "rec" if args.recurrent(i) and kind == "none" else kind
+            if args.shares_kv(i):  # Gemma 4: the rows of the layer it shares
+                index.append(index[args.kv_source(i)])
+                continue
             index.append((kind, count[kind]))
             count[kind] += 1
         self.index = index

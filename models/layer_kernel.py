@@ -33,6 +33,7 @@ def _record(w, args: ModelArgs) -> torch.Tensor:
     biased_norm = args.qk_norm and w.qkv is not None and w.qkv.bias is not None
     dense = w.flash is None and w.router is None and not args.moe and w.attn_gate is None and args.act != "relu2"
     dense = dense and not biased_norm and args.qk_norm in ("", "head", "full") and not args.chunk_layers
+    dense = dense and not (args.v_norm or args.layer_scale or args.ple_dim or args.kv_shared)  # (Gemma 4)
     if not dense or not all(isinstance(x, linear.QuantLinear) and x.kernel for x in lins):
         return torch.empty(0, dtype=torch.int64)
     norms = (w.attn_norm, w.ffn_norm, w.q_norm, w.k_norm, w.attn_post_norm, w.ffn_post_norm, w.qkv.bias)

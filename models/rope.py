@@ -36,6 +36,9 @@ def inv_freq(
             inv = _llama3(inv, scaling)
         elif kind == "divisors":
             inv = inv / torch.tensor(scaling.divisors[: len(inv)], dtype=torch.float32)
+    elif kind == "proportional":  # the head's frequencies, the first pairs only (transformers' rounding)
+        angles = int(scaling.proportion * head_dim // 2)
+        inv = 1.0 / (base ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / head_dim)) / scaling.factor
     elif kind == "yarn":
         inv, factor = _yarn(base, dim, scaling)
     else:  # longrope

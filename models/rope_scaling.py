@@ -1,5 +1,6 @@
 """RopeScaling: how a model stretches its rotary embeddings past the context it was trained on (linear, dynamic
-NTK, YaRN, LongRoPE, Llama 3's, or a GGUF's per-frequency divisors), in both spellings configs use; models/rope.py
+NTK, YaRN, LongRoPE, Llama 3's, or a GGUF's per-frequency divisors) or rotates part of a head (Gemma 4's
+proportional), in both spellings configs use; models/rope.py
 builds the tables from it."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from dataclasses import dataclass, fields
 
 from common.errors import CadenceError
 
-ROPE_KINDS = ("linear", "dynamic", "yarn", "longrope", "llama3", "divisors")
+ROPE_KINDS = ("linear", "dynamic", "yarn", "longrope", "llama3", "divisors", "proportional")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,9 @@ class RopeScaling:
     short_factor: tuple[float, ...] = ()  # longrope, one per frequency
     long_factor: tuple[float, ...] = ()
     divisors: tuple[float, ...] = ()  # a GGUF's rope_freqs: each frequency divided by its own
+    # proportional (Gemma 4's full layers): the first `proportion` of a head's rotate-half pairs rotate, at the
+    # frequencies of the whole head; the rest do not
+    proportion: float = 1.0
 
     def __post_init__(self):
         if self.kind not in ROPE_KINDS:

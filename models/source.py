@@ -32,7 +32,16 @@ _MOE_GGUF_KEYS = frozenset(
 )
 _METADATA = ("general.", "tokenizer.", "quantize.", "split.")
 SSM_PARTS = ("ssm_in", "ssm_conv", "ssm_conv_b", "ssm_dt", "ssm_a", "ssm_d", "ssm_norm", "ssm_out")
-NORMS = ("attn_norm", "ffn_norm", "attn_post_norm", "ffn_post_norm", "attn_q_norm", "attn_k_norm", "out_norm")
+NORMS = (
+    "attn_norm",
+    "ffn_norm",
+    "attn_post_norm",
+    "ffn_post_norm",
+    "attn_q_norm",
+    "attn_k_norm",
+    "out_norm",
+    "ple_post_norm",
+)
 
 
 def _mixer_names(args: ModelArgs, i: int, g: str, b: str) -> list[tuple[str, str]]:
@@ -53,11 +62,8 @@ def _mixer_names(args: ModelArgs, i: int, g: str, b: str) -> list[tuple[str, str
         parts += ["attn_q_a", "attn_q_a_norm"] * bool(args.mla_q_rank)
         parts += ["attn_q", "attn_kv_a", "attn_kv_a_norm", "attn_kv_b", "attn_out"]
     elif args.attends(i):
-        parts += (
-            ["attn_qkv"]
-            + ["attn_qkv_bias"] * args.qkv_bias
-            + ["attn_q_norm", "attn_k_norm"] * (args.qk_norm in ("head", "full"))
-        )
+        norms = ["attn_q_norm", "attn_k_norm"][: 1 if args.shares_kv(i) else 2] * (args.qk_norm in ("head", "full"))
+        parts += ["attn_qkv"] + ["attn_qkv_bias"] * args.qkv_bias + norms
         parts += ["attn_gate"] * args.attn_gate + ["attn_sinks"] * args.attn_sinks + ["attn_out"]
         parts += ["attn_out_bias"] * args.attn_out_bias
     names += [(g, f"{b}.{p}") for p in parts]
@@ -71,9 +77,11 @@ def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
     expert) and gives each expert a group of its own, `expert.<i>.<e>` (gate and up rows, then down),
     right after its layer's: an expert is one contiguous read.
     """
-    names = [("embed", "embed")]
+    names = [("embed", "embed")] + [("embed", "embed_pl")] * bool(args.ple_dim)
     for i in range(args.n_layers):
         g, b = f"layer.{i}", f"blk.{i}"
+        if i == 0 and args.ple_dim:  # per-layer embeddings' projection of the embeddings, needed before layer 0
+            names += [(g, "blk.0.ple_proj"), (g, "blk.0.ple_proj_norm")]
         names += _mixer_names(args, i, g, b) if args.mixes(i) else []
         if not args.has_ffn(i):
             continue
@@ -81,6 +89,8 @@ def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
         if not args.experts_at(i):
             names += [(g, f"{b}.ffn_gate_up"), (g, f"{b}.ffn_down")]
             names += [(g, f"{b}.ffn_post_norm")] if args.post(i) else []
+            names += [(g, f"{b}.{p}") for p in ("ple_gate", "ple_out", "ple_post_norm")] if args.ple_dim else []
+            names += [(g, f"{b}.layer_scale")] if args.layer_scale else []
             continue
         names.append((g, f"{b}.ffn_router"))
         names += [(g, f"{b}.ffn_router_bias")] if args.router_bias else []
@@ -102,9 +112,13 @@ def tensor_shape(args: ModelArgs, name: str) -> tuple[int, ...]:
     a = args
     if name in ("embed", "head"):
         return (a.vocab_size, a.dim)
+    if name == "embed_pl":
+        return (a.ple_vocab, a.n_layers * a.ple_dim)
     part = name.rsplit(".", 1)[-1]
-    qkv = a.q_dim + 2 * a.kv_dim
-    norm_width = {"head": a.head_dim, "full": None}.get(a.qk_norm)
+    i = int(name.split(".")[1]) if name.startswith("blk.") else 0
+    q_dim, kv_dim, ffn = a.q_dim_at(i), 0 if a.shares_kv(i) else a.kv_dim_at(i), a.ffn_dim_at(i)
+    qkv = q_dim + 2 * kv_dim
+    norm_width = {"head": a.head_dim_at(i), "full": None}.get(a.qk_norm)
     return {
         "attn_norm": (a.dim,),
         "ffn_norm": (a.dim,),
@@ -113,11 +127,17 @@ def tensor_shape(args: ModelArgs, name: str) -> tuple[int, ...]:
         "out_norm": (a.dim,),
         "attn_qkv": (qkv, a.dim),
         "attn_qkv_bias": (qkv,),
-        "attn_out": (a.dim, a.q_dim),
-        "ffn_gate_up": ((1 if a.act == "relu2" else 2) * a.ffn_dim, a.dim),
-        "ffn_down": (a.dim, a.ffn_dim),
-        "attn_q_norm": (norm_width or a.q_dim,),
-        "attn_k_norm": (norm_width or a.kv_dim,),
+        "attn_out": (a.dim, q_dim),
+        "ffn_gate_up": ((1 if a.act == "relu2" else 2) * ffn, a.dim),
+        "ffn_down": (a.dim, ffn),
+        "attn_q_norm": (norm_width or q_dim,),
+        "attn_k_norm": (norm_width or kv_dim,),
+        "ple_proj": (a.n_layers * a.ple_dim, a.dim),
+        "ple_proj_norm": (a.ple_dim,),
+        "ple_gate": (a.ple_dim, a.dim),
+        "ple_out": (a.dim, a.ple_dim),
+        "ple_post_norm": (a.dim,),
+        "layer_scale": (1,),
         "ffn_router": (a.n_experts, a.dim),
         "ffn_shexp_gate": (1, a.dim),
         "ffn_shexp_gate_up": (2 * a.shared_ffn_dim, a.dim),
@@ -169,6 +189,8 @@ def qkv_layout(w: np.ndarray, args: ModelArgs, permuted: bool = False, interleav
     """A fused q/k/v matrix (or bias) in the engine's layout: llama.cpp's interleaved q/k rows put back
     (`permuted`), a model's own interleaved pairs put in rotate-half order (`interleaved`: GLM-4), a partial
     rotary's lanes moved to the front halves (models/families/base.py)."""
+    if not (permuted or interleaved or args.rope_dim):
+        return w  # (its rows as they are: Gemma 4's layers have q/k/v of their own sizes)
     q, k, v = np.split(w, [args.q_dim, args.q_dim + args.kv_dim])
     if permuted:
         q, k = unpermute(q, args.n_heads), unpermute(k, args.n_kv_heads)

@@ -81,6 +81,7 @@ class HFSource:
         n, mtp = self.args.n_layers, int(cfg.get("num_nextn_predict_layers") or cfg.get("num_mtp_layers") or 0)
         skip = ("mtp.", *(f"{self.prefix}layers.{i}." for i in range(n, n + mtp)))
         unknown = {k for k in self.index if k not in used and not k.endswith(_IGNORED) and not k.startswith(skip)}
+        unknown = {k for k in unknown if not self.family.hf_skipped(k, self.args)}
         if self.wrapper:  # the vision (and audio) towers and their projectors: images are not run
             unknown = {k for k in unknown if k.startswith(self.prefix)}
         refuse_unknown("the tensor", unknown, str(self.path), self.family, "it is a variant cadence does not run")
@@ -109,6 +110,8 @@ class HFSource:
 
     def _sources(self, name: str) -> list[str]:
         """The tensors of the directory a canonical tensor is made of (an expert: any of its spellings)."""
+        if name in self.family.hf_globals:
+            return [f"{self.prefix}{self.family.hf_globals[name]}"]
         if name in ("embed", "out_norm", "head"):
             return [
                 {
@@ -134,13 +137,13 @@ class HFSource:
             "ffn_shexp_gate_up": ["mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"],
             "ffn_shexp_down": ["mlp.shared_expert.down_proj"],
         }
+        own = self.family.hf_layer_tensors(int(i), part.removesuffix("_bias"), self.args)
         if part == "attn_qkv_bias":
-            return [f"{p}.{n}.bias" for n in self.family.hf_tensors("attn_qkv")]
+            return [f"{p}.{n}.bias" for n in own or self.family.hf_tensors("attn_qkv")]
         if part in self.family.hf_params:  # a parameter of its own, not a module's weight
             return [f"{p}.{n}" for n in self.family.hf_tensors(part)]
-        return [
-            f"{p}.{n}.weight" for n in self.family.hf_names.get(part) or moe.get(part) or self.family.hf_tensors(part)
-        ]
+        names = own or self.family.hf_names.get(part) or moe.get(part) or self.family.hf_tensors(part)
+        return [f"{p}.{n}.weight" for n in names]
 
     def _expert(self, i: str, e: int, which: str) -> np.ndarray:
         """One expert's matrix: from per-expert tensors (checkpoints as published), or from the fused

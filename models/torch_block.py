@@ -34,7 +34,7 @@ def block(model, i: int, w, x: torch.Tensor, positions: torch.Tensor, at):
         x = x.clone()
         if a.recurrent(i):
             model.mixer(x, w, at, rms_norm)
-        return (yield from ffn_branch(model, i, w, x))
+        return (yield from ffn_branch(model, i, w, x, at.ple))
     hn = model.pre(x, w.attn_norm, rms_norm)
     if at.rec is not None:  # a Mamba-2 mixer beside the attention, on the same normed input (Falcon-H1)
         hn, x = (x.clone() if hn is x else hn), x.clone()
@@ -42,21 +42,24 @@ def block(model, i: int, w, x: torch.Tensor, positions: torch.Tensor, at):
     cos, sin = at.rotary.tables(positions)
     qkv = w.qkv(hn) if w.mla_kv_a is None else model.project(w, hn, rms_norm)[0]
     if a.qk_norm in ("head", "full"):
-        model.norm_qk(qkv, w, rms_norm)
-    q, k, v = qkv.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
-    q = model.temper(rope(q.view(T, a.n_heads, a.head_dim), cos, sin), positions, i)
-    k = rope(k.view(T, a.n_kv_heads, a.head_dim), cos, sin)
-    k = l2_norm(k, a.norm_eps) if a.qk_norm == "l2" and i not in a.nope_layers else k
-    at.k[:, at.slot0 : at.slot0 + T] = k.transpose(0, 1)
-    at.v[:, at.slot0 : at.slot0 + T] = v.view(T, a.n_kv_heads, a.head_dim).transpose(0, 1)
+        model.norm_qk(qkv, w, rms_norm, i)
+    hd, hkv, q_dim = a.head_dim_at(i), a.kv_heads_at(i), a.q_dim_at(i)
+    q = model.temper(rope(qkv[:, :q_dim].reshape(T, a.n_heads, hd), cos, sin), positions, i)
+    if not a.shares_kv(i):  # (Gemma 4's last layers attend over an earlier layer's keys and values)
+        k, v = qkv[:, q_dim:].split(hkv * hd, dim=-1)
+        k = rope(k.reshape(T, hkv, hd), cos, sin)
+        k = l2_norm(k, a.norm_eps) if a.qk_norm == "l2" and i not in a.nope_layers else k
+        at.k[:, at.slot0 : at.slot0 + T] = k.transpose(0, 1)
+        at.v[:, at.slot0 : at.slot0 + T] = v.reshape(T, hkv, hd).transpose(0, 1)
     o = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap, w.attn_sinks)  # [T, H, D]
     x = x.clone() if at.rec is None else x  # (beside a mixer: cloned above)
-    model.residual(x, w.attn_out, model.gated(o.reshape(T, a.q_dim), w, hn), w.attn_post_norm, rms_norm)
-    return (yield from ffn_branch(model, i, w, x))
+    model.residual(x, w.attn_out, model.gated(o.reshape(T, -1), w, hn), w.attn_post_norm, rms_norm)
+    return (yield from ffn_branch(model, i, w, x, at.ple))
 
 
-def ffn_branch(model, i: int, w, x: torch.Tensor):
-    """The torch-ops FFN branch of `block`, added to x (a generator: an MoE asks for its experts)."""
+def ffn_branch(model, i: int, w, x: torch.Tensor, ple: torch.Tensor | None = None):
+    """The torch-ops FFN branch of `block`, added to x (a generator: an MoE asks for its experts), then the layer's
+    end (`Transformer.finish`)."""
     a = model.args
     if not a.has_ffn(i):
         return x
@@ -68,7 +71,7 @@ def ffn_branch(model, i: int, w, x: torch.Tensor):
     if a.experts_at(i):
         return x + (yield from moe.moe(model, i, w, h))
     model.residual(x, w.down, glu(model, w.gate_up(h)), w.ffn_post_norm, rms_norm)
-    return x
+    return model.finish(x, w, ple, rms_norm)
 
 
 def glu(model, gu: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,7 @@ class Place(NamedTuple):
     folded: int = 0
     chains: dict | None = None  # a recurrent layer's state at the end of a long chain it ran (KVCache.chains)
     rec: "Place | None" = None  # an attending layer's recurrent mixer's, where the two run side by side (Falcon-H1)
+    ple: torch.Tensor | None = None  # the layer's per-layer embeddings of the forward's rows [T, ple_dim] (Gemma 4)
 
 
 def plain_block(a: ModelArgs) -> bool:
@@ -64,6 +65,9 @@ def plain_block(a: ModelArgs) -> bool:
         and a.residual_scale == 1.0
         and not a.attn_softcap
         and not a.sliding_layers
+        and not a.v_norm
+        and not a.layer_scale
+        and not a.ple_dim
     )
 
 
@@ -85,6 +89,7 @@ class Transformer:
             None  # MoE: when a list, each layer's (expert ids [T, k], weights [T, k], input h) is appended
         )
         self.ffn_inputs: list | None = None  # when a list, each layer's (i, FFN input h [T, dim]) is appended
+        self._ones: dict[int, torch.Tensor] = {}
 
     def rotary_for(self, kind: str, capacity: int) -> Rotary:
         """The rotary tables of a kind of layer (`ModelArgs.rope_kind`: "full", "local", "none": zero frequencies,
@@ -94,11 +99,12 @@ class Transformer:
         scaling = a.rope_scaling if kind == "full" else None
         key = (kind, capacity if scaling is not None and scaling.kind in ("longrope", "dynamic") else 0)
         if key not in self.rotaries:
+            hd = (a.full_head_dim or a.head_dim) if kind == "full" else a.head_dim  # (Gemma 4's full heads)
             if kind == "none":
-                inv, factor = torch.zeros(a.head_dim // 2), 1.0
+                inv, factor = torch.zeros(hd // 2), 1.0
             else:
                 base = a.rope_local_base if kind == "local" else a.rope_base
-                inv, factor = inv_freq(a.head_dim, base, scaling, a.rope_dim, key[1])
+                inv, factor = inv_freq(hd, base, scaling, a.rope_dim, key[1])
             self.rotaries[key] = Rotary(inv, factor, self.device)
         return self.rotaries[key]
 
@@ -182,15 +188,15 @@ class Transformer:
             w.flash(h, x)
         else:
             self.residual(x, w.down, self.act(w.gate_up.matmul(h)), w.ffn_post_norm, kernels.rmsnorm)
-        return x
+        return self.finish(x, w, at.ple, kernels.rmsnorm)
 
     def attention_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan, h=None):
         """The attention branch of `block_fused`, added to x in place (a generator: a plan may split it); `h`: its
         normed input where the caller has it (a mixer beside it shares it)."""
         a, T = self.args, x.shape[0]
         h = self.pre(x, w.attn_norm, kernels.rmsnorm) if h is None else h
-        qkv, bias = self.project(w, h, kernels.rmsnorm)
-        q = kernels.qkv_rope(qkv, bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
+        qkv, bias = self.project(w, h, kernels.rmsnorm, i)
+        q = self.rotate(qkv, bias, positions, at, i)
         self.temper(q, positions, i)
         self.norm_keys(at, q.shape[0], i)
         if plan is not None and plan.attn_split:
@@ -199,18 +205,53 @@ class Transformer:
             o = yield SplitAttention(i, q, at.k, at.v, at.vis)
         else:
             o = attend(q, at.k, at.v, at.vis, self.scale, a.attn_softcap, w.attn_sinks)  # [T, H, D]
-        self.residual(x, w.attn_out, self.gated(o.reshape(T, a.q_dim), w, h), w.attn_post_norm, kernels.rmsnorm)
+        self.residual(x, w.attn_out, self.gated(o.reshape(T, -1), w, h), w.attn_post_norm, kernels.rmsnorm)
 
-    def project(self, w, h: torch.Tensor, norm) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The layer's queries, keys and values of its input h [T, q_dim + 2 kv_dim], q/k normed where the model
-        norms them, and the bias RoPE's kernel is to add (none where the norms took it): one product, or latent
-        attention's (models/mla.py)."""
+    def project(self, w, h: torch.Tensor, norm, i: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Layer i's queries, keys and values of its input h [T, q_dim + 2 kv_dim] (its queries alone where it
+        shares an earlier layer's keys: Gemma 4), q/k normed where the model norms them, and the bias RoPE's kernel
+        is to add (none where the norms took it): one product, or latent attention's (models/mla.py)."""
         if w.mla_kv_a is not None:
             return mla.project(self, w, h, norm), None
         qkv = w.qkv.matmul(h)
         if self.args.qk_norm in ("head", "full"):
-            return qkv, self.norm_qk_biased(qkv, w, norm)
+            return qkv, self.norm_qk_biased(qkv, w, norm, i)
         return qkv, w.qkv.bias
+
+    def rotate(self, qkv: torch.Tensor, bias, positions: torch.Tensor, at: Place, i: int) -> torch.Tensor:
+        """The rotated queries [T, H, D] of layer i's projection; its keys rotated and written to the cache with its
+        values. A layer that shares an earlier one's keys (Gemma 4) rotates its queries only."""
+        a = self.args
+        if a.shares_kv(i):
+            cos, sin = at.rotary.tables(positions)
+            return torch_block.rope(qkv.view(qkv.shape[0], a.n_heads, -1), cos, sin).contiguous()
+        return kernels.qkv_rope(qkv, bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
+
+    def ple_inputs(self, tokens: torch.Tensor, x: torch.Tensor, w0, norm) -> torch.Tensor | None:
+        """The per-layer embeddings of a forward's rows [T, n_layers, ple_dim] (Gemma 4; None: the model has none):
+        the table's rows of the tokens (read from disk) times sqrt(ple_dim), plus the normed projection of the
+        embeddings x (by layer 0's `ple_proj`); their sum times 2^-1/2."""
+        a, T = self.args, tokens.shape[0]
+        if not a.ple_dim:
+            return None
+        rows = self.weights.ple[tokens].float().view(T, a.n_layers, a.ple_dim) * a.ple_dim**0.5
+        proj = (w0.ple_proj.matmul(x) * a.dim**-0.5).view(T * a.n_layers, a.ple_dim)
+        return (norm(proj, w0.ple_proj_norm, a.norm_eps).view(T, a.n_layers, a.ple_dim) + rows) * 2**-0.5
+
+    def with_ple(self, places: list[Place], tokens: torch.Tensor, x: torch.Tensor, w0, norm) -> list[Place]:
+        """Each layer's Place with its rows' per-layer embeddings (`ple_inputs`), where the model has them."""
+        ple = self.ple_inputs(tokens, x, w0, norm)
+        return places if ple is None else [p._replace(ple=ple[:, i]) for i, p in enumerate(places)]
+
+    def finish(self, x: torch.Tensor, w, ple: torch.Tensor | None, norm) -> torch.Tensor:
+        """The end of a layer (Gemma 4), in place: its per-layer embedding's branch x += norm(W_out(gelu(W_gate x) *
+        ple)), then x times the layer's scalar."""
+        if w.ple_gate is not None:
+            g = F.gelu(w.ple_gate.matmul(x), approximate="tanh") * ple
+            x += norm(w.ple_out.matmul(g), w.ple_post_norm, self.args.norm_eps)
+        if w.layer_scale is not None:
+            x *= w.layer_scale
+        return x
 
     def act(self, gu: torch.Tensor) -> torch.Tensor:
         """The FFN's activation of x W_gate_up on the CPU kernels: SwiGLU, GeGLU, or relu^2 of x W_up (Nemotron-H)."""
@@ -248,20 +289,32 @@ class Transformer:
             y = y * a.residual_scale
         x += y
 
-    def norm_qk_biased(self, qkv: torch.Tensor, w, norm) -> None:
+    def norm_qk_biased(self, qkv: torch.Tensor, w, norm, i: int = 0) -> None:
         """`norm_qk` of the projection with its bias added first (GLM-4.5: the norm sees the biased q and k); the
         bias left for RoPE's kernel to add: none."""
         if w.qkv.bias is not None:
             qkv += w.qkv.bias
-        self.norm_qk(qkv, w, norm)
+        self.norm_qk(qkv, w, norm, i)
 
-    def norm_qk(self, qkv: torch.Tensor, w, norm):
-        """RMSNorm of the queries and keys in place (per head, or over the whole projection), before RoPE."""
+    def norm_qk(self, qkv: torch.Tensor, w, norm, i: int = 0):
+        """RMSNorm of layer i's queries and keys in place (per head, or over the whole projection), before RoPE;
+        of its values too, without a weight, where the model norms them (Gemma 4)."""
         a, T = self.args, qkv.shape[0]
-        for lo, n, weight in ((0, a.q_dim, w.q_norm), (a.q_dim, a.kv_dim, w.k_norm)):
+        hd, q_dim = a.head_dim_at(i), a.q_dim_at(i)
+        kv_dim = 0 if a.shares_kv(i) else a.kv_dim_at(i)
+        parts = [(0, q_dim, w.q_norm), (q_dim, kv_dim, w.k_norm)]
+        if a.v_norm and kv_dim:
+            parts.append((q_dim + kv_dim, kv_dim, self.ones(hd)))
+        for lo, n, weight in parts[: 1 if not kv_dim else 3]:
             part = qkv[:, lo : lo + n]
-            width = a.head_dim if a.qk_norm == "head" else n
+            width = hd if a.qk_norm == "head" else n
             part.copy_(norm(part.reshape(-1, width), weight, a.norm_eps).view(T, n))
+
+    def ones(self, n: int) -> torch.Tensor:
+        """A weight of n ones (a norm without a weight of its own), made once."""
+        if n not in self._ones:
+            self._ones[n] = torch.ones(n, device=self.device)
+        return self._ones[n]
 
     @staticmethod
     def _buf(plan: ForwardPlan, k: int, T: int, n: int) -> torch.Tensor:
@@ -346,10 +399,12 @@ class Transformer:
                 block = self.block_cols
             for i, need in enumerate(self.layer_needs):
                 w = yield need
+                places = self.with_ple(places, tokens, x, w, kernels.rmsnorm) if i == 0 else places
                 x = yield from block(i, w, x, positions, places[i], plan)
         else:  # torch ops (not the CPU kernels): nothing is split
             for i, need in enumerate(self.layer_needs):
                 w = yield need
+                places = self.with_ple(places, tokens, x, w, rms_norm) if i == 0 else places
                 x = yield from torch_block.block(self, i, w, x, positions, places[i])
         cache.pending += T
         if logits_rows is not None:

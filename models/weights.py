@@ -31,6 +31,8 @@ PARTS = {
     **{f: (f, False) for f in ("gdn_conv", "gdn_dt", "gdn_a", "gdn_norm", "ssm_conv", "ssm_conv_b", "ssm_dt")},
     **{f: (f, False) for f in ("ssm_a", "ssm_d", "ssm_norm", "attn_sinks")},
     "router_sel": ("ffn_router_sel", False),
+    **{f: (f, True) for f in ("ple_proj", "ple_gate", "ple_out")},
+    **{f: (f, False) for f in ("ple_proj_norm", "ple_post_norm", "layer_scale")},
     **{f"mla_{p}": (f"attn_{p}", True) for p in ("q_a", "q", "kv_a", "kv_b")},
     **{f"mla_{p}": (f"attn_{p}", False) for p in ("q_a_norm", "kv_a_norm")},
 }
@@ -93,6 +95,12 @@ class LayerWeights:
     mla_kv_a: Linear | None = None
     mla_kv_a_norm: torch.Tensor | None = None
     mla_kv_b: Linear | None = None
+    ple_proj: Linear | None = None  # Gemma 4's per-layer embeddings: the embeddings' projection (layer 0 only)
+    ple_proj_norm: torch.Tensor | None = None  # and its norm; each layer's gate, output and its norm, and the scale
+    ple_gate: Linear | None = None  # of the layer's output
+    ple_out: Linear | None = None
+    ple_post_norm: torch.Tensor | None = None
+    layer_scale: torch.Tensor | None = None
 
 
 @dataclass
@@ -156,7 +164,10 @@ def group_from_views(store: WeightStore, group: str, views: dict):
 
 class ResidentWeights:
     """Every layer and head part in RAM: the weights file read into one buffer, arrays viewed out of it.
-    On the CPU the embedding table stays on disk (`EmbeddingRows`): a forward needs a few of its rows."""
+    On the CPU the embedding table stays on disk (`EmbeddingRows`): a forward needs a few of its rows; so does
+    a table of per-layer embeddings (`ple`, Gemma 4)."""
+
+    ple = None
 
     def __init__(self, store: WeightStore, device: str = "cpu"):
         self.store = store
@@ -172,6 +183,8 @@ class ResidentWeights:
 
         self.buffer = buf
         self.embed = EmbeddingRows(store) if device == "cpu" else group("embed")["embed"]["w"]
+        if "embed_pl" in store.tensors:  # per-layer embeddings (Gemma 4): from disk, the rows a forward needs
+            self.ple = EmbeddingRows(store, "embed_pl") if device == "cpu" else group("embed")["embed_pl"]["w"]
         self.layers = [layer_from_views(store, i, group(f"layer.{i}")) for i in range(self.args.n_layers)]
         self.expert = {
             (i, e): expert_from_views(store, expert_group(i, e), group(expert_group(i, e)))
@@ -199,6 +212,8 @@ class ResidentWeights:
 class TensorWeights:
     """Weights from float tensors in memory, by canonical name (tests, tiny models), in any format."""
 
+    ple = None
+
     def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor], fmt: str = "fp32", group_size: int = 32):
         from models.convert import linear_format
 
@@ -212,6 +227,7 @@ class TensorWeights:
 
         norm = lambda name: tensors[name].float() if name in tensors else None
         self.embed = tensors["embed"].to(linear.float_dtype(fmt))
+        self.ple = tensors["embed_pl"].to(linear.float_dtype(fmt)) if "embed_pl" in tensors else None
         self.layers = [layer_weights(i, enc, norm) for i in range(args.n_layers)]
         self.expert = {
             (i, e): ExpertWeights(
@@ -259,8 +275,8 @@ class EmbeddingRows:
     handful of its rows; under a memory budget they are read when needed (buffered: a few KiB).
     """
 
-    def __init__(self, store: WeightStore):
-        a = store.tensors["embed"]["arrays"]["w"]
+    def __init__(self, store: WeightStore, name: str = "embed"):
+        a = store.tensors[name]["arrays"]["w"]
         self.offset, self.shape, self.dtype = a["offset"], a["shape"], a["dtype"]
         self.row_bytes = a["nbytes"] // self.shape[0]
         self.fd = os.open(store.path, os.O_RDONLY)
@@ -298,6 +314,7 @@ class StreamingWeights:
         self.resident_groups = set(resident)
         self.head_groups = store.head_groups()
         self.embed = EmbeddingRows(store)
+        self.ple = EmbeddingRows(store, "embed_pl") if "embed_pl" in store.tensors else None
         self.layers: dict[int, LayerWeights] = {}
         self.expert: dict[tuple[int, int], ExpertWeights] = {}
         self.head: dict[int, HeadPart | None] = {}

@@ -6,6 +6,7 @@ from models.families.base import Family
 from models.families.exaone import EXAONE4
 from models.families.falcon_h1 import FALCON_H1
 from models.families.gemma import GEMMA2, GEMMA3
+from models.families.gemma4 import GEMMA4
 from models.families.glm import GLM4
 from models.families.glm_moe import GLM4_MOE
 from models.families.gpt_oss import GPT_OSS
@@ -54,6 +55,7 @@ FAMILIES: tuple[Family, ...] = (
     LLAMA4,
     FALCON_H1,
     MISTRAL4,
+    GEMMA4,
 )
 BY_HF = {t: f for f in FAMILIES for t in f.hf_types}
 BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_archs}

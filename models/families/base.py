@@ -110,6 +110,10 @@ class Family:
     shared_expert: bool = False  # a shared expert beside the routed ones, gated by sigmoid (Qwen2-MoE, Qwen 3.5)
     # experts fused [experts, in, out] as x W, gate and up "interleaved" by column (gpt-oss) or in "halves" (Llama 4)
     experts_xw: str = ""
+    hf_globals: dict = field(default_factory=dict)  # canonical name -> a tensor of the model's, not of a layer
+    # (layer, part, ModelArgs) -> that layer's tensors of the part where they differ from `hf_names` (else None)
+    hf_layer_tensors: Callable[[int, str, object], tuple | None] = lambda i, part, args: None
+    hf_skipped: Callable[[str, object], bool] = lambda name, args: False  # a tensor no layer reads (Gemma 4's shared)
 
     def hf_tensors(self, part: str) -> tuple[str, ...]:
         return {**LLAMA_HF, **self.hf_names}[part]
@@ -134,6 +138,8 @@ def hf_rope(cfg: dict, head_dim: int, kind: str = FULL) -> tuple[float, RopeScal
     kind_name = rope.get("rope_type", rope.get("type", "default"))
     if kind_name == "default":
         return base, None, rope_dim
+    if kind_name == "proportional":  # Gemma 4: the head's first pairs rotate in place (no lanes moved)
+        return base, RopeScaling("proportional", factor=float(rope.get("factor") or 1.0), proportion=partial), 0
     orig = rope.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
     orig = int(orig or cfg["max_position_embeddings"])
     factor = rope.get("factor")

@@ -11,10 +11,7 @@ _NEEDS = {
         ("qwen35", "qwen35moe", "qwen3next", "lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "gpt-oss", "falcon-h1"),
     ),
     "Nemotron-3's experts (a sigmoid router with a selection bias over relu^2 experts)": ((), ("nemotron_h_moe",)),
-    "per-layer embeddings, keys and values shared between layers, and per-layer head sizes": (
-        ("gemma4", "gemma4_text"),
-        ("gemma4",),
-    ),
+    "a GGUF reader for Gemma 4 (cadence reads it from an HF directory so far)": ((), ("gemma4",)),
     "a GGUF reader for Llama 4 (cadence reads it from an HF directory so far)": ((), ("llama4",)),
     "a GGUF reader for Mistral 4 (cadence reads it from an HF directory so far)": ((), ("mistral4",)),
     "GLM-4.5's group-limited routing and a GGUF reader (cadence reads GLM-4.5 from an HF directory)": (

@@ -231,6 +231,34 @@ FAMILIES: dict[str, dict[str, dict]] = {
         )
         for v in ("plain", "normed", "gated")
     },
+    "gemma4_text": {  # 5 sliding layers to 1 full, full layers with wider heads of their own (proportional rope)
+        # "plain": like the 31B (values = keys on the full layers, one kv head there, logits capped); "ple": like E2B
+        # (per-layer embeddings, the last two layers sharing earlier ones' keys and values, their MLP twice as wide)
+        v: dict(
+            num_hidden_layers=6,
+            head_dim=16,
+            global_head_dim=32,
+            sliding_window=WINDOW,
+            tie_word_embeddings=True,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+            **(
+                dict(
+                    attention_k_eq_v=True,
+                    num_global_key_value_heads=1,
+                    final_logit_softcapping=30.0,
+                    hidden_size_per_layer_input=0,
+                )
+                if v == "plain"
+                else dict(
+                    hidden_size_per_layer_input=32,
+                    vocab_size_per_layer_input=VOCAB,
+                    num_kv_shared_layers=2,
+                    use_double_wide_mlp=True,
+                )
+            ),
+        )
+        for v in ("plain", "ple")
+    },
     "mistral4": {  # latent attention (YaRN with mscale, interleaved rotary pairs, position-scaled queries), a dense
         # first layer, then 4 softmax-routed experts (2 a token, scaled) beside a shared one
         "plain": dict(
@@ -411,6 +439,8 @@ def _randomise(model, model_type: str, seed: int) -> None:
         for name, b in model.named_buffers():  # a router's bias that only chooses: large enough to change a choice
             if name.endswith(("expert_bias", "e_score_correction_bias")):
                 b.copy_(0.5 * torch.randn(b.shape, generator=g))
+            if name.endswith("layer_scalar"):  # Gemma 4's scale of a layer's output
+                b.copy_(1.0 + 0.2 * torch.randn(b.shape, generator=g))
 
 
 def write_tokenizer(folder: Path, tokenizer_class: str = "PreTrainedTokenizerFast") -> None:
@@ -485,6 +515,13 @@ def spell_4(cfg: dict) -> dict:
         d["hybrid_override_pattern"] = "".join(pattern[t] for t in d.pop("layers_block_type"))
         d["num_hidden_layers"] = len(d["hybrid_override_pattern"])
         d.pop("rope_parameters", None)
+        return d
+    if mt == "gemma4_text":  # no transformers 4 knew Gemma 4: its release checkpoints' spelling of the full heads
+        per = d.pop("per_layer_config")
+        o = next(iter(per.values()))
+        d["global_head_dim"] = o["head_dim"]
+        if "num_key_value_heads" in o:
+            d["num_global_key_value_heads"] = o["num_key_value_heads"]
         return d
     rp = copy.deepcopy(d.pop("rope_parameters"))
     if mt == "gemma3_text":

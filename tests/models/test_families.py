@@ -37,6 +37,7 @@ NO_GGUF = {  # read from an HF directory only so far (llama.cpp's GGUFs of these
     "llama4_text",
     "falcon_h1",
     "mistral4",
+    "gemma4_text",
 }
 
 
@@ -162,8 +163,8 @@ def test_a_config_field_cadence_does_not_use_is_refused_naming_it(built, tmp_pat
     (d / "config.json").write_text(json.dumps({**config, "mlp_bias": True}))
     with pytest.raises(CadenceError, match="mlp_bias: true .* is not something cadence runs in a llama model"):
         HFSource(d)
-    _rewrite_config(d, mlp_bias=False, model_type="gemma4_text")
-    with pytest.raises(CadenceError, match="model_type 'gemma4_text' is not supported"):
+    _rewrite_config(d, mlp_bias=False, model_type="gemma5_text")
+    with pytest.raises(CadenceError, match="model_type 'gemma5_text' is not supported"):
         HFSource(d)
 
 
@@ -228,6 +229,7 @@ def _with_extra(src, out, tensor: str | None = None, key: str | None = None):
         "glm4_moe",
         "falcon_h1",
         "mistral4",
+        "gemma4_text",
     ],
 )
 def test_the_torch_ops_path_is_transformers_own_too(built, tmp_path, mt):

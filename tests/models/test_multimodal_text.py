@@ -43,15 +43,16 @@ def _wrap(plain, out, prefix: str, head: str):
 
 
 @pytest.mark.parametrize(
-    "mt,prefix,head",
+    "mt,v,prefix,head",
     [
-        ("ministral3", "model.language_model.", "lm_head.weight"),
-        ("ministral3", "language_model.model.", "language_model.lm_head.weight"),
-        ("mistral4", "model.language_model.", "lm_head.weight"),  # Mistral Small 4: latent attention and experts
+        ("ministral3", "plain", "model.language_model.", "lm_head.weight"),
+        ("ministral3", "plain", "language_model.model.", "language_model.lm_head.weight"),
+        ("mistral4", "plain", "model.language_model.", "lm_head.weight"),  # Mistral Small 4: latent attention, experts
+        ("gemma4_text", "ple", "model.language_model.", "lm_head.weight"),  # Gemma 4 E2B: per-layer embeddings
     ],
 )
-def test_the_text_model_of_a_multimodal_checkpoint_is_the_text_only_model(tmp_path, capfd, mt, prefix, head):
-    plain = tiny_hf(mt, "plain", tmp_path / "plain")
+def test_the_text_model_of_a_multimodal_checkpoint_is_the_text_only_model(tmp_path, capfd, mt, v, prefix, head):
+    plain = tiny_hf(mt, v, tmp_path / "plain")
     wrapped = _wrap(plain, tmp_path / "wrapped", prefix, head)
     a, b = HFSource(plain), HFSource(wrapped)
     assert a.args == b.args

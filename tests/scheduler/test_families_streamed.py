@@ -39,13 +39,25 @@ FAMILIES = [
     ("nemotron_h", "plain"),  # a layer a part: Mamba-2, relu^2 MLP, NoPE attention
     ("olmo_hybrid", "plain"),  # pre-norm delta-nets (beta up to 2) beside post-norm attention
     ("qwen3_5_text", "plain"),  # gated delta-nets: each node's state its parent's stepped; gated attention
+    ("gemma4_text", "ple"),  # full heads of their own size, keys shared between layers, per-layer embeddings
 ]
 
 
 STREAMED = [
     (mt, v)
     for mt, v in FAMILIES
-    if mt in ("llama", "mistral", "gemma3_text", "lfm2", "falcon_h1", "nemotron_h", "olmo_hybrid", "qwen3_5_text")
+    if mt
+    in (
+        "llama",
+        "mistral",
+        "gemma3_text",
+        "lfm2",
+        "falcon_h1",
+        "nemotron_h",
+        "olmo_hybrid",
+        "qwen3_5_text",
+        "gemma4_text",
+    )
 ]
 
 
