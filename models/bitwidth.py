@@ -46,7 +46,7 @@ class MixedExperts:
     def __init__(self, base, variants: dict[str, dict[tuple[int, int], ExpertWeights]]):
         self.base, self.variants = base, variants
         self.head_groups = base.head_groups
-        self.embed = base.embed
+        self.embed, self.ple = base.embed, base.ple
         self.choice: dict[tuple[int, int], str] = {}
         self.default = "int8"
 

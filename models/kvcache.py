@@ -24,7 +24,8 @@ import torch
 
 from common.errors import CadenceError
 from models.attention import Visibility
-from models.args import WINDOW_REWIND as REWIND, ModelArgs
+from models.args import ModelArgs
+from models.shapes import WINDOW_REWIND as REWIND
 from models.recurrent import fold
 
 

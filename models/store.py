@@ -249,3 +249,35 @@ class WeightStore:
 
     def group_bytes(self) -> dict[str, int]:
         return {name: g.nbytes for name, g in self.groups.items()}
+
+
+class EmbeddingRows:
+    """The embedding table left on disk: `rows[tokens]` reads just those rows from the store file.
+
+    A 152k-token vocabulary is a large share of a small model's bytes, and a decode step needs a
+    handful of its rows; under a memory budget they are read when needed (buffered: a few KiB).
+    """
+
+    def __init__(self, store: WeightStore, name: str = "embed"):
+        a = store.tensors[name]["arrays"]["w"]
+        self.offset, self.shape, self.dtype = a["offset"], a["shape"], a["dtype"]
+        self.row_bytes = a["nbytes"] // self.shape[0]
+        self.fd = os.open(store.path, os.O_RDONLY)
+
+    def __getitem__(self, tokens: "torch.Tensor") -> "torch.Tensor":  # noqa: F821
+        import torch
+
+        from models.store import DTYPES
+
+        ids = tokens.flatten().tolist()
+        buf = bytearray(self.row_bytes * len(ids))
+        for i, t in enumerate(ids):
+            if not 0 <= t < self.shape[0]:
+                raise IndexError(f"token id {t} is outside the vocabulary of {self.shape[0]}")
+            buf[i * self.row_bytes : (i + 1) * self.row_bytes] = os.pread(
+                self.fd, self.row_bytes, self.offset + t * self.row_bytes
+            )
+        return torch.frombuffer(buf, dtype=DTYPES[self.dtype]).view(len(ids), self.shape[1])
+
+    def close(self):
+        os.close(self.fd)

@@ -7,17 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from common.errors import CadenceError
-from models import moe
+from models import block_parts, moe
 from models.attention import attend
+from models.block_parts import l2_norm
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama 4's weightless RMS norm over the last dimension (a head), each vector on its own."""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -44,7 +40,7 @@ def block(model, i: int, w, x: torch.Tensor, positions: torch.Tensor, at):
     if a.qk_norm in ("head", "full"):
         model.norm_qk(qkv, w, rms_norm, i)
     hd, hkv, q_dim = a.head_dim_at(i), a.kv_heads_at(i), a.q_dim_at(i)
-    q = model.temper(rope(qkv[:, :q_dim].reshape(T, a.n_heads, hd), cos, sin), positions, i)
+    q = block_parts.temper(model, rope(qkv[:, :q_dim].reshape(T, a.n_heads, hd), cos, sin), positions, i)
     if not a.shares_kv(i):  # (Gemma 4's last layers attend over an earlier layer's keys and values)
         k, v = qkv[:, q_dim:].split(hkv * hd, dim=-1)
         k = rope(k.reshape(T, hkv, hd), cos, sin)
@@ -71,7 +67,7 @@ def ffn_branch(model, i: int, w, x: torch.Tensor, ple: torch.Tensor | None = Non
     if a.experts_at(i):
         return x + (yield from moe.moe(model, i, w, h))
     model.residual(x, w.down, glu(model, w.gate_up(h)), w.ffn_post_norm, rms_norm)
-    return model.finish(x, w, ple, rms_norm)
+    return block_parts.finish(model, x, w, ple, rms_norm)
 
 
 def glu(model, gu: torch.Tensor) -> torch.Tensor:

@@ -18,12 +18,12 @@ import torch.nn.functional as F
 
 from common.errors import CadenceError
 from models import kernels, layer_kernel
-from models.attention import Visibility, attend, chunk_vis, lanes
+from models.attention import Visibility, attend, chunk_vis
 from models.args import ModelArgs
 from models.kvcache import KVCache
 from models.rope import Rotary, inv_freq
-from models import mla, moe, recurrent, torch_block
-from models.torch_block import l2_norm, rms_norm
+from models import block_parts, mla, moe, recurrent, torch_block
+from models.torch_block import rms_norm
 from models.sampling import HeadArgmax
 from models.requests import ForwardPlan, NeedWeights, SplitAttention, SplitColumns
 
@@ -44,6 +44,9 @@ class Place(NamedTuple):
     chains: dict | None = None  # a recurrent layer's state at the end of a long chain it ran (KVCache.chains)
     rec: "Place | None" = None  # an attending layer's recurrent mixer's, where the two run side by side (Falcon-H1)
     ple: torch.Tensor | None = None  # the layer's per-layer embeddings of the forward's rows [T, ple_dim] (Gemma 4)
+
+    def with_ple(self, ple: torch.Tensor) -> "Place":
+        return self._replace(ple=ple)
 
 
 def plain_block(a: ModelArgs) -> bool:
@@ -108,23 +111,6 @@ class Transformer:
             self.rotaries[key] = Rotary(inv, factor, self.device)
         return self.rotaries[key]
 
-    def temper(self, q: torch.Tensor, positions: torch.Tensor, i: int) -> torch.Tensor:
-        """Queries [T, H, D] of layer i scaled by their positions (Ministral 3, Llama 4's NoPE layers), in place;
-        each row by its own position, so a tree node gets what it gets decoded alone. Llama 4's L2 norm too."""
-        a = self.args
-        if a.qk_norm == "l2" and i not in a.nope_layers:
-            q.copy_(l2_norm(q, a.norm_eps))
-        if a.attn_temp_beta and (not a.attn_temp_layers or i in a.attn_temp_layers):
-            steps = torch.floor((positions.to(torch.float32).view(-1, 1) + a.attn_temp_offset) / a.attn_temp_scale)
-            q *= lanes(lambda s: 1 + a.attn_temp_beta * torch.log1p(s), steps).to(q.dtype).view(-1, 1, 1)
-        return q
-
-    def norm_keys(self, at: Place, T: int, i: int) -> None:
-        """Llama 4's L2 norm of the keys RoPE's kernel wrote to the cache (rows slot0..slot0+T), in place."""
-        if self.args.qk_norm == "l2" and i not in self.args.nope_layers:
-            rows = at.k[:, at.slot0 : at.slot0 + T]
-            rows.copy_(l2_norm(rows, self.args.norm_eps))
-
     def new_cache(self, capacity: int, storage: torch.Tensor | None = None) -> KVCache:
         if capacity > self.args.context_length:
             raise CadenceError(
@@ -188,7 +174,7 @@ class Transformer:
             w.flash(h, x)
         else:
             self.residual(x, w.down, self.act(w.gate_up.matmul(h)), w.ffn_post_norm, kernels.rmsnorm)
-        return self.finish(x, w, at.ple, kernels.rmsnorm)
+        return block_parts.finish(self, x, w, at.ple, kernels.rmsnorm)
 
     def attention_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan, h=None):
         """The attention branch of `block_fused`, added to x in place (a generator: a plan may split it); `h`: its
@@ -197,8 +183,8 @@ class Transformer:
         h = self.pre(x, w.attn_norm, kernels.rmsnorm) if h is None else h
         qkv, bias = self.project(w, h, kernels.rmsnorm, i)
         q = self.rotate(qkv, bias, positions, at, i)
-        self.temper(q, positions, i)
-        self.norm_keys(at, q.shape[0], i)
+        block_parts.temper(self, q, positions, i)
+        block_parts.norm_keys(self, at, q.shape[0], i)
         if plan is not None and plan.attn_split:
             if not plain_block(a):
                 raise CadenceError(f"the sparse worker does not split {a.arch}'s attention; run without --partition")
@@ -226,32 +212,6 @@ class Transformer:
             cos, sin = at.rotary.tables(positions)
             return torch_block.rope(qkv.view(qkv.shape[0], a.n_heads, -1), cos, sin).contiguous()
         return kernels.qkv_rope(qkv, bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
-
-    def ple_inputs(self, tokens: torch.Tensor, x: torch.Tensor, w0, norm) -> torch.Tensor | None:
-        """The per-layer embeddings of a forward's rows [T, n_layers, ple_dim] (Gemma 4; None: the model has none):
-        the table's rows of the tokens (read from disk) times sqrt(ple_dim), plus the normed projection of the
-        embeddings x (by layer 0's `ple_proj`); their sum times 2^-1/2."""
-        a, T = self.args, tokens.shape[0]
-        if not a.ple_dim:
-            return None
-        rows = self.weights.ple[tokens].float().view(T, a.n_layers, a.ple_dim) * a.ple_dim**0.5
-        proj = (w0.ple_proj.matmul(x) * a.dim**-0.5).view(T * a.n_layers, a.ple_dim)
-        return (norm(proj, w0.ple_proj_norm, a.norm_eps).view(T, a.n_layers, a.ple_dim) + rows) * 2**-0.5
-
-    def with_ple(self, places: list[Place], tokens: torch.Tensor, x: torch.Tensor, w0, norm) -> list[Place]:
-        """Each layer's Place with its rows' per-layer embeddings (`ple_inputs`), where the model has them."""
-        ple = self.ple_inputs(tokens, x, w0, norm)
-        return places if ple is None else [p._replace(ple=ple[:, i]) for i, p in enumerate(places)]
-
-    def finish(self, x: torch.Tensor, w, ple: torch.Tensor | None, norm) -> torch.Tensor:
-        """The end of a layer (Gemma 4), in place: its per-layer embedding's branch x += norm(W_out(gelu(W_gate x) *
-        ple)), then x times the layer's scalar."""
-        if w.ple_gate is not None:
-            g = F.gelu(w.ple_gate.matmul(x), approximate="tanh") * ple
-            x += norm(w.ple_out.matmul(g), w.ple_post_norm, self.args.norm_eps)
-        if w.layer_scale is not None:
-            x *= w.layer_scale
-        return x
 
     def act(self, gu: torch.Tensor) -> torch.Tensor:
         """The FFN's activation of x W_gate_up on the CPU kernels: SwiGLU, GeGLU, or relu^2 of x W_up (Nemotron-H)."""
@@ -399,12 +359,12 @@ class Transformer:
                 block = self.block_cols
             for i, need in enumerate(self.layer_needs):
                 w = yield need
-                places = self.with_ple(places, tokens, x, w, kernels.rmsnorm) if i == 0 else places
+                places = block_parts.with_ple(self, places, tokens, x, w, kernels.rmsnorm) if i == 0 else places
                 x = yield from block(i, w, x, positions, places[i], plan)
         else:  # torch ops (not the CPU kernels): nothing is split
             for i, need in enumerate(self.layer_needs):
                 w = yield need
-                places = self.with_ple(places, tokens, x, w, rms_norm) if i == 0 else places
+                places = block_parts.with_ple(self, places, tokens, x, w, rms_norm) if i == 0 else places
                 x = yield from torch_block.block(self, i, w, x, positions, places[i])
         cache.pending += T
         if logits_rows is not None:

@@ -7,7 +7,6 @@ memory (the streaming provider of the memory-wall pipeline).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -16,7 +15,7 @@ import torch
 from models import linear
 from models.args import ModelArgs
 from models.linear import Linear
-from models.store import WeightStore, expert_group
+from models.store import EmbeddingRows, WeightStore, expert_group
 
 
 # LayerWeights field -> the canonical tensor it is made of ("blk.<i>." + name), and whether it is a product (a
@@ -95,9 +94,9 @@ class LayerWeights:
     mla_kv_a: Linear | None = None
     mla_kv_a_norm: torch.Tensor | None = None
     mla_kv_b: Linear | None = None
-    ple_proj: Linear | None = None  # Gemma 4's per-layer embeddings: the embeddings' projection (layer 0 only)
-    ple_proj_norm: torch.Tensor | None = None  # and its norm; each layer's gate, output and its norm, and the scale
-    ple_gate: Linear | None = None  # of the layer's output
+    ple_proj: Linear | None = None  # Gemma 4: the embeddings' projection to per-layer ones and its norm (layer 0),
+    ple_proj_norm: torch.Tensor | None = None  # each layer's gate, output, its norm, and the layer's output scale
+    ple_gate: Linear | None = None
     ple_out: Linear | None = None
     ple_post_norm: torch.Tensor | None = None
     layer_scale: torch.Tensor | None = None
@@ -167,8 +166,6 @@ class ResidentWeights:
     On the CPU the embedding table stays on disk (`EmbeddingRows`): a forward needs a few of its rows; so does
     a table of per-layer embeddings (`ple`, Gemma 4)."""
 
-    ple = None
-
     def __init__(self, store: WeightStore, device: str = "cpu"):
         self.store = store
         self.args: ModelArgs = store.args
@@ -183,8 +180,10 @@ class ResidentWeights:
 
         self.buffer = buf
         self.embed = EmbeddingRows(store) if device == "cpu" else group("embed")["embed"]["w"]
-        if "embed_pl" in store.tensors:  # per-layer embeddings (Gemma 4): from disk, the rows a forward needs
-            self.ple = EmbeddingRows(store, "embed_pl") if device == "cpu" else group("embed")["embed_pl"]["w"]
+        pl = "embed_pl" in store.tensors  # per-layer embeddings (Gemma 4): on the CPU from disk, the rows needed
+        self.ple = (
+            (EmbeddingRows(store, "embed_pl") if device == "cpu" else group("embed")["embed_pl"]["w"]) if pl else None
+        )
         self.layers = [layer_from_views(store, i, group(f"layer.{i}")) for i in range(self.args.n_layers)]
         self.expert = {
             (i, e): expert_from_views(store, expert_group(i, e), group(expert_group(i, e)))
@@ -211,8 +210,6 @@ class ResidentWeights:
 
 class TensorWeights:
     """Weights from float tensors in memory, by canonical name (tests, tiny models), in any format."""
-
-    ple = None
 
     def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor], fmt: str = "fp32", group_size: int = 32):
         from models.convert import linear_format
@@ -266,36 +263,6 @@ def random_tensors(args: ModelArgs, seed: int = 0, scale: float = 0.5) -> dict[s
             fan_in = shape[-1] if len(shape) > 1 else 1
             out[name] = torch.randn(shape, generator=g) * (scale / fan_in**0.5 if len(shape) > 1 else 0.1)
     return out
-
-
-class EmbeddingRows:
-    """The embedding table left on disk: `rows[tokens]` reads just those rows from the store file.
-
-    A 152k-token vocabulary is a large share of a small model's bytes, and a decode step needs a
-    handful of its rows; under a memory budget they are read when needed (buffered: a few KiB).
-    """
-
-    def __init__(self, store: WeightStore, name: str = "embed"):
-        a = store.tensors[name]["arrays"]["w"]
-        self.offset, self.shape, self.dtype = a["offset"], a["shape"], a["dtype"]
-        self.row_bytes = a["nbytes"] // self.shape[0]
-        self.fd = os.open(store.path, os.O_RDONLY)
-
-    def __getitem__(self, tokens: torch.Tensor) -> torch.Tensor:
-        from models.store import DTYPES
-
-        ids = tokens.flatten().tolist()
-        buf = bytearray(self.row_bytes * len(ids))
-        for i, t in enumerate(ids):
-            if not 0 <= t < self.shape[0]:
-                raise IndexError(f"token id {t} is outside the vocabulary of {self.shape[0]}")
-            buf[i * self.row_bytes : (i + 1) * self.row_bytes] = os.pread(
-                self.fd, self.row_bytes, self.offset + t * self.row_bytes
-            )
-        return torch.frombuffer(buf, dtype=DTYPES[self.dtype]).view(len(ids), self.shape[1])
-
-    def close(self):
-        os.close(self.fd)
 
 
 class StreamingWeights:

@@ -38,7 +38,11 @@ class SharedFlashWeights(FlashWeights):
         self.allocate(store.args.ffn_dim)
 
     def _load_resident(self) -> None:
-        self.resident, self.embed = self.target, self.target.embed  # the head and embedding: the target's
+        self.resident, self.embed, self.ple = (
+            self.target,
+            self.target.embed,
+            self.target.ple,
+        )  # the head and embedding: the target's
         self.layers += [with_ffn(self.target.layer(i), FlashFFN(self, i, None)) for i in range(self.args.n_layers)]
 
     def dense_ffn(self, i: int):

@@ -124,7 +124,7 @@ class FlashWeights:
         of a prompt's pass read per layer into one scratch buffer."""
         store = self.store
         self.resident = StreamingWeights(store, set(self.head_groups), self.head_rows)
-        self.embed = self.resident.embed
+        self.embed, self.ple = self.resident.embed, self.resident.ple
         self.spans = [self._ffn_span(i) for i in range(self.args.n_layers)]
         # page-aligned and read at the file's phase within a page: direct reads land in it with no bounce
         # buffers (4 MiB a reader thread otherwise)

@@ -1,0 +1,65 @@
+"""Parts of the block a few families add, shared by its three paths (the CPU kernels' `Transformer.block_fused`,
+models/torch_block.py and the batch's models/batch.py): queries scaled by their positions and Llama 4's L2 norms
+(Ministral 3, Llama 4); per-layer embeddings and each layer's scalar on its output (Gemma 4)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from models.attention import lanes
+
+
+def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama 4's weightless RMS norm over the last dimension (a head), each vector on its own."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def temper(model, q: torch.Tensor, positions: torch.Tensor, i: int) -> torch.Tensor:
+    """Queries [T, H, D] of layer i scaled by their positions (Ministral 3, Llama 4's NoPE layers), in place;
+    each row by its own position, so a tree node gets what it gets decoded alone. Llama 4's L2 norm too."""
+    a = model.args
+    if a.qk_norm == "l2" and i not in a.nope_layers:
+        q.copy_(l2_norm(q, a.norm_eps))
+    if a.attn_temp_beta and (not a.attn_temp_layers or i in a.attn_temp_layers):
+        steps = torch.floor((positions.to(torch.float32).view(-1, 1) + a.attn_temp_offset) / a.attn_temp_scale)
+        q *= lanes(lambda s: 1 + a.attn_temp_beta * torch.log1p(s), steps).to(q.dtype).view(-1, 1, 1)
+    return q
+
+
+def norm_keys(model, at, T: int, i: int) -> None:
+    """Llama 4's L2 norm of the keys RoPE's kernel wrote to the cache (rows slot0..slot0+T of `at`, layer i's
+    `Place`), in place."""
+    a = model.args
+    if a.qk_norm == "l2" and i not in a.nope_layers:
+        rows = at.k[:, at.slot0 : at.slot0 + T]
+        rows.copy_(l2_norm(rows, a.norm_eps))
+
+
+def ple_inputs(model, tokens: torch.Tensor, x: torch.Tensor, w0, norm) -> torch.Tensor | None:
+    """The per-layer embeddings of a forward's rows [T, n_layers, ple_dim] (Gemma 4; None: the model has none): the
+    table's rows of the tokens (read from disk: `weights.ple`) times sqrt(ple_dim), plus the normed projection of the
+    embeddings x (by layer 0's `ple_proj`); their sum times 2^-1/2."""
+    a, T = model.args, tokens.shape[0]
+    if not a.ple_dim:
+        return None
+    rows = model.weights.ple[tokens].float().view(T, a.n_layers, a.ple_dim) * a.ple_dim**0.5
+    proj = (w0.ple_proj.matmul(x) * a.dim**-0.5).view(T * a.n_layers, a.ple_dim)
+    return (norm(proj, w0.ple_proj_norm, a.norm_eps).view(T, a.n_layers, a.ple_dim) + rows) * 2**-0.5
+
+
+def with_ple(model, places: list, tokens: torch.Tensor, x: torch.Tensor, w0, norm) -> list:
+    """Each layer's `Place` with its rows' per-layer embeddings (`ple_inputs`), where the model has them."""
+    ple = ple_inputs(model, tokens, x, w0, norm)
+    return places if ple is None else [p.with_ple(ple[:, i]) for i, p in enumerate(places)]
+
+
+def finish(model, x: torch.Tensor, w, ple: torch.Tensor | None, norm) -> torch.Tensor:
+    """The end of a layer (Gemma 4), in place: its per-layer embedding's branch x += norm(W_out(gelu(W_gate x) *
+    ple)), then x times the layer's scalar."""
+    if w.ple_gate is not None:
+        g = F.gelu(w.ple_gate.matmul(x), approximate="tanh") * ple
+        x += norm(w.ple_out.matmul(g), w.ple_post_norm, model.args.norm_eps)
+    if w.layer_scale is not None:
+        x *= w.layer_scale
+    return x

@@ -1,0 +1,94 @@
+"""Shapes: what a model's config implies, layer by layer: each layer's head size and count (Gemma 4's full layers
+have their own), its FFN's width, which earlier layer's keys and values it attends over, a recurrent layer's rows and
+state, and the bytes of the KV cache for a context. `ModelArgs` (models/args.py) is a `Shapes`."""
+
+from __future__ import annotations
+
+import math
+
+from common.settings import PREFILL_CHUNK
+
+# committed rows a sliding-window layer keeps past its window (models/kvcache.py): a rewind by up to this many works
+WINDOW_REWIND = 64
+
+
+class Shapes:
+    """Methods over `ModelArgs`' fields (see there)."""
+
+    @property
+    def gdn_conv_dim(self) -> int:
+        """Channels a gated delta-net convolves: q, k (k heads x k dim each) and v (v heads x v dim)."""
+        return 2 * self.gdn_k_heads * self.gdn_k_dim + self.gdn_v_heads * self.gdn_v_dim
+
+    @property
+    def rec_width(self) -> int:
+        """Floats a recurrent layer keeps per recent token (models/recurrent.py): a convolution's input row; a gated
+        delta-net's too, then its k, v, decay and beta for the state's replay."""
+        if self.conv_layers:
+            return self.dim
+        if self.gdn_layers:
+            return self.gdn_conv_dim + self.gdn_k_heads * self.gdn_k_dim + self.gdn_v_heads * (self.gdn_v_dim + 2)
+        if self.ssm_layers:  # its convolution's input, then x and B after it, the step dt and its decay exp(dt A)
+            return self.ssm_conv_dim + self.ssm_inner + self.ssm_groups * self.ssm_state + 2 * self.ssm_heads
+        return 0
+
+    @property
+    def rec_state(self) -> tuple[int, ...]:
+        """The shape of a recurrent layer's state besides its rows: a gated delta-net's [v heads, k dim, v dim]."""
+        if self.ssm_layers:
+            return (self.ssm_heads, self.ssm_head_dim, self.ssm_state)
+        return (self.gdn_v_heads, self.gdn_k_dim, self.gdn_v_dim) if self.gdn_layers else (0,)
+
+    def rec_rows(self, capacity: int) -> int:
+        """Recent tokens a recurrent layer keeps rows for: the kernel's reach back, what a rewind within the
+        pending rows needs, and a forward's new rows."""
+        return min(capacity, self.conv_kernel - 1 + WINDOW_REWIND + PREFILL_CHUNK) if self.rec_layers else 0
+
+    def head_dim_at(self, layer: int) -> int:
+        """A layer's head size: a full-attention layer's own where the model gives one (Gemma 4)."""
+        return self.full_head_dim if self.full_head_dim and not self.sliding(layer) else self.head_dim
+
+    def kv_heads_at(self, layer: int) -> int:
+        return self.full_kv_heads if self.full_kv_heads and not self.sliding(layer) else self.n_kv_heads
+
+    def q_dim_at(self, layer: int) -> int:
+        return self.n_heads * self.head_dim_at(layer)
+
+    def kv_dim_at(self, layer: int) -> int:
+        return self.kv_heads_at(layer) * self.head_dim_at(layer)
+
+    def ffn_dim_at(self, layer: int) -> int:
+        return self.ffn_dim * (2 if self.wide_shared_ffn and self.shares_kv(layer) else 1)
+
+    def shares_kv(self, layer: int) -> bool:
+        """The layer attends over an earlier layer's keys and values and makes none (Gemma 4's last layers)."""
+        return layer >= self.n_layers - self.kv_shared
+
+    def kv_source(self, layer: int) -> int | None:
+        """The layer whose keys and values a layer attends over: itself, or for a sharing layer the last layer of
+        its kind (sliding or full) before the sharing ones (None: there is none)."""
+        if not self.shares_kv(layer):
+            return layer
+        first = self.n_layers - self.kv_shared
+        return next((j for j in range(first - 1, -1, -1) if self.sliding(j) == self.sliding(layer)), None)
+
+    @property
+    def n_sliding(self) -> int:
+        """Sliding-window layers with a cache of their own."""
+        return sum(not self.shares_kv(i) for i in self.sliding_layers)
+
+    def window_rows(self, capacity: int) -> int:
+        """Cache rows a sliding layer holds for a context of `capacity` (models/kvcache.py): the window, what a
+        rewind may need, and a forward's new rows (a prefill chunk, a tree)."""
+        if not self.sliding_layers:
+            return 0
+        return min(capacity, self.sliding_window - 1 + WINDOW_REWIND + PREFILL_CHUNK)
+
+    def kv_bytes(self, capacity: int, itemsize: int = 4) -> int:
+        """Bytes of the KV cache for a context of `capacity` tokens: a sliding layer keeps its window only; a
+        recurrent layer its state and its recent tokens' rows (models/recurrent.py)."""
+        full = self.full_kv_heads or self.n_kv_heads, self.full_head_dim or self.head_dim
+        kv = 2 * self.n_full * capacity * math.prod(full)
+        kv += 2 * self.n_sliding * self.window_rows(capacity) * self.kv_dim
+        rec = len(self.rec_layers) * (self.rec_rows(capacity) * self.rec_width + math.prod(self.rec_state))
+        return (kv + rec) * itemsize
