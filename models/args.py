@@ -169,6 +169,7 @@ class ModelArgs(Shapes):
     ple_dim: int = 0
     ple_vocab: int = 0
     k_eq_v: bool = False  # full layers' values are their raw keys (read as value rows equal to the key rows)
+    experts_beside_dense: bool = False  # Gemma 4's 26B: the experts beside the dense MLP (models/moe.py `beside_dense`)
     wide_shared_ffn: bool = False  # the KV-sharing layers' FFN twice as wide (Gemma 4's use_double_wide_mlp)
 
     def __post_init__(self):
@@ -258,6 +259,8 @@ class ModelArgs(Shapes):
             )
         if self.full_head_dim % 2 or (self.full_kv_heads and self.n_heads % self.full_kv_heads):
             raise CadenceError(f"full_head_dim={self.full_head_dim} must be even, full_kv_heads divide n_heads")
+        if self.ple_dim and self.moe:
+            raise CadenceError("per-layer embeddings beside a mixture of experts are in no model cadence knows")
         if not 0 <= self.kv_shared < self.n_layers:
             raise CadenceError(f"kv_shared={self.kv_shared} must be below the model's {self.n_layers} layers")
         for i in range(self.n_layers - self.kv_shared, self.n_layers):

@@ -4,6 +4,8 @@ models/torch_block.py and the batch's models/batch.py): queries scaled by their 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -54,12 +56,27 @@ def with_ple(model, places: list, tokens: torch.Tensor, x: torch.Tensor, w0, nor
     return places if ple is None else [p.with_ple(ple[:, i]) for i, p in enumerate(places)]
 
 
-def finish(model, x: torch.Tensor, w, ple: torch.Tensor | None, norm) -> torch.Tensor:
+class Ending(NamedTuple):
+    """What ends a layer (`finish`), taken before its FFN asks for experts: a streamed layer's slot may hold another
+    group's bytes by the time they have run. A layer's scalar is copied; per-layer embeddings' matrices beside
+    experts are in no model (refused in models/args.py), so they are never held past that point."""
+
+    gate: object = None
+    out: object = None
+    norm: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+
+    @staticmethod
+    def of(w) -> "Ending":
+        return Ending(w.ple_gate, w.ple_out, w.ple_post_norm, None if w.layer_scale is None else w.layer_scale.clone())
+
+
+def finish(model, x: torch.Tensor, end: Ending, ple: torch.Tensor | None, norm) -> torch.Tensor:
     """The end of a layer (Gemma 4), in place: its per-layer embedding's branch x += norm(W_out(gelu(W_gate x) *
-    ple)), then x times the layer's scalar."""
-    if w.ple_gate is not None:
-        g = F.gelu(w.ple_gate.matmul(x), approximate="tanh") * ple
-        x += norm(w.ple_out.matmul(g), w.ple_post_norm, model.args.norm_eps)
-    if w.layer_scale is not None:
-        x *= w.layer_scale
+    ple)), then x times the layer's scalar (`end`: the layer's `Ending`)."""
+    if end.gate is not None:
+        g = F.gelu(end.gate.matmul(x), approximate="tanh") * ple
+        x += norm(end.out.matmul(g), end.norm, model.args.norm_eps)
+    if end.scale is not None:
+        x *= end.scale
     return x

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from models import kernels
 from models.attention import lanes
+from models.block_parts import l2_norm
 from models.requests import NeedExperts
 
 
@@ -50,10 +51,13 @@ def guess(model, i: int, h: torch.Tensor) -> tuple[int, ...]:
     return tuple(sorted(best, key=lambda e: (-best[e], e)))  # the likeliest first: a preload takes the first few
 
 
-def moe(model, i: int, w, h: torch.Tensor):
+def moe(model, i: int, w, h: torch.Tensor, r: torch.Tensor | None = None):
     """A generator: yields `NeedExperts` for the experts the rows of h route to, returns the layer's
-    MoE output [T, dim] (each expert on its rows, weighted; plus the shared expert, gated)."""
-    ids, top = route(model, w.router, h, w.router_sel)
+    MoE output [T, dim] (each expert on its rows, weighted; plus the shared expert, gated). `r`: the router's input
+    where it is not h (Gemma 4's)."""
+    ids, top = route(model, w.router, h if r is None else r, w.router_sel)
+    if w.expert_scale is not None:  # Gemma 4: each expert's weight times a scale of its own
+        top = top * w.expert_scale[ids]
     if model.routes is not None:
         model.routes.append((ids, top, h))
     used = tuple(sorted(set(ids.flatten().tolist())))
@@ -66,7 +70,8 @@ def moe(model, i: int, w, h: torch.Tensor):
     for lo in range(0, len(used), n):
         part = used[lo : lo + n]
         experts = yield NeedExperts(i, part, lookahead)
-        plain = not (model.args.expert_bias or model.args.router_scales_input)  # the kernel's SwiGLU experts
+        a = model.args
+        plain = not (a.expert_bias or a.router_scales_input) and a.act == "silu"  # the kernel's SwiGLU experts
         tables = [experts[e].table for e in part] if model.fused and plain else [None]
         if all(t is not None for t in tables):  # one kernel call for the part (csrc/experts.cpp)
             kernels.experts(h, ids, top, torch.tensor(part, dtype=torch.int32), torch.stack(tables), out)
@@ -88,6 +93,18 @@ def ffn(model, gate_up, down, h: torch.Tensor) -> torch.Tensor:
         gate, up = gate.clamp(max=a.swiglu_limit), up.clamp(min=-a.swiglu_limit, max=a.swiglu_limit)
         return down((up + 1) * (gate * torch.sigmoid(gate * a.swiglu_alpha)))
     if model.fused:
-        return down.matmul(kernels.swiglu(gate_up.matmul(h)))
+        return down.matmul(kernels.glu(gate_up.matmul(h), a.act))
     gate, up = gate_up(h).chunk(2, dim=-1)
-    return down(F.silu(gate) * up)
+    return down((F.silu(gate) if a.act == "silu" else F.gelu(gate, approximate="tanh")) * up)
+
+
+def beside_dense(model, i: int, w, x: torch.Tensor, h: torch.Tensor, norm):
+    """Gemma 4's 26B FFN (a generator like `moe`): the dense MLP of h (x through the FFN's pre-norm) and the experts
+    of x through a norm of their own, routed by x normed without a weight times the router's scale and dim^-1/2,
+    each branch's output normed, their sum normed; returns what is added to x."""
+    a = model.args
+    dense = norm(ffn(model, w.gate_up, w.down, h), w.post_norm_1, a.norm_eps)
+    r = l2_norm(x, a.norm_eps) * w.router_scale * a.dim**-0.5
+    post_2, post = w.post_norm_2.clone(), w.ffn_post_norm.clone()  # (the layer's slot may be reused once experts run)
+    experts = yield from moe(model, i, w, norm(x, w.norm_2, a.norm_eps), r)
+    return norm(dense + norm(experts, post_2, a.norm_eps), post, a.norm_eps)

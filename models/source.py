@@ -70,6 +70,22 @@ def _mixer_names(args: ModelArgs, i: int, g: str, b: str) -> list[tuple[str, str
     return names + ([(g, f"{b}.attn_post_norm")] if args.post(i) else [])
 
 
+def _ffn_parts(args: ModelArgs, i: int) -> list[str]:
+    """Layer i's FFN tensors in its own group after its pre-norm: a dense FFN's, a mixture's router (and shared
+    expert), or both beside each other with norms of their own (Gemma 4's 26B); then what ends the layer."""
+    dense = not args.experts_at(i) or args.experts_beside_dense
+    parts = ["ffn_gate_up", "ffn_down"] * dense
+    parts += ["ffn_post_norm_1", "ffn_norm_2", "ffn_post_norm_2"] * args.experts_beside_dense
+    parts += ["ffn_post_norm"] * (args.post(i) and dense)
+    if args.experts_at(i):
+        parts += ["ffn_router"] + ["ffn_router_bias"] * args.router_bias + ["ffn_router_sel"] * args.router_select_bias
+        parts += ["ffn_router_scale", "ffn_expert_scale"] * args.experts_beside_dense
+        parts += ["ffn_shexp_gate"] * (bool(args.shared_ffn_dim) and args.shared_gated)
+        parts += ["ffn_shexp_gate_up", "ffn_shexp_down"] * bool(args.shared_ffn_dim)
+    parts += ["ple_gate", "ple_out", "ple_post_norm"] * bool(args.ple_dim)
+    return parts + ["layer_scale"] * args.layer_scale
+
+
 def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
     """(group, tensor) in the order a layer-by-layer reader needs them.
 
@@ -86,18 +102,9 @@ def canonical_names(args: ModelArgs) -> list[tuple[str, str]]:
         if not args.has_ffn(i):
             continue
         names += [(g, f"{b}.ffn_norm")] if args.pre(i) else []
+        names += [(g, f"{b}.{p}") for p in _ffn_parts(args, i)]
         if not args.experts_at(i):
-            names += [(g, f"{b}.ffn_gate_up"), (g, f"{b}.ffn_down")]
-            names += [(g, f"{b}.ffn_post_norm")] if args.post(i) else []
-            names += [(g, f"{b}.{p}") for p in ("ple_gate", "ple_out", "ple_post_norm")] if args.ple_dim else []
-            names += [(g, f"{b}.layer_scale")] if args.layer_scale else []
             continue
-        names.append((g, f"{b}.ffn_router"))
-        names += [(g, f"{b}.ffn_router_bias")] if args.router_bias else []
-        names += [(g, f"{b}.ffn_router_sel")] if args.router_select_bias else []
-        if args.shared_ffn_dim:
-            names += [(g, f"{b}.ffn_shexp_gate")] if args.shared_gated else []
-            names += [(g, f"{b}.ffn_shexp_gate_up"), (g, f"{b}.ffn_shexp_down")]
         for e in range(args.n_experts):
             parts = ("gate_up", "gate_up_bias", "down", "down_bias") if args.expert_bias else ("gate_up", "down")
             names += [(expert_group(i, e), f"{b}.exp.{e}.{p}") for p in parts]
@@ -138,6 +145,11 @@ def tensor_shape(args: ModelArgs, name: str) -> tuple[int, ...]:
         "ple_out": (a.dim, a.ple_dim),
         "ple_post_norm": (a.dim,),
         "layer_scale": (1,),
+        "ffn_post_norm_1": (a.dim,),
+        "ffn_norm_2": (a.dim,),
+        "ffn_post_norm_2": (a.dim,),
+        "ffn_router_scale": (a.dim,),
+        "ffn_expert_scale": (a.n_experts,),
         "ffn_router": (a.n_experts, a.dim),
         "ffn_shexp_gate": (1, a.dim),
         "ffn_shexp_gate_up": (2 * a.shared_ffn_dim, a.dim),

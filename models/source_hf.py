@@ -71,6 +71,7 @@ class HFSource:
         )
         self.scales = self.family.hf_scales({**self.family.hf_defaults, **cfg}, self.args)
         self.moe_prefix = "block_sparse_moe" if self.args.arch == "mixtral" else self.family.hf_moe_prefix
+        self.moe_prefix += "." if self.moe_prefix else ""  # (Gemma 4's experts are the layer's own: no prefix)
         tc_path = self.path / "tokenizer_config.json"
         tc = read_json(tc_path, "re-download it") if tc_path.exists() else {}
         self.tokenizer = info_from_hf(read_text(tj, "re-download it"), tc, cfg, origin=str(tj))
@@ -124,7 +125,7 @@ class HFSource:
         p = f"{self.prefix}layers.{i}"
         if part.startswith("exp."):
             _, e, which = part.split(".")
-            m = f"{p}.{self.moe_prefix}.experts"
+            m = f"{p}.{self.moe_prefix}experts"
             base = "gate_up_proj" if which.startswith("gate_up") else "down_proj"
             if which.endswith("_bias"):
                 return [f"{m}.{base}_bias"]
@@ -132,7 +133,7 @@ class HFSource:
             fused = (base, f"{base}_blocks", f"{base}_scales")  # MXFP4: blocks of 32 4-bit values and their scales
             return [f"{m}.{e}.{n}.weight" for n in single] + [f"{m}.{n}" for n in fused]
         moe = {
-            "ffn_router": [f"{self.moe_prefix}.gate"],
+            "ffn_router": [f"{self.moe_prefix}gate"],
             "ffn_shexp_gate": ["mlp.shared_expert_gate"],
             "ffn_shexp_gate_up": ["mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"],
             "ffn_shexp_down": ["mlp.shared_expert.down_proj"],
@@ -148,7 +149,7 @@ class HFSource:
     def _expert(self, i: str, e: int, which: str) -> np.ndarray:
         """One expert's matrix: from per-expert tensors (checkpoints as published), or from the fused
         [experts, ...] tensors transformers 5 may keep."""
-        m = f"{self.prefix}layers.{i}.{self.moe_prefix}.experts"
+        m = f"{self.prefix}layers.{i}.{self.moe_prefix}experts"
         names = {"gate": ("w1", "gate_proj"), "up": ("w3", "up_proj"), "down": ("w2", "down_proj")}[which]
         for n in names:
             if f"{m}.{e}.{n}.weight" in self.index:
@@ -170,7 +171,7 @@ class HFSource:
     def _expert_xw(self, i: str, e: int, which: str) -> np.ndarray:
         """One expert's part from gpt-oss's fused tensors: [experts, in, out] used as x W, gate and up interleaved by
         column (or MXFP4 blocks [experts, out, ...]), as [out, in] with the gate rows first."""
-        m = f"{self.prefix}layers.{i}.{self.moe_prefix}.experts"
+        m = f"{self.prefix}layers.{i}.{self.moe_prefix}experts"
         base = "gate_up_proj" if which.startswith("gate_up") else "down_proj"
         if which.endswith("_bias"):
             w = self._slice(f"{m}.{base}_bias", e).float().numpy()

@@ -55,19 +55,22 @@ def block(model, i: int, w, x: torch.Tensor, positions: torch.Tensor, at):
 
 def ffn_branch(model, i: int, w, x: torch.Tensor, ple: torch.Tensor | None = None):
     """The torch-ops FFN branch of `block`, added to x (a generator: an MoE asks for its experts), then the layer's
-    end (`Transformer.finish`)."""
+    end (`block_parts.finish`)."""
     a = model.args
     if not a.has_ffn(i):
         return x
-    h = model.pre(x, w.ffn_norm, rms_norm)
+    h, end = model.pre(x, w.ffn_norm, rms_norm), block_parts.Ending.of(w)
     if model.ffn_inputs is not None:
         model.ffn_inputs.append((i, h))
     if w.flash is not None:
         raise CadenceError("--mode flash runs on cadence's CPU kernels; use --device cpu")
-    if a.experts_at(i):
-        return x + (yield from moe.moe(model, i, w, h))
-    model.residual(x, w.down, glu(model, w.gate_up(h)), w.ffn_post_norm, rms_norm)
-    return block_parts.finish(model, x, w, ple, rms_norm)
+    if a.experts_beside_dense:  # Gemma 4's 26B
+        x += yield from moe.beside_dense(model, i, w, x, h, rms_norm)
+    elif a.experts_at(i):
+        x += yield from moe.moe(model, i, w, h)
+    else:
+        model.residual(x, w.down, glu(model, w.gate_up(h)), w.ffn_post_norm, rms_norm)
+    return block_parts.finish(model, x, end, ple, rms_norm)
 
 
 def glu(model, gu: torch.Tensor) -> torch.Tensor:

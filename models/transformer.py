@@ -165,16 +165,18 @@ class Transformer:
             yield from self.attention_fused(i, w, x, positions, at, plan)
         if not a.has_ffn(i):
             return x
-        h = self.pre(x, w.ffn_norm, kernels.rmsnorm)
+        h, end = self.pre(x, w.ffn_norm, kernels.rmsnorm), block_parts.Ending.of(w)
         if self.ffn_inputs is not None:
             self.ffn_inputs.append((i, h))
-        if a.experts_at(i):
+        if a.experts_beside_dense:  # Gemma 4's 26B
+            x += yield from moe.beside_dense(self, i, w, x, h, kernels.rmsnorm)
+        elif a.experts_at(i):
             x += yield from moe.moe(self, i, w, h)
         elif w.flash is not None:  # LLM in a flash: the predicted neurons only (models/flash)
             w.flash(h, x)
         else:
             self.residual(x, w.down, self.act(w.gate_up.matmul(h)), w.ffn_post_norm, kernels.rmsnorm)
-        return block_parts.finish(self, x, w, at.ple, kernels.rmsnorm)
+        return block_parts.finish(self, x, end, at.ple, kernels.rmsnorm)
 
     def attention_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan, h=None):
         """The attention branch of `block_fused`, added to x in place (a generator: a plan may split it); `h`: its

@@ -32,6 +32,7 @@ PARTS = {
     "router_sel": ("ffn_router_sel", False),
     **{f: (f, True) for f in ("ple_proj", "ple_gate", "ple_out")},
     **{f: (f, False) for f in ("ple_proj_norm", "ple_post_norm", "layer_scale")},
+    **{f: ("ffn_" + f, False) for f in ("post_norm_1", "norm_2", "post_norm_2", "router_scale", "expert_scale")},
     **{f"mla_{p}": (f"attn_{p}", True) for p in ("q_a", "q", "kv_a", "kv_b")},
     **{f"mla_{p}": (f"attn_{p}", False) for p in ("q_a_norm", "kv_a_norm")},
 }
@@ -100,6 +101,11 @@ class LayerWeights:
     ple_out: Linear | None = None
     ple_post_norm: torch.Tensor | None = None
     layer_scale: torch.Tensor | None = None
+    post_norm_1: torch.Tensor | None = None  # Gemma 4's 26B: the dense MLP's output norm, the experts' input and
+    norm_2: torch.Tensor | None = None  # output norms, the scale of the router's input, each expert's weight
+    post_norm_2: torch.Tensor | None = None
+    router_scale: torch.Tensor | None = None
+    expert_scale: torch.Tensor | None = None
 
 
 @dataclass

@@ -11,10 +11,11 @@
   of its kind, and with `use_double_wide_mlp` their FFN is twice as wide;
 - every layer's output times its `layer_scalar`;
 - per-layer embeddings (E2B/E4B): a table of `ple_dim` per layer per token, read from disk row by row like the
-  embeddings, plus a projection of the embeddings; after each FFN, x += norm(W_out(gelu(W_gate x) * ple_i)).
+  embeddings, plus a projection of the embeddings; after each FFN, x += norm(W_out(gelu(W_gate x) * ple_i));
+- the 26B-A4B (`enable_moe_block`): GeGLU experts beside the dense MLP in every layer, with norms of their own and a
+  router of their own (models/moe.py `beside_dense`), streamed through the expert buffer like any mixture's.
 
-The mixture-of-experts variant (`enable_moe_block`: experts beside the dense MLP, each with norms of their own) is
-refused in one sentence; so is an encoder (`use_bidirectional_attention`)."""
+An encoder (`use_bidirectional_attention`) is refused in one sentence."""
 
 from __future__ import annotations
 
@@ -44,8 +45,6 @@ def _full_heads(cfg: dict, a: dict, full: list[int]) -> tuple[int, int]:
 
 
 def _hf(cfg: dict, a: dict) -> dict:
-    if cfg.get("enable_moe_block"):
-        raise Unsupported("enable_moe_block (Gemma 4's experts beside the dense MLP, as in the 26B-A4B)")
     if cfg.get("use_bidirectional_attention"):
         raise Unsupported("use_bidirectional_attention: an encoder, not a causal decoder")
     if cfg["hidden_activation"] not in ("gelu_pytorch_tanh", "gelu_tanh"):
@@ -64,7 +63,16 @@ def _hf(cfg: dict, a: dict) -> dict:
     if not window:
         raise Unsupported(f"a sliding window of {cfg['sliding_window']} covering the context (no sliding layers)")
     ple = int(cfg.get("hidden_size_per_layer_input") or 0)
-    return {
+    moe = {}
+    if cfg.get("enable_moe_block"):  # the 26B-A4B: experts beside the dense MLP in every layer
+        moe = {
+            "n_experts": int(cfg["num_experts"]),
+            "n_experts_used": int(cfg["top_k_experts"]),
+            "expert_ffn_dim": int(cfg["moe_intermediate_size"]),
+            "norm_topk": True,
+            "experts_beside_dense": True,
+        }
+    return moe | {
         **window,
         "embed_scale": a["dim"] ** 0.5,
         "attn_scale": 1.0,
@@ -128,8 +136,15 @@ GEMMA4 = Family(
         "ple_out": ("per_layer_projection",),
         "ple_post_norm": ("post_per_layer_input_norm",),
         "layer_scale": ("layer_scalar",),
+        "ffn_router": ("router.proj",),
+        "ffn_router_scale": ("router.scale",),
+        "ffn_expert_scale": ("router.per_expert_scale",),
+        "ffn_post_norm_1": ("post_feedforward_layernorm_1",),
+        "ffn_norm_2": ("pre_feedforward_layernorm_2",),
+        "ffn_post_norm_2": ("post_feedforward_layernorm_2",),
     },
-    hf_params=frozenset({"layer_scale"}),
+    hf_params=frozenset({"layer_scale", "ffn_router_scale", "ffn_expert_scale"}),
+    hf_moe_prefix="",
     hf_globals={
         "embed_pl": "embed_tokens_per_layer.weight",
         "blk.0.ple_proj": "per_layer_model_projection.weight",

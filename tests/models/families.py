@@ -66,6 +66,11 @@ _COMMON = dict(
     tie_word_embeddings=False,
 )
 _GEMMA = dict(head_dim=32, query_pre_attn_scalar=32, sliding_window=WINDOW, tie_word_embeddings=True)
+_GEMMA4 = {
+    "plain": dict(attention_k_eq_v=True, num_global_key_value_heads=1, final_logit_softcapping=30.0),
+    "ple": dict(vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=2, use_double_wide_mlp=True),
+    "moe": dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
+}
 _LLAMA3 = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
 # Phi-3-mini-128k style factors: short ones near 1, long ones growing with the dimension (8 = head_dim / 2, 6 at 0.75)
 _SHORT = [1.0, 1.02, 1.05, 1.1, 1.2, 1.3, 1.45, 1.6]
@@ -233,7 +238,8 @@ FAMILIES: dict[str, dict[str, dict]] = {
     },
     "gemma4_text": {  # 5 sliding layers to 1 full, full layers with wider heads of their own (proportional rope)
         # "plain": like the 31B (values = keys on the full layers, one kv head there, logits capped); "ple": like E2B
-        # (per-layer embeddings, the last two layers sharing earlier ones' keys and values, their MLP twice as wide)
+        # (per-layer embeddings, the last two layers sharing earlier ones' keys and values, their MLP twice as wide);
+        # "moe": like the 26B-A4B (4 GeGLU experts, 2 a token, beside the dense MLP in every layer)
         v: dict(
             num_hidden_layers=6,
             head_dim=16,
@@ -241,23 +247,10 @@ FAMILIES: dict[str, dict[str, dict]] = {
             sliding_window=WINDOW,
             tie_word_embeddings=True,
             layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
-            **(
-                dict(
-                    attention_k_eq_v=True,
-                    num_global_key_value_heads=1,
-                    final_logit_softcapping=30.0,
-                    hidden_size_per_layer_input=0,
-                )
-                if v == "plain"
-                else dict(
-                    hidden_size_per_layer_input=32,
-                    vocab_size_per_layer_input=VOCAB,
-                    num_kv_shared_layers=2,
-                    use_double_wide_mlp=True,
-                )
-            ),
+            hidden_size_per_layer_input=32 if v == "ple" else 0,
+            **_GEMMA4[v],
         )
-        for v in ("plain", "ple")
+        for v in ("plain", "ple", "moe")
     },
     "mistral4": {  # latent attention (YaRN with mscale, interleaved rotary pairs, position-scaled queries), a dense
         # first layer, then 4 softmax-routed experts (2 a token, scaled) beside a shared one
@@ -427,7 +420,7 @@ def _randomise(model, model_type: str, seed: int) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             x = torch.randn(p.shape, generator=g, dtype=torch.float32)
-            if "norm" in name:
+            if "norm" in name or name.endswith(("router.scale", "per_expert_scale")):  # (Gemma 4's router's scales)
                 x = (2.0 + 0.3 * x) if model_type in GEMMA_NORMS else 1.0 + 0.25 * x
                 if name == "model.norm.weight" and model_type not in GEMMA_NORMS:
                     x = 3.0 * x  # logits ~ 3x wider: the greedy margins well clear of float noise

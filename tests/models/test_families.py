@@ -217,25 +217,30 @@ def _with_extra(src, out, tensor: str | None = None, key: str | None = None):
 
 
 @pytest.mark.parametrize(
-    "mt",
+    "mt,v",
     [
-        "lfm2",
-        "qwen3_5_text",
-        "granitemoehybrid",
-        "nemotron_h",
-        "gpt_oss",
-        "llama4_text",
-        "exaone4",
-        "glm4_moe",
-        "falcon_h1",
-        "mistral4",
-        "gemma4_text",
+        *[
+            (mt, "plain")
+            for mt in (
+                "lfm2",
+                "qwen3_5_text",
+                "granitemoehybrid",
+                "nemotron_h",
+                "gpt_oss",
+                "llama4_text",
+                "exaone4",
+                "glm4_moe",
+                "falcon_h1",
+                "mistral4",
+            )
+        ],
+        *[("gemma4_text", v) for v in ("plain", "ple", "moe")],
     ],
 )
-def test_the_torch_ops_path_is_transformers_own_too(built, tmp_path, mt):
+def test_the_torch_ops_path_is_transformers_own_too(built, tmp_path, mt, v):
     """The layer in torch ops (models/torch_block.py: devices other than the CPU) on the 2026 families' new parts:
     recurrent layers, sinks, chunks, L2 and biased q/k norms, relu^2, experts."""
-    d5, _, _, hf = built(mt, "plain")
+    d5, _, _, hf = built(mt, v)
     model = ours(HFSource(d5), tmp_path / "store")
     model.fused = model.layer_calls = False
     ids = prompt_ids(d5)

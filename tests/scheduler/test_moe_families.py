@@ -1,5 +1,5 @@
 """The 2026 mixtures of experts over the actors (tiny random models built by transformers: gpt-oss, Qwen 3.5's,
-Qwen3-Next, LFM2-MoE, GLM-4.5, Llama 4):
+Qwen3-Next, LFM2-MoE, GLM-4.5, Llama 4, Mistral 4, Gemma 4's 26B):
 their layers and experts streamed from disk through the loader, `tree` and `chain` give the target's own tokens;
 and gpt-oss's released MXFP4 expert blocks read as transformers dequantizes them."""
 
@@ -28,10 +28,15 @@ def hf_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "mt", ["gpt_oss", "qwen3_5_moe_text", "qwen3_next", "lfm2_moe", "glm4_moe", "llama4_text", "mistral4"]
+    "mt,v",
+    [
+        *[(mt, "plain") for mt in ("gpt_oss", "qwen3_5_moe_text", "qwen3_next", "lfm2_moe", "glm4_moe", "llama4_text")],
+        ("mistral4", "plain"),
+        ("gemma4_text", "moe"),  # GeGLU experts beside a dense MLP, with norms and a router of their own
+    ],
 )
-def test_tree_and_chain_are_the_target_with_layers_and_experts_streamed(tmp_path, mt):
-    store = WeightStore(convert(HFSource(tiny_hf(mt, "plain", tmp_path / "hf", seed=1)), tmp_path / "int4", "int4"))
+def test_tree_and_chain_are_the_target_with_layers_and_experts_streamed(tmp_path, mt, v):
+    store = WeightStore(convert(HFSource(tiny_hf(mt, v, tmp_path / "hf", seed=1)), tmp_path / "int4", "int4"))
     g = torch.Generator().manual_seed(3)
     base = torch.randint(3, 300, (12,), generator=g).tolist()
     prompt = base + base[:6]  # past the sliding window of 8
