@@ -82,6 +82,7 @@ def cmd_plan(args) -> int:
         )
     else:
         _memory(run.memory)
+        _by_row(machine.store(cfg.target, cfg.dtype))
     _smallest(cfg, machine, run)
     sys.stdout.flush()
     return 1 if failed is not None else 0
@@ -100,6 +101,18 @@ def _memory(plan) -> None:
         )
     else:
         print("  streamed: nothing (the whole target fits)")
+
+
+def _by_row(store) -> None:
+    """The tables left on disk and read a row a token (the embeddings; Gemma 4's per-layer embeddings, LLM in a
+    flash's way): none of the budget, a few KiB read each token."""
+    tables = [("embeddings", "embed"), ("per-layer embeddings", "embed_pl")]
+    parts = []
+    for label, name in tables:
+        if name in store.tensors:
+            a = store.tensors[name]["arrays"]["w"]
+            parts.append(f"{label} {fmt(a['nbytes'])} ({a['nbytes'] / a['shape'][0] / 1024:.1f} KiB a token)")
+    print(f"  on disk, read by the row: {'; '.join(parts)}")
 
 
 def _smallest(cfg: RunConfig, machine: ThisMachine, run: RunPlan) -> None:
