@@ -29,6 +29,8 @@ class Prompt:
     # a conversation ({"role", "content"} dicts, the last one the user's): rendered by the chat template
     messages: tuple = ()
     ids: tuple | None = None  # its token ids, once encoded (Runner.prepare): `chat` then says if it got the template
+    tools: tuple = ()  # the tools its template is told of (engine/tools.py), in OpenAI's form
+    start: str = ""  # the answer's forced opening, after the template (a call forced by tool_choice)
 
     def key(self, chat_mode: str) -> tuple | None:
         """What its token ids depend on (a run encodes each prompt of a set once); None: a conversation."""
@@ -108,8 +110,12 @@ def encode_prompt(tokenizer, prompt: Prompt, chat_mode: str, limit: int | None =
     try:
         if not chat:
             return tokenizer.encode(prompt.text, limit=limit), False
-        messages = list(prompt.messages) or [{"role": "user", "content": prompt.text}]
-        text = tokenizer.apply_chat_template(messages, name="messages" if prompt.messages else None)
+        from engine.tools import for_template
+
+        messages = for_template(list(prompt.messages)) or [{"role": "user", "content": prompt.text}]
+        tools = list(prompt.tools) or None
+        text = tokenizer.apply_chat_template(messages, name="messages" if prompt.messages else None, tools=tools)
+        text += prompt.start
         return tokenizer.encode(text, limit=limit), True
     except TooLong as e:
         raise PromptError(

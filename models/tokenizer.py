@@ -15,6 +15,8 @@ before the tokenizer reads it (`min_tokens`).
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -276,7 +278,7 @@ class TextTokenizer:
         return self.tok.decode(list(ids), skip_special_tokens=skip_special)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, *, name: str | None = None
+        self, messages: list[dict], add_generation_prompt: bool = True, *, name: str | None = None, tools=None
     ) -> str:
         """The conversation as the model's chat template writes it. Every string in `messages` is checked to be
         UTF-8 first (see `encode`) and named by its place, `{name}[2].content` (name None: "messages", and
@@ -297,13 +299,20 @@ class TextTokenizer:
             raise CadenceError(f"chat template: {msg}")
 
         env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = _tojson
         tmpl = env.from_string(self.info.chat_template)
         return tmpl.render(
             messages=messages,
+            tools=tools,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.info.special.get("bos", ""),
             eos_token=self.info.special.get("eos", ""),
         )
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """Templates' `tojson` as transformers defines it (plain JSON; jinja's own escapes <, > and & for HTML)."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 class StreamDecoder:

@@ -26,7 +26,7 @@ import queue
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sse_starlette.sse import EventSourceResponse
@@ -39,6 +39,7 @@ from starlette.routing import Route
 
 from common.errors import PromptError
 from serve.generator import Generator, Job
+from engine import tools
 from serve.requests import Ask, ClientError, parse_json, read_ask
 
 MAX_BODY = 4 << 20  # a request body larger than this is refused (413) before it is read whole
@@ -217,13 +218,23 @@ class Api:
 
     async def _prepare(self, ask: Ask) -> Ask:
         """The prompt encoded and checked against the context off the event loop: a prompt or a max_tokens
-        that cannot fit is the client's 400, before the request waits for the generation thread."""
+        that cannot fit is the client's 400, before the request waits for the generation thread. With tools: the
+        model's format of calls (a template that takes none: 400), and a forced call's opening."""
         runner = self.gen.llm.runner
+        prompt, calls = ask.prompt, None
+        if prompt.tools:
+            calls = tools.format_of(runner.tokenizer.info.chat_template)
+            if calls is None:
+                raise ClientError(400, tools.no_tools(self.cfg.model), "tools")
+            if ask.tool_choice == "none":  # the model answers in words: it is not told of the tools
+                prompt, calls = replace(prompt, tools=()), None
+            elif ask.tool_choice != "auto":
+                prompt = replace(prompt, start=tools.forced_start(calls, ask.tool_choice))
         try:
-            prompt = await run_in_threadpool(runner.prepare, ask.prompt, ask.max_new_tokens)
+            prompt = await run_in_threadpool(runner.prepare, prompt, ask.max_new_tokens)
         except PromptError as e:
             raise ClientError(400, str(e), "messages" if ask.chat and e.param == "prompt" else e.param) from None
-        return Ask(ask.chat, prompt, ask.max_new_tokens, ask.sampling, ask.stop, ask.stream, ask.include_usage)
+        return replace(ask, prompt=prompt, calls=calls)
 
     async def _whole(self, request: Request, job: Job, rid: str):
         text = ""
@@ -250,9 +261,17 @@ class Api:
         return error(ClientError(500, value, None, "server_error"))
 
     def _response(self, job: Job, rid: str, text: str, done) -> dict:
-        chat = job.ask.chat
+        chat, ask = job.ask.chat, job.ask
         choice = {"index": 0, "finish_reason": done.finish_reason if done else "stop", "logprobs": None}
-        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        message = {"role": "assistant", "content": text}
+        if ask.calls is not None:  # the answer's tool calls read out of it
+            content, calls = tools.parse(ask.prompt.start + text, ask.calls, tools.names(ask.prompt.tools))
+            calls = calls if ask.parallel_tool_calls else calls[:1]
+            if calls:
+                message = {"role": "assistant", "content": content.strip() or None}
+                message["tool_calls"] = [c.openai() for c in calls]
+                choice["finish_reason"] = "tool_calls" if choice["finish_reason"] == "stop" else choice["finish_reason"]
+        choice.update({"message": message} if chat else {"text": text})
         return {
             "id": rid,
             "object": "chat.completion" if chat else "text_completion",
@@ -267,10 +286,11 @@ class Api:
         chat = job.ask.chat
         kind_name = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(delta: str | None, finish: str | None = None, role: bool = False) -> str:
+        def chunk(delta: str | None, finish: str | None = None, role: bool = False, call: dict | None = None) -> str:
             c = {"index": 0, "finish_reason": finish, "logprobs": None}
             if chat:
                 c["delta"] = ({"role": "assistant"} if role else {}) | ({"content": delta} if delta is not None else {})
+                c["delta"] |= {"tool_calls": [call]} if call is not None else {}
             else:
                 c["text"] = delta or ""
             return json.dumps(
@@ -284,14 +304,31 @@ class Api:
                 }
             )
 
+        calls = tools.CallStream(job.ask.calls, tools.names(job.ask.prompt.tools)) if job.ask.calls else None
+        made = []  # the calls sent
+
+        def pieces(events) -> list[dict]:
+            out = []
+            for kind, v in events:
+                if kind == "text" and v:
+                    out.append({"data": chunk(v)})
+                elif kind == "call" and (job.ask.parallel_tool_calls or not made):
+                    out.append({"data": chunk(None, call=v.openai(len(made)))})
+                    made.append(v)
+            return out
+
         try:
             if chat:
                 yield {"data": chunk("", role=True)}
+            if calls is not None:
+                for event in pieces(calls.push(job.ask.prompt.start)):
+                    yield event
             while True:
                 kind, value = await job.out.get()
                 if kind == "piece":
-                    if value:
-                        yield {"data": chunk(value)}
+                    events = pieces(calls.push(value)) if calls is not None else [{"data": chunk(value)}] * bool(value)
+                    for event in events:
+                        yield event
                 elif kind in ("error", "client_error"):
                     yield {
                         "data": json.dumps(
@@ -304,7 +341,10 @@ class Api:
                 elif kind == "cancelled":
                     return
                 else:
-                    yield {"data": chunk(None, value.finish_reason if kind == "done" else "stop")}
+                    for event in pieces(calls.finish()) if calls is not None else []:
+                        yield event
+                    finish = value.finish_reason if kind == "done" else "stop"
+                    yield {"data": chunk(None, "tool_calls" if made and finish == "stop" else finish)}
                     if job.ask.include_usage:
                         yield {
                             "data": json.dumps(

@@ -39,11 +39,6 @@ OTHERS = {
     "echo": ("true or false", lambda v: isinstance(v, bool), bool),
     "suffix": ("a string", lambda v: isinstance(v, str), bool),
     "best_of": ("an integer", _integer, lambda v: v != 1),
-    "tools": ("a list", lambda v: isinstance(v, list), bool),
-    "functions": ("a list", lambda v: isinstance(v, list), bool),
-    "tool_choice": ("a string or an object", lambda v: isinstance(v, (str, dict)), lambda v: v != "none"),
-    "function_call": ("a string or an object", lambda v: isinstance(v, (str, dict)), lambda v: v != "none"),
-    "parallel_tool_calls": ("true or false", lambda v: isinstance(v, bool), lambda v: False),
     "response_format": ("an object", lambda v: isinstance(v, dict), lambda v: v.get("type", "text") != "text"),
     "modalities": ("a list", lambda v: isinstance(v, list), lambda v: v != ["text"]),
     "audio": ("an object", lambda v: isinstance(v, dict), lambda v: True),
@@ -68,7 +63,15 @@ READ = {
     "seed",
     "stop",
 }
-ONLY = {"messages": True, "prompt": False}  # chat's, completions'
+ONLY = {  # chat's, completions'
+    "messages": True,
+    "prompt": False,
+    "tools": True,
+    "tool_choice": True,
+    "parallel_tool_calls": True,
+    "functions": True,
+    "function_call": True,
+}
 
 
 class ClientError(Exception):
@@ -91,6 +94,9 @@ class Ask:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    tool_choice: object = "auto"  # with tools (in `prompt.tools`): "auto", "none", "required" or a function's name
+    parallel_tool_calls: bool = True
+    calls: object = None  # the format its answer's tool calls are read in (engine/tools.py `Format`; None: none)
 
 
 def parse_json(raw: bytes) -> dict:
@@ -118,8 +124,9 @@ def read_ask(body: dict, chat: bool, rid: str, models: set[str]) -> Ask:
     _check_others(body, chat)
     if body.get("n", 1) != 1:
         raise ClientError(400, "n must be 1: one choice per request", "n")
+    tools, choice = _tools(body) if chat else ((), "auto")
     prompt = (
-        Prompt(rid, "chat", "", chat=True, messages=tuple(_messages(body)))
+        Prompt(rid, "chat", "", chat=True, messages=tuple(_messages(body)), tools=tuple(tools))
         if chat
         else Prompt(rid, "complete", _completion_prompt(body), chat=False)
     )
@@ -134,7 +141,32 @@ def read_ask(body: dict, chat: bool, rid: str, models: set[str]) -> Ask:
         _stops(body.get("stop")),
         _flag(body, "stream"),
         bool((opts or {}).get("include_usage")),
+        choice,
+        body.get("parallel_tool_calls") is not False,
     )
+
+
+def _tools(body: dict) -> tuple[list[dict], object]:
+    """The request's tools (`functions`, the older spelling, read as tools) and its choice among them."""
+    from common.errors import CadenceError
+    from engine.tools import check_tools
+
+    key = "tools" if body.get("tools") is not None else "functions"
+    tools = body.get(key)
+    choice = body.get("tool_choice", body.get("function_call"))
+    if key == "functions" and tools is not None:
+        tools = [{"type": "function", "function": f} for f in tools] if isinstance(tools, list) else tools
+        choice = {"type": "function", "function": choice} if isinstance(choice, dict) else choice
+    if body.get("parallel_tool_calls") not in (None, True, False):
+        raise ClientError(400, "parallel_tool_calls must be true or false", "parallel_tool_calls")
+    if tools is None:
+        if choice not in (None, "none", "auto"):
+            raise ClientError(400, "tool_choice asks for a tool, but the request gives no tools", "tool_choice")
+        return [], "auto"
+    try:
+        return check_tools(tools, choice, key)
+    except CadenceError as e:
+        raise ClientError(400, str(e), "tool_choice" if str(e).startswith("tool_choice") else key) from None
 
 
 def _check_others(body: dict, chat: bool) -> None:
@@ -172,17 +204,40 @@ def _messages(body: dict) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ClientError(400, f'{where} must be an object with a "role" string', where)
-        if m["role"] not in ("system", "user", "assistant", "developer"):
+        if m["role"] not in ("system", "user", "assistant", "developer", "tool"):
             raise ClientError(
-                400, f"{where}.role {m['role']!r} must be system, user, assistant or developer", f"{where}.role"
+                400, f"{where}.role {m['role']!r} must be system, user, assistant, developer or tool", f"{where}.role"
             )
-        out.append(
-            {
-                "role": "system" if m["role"] == "developer" else m["role"],
-                "content": _content(m.get("content"), f"{where}.content"),
-            }
-        )
+        out.append(_message(m, where))
     return out
+
+
+def _message(m: dict, where: str) -> dict:
+    """One message for the template: its role and text; an assistant's tool calls (its content may then be null);
+    a tool's answer with the id of the call it answers."""
+    role = "system" if m["role"] == "developer" else m["role"]
+    calls = m.get("tool_calls") if role == "assistant" else None
+    if calls is not None and (not isinstance(calls, list) or not all(_a_call(c) for c in calls)):
+        raise ClientError(
+            400,
+            f'{where}.tool_calls must be a list of {{"id", "type": "function", "function": {{"name", "arguments"}}}}',
+            f"{where}.tool_calls",
+        )
+    content = m.get("content")
+    out = {"role": role, "content": "" if content is None and calls else _content(content, f"{where}.content")}
+    if calls:
+        out["tool_calls"] = calls
+    if role == "tool":
+        if not isinstance(m.get("tool_call_id", ""), str):
+            raise ClientError(400, f"{where}.tool_call_id must be a string", f"{where}.tool_call_id")
+        out["tool_call_id"] = m.get("tool_call_id", "")
+        out |= {"name": m["name"]} if isinstance(m.get("name"), str) else {}
+    return out
+
+
+def _a_call(c) -> bool:
+    f = c.get("function") if isinstance(c, dict) else None
+    return isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("arguments", ""), (str, dict))
 
 
 def _content(content, where: str) -> str:

@@ -154,9 +154,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(home: Path, args: list[str]):
+def serve(home: Path, args: list[str], logs: Path | None = None):
     """`launch serve ARGS` on a free port with CADENCE_HOME `home`, once /health answers: (its base URL, the process,
-    the shared-memory segments there were before it). A generator: the process is killed at its end if still up."""
+    the shared-memory segments there were before it); its stderr in a file in `logs` (default: `home`). A generator:
+    the process is killed at its end if still up."""
     import time
 
     import httpx
@@ -166,7 +167,7 @@ def serve(home: Path, args: list[str]):
     port = free_port()
     env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
     before = shm_segments()
-    log = home / f"serve-{port}.stderr"  # a file, not a pipe: a line per request must never fill a pipe and block
+    log = (logs or home) / f"serve-{port}.stderr"  # a file, not a pipe: a line per request must never fill a pipe and block
     with open(log, "w") as err:
         p = subprocess.Popen(
             [sys.executable, "-m", "launch.cli", "serve", "--port", str(port), *args],
