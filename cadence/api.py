@@ -21,6 +21,7 @@ budget produced it. A generation runs until the model ends its turn or the conte
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Iterator
 
@@ -82,17 +83,40 @@ class LLM:
         Stop iterating early and the generation stops at once."""
         return self._stream(Prompt(f"api-{next(self._ids)}", "complete", prompt, chat=False), **kw)
 
-    def chat(self, messages: list[dict], **kw) -> Completion:
-        """Answer a conversation ({"role": "system"|"user"|"assistant", "content": ...} dicts, the
-        last one the user's) through the model's chat template."""
-        return _last(self.chat_stream(messages, **kw)).completion
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice="auto", **kw) -> Completion:
+        """Answer a conversation ({"role": "system"|"user"|"assistant"|"tool", "content": ...} dicts, the
+        last one the user's or a tool's) through the model's chat template. `tools` (OpenAI's form) are told to the
+        model; the calls it makes are the completion's `tool_calls` (engine/tools.py `ToolCall`), its `text` what
+        it said beside them, its finish_reason "tool_calls". `tool_choice`: "auto", "none", "required" or a
+        function's name."""
+        return _last(self.chat_stream(messages, tools, tool_choice, **kw)).completion
 
-    def chat_stream(self, messages: list[dict], **kw) -> Iterator[Chunk]:
+    def chat_stream(self, messages: list[dict], tools: list[dict] | None = None, tool_choice="auto", **kw):
+        """`chat` as chunks of text (with tools: the answer as the model writes it, calls and all); the last chunk
+        carries the Completion, its calls read out."""
         if not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages
+            isinstance(m, dict)
+            and m.get("role")
+            and (isinstance(m.get("content"), str) or (m.get("content") is None and m.get("tool_calls")))
+            for m in messages
         ):
             raise CadenceError('messages must be a non-empty list of {"role": ..., "content": "..."} dicts')
-        return self._stream(Prompt(f"api-{next(self._ids)}", "chat", "", chat=True, messages=tuple(messages)), **kw)
+        prompt = Prompt(f"api-{next(self._ids)}", "chat", "", chat=True, messages=tuple(messages))
+        if not tools:
+            return self._stream(prompt, **kw)
+        from engine import tools as calls
+
+        if isinstance(tool_choice, str) and tool_choice not in ("auto", "none", "required"):  # a function's name
+            tool_choice = {"type": "function", "function": {"name": tool_choice}}
+        told, choice = calls.check_tools(tools, tool_choice)
+        fmt = calls.format_of(self.tokenizer.info.chat_template)
+        if fmt is None:
+            raise CadenceError(calls.no_tools(self.plan.target_name))
+        if choice == "none":
+            return self._stream(prompt, **kw)
+        start = calls.forced_start(fmt, choice) if choice != "auto" else ""
+        prompt = dataclasses.replace(prompt, tools=tuple(told), start=start)
+        return _with_calls(self._stream(prompt, **kw), fmt, start, calls.names(told))
 
     def _stream(
         self,
@@ -132,6 +156,21 @@ def config_of(cfg: RunConfig) -> RunConfig:
     """The configuration an LLM decides its run from (`launch chat` and `serve` come here too): a request may
     sample although the run's default is greedy, so its plan has room for the distributions."""
     return cfg.replace(plan_sampling=True)
+
+
+def _with_calls(chunks: Iterator[Chunk], fmt, start: str, names: list[str]) -> Iterator[Chunk]:
+    """The chunks as they come; the last one's Completion with the calls read out of the answer."""
+    from engine import tools
+
+    for chunk in chunks:
+        c = chunk.completion
+        if c is not None:
+            text, found = tools.parse(start + c.text, fmt, names)
+            if found:
+                finish = "tool_calls" if c.finish_reason == "stop" else c.finish_reason
+                c = dataclasses.replace(c, text=text.strip(), tool_calls=found, finish_reason=finish)
+                chunk = dataclasses.replace(chunk, completion=c, finish_reason=finish)
+        yield chunk
 
 
 def _last(chunks: Iterator[Chunk]) -> Chunk:

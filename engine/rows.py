@@ -44,6 +44,7 @@ class Completion:
     tokens_per_s: float
     stats: dict = field(default_factory=dict)  # what the mode did: verifications, acceptance, bytes read, ...
     row: dict = field(default_factory=dict)  # the JSON row
+    tool_calls: list = field(default_factory=list)  # the calls an answer to a request with tools made (engine/tools.py)
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,6 @@ def forced_start(fmt: Format, choice) -> str:
     return start + json.dumps(choice)[1:-1] + f'", "{fmt.args}": '
 
 
-
 def for_template(messages: list[dict]) -> list[dict]:
     """Messages as chat templates expect them (transformers' convention): an assistant's `tool_calls` with their
     arguments as objects, not OpenAI's JSON strings (a template writes them with `tojson`)."""
@@ -241,7 +240,9 @@ def check_tools(tools, choice, where: str = "tools") -> tuple[list[dict], object
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
         if choice.get("type") != "function" or name not in names:
-            raise CadenceError(f"tool_choice names function {name!r}, which is not among the tools ({', '.join(names)})")
+            raise CadenceError(
+                f"tool_choice names function {name!r}, which is not among the tools ({', '.join(names)})"
+            )
         choice = name
     elif choice not in ("auto", "none", "required"):
         raise CadenceError(f'tool_choice={choice!r} must be "auto", "none", "required" or a function')

@@ -167,7 +167,9 @@ def serve(home: Path, args: list[str], logs: Path | None = None):
     port = free_port()
     env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
     before = shm_segments()
-    log = (logs or home) / f"serve-{port}.stderr"  # a file, not a pipe: a line per request must never fill a pipe and block
+    log = (
+        logs or home
+    ) / f"serve-{port}.stderr"  # a file, not a pipe: a line per request must never fill a pipe and block
     with open(log, "w") as err:
         p = subprocess.Popen(
             [sys.executable, "-m", "launch.cli", "serve", "--port", str(port), *args],

@@ -135,3 +135,16 @@ def test_the_format_is_the_templates_and_a_forced_call_opens_it():
     assert tools.format_of("{{ messages }}") is None
     assert tools.forced_start(tools.FORMATS["hermes"], "f") == '<tool_call>\n{"name": "f", "arguments": '
     assert tools.forced_start(tools.FORMATS["llama3"], "required") == '{"name": "'
+
+
+@pytest.mark.real
+def test_the_python_api_takes_tools_too():
+    import cadence
+
+    with cadence.LLM(target=MODEL, draft="none", max_new_tokens=64, context=1024) as llm:
+        done = llm.chat(ASK, tools=[WEATHER])
+        assert done.finish_reason == "tool_calls" and [c.name for c in done.tool_calls] == ["get_weather"], done
+        assert json.loads(done.tool_calls[0].arguments)["city"] == "Paris"
+        forced = llm.chat([{"role": "user", "content": "Hello!"}], tools=[WEATHER], tool_choice="get_weather")
+        assert forced.tool_calls and forced.tool_calls[0].name == "get_weather"
+        assert not llm.chat(ASK, tools=[WEATHER], tool_choice="none").tool_calls
