@@ -225,6 +225,16 @@ def head_norm_layout(w: np.ndarray, args: ModelArgs, interleaved: bool = False) 
     return permute_partial(w.reshape(-1, 1), 1, args.head_dim, args.rope_dim).reshape(-1) if args.rope_dim else w
 
 
+def _kv_heads(kv, origin: str) -> int:
+    """A GGUF's kv heads: one count, or one a layer (llama.cpp's LFM2: 0 for a convolution layer), all alike."""
+    if not isinstance(kv, list):
+        return int(kv)
+    counts = {int(x) for x in kv if int(x)}
+    if len(counts) != 1:
+        raise CadenceError(f"{origin}: layers with different numbers of kv heads ({sorted(counts)}) are not supported")
+    return counts.pop()
+
+
 def refuse_unknown(what: str, names, origin: str, family: Family, advice: str) -> None:
     """One sentence naming the first thing a file holds that no family reads: cadence would compute without it."""
     names = sorted(names)
@@ -298,7 +308,7 @@ class GGUFSource:
             dim=dim,
             n_layers=int(a("block_count")),
             n_heads=n_heads,
-            n_kv_heads=int(a("attention.head_count_kv", n_heads)),
+            n_kv_heads=_kv_heads(a("attention.head_count_kv", n_heads), self.path.name),
             ffn_dim=int(a("feed_forward_length", 0)) or int(self.tensors["blk.0.ffn_gate_exps.weight"].shape[1]),
             norm_eps=float(a("attention.layer_norm_rms_epsilon", 1e-6)),
             context_length=int(a("context_length", 2048)),
@@ -349,7 +359,11 @@ class GGUFSource:
         if name == "embed":
             return ["token_embd.weight"]
         if name in ("out_norm", "head"):
-            return ["output_norm.weight" if name == "out_norm" else "output.weight"]
+            return [
+                f"{self.family.gguf_names.get(name, ('output_norm',))[0]}.weight"
+                if name == "out_norm"
+                else "output.weight"
+            ]
         _, i, part = name.split(".", 2)
         b = f"blk.{i}"
         if part.startswith("exp."):

@@ -58,13 +58,14 @@ _SPLITS = {
     "llama3": _LLAMA3,
     "llama-v3": _LLAMA3,
     "llama-bpe": _LLAMA3,
+    "lfm2": _LLAMA3,
     "smaug-bpe": _LLAMA3,
     "dbrx": _LLAMA3,
     "tekken": _TEKKEN,
     "gpt-4o": _GPT4O,
 }
 # Where llama.cpp skips the merges for a word that is a token whole, as these families' tokenizer.json do.
-_IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "tekken"}
+_IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "tekken", "lfm2"}
 _NFC = {"qwen2", "deepseek-r1-qwen"}
 # GPT-2's byte-level regex, with digits split one by one first: StarCoder's, SmolLM's, Granite 3's (`refact`).
 _GPT2_DIGITS = {"smollm", "starcoder", "refact"}

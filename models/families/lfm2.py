@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from common.errors import CadenceError
 from models.families.base import MOE_HF_KEYS, Family, Unsupported, hybrid_kinds
 
 _KEYS = frozenset(
@@ -45,10 +46,27 @@ def _hf(cfg: dict, a: dict) -> dict:
     }
 
 
+def _gguf(key, a: dict) -> dict:
+    """llama.cpp's LFM2: the convolution layers are those with no kv heads; the FFN's width as the converter
+    adjusted it."""
+    kv = key("attention.head_count_kv")
+    if not isinstance(kv, list) or len(kv) != a["n_layers"]:
+        raise CadenceError("an LFM2 GGUF gives its kv heads a layer (0: a convolution layer); this one does not")
+    return {"conv_layers": tuple(i for i, n in enumerate(kv) if not n), "conv_kernel": int(key("shortconv.l_cache"))}
+
+
 LFM2 = Family(
     "lfm2",
     hf_types=("lfm2",),
-    gguf_archs=(),
+    gguf_archs=("lfm2",),
+    gguf_keys=frozenset({"vocab_size", "shortconv.l_cache"}),
+    gguf_fields=_gguf,
+    gguf_names={
+        "out_norm": ("token_embd_norm",),
+        "conv_in": ("shortconv.in_proj",),
+        "conv_w": ("shortconv.conv",),
+        "conv_out": ("shortconv.out_proj",),
+    },
     block={"qk_norm": "head"},
     hf_defaults={"rope_theta": 1_000_000.0, "conv_L_cache": 3},
     hf_keys=_KEYS,
@@ -86,6 +104,8 @@ LFM2_MOE = dataclasses.replace(
     LFM2,
     name="lfm2_moe",
     hf_types=("lfm2_moe",),
+    gguf_archs=(),
+    gguf_fields=lambda key, args: {},
     hf_keys=LFM2.hf_keys | MOE_HF_KEYS | {"num_dense_layers", "use_expert_bias", "routed_scaling_factor"},
     hf_fields=_moe,
     hf_names={**LFM2.hf_names, "ffn_router_sel": ("feed_forward.expert_bias",)},
