@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from bench import hf_gguf_qwen35
 from bench.hf_gguf_vocab import vocab_gpt2
 
 QWEN2_SPLIT = (  # Qwen2's split regex (llama.cpp's pre-tokenizer "qwen2"), as its tokenizer.json has it
@@ -54,6 +55,7 @@ GGUF_ARCH = {
     "glm4": "glm4",
     "ministral3": "mistral3",
     "lfm2": "lfm2",
+    "qwen3_5_text": "qwen35",
 }
 PERMUTE_QK = (
     "llama",
@@ -310,6 +312,11 @@ def _hparams(w, h: dict, rope: dict, ftype: int) -> None:
     mt = h["model_type"]
     if mt == "lfm2":
         return _lfm2_params(w, h, rope, ftype)
+    if mt == "qwen3_5_text":  # the multi-token prediction layers counted among the blocks
+        mtp = int(h.get("mtp_num_hidden_layers") or 0)
+        hh = {**h, "num_hidden_layers": h["num_hidden_layers"] + mtp}
+        hf_gguf_qwen35.params(w, h, lambda: _text_model_params(w, hh, rope, ftype))
+        return w.add_nextn_predict_layers(mtp) if mtp else None
     if mt == "gemma2":
         return _gemma2_params(w, h, ftype)
     if mt == "phi3":
@@ -362,7 +369,10 @@ def write_gguf_like_llama_cpp(hf_folder: Path, out: Path, qtype: str = "F32") ->
         raise NotImplementedError(f"model_type {mt!r}: not one of {sorted(GGUF_ARCH)}")
     rope = _rope_parameters(h)
     w = gguf.GGUFWriter(str(out), GGUF_ARCH[mt])
-    tensors = [*_extra_tensors(w, h, rope), *_model_tensors(h, hf_folder)]
+    if mt == "qwen3_5_text":
+        tensors = list(hf_gguf_qwen35.tensors(h, _safetensors(hf_folder)))
+    else:
+        tensors = [*_extra_tensors(w, h, rope), *_model_tensors(h, hf_folder)]
     for name, x in tensors:
         _put(w, name, x, qtype)
     total = w.get_total_parameter_count()  # ModelBase.prepare_metadata

@@ -352,6 +352,8 @@ class GGUFSource:
         used = set(self._consumed)
         for _, name in canonical_names(self.args):
             used |= set(self._sources(name))
+        if a := self._field(f"{arch}.nextn_predict_layers"):  # multi-token prediction layers: a draft of its own
+            used |= {t for t in self.tensors if t.startswith(tuple(f"blk.{self.args.n_layers + j}." for j in range(a)))}
         refuse_unknown("the tensor", set(self.tensors) - used, self.path.name, fam, advice)
 
     def _sources(self, name: str) -> list[str]:
@@ -377,6 +379,8 @@ class GGUFSource:
         }
         if part == "attn_qkv_bias":
             return [f"{b}.{n}.bias" for n in self.family.gguf_tensors("attn_qkv")]
+        if part in self.family.gguf_params:
+            return [f"{b}.{n}" for n in self.family.gguf_tensors(part)]
         return [f"{b}.{n}.weight" for n in moe.get(part) or self.family.gguf_tensors(part)]
 
     def _tokenizer(self) -> TokenizerInfo:
@@ -401,7 +405,7 @@ class GGUFSource:
             return np.concatenate([self._raw(s, e) for s in srcs])
         if name.endswith("ffn_shexp_gate"):
             return self._raw(srcs[0]).reshape(1, self.args.dim)
-        w = np.concatenate([self._raw(s) for s in srcs]) if len(srcs) > 1 else self._raw(srcs[0])
+        w = np.concatenate([self.family.gguf_split(name, s, self._raw(s), self.args) for s in srcs])
         if name.endswith(("attn_qkv", "attn_qkv_bias")):
             return qkv_layout(w, self.args, self.family.gguf_permuted, self.family.interleaved)
         if name.endswith(("attn_q_norm", "attn_k_norm")):

@@ -40,6 +40,11 @@ _LLAMA3 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen 3.5's: Qwen 2's with combining marks kept in words
+_QWEN35 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # Mistral Nemo's tekken: a word is its capitals and then its small letters, digits one by one.
 _TEKKEN = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
@@ -59,6 +64,7 @@ _SPLITS = {
     "llama-v3": _LLAMA3,
     "llama-bpe": _LLAMA3,
     "lfm2": _LLAMA3,
+    "qwen35": _QWEN35,
     "smaug-bpe": _LLAMA3,
     "dbrx": _LLAMA3,
     "tekken": _TEKKEN,
@@ -66,7 +72,7 @@ _SPLITS = {
 }
 # Where llama.cpp skips the merges for a word that is a token whole, as these families' tokenizer.json do.
 _IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "tekken", "lfm2"}
-_NFC = {"qwen2", "deepseek-r1-qwen"}
+_NFC = {"qwen2", "deepseek-r1-qwen", "qwen35"}
 # GPT-2's byte-level regex, with digits split one by one first: StarCoder's, SmolLM's, Granite 3's (`refact`).
 _GPT2_DIGITS = {"smollm", "starcoder", "refact"}
 _GPT2 = {"gpt2", "gpt-2", "phi-2", "default", "olmo"}

@@ -114,6 +114,10 @@ class Family:
     # (layer, part, ModelArgs) -> that layer's tensors of the part where they differ from `hf_names` (else None)
     hf_layer_tensors: Callable[[int, str, object], tuple | None] = lambda i, part, args: None
     hf_skipped: Callable[[str, object], bool] = lambda name, args: False  # a tensor no layer reads (Gemma 4's shared)
+    # (canonical name, GGUF tensor name, its array, ModelArgs) -> the part of it the canonical tensor takes, in HF's
+    # layout (Qwen 3.5's: a head's queries or gates, value heads grouped again by key head, A_log from -exp(A_log))
+    gguf_split: Callable[[str, str, np.ndarray, object], np.ndarray] = lambda name, src, w, args: w
+    gguf_params: frozenset = frozenset()  # parts whose GGUF tensors are named without `.weight` (`ssm_a`)
 
     def hf_tensors(self, part: str) -> tuple[str, ...]:
         return {**LLAMA_HF, **self.hf_names}[part]

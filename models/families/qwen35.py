@@ -48,10 +48,75 @@ def _split(name: str, src: str, w: np.ndarray, args) -> np.ndarray:
     return heads[:, 1 if name.endswith("attn_gate") else 0].reshape(args.q_dim, *w.shape[1:])
 
 
+def _gguf(key, a: dict) -> dict:
+    """llama.cpp's qwen35: the layer kinds from the attention interval; the multi-token prediction layers (counted
+    among the blocks) left aside."""
+    n, every, nv = (
+        a["n_layers"] - int(key("nextn_predict_layers", 0) or 0),
+        int(key("full_attention_interval", 4)),
+        int(key("ssm.time_step_rank")),
+    )
+    return {
+        "n_layers": n,
+        "gdn_layers": tuple(i for i in range(n) if (i + 1) % every),
+        "gdn_k_heads": int(key("ssm.group_count")),
+        "gdn_v_heads": nv,
+        "gdn_k_dim": int(key("ssm.state_size")),
+        "gdn_v_dim": int(key("ssm.inner_size")) // nv,
+        "conv_kernel": int(key("ssm.conv_kernel")),
+    }
+
+
+def _grouped(w: np.ndarray, axis: int, nk: int, r: int, hd: int) -> np.ndarray:
+    """Value heads tiled [k0 v0, k1 v0, ..., k0 v1, ...] (llama.cpp's order) grouped again by key head along `axis`."""
+    shape = w.shape
+    t = w.reshape(*shape[:axis], r, nk, hd, *shape[axis + 1 :])
+    return np.ascontiguousarray(np.swapaxes(t, axis, axis + 1)).reshape(shape)
+
+
+def _gguf_split(name: str, src: str, w: np.ndarray, args) -> np.ndarray:
+    """A GGUF tensor of llama.cpp's qwen35 in HF's layout: q_proj's halves; the delta-nets' value heads grouped by key
+    head again (when there are more of them than key heads); A_log from -exp(A_log)."""
+    if src.endswith("attn_q.weight"):
+        return _split(name, "q_proj.weight", w, args)
+    if not src.startswith("blk."):  # the embeddings, the final norm
+        return w
+    nk, nv, dk, dv = args.gdn_k_heads, args.gdn_v_heads, args.gdn_k_dim, args.gdn_v_dim
+    part, r = src.split(".")[2], nv // max(nk, 1)
+    if nk and nk != nv and int(src.split(".")[1]) in args.gdn_layers:
+        qk = 2 * nk * dk
+        if part in ("attn_qkv", "ssm_conv1d"):
+            w = np.concatenate([w[:qk], _grouped(w[qk:], 0, nk, r, dv)])
+        elif part == "attn_gate":
+            w = _grouped(w, 0, nk, r, dv)
+        elif part in ("ssm_beta", "ssm_alpha", "ssm_a", "ssm_dt"):
+            w = _grouped(w, 0, nk, r, 1)
+        elif part == "ssm_out":
+            w = _grouped(w, 1, nk, r, dv)
+    return np.log(-w) if part == "ssm_a" else w
+
+
 QWEN3_5 = Family(
     "qwen3_5",
     hf_types=("qwen3_5_text",),
-    gguf_archs=(),
+    gguf_archs=("qwen35",),
+    gguf_keys=frozenset(
+        "ssm.conv_kernel ssm.state_size ssm.group_count ssm.time_step_rank ssm.inner_size full_attention_interval "
+        "rope.dimension_sections nextn_predict_layers".split()
+    ),
+    gguf_fields=_gguf,
+    gguf_names={
+        "ffn_norm": ("post_attention_norm",),
+        "attn_gate": ("attn_q",),
+        "gdn_in": ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"),
+        "gdn_conv": ("ssm_conv1d",),
+        "gdn_dt": ("ssm_dt.bias",),
+        "gdn_a": ("ssm_a",),
+        "gdn_norm": ("ssm_norm",),
+        "gdn_out": ("ssm_out",),
+    },
+    gguf_split=_gguf_split,
+    gguf_params=frozenset({"gdn_dt", "gdn_a"}),
     block={"qk_norm": "head", "attn_gate": True},
     hf_defaults={"rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4},
     hf_keys=_KEYS,
@@ -79,6 +144,7 @@ QWEN3_5_MOE = dataclasses.replace(
     QWEN3_5,
     name="qwen3_5_moe",
     hf_types=("qwen3_5_moe_text",),
+    gguf_archs=(),
     hf_keys=QWEN3_5.hf_keys | MOE_HF_KEYS | {"shared_expert_intermediate_size"},
     hf_fields=lambda cfg, a: {**_hf(cfg, a), "norm_topk": True},
     # no dense FFN: the experts' width stands for it
