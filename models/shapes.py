@@ -92,3 +92,78 @@ class Shapes:
         kv += 2 * self.n_sliding * self.window_rows(capacity) * self.kv_dim
         rec = len(self.rec_layers) * (self.rec_rows(capacity) * self.rec_width + math.prod(self.rec_state))
         return (kv + rec) * itemsize
+
+
+def tensor_shape(args: "Shapes", name: str) -> tuple[int, ...]:
+    """The shape of a canonical tensor ([out, in] for weights)."""
+    a = args
+    if name in ("embed", "head"):
+        return (a.vocab_size, a.dim)
+    if name == "embed_pl":
+        return (a.ple_vocab, a.n_layers * a.ple_dim)
+    part = name.rsplit(".", 1)[-1]
+    i = int(name.split(".")[1]) if name.startswith("blk.") else 0
+    q_dim, kv_dim, ffn = a.q_dim_at(i), 0 if a.shares_kv(i) else a.kv_dim_at(i), a.ffn_dim_at(i)
+    qkv = q_dim + 2 * kv_dim
+    norm_width = {"head": a.head_dim_at(i), "full": None}.get(a.qk_norm)
+    return {
+        "attn_norm": (a.dim,),
+        "ffn_norm": (a.dim,),
+        "attn_post_norm": (a.dim,),
+        "ffn_post_norm": (a.dim,),
+        "out_norm": (a.dim,),
+        "attn_qkv": (qkv, a.dim),
+        "attn_qkv_bias": (qkv,),
+        "attn_out": (a.dim, q_dim),
+        "ffn_gate_up": ((1 if a.act == "relu2" else 2) * ffn, a.dim),
+        "ffn_down": (a.dim, ffn),
+        "attn_q_norm": (norm_width or q_dim,),
+        "attn_k_norm": (norm_width or kv_dim,),
+        "ple_proj": (a.n_layers * a.ple_dim, a.dim),
+        "ple_proj_norm": (a.ple_dim,),
+        "ple_gate": (a.ple_dim, a.dim),
+        "ple_out": (a.dim, a.ple_dim),
+        "ple_post_norm": (a.dim,),
+        "layer_scale": (1,),
+        "ffn_post_norm_1": (a.dim,),
+        "ffn_norm_2": (a.dim,),
+        "ffn_post_norm_2": (a.dim,),
+        "ffn_router_scale": (a.dim,),
+        "ffn_expert_scale": (a.n_experts,),
+        "ffn_router": (a.n_experts, a.dim),
+        "ffn_shexp_gate": (1, a.dim),
+        "ffn_shexp_gate_up": (2 * a.shared_ffn_dim, a.dim),
+        "ffn_shexp_down": (a.dim, a.shared_ffn_dim),
+        "gate_up": (2 * a.expert_ffn_dim, a.dim),
+        "down": (a.dim, a.expert_ffn_dim),
+        "conv_in": (3 * a.dim, a.dim),
+        "conv_w": (a.dim, a.conv_kernel),
+        "conv_out": (a.dim, a.dim),
+        "attn_gate": (a.q_dim, a.dim),
+        "gdn_in": (a.gdn_conv_dim + a.gdn_v_heads * (a.gdn_v_dim + 2), a.dim),
+        "gdn_conv": (a.gdn_conv_dim, a.conv_kernel),
+        "gdn_dt": (a.gdn_v_heads,),
+        "gdn_a": (a.gdn_v_heads,),
+        "gdn_norm": (a.gdn_v_dim,),
+        "gdn_out": (a.dim, a.gdn_v_heads * a.gdn_v_dim),
+        "ssm_in": (a.ssm_inner + a.ssm_conv_dim + a.ssm_heads, a.dim),
+        "ssm_conv": (a.ssm_conv_dim, a.conv_kernel),
+        "ssm_conv_b": (a.ssm_conv_dim,),
+        "ssm_dt": (a.ssm_heads,),
+        "ssm_a": (a.ssm_heads,),
+        "ssm_d": (a.ssm_heads,),
+        "ssm_norm": (a.ssm_inner,),
+        "ssm_out": (a.dim, a.ssm_inner),
+        "attn_sinks": (a.n_heads,),
+        "attn_q_a": (a.mla_q_rank, a.dim),
+        "attn_q_a_norm": (a.mla_q_rank,),
+        "attn_q": (a.q_dim, a.mla_q_rank or a.dim),
+        "attn_kv_a": (a.mla_kv_rank + a.rope_dim, a.dim),
+        "attn_kv_a_norm": (a.mla_kv_rank,),
+        "attn_kv_b": (a.n_heads * (2 * a.head_dim - a.rope_dim), a.mla_kv_rank),
+        "attn_out_bias": (a.dim,),
+        "ffn_router_bias": (a.n_experts,),
+        "ffn_router_sel": (a.n_experts,),
+        "gate_up_bias": (2 * a.expert_ffn_dim,),
+        "down_bias": (a.dim,),
+    }[part]

@@ -257,7 +257,8 @@ class TensorWeights:
 
 def random_tensors(args: ModelArgs, seed: int = 0, scale: float = 0.5) -> dict[str, torch.Tensor]:
     """Random float weights of a model shape: a tiny model for tests, no files involved."""
-    from models.source import canonical_names, tensor_shape
+    from models.shapes import tensor_shape
+    from models.source import canonical_names
 
     g = torch.Generator().manual_seed(seed)
     out = {}
