@@ -55,7 +55,7 @@ def forward_many_steps(model: Transformer, batch: list[Rows], argmax: bool = Fal
     ple = None
     for i, need in enumerate(model.layer_needs):
         w = yield need
-        if i == 0:  # per-layer embeddings over every generation's rows, where the model has them (Gemma 4)
+        if i == 0 and a.ple_dim:  # per-layer embeddings over every generation's rows (Gemma 4)
             ple = block_parts.ple_inputs(model, tokens, x, w, kernels.rmsnorm)
         if w.flash is not None:
             raise CadenceError("a batch of generations does not run LLM in a flash's sparse FFN")
@@ -95,12 +95,14 @@ def block(model: Transformer, i: int, w, x: torch.Tensor, positions: list, place
         o = torch.empty(x.shape[0], a.q_dim_at(i), dtype=x.dtype)
         for (lo, hi), pos, at in zip(spans, positions, places):
             q = model.rotate(qkv[lo:hi], bias, pos, at, i)
-            block_parts.temper(model, q, pos, i)
-            block_parts.norm_keys(model, at, hi - lo, i)
+            if a.tempered:
+                block_parts.temper(model, q, pos, i)
+                block_parts.norm_keys(model, at, hi - lo, i)
             o[lo:hi] = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap, w.attn_sinks).reshape(hi - lo, -1)
         model.residual(x, w.attn_out, model.gated(o, w, h), w.attn_post_norm, kernels.rmsnorm)
     if w.gate_up is None:  # a mixer-only layer (Nemotron-H)
         return
     h = model.pre(x, w.ffn_norm, kernels.rmsnorm)
     model.residual(x, w.down, model.act(w.gate_up.matmul(h)), w.ffn_post_norm, kernels.rmsnorm)
-    block_parts.finish(model, x, block_parts.Ending.of(w), ple, kernels.rmsnorm)
+    if a.layer_end:
+        block_parts.finish(model, x, block_parts.Ending.of(w), ple, kernels.rmsnorm)

@@ -16,6 +16,16 @@ class Shapes:
     """Methods over `ModelArgs`' fields (see there)."""
 
     @property
+    def tempered(self) -> bool:
+        """Queries scaled by position or L2-normed (Ministral 3, Llama 4: models/block_parts.py `temper`)."""
+        return bool(self.attn_temp_beta) or self.qk_norm == "l2"
+
+    @property
+    def layer_end(self) -> bool:
+        """A layer ends with a per-layer embedding's branch or a scalar (Gemma 4: models/block_parts.py `finish`)."""
+        return bool(self.ple_dim) or self.layer_scale
+
+    @property
     def gdn_conv_dim(self) -> int:
         """Channels a gated delta-net convolves: q, k (k heads x k dim each) and v (v heads x v dim)."""
         return 2 * self.gdn_k_heads * self.gdn_k_dim + self.gdn_v_heads * self.gdn_v_dim

@@ -59,7 +59,7 @@ def ffn_branch(model, i: int, w, x: torch.Tensor, ple: torch.Tensor | None = Non
     a = model.args
     if not a.has_ffn(i):
         return x
-    h, end = model.pre(x, w.ffn_norm, rms_norm), block_parts.Ending.of(w)
+    h, end = model.pre(x, w.ffn_norm, rms_norm), block_parts.Ending.of(w) if a.layer_end else None
     if model.ffn_inputs is not None:
         model.ffn_inputs.append((i, h))
     if w.flash is not None:
@@ -70,7 +70,7 @@ def ffn_branch(model, i: int, w, x: torch.Tensor, ple: torch.Tensor | None = Non
         x += yield from moe.moe(model, i, w, h)
     else:
         model.residual(x, w.down, glu(model, w.gate_up(h)), w.ffn_post_norm, rms_norm)
-    return block_parts.finish(model, x, end, ple, rms_norm)
+    return x if end is None else block_parts.finish(model, x, end, ple, rms_norm)
 
 
 def glu(model, gu: torch.Tensor) -> torch.Tensor:

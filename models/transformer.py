@@ -45,7 +45,7 @@ class Place(NamedTuple):
     rec: "Place | None" = None  # an attending layer's recurrent mixer's, where the two run side by side (Falcon-H1)
     ple: torch.Tensor | None = None  # the layer's per-layer embeddings of the forward's rows [T, ple_dim] (Gemma 4)
 
-    def with_ple(self, ple: torch.Tensor) -> "Place":
+    def with_ple(self, ple: torch.Tensor) -> "Place":  # (models/block_parts.py)
         return self._replace(ple=ple)
 
 
@@ -56,21 +56,17 @@ def plain_block(a: ModelArgs) -> bool:
         a.pre_norm
         and not a.post_norm
         and not a.nope_layers
-        and not a.attn_temp_beta
-        and not a.rec_layers
+        and not (a.attn_temp_beta or a.rec_layers)
         and not a.attn_gate
         and not a.no_mixer_layers
         and not a.no_ffn_layers
-        and not a.attn_sinks
-        and not a.attn_out_bias
+        and not (a.attn_sinks or a.attn_out_bias)
         and not a.mla_kv_rank
         and a.act == "silu"
         and a.residual_scale == 1.0
         and not a.attn_softcap
         and not a.sliding_layers
-        and not a.v_norm
-        and not a.layer_scale
-        and not a.ple_dim
+        and not (a.v_norm or a.layer_end)
     )
 
 
@@ -88,9 +84,8 @@ class Transformer:
         self.head_needs = [NeedWeights(g, j) for j, g in enumerate(weights.head_groups)]
         self.lookahead = False  # MoE: guess the next layer's experts with its router (NeedExperts.guess)
         self.expert_batch = 0  # MoE: ask for at most this many experts at once (0: a layer's whole union)
-        self.routes: list | None = (
-            None  # MoE: when a list, each layer's (expert ids [T, k], weights [T, k], input h) is appended
-        )
+        # MoE: when a list, each layer's (expert ids [T, k], weights [T, k], input h) is appended
+        self.routes: list | None = None
         self.ffn_inputs: list | None = None  # when a list, each layer's (i, FFN input h [T, dim]) is appended
         self._ones: dict[int, torch.Tensor] = {}
 
@@ -165,7 +160,7 @@ class Transformer:
             yield from self.attention_fused(i, w, x, positions, at, plan)
         if not a.has_ffn(i):
             return x
-        h, end = self.pre(x, w.ffn_norm, kernels.rmsnorm), block_parts.Ending.of(w)
+        h, end = self.pre(x, w.ffn_norm, kernels.rmsnorm), block_parts.Ending.of(w) if a.layer_end else None
         if self.ffn_inputs is not None:
             self.ffn_inputs.append((i, h))
         if a.experts_beside_dense:  # Gemma 4's 26B
@@ -176,7 +171,7 @@ class Transformer:
             w.flash(h, x)
         else:
             self.residual(x, w.down, self.act(w.gate_up.matmul(h)), w.ffn_post_norm, kernels.rmsnorm)
-        return block_parts.finish(self, x, end, at.ple, kernels.rmsnorm)
+        return x if end is None else block_parts.finish(self, x, end, at.ple, kernels.rmsnorm)
 
     def attention_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan, h=None):
         """The attention branch of `block_fused`, added to x in place (a generator: a plan may split it); `h`: its
@@ -185,8 +180,9 @@ class Transformer:
         h = self.pre(x, w.attn_norm, kernels.rmsnorm) if h is None else h
         qkv, bias = self.project(w, h, kernels.rmsnorm, i)
         q = self.rotate(qkv, bias, positions, at, i)
-        block_parts.temper(self, q, positions, i)
-        block_parts.norm_keys(self, at, q.shape[0], i)
+        if a.tempered:
+            block_parts.temper(self, q, positions, i)
+            block_parts.norm_keys(self, at, q.shape[0], i)
         if plan is not None and plan.attn_split:
             if not plain_block(a):
                 raise CadenceError(f"the sparse worker does not split {a.arch}'s attention; run without --partition")
@@ -361,12 +357,16 @@ class Transformer:
                 block = self.block_cols
             for i, need in enumerate(self.layer_needs):
                 w = yield need
-                places = block_parts.with_ple(self, places, tokens, x, w, kernels.rmsnorm) if i == 0 else places
+                places = (
+                    block_parts.with_ple(self, places, tokens, x, w, kernels.rmsnorm)
+                    if i == 0 and a.ple_dim
+                    else places
+                )
                 x = yield from block(i, w, x, positions, places[i], plan)
         else:  # torch ops (not the CPU kernels): nothing is split
             for i, need in enumerate(self.layer_needs):
                 w = yield need
-                places = block_parts.with_ple(self, places, tokens, x, w, rms_norm) if i == 0 else places
+                places = block_parts.with_ple(self, places, tokens, x, w, rms_norm) if i == 0 and a.ple_dim else places
                 x = yield from torch_block.block(self, i, w, x, positions, places[i])
         cache.pending += T
         if logits_rows is not None:
