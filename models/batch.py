@@ -105,4 +105,4 @@ def block(model: Transformer, i: int, w, x: torch.Tensor, positions: list, place
     h = model.pre(x, w.ffn_norm, kernels.rmsnorm)
     model.residual(x, w.down, model.act(w.gate_up.matmul(h)), w.ffn_post_norm, kernels.rmsnorm)
     if a.layer_end:
-        block_parts.finish(model, x, block_parts.Ending.of(w), ple, kernels.rmsnorm)
+        block_parts.finish(model, x, block_parts.Ending.of(w, False), ple, kernels.rmsnorm)

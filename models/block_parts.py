@@ -58,7 +58,7 @@ def with_ple(model, places: list, tokens: torch.Tensor, x: torch.Tensor, w0, nor
 
 class Ending(NamedTuple):
     """What ends a layer (`finish`), taken before its FFN asks for experts: a streamed layer's slot may hold another
-    group's bytes by the time they have run. A layer's scalar is copied; per-layer embeddings' matrices beside
+    group's bytes by the time they have run. A layer's scalar is copied there; per-layer embeddings' matrices beside
     experts are in no model (refused in models/args.py), so they are never held past that point."""
 
     gate: object = None
@@ -67,8 +67,10 @@ class Ending(NamedTuple):
     scale: torch.Tensor | None = None
 
     @staticmethod
-    def of(w) -> "Ending":
-        return Ending(w.ple_gate, w.ple_out, w.ple_post_norm, None if w.layer_scale is None else w.layer_scale.clone())
+    def of(w, experts: bool) -> "Ending":
+        """Layer weights `w`'s ending; `experts`: the layer asks for experts, so its scalar is copied first."""
+        scale = w.layer_scale.clone() if experts and w.layer_scale is not None else w.layer_scale
+        return Ending(w.ple_gate, w.ple_out, w.ple_post_norm, scale)
 
 
 def finish(model, x: torch.Tensor, end: Ending, ple: torch.Tensor | None, norm) -> torch.Tensor:

@@ -41,6 +41,9 @@ NORMS = (
     "attn_k_norm",
     "out_norm",
     "ple_post_norm",
+    "ffn_post_norm_1",
+    "ffn_norm_2",
+    "ffn_post_norm_2",
 )
 
 

@@ -59,7 +59,8 @@ def ffn_branch(model, i: int, w, x: torch.Tensor, ple: torch.Tensor | None = Non
     a = model.args
     if not a.has_ffn(i):
         return x
-    h, end = model.pre(x, w.ffn_norm, rms_norm), block_parts.Ending.of(w) if a.layer_end else None
+    h = model.pre(x, w.ffn_norm, rms_norm)
+    end = block_parts.Ending.of(w, a.experts_at(i)) if a.layer_end else None  # (Gemma 4)
     if model.ffn_inputs is not None:
         model.ffn_inputs.append((i, h))
     if w.flash is not None:

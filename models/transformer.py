@@ -160,7 +160,8 @@ class Transformer:
             yield from self.attention_fused(i, w, x, positions, at, plan)
         if not a.has_ffn(i):
             return x
-        h, end = self.pre(x, w.ffn_norm, kernels.rmsnorm), block_parts.Ending.of(w) if a.layer_end else None
+        h = self.pre(x, w.ffn_norm, kernels.rmsnorm)
+        end = block_parts.Ending.of(w, a.experts_at(i)) if a.layer_end else None  # (Gemma 4)
         if self.ffn_inputs is not None:
             self.ffn_inputs.append((i, h))
         if a.experts_beside_dense:  # Gemma 4's 26B
@@ -260,10 +261,10 @@ class Transformer:
         a, T = self.args, qkv.shape[0]
         hd, q_dim = a.head_dim_at(i), a.q_dim_at(i)
         kv_dim = 0 if a.shares_kv(i) else a.kv_dim_at(i)
-        parts = [(0, q_dim, w.q_norm), (q_dim, kv_dim, w.k_norm)]
+        parts = [(0, q_dim, w.q_norm)] + [(q_dim, kv_dim, w.k_norm)] * bool(kv_dim)
         if a.v_norm and kv_dim:
             parts.append((q_dim + kv_dim, kv_dim, self.ones(hd)))
-        for lo, n, weight in parts[: 1 if not kv_dim else 3]:
+        for lo, n, weight in parts:
             part = qkv[:, lo : lo + n]
             width = hd if a.qk_norm == "head" else n
             part.copy_(norm(part.reshape(-1, width), weight, a.norm_eps).view(T, n))
