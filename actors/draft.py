@@ -69,35 +69,30 @@ class DraftActor(Actor):
         if behind:
             self._slot(slot).advance(None, [], list(behind))
 
-    def op_build(self, budget: int, tensors: dict, slot: int = 0, behind: list | None = None):
-        """A tree of at most `budget` tokens (speculative/tree.py `Tree`; none: no tokens); under sampling
-        its distributions go to the slot in `tensors["slot"]`. `behind`: tokens plain steps committed since the
-        draft last heard (every op on a generation's text takes them)."""
+    def op_build(self, budget: int, slot: int = 0, behind: list | None = None):
+        """A tree of at most `budget` tokens (speculative/tree.py `Tree`; none: no tokens). `behind`: tokens plain
+        steps committed since the draft last heard (every op on a generation's text takes them)."""
         self._catch_up(slot, behind)
         self.last[slot] = p = self._slot(slot).propose(budget)
         self._give_heap_back(slot)
-        return self._reply(p, tensors)
+        return self._reply(p)
 
-    def op_build_many(self, slots: list, budgets: list, tensors: dict, behind: list | None = None):
+    def op_build_many(self, slots: list, budgets: list, behind: list | None = None):
         """A batch's trees, one for each of `slots` of at most its `budgets` tokens, grown in shared draft forwards
-        (speculative/draft_batch.py): each the tree `build` grows for that slot alone. Under sampling the i-th
-        tree's distributions go to the arena slot `tensors[f"slot{i}"]` (back as `dists{i}`). `behind`: each
-        slot's tokens from plain steps since the draft last heard."""
+        (speculative/draft_batch.py): each the tree `build` grows for that slot alone. `behind`: each slot's tokens
+        from plain steps since the draft last heard."""
         behind = behind or [[] for _ in slots]
         if not (len(slots) == len(budgets) == len(behind)) or len(set(slots)) != len(slots):
             raise ValueError("build_many takes one budget (and one list behind) for each of distinct slots")
         for s, b in zip(slots, behind):
             self._catch_up(int(s), b)
         ps = LocalDraft.propose_many([(self._slot(int(s)), int(b)) for s, b in zip(slots, budgets)])
-        trees, out = [], {}
-        for i, (s, p) in enumerate(zip(slots, ps)):
+        trees = []
+        for s, p in zip(slots, ps):
             self.last[s] = p
             self._give_heap_back(s)
-            r = self._reply(p, {"slot": tensors.get(f"slot{i}")})
-            tree, dists = r if isinstance(r, tuple) else (r, {})
-            trees.append(dataclasses.asdict(tree))
-            out.update({f"dists{i}": d for d in dists.values()})
-        return Trees(trees), out
+            trees.append(dataclasses.asdict(self._reply(p)))
+        return Trees(trees)
 
     def _give_heap_back(self, slot: int):
         """A forward over the prompt (the first tree's, or ahead of it) freed its activations, and a flash draft
@@ -108,19 +103,16 @@ class DraftActor(Actor):
         if self.slots[slot].fed_prompt() or self.flash:
             trim_heap()
 
-    def op_lookup(self, max_nodes: int, tensors: dict, slot: int = 0, behind: list | None = None):
+    def op_lookup(self, max_nodes: int, slot: int = 0, behind: list | None = None):
         """Prompt lookup: a tree of the trie's candidates alone, no draft forward. The draft ran on none of
         it, so no tree is kept for `advance` (it takes the verdict as a plain step's)."""
         self._catch_up(slot, behind)
         self.last.pop(slot, None)
-        return self._reply(self._slot(slot).lookup(max_nodes), tensors)
+        return self._reply(self._slot(slot).lookup(max_nodes))
 
-    def _reply(self, p, tensors):
-        if p is None:
-            return NO_TREE
-        if p.dists is None:  # greedy, or point masses only (trie candidates)
-            return p.tree
-        return p.tree, {"dists": self.put(tensors["slot"], p.dists)}
+    @staticmethod
+    def _reply(p):
+        return NO_TREE if p is None else p.tree
 
     def op_ahead(self, steps: int, slot: int = 0):
         """Draft on while the target verifies the last tree, at most `steps` forwards, until the verdict arrives

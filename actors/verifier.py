@@ -26,7 +26,6 @@ from common.settings import SamplingConfig
 from models.store import WeightStore, expert_group
 from models.transformer import Transformer
 from models.weights import StreamingWeights, drive, weights_for
-from speculative.sampling import trials_from_wire
 from speculative.tree import TokenTree, Tree, Verdict
 from speculative.verify import Arena, Prefill, Verifier, many_steps
 
@@ -88,35 +87,26 @@ class VerifierActor(Actor):
         """A plain decode step on the root."""
         return Token(self.verifier.step(root))
 
-    def op_verify(self, tree: Tree, tensors: dict):
-        """Verify a token tree (what the draft's `build` and `lookup` answer); under sampling its trials index
-        the `dists` tensor that travels with it."""
-        return self.verifier.verify_tree(*self._tree(tree, tensors))
-
-    def _tree(self, tree: Tree, tensors: dict, dists: str = "dists"):
-        trials = None
-        if tree.trials is not None:
-            d = self.tensor(tensors[dists]) if dists in tensors else None
-            trials = trials_from_wire(tree.trials, d)
-        return TokenTree.of(tree), trials
+    def op_verify(self, tree: Tree):
+        """Verify a token tree (what the draft's `build` and `lookup` answer)."""
+        return self.verifier.verify_tree(TokenTree.of(tree))
 
     # -- a batch of generations ---------------------------------------------------------------
 
-    def op_batch(self, calls: list, tensors: dict):
+    def op_batch(self, calls: list):
         """Several generations' calls, one each (speculative/batch.py): {"slot", "kind" (start, step or verify),
         "args" (that op's arguments)}; the prefills one by one, then every step and verification in one forward
-        (speculative/verify.py `many_steps`: a streamed layer read once for all). Call i's tree distributions
-        under sampling: `tensors["dists<i>"]`."""
-        return drive(self._batch_steps(calls, tensors), self.weights)
+        (speculative/verify.py `many_steps`: a streamed layer read once for all)."""
+        return drive(self._batch_steps(calls), self.weights)
 
     def op_release(self, slot: int):
         """A batch's generation was cancelled: its slot's cache goes."""
         self.slots.pop(slot, None)
         return {}
 
-    def _batch_steps(self, calls: list, tensors: dict):
+    def _batch_steps(self, calls: list):
         jobs = []
-        for i, c in enumerate(calls):
+        for c in calls:
             slot, kind, a = int(c["slot"]), c["kind"], c["args"]
             if kind == "start":
                 v = self.slots.get(slot)
@@ -126,18 +116,18 @@ class VerifierActor(Actor):
                         list(a["prompt_ids"]), int(a["capacity"]), self.pool.view(a.get("placed"), int(a["capacity"]))
                     )
                     self.slots[slot] = v
-                jobs.append((v, Prefill(list(a["prompt_ids"]), int(a["capacity"])), None))
+                jobs.append((v, Prefill(list(a["prompt_ids"]), int(a["capacity"]))))
             elif slot not in self.slots:
                 raise ValueError(f"slot {slot} has no generation; start one there first")
             elif kind == "step":
-                jobs.append((self.slots[slot], int(a["root"]), None))
+                jobs.append((self.slots[slot], int(a["root"])))
             elif kind == "verify":
-                jobs.append((self.slots[slot], *self._tree(Tree(**a["tree"]), tensors, f"dists{i}")))
+                jobs.append((self.slots[slot], TokenTree.of(Tree(**a["tree"]))))
             else:
                 raise ValueError(f"a batch takes start, step and verify calls, not {kind!r}")
         done = yield from many_steps(jobs)
         out = []
-        for (v, what, _), r in zip(jobs, done):
+        for (v, what), r in zip(jobs, done):
             if isinstance(what, Prefill):  # None: its prompt has chunks still to prefill
                 out.append(None if r is None else [r, v.reused])
             else:
@@ -173,9 +163,9 @@ class VerifierActor(Actor):
             elif kind == "step":
                 steps = self.verifier.step_steps(a["root"])
             elif kind == "batch":
-                steps = self._batch_steps(a["calls"], tensors)
+                steps = self._batch_steps(a["calls"])
             else:
-                steps = self.verifier.verify_steps(*self._tree(a["tree"], tensors), planner)
+                steps = self.verifier.verify_steps(TokenTree.of(a["tree"]), planner)
         except BaseException:
             self._fail()
             raise

@@ -26,7 +26,7 @@ import itertools
 from typing import Iterator
 
 from common.errors import CadenceError
-from common.settings import SamplingConfig
+from common.settings import SAMPLING_FIELDS, SamplingConfig
 from engine.config import RunConfig
 from engine.prompts import Prompt
 from engine.rows import Chunk, Completion
@@ -58,7 +58,9 @@ class LLM:
         return self.plan.asked
 
     def generate(self, prompt: str | list[str], **kw) -> Completion | list[Completion]:
-        """Complete `prompt` (raw text, no chat template). kw: max_new_tokens, temperature, top_p, seed. A list of
+        """Complete `prompt` (raw text, no chat template). kw: max_new_tokens and the sampling
+        controls (temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty, repetition_penalty,
+        repeat_last_n, seed: common/settings.py `SamplingConfig`). A list of
         prompts: their completions in the same order, generated `parallel` (an option of the LLM) at a time
         together, each greedy one exactly what it would be alone."""
         if isinstance(prompt, (list, tuple)):
@@ -118,24 +120,18 @@ class LLM:
         prompt = dataclasses.replace(prompt, tools=tuple(told), start=start)
         return _with_calls(self._stream(prompt, **kw), fmt, start, calls.names(told))
 
-    def _stream(
-        self,
-        prompt: Prompt,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-    ) -> Iterator[Chunk]:
-        sampling = self._sampling(temperature, top_p, seed)
-        return self.runner.stream(prompt, max_new_tokens=max_new_tokens, sampling=sampling)
+    def _stream(self, prompt: Prompt, max_new_tokens: int | None = None, **sampling) -> Iterator[Chunk]:
+        return self.runner.stream(prompt, max_new_tokens=max_new_tokens, sampling=self._sampling(**sampling))
 
-    def _sampling(self, temperature: float | None = None, top_p: float | None = None, seed: int | None = None):
-        base = self.plan.sampling
-        return SamplingConfig(
-            base.temperature if temperature is None else temperature,
-            base.top_p if top_p is None else top_p,
-            base.seed if seed is None else seed,
-        )
+    def _sampling(self, **given) -> SamplingConfig:
+        """The run's sampling with what a call gave (`SAMPLING_FIELDS`: temperature, top_p, top_k, min_p, the
+        penalties, repeat_last_n, seed; None: the run's own)."""
+        unknown = sorted(set(given) - set(SAMPLING_FIELDS))
+        if unknown:
+            raise CadenceError(
+                f"unknown argument {unknown[0]!r}; a generation takes max_new_tokens and {', '.join(SAMPLING_FIELDS)}"
+            )
+        return dataclasses.replace(self.plan.sampling, **{k: v for k, v in given.items() if v is not None})
 
     def held_bytes(self) -> int:
         """What the run's processes hold now (PSS: anonymous and shared memory)."""

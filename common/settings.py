@@ -5,7 +5,7 @@ in the zygote, and share its pages).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from common.modes import Mode
 from common.errors import CadenceError
@@ -23,21 +23,55 @@ def check_format(fmt: str) -> str:
 
 @dataclass(frozen=True)
 class SamplingConfig:
+    """How a generation chooses its tokens (models/sampling.py): penalties on the recent text, then greedy
+    (temperature 0) or a draw from softmax(logits / temperature) kept to its top_k, top_p nucleus and min_p. The
+    draw for the token at position n is the Gumbel-max of its distribution under noise fixed by (seed, n), so a
+    seed gives the same text alone or in a batch, and in every mode: a tree's node takes the token the target
+    alone would take there."""
+
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
     seed: int = 0
+    top_k: int = 0  # 0: every token
+    min_p: float = 0.0  # drop tokens below min_p times the likeliest's probability
+    presence_penalty: float = 0.0  # subtracted from a token's logit once it is in the window
+    frequency_penalty: float = 0.0  # subtracted once for each time it is in the window
+    repetition_penalty: float = 1.0  # a windowed token's logit divided by it (multiplied where negative)
+    repeat_last_n: int = 64  # the window the penalties look at: the text's last this many tokens (-1: all)
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise CadenceError(f"temperature={self.temperature} must be >= 0 (0 means greedy)")
-        if not 0 < self.top_p <= 1:
-            raise CadenceError(f"top_p={self.top_p} must be in (0, 1]")
+        checks = (
+            (self.temperature >= 0, "temperature", "must be >= 0 (0 means greedy)"),
+            (0 < self.top_p <= 1, "top_p", "must be in (0, 1]"),
+            (self.top_k >= 0, "top_k", "must be >= 0 (0: every token)"),
+            (0 <= self.min_p <= 1, "min_p", "must be in [0, 1]"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]"),
+            (self.repetition_penalty > 0, "repetition_penalty", "must be > 0 (1: none)"),
+            (self.repeat_last_n >= -1, "repeat_last_n", "must be >= -1 (-1: the whole text, 0: none)"),
+        )
+        for ok, name, rule in checks:
+            if not ok:
+                raise CadenceError(f"{name}={getattr(self, name)} {rule}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalized(self) -> bool:
+        """Penalties change the logits (they read each row's own recent text)."""
+        return self.repeat_last_n != 0 and (
+            self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+        )
 
+    @property
+    def plain(self) -> bool:
+        """Each token is its row's argmax: no draw, no penalty (a forward may give the argmax alone)."""
+        return self.greedy and not self.penalized
+
+
+SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingConfig))  # also the options', the API's and a request's names
 TOP_K = 4  # candidates looked at per expansion
 DRAFT_ROWS = 2  # a best-first tree runs the draft on at most this many times its budget's nodes (bestfirst.py)
 CATCH_UP = 8  # after plain target steps, the draft runs on at most this many of the tokens it missed

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from common.errors import CadenceError
 from common.modes import MODES, Mode
-from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit, check_format
+from common.settings import SAMPLING_FIELDS, ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit, check_format
 from engine.options import AUTO_AHEAD, BY_NAME, DEFAULTS, RUNTIMES
 from common.units import parse_bytes
 
@@ -155,7 +155,7 @@ class RunConfig:
             max_new_tokens=o["max_new_tokens"],
             context=o["context"],
             chat=o["chat"],
-            sampling=SamplingConfig(o["temperature"], o["top_p"], o["seed"]),
+            sampling=SamplingConfig(**{k: o[k] for k in SAMPLING_FIELDS}),
             tree=tree,
             memory_budget=o["memory_budget"],
             draft_vocab=o["draft_vocab"],
@@ -179,9 +179,7 @@ class RunConfig:
             "mode": self.mode.value,
             "memory_budget": self.memory_budget,
             "max_new_tokens": self.max_new_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "seed": s.seed,
+            **{k: getattr(s, k) for k in SAMPLING_FIELDS},
             "draft": self.draft,
             "dtype": self.dtype,
             "draft_dtype": self.draft_dtype,

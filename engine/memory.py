@@ -104,9 +104,8 @@ def plan_inputs(
         draft,
         width=batch_width(cfg),  # the rows of every slot's tree in one forward
         batch_rows=n * (cfg.tree.budget + 1) if n > 1 else 0,  # ... and beside a prompt's chunk
-        trees=n,  # ... each sampled one's distributions in a slot of the exchange
         context=prompt,
-        greedy=cfg.sampling.greedy and not cfg.plan_sampling,
+        greedy=cfg.sampling.plain and not cfg.plan_sampling,
         draft_window=cfg.tree.prompt_window,
         draft_vocab=rows,
         head_part=max(hi - lo for lo, hi in map(target.head_rows, target.head_groups())),
@@ -161,14 +160,9 @@ def runtime_config(cfg: RunConfig, target: WeightStore, plan, preload: tuple[str
     `preload`: the modules the actors' zygote imports once."""
     trace = TraceConfig(enabled=cfg.trace, dir=cfg.trace_dir, spill_events=TRACE_EVENTS if plan else 0)
     if plan is None:
-        # with the worker, the KV cache lives in the arena, and so do the split's buffers (Q, chunk states, columns);
-        # every slot's sampled tree its distributions (a page is held only once it is used)
-        from scheduler.generation.footprint import exchange_bytes
-
+        # with the worker, the KV cache lives in the arena, and so do the split's buffers (Q, chunk states, columns)
         extra = target.args.kv_bytes(kv_rows(cfg)) + (64 << 20) if cfg.worker else 0
-        n, greedy = cfg.parallel, cfg.sampling.greedy and not cfg.plan_sampling
-        exchange = max(64 << 20, exchange_bytes(batch_width(cfg), target.args.vocab_size, greedy, n))
-        mem = MemoryConfig(budget_bytes=psutil.virtual_memory().total, arena_bytes=exchange + extra)
+        mem = MemoryConfig(budget_bytes=psutil.virtual_memory().total, arena_bytes=(64 << 20) + extra)
         return RuntimeConfig(memory=mem, trace=trace, preload=preload)
     o = plan.overheads
     roles = {

@@ -36,6 +36,7 @@ class Option:
         return "--" + self.name.replace("_", "-")
 
 
+SAMPLING = "sampling (with --temperature > 0; the penalties under greedy too)"
 SPECULATION = "speculation"
 MEMORY = "memory"
 EXPERTS = "mixture of experts under --memory-budget"
@@ -82,7 +83,44 @@ OPTIONS: tuple[Option, ...] = (
         kind=float,
         common=True,
     ),
-    Option("seed", 0, "the sampling seed", kind=int, common=True),
+    Option("seed", 0, "the sampling seed (one seed, one text)", kind=int, common=True),
+    Option("top_k", 0, "sample among the K likeliest tokens only (0: all)", kind=int, group=SAMPLING, metavar="K"),
+    Option(
+        "min_p", 0.0, "drop tokens below P times the likeliest's probability", kind=float, group=SAMPLING, metavar="P"
+    ),
+    Option(
+        "repetition_penalty",
+        1.0,
+        "divide the logit of each token in the recent text by this (llama.cpp's --repeat-penalty; 1: none)",
+        kind=float,
+        group=SAMPLING,
+        aliases=("--repeat-penalty",),
+        metavar="X",
+    ),
+    Option(
+        "presence_penalty",
+        0.0,
+        "lower the logit of each token in the recent text by this",
+        kind=float,
+        group=SAMPLING,
+        metavar="X",
+    ),
+    Option(
+        "frequency_penalty",
+        0.0,
+        "lower the logit of each token in the recent text by this times its count",
+        kind=float,
+        group=SAMPLING,
+        metavar="X",
+    ),
+    Option(
+        "repeat_last_n",
+        64,
+        "the recent text the penalties read: its last N tokens, prompt included (-1: all)",
+        kind=int,
+        group=SAMPLING,
+        metavar="N",
+    ),
     Option(
         "draft",
         "auto",

@@ -140,7 +140,7 @@ def report(args, rows: list[dict], extra: dict, n_prompts: int) -> None:
         console.print(line)
     if extra.get("lossless"):
         console.print(
-            "lossless (greedy token ids equal the reference mode's on every prompt): "
+            "lossless (token ids equal the reference mode's on every prompt, greedy or with the same seed): "
             + ", ".join(f"{m} {'yes' if ok else 'NO'}" for m, ok in extra["lossless"].items())
         )
     for title, table in extra.get("tables", {}).items():

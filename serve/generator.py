@@ -7,8 +7,10 @@ text), its slot free at once."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -143,10 +145,12 @@ class Generator(threading.Thread):
             self.llm.close()
 
     def _sampling(self, ask: Ask) -> SamplingConfig:
-        base = self.llm.plan.sampling
-        return SamplingConfig(
-            **{"temperature": base.temperature, "top_p": base.top_p, "seed": base.seed, **ask.sampling}
-        )
+        """The server's sampling with what the request gave; a request that samples without a seed gets one of its
+        own (as OpenAI's and llama-server's do), so two such requests do not write the same text."""
+        given = dict(ask.sampling)
+        if "seed" not in given and given.get("temperature", self.llm.plan.sampling.temperature) > 0:
+            given["seed"] = secrets.randbits(63)
+        return dataclasses.replace(self.llm.plan.sampling, **given)
 
     def _serve_batch(self) -> None:
         """`--parallel`: jobs join the batch as slots free, between cycles; each cycle moves every one of them."""

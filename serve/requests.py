@@ -27,12 +27,6 @@ def _integer(v) -> bool:
 # A value of the wrong kind, or one this server cannot honour, is a 400 that names the parameter; a parameter
 # not in any table is refused as unknown, as OpenAI does, never ignored.
 OTHERS = {
-    "presence_penalty": ("a number", _number, lambda v: v != 0),
-    "frequency_penalty": ("a number", _number, lambda v: v != 0),
-    "repetition_penalty": ("a number", _number, lambda v: v != 1),
-    "repeat_penalty": ("a number", _number, lambda v: v != 1),
-    "top_k": ("an integer", _integer, lambda v: v > 0),
-    "min_p": ("a number", _number, lambda v: v != 0),
     "logit_bias": ("an object", lambda v: isinstance(v, dict), bool),
     "logprobs": ("true, false or an integer", lambda v: isinstance(v, (bool, int)), bool),
     "top_logprobs": ("an integer", _integer, bool),
@@ -49,6 +43,52 @@ OTHERS = {
     "metadata": ("an object", lambda v: isinstance(v, dict), lambda v: False),
     "user": ("a string", lambda v: isinstance(v, str), lambda v: False),
     "service_tier": ("a string", lambda v: isinstance(v, str), lambda v: False),
+    # llama-server's own: harmless ones accepted (the prompt cache is always on, the slot is the server's choice,
+    # `samplers` names controls applied here in one order: penalties, temperature, top_k, top_p, min_p); the rest
+    # accepted at the values that turn them off
+    "cache_prompt": ("true or false", lambda v: isinstance(v, bool), lambda v: False),
+    "id_slot": ("an integer", _integer, lambda v: False),
+    "samplers": ("a list or a string", lambda v: isinstance(v, (list, str)), lambda v: False),
+    "n_keep": ("an integer", _integer, lambda v: False),
+    "min_keep": ("an integer", _integer, lambda v: False),
+    "penalize_nl": ("true or false", lambda v: isinstance(v, bool), lambda v: False),
+    "timings_per_token": ("true or false", lambda v: isinstance(v, bool), bool),
+    "return_tokens": ("true or false", lambda v: isinstance(v, bool), bool),
+    "post_sampling_probs": ("true or false", lambda v: isinstance(v, bool), bool),
+    "n_probs": ("an integer", _integer, bool),
+    "typical_p": ("a number", _number, lambda v: v != 1),
+    "tfs_z": ("a number", _number, lambda v: v != 1),
+    "mirostat": ("an integer", _integer, bool),
+    "mirostat_tau": ("a number", _number, lambda v: False),
+    "mirostat_eta": ("a number", _number, lambda v: False),
+    "dynatemp_range": ("a number", _number, bool),
+    "dynatemp_exponent": ("a number", _number, lambda v: False),
+    "xtc_probability": ("a number", _number, bool),
+    "xtc_threshold": ("a number", _number, lambda v: False),
+    "dry_multiplier": ("a number", _number, bool),
+    "dry_base": ("a number", _number, lambda v: False),
+    "dry_allowed_length": ("an integer", _integer, lambda v: False),
+    "dry_penalty_last_n": ("an integer", _integer, lambda v: False),
+    "dry_sequence_breakers": ("a list", lambda v: isinstance(v, list), lambda v: False),
+    "ignore_eos": ("true or false", lambda v: isinstance(v, bool), bool),
+    "t_max_predict_ms": ("an integer", _integer, bool),
+    "grammar": ("a string", lambda v: isinstance(v, str), bool),
+    "json_schema": ("an object", lambda v: isinstance(v, dict), bool),
+    "lora": ("a list", lambda v: isinstance(v, list), bool),
+    "response_fields": ("a list", lambda v: isinstance(v, list), bool),
+}
+# the sampling controls (common/settings.py `SamplingConfig`): a request's name -> (the field, integer or not, the
+# rule, the rule in words); llama-server's spellings too
+CONTROLS = {
+    "temperature": ("temperature", False, lambda v: 0 <= v <= 100, "a number of at least 0 (0: greedy)"),
+    "top_p": ("top_p", False, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "top_k": ("top_k", True, lambda v: True, "an integer (0 or less: every token)"),
+    "min_p": ("min_p", False, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    "presence_penalty": ("presence_penalty", False, lambda v: -2 <= v <= 2, "a number in [-2, 2]"),
+    "frequency_penalty": ("frequency_penalty", False, lambda v: -2 <= v <= 2, "a number in [-2, 2]"),
+    "repetition_penalty": ("repetition_penalty", False, lambda v: v > 0, "a number above 0 (1: none)"),
+    "repeat_penalty": ("repetition_penalty", False, lambda v: v > 0, "a number above 0 (1: none)"),
+    "repeat_last_n": ("repeat_last_n", True, lambda v: v >= -1, "an integer of at least -1 (-1: the whole text)"),
 }
 # the parameters read where the request is (read_ask and the functions it calls)
 READ = {
@@ -58,10 +98,10 @@ READ = {
     "stream_options",
     "max_tokens",
     "max_completion_tokens",
-    "temperature",
-    "top_p",
+    "n_predict",
     "seed",
     "stop",
+    *CONTROLS,
 }
 ONLY = {  # chat's, completions'
     "messages": True,
@@ -90,7 +130,7 @@ class Ask:
     chat: bool
     prompt: Prompt
     max_new_tokens: int | None = None
-    sampling: dict = field(default_factory=dict)  # temperature, top_p, seed: those the request gave
+    sampling: dict = field(default_factory=dict)  # the sampling controls and seed the request gave (`CONTROLS`)
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
@@ -278,6 +318,10 @@ def _completion_prompt(body: dict) -> str:
 
 def _max_tokens(body: dict, chat: bool) -> int | None:
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    if body.get(key) is None and body.get("n_predict") is not None:  # llama-server's spelling (-1: no limit)
+        key = "n_predict"
+        if body[key] == -1:
+            return None
     n = body.get(key)
     if n is None:
         return None
@@ -287,17 +331,15 @@ def _max_tokens(body: dict, chat: bool) -> int | None:
 
 
 def _sampling(body: dict) -> dict:
+    """The sampling controls the request gives, by `SamplingConfig`'s names."""
     out = {}
-    for key, ok, rule in (
-        ("temperature", lambda v: 0 <= v <= 100, "at least 0 (0: greedy)"),
-        ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ):
+    for key, (name, integral, ok, rule) in CONTROLS.items():
         v = body.get(key)
         if v is None:
             continue
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not ok(v):
-            raise ClientError(400, f"{key}={v!r} must be a number {rule}", key)
-        out[key] = float(v)
+        if not (_integer(v) if integral else _number(v)) or not ok(v):
+            raise ClientError(400, f"{key}={_shown(v)} must be {rule}", key)
+        out[name] = max(v, 0) if key == "top_k" else v if integral else float(v)
     seed = body.get("seed")
     if seed is not None:
         if not isinstance(seed, int) or isinstance(seed, bool) or not -(2**63) <= seed < 2**64:

@@ -39,8 +39,10 @@ class DraftingAhead:
     and the generation's counts: `steps` (draft forwards run ahead) and `reused` (tree nodes planted from them).
     It runs the draft through `feed`, on slots after the tree's."""
 
-    def __init__(self, feed: DraftFeed, cfg: TreeConfig, greedy: bool):
-        self.feed, self.cfg, self.greedy = feed, cfg, greedy
+    def __init__(self, feed: DraftFeed, cfg: TreeConfig, plain: bool):
+        """`plain`: the generation's tokens are plain argmaxes (models/sampling.py), which a chain drafted ahead
+        predicts; with penalties or a draw a node's choice depends on its own text, and no chain is drafted."""
+        self.feed, self.cfg, self.plain = feed, cfg, plain
         self.chain: AheadChain | None = None
         self.seed: AheadSeed | None = None
         self.steps = self.reused = 0
@@ -50,7 +52,7 @@ class DraftingAhead:
         per step, until `stop()` (the verdict has arrived) or `steps`. `settle` keeps the chain when the target
         accepts that leaf and its next token. Returns the forwards run."""
         self.chain = None
-        if d is None or not len(d.tree) or steps <= 0 or not self.greedy or self.cfg.shape_parents:
+        if d is None or not len(d.tree) or steps <= 0 or not self.plain or self.cfg.shape_parents:
             return 0
         t = d.tree
         leaves = [i for i in t.branches() if t.ready(i)]

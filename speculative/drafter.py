@@ -11,8 +11,6 @@ the verdicts.
 
 from __future__ import annotations
 
-import torch
-
 from common.modes import Mode
 from common.settings import SamplingConfig, TreeConfig
 from models.transformer import Transformer
@@ -28,11 +26,11 @@ from speculative.trie import TokenTrie
 
 class Drafter:
     def __init__(self, model: Transformer, sampling: SamplingConfig, cfg: TreeConfig):
-        self.cfg, self.greedy = cfg, sampling.greedy
+        self.cfg = cfg
         self.feed = DraftFeed(model, sampling)
         self.threshold = AdaptiveThreshold(cfg.alpha)  # the pacer's fallback; the verdicts adapt it
-        self.pacer = PacedGrowth(cfg, sampling, self.threshold)
-        self.ahead = DraftingAhead(self.feed, cfg, sampling.greedy)
+        self.pacer = PacedGrowth(cfg, self.threshold)
+        self.ahead = DraftingAhead(self.feed, cfg, sampling.plain)
         self.trie = TokenTrie() if cfg.trie and cfg.mode is Mode.TREE else None
         self.context: list[int] = []  # every committed token: what the trie matches against
 
@@ -61,7 +59,7 @@ class Drafter:
         first generated token arrives through `push`."""
         self.feed.start(prompt_ids, capacity, self.cfg.prompt_window)
         self.ahead.discard()
-        self.context = list(prompt_ids)
+        self.context = self.feed.text = list(prompt_ids)  # the feed's rows score their tokens after this text
         if self.trie:
             self.trie.insert(self.context)
 
@@ -76,15 +74,12 @@ class Drafter:
             self.trie.insert(self.context, start=len(self.context) - len(tokens) - self.trie.branch_len + 1)
 
     def _add_trie(self, d: DraftTree, room: int):
-        """The trie's candidates (Lookahead decoding) for the root's continuation: deterministic (point-mass)
-        trials."""
+        """The trie's candidates (Lookahead decoding) for the root's continuation."""
         got = self.trie.retrieve(self.context, max_nodes=min(room, self.cfg.trie_nodes))
         index = {}
         for i, (tok, parent, p) in enumerate(zip(got.tokens, got.parents, got.probs)):
             at = index[parent] if parent >= 0 else ROOT
-            child = d.tree.add(tok, at, p)
-            index[i] = child
-            d.trials.setdefault(at, []).append((child, None))
+            index[i] = d.tree.add(tok, at, p)
         d.trie_nodes = len(got.tokens)
 
     def lookup(self, max_nodes: int) -> DraftTree | None:
@@ -115,10 +110,10 @@ class Drafter:
         tree's draft forwards (speculative/feed.py `run_here`; an ARCA shape runs its own at once)."""
         cfg = self.cfg
         budget = cfg.budget if budget is None else budget
-        if cfg.shape_parents and self.greedy:
+        if cfg.shape_parents:
             return self.build_static(budget)
         seed = self.ahead.take_seed()
-        best = self.greedy and cfg.mode is Mode.TREE and cfg.growth == "best"
+        best = cfg.mode is Mode.TREE and cfg.growth == "best"
         if seed is not None and not self.feed.pending:
             d = DraftTree(TokenTree(self.context[-1]), 1.0, 0)
             dist = seed.root_dist
@@ -176,11 +171,9 @@ class LocalDraft:
     def __init__(self, model: Transformer):
         self.model = model
         self.drafter: Drafter | None = None
-        self.greedy = True
 
     def start(self, prompt_ids: list[int], capacity: int, first: int, cfg: TreeConfig, sampling: SamplingConfig):
         self.take_stats()  # what a generation stopped early left untaken is not this one's
-        self.greedy = sampling.greedy
         self.drafter = Drafter(self.model, sampling, cfg)
         self.drafter.start(prompt_ids, capacity)
         self.drafter.push([first])
@@ -208,15 +201,12 @@ class LocalDraft:
         """The trie's candidates alone: the draft runs on none of them."""
         return self._proposal(self.drafter.lookup(max_nodes), drafted=False)
 
-    def _proposal(self, d: DraftTree | None, drafted: bool = True) -> Proposal | None:
-        """The tree as the target side takes it; under sampling with its trials and their distributions."""
+    @staticmethod
+    def _proposal(d: DraftTree | None, drafted: bool = True) -> Proposal | None:
+        """The tree as the target side takes it."""
         if d is None:
             return None
-        trials = dists = None
-        if not self.greedy:
-            trials, qs = d.wire_trials()
-            dists = torch.stack(qs).float() if qs else None
-        return Proposal(d.tree.proposal(d.tc, d.forwards, d.trie_nodes, trials, d.catchup_s), drafted, d, dists)
+        return Proposal(d.tree.proposal(d.tc, d.forwards, d.trie_nodes, d.catchup_s), drafted, d)
 
     def ahead(self, p: Proposal | None, steps: int, stop=lambda: False) -> int:
         """Draft on from the tree until `stop()` (in the draft actor: until the verdict arrives)."""

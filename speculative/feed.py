@@ -16,7 +16,7 @@ import torch
 from common.settings import CATCH_UP, SamplingConfig
 from models.attention import Visibility
 from models.batch import Rows
-from models.sampling import probs
+from models.sampling import CANDIDATES, scores
 from models.transformer import Transformer
 from speculative.tree import TokenTree
 
@@ -24,6 +24,7 @@ from speculative.tree import TokenTree
 class DraftFeed:
     def __init__(self, model: Transformer, sampling: SamplingConfig):
         self.model, self.sampling = model, sampling
+        self.text: list[int] = []  # every committed token, prompt included (the drafter's, kept in step by it)
         self.cache = None
         self.pending: list[int] = []  # committed tokens the draft has not run on (the last is the root)
         self.skipped = 0  # committed tokens the draft never ran on (the prompt's window, a catch-up)
@@ -87,7 +88,7 @@ class DraftFeed:
         catchup_s = time.perf_counter() - t0 if len(ids) > 2 else 0.0
         self.fed = len(ids)
         self.pending = []
-        return self._dist(logits), catchup_s
+        return self._dist(logits, self.text), catchup_s
 
     def feed_nodes(self, tree: TokenTree, nodes: list[int]) -> list[torch.Tensor]:
         """`feed_nodes_steps` with its forward run here."""
@@ -105,14 +106,16 @@ class DraftFeed:
         dists = []
         for j, node in enumerate(nodes):
             t.nodes[node].fed, t.nodes[node].slot = True, slots[j]
-            dists.append(self._dist(logits[j]))
+            dists.append(
+                self._dist(logits[j], self.text + t.tokens_of(t.path(node)) if not self.sampling.plain else ())
+            )
         return dists
 
     def feed_chain(self, token: int, depth: int, anc_slots: list[int]) -> tuple[int, torch.Tensor]:
         """One draft forward of a node at `depth` under the ancestors in `anc_slots`, in no tree: its slot and
         next-token distribution."""
         slots, logits = run_here(self._forward([token], [depth], [anc_slots]), self.model)
-        return slots[0], self._dist(logits[0])
+        return slots[0], self._dist(logits[0], ())
 
     def _forward(
         self, tokens: list[int], depths: list[int], ancestors: list[list[int]]
@@ -130,17 +133,15 @@ class DraftFeed:
         logits = yield Rows(torch.tensor(tokens, device=dev), pos, c, vis)
         return [end + j for j in range(len(tokens))], logits
 
-    def _dist(self, logits: torch.Tensor) -> torch.Tensor:
-        """The distribution a draft token is chosen from (greedy: the plain softmax, as confidence). A draft
-        with a cut head gives logits for the tokens below its `head_rows` only: greedy keeps that width (a
-        tree's distributions 64 KB a node, not 600), sampling pads it to the vocabulary, whose distributions
-        the verifier's acceptance test reads."""
-        if self.sampling.greedy:
+    def _dist(self, logits: torch.Tensor, text) -> torch.Tensor:
+        """How likely each token is the target's choice after `text` (every committed token, then the node's
+        path): the softmax of the logits where that choice is the plain argmax, else of the scores it will be the
+        argmax of (the same penalties on the same text, the same draw at the same position: models/sampling.py).
+        A draft with a cut head gives logits for the tokens below its `head_rows` only, and its candidates are
+        among them (a tree's distributions 64 KB a node, not 600)."""
+        if self.sampling.plain:
             return torch.softmax(logits.float(), -1)
-        vocab = self.model.args.vocab_size
-        if logits.shape[-1] < vocab:
-            logits = torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=float("-inf"))
-        return probs(logits, self.sampling)
+        return torch.softmax(scores(logits, self.sampling, text, CANDIDATES), -1).float()
 
     def commit(self, slots: list[int], held: int = 0) -> None:
         """After a verdict: keep the entries of the pending `slots` (ascending, in the text's order), drop the

@@ -11,8 +11,7 @@ from typing import Protocol
 import torch
 
 from common.modes import Mode
-from common.settings import TOP_K, SamplingConfig, TreeConfig
-from models.sampling import Sampler
+from common.settings import TOP_K, TreeConfig
 from speculative.policy import AdaptiveThreshold, branch_candidates, pace
 from speculative.tree import ROOT, DraftTree, TokenTree
 
@@ -32,9 +31,8 @@ class PacedGrowth:
     goes to verification once its confidence Tc falls below alpha (`threshold`, which the verdicts adapt) or it
     reaches the budget. Chain mode: the top candidate alone, to the budget."""
 
-    def __init__(self, cfg: TreeConfig, sampling: SamplingConfig, threshold: AdaptiveThreshold):
-        self.cfg, self.greedy, self.threshold = cfg, sampling.greedy, threshold
-        self.sampler = Sampler(SamplingConfig(sampling.temperature, sampling.top_p, sampling.seed + 1))
+    def __init__(self, cfg: TreeConfig, threshold: AdaptiveThreshold):
+        self.cfg, self.threshold = cfg, threshold
 
     def grow(self, d: DraftTree, budget: int, feed: NodeFeed):
         """Feed tips one draft forward at a time, each expanded from its distribution, until the fallback or the
@@ -51,37 +49,26 @@ class PacedGrowth:
             tip = pace(t, tips)
             (dist,) = yield from feed.feed_nodes_steps(t, [tip])
             d.forwards += 1
-            if self.greedy and cfg.ahead:  # drafting ahead may start from this node
+            if cfg.ahead:  # drafting ahead may start from this node
                 d.dists[tip] = dist
             self.expand(d, tip, dist, budget - len(t))
         d.tc = t.tree_confidence()
 
     def expand(self, d: DraftTree, node: int, dist: torch.Tensor, room: int) -> None:
-        """Open node's children from its next-token distribution `dist`, at most `room` new nodes."""
+        """Open node's children from its next-token distribution `dist` (under sampling, the softmax of the scores
+        the target's choice there will be the argmax of: models/sampling.py), at most `room` new nodes."""
         t = d.tree
-        if self.greedy:
-            top = torch.topk(dist, TOP_K)
-            cands = list(zip(top.indices.tolist(), top.values.tolist()))
-            if self.cfg.mode is Mode.CHAIN:
-                cands = cands[:1]
-            for tok, p in branch_candidates(cands, self.cfg.branch_threshold, TOP_K):
-                c = t.child(node, tok)
-                if c is not None:  # a trie candidate the model also proposes: trust the model's probability
-                    t.reweigh(c, p)
-                elif room > 0:
-                    t.add(tok, node, p)
-                    room -= 1
-            return
-        # Sampling: k i.i.d. draws from q, k fixed by q alone (how many candidates clear the threshold).
-        # k is fixed before drawing, so that every draw is a trial whatever token it brings.
-        k = 1 if self.cfg.mode is Mode.CHAIN else max(1, int((dist >= self.cfg.branch_threshold).sum()))
-        trials = d.trials.setdefault(node, [])
-        for _ in range(min(k, room)):
-            tok = self.sampler.draw(dist)
-            child = t.child(node, tok)
-            if child is None:
-                child = t.add(tok, node, float(dist[tok]))
-            trials.append((child, dist))
+        top = torch.topk(dist, TOP_K)
+        cands = list(zip(top.indices.tolist(), top.values.tolist()))
+        if self.cfg.mode is Mode.CHAIN:
+            cands = cands[:1]
+        for tok, p in branch_candidates(cands, self.cfg.branch_threshold, TOP_K):
+            c = t.child(node, tok)
+            if c is not None:  # a trie candidate the model also proposes: trust the model's probability
+                t.reweigh(c, p)
+            elif room > 0:
+                t.add(tok, node, p)
+                room -= 1
 
 
 def fill_shape(d: DraftTree, root_dist: torch.Tensor, cfg: TreeConfig, budget: int, feed: NodeFeed) -> None:

@@ -32,19 +32,16 @@ class PromptLookup:
         self.context.extend(tokens)
         self.trie.insert(self.context, start=len(self.context) - len(tokens) - self.trie.branch_len + 1)
 
-    def tree(self, max_nodes: int | None = None, trials: bool = False) -> Tree | None:
-        """The candidates continuing the text, or None when the trie has none; with `trials` (sampling),
-        point-mass trials: a trie candidate is deterministic."""
+    def tree(self, max_nodes: int | None = None) -> Tree | None:
+        """The candidates continuing the text, or None when the trie has none."""
         got = self.trie.retrieve(self.context, max_nodes=max_nodes or self.max_nodes)
         if not got.tokens:
             return None
         t = TokenTree(self.context[-1])
-        index, rows = {}, []
+        index = {}
         for i, (tok, parent, p) in enumerate(zip(got.tokens, got.parents, got.probs)):
-            at = index[parent] if parent >= 0 else ROOT
-            index[i] = t.add(tok, at, p)
-            rows.append([at, index[i], -1])
-        return t.proposal(trie_nodes=len(got.tokens), trials=rows if trials else None)
+            index[i] = t.add(tok, index[parent] if parent >= 0 else ROOT, p)
+        return t.proposal(trie_nodes=len(got.tokens))
 
 
 class TrieDraft:
@@ -55,17 +52,15 @@ class TrieDraft:
 
     def __init__(self, width: int = 8):
         self.trie = PromptLookup(width)
-        self.greedy = True
 
     def start(self, prompt_ids: list[int], capacity: int, first: int, cfg, sampling) -> None:
-        self.greedy = sampling.greedy
         self.trie.start(prompt_ids, [first])
 
     def propose(self, budget: int) -> Proposal | None:
         return None  # no draft model: the governor plays lookup or a plain step
 
     def lookup(self, max_nodes: int) -> Proposal | None:
-        tree = self.trie.tree(max_nodes, trials=not self.greedy)
+        tree = self.trie.tree(max_nodes)
         return Proposal(tree, drafted=False) if tree is not None else None
 
     def ahead(self, p, steps: int) -> None:

@@ -39,7 +39,6 @@ class Proposal:
         True  # the draft model ran on it (False: the trie's candidates alone, `advance` takes a plain verdict)
     )
     draft: object = None
-    dists: object = None  # under sampling: the distributions `tree.trials` index (a tensor, or its arena descriptor)
     req: int | None = None  # over the wire: the draft's request that built it (the trace's arrow to its verification)
 
     @property
@@ -357,7 +356,7 @@ class Speculation:
                     draft.advance(p if arm.kind == "draft" else None, [], [nxt])
                 stats.verify_s += time.perf_counter() - t
                 return [nxt], None, None, None
-            if arm.kind == "draft" and sampling.greedy and (n := self.ahead_steps(cfg, target)):
+            if arm.kind == "draft" and sampling.plain and (n := self.ahead_steps(cfg, target)):
                 draft.ahead(p, n)  # the draft drafts on while the target verifies; the verdict interrupts it
             path, nxt = yield Call("verify", (p,))
             new = [p.tokens[i] for i in path] + [nxt]

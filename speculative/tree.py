@@ -117,7 +117,6 @@ class TokenTree:
         tc: float = 1.0,
         forwards: int = 0,
         trie_nodes: int = 0,
-        trials: list | None = None,
         catchup_s: float = 0.0,
     ) -> "Tree":
         """The tree as the target takes it: plain lists, msgpack-able."""
@@ -126,7 +125,6 @@ class TokenTree:
             [n.token for n in self.nodes],
             [n.parent for n in self.nodes],
             [n.prob for n in self.nodes],
-            trials,
             tc,
             forwards,
             trie_nodes,
@@ -147,14 +145,12 @@ class TokenTree:
 class Tree:
     """Candidates for one verification, as the target side takes them in any process (and as they travel:
     the draft actor's reply, the verifier's `verify` request). Node i holds `tokens[i]` under `parents[i]`
-    (ROOT: the root) with draft probability `probs[i]`; under sampling, `trials` are rows of [node, child,
-    distribution index or -1 for a point mass] into the distributions that go with the tree."""
+    (ROOT: the root) with draft probability `probs[i]`."""
 
     root: int
     tokens: list
     parents: list
     probs: list
-    trials: list | None = None
     tc: float = 1.0  # the tree's confidence
     forwards: int = 0  # draft forwards that built it
     trie_nodes: int = 0  # nodes the trie proposed
@@ -229,26 +225,6 @@ class DraftTree:
     tree: TokenTree
     tc: float
     forwards: int
-    # sampling: per node, its children in the order they were proposed, each with the distribution
-    # it was drawn from (None: a deterministic candidate, such as a trie branch: a point mass)
-    trials: dict[int, list[tuple[int, torch.Tensor | None]]] = field(default_factory=dict)
     trie_nodes: int = 0
     catchup_s: float = 0.0  # a first forward over more than the last verification's tokens (`Tree.catchup_s`)
-    dists: dict[int, torch.Tensor] = field(
-        default_factory=dict
-    )  # greedy, drafting ahead: a fed node's next-token distribution
-
-    def wire_trials(self) -> tuple[list[list[int]], list]:
-        """Sampling trials as [node, child, dist index or -1] rows, and the distinct distributions
-        (speculative/sampling.py `trials_from_wire` reads them back)."""
-        rows, dists, index = [], [], {}
-        for node, tries in self.trials.items():
-            for child, q in tries:
-                k = -1
-                if q is not None:
-                    if id(q) not in index:
-                        index[id(q)] = len(dists)
-                        dists.append(q)
-                    k = index[id(q)]
-                rows.append([node, child, k])
-        return rows, dists
+    dists: dict[int, torch.Tensor] = field(default_factory=dict)  # drafting ahead: a fed node's next-token distribution

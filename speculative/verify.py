@@ -18,12 +18,11 @@ from models.attention import Visibility
 from models.batch import Rows, forward_many_steps
 from models.kvcache import KVCache
 from common.settings import PREFILL_CHUNK
-from models.sampling import Sampler, probs
+from models.sampling import choose
 from common.settings import SamplingConfig
 from models.transformer import Transformer
 from models.weights import drive
 from speculative.loop import Proposal
-from speculative.sampling import accept_sampled, trials_from_wire
 from speculative.tree import TokenTree, Verdict, longest_accepted_path
 
 
@@ -32,7 +31,6 @@ class Verifier:
         """`previous`: the last generation's verifier, whose KV cache a prompt that continues its text
         (a conversation's next turn, a shared system prompt) picks up instead of prefilling again."""
         self.model, self.sampling = model, sampling
-        self.sampler = Sampler(sampling)
         self.cache = previous.cache if previous is not None else None
         self.tokens: list[int] = (
             list(previous.tokens) if previous is not None else []
@@ -52,7 +50,7 @@ class Verifier:
             r = self.next_chunk(planner is not None)
             plan = planner(r.vis) if planner else None
             out = yield from self.model.forward_steps(
-                r.tokens, r.positions, r.cache, r.vis, slice(-1, None), plan, argmax=self.sampling.greedy
+                r.tokens, r.positions, r.cache, r.vis, slice(-1, None), plan, argmax=self.sampling.plain
             )
             token = self.chunk_done(out)
             if token is not None:
@@ -101,16 +99,16 @@ class Verifier:
         """A plain decode step on the root."""
         c, dev = self.cache, self.model.device
         out = yield from self.model.forward_steps(
-            torch.tensor([root], device=dev), torch.tensor([c.length], device=dev), c, argmax=self.sampling.greedy
+            torch.tensor([root], device=dev), torch.tensor([c.length], device=dev), c, argmax=self.sampling.plain
         )
         c.commit()
         self.tokens.append(root)
         return self._next(out[0])
 
     def _next(self, row: torch.Tensor) -> int:
-        """The token a pass chose for its last row: under greedy the pass gave it (`argmax`), else drawn from
-        the row's logits."""
-        return int(row) if self.sampling.greedy else self.sampler(row)
+        """The token after the text so far from its row: the pass gave it where the choice is plain (`argmax`), else
+        chosen from the row's logits with the text's penalties and its position's draw."""
+        return int(row) if self.sampling.plain else choose(row, self.sampling, self.tokens)
 
     def tree_rows(self, tree: TokenTree) -> tuple[list[int], Rows]:
         """[root] + the tree's tokens, and its rows for a forward: their positions past the cache, each row
@@ -120,30 +118,32 @@ class Verifier:
         pos = torch.tensor(depths, device=dev) + c.length
         return tokens, Rows(torch.tensor(tokens, device=dev), pos, c, Visibility.tree(c.length, parents))
 
-    def verify_steps(self, tree: TokenTree, trials: dict | None = None, planner=None):
+    def verify_steps(self, tree: TokenTree, planner=None):
         """One forward over [root] + the tree, acceptance, and the cache kept to the accepted path."""
         tokens, r = self.tree_rows(tree)
-        greedy = self.sampling.greedy
         out = yield from self.model.forward_steps(
             r.tokens,
             r.positions,
             r.cache,
             r.vis,
             plan=planner(r.vis) if planner else None,
-            argmax=greedy,  # greedy: each row's token (never the [rows, vocabulary] logits)
+            argmax=self.sampling.plain,  # each row's token (never the [rows, vocabulary] logits)
         )
-        return self.settle(tree, tokens, out, trials)
+        return self.settle(tree, tokens, out)
 
-    def settle(self, tree: TokenTree, tokens: list[int], out: torch.Tensor, trials: dict | None = None) -> Verdict:
-        """The verdict on a tree from its forward's output (each row's token under greedy, else its logits), and
-        the cache and the text kept to the accepted path."""
-        c, greedy = self.cache, self.sampling.greedy
-        if greedy:
+    def settle(self, tree: TokenTree, tokens: list[int], out: torch.Tensor) -> Verdict:
+        """The verdict on a tree from its forward's output (each row's token where the choice is plain, else its
+        logits), and the cache and the text kept to the accepted path. A node is accepted where its token is the
+        target's choice after its parent's row: with penalties and a draw, the choice that row's own text and
+        position give (only the rows along the accepted path are chosen)."""
+        c = self.cache
+        if self.sampling.plain:
             choice = out.tolist()
             path, nxt = longest_accepted_path(tree, lambda row: choice[row])
         else:
-            p = lambda row: probs(out[row], self.sampling)
-            path, nxt = accept_sampled(tree, trials or {}, p, self.sampler.uniform, self.sampler.draw)
+            text = self.tokens + [tokens[0]]
+            row_text = lambda row: text if row == 0 else text + tree.tokens_of(tree.path(row - 1))
+            path, nxt = longest_accepted_path(tree, lambda row: choose(out[row], self.sampling, row_text(row)))
         c.commit([0] + [i + 1 for i in path])  # the root and the accepted nodes, in order
         self.tokens += [tokens[0]] + [tokens[i + 1] for i in path]
         return Verdict(path, nxt, len(tokens))
@@ -156,8 +156,8 @@ class Verifier:
     def step(self, root: int) -> int:
         return drive(self.step_steps(root), self.model.weights)
 
-    def verify_tree(self, tree: TokenTree, trials: dict | None = None) -> Verdict:
-        return drive(self.verify_steps(tree, trials), self.model.weights)
+    def verify_tree(self, tree: TokenTree) -> Verdict:
+        return drive(self.verify_steps(tree), self.model.weights)
 
 
 class Prefill(NamedTuple):
@@ -169,20 +169,20 @@ class Prefill(NamedTuple):
     capacity: int
 
 
-def many_steps(jobs: list[tuple["Verifier", object, dict | None]]):
+def many_steps(jobs: list[tuple["Verifier", object]]):
     """Several generations' cycles in one forward (models/batch.py: the linear layers over all their rows, each
     one's attention over its own cache): a streamed layer is read once for all of them. A job is (its verifier, a
-    `Prefill`, a root token for a plain step or a `TokenTree` to verify, the tree's trials under sampling); each gets
+    `Prefill`, a root token for a plain step or a `TokenTree` to verify); each gets
     what its own `start_steps`, `step_steps` or `verify_steps` would return (a token, a `Verdict`), with the same
     bits: its rows are computed as they would be alone. A prompt longer than a chunk prefills its first chunks
     alone, its last with the batch. Returns them in order."""
     if not jobs:
         return []
     model = jobs[0][0].model
-    if any(v.model is not model for v, _, _ in jobs):
+    if any(v.model is not model for v, _ in jobs):
         raise CadenceError("a batch of generations takes generations of one target model")
     rows, parts = [], []
-    for v, what, _ in jobs:
+    for v, what in jobs:
         if isinstance(what, Prefill):
             r, tokens = v.next_chunk(), None
         elif isinstance(what, TokenTree):
@@ -192,16 +192,16 @@ def many_steps(jobs: list[tuple["Verifier", object, dict | None]]):
             tokens, r = [what], Rows(torch.tensor([what], device=dev), torch.tensor([c.length], device=dev), c)
         rows.append(tokens)
         parts.append(r)
-    greedy = all(v.sampling.greedy for v, _, _ in jobs)  # else logits, and each greedy one takes its argmax
-    outs = yield from forward_many_steps(model, parts, argmax=greedy)
+    plain = all(v.sampling.plain for v, _ in jobs)  # else logits, and each plain one takes its argmax
+    outs = yield from forward_many_steps(model, parts, argmax=plain)
     done = []
-    for (v, what, trials), tokens, out in zip(jobs, rows, outs):
-        if v.sampling.greedy and not greedy:
+    for (v, what), tokens, out in zip(jobs, rows, outs):
+        if v.sampling.plain and not plain:
             out = out.argmax(-1)
         if isinstance(what, Prefill):
             done.append(v.chunk_done(out))
         elif isinstance(what, TokenTree):
-            done.append(v.settle(what, tokens, out, trials))
+            done.append(v.settle(what, tokens, out))
         else:
             v.cache.commit()
             v.tokens.append(what)
@@ -210,8 +210,8 @@ def many_steps(jobs: list[tuple["Verifier", object, dict | None]]):
 
 
 def verify_many(jobs: list[tuple[Verifier, TokenTree]]) -> list[Verdict]:
-    """Greedy generations' trees verified in one forward, every weight at hand."""
-    return drive(many_steps([(v, t, None) for v, t in jobs]), jobs[0][0].model.weights) if jobs else []
+    """Generations' trees verified in one forward, every weight at hand."""
+    return drive(many_steps(jobs), jobs[0][0].model.weights) if jobs else []
 
 
 class LocalTarget:
@@ -235,10 +235,7 @@ class LocalTarget:
         return self.verifier.step(root)
 
     def verify(self, p: Proposal) -> tuple[list[int], int]:
-        trials = None
-        if not self.verifier.sampling.greedy and p.tree.trials is not None:
-            trials = trials_from_wire(p.tree.trials, p.dists)
-        v = self.verifier.verify_tree(TokenTree.of(p.tree), trials)
+        v = self.verifier.verify_tree(TokenTree.of(p.tree))
         return v.path, v.next_token
 
     def take_stats(self) -> dict:
@@ -269,13 +266,13 @@ class LocalBatch:
                     v = Verifier(self.model, sampling, previous=v if reuse else None)
                     v.begin_prompt(prompt_ids, capacity, self.pool.view(placed, capacity))
                     self.verifiers[slot] = v
-                jobs.append((v, Prefill(prompt_ids, capacity), None))
+                jobs.append((v, Prefill(prompt_ids, capacity)))
             else:
                 jobs.append(_job(self.verifiers[slot], call))
         done = drive(many_steps(jobs), self.model.weights) if jobs else []
         return [
             (None if r is None else (r, v.reused)) if isinstance(w, Prefill) else reply(r)
-            for (v, w, _), r in zip(jobs, done)
+            for (v, w), r in zip(jobs, done)
         ]
 
     def release(self, slot: int) -> None:
@@ -308,12 +305,8 @@ class Arena:
 def _job(v: Verifier, call) -> tuple:
     """A step or verify `Call` as a `many_steps` job."""
     if call.kind == "step":
-        return v, call.args[0], None
-    p = call.args[0]
-    trials = None
-    if not v.sampling.greedy and p.tree.trials is not None:
-        trials = trials_from_wire(p.tree.trials, p.dists)
-    return v, TokenTree.of(p.tree), trials
+        return v, call.args[0]
+    return v, TokenTree.of(call.args[0].tree)
 
 
 def reply(r):

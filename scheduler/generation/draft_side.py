@@ -1,7 +1,7 @@
 """The draft side of the speculation cycle over the wire: the draft actor (speculative/loop.py).
 
-Only token ids and small tree descriptions travel over the control socket; under sampling the
-draft's distributions travel through the arena, in a slot that lives until the verdict.
+Only token ids and small tree descriptions travel over the control socket: under sampling too, the verifier
+needs nothing of the draft's distributions (models/sampling.py).
 """
 
 from __future__ import annotations
@@ -24,15 +24,12 @@ class ActorDraft:
         self.s, self.vocab_size, self.slot = sched, vocab_size, slot
         self.draft = Remote(sched, "draft")  # the draft actor's ops (actors/draft.py)
         self.at = {"slot": slot} if slot else {}  # what every op is sent with (the one generation's: nothing)
-        self.greedy = True
-        self.slots: dict[int, object] = {}  # id(proposal) -> its distributions' arena slot
         self.ahead_req: int | None = None
         self.counts = (0, 0)
         self.alpha = 0.0  # the last verdict's
         self.behind: list[int] = []  # tokens plain steps committed, not sent yet: they go with the next op
 
     def start(self, prompt_ids: list[int], capacity: int, first: int, cfg: TreeConfig, sampling: SamplingConfig):
-        self.greedy = sampling.greedy
         self.counts = (0, 0)
         self.behind = []
         self.ahead_req = None  # drafting ahead of a generation that ended in an error: its reply is nobody's now
@@ -46,26 +43,8 @@ class ActorDraft:
         return Proposal(tree, drafted=False) if tree.tokens else None
 
     def propose(self, budget: int) -> Proposal | None:
-        slot = self._dists_slot(budget)
-        try:
-            tensors = {"slot": self.s.slot_desc(slot)} if slot is not None else {}
-            reply = self.draft.call("build", tensors, budget=budget, **self._behind(), **self.at)
-        except BaseException:
-            if slot is not None:
-                self.s.slots.free(slot)
-            raise
-        return self._held(Proposal(reply.value, dists=reply.tensors.get("dists"), req=reply.req_id), slot)
-
-    def _dists_slot(self, budget: int):
-        """Sampled: an arena slot for the draft's distributions of a tree of `budget` (one row per fed node and its
-        root), freed at the proposal's `release`; greedy: None."""
-        return None if self.greedy else self.s.slots.alloc((budget + 1) * self.vocab_size * 4)
-
-    def _held(self, p: Proposal, slot) -> Proposal:
-        """`p`, its distributions' arena slot (if any) kept until its `release`."""
-        if slot is not None:
-            self.slots[id(p)] = slot
-        return p
+        reply = self.draft.call("build", None, budget=budget, **self._behind(), **self.at)
+        return Proposal(reply.value, req=reply.req_id)
 
     def ahead(self, p: Proposal, steps: int) -> None:
         self.ahead_req = self.draft.send("ahead", steps=steps, **self.at)
@@ -90,9 +69,7 @@ class ActorDraft:
         return adv.alpha
 
     def release(self, p: Proposal) -> None:
-        slot = self.slots.pop(id(p), None)
-        if slot is not None:
-            self.s.slots.free(slot)
+        pass
 
     def ahead_counts(self) -> tuple[int, int]:
         return self.counts
@@ -103,29 +80,12 @@ class ActorDraft:
 
 def propose_many(asks: list) -> list:
     """A batch's trees: from the draft actor in one op (`build_many`: its forwards shared) where every side is an
-    `ActorDraft` of a slot of its own, a sampled one's distributions in an arena slot of its own as `propose`'s
-    are (freed at its `release`); else each side's `propose` in turn."""
+    `ActorDraft` of a slot of its own; else each side's `propose` in turn."""
     sides = [d for d, _ in asks]
     if not all(isinstance(d, ActorDraft) for d in sides) or len({d.slot for d in sides}) < len(sides):
         return [d.propose(budget) for d, budget in asks]
-    s, held = sides[0].s, {}
-    try:
-        for i, (d, budget) in enumerate(asks):
-            if (slot := d._dists_slot(budget)) is not None:
-                held[i] = slot
-        behind = [d._behind().get("behind", []) for d in sides]
-        reply = sides[0].draft.call(
-            "build_many",
-            {f"slot{i}": s.slot_desc(slot) for i, slot in held.items()},
-            slots=[d.slot for d in sides],
-            budgets=[b for _, b in asks],
-            behind=behind,
-        )
-    except BaseException:
-        for slot in held.values():
-            s.slots.free(slot)
-        raise
-    return [
-        d._held(Proposal(Tree(**t), dists=reply.tensors.get(f"dists{i}"), req=reply.req_id), held.get(i))
-        for i, (d, t) in enumerate(zip(sides, reply.value.trees))
-    ]
+    behind = [d._behind().get("behind", []) for d in sides]
+    reply = sides[0].draft.call(
+        "build_many", None, slots=[d.slot for d in sides], budgets=[b for _, b in asks], behind=behind
+    )
+    return [Proposal(Tree(**t), req=reply.req_id) for t in reply.value.trees]

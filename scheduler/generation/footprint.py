@@ -24,7 +24,7 @@ from pathlib import Path
 
 from common.calibration import cached, child_json
 from common.settings import PREFILL_CHUNK
-from scheduler.generation.memplan import ALIGN, Overheads, align
+from scheduler.generation.memplan import Overheads, align
 from scheduler.ledger import rollup
 
 MiB = 1 << 20
@@ -205,21 +205,13 @@ def activation_bytes(
             + 3 * (a.get("shared_ffn_dim") or 0)
         )
     vocab = a["vocab_size"]
-    if not greedy:  # the row padded to the vocabulary, and the distributions' working tensors
+    if not greedy:  # every row's logits, and a row's scores' working tensors (fp64)
         logits = 4 * vocab + 12 * (head_rows or vocab)
     elif head_part and not head_rows:  # the target's greedy token, one head part's logits at a time
         logits = 4 * head_part
     else:  # the logits and their softmax (a draft's confidence), as wide as the head
         logits = 8 * (head_rows or vocab)
     return align(max(rows_prefill * per_row + logits, rows_verify * (per_row + logits)))
-
-
-def exchange_bytes(width: int, vocab: int, greedy: bool, trees: int = 1) -> int:
-    """The arena's exchange part: under sampling, the draft's distributions for the `width` draft tokens and a root
-    of `trees` trees at once (a batch's: their rows at most `width + 1` together), each in a slot of its own that the
-    arena's allocator rounds up to a page (shm/slots.py)."""
-    dists = 0 if greedy else (width + 1) * vocab * 4 + trees * ALIGN
-    return align(max(dists, MiB))
 
 
 def measure_overheads(
@@ -236,14 +228,13 @@ def measure_overheads(
     trace_events: int = 0,
     own: int | None = None,
     batch_rows: int = 0,
-    trees: int = 1,
 ) -> Overheads:
     """The overheads of a run on this machine: the scheduler as this process holds it now (call it
     once the tokenizer is loaded; `own`: its anonymous bytes read once already) plus its trace buffer, the zygote's and each actor's own pages as
     calibrated once (scheduler/generation/footprint.py), activations from the models' shapes. `batch_rows`: with
     --parallel, the other generations' tree rows that ride in a forward with a prompt's chunk
-    (speculative/batch.py: the prompts a cycle admits fill at most a chunk); `trees`: how many trees' distributions
-    the exchange holds at once (a sampled batch's: one a slot)."""
+    (speculative/batch.py: the prompts a cycle admits fill at most a chunk). `greedy`: each token a plain argmax
+    (models/sampling.py), where a verification holds one head part's logits at a time, not every row's."""
     fp = footprint()
     rows = min(width, 256) + 1 + 4  # a tree (or a batch of trees), its root and trie candidates
     prefill = min(context, PREFILL_CHUNK) + batch_rows
@@ -254,7 +245,7 @@ def measure_overheads(
         watchdog=align(fp.watchdog),
         runtime=align(fp.zygote),
         actor=align(fp.actor),
-        exchange=exchange_bytes(width, target_args["vocab_size"], greedy, trees),
+        exchange=align(MiB),  # the arena's exchange part: what travels beside a message (no model's rows)
         verifier_activations=activation_bytes(target_args, prefill, rows, greedy, head_part=head_part),
         draft_activations=0
         if draft_args is None

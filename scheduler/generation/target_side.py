@@ -76,7 +76,7 @@ class ActorTarget:
     def verify(self, p: Proposal) -> tuple[list[int], int]:
         s = self.s
         wait0, t = self._io_wait(), time.perf_counter()
-        v = self.run("verify", dict(tree=p.tree), {"dists": p.dists} if p.dists is not None else None)
+        v = self.run("verify", dict(tree=p.tree))
         if (
             self.streamer is not None or self.experts is not None
         ):  # the share of a verification spent waiting for the loader
@@ -260,8 +260,8 @@ class ActorBatch:
         self.streamed = target.streamed
 
     def answer(self, calls: list) -> list:
-        wire, tensors, links, starts = [], {}, [], 0
-        for i, (slot, call) in enumerate(calls):
+        wire, links, starts = [], [], 0
+        for slot, call in calls:
             if call.kind == "start":
                 prompt_ids, capacity, sampling, reuse, placed = call.args
                 args = dict(prompt_ids=prompt_ids, capacity=capacity, sampling=asdict(sampling), reuse=reuse)
@@ -273,14 +273,12 @@ class ActorBatch:
             else:
                 p = call.args[0]
                 args = dict(tree=asdict(p.tree))
-                if p.dists is not None:
-                    tensors[f"dists{i}"] = p.dists
                 if p.req is not None:
                     links.append(p.req)
             wire.append(dict(slot=slot, kind=call.kind, args=args))
         limit = self.s.config.timeouts.request_s
         timeout = limit * (1 + starts) if self.target.streamer is None else None  # resident: prefills in the one op
-        results = self.target.run("batch", dict(calls=wire), tensors or None, timeout).results
+        results = self.target.run("batch", dict(calls=wire), None, timeout).results
         s = self.s
         for req in dict.fromkeys(links):  # the arrows from the drafts' trees to the verification of them all
             s.trace.link(

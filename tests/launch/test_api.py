@@ -49,8 +49,14 @@ def test_sampling_per_call_and_bad_messages(tiny_gguf):
         greedy = llm.generate("once", max_new_tokens=10)
         assert a.token_ids == b.token_ids  # a seed reproduces a sampled generation
         assert greedy.token_ids == llm.generate("once", max_new_tokens=10).token_ids
+        penalized = llm.generate("once", max_new_tokens=10, repetition_penalty=1.5, repeat_last_n=-1)
+        assert penalized.token_ids != greedy.token_ids  # a penalty is applied, under greedy too
         with pytest.raises(cadence.CadenceError, match="messages must be"):
             llm.chat([{"role": "user"}])
+        with pytest.raises(cadence.CadenceError, match="unknown argument 'top_n'"):
+            llm.generate("once", top_n=3)
+        with pytest.raises(cadence.CadenceError, match="min_p=2"):
+            llm.generate("once", min_p=2)
 
 
 @pytest.mark.real

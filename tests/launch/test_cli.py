@@ -39,33 +39,22 @@ def test_run_writes_the_json_contract(tiny_gguf, tmp_path):
     assert rows[0]["chat"] is False and rows[1]["chat"] is True  # --chat auto: instructions get the template
 
 
-def test_sampling_is_reproducible_with_a_seed(tiny_gguf, tmp_path):
+def test_sampling_is_reproducible_with_a_seed_in_every_mode(tiny_gguf, tmp_path):
+    """The same seed and controls give the same tokens twice, and the tree over the actors (the draft and verifier
+    processes) gives the target's alone."""
     runs = []
-    for _ in range(2):
+    for mode in ("target", "target", "tree"):
         out = tmp_path / "s.json"
         launch(
             "run",
-            "--mode",
-            "target",
-            "--target",
-            str(tiny_gguf),
-            "--prompt",
-            "in",
-            "--max-new-tokens",
-            "8",
-            "--temperature",
-            "1.0",
-            "--top-p",
-            "0.9",
-            "--seed",
-            "3",
-            "--json",
-            str(out),
+            *("--mode", mode, "--target", str(tiny_gguf), "--draft", str(tiny_gguf), "--prompt", "in"),
+            *("--max-new-tokens", "12", "--temperature", "1.0", "--top-p", "0.9", "--top-k", "20", "--seed", "3"),
+            *("--frequency-penalty", "0.5", "--repeat-penalty", "1.1", "--json", str(out)),
             home=tmp_path / "home",
             check=True,
         )
         runs.append(json.loads(out.read_text())[0]["new_token_ids"])
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
 
 
 def test_unknown_model(tmp_path):

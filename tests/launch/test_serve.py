@@ -236,8 +236,11 @@ def _post(base, path, body=None, content=None, headers=KEY):
         ),
         ("/v1/completions", {"prompt": "a lone \ud800 surrogate"}, 400, "prompt"),
         ("/v1/completions", {"prompt": "x", "presence_penalty": "abc"}, 400, "presence_penalty"),
-        ("/v1/completions", {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_k": 40}, 400, "top_k"),
+        ("/v1/completions", {"prompt": "x", "presence_penalty": 5}, 400, "presence_penalty"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_k": 1.5}, 400, "top_k"),
+        ("/v1/completions", {"prompt": "x", "repeat_last_n": -2}, 400, "repeat_last_n"),
+        ("/v1/completions", {"prompt": "x", "mirostat": 2}, 400, "mirostat"),
+        ("/v1/completions", {"prompt": "x", "n_probs": 3}, 400, "n_probs"),
         (
             "/v1/chat/completions",
             {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 3}},
@@ -290,6 +293,17 @@ def test_parameters_that_ask_for_nothing_are_honoured_as_they_are(server):
         "min_p": 0,
         "repeat_penalty": 1.0,
         "n": 1,
+        # llama-server's, at its web page's defaults
+        "cache_prompt": True,
+        "id_slot": -1,
+        "samplers": ["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+        "typical_p": 1,
+        "mirostat": 0,
+        "dry_multiplier": 0,
+        "xtc_probability": 0,
+        "dynatemp_range": 0,
+        "n_probs": 0,
+        "repeat_last_n": 64,
     }
     a, b = _post(base, "/v1/chat/completions", bare), _post(base, "/v1/chat/completions", given)
     assert a.status_code == b.status_code == 200, b.text

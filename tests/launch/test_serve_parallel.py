@@ -81,10 +81,14 @@ def test_many_streaming_clients_with_disconnects_each_get_their_own_answer(serve
         t.join()
     watcher.join()
     assert max(seen) > 1  # several generations at once
-    for (prompt, hang_up, temperature, _), (status, text, done) in zip(jobs, results):
+    for (prompt, hang_up, temperature, seed), (status, text, done) in zip(jobs, results):
         assert status == 200, text
         if not hang_up:
             assert done and (text == alone[prompt] if not temperature else text), prompt
+        if temperature and not hang_up:  # a seed gives the same text beside others as alone
+            body = {"prompt": prompt, "max_tokens": 24, "temperature": temperature, "seed": seed}
+            r = httpx.post(f"{base}/v1/completions", headers=KEY, json=body, timeout=120)
+            assert r.json()["choices"][0]["text"] == text, (prompt, seed)
     deadline = time.monotonic() + 30
     while _metric(base, "cadence_requests_cancelled_total") <= cancelled and time.monotonic() < deadline:
         time.sleep(0.1)

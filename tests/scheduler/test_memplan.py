@@ -6,9 +6,8 @@ import pytest
 
 from common.errors import CadenceError
 from common.units import parse_bytes
-from scheduler.generation.footprint import activation_bytes, exchange_bytes
+from scheduler.generation.footprint import activation_bytes
 from scheduler.generation.memplan import Overheads, plan_memory
-from shm.slots import SlotAllocator
 
 MiB = 1 << 20
 LAYERS = {f"layer.{i}": 27 * MiB for i in range(28)}
@@ -97,23 +96,6 @@ def test_activations_grow_with_the_rows_and_sampling_keeps_probabilities():
     assert activation_bytes(a, 1, 17, head_part=part) < activation_bytes(a, 1, 17) / 4
     assert activation_bytes(a, 1, 17, head_part=part) < activation_bytes(a, 1, 9)
     assert activation_bytes(a, 1, 17, greedy=False, head_part=part) == activation_bytes(a, 1, 17, greedy=False)
-
-
-@pytest.mark.parametrize("slots,budget", [(4, 8), (8, 8), (1, 32), (3, 6)])
-def test_the_exchange_holds_every_sampled_trees_distributions_at_once(slots, budget):
-    """A sampled batch under a budget: each generation's tree puts the draft's distributions in an arena slot of its
-    own (scheduler/generation/draft_side.py), page-rounded, held until its verdict. However the rows are shared out
-    (speculative/batch.py `Lockstep.width`: a slot's share of the plan's rows, at most 32 a tree), the planned
-    exchange holds them all at once in the real allocator. (Four trees of 9 rows of Qwen's vocabulary did not fit
-    when it planned their bytes alone: the fourth tree of a batch failed.)"""
-    vocab = 151936
-    width = slots * (budget + 1) - 1  # engine/memory.py: every slot's tree in one forward
-    for n in range(1, slots + 1):
-        rows = min(32, slots * (budget + 1) // n - 1) + 1
-        exchange = SlotAllocator(exchange_bytes(width, vocab, greedy=False, trees=slots))
-        for _ in range(n):
-            exchange.alloc(rows * vocab * 4)
-    assert exchange_bytes(width, vocab, greedy=True, trees=slots) == 1 << 20
 
 
 @pytest.mark.parametrize(

@@ -78,9 +78,10 @@ def test_each_generation_of_a_batch_is_its_own_run_alone(pair, mode, draft_model
 
 
 def test_sampled_generations_grow_their_trees_in_shared_forwards_and_each_is_its_run_alone(pair, monkeypatch):
-    """Sampled trees grow by the pacer, whose draft forwards are shared with the other generations' like best-first
-    trees' (speculative/draft_batch.py): with fixed trees, each sampled generation (its own temperature and seed)
-    draws exactly the tokens it draws alone, while the batch ran fewer draft forwards than its trees did."""
+    """Sampled trees grow in draft forwards shared with the other generations' (speculative/draft_batch.py): each
+    sampled generation (its own temperature and seed) draws exactly the tokens it draws alone, which are the
+    target's alone with that seed (models/sampling.py: a position's draw depends on the seed and the position), while
+    the batch ran fewer draft forwards than its trees did."""
     import speculative.draft_batch as draft_batch
 
     target, draft = pair
@@ -88,6 +89,8 @@ def test_sampled_generations_grow_their_trees_in_shared_forwards_and_each_is_its
     settings = [SamplingConfig(temperature=t, seed=s) for t, s in ((0.8, 3), (1.0, 4), (0.6, 5))]
     prompts = _prompts(3)
     alone = [loop.generate(p, 20, set(), sampling=c) for p, c in zip(prompts, settings)]
+    plain = [loop.generate(p, 20, set(), mode="target", sampling=c) for p, c in zip(prompts, settings)]
+    assert [a.new_ids for a in alone] == [t.new_ids for t in plain]
     forwards = []
     shared = draft_batch.forward_many_steps
     monkeypatch.setattr(

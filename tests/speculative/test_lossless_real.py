@@ -68,6 +68,33 @@ def test_the_lean_int2_draft_equals_target(growth, width, prompts, reference):
     assert accepted > 0
 
 
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(repetition_penalty=1.3, frequency_penalty=0.2, repeat_last_n=-1),
+        SamplingConfig(temperature=0.8, seed=5),
+        SamplingConfig(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05, presence_penalty=0.4, seed=6),
+    ],
+    ids=["greedy+penalties", "sampled", "sampled+every-control"],
+)
+def test_tree_under_sampling_controls_equals_target(pair, prompts, sampling):
+    """Greedy with penalties, and sampling with a seed: the tree (and the chain) write the target's own tokens under
+    the same controls, token for token, and the draft's trees are accepted (its candidates ranked by the scores the
+    target's choice is the argmax of)."""
+    target, draft = pair
+    accepted = 0
+    for pid in ("fib", "rewrite_hints"):
+        ids = prompts[pid]
+        ref = generate_target(target, ids, 32, sampling).new_ids
+        for cfg in (TreeConfig(width=16, growth="best"), TreeConfig(mode="chain", chain_k=4)):
+            got = generate_speculative(target, draft, ids, 32, sampling, cfg)
+            assert got.new_ids == ref, (pid, cfg.mode)
+            accepted += got.stats["accepted"]
+    assert accepted > 16
+    if sampling.penalized and sampling.greedy:
+        assert ref != generate_target(target, ids, 32, SamplingConfig()).new_ids
+
+
 def _prompt_file(folder) -> str:
     path = folder / "some.jsonl"
     path.write_text("".join(json.dumps(p) + "\n" for p in some_dev_prompts()))

@@ -1,15 +1,11 @@
-"""The pure parts of tree speculation on hand-made trees: paths, pacer, alpha, trie, sampled acceptance."""
-
-import random
+"""The pure parts of tree speculation on hand-made trees: paths, pacer, alpha, trie."""
 
 import pytest
-import torch
 
 from speculative.governor import CATCH_UP, TRY_SHARE, CatchUp, Governor
 from speculative.loop import Call, Proposal
 from common.settings import LOOKUP, PLAIN, Arm, arms
 from speculative.policy import AdaptiveThreshold, branch_candidates, pace
-from speculative.sampling import accept_sampled, residual
 from speculative.tree import ROOT, TokenTree, Tree, best_branch, longest_accepted_path
 from speculative.trie import TokenTrie
 
@@ -237,43 +233,6 @@ def test_a_governor_makes_no_try_of_drafting_that_may_try_refuses():
         chosen[first:].count(D2) >= 2 * len(chosen[first:]) // 3 and PLAIN in chosen[first:]
     )  # drafting won: it leads, and the tries of plain steps ask nothing
     assert len(asked) == 6
-
-
-def test_residual_is_the_normalised_positive_part():
-    p = torch.tensor([0.5, 0.3, 0.2])
-    q = torch.tensor([0.2, 0.6, 0.2])
-    assert torch.allclose(residual(p, q), torch.tensor([1.0, 0.0, 0.0]))
-
-
-@pytest.mark.parametrize("shape", ["chain", "tree", "tree+point"])
-def test_sampled_acceptance_preserves_the_target_distribution(shape):
-    """The first emitted token is distributed as the target's p, whatever the draft's q (seed 0)."""
-    g = torch.Generator().manual_seed(0)
-    V = 6
-    p = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)
-    q = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)
-    rng = random.Random(0)
-    n = 15000
-    counts = torch.zeros(V)
-    for _ in range(n):
-        t = TokenTree(0)
-        trials = {ROOT: []}
-        if shape == "tree+point":  # a deterministic candidate (a trie branch) first
-            trials[ROOT].append((t.add(3, ROOT, 1.0), None))
-        for _ in range(1 if shape == "chain" else 2):
-            x = int(torch.multinomial(q, 1, generator=g))
-            child = next((c for c in t.children(ROOT) if t.nodes[c].token == x), None)
-            if child is None:
-                child = t.add(x, ROOT, float(q[x]))
-            trials[ROOT].append((child, q))
-        path, nxt = accept_sampled(
-            t, trials, lambda row: p, rng.random, lambda dist: int(torch.multinomial(dist, 1, generator=g))
-        )
-        first = t.nodes[path[0]].token if path else nxt
-        counts[first] += 1
-    expected = p * n
-    chi2 = float(((counts - expected) ** 2 / expected).sum())
-    assert chi2 < 20.5, (chi2, counts / n, p)  # 5 degrees of freedom: p < 0.001
 
 
 def test_arca_acceptance_table_counts_ranks_along_correct_chains():
