@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from bench import hf_gguf_qwen35
+from bench import hf_gguf_granite, hf_gguf_qwen35
 from bench.hf_gguf_vocab import vocab_gpt2
 
 QWEN2_SPLIT = (  # Qwen2's split regex (llama.cpp's pre-tokenizer "qwen2"), as its tokenizer.json has it
@@ -56,7 +56,9 @@ GGUF_ARCH = {
     "ministral3": "mistral3",
     "lfm2": "lfm2",
     "qwen3_5_text": "qwen35",
+    "granitemoehybrid": "granitehybrid",
 }
+OWN_WRITERS = {"qwen3_5_text": hf_gguf_qwen35, "granitemoehybrid": hf_gguf_granite}  # bench/hf_gguf_*.py
 PERMUTE_QK = (
     "llama",
     "mistral",
@@ -321,8 +323,10 @@ def _hparams(w, h: dict, rope: dict, ftype: int) -> None:
         return _gemma2_params(w, h, ftype)
     if mt == "phi3":
         return _phi3_params(w, h, rope, ftype)
-    if mt == "granite":
+    if mt in ("granite", "granitemoehybrid"):
         h = {k: v for k, v in h.items() if k != "head_dim"}  # GraniteModel: "Ignoring head_dim"
+    if mt == "granitemoehybrid":
+        return hf_gguf_granite.params(w, h, lambda: _text_model_params(w, h, rope, ftype))
     _text_model_params(w, h, rope, ftype)
     if mt in PERMUTE_QK:  # LlamaModel
         w.add_vocab_size(h["vocab_size"])
@@ -369,8 +373,8 @@ def write_gguf_like_llama_cpp(hf_folder: Path, out: Path, qtype: str = "F32") ->
         raise NotImplementedError(f"model_type {mt!r}: not one of {sorted(GGUF_ARCH)}")
     rope = _rope_parameters(h)
     w = gguf.GGUFWriter(str(out), GGUF_ARCH[mt])
-    if mt == "qwen3_5_text":
-        tensors = list(hf_gguf_qwen35.tensors(h, _safetensors(hf_folder)))
+    if mt in OWN_WRITERS:
+        tensors = list(OWN_WRITERS[mt].tensors(h, _safetensors(hf_folder)))
     else:
         tensors = [*_extra_tensors(w, h, rope), *_model_tensors(h, hf_folder)]
     for name, x in tensors:

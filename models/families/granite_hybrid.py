@@ -1,11 +1,17 @@
 """Granite 4.0-H (`granitemoehybrid`, dense: H-Micro, H-1B, H-350M): Mamba-2 layers (models/recurrent.py) among
 attention layers that take no rotary embeddings (`position_embedding_type` null), Granite's four multipliers, and a
 shared SwiGLU MLP (`shared_mlp.input_linear`: gate rows first). transformers 4 spelled the layer kinds `mamba` and
-`attention`. The mixture-of-experts variants (H-Tiny, H-Small) are refused naming their experts."""
+`attention`. The mixture-of-experts variants (H-Tiny, H-Small) are refused naming their experts. From llama.cpp's GGUF
+(`granitehybrid`, bench/hf_gguf_granite.py writes one as its converter does): the Mamba layers are those with no kv
+heads, the Mamba tensors read back into HF's layout (A_log from -exp(A_log))."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from common.errors import CadenceError
 from models.families.base import MAMBA_PARAMS, Family, Unsupported, check_mamba_steps, hybrid_kinds, mamba_names
+from models.families.llama import GRANITE_GGUF
 
 _MULTIPLIERS = {
     "embedding_multiplier": "embed_scale",
@@ -51,10 +57,60 @@ def _hf(cfg: dict, a: dict) -> dict:
     }
 
 
+def _gguf(key, a: dict) -> dict:
+    """llama.cpp's granitehybrid: Mamba layers have no kv heads; no rope unless `rope.scaling.finetuned` (Bamba)."""
+    kv = key("attention.head_count_kv")
+    if not isinstance(kv, list) or len(kv) != a["n_layers"]:
+        raise CadenceError("a granitehybrid GGUF gives its kv heads a layer (0: a Mamba layer); this one does not")
+    if key("expert_count"):
+        raise CadenceError(f"expert_count={key('expert_count')} (Granite 4.0-H's experts) is not run yet")
+    heads, inner = int(key("ssm.time_step_rank")), int(key("ssm.inner_size"))
+    attention = tuple(i for i, n in enumerate(kv) if n)
+    return {
+        **{f: float(key(k, 1.0)) for k, f in GRANITE_GGUF.items()},
+        "ffn_dim": int(key("expert_shared_feed_forward_length")),
+        "ssm_layers": tuple(i for i, n in enumerate(kv) if not n),
+        "ssm_heads": heads,
+        "ssm_head_dim": inner // heads,
+        "ssm_state": int(key("ssm.state_size")),
+        "ssm_groups": int(key("ssm.group_count")),
+        "ssm_conv_bias": True,
+        "conv_kernel": int(key("ssm.conv_kernel")),
+        "nope_layers": () if key("rope.scaling.finetuned", False) else attention,
+    }
+
+
+def _gguf_split(name: str, src: str, w: np.ndarray, args) -> np.ndarray:
+    """A Mamba tensor of the GGUF in HF's layout: A_log from -exp(A_log), D and the gated norm's weight flat."""
+    part = src.split(".")[2] if src.startswith("blk.") else ""
+    if part in ("ssm_a", "ssm_d", "ssm_norm"):
+        w = w.reshape(-1)
+    return np.log(-w) if part == "ssm_a" else w
+
+
 GRANITE_HYBRID = Family(
     "granitehybrid",
     hf_types=("granitemoehybrid",),
-    gguf_archs=(),
+    gguf_archs=("granitehybrid",),
+    gguf_keys=frozenset(GRANITE_GGUF)
+    | frozenset(
+        "expert_shared_feed_forward_length ssm.conv_kernel ssm.state_size ssm.group_count ssm.inner_size "
+        "ssm.time_step_rank rope.scaling.finetuned vocab_size".split()
+    ),
+    gguf_fields=_gguf,
+    gguf_names={
+        "ssm_in": ("ssm_in",),
+        "ssm_conv": ("ssm_conv1d",),
+        "ssm_conv_b": ("ssm_conv1d.bias",),
+        "ssm_dt": ("ssm_dt.bias",),
+        "ssm_a": ("ssm_a",),
+        "ssm_d": ("ssm_d",),
+        "ssm_norm": ("ssm_norm",),
+        "ssm_out": ("ssm_out",),
+    },
+    gguf_split=_gguf_split,
+    gguf_params=MAMBA_PARAMS,
+    gguf_permuted=True,
     hf_defaults={**{k: 1.0 for k in _MULTIPLIERS}, "rope_theta": 10000.0, "mamba_expand": 2, "mamba_conv_bias": True},
     hf_keys=_KEYS,
     hf_fields=_hf,

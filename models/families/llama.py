@@ -37,7 +37,7 @@ _GRANITE_KEYS = {
     "residual_multiplier": "residual_scale",
     "logits_scaling": "logits_div",
 }
-_GRANITE_GGUF = {
+GRANITE_GGUF = {
     "embedding_scale": "embed_scale",
     "attention.scale": "attn_scale",
     "residual_scale": "residual_scale",
@@ -51,8 +51,8 @@ GRANITE = Family(
     hf_defaults={k: 1.0 for k in _GRANITE_KEYS},
     hf_keys=frozenset(_GRANITE_KEYS),
     hf_fields=lambda cfg, a: {f: float(cfg[k]) for k, f in _GRANITE_KEYS.items()},
-    gguf_keys=frozenset(_GRANITE_GGUF),
-    gguf_fields=lambda key, a: {f: float(key(k, 1.0)) for k, f in _GRANITE_GGUF.items()},
+    gguf_keys=frozenset(GRANITE_GGUF),
+    gguf_fields=lambda key, a: {f: float(key(k, 1.0)) for k, f in GRANITE_GGUF.items()},
     gguf_permuted=True,
 )
 
