@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from bench import hf_gguf_granite, hf_gguf_qwen35
+from bench import hf_gguf_gptoss, hf_gguf_granite, hf_gguf_qwen35
 from bench.hf_gguf_vocab import vocab_gpt2
 
 QWEN2_SPLIT = (  # Qwen2's split regex (llama.cpp's pre-tokenizer "qwen2"), as its tokenizer.json has it
@@ -57,8 +57,9 @@ GGUF_ARCH = {
     "lfm2": "lfm2",
     "qwen3_5_text": "qwen35",
     "granitemoehybrid": "granitehybrid",
+    "gpt_oss": "gpt-oss",
 }
-OWN_WRITERS = {"qwen3_5_text": hf_gguf_qwen35, "granitemoehybrid": hf_gguf_granite}  # bench/hf_gguf_*.py
+OWN_WRITERS = {"qwen3_5_text": hf_gguf_qwen35, "granitemoehybrid": hf_gguf_granite, "gpt_oss": hf_gguf_gptoss}
 PERMUTE_QK = (
     "llama",
     "mistral",
@@ -325,8 +326,8 @@ def _hparams(w, h: dict, rope: dict, ftype: int) -> None:
         return _phi3_params(w, h, rope, ftype)
     if mt in ("granite", "granitemoehybrid"):
         h = {k: v for k, v in h.items() if k != "head_dim"}  # GraniteModel: "Ignoring head_dim"
-    if mt == "granitemoehybrid":
-        return hf_gguf_granite.params(w, h, lambda: _text_model_params(w, h, rope, ftype))
+    if mt in ("granitemoehybrid", "gpt_oss"):  # bench/hf_gguf_*.py
+        return OWN_WRITERS[mt].params(w, h, lambda: _text_model_params(w, h, rope, ftype))
     _text_model_params(w, h, rope, ftype)
     if mt in PERMUTE_QK:  # LlamaModel
         w.add_vocab_size(h["vocab_size"])

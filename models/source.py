@@ -296,9 +296,10 @@ class GGUFSource:
             ]
         _, i, part = name.split(".", 2)
         b = f"blk.{i}"
-        if part.startswith("exp."):
+        if part.startswith("exp."):  # an expert's weights or biases (gpt-oss)
             which = part.split(".")[2]
-            return [f"{b}.ffn_{x}_exps.weight" for x in (("gate", "up") if which == "gate_up" else ("down",))]
+            kind = "bias" if which.endswith("_bias") else "weight"
+            return [f"{b}.ffn_{x}_exps.{kind}" for x in (("gate", "up") if which.startswith("gate_up") else ("down",))]
         moe = {
             "ffn_router": ["ffn_gate_inp"],
             "ffn_shexp_gate": ["ffn_gate_inp_shexp"],

@@ -2,9 +2,14 @@
 (models/attention.py `attend`), sliding-window layers (128) alternating with full ones, YaRN without truncation;
 a mixture of experts whose router (with a bias) softmaxes its top k logits, and whose experts have biases and a
 clamped SwiGLU, (up + 1) * gate * sigmoid(1.702 gate). The released checkpoints keep the experts in MXFP4 blocks
-(dequantized as read: models/source_hf.py `mxfp4`), fused [experts, in, out] with gate and up interleaved."""
+(dequantized as read: models/source_hf.py `mxfp4`), fused [experts, in, out] with gate and up interleaved. From
+llama.cpp's GGUF (`gpt-oss`; bench/hf_gguf_gptoss.py writes one as its converter does): the experts split into gate
+and up, in MXFP4 blocks gguf dequantizes; every other layer sliding, the first among them; YaRN untruncated, as the
+model was trained (a GGUF does not say)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from models.families.base import MOE_HF_KEYS, Family, Unsupported, layer_kinds, windowed
 
@@ -21,10 +26,33 @@ def _hf(cfg: dict, a: dict) -> dict:
     }
 
 
+def _gguf(key, a: dict) -> dict:
+    """llama.cpp's gpt-oss: its window on the even layers (`set_swa_pattern(2)`), the clamp and slope it hard-codes,
+    YaRN untruncated."""
+    rope = a.get("rope_scaling")
+    return {
+        **windowed(key("attention.sliding_window"), tuple(range(0, a["n_layers"], 2)), a["context_length"]),
+        "norm_topk": False,
+        "swiglu_limit": 7.0,
+        "swiglu_alpha": 1.702,
+        **({"rope_scaling": dataclasses.replace(rope, truncate=False)} if rope and rope.kind == "yarn" else {}),
+    }
+
+
 GPT_OSS = Family(
     "gpt_oss",
     hf_types=("gpt_oss",),
-    gguf_archs=(),
+    gguf_archs=("gpt-oss",),
+    gguf_keys=frozenset({"attention.sliding_window", "expert_feed_forward_length"}),
+    gguf_fields=_gguf,
+    gguf_names={
+        "ffn_norm": ("post_attention_norm",),
+        "attn_sinks": ("attn_sinks",),
+        "attn_out_bias": ("attn_output.bias",),
+        "ffn_router": ("ffn_gate_inp",),
+        "ffn_router_bias": ("ffn_gate_inp.bias",),
+    },
+    gguf_params=frozenset({"attn_out_bias", "ffn_router_bias"}),
     block={
         "attn_sinks": True,
         "attn_out_bias": True,

@@ -27,7 +27,6 @@ NO_GGUF = {  # read from an HF directory only so far (llama.cpp's GGUFs of these
     "lfm2_moe",
     "qwen3_5_moe_text",
     "nemotron_h",
-    "gpt_oss",
     "glm4_moe",
     "qwen3_next",
     "olmo_hybrid",
@@ -248,3 +247,44 @@ def test_the_torch_ops_path_is_transformers_own_too(built, tmp_path, mt, v):
         ref = hf(torch.tensor([ids])).logits[0]
     got = model.forward(torch.tensor(ids), torch.arange(len(ids)), model.new_cache(len(ids)))
     assert float((got - ref).abs().max()) < 1e-3 * max(1.0, float(ref.abs().max())), float((got - ref).abs().max())
+
+
+def test_gpt_oss_experts_in_mxfp4_blocks_are_read_an_expert_at_a_time(built, tmp_path):
+    """The released gpt-oss GGUFs keep the experts in MXFP4 (llama.cpp repacks the checkpoint's blocks): each
+    expert read from its rows of the blocks is that expert's part of the whole tensor dequantized, and the model
+    runs from them close to the float file (within MXFP4's rounding)."""
+    import gguf
+
+    src = built("gpt_oss", "plain")[2]
+    r = gguf.GGUFReader(src)
+    out = tmp_path / "mxfp4.gguf"
+    w = gguf.GGUFWriter(str(out), r.fields["general.architecture"].contents())
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vt = f.types[0]
+        w.add_array(name, f.contents()) if vt == gguf.GGUFValueType.ARRAY else w.add_key_value(name, f.contents(), vt)
+    mx = gguf.GGMLQuantizationType.MXFP4
+    for t in r.tensors:
+        data = np.array(t.data)
+        if t.name.endswith("_exps.weight"):
+            w.add_tensor(t.name, gguf.quants.quantize(data, mx), raw_dtype=mx)
+        else:
+            w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    g, f32 = GGUFSource(out), GGUFSource(src)
+    whole = gguf.quants.dequantize(
+        gguf.quants.quantize(np.array(next(t.data for t in r.tensors if t.name == "blk.1.ffn_up_exps.weight")), mx), mx
+    )
+    n = g.args.expert_ffn_dim
+    for e in range(g.args.n_experts):
+        assert np.array_equal(g.get(f"blk.1.exp.{e}.gate_up")[n:], whole[e])
+    ids = prompt_ids(built("gpt_oss", "plain")[0])
+    a, b = ours(g, tmp_path / "s1"), ours(f32, tmp_path / "s2")
+    la = a.forward(torch.tensor(ids), torch.arange(len(ids)), a.new_cache(len(ids)))
+    lb = b.forward(torch.tensor(ids), torch.arange(len(ids)), b.new_cache(len(ids)))
+    corr = torch.nn.functional.cosine_similarity(la.flatten(), lb.flatten(), dim=0)
+    assert 0.9 < float(corr) < 1.0  # the same model, rounded (random weights lose more to MXFP4 than trained ones)
