@@ -180,21 +180,6 @@ def test_parallel_0_shortens_each_slots_share_to_keep_the_draft(tiny_gguf, machi
 
 
 @pytest.mark.real
-def test_a_resident_batchs_arena_holds_every_sampled_trees_distributions(machine):
-    """Without a budget the arena is no plan's, yet eight sampled slots of 32-token trees hold eight trees'
-    distributions of Qwen's vocabulary at once (the fixed 64 MiB held three: `launch run --parallel 8 --width 32
-    --fixed-width --temperature 0.7` lost every row to the fourth). Each goes in a page-rounded slot (shm/slots.py)."""
-    from engine.memory import runtime_config
-    from shm.slots import SlotAllocator
-
-    store = machine.store("qwen2.5-coder-0.5b", "int4")
-    opts = dict(target="qwen2.5-coder-0.5b", parallel=8, width=32, fixed_width=True, temperature=0.7)
-    arena = SlotAllocator(runtime_config(RunConfig.from_options(**opts), store, None, ()).memory.arena_bytes)
-    for _ in range(8):
-        arena.alloc(33 * store.args.vocab_size * 4)
-
-
-@pytest.mark.real
 def test_parallel_n_that_leaves_no_room_for_the_draft_says_how_many_slots_keep_it(machine):
     """`--parallel N` given by hand, under a budget that holds the picked draft beside one slot but not beside N:
     the plan drops the draft (each generation on the n-gram trie alone) and says which fewer slots keep it."""
