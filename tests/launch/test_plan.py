@@ -92,9 +92,9 @@ def test_draft_none_refuses_chain_mode(tiny_gguf, tmp_path):
 def test_prompt_lookup_proposes_what_followed_the_same_words_before():
     look = PromptLookup(max_nodes=4)
     look.start([5, 6, 7, 8, 9, 5, 6], first=[7])
-    tree = look.tree(trials=True)
+    tree = look.tree()
     assert tree.tokens[:2] == [8, 9] and tree.parents[:2] == [-1, 0]  # ... 5 6 7 -> 8 9, as before
-    assert tree.trie_nodes == len(tree.tokens) and all(k == -1 for *_, k in tree.trials)
+    assert tree.trie_nodes == len(tree.tokens)
     look.push([1])
     assert look.tree() is None  # nothing ever followed 7 1
 
