@@ -19,9 +19,9 @@ from speculative.tree import Tree
 class ActorDraft:
     has_model = True
 
-    def __init__(self, sched: Runtime, vocab_size: int, slot: int = 0):
+    def __init__(self, sched: Runtime, slot: int = 0):
         """`slot`: a batch's generation (speculative/batch.py): the draft actor keeps a draft cache for each."""
-        self.s, self.vocab_size, self.slot = sched, vocab_size, slot
+        self.s, self.slot = sched, slot
         self.draft = Remote(sched, "draft")  # the draft actor's ops (actors/draft.py)
         self.at = {"slot": slot} if slot else {}  # what every op is sent with (the one generation's: nothing)
         self.ahead_req: int | None = None

@@ -97,7 +97,7 @@ class ActorSession:
         if not spec.mode.speculative:
             return None
         if spec.draft_store or spec.flash:
-            return ActorDraft(self.s, spec.model.vocab_size, slot)
+            return ActorDraft(self.s, slot)
         return TrieDraft(spec.tree.width)
 
     def batch(self, slots: int):
