@@ -332,15 +332,8 @@ def _hparams(w, h: dict, rope: dict, ftype: int) -> None:
     if mt in PERMUTE_QK:  # LlamaModel
         w.add_vocab_size(h["vocab_size"])
         w.add_rope_dimension_count(h.get("head_dim") or h["hidden_size"] // h["num_attention_heads"])
-    if mt == "granite":  # the multipliers under llama.cpp's *_scale names, each only where it is set (non-zero)
-        for key, add in (
-            ("attention_multiplier", w.add_attention_scale),
-            ("embedding_multiplier", w.add_embedding_scale),
-            ("residual_multiplier", w.add_residual_scale),
-            ("logits_scaling", w.add_logit_scale),
-        ):
-            if h.get(key):
-                add(h[key])
+    if mt == "granite":
+        hf_gguf_granite.multipliers(w, h)
     if mt == "ministral3":  # Ministral3Model: the YaRN log multiplier and Llama 4's query scaling
         w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
         w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])

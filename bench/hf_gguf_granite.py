@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+from bench.hf_gguf_qwen35 import TOP as _TOP
+
 _LAYER = {
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
@@ -72,12 +73,8 @@ def tensors(h: dict, named):
         yield f"{b}.{_LAYER[module]}.{suffix}", x
 
 
-def params(w, h: dict, text_params) -> None:
-    """GraniteHybridModel.set_gguf_parameters, after `text_params()` (TextModel's, LlamaModel's vocab size and rope
-    dimensions): the multipliers, the shared FFN's width, the Mamba keys, kv heads a layer, no rope."""
-    text_params()
-    w.add_vocab_size(h["vocab_size"])
-    w.add_rope_dimension_count(h["hidden_size"] // h["num_attention_heads"])
+def multipliers(w, h: dict) -> None:
+    """GraniteModel's: the multipliers under llama.cpp's *_scale names, each only where it is set (non-zero)."""
     for key, add in (
         ("attention_multiplier", w.add_attention_scale),
         ("embedding_multiplier", w.add_embedding_scale),
@@ -86,6 +83,15 @@ def params(w, h: dict, text_params) -> None:
     ):
         if h.get(key):
             add(h[key])
+
+
+def params(w, h: dict, text_params) -> None:
+    """GraniteHybridModel.set_gguf_parameters, after `text_params()` (TextModel's, LlamaModel's vocab size and rope
+    dimensions): the multipliers, the shared FFN's width, the Mamba keys, kv heads a layer, no rope."""
+    text_params()
+    w.add_vocab_size(h["vocab_size"])
+    w.add_rope_dimension_count(h["hidden_size"] // h["num_attention_heads"])
+    multipliers(w, h)
     w.add_expert_shared_feed_forward_length(h["shared_intermediate_size"])
     w.add_ssm_conv_kernel(h["mamba_d_conv"])
     w.add_ssm_state_size(h["mamba_d_state"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _LAYER = {
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "post_attention_norm",
@@ -68,8 +68,8 @@ def tensors(h: dict, named):
         if name in ("lm_head.weight",) and h.get("tie_word_embeddings"):
             continue
         module, _, suffix = name.rpartition(".")
-        if module in _TOP:
-            yield f"{_TOP[module]}.{suffix}", x + 1 if module == "model.norm" else x
+        if module in TOP:
+            yield f"{TOP[module]}.{suffix}", x + 1 if module == "model.norm" else x
             continue
         _, _, bid, rest = name.split(".", 3)
         x = _v_tiled(rest, x, h)
