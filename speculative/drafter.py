@@ -220,9 +220,6 @@ class LocalDraft:
             self.drafter.update_threshold(d, *best_branch(d.tree, path))
         return self.drafter.threshold.alpha
 
-    def release(self, p: Proposal) -> None:
-        pass
-
     def fed_prompt(self) -> bool:
         """Whether the draft ran over a prompt since the last call (a forward of more than PROMPT_ROWS rows)."""
         return self.drafter.feed.take_fed() > PROMPT_ROWS

@@ -69,9 +69,6 @@ class TrieDraft:
     def advance(self, p, path: list[int], new: list[int]) -> None:
         self.trie.push(new)
 
-    def release(self, p) -> None:
-        pass
-
     def ahead_counts(self) -> tuple[int, int]:
         return 0, 0
 

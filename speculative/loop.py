@@ -116,9 +116,6 @@ class DraftSide(Protocol):
     def advance(self, p: Proposal | None, path: list[int], new: list[int]) -> float | None:
         """The verdict (p None: a plain step, or candidates the draft did not run on); alpha after it."""
 
-    def release(self, p: Proposal) -> None:
-        """The proposal's resources (its distributions in the arena) may go."""
-
     def ahead_counts(self) -> tuple[int, int]:
         """(draft forwards run ahead, tree nodes that reused them) in this generation so far."""
 
@@ -348,22 +345,18 @@ class Speculation:
         elif arm.kind == "lookup":
             p = draft.lookup(cfg.width)
         t = time.perf_counter()
-        try:
-            if p is None or not p.tokens:
-                nxt = yield Call("step", (root,))
-                stats.plain_steps += 1
-                if draft is not None:
-                    draft.advance(p if arm.kind == "draft" else None, [], [nxt])
-                stats.verify_s += time.perf_counter() - t
-                return [nxt], None, None, None
-            if arm.kind == "draft" and sampling.plain and (n := self.ahead_steps(cfg, target)):
-                draft.ahead(p, n)  # the draft drafts on while the target verifies; the verdict interrupts it
-            path, nxt = yield Call("verify", (p,))
-            new = [p.tokens[i] for i in path] + [nxt]
-            alpha = draft.advance(p if p.drafted else None, path, new)
-        finally:
-            if p is not None:
-                draft.release(p)
+        if p is None or not p.tokens:
+            nxt = yield Call("step", (root,))
+            stats.plain_steps += 1
+            if draft is not None:
+                draft.advance(p if arm.kind == "draft" else None, [], [nxt])
+            stats.verify_s += time.perf_counter() - t
+            return [nxt], None, None, None
+        if arm.kind == "draft" and sampling.plain and (n := self.ahead_steps(cfg, target)):
+            draft.ahead(p, n)  # the draft drafts on while the target verifies; the verdict interrupts it
+        path, nxt = yield Call("verify", (p,))
+        new = [p.tokens[i] for i in path] + [nxt]
+        alpha = draft.advance(p if p.drafted else None, path, new)
         verifying = time.perf_counter() - t
         stats.verify_s += verifying
         stats.record_verification(p.tree, path)

@@ -68,9 +68,6 @@ class ActorDraft:
         self.alpha = adv.alpha
         return adv.alpha
 
-    def release(self, p: Proposal) -> None:
-        pass
-
     def ahead_counts(self) -> tuple[int, int]:
         return self.counts
 
