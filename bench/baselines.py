@@ -93,8 +93,11 @@ class LlamaCppBaseline:
         finally:
             llama_cpp.llama_model_default_params = default_params
 
-    def run(self, prompt, ids: list[int], chat: bool, max_new: int, stop_ids: set[int], decode) -> dict:
-        """Greedy decoding through llama.cpp's own C API: `llama_decode` and its greedy sampler. The wrapper's
+    def run(
+        self, prompt, ids: list[int], chat: bool, max_new: int, stop_ids: set[int], decode, grammar: str = ""
+    ) -> dict:
+        """Greedy decoding through llama.cpp's own C API: `llama_decode` and its greedy sampler (after its grammar
+        sampler where `grammar`, a GBNF text, holds the output, as llama-server's `grammar` does). The wrapper's
         `generate` samples in Python over a copy of the whole logits row, which for a 262k vocabulary (Gemma)
         costs more than the model's forward (BENCHMARKS.md, "The llama.cpp baseline now decodes through llama.cpp's
         own C API")."""
@@ -105,6 +108,9 @@ class LlamaCppBaseline:
         ctx = llm.ctx
         lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
         smpl = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        if grammar:
+            vocab = lc.llama_model_get_vocab(llm.model)
+            lc.llama_sampler_chain_add(smpl, lc.llama_sampler_init_grammar(vocab, grammar.encode(), b"root"))
         lc.llama_sampler_chain_add(smpl, lc.llama_sampler_init_greedy())
         step = llm.n_batch  # a prompt goes in chunks of what one llama_decode takes
         batch = lc.llama_batch_init(step, 0, 1)

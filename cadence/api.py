@@ -27,6 +27,7 @@ from typing import Iterator
 
 from common.errors import CadenceError
 from common.settings import SAMPLING_FIELDS, SamplingConfig
+from models.grammar import grammar_of
 from engine.config import RunConfig
 from engine.prompts import Prompt
 from engine.rows import Chunk, Completion
@@ -117,6 +118,8 @@ class LLM:
         if choice == "none":
             return self._stream(prompt, **kw)
         start = calls.forced_start(fmt, choice) if choice != "auto" else ""
+        if start and kw.get("grammar") is None and kw.get("json_schema") is None:  # the call held to its schema
+            kw["grammar"] = calls.call_grammar(fmt, choice, told, kw.pop("parallel_tool_calls", True))
         prompt = dataclasses.replace(prompt, tools=tuple(told), start=start)
         return _with_calls(self._stream(prompt, **kw), fmt, start, calls.names(told))
 
@@ -125,12 +128,19 @@ class LLM:
 
     def _sampling(self, **given) -> SamplingConfig:
         """The run's sampling with what a call gave (`SAMPLING_FIELDS`: temperature, top_p, top_k, min_p, the
-        penalties, repeat_last_n, seed; None: the run's own)."""
-        unknown = sorted(set(given) - set(SAMPLING_FIELDS))
+        penalties, repeat_last_n, seed, grammar; None: the run's own). `json_schema` (a dict) or `grammar` (a JSON
+        schema, a Lark or GBNF grammar, or a file of one) holds the output to it (models/grammar.py)."""
+        unknown = sorted(set(given) - set(SAMPLING_FIELDS) - {"json_schema"})
         if unknown:
             raise CadenceError(
-                f"unknown argument {unknown[0]!r}; a generation takes max_new_tokens and {', '.join(SAMPLING_FIELDS)}"
+                f"unknown argument {unknown[0]!r}; a generation takes max_new_tokens, json_schema and "
+                f"{', '.join(SAMPLING_FIELDS)}"
             )
+        schema = given.pop("json_schema", None)
+        if schema is not None and given.get("grammar") is not None:
+            raise CadenceError("json_schema and grammar both hold the output to a grammar; give one")
+        if schema is not None or given.get("grammar") is not None:
+            given["grammar"] = grammar_of(schema if schema is not None else given["grammar"])
         return dataclasses.replace(self.plan.sampling, **{k: v for k, v in given.items() if v is not None})
 
     def held_bytes(self) -> int:

@@ -38,6 +38,7 @@ class SamplingConfig:
     frequency_penalty: float = 0.0  # subtracted once for each time it is in the window
     repetition_penalty: float = 1.0  # a windowed token's logit divided by it (multiplied where negative)
     repeat_last_n: int = 64  # the window the penalties look at: the text's last this many tokens (-1: all)
+    grammar: str = ""  # what follows the prompt is held to it: an llguidance grammar (models/grammar.py `grammar_of`)
 
     def __post_init__(self):
         checks = (
@@ -67,8 +68,8 @@ class SamplingConfig:
 
     @property
     def plain(self) -> bool:
-        """Each token is its row's argmax: no draw, no penalty (a forward may give the argmax alone)."""
-        return self.greedy and not self.penalized
+        """Each token is its row's argmax: no draw, no penalty, no grammar (a forward may give the argmax alone)."""
+        return self.greedy and not self.penalized and not self.grammar
 
 
 SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingConfig))  # also the options', the API's and a request's names

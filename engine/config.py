@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from common.errors import CadenceError
 from common.modes import MODES, Mode
+from models.grammar import grammar_of
 from common.settings import SAMPLING_FIELDS, ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit, check_format
 from engine.options import AUTO_AHEAD, BY_NAME, DEFAULTS, RUNTIMES
 from common.units import parse_bytes
@@ -155,7 +156,7 @@ class RunConfig:
             max_new_tokens=o["max_new_tokens"],
             context=o["context"],
             chat=o["chat"],
-            sampling=SamplingConfig(**{k: o[k] for k in SAMPLING_FIELDS}),
+            sampling=SamplingConfig(**{k: o[k] for k in SAMPLING_FIELDS} | {"grammar": grammar_of(o["grammar"])}),
             tree=tree,
             memory_budget=o["memory_budget"],
             draft_vocab=o["draft_vocab"],

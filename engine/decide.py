@@ -20,6 +20,7 @@ from common.settings import WIDER, WorkerSplit
 from common.units import parse_bytes
 from engine.config import RunConfig
 from engine.drafts import auto_draft
+from models.grammar import PRELOAD
 from engine.memory import (
     DRAFT_VOCAB,
     draft_rows,
@@ -128,6 +129,7 @@ def _plan(asked: RunConfig, c: _Choice, machine, memory, budget: int | None, not
             *ACTOR_MODULES,
             *(("actors.sparse",) if cfg.worker else ()),
             *(("models.flash.sparse_target",) if flash else ()),  # imported once, not in the draft's own pages
+            *((f"{PRELOAD}{target.dir}:{target.args.vocab_size}",) if memory and memory.overheads.grammar else ()),
         )
         scheduler = runtime_config(cfg, target, memory, preload)
     return RunPlan(

@@ -111,6 +111,7 @@ def plan_inputs(
         head_part=max(hi - lo for lo, hi in map(target.head_rows, target.head_groups())),
         trie_nodes=trie,
         trace_events=TRACE_EVENTS + 2048,
+        grammar=grammar_bytes(cfg, target, draft),
     )  # the sink's and the scheduler's own, before they move on
     return {
         "target_groups": groups,
@@ -120,6 +121,18 @@ def plan_inputs(
         "overheads": o,
         **({"experts": experts, "experts_used": target.args.n_experts_used} if experts else {}),
     }
+
+
+def grammar_bytes(cfg: RunConfig, target: WeightStore, draft: WeightStore | None) -> int:
+    """What a run that may match grammars (one given, or requests that may send one) holds for them
+    (models/grammar.py): one view of the vocabulary for the model actors (the zygote makes it before they fork), one
+    more for a scheduler whose trie drafts alone."""
+    if not (cfg.sampling.grammar or cfg.plan_sampling):
+        return 0
+    from models.grammar import vocabulary_bytes
+
+    copies = 1 + (draft is None and cfg.speculative and not uses_flash_draft(cfg))
+    return copies * vocabulary_bytes(str(target.dir), target.args.vocab_size)
 
 
 def memory_plan(cfg: RunConfig, budget: int | None, target: WeightStore, draft: WeightStore | None, machine, flash=()):

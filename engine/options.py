@@ -122,6 +122,13 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "grammar",
+        "",
+        "hold the output to a grammar: a JSON schema (a .json file or its text), a Lark (.lark) or GBNF (.gbnf) one",
+        group=SAMPLING,
+        metavar="G",
+    ),
+    Option(
         "draft",
         "auto",
         f"draft model for the speculative modes; auto: {DEFAULT_DRAFT} or another known model sharing the "

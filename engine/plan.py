@@ -155,6 +155,8 @@ class RunPlan:
         }
         if not self.tree.width_auto and self.asked.tree.width_auto:  # decided here, not asked
             given["width"] = self.tree.width
+        if given.get("grammar"):  # the compiled grammar is long: its size says that one reached the run
+            given["grammar"] = f"({len(given['grammar'])} bytes)"
         extra = "; " + " ".join(f"{k}={v}" for k, v in given.items()) if given else ""
         slots = f"{self.parallel} slots of " if self.parallel > 1 else ""
         return (

@@ -92,7 +92,8 @@ class LocalSession(_Quiet):
             self.draft = loading.load_store(d.store, d.name, plan.device, d.head_rows)
             self._drafts = lambda slot: LocalDraft(self.draft.model)
         elif d.kind is DraftKind.TRIE:
-            self._drafts = lambda slot: TrieDraft(plan.tree.width)
+            vocab = (str(self.target.store.dir), self.target.args.vocab_size)
+            self._drafts = lambda slot: TrieDraft(plan.tree.width, vocab)
         self.loop = plan.local_cycle(self.target.model, self._drafts(0))
 
     def batch(self, slots: int):

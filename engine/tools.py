@@ -83,6 +83,29 @@ def forced_start(fmt: Format, choice) -> str:
     return start + json.dumps(choice)[1:-1] + f'", "{fmt.args}": '
 
 
+END = {"hermes": "\n</tool_call>", "mistral": "]", "list": "]", "llama3": ""}  # what closes a forced call
+
+
+def call_grammar(fmt: Format, choice, tools, parallel: bool = True) -> str:
+    """The grammar (Lark, for models/grammar.py) of what follows `forced_start(fmt, choice)`: the call's name among
+    the tools' (`choice` "required") and its arguments valid under that function's `parameters` schema, then the
+    call's close; with `parallel`, in the hermes format, more whole calls may follow. Nothing after them."""
+    schemas = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
+    chosen = list(schemas) if choice == "required" else [choice]
+    lines, calls = [], []
+    for i, name in enumerate(chosen):
+        lines.append(f"args{i}: %json {json.dumps(schemas[name])}")
+        calls.append(f"{json.dumps(json.dumps(name)[1:] + ', ' + json.dumps(fmt.args) + ': ')} args{i}")
+    close = json.dumps("}" + END[fmt.name])
+    named = f"call: ({' | '.join(calls)}) {close}"
+    head = f"start: args0 {close}" if choice != "required" else "start: call"
+    if parallel and fmt.name == "hermes":
+        again = json.dumps('\n<tool_call>\n{"name": "')
+        more = f"more: {again} call"
+        return "\n".join([head + " more*", named, more, *lines])
+    return "\n".join([head, named, *lines])
+
+
 def for_template(messages: list[dict]) -> list[dict]:
     """Messages as chat templates expect them (transformers' convention): an assistant's `tool_calls` with their
     arguments as objects, not OpenAI's JSON strings (a template writes them with `tojson`)."""

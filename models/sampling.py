@@ -107,11 +107,16 @@ def _nucleus(lp: torch.Tensor, top_p: float) -> torch.Tensor:
     return lp.masked_fill(p < edge, float("-inf"))
 
 
-def scores(logits: torch.Tensor, cfg: SamplingConfig, text: Sequence[int], candidates: int = 0) -> torch.Tensor:
+def scores(
+    logits: torch.Tensor, cfg: SamplingConfig, text: Sequence[int], candidates: int = 0, allowed=None
+) -> torch.Tensor:
     """What the token after `text` is the argmax of: the penalized logits under greedy, else the kept
     log-probabilities plus the noise of position len(text). `candidates`: only the likeliest this many get their
-    noise, the rest -inf (a draft's guess at the target's choice, not the choice itself)."""
+    noise, the rest -inf (a draft's guess at the target's choice, not the choice itself). `allowed`: a bool mask of
+    the tokens a grammar allows there (models/grammar.py), the others -inf before anything else."""
     x = penalize(logits.float(), cfg, text)
+    if allowed is not None:
+        x = x.masked_fill(~allowed[: x.shape[-1]].to(x.device), float("-inf"))
     if cfg.greedy:
         return x
     if 0 < candidates < x.shape[-1]:  # log-probabilities among the candidates: the full row's less a constant
@@ -122,11 +127,12 @@ def scores(logits: torch.Tensor, cfg: SamplingConfig, text: Sequence[int], candi
     return kept_logprobs(x, cfg) + noise(cfg.seed, len(text), x.shape[-1]).to(x.device)
 
 
-def choose(logits: torch.Tensor, cfg: SamplingConfig, text: Sequence[int]) -> int:
-    """The token after `text` (every token so far, prompt included) from its row's logits [V]."""
+def choose(logits: torch.Tensor, cfg: SamplingConfig, text: Sequence[int], allowed=None) -> int:
+    """The token after `text` (every token so far, prompt included) from its row's logits [V], among the tokens
+    `allowed` (a grammar's mask; None: all)."""
     if cfg.plain:
         return int(logits.argmax())
-    return int(scores(logits, cfg, text).argmax())
+    return int(scores(logits, cfg, text, allowed=allowed).argmax())
 
 
 class HeadArgmax:

@@ -37,9 +37,10 @@ from starlette.middleware import Middleware
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from common.errors import PromptError
+from common.errors import CadenceError, PromptError
 from serve.generator import Generator, Job
 from engine import tools
+from models.grammar import grammar_of
 from serve.requests import Ask, ClientError, parse_json, read_ask
 
 MAX_BODY = 4 << 20  # a request body larger than this is refused (413) before it is read whole
@@ -228,8 +229,13 @@ class Api:
                 raise ClientError(400, tools.no_tools(self.cfg.model), "tools")
             if ask.tool_choice == "none":  # the model answers in words: it is not told of the tools
                 prompt, calls = replace(prompt, tools=()), None
-            elif ask.tool_choice != "auto":
+            elif ask.tool_choice != "auto":  # the call forced, and held to its function's schema
                 prompt = replace(prompt, start=tools.forced_start(calls, ask.tool_choice))
+                grammar = tools.call_grammar(calls, ask.tool_choice, prompt.tools, ask.parallel_tool_calls)
+                try:
+                    ask = replace(ask, sampling={**ask.sampling, "grammar": grammar_of(grammar, files=False)})
+                except CadenceError as e:
+                    raise ClientError(400, f"a tool's parameters: {e}", "tools") from None
         try:
             prompt = await run_in_threadpool(runner.prepare, prompt, ask.max_new_tokens)
         except PromptError as e:

@@ -8,7 +8,9 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from common.errors import PromptError
 from engine.prompts import Prompt
+from serve.structured import GRAMMARS, read_grammar
 
 MAX_STOPS = 4  # OpenAI takes up to four stop strings
 MAX_MESSAGES = 4096
@@ -33,7 +35,6 @@ OTHERS = {
     "echo": ("true or false", lambda v: isinstance(v, bool), bool),
     "suffix": ("a string", lambda v: isinstance(v, str), bool),
     "best_of": ("an integer", _integer, lambda v: v != 1),
-    "response_format": ("an object", lambda v: isinstance(v, dict), lambda v: v.get("type", "text") != "text"),
     "modalities": ("a list", lambda v: isinstance(v, list), lambda v: v != ["text"]),
     "audio": ("an object", lambda v: isinstance(v, dict), lambda v: True),
     "prediction": ("an object", lambda v: isinstance(v, dict), lambda v: True),
@@ -72,8 +73,6 @@ OTHERS = {
     "dry_sequence_breakers": ("a list", lambda v: isinstance(v, list), lambda v: False),
     "ignore_eos": ("true or false", lambda v: isinstance(v, bool), bool),
     "t_max_predict_ms": ("an integer", _integer, bool),
-    "grammar": ("a string", lambda v: isinstance(v, str), bool),
-    "json_schema": ("an object", lambda v: isinstance(v, dict), bool),
     "lora": ("a list", lambda v: isinstance(v, list), bool),
     "response_fields": ("a list", lambda v: isinstance(v, list), bool),
 }
@@ -102,6 +101,7 @@ READ = {
     "seed",
     "stop",
     *CONTROLS,
+    *GRAMMARS,
 }
 ONLY = {  # chat's, completions'
     "messages": True,
@@ -345,7 +345,11 @@ def _sampling(body: dict) -> dict:
         if not isinstance(seed, int) or isinstance(seed, bool) or not -(2**63) <= seed < 2**64:
             raise ClientError(400, f"seed={seed!r} must be an integer", "seed")
         out["seed"] = seed % (2**63)
-    return out
+    try:
+        grammar = read_grammar(body)
+    except PromptError as e:
+        raise ClientError(400, str(e), e.param) from None
+    return out | ({"grammar": grammar} if grammar else {})
 
 
 def _stops(stop) -> tuple[str, ...]:

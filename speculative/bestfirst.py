@@ -53,6 +53,8 @@ def grow_best_first(d: DraftTree, fed: list[tuple[int, torch.Tensor]], budget: i
         up = t.nodes[node].cum if node != ROOT else 1.0
         top = torch.topk(dist, min(TOP_K, dist.shape[-1]))
         for tok, p in zip(top.indices.tolist(), top.values.tolist()):
+            if p <= 0:  # a token the draft's row rules out (a grammar forbids it): never a node
+                continue
             seq += 1
             heapq.heappush(heap, (-up * p, seq, node, tok, p))
 

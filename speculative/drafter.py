@@ -21,7 +21,7 @@ from speculative.growth import PacedGrowth, fill_shape
 from speculative.loop import Proposal
 from speculative.policy import AdaptiveThreshold
 from speculative.tree import ROOT, DraftTree, TokenTree, best_branch
-from speculative.trie import TokenTrie
+from speculative.trie import TokenTrie, grammar_keep
 
 
 class Drafter:
@@ -33,6 +33,7 @@ class Drafter:
         self.ahead = DraftingAhead(self.feed, cfg, sampling.plain)
         self.trie = TokenTrie() if cfg.trie and cfg.mode is Mode.TREE else None
         self.context: list[int] = []  # every committed token: what the trie matches against
+        self.forced = 0  # tokens planted because a grammar allowed them alone (each certain: always accepted)
 
     @property
     def cache(self):
@@ -75,7 +76,9 @@ class Drafter:
 
     def _add_trie(self, d: DraftTree, room: int):
         """The trie's candidates (Lookahead decoding) for the root's continuation."""
-        got = self.trie.retrieve(self.context, max_nodes=min(room, self.cfg.trie_nodes))
+        got = self.trie.retrieve(
+            self.context, min(room, self.cfg.trie_nodes), keep=grammar_keep(self.feed.constraint, self.context)
+        )
         index = {}
         for i, (tok, parent, p) in enumerate(zip(got.tokens, got.parents, got.probs)):
             at = index[parent] if parent >= 0 else ROOT
@@ -110,7 +113,8 @@ class Drafter:
         tree's draft forwards (speculative/feed.py `run_here`; an ARCA shape runs its own at once)."""
         cfg = self.cfg
         budget = cfg.budget if budget is None else budget
-        if cfg.shape_parents:
+        forced = self._forced(budget)
+        if cfg.shape_parents and not forced:  # a fixed shape has no place for a forced run
             return self.build_static(budget)
         seed = self.ahead.take_seed()
         best = cfg.mode is Mode.TREE and cfg.growth == "best"
@@ -121,17 +125,36 @@ class Drafter:
             d = DraftTree(TokenTree(self.feed.pending[-1]), 1.0, 1)
             dist, d.catchup_s = yield from self.feed.feed_pending_steps()
             seed = None
-        if self.trie and budget > 1:
+        at = ROOT
+        if forced:  # the grammar allows one run only: planted whole, one forward for all of it, no trie
+            at, dist = yield from self._plant(d, forced)
+        elif self.trie and budget > 1:
             self._add_trie(d, budget - 1)
         if best:
             planted = self.ahead.plant(d, seed, dist, budget) if seed is not None else []
-            yield from grow_best_first(d, [(ROOT, dist), *planted], budget, cfg, self.feed)
+            yield from grow_best_first(d, [(at, dist), *planted], budget, cfg, self.feed)
             return d
-        self.pacer.expand(d, ROOT, dist, budget - len(d.tree))
+        self.pacer.expand(d, at, dist, budget - len(d.tree))
         if seed is not None:
             self.ahead.plant(d, seed, dist, budget, self.pacer.expand)
         yield from self.pacer.grow(d, budget, self.feed)
         return d
+
+    def _forced(self, budget: int) -> list[int]:
+        """The run of tokens a grammar allows alone after the text (none without one), at most `budget`."""
+        c = self.feed.constraint
+        return c.forced(self.context)[:budget] if c is not None else []
+
+    def _plant(self, d: DraftTree, run: list[int]):
+        """A forced run as a chain under the root (each node certain: the target's masked choice can be no other),
+        the draft run on all of it in one forward: (its last node, that node's next-token distribution)."""
+        at = ROOT
+        for tok in run:
+            at = d.tree.add(tok, at, 1.0)
+        dists = yield from self.feed.feed_nodes_steps(d.tree, list(range(len(run))))
+        d.forwards += 1
+        self.forced += len(run)
+        return at, dists[-1]
 
     def draft_ahead(self, d: DraftTree | None, steps: int, stop=lambda: False) -> int:
         """Speculative drafting during verification (LLMCad 3.4, `DraftingAhead.draft`): the forwards run."""
@@ -228,10 +251,13 @@ class LocalDraft:
         return self.drafter.ahead_steps, self.drafter.ahead_reused
 
     def take_stats(self) -> dict:
-        """A flash draft's reads since the last call (models/flash/weights.py `FlashStats`); {} for a draft model."""
+        """Since the last call: the tokens a grammar forced, and a flash draft's reads (models/flash/weights.py
+        `FlashStats`)."""
+        out = {}
+        if self.drafter is not None and self.drafter.forced:
+            out["forced"], self.drafter.forced = self.drafter.forced, 0
         weights = self.model.weights
-        if not hasattr(weights, "reset_stats"):
-            return {}
-        out = {"draft_flash": weights.stats.as_dict()}
-        weights.reset_stats()
+        if hasattr(weights, "reset_stats"):
+            out["draft_flash"] = weights.stats.as_dict()
+            weights.reset_stats()
         return out

@@ -16,6 +16,7 @@ import torch
 from common.settings import CATCH_UP, SamplingConfig
 from models.attention import Visibility
 from models.batch import Rows
+from models.grammar import Constraint, source_of
 from models.sampling import CANDIDATES, scores
 from models.transformer import Transformer
 from speculative.tree import TokenTree
@@ -29,6 +30,7 @@ class DraftFeed:
         self.pending: list[int] = []  # committed tokens the draft has not run on (the last is the root)
         self.skipped = 0  # committed tokens the draft never ran on (the prompt's window, a catch-up)
         self.fed = 0  # rows of the last forward over pending tokens (the prompt's, the first time)
+        self.constraint: Constraint | None = None  # the sampling's grammar (its mask on every row the draft scores)
 
     def start(self, prompt_ids: list[int], capacity: int, window: int) -> None:
         """A new cache; the prompt's last `window` tokens (0: all of it) pending, fed with the first tree.
@@ -41,6 +43,9 @@ class DraftFeed:
         self.cache = self.model.new_cache(capacity)
         self.pending = list(prompt_ids[-window:]) if window else list(prompt_ids)
         self.skipped = len(prompt_ids) - len(self.pending)
+        self.constraint = Constraint.of(
+            self.sampling, source_of(self.model), self.model.args.vocab_size, len(prompt_ids)
+        )
 
     def push(self, tokens: list[int]) -> None:
         """Committed tokens the draft has not run on."""
@@ -95,11 +100,12 @@ class DraftFeed:
         return run_here(self.feed_nodes_steps(tree, nodes), self.model)
 
     def feed_nodes_steps(self, tree: TokenTree, nodes: list[int]):
-        """One draft forward over tree `nodes` (their ancestors fed already): each row sees the committed text,
-        its ancestors' KV slots and its own new one. Marks them fed, each with its slot; their next-token
-        distributions. A generator like `feed_pending_steps`."""
-        t = tree
-        ancestors = [[t.nodes[a].slot for a in t.path(n)[:-1]] for n in nodes]
+        """One draft forward over tree `nodes` (their ancestors fed already, or among `nodes` before them): each row
+        sees the committed text, its ancestors' KV slots and its own new one. Marks them fed, each with its slot;
+        their next-token distributions. A generator like `feed_pending_steps`."""
+        t, end = tree, self.cache.end
+        new = {n: end + j for j, n in enumerate(nodes)}  # the slots this forward gives them (`_forward`)
+        ancestors = [[new.get(a, t.nodes[a].slot) for a in t.path(n)[:-1]] for n in nodes]
         slots, logits = yield from self._forward(
             [t.nodes[n].token for n in nodes], [t.nodes[n].depth for n in nodes], ancestors
         )
@@ -136,12 +142,14 @@ class DraftFeed:
     def _dist(self, logits: torch.Tensor, text) -> torch.Tensor:
         """How likely each token is the target's choice after `text` (every committed token, then the node's
         path): the softmax of the logits where that choice is the plain argmax, else of the scores it will be the
-        argmax of (the same penalties on the same text, the same draw at the same position: models/sampling.py).
+        argmax of (the same penalties on the same text, the same draw at the same position, the same grammar's mask:
+        models/sampling.py).
         A draft with a cut head gives logits for the tokens below its `head_rows` only, and its candidates are
         among them (a tree's distributions 64 KB a node, not 600)."""
         if self.sampling.plain:
             return torch.softmax(logits.float(), -1)
-        return torch.softmax(scores(logits, self.sampling, text, CANDIDATES), -1).float()
+        allowed = self.constraint.allowed(text) if self.constraint is not None else None
+        return torch.softmax(scores(logits, self.sampling, text, CANDIDATES, allowed), -1).float()
 
     def commit(self, slots: list[int], held: int = 0) -> None:
         """After a verdict: keep the entries of the pending `slots` (ascending, in the text's order), drop the

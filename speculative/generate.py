@@ -41,7 +41,11 @@ def generate_speculative(
     stop_at_eos: bool = True,
 ) -> Generation:
     """Draft a tree, verify it, keep the accepted path, repeat; `draft` None: the n-gram trie alone."""
-    side = LocalDraft(draft.model) if draft is not None else TrieDraft(cfg.width)
+    side = (
+        LocalDraft(draft.model)
+        if draft is not None
+        else TrieDraft(cfg.width, (str(target.store.dir), target.args.vocab_size))
+    )
     loop = Speculation(
         LocalTarget(target.model), side, cfg.mode, cfg, sampling, len(prompt_ids) + max_new, target.args.context_length
     )

@@ -59,7 +59,7 @@ class PacedGrowth:
         the target's choice there will be the argmax of: models/sampling.py), at most `room` new nodes."""
         t = d.tree
         top = torch.topk(dist, TOP_K)
-        cands = list(zip(top.indices.tolist(), top.values.tolist()))
+        cands = [(tok, p) for tok, p in zip(top.indices.tolist(), top.values.tolist()) if p > 0]  # >0: allowed
         if self.cfg.mode is Mode.CHAIN:
             cands = cands[:1]
         for tok, p in branch_candidates(cands, self.cfg.branch_threshold, TOP_K):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from speculative.loop import Proposal
 from speculative.tree import ROOT, TokenTree, Tree
-from speculative.trie import TokenTrie
+from speculative.trie import TokenTrie, grammar_keep
 
 
 class PromptLookup:
@@ -20,10 +20,12 @@ class PromptLookup:
         self.max_nodes = max_nodes
         self.trie = TokenTrie(capacity=capacity)
         self.context: list[int] = []
+        self.constraint = None  # a grammar's (models/grammar.py): the candidates it forbids are not proposed
+        self.forced = 0  # tokens proposed because the grammar allowed them alone (each certain)
 
-    def start(self, prompt_ids: list[int], first: list[int]):
+    def start(self, prompt_ids: list[int], first: list[int], constraint=None):
         """A new prompt and the first generated token(s): the trie keeps what it learned before."""
-        self.context = list(prompt_ids)
+        self.context, self.constraint = list(prompt_ids), constraint
         self.trie.insert(self.context)
         self.push(first)
 
@@ -33,15 +35,22 @@ class PromptLookup:
         self.trie.insert(self.context, start=len(self.context) - len(tokens) - self.trie.branch_len + 1)
 
     def tree(self, max_nodes: int | None = None) -> Tree | None:
-        """The candidates continuing the text, or None when the trie has none."""
-        got = self.trie.retrieve(self.context, max_nodes=max_nodes or self.max_nodes)
-        if not got.tokens:
+        """The candidates continuing the text, or None when the trie has none. Under a grammar, the run of tokens
+        it allows alone comes first (certain, no model asked), the trie's candidates below it."""
+        most = max_nodes or self.max_nodes
+        forced = self.constraint.forced(self.context)[:most] if self.constraint is not None else []
+        context = self.context + forced
+        got = self.trie.retrieve(context, most - len(forced), keep=grammar_keep(self.constraint, context))
+        if not got.tokens and not forced:
             return None
-        t = TokenTree(self.context[-1])
+        t, at = TokenTree(self.context[-1]), ROOT
+        for tok in forced:
+            at = t.add(tok, at, 1.0)
         index = {}
         for i, (tok, parent, p) in enumerate(zip(got.tokens, got.parents, got.probs)):
-            index[i] = t.add(tok, index[parent] if parent >= 0 else ROOT, p)
-        return t.proposal(trie_nodes=len(got.tokens))
+            index[i] = t.add(tok, index[parent] if parent >= 0 else at, p)
+        self.forced += len(forced)
+        return t.proposal(trie_nodes=len(got.tokens) + len(forced))
 
 
 class TrieDraft:
@@ -50,11 +59,19 @@ class TrieDraft:
 
     has_model = False
 
-    def __init__(self, width: int = 8):
+    def __init__(self, width: int = 8, vocabulary: tuple[str, int] | None = None):
+        """`vocabulary`: the target's (weight store directory, output rows), which a grammar is matched in."""
         self.trie = PromptLookup(width)
+        self.vocabulary = vocabulary
 
     def start(self, prompt_ids: list[int], capacity: int, first: int, cfg, sampling) -> None:
-        self.trie.start(prompt_ids, [first])
+        constraint = None
+        if sampling.grammar:
+            from models.grammar import Constraint
+
+            store, rows = self.vocabulary or (None, 0)
+            constraint = Constraint.of(sampling, store, rows, len(prompt_ids))
+        self.trie.start(prompt_ids, [first], constraint)
 
     def propose(self, budget: int) -> Proposal | None:
         return None  # no draft model: the governor plays lookup or a plain step
@@ -73,4 +90,6 @@ class TrieDraft:
         return 0, 0
 
     def take_stats(self) -> dict:
-        return {}
+        """The tokens a grammar forced since the last call (none: {})."""
+        forced, self.trie.forced = self.trie.forced, 0
+        return {"forced": forced} if forced else {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 @dataclass
@@ -69,20 +70,28 @@ class TokenTrie:
         return node
 
     def retrieve(
-        self, context: list[int], max_nodes: int, max_prefix: int = 6, min_prefix: int = 2, min_nodes: int = 2
+        self,
+        context: list[int],
+        max_nodes: int,
+        max_prefix: int = 6,
+        min_prefix: int = 2,
+        min_nodes: int = 2,
+        keep: Callable[[list[int]], bool] | None = None,
     ) -> Candidates:
-        """Candidates continuing `context` (whose last token is the root), best-first by count."""
+        """Candidates continuing `context` (whose last token is the root), best-first by count; `keep(path)`: whether
+        a candidate (the run of tokens from the root's child down to it) may be proposed (a grammar's; the ones it
+        refuses, and what grows below them, are passed over)."""
         for p in range(min(max_prefix, len(context), self.branch_len - 1), min_prefix - 1, -1):
             node = self._match(context[-p:])
             if node is None or not node.children:
                 continue
-            draft = self._expand(node, max_nodes, p)
+            draft = self._expand(node, max_nodes, p, keep)
             if len(draft.tokens) >= min_nodes or p == min_prefix:
                 return draft
         return Candidates([], [], [], 0)
 
     @staticmethod
-    def _expand(node: _Node, max_nodes: int, prefix_len: int) -> Candidates:
+    def _expand(node: _Node, max_nodes: int, prefix_len: int, keep=None) -> Candidates:
         """Best-first by cumulative relative frequency: the likeliest continuations, shared prefixes once."""
         tokens, parents, probs = [], [], []
         heap: list = []
@@ -98,9 +107,28 @@ class TokenTrie:
         push(node, -1, 1.0)
         while heap and len(tokens) < max_nodes:
             neg, _, t, c, parent, p = heapq.heappop(heap)
+            if keep is not None and not keep(_path(tokens, parents, parent) + [t]):
+                continue
             tokens.append(t)
             parents.append(parent)
             probs.append(p)
             if c.children:
                 push(c, len(tokens) - 1, -neg)
         return Candidates(tokens, parents, probs, prefix_len)
+
+
+def _path(tokens: list[int], parents: list[int], i: int) -> list[int]:
+    """The tokens from the root's child down to candidate i (-1: none)."""
+    out = []
+    while i >= 0:
+        out.append(tokens[i])
+        i = parents[i]
+    return out[::-1]
+
+
+def grammar_keep(constraint, context: list[int]):
+    """`retrieve`'s `keep` under a grammar (models/grammar.py `Constraint`; None: every candidate kept): the runs it
+    allows after `context`."""
+    if constraint is None:
+        return None
+    return lambda path: constraint.keeps(context, [path])[0]

@@ -18,6 +18,7 @@ from models.attention import Visibility
 from models.batch import Rows, forward_many_steps
 from models.kvcache import KVCache
 from common.settings import PREFILL_CHUNK
+from models.grammar import Constraint, source_of
 from models.sampling import choose
 from common.settings import SamplingConfig
 from models.transformer import Transformer
@@ -37,6 +38,7 @@ class Verifier:
         )  # what the cache holds, committed
         self.reused = 0  # prompt tokens the last start found in the cache
         self.chunks: list[list[int]] = []  # the prompt's chunks still to prefill
+        self.constraint: Constraint | None = None  # the sampling's grammar, over what follows the prompt
 
     # -- jobs as generators ------------------------------------------------------------------
 
@@ -73,6 +75,9 @@ class Verifier:
         else:
             self.cache = c = self.model.new_cache(capacity, storage)
         self.tokens, self.reused = list(prompt_ids), keep
+        self.constraint = Constraint.of(
+            self.sampling, source_of(self.model), self.model.args.vocab_size, len(prompt_ids)
+        )
         self.chunks = [prompt_ids[s : s + PREFILL_CHUNK] for s in range(keep, len(prompt_ids), PREFILL_CHUNK)]
 
     @property
@@ -107,8 +112,12 @@ class Verifier:
 
     def _next(self, row: torch.Tensor) -> int:
         """The token after the text so far from its row: the pass gave it where the choice is plain (`argmax`), else
-        chosen from the row's logits with the text's penalties and its position's draw."""
-        return int(row) if self.sampling.plain else choose(row, self.sampling, self.tokens)
+        chosen from the row's logits with the text's penalties, its position's draw and the grammar's mask."""
+        return int(row) if self.sampling.plain else self._choose(row, self.tokens)
+
+    def _choose(self, row: torch.Tensor, text: list[int]) -> int:
+        allowed = self.constraint.allowed(text) if self.constraint is not None else None
+        return choose(row, self.sampling, text, allowed)
 
     def tree_rows(self, tree: TokenTree) -> tuple[list[int], Rows]:
         """[root] + the tree's tokens, and its rows for a forward: their positions past the cache, each row
@@ -134,8 +143,8 @@ class Verifier:
     def settle(self, tree: TokenTree, tokens: list[int], out: torch.Tensor) -> Verdict:
         """The verdict on a tree from its forward's output (each row's token where the choice is plain, else its
         logits), and the cache and the text kept to the accepted path. A node is accepted where its token is the
-        target's choice after its parent's row: with penalties and a draw, the choice that row's own text and
-        position give (only the rows along the accepted path are chosen)."""
+        target's choice after its parent's row: with penalties, a draw or a grammar, the choice that row's own text
+        and position give (only the rows along the accepted path are chosen)."""
         c = self.cache
         if self.sampling.plain:
             choice = out.tolist()
@@ -143,7 +152,7 @@ class Verifier:
         else:
             text = self.tokens + [tokens[0]]
             row_text = lambda row: text if row == 0 else text + tree.tokens_of(tree.path(row - 1))
-            path, nxt = longest_accepted_path(tree, lambda row: choose(out[row], self.sampling, row_text(row)))
+            path, nxt = longest_accepted_path(tree, lambda row: self._choose(out[row], row_text(row)))
         c.commit([0] + [i + 1 for i in path])  # the root and the accepted nodes, in order
         self.tokens += [tokens[0]] + [tokens[i + 1] for i in path]
         return Verdict(path, nxt, len(tokens))

@@ -228,13 +228,15 @@ def measure_overheads(
     trace_events: int = 0,
     own: int | None = None,
     batch_rows: int = 0,
+    grammar: int = 0,
 ) -> Overheads:
     """The overheads of a run on this machine: the scheduler as this process holds it now (call it
     once the tokenizer is loaded; `own`: its anonymous bytes read once already) plus its trace buffer, the zygote's and each actor's own pages as
     calibrated once (scheduler/generation/footprint.py), activations from the models' shapes. `batch_rows`: with
     --parallel, the other generations' tree rows that ride in a forward with a prompt's chunk
     (speculative/batch.py: the prompts a cycle admits fill at most a chunk). `greedy`: each token a plain argmax
-    (models/sampling.py), where a verification holds one head part's logits at a time, not every row's."""
+    (models/sampling.py), where a verification holds one head part's logits at a time, not every row's. `grammar`:
+    what the processes that match grammars hold of the vocabulary (models/grammar.py `vocabulary_bytes`)."""
     fp = footprint()
     rows = min(width, 256) + 1 + 4  # a tree (or a batch of trees), its root and trie candidates
     prefill = min(context, PREFILL_CHUNK) + batch_rows
@@ -252,6 +254,7 @@ def measure_overheads(
         else activation_bytes(draft_args, min(prefill, draft_window or prefill), rows, greedy, draft_vocab)
         + trie_nodes * TRIE_NODE_BYTES,
         code=align(fp.code),
+        grammar=align(grammar),
     )
 
 

@@ -51,6 +51,8 @@ class Overheads:
     verifier_activations: int = 24 * MiB  # a prefill chunk's intermediates, a verification's logits
     draft_activations: int = 16 * MiB  # the same for the draft, and its n-gram trie
     code: int = 32 * MiB  # page cache for the processes' code (libtorch, libpython, kernels): not theirs to lose
+    grammar: int = 0  # where requests may hold their output to a grammar: its view of the vocabulary, in each process
+    # that matches one (models/grammar.py: the actors share the zygote's; a scheduler whose trie drafts holds its own)
 
     def held(self, draft: bool, streamed: bool) -> int:
         """Everything but model data, KV and code pages, for a run with or without a draft, streaming or not."""
@@ -63,6 +65,7 @@ class Overheads:
             + self.verifier_activations
             + ((self.actor + self.draft_activations) if draft else 0)
             + (self.actor if streamed else 0)
+            + self.grammar
         )
 
 
@@ -123,6 +126,7 @@ class MemoryPlan:
             (f"actors' code (zygote, shared by {actors})", o.runtime + actors * o.actor),
             ("activations", o.verifier_activations + (o.draft_activations if self.has_draft else 0)),
             ("exchange arena", o.exchange),
+            *([("grammars' view of the vocabulary", o.grammar)] if o.grammar else []),
             (f"target resident ({len(self.resident)} groups)", self.resident_bytes),
             (f"streaming slots ({self.n_slots} x {fmt(self.slot_bytes)})", self.slot_bytes * self.n_slots),
             *(

@@ -98,7 +98,7 @@ class ActorSession:
             return None
         if spec.draft_store or spec.flash:
             return ActorDraft(self.s, slot)
-        return TrieDraft(spec.tree.width)
+        return TrieDraft(spec.tree.width, (spec.target_store, spec.model.vocab_size))
 
     def batch(self, slots: int):
         """Up to `slots` generations at once over these actors (speculative/batch.py `Lockstep`)."""

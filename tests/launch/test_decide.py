@@ -199,3 +199,28 @@ def test_parallel_n_that_leaves_no_room_for_the_draft_says_how_many_slots_keep_i
         and decide(RunConfig.from_options(**base, memory_budget=budget, parallel=kept), machine).draft.model
     )
     assert not any(n.startswith("slots:") for n in one.notes)
+
+
+def test_a_plan_that_may_match_grammars_counts_their_vocabulary(tiny_gguf, machine):
+    """A grammar given, or requests that may send one (a server's, `cadence.LLM`'s): the plan counts the grammar's
+    view of the vocabulary as measured, once for the model actors (the zygote makes it before they fork: its
+    preload says so) and once more for a scheduler whose trie drafts alone."""
+    from models.grammar import PRELOAD, vocabulary_bytes
+    from scheduler.generation.memplan import align
+
+    base = OPTION_SETS["draft"](str(tiny_gguf))
+    grammar = 'start: "a" | "b"'
+    plans = {
+        "plain": decide(RunConfig.from_options(**base), machine),
+        "given": decide(RunConfig.from_options(**base, grammar=grammar), machine),
+        "served": decide(config_of(RunConfig.from_options(**base)), machine),
+        "trie": decide(RunConfig.from_options(**base | {"draft": "none"}, grammar=grammar), machine),
+    }
+    target = plans["plain"].target
+    one = align(vocabulary_bytes(str(target.dir), target.args.vocab_size))
+    held = {k: p.memory.overheads.grammar for k, p in plans.items()}
+    assert held == {"plain": 0, "given": one, "served": one, "trie": 2 * one} and one > 0
+    entry = f"{PRELOAD}{target.dir}:{target.args.vocab_size}"
+    assert entry in plans["given"].scheduler.preload and entry not in plans["plain"].scheduler.preload
+    assert "grammars' view of the vocabulary" in plans["given"].memory.report()
+    assert "grammars' view" not in plans["plain"].memory.report()

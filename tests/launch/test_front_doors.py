@@ -38,6 +38,7 @@ OPTION_SETS = [
         presence_penalty=0.2,
         frequency_penalty=0.3,
         repeat_last_n=32,
+        grammar='start: "a" | "b"',
         draft="d.gguf",
         dtype="int8",
         draft_dtype="int4",

@@ -249,9 +249,25 @@ def _post(base, path, body=None, content=None, headers=KEY):
         ),
         (
             "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
             400,
             "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "json_schema": {}, "grammar": 'root ::= "a"'},
+            400,
+            "grammar",
+        ),
+        ("/v1/completions", {"prompt": "x", "grammar": "root ::= undefined_rule"}, 400, "grammar"),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}},
+            },
+            400,
+            "response_format.json_schema",
         ),
         (
             "/v1/chat/completions",

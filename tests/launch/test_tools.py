@@ -12,8 +12,10 @@ import pytest
 from common import paths
 from engine import tools
 from tests.launch.conftest import serve
+from bench.grammar import SCHEMAS
 
 openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
 MODEL = "qwen2.5-coder-1.5b"
 WEATHER = {
     "type": "function",
@@ -81,12 +83,46 @@ def test_tool_choice_forces_a_call_and_a_named_function(qwen):
     r = c.chat.completions.create(model=MODEL, messages=hello, tools=[WEATHER], tool_choice=named, temperature=0)
     calls = r.choices[0].message.tool_calls
     assert r.choices[0].finish_reason == "tool_calls" and calls[0].function.name == "get_weather"
-    assert isinstance(json.loads(calls[0].function.arguments), dict)
+    jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER["function"]["parameters"])
     r = c.chat.completions.create(model=MODEL, messages=hello, tools=[WEATHER], tool_choice="required", temperature=0)
     assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.tool_calls, r
+    for call in r.choices[0].message.tool_calls:  # a forced call is held to its function's schema
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
     with pytest.raises(openai.BadRequestError, match="not among the tools"):
         bad = {"type": "function", "function": {"name": "nope"}}
         c.chat.completions.create(model=MODEL, messages=hello, tools=[WEATHER], tool_choice=bad)
+
+
+@pytest.mark.real
+def test_json_schema_answers_validate_with_the_official_client(qwen):
+    """`response_format` json_schema over nested objects, arrays, enums, bounded numbers and optional fields: every
+    answer parses and validates; streamed, the same text; json_object any object; llama-server's `json_schema` and
+    `grammar` parameters; a schema that does not compile, a 400 naming the parameter."""
+    base, _, _ = qwen
+    c = _client(base)
+    for name, (ask, schema) in SCHEMAS.items():
+        fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+        msgs = [{"role": "user", "content": ask}]
+        r = c.chat.completions.create(model=MODEL, messages=msgs, response_format=fmt, temperature=0, max_tokens=160)
+        text = r.choices[0].message.content
+        assert r.choices[0].finish_reason == "stop", text
+        jsonschema.validate(json.loads(text), schema)
+    streamed = c.chat.completions.create(
+        model=MODEL, messages=msgs, response_format=fmt, temperature=0, max_tokens=160, stream=True
+    )
+    assert "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices) == text
+    r = c.chat.completions.create(model=MODEL, messages=msgs, response_format={"type": "json_object"}, max_tokens=160)
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    r = c.completions.create(
+        model=MODEL, prompt="The answer, as JSON: ", max_tokens=24, extra_body={"grammar": 'root ::= "yes" | "no"'}
+    )
+    assert r.choices[0].text in ("yes", "no")
+    r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=160, extra_body={"json_schema": schema})
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": 3}}}
+    with pytest.raises(openai.BadRequestError, match="properties must be an object") as e:
+        c.chat.completions.create(model=MODEL, messages=msgs, response_format=bad)
+    assert e.value.body["param"] == "response_format"
 
 
 def test_a_model_whose_template_takes_no_tools_is_a_400(tiny_gguf, tmp_path):
