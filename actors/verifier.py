@@ -99,6 +99,11 @@ class VerifierActor(Actor):
         (speculative/verify.py `many_steps`: a streamed layer read once for all)."""
         return drive(self._batch_steps(calls), self.weights)
 
+    def op_logprobs(self, slot: int = -1):
+        """The log-probabilities of the tokens the generation (a batch's `slot`'s) chose since the last ask."""
+        v = self.slots.get(slot) if slot >= 0 else self.verifier
+        return {"logprobs": v.take_logprobs() if v is not None else []}
+
     def op_release(self, slot: int):
         """A batch's generation was cancelled: its slot's cache goes."""
         self.slots.pop(slot, None)

@@ -39,6 +39,7 @@ class SamplingConfig:
     repetition_penalty: float = 1.0  # a windowed token's logit divided by it (multiplied where negative)
     repeat_last_n: int = 64  # the window the penalties look at: the text's last this many tokens (-1: all)
     grammar: str = ""  # what follows the prompt is held to it: an llguidance grammar (models/grammar.py `grammar_of`)
+    logprobs: int = -1  # with each token its log-probability and this many likeliest tokens' (-1: none)
 
     def __post_init__(self):
         checks = (
@@ -50,6 +51,7 @@ class SamplingConfig:
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]"),
             (self.repetition_penalty > 0, "repetition_penalty", "must be > 0 (1: none)"),
             (self.repeat_last_n >= -1, "repeat_last_n", "must be >= -1 (-1: the whole text, 0: none)"),
+            (-1 <= self.logprobs <= MAX_LOGPROBS, "logprobs", f"must be in [-1, {MAX_LOGPROBS}] (-1: none)"),
         )
         for ok, name, rule in checks:
             if not ok:
@@ -68,10 +70,12 @@ class SamplingConfig:
 
     @property
     def plain(self) -> bool:
-        """Each token is its row's argmax: no draw, no penalty, no grammar (a forward may give the argmax alone)."""
-        return self.greedy and not self.penalized and not self.grammar
+        """Each token is its row's argmax: no draw, no penalty, no grammar, no log-probabilities asked for (a forward
+        may give the argmax alone)."""
+        return self.greedy and not self.penalized and not self.grammar and self.logprobs < 0
 
 
+MAX_LOGPROBS = 20  # the most likeliest tokens a token's log-probabilities come with (OpenAI's `top_logprobs` bound)
 SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingConfig))  # also the options', the API's and a request's names
 TOP_K = 4  # candidates looked at per expansion
 DRAFT_ROWS = 2  # a best-first tree runs the draft on at most this many times its budget's nodes (bestfirst.py)

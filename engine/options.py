@@ -122,6 +122,14 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "logprobs",
+        -1,
+        "keep each generated token's log-probability and the N likeliest tokens' (the JSON rows' stats; -1: none)",
+        kind=int,
+        group=OUTPUT,
+        metavar="N",
+    ),
+    Option(
         "grammar",
         "",
         "hold the output to a grammar: a JSON schema (a .json file or its text), a Lark (.lark) or GBNF (.gbnf) one",

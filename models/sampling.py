@@ -135,6 +135,15 @@ def choose(logits: torch.Tensor, cfg: SamplingConfig, text: Sequence[int], allow
     return int(scores(logits, cfg, text, allowed=allowed).argmax())
 
 
+def token_logprobs(logits: torch.Tensor, token: int, top: int) -> list:
+    """[token, its log-probability, [[id, log-probability] of the `top` likeliest]] under the model's own distribution
+    (the logits' softmax: before the penalties, the temperature and the cuts, as OpenAI's and vLLM's logprobs are)."""
+    lp = torch.log_softmax(logits.float(), -1)
+    best = torch.topk(lp, top) if top > 0 else None
+    alts = [[int(i), float(v)] for v, i in zip(best.values, best.indices)] if best is not None else []
+    return [int(token), float(lp[token]), alts]
+
+
 class HeadArgmax:
     """Each row's most likely token over the output head's parts, one part's logits at a time: a greedy
     verification's answer without its [rows, vocabulary] logits (1.2 MB a row for a 152k vocabulary). The

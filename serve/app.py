@@ -37,11 +37,12 @@ from starlette.middleware import Middleware
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from common.errors import CadenceError, PromptError
+from common.errors import PromptError
+from serve import logprobs
 from serve.generator import Generator, Job
 from engine import tools
-from models.grammar import grammar_of
 from serve.requests import Ask, ClientError, parse_json, read_ask
+from serve.structured import forced_call_grammar
 
 MAX_BODY = 4 << 20  # a request body larger than this is refused (413) before it is read whole
 RETRY_AFTER_S = 2  # what a 429 asks a client to wait (a slot frees within a few cycles of a generation)
@@ -229,14 +230,10 @@ class Api:
                 raise ClientError(400, tools.no_tools(self.cfg.model), "tools")
             if ask.tool_choice == "none":  # the model answers in words: it is not told of the tools
                 prompt, calls = replace(prompt, tools=()), None
-            elif ask.tool_choice != "auto":  # the call forced, and held to its function's schema
-                prompt = replace(prompt, start=tools.forced_start(calls, ask.tool_choice))
-                grammar = tools.call_grammar(calls, ask.tool_choice, prompt.tools, ask.parallel_tool_calls)
-                try:
-                    ask = replace(ask, sampling={**ask.sampling, "grammar": grammar_of(grammar, files=False)})
-                except CadenceError as e:
-                    raise ClientError(400, f"a tool's parameters: {e}", "tools") from None
         try:
+            if calls is not None and ask.tool_choice != "auto":  # the call forced, and held to its function's schema
+                prompt = replace(prompt, start=tools.forced_start(calls, ask.tool_choice))
+                ask = replace(ask, sampling=ask.sampling | {"grammar": forced_call_grammar(calls, ask, prompt.tools)})
             prompt = await run_in_threadpool(runner.prepare, prompt, ask.max_new_tokens)
         except PromptError as e:
             raise ClientError(400, str(e), "messages" if ask.chat and e.param == "prompt" else e.param) from None
@@ -268,7 +265,11 @@ class Api:
 
     def _response(self, job: Job, rid: str, text: str, done) -> dict:
         chat, ask = job.ask.chat, job.ask
-        choice = {"index": 0, "finish_reason": done.finish_reason if done else "stop", "logprobs": None}
+        choice = {
+            "index": 0,
+            "finish_reason": done.finish_reason if done else "stop",
+            "logprobs": logprobs.of(job.ask, done, self.gen.llm.runner.tokenizer),
+        }
         message = {"role": "assistant", "content": text}
         if ask.calls is not None:  # the answer's tool calls read out of it
             content, calls = tools.parse(ask.prompt.start + text, ask.calls, tools.names(ask.prompt.tools))
@@ -292,23 +293,18 @@ class Api:
         chat = job.ask.chat
         kind_name = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(delta: str | None, finish: str | None = None, role: bool = False, call: dict | None = None) -> str:
-            c = {"index": 0, "finish_reason": finish, "logprobs": None}
+        def chunk(delta: str | None, finish: str | None = None, role: bool = False, call: dict | None = None, lp=None):
+            c = {"index": 0, "finish_reason": finish, "logprobs": lp}
             if chat:
                 c["delta"] = ({"role": "assistant"} if role else {}) | ({"content": delta} if delta is not None else {})
                 c["delta"] |= {"tool_calls": [call]} if call is not None else {}
             else:
                 c["text"] = delta or ""
-            return json.dumps(
-                {
-                    "id": rid,
-                    "object": kind_name,
-                    "created": int(time.time()),
-                    "model": self.cfg.model,
-                    "system_fingerprint": self.cfg.fingerprint,
-                    "choices": [c],
-                }
-            )
+            return envelope([c])
+
+        def envelope(choices: list, **more) -> str:
+            head = {"id": rid, "object": kind_name, "created": int(time.time()), "model": self.cfg.model}
+            return json.dumps(head | {"system_fingerprint": self.cfg.fingerprint, "choices": choices} | more)
 
         calls = tools.CallStream(job.ask.calls, tools.names(job.ask.prompt.tools)) if job.ask.calls else None
         made = []  # the calls sent
@@ -350,20 +346,10 @@ class Api:
                     for event in pieces(calls.finish()) if calls is not None else []:
                         yield event
                     finish = value.finish_reason if kind == "done" else "stop"
-                    yield {"data": chunk(None, "tool_calls" if made and finish == "stop" else finish)}
+                    lp = logprobs.of(job.ask, value if kind == "done" else None, self.gen.llm.runner.tokenizer)
+                    yield {"data": chunk(None, "tool_calls" if made and finish == "stop" else finish, lp=lp)}
                     if job.ask.include_usage:
-                        yield {
-                            "data": json.dumps(
-                                {
-                                    "id": rid,
-                                    "object": kind_name,
-                                    "created": int(time.time()),
-                                    "model": self.cfg.model,
-                                    "choices": [],
-                                    "usage": usage(value if kind == "done" else None),
-                                }
-                            )
-                        }
+                        yield {"data": envelope([], usage=usage(value if kind == "done" else None))}
                     yield {"data": "[DONE]"}
                     return
         finally:

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from common.errors import PromptError
+from common.settings import MAX_LOGPROBS
 from engine.prompts import Prompt
 from serve.structured import GRAMMARS, read_grammar
 
@@ -30,8 +31,6 @@ def _integer(v) -> bool:
 # not in any table is refused as unknown, as OpenAI does, never ignored.
 OTHERS = {
     "logit_bias": ("an object", lambda v: isinstance(v, dict), bool),
-    "logprobs": ("true, false or an integer", lambda v: isinstance(v, (bool, int)), bool),
-    "top_logprobs": ("an integer", _integer, bool),
     "echo": ("true or false", lambda v: isinstance(v, bool), bool),
     "suffix": ("a string", lambda v: isinstance(v, str), bool),
     "best_of": ("an integer", _integer, lambda v: v != 1),
@@ -102,6 +101,8 @@ READ = {
     "stop",
     *CONTROLS,
     *GRAMMARS,
+    "logprobs",
+    "top_logprobs",
 }
 ONLY = {  # chat's, completions'
     "messages": True,
@@ -177,7 +178,7 @@ def read_ask(body: dict, chat: bool, rid: str, models: set[str]) -> Ask:
         chat,
         prompt,
         _max_tokens(body, chat),
-        _sampling(body),
+        _sampling(body) | _logprobs(body, chat),
         _stops(body.get("stop")),
         _flag(body, "stream"),
         bool((opts or {}).get("include_usage")),
@@ -350,6 +351,31 @@ def _sampling(body: dict) -> dict:
     except PromptError as e:
         raise ClientError(400, str(e), e.param) from None
     return out | ({"grammar": grammar} if grammar else {})
+
+
+def _logprobs(body: dict, chat: bool) -> dict:
+    """{"logprobs": N} where the request asks for its tokens' log-probabilities and N likeliest tokens' beside each:
+    chat's `logprobs: true` with `top_logprobs` (0-20), completions' `logprobs: N`."""
+    lp, top = body.get("logprobs"), body.get("top_logprobs")
+    if chat:
+        if lp is not None and not isinstance(lp, bool):
+            raise ClientError(400, f"logprobs={_shown(lp)} must be true or false", "logprobs")
+        if top is not None and (not _integer(top) or not 0 <= top <= MAX_LOGPROBS):
+            raise ClientError(
+                400, f"top_logprobs={_shown(top)} must be an integer in [0, {MAX_LOGPROBS}]", "top_logprobs"
+            )
+        if top is not None and not lp:
+            raise ClientError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        return {"logprobs": top or 0} if lp else {}
+    if top is not None:
+        raise ClientError(
+            400, "top_logprobs is a parameter of chat completions; completions take logprobs: N", "top_logprobs"
+        )
+    if lp is None or lp is False:
+        return {}
+    if not _integer(lp) or not 0 <= lp <= MAX_LOGPROBS:
+        raise ClientError(400, f"logprobs={_shown(lp)} must be an integer in [0, {MAX_LOGPROBS}]", "logprobs")
+    return {"logprobs": lp}
 
 
 def _stops(stop) -> tuple[str, ...]:

@@ -59,3 +59,14 @@ def _response_format(v) -> str:
 def _shown(v) -> str:
     text = json.dumps(v, ensure_ascii=True)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def forced_call_grammar(fmt, ask, tools) -> str:
+    """The grammar a forced tool call (`tool_choice` required or a function) is held to: its function's parameters
+    (engine/tools.py `call_grammar`); a 400 naming `tools` where a schema there does not compile."""
+    from engine.tools import call_grammar
+
+    try:
+        return grammar_of(call_grammar(fmt, ask.tool_choice, tools, ask.parallel_tool_calls), files=False)
+    except CadenceError as e:
+        raise PromptError(f"a tool's parameters: {e}", "tools") from None

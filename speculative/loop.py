@@ -283,6 +283,8 @@ class Speculation:
             st.update(draft.take_stats())
         st["reused_prompt_tokens"] = reused  # found in the KV cache from the last generation
         st.update((yield Call("take_stats", ())))
+        if "logprobs" in st:  # a verification's tokens past a stop or the limit were never committed
+            st["logprobs"] = st["logprobs"][: len(out)]
         result = Generation(prompt_ids, out, time.perf_counter() - t0, t_prefill, st)
         yield CycleOutcome(
             outcome.tokens, outcome.accepted, outcome.alpha, "stop" if out[-1] in stop else "length", result

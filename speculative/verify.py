@@ -19,7 +19,7 @@ from models.batch import Rows, forward_many_steps
 from models.kvcache import KVCache
 from common.settings import PREFILL_CHUNK
 from models.grammar import Constraint, source_of
-from models.sampling import choose
+from models.sampling import choose, token_logprobs
 from common.settings import SamplingConfig
 from models.transformer import Transformer
 from models.weights import drive
@@ -39,6 +39,7 @@ class Verifier:
         self.reused = 0  # prompt tokens the last start found in the cache
         self.chunks: list[list[int]] = []  # the prompt's chunks still to prefill
         self.constraint: Constraint | None = None  # the sampling's grammar, over what follows the prompt
+        self.logprobs: list = []  # where asked for: each token chosen since the last take, with its log-probabilities
 
     # -- jobs as generators ------------------------------------------------------------------
 
@@ -113,11 +114,22 @@ class Verifier:
     def _next(self, row: torch.Tensor) -> int:
         """The token after the text so far from its row: the pass gave it where the choice is plain (`argmax`), else
         chosen from the row's logits with the text's penalties, its position's draw and the grammar's mask."""
-        return int(row) if self.sampling.plain else self._choose(row, self.tokens)
+        if self.sampling.plain:
+            return int(row)
+        token = self._choose(row, self.tokens)
+        if self.sampling.logprobs >= 0:
+            self.logprobs.append(token_logprobs(row, token, self.sampling.logprobs))
+        return token
 
     def _choose(self, row: torch.Tensor, text: list[int]) -> int:
         allowed = self.constraint.allowed(text) if self.constraint is not None else None
         return choose(row, self.sampling, text, allowed)
+
+    def take_logprobs(self) -> list:
+        """The tokens chosen since the last call, each [id, log-probability, [[id, log-probability] of the likeliest
+        `sampling.logprobs`]] (models/sampling.py `token_logprobs`)."""
+        out, self.logprobs = self.logprobs, []
+        return out
 
     def tree_rows(self, tree: TokenTree) -> tuple[list[int], Rows]:
         """[root] + the tree's tokens, and its rows for a forward: their positions past the cache, each row
@@ -153,6 +165,10 @@ class Verifier:
             text = self.tokens + [tokens[0]]
             row_text = lambda row: text if row == 0 else text + tree.tokens_of(tree.path(row - 1))
             path, nxt = longest_accepted_path(tree, lambda row: self._choose(out[row], row_text(row)))
+            if self.sampling.logprobs >= 0:  # each committed token's, from the row that chose it
+                new = [tokens[i + 1] for i in path] + [nxt]
+                rows = [0] + [i + 1 for i in path]
+                self.logprobs += [token_logprobs(out[r], t, self.sampling.logprobs) for r, t in zip(rows, new)]
         c.commit([0] + [i + 1 for i in path])  # the root and the accepted nodes, in order
         self.tokens += [tokens[0]] + [tokens[i + 1] for i in path]
         return Verdict(path, nxt, len(tokens))
@@ -248,7 +264,9 @@ class LocalTarget:
         return v.path, v.next_token
 
     def take_stats(self) -> dict:
-        return {}
+        """The generation's tokens' log-probabilities, where asked for."""
+        v = self.verifier
+        return {"logprobs": v.take_logprobs()} if v is not None and v.sampling.logprobs >= 0 else {}
 
 
 class LocalBatch:
@@ -289,7 +307,8 @@ class LocalBatch:
         self.verifiers.pop(slot, None)
 
     def take_stats(self, slot: int) -> dict:
-        return {}
+        v = self.verifiers.get(slot)
+        return {"logprobs": v.take_logprobs()} if v is not None and v.sampling.logprobs >= 0 else {}
 
 
 class Arena:

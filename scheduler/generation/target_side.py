@@ -47,6 +47,7 @@ class ActorTarget:
         budget (scheduler/generation/experts.py). Each None where the run has none."""
         self.s, self.streamer, self.worker, self.model, self.cfg = sched, streamer, worker, model, cfg
         self.verifier = Remote(sched, "verifier")  # the verifier actor's ops (actors/verifier.py)
+        self.logprobs = False  # the generation under way asked for its tokens' log-probabilities
         self.experts = experts
         if experts is not None and streamer is not None:
             experts.on_events = streamer.on_events
@@ -68,6 +69,7 @@ class ActorTarget:
         self, prompt_ids: list[int], capacity: int, sampling: SamplingConfig, reuse: bool = True
     ) -> tuple[int, int]:
         r = self.run("start", dict(prompt_ids=prompt_ids, capacity=capacity, sampling=asdict(sampling), reuse=reuse))
+        self.logprobs = sampling.logprobs >= 0
         return r.token, r.reused
 
     def step(self, root: int) -> int:
@@ -98,6 +100,8 @@ class ActorTarget:
             self.streamer.stats = type(self.streamer.stats)()
         if self.experts is not None:
             st.update(self.experts.take_stats())
+        if self.logprobs:  # the generation's tokens' log-probabilities, kept by the verifier
+            st.update(self.verifier.logprobs())
         return st
 
     # -- the conversation --------------------------------------------------------------------------
@@ -258,6 +262,7 @@ class ActorBatch:
             )
         self.target, self.s = target, target.s
         self.streamed = target.streamed
+        self.logprobs: set[int] = set()  # the slots whose generations asked for log-probabilities
 
     def answer(self, calls: list) -> list:
         wire, links, starts = [], [], 0
@@ -265,6 +270,7 @@ class ActorBatch:
             if call.kind == "start":
                 prompt_ids, capacity, sampling, reuse, placed = call.args
                 args = dict(prompt_ids=prompt_ids, capacity=capacity, sampling=asdict(sampling), reuse=reuse)
+                (self.logprobs.add if sampling.logprobs >= 0 else self.logprobs.discard)(slot)
                 if placed is not None:  # its range of the batch's KV pool (speculative/kvpool.py)
                     args["placed"] = list(placed)
                 starts += 1 + len(prompt_ids) // PREFILL_CHUNK
@@ -293,5 +299,6 @@ class ActorBatch:
         self.target.verifier.release(slot=slot)
 
     def take_stats(self, slot: int) -> dict:
-        """The loader's figures are the batch's, not a generation's: each generation's row leaves them out."""
-        return {}
+        """The generation's tokens' log-probabilities, where asked for (the loader's figures are the batch's, not a
+        generation's: each generation's row leaves them out)."""
+        return self.target.verifier.logprobs(slot=slot) if slot in self.logprobs else {}

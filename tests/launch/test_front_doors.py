@@ -39,6 +39,7 @@ OPTION_SETS = [
         frequency_penalty=0.3,
         repeat_last_n=32,
         grammar='start: "a" | "b"',
+        logprobs=2,
         draft="d.gguf",
         dtype="int8",
         draft_dtype="int4",

@@ -50,6 +50,51 @@ def test_chat_completion_whole_and_streamed_give_the_same_text(server):
     assert "".join(pieces) == text and finish == whole.choices[0].finish_reason
 
 
+def test_each_tokens_log_probabilities_in_both_shapes_and_the_target_alones(server, tiny_gguf):
+    """`logprobs`/`top_logprobs` on chat, `logprobs: N` on completions: an entry per answer token (a stop token's
+    left out), the chosen token the likeliest under greedy, the same text as without them, streamed whole in the last
+    chunk; the tree's (the server's mode) are the target alone's, to the bit."""
+    base, _, _ = server
+    c = _client(base)
+    msgs = [{"role": "user", "content": "count: one two"}]
+    plain = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0)
+    r = c.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content
+    assert r.choices[0].message.content == plain.choices[0].message.content
+    assert len(content) == r.usage.completion_tokens - (r.choices[0].finish_reason == "stop") > 0
+    for e in content:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3 and e.top_logprobs[0].logprob == e.logprob
+        assert e.top_logprobs[0].token == e.token and e.bytes == list(e.token.encode())
+    last = [
+        ch
+        for ch in c.chat.completions.create(
+            model="tiny", messages=msgs, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3, stream=True
+        )
+        if ch.choices and ch.choices[0].finish_reason
+    ][0]
+    assert [e.logprob for e in last.choices[0].logprobs.content] == [e.logprob for e in content]
+    got = c.completions.create(model="tiny", prompt="in the beginning", max_tokens=8, temperature=0, logprobs=2)
+    lp = got.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) > 0
+    assert all(len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset[0] == 0
+    import cadence
+
+    with cadence.LLM(target=str(tiny_gguf), mode="target", dtype="int4") as llm:
+        ref = llm.generate("in the beginning", max_new_tokens=8, logprobs=2)
+    assert lp.token_logprobs == [e[1] for e in ref.stats["logprobs"] if e[0] not in llm.tokenizer.stop_ids]
+    for body, param in (
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, **body)
+        assert e.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError, match=r"logprobs=50 must be an integer in \[0, 20\]"):
+        c.completions.create(model="tiny", prompt="x", max_tokens=4, logprobs=50)
+
+
 def test_completions_match_the_python_api_token_for_token(server, tiny_gguf):
     base, _, _ = server
     c = _client(base)
@@ -226,8 +271,9 @@ def _post(base, path, body=None, content=None, headers=KEY):
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}] * 10_000}, 400, "messages"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "the cat " * 400}]}, 400, "messages"),
         ("/v1/completions", {"prompt": "x", "model": "gpt-4o"}, 404, "model"),
-        ("/v1/completions", {"prompt": "x", "logprobs": 2}, 400, "logprobs"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+        ("/v1/completions", {"prompt": "x", "logprobs": True}, 400, "logprobs"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": 3}, 400, "logprobs"),
+        ("/v1/completions", {"prompt": "x", "echo": True}, 400, "echo"),
         (
             "/v1/chat/completions",
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},

@@ -196,3 +196,21 @@ def test_a_draft_with_a_cut_head_proposes_its_rows_alone(tmp_path, greedy):
     d = drafter.build_tree()
     assert len(d.tree) > 2 and all(n.token < cut for n in d.tree.nodes[1:])
     assert draft.forward(torch.tensor([3, 5]), torch.arange(2), draft.new_cache(4)).shape == (2, cut)
+
+
+@pytest.mark.parametrize(
+    "cfg", [SamplingConfig(logprobs=3), SamplingConfig(temperature=0.8, seed=4, logprobs=0)], ids=["greedy", "sampled"]
+)
+def test_each_tokens_log_probabilities_are_the_target_alones_in_every_mode(pair, cfg):
+    """A token's log-probability and its likeliest alternatives come from the row that chose it: a tree's and a
+    chain's rows give the target alone's, to the bit, and one entry for each token generated."""
+    runs = {}
+    for mode in ("target", "tree", "chain"):
+        tree = TreeConfig(mode="chain" if mode == "chain" else "tree", width=6, chain_k=3, trie=False, adaptive=False)
+        loop = Speculation(LocalTarget(pair[0]), LocalDraft(pair[1]), mode, tree, cfg, 96)
+        g = loop.generate(PROMPT, 20, set())
+        runs[mode] = (g.new_ids, g.stats["logprobs"])
+    ids, entries = runs["target"]
+    assert runs["tree"] == runs["chain"] == runs["target"]
+    assert [e[0] for e in entries] == ids and all(len(e[2]) == cfg.logprobs for e in entries)
+    assert all(e[1] <= 0 for e in entries) and (not cfg.greedy or all(e[2][0][1] == e[1] for e in entries))
