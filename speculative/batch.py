@@ -29,7 +29,7 @@ from typing import Callable, Hashable, Iterator, Protocol
 from common.errors import CadenceError
 from common.settings import PLAIN, PREFILL_CHUNK, Arm, SamplingConfig, TreeConfig
 from speculative.governor import CatchUp, Governor, resident_batch_governor
-from speculative.kvpool import KVPool, Placed
+from speculative.kvpool import KVPool, Placed, SlotTexts
 from speculative.loop import Call, CycleOutcome, DraftSide, Speculation, slack
 
 WIDEST = 32  # the widest tree a generation of a batch verifies (the widest a budgeted run alone tries: WIDER)
@@ -83,13 +83,12 @@ class Lockstep:
         propose: Callable[[list], list] | None = None,
         kv_size: Callable[[int], int] | None = None,
     ):
-        """`loop`: the run's speculation cycle (its mode, tree settings, sampling, context); `target`: the batch's
-        target side; `drafts(slot)`: a draft side of the slot's own (None in a target-only mode); `slots`: the most
-        generations at once; `propose([(draft side, budget)])`: their trees, grown in shared draft forwards
-        (default: one after another); `kv_size(rows)`: the elements of a target cache of that many rows, where the
-        slots' caches share one pool of `slots` times a context's (speculative/kvpool.py). Nothing drafts ahead of a
-        batch's verification: tried over the actors (each slot's chain drafted while the forward reads its layers),
-        it cost the verifier's compute more than the chains saved (BENCHMARKS.md)."""
+        """`loop`: the run's cycle (mode, tree settings, sampling, context); `target`: the batch's target side;
+        `drafts(slot)`: a slot's own draft side (None in a target-only mode); `slots`: the most generations at once;
+        `propose([(draft side, budget)])`: their trees, grown in shared draft forwards (default: one after another);
+        `kv_size(rows)`: a target cache's elements, where the slots' caches share one pool of `slots` contexts
+        (speculative/kvpool.py). Nothing drafts ahead of a batch's verification: over the actors it cost the
+        verifier's compute more than the chains saved (BENCHMARKS.md)."""
         if slots < 1:
             raise CadenceError(f"a batch needs at least one slot, not {slots}")
         self.loop, self.target, self.slots = loop, target, slots
@@ -102,6 +101,7 @@ class Lockstep:
         self.by_count: dict[int, Governor] | None = None  # resident: a governor per number of generations at once
         self.arm: Arm | None = PLAIN  # the batch governor's choice for this cycle (None: each generation's own)
         self.catchup = CatchUp()  # what a resident batch's next try of drafting would cost
+        self.texts = SlotTexts()  # what each slot's cache holds: where a conversation's next turn goes
         self.pool = None
         if kv_size is not None:  # a slot's share: the context and the slack of the widest tree it may get
             share = loop.capacity(loop.context, dataclasses.replace(loop.cfg, width=self.width(loop.cfg, 1)))
@@ -147,7 +147,7 @@ class Lockstep:
         if key in self.gens:
             raise CadenceError(f"generation {key!r} is already in the batch")
         taken = {g.slot for g in self.gens.values()}
-        slot = next((s for s in range(self.slots) if s not in taken), None)
+        slot = self.texts.choose([s for s in range(self.slots) if s not in taken], prompt_ids)
         if slot is None:
             raise CadenceError(f"all {self.slots} slots are taken; wait for a generation to end")
         if slot not in self.drafts:
@@ -211,14 +211,13 @@ class Lockstep:
 
     def leave(self, key: Hashable) -> None:
         """A generation ends before its time (a client went away): its slot is free at once and its cache goes."""
-        g = self.gens.pop(key, None)
-        if g is None:
-            return
-        g.steps.close()
-        self._release(g.slot)
+        if (g := self.gens.pop(key, None)) is not None:
+            g.steps.close()
+            self._release(g.slot)
 
     def _release(self, slot: int) -> None:
         """Slot's cache goes (its generation failed or was cancelled), with its range of the pool."""
+        self.texts.dropped(slot)
         self.target.release(slot)
         if self.pool is not None:
             self.pool.drop(slot)
@@ -340,14 +339,16 @@ class Lockstep:
                 return item
             outcomes.append((g.key, item))
             if item.result is not None:  # its last outcome: the slot is free for the next cycle
-                self._ended(g)
+                self._ended(g, item.result)
                 return None
             if until_outcome:
                 return None
 
-    def _ended(self, g: _Generation) -> None:
-        """A generation's end: its slot is free, and its cache's range kept for the next prompt there."""
+    def _ended(self, g: _Generation, result=None) -> None:
+        """A generation's end: its slot is free, its cache's range and text (`result`'s) kept for the next prompt."""
         self.gens.pop(g.key, None)
+        if result is not None:
+            self.texts.ended(g.slot, [*result.prompt_ids, *result.new_ids])
         if self.pool is not None:
             self.pool.end(g.slot)
 

@@ -90,3 +90,33 @@ class KVPool:
 
 def _overlap(r: _Range, at: int, size: int) -> bool:
     return r.offset < at + size and at < r.offset + r.size
+
+
+class SlotTexts:
+    """The text each slot's cache holds after its last generation, and which slot a new prompt goes to: one whose
+    text it continues (a conversation's next turn: the longest such), else one never used, else the one used least
+    recently, so that the other slots keep their conversations' prefixes for their next turns (llama-server's slot
+    similarity does the same; the verifier reuses whatever prefix the slot's cache shares with the prompt)."""
+
+    def __init__(self):
+        self.kept: dict[int, list[int]] = {}  # slot -> its last generation's text (its last token not in the cache)
+        self.used: dict[int, int] = {}  # slot -> when its last generation ended (a count of generations)
+
+    def choose(self, free: list[int], prompt_ids: list[int]) -> int | None:
+        """The slot among `free` for the prompt (None: no slot is free)."""
+
+        def rank(s: int) -> tuple:
+            kept = self.kept.get(s, [])
+            n = len(kept) - 1  # the cache holds the text but its last token
+            continues = 0 < n < len(prompt_ids) and kept[:n] == prompt_ids[:n]
+            return (continues, n if continues else 0, s not in self.used, -self.used.get(s, 0))
+
+        return max(free, key=rank, default=None)
+
+    def ended(self, slot: int, text: list[int]) -> None:
+        self.kept[slot] = text
+        self.used[slot] = max(self.used.values(), default=0) + 1
+
+    def dropped(self, slot: int) -> None:
+        """Slot's cache went (a generation cancelled or failed)."""
+        self.kept.pop(slot, None)

@@ -218,3 +218,28 @@ def test_a_resident_batch_steps_several_plainly_and_lets_one_alone_run_as_alone(
     (alone,) = [o.result for _, o in run_all(batch, iter(())) if o.result is not None]
     assert any(arm.startswith("draft") for arm in alone.stats["arm_hist"]), alone.stats["arm_hist"]
     assert alone.new_ids == loop.generate(prompts[0], 8, set()).new_ids
+
+
+def test_conversations_interleaved_over_the_slots_each_find_their_prefix(pair):
+    """Two conversations take turns over two slots: each next turn goes to the slot whose cache holds its
+    conversation (not the lowest free one, which the other conversation's last turn took), and prefills only its
+    new tokens; every answer is the one a run with no cache gives."""
+    target, draft = pair
+    loop = _loop(target, draft, adaptive=False)
+    batch = Lockstep(loop, LocalBatch(target), lambda slot: LocalDraft(draft), 2, LocalDraft.propose_many)
+    a, b = _prompts(2)
+    texts, slots = {"a": a, "b": b}, {}
+    for turn in range(3):
+        for name in ("a", "b"):
+            key = (name, turn)
+            job = (key, dict(prompt_ids=texts[name], max_new=8, stop=set()))
+            [g] = [o.result for _, o in run_all(batch, iter([job])) if o.result is not None]
+            g_slot = next(s for s, t in batch.texts.kept.items() if t == texts[name] + g.new_ids)
+            fresh = loop.generate(texts[name], 8, set(), reuse=False)
+            assert g.new_ids == fresh.new_ids, key
+            if turn:
+                assert g.stats["reused_prompt_tokens"] == len(texts[name]) - 1 - 5, key  # all but this turn's words
+                assert slots[name] == g_slot, key  # the slot that held its conversation
+            slots[name] = g_slot
+            texts[name] = texts[name] + g.new_ids + [7, 8, 9, 10, 11]  # the next turn: the answer and new words
+    assert slots["a"] != slots["b"]
