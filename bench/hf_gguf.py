@@ -56,10 +56,16 @@ GGUF_ARCH = {
     "ministral3": "mistral3",
     "lfm2": "lfm2",
     "qwen3_5_text": "qwen35",
+    "qwen3_5_moe_text": "qwen35moe",
     "granitemoehybrid": "granitehybrid",
     "gpt_oss": "gpt-oss",
 }
-OWN_WRITERS = {"qwen3_5_text": hf_gguf_qwen35, "granitemoehybrid": hf_gguf_granite, "gpt_oss": hf_gguf_gptoss}
+OWN_WRITERS = {
+    "qwen3_5_text": hf_gguf_qwen35,
+    "qwen3_5_moe_text": hf_gguf_qwen35,
+    "granitemoehybrid": hf_gguf_granite,
+    "gpt_oss": hf_gguf_gptoss,
+}
 PERMUTE_QK = (
     "llama",
     "mistral",
@@ -315,7 +321,7 @@ def _hparams(w, h: dict, rope: dict, ftype: int) -> None:
     mt = h["model_type"]
     if mt == "lfm2":
         return _lfm2_params(w, h, rope, ftype)
-    if mt == "qwen3_5_text":  # the multi-token prediction layers counted among the blocks
+    if mt in ("qwen3_5_text", "qwen3_5_moe_text"):  # the multi-token prediction layers counted among the blocks
         mtp = int(h.get("mtp_num_hidden_layers") or 0)
         hh = {**h, "num_hidden_layers": h["num_hidden_layers"] + mtp}
         hf_gguf_qwen35.params(w, h, lambda: _text_model_params(w, hh, rope, ftype))

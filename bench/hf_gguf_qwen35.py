@@ -61,9 +61,38 @@ def _v_tiled(rest: str, x: torch.Tensor, h: dict) -> torch.Tensor:
     return x
 
 
+_MOE = {  # Qwen 3.5 MoE (Qwen2MoeModel's names)
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+}
+
+
+def _experts(h: dict, named):
+    """Qwen2MoeModel.modify_tensors: a layer's experts, one tensor each, stacked into ffn_{down,gate,up}_exps once
+    its last one is read; the other tensors as they come."""
+    held: dict[str, dict] = {}
+    for name, x in named:
+        if ".mlp.experts." not in name:
+            yield name, x
+            continue
+        bid = name.split(".")[2]
+        held.setdefault(bid, {})[name] = x
+        if len(held[bid]) == 3 * h["num_experts"]:
+            for w in ("down_proj", "gate_proj", "up_proj"):
+                parts = [held[bid][f"model.layers.{bid}.mlp.experts.{e}.{w}.weight"] for e in range(h["num_experts"])]
+                yield f"blk.{bid}.ffn_{w.split('_')[0]}_exps.weight", torch.stack(parts)
+            del held[bid]
+
+
 def tensors(h: dict, named):
     """(GGUF name, tensor) of the HF tensors `named` ((name, tensor) in file order)."""
-    for name, x in named:
+    for name, x in _experts(h, named):
+        if name.startswith("blk."):  # a layer's experts, stacked
+            yield name, x.to(torch.float32)
+            continue
         x = x.to(torch.float32)
         if name in ("lm_head.weight",) and h.get("tie_word_embeddings"):
             continue
@@ -83,7 +112,8 @@ def tensors(h: dict, named):
             x = x.squeeze()
         if rest.endswith("norm.weight") and not rest.endswith("linear_attn.norm.weight"):
             x = x + 1
-        yield f"blk.{bid}.{_LAYER[rest.rpartition('.')[0]]}.{suffix}", x
+        module = rest.rpartition(".")[0]
+        yield f"blk.{bid}.{_LAYER.get(module) or _MOE[module]}.{suffix}", x
 
 
 def params(w, h: dict, text_params) -> None:
@@ -100,3 +130,8 @@ def params(w, h: dict, text_params) -> None:
     w.add_rope_dimension_count(int(head_dim * h.get("partial_rotary_factor", 0.25)))
     sections = list((h.get("rope_parameters") or {}).get("mrope_section") or [11, 11, 10])
     w.add_rope_dimension_sections(sections + [0] * (4 - len(sections)))
+    if h.get("num_experts"):  # TextModel's expert counts, Qwen2MoeModel's widths
+        w.add_expert_count(h["num_experts"])
+        w.add_expert_used_count(h["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(h["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(h["shared_expert_intermediate_size"])

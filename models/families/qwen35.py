@@ -144,7 +144,8 @@ QWEN3_5_MOE = dataclasses.replace(
     QWEN3_5,
     name="qwen3_5_moe",
     hf_types=("qwen3_5_moe_text",),
-    gguf_archs=(),
+    gguf_archs=("qwen35moe",),
+    gguf_fields=lambda key, a: {**_gguf(key, a), "norm_topk": True},  # llama.cpp's qwen35moe: the top k renormalised
     hf_keys=QWEN3_5.hf_keys | MOE_HF_KEYS | {"shared_expert_intermediate_size"},
     hf_fields=lambda cfg, a: {**_hf(cfg, a), "norm_topk": True},
     # no dense FFN: the experts' width stands for it
@@ -170,6 +171,7 @@ QWEN3_NEXT = dataclasses.replace(
     QWEN3_5_MOE,
     name="qwen3_next",
     hf_types=("qwen3_next",),
+    gguf_archs=(),
     hf_keys=QWEN3_5_MOE.hf_keys | {"decoder_sparse_step", "mlp_only_layers"},
     hf_config=lambda cfg: cfg,
     hf_names={**QWEN3_5.hf_names, "gdn_in": ("linear_attn.in_proj_qkvz", "linear_attn.in_proj_ba")},

@@ -25,7 +25,6 @@ N_NEW = 16
 NO_WINDOW_IN_GGUF = {("mistral", "sliding"), ("qwen2", "sliding")}
 NO_GGUF = {  # read from an HF directory only so far (llama.cpp's GGUFs of these: not yet)
     "lfm2_moe",
-    "qwen3_5_moe_text",
     "nemotron_h",
     "glm4_moe",
     "qwen3_next",
