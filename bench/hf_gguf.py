@@ -57,12 +57,14 @@ GGUF_ARCH = {
     "lfm2": "lfm2",
     "qwen3_5_text": "qwen35",
     "qwen3_5_moe_text": "qwen35moe",
+    "qwen3_next": "qwen3next",
     "granitemoehybrid": "granitehybrid",
     "gpt_oss": "gpt-oss",
 }
 OWN_WRITERS = {
     "qwen3_5_text": hf_gguf_qwen35,
     "qwen3_5_moe_text": hf_gguf_qwen35,
+    "qwen3_next": hf_gguf_qwen35,
     "granitemoehybrid": hf_gguf_granite,
     "gpt_oss": hf_gguf_gptoss,
 }
@@ -321,7 +323,11 @@ def _hparams(w, h: dict, rope: dict, ftype: int) -> None:
     mt = h["model_type"]
     if mt == "lfm2":
         return _lfm2_params(w, h, rope, ftype)
-    if mt in ("qwen3_5_text", "qwen3_5_moe_text"):  # the multi-token prediction layers counted among the blocks
+    if mt in (
+        "qwen3_5_text",
+        "qwen3_5_moe_text",
+        "qwen3_next",
+    ):  # the multi-token prediction layers counted among the blocks
         mtp = int(h.get("mtp_num_hidden_layers") or 0)
         hh = {**h, "num_hidden_layers": h["num_hidden_layers"] + mtp}
         hf_gguf_qwen35.params(w, h, lambda: _text_model_params(w, hh, rope, ftype))

@@ -28,6 +28,7 @@ _LAYER = {
     "linear_attn.conv1d": "ssm_conv1d",
     "linear_attn.norm": "ssm_norm",
     "linear_attn.out_proj": "ssm_out",
+    "linear_attn.in_proj_ba": "ssm_ba",  # Qwen3-Next's b and a, per key head
 }
 
 
@@ -87,8 +88,19 @@ def _experts(h: dict, named):
             del held[bid]
 
 
+def _qkvz(h: dict, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3NextModel: in_proj_qkvz (per key head [q | k | v | z]) as attn_qkv ([all q | all k | all v]) and
+    attn_gate (all z), the value heads still grouped by key head."""
+    nk, dk, dv = h["linear_num_key_heads"], h["linear_key_head_dim"], h["linear_value_head_dim"]
+    r = h["linear_num_value_heads"] // nk
+    t = x.permute(1, 0).contiguous().view(-1, nk, 2 * dk + 2 * r * dv)
+    q, k, v, z = (p.contiguous().view(x.shape[1], -1) for p in torch.split(t, [dk, dk, r * dv, r * dv], dim=-1))
+    return torch.cat([q, k, v], dim=-1).permute(1, 0).contiguous(), z.permute(1, 0).contiguous()
+
+
 def tensors(h: dict, named):
     """(GGUF name, tensor) of the HF tensors `named` ((name, tensor) in file order)."""
+    nxt = h["model_type"] == "qwen3_next"  # Qwen3NextModel itself: fused projections, no value heads reordered
     for name, x in _experts(h, named):
         if name.startswith("blk."):  # a layer's experts, stacked
             yield name, x.to(torch.float32)
@@ -101,7 +113,12 @@ def tensors(h: dict, named):
             yield f"{TOP[module]}.{suffix}", x + 1 if module == "model.norm" else x
             continue
         _, _, bid, rest = name.split(".", 3)
-        x = _v_tiled(rest, x, h)
+        if nxt and rest == "linear_attn.in_proj_qkvz.weight":
+            qkv, z = _qkvz(h, x)
+            yield f"blk.{bid}.attn_qkv.weight", qkv
+            yield f"blk.{bid}.attn_gate.weight", z
+            continue
+        x = x if nxt else _v_tiled(rest, x, h)
         if rest.endswith("A_log"):
             yield f"blk.{bid}.ssm_a", -torch.exp(x)
             continue
@@ -128,8 +145,9 @@ def params(w, h: dict, text_params) -> None:
     w.add_full_attention_interval(h.get("full_attention_interval", 4))
     head_dim = h.get("head_dim") or h["hidden_size"] // h["num_attention_heads"]
     w.add_rope_dimension_count(int(head_dim * h.get("partial_rotary_factor", 0.25)))
-    sections = list((h.get("rope_parameters") or {}).get("mrope_section") or [11, 11, 10])
-    w.add_rope_dimension_sections(sections + [0] * (4 - len(sections)))
+    if h["model_type"] != "qwen3_next":  # _Qwen35MRopeMixin
+        sections = list((h.get("rope_parameters") or {}).get("mrope_section") or [11, 11, 10])
+        w.add_rope_dimension_sections(sections + [0] * (4 - len(sections)))
     if h.get("num_experts"):  # TextModel's expert counts, Qwen2MoeModel's widths
         w.add_expert_count(h["num_experts"])
         w.add_expert_used_count(h["num_experts_per_tok"])

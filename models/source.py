@@ -204,7 +204,7 @@ class GGUFSource:
 
     def _args(self) -> ModelArgs:
         arch = self._field("general.architecture")
-        moe = "blk.0.ffn_gate_exps.weight" in self.tensors
+        moe = any(n.endswith(".ffn_gate_exps.weight") for n in self.tensors)
         fam = BY_NAME["mixtral"] if arch == "llama" and moe else BY_GGUF.get(arch)
         if arch == "olmo2" and f"{arch}.attention.sliding_window" in self.file.fields:
             fam = BY_NAME["olmo3"]  # llama.cpp's olmo2 with a window
@@ -256,9 +256,13 @@ class GGUFSource:
     def _moe(self, a, moe: bool, fam: Family) -> dict:
         if not moe:
             return {}
-        shexp = self.tensors.get("blk.0.ffn_gate_shexp.weight")
-        exps = self.tensors["blk.0.ffn_gate_exps.weight"]
+        n = int(a("block_count"))
+        first = next(i for i in range(n) if f"blk.{i}.ffn_gate_exps.weight" in self.tensors)
+        shexp = self.tensors.get(f"blk.{first}.ffn_gate_shexp.weight")
+        exps = self.tensors[f"blk.{first}.ffn_gate_exps.weight"]
+        dense = tuple(i for i in range(n) if f"blk.{i}.ffn_down.weight" in self.tensors)  # dense FFNs among them
         return dict(
+            **({"dense_layers": dense} if dense else {}),
             n_experts=int(exps.shape[0]),
             n_experts_used=int(a("expert_used_count", 0)),
             expert_ffn_dim=int(exps.shape[1]),

@@ -167,11 +167,25 @@ def _next_split(name: str, src: str, w: np.ndarray, args) -> np.ndarray:
     return _split(name, src, w, args)
 
 
+def _next_gguf_split(name: str, src: str, w: np.ndarray, args) -> np.ndarray:
+    """llama.cpp's qwen3next in HF's layout: q_proj's halves, each key head's [b | a] as all b then all a, A_log from
+    -exp(A_log); its value heads are grouped by key head as they are here."""
+    part = src.split(".")[2] if src.startswith("blk.") else ""
+    if part == "attn_q":
+        return _split(name, "q_proj.weight", w, args)
+    if part == "ssm_ba":
+        g = w.reshape(args.gdn_k_heads, 2, args.gdn_v_heads // args.gdn_k_heads, -1)
+        return np.concatenate([g[:, 0].reshape(-1, w.shape[-1]), g[:, 1].reshape(-1, w.shape[-1])])
+    return np.log(-w) if part == "ssm_a" else w
+
+
 QWEN3_NEXT = dataclasses.replace(
     QWEN3_5_MOE,
     name="qwen3_next",
     hf_types=("qwen3_next",),
-    gguf_archs=(),
+    gguf_archs=("qwen3next",),
+    gguf_names={**QWEN3_5.gguf_names, "gdn_in": ("attn_qkv", "attn_gate", "ssm_ba")},
+    gguf_split=_next_gguf_split,
     hf_keys=QWEN3_5_MOE.hf_keys | {"decoder_sparse_step", "mlp_only_layers"},
     hf_config=lambda cfg: cfg,
     hf_names={**QWEN3_5.hf_names, "gdn_in": ("linear_attn.in_proj_qkvz", "linear_attn.in_proj_ba")},

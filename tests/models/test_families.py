@@ -27,7 +27,6 @@ NO_GGUF = {  # read from an HF directory only so far (llama.cpp's GGUFs of these
     "lfm2_moe",
     "nemotron_h",
     "glm4_moe",
-    "qwen3_next",
     "olmo_hybrid",
     "llama4_text",
     "falcon_h1",
