@@ -55,16 +55,12 @@ GGUF_ARCH = {
     "glm4": "glm4",
     "ministral3": "mistral3",
     "lfm2": "lfm2",
-    "qwen3_5_text": "qwen35",
-    "qwen3_5_moe_text": "qwen35moe",
-    "qwen3_next": "qwen3next",
+    **hf_gguf_qwen35.ARCHS,
     "granitemoehybrid": "granitehybrid",
     "gpt_oss": "gpt-oss",
 }
 OWN_WRITERS = {
-    "qwen3_5_text": hf_gguf_qwen35,
-    "qwen3_5_moe_text": hf_gguf_qwen35,
-    "qwen3_next": hf_gguf_qwen35,
+    **dict.fromkeys(hf_gguf_qwen35.ARCHS, hf_gguf_qwen35),
     "granitemoehybrid": hf_gguf_granite,
     "gpt_oss": hf_gguf_gptoss,
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+ARCHS = {"qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next"}  # llama.cpp's
 TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _LAYER = {
     "input_layernorm": "attn_norm",
