@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from bench import hf_gguf_gptoss, hf_gguf_granite, hf_gguf_qwen35
+from bench import hf_gguf_gptoss, hf_gguf_granite, hf_gguf_lfm2, hf_gguf_qwen35
 from bench.hf_gguf_vocab import vocab_gpt2
 
 QWEN2_SPLIT = (  # Qwen2's split regex (llama.cpp's pre-tokenizer "qwen2"), as its tokenizer.json has it
@@ -54,13 +54,14 @@ GGUF_ARCH = {
     "exaone4": "exaone4",
     "glm4": "glm4",
     "ministral3": "mistral3",
-    "lfm2": "lfm2",
     **hf_gguf_qwen35.ARCHS,
+    **hf_gguf_lfm2.ARCHS,
     "granitemoehybrid": "granitehybrid",
     "gpt_oss": "gpt-oss",
 }
 OWN_WRITERS = {
     **dict.fromkeys(hf_gguf_qwen35.ARCHS, hf_gguf_qwen35),
+    **dict.fromkeys(hf_gguf_lfm2.ARCHS, hf_gguf_lfm2),
     "granitemoehybrid": hf_gguf_granite,
     "gpt_oss": hf_gguf_gptoss,
 }
@@ -77,7 +78,6 @@ PRE_TOKENIZERS = {QWEN2_SPLIT: "qwen2"}
 
 # HF module name -> GGUF tensor name (gguf-py's tensor_mapping.py for these architectures)
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-_TOP["model.embedding_norm"] = "token_embd_norm"  # LFM2's final norm, under llama.cpp's name
 _LAYER = {
     "input_layernorm": "attn_norm",
     "self_attn.q_proj": "attn_q",
@@ -96,10 +96,6 @@ _LAYER = {
     "mlp.down_proj": "ffn_down",
     "post_self_attn_layernorm": "post_attention_norm",  # glm4
     "post_mlp_layernorm": "post_ffw_norm",  # glm4
-    **{"operator_norm": "attn_norm", "ffn_norm": "ffn_norm", "self_attn.out_proj": "attn_output"},  # lfm2 ...
-    **{"self_attn.q_layernorm": "attn_q_norm", "self_attn.k_layernorm": "attn_k_norm", "conv.conv": "shortconv.conv"},
-    **{"feed_forward.w1": "ffn_gate", "feed_forward.w3": "ffn_up", "feed_forward.w2": "ffn_down"},
-    **{"conv.in_proj": "shortconv.in_proj", "conv.out_proj": "shortconv.out_proj"},
 }
 # ... but the attention's post-norm in these (Seed-OSS: llama.cpp's name for its pre-FFN norm)
 _POST_ATTN = ("gemma2", "gemma3_text", "olmo2", "olmo3", "exaone4", "seed_oss")
@@ -149,8 +145,6 @@ def _model_tensors(h: dict, folder: Path):
             x = x[: len(tj["model"]["vocab"]) + len(tj["added_tokens"])]
         if mt in GEMMA and name.endswith("norm.weight"):
             x = x + 1
-        if mt == "lfm2" and "conv.conv" in name:  # LFM2Model: the depthwise taps [C, 1, K] as [C, K]
-            x = x.squeeze(1)
         yield gguf_tensor_name(mt, name), x
 
 
@@ -299,26 +293,10 @@ def _phi3_params(w, h: dict, rope: dict, ftype: int) -> None:
     w.add_sliding_window(h.get("sliding_window") or 0)  # 0: no window (how Phi-4 is told apart)
 
 
-def _lfm2_params(w, h: dict, rope: dict, ftype: int) -> None:
-    """LFM2Model.set_gguf_parameters: kv heads a layer (0: a convolution layer), the taps, the adjusted FFN width."""
-    ff = h["block_ff_dim"] if h.get("block_ff_dim") is not None else h["intermediate_size"]
-    if h.get("block_auto_adjust_ff_dim"):
-        ff = int(2 * ff / 3)
-        if h.get("block_ffn_dim_multiplier") is not None:
-            ff = int(h["block_ffn_dim_multiplier"] * ff)
-        ff = h["block_multiple_of"] * ((ff + h["block_multiple_of"] - 1) // h["block_multiple_of"])
-    kv = [h["num_key_value_heads"] * (t != "conv") for t in h["layer_types"]]
-    _text_model_params(
-        w, {**h, "num_key_value_heads": kv, "rms_norm_eps": h["norm_eps"], "intermediate_size": ff}, rope, ftype
-    )
-    w.add_vocab_size(h["vocab_size"])
-    w.add_shortconv_l_cache(h["conv_L_cache"])
-
-
 def _hparams(w, h: dict, rope: dict, ftype: int) -> None:
     mt = h["model_type"]
-    if mt == "lfm2":
-        return _lfm2_params(w, h, rope, ftype)
+    if mt in ("lfm2", "lfm2_moe"):  # bench/hf_gguf_lfm2.py
+        return hf_gguf_lfm2.params(w, h, lambda hh: _text_model_params(w, hh, rope, ftype))
     if mt in (
         "qwen3_5_text",
         "qwen3_5_moe_text",

@@ -100,12 +100,33 @@ def _moe(cfg: dict, a: dict) -> dict:
 
 # LFM2-MoE: its first `num_dense_layers` FFNs dense, the rest experts chosen by sigmoid scores plus a bias that
 # only chooses (`expert_bias`), renormalised and scaled
+def _gguf_moe(key, a: dict) -> dict:
+    """llama.cpp's lfm2moe: LFM2's layers; experts chosen by sigmoid scores plus the bias (`exp_probs_b`) after the
+    leading dense layers, renormalised; scaled where `expert_weights_scale` says (its converter writes none)."""
+    if int(key("expert_gating_func", SIGMOID)) != SIGMOID:
+        raise Unsupported(f"expert_gating_func {key('expert_gating_func')} (LFM2-MoE's experts are chosen by sigmoid)")
+    return {
+        **_gguf(key, a),
+        "dense_layers": tuple(range(int(key("leading_dense_block_count", 0)))),
+        "router_sigmoid": True,
+        "router_select_bias": True,
+        "routed_scale": float(key("expert_weights_scale", 0.0)) or 1.0,
+        "norm_topk": True,
+        "norm_topk_eps": 1e-6,
+    }
+
+
+SIGMOID = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+
 LFM2_MOE = dataclasses.replace(
     LFM2,
     name="lfm2_moe",
     hf_types=("lfm2_moe",),
-    gguf_archs=(),
-    gguf_fields=lambda key, args: {},
+    gguf_archs=("lfm2moe",),
+    gguf_keys=LFM2.gguf_keys | {"expert_gating_func", "leading_dense_block_count", "expert_weights_scale"},
+    gguf_fields=_gguf_moe,
+    gguf_names={**LFM2.gguf_names, "ffn_router_sel": ("exp_probs_b.bias",)},
+    gguf_params=frozenset({"ffn_router_sel"}),
     hf_keys=LFM2.hf_keys | MOE_HF_KEYS | {"num_dense_layers", "use_expert_bias", "routed_scaling_factor"},
     hf_fields=_moe,
     hf_names={**LFM2.hf_names, "ffn_router_sel": ("feed_forward.expert_bias",)},

@@ -8,7 +8,7 @@ _HF_ONLY = "a GGUF reader for its architecture (cadence reads it from an HF dire
 _NEEDS = {
     _HF_ONLY: (
         (),
-        ("lfm2moe", "nemotron_h", "falcon-h1"),
+        ("nemotron_h", "falcon-h1"),
     ),
     "Nemotron-3's experts (a sigmoid router with a selection bias over relu^2 experts)": ((), ("nemotron_h_moe",)),
     "a GGUF reader for Gemma 4 (cadence reads it from an HF directory so far)": ((), ("gemma4",)),

@@ -325,7 +325,17 @@ FAMILIES: dict[str, dict[str, dict]] = {
             moe_intermediate_size=32,
             routed_scaling_factor=1.5,
             **_rope(1e6),
-        )
+        ),
+        "unscaled": dict(  # as the released LFM2-8B-A1B: no routed scale (what llama.cpp's GGUF can say)
+            num_hidden_layers=4,
+            layer_types=["full_attention", "conv", "conv", "full_attention"],
+            num_dense_layers=2,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            routed_scaling_factor=1.0,
+            **_rope(1e6),
+        ),
     },
     "glm4_moe": {  # the first FFN dense, then 4 experts (2 a token) by sigmoid scores and a choosing bias, one shared
         "plain": dict(
