@@ -81,6 +81,18 @@ def _rope(theta: float, **kw) -> dict:
     return {"rope_parameters": {"rope_type": "default", "rope_theta": theta, **kw}}
 
 
+_LFM2_MOE = dict(
+    num_hidden_layers=4,
+    layer_types=["conv", "full_attention", "conv", "full_attention"],
+    num_dense_layers=1,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    routed_scaling_factor=1.5,
+    **_rope(1e6),
+)
+
+
 def _phi3(partial: float, longrope: bool) -> dict:
     n = int(16 * partial) // 2
     rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": partial}
@@ -316,26 +328,10 @@ FAMILIES: dict[str, dict[str, dict]] = {
         )
     },
     "lfm2_moe": {  # LFM2's layers, the first FFN dense, then 4 experts (2 a token) by sigmoid scores and a bias
-        "plain": dict(
-            num_hidden_layers=4,
-            layer_types=["conv", "full_attention", "conv", "full_attention"],
-            num_dense_layers=1,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            routed_scaling_factor=1.5,
-            **_rope(1e6),
-        ),
-        "unscaled": dict(  # as the released LFM2-8B-A1B: no routed scale (what llama.cpp's GGUF can say)
-            num_hidden_layers=4,
-            layer_types=["full_attention", "conv", "conv", "full_attention"],
-            num_dense_layers=2,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            routed_scaling_factor=1.0,
-            **_rope(1e6),
-        ),
+        "plain": _LFM2_MOE,
+        # as the released LFM2-8B-A1B: no routed scale (what llama.cpp's GGUF can say), two dense layers
+        "unscaled": {**_LFM2_MOE, "layer_types": ["full_attention", "conv", "conv", "full_attention"]}
+        | {"num_dense_layers": 2, "routed_scaling_factor": 1.0},
     },
     "glm4_moe": {  # the first FFN dense, then 4 experts (2 a token) by sigmoid scores and a choosing bias, one shared
         "plain": dict(
