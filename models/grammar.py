@@ -142,7 +142,7 @@ _MEASURE = """
 import sys
 from scheduler.generation.footprint import own_anon_bytes
 from models.grammar import vocabulary
-import llguidance, gc
+import gc
 before = own_anon_bytes()
 v = vocabulary(sys.argv[1], int(sys.argv[2]))
 gc.collect()
@@ -223,7 +223,10 @@ class Constraint:
     def _seek(self, text: Sequence[int]) -> bool:
         """The matcher at the end of `text`; False where the grammar does not allow it."""
         new, fed = text[self.start :], self.fed
-        keep = next((i for i, (a, b) in enumerate(zip(fed, new)) if a != b), min(len(fed), len(new)))
+        if new[: len(fed)] == fed:  # the text goes on from where the matcher is (compared in C: every row asks)
+            keep = len(fed)
+        else:
+            keep = next((i for i, (a, b) in enumerate(zip(fed, new)) if a != b), min(len(fed), len(new)))
         if keep < len(fed):
             self.matcher.rollback(len(fed) - keep)
             del fed[keep:]

@@ -148,9 +148,7 @@ class Drafter:
     def _plant(self, d: DraftTree, run: list[int]):
         """A forced run as a chain under the root (each node certain: the target's masked choice can be no other),
         the draft run on all of it in one forward: (its last node, that node's next-token distribution)."""
-        at = ROOT
-        for tok in run:
-            at = d.tree.add(tok, at, 1.0)
+        at = d.tree.chain(run)
         dists = yield from self.feed.feed_nodes_steps(d.tree, list(range(len(run))))
         d.forwards += 1
         self.forced += len(run)

@@ -11,7 +11,7 @@ scheduler, so `--draft none` starts no draft actor at all.
 from __future__ import annotations
 
 from speculative.loop import Proposal
-from speculative.tree import ROOT, TokenTree, Tree
+from speculative.tree import TokenTree, Tree
 from speculative.trie import TokenTrie, grammar_keep
 
 
@@ -43,9 +43,8 @@ class PromptLookup:
         got = self.trie.retrieve(context, most - len(forced), keep=grammar_keep(self.constraint, context))
         if not got.tokens and not forced:
             return None
-        t, at = TokenTree(self.context[-1]), ROOT
-        for tok in forced:
-            at = t.add(tok, at, 1.0)
+        t = TokenTree(self.context[-1])
+        at = t.chain(forced)
         index = {}
         for i, (tok, parent, p) in enumerate(zip(got.tokens, got.parents, got.probs)):
             index[i] = t.add(tok, index[parent] if parent >= 0 else at, p)

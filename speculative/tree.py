@@ -46,6 +46,13 @@ class TokenTree:
         (self.root_children if up is None else up.children).append(i)
         return i
 
+    def chain(self, tokens: list[int], parent: int = ROOT) -> int:
+        """`tokens` as a run of certain nodes (probability 1: a grammar allows them alone) below `parent`; the last
+        one (`parent` where there are none)."""
+        for tok in tokens:
+            parent = self.add(tok, parent, 1.0)
+        return parent
+
     def children(self, i: int) -> list[int]:
         return self.root_children if i == ROOT else self.nodes[i].children
 
