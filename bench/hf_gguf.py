@@ -54,17 +54,12 @@ GGUF_ARCH = {
     "exaone4": "exaone4",
     "glm4": "glm4",
     "ministral3": "mistral3",
-    **hf_gguf_qwen35.ARCHS,
-    **hf_gguf_lfm2.ARCHS,
-    "granitemoehybrid": "granitehybrid",
-    "gpt_oss": "gpt-oss",
 }
-OWN_WRITERS = {
-    **dict.fromkeys(hf_gguf_qwen35.ARCHS, hf_gguf_qwen35),
-    **dict.fromkeys(hf_gguf_lfm2.ARCHS, hf_gguf_lfm2),
-    "granitemoehybrid": hf_gguf_granite,
-    "gpt_oss": hf_gguf_gptoss,
-}
+# families whose converter is written in a module of its own: ARCHS (model_type -> llama.cpp arch), tensors(h, named)
+# and params(w, h, text_params), text_params(hh=h) writing TextModel's keys from the config hh
+WRITERS = (hf_gguf_qwen35, hf_gguf_lfm2, hf_gguf_granite, hf_gguf_gptoss)
+OWN_WRITERS = {mt: m for m in WRITERS for mt in m.ARCHS}
+GGUF_ARCH.update({mt: arch for m in WRITERS for mt, arch in m.ARCHS.items()})
 PERMUTE_QK = (
     "llama",
     "mistral",
@@ -295,25 +290,14 @@ def _phi3_params(w, h: dict, rope: dict, ftype: int) -> None:
 
 def _hparams(w, h: dict, rope: dict, ftype: int) -> None:
     mt = h["model_type"]
-    if mt in ("lfm2", "lfm2_moe"):  # bench/hf_gguf_lfm2.py
-        return hf_gguf_lfm2.params(w, h, lambda hh: _text_model_params(w, hh, rope, ftype))
-    if mt in (
-        "qwen3_5_text",
-        "qwen3_5_moe_text",
-        "qwen3_next",
-    ):  # the multi-token prediction layers counted among the blocks
-        mtp = int(h.get("mtp_num_hidden_layers") or 0)
-        hh = {**h, "num_hidden_layers": h["num_hidden_layers"] + mtp}
-        hf_gguf_qwen35.params(w, h, lambda: _text_model_params(w, hh, rope, ftype))
-        return w.add_nextn_predict_layers(mtp) if mtp else None
+    if mt in OWN_WRITERS:  # bench/hf_gguf_*.py
+        return OWN_WRITERS[mt].params(w, h, lambda hh=h: _text_model_params(w, hh, rope, ftype))
     if mt == "gemma2":
         return _gemma2_params(w, h, ftype)
     if mt == "phi3":
         return _phi3_params(w, h, rope, ftype)
-    if mt in ("granite", "granitemoehybrid"):
+    if mt == "granite":
         h = {k: v for k, v in h.items() if k != "head_dim"}  # GraniteModel: "Ignoring head_dim"
-    if mt in ("granitemoehybrid", "gpt_oss"):  # bench/hf_gguf_*.py
-        return OWN_WRITERS[mt].params(w, h, lambda: _text_model_params(w, h, rope, ftype))
     _text_model_params(w, h, rope, ftype)
     if mt in PERMUTE_QK:  # LlamaModel
         w.add_vocab_size(h["vocab_size"])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+ARCHS = {"gpt_oss": "gpt-oss"}
+
 
 def tensors(h: dict, named):
     """(GGUF name, tensor) for each of the model's (name, tensor) in the file's order."""

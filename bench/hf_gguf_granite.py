@@ -11,6 +11,8 @@ import torch
 
 from bench.hf_gguf_qwen35 import TOP as _TOP
 
+ARCHS = {"granitemoehybrid": "granitehybrid"}
+
 _LAYER = {
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
@@ -88,7 +90,7 @@ def multipliers(w, h: dict) -> None:
 def params(w, h: dict, text_params) -> None:
     """GraniteHybridModel.set_gguf_parameters, after `text_params()` (TextModel's, LlamaModel's vocab size and rope
     dimensions): the multipliers, the shared FFN's width, the Mamba keys, kv heads a layer, no rope."""
-    text_params()
+    text_params({k: v for k, v in h.items() if k != "head_dim"})  # GraniteModel: "Ignoring head_dim"
     w.add_vocab_size(h["vocab_size"])
     w.add_rope_dimension_count(h["hidden_size"] // h["num_attention_heads"])
     multipliers(w, h)

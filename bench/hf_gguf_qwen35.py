@@ -136,8 +136,10 @@ def tensors(h: dict, named):
 
 def params(w, h: dict, text_params) -> None:
     """Qwen3NextModel's keys beside TextModel's (`text_params`): the delta-nets' sizes, the attention interval, the
-    rotary dims of a head (a quarter), the multimodal rope's sections."""
-    text_params()
+    rotary dims of a head (a quarter), the multimodal rope's sections; the multi-token prediction layers counted among
+    the blocks."""
+    mtp = int(h.get("mtp_num_hidden_layers") or 0)
+    text_params({**h, "num_hidden_layers": h["num_hidden_layers"] + mtp})
     w.add_ssm_conv_kernel(h["linear_conv_kernel_dim"])
     w.add_ssm_state_size(h["linear_key_head_dim"])
     w.add_ssm_group_count(h["linear_num_key_heads"])
@@ -154,3 +156,5 @@ def params(w, h: dict, text_params) -> None:
         w.add_expert_used_count(h["num_experts_per_tok"])
         w.add_expert_feed_forward_length(h["moe_intermediate_size"])
         w.add_expert_shared_feed_forward_length(h["shared_expert_intermediate_size"])
+    if mtp:
+        w.add_nextn_predict_layers(mtp)
