@@ -30,7 +30,18 @@ from pathlib import Path
 
 import torch
 
-from bench import hf_gguf_gptoss, hf_gguf_granite, hf_gguf_lfm2, hf_gguf_qwen35
+from bench import (
+    hf_gguf_falcon_h1,
+    hf_gguf_gemma4,
+    hf_gguf_glm4moe,
+    hf_gguf_gptoss,
+    hf_gguf_granite,
+    hf_gguf_lfm2,
+    hf_gguf_llama4,
+    hf_gguf_mistral4,
+    hf_gguf_nemotron,
+    hf_gguf_qwen35,
+)
 from bench.hf_gguf_vocab import vocab_gpt2
 
 QWEN2_SPLIT = (  # Qwen2's split regex (llama.cpp's pre-tokenizer "qwen2"), as its tokenizer.json has it
@@ -56,8 +67,20 @@ GGUF_ARCH = {
     "ministral3": "mistral3",
 }
 # families whose converter is written in a module of its own: ARCHS (model_type -> llama.cpp arch), tensors(h, named)
-# and params(w, h, text_params), text_params(hh=h) writing TextModel's keys from the config hh
-WRITERS = (hf_gguf_qwen35, hf_gguf_lfm2, hf_gguf_granite, hf_gguf_gptoss)
+# and params(w, h, text_params), text_params(hh=h) writing TextModel's keys from the config hh; after_vocab(w, h), where
+# a module has one, writes what its converter's set_vocab adds after the vocabulary
+WRITERS = (
+    hf_gguf_qwen35,
+    hf_gguf_lfm2,
+    hf_gguf_granite,
+    hf_gguf_gptoss,
+    hf_gguf_mistral4,
+    hf_gguf_gemma4,
+    hf_gguf_llama4,
+    hf_gguf_glm4moe,
+    hf_gguf_nemotron,
+    hf_gguf_falcon_h1,
+)
 OWN_WRITERS = {mt: m for m in WRITERS for mt in m.ARCHS}
 GGUF_ARCH.update({mt: arch for m in WRITERS for mt, arch in m.ARCHS.items()})
 PERMUTE_QK = (
@@ -241,7 +264,7 @@ def _text_model_params(w, h: dict, rope: dict, ftype: int) -> None:
         ):
             if rp.get(key) is not None:
                 add(rp[key])
-    elif kind not in (None, "default", "llama3"):  # llama3: the rope_freqs tensor, no key
+    elif kind not in (None, "default", "llama3", "proportional"):  # these two: a rope_freqs tensor, no key
         raise NotImplementedError(f"rope type {kind!r} is not reproduced here")
     if (theta := rp.get("rope_theta")) is not None:
         w.add_rope_freq_base(theta)
@@ -353,6 +376,8 @@ def write_gguf_like_llama_cpp(hf_folder: Path, out: Path, qtype: str = "F32") ->
     _hparams(w, h, rope, FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     vocab_gpt2(w, hf_folder, h, PRE_TOKENIZERS)
+    if hasattr(OWN_WRITERS.get(mt), "after_vocab"):
+        OWN_WRITERS[mt].after_vocab(w, h)
     if mt == "gemma2":
         w.add_add_space_prefix(False)  # Gemma2Model.set_vocab (after its SentencePiece vocab, here the BPE one)
     w.write_header_to_file()

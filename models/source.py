@@ -16,7 +16,15 @@ import numpy as np
 from common.errors import CadenceError
 from models.args import ModelArgs
 from models.families import BY_GGUF, BY_NAME, FAMILIES
-from models.families.base import COMMON_GGUF_KEYS, Family, deinterleave, gguf_rope, permute_partial, unpermute
+from models.families.base import (
+    COMMON_GGUF_KEYS,
+    Family,
+    Unsupported,
+    deinterleave,
+    gguf_rope,
+    permute_partial,
+    unpermute,
+)
 from models.families.pending import pending
 from models.files import what_is
 from models.gguf_file import GGUFFile
@@ -153,13 +161,14 @@ def head_norm_layout(w: np.ndarray, args: ModelArgs, interleaved: bool = False) 
     return permute_partial(w.reshape(-1, 1), 1, args.head_dim, args.rope_dim).reshape(-1) if args.rope_dim else w
 
 
-def _kv_heads(kv, origin: str) -> int:
-    """A GGUF's kv heads: one count, or one a layer (llama.cpp's LFM2: 0 for a convolution layer), all alike."""
-    if not isinstance(kv, list):
-        return int(kv)
-    counts = {int(x) for x in kv if int(x)}
+def _per_layer(value, what: str, origin: str) -> int:
+    """A GGUF's kv heads or FFN width: one, or one a layer (llama.cpp's LFM2 and Nemotron-H: 0 kv heads for a layer
+    that does not attend, 0 width for one with no FFN; the family tells those layers apart), all others alike."""
+    if not isinstance(value, list):
+        return int(value)
+    counts = {int(x) for x in value if int(x)}
     if len(counts) != 1:
-        raise CadenceError(f"{origin}: layers with different numbers of kv heads ({sorted(counts)}) are not supported")
+        raise CadenceError(f"{origin}: layers with different {what} ({sorted(counts)}) are not supported")
     return counts.pop()
 
 
@@ -193,6 +202,8 @@ class GGUFSource:
             self.tokenizer = self._tokenizer()
         except CadenceError:
             raise
+        except Unsupported as e:  # a family's reader met a part cadence does not run
+            raise CadenceError(f"{self.path}: {e} is not something cadence runs yet") from None
         except Exception as e:  # noqa: BLE001 - a field with a garbled value fails anywhere (tokenizers raises bare Exception)
             raise CadenceError(
                 f"{self.path} is a damaged GGUF file (its model fields do not make a model: {e}); re-download it"
@@ -204,7 +215,7 @@ class GGUFSource:
 
     def _args(self) -> ModelArgs:
         arch = self._field("general.architecture")
-        moe = any(n.endswith(".ffn_gate_exps.weight") for n in self.tensors)
+        moe = any(n.endswith((".ffn_gate_exps.weight", ".ffn_gate_up_exps.weight")) for n in self.tensors)
         fam = BY_NAME["mixtral"] if arch == "llama" and moe else BY_GGUF.get(arch)
         if arch == "olmo2" and f"{arch}.attention.sliding_window" in self.file.fields:
             fam = BY_NAME["olmo3"]  # llama.cpp's olmo2 with a window
@@ -220,11 +231,14 @@ class GGUFSource:
                 f"{self.path.name} is one part of a split GGUF; join the parts first (llama.cpp's gguf-split --merge)"
             )
         a = lambda k, d=None: self._field(f"{arch}.{k}", d)
-        if isinstance(a("attention.head_count"), list) or isinstance(a("feed_forward_length"), list):
+        lists = fam.gguf_layer_lists  # keys one a layer the family reads itself: the common fields take layer 0's
+        a0 = lambda k, d=None: (lambda v: v[0] if isinstance(v, list) and k in lists else v)(a(k, d))
+        if isinstance(a("attention.head_count"), list):
             raise CadenceError(f"{self.path.name}: layers of different widths are not supported")
         n_heads, dim = int(a("attention.head_count")), int(a("embedding_length"))
-        head_dim = int(a("attention.key_length", dim // n_heads))
-        if int(a("attention.value_length", head_dim)) != head_dim:
+        # (MLA written as MQA: key_length and value_length the latent's; `_mla` the heads' after it)
+        head_dim = int(a("attention.key_length_mla", a("attention.key_length", dim // n_heads)))
+        if int(a("attention.value_length_mla", a("attention.value_length", head_dim))) != head_dim:
             raise CadenceError(f"{self.path.name}: values narrower or wider than keys are not supported")
         if a("expert_count") and not moe:
             raise CadenceError(
@@ -236,8 +250,9 @@ class GGUFSource:
             dim=dim,
             n_layers=int(a("block_count")),
             n_heads=n_heads,
-            n_kv_heads=_kv_heads(a("attention.head_count_kv", n_heads), self.path.name),
-            ffn_dim=int(a("feed_forward_length", 0)) or int(self.tensors["blk.0.ffn_gate_exps.weight"].shape[1]),
+            n_kv_heads=_per_layer(a0("attention.head_count_kv", n_heads), "numbers of kv heads", self.path.name),
+            ffn_dim=_per_layer(a0("feed_forward_length", 0), "FFN widths", self.path.name)
+            or int(self.tensors["blk.0.ffn_gate_exps.weight"].shape[1]),
             norm_eps=float(a("attention.layer_norm_rms_epsilon", 1e-6)),
             context_length=int(a("context_length", 2048)),
             head_dim=head_dim,
@@ -250,22 +265,24 @@ class GGUFSource:
             arch=fam.name,
             qkv_bias="blk.0.attn_q.bias" in self.tensors or "blk.0.attn_qkv.bias" in self.tensors,
             tied_embeddings="output.weight" not in self.tensors,
-            **{**fam.block, **common, **self._moe(a, moe, fam), **fam.gguf_fields(a, common)},
+            **{**fam.block, **common, **self._moe(a, moe, fam), **fam.gguf_fields(a, common)}
+            | fam.gguf_tensor_fields(self.tensors),
         )
 
     def _moe(self, a, moe: bool, fam: Family) -> dict:
         if not moe:
             return {}
         n = int(a("block_count"))
-        first = next(i for i in range(n) if f"blk.{i}.ffn_gate_exps.weight" in self.tensors)
+        gates = ("ffn_gate_exps", "ffn_gate_up_exps")  # gate and up apart, or fused (gate rows first)
+        first, gate = next((i, g) for i in range(n) for g in gates if f"blk.{i}.{g}.weight" in self.tensors)
         shexp = self.tensors.get(f"blk.{first}.ffn_gate_shexp.weight")
-        exps = self.tensors[f"blk.{first}.ffn_gate_exps.weight"]
+        exps = self.tensors[f"blk.{first}.{gate}.weight"]
         dense = tuple(i for i in range(n) if f"blk.{i}.ffn_down.weight" in self.tensors)  # dense FFNs among them
         return dict(
             **({"dense_layers": dense} if dense else {}),
             n_experts=int(exps.shape[0]),
             n_experts_used=int(a("expert_used_count", 0)),
-            expert_ffn_dim=int(exps.shape[1]),
+            expert_ffn_dim=int(exps.shape[1]) // (1 + (gate == "ffn_gate_up_exps")),
             shared_ffn_dim=int(shexp.shape[0]) if shexp is not None else 0,
             norm_topk=bool(a("expert_weights_norm", NORM_TOPK.get(fam.name, False))),
         )
@@ -290,6 +307,8 @@ class GGUFSource:
 
     def _sources(self, name: str) -> list[str]:
         """The GGUF tensors a canonical tensor is made of."""
+        if name in self.family.gguf_globals:
+            return [self.family.gguf_globals[name]]
         if name == "embed":
             return ["token_embd.weight"]
         if name in ("out_norm", "head"):
@@ -303,7 +322,10 @@ class GGUFSource:
         if part.startswith("exp."):  # an expert's weights or biases (gpt-oss)
             which = part.split(".")[2]
             kind = "bias" if which.endswith("_bias") else "weight"
-            return [f"{b}.ffn_{x}_exps.{kind}" for x in (("gate", "up") if which.startswith("gate_up") else ("down",))]
+            pair = ("gate", "up") if which.startswith("gate_up") else ("down",)
+            if pair == ("gate", "up") and f"{b}.ffn_gate_up_exps.{kind}" in self.tensors:
+                pair = ("gate_up",)
+            return [f"{b}.ffn_{x}_exps.{kind}" for x in pair]
         moe = {
             "ffn_router": ["ffn_gate_inp"],
             "ffn_shexp_gate": ["ffn_gate_inp_shexp"],
@@ -314,7 +336,8 @@ class GGUFSource:
             return [f"{b}.{n}.bias" for n in self.family.gguf_tensors("attn_qkv")]
         if part in self.family.gguf_params:
             return [f"{b}.{n}" for n in self.family.gguf_tensors(part)]
-        return [f"{b}.{n}.weight" for n in moe.get(part) or self.family.gguf_tensors(part)]
+        own = self.family.gguf_layer_tensors(int(i), part, self.args)
+        return [f"{b}.{n}.weight" for n in own or moe.get(part) or self.family.gguf_tensors(part)]
 
     def _tokenizer(self) -> TokenizerInfo:
         return info_from_gguf(self.file.fields, self.path.name, self.gguf_arch)
@@ -338,7 +361,8 @@ class GGUFSource:
             return np.concatenate([self._raw(s, e) for s in srcs])
         if name.endswith("ffn_shexp_gate"):
             return self._raw(srcs[0]).reshape(1, self.args.dim)
-        w = np.concatenate([self.family.gguf_split(name, s, self._raw(s), self.args) for s in srcs])
+        parts = [self.family.gguf_split(name, s, self._raw(s), self.args) for s in srcs]
+        w = self.family.gguf_join(name, parts, self.args)
         if name.endswith(("attn_qkv", "attn_qkv_bias")):
             return qkv_layout(w, self.args, self.family.gguf_permuted, self.family.interleaved)
         if name.endswith(("attn_q_norm", "attn_k_norm")):

@@ -118,6 +118,17 @@ class Family:
     # layout (Qwen 3.5's: a head's queries or gates, value heads grouped again by key head, A_log from -exp(A_log))
     gguf_split: Callable[[str, str, np.ndarray, object], np.ndarray] = lambda name, src, w, args: w
     gguf_params: frozenset = frozenset()  # parts whose GGUF tensors are named without `.weight` (`ssm_a`)
+    gguf_globals: dict = field(default_factory=dict)  # canonical name -> a GGUF tensor of the model's, not of a layer
+    # (layer, part, ModelArgs) -> that layer's GGUF tensors of the part where they differ from `gguf_names` (else None)
+    gguf_layer_tensors: Callable[[int, str, object], tuple | None] = lambda i, part, args: None
+    # keys one a layer whose values differ that the family reads itself (Gemma 4's kv heads and FFN widths): the
+    # common fields take the first layer's
+    gguf_layer_lists: frozenset = frozenset()
+    # (the GGUF's tensors by name) -> the fields a file says by the tensors it holds (GLM-4.5's optional q/k norms)
+    gguf_tensor_fields: Callable[[dict], dict] = lambda tensors: {}
+    # (canonical name, its GGUF tensors as gguf_split gave them, ModelArgs) -> the canonical tensor: their rows one
+    # after another, or joined otherwise (Mistral 4's kv_b from llama.cpp's k_b and v_b, head by head)
+    gguf_join: Callable[[str, list, object], np.ndarray] = lambda name, parts, args: np.concatenate(parts)
 
     def hf_tensors(self, part: str) -> tuple[str, ...]:
         return {**LLAMA_HF, **self.hf_names}[part]

@@ -3,13 +3,17 @@ same normed input, their outputs added (`ModelArgs.parallel_mixers`); then a Swi
 (on the mixers' inputs and outputs, the keys, the Mamba projection's five parts, the MLP's gate and output) are
 folded into the weights as they are read, as llama.cpp's converter does; the embeddings' and the head's are
 `embed_scale` and `logits_div`. The Mamba output is y * silu(z), or a grouped RMSNorm before or after the gate
-(`mamba_rms_norm`, `mamba_norm_before_gate`)."""
+(`mamba_rms_norm`, `mamba_norm_before_gate`). From llama.cpp's GGUF (`falcon-h1`, bench/hf_gguf_falcon_h1.py writes
+one as its converter does): every multiplier is in the tensors already, the embeddings' and the head's too (no key
+holds one), so none is applied again; the Mamba output's norm is there where its tensor is, after the gate (llama.cpp
+runs no other); the pre-FFN norm is `ffn_norm` without `.weight`, the Mamba tensors read back into HF's layout."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from models.families.base import MAMBA_PARAMS, Family, Unsupported, check_mamba_steps, mamba_names
+from models.families.granite_hybrid import MAMBA_GGUF, mamba_gguf_split
 
 _KEYS = frozenset(
     "num_logits_to_keep mamba_d_ssm mamba_n_heads mamba_d_head mamba_n_groups mamba_d_state mamba_d_conv "
@@ -67,10 +71,33 @@ def _scales(cfg: dict, args) -> dict:
     }
 
 
+def _gguf(key, a: dict) -> dict:
+    """llama.cpp's falcon-h1: a Mamba mixer and an attention in every layer."""
+    heads, inner = int(key("ssm.time_step_rank")), int(key("ssm.inner_size"))
+    return {
+        "ssm_layers": tuple(range(a["n_layers"])),
+        "parallel_mixers": True,
+        "ssm_heads": heads,
+        "ssm_head_dim": inner // heads,
+        "ssm_state": int(key("ssm.state_size")),
+        "ssm_groups": int(key("ssm.group_count")),
+        "ssm_conv_bias": True,
+        "ssm_norm": "gated",
+        "conv_kernel": int(key("ssm.conv_kernel")),
+    }
+
+
 FALCON_H1 = Family(
     "falcon_h1",
     hf_types=("falcon_h1",),
-    gguf_archs=(),
+    gguf_archs=("falcon-h1",),
+    gguf_keys=frozenset("ssm.conv_kernel ssm.state_size ssm.group_count ssm.inner_size ssm.time_step_rank".split()),
+    gguf_fields=_gguf,
+    # llama.cpp's Mamba-2 layer: a gated norm where the file has one (Falcon-H1's alone may lack it)
+    gguf_tensor_fields=lambda tensors: {} if "blk.0.ssm_norm.weight" in tensors else {"ssm_norm": "none"},
+    gguf_names={**MAMBA_GGUF, "ffn_norm": ("ffn_norm",)},
+    gguf_split=mamba_gguf_split,
+    gguf_params=MAMBA_PARAMS | {"ffn_norm"},
     hf_defaults={"rope_theta": 10000.0, "mamba_d_ssm": 1024, "mamba_n_heads": 128, "mamba_d_state": 256},
     hf_keys=_KEYS,
     hf_fields=_hf,

@@ -15,10 +15,12 @@
 - the 26B-A4B (`enable_moe_block`): GeGLU experts beside the dense MLP in every layer, with norms of their own and a
   router of their own (models/moe.py `beside_dense`), streamed through the expert buffer like any mixture's.
 
-An encoder (`use_bidirectional_attention`) is refused in one sentence."""
+An encoder (`use_bidirectional_attention`) is refused in one sentence. llama.cpp's GGUF of it (arch `gemma4`) is
+read by models/families/gemma4_gguf.py."""
 
 from __future__ import annotations
 
+import models.families.gemma4_gguf as gguf4
 from models.families.base import FULL, SLIDING, Family, Unsupported, hf_rope, layer_kinds, windowed
 
 _KEYS = frozenset(
@@ -114,7 +116,7 @@ def _skipped(name: str, args) -> bool:
 GEMMA4 = Family(
     "gemma4",
     hf_types=("gemma4_text",),
-    gguf_archs=(),
+    gguf_archs=("gemma4",),
     block={"post_norm": True, "act": "gelu_tanh", "qk_norm": "head", "v_norm": True, "layer_scale": True},
     hf_defaults={
         "sliding_window": 512,
@@ -152,4 +154,12 @@ GEMMA4 = Family(
     },
     hf_layer_tensors=_layer_tensors,
     hf_skipped=_skipped,
+    gguf_keys=gguf4.GGUF_KEYS,
+    gguf_fields=gguf4.gguf_fields,
+    gguf_names=gguf4.GGUF_NAMES,
+    gguf_params=gguf4.GGUF_PARAMS,
+    gguf_globals=gguf4.GGUF_GLOBALS,
+    gguf_layer_tensors=gguf4.gguf_layer_tensors,
+    gguf_layer_lists=gguf4.LAYER_LISTS,
+    gguf_tensor_fields=gguf4.gguf_tensor_fields,
 )

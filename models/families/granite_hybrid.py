@@ -80,7 +80,21 @@ def _gguf(key, a: dict) -> dict:
     }
 
 
-def _gguf_split(name: str, src: str, w: np.ndarray, args) -> np.ndarray:
+# Where a Mamba-2 mixer's tensors are in a GGUF layer (llama.cpp's converter, Mamba2Model: granitehybrid, nemotron_h,
+# falcon-h1); `ssm_a` and `ssm_d` are named without `.weight` (MAMBA_PARAMS)
+MAMBA_GGUF = {
+    "ssm_in": ("ssm_in",),
+    "ssm_conv": ("ssm_conv1d",),
+    "ssm_conv_b": ("ssm_conv1d.bias",),
+    "ssm_dt": ("ssm_dt.bias",),
+    "ssm_a": ("ssm_a",),
+    "ssm_d": ("ssm_d",),
+    "ssm_norm": ("ssm_norm",),
+    "ssm_out": ("ssm_out",),
+}
+
+
+def mamba_gguf_split(name: str, src: str, w: np.ndarray, args) -> np.ndarray:
     """A Mamba tensor of the GGUF in HF's layout: A_log from -exp(A_log), D and the gated norm's weight flat."""
     part = src.split(".")[2] if src.startswith("blk.") else ""
     if part in ("ssm_a", "ssm_d", "ssm_norm"):
@@ -98,17 +112,8 @@ GRANITE_HYBRID = Family(
         "ssm.time_step_rank rope.scaling.finetuned vocab_size".split()
     ),
     gguf_fields=_gguf,
-    gguf_names={
-        "ssm_in": ("ssm_in",),
-        "ssm_conv": ("ssm_conv1d",),
-        "ssm_conv_b": ("ssm_conv1d.bias",),
-        "ssm_dt": ("ssm_dt.bias",),
-        "ssm_a": ("ssm_a",),
-        "ssm_d": ("ssm_d",),
-        "ssm_norm": ("ssm_norm",),
-        "ssm_out": ("ssm_out",),
-    },
-    gguf_split=_gguf_split,
+    gguf_names=MAMBA_GGUF,
+    gguf_split=mamba_gguf_split,
     gguf_params=MAMBA_PARAMS,
     gguf_permuted=True,
     hf_defaults={**{k: 1.0 for k in _MULTIPLIERS}, "rope_theta": 10000.0, "mamba_expand": 2, "mamba_conv_bias": True},

@@ -3,11 +3,19 @@
 pairs; every fourth layer NoPE, global, its queries scaled by 1 + attn_scale ln(1 + floor((pos + 1) / floor_scale));
 mixtures of experts on `moe_layers` (top-1 by sigmoid, the weight scaling the expert's input) beside an ungated
 shared expert, dense layers of `intermediate_size_mlp` between. The released checkpoints wrap it with a vision model
-(`language_model.model.*`): cadence runs the text model."""
+(`language_model.model.*`): cadence runs the text model.
+
+llama.cpp's `llama4` GGUF (its converter's Llama4Model) keeps q/k as they are (its NORM rope rotates the same
+interleaved pairs), splits the fused experts' gate_up in halves and says little in keys: `interleave_moe_layer_step`
+places the experts, the experts' and the dense FFN's widths; the rest llama.cpp fixes for every Llama 4 GGUF, so
+the reader does too: chunks of 8192 on three layers in four (or `attention.sliding_window_pattern`), every fourth
+layer NoPE with its queries tempered by 0.1 ln(1 + floor((pos + 1) / 8192)), L2 q/k norms unless 128 experts
+(Maverick, released without them)."""
 
 from __future__ import annotations
 
-from models.families.base import MOE_HF_KEYS, Family
+from common.errors import CadenceError
+from models.families.base import MOE_HF_KEYS, Family, gguf_pattern
 
 _KEYS = MOE_HF_KEYS | frozenset(
     "intermediate_size_mlp moe_layers interleave_moe_layer_step use_qk_norm no_rope_layers no_rope_layer_interval "
@@ -49,10 +57,40 @@ def _hf(cfg: dict, a: dict) -> dict:
     }
 
 
+def _gguf(key, a: dict) -> dict:
+    """llama.cpp's llama4 (src/models/llama4.cpp): the experts on every `interleave_moe_layer_step`-th layer, and its
+    fixed chunks, NoPE layers, temperature and q/k norms."""
+    if key("interleave_moe_layer_step") is None or not key("expert_count"):
+        raise CadenceError("a llama4 GGUF without expert_count or interleave_moe_layer_step (its experts) is not run")
+    if key("attention.sliding_window", None) == 0:  # llama.cpp: MobileLLM's, its last layer unrotated and untempered
+        raise CadenceError("a llama4 GGUF with attention.sliding_window 0 (no chunked attention) is not run yet")
+    n, step = a["n_layers"], int(key("interleave_moe_layer_step"))
+    nope = tuple(i for i in range(n) if (i + 1) % 4 == 0)
+    return {
+        "nope_layers": nope,
+        "chunk_size": 8192,
+        "chunk_layers": gguf_pattern(key, n, 4),
+        "attn_temp_beta": 0.1,
+        "attn_temp_scale": 8192.0,
+        "attn_temp_offset": 1,
+        "attn_temp_layers": nope,
+        "qk_norm": "" if int(key("expert_count")) == 128 else "l2",
+        "dense_layers": tuple(i for i in range(n) if not (step > 0 and (i + 1) % step == 0)),
+        "router_sigmoid": True,
+        "router_scales_input": True,
+        "norm_topk": False,
+        "shared_gated": False,
+    }
+
+
 LLAMA4 = Family(
     "llama4",
     hf_types=("llama4_text",),
-    gguf_archs=(),
+    gguf_archs=("llama4",),
+    gguf_keys=frozenset(
+        "vocab_size interleave_moe_layer_step attention.sliding_window attention.sliding_window_pattern".split()
+    ),
+    gguf_fields=_gguf,
     hf_defaults={"rope_theta": 500000.0},
     hf_keys=_KEYS,
     hf_fields=_hf,

@@ -1,11 +1,17 @@
 """Nemotron-H (NVIDIA): a layer is one part, after its own pre-norm: a Mamba-2 mixer (models/recurrent.py), an
 attention (no rotary: NoPE), or a non-gated MLP (relu(x W_up)^2 W_down), in the order `layers_block_type` gives
 (transformers 4: `hybrid_override_pattern`, M / * / -). Its tensors sit under `backbone.` (`embeddings`, `norm_f`,
-`layers.N.norm`, `layers.N.mixer.*`). Mixture-of-experts layers (E, Nemotron-3) are refused naming them."""
+`layers.N.norm`, `layers.N.mixer.*`). Mixture-of-experts layers (E, Nemotron-3) are refused naming them. From
+llama.cpp's GGUF (`nemotron_h`, bench/hf_gguf_nemotron.py writes one as its converter does): a layer's kind is in
+its kv heads and FFN width a layer (both 0: Mamba; kv heads: attention; a width: MLP), every layer's norm is
+`attn_norm`, the attention's q/k rows permuted as Llama's (llama.cpp runs them without rotary), the Mamba tensors
+read back into HF's layout (A_log from -exp(A_log))."""
 
 from __future__ import annotations
 
+from common.errors import CadenceError
 from models.families.base import MAMBA_PARAMS, Family, Unsupported, check_mamba_steps, mamba_names
+from models.families.granite_hybrid import MAMBA_GGUF, mamba_gguf_split
 
 _PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 _LEGACY = {"mamba": "linear_attention", "attention": "full_attention"}
@@ -61,10 +67,47 @@ def _hf(cfg: dict, a: dict) -> dict:
     }
 
 
+def _gguf(key, a: dict) -> dict:
+    """llama.cpp's nemotron_h: a layer with neither kv heads nor an FFN width is a Mamba layer, one with kv heads but
+    no FFN attends (without rotary), one with an FFN width is an MLP."""
+    n, kv, ff = a["n_layers"], key("attention.head_count_kv"), key("feed_forward_length")
+    if not (isinstance(kv, list) and isinstance(ff, list) and len(kv) == len(ff) == n):
+        raise CadenceError(
+            "a nemotron_h GGUF gives its kv heads and FFN widths a layer (its layer kinds); this one does not"
+        )
+    if key("expert_count"):
+        raise CadenceError(f"expert_count={key('expert_count')} (Nemotron-3's experts) is not run yet")
+    heads, inner = int(key("ssm.time_step_rank")), int(key("ssm.inner_size"))
+    kind = lambda test: tuple(i for i in range(n) if test(int(kv[i]), int(ff[i])))  # noqa: E731
+    return {
+        "act": "relu2",
+        "ssm_layers": kind(lambda h, f: not h and not f),
+        "ssm_heads": heads,
+        "ssm_head_dim": inner // heads,
+        "ssm_state": int(key("ssm.state_size")),
+        "ssm_groups": int(key("ssm.group_count")),
+        "ssm_conv_bias": True,
+        "conv_kernel": int(key("ssm.conv_kernel")),
+        "nope_layers": kind(lambda h, f: h and not f),
+        "no_mixer_layers": kind(lambda h, f: f),
+        "no_ffn_layers": kind(lambda h, f: not f),
+    }
+
+
 NEMOTRON_H = Family(
     "nemotron_h",
     hf_types=("nemotron_h",),
-    gguf_archs=(),
+    gguf_archs=("nemotron_h",),
+    # TextModel writes the config's layer_norm_epsilon beside the RMS one llama.cpp reads (the same value)
+    gguf_keys=frozenset(
+        "ssm.conv_kernel ssm.state_size ssm.group_count ssm.inner_size ssm.time_step_rank rope.scaling.finetuned "
+        "attention.layer_norm_epsilon".split()
+    ),
+    gguf_fields=_gguf,
+    gguf_names={**MAMBA_GGUF, "ffn_norm": ("attn_norm",), "ffn_gate_up": ("ffn_up",)},
+    gguf_split=mamba_gguf_split,
+    gguf_params=MAMBA_PARAMS,
+    gguf_permuted=True,
     hf_defaults={"rope_theta": 10000.0},
     hf_keys=_KEYS,
     hf_fields=_hf,

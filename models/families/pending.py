@@ -4,20 +4,8 @@ bare "not supported" (issue 54). A family that comes to run leaves this table.""
 
 from __future__ import annotations
 
-_HF_ONLY = "a GGUF reader for its architecture (cadence reads it from an HF directory so far)"
 _NEEDS = {
-    _HF_ONLY: (
-        (),
-        ("nemotron_h", "falcon-h1"),
-    ),
     "Nemotron-3's experts (a sigmoid router with a selection bias over relu^2 experts)": ((), ("nemotron_h_moe",)),
-    "a GGUF reader for Gemma 4 (cadence reads it from an HF directory so far)": ((), ("gemma4",)),
-    "a GGUF reader for Llama 4 (cadence reads it from an HF directory so far)": ((), ("llama4",)),
-    "a GGUF reader for Mistral 4 (cadence reads it from an HF directory so far)": ((), ("mistral4",)),
-    "GLM-4.5's group-limited routing and a GGUF reader (cadence reads GLM-4.5 from an HF directory)": (
-        (),
-        ("glm4moe",),
-    ),
 }
 HF_NEEDS = {t: need for need, (hf, _) in _NEEDS.items() for t in hf}
 GGUF_NEEDS = {a: need for need, (_, gguf) in _NEEDS.items() for a in gguf}

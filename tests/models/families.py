@@ -72,6 +72,9 @@ _GEMMA4 = {
     "moe": dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
 }
 _LLAMA3 = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
+_SCOUT_ROPE = dict(
+    rope_type="llama3", factor=16.0, low_freq_factor=1.0, high_freq_factor=1.0, original_max_position_embeddings=8192
+)
 # Phi-3-mini-128k style factors: short ones near 1, long ones growing with the dimension (8 = head_dim / 2, 6 at 0.75)
 _SHORT = [1.0, 1.02, 1.05, 1.1, 1.2, 1.3, 1.45, 1.6]
 _LONG = [1.0, 1.2, 1.8, 3.0, 5.5, 9.0, 14.0, 20.0]
@@ -265,8 +268,9 @@ FAMILIES: dict[str, dict[str, dict]] = {
         for v in ("plain", "ple", "moe")
     },
     "mistral4": {  # latent attention (YaRN with mscale, interleaved rotary pairs, position-scaled queries), a dense
-        # first layer, then 4 softmax-routed experts (2 a token, scaled) beside a shared one
-        "plain": dict(
+        # first layer, then 4 softmax-routed experts (2 a token, scaled) beside a shared one; "untempered": queries
+        # not scaled by position (beta 0: what llama.cpp's GGUF of it can say)
+        v: dict(
             num_key_value_heads=4,  # a key head per query head, as MLA expands them
             qk_nope_head_dim=8,
             qk_rope_head_dim=8,
@@ -289,9 +293,10 @@ FAMILIES: dict[str, dict[str, dict]] = {
                 "beta_slow": 1.0,
                 "mscale": 1.0,
                 "mscale_all_dim": 1.0,
-                "llama_4_scaling_beta": 0.1,
+                "llama_4_scaling_beta": 0.1 if v == "plain" else 0.0,
             },
         )
+        for v in ("plain", "untempered")
     },
     "gpt_oss": {  # sinks, biases, sliding layers among full ones, YaRN untruncated; 4 experts, 2 a token
         "plain": dict(
@@ -333,12 +338,13 @@ FAMILIES: dict[str, dict[str, dict]] = {
         "unscaled": {**_LFM2_MOE, "layer_types": ["full_attention", "conv", "conv", "full_attention"]}
         | {"num_dense_layers": 2, "routed_scaling_factor": 1.0},
     },
-    "glm4_moe": {  # the first FFN dense, then 4 experts (2 a token) by sigmoid scores and a choosing bias, one shared
-        "plain": dict(
+    "glm4_moe": {  # the first FFN dense, then 4 experts (2 a token) by sigmoid scores and a choosing bias, one shared;
+        # "air": no q/k norms (GLM-4.5-Air's)
+        v: dict(
             num_hidden_layers=3,
             head_dim=16,
             attention_bias=True,
-            use_qk_norm=True,
+            use_qk_norm=v == "plain",
             first_k_dense_replace=1,
             n_routed_experts=4,
             num_experts_per_tok=2,
@@ -347,6 +353,7 @@ FAMILIES: dict[str, dict[str, dict]] = {
             routed_scaling_factor=1.5,
             **_rope(10000.0, partial_rotary_factor=0.5),
         )
+        for v in ("plain", "air")
     },
     "qwen3_next": {  # fused, grouped delta-net projections; 4 experts (2 a token) and a shared one; layer 1 dense
         "plain": dict(
@@ -378,8 +385,10 @@ FAMILIES: dict[str, dict[str, dict]] = {
             **_rope(500000.0),
         )
     },
-    "llama4_text": {  # chunks of 8, L2 q/k norms, layer 3 NoPE and tempered (floor 8); experts (top-1) on layers 1, 3
-        "plain": dict(
+    "llama4_text": {  # chunks of 8, L2 q/k norms, layer 3 NoPE and tempered (floor 8); experts (top-1) on layers 1, 3;
+        # "released": the chunks and the temperature's floor of the released checkpoints (8192, what llama.cpp fixes
+        # for every Llama 4 GGUF) and Scout's Llama 3 rope scaling
+        v: dict(
             num_hidden_layers=4,
             head_dim=16,
             intermediate_size=32,
@@ -387,12 +396,13 @@ FAMILIES: dict[str, dict[str, dict]] = {
             num_local_experts=4,
             num_experts_per_tok=1,
             interleave_moe_layer_step=2,
-            attention_chunk_size=WINDOW,
-            floor_scale=8,
+            attention_chunk_size=WINDOW if v == "plain" else 8192,
+            floor_scale=8 if v == "plain" else 8192,
             attn_scale=0.1,
             use_qk_norm=True,
-            **_rope(500000.0),
+            **(_rope(500000.0) if v == "plain" else _rope(500000.0, **_SCOUT_ROPE)),
         )
+        for v in ("plain", "released")
     },
     "qwen2": {
         "plain": dict(tie_word_embeddings=True, **_rope(1e6)),

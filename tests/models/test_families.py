@@ -24,15 +24,16 @@ N_NEW = 16
 # llama.cpp's converter writes no window for these (llama.cpp runs them without one): their GGUF is another model
 NO_WINDOW_IN_GGUF = {("mistral", "sliding"), ("qwen2", "sliding")}
 NO_SCALE_IN_GGUF = {("lfm2_moe", "plain")}  # ... nor LFM2-MoE's routed_scaling_factor (its "unscaled" variant: 1)
-NO_GGUF = {  # read from an HF directory only so far (llama.cpp's GGUFs of these: not yet)
-    "nemotron_h",
-    "glm4_moe",
-    "olmo_hybrid",
-    "llama4_text",
-    "falcon_h1",
-    "mistral4",
-    "gemma4_text",
-}
+NO_TEMP_IN_GGUF = {("mistral4", "plain")}  # ... nor Mistral 4's llama_4_scaling_beta (its "untempered" variant: 0)
+# ... nor Llama 4's chunk size or temperature floor: llama.cpp fixes both at 8192 (its "released" variant's)
+LLAMA4_FIXED = {"chunk_size": 8192, "attn_temp_scale": 8192.0}
+NO_CHUNK_IN_GGUF = {("llama4_text", "plain")}
+# llama.cpp's Mamba-2 layer norms after the gate only: a norm-before-gate Falcon-H1's GGUF is another model
+NORM_AFTER_GATE_IN_GGUF = {("falcon_h1", "normed")}
+# llama.cpp's converter folds Falcon-H1's embedding and head multipliers into those tensors too (no key holds them),
+# and every other multiplier in float32 as the HF reader folds them in float64
+MUP_FOLDED_IN_GGUF = {"falcon_h1"}
+NO_GGUF = {"olmo_hybrid"}  # llama.cpp has no architecture for it: read from an HF directory only
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +100,16 @@ def test_both_spellings_and_the_gguf_read_the_same_model(built, mt, v):
         expect = type(a)(**{**a.to_dict(), "sliding_window": 0, "sliding_layers": ()})
     if (mt, v) in NO_SCALE_IN_GGUF:
         expect = type(a)(**{**expect.to_dict(), "routed_scale": 1.0})
-    if mt == "granitemoehybrid":  # GraniteHybridModel: a context of 2^20 for a model with no rope
+    if (mt, v) in NO_TEMP_IN_GGUF:
+        expect = type(a)(**{**expect.to_dict(), "attn_temp_beta": 0.0, "attn_temp_scale": 1.0})
+    if (mt, v) in NO_CHUNK_IN_GGUF:
+        expect = type(a)(**{**expect.to_dict(), **LLAMA4_FIXED})
+    if mt in ("granitemoehybrid", "nemotron_h"):  # GraniteHybridModel: a context of 2^20 for a model with no rope
         expect = type(a)(**{**expect.to_dict(), "context_length": 2**20})
+    if (mt, v) in NORM_AFTER_GATE_IN_GGUF:
+        expect = type(a)(**{**expect.to_dict(), "ssm_norm": "gated"})
+    if mt in MUP_FOLDED_IN_GGUF:
+        expect = type(a)(**{**expect.to_dict(), "embed_scale": 1.0, "logits_div": 1.0})
     differ = {k for k, x in a.to_dict().items() if g.args.to_dict()[k] != expect.to_dict()[k]}
     if mt == "mistral":  # llama.cpp writes Mistral as a Llama: the same block
         assert g.args.arch == "llama"
@@ -109,11 +118,14 @@ def test_both_spellings_and_the_gguf_read_the_same_model(built, mt, v):
     # keeps the norms' epsilon and the queries' temperature as float32
     assert differ <= {"rope_scaling", "norm_eps", "attn_temp_beta"}, differ
     assert g.args.norm_eps == pytest.approx(a.norm_eps, rel=1e-6)
-    assert g.args.attn_temp_beta == pytest.approx(a.attn_temp_beta, rel=1e-6)
+    assert g.args.attn_temp_beta == pytest.approx(expect.attn_temp_beta, rel=1e-6)
+    folded = {"embed": a.embed_scale, "head": 1 / a.logits_div} if mt in MUP_FOLDED_IN_GGUF else {}
     for _, name in _names(a):  # every tensor: the same bits; a norm within float32 of the +1 the converter adds, a
-        # delta-net's or a Mamba's A_log of its -exp(A_log)
+        # delta-net's or a Mamba's A_log of its -exp(A_log), a muP-folded one within float32's rounding
         if name.endswith(("norm", "gdn_a", "ssm_a")):
             assert np.allclose(h5.get(name), g.get(name), rtol=0, atol=1e-6), name
+        elif mt in MUP_FOLDED_IN_GGUF:
+            assert np.allclose(h5.get(name) * folded.get(name, 1.0), g.get(name), rtol=1e-6, atol=1e-9), name
         else:
             assert np.array_equal(h5.get(name), g.get(name)), name
 
@@ -129,11 +141,17 @@ def _names(args):
 def test_fp32_logits_and_greedy_tokens_are_transformers_own(built, tmp_path, mt, v, source):
     d5, _, gguf, hf = built(mt, v)
     if source == "gguf" and mt in NO_GGUF:
-        pytest.skip("no GGUF of this family is read yet")
+        pytest.skip("llama.cpp has no architecture for this family: no GGUF of it exists")
     if source == "gguf" and (mt, v) in NO_WINDOW_IN_GGUF:
         pytest.skip("llama.cpp's converter writes no sliding window for this family: another model than HF's")
     if source == "gguf" and (mt, v) in NO_SCALE_IN_GGUF:
         pytest.skip("llama.cpp's converter writes no routed scale for this family: another model than HF's")
+    if source == "gguf" and (mt, v) in NORM_AFTER_GATE_IN_GGUF:
+        pytest.skip("llama.cpp runs a Mamba-2 norm after the gate only: another model than HF's")
+    if source == "gguf" and (mt, v) in NO_TEMP_IN_GGUF:
+        pytest.skip("llama.cpp's converter writes no position scaling of the queries: another model than HF's")
+    if source == "gguf" and (mt, v) in NO_CHUNK_IN_GGUF:
+        pytest.skip("llama.cpp runs every Llama 4 GGUF with chunks of 8192: another model than HF's")
     src = HFSource(d5) if source == "hf" else GGUFSource(gguf)
     model = ours(src, tmp_path / "store")
     ids = prompt_ids(d5)
@@ -189,8 +207,17 @@ def test_a_tensor_cadence_does_not_use_is_refused_naming_it(built, tmp_path):
         GGUFSource(gguf)
 
 
-def _with_extra(src, out, tensor: str | None = None, key: str | None = None):
-    """A copy of a GGUF file with one more tensor or key."""
+def test_a_gguf_part_cadence_does_not_run_is_refused_naming_it(built, tmp_path):
+    """A family's reader that meets a part it does not run says so (not "a damaged file")."""
+    src = built("lfm2_moe", "unscaled")[2]
+    gguf = _with_extra(src, tmp_path / "softmax.gguf", changed={"lfm2moe.expert_gating_func": 1})
+    with pytest.raises(CadenceError, match="expert_gating_func 1 .* is not something cadence runs") as e:
+        GGUFSource(gguf)
+    assert "damaged" not in str(e.value) and "\n" not in str(e.value)
+
+
+def _with_extra(src, out, tensor: str | None = None, key: str | None = None, changed: dict | None = None):
+    """A copy of a GGUF file with one more tensor or key, or keys `changed` to other values."""
     import gguf
 
     r = gguf.GGUFReader(src)
@@ -203,7 +230,7 @@ def _with_extra(src, out, tensor: str | None = None, key: str | None = None):
         if vt == gguf.GGUFValueType.ARRAY:
             w.add_array(name, f.contents())
         else:
-            w.add_key_value(name, f.contents(), vt)
+            w.add_key_value(name, (changed or {}).get(name, f.contents()), vt)
     for t in r.tensors:
         w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
     if tensor:
@@ -290,3 +317,28 @@ def test_gpt_oss_experts_in_mxfp4_blocks_are_read_an_expert_at_a_time(built, tmp
     lb = b.forward(torch.tensor(ids), torch.arange(len(ids)), b.new_cache(len(ids)))
     corr = torch.nn.functional.cosine_similarity(la.flatten(), lb.flatten(), dim=0)
     assert 0.9 < float(corr) < 1.0  # the same model, rounded (random weights lose more to MXFP4 than trained ones)
+
+
+def test_glm45s_prediction_layer_rides_in_its_gguf_and_is_left_aside(built, tmp_path):
+    """GLM-4.5's checkpoints hold a multi-token prediction layer after the last (`model.layers.<n>`: a whole layer
+    and its own eh_proj, enorm, hnorm and shared_head norm); llama.cpp's converter keeps it as one more block
+    (`block_count` n + 1, `nextn_predict_layers` 1, `blk.<n>.nextn.*`). Both files read as the model without it."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    d5, _, plain, _ = built("glm4_moe", "plain")
+    d = shutil.copytree(d5, tmp_path / "mtp")
+    t = load_file(d / "model.safetensors")
+    gen = torch.Generator().manual_seed(5)
+    last = [k for k in t if k.startswith("model.layers.2.")]
+    mtp = {k.replace("layers.2.", "layers.3."): torch.randn(t[k].shape, generator=gen) for k in last}
+    mtp |= {f"model.layers.3.{k}.weight": torch.ones(64) for k in ("enorm", "hnorm", "shared_head.norm")}
+    mtp["model.layers.3.eh_proj.weight"] = torch.randn(64, 128, generator=gen)
+    save_file(t | mtp, d / "model.safetensors")
+    g, g0 = GGUFSource(write_gguf_like_llama_cpp(d, tmp_path / "mtp.gguf")), GGUFSource(plain)
+    assert {"blk.3.nextn.eh_proj.weight", "blk.3.ffn_gate_exps.weight"} <= set(g.tensors)
+    assert g.file.fields["glm4moe.block_count"] == 4 and g.args == g0.args and g.args.n_layers == 3
+    assert HFSource(d).args == HFSource(d5).args
+    for _, name in _names(g.args):
+        assert np.array_equal(g.get(name), g0.get(name)), name
