@@ -27,7 +27,8 @@ from models.store import WeightStore, expert_group
 from models.transformer import Transformer
 from models.weights import StreamingWeights, drive, weights_for
 from speculative.tree import TokenTree, Tree, Verdict
-from speculative.verify import Arena, Prefill, Verifier, many_steps
+from speculative.prefixes import prompt_cache
+from speculative.verify import Prefill, Slots, Verifier, many_steps
 
 RESULTS = (Token, Verdict, Batched)  # what a job ends with
 JOBS = ("start", "step", "verify", "batch")  # what `begin` starts: the resident ops, run a streamed group at a time
@@ -61,8 +62,8 @@ class VerifierActor(Actor):
             )
         self.sampling = SamplingConfig(**init["sampling"])
         self.verifier = None
-        self.slots: dict[int, Verifier] = {}  # a batch of generations (op `batch`): each slot's verifier
-        self.pool = Arena(self.model)  # their caches' KV pool (speculative/kvpool.py)
+        self.prefixes = prompt_cache(init.get("prompt_cache"), init["store"])  # speculative/prefixes.py, or None
+        self.batch = Slots(self.model, self.prefixes)  # a batch of generations (op `batch`): each slot's verifier
         self.job = None  # job mode: the job under way (a generator) and what it waits for
         self.need = None
         self.kind = None
@@ -80,8 +81,12 @@ class VerifierActor(Actor):
     def _verifier(self, sampling: dict | None, reuse: bool, previous: Verifier | None) -> Verifier:
         """A generation's verifier: the last one's cache (`previous`: of this slot) kept for a prompt that continues
         it, unless told not to."""
-        own = SamplingConfig(**sampling) if sampling else self.sampling
-        return Verifier(self.model, own, previous=previous if reuse else None)
+        return Verifier(
+            self.model, self._sampling(sampling), previous if reuse else None, self.prefixes if reuse else None
+        )
+
+    def _sampling(self, sampling: dict | None) -> SamplingConfig:
+        return SamplingConfig(**sampling) if sampling else self.sampling
 
     def op_step(self, root: int):
         """A plain decode step on the root."""
@@ -101,12 +106,12 @@ class VerifierActor(Actor):
 
     def op_logprobs(self, slot: int = -1):
         """The log-probabilities of the tokens the generation (a batch's `slot`'s) chose since the last ask."""
-        v = self.slots.get(slot) if slot >= 0 else self.verifier
+        v = self.batch.verifiers.get(slot) if slot >= 0 else self.verifier
         return {"logprobs": v.take_logprobs() if v is not None else []}
 
     def op_release(self, slot: int):
         """A batch's generation was cancelled: its slot's cache goes."""
-        self.slots.pop(slot, None)
+        self.batch.verifiers.pop(slot, None)
         return {}
 
     def _batch_steps(self, calls: list):
@@ -114,20 +119,16 @@ class VerifierActor(Actor):
         for c in calls:
             slot, kind, a = int(c["slot"]), c["kind"], c["args"]
             if kind == "start":
-                v = self.slots.get(slot)
-                if v is None or not v.prefilling:  # a new prompt (else its next chunk)
-                    v = self._verifier(a.get("sampling"), a.get("reuse", True), v)
-                    v.begin_prompt(
-                        list(a["prompt_ids"]), int(a["capacity"]), self.pool.view(a.get("placed"), int(a["capacity"]))
-                    )
-                    self.slots[slot] = v
-                jobs.append((v, Prefill(list(a["prompt_ids"]), int(a["capacity"]))))
-            elif slot not in self.slots:
+                prompt, capacity = list(a["prompt_ids"]), int(a["capacity"])
+                sampling, reuse = self._sampling(a.get("sampling")), a.get("reuse", True)
+                v = self.batch.begin(slot, prompt, capacity, sampling, reuse, a.get("placed"))
+                jobs.append((v, Prefill(prompt, capacity)))
+            elif slot not in self.batch.verifiers:
                 raise ValueError(f"slot {slot} has no generation; start one there first")
             elif kind == "step":
-                jobs.append((self.slots[slot], int(a["root"])))
+                jobs.append((self.batch.verifiers[slot], int(a["root"])))
             elif kind == "verify":
-                jobs.append((self.slots[slot], TokenTree.of(Tree(**a["tree"]))))
+                jobs.append((self.batch.verifiers[slot], TokenTree.of(Tree(**a["tree"]))))
             else:
                 raise ValueError(f"a batch takes start, step and verify calls, not {kind!r}")
         done = yield from many_steps(jobs)

@@ -205,6 +205,16 @@ class ExpertOptions:
 
 
 @dataclass(frozen=True)
+class PromptCacheConfig:
+    """The prompt cache a run keeps (speculative/prefixes.py): entries in memory up to `ram_bytes` (counted in the
+    plan), and on disk in `dir` (None: none) up to `disk_bytes` (0: the larger of memory's and 1 GiB)."""
+
+    ram_bytes: int = 0
+    dir: str | None = None
+    disk_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class WorkerSplit:
     """What the sparse-attention worker takes of each multi-row pass (Ghidorah): the tree part of every
     layer's attention, `share` of the dense attention chunks, the last `columns` of every target linear

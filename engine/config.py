@@ -48,6 +48,8 @@ class RunConfig:
     trace_dir: str | None = None
     profile: str | None = None  # an ARCA profile; decide applies it (tree, worker)
     plan_sampling: bool = False  # plan room for sampling although the run's default is greedy (a server's requests)
+    prompt_cache: str = "auto"  # auto, off, or a folder (speculative/prefixes.py; engine/memory.py `prompt_cache_of`)
+    prompt_cache_ram: str | None = None  # its memory, e.g. "256MiB"; None: decide's
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -170,6 +172,8 @@ class RunConfig:
             trace=not o["no_trace"],
             trace_dir=o["trace_dir"],
             profile=o["profile"],
+            prompt_cache=o["prompt_cache"],
+            prompt_cache_ram=o["prompt_cache_ram"],
         )
 
     def options(self) -> dict:
@@ -210,6 +214,8 @@ class RunConfig:
             "column_share": w.columns,
             "trace_dir": self.trace_dir,
             "no_trace": not self.trace,
+            "prompt_cache": self.prompt_cache,
+            "prompt_cache_ram": self.prompt_cache_ram,
         }
 
     def replace(self, **kw) -> RunConfig:

@@ -29,6 +29,7 @@ from engine.memory import (
     most_slots,
     slots_without_draft,
     plan_inputs,
+    prompt_cache_of,
     runtime_config,
     uses_flash_draft,
 )
@@ -158,6 +159,7 @@ def _plan(asked: RunConfig, c: _Choice, machine, memory, budget: int | None, not
         trace=cfg.trace,
         trace_dir=cfg.trace_dir,
         notes=tuple(notes),
+        prompt_cache=prompt_cache_of(cfg),
     )
 
 

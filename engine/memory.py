@@ -14,6 +14,8 @@ import psutil
 
 from common.modes import Mode
 from common.errors import CadenceError
+from common.settings import PromptCacheConfig
+from common.units import fmt
 
 from engine.config import RunConfig
 from models.store import WeightStore
@@ -112,6 +114,7 @@ def plan_inputs(
         trie_nodes=trie,
         trace_events=TRACE_EVENTS + 2048,
         grammar=grammar_bytes(cfg, target, draft),
+        prompt_cache=(prompt_cache_of(cfg) or PromptCacheConfig()).ram_bytes,
     )  # the sink's and the scheduler's own, before they move on
     return {
         "target_groups": groups,
@@ -121,6 +124,44 @@ def plan_inputs(
         "overheads": o,
         **({"experts": experts, "experts_used": target.args.n_experts_used} if experts else {}),
     }
+
+
+PROMPT_CACHE_RAM = 512 << 20  # the prompt cache's memory without a budget, unless --prompt-cache-ram says
+
+
+def prompt_cache_of(cfg: RunConfig) -> PromptCacheConfig | None:
+    """The prompt cache `cfg` keeps (speculative/prefixes.py), or None. `auto`: where the run serves requests (its
+    plan makes room for their sampling: serve, chat, cadence.LLM) or its memory is given, in memory without a budget
+    and on disk under one (where every byte of memory is a resident layer's); a folder: on disk there too, found
+    again by later runs."""
+    from common.paths import home, writable_dir
+    from common.units import parse_bytes
+
+    asked, given = cfg.prompt_cache, cfg.prompt_cache_ram
+    ram = parse_bytes(given) if given is not None else 0 if cfg.memory_budget else PROMPT_CACHE_RAM
+    if asked == "off" or (asked == "auto" and not cfg.plan_sampling and given is None):
+        return None
+    folder = (
+        None if asked == "auto" and not cfg.memory_budget else home() / "prompt-cache" if asked == "auto" else asked
+    )
+    if folder is not None:
+        from pathlib import Path
+
+        if Path(folder).exists() and not Path(folder).is_dir():
+            raise CadenceError(f"--prompt-cache {folder} is a file; give a folder (or auto, or off)")
+        writable_dir(Path(folder))
+    return PromptCacheConfig(ram, None if folder is None else str(folder)) if ram or folder else None
+
+
+def prompt_cache_words(pc: PromptCacheConfig, token_bytes: int) -> str:
+    """What `launch plan` says of the prompt cache: where its entries live, and about how many tokens each holds."""
+    tiers = []
+    if pc.ram_bytes:
+        tiers.append(f"{fmt(pc.ram_bytes)} in memory (~{pc.ram_bytes // token_bytes} tokens' rows)")
+    if pc.dir:
+        most = pc.disk_bytes or max(pc.ram_bytes, 1 << 30)
+        tiers.append(f"up to {fmt(most)} on disk in {pc.dir} (~{most // token_bytes} tokens' rows)")
+    return "prompt cache (prompts' rows kept past their slot): " + ", and ".join(tiers)
 
 
 def grammar_bytes(cfg: RunConfig, target: WeightStore, draft: WeightStore | None) -> int:

@@ -203,6 +203,23 @@ OPTIONS: tuple[Option, ...] = (
         group=SPECULATION,
     ),
     Option(
+        "prompt_cache",
+        "auto",
+        "keep prompts' KV rows past their slot for later prompts that continue them (conversations taking turns, "
+        "a shared system prompt): auto: where the run serves requests (serve, chat, cadence.LLM), in memory "
+        "without a budget, on disk ($CADENCE_HOME/prompt-cache) under --memory-budget; a folder: on disk there as "
+        "well, found again by later runs; off",
+        group=MEMORY,
+        metavar="auto|off|DIR",
+    ),
+    Option(
+        "prompt_cache_ram",
+        None,
+        "the prompt cache's memory, counted in the plan (default: 512MiB without --memory-budget, none under one)",
+        group=MEMORY,
+        metavar="SIZE",
+    ),
+    Option(
         "ffn_density",
         0.3,
         "--mode flash: the share of each layer's FFN neurons a token computes (1.0: all of them, exactly the target)",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from common.modes import Mode
-from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit
+from common.settings import ExpertOptions, PromptCacheConfig, SamplingConfig, TreeConfig, WorkerSplit
 from engine.config import RunConfig
 from engine.options import DEFAULTS
 from models.store import WeightStore
@@ -80,6 +80,7 @@ class RunPlan:
     trace: bool = True
     trace_dir: str | None = None
     notes: tuple[str, ...] = ()  # a line per choice made for the user (the draft `auto` took, a wider tree)
+    prompt_cache: PromptCacheConfig | None = None  # prompts' rows kept past their slot (speculative/prefixes.py)
 
     @property
     def speculative(self) -> bool:
@@ -116,13 +117,21 @@ class RunPlan:
             "width": 0 if self.tree.width_auto else self.tree.width,
         }
 
-    def local_cycle(self, target, draft):
-        """The speculation cycle over a target model in this process and a draft side (or None)."""
+    def prefixes(self):
+        """The prompt cache of a target in this process (speculative/prefixes.py), or None."""
+        from speculative.prefixes import prompt_cache
+
+        pc = self.prompt_cache
+        return prompt_cache(None if pc is None else dataclasses.asdict(pc), str(self.target.dir))
+
+    def local_cycle(self, target, draft, prefixes=None):
+        """The speculation cycle over a target model in this process and a draft side (or None); `prefixes`: the
+        target's prompt cache (speculative/prefixes.py), or None."""
         from speculative.loop import Speculation
         from speculative.verify import LocalTarget
 
         return Speculation(
-            LocalTarget(target),
+            LocalTarget(target, prefixes),
             draft,
             self.mode,
             self.tree,

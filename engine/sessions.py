@@ -94,7 +94,8 @@ class LocalSession(_Quiet):
         elif d.kind is DraftKind.TRIE:
             vocab = (str(self.target.store.dir), self.target.args.vocab_size)
             self._drafts = lambda slot: TrieDraft(plan.tree.width, vocab)
-        self.loop = plan.local_cycle(self.target.model, self._drafts(0))
+        self.prefixes = plan.prefixes()  # one prompt cache for a generation alone and a batch's
+        self.loop = plan.local_cycle(self.target.model, self._drafts(0), self.prefixes)
 
     def batch(self, slots: int):
         from speculative.batch import Lockstep
@@ -102,7 +103,7 @@ class LocalSession(_Quiet):
 
         args = self.target.model.args
         kv = lambda rows: args.kv_bytes(rows) // 4  # noqa: E731
-        return Lockstep(self.loop, LocalBatch(self.target.model), self._drafts, slots, _propose, kv)
+        return Lockstep(self.loop, LocalBatch(self.target.model, self.prefixes), self._drafts, slots, _propose, kv)
 
     def close(self) -> None:
         pass
@@ -168,5 +169,6 @@ def _actor_session(sched, plan: RunPlan):
         paths=plan.paths,
         draft_rows=d.head_rows,
         flash=d.flash,
+        prompt_cache=plan.prompt_cache,
     )
     return ActorSession(sched, spec)

@@ -17,7 +17,7 @@ from engine.config import RunConfig
 from engine.decide import BudgetRefused, decide
 from engine.inputs import read_inputs
 from engine.machine import ThisMachine
-from engine.memory import least_flash_choice, plan_inputs, uses_flash_draft
+from engine.memory import least_flash_choice, plan_inputs, prompt_cache_words, uses_flash_draft
 from engine.plan import RunPlan
 from engine.prompts import Prompt, load_prompts
 from launch.options import add_run_options, run_config
@@ -83,6 +83,8 @@ def cmd_plan(args) -> int:
     else:
         _memory(run.memory)
         _by_row(machine.store(cfg.target, cfg.dtype))
+    if run.prompt_cache is not None:
+        print(f"  {prompt_cache_words(run.prompt_cache, run.target.args.kv_bytes(1))}")
     _smallest(cfg, machine, run)
     sys.stdout.flush()
     return 1 if failed is not None else 0

@@ -223,11 +223,16 @@ class KVCache:
     def can_rewind(self, length: int) -> bool:
         """Whether the sliding layers still hold what a query at `length` sees, and the recurrent layers their state
         there (a state cannot step back past what it folded; a convolution needs its taps' rows)."""
-        if not 0 <= length <= self.length or (self.window and max(0, length - self.window + 1) < self.base):
+        return self._rewinds(length, self.length, self.base, self.rbase, self.folded)
+
+    def _rewinds(self, n: int, length: int, base: int, rbase: int, folded: int) -> bool:
+        if not 0 <= n <= length or (self.window and max(0, n - self.window + 1) < base):
             return False
+        if not self.args.rec_layers:
+            return True
         if self.args.rec_kind != "conv":
-            return length >= self.folded
-        return not self.args.conv_layers or max(0, length - self.args.conv_kernel + 1) >= self.rbase
+            return n >= folded
+        return not self.args.conv_layers or max(0, n - self.args.conv_kernel + 1) >= rbase
 
     def rewind(self, length: int):
         if not 0 <= length <= self.length:
@@ -235,3 +240,49 @@ class KVCache:
         if not self.can_rewind(length):
             raise ValueError(f"cannot rewind to {length}: the sliding-window layers dropped the rows it needs")
         self.length, self.pending = length, 0
+
+    def committed(self) -> tuple[dict, dict]:
+        """The committed cache as (its marks, views of its parts), for speculative/prefixes.py to keep past this cache:
+        each kind's committed rows, the recurrent states and where their rows start, a prompt chunk's state kept
+        whole. A new cache that `adopt`s the marks and gets the parts copied in is this one, to the bit."""
+        marks = {"length": self.length, "base": self.base, "rbase": self.rbase, "folded": self.folded, "chains": {}}
+        views = self._parts(marks)
+        for j in range(len(self.args.rec_layers)):
+            chain = self.chains.get(self.rec[j].data_ptr())
+            if chain is not None:
+                marks["chains"][str(j)] = [int(chain[0]), int(chain[1])]
+                views[f"chain{j}"] = chain[2]
+        return marks, views
+
+    def _parts(self, marks: dict) -> dict:
+        L = marks["length"]
+        parts = {"k": self.k[:, :, :L], "v": self.v[:, :, :L]}
+        if self.window:
+            n = L - marks["base"]
+            parts.update(wk=self.wk[:, :, :n], wv=self.wv[:, :, :n], pos=self.pos[:L])
+        if self.args.rec_layers:
+            parts.update(rec=self.rec[:, : L - marks["rbase"]], state=self.state)
+        return parts
+
+    def fits(self, marks: dict, n: int) -> bool:
+        """Whether the cache `marks` describe goes into this one (its rows of each kind within this one's) and rewinds
+        to its first `n` tokens."""
+        L = marks["length"]
+        return (
+            self._rewinds(n, L, marks["base"], marks["rbase"], marks["folded"])
+            and L <= self.capacity
+            and (not self.window or L - marks["base"] <= self.wk.shape[2])
+            and (not self.args.rec_layers or L - marks["rbase"] <= self.rec.shape[1])
+        )
+
+    def adopt(self, marks: dict) -> dict:
+        """This cache made the one `marks` (of `committed`) describe, but for its parts' values: the views to copy
+        them into (`fits` must hold)."""
+        self.base, self.rbase, self.folded = marks["base"], marks["rbase"], marks["folded"]
+        views = self._parts(marks)
+        self.chains = {}
+        for j, (first, end) in marks["chains"].items():
+            views[f"chain{j}"] = state = torch.empty_like(self.state[int(j)])
+            self.chains[self.rec[int(j)].data_ptr()] = (first, end, state)
+        self.length, self.pending = marks["length"], 0
+        return views

@@ -48,6 +48,7 @@ class Metrics:
     cancelled: int = 0
     tokens: int = 0
     prompt_tokens: int = 0
+    prompt_reused: int = 0  # prompt tokens whose KV rows were found cached (the slot's, or the prompt cache's)
     last_tokens_per_s: float = 0.0
     accepted: int = 0
     verifications: int = 0
@@ -84,6 +85,7 @@ class Metrics:
     def record(self, c) -> None:
         self.tokens += len(c.token_ids)
         self.prompt_tokens += c.prompt_tokens
+        self.prompt_reused += c.stats.get("reused_prompt_tokens", 0)
         self.last_tokens_per_s = c.tokens_per_s
         self.accepted += c.stats.get("accepted", 0)
         self.verifications += c.stats.get("verifications", 0)

@@ -17,6 +17,10 @@ def prometheus(gen: Generator, budget: int | None) -> str:
     metric("requests_cancelled_total", "counter", "Generations stopped because their client went away", m.cancelled)
     metric("generated_tokens_total", "counter", "Tokens generated", m.tokens)
     metric("prompt_tokens_total", "counter", "Prompt tokens processed", m.prompt_tokens)
+    reused = "Prompt tokens whose KV rows were found cached (their slot's, or the prompt cache's)"
+    metric("prompt_tokens_reused_total", "counter", reused, m.prompt_reused)
+    missed = "Prompt tokens prefilled: no cache held them"
+    metric("prompt_tokens_prefilled_total", "counter", missed, m.prompt_tokens - m.prompt_reused)
     metric("queue_depth", "gauge", "Requests waiting for the generation thread", gen.jobs.qsize())
     metric("tokens_per_second", "gauge", "Tokens per second of the last generation", m.last_tokens_per_s)
     metric(

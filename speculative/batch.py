@@ -361,12 +361,12 @@ class Lockstep:
 
 def _placed(call: Call, placed: Placed | None) -> Call:
     """A start call as a batch's target side takes it: with where its cache goes in the pool (None: no pool), the
-    range's rows, and its prefix reused only from the range the slot kept."""
+    range's rows (the slot's last cache reused only where it kept its range: `Placed.kept`)."""
     if call.kind != "start":
         return call
     prompt_ids, capacity, sampling, reuse = call.args
     if placed is not None:
-        capacity, reuse = placed.capacity, reuse and placed.kept
+        capacity = placed.capacity
     return Call("start", (prompt_ids, capacity, sampling, reuse, placed), call.side)
 
 

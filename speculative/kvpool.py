@@ -93,10 +93,13 @@ def _overlap(r: _Range, at: int, size: int) -> bool:
 
 
 class SlotTexts:
-    """The text each slot's cache holds after its last generation, and which slot a new prompt goes to: one whose
-    text it continues (a conversation's next turn: the longest such), else one never used, else the one used least
-    recently, so that the other slots keep their conversations' prefixes for their next turns (llama-server's slot
-    similarity does the same; the verifier reuses whatever prefix the slot's cache shares with the prompt)."""
+    """The text each slot's cache holds after its last generation, and which slot a new prompt goes to: the one whose
+    cache shares the longest prefix with it (a conversation's next turn, the same prompt again, a shared system
+    prompt), where that prefix is at least half the prompt or SHARED tokens; else one never used, else the one used
+    least recently, so that the other slots keep their conversations' prefixes for their next turns (llama-server's
+    slot similarity does the same; the verifier reuses whatever prefix the slot's cache shares with the prompt)."""
+
+    SHARED = 32  # a prefix this long is worth taking a slot for, whatever the prompt's length
 
     def __init__(self):
         self.kept: dict[int, list[int]] = {}  # slot -> its last generation's text (its last token not in the cache)
@@ -106,10 +109,11 @@ class SlotTexts:
         """The slot among `free` for the prompt (None: no slot is free)."""
 
         def rank(s: int) -> tuple:
-            kept = self.kept.get(s, [])
-            n = len(kept) - 1  # the cache holds the text but its last token
-            continues = 0 < n < len(prompt_ids) and kept[:n] == prompt_ids[:n]
-            return (continues, n if continues else 0, s not in self.used, -self.used.get(s, 0))
+            kept = self.kept.get(s, [])[:-1]  # the cache holds the text but its last token
+            n = next((i for i, (a, b) in enumerate(zip(kept, prompt_ids)) if a != b), min(len(kept), len(prompt_ids)))
+            n = min(n, len(prompt_ids) - 1)  # the prompt's last token runs again
+            shares = n > 0 and (2 * n >= len(prompt_ids) or n >= self.SHARED)
+            return (shares, n if shares else 0, s not in self.used, -self.used.get(s, 0))
 
         return max(free, key=rank, default=None)
 

@@ -24,14 +24,22 @@ from common.settings import SamplingConfig
 from models.transformer import Transformer
 from models.weights import drive
 from speculative.loop import Proposal
+from speculative.prefixes import MIN_TOKENS, PrefixCache
 from speculative.tree import TokenTree, Verdict, longest_accepted_path
 
 
 class Verifier:
-    def __init__(self, model: Transformer, sampling: SamplingConfig, previous: "Verifier | None" = None):
+    def __init__(
+        self,
+        model: Transformer,
+        sampling: SamplingConfig,
+        previous: "Verifier | None" = None,
+        prefixes: PrefixCache | None = None,
+    ):
         """`previous`: the last generation's verifier, whose KV cache a prompt that continues its text
-        (a conversation's next turn, a shared system prompt) picks up instead of prefilling again."""
-        self.model, self.sampling = model, sampling
+        (a conversation's next turn, a shared system prompt) picks up instead of prefilling again; `prefixes`: the
+        prompt cache (speculative/prefixes.py) that keeps what the cache loses and offers longer prefixes."""
+        self.model, self.sampling, self.prefixes = model, sampling, prefixes
         self.cache = previous.cache if previous is not None else None
         self.tokens: list[int] = (
             list(previous.tokens) if previous is not None else []
@@ -71,10 +79,14 @@ class Verifier:
             )
             keep = min(keep, len(prompt_ids) - 1, c.length)  # the last prompt token runs again: its logits are needed
             keep = keep if c.can_rewind(keep) else 0  # a sliding-window layer may have dropped rows it needs
+        if self.prefixes is not None and c is not None and c.length - keep >= MIN_TOKENS:
+            self.prefixes.keep(self.tokens, c)  # the rows this prompt does not continue outlive the cache
         if keep > 0:
             c.rewind(keep)
         else:
             self.cache = c = self.model.new_cache(capacity, storage)
+        if self.prefixes is not None:
+            keep = self.prefixes.take(prompt_ids, c, keep)
         self.tokens, self.reused = list(prompt_ids), keep
         self.constraint = Constraint.of(
             self.sampling, source_of(self.model), self.model.args.vocab_size, len(prompt_ids)
@@ -245,15 +257,18 @@ class LocalTarget:
     streamed = False
     io_wait = None
 
-    def __init__(self, model: Transformer):
-        self.model = model
+    def __init__(self, model: Transformer, prefixes: PrefixCache | None = None):
+        self.model, self.prefixes = model, prefixes
         self.verifier: Verifier | None = None
 
     def start(
         self, prompt_ids: list[int], capacity: int, sampling: SamplingConfig, reuse: bool = True
     ) -> tuple[int, int]:
-        """Prefill; the last generation's cache is kept where this prompt continues its text (`reuse`)."""
-        self.verifier = Verifier(self.model, sampling, previous=self.verifier if reuse else None)
+        """Prefill; the last generation's cache is kept where this prompt continues its text, or the prompt cache's
+        longest prefix of it restored (`reuse`)."""
+        self.verifier = Verifier(
+            self.model, sampling, self.verifier if reuse else None, self.prefixes if reuse else None
+        )
         return self.verifier.start(prompt_ids, capacity), self.verifier.reused
 
     def step(self, root: int) -> int:
@@ -276,10 +291,9 @@ class LocalBatch:
     streamed = False
     io_wait = None
 
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Transformer, prefixes: PrefixCache | None = None):
         self.model = model
-        self.verifiers: dict[int, Verifier] = {}
-        self.pool = Arena(model)
+        self.slots = Slots(model, prefixes)
 
     def answer(self, calls: list) -> list:
         """Each (slot, `Call`) answered as `LocalTarget` would answer it alone: the prefills one by one, then every
@@ -288,14 +302,10 @@ class LocalBatch:
         for slot, call in calls:
             if call.kind == "start":
                 prompt_ids, capacity, sampling, reuse, placed = call.args
-                v = self.verifiers.get(slot)
-                if v is None or not v.prefilling:  # a new prompt (else its next chunk)
-                    v = Verifier(self.model, sampling, previous=v if reuse else None)
-                    v.begin_prompt(prompt_ids, capacity, self.pool.view(placed, capacity))
-                    self.verifiers[slot] = v
+                v = self.slots.begin(slot, prompt_ids, capacity, sampling, reuse, placed)
                 jobs.append((v, Prefill(prompt_ids, capacity)))
             else:
-                jobs.append(_job(self.verifiers[slot], call))
+                jobs.append(_job(self.slots.verifiers[slot], call))
         done = drive(many_steps(jobs), self.model.weights) if jobs else []
         return [
             (None if r is None else (r, v.reused)) if isinstance(w, Prefill) else reply(r)
@@ -304,11 +314,53 @@ class LocalBatch:
 
     def release(self, slot: int) -> None:
         """A generation cancelled: its slot's cache goes."""
-        self.verifiers.pop(slot, None)
+        self.slots.verifiers.pop(slot, None)
 
     def take_stats(self, slot: int) -> dict:
-        v = self.verifiers.get(slot)
+        v = self.slots.verifiers.get(slot)
         return {"logprobs": v.take_logprobs()} if v is not None and v.sampling.logprobs >= 0 else {}
+
+
+class Slots:
+    """A batch's verifiers by slot, their caches in one arena (speculative/kvpool.py says where each goes), and the
+    prompt cache that keeps what a new cache overwrites: the same in this process and in the verifier actor."""
+
+    def __init__(self, model: Transformer, prefixes: PrefixCache | None = None):
+        self.model, self.prefixes = model, prefixes
+        self.verifiers: dict[int, Verifier] = {}
+        self.pool = Arena(model)
+
+    def begin(self, slot: int, prompt_ids, capacity: int, sampling, reuse: bool, placed) -> Verifier:
+        """Slot's verifier for a prefill call: the one whose prompt is under way (its next chunk), else a new
+        prompt's, in the range `placed` (a `Placed`, or its list over the wire; None: a cache of its own). The slot's
+        last cache is continued where the slot kept its range (`reuse`); the idle caches the new range overwrites,
+        and the slot's last one where it is not continued, go to the prompt cache first."""
+        v = self.verifiers.get(slot)
+        if v is not None and v.prefilling:
+            return v
+        kept = reuse and (placed is None or bool(placed[3]))
+        storage = self.pool.view(placed, capacity)
+        for s, old in list(self.verifiers.items()):
+            if s == slot and kept:
+                continue
+            if s == slot or (storage is not None and old.cache is not None and _overlap(old.cache, storage)):
+                if reuse and self.prefixes is not None:
+                    self.prefixes.keep(old.tokens, old.cache)
+                del self.verifiers[s]
+        if storage is not None and not (placed[3] and kept):
+            storage.zero_()  # a new cache starts as a cache of its own would, zeroed
+        v = Verifier(self.model, sampling, self.verifiers.get(slot), self.prefixes if reuse else None)
+        v.begin_prompt(list(prompt_ids), capacity, storage)
+        self.verifiers[slot] = v
+        return v
+
+
+def _overlap(cache: KVCache, storage: torch.Tensor) -> bool:
+    """Whether `cache` lives in memory `storage` covers (a range of the same arena)."""
+    a0, b0 = cache.k.data_ptr(), storage.data_ptr()
+    a1, b1 = a0 + KVCache.numel(cache.args, cache.capacity) * 4, b0 + storage.numel() * storage.element_size()
+    same = cache.k.untyped_storage().data_ptr() == storage.untyped_storage().data_ptr()
+    return same and a0 < b1 and b0 < a1
 
 
 class Arena:
@@ -320,14 +372,13 @@ class Arena:
 
     def view(self, placed, capacity: int) -> torch.Tensor | None:
         """The storage of a cache of `capacity` rows at `placed` (a `Placed`, or its list over the wire; None: a
-        cache of its own)."""
+        cache of its own), as it is (a new cache zeroes it)."""
         if placed is None:
             return None
         offset, total = int(placed[0]), int(placed[2])
         if self.memory is None or self.memory.numel() != total:
             self.memory = torch.empty(total, dtype=torch.float32, device=self.model.device)
-        view = self.memory[offset : offset + KVCache.numel(self.model.args, capacity)]
-        return view if placed[3] else view.zero_()  # a new cache starts as a cache of its own would, zeroed
+        return self.memory[offset : offset + KVCache.numel(self.model.args, capacity)]
 
 
 def _job(v: Verifier, call) -> tuple:

@@ -229,6 +229,7 @@ def measure_overheads(
     own: int | None = None,
     batch_rows: int = 0,
     grammar: int = 0,
+    prompt_cache: int = 0,
 ) -> Overheads:
     """The overheads of a run on this machine: the scheduler as this process holds it now (call it
     once the tokenizer is loaded; `own`: its anonymous bytes read once already) plus its trace buffer, the zygote's and each actor's own pages as
@@ -236,7 +237,8 @@ def measure_overheads(
     --parallel, the other generations' tree rows that ride in a forward with a prompt's chunk
     (speculative/batch.py: the prompts a cycle admits fill at most a chunk). `greedy`: each token a plain argmax
     (models/sampling.py), where a verification holds one head part's logits at a time, not every row's. `grammar`:
-    what the processes that match grammars hold of the vocabulary (models/grammar.py `vocabulary_bytes`)."""
+    what the processes that match grammars hold of the vocabulary (models/grammar.py `vocabulary_bytes`);
+    `prompt_cache`: the prompt cache's memory (speculative/prefixes.py)."""
     fp = footprint()
     rows = min(width, 256) + 1 + 4  # a tree (or a batch of trees), its root and trie candidates
     prefill = min(context, PREFILL_CHUNK) + batch_rows
@@ -255,6 +257,7 @@ def measure_overheads(
         + trie_nodes * TRIE_NODE_BYTES,
         code=align(fp.code),
         grammar=align(grammar),
+        prompt_cache=align(prompt_cache),
     )
 
 

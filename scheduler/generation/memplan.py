@@ -53,6 +53,7 @@ class Overheads:
     code: int = 32 * MiB  # page cache for the processes' code (libtorch, libpython, kernels): not theirs to lose
     grammar: int = 0  # where requests may hold their output to a grammar: its view of the vocabulary, in each process
     # that matches one (models/grammar.py: the actors share the zygote's; a scheduler whose trie drafts holds its own)
+    prompt_cache: int = 0  # the prompt cache's entries in the verifier's memory (speculative/prefixes.py)
 
     def held(self, draft: bool, streamed: bool) -> int:
         """Everything but model data, KV and code pages, for a run with or without a draft, streaming or not."""
@@ -66,6 +67,7 @@ class Overheads:
             + ((self.actor + self.draft_activations) if draft else 0)
             + (self.actor if streamed else 0)
             + self.grammar
+            + self.prompt_cache
         )
 
 
@@ -127,6 +129,7 @@ class MemoryPlan:
             ("activations", o.verifier_activations + (o.draft_activations if self.has_draft else 0)),
             ("exchange arena", o.exchange),
             *([("grammars' view of the vocabulary", o.grammar)] if o.grammar else []),
+            *([("prompt cache (in memory)", o.prompt_cache)] if o.prompt_cache else []),
             (f"target resident ({len(self.resident)} groups)", self.resident_bytes),
             (f"streaming slots ({self.n_slots} x {fmt(self.slot_bytes)})", self.slot_bytes * self.n_slots),
             *(

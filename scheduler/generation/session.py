@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from common.modes import Mode
-from common.settings import ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit
+from common.settings import ExpertOptions, PromptCacheConfig, SamplingConfig, TreeConfig, WorkerSplit
 from models.args import ModelArgs
 from scheduler.generation.draft_side import ActorDraft
 from scheduler.generation.target_side import ActorTarget
@@ -46,6 +46,7 @@ class SessionSpec:
     paths: object = None  # EdgeMoE's path statistics (scheduler/generation/expert_policy.py PathStats), or None
     draft_rows: int = 0  # FR-Spec under a plan: the draft's head keeps only this many token rows (0: all)
     flash: tuple[float, str, int] | None = None  # --draft flash: (FFN density, predictor, neurons a layer cached)
+    prompt_cache: PromptCacheConfig | None = None  # the verifier's prompt cache (speculative/prefixes.py)
 
     def __post_init__(self):
         object.__setattr__(self, "mode", Mode(self.mode))  # a mode's text (a test's, a message's) as the member
@@ -115,6 +116,8 @@ class ActorSession:
         plan, moe = spec.plan, spec.plan is not None and spec.plan.expert_buffer > 0
         common = {"sampling": asdict(spec.sampling), "threads": spec.threads}
         vinit = {**common, "store": spec.target_store}
+        if spec.prompt_cache is not None:
+            vinit["prompt_cache"] = asdict(spec.prompt_cache)
         if spec.worker is not None:
             vinit.update(threads=1, worker=asdict(spec.worker))
             sched.spawn(

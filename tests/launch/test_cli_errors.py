@@ -100,6 +100,23 @@ def test_unwritable_json_is_refused_before_the_run(tiny_gguf, tmp_path, where):
     assert not (home / "stores").exists()  # nothing was converted, nothing ran
 
 
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (["--prompt-cache", "FILE"], "is a file; give a folder"),
+        (["--prompt-cache-ram", "lots"], "cannot read the memory size 'lots'"),
+    ],
+)
+def test_a_prompt_cache_that_cannot_be_is_refused_before_the_run(tiny_gguf, tmp_path, flags, says):
+    (tmp_path / "FILE").touch()
+    flags = [str(tmp_path / f) if f == "FILE" else f for f in flags]
+    home = tmp_path / "home"
+    line = one_clear_line(
+        launch("run", "--mode", "target", "--target", str(tiny_gguf), "--prompt", "x", *flags, home=home)
+    )
+    assert says in line
+
+
 def test_rows_are_saved_elsewhere_when_the_write_fails(tmp_path):
     (tmp_path / "file").touch()
     rows = [{f: 0 for f in ROW_FIELDS}]

@@ -130,6 +130,16 @@ def test_models_health_and_metrics(server):
     ):
         assert f"\n{name} " in "\n" + text, name
     assert "# TYPE cadence_generated_tokens_total counter" in text
+    c = _client(base)
+    for _ in range(2):  # the second finds the first's prompt cached
+        c.completions.create(model="tiny", prompt="a prompt sent twice, word for word", max_tokens=2, temperature=0)
+    figures = {
+        ln.split()[0]: float(ln.split()[1])
+        for ln in httpx.get(f"{base}/metrics", headers=KEY).text.splitlines()
+        if ln.startswith("cadence_prompt_tokens")
+    }
+    total, reused = figures["cadence_prompt_tokens_total"], figures["cadence_prompt_tokens_reused_total"]
+    assert reused > 0 and reused + figures["cadence_prompt_tokens_prefilled_total"] == total
 
 
 def test_an_api_key_is_required(server):
