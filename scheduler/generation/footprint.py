@@ -187,7 +187,7 @@ def activation_bytes(
 ) -> int:
     """A forward's largest transient tensors (fp32): in a layer, the residual, the norm's output,
     the FFN's gate|up and its product (or q/k/v and the attention output), int8 copies of the
-    inputs; after it, the logits, and with sampling their probabilities. `rows_prefill`: rows of a
+    inputs; after it, the logits, and with sampling one row's scores at a time. `rows_prefill`: rows of a
     prefill chunk (only its last row gets logits); `rows_verify`: rows of a verification (all get
     logits). `args`: a ModelArgs dict. `head_rows`: a draft's cut head (its logits are that wide);
     `head_part`: the rows of the largest part of a target's head (its greedy passes hold one part's
@@ -204,14 +204,15 @@ def activation_bytes(
             + a["dim"]
             + 3 * (a.get("shared_ffn_dim") or 0)
         )
-    vocab = a["vocab_size"]
-    if not greedy:  # every row's logits, and a row's scores' working tensors (fp64)
-        logits = 4 * vocab + 12 * (head_rows or vocab)
+    width = head_rows or a["vocab_size"]
+    scoring = 0  # what choosing from one row's logits holds beside them (the rows are chosen one at a time)
+    if not greedy:  # every row's logits; one row's penalized copy, fp64 log-probabilities, noise and nucleus at once
+        logits, scoring = 4 * width, 48 * width
     elif head_part and not head_rows:  # the target's greedy token, one head part's logits at a time
         logits = 4 * head_part
     else:  # the logits and their softmax (a draft's confidence), as wide as the head
-        logits = 8 * (head_rows or vocab)
-    return align(max(rows_prefill * per_row + logits, rows_verify * (per_row + logits)))
+        logits = 8 * width
+    return align(max(rows_prefill * per_row + logits, rows_verify * (per_row + logits)) + scoring)
 
 
 def measure_overheads(
