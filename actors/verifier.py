@@ -28,7 +28,8 @@ from models.transformer import Transformer
 from models.weights import StreamingWeights, drive, weights_for
 from speculative.tree import TokenTree, Tree, Verdict
 from speculative.prefixes import prompt_cache
-from speculative.verify import Prefill, Slots, Verifier, many_steps
+from speculative.slots import Slots
+from speculative.verify import Prefill, Verifier, many_steps
 
 RESULTS = (Token, Verdict, Batched)  # what a job ends with
 JOBS = ("start", "step", "verify", "batch")  # what `begin` starts: the resident ops, run a streamed group at a time
@@ -107,7 +108,7 @@ class VerifierActor(Actor):
     def op_logprobs(self, slot: int = -1):
         """The log-probabilities of the tokens the generation (a batch's `slot`'s) chose since the last ask."""
         v = self.batch.verifiers.get(slot) if slot >= 0 else self.verifier
-        return {"logprobs": v.take_logprobs() if v is not None else []}
+        return v.take_logprobs() if v is not None else {"logprobs": []}
 
     def op_release(self, slot: int):
         """A batch's generation was cancelled: its slot's cache goes."""

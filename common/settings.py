@@ -40,6 +40,7 @@ class SamplingConfig:
     repeat_last_n: int = 64  # the window the penalties look at: the text's last this many tokens (-1: all)
     grammar: str = ""  # what follows the prompt is held to it: an llguidance grammar (models/grammar.py `grammar_of`)
     logprobs: int = -1  # with each token its log-probability and this many likeliest tokens' (-1: none)
+    prompt_logprobs: bool = False  # ... and with each prompt token's too (its whole prompt prefilled, none reused)
 
     def __post_init__(self):
         checks = (
@@ -52,6 +53,7 @@ class SamplingConfig:
             (self.repetition_penalty > 0, "repetition_penalty", "must be > 0 (1: none)"),
             (self.repeat_last_n >= -1, "repeat_last_n", "must be >= -1 (-1: the whole text, 0: none)"),
             (-1 <= self.logprobs <= MAX_LOGPROBS, "logprobs", f"must be in [-1, {MAX_LOGPROBS}] (-1: none)"),
+            (not self.prompt_logprobs or self.logprobs >= 0, "prompt_logprobs", "needs logprobs >= 0"),
         )
         for ok, name, rule in checks:
             if not ok:
@@ -139,6 +141,7 @@ class TreeConfig:
 
 
 PREFILL_CHUNK = 256  # prompt rows per forward (speculative/verify.py; scheduler/generation/memplan.py plans for it)
+PROMPT_LOGPROBS_CHUNK = 16  # ... where every row's logits are kept (a prompt's log-probabilities): within its room
 
 _ARM_ORDER = {"lookup": 0, "plain": 1, "draft": 2}
 

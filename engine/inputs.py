@@ -32,6 +32,10 @@ class Inputs:
     def prompt_ids(self, prompt: Prompt) -> tuple[list[int], bool]:
         """The prompt's token ids (after the chat template, if it gets one) and whether it got one."""
         if prompt.ids is not None:
+            n = self.target.args.vocab_size
+            if any(not 0 <= t < n for t in prompt.ids):
+                bad = next(t for t in prompt.ids if not 0 <= t < n)
+                raise PromptError(f"the prompt's token id {bad} is outside the model's vocabulary of {n} tokens")
             return list(prompt.ids), bool(prompt.chat)
         got = self.encoded.get(prompt.key(self.chat))
         if isinstance(got, PromptError):

@@ -130,6 +130,13 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "prompt_logprobs",
+        False,
+        "with --logprobs: each prompt token's log-probability too (the whole prompt prefilled, no cached prefix)",
+        kind=bool,
+        group=OUTPUT,
+    ),
+    Option(
         "grammar",
         "",
         "hold the output to a grammar: a JSON schema (a .json file or its text), a Lark (.lark) or GBNF (.gbnf) one",

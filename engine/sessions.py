@@ -99,7 +99,7 @@ class LocalSession(_Quiet):
 
     def batch(self, slots: int):
         from speculative.batch import Lockstep
-        from speculative.verify import LocalBatch
+        from speculative.slots import LocalBatch
 
         args = self.target.model.args
         kv = lambda rows: args.kv_bytes(rows) // 4  # noqa: E731

@@ -265,6 +265,7 @@ class Api:
 
     def _response(self, job: Job, rid: str, text: str, done) -> dict:
         chat, ask = job.ask.chat, job.ask
+        text, done = logprobs.echo(ask, done, text, self.gen.llm.runner.tokenizer)
         choice = {
             "index": 0,
             "finish_reason": done.finish_reason if done else "stop",
@@ -322,6 +323,10 @@ class Api:
         try:
             if chat:
                 yield {"data": chunk("", role=True)}
+            elif job.ask.echo:  # the prompt first, as it was sent (its ids' text where ids were sent)
+                yield {
+                    "data": chunk(job.ask.prompt.text or self.gen.llm.runner.tokenizer.decode(list(job.ask.prompt.ids)))
+                }
             if calls is not None:
                 for event in pieces(calls.push(job.ask.prompt.start)):
                     yield event

@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass, field
 
 from common.errors import PromptError
-from common.settings import MAX_LOGPROBS
 from engine.prompts import Prompt
+from serve import logprobs
 from serve.structured import GRAMMARS, read_grammar
 
 MAX_STOPS = 4  # OpenAI takes up to four stop strings
@@ -31,7 +31,6 @@ def _integer(v) -> bool:
 # not in any table is refused as unknown, as OpenAI does, never ignored.
 OTHERS = {
     "logit_bias": ("an object", lambda v: isinstance(v, dict), bool),
-    "echo": ("true or false", lambda v: isinstance(v, bool), bool),
     "suffix": ("a string", lambda v: isinstance(v, str), bool),
     "best_of": ("an integer", _integer, lambda v: v != 1),
     "modalities": ("a list", lambda v: isinstance(v, list), lambda v: v != ["text"]),
@@ -112,6 +111,7 @@ ONLY = {  # chat's, completions'
     "parallel_tool_calls": True,
     "functions": True,
     "function_call": True,
+    "echo": False,
 }
 
 
@@ -138,6 +138,8 @@ class Ask:
     tool_choice: object = "auto"  # with tools (in `prompt.tools`): "auto", "none", "required" or a function's name
     parallel_tool_calls: bool = True
     calls: object = None  # the format its answer's tool calls are read in (engine/tools.py `Format`; None: none)
+    echo: bool = False  # a completion's prompt comes back before its answer
+    scored: bool = False  # max_tokens 0 with echo: the prompt scored, nothing generated (the token made is dropped)
 
 
 def parse_json(raw: bytes) -> dict:
@@ -169,21 +171,29 @@ def read_ask(body: dict, chat: bool, rid: str, models: set[str]) -> Ask:
     prompt = (
         Prompt(rid, "chat", "", chat=True, messages=tuple(_messages(body)), tools=tuple(tools))
         if chat
-        else Prompt(rid, "complete", _completion_prompt(body), chat=False)
+        else _completion_prompt(rid, body)
     )
+    echo = False if chat else _asked(body, chat, logprobs.echoed)
+    scored = echo and body.get("max_tokens") == 0
+    if scored and _flag(body, "stream"):
+        raise ClientError(
+            400, "max_tokens 0 (the prompt scored, nothing generated) is answered whole; drop stream", "stream"
+        )
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise ClientError(400, "stream_options must be an object", "stream_options")
     return Ask(
         chat,
         prompt,
-        _max_tokens(body, chat),
-        _sampling(body) | _logprobs(body, chat),
+        1 if scored else _max_tokens(body, chat),
+        _sampling(body) | _asked(body, chat),
         _stops(body.get("stop")),
         _flag(body, "stream"),
         bool((opts or {}).get("include_usage")),
         choice,
         body.get("parallel_tool_calls") is not False,
+        echo=echo,
+        scored=scored,
     )
 
 
@@ -308,13 +318,17 @@ def _text(s: str, where: str) -> str:
     return s
 
 
-def _completion_prompt(body: dict) -> str:
+def _completion_prompt(rid: str, body: dict) -> Prompt:
+    """A completion's prompt: its text, or its token ids (a list of integers, as lm-evaluation-harness sends), or a
+    list of one of those."""
     p = body.get("prompt")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]
+    if isinstance(p, list) and p and all(_integer(t) and t >= 0 for t in p):
+        return Prompt(rid, "complete", "", chat=False, ids=tuple(p))
     if not isinstance(p, str):
-        raise ClientError(400, "prompt must be a string (one prompt per request)", "prompt")
-    return _text(p, "prompt")
+        raise ClientError(400, "prompt must be a string or a list of token ids (one prompt per request)", "prompt")
+    return Prompt(rid, "complete", _text(p, "prompt"), chat=False)
 
 
 def _max_tokens(body: dict, chat: bool) -> int | None:
@@ -353,29 +367,12 @@ def _sampling(body: dict) -> dict:
     return out | ({"grammar": grammar} if grammar else {})
 
 
-def _logprobs(body: dict, chat: bool) -> dict:
-    """{"logprobs": N} where the request asks for its tokens' log-probabilities and N likeliest tokens' beside each:
-    chat's `logprobs: true` with `top_logprobs` (0-20), completions' `logprobs: N`."""
-    lp, top = body.get("logprobs"), body.get("top_logprobs")
-    if chat:
-        if lp is not None and not isinstance(lp, bool):
-            raise ClientError(400, f"logprobs={_shown(lp)} must be true or false", "logprobs")
-        if top is not None and (not _integer(top) or not 0 <= top <= MAX_LOGPROBS):
-            raise ClientError(
-                400, f"top_logprobs={_shown(top)} must be an integer in [0, {MAX_LOGPROBS}]", "top_logprobs"
-            )
-        if top is not None and not lp:
-            raise ClientError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-        return {"logprobs": top or 0} if lp else {}
-    if top is not None:
-        raise ClientError(
-            400, "top_logprobs is a parameter of chat completions; completions take logprobs: N", "top_logprobs"
-        )
-    if lp is None or lp is False:
-        return {}
-    if not _integer(lp) or not 0 <= lp <= MAX_LOGPROBS:
-        raise ClientError(400, f"logprobs={_shown(lp)} must be an integer in [0, {MAX_LOGPROBS}]", "logprobs")
-    return {"logprobs": lp}
+def _asked(body: dict, chat: bool, read=logprobs.asked):
+    """What serve/logprobs.py reads of the request (`read`: its log-probabilities, or its echo), a 400 where wrong."""
+    try:
+        return read(body, chat)
+    except PromptError as e:
+        raise ClientError(400, str(e), e.param) from None
 
 
 def _stops(stop) -> tuple[str, ...]:

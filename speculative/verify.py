@@ -16,8 +16,7 @@ import torch
 from common.errors import CadenceError
 from models.attention import Visibility
 from models.batch import Rows, forward_many_steps
-from models.kvcache import KVCache
-from common.settings import PREFILL_CHUNK
+from common.settings import PREFILL_CHUNK, PROMPT_LOGPROBS_CHUNK
 from models.grammar import Constraint, source_of
 from models.sampling import choose, token_logprobs
 from common.settings import SamplingConfig
@@ -48,6 +47,7 @@ class Verifier:
         self.chunks: list[list[int]] = []  # the prompt's chunks still to prefill
         self.constraint: Constraint | None = None  # the sampling's grammar, over what follows the prompt
         self.logprobs: list = []  # where asked for: each token chosen since the last take, with its log-probabilities
+        self.prompt_logprobs: list | None = None  # where asked for: each prompt token's (the first's None)
 
     # -- jobs as generators ------------------------------------------------------------------
 
@@ -60,8 +60,9 @@ class Verifier:
         while True:
             r = self.next_chunk(planner is not None)
             plan = planner(r.vis) if planner else None
+            rows = slice(-1, None) if r.last else slice(None)
             out = yield from self.model.forward_steps(
-                r.tokens, r.positions, r.cache, r.vis, slice(-1, None), plan, argmax=self.sampling.plain
+                r.tokens, r.positions, r.cache, r.vis, rows, plan, argmax=self.sampling.plain
             )
             token = self.chunk_done(out)
             if token is not None:
@@ -71,27 +72,29 @@ class Verifier:
         """A new prompt: the cache kept to the prefix it shares with the last generation's text (or a new one), and
         the rest of the prompt to prefill a chunk at a time (`next_chunk`, `chunk_done`): in forwards of its own,
         or riding in a batch's forwards beside other generations' trees (`many_steps`)."""
-        c, keep = self.cache, 0
+        c, keep, every = self.cache, 0, self.sampling.prompt_logprobs  # `every`: each prompt row's logits wanted
         if c is not None and c.capacity >= capacity and (storage is None or storage.data_ptr() == c.k.data_ptr()):
             keep = next(
                 (i for i, (a, b) in enumerate(zip(self.tokens, prompt_ids)) if a != b),
                 min(len(self.tokens), len(prompt_ids)),
             )
             keep = min(keep, len(prompt_ids) - 1, c.length)  # the last prompt token runs again: its logits are needed
-            keep = keep if c.can_rewind(keep) else 0  # a sliding-window layer may have dropped rows it needs
+            keep = keep if c.can_rewind(keep) and not every else 0  # a sliding layer may have dropped rows it needs
         if self.prefixes is not None and c is not None and c.length - keep >= MIN_TOKENS:
             self.prefixes.keep(self.tokens, c)  # the rows this prompt does not continue outlive the cache
         if keep > 0:
             c.rewind(keep)
         else:
             self.cache = c = self.model.new_cache(capacity, storage)
-        if self.prefixes is not None:
+        if self.prefixes is not None and not every:
             keep = self.prefixes.take(prompt_ids, c, keep)
         self.tokens, self.reused = list(prompt_ids), keep
+        self.prompt_logprobs = [None] if every else None
         self.constraint = Constraint.of(
             self.sampling, source_of(self.model), self.model.args.vocab_size, len(prompt_ids)
         )
-        self.chunks = [prompt_ids[s : s + PREFILL_CHUNK] for s in range(keep, len(prompt_ids), PREFILL_CHUNK)]
+        n = PROMPT_LOGPROBS_CHUNK if every else PREFILL_CHUNK  # every row's logits: a chunk's fit its activations
+        self.chunks = [prompt_ids[s : s + n] for s in range(keep, len(prompt_ids), n)]
 
     @property
     def prefilling(self) -> bool:
@@ -104,13 +107,20 @@ class Verifier:
         c, dev = self.cache, self.model.device
         chunk = torch.tensor(self.chunks[0], device=dev)
         pos = torch.arange(c.length, c.length + len(chunk), device=dev)
-        return Rows(chunk, pos, c, Visibility.causal(c.end, len(chunk)) if explicit else None, last=True)
+        vis = Visibility.causal(c.end, len(chunk)) if explicit else None
+        return Rows(chunk, pos, c, vis, last=self.prompt_logprobs is None)
 
     def chunk_done(self, out: torch.Tensor) -> int | None:
         """A chunk's forward done: its rows committed; after the last, the first generated token (from its last
-        row's output), else None."""
+        row's output), else None. Where the prompt's log-probabilities are asked for, each of its rows gives the
+        next prompt token's."""
         self.cache.commit()
-        self.chunks.pop(0)
+        chunk = self.chunks.pop(0)
+        if self.prompt_logprobs is not None:
+            at = self.cache.length  # the first prompt token after this chunk
+            follow = chunk[1:] + self.tokens[at : at + 1]
+            top = self.sampling.logprobs
+            self.prompt_logprobs += [token_logprobs(out[j], t, top) for j, t in enumerate(follow)]
         return None if self.chunks else self._next(out[-1])
 
     def step_steps(self, root: int):
@@ -137,10 +147,13 @@ class Verifier:
         allowed = self.constraint.allowed(text) if self.constraint is not None else None
         return choose(row, self.sampling, text, allowed)
 
-    def take_logprobs(self) -> list:
-        """The tokens chosen since the last call, each [id, log-probability, [[id, log-probability] of the likeliest
-        `sampling.logprobs`]] (models/sampling.py `token_logprobs`)."""
-        out, self.logprobs = self.logprobs, []
+    def take_logprobs(self) -> dict:
+        """{"logprobs": the tokens chosen since the last call, each [id, log-probability, [[id, log-probability] of
+        the likeliest `sampling.logprobs`]] (models/sampling.py `token_logprobs`)}, and the first time after a prompt
+        whose log-probabilities were asked for, {"prompt_logprobs": its tokens' (the first's None)}."""
+        out, self.logprobs = {"logprobs": self.logprobs}, []
+        if self.prompt_logprobs is not None:
+            out["prompt_logprobs"], self.prompt_logprobs = self.prompt_logprobs, None
         return out
 
     def tree_rows(self, tree: TokenTree) -> tuple[list[int], Rows]:
@@ -281,113 +294,4 @@ class LocalTarget:
     def take_stats(self) -> dict:
         """The generation's tokens' log-probabilities, where asked for."""
         v = self.verifier
-        return {"logprobs": v.take_logprobs()} if v is not None and v.sampling.logprobs >= 0 else {}
-
-
-class LocalBatch:
-    """The target side of a batch of generations (speculative/batch.py) with the model in this process: a
-    verifier per slot, every slot's step or verification of a cycle in one forward."""
-
-    streamed = False
-    io_wait = None
-
-    def __init__(self, model: Transformer, prefixes: PrefixCache | None = None):
-        self.model = model
-        self.slots = Slots(model, prefixes)
-
-    def answer(self, calls: list) -> list:
-        """Each (slot, `Call`) answered as `LocalTarget` would answer it alone: the prefills one by one, then every
-        plain step and verification in one forward."""
-        jobs = []
-        for slot, call in calls:
-            if call.kind == "start":
-                prompt_ids, capacity, sampling, reuse, placed = call.args
-                v = self.slots.begin(slot, prompt_ids, capacity, sampling, reuse, placed)
-                jobs.append((v, Prefill(prompt_ids, capacity)))
-            else:
-                jobs.append(_job(self.slots.verifiers[slot], call))
-        done = drive(many_steps(jobs), self.model.weights) if jobs else []
-        return [
-            (None if r is None else (r, v.reused)) if isinstance(w, Prefill) else reply(r)
-            for (v, w), r in zip(jobs, done)
-        ]
-
-    def release(self, slot: int) -> None:
-        """A generation cancelled: its slot's cache goes."""
-        self.slots.verifiers.pop(slot, None)
-
-    def take_stats(self, slot: int) -> dict:
-        v = self.slots.verifiers.get(slot)
-        return {"logprobs": v.take_logprobs()} if v is not None and v.sampling.logprobs >= 0 else {}
-
-
-class Slots:
-    """A batch's verifiers by slot, their caches in one arena (speculative/kvpool.py says where each goes), and the
-    prompt cache that keeps what a new cache overwrites: the same in this process and in the verifier actor."""
-
-    def __init__(self, model: Transformer, prefixes: PrefixCache | None = None):
-        self.model, self.prefixes = model, prefixes
-        self.verifiers: dict[int, Verifier] = {}
-        self.pool = Arena(model)
-
-    def begin(self, slot: int, prompt_ids, capacity: int, sampling, reuse: bool, placed) -> Verifier:
-        """Slot's verifier for a prefill call: the one whose prompt is under way (its next chunk), else a new
-        prompt's, in the range `placed` (a `Placed`, or its list over the wire; None: a cache of its own). The slot's
-        last cache is continued where the slot kept its range (`reuse`); the idle caches the new range overwrites,
-        and the slot's last one where it is not continued, go to the prompt cache first."""
-        v = self.verifiers.get(slot)
-        if v is not None and v.prefilling:
-            return v
-        kept = reuse and (placed is None or bool(placed[3]))
-        storage = self.pool.view(placed, capacity)
-        for s, old in list(self.verifiers.items()):
-            if s == slot and kept:
-                continue
-            if s == slot or (storage is not None and old.cache is not None and _overlap(old.cache, storage)):
-                if reuse and self.prefixes is not None:
-                    self.prefixes.keep(old.tokens, old.cache)
-                del self.verifiers[s]
-        if storage is not None and not (placed[3] and kept):
-            storage.zero_()  # a new cache starts as a cache of its own would, zeroed
-        v = Verifier(self.model, sampling, self.verifiers.get(slot), self.prefixes if reuse else None)
-        v.begin_prompt(list(prompt_ids), capacity, storage)
-        self.verifiers[slot] = v
-        return v
-
-
-def _overlap(cache: KVCache, storage: torch.Tensor) -> bool:
-    """Whether `cache` lives in memory `storage` covers (a range of the same arena)."""
-    a0, b0 = cache.k.data_ptr(), storage.data_ptr()
-    a1, b1 = a0 + KVCache.numel(cache.args, cache.capacity) * 4, b0 + storage.numel() * storage.element_size()
-    same = cache.k.untyped_storage().data_ptr() == storage.untyped_storage().data_ptr()
-    return same and a0 < b1 and b0 < a1
-
-
-class Arena:
-    """The memory of a batch's KV pool (speculative/kvpool.py decides where each cache goes): one array, made at the
-    first start placed in it, each slot's cache a view of its range (its pages touched as a cache takes them)."""
-
-    def __init__(self, model: Transformer):
-        self.model, self.memory = model, None
-
-    def view(self, placed, capacity: int) -> torch.Tensor | None:
-        """The storage of a cache of `capacity` rows at `placed` (a `Placed`, or its list over the wire; None: a
-        cache of its own), as it is (a new cache zeroes it)."""
-        if placed is None:
-            return None
-        offset, total = int(placed[0]), int(placed[2])
-        if self.memory is None or self.memory.numel() != total:
-            self.memory = torch.empty(total, dtype=torch.float32, device=self.model.device)
-        return self.memory[offset : offset + KVCache.numel(self.model.args, capacity)]
-
-
-def _job(v: Verifier, call) -> tuple:
-    """A step or verify `Call` as a `many_steps` job."""
-    if call.kind == "step":
-        return v, call.args[0]
-    return v, TokenTree.of(call.args[0].tree)
-
-
-def reply(r):
-    """What a target side answers: a start's (token, reused), a step's token, a verification's (path, next token)."""
-    return (r.path, r.next_token) if isinstance(r, Verdict) else r
+        return v.take_logprobs() if v is not None and v.sampling.logprobs >= 0 else {}

@@ -80,3 +80,20 @@ def test_the_readme_python_example_runs_as_written(tmp_path):
     while time.monotonic() < deadline and not shm_segments() <= before:
         time.sleep(0.2)
     assert len(p.stdout.strip().splitlines()) >= 2 and shm_segments() <= before, shm_segments() - before
+
+
+def test_a_prompts_log_probabilities_resident_and_streamed(tiny_gguf):
+    """`prompt_logprobs`: each prompt token's log-probability under the target given what comes before it (the
+    first's None), the same whether the layers are resident or streamed through the loader, alone or in a batch."""
+    text = "the cat sat on the mat and then it ran away"
+    got = {}
+    for budget, parallel in ((None, 1), ("auto", 1), ("auto", 2)):
+        opts = dict(target=str(tiny_gguf), mode="std" if budget else "target", no_trace=True, parallel=parallel)
+        with cadence.LLM(**opts, **({"memory_budget": budget} if budget else {})) as llm:
+            c = llm.generate([text] * parallel, max_new_tokens=2, logprobs=1, prompt_logprobs=True)[0]
+            got[budget, parallel] = c.stats["prompt_logprobs"]
+            assert len(got[budget, parallel]) == c.prompt_tokens and got[budget, parallel][0] is None
+    first = [e[1] for e in got[None, 1][1:]]
+    assert all(x <= 0 for x in first)
+    for key, lp in got.items():
+        assert [e[1] for e in lp[1:]] == pytest.approx(first, abs=1e-4), key

@@ -95,6 +95,47 @@ def test_each_tokens_log_probabilities_in_both_shapes_and_the_target_alones(serv
         c.completions.create(model="tiny", prompt="x", max_tokens=4, logprobs=50)
 
 
+def test_echo_scores_a_prompt_as_lm_evaluation_harness_asks(server, tiny_gguf):
+    """`echo` with `logprobs` and max_tokens 0, the prompt as token ids (lm-evaluation-harness's loglikelihood
+    request): each prompt token's log-probability under the target given what comes before it, the first None; a
+    prompt that is the text and the greedy answer of an earlier request scores the answer's tokens as that request's
+    own log-probabilities said."""
+    import cadence
+
+    with cadence.LLM(target=str(tiny_gguf), mode="target", dtype="int4") as llm:
+        ids = llm.runner.tokenizer.encode("once upon a time there was")
+        ref = llm.generate("once upon a time there was", max_new_tokens=4, logprobs=1)
+    answer = [e[0] for e in ref.stats["logprobs"]]
+    c = _client(base := server[0])
+    got = c.completions.create(model="tiny", prompt=[ids + answer], max_tokens=0, echo=True, logprobs=1)
+    lp, choice = got.choices[0].logprobs, got.choices[0]
+    assert len(lp.token_logprobs) == len(ids) + len(answer) and got.usage.completion_tokens == 0
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and "".join(lp.tokens) == choice.text
+    assert all(x <= 0 and len(t) == 1 for x, t in zip(lp.token_logprobs[1:], lp.top_logprobs[1:]))
+    assert lp.token_logprobs[len(ids) :] == pytest.approx([e[1] for e in ref.stats["logprobs"]], abs=1e-4)
+    more = c.completions.create(model="tiny", prompt="once upon a time there was", max_tokens=4, echo=True, logprobs=1)
+    assert more.choices[0].text == "once upon a time there was" + ref.text
+    assert len(more.choices[0].logprobs.token_logprobs) == len(ids) + len(ref.token_ids)
+    streamed = "".join(
+        ch.choices[0].text
+        for ch in c.completions.create(
+            model="tiny", prompt="once upon a time there was", max_tokens=4, echo=True, stream=True
+        )
+    )
+    assert streamed == more.choices[0].text
+    for body, says in (
+        (dict(prompt=[10**9]), "outside the model's vocabulary"),
+        (dict(prompt="x", max_tokens=0, echo=True, stream=True), "answered whole"),
+        (dict(prompt="x", echo="yes"), "echo"),
+    ):
+        r = httpx.post(f"{base}/v1/completions", json={"model": "tiny", **body}, headers=KEY)
+        assert r.status_code == 400 and says in r.json()["error"]["message"], (r.status_code, r.text[:300])
+    r = httpx.post(
+        f"{base}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "echo": True}, headers=KEY
+    )
+    assert r.status_code == 400 and "echo" in r.json()["error"]["message"]
+
+
 def test_completions_match_the_python_api_token_for_token(server, tiny_gguf):
     base, _, _ = server
     c = _client(base)
@@ -283,7 +324,7 @@ def _post(base, path, body=None, content=None, headers=KEY):
         ("/v1/completions", {"prompt": "x", "model": "gpt-4o"}, 404, "model"),
         ("/v1/completions", {"prompt": "x", "logprobs": True}, 400, "logprobs"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": 3}, 400, "logprobs"),
-        ("/v1/completions", {"prompt": "x", "echo": True}, 400, "echo"),
+        ("/v1/completions", {"prompt": "x", "echo": 1}, 400, "echo"),
         (
             "/v1/chat/completions",
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},

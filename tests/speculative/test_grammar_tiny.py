@@ -25,7 +25,8 @@ from speculative.drafter import LocalDraft
 from speculative.lookup import TrieDraft
 from speculative.loop import Speculation
 from speculative.trie import TokenTrie, grammar_keep
-from speculative.verify import LocalBatch, LocalTarget
+from speculative.slots import LocalBatch
+from speculative.verify import LocalTarget
 from tests.conftest import TINY
 from tests.models.tiny_files import write_hf_dir
 

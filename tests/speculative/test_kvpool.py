@@ -11,7 +11,8 @@ from speculative.batch import Lockstep, NoRoom, run_all
 from speculative.drafter import LocalDraft
 from speculative.kvpool import KVPool
 from speculative.loop import Speculation
-from speculative.verify import LocalBatch, LocalTarget
+from speculative.slots import LocalBatch
+from speculative.verify import LocalTarget
 from tests.speculative.test_lockstep import _prompts, pair  # noqa: F401 - the module's models
 
 

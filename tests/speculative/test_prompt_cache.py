@@ -17,7 +17,8 @@ from speculative.batch import Lockstep, run_all
 from speculative.drafter import LocalDraft
 from speculative.loop import Speculation
 from speculative.prefixes import MIN_TOKENS, PrefixCache
-from speculative.verify import LocalBatch, LocalTarget
+from speculative.slots import LocalBatch
+from speculative.verify import LocalTarget
 from tests.models.families import tiny_hf
 
 CONTEXT = 200

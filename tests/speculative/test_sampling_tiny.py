@@ -16,7 +16,8 @@ from models.weights import TensorWeights, random_tensors
 from speculative.batch import Lockstep, run_all
 from speculative.drafter import Drafter, LocalDraft
 from speculative.loop import Speculation
-from speculative.verify import LocalBatch, LocalTarget
+from speculative.slots import LocalBatch
+from speculative.verify import LocalTarget
 
 ARGS = ModelArgs(
     arch="qwen2",
