@@ -14,9 +14,15 @@ left part first, one pair at two places the leftmost first. Before that, as that
 - there spaces are `▁`, with one `▁` before it where `add_space_prefix` (SentencePiece's dummy prefix);
 - a character that is not a token is its UTF-8 bytes' `<0xNN>` tokens (the unknown token where one is missing).
 
+A Gemma 4 GGUF (`tokenizer.ggml.model` = `gemma4`) holds the same kind of vocabulary with its merges, and llama.cpp
+runs it as BPE (its `gemma4` pre-tokenizer): `MergesEncoder` merges the adjacent pair of best rank in the merges
+instead, the lowest rank and then the leftmost, as `tokenizers`' BPE does, after splitting the text into runs of
+newlines and runs of anything else; a run of newlines that is one token is that token. Everything else is the
+above (whole-matched tokens, `▁` for spaces and no prefix, `<0xNN>` byte fallback).
+
 A weight store keeps the vocabulary in `tokenizer.spm` (`SpmVocab.dumps`): the tokens, their scores and types,
-the two settings, 5 MB for Gemma, read in a fraction of a second. Decoding is models/bytetable.py's
-(`ByteTable.of_spm`).
+the two settings, 5 MB for Gemma (and a Gemma 4 vocabulary's merges after them, 7 MB more), read in a fraction of
+a second. Decoding is models/bytetable.py's (`ByteTable.of_spm`).
 """
 
 from __future__ import annotations
@@ -42,33 +48,37 @@ MAGIC = b"cadence sentencepiece 1\n"  # FILE's first line; then a JSON line, the
 @dataclass
 class SpmVocab:
     """A SentencePiece BPE vocabulary, what `SpmEncoder` needs: each id's token (UTF-8: bytes cost half what
-    Python's strings of `▁` do), score and type, whether a text gets a `▁` before it, the unknown token's id."""
+    Python's strings of `▁` do), score and type, whether a text gets a `▁` before it, the unknown token's id; and
+    for a `gemma4` one its merges, each `left right` as the GGUF writes it, best first (`MergesEncoder`)."""
 
     tokens: list[bytes]
     scores: array  # float32, as the GGUF holds them
     types: bytes
     add_space_prefix: bool
     unk_id: int | None
+    merges: list[bytes] | None = None
 
     @classmethod
-    def of(cls, tokens: list[str], scores, types, add_space_prefix: bool, unk_id: int | None) -> SpmVocab:
-        """From a GGUF's fields (tokens as strings, scores and types as lists)."""
+    def of(cls, tokens: list[str], scores, types, add_space_prefix: bool, unk_id: int | None, merges=None) -> SpmVocab:
+        """From a GGUF's fields (tokens and merges as strings, scores and types as lists)."""
         n = len(tokens)
         if len(scores) != n or len(types) != n:
             raise ValueError(f"{n} tokens but {len(scores)} scores and {len(types)} token types")
         unk = int(unk_id) if unk_id is not None and 0 <= int(unk_id) < n else None
-        return cls([t.encode() for t in tokens], array("f", scores), bytes(types), bool(add_space_prefix), unk)
+        pairs = None if merges is None else [m.encode() for m in merges]
+        return cls([t.encode() for t in tokens], array("f", scores), bytes(types), bool(add_space_prefix), unk, pairs)
 
     def dumps(self) -> bytes:
-        """FILE's bytes: MAGIC; a JSON line of the settings and the count; then, little-endian, each token's end
-        (uint32, from a leading 0), the scores (float32) and the types (uint8); then the tokens end to end."""
-        ends, at = array("I", [0]), 0
-        for t in self.tokens:
-            at += len(t)
-            ends.append(at)
+        """FILE's bytes: MAGIC; a JSON line of the settings and the counts; then, little-endian, each token's end
+        (uint32, from a leading 0), the scores (float32) and the types (uint8); then the tokens end to end; then,
+        where there are merges (the JSON line counts them), each merge's end and the merges end to end."""
         head = {"tokens": len(self.tokens), "add_space_prefix": self.add_space_prefix, "unk_id": self.unk_id}
-        arrays = [_little(ends).tobytes(), _little(self.scores).tobytes(), self.types]
-        return b"".join([MAGIC, json.dumps(head).encode(), b"\n", *arrays, *self.tokens])
+        tail = []
+        if self.merges is not None:
+            head["merges"] = len(self.merges)
+            tail = [_little(_ends(self.merges)).tobytes(), *self.merges]
+        arrays = [_little(_ends(self.tokens)).tobytes(), _little(self.scores).tobytes(), self.types]
+        return b"".join([MAGIC, json.dumps(head).encode(), b"\n", *arrays, *self.tokens, *tail])
 
     @classmethod
     def loads(cls, data: bytes, origin: str, advice: str) -> SpmVocab:
@@ -82,16 +92,36 @@ class SpmVocab:
             ends = _little(array("I", data[at : at + 4 * (n + 1)]))
             scores = _little(array("f", data[at + 4 * (n + 1) : at + 8 * n + 4]))
             types, at = data[at + 8 * n + 4 : at + 9 * n + 4], at + 9 * n + 4
-            if not len(ends) == n + 1 == len(scores) + 1 == len(types) + 1 or at + ends[-1] != len(data):
+            fits = len(ends) == n + 1 == len(scores) + 1 == len(types) + 1 and at + ends[-1] <= len(data)
+            if not fits or ("merges" not in head and at + ends[-1] != len(data)):
                 raise ValueError(f"{len(data)} bytes are not what its {n} tokens take")
             unk = head["unk_id"]
             if unk is not None and not (isinstance(unk, int) and 0 <= unk < n):
                 raise ValueError(f"its unknown token {unk} is none of its {n}")
             tokens = [data[at + ends[i] : at + ends[i + 1]] for i in range(n)]
-            return cls(tokens, scores, types, bool(head["add_space_prefix"]), unk)
+            merges, at = None, at + ends[-1]
+            if "merges" in head:
+                m = head["merges"]
+                if not isinstance(m, int) or m < 0:
+                    raise ValueError(f"its count of merges {m!r} is none")
+                ends = _little(array("I", data[at : at + 4 * (m + 1)]))
+                if len(ends) != m + 1 or at + 4 * (m + 1) + ends[-1] != len(data):
+                    raise ValueError(f"{len(data)} bytes are not what its {n} tokens and {m} merges take")
+                at += 4 * (m + 1)
+                merges = [data[at + ends[i] : at + ends[i + 1]] for i in range(m)]
+            return cls(tokens, scores, types, bool(head["add_space_prefix"]), unk, merges)
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             what = f"no {e} entry" if isinstance(e, KeyError) else str(e)
             raise CadenceError(f"{origin} is not a SentencePiece vocabulary ({what}); {advice}") from None
+
+
+def _ends(strings: list[bytes]) -> array:
+    """Where each of `strings` ends when they are written end to end (uint32), from a leading 0."""
+    ends, at = array("I", [0]), 0
+    for t in strings:
+        at += len(t)
+        ends.append(at)
+    return ends
 
 
 def _little(a: array) -> array:
@@ -239,3 +269,40 @@ class SpmEncoder:
             return 0
         longest = max(map(len, self.ids), default=1)
         return max(longest, 4 if self.unk is not None else 1)  # an unknown character, up to 4 bytes, is one token
+
+
+_RUNS = re.compile(r"\n+|[^\n]+")  # llama.cpp's `gemma4` pre-tokenizer: runs of newlines, runs of anything else
+
+
+class MergesEncoder(SpmEncoder):
+    """Encodes text with a `gemma4` vocabulary (`SpmVocab.merges`), as llama.cpp's BPE session does with the
+    `gemma4` pre-tokenizer: each run of newlines and each run of anything else on its own, a run of newlines
+    that is one token that token, and the rest merged by rank, the adjacent pair earliest in the merges first
+    (the leftmost of equals). The ranks are a dict keyed by the merges as the file writes them: the text's
+    spaces are `▁` by then, so `left right` names the pair as llama.cpp's reading of the line does."""
+
+    def __init__(self, vocab: SpmVocab):
+        super().__init__(vocab)
+        self.ranks: dict[bytes, int] = {}
+        for rank, merge in enumerate(vocab.merges or ()):
+            self.ranks.setdefault(merge, rank)  # a merge listed twice keeps its first rank, as llama.cpp's does
+
+    def encode_piece(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for run in _RUNS.findall(text):
+            whole = self.ids.get(run.encode()) if run[0] == "\n" else None
+            ids += super().encode_piece(run) if whole is None else [whole]
+        return ids
+
+    def _pair(self, left: bytes, right: bytes, pos: int) -> tuple | None:
+        """The heap entry of merging `left` and `right` at `pos` (its rank, then the place), None where they
+        are no merge, or one making no token (llama.cpp would spell that one in bytes; no real file has one)."""
+        rank = self.ranks.get(left + b" " + right)
+        if rank is None or left + right not in self.ids:
+            return None
+        return (rank, 0, 0, pos, left + right)
+
+
+def encoder(vocab: SpmVocab) -> SpmEncoder:
+    """The encoder of a vocabulary: by its merges where it has them (`gemma4`), else by its scores."""
+    return MergesEncoder(vocab) if vocab.merges is not None else SpmEncoder(vocab)

@@ -4,9 +4,9 @@ A GGUF file carries no tokenizer.json: it stores the vocabulary, the merges, the
 and the name of the pre-tokenizer (`tokenizer.ggml.pre`). We rebuild the same `tokenizers`
 pipeline HF ships for these models: the model's split regex, byte-level mapping, BPE, and the
 control tokens added whole so that `<|im_start|>` stays one token. SentencePiece GGUFs, and the
-choice between the two kinds, are models/tokenizer_gguf.py's (`info_from_gguf`): a SentencePiece vocabulary is
-kept as its tokens, scores and types (models/spm.py's `SpmVocab`) and encoded by models/spm.py, with no
-`tokenizers` object (Gemma's 262k vocabulary makes one of ~400 MiB while it is parsed).
+choice between the kinds, are models/tokenizer_gguf.py's (`info_from_gguf`): a SentencePiece vocabulary (and Gemma
+4's, which adds its merges) is kept as its tokens, scores and types (models/spm.py's `SpmVocab`) and encoded by
+models/spm.py, with no `tokenizers` object (Gemma's 262k vocabulary makes one of ~400 MiB while it is parsed).
 
 What users and clients send is checked at the entry points (`encode`, `apply_chat_template`): text that is
 not UTF-8 is one sentence naming it, and a text far longer than the context is refused from its length
@@ -28,12 +28,23 @@ from common.heap import trim_heap
 from models.bytetable import ByteTable
 from models.tokenizer_bpe import GGUF_PRE_TOKENIZERS, tokenizer_from_gguf_fields  # noqa: F401 - re-exported
 from models.files import read_bytes, read_text
-from models.spm import CONTROL, FILE as SPM_FILE, UNKNOWN, SpmEncoder, SpmVocab
+from models.spm import CONTROL, FILE as SPM_FILE, UNKNOWN, SpmEncoder, SpmVocab, encoder
 from models.textcheck import TooLong, check_strings, checked_text, token_bound
 
 # End-of-turn tokens by name: ChatML's (Qwen, SmolLM, Phi-4), Llama 3's (and its tool call's end), Granite's and
-# OLMo 2's end of text, Gemma's, Phi-3's and Phi-4-mini's. Mistral's turns end with `</s>`, the GGUF's EOS.
-END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
+# OLMo 2's end of text, Gemma's, Phi-3's and Phi-4-mini's, Gemma 4's (and the tool response it waits for after a
+# tool call, as llama.cpp and its generation_config.json stop there). Mistral's turns end with `</s>`, the GGUF's EOS.
+END_OF_TURN = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<end_of_turn>",
+    "<|end|>",
+    "<turn|>",
+    "<|tool_response>",
+)
 
 
 @dataclass
@@ -79,7 +90,7 @@ class TextTokenizer:
         self.spm: SpmEncoder | None = None  # a SentencePiece vocabulary's encoder, which decodes from `table`
         self.table: ByteTable | None = None
         if info.spm is not None:
-            self.spm, kinds = SpmEncoder(info.spm), info.spm.types
+            self.spm, kinds = encoder(info.spm), info.spm.types
             special = {i for i, k in enumerate(kinds) if k in (CONTROL, UNKNOWN)}  # what skip_special drops
             self.table = ByteTable.of_spm(info.spm.tokens, special, info.spm.add_space_prefix)
             self.vocab_size = len(info.spm.tokens)

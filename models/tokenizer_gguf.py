@@ -20,6 +20,16 @@ tokenizer.json has, so that ids match HF's, from `tokenizers` building blocks:
   (a `Prepend` normalizer), with the decoder dropping that one space again. transformers' own
   `LlamaTokenizer` uses `Metaspace(prepend_scheme="first")` instead, which adds no `▁` to a text that starts
   with a space: " hi" encodes as "hi" would with its prefix, and decodes to "hi". We keep SentencePiece's.
+- `gemma4`, Gemma 4's: llama.cpp's converter writes its tokenizer.json's vocabulary and merges (the special tokens
+  control, a few visible ones user-defined, the rest normal), a BPE with byte fallback, spaces `▁` and no prefix,
+  which llama.cpp runs with its `gemma4` pre-tokenizer. Kept as a `SpmVocab` with the merges and encoded by
+  models/spm.py's `MergesEncoder` as llama.cpp encodes it: control and user-defined tokens matched whole, the text
+  cut into runs of newlines (a run that is one token is that token: llama.cpp's fix for Gemma 4,
+  ggml-org/llama.cpp#21343) and runs of anything else, each merged by rank. A `tokenizers` BPE over the merges
+  behind `Replace(" ", "▁")` gives these ids but for that rule (it has no way to take a run whole only where the run
+  is one token), and costs the ~400 MiB above. Where the model's tokenizer.json departs from llama.cpp (a run of
+  newlines longer than its longest newline token; an added token the converter typed normal, `<unused0>`), the ids
+  are llama.cpp's. The BOS is always added, as llama.cpp forces it.
 
 We do not depend on transformers at run time, though it converts both kinds (integrations/gguf): it is a large
 dependency (a test one only, today), importing its GGUF tokenizer code costs a second and ~55 MiB in every
@@ -65,9 +75,10 @@ GEMMA_CHAT_TEMPLATE = (
 
 def info_from_gguf(fields: Mapping[str, Any], name: str, arch: str) -> TokenizerInfo:
     """The tokenizer a GGUF file's fields describe: `name` is the file's, for the error sentences; `arch` its
-    `general.architecture`. A tokenizer kind other than `llama` and `gpt2`, or a byte-level split regex not
-    known here, is one CadenceError naming the file. `tokenizer.ggml.add_eos_token` is not read: a prompt is
-    continued by the model, never ended by the tokenizer (the chat families here all write False)."""
+    `general.architecture`. A tokenizer kind other than `llama`, `gpt2` and `gemma4`, a `gemma4` one without
+    its merges, or a byte-level split regex not known here, is one CadenceError naming the file.
+    `tokenizer.ggml.add_eos_token` is not read: a prompt is continued by the model, never ended by the tokenizer
+    (the chat families here all write False)."""
     kind = fields.get("tokenizer.ggml.model")
     tokens = fields.get("tokenizer.ggml.tokens")
     if kind is None or not tokens:
@@ -86,10 +97,18 @@ def info_from_gguf(fields: Mapping[str, Any], name: str, arch: str) -> Tokenizer
         types = list(fields.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
         tok = tokenizer_from_gguf_fields(tokens, types, fields.get("tokenizer.ggml.merges") or [], pre)
         add_bos = fields.get("tokenizer.ggml.add_bos_token", False)
+    elif kind == "gemma4":
+        if not fields.get("tokenizer.ggml.merges"):
+            raise CadenceError(
+                f"{name} has a 'gemma4' tokenizer without its merges (tokenizer.ggml.merges); convert the model "
+                "again with llama.cpp's convert_hf_to_gguf.py, or use its HF directory"
+            )
+        spm, add_bos = spm_vocab(fields, merges=True), True  # llama.cpp adds Gemma 4's BOS whatever the file says
     else:
         raise CadenceError(
-            f"{name} has a '{kind}' tokenizer, which cadence does not read (it reads SentencePiece 'llama' and "
-            "byte-level BPE 'gpt2' ones); use the model's HF directory, whose tokenizer.json it reads"
+            f"{name} has a '{kind}' tokenizer, which cadence does not read (it reads SentencePiece 'llama', "
+            "byte-level BPE 'gpt2' and Gemma 4's 'gemma4' ones); use the model's HF directory, whose tokenizer.json "
+            "it reads"
         )
     bos, eos = _token_id(fields, "bos", tokens), _token_id(fields, "eos", tokens)
     eot = _token_id(fields, "eot", tokens)  # Gemma 1 and CodeGemma files name their end of turn
@@ -104,15 +123,18 @@ def info_from_gguf(fields: Mapping[str, Any], name: str, arch: str) -> Tokenizer
     )
 
 
-def spm_vocab(fields: Mapping[str, Any]) -> SpmVocab:
-    """A `llama` GGUF's SentencePiece vocabulary (scores absent: all 0; types absent: all normal)."""
+def spm_vocab(fields: Mapping[str, Any], merges: bool = False) -> SpmVocab:
+    """A `llama` GGUF's SentencePiece vocabulary (scores absent: all 0; types absent: all normal), or with
+    `merges` a `gemma4` one's, its merges with it and no dummy prefix whatever `add_space_prefix` says (llama.cpp's
+    BPE adds none)."""
     tokens = fields["tokenizer.ggml.tokens"]
     return SpmVocab.of(
         tokens,
         fields.get("tokenizer.ggml.scores") or [0.0] * len(tokens),
         fields.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens),
-        add_space_prefix=bool(fields.get("tokenizer.ggml.add_space_prefix", True)),
+        add_space_prefix=not merges and bool(fields.get("tokenizer.ggml.add_space_prefix", True)),
         unk_id=fields.get("tokenizer.ggml.unknown_token_id"),
+        merges=list(fields["tokenizer.ggml.merges"]) if merges else None,
     )
 
 

@@ -1,8 +1,9 @@
 """Tokenizer-only GGUF files, written as llama.cpp's converter writes them, from an HF tokenizer saved in a folder.
 
 The vocabulary as convert_hf_to_gguf.py builds it (`_create_vocab_sentencepiece` in conversion/base.py for a
-SentencePiece model, `get_vocab_base` for byte-level BPE), and the rest through gguf-py's own `SpecialVocab`
-(the BOS/EOS/UNK/PAD ids, the add-BOS/EOS flags, the merges, the chat template), with `gguf.GGUFWriter`.
+SentencePiece model, `get_vocab_base` for byte-level BPE, `Gemma4Model.set_vocab` in conversion/gemma.py for Gemma
+4's BPE with byte fallback), and the rest through gguf-py's own `SpecialVocab` (the BOS/EOS/UNK/PAD ids, the
+add-BOS/EOS flags, the merges, the chat template), with `gguf.GGUFWriter`.
 """
 
 from __future__ import annotations
@@ -83,6 +84,34 @@ def bpe_vocab(hf) -> tuple[list[str], list[int]]:
     return tokens, types
 
 
+# Tokens Gemma 4's converter makes user-defined so that they are always written out (its chat parser reads them).
+GEMMA4_VISIBLE = (
+    "<|channel>",
+    "<channel|>",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|tool_response>",
+    "<tool_response|>",
+    '<|"|>',
+)
+
+
+def gemma4_vocab(folder: Path) -> tuple[list[str], list[float], list[int]]:
+    """(tokens, scores, types) of the HF tokenizer saved in `folder` (a BPE with byte fallback) as
+    `Gemma4Model.set_vocab` writes them: gguf-py's `LlamaHfVocab` (`<0xNN>` tokens byte ones, the tokenizer's
+    special tokens control, every other token normal, each scored -1000), `GEMMA4_VISIBLE` user-defined."""
+    import gguf
+
+    vocab = gguf.LlamaHfVocab(folder)
+    tokens, scores, types = [], [], []
+    for text, score, kind in vocab.all_tokens():
+        tokens.append(text.decode())
+        scores.append(score)
+        types.append(USER_DEFINED if text.decode() in GEMMA4_VISIBLE else int(kind))
+    assert len(tokens) == vocab.vocab_size
+    return tokens, scores, types
+
+
 def write_tokenizer_gguf(
     path: Path,
     folder: Path,
@@ -97,21 +126,25 @@ def write_tokenizer_gguf(
 ) -> dict:
     """A GGUF holding only the tokenizer (and the architecture's name); its fields as models/gguf_file.py reads
     them. `space_prefix`: `tokenizer.ggml.add_space_prefix`, written only where not None (Gemma's converter
-    writes False; Llama's writes nothing)."""
+    writes False; Llama's writes nothing). A `gemma4` one gets its merges and the add-BOS flag set, as
+    `Gemma4Model.set_vocab` writes them after `SpecialVocab`'s."""
     import gguf
 
     from models.gguf_file import GGUFFile
 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_tokenizer_model(kind)
-    w.add_tokenizer_pre(pre)
+    if kind != "gemma4":  # Gemma 4's converter writes none: llama.cpp gives it its own
+        w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     if scores is not None:
         w.add_token_scores(scores)
     w.add_token_types(types)
     if space_prefix is not None:
         w.add_add_space_prefix(space_prefix)
-    gguf.SpecialVocab(folder, load_merges=kind == "gpt2", n_vocab=len(tokens)).add_to_gguf(w, quiet=True)
+    gguf.SpecialVocab(folder, load_merges=kind in ("gpt2", "gemma4"), n_vocab=len(tokens)).add_to_gguf(w, quiet=True)
+    if kind == "gemma4":
+        w.add_add_bos_token(True)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -392,8 +392,8 @@ def test_an_unknown_tokenizer_is_one_sentence_naming_the_file(tmp_path):
     with pytest.raises(CadenceError) as e:
         info_from_gguf(fields, "flan-t5.gguf", "t5")
     assert str(e.value) == (
-        "flan-t5.gguf has a 't5' tokenizer, which cadence does not read (it reads SentencePiece 'llama' and "
-        "byte-level BPE 'gpt2' ones); use the model's HF directory, whose tokenizer.json it reads"
+        "flan-t5.gguf has a 't5' tokenizer, which cadence does not read (it reads SentencePiece 'llama', byte-level "
+        "BPE 'gpt2' and Gemma 4's 'gemma4' ones); use the model's HF directory, whose tokenizer.json it reads"
     )
     fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "chatglm-bpe", "tokenizer.ggml.tokens": ["a"]}
     with pytest.raises(CadenceError, match=r"^glm\.gguf splits text with the 'chatglm-bpe' pre-tokenizer, which "):
