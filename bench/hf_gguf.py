@@ -193,22 +193,7 @@ def _extra_tensors(w, h: dict, rope: dict):
     """generate_extra_tensors: Llama 3's rope_freqs (LlamaModel), Phi-3's longrope factors (Phi3MiniModel)."""
     rp = rope.get("full_attention", rope)
     if h["model_type"] in PERMUTE_QK and rp.get("rope_type", "").lower() == "llama3":
-        base = rp.get("rope_theta", 10000.0)
-        dim = h.get("head_dim") or h["hidden_size"] // h["num_attention_heads"]
-        freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-        factor, lo, hi = rp.get("factor", 8.0), rp.get("low_freq_factor", 1.0), rp.get("high_freq_factor", 4.0)
-        old = rp.get("original_max_position_embeddings", 8192)
-        factors = []
-        for freq in freqs:  # the converter's arithmetic (float32 tensors), for the same bytes
-            wavelen = 2 * math.pi / freq
-            if wavelen < old / hi:
-                factors.append(1)
-            elif wavelen > old / lo:
-                factors.append(factor)
-            else:
-                smooth = (old / wavelen - lo) / (hi - lo)
-                factors.append(1 / ((1 - smooth) / factor + smooth))
-        yield "rope_freqs.weight", torch.tensor(factors, dtype=torch.float32)
+        yield "rope_freqs.weight", hf_gguf_llama4.llama3_divisors(h, rp, rp.get("rope_theta", 10000.0))
     if h["model_type"] == "phi3" and rope.get("long_factor"):
         max_pos, orig = h["max_position_embeddings"], rope["original_max_position_embeddings"]
         scale, kind = max_pos / orig, rope.get("rope_type", "").lower()

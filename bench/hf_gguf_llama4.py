@@ -22,7 +22,12 @@ def _rope_freqs(h: dict):
     rp = rp.get("full_attention", rp)
     if rp.get("rope_type", "").lower() != "llama3":
         return
-    base = rp.get("rope_theta", h.get("rope_theta", 10000.0))
+    yield "rope_freqs.weight", llama3_divisors(h, rp, rp.get("rope_theta", h.get("rope_theta", 10000.0)))
+
+
+def llama3_divisors(h: dict, rp: dict, base: float) -> torch.Tensor:
+    """A `llama3` rope's per-frequency divisors as LlamaModel writes them (its arithmetic on float32 tensors, for the
+    same bytes): `rp` its rope parameters, `base` its theta (bench/hf_gguf.py's Llama 3.x use them too)."""
     dim = h.get("head_dim") or h["hidden_size"] // h["num_attention_heads"]
     freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
     factor, lo, hi = rp.get("factor", 8.0), rp.get("low_freq_factor", 1.0), rp.get("high_freq_factor", 4.0)
@@ -37,7 +42,7 @@ def _rope_freqs(h: dict):
         else:
             smooth = (old / wavelen - lo) / (hi - lo)
             factors.append(1 / ((1 - smooth) / factor + smooth))
-    yield "rope_freqs.weight", torch.tensor(factors, dtype=torch.float32)
+    return torch.tensor(factors, dtype=torch.float32)
 
 
 def tensors(h: dict, named):

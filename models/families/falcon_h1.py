@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from models.families.base import MAMBA_PARAMS, Family, Unsupported, check_mamba_steps, mamba_names
-from models.families.granite_hybrid import MAMBA_GGUF, mamba_gguf_split
+from models.families.granite_hybrid import MAMBA_GGUF, MAMBA_GGUF_KEYS, mamba_gguf_fields, mamba_gguf_split
 
 _KEYS = frozenset(
     "num_logits_to_keep mamba_d_ssm mamba_n_heads mamba_d_head mamba_n_groups mamba_d_state mamba_d_conv "
@@ -73,17 +73,11 @@ def _scales(cfg: dict, args) -> dict:
 
 def _gguf(key, a: dict) -> dict:
     """llama.cpp's falcon-h1: a Mamba mixer and an attention in every layer."""
-    heads, inner = int(key("ssm.time_step_rank")), int(key("ssm.inner_size"))
     return {
         "ssm_layers": tuple(range(a["n_layers"])),
         "parallel_mixers": True,
-        "ssm_heads": heads,
-        "ssm_head_dim": inner // heads,
-        "ssm_state": int(key("ssm.state_size")),
-        "ssm_groups": int(key("ssm.group_count")),
-        "ssm_conv_bias": True,
+        **mamba_gguf_fields(key),
         "ssm_norm": "gated",
-        "conv_kernel": int(key("ssm.conv_kernel")),
     }
 
 
@@ -91,7 +85,7 @@ FALCON_H1 = Family(
     "falcon_h1",
     hf_types=("falcon_h1",),
     gguf_archs=("falcon-h1",),
-    gguf_keys=frozenset("ssm.conv_kernel ssm.state_size ssm.group_count ssm.inner_size ssm.time_step_rank".split()),
+    gguf_keys=MAMBA_GGUF_KEYS,
     gguf_fields=_gguf,
     # llama.cpp's Mamba-2 layer: a gated norm where the file has one (Falcon-H1's alone may lack it)
     gguf_tensor_fields=lambda tensors: {} if "blk.0.ssm_norm.weight" in tensors else {"ssm_norm": "none"},

@@ -64,18 +64,12 @@ def _gguf(key, a: dict) -> dict:
         raise CadenceError("a granitehybrid GGUF gives its kv heads a layer (0: a Mamba layer); this one does not")
     if key("expert_count"):
         raise CadenceError(f"expert_count={key('expert_count')} (Granite 4.0-H's experts) is not run yet")
-    heads, inner = int(key("ssm.time_step_rank")), int(key("ssm.inner_size"))
     attention = tuple(i for i, n in enumerate(kv) if n)
     return {
         **{f: float(key(k, 1.0)) for k, f in GRANITE_GGUF.items()},
         "ffn_dim": int(key("expert_shared_feed_forward_length")),
         "ssm_layers": tuple(i for i, n in enumerate(kv) if not n),
-        "ssm_heads": heads,
-        "ssm_head_dim": inner // heads,
-        "ssm_state": int(key("ssm.state_size")),
-        "ssm_groups": int(key("ssm.group_count")),
-        "ssm_conv_bias": True,
-        "conv_kernel": int(key("ssm.conv_kernel")),
+        **mamba_gguf_fields(key),
         "nope_layers": () if key("rope.scaling.finetuned", False) else attention,
     }
 
@@ -94,6 +88,22 @@ MAMBA_GGUF = {
 }
 
 
+MAMBA_GGUF_KEYS = frozenset("ssm.conv_kernel ssm.state_size ssm.group_count ssm.inner_size ssm.time_step_rank".split())
+
+
+def mamba_gguf_fields(key) -> dict:
+    """A Mamba-2 layer's sizes as llama.cpp's Mamba2Model writes them (the heads as the time step's rank)."""
+    heads, inner = int(key("ssm.time_step_rank")), int(key("ssm.inner_size"))
+    return {
+        "ssm_heads": heads,
+        "ssm_head_dim": inner // heads,
+        "ssm_state": int(key("ssm.state_size")),
+        "ssm_groups": int(key("ssm.group_count")),
+        "ssm_conv_bias": True,
+        "conv_kernel": int(key("ssm.conv_kernel")),
+    }
+
+
 def mamba_gguf_split(name: str, src: str, w: np.ndarray, args) -> np.ndarray:
     """A Mamba tensor of the GGUF in HF's layout: A_log from -exp(A_log), D and the gated norm's weight flat."""
     part = src.split(".")[2] if src.startswith("blk.") else ""
@@ -107,10 +117,8 @@ GRANITE_HYBRID = Family(
     hf_types=("granitemoehybrid",),
     gguf_archs=("granitehybrid",),
     gguf_keys=frozenset(GRANITE_GGUF)
-    | frozenset(
-        "expert_shared_feed_forward_length ssm.conv_kernel ssm.state_size ssm.group_count ssm.inner_size "
-        "ssm.time_step_rank rope.scaling.finetuned vocab_size".split()
-    ),
+    | MAMBA_GGUF_KEYS
+    | {"expert_shared_feed_forward_length", "rope.scaling.finetuned", "vocab_size"},
     gguf_fields=_gguf,
     gguf_names=MAMBA_GGUF,
     gguf_split=mamba_gguf_split,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from common.errors import CadenceError
 from models.families.base import MAMBA_PARAMS, Family, Unsupported, check_mamba_steps, mamba_names
-from models.families.granite_hybrid import MAMBA_GGUF, mamba_gguf_split
+from models.families.granite_hybrid import MAMBA_GGUF, MAMBA_GGUF_KEYS, mamba_gguf_fields, mamba_gguf_split
 
 _PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 _LEGACY = {"mamba": "linear_attention", "attention": "full_attention"}
@@ -77,17 +77,11 @@ def _gguf(key, a: dict) -> dict:
         )
     if key("expert_count"):
         raise CadenceError(f"expert_count={key('expert_count')} (Nemotron-3's experts) is not run yet")
-    heads, inner = int(key("ssm.time_step_rank")), int(key("ssm.inner_size"))
     kind = lambda test: tuple(i for i in range(n) if test(int(kv[i]), int(ff[i])))  # noqa: E731
     return {
         "act": "relu2",
         "ssm_layers": kind(lambda h, f: not h and not f),
-        "ssm_heads": heads,
-        "ssm_head_dim": inner // heads,
-        "ssm_state": int(key("ssm.state_size")),
-        "ssm_groups": int(key("ssm.group_count")),
-        "ssm_conv_bias": True,
-        "conv_kernel": int(key("ssm.conv_kernel")),
+        **mamba_gguf_fields(key),
         "nope_layers": kind(lambda h, f: h and not f),
         "no_mixer_layers": kind(lambda h, f: f),
         "no_ffn_layers": kind(lambda h, f: not f),
@@ -99,10 +93,7 @@ NEMOTRON_H = Family(
     hf_types=("nemotron_h",),
     gguf_archs=("nemotron_h",),
     # TextModel writes the config's layer_norm_epsilon beside the RMS one llama.cpp reads (the same value)
-    gguf_keys=frozenset(
-        "ssm.conv_kernel ssm.state_size ssm.group_count ssm.inner_size ssm.time_step_rank rope.scaling.finetuned "
-        "attention.layer_norm_epsilon".split()
-    ),
+    gguf_keys=MAMBA_GGUF_KEYS | {"rope.scaling.finetuned", "attention.layer_norm_epsilon"},
     gguf_fields=_gguf,
     gguf_names={**MAMBA_GGUF, "ffn_norm": ("attn_norm",), "ffn_gate_up": ("ffn_up",)},
     gguf_split=mamba_gguf_split,

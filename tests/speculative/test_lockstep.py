@@ -8,29 +8,14 @@ import torch
 
 from common.errors import PromptError
 from common.settings import SamplingConfig, TreeConfig
-from models import loading
-from models.convert import convert
-from models.source_hf import HFSource
-from models.store import WeightStore
 from speculative.batch import Lockstep, run_all
 from speculative.drafter import LocalDraft
 from speculative.loop import Speculation
 from speculative.lookup import TrieDraft
 from speculative.slots import LocalBatch
 from speculative.verify import LocalTarget
-from tests.models.families import tiny_hf
 
 CONTEXT = 160
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lockstep")
-    out = []
-    for name, seed in (("target", 1), ("draft", 2)):
-        hf = tiny_hf("qwen2", "plain", tmp / f"hf-{name}", seed=seed)
-        out.append(loading.load_store(WeightStore(convert(HFSource(hf), tmp / f"int4-{name}", "int4"))).model)
-    return out
 
 
 def _prompts(n: int = 6) -> list[list[int]]:
@@ -49,10 +34,10 @@ def _loop(target, draft, mode="tree", adaptive=True):
     [("tree", "target", True), ("tree", "other", True), ("tree", "other", False), ("tree", None, False)]
     + [("target", None, False), ("chain", "target", True)],
 )
-def test_each_generation_of_a_batch_is_its_own_run_alone(pair, mode, draft_model, shared):
+def test_each_generation_of_a_batch_is_its_own_run_alone(int4_pair, mode, draft_model, shared):
     """`shared`: the trees grown in shared draft forwards (speculative/draft_batch.py); with a fixed width (no
     governor timing the cycles) each generation drafts exactly the trees it drafts alone."""
-    target, other = pair
+    target, other = int4_pair
     draft = {"target": target, "other": other, None: None}[draft_model]  # the target drafting for itself: all taken
     loop = _loop(target, draft, mode, adaptive=draft is None)
     limits = [30, 12, 41, 25, 8, 33]
@@ -78,14 +63,14 @@ def test_each_generation_of_a_batch_is_its_own_run_alone(pair, mode, draft_model
         assert sum(g.stats["accepted"] for g in got.values()) > 0  # trees were taken, not just roots
 
 
-def test_sampled_generations_grow_their_trees_in_shared_forwards_and_each_is_its_run_alone(pair, monkeypatch):
+def test_sampled_generations_grow_their_trees_in_shared_forwards_and_each_is_its_run_alone(int4_pair, monkeypatch):
     """Sampled trees grow in draft forwards shared with the other generations' (speculative/draft_batch.py): each
     sampled generation (its own temperature and seed) draws exactly the tokens it draws alone, which are the
     target's alone with that seed (models/sampling.py: a position's draw depends on the seed and the position), while
     the batch ran fewer draft forwards than its trees did."""
     import speculative.draft_batch as draft_batch
 
-    target, draft = pair
+    target, draft = int4_pair
     loop = _loop(target, draft, adaptive=False)
     settings = [SamplingConfig(temperature=t, seed=s) for t, s in ((0.8, 3), (1.0, 4), (0.6, 5))]
     prompts = _prompts(3)
@@ -106,8 +91,8 @@ def test_sampled_generations_grow_their_trees_in_shared_forwards_and_each_is_its
     assert trees == sum(a.stats["draft_forwards"] for a in alone) and 0 < len(forwards) < trees
 
 
-def test_a_batch_takes_joins_cancellations_sampling_and_a_prompt_that_does_not_fit(pair):
-    target, draft = pair
+def test_a_batch_takes_joins_cancellations_sampling_and_a_prompt_that_does_not_fit(int4_pair):
+    target, draft = int4_pair
     loop = _loop(target, draft)
     prompts = _prompts()
     alone = {i: loop.generate(p, 24, set()).new_ids for i, p in enumerate(prompts)}
@@ -142,11 +127,11 @@ def test_a_batch_takes_joins_cancellations_sampling_and_a_prompt_that_does_not_f
         assert got[i].new_ids == alone[i], i
 
 
-def test_a_generation_that_ends_frees_its_slot_with_the_forward_that_ended_it(pair):
+def test_a_generation_that_ends_frees_its_slot_with_the_forward_that_ended_it(int4_pair):
     """A generation takes its answer as the forward ends: its tokens go out with that cycle, and the one whose last
     tokens it was leaves at once, so the next job joins its slot before the next forward. Through one slot, every
     cycle is a forward: no cycle only takes answers while the slot stands empty."""
-    target, draft = pair
+    target, draft = int4_pair
     loop = _loop(target, draft)
     prompts = _prompts(4)
     alone = {i: loop.generate(p, 10, set()).new_ids for i, p in enumerate(prompts)}
@@ -169,7 +154,7 @@ def test_a_generation_that_ends_frees_its_slot_with_the_forward_that_ended_it(pa
     assert cycles == len(forwards) and set(forwards) == {1}
 
 
-def test_a_long_prompt_prefills_a_chunk_a_cycle_beside_the_others_trees(pair, monkeypatch):
+def test_a_long_prompt_prefills_a_chunk_a_cycle_beside_the_others_trees(int4_pair, monkeypatch):
     """A prompt of more than a prefill chunk (here 32 rows) rides in the batch's forwards a chunk at a time (the
     other generations verify their trees meanwhile), and a later prompt joins only beside its last chunk."""
     import speculative.batch
@@ -178,7 +163,7 @@ def test_a_long_prompt_prefills_a_chunk_a_cycle_beside_the_others_trees(pair, mo
     chunk = 32
     monkeypatch.setattr(speculative.verify, "PREFILL_CHUNK", chunk)
     monkeypatch.setattr(speculative.batch, "PREFILL_CHUNK", chunk)
-    target, _ = pair
+    target, _ = int4_pair
     loop = Speculation(LocalTarget(target), LocalDraft(target), "tree", TreeConfig(width=6), SamplingConfig(), CONTEXT)
     g = torch.Generator().manual_seed(11)
     long = torch.randint(3, 300, (chunk + 20,), generator=g).tolist()
@@ -201,12 +186,12 @@ def test_a_long_prompt_prefills_a_chunk_a_cycle_beside_the_others_trees(pair, mo
     assert first_cycle == {0: 1, 2: 1, 1: 3}
 
 
-def test_a_resident_batch_steps_several_plainly_and_lets_one_alone_run_as_alone(pair):
+def test_a_resident_batch_steps_several_plainly_and_lets_one_alone_run_as_alone(int4_pair):
     """Resident, rows cost compute: several generations at once begin with plain steps (their single rows in one
     forward cost little more than one; drafting is tried only where the drafts' catch-up on the prompts and the
     plain steps' tokens is a small share of the time since: `CatchUp`), while a generation alone in the batch
     drafts from its first cycle, its own governor choosing as when it runs alone."""
-    target, draft = pair
+    target, draft = int4_pair
     loop = _loop(target, draft)
     prompts = _prompts(3)
     batch = Lockstep(loop, LocalBatch(target), lambda slot: LocalDraft(draft), 3, LocalDraft.propose_many)
@@ -221,11 +206,11 @@ def test_a_resident_batch_steps_several_plainly_and_lets_one_alone_run_as_alone(
     assert alone.new_ids == loop.generate(prompts[0], 8, set()).new_ids
 
 
-def test_conversations_interleaved_over_the_slots_each_find_their_prefix(pair):
+def test_conversations_interleaved_over_the_slots_each_find_their_prefix(int4_pair):
     """Two conversations take turns over two slots: each next turn goes to the slot whose cache holds its
     conversation (not the lowest free one, which the other conversation's last turn took), and prefills only its
     new tokens; every answer is the one a run with no cache gives."""
-    target, draft = pair
+    target, draft = int4_pair
     loop = _loop(target, draft, adaptive=False)
     batch = Lockstep(loop, LocalBatch(target), lambda slot: LocalDraft(draft), 2, LocalDraft.propose_many)
     a, b = _prompts(2)

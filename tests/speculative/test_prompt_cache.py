@@ -25,16 +25,6 @@ CONTEXT = 200
 NEW = 8
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("prompt-cache")
-    out = []
-    for name, seed in (("target", 1), ("draft", 2)):
-        hf = tiny_hf("qwen2", "plain", tmp / f"hf-{name}", seed=seed)
-        out.append(loading.load_store(WeightStore(convert(HFSource(hf), tmp / f"int4-{name}", "int4"))).model)
-    return out
-
-
 def _loop(target, draft, prefixes=None):
     cfg = TreeConfig(mode="tree", width=6, adaptive=False)
     return Speculation(LocalTarget(target, prefixes), LocalDraft(draft), "tree", cfg, SamplingConfig(), CONTEXT)
@@ -63,8 +53,8 @@ def _talk(target, draft, prefixes, turns: int = 3):
 
 
 @pytest.mark.parametrize("tier", ["memory", "disk"])
-def test_four_conversations_over_two_slots_prefill_only_their_new_tokens(pair, tier, tmp_path):
-    target, draft = pair
+def test_four_conversations_over_two_slots_prefill_only_their_new_tokens(int4_pair, tier, tmp_path):
+    target, draft = int4_pair
     fresh = _loop(target, draft)
     none = _talk(target, draft, None)
     ram, folder = (64 << 20, None) if tier == "memory" else (0, tmp_path / "pc")
@@ -89,8 +79,8 @@ def test_four_conversations_over_two_slots_prefill_only_their_new_tokens(pair, t
         assert first == LocalTarget(target).start(prompt, CONTEXT, SamplingConfig())[0]
 
 
-def test_a_short_text_is_not_kept_and_the_bound_holds(pair):
-    target, _ = pair
+def test_a_short_text_is_not_kept_and_the_bound_holds(int4_pair):
+    target, _ = int4_pair
     for prefixes, length in ((PrefixCache(64 << 20, None, "tiny"), MIN_TOKENS - 2), (PrefixCache(1, None, "tiny"), 60)):
         t = LocalTarget(target, prefixes)
         t.start(list(range(3, 3 + length)), 100, SamplingConfig())
