@@ -206,13 +206,19 @@ def _extra_tensors(w, h: dict, rope: dict):
         yield "rope_factors_short.weight", torch.tensor(rope["short_factor"], dtype=torch.float32)
 
 
+# the tensors ModelBase.prepare_tensors keeps in F32 whatever the output type (those of the families written here):
+# llama.cpp's CPU convolutions read F32 taps only
+ALWAYS_F32 = ("ffn_gate_inp", "ffn_gate_inp_shexp", "ssm_conv1d", "conv", "pos_embd", "token_types")
+
+
 def _put(w, name: str, x: torch.Tensor, qtype: str) -> None:
     """ModelBase.prepare_tensors' type choice: 1-D tensors, norms and biases stay F32, the rest become `qtype`."""
     import gguf
 
     data = x.numpy()
     q = gguf.GGMLQuantizationType[qtype]
-    if data.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+    kept = name.rsplit(".", 1)[0].split(".")[-1] in ALWAYS_F32  # routers and convolutions, whatever --outtype
+    if data.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or kept:
         q = gguf.GGMLQuantizationType.F32
     try:
         out = gguf.quants.quantize(data, q)

@@ -60,7 +60,7 @@ def server(args: list[str], budget: int | None, evict: list[Path]):
     from shm.dio import evict_page_cache
 
     port = _free_port()
-    argv = [sys.executable, "-m", "launch", "serve", "--port", str(port), *args]
+    argv = [str(Path(sys.executable).parent / "launch"), "serve", "--port", str(port), *args]  # the front door
     with MemoryCgroup(budget) if budget else contextlib.nullcontext() as cg:
         evict_page_cache(evict)
         fd = os.open(cg.dir / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) if cg else None
@@ -92,6 +92,7 @@ def talk(url: str, turns: int, max_tokens: int) -> list[dict]:
     from openai import OpenAI
 
     client = OpenAI(base_url=url + "/v1", api_key="none", timeout=3600)
+    model = client.models.list().data[0].id
     convs = [[{"role": "system", "content": s}] for s in systems()]
     rows = []
     for turn in range(turns):
@@ -99,7 +100,7 @@ def talk(url: str, turns: int, max_tokens: int) -> list[dict]:
             conv.append({"role": "user", "content": QUESTIONS[i][turn % len(QUESTIONS[i])]})
             t0, first, text = time.perf_counter(), None, ""
             stream = client.chat.completions.create(
-                model="cadence", messages=conv, max_tokens=max_tokens, temperature=0, stream=True
+                model=model, messages=conv, max_tokens=max_tokens, temperature=0, stream=True
             )
             for chunk in stream:
                 delta = chunk.choices[0].delta.content if chunk.choices else None
