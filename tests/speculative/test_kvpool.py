@@ -13,7 +13,7 @@ from speculative.kvpool import KVPool
 from speculative.loop import Speculation
 from speculative.slots import LocalBatch
 from speculative.verify import LocalTarget
-from tests.speculative.test_lockstep import _prompts, pair  # noqa: F401 - the module's models
+from tests.speculative.test_lockstep import _prompts
 
 
 def test_the_pool_places_ranges_keeps_a_slots_last_one_and_gives_idle_ones_up():
@@ -74,8 +74,8 @@ def _pooled(target, draft, context: int = SHARE):
     return loop, Lockstep(loop, LocalBatch(target), lambda slot: LocalDraft(draft), 3, LocalDraft.propose_many, kv)
 
 
-def test_a_prompt_longer_than_a_share_waits_for_room_then_runs_as_alone(pair):  # noqa: F811
-    target, draft = pair
+def test_a_prompt_longer_than_a_share_waits_for_room_then_runs_as_alone(int4_pair):
+    target, draft = int4_pair
     loop, batch = _pooled(target, draft)
     assert batch.most_context() == 248
     g = torch.Generator().manual_seed(3)
@@ -102,8 +102,8 @@ def test_a_prompt_longer_than_a_share_waits_for_room_then_runs_as_alone(pair):  
     assert batch.pool.ranges and all(not r.live for r in batch.pool.ranges.values())
 
 
-def test_a_prompt_past_the_whole_pool_fails_alone_and_a_full_pool_says_no_room(pair):  # noqa: F811
-    target, draft = pair
+def test_a_prompt_past_the_whole_pool_fails_alone_and_a_full_pool_says_no_room(int4_pair):
+    target, draft = int4_pair
     _, batch = _pooled(target, draft)
     batch.join("too long", list(range(3, 3 + 249)), 4, set())
     slot = batch.join(0, _prompts(2)[1], 150, set())
