@@ -216,6 +216,11 @@ class PromptCacheConfig:
     dir: str | None = None
     disk_bytes: int = 0
 
+    @property
+    def disk_bound(self) -> int:
+        """What the entries on disk may hold: `disk_bytes`, else the larger of memory's and 1 GiB."""
+        return self.disk_bytes or max(self.ram_bytes, 1 << 30)
+
 
 @dataclass(frozen=True)
 class WorkerSplit:

@@ -159,7 +159,7 @@ def prompt_cache_words(pc: PromptCacheConfig, token_bytes: int) -> str:
     if pc.ram_bytes:
         tiers.append(f"{fmt(pc.ram_bytes)} in memory (~{pc.ram_bytes // token_bytes} tokens' rows)")
     if pc.dir:
-        most = pc.disk_bytes or max(pc.ram_bytes, 1 << 30)
+        most = pc.disk_bound
         tiers.append(f"up to {fmt(most)} on disk in {pc.dir} (~{most // token_bytes} tokens' rows)")
     return "prompt cache (prompts' rows kept past their slot): " + ", and ".join(tiers)
 

@@ -324,9 +324,7 @@ class Api:
             if chat:
                 yield {"data": chunk("", role=True)}
             elif job.ask.echo:  # the prompt first, as it was sent (its ids' text where ids were sent)
-                yield {
-                    "data": chunk(job.ask.prompt.text or self.gen.llm.runner.tokenizer.decode(list(job.ask.prompt.ids)))
-                }
+                yield {"data": chunk(logprobs.prompt_text(job.ask, self.gen.llm.runner.tokenizer))}
             if calls is not None:
                 for event in pieces(calls.push(job.ask.prompt.start)):
                     yield event

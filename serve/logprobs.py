@@ -108,8 +108,13 @@ def echo(ask, done, text: str, tokenizer) -> tuple[str, object]:
     the token generated dropped: the prompt's text and log-probabilities alone."""
     if not ask.echo or done is None:
         return text, done
-    prompt = ask.prompt.text or tokenizer.decode(list(done.row["prompt_token_ids"]))
+    prompt = prompt_text(ask, tokenizer)
     if ask.scored:
         stats = {k: v for k, v in done.stats.items() if k != "logprobs"}
         return prompt, dataclasses.replace(done, text="", token_ids=[], finish_reason="length", stats=stats)
     return prompt + text, done
+
+
+def prompt_text(ask, tokenizer) -> str:
+    """An echoed prompt as it was sent: its text, or its token ids' text."""
+    return ask.prompt.text or tokenizer.decode(list(ask.prompt.ids))

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from common.settings import PromptCacheConfig
 from shm.dio import ALIGN, DirectReader
 
 MIN_TOKENS = 32  # a shorter text is not worth a copy: its prefill is as quick
@@ -47,7 +48,7 @@ class PrefixCache:
         (a folder per model, `model_key`), up to `disk_bytes` (0: as much as memory holds, at least 1 GiB)."""
         self.ram_bytes = max(0, int(ram_bytes))
         self.dir = Path(directory) / _safe(model_key) if directory else None
-        self.disk_bytes = int(disk_bytes) or max(self.ram_bytes, 1 << 30)
+        self.disk_bytes = PromptCacheConfig(self.ram_bytes, None, int(disk_bytes)).disk_bound
         self.ram: OrderedDict[tuple, _Entry] = OrderedDict()
         self.disk: OrderedDict[tuple, _Entry] = OrderedDict()
         self.reused = self.kept = 0  # prompt tokens restored from an entry; entries kept
@@ -67,12 +68,10 @@ class PrefixCache:
         if len(text) < cache.length:
             return
         free = not cache.args.rec_layers  # a cache of attention layers only rewinds to any prefix
-        covering = [t for tier in (self.ram, self.disk) for t in tier if t[: len(text)] == text]
-        if (free and covering) or text in covering:
-            for tier in (self.ram, self.disk):
-                for t in covering:
-                    if t in tier:
-                        tier.move_to_end(t)
+        covering = [(tier, t) for tier in (self.ram, self.disk) for t in tier if t[: len(text)] == text]
+        if any(free or t == text for _, t in covering):  # an entry holds these rows already
+            for tier, t in covering:
+                tier.move_to_end(t)
             return
         marks, views = cache.committed()
         nbytes = sum(v.numel() * v.element_size() for v in views.values())

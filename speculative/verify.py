@@ -86,7 +86,7 @@ class Verifier:
             c.rewind(keep)
         else:
             self.cache = c = self.model.new_cache(capacity, storage)
-        if self.prefixes is not None and not every:
+        if self.prefixes is not None and not every and keep < len(prompt_ids) - 1:  # else nothing is left to find
             keep = self.prefixes.take(prompt_ids, c, keep)
         self.tokens, self.reused = list(prompt_ids), keep
         self.prompt_logprobs = [None] if every else None
