@@ -51,9 +51,10 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(args: list[str], budget: int | None, evict: list[Path]):
+def server(args: list[str], budget: int | None, evict: list[Path], log=None):
     """`launch serve ARGS` (inside a memory cgroup of `budget` bytes, the files in `evict` out of the page cache
-    first), its base URL once /health answers; stopped (SIGTERM) at the end."""
+    first; its stderr to the file `log` where given), its base URL once /health answers; stopped (SIGTERM) at the
+    end."""
     import httpx
 
     from bench.cgroup import MemoryCgroup
@@ -65,7 +66,7 @@ def server(args: list[str], budget: int | None, evict: list[Path]):
         evict_page_cache(evict)
         fd = os.open(cg.dir / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) if cg else None
         join = (lambda: os.write(fd, str(os.getpid()).encode())) if fd is not None else None
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=join, cwd=ROOT)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=log, preexec_fn=join, cwd=ROOT)
         if fd is not None:
             os.close(fd)
         try:
@@ -117,18 +118,24 @@ def talk(url: str, turns: int, max_tokens: int) -> list[dict]:
     return rows
 
 
-def run(budget: str | None, cache: str, turns: int, max_tokens: int) -> dict:
-    from common.units import parse_bytes
+def pair_files() -> list[Path]:
+    """The weight files of the default pair (the target and its draft, every format converted), to evict before a
+    budgeted run."""
     from engine.config import RunConfig
     from engine.machine import ThisMachine
     from models.registry import DEFAULT_DRAFT
 
     cfg, machine = RunConfig(), ThisMachine(lambda s: None)
-    evict = [machine.store(m, cfg.dtype).dir for m in (cfg.target, DEFAULT_DRAFT)]
-    evict = [p for d in evict for p in Path(d).glob("*.bin")]
+    stores = Path(machine.store(cfg.target, cfg.dtype).dir).parent
+    return [p for m in (cfg.target, DEFAULT_DRAFT) for p in stores.glob(f"{m}-*/*.bin")]
+
+
+def run(budget: str | None, cache: str, turns: int, max_tokens: int) -> dict:
+    from common.units import parse_bytes
+
     args = ["--parallel", "2", "--no-trace", "--prompt-cache", cache]
     args += ["--memory-budget", budget] if budget else []
-    with server(args, parse_bytes(budget) if budget else None, evict) as (url, cg):
+    with server(args, parse_bytes(budget) if budget else None, pair_files()) as (url, cg):
         rows = talk(url, turns, max_tokens)
         peak = cg.peak_held if cg else None
     return dict(budget=budget, cache=cache, rows=rows, peak_held=peak)
