@@ -30,8 +30,36 @@ def add_parser(sub):
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="size the KV caches for this prompt")
     src.add_argument("--prompts", help="size the KV caches for the longest prompt of this JSONL set")
-    add_run_options(p)
+    p.add_argument(
+        "--for",
+        dest="door",
+        choices=DOORS,
+        default="run",
+        help="the command whose plan to show: run (and bench), chat, serve or llm (cadence.LLM); chat, serve and "
+        "llm keep room for requests that sample or send a grammar, and serve's --parallel is 0 unless given",
+    )
+    add_run_options(p, parallel=None)  # None: the door's own (serve: as many slots as the memory allows)
     p.set_defaults(func=cmd_plan)
+
+
+DOORS = ("run", "chat", "serve", "llm")
+SERVING = ("chat", "serve", "llm")  # an LLM behind a terminal, HTTP or Python: requests may sample, send grammars
+
+
+def door_config(args) -> RunConfig:
+    """The configuration `launch <door>` (or `cadence.LLM`) builds from these options: the one a door decides
+    from. `launch serve` imports its HTTP front before it decides, so this process holds it too (the plan
+    measures the deciding process's own memory)."""
+    door = getattr(args, "door", "run")
+    cfg = run_config(args, parallel=args.parallel if args.parallel is not None else int(door != "serve"))
+    if door not in SERVING:
+        return cfg
+    from cadence.api import config_of
+
+    if door == "serve":
+        import serve.app  # noqa: F401
+        import uvicorn  # noqa: F401
+    return config_of(cfg)
 
 
 def _ranges(names: list[str]) -> str:
@@ -56,11 +84,11 @@ def cmd_plan(args) -> int:
     prompts = (
         load_prompts(args.prompts)
         if args.prompts
-        else [Prompt("prompt", "complete", args.prompt)]
+        else [Prompt("prompt", "chat", args.prompt)]  # as `launch run` takes its --prompt (--chat says)
         if args.prompt
         else []
     )
-    cfg = run_config(args)
+    cfg = door_config(args)
     machine = ThisMachine(print)
     inputs = read_inputs(cfg, machine, prompts)  # the tokenizer is held as a run's scheduler holds it
     inputs.tokenizer.release_encoder()  # as a run does once its prompts are encoded
@@ -85,9 +113,38 @@ def cmd_plan(args) -> int:
         _by_row(machine.store(cfg.target, cfg.dtype))
     if run.prompt_cache is not None:
         print(f"  {prompt_cache_words(run.prompt_cache, run.target.args.kv_bytes(1))}")
+    if args.door not in SERVING and cfg.memory_budget and not failed:
+        _served(args, inputs.lengths(), run)
     _smallest(cfg, machine, run)
     sys.stdout.flush()
     return 1 if failed is not None else 0
+
+
+def _served(args, lengths, run: RunPlan) -> None:
+    """Where `launch serve` decides otherwise with these options (its requests may sample or send a grammar, and
+    the plan keeps room for both; its --parallel is 0 unless given; its process holds the HTTP front), one line
+    saying how; `--for serve` shows its plan."""
+    import argparse
+
+    cfg = door_config(argparse.Namespace(**{**vars(args), "door": "serve"}))
+    try:
+        other = decide(cfg, ThisMachine(lambda line: None), lengths)  # its own process's memory, measured again
+    except BudgetRefused as e:
+        print(f"  `launch serve` with these options (room for sampled requests and grammars): {e}")
+        return
+    if other.memory is None or run.memory is None:
+        return
+
+    def words(r: RunPlan) -> str:
+        draft = r.draft_words(fmt_=True).lstrip(", ") or "no draft"
+        return f"{r.parallel} slot{'s' * (r.parallel > 1)}, {draft}, {len(r.memory.resident)} groups resident"
+
+    if words(other) != words(run):
+        print(
+            f"  `launch serve` with these options keeps room for sampled requests and grammars "
+            f"({fmt(other.memory.overheads.grammar)} for grammars): {words(other)}, against {words(run)} here; "
+            "`launch plan --for serve` shows its plan"
+        )
 
 
 def _memory(plan) -> None:

@@ -59,10 +59,10 @@ def fake_trace(tmp_path_factory) -> FakeTrace:
     )
 
 
-def launch(*args, home, check=False):
+def launch(*args, home, check=False, input=None):
     env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
     p = subprocess.run(
-        [sys.executable, "-m", "launch.cli", *args], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-m", "launch.cli", *args], capture_output=True, text=True, env=env, timeout=600, input=input
     )
     if check:
         assert p.returncode == 0, p.stderr

@@ -15,6 +15,7 @@ from engine.machine import ThisMachine
 from engine.options import argv
 from engine.plan import DraftKind, Mode, Runtime, RunPlan
 from launch.cli import build_parser
+from launch.cmd_plan import door_config
 from launch.options import run_config
 from scheduler.generation.footprint import own_anon_bytes
 from tests.launch.conftest import launch
@@ -88,7 +89,8 @@ def test_every_front_door_reaches_the_same_plan(tiny_gguf, machine, command, nam
     (chat and serve are an LLM behind a terminal or HTTP: their plans keep room for sampled requests) or as
     the options given to the engine directly (run, bench, plan)."""
     opts = OPTION_SETS[name](str(tiny_gguf))
-    cfg = run_config(build_parser(command).parse_args([command, *argv(opts)]))
+    args = build_parser(command).parse_args([command, *argv(opts)])
+    cfg = door_config(args) if command == "plan" else run_config(args)  # plan: `--for run`'s configuration
     if command == "serve":  # its own default: as many slots as the memory allows
         opts = {"parallel": 0, **opts}
     if command in ("chat", "serve"):

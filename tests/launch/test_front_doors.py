@@ -19,6 +19,7 @@ from common import paths
 from engine.config import RunConfig
 from engine.options import DEFAULTS, OPTIONS, argv
 from launch.cli import build_parser
+from launch.cmd_plan import door_config
 from launch.options import run_config
 
 COMMANDS = ("run", "chat", "serve", "plan", "bench")
@@ -82,7 +83,7 @@ def test_the_sets_cover_every_option():
 @pytest.mark.parametrize("given", OPTION_SETS, ids=["budget", "worker", "inproc"])
 def test_every_option_reaches_the_configuration_from_every_command(command, given):
     args = build_parser(command).parse_args([command, *argv(given)])
-    cfg = run_config(args)
+    cfg = door_config(args) if command == "plan" else run_config(args)  # plan: `--for run`'s configuration
     own = {"bench": {"max_new_tokens": 128}, "serve": {"parallel": 0}}.get(command, {})  # bench: fixed lengths;
     want = {**DEFAULTS, **own, **given}  # serve: as many slots as the memory allows
     assert cfg.options() == want
