@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -43,6 +44,7 @@ class Costs:
     spread: float = 0.0  # how far the two measurements' compute disagreed (the better of each figure is kept)
     disk_spread: float = 0.0  # ... and their disk rates
     kept: bool = True  # False: measured now on a machine too busy, or too noisy, to keep the figures
+    refreshed: str = ""  # where a run's reads raised the disk's figure since: when, and how much they read
 
     def describe(self) -> str:
         """When and how the figures were measured, for `launch plan`."""
@@ -51,6 +53,7 @@ class Costs:
             f"{self.load.get('disk', 0):.0%} busy with other work just before, two measurements {self.spread:.0%} (disk {self.disk_spread:.0%}) "
             f"apart{'' if self.kept else ', used for this run only, not kept'}"
         )
+        how += f"; the disk's rate since raised by a run's reads ({self.refreshed})" if self.refreshed else ""
         return f"costs: disk {self.disk_gbps:.2f} GB/s, a target layer of 9 rows {self.layer_s[9] * 1e3:.2f} ms ({how})"
 
     def forward_s(self, n_layers: int, rows: int, read_bytes: int) -> float:
@@ -107,6 +110,42 @@ def costs(target: WeightStore, draft: WeightStore | None, say=None, fresh: bool 
             )
         return replace(out, kept=False)
     return out
+
+
+REFRESH_BYTES = 1 << 30  # a run's reads long enough to speak for the disk
+REFRESH_GAIN = 1.25  # ... and this much faster than a kept figure: that figure was taken on a busy disk
+
+
+def refresh_disk(nbytes: int, seconds: float, say=None) -> list[Path]:
+    """A run's loader read `nbytes` in `seconds` of reading (direct reads, a layer group at a time, as the
+    calibration reads; reads in flight together count their time twice, so the rate is a floor). Where that is
+    well above a disk rate kept on this machine (measured while the disk was busy), the kept figure takes it, said
+    in one line, and later plans price the disk as it reads. A slower run changes nothing: its reads shared the
+    disk with its own verifier, and perhaps with a neighbour. The files changed."""
+    from common import paths
+
+    if nbytes < REFRESH_BYTES or seconds <= 0:
+        return []
+    gbps, changed, was = nbytes / seconds / 1e9, [], []
+    for path in sorted((paths.home() / "calibration").glob("costs-*.json")):
+        try:
+            kept = json.loads(path.read_text())
+            if gbps < REFRESH_GAIN * kept["disk_gbps"]:
+                continue
+            was.append(kept["disk_gbps"])
+            kept.update(disk_gbps=gbps, refreshed=f"{time.strftime('%Y-%m-%d %H:%M')}, {nbytes / 2**30:.1f} GiB read")
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(kept))
+            tmp.replace(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        changed.append(path)
+    if changed and say:
+        say(
+            f"this run read the disk at {gbps:.2f} GB/s, faster than the {min(was):.2f} GB/s kept for it: the plans "
+            "that follow price it so"
+        )
+    return changed
 
 
 def _rows(t: dict) -> dict:

@@ -40,7 +40,7 @@ class Runner:
     def __init__(self, cfg: RunConfig, prompts: list[Prompt] | None = None, say: Callable[[str], None] | None = None):
         """`prompts`: what will be run, if known: each is encoded once, and the context sized to the longest.
         `say`: where a line about a choice made (the draft `auto` took) goes; default stderr."""
-        say = say or _stderr
+        say = self._say = say or _stderr
         self.trace_path = None
         self._batch = None  # the `--parallel` slots, made at the first ask (`batch`)
         self._joined: dict = {}  # a generation in the batch: its prompt, plan, chat and text decoder
@@ -79,10 +79,19 @@ class Runner:
         if self._batch is not None:
             self._batch.close()
         try:
+            self._refresh_costs()
             self.session.close()
         finally:
             if self.session.sched is not None:
                 self.trace_path = self.session.sched.trace_path
+
+    def _refresh_costs(self) -> None:
+        """What the run's loader read, kept as the disk's rate where it shows the kept figure too slow."""
+        streamer = getattr(self.session.target, "streamer", None)
+        if streamer is not None and streamer.total.direct:
+            from engine.costs import refresh_disk
+
+            refresh_disk(streamer.total.bytes, streamer.total.seconds, self._say)
 
     # -- generating -----------------------------------------------------------------------------------
 
@@ -191,6 +200,11 @@ class Runner:
         """`key`'s generation ends now (a client went away): its slot is free for the next."""
         self._joined.pop(key, None)
         self.batch().leave(key)
+
+    def bound_new_tokens(self, n: int | None) -> None:
+        """A generation that asks no number of new tokens (nor does the run) writes at most `n`, fewer where the
+        context ends first (`launch run` and `chat`: DEFAULT_NEW_TOKENS); None: to the context's end."""
+        self.session.loop.bound = n
 
     def prepare(self, prompt: Prompt, max_new_tokens: int | None = None) -> Prompt:
         """`prompt` encoded (its ids kept with it) and checked against the context: a PromptError (its `param`

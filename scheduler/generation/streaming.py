@@ -64,7 +64,8 @@ class Streamer:
     streamed: list[str]  # group names in the order a forward needs them
     sizes: dict[str, int]
     prefetch: bool
-    stats: IOStats = field(default_factory=IOStats)
+    stats: IOStats = field(default_factory=IOStats)  # since the last generation's figures were taken
+    total: IOStats = field(default_factory=IOStats)  # the whole run's reads (engine/costs.py `refresh_disk`)
 
     def __post_init__(self):
         self.next = 0  # index in `streamed` of the next group to load
@@ -101,10 +102,11 @@ class Streamer:
                 if not ev.reply.ok:
                     raise ActorError("loader", "load", ev.reply.req_id, ev.reply.error)
                 r = ev.reply.value  # Loaded
-                self.stats.loads += 1
-                self.stats.bytes += r.bytes
-                self.stats.seconds += r.seconds
-                self.stats.direct = self.stats.direct and r.direct
+                for st in (self.stats, self.total):
+                    st.loads += 1
+                    st.bytes += r.bytes
+                    st.seconds += r.seconds
+                    st.direct = st.direct and r.direct
                 self.ready[group] = slot
             else:
                 raise_fault(ev)

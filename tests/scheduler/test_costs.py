@@ -2,6 +2,9 @@
 drive under a budget, whether the draft `--draft auto` picked pays for the target layers it pushes to disk."""
 
 import json
+import os
+import signal
+import time
 
 import pytest
 
@@ -137,6 +140,57 @@ def test_costs_measured_on_a_busy_machine_serve_the_run_and_are_not_kept(tmp_pat
     assert quiet.kept and quiet.load["cpu"] < 0.25 and quiet.measured_at
     assert len(list((tmp_path / "home" / "calibration").glob("costs-*.json"))) == 1
     assert quiet.describe().startswith(f"costs: disk {quiet.disk_gbps:.2f} GB/s") and "measured 20" in quiet.describe()
+
+
+def test_costs_measured_beside_a_disk_bound_neighbour_are_not_kept(tmp_path, monkeypatch):
+    """A process reading a file with direct reads, over and over, while the costs are measured (a copy or a
+    download beside a first run): the disk was busy with other work, so the figures price this run only."""
+    import subprocess
+
+    monkeypatch.setenv("CADENCE_HOME", str(tmp_path / "home"))
+    target, said = _store(tmp_path), []
+    big = tmp_path / "big"
+    with open(big, "wb") as f:
+        for _ in range(64):
+            f.write(bytes(4 << 20))
+        os.fsync(f.fileno())
+    loop = f"while :; do dd if={big} of=/dev/null bs=4M iflag=direct status=none || exit 1; done"
+    reader = subprocess.Popen(["sh", "-c", loop], start_new_session=True)
+    try:
+        time.sleep(0.3)
+        assert reader.poll() is None, "direct reads are refused on this file system"
+        busy = costs(target, target, said.append)
+    finally:
+        os.killpg(reader.pid, signal.SIGKILL)
+        reader.wait()
+    assert not busy.kept and busy.load["disk"] > 0.2, busy.load
+    assert "busy with other work: used for this run, not kept" in said[-1], said
+    assert not list((tmp_path / "home" / "calibration").glob("costs-*.json"))
+
+
+def test_a_runs_reads_raise_a_disk_rate_kept_too_low_and_nothing_else(tmp_path, monkeypatch):
+    """A disk rate kept from a busy moment (here a tenth of what was measured) is raised by a run whose loader read
+    a GiB or more faster than 1.25x it: said, kept with when and how much, and the next plan's figure. Fewer bytes,
+    or a slower run (its reads shared the disk), change nothing."""
+    from engine.costs import refresh_disk
+
+    monkeypatch.setenv("CADENCE_HOME", str(tmp_path / "home"))
+    for name, value in (("busy_reason", lambda load: None), ("MAX_SPREAD", 1e9), ("MAX_DISK_SPREAD", 1e9)):
+        monkeypatch.setattr(f"engine.costs.{name}", value)  # kept whatever the machine is doing meanwhile
+    target = _store(tmp_path)
+    measured = costs(target, None)
+    (kept,) = (tmp_path / "home" / "calibration").glob("costs-*.json")
+    low = measured.disk_gbps / 10
+    kept.write_text(json.dumps({**json.loads(kept.read_text()), "disk_gbps": low}))
+    said = []
+    assert refresh_disk(512 << 20, (512 << 20) / (2 * low * 1e9), said.append) == []  # too few bytes to speak
+    assert refresh_disk(2 << 30, (2 << 30) / (1.1 * low * 1e9), said.append) == []  # not enough faster
+    assert costs(target, None).disk_gbps == low and not said
+    assert refresh_disk(2 << 30, (2 << 30) / (5 * low * 1e9), said.append) == [kept]
+    again = costs(target, None)
+    assert again.disk_gbps == pytest.approx(5 * low) and "2.0 GiB read" in again.refreshed
+    assert "raised by a run's reads" in again.describe() and "faster than the" in said[0]
+    assert refresh_disk(2 << 30, (2 << 30) / (2 * low * 1e9)) == []  # slower than the figure now kept
 
 
 def test_launch_calibrate_measures_again_whatever_is_cached(tmp_path):
