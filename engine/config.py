@@ -20,6 +20,10 @@ from engine.options import AUTO_AHEAD, BY_NAME, DEFAULTS, RUNTIMES
 from common.units import parse_bytes
 
 
+DEFAULT_NEW_TOKENS = 1024  # what `launch run` and `launch chat` write at most where --max-new-tokens is not given (a
+# greedy small model may loop until its context is full); a server's requests and cadence.LLM say their own
+
+
 @dataclass(frozen=True)
 class RunConfig:
     target: str = DEFAULTS["target"]

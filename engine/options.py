@@ -70,7 +70,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "max_new_tokens",
         None,
-        "most tokens to generate (default: until the model ends its turn or the context is full)",
+        "most tokens to generate (default: run and chat stop at 1024, said; serve: at the turn's or context's end)",
         kind=int,
         metavar="N",
         common=True,

@@ -13,6 +13,8 @@ import sys
 
 from cadence.api import LLM
 from common.errors import CadenceError, PromptError
+from engine.config import DEFAULT_NEW_TOKENS
+from launch.cmd_run import bounded
 from launch.options import add_run_options, run_config
 
 
@@ -32,6 +34,7 @@ def cmd_chat(args) -> int:
         if not llm.tokenizer.info.chat_template:
             raise CadenceError(f"{cfg.target} has no chat template (a base model); use `launch run` to complete text")
         print(llm.plan.summary(), file=sys.stderr, flush=True)
+        llm.runner.bound_new_tokens(DEFAULT_NEW_TOKENS)
         history = [{"role": "system", "content": args.system}] if args.system else []
         print("type a message; /reset forgets the conversation, /exit or Ctrl-D ends it", file=sys.stderr, flush=True)
         while (line := _read()) is not None:
@@ -90,6 +93,7 @@ def _turn(llm: LLM, history: list[dict], message: dict, tools=None) -> list[dict
         return history
     reply = chunk.completion
     print(flush=True)
+    bounded(llm.plan.max_new_tokens, reply, "launch chat")
     print(
         f"[{len(reply.token_ids)} tokens, {reply.tokens_per_s:.2f} tok/s, "
         f"{reply.stats.get('reused_prompt_tokens', 0)} of {reply.prompt_tokens} prompt tokens from the cache]",

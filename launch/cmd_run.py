@@ -13,6 +13,7 @@ import sys
 
 from common.errors import CadenceError, PromptError
 from common.paths import check_output
+from engine.config import DEFAULT_NEW_TOKENS
 from engine.prompts import Prompt, load_prompts
 from engine.rows import write_rows
 from engine.runner import Runner
@@ -89,6 +90,7 @@ def cmd_run(args) -> int:
     runner = None
     try:
         with Runner(cfg, prompts) as runner:
+            runner.bound_new_tokens(DEFAULT_NEW_TOKENS)
             skipped = _generate(args, runner, prompts, rows)
     finally:  # also on Ctrl-C or SIGTERM: the actors are stopped; the trace's place and the rows so far
         if runner is not None:
@@ -129,6 +131,7 @@ def _generate(args, runner: Runner, prompts: list[Prompt], rows: list[dict]) -> 
             if not mon.shows_text:
                 print(flush=True)  # the text ends its line
             print(_row_line(done.row, runner), file=sys.stderr, flush=True)
+            bounded(args.max_new_tokens, done, "launch run")
     finally:
         mon.stop()
         feed.close()
@@ -157,7 +160,19 @@ def _generate_parallel(args, runner: Runner, prompts: list[Prompt], rows: list[d
         if not mon.shows_text:
             print(f"\n── {p.id} ({p.kind})\n{c.completion.text}", flush=True)
         print(_row_line(c.completion.row, runner), file=sys.stderr, flush=True)
+        bounded(args.max_new_tokens, c.completion, "launch run")
     return skipped
+
+
+def bounded(given: int | None, done, door: str) -> None:
+    """One line where a generation stopped at the default bound (`Runner.bound_new_tokens`), not at its end
+    (`given`: the --max-new-tokens given, if any)."""
+    if not given and done.finish_reason == "length" and len(done.token_ids) >= DEFAULT_NEW_TOKENS:
+        print(
+            f"{door}: stopped at {DEFAULT_NEW_TOKENS} new tokens, the default bound (--max-new-tokens N sets another)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _show(chunk, feed: MonitorFeed, mon) -> None:

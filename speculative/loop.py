@@ -129,9 +129,10 @@ def slack(cfg: TreeConfig, draft: bool = False) -> int:
     return (DRAFT_ROWS if draft else 1) * cfg.budget + cfg.ahead + 2
 
 
-def limits(context: int, n_prompt: int, max_new: int | None) -> int:
+def limits(context: int, n_prompt: int, max_new: int | None, bound: int | None = None) -> int:
     """The most new tokens for a prompt of `n_prompt` tokens in a context of `context`: `max_new`, or
-    (None) up to the context's end. One sentence when the prompt leaves no room."""
+    (None) up to the context's end or `bound`, whichever comes first. One sentence when the prompt leaves no
+    room."""
     if n_prompt == 0:
         raise PromptError("the prompt is empty after tokenization; give some text")
     room = context - n_prompt
@@ -142,7 +143,7 @@ def limits(context: int, n_prompt: int, max_new: int | None) -> int:
             "prompt, lower --max-new-tokens or give a larger --context",
             "max_tokens" if room >= 1 else "prompt",
         )
-    return max_new if max_new is not None else room
+    return max_new if max_new is not None else min(room, bound or room)
 
 
 class Speculation:
@@ -166,6 +167,7 @@ class Speculation:
         self.context, self.model_context = context, model_context or context
         self.counter = counter or (lambda name, values: None)
         self.governors: dict[tuple, Governor] = {}  # per mode and arm set, kept across prompts
+        self.bound: int | None = None  # the most new tokens of a generation that asks no number (run, chat)
 
     def generate(
         self,
@@ -240,7 +242,7 @@ class Speculation:
             raise ValueError("mode chain needs a draft model; --draft none speculates in tree mode only")
         sampling = sampling or self.sampling
         context = context or self.context
-        max_new = limits(context, len(prompt_ids), max_new)
+        max_new = limits(context, len(prompt_ids), max_new, self.bound)
         t0 = time.perf_counter()
         first, reused = yield Call("start", (prompt_ids, self.capacity(context, cfg), sampling, reuse))
         if speculative:
@@ -259,12 +261,11 @@ class Speculation:
             yield outcome
             arm, own = _choose(governor, size, cfg.budget, speculative)
             room = max_new - len(out) - 1
-            if arm.kind == "draft" and arm.size > room:  # the end is near: a smaller tree
-                arm = Arm("draft", room) if room > 0 else PLAIN
+            arm = _near_end(arm, room)
             stats.arm_hist[str(arm)] = stats.arm_hist.get(str(arm), 0) + 1
             t_cycle = time.perf_counter()
             new, accepted, alpha, measured = yield from self._cycle(
-                arm, out[-1], stats, cfg, sampling, draft if speculative else None, target or self.target
+                arm, out[-1], stats, cfg, sampling, draft if speculative else None, target or self.target, room
             )
             dt = time.perf_counter() - t_cycle
             stats.arm_s[str(arm)] = stats.arm_s.get(str(arm), 0.0) + dt
@@ -333,9 +334,10 @@ class Speculation:
         sampling: SamplingConfig,
         draft: DraftSide | None,
         target: TargetSide,
+        room: int,
     ):
         """One draft-verify cycle, its target calls yielded: (the committed tokens, accepted draft tokens, alpha,
-        what a draft cycle measured for the governor)."""
+        what a draft cycle measured for the governor). `room`: the most nodes a tree may have (the end is near)."""
         stats.target_forwards += 1
         p = None
         t = time.perf_counter()
@@ -345,7 +347,7 @@ class Speculation:
             drafting = time.perf_counter() - t
             stats.draft_s += drafting
         elif arm.kind == "lookup":
-            p = draft.lookup(cfg.width)
+            p = draft.lookup(min(cfg.width, room))
         t = time.perf_counter()
         if p is None or not p.tokens:
             nxt = yield Call("step", (root,))
@@ -376,6 +378,14 @@ class Speculation:
             alpha,
             Cycle(drafting - t.catchup_s, verifying, forwards, len(t.tokens) + 1, t.depth, len(path), t.worth),
         )
+
+
+def _near_end(arm: Arm, room: int) -> Arm:
+    """A cycle's arm where `room` tokens are left before the limit: a smaller tree, or a plain step where no draft
+    token or trie candidate fits (the trie's are cut to `room` as they are taken)."""
+    if arm.kind == "draft" and arm.size > room:
+        return Arm("draft", room) if room > 0 else PLAIN
+    return PLAIN if arm.kind == "lookup" and room <= 0 else arm
 
 
 def _choose(governor: Governor | None, size: Callable[[], int | None] | None, budget: int, speculative: bool):

@@ -59,6 +59,26 @@ def test_sampling_per_call_and_bad_messages(tiny_gguf):
             llm.generate("once", min_p=2)
 
 
+def test_a_generation_that_asks_no_length_stops_at_the_bound_and_says_so(tiny_gguf, capsys):
+    """`launch run` and `chat` bound a generation that asks no number of new tokens (a greedy small model may loop
+    until its context is full): at the bound, or at the context's end where that comes first; a number given wins;
+    the line that says so."""
+    from launch.cmd_run import bounded
+
+    with cadence.LLM(target=str(tiny_gguf), draft=str(tiny_gguf), runtime="inproc", no_trace=True) as llm:
+        llm.runner.bound_new_tokens(7)
+        done = llm.generate("the cat sat on the")
+        assert len(done.token_ids) <= 7 and (done.finish_reason == "stop" or len(done.token_ids) == 7)
+        assert len(llm.generate("the cat sat on the", max_new_tokens=9).token_ids) in range(1, 10)
+        llm.runner.bound_new_tokens(10_000)  # past the context's end: the context bounds it, no refusal; the trie
+        # knows the text before, and near the end its candidates must fit the rows left (they once overran them)
+        assert llm.generate("the cat", max_new_tokens=None).finish_reason in ("stop", "length")
+    long = done.__class__(**{**done.__dict__, "token_ids": [1] * 1024, "finish_reason": "length"})
+    bounded(None, long, "launch run")
+    bounded(1024, long, "launch run")  # asked for: nothing to say
+    assert capsys.readouterr().err.count("stopped at 1024 new tokens, the default bound") == 1
+
+
 @pytest.mark.real
 def test_the_readme_python_example_runs_as_written(tmp_path):
     """The README's Python block, run as it stands in an interpreter of its own, as a user runs it (the
