@@ -23,7 +23,7 @@ from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.events import DeadEvent, ErrorEvent, Pending, ReplyEvent
 from scheduler.exchange import TensorExchange
 from scheduler.ledger import MemoryLedger
-from scheduler.procs import DEAD, INITIALIZING, STARTING, ActorProc
+from scheduler.procs import DEAD, INITIALIZING, STARTING, STOPPING, ActorProc
 from scheduler.runtime_config import Timeouts
 from scheduler.supervisor import Supervisor
 from scheduler.trace import TraceSink
@@ -212,13 +212,12 @@ class MessagePump:
         """Wait up to `timeout_s` for frames or exits, handle all that came, then the deadlines."""
         ready = dict(self._poller.poll(max(timeout_s, 0) * 1000))
         if self._router in ready:
-            # drain all before checking deadlines: a backlog of heartbeats must not look like silence
-            while self._router.getsockopt(_EVENTS) & _POLLIN:  # ints: pyzmq's flag enums are slow
-                self._on_frames(wire.recv(self._router, _NOBLOCK))
+            self._drain()  # all before the deadlines: a backlog of heartbeats must not look like silence
         for fd in ready:
             proc = self.supervisor.sentinel_of(fd)
             if proc is not None:
                 self._poller.unregister(fd)
+                self._last_word(proc)
                 reason = self.supervisor.reap(proc)
                 if reason is not None:
                     self._died(proc, reason)
@@ -227,6 +226,18 @@ class MessagePump:
         self._maybe_sample()
         if len(self.tracer.events) >= 2048:  # our own spans go to the sink as the run goes (it spills, under a budget)
             self.trace.add(self.pid, self.tracer.drain())
+
+    def _drain(self) -> None:
+        while self._router.getsockopt(_EVENTS) & _POLLIN:  # ints: pyzmq's flag enums are slow
+            self._on_frames(wire.recv(self._router, _NOBLOCK))
+
+    def _last_word(self, proc: ActorProc, wait_s: float = 0.2) -> None:
+        """An actor that exited may have said why just before (a DEAD frame): its frame can reach the router after
+        its exit shows, on a busy machine. Wait a moment for it, so that the reason reported is its own."""
+        deadline = time.monotonic() + wait_s
+        while proc.said is None and proc.state not in (DEAD, STOPPING) and time.monotonic() < deadline:
+            if self._router.poll(20):
+                self._drain()
 
     def _on_frames(self, frames: list) -> None:
         role = frames[0].decode(errors="replace")
