@@ -22,7 +22,7 @@ from tests.launch.conftest import launch
 from tests.conftest import dev_prompts, real_model, run_until_role_killed, shm_segments
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
-N = 24
+N = 16
 IDS = ("fib", "explain")  # code and prose; tests/scheduler/test_lean_runtime.py runs each mode in a cgroup too
 
 
@@ -61,9 +61,9 @@ def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_p
         assert plan.streamed and plan.n_slots >= 2  # the target really streams
         ahead_steps = 0
         for mode in ("tree", "chain", "stdpl", "std"):
-            # std differs from stdpl only in not prefetching (the same loads, the same compute):
-            # one prompt shows it lossless; it is the slowest mode by design
-            for p in _prompts()[:1] if mode == "std" else _prompts():
+            # the target-only modes step a token a forward, the slowest by design: one prompt shows each
+            # lossless (std differs from stdpl only in not prefetching: the same loads, the same compute)
+            for p in _prompts()[:1] if mode in ("std", "stdpl") else _prompts():
                 row = runner.run(p, mode=mode).row
                 assert row["new_token_ids"] == reference[p.id], (mode, p.id)
                 assert row["memory_budget_bytes"] == plan.budget
