@@ -91,7 +91,8 @@ def cmd_plan(args) -> int:
     cfg = door_config(args)
     machine = ThisMachine(print)
     inputs = read_inputs(cfg, machine, prompts)  # the tokenizer is held as a run's scheduler holds it
-    inputs.tokenizer.release_encoder()  # as a run does once its prompts are encoded
+    if args.door == "run" and cfg.memory_budget:  # as a run does once its prompts are encoded; an LLM, a chat and a
+        inputs.tokenizer.release_encoder()  # server keep their encoder for what comes (~45 MiB for a 152k vocabulary)
     failed = None
     try:
         run = decide(cfg, machine, inputs.lengths())  # as a run decides: the `auto` draft, the width, the plan
