@@ -51,10 +51,10 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(args: list[str], budget: int | None, evict: list[Path], log=None):
+def server(args: list[str], budget: int | None, evict: list[Path], log=None, command=None):
     """`launch serve ARGS` (inside a memory cgroup of `budget` bytes, the files in `evict` out of the page cache
     first; its stderr to the file `log` where given), its base URL once /health answers; stopped (SIGTERM) at the
-    end."""
+    end. `command(port)`: another server's command line instead (llama-server)."""
     import httpx
 
     from bench.cgroup import MemoryCgroup
@@ -62,6 +62,7 @@ def server(args: list[str], budget: int | None, evict: list[Path], log=None):
 
     port = _free_port()
     argv = [str(Path(sys.executable).parent / "launch"), "serve", "--port", str(port), *args]  # the front door
+    argv = command(port) if command else argv
     with MemoryCgroup(budget) if budget else contextlib.nullcontext() as cg:
         evict_page_cache(evict)
         fd = os.open(cg.dir / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) if cg else None
@@ -73,7 +74,7 @@ def server(args: list[str], budget: int | None, evict: list[Path], log=None):
             url, end = f"http://127.0.0.1:{port}", time.monotonic() + 900
             while time.monotonic() < end:
                 if proc.poll() is not None:
-                    raise SystemExit(f"launch serve exited with {proc.returncode} before it was ready")
+                    raise SystemExit(f"{argv[0]} exited with {proc.returncode} before it was ready")
                 with contextlib.suppress(httpx.HTTPError):
                     if httpx.get(url + "/health", timeout=2).status_code == 200:
                         break

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -83,6 +84,22 @@ def run(budget: str | None, slots: int, clients: int, draft: str, prompts: list[
     return out
 
 
+def run_llama(binary: str, gguf: str, budget: str | None, n: int, prompts: list[dict], max_tokens: int) -> dict:
+    """llama.cpp's own server with `-np n` slots, in the same cgroup, its GGUF evicted first, and `n` clients."""
+    from common.units import parse_bytes
+
+    def command(port: int) -> list[str]:
+        ctx = max(n, 1) * 1024  # each slot's share: the longest prompt and its answer, with room
+        return [binary, "-m", gguf, "-t", "2", "-tb", "2", "-np", str(max(n, 1)), "-c", str(ctx), "--port", str(port)]
+
+    with server([], parse_bytes(budget) if budget else None, [Path(gguf)], subprocess.DEVNULL, command) as (url, cg):
+        out = send(url, prompts, n, max_tokens)
+        out["peak_held"] = cg.peak_held if cg else None
+    tokens = sum(r["tokens"] for r in out["rows"].values())
+    out.update(slots=n, clients=n, draft=f"llama-server -np {n}", tokens=tokens, tok_s=tokens / out["wall_s"], plan=[])
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--memory-budget", default=None)
@@ -91,28 +108,49 @@ def main(argv=None) -> None:
     p.add_argument("--limit", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--serve-default", action="store_true", help="also the most clients against --parallel 0")
+    p.add_argument("--llama-server", default=None, help="a llama-server binary: -np 1 and -np N on the same prompts")
+    p.add_argument("--gguf", default=None, help="the GGUF it runs (default: the pulled default target's)")
+    p.add_argument("--ours-from", default=None, help="our rows from an earlier --out (llama-server's runs only)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     prompts = [json.loads(ln) for ln in HELDOUT.read_text().splitlines() if ln.strip()][: a.limit]
-    singles = [run(a.memory_budget, 1, 1, d, prompts, a.max_tokens) for d in a.single_drafts.split(",")]
-    best = max(singles, key=lambda r: r["tok_s"])
     ns = [int(n) for n in a.clients.split(",")]
-    many = [run(a.memory_budget, n, n, "auto", prompts, a.max_tokens) for n in ns]
-    if a.serve_default:  # the most clients against serve's own choice of slots (--parallel 0)
-        many.append(run(a.memory_budget, 0, max(ns), "auto", prompts, a.max_tokens))
+    if a.ours_from:
+        got = json.loads(Path(a.ours_from).read_text())
+        singles, many = got["singles"], got["many"]
+    else:
+        singles = [run(a.memory_budget, 1, 1, d, prompts, a.max_tokens) for d in a.single_drafts.split(",")]
+        many = [run(a.memory_budget, n, n, "auto", prompts, a.max_tokens) for n in ns]
+        if a.serve_default:  # the most clients against serve's own choice of slots (--parallel 0)
+            many.append(run(a.memory_budget, 0, max(ns), "auto", prompts, a.max_tokens))
+    llama = []
+    if a.llama_server:
+        from models.pull import model_path
+        from models.registry import DEFAULT_TARGET, spec
+
+        gguf = a.gguf or str(model_path(spec(DEFAULT_TARGET)))
+        llama = [run_llama(a.llama_server, gguf, a.memory_budget, n, prompts, a.max_tokens) for n in sorted({1, *ns})]
+    table(a, prompts, singles, many, llama)
+    if a.out:
+        Path(a.out).write_text(json.dumps(dict(singles=singles, many=many, llama=llama), indent=1))
+
+
+def table(a, prompts, singles, many, llama) -> None:
+    best = max(singles, key=lambda r: r["tok_s"])
     print(f"budget {a.memory_budget or 'none (resident)'}; {len(prompts)} prompts, {a.max_tokens} new tokens each")
-    print(f"{'':<26}{'tok/s':>8}{'x one':>7}{'TTFT med':>10}{'peak held':>11}  equal  plan")
-    for r in singles + many:
-        label = f"{r['clients']} client(s), --parallel {r['slots']}, --draft {r['draft']}"
+    print(f"{'':<44}{'tok/s':>8}{'x one':>7}{'TTFT med':>10}{'peak held':>11}  equal  plan")
+    for r in singles + many + llama:
+        ours = not r["draft"].startswith("llama")
+        label = f"{r['clients']} client(s), " + (
+            f"--parallel {r['slots']}, --draft {r['draft']}" if ours else r["draft"]
+        )
         ttft = statistics.median(x["ttft_s"] for x in r["rows"].values() if x["ttft_s"] is not None)
         peak = f"{r['peak_held'] / 2**20:.0f} MiB" if r["peak_held"] else "-"
-        same = all(r["rows"][k]["text"] == best["rows"][k]["text"] for k in best["rows"])
+        same = all(r["rows"][k]["text"] == best["rows"][k]["text"] for k in best["rows"]) if ours else "-"
         print(
-            f"{label:<26}{r['tok_s']:>8.2f}{r['tok_s'] / best['tok_s']:>7.2f}{ttft:>9.2f}s{peak:>11}  {same!s:<5}  "
-            f"{' | '.join(r['plan'])[:140]}"
+            f"{label:<44}{r['tok_s']:>8.2f}{r['tok_s'] / best['tok_s']:>7.2f}{ttft:>9.2f}s{peak:>11}  {same!s:<5}  "
+            f"{' | '.join(r['plan'])[:120]}"
         )
-    if a.out:
-        Path(a.out).write_text(json.dumps(dict(singles=singles, many=many), indent=1))
 
 
 if __name__ == "__main__":
