@@ -79,15 +79,15 @@ class Runner:
         if self._batch is not None:
             self._batch.close()
         try:
+            self.session.close()  # the loader's figures stay with the streamer
             self._refresh_costs()
-            self.session.close()
         finally:
             if self.session.sched is not None:
                 self.trace_path = self.session.sched.trace_path
 
     def _refresh_costs(self) -> None:
         """What the run's loader read, kept as the disk's rate where it shows the kept figure too slow."""
-        streamer = getattr(self.session.target, "streamer", None)
+        streamer = getattr(getattr(self.session, "target", None), "streamer", None)  # --mode flash: no target side
         if streamer is not None and streamer.total.direct:
             from engine.costs import refresh_disk
 

@@ -115,21 +115,23 @@ def cmd_plan(args) -> int:
     if run.prompt_cache is not None:
         print(f"  {prompt_cache_words(run.prompt_cache, run.target.args.kv_bytes(1))}")
     if args.door not in SERVING and cfg.memory_budget and not failed:
-        _served(args, inputs.lengths(), run)
+        _served(args, prompts, run)
     _smallest(cfg, machine, run)
     sys.stdout.flush()
     return 1 if failed is not None else 0
 
 
-def _served(args, lengths, run: RunPlan) -> None:
+def _served(args, prompts: list[Prompt], run: RunPlan) -> None:
     """Where `launch serve` decides otherwise with these options (its requests may sample or send a grammar, and
     the plan keeps room for both; its --parallel is 0 unless given; its process holds the HTTP front), one line
     saying how; `--for serve` shows its plan."""
     import argparse
 
     cfg = door_config(argparse.Namespace(**{**vars(args), "door": "serve"}))
+    machine = ThisMachine(lambda line: None)  # its own process's memory, measured again
+    held = read_inputs(cfg, machine, prompts)  # the tokenizer with its encoder, as a server keeps it
     try:
-        other = decide(cfg, ThisMachine(lambda line: None), lengths)  # its own process's memory, measured again
+        other = decide(cfg, machine, held.lengths())
     except BudgetRefused as e:
         print(f"  `launch serve` with these options (room for sampled requests and grammars): {e}")
         return
