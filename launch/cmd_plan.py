@@ -129,10 +129,10 @@ def _served(args, prompts: list[Prompt], run: RunPlan) -> None:
 
     cfg = door_config(argparse.Namespace(**{**vars(args), "door": "serve"}))
     machine = ThisMachine(lambda line: None)  # its own process's memory, measured again
-    held = read_inputs(cfg, machine, prompts)  # the tokenizer with its encoder, as a server keeps it
     try:
+        held = read_inputs(cfg, machine, prompts)  # the tokenizer with its encoder, as a server keeps it
         other = decide(cfg, machine, held.lengths())
-    except BudgetRefused as e:
+    except CadenceError as e:  # the budget refused, or a prompt longer than a slot holds
         print(f"  `launch serve` with these options (room for sampled requests and grammars): {e}")
         return
     if other.memory is None or run.memory is None:
