@@ -41,7 +41,7 @@ def send(url: str, prompts: list[dict], clients: int, max_tokens: int) -> dict:
                 if not queue:
                     return
                 p = queue.pop(0)
-            t0, first, text, tokens = time.perf_counter(), None, "", 0
+            t0, first, text, tokens, chunks = time.perf_counter(), None, "", 0, 0
             stream = client.completions.create(
                 model=model,
                 prompt=p["prompt"],
@@ -53,9 +53,10 @@ def send(url: str, prompts: list[dict], clients: int, max_tokens: int) -> dict:
             for chunk in stream:
                 if chunk.choices and chunk.choices[0].text:
                     first = first if first is not None else time.perf_counter() - t0
-                    text += chunk.choices[0].text
+                    text, chunks = text + chunk.choices[0].text, chunks + 1
                 if chunk.usage:
                     tokens = chunk.usage.completion_tokens
+            tokens = tokens or chunks  # a server that sends no usage: a token a chunk (llama-server streams so)
             rows[p["id"]] = dict(ttft_s=first, total_s=time.perf_counter() - t0, tokens=tokens, text=text)
 
     t0 = time.perf_counter()
@@ -89,7 +90,7 @@ def run_llama(binary: str, gguf: str, budget: str | None, n: int, prompts: list[
     from common.units import parse_bytes
 
     def command(port: int) -> list[str]:
-        ctx = max(n, 1) * 1024  # each slot's share: the longest prompt and its answer, with room
+        ctx = max(n, 1) * 512  # each slot's share, as ours: the longest prompt and its answer, with room
         return [binary, "-m", gguf, "-t", "2", "-tb", "2", "-np", str(max(n, 1)), "-c", str(ctx), "--port", str(port)]
 
     with server([], parse_bytes(budget) if budget else None, [Path(gguf)], subprocess.DEVNULL, command) as (url, cg):
@@ -110,6 +111,7 @@ def main(argv=None) -> None:
     p.add_argument("--serve-default", action="store_true", help="also the most clients against --parallel 0")
     p.add_argument("--llama-server", default=None, help="a llama-server binary: -np 1 and -np N on the same prompts")
     p.add_argument("--gguf", default=None, help="the GGUF it runs (default: the pulled default target's)")
+    p.add_argument("--llama-clients", default=None, help="llama-server's -np values (default: 1 and --clients)")
     p.add_argument("--ours-from", default=None, help="our rows from an earlier --out (llama-server's runs only)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
@@ -129,7 +131,8 @@ def main(argv=None) -> None:
         from models.registry import DEFAULT_TARGET, spec
 
         gguf = a.gguf or str(model_path(spec(DEFAULT_TARGET)))
-        llama = [run_llama(a.llama_server, gguf, a.memory_budget, n, prompts, a.max_tokens) for n in sorted({1, *ns})]
+        ls = [int(n) for n in (a.llama_clients or ",".join(map(str, sorted({1, *ns})))).split(",")]
+        llama = [run_llama(a.llama_server, gguf, a.memory_budget, n, prompts, a.max_tokens) for n in ls]
     table(a, prompts, singles, many, llama)
     if a.out:
         Path(a.out).write_text(json.dumps(dict(singles=singles, many=many, llama=llama), indent=1))
