@@ -82,13 +82,18 @@ def cached(
     if check is not None and check(got):
         return out
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(got))
-        tmp.replace(path)
+        keep(path, got)
     except OSError:
         pass
     return out
+
+
+def keep(path: "os.PathLike", figures: dict) -> None:
+    """`figures` written to `path` whole or not at all (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(figures))
+    tmp.replace(path)
 
 
 def child_json(cmd: list[str], what: str, advice: str = "", env: dict | None = None, timeout_s: int = 600) -> dict:

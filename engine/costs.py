@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from common.calibration import busy_reason, cached, child_json, machine_load
+from common.calibration import busy_reason, cached, child_json, keep, machine_load
 from models.kernel_build import cpu_flags, cpu_model, sources_digest  # no torch
 from models.store import WeightStore
 from speculative.arca import interpolate
@@ -132,14 +131,13 @@ def refresh_disk(nbytes: int, seconds: float, say=None) -> list[Path]:
             kept = json.loads(path.read_text())
             if gbps < REFRESH_GAIN * kept["disk_gbps"]:
                 continue
-            was.append(kept["disk_gbps"])
+            before = kept["disk_gbps"]
             kept.update(disk_gbps=gbps, refreshed=f"{time.strftime('%Y-%m-%d %H:%M')}, {nbytes / 2**30:.1f} GiB read")
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(kept))
-            tmp.replace(path)
+            keep(path, kept)
         except (OSError, ValueError, KeyError, TypeError):
             continue
         changed.append(path)
+        was.append(before)
     if changed and say:
         say(
             f"this run read the disk at {gbps:.2f} GB/s, faster than the {min(was):.2f} GB/s kept for it: the plans "
