@@ -40,6 +40,7 @@ class DraftActor(Actor):
         self.base_sampling = SamplingConfig(**init["sampling"])
         self.cfg = TreeConfig(**init["tree"])
         self.model = model
+        model.kv_dtype = init.get("kv_dtype") or "f32"  # its caches' keys and values (--kv-dtype)
         self.slots = {0: LocalDraft(model)}  # a batch of generations: a draft side (its own cache) per slot
         self.flash = bool(flash)
         self.last: dict[int, object] = {}  # a slot's proposal of its last `build`, until `advance`

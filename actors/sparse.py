@@ -41,6 +41,7 @@ class SparseAttnActor(Actor):
         torch.set_num_threads(int(init.get("threads") or 1))
         self.args = ModelArgs.from_dict(init["model"])
         self.cache = None  # the verifier's KV cache, mapped at each prompt's start
+        self.kv_dtype = init.get("kv_dtype") or "f32"  # its keys' and values' (--kv-dtype)
         self.layers = self._map_layers(init["store"]) if float(init.get("columns") or 0.0) > 0 else None
         kernels.lib()  # build or load the kernels now, not during the first verification
 
@@ -64,7 +65,7 @@ class SparseAttnActor(Actor):
         (the verifier's KV cache, `capacity` rows, mapped: no copy); the slots sync, q, ch, and with a column
         share x, xin, y. Replies once the verifier has ended the job."""
         if "kv" in tensors:
-            self.cache = KVCache(self.args, capacity, storage=self.tensor(tensors["kv"]))
+            self.cache = KVCache(self.args, capacity, storage=self.tensor(tensors["kv"]), dtype=self.kv_dtype)
         if self.cache is None:
             raise RuntimeError("no KV cache bound: a prompt's first job (start) brings it")
         slots = {k: self.tensor(v) for k, v in tensors.items()}

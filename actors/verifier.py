@@ -53,9 +53,8 @@ class VerifierActor(Actor):
             else:
                 self.model = load_store(init["store"], init.get("name", "")).model
                 self.weights = self.model.weights
-        worker = init.get(
-            "worker"
-        )  # {"share": dense share, "columns": column share} given to the sparse worker, or None
+        self.model.kv_dtype = init.get("kv_dtype") or "f32"  # its caches' keys and values (--kv-dtype)
+        worker = init.get("worker")  # {"share": dense share, "columns": column share} given to the sparse worker
         self.executor = None
         if worker is not None:
             self.executor = SplitExecutor(
@@ -63,7 +62,7 @@ class VerifierActor(Actor):
             )
         self.sampling = SamplingConfig(**init["sampling"])
         self.verifier = None
-        self.prefixes = prompt_cache(init.get("prompt_cache"), init["store"])  # speculative/prefixes.py, or None
+        self.prefixes = prompt_cache(init.get("prompt_cache"), init["store"], self.model.kv_dtype)  # or None
         self.batch = Slots(self.model, self.prefixes)  # a batch of generations (op `batch`): each slot's verifier
         self.job = None  # job mode: the job under way (a generator) and what it waits for
         self.need = None

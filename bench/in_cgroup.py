@@ -13,7 +13,8 @@ process's share of it; read GB/s, the loader's busy share of the wall time, the 
 for I/O.
 
 Modes: std, stdpl, chain, tree, `nodraft` (tree with `--draft none`: the n-gram trie alone) and `fdraft`
-(tree with `--draft flash`: the target's own sparse FFN drafts; `fdraft@D` at `--ffn-density D`).
+(tree with `--draft flash`: the target's own sparse FFN drafts; `fdraft@D` at `--ffn-density D`); any of them
+`:f16` (`tree:f16`) with `--kv-dtype f16`, beside the same mode's f32 caches.
 A mixture of experts runs each mode once per `--experts` variant (EVICTION+PRELOAD, e.g. none+none
 for loading experts on demand, lru+router, edgemoe+paths), labelled `stdpl/lru+router`.
 """
@@ -33,21 +34,12 @@ from engine.options import argv
 from engine.inputs import tree_pair
 from engine.machine import ThisMachine
 from engine.prompts import Prompt
+from models.shapes import KV_ITEMSIZE
+from bench.report import label, lossless
 
 MODES = ("std", "stdpl", "chain", "tree", "nodraft", "fdraft", "flash")  # flash@D: --mode flash --ffn-density D
 DRAFTS = {"nodraft": "none", "fdraft": "flash"}  # tree mode with this --draft
 MiB = 1 << 20
-
-
-def label(row: dict) -> str:
-    """A row's run: the run it came from (tree mode whose `auto` draft settled on none stays `tree`); else its
-    mode, `nodraft` for tree with no draft model, and a mixture of experts' buffer policies."""
-    if row.get("run"):
-        return row["run"]
-    mode = row["mode"]
-    if mode == "tree" and row.get("draft") in (None, "flash"):
-        mode = "nodraft" if row.get("draft") is None else "fdraft"
-    return f"{mode}/{row['experts']}" if row.get("experts") and row["mode"] != "llama.cpp" else mode
 
 
 @dataclass(frozen=True)
@@ -96,8 +88,11 @@ def _prompt_file(prompts: list[Prompt], d: Path) -> Path:
 
 def _run_argv(cfg: RunConfig, mode: str, budget: int, variant: tuple[str, ...] | None, c: CgroupOptions) -> list[str]:
     """`launch run` for one of our modes: every option of the run passed on (engine/options.py `argv`)."""
+    mode, _, kv = mode.partition(":")
     mode, _, density = mode.partition("@")
     m = cfg.with_mode("tree" if mode in DRAFTS else mode).replace(memory_budget=str(budget))
+    if kv:
+        m = m.replace(kv_dtype=kv)
     if density:
         m = m.replace(ffn_density=float(density))
     if mode in DRAFTS:
@@ -188,14 +183,17 @@ def bench_cgroup(cfg: RunConfig, prompts: list[Prompt], opts, c: CgroupOptions):
     from bench.cgroup import run_in_cgroup
     from engine.decide import prepare_drafts
 
-    bad = [m for m in opts.modes if m.partition("@")[0] not in MODES]
+    bad = [m for m in opts.modes if m.partition(":")[0].partition("@")[0] not in MODES]
+    bad += [m for m in opts.modes if m.partition(":")[2] not in ("", *KV_ITEMSIZE)]
     if bad:
-        raise CadenceError(f"mode {bad[0]} cannot run under --cgroup; use {', '.join(MODES)}")
+        raise CadenceError(
+            f"mode {bad[0]} cannot run under --cgroup; use {', '.join(MODES)}, each with :f16 for half KV caches"
+        )
     say = lambda line: print(f"cgroup bench: {line}", file=sys.stderr, flush=True)  # noqa: E731
     machine = ThisMachine(say)
     r = tree_pair(cfg, machine, prompts)
     budget, base, gguf = _budgets(cfg, c, r, machine)
-    if r.draft is not None and not r.target.args.moe and {"tree", "chain"} & set(opts.modes):
+    if r.draft is not None and not r.target.args.moe and {"tree", "chain"} & {m.partition(":")[0] for m in opts.modes}:
         prepare_drafts(cfg.with_mode("tree"), machine)  # here, outside the limit (each run still decides itself)
     print(
         f"cgroup bench: {budget / MiB:.0f} MiB for every mode; target store {r.target.path.stat().st_size / MiB:.0f} "
@@ -237,19 +235,6 @@ def _rows_of(name: str, run, limit: int, out: Path) -> list[dict]:
             flush=True,
         )
     return rows
-
-
-def lossless(rows: list[dict]) -> dict:
-    """Per run: did it give std's token ids (stdpl's when std did not run; the first run of a mixture of
-    experts) on every prompt?"""
-    names = list(dict.fromkeys(label(r) for r in rows if r["mode"] != "llama.cpp"))
-    ref_mode = "std" if "std" in names else "stdpl" if "stdpl" in names else names[0] if names else ""
-    ref = {r["id"]: r["new_token_ids"] for r in rows if label(r) == ref_mode}
-    out: dict[str, list[bool]] = {}
-    for r in rows:
-        if label(r) != ref_mode and r["mode"] != "llama.cpp" and r["id"] in ref and not r.get("approximate"):
-            out.setdefault(label(r), []).append(r["new_token_ids"] == ref[r["id"]])
-    return {m: all(v) for m, v in out.items()}
 
 
 def _rate(rs: list[dict]) -> float:

@@ -86,3 +86,30 @@ def failures(rows: list[dict]) -> list[str]:
             n = sum(1 for x in rows if x["mode"] == r["mode"] and x.get("error") == r["error"])
             out.append(f"{r['mode']}: {n} prompt(s) without a result: {r['error']}")
     return out
+
+
+def label(row: dict) -> str:
+    """A row's run: the run it came from (tree mode whose `auto` draft settled on none stays `tree`); else its
+    mode, `nodraft` for tree with no draft model, and a mixture of experts' buffer policies."""
+    if row.get("run"):
+        return row["run"]
+    mode = row["mode"]
+    if mode == "tree" and row.get("draft") in (None, "flash"):
+        mode = "nodraft" if row.get("draft") is None else "fdraft"
+    return f"{mode}/{row['experts']}" if row.get("experts") and row["mode"] != "llama.cpp" else mode
+
+
+def lossless(rows: list[dict]) -> dict:
+    """Per run: did it give std's token ids (stdpl's when std did not run; the first run of a mixture of
+    experts) on every prompt? A run with half KV caches (`tree:f16`) against the same at f16 (`stdpl:f16`)."""
+    out: dict[str, list[bool]] = {}
+    for kv in dict.fromkeys(label(r).partition(":")[2] for r in rows if r["mode"] != "llama.cpp"):
+        at = [r for r in rows if r["mode"] != "llama.cpp" and label(r).partition(":")[2] == kv]
+        names = list(dict.fromkeys(label(r).partition(":")[0] for r in at))
+        ref_mode = "std" if "std" in names else "stdpl" if "stdpl" in names else names[0]
+        ref_mode += f":{kv}" if kv else ""
+        ref = {r["id"]: r["new_token_ids"] for r in at if label(r) == ref_mode}
+        for r in at:
+            if label(r) != ref_mode and r["id"] in ref and not r.get("approximate"):
+                out.setdefault(label(r), []).append(r["new_token_ids"] == ref[r["id"]])
+    return {m: all(v) for m, v in out.items()}

@@ -18,6 +18,7 @@ from models.grammar import grammar_of
 from common.settings import SAMPLING_FIELDS, ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit, check_format
 from engine.options import AUTO_AHEAD, BY_NAME, DEFAULTS, RUNTIMES
 from common.units import parse_bytes
+from models.shapes import KV_ITEMSIZE
 
 
 DEFAULT_NEW_TOKENS = 1024  # what `launch run` and `launch chat` write at most where --max-new-tokens is not given (a
@@ -54,6 +55,7 @@ class RunConfig:
     plan_sampling: bool = False  # plan room for sampling although the run's default is greedy (a server's requests)
     prompt_cache: str = "auto"  # auto, off, or a folder (speculative/prefixes.py; engine/memory.py `prompt_cache_of`)
     prompt_cache_ram: str | None = None  # its memory, e.g. "256MiB"; None: decide's
+    kv_dtype: str = "f32"  # the KV caches' keys and values: f32, or f16 (half the rows' memory)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -61,6 +63,10 @@ class RunConfig:
         object.__setattr__(self, "mode", Mode(self.mode))
         checks = (
             (self.runtime in RUNTIMES, f"runtime '{self.runtime}' is not known; use one of {', '.join(RUNTIMES)}"),
+            (
+                self.kv_dtype in KV_ITEMSIZE,
+                f"--kv-dtype {self.kv_dtype} is not known; use one of {', '.join(KV_ITEMSIZE)}",
+            ),
             (
                 self.max_new_tokens is None or self.max_new_tokens >= 1,
                 f"--max-new-tokens={self.max_new_tokens} must be at least 1",
@@ -178,6 +184,7 @@ class RunConfig:
             profile=o["profile"],
             prompt_cache=o["prompt_cache"],
             prompt_cache_ram=o["prompt_cache_ram"],
+            kv_dtype=o["kv_dtype"],
         )
 
     def options(self) -> dict:
@@ -196,6 +203,7 @@ class RunConfig:
             "context": self.context,
             "threads": self.threads,
             "parallel": self.parallel,
+            "kv_dtype": self.kv_dtype,
             "device": self.device,
             "runtime": self.runtime,
             "ffn_density": self.ffn_density,

@@ -149,6 +149,7 @@ def _plan(asked: RunConfig, c: _Choice, machine, memory, budget: int | None, not
         device=cfg.device,
         threads=cfg.threads or machine.cores,
         parallel=cfg.parallel,
+        kv_dtype=cfg.kv_dtype,
         budget=budget,
         memory=memory,
         scheduler=scheduler,

@@ -66,7 +66,7 @@ def _plan(run: RunPlan, process: int, predictor: str) -> FlashPlan:
     a, density = run.target.args, run.ffn_density
     per_neuron = a.n_layers * records.record_bytes(a.dim)
     k = top_k(density, a.ffn_dim)
-    kv = a.kv_bytes(kv_rows(run))
+    kv = a.kv_bytes(kv_rows(run), run.kv_dtype)
     pb = predictor_bytes(run.target, predictor)
     held = process + pb
     fixed = held + kv + MARGIN
@@ -112,7 +112,9 @@ class FlashSession:
         self.plan = plan(run, _process_bytes())  # measured with everything in but the predictor and the caches
         self.weights.predictor = Predictor.load(store, self.plan.predictor, dtype=torch.bfloat16)
         self.weights.allocate(self.plan.capacity)
-        self.loop = run.local_cycle(Transformer(store.args, self.weights), None)
+        model = Transformer(store.args, self.weights)
+        model.kv_dtype = run.kv_dtype
+        self.loop = run.local_cycle(model, None)
 
     def start_generation(self) -> None:
         self.weights.reset_stats()

@@ -119,8 +119,8 @@ def plan_inputs(
     return {
         "target_groups": groups,
         "draft_weights": draft_w,
-        "draft_kv": n * draft.args.kv_bytes(kv_rows(cfg, draft=True)) if draft else 0,
-        "target_kv": n * target.args.kv_bytes(kv_rows(cfg)),
+        "draft_kv": n * draft.args.kv_bytes(kv_rows(cfg, draft=True), cfg.kv_dtype) if draft else 0,
+        "target_kv": n * target.args.kv_bytes(kv_rows(cfg), cfg.kv_dtype),
         "overheads": o,
         **({"experts": experts, "experts_used": target.args.n_experts_used} if experts else {}),
     }
@@ -215,7 +215,7 @@ def runtime_config(cfg: RunConfig, target: WeightStore, plan, preload: tuple[str
     trace = TraceConfig(enabled=cfg.trace, dir=cfg.trace_dir, spill_events=TRACE_EVENTS if plan else 0)
     if plan is None:
         # with the worker, the KV cache lives in the arena, and so do the split's buffers (Q, chunk states, columns)
-        extra = target.args.kv_bytes(kv_rows(cfg)) + (64 << 20) if cfg.worker else 0
+        extra = target.args.kv_bytes(kv_rows(cfg), cfg.kv_dtype) + (64 << 20) if cfg.worker else 0
         mem = MemoryConfig(budget_bytes=psutil.virtual_memory().total, arena_bytes=(64 << 20) + extra)
         return RuntimeConfig(memory=mem, trace=trace, preload=preload)
     o = plan.overheads

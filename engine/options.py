@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from common.modes import MODES
 from common.settings import FORMATS, GROWTHS, PROMPT_WINDOW, WIDER, TreeConfig
 from models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from models.shapes import KV_ITEMSIZE
 
 RUNTIMES = ("actors", "inproc")
 AUTO_AHEAD = 4  # --draft-ahead auto: at most this many draft steps per verification
@@ -225,6 +226,14 @@ OPTIONS: tuple[Option, ...] = (
         "the prompt cache's memory, counted in the plan (default: 512MiB without --memory-budget, none under one)",
         group=MEMORY,
         metavar="SIZE",
+    ),
+    Option(
+        "kv_dtype",
+        "f32",
+        "the KV caches' keys and values: f32, or f16 (half their memory, rounded to nearest; the draft's too); "
+        "every speculative mode writes what the target alone writes at the same dtype",
+        choices=tuple(KV_ITEMSIZE),
+        group=MEMORY,
     ),
     Option(
         "ffn_density",

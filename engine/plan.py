@@ -81,6 +81,7 @@ class RunPlan:
     trace_dir: str | None = None
     notes: tuple[str, ...] = ()  # a line per choice made for the user (the draft `auto` took, a wider tree)
     prompt_cache: PromptCacheConfig | None = None  # prompts' rows kept past their slot (speculative/prefixes.py)
+    kv_dtype: str = "f32"  # the KV caches' keys and values (--kv-dtype; models/kvcache.py)
 
     @property
     def speculative(self) -> bool:
@@ -122,7 +123,7 @@ class RunPlan:
         from speculative.prefixes import prompt_cache
 
         pc = self.prompt_cache
-        return prompt_cache(None if pc is None else dataclasses.asdict(pc), str(self.target.dir))
+        return prompt_cache(None if pc is None else dataclasses.asdict(pc), str(self.target.dir), self.kv_dtype)
 
     def local_cycle(self, target, draft, prefixes=None):
         """The speculation cycle over a target model in this process and a draft side (or None); `prefixes`: the
@@ -181,10 +182,11 @@ class RunPlan:
         """The first line of `launch plan`: the models and what the KV caches are sized for."""
         new = f"up to {self.max_new_tokens} new" if self.max_new_tokens else "prompt and answer"
         head = f"{self.mode} {self.target_name} {self.format}{self.draft_words(fmt_=True)}"
+        kv = "KV" if self.kv_dtype == "f32" else f"{self.kv_dtype} KV"  # (--kv-dtype)
         if self.parallel > 1:  # speculative/kvpool.py: each generation takes the rows it needs of the slots' pool
             most = min(self.target.args.context_length, self.parallel * self.context)
             return (
-                f"{head}; {self.parallel} slots (--parallel) sharing a KV pool of {self.parallel} x {self.context} "
+                f"{head}; {self.parallel} slots (--parallel) sharing a {kv} pool of {self.parallel} x {self.context} "
                 f"tokens (a generation takes what it needs, up to {most}; {new})"
             )
-        return f"{head}; KV caches for a context of {self.context} tokens ({new})"
+        return f"{head}; {kv} caches for a context of {self.context} tokens ({new})"

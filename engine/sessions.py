@@ -81,15 +81,18 @@ class LocalSession(_Quiet):
         if plan.device.startswith("cuda") and not torch.cuda.is_available():
             raise CadenceError("--device cuda was asked for but torch sees no CUDA device; use --device cpu")
         self.target = loading.load_store(plan.target, plan.target_name, plan.device)
+        self.target.model.kv_dtype = plan.kv_dtype
         d = plan.draft
         self._drafts = lambda slot: None  # a draft side of its own for each slot of a batch
         if d.kind is DraftKind.FLASH:  # the target's own sparse FFN (models/flash/sparse_target.py)
             from models.flash.sparse_target import flash_draft
 
             model = flash_draft(self.target.model, plan.target, plan.ffn_density)
+            model.kv_dtype = plan.kv_dtype
             self._drafts = lambda slot: LocalDraft(model)
         elif d.model:
             self.draft = loading.load_store(d.store, d.name, plan.device, d.head_rows)
+            self.draft.model.kv_dtype = plan.kv_dtype
             self._drafts = lambda slot: LocalDraft(self.draft.model)
         elif d.kind is DraftKind.TRIE:
             vocab = (str(self.target.store.dir), self.target.args.vocab_size)
@@ -102,7 +105,7 @@ class LocalSession(_Quiet):
         from speculative.slots import LocalBatch
 
         args = self.target.model.args
-        kv = lambda rows: args.kv_bytes(rows) // 4  # noqa: E731
+        kv = lambda rows: args.kv_bytes(rows, self.target.model.kv_dtype) // 4  # noqa: E731
         return Lockstep(self.loop, LocalBatch(self.target.model, self.prefixes), self._drafts, slots, _propose, kv)
 
     def close(self) -> None:
@@ -170,5 +173,6 @@ def _actor_session(sched, plan: RunPlan):
         draft_rows=d.head_rows,
         flash=d.flash,
         prompt_cache=plan.prompt_cache,
+        kv_dtype=plan.kv_dtype,
     )
     return ActorSession(sched, spec)

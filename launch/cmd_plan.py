@@ -113,7 +113,7 @@ def cmd_plan(args) -> int:
         _memory(run.memory)
         _by_row(machine.store(cfg.target, cfg.dtype))
     if run.prompt_cache is not None:
-        print(f"  {prompt_cache_words(run.prompt_cache, run.target.args.kv_bytes(1))}")
+        print(f"  {prompt_cache_words(run.prompt_cache, run.target.args.kv_bytes(1, run.kv_dtype))}")
     if args.door not in SERVING and cfg.memory_budget and not failed:
         _served(args, prompts, run)
     _smallest(cfg, machine, run)

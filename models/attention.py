@@ -130,8 +130,8 @@ def attend(
     n = max(n, vis.n_shared)
     mask = vis.dense_mask(n).to(q.device)
     rep = H // k_cache.shape[0]
-    k = k_cache[:, :n].repeat_interleave(rep, 0)
-    v = v_cache[:, :n].repeat_interleave(rep, 0)
+    k = k_cache[:, :n].to(q.dtype).repeat_interleave(rep, 0)  # (a half cache, --kv-dtype f16, read as floats)
+    v = v_cache[:, :n].to(q.dtype).repeat_interleave(rep, 0)
     if softcap or sinks is not None:  # SDPA has neither a cap nor sinks: the scores by hand
         s = q.transpose(0, 1) @ k.transpose(1, 2) * scale
         s = (torch.tanh(s / softcap) * softcap if softcap else s).masked_fill(~mask, float("-inf"))

@@ -35,7 +35,7 @@ def norm_keys(model, at, T: int, i: int) -> None:
     a = model.args
     if a.qk_norm == "l2" and i not in a.nope_layers:
         rows = at.k[:, at.slot0 : at.slot0 + T]
-        rows.copy_(l2_norm(rows, a.norm_eps))
+        rows.copy_(l2_norm(rows.float(), a.norm_eps))
 
 
 def ple_inputs(model, tokens: torch.Tensor, x: torch.Tensor, w0, norm) -> torch.Tensor | None:

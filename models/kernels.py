@@ -25,17 +25,17 @@ from models.kernel_build import BY_NAME, ENV_PATH, PATHS, build, chosen_path, cp
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _SIGNATURES = {
-    "cad_attention": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I],
+    "cad_attention": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I, _I],
     "cad_linear": [_P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I],
     "cad_experts": [_P, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I],
-    "cad_attn_dense": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, ctypes.c_float, _I],
-    "cad_attn_chunks": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, ctypes.c_float, _I],
+    "cad_attn_dense": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, ctypes.c_float, _I, _I],
+    "cad_attn_chunks": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, ctypes.c_float, _I, _I],
     "cad_attn_merge": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I],
     "cad_rmsnorm": [_P, _P, _P, _I, _I, ctypes.c_float],
-    "cad_qkv_rope": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I],
+    "cad_qkv_rope": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I],
     "cad_glu": [_P, _P, _I, _I, _I, _I],
     "cad_flash_ffn": [_P, _I, _I, _P, ctypes.c_long, _P, _I, _P, _I, _I],
-    "cad_layer": [_P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I],
+    "cad_layer": [_P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I, _I],
     "cad_layer_many": [_P, _P, _I, _P, _I, _P, ctypes.c_float, ctypes.c_float, _I],
     "cad_fence": [],
     "cad_init": [_I],
@@ -99,6 +99,13 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def half(cache: torch.Tensor) -> int:
+    """1 where a KV cache holds IEEE halves (--kv-dtype f16), 0 where floats: the kernels' `half` argument."""
+    if cache.dtype not in (torch.float32, torch.float16):
+        raise CadenceError(f"a KV cache of {cache.dtype} is not one the kernels read; use --kv-dtype f32 or f16")
+    return int(cache.dtype == torch.float16)
+
+
 def attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -112,7 +119,7 @@ def attention(
 ):
     """Attention of T query rows over a cache.
 
-    q [T, H, D] fp32; k_cache, v_cache [Hkv, cap, D] fp32; row r sees slots [0, n_shared) then
+    q [T, H, D] fp32; k_cache, v_cache [Hkv, cap, D] fp32 or fp16; row r sees slots [0, n_shared) then
     idx[ptr[r]:ptr[r+1]] (int32, in position order). Returns out [T, H, D] (and lse [T, H]).
     `softcap` > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2).
     """
@@ -122,24 +129,9 @@ def attention(
     assert ptr.dtype == torch.int32 and idx.dtype == torch.int32 and ptr.numel() == T + 1
     out = torch.empty_like(q)
     lse = torch.empty(T, H, dtype=torch.float32) if want_lse else None
-    lib().cad_attention(
-        _ptr(q),
-        _ptr(k_cache),
-        _ptr(v_cache),
-        _ptr(out),
-        _ptr(lse),
-        T,
-        H,
-        Hkv,
-        D,
-        cap,
-        n_shared,
-        _ptr(ptr),
-        _ptr(idx),
-        scale,
-        softcap,
-        torch.get_num_threads(),
-    )
+    tensors = map(_ptr, (q, k_cache, v_cache, out, lse))
+    shape = (T, H, Hkv, D, cap, n_shared, _ptr(ptr), _ptr(idx))
+    lib().cad_attention(*tensors, *shape, scale, softcap, half(k_cache), torch.get_num_threads())
     return (out, lse) if want_lse else out
 
 
@@ -222,23 +214,8 @@ def attn_dense(
     if state is None:
         state = (torch.full((T, H), float("-inf")), torch.zeros(T, H), torch.zeros(T, H, D))
     m, l, o = state
-    lib().cad_attn_dense(
-        _ptr(q.contiguous()),
-        _ptr(k_cache),
-        _ptr(v_cache),
-        _ptr(m),
-        _ptr(l),
-        _ptr(o),
-        T,
-        H,
-        Hkv,
-        D,
-        cap,
-        c0,
-        c1,
-        scale,
-        torch.get_num_threads(),
-    )
+    tensors = map(_ptr, (q.contiguous(), k_cache, v_cache, m, l, o))
+    lib().cad_attn_dense(*tensors, T, H, Hkv, D, cap, c0, c1, scale, half(k_cache), torch.get_num_threads())
     return state
 
 
@@ -287,6 +264,7 @@ def attn_chunks(
         k0,
         maxc,
         scale,
+        half(k_cache),
         torch.get_num_threads(),
     )
     return ch, nch
@@ -341,6 +319,7 @@ def qkv_rope(
         hd,
         cap,
         slot0,
+        half(k_cache),
     )
     return q
 

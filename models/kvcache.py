@@ -28,16 +28,25 @@ from models.args import ModelArgs
 from models.shapes import WINDOW_REWIND as REWIND
 from models.recurrent import fold
 
+KV_DTYPES = {"f32": torch.float32, "f16": torch.float16}  # --kv-dtype: the keys' and values' element
+
 
 class KVCache:
     """Keys and values: full layers [n_full, Hkv, capacity, D], sliding ones [n_slide, Hkv, rows, D]; recurrent
     layers' rows [n_rec, rec_rows, rec_width] and states [n_rec, *rec_state]."""
 
     def __init__(
-        self, args: ModelArgs, capacity: int, device: str | torch.device = "cpu", storage: torch.Tensor | None = None
+        self,
+        args: ModelArgs,
+        capacity: int,
+        device: str | torch.device = "cpu",
+        storage: torch.Tensor | None = None,
+        dtype: str = "f32",
     ):
-        """`storage`: a float32 tensor of `KVCache.numel(args, capacity)` elements to live in (shared memory)."""
-        self.args, self.capacity, self.device = args, capacity, device
+        """`storage`: a float32 tensor of `KVCache.numel(args, capacity, dtype)` elements to live in (shared memory).
+        `dtype`: the keys' and values' (--kv-dtype: f32, or f16 rounded to nearest); recurrent rows and states
+        stay float32."""
+        self.args, self.capacity, self.device, self.dtype = args, capacity, device, dtype
         self.window = args.sliding_window if args.sliding_layers else 0
         n_slide, n_rec = args.n_sliding, len(args.rec_layers)
         self.rows = args.window_rows(capacity)
@@ -45,13 +54,14 @@ class KVCache:
         full = (args.full_kv_heads or args.n_kv_heads, capacity, args.full_head_dim or args.head_dim)
         shapes = [(2, args.n_full, *full), (2, n_slide, args.n_kv_heads, self.rows, args.head_dim)]
         shapes += [(n_rec, args.rec_rows(capacity), args.rec_width), (n_rec, *args.rec_state)]
+        dtypes = [KV_DTYPES[dtype]] * 2 + [torch.float32] * 2
         if storage is None:
-            parts = [torch.zeros(shape, device=device) for shape in shapes]
+            parts = [torch.zeros(shape, device=device, dtype=t) for shape, t in zip(shapes, dtypes)]
         else:
-            flat, parts, lo = storage.view(torch.float32), [], 0
-            for shape in shapes:
-                size = math.prod(shape)
-                parts.append(flat[lo : lo + size].view(shape))
+            flat, parts, lo = storage.view(torch.uint8), [], 0
+            for shape, t in zip(shapes, dtypes):
+                size = math.prod(shape) * t.itemsize  # even counts of halves: every part starts 4-byte aligned
+                parts.append(flat[lo : lo + size].view(t).view(shape))
                 lo += size
         (self.k, self.v), (self.wk, self.wv), self.rec, self.state = parts
         self.rbase = 0  # the global slot of a recurrent layer's row 0
@@ -77,15 +87,17 @@ class KVCache:
         self.pending = 0
 
     @staticmethod
-    def numel(args: ModelArgs, capacity: int) -> int:
-        return args.kv_bytes(capacity) // 4
+    def numel(args: ModelArgs, capacity: int, dtype: str = "f32") -> int:
+        """The float32 elements of a cache's storage."""
+        return args.kv_bytes(capacity, dtype) // 4
 
     @property
     def end(self) -> int:
         return self.length + self.pending
 
     def nbytes(self) -> int:
-        return (2 * (self.k.numel() + self.wk.numel()) + self.rec.numel() + self.state.numel()) * 4
+        kv = 2 * (self.k.numel() + self.wk.numel()) * self.k.element_size()
+        return kv + (self.rec.numel() + self.state.numel()) * 4
 
     def kv(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         """Layer i's keys and values [Hkv, rows, D] and the global slot of their row 0; a recurrent layer's rows

@@ -10,6 +10,7 @@ from common.settings import PREFILL_CHUNK
 
 # committed rows a sliding-window layer keeps past its window (models/kvcache.py): a rewind by up to this many works
 WINDOW_REWIND = 64
+KV_ITEMSIZE = {"f32": 4, "f16": 2}  # bytes of a key or value element per --kv-dtype (models/kvcache.py)
 
 
 class Shapes:
@@ -94,14 +95,15 @@ class Shapes:
             return 0
         return min(capacity, self.sliding_window - 1 + WINDOW_REWIND + PREFILL_CHUNK)
 
-    def kv_bytes(self, capacity: int, itemsize: int = 4) -> int:
-        """Bytes of the KV cache for a context of `capacity` tokens: a sliding layer keeps its window only; a
-        recurrent layer its state and its recent tokens' rows (models/recurrent.py)."""
+    def kv_bytes(self, capacity: int, dtype: str = "f32") -> int:
+        """Bytes of the KV cache for a context of `capacity` tokens, its keys and values of `dtype` (--kv-dtype): a
+        sliding layer keeps its window only; a recurrent layer its state and its recent tokens' rows
+        (models/recurrent.py), in float32 whatever the keys' dtype."""
         full = self.full_kv_heads or self.n_kv_heads, self.full_head_dim or self.head_dim
         kv = 2 * self.n_full * capacity * math.prod(full)
         kv += 2 * self.n_sliding * self.window_rows(capacity) * self.kv_dim
         rec = len(self.rec_layers) * (self.rec_rows(capacity) * self.rec_width + math.prod(self.rec_state))
-        return (kv + rec) * itemsize
+        return -(-kv * KV_ITEMSIZE[dtype] // 4) * 4 + rec * 4
 
 
 def tensor_shape(args: "Shapes", name: str) -> tuple[int, ...]:

@@ -84,8 +84,8 @@ class Transformer:
         self.head_needs = [NeedWeights(g, j) for j, g in enumerate(weights.head_groups)]
         self.lookahead = False  # MoE: guess the next layer's experts with its router (NeedExperts.guess)
         self.expert_batch = 0  # MoE: ask for at most this many experts at once (0: a layer's whole union)
-        # MoE: when a list, each layer's (expert ids [T, k], weights [T, k], input h) is appended
-        self.routes: list | None = None
+        self.routes: list | None = None  # MoE: when a list, each layer's (expert ids, weights [T, k], input h) appended
+        self.kv_dtype = "f32"  # --kv-dtype: its caches' keys and values (models/kvcache.py)
         self.ffn_inputs: list | None = None  # when a list, each layer's (i, FFN input h [T, dim]) is appended
         self._ones: dict[int, torch.Tensor] = {}
 
@@ -112,7 +112,7 @@ class Transformer:
                 f"{capacity} tokens exceed the model's context of {self.args.context_length}; "
                 "shorten the prompt or lower --max-new-tokens"
             )
-        return KVCache(self.args, capacity, self.device, storage)
+        return KVCache(self.args, capacity, self.device, storage, self.kv_dtype)
 
     def places(self, cache: KVCache, vis: Visibility, positions: torch.Tensor) -> list[Place]:
         """Each layer's `Place` for one forward (a sliding layer's visibility computed once for all of them)."""

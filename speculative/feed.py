@@ -40,6 +40,7 @@ class DraftFeed:
         CPU), and the governor pays it on its first try of a draft budget: on a long prompt that
         try would cost more than speculation wins back. The draft guesses from the recent text,
         the trie still matches the whole prompt, and the target decides every token."""
+        self.cache = None  # the last prompt's cache freed before the new one is made (never two held at once)
         self.cache = self.model.new_cache(capacity)
         self.pending = list(prompt_ids[-window:]) if window else list(prompt_ids)
         self.skipped = len(prompt_ids) - len(self.pending)

@@ -216,12 +216,14 @@ def _safe(key: str) -> str:
     return hashlib.sha1(key.encode()).hexdigest()[:16] if key else "model"
 
 
-def prompt_cache(config: dict | None, store: str) -> PrefixCache | None:
+def prompt_cache(config: dict | None, store: str, kv_dtype: str = "f32") -> PrefixCache | None:
     """The prompt cache a run's options ask for (`PromptCacheConfig` as a dict: `ram_bytes`, `dir`, `disk_bytes`) for
     the target in weight store `store` (its entries on disk are the store's own: keyed by its folder and its
-    manifest), or None where they ask for none."""
+    manifest, and by the caches' --kv-dtype: rows are read back as the bytes they were), or None where they ask for
+    none."""
     if not config or not (config.get("ram_bytes") or config.get("dir")):
         return None
     manifest = Path(store) / "manifest.json"
     key = f"{Path(store).resolve().name}:{manifest.stat().st_mtime_ns if manifest.exists() else 0}"
+    key += "" if kv_dtype == "f32" else f":{kv_dtype}"
     return PrefixCache(int(config.get("ram_bytes") or 0), config.get("dir"), key, int(config.get("disk_bytes") or 0))

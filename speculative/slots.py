@@ -89,7 +89,10 @@ class Slots:
 def _overlap(cache: KVCache, storage: torch.Tensor) -> bool:
     """Whether `cache` lives in memory `storage` covers (a range of the same arena)."""
     a0, b0 = cache.k.data_ptr(), storage.data_ptr()
-    a1, b1 = a0 + KVCache.numel(cache.args, cache.capacity) * 4, b0 + storage.numel() * storage.element_size()
+    a1, b1 = (
+        a0 + KVCache.numel(cache.args, cache.capacity, cache.dtype) * 4,
+        b0 + storage.numel() * storage.element_size(),
+    )
     same = cache.k.untyped_storage().data_ptr() == storage.untyped_storage().data_ptr()
     return same and a0 < b1 and b0 < a1
 
@@ -109,7 +112,7 @@ class Arena:
         offset, total = int(placed[0]), int(placed[2])
         if self.memory is None or self.memory.numel() != total:
             self.memory = torch.empty(total, dtype=torch.float32, device=self.model.device)
-        return self.memory[offset : offset + KVCache.numel(self.model.args, capacity)]
+        return self.memory[offset : offset + KVCache.numel(self.model.args, capacity, self.model.kv_dtype)]
 
 
 def _job(v: Verifier, call) -> tuple:

@@ -40,6 +40,8 @@ class Verifier:
         prompt cache (speculative/prefixes.py) that keeps what the cache loses and offers longer prefixes."""
         self.model, self.sampling, self.prefixes = model, sampling, prefixes
         self.cache = previous.cache if previous is not None else None
+        if previous is not None:  # the cache moves here: a new prompt's cache is made once nothing holds the old
+            previous.cache = None
         self.tokens: list[int] = (
             list(previous.tokens) if previous is not None else []
         )  # what the cache holds, committed
@@ -85,6 +87,7 @@ class Verifier:
         if keep > 0:
             c.rewind(keep)
         else:
+            self.cache = c = None  # the old cache freed first: the plan counts one cache a slot, never two at once
             self.cache = c = self.model.new_cache(capacity, storage)
         if self.prefixes is not None and not every and keep < len(prompt_ids) - 1:  # else nothing is left to find
             keep = self.prefixes.take(prompt_ids, c, keep)

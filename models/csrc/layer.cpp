@@ -69,11 +69,12 @@ void norm_qk(float *qkv, int T, int H, int Hkv, int hd, int kind, const float *q
 struct Gen {
     int64_t lo, hi;
     const float *cos_t, *sin_t;
-    float *kc, *vc;
+    void *kc, *vc; /* floats, or IEEE halves where `half` (--kv-dtype f16) */
     int64_t cap, slot0, n_shared;
     const int32_t *ptr, *idx;
+    int64_t half;
 };
-static_assert(sizeof(Gen) == 11 * sizeof(int64_t), "a Gen is read from eleven int64s");
+static_assert(sizeof(Gen) == 12 * sizeof(int64_t), "a Gen is read from twelve int64s");
 
 void layer(const int64_t *rec, float *x, int T, const int64_t *pos, int ngen, const Gen *gens, float scale, float eps,
            int nthreads) {
@@ -114,13 +115,13 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, int ngen, co
             for (int g = 0; g < ngen; g++) {
                 const Gen &e = gens[g];
                 cad_qkv_rope(yb + e.lo * nqkv, bias, pos + e.lo, e.cos_t, e.sin_t, hb + e.lo * qd, e.kc, e.vc,
-                             (int)(e.hi - e.lo), H, Hkv, hd, (int)e.cap, (int)e.slot0);
+                             (int)(e.hi - e.lo), H, Hkv, hd, (int)e.cap, (int)e.slot0, (int)e.half);
             }
         }
         for (int g = 0; g < ngen; g++) { /* each generation over its own cache, with its own visibility */
             const Gen &e = gens[g];
             attention_for(hb + e.lo * qd, e.kc, e.vc, ob + e.lo * qd, nullptr, (int)(e.hi - e.lo), H, Hkv, hd,
-                          (int)e.cap, (int)e.n_shared, e.ptr, e.idx, scale, softcap);
+                          (int)e.cap, (int)e.n_shared, e.ptr, e.idx, scale, softcap, (int)e.half);
         }
         q::qlinear_in(ob, T, out, plain_out ? x : yb, dim, plain_out, qa); /* x += o W_o^T */
 #pragma omp barrier
@@ -144,15 +145,15 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, int ngen, co
 }  // namespace
 
 extern "C" void cad_layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float *cos_t,
-                          const float *sin_t, float *kc, float *vc, int cap, int slot0, int n_shared,
-                          const int32_t *ptr, const int32_t *idx, float scale, float eps, int nthreads) {
-    const Gen one{0, T, cos_t, sin_t, kc, vc, cap, slot0, n_shared, ptr, idx};
+                          const float *sin_t, void *kc, void *vc, int cap, int slot0, int n_shared,
+                          const int32_t *ptr, const int32_t *idx, float scale, float eps, int half, int nthreads) {
+    const Gen one{0, T, cos_t, sin_t, kc, vc, cap, slot0, n_shared, ptr, idx, half};
     layer(rec, x, T, pos, 1, &one, scale, eps, nthreads);
 }
 
 /* The layer over several generations' rows at once (issue 42's batch): the norms and products over all T rows
  * together, each generation's RoPE, cache writes and attention over its own cache (`gens`: `ngen` records of
- * eleven int64s, a Gen each, their rows in order). Each row gets the bits it gets through cad_layer alone. */
+ * twelve int64s, a Gen each, their rows in order). Each row gets the bits it gets through cad_layer alone. */
 extern "C" void cad_layer_many(const int64_t *rec, float *x, int T, const int64_t *pos, int ngen, const int64_t *gens,
                                float scale, float eps, int nthreads) {
     layer(rec, x, T, pos, ngen, reinterpret_cast<const Gen *>(gens), scale, eps, nthreads);

@@ -41,25 +41,28 @@ static inline void rope_head(float *h, const float *cs, const float *sn, int hd)
 /* qkv [T, (H + 2 Hkv) hd] (+ bias) -> rotated q into q_out [T, H, hd]; rotated k and v written to
  * the layer's cache kc, vc [Hkv, cap, hd] at slots slot0 .. slot0 + T. cos/sin tables [*, hd]. */
 extern "C" void cad_qkv_rope(const float *qkv, const float *bias, const int64_t *pos, const float *cos_t,
-                             const float *sin_t, float *q_out, float *kc, float *vc, int T, int H, int Hkv, int hd,
-                             int cap, int slot0) {
+                             const float *sin_t, float *q_out, void *kc, void *vc, int T, int H, int Hkv, int hd,
+                             int cap, int slot0, int half) {
     const int width = (H + 2 * Hkv) * hd;
     float tmp[1024];
     for (int t = 0; t < T; t++) {
         const float *row = qkv + (size_t)t * width;
         const float *cs = cos_t + (size_t)pos[t] * hd, *sn = sin_t + (size_t)pos[t] * hd;
         for (int h = 0; h < H + 2 * Hkv; h++) {
-            float *dst;
-            if (h < H)
-                dst = q_out + ((size_t)t * H + h) * hd;
-            else if (h < H + Hkv)
-                dst = kc + ((size_t)(h - H) * cap + slot0 + t) * hd;
-            else
-                dst = vc + ((size_t)(h - H - Hkv) * cap + slot0 + t) * hd;
             const float *src = row + (size_t)h * hd;
             for (int i = 0; i < hd; i++) tmp[i] = bias ? src[i] + bias[(size_t)h * hd + i] : src[i];
             if (h < H + Hkv) rope_head(tmp, cs, sn, hd);
-            for (int i = 0; i < hd; i++) dst[i] = tmp[i];
+            if (h < H) {
+                std::copy(tmp, tmp + hd, q_out + ((size_t)t * H + h) * hd);
+                continue;
+            }
+            /* a key or a value: into its cache slot, a float or (half) rounded to the nearest half */
+            const size_t at = ((size_t)(h < H + Hkv ? h - H : h - H - Hkv) * cap + slot0 + t) * hd;
+            void *cache = h < H + Hkv ? kc : vc;
+            if (half)
+                narrow(tmp, (_Float16 *)cache + at, hd);
+            else
+                std::copy(tmp, tmp + hd, (float *)cache + at);
         }
     }
 }

@@ -74,6 +74,18 @@ static inline v8f v8_exp(v8f x) {
 
 static inline float scalar_exp(float x) { return v8_exp(v8_splat(x))[0]; }
 
+/* A KV cache's IEEE half row (--kv-dtype f16) as floats: exact, so what follows sums the same floats in the
+ * same order as over a float cache holding the rounded values; the compiler's F16C conversions where the
+ * build has them. */
+static inline void widen(const _Float16 *src, float *dst, int n) {
+    for (int i = 0; i < n; i++) dst[i] = (float)src[i];
+}
+
+/* Floats into a half cache row, rounded to nearest even (as torch's .half() rounds). */
+static inline void narrow(const float *src, _Float16 *dst, int n) {
+    for (int i = 0; i < n; i++) dst[i] = (_Float16)src[i];
+}
+
 /* out[i] = silu(g[i]) * u[i] for one row of F: what cad_swiglu computes, shared with the expert kernel. */
 static inline void swiglu_row(const float *g, const float *u, float *o, int F) {
     int i = 0;

@@ -47,6 +47,7 @@ class SessionSpec:
     draft_rows: int = 0  # FR-Spec under a plan: the draft's head keeps only this many token rows (0: all)
     flash: tuple[float, str, int] | None = None  # --draft flash: (FFN density, predictor, neurons a layer cached)
     prompt_cache: PromptCacheConfig | None = None  # the verifier's prompt cache (speculative/prefixes.py)
+    kv_dtype: str = "f32"  # every KV cache's keys and values (--kv-dtype; models/kvcache.py)
 
     def __post_init__(self):
         object.__setattr__(self, "mode", Mode(self.mode))  # a mode's text (a test's, a message's) as the member
@@ -80,7 +81,7 @@ class ActorSession:
                     spec.experts,
                     spec.paths,
                 )
-        self.target = ActorTarget(sched, spec.tree, spec.model, streamer, spec.worker, cache)
+        self.target = ActorTarget(sched, spec.tree, spec.model, streamer, spec.worker, cache, spec.kv_dtype)
         self.loop = Speculation(
             self.target,
             self._draft(0),
@@ -108,13 +109,13 @@ class ActorSession:
         from speculative.batch import Lockstep
 
         args = self.spec.model
-        kv = lambda rows: args.kv_bytes(rows) // 4  # noqa: E731
+        kv = lambda rows: args.kv_bytes(rows, self.spec.kv_dtype) // 4  # noqa: E731
         return Lockstep(self.loop, ActorBatch(self.target), self._draft, slots, propose_many, kv)
 
     @staticmethod
     def _spawn(sched: Runtime, spec: SessionSpec, actors: dict[str, str]) -> None:
         plan, moe = spec.plan, spec.plan is not None and spec.plan.expert_buffer > 0
-        common = {"sampling": asdict(spec.sampling), "threads": spec.threads}
+        common = {"sampling": asdict(spec.sampling), "threads": spec.threads, "kv_dtype": spec.kv_dtype}
         vinit = {**common, "store": spec.target_store}
         if spec.prompt_cache is not None:
             vinit["prompt_cache"] = asdict(spec.prompt_cache)
@@ -123,7 +124,13 @@ class ActorSession:
             sched.spawn(
                 "sparse",
                 actors["sparse"],
-                {"threads": 1, "model": asdict(spec.model), "store": spec.target_store, "columns": spec.worker.columns},
+                {
+                    "threads": 1,
+                    "model": asdict(spec.model),
+                    "store": spec.target_store,
+                    "columns": spec.worker.columns,
+                    "kv_dtype": spec.kv_dtype,
+                },
                 wait=False,
             )
         if plan is not None and (plan.streamed or moe):

@@ -41,11 +41,13 @@ class ActorTarget:
         streamer=None,
         worker: WorkerSplit | None = None,
         experts=None,
+        kv_dtype: str = "f32",
     ):
         """`streamer`: the loader's side of the layers that stream (scheduler/generation/streaming.py);
         `worker`: the sparse-attention worker's split; `experts`: a mixture of experts' buffer under a
-        budget (scheduler/generation/experts.py). Each None where the run has none."""
+        budget (scheduler/generation/experts.py). Each None where the run has none. `kv_dtype`: the caches'."""
         self.s, self.streamer, self.worker, self.model, self.cfg = sched, streamer, worker, model, cfg
+        self.kv_dtype = kv_dtype
         self.verifier = Remote(sched, "verifier")  # the verifier actor's ops (actors/verifier.py)
         self.logprobs = False  # the generation under way asked for its tokens' log-probabilities
         self.experts = experts
@@ -197,7 +199,7 @@ class ActorTarget:
             if self.kv_slot is not None:
                 s.slots.free(self.kv_slot)
                 self.kv_slot = None
-            self.kv_slot = s.slots.alloc(a.kv_bytes(capacity))
+            self.kv_slot = s.slots.alloc(a.kv_bytes(capacity, self.kv_dtype))
             out["kv"] = s.slot_desc(self.kv_slot)
         return out
 

@@ -51,6 +51,7 @@ OPTION_SETS = [
         context=777,
         threads=1,
         parallel=3,
+        kv_dtype="f16",
         width=6,
         chain_k=3,
         branch_threshold=0.2,

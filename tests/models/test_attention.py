@@ -113,3 +113,42 @@ def test_torch_fallback_agrees_with_kernel(monkeypatch):
     monkeypatch.setattr(kernels, "available", lambda: False)
     slow = attend(q, kc, vc, vis, 0.2)
     assert (fast - slow).abs().max() < 1e-5
+
+
+def test_a_half_cache_attends_as_a_float_cache_of_its_values():
+    """--kv-dtype f16: the kernels widen each key and value exactly, so attention over a half cache is, to the bit,
+    attention over a float cache holding the same (rounded) values, in every form (whole, dense part, chunk states);
+    and the fused write rounds a key to nearest as torch's .half() does."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(5, 8, 64, generator=g)
+    kc, vc = torch.randn(2, 100, 64, generator=g).half(), torch.randn(2, 100, 64, generator=g).half()
+    vis = Visibility.tree(70, [-1, 0, 0, 1, 2])
+    assert torch.equal(attend(q, kc, vc, vis, 0.125), attend(q, kc.float(), vc.float(), vis, 0.125))
+    half, full = kernels.attn_dense(q, kc, vc, 0, 2, 0.125), kernels.attn_dense(q, kc.float(), vc.float(), 0, 2, 0.125)
+    assert all(torch.equal(a, b) for a, b in zip(half, full))
+    args = (70, vis.ptr, vis.idx, 64, 0.125)
+    assert torch.equal(
+        kernels.attn_chunks(q, kc, vc, *args)[0], kernels.attn_chunks(q, kc.float(), vc.float(), *args)[0]
+    )
+    qkv, pos = torch.randn(5, 12 * 64, generator=g), torch.arange(5, dtype=torch.int64) + 3
+    cos, sin = torch.randn(20, 64, generator=g), torch.randn(20, 64, generator=g)
+    kh, vh = torch.zeros(2, 100, 64, dtype=torch.float16), torch.zeros(2, 100, 64, dtype=torch.float16)
+    kf, vf = torch.zeros(2, 100, 64), torch.zeros(2, 100, 64)
+    assert torch.equal(
+        kernels.qkv_rope(qkv, None, pos, cos, sin, kh, vh, 8, 10),
+        kernels.qkv_rope(qkv, None, pos, cos, sin, kf, vf, 8, 10),
+    )
+    assert torch.equal(kh, kf.half()) and torch.equal(vh, vf.half()) and kh[:, 10:15].abs().sum() > 0
+
+
+def test_the_torch_fallback_reads_a_half_cache(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    q, kc, vc = (
+        torch.randn(6, 4, 32, generator=g),
+        torch.randn(2, 30, 32, generator=g),
+        torch.randn(2, 30, 32, generator=g),
+    )
+    vis = Visibility.tree(20, [-1, 0, 1, 0, 3, 3])
+    fast = attend(q, kc.half(), vc.half(), vis, 0.2)
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    assert (fast - attend(q, kc.half(), vc.half(), vis, 0.2)).abs().max() < 1e-5

@@ -95,14 +95,17 @@ def test_a_row_alone_equals_the_row_in_any_block(path, fmt, k):
             assert torch.equal(lin(x[i0 : i0 + m]), alone[i0 : i0 + m]), m
 
 
-def test_a_tiny_model_gives_the_same_logits_on_every_path(path):
-    """The whole forward (attention, norms, rotary, SwiGLU and int4 products) is the same on each path."""
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+def test_a_tiny_model_gives_the_same_logits_on_every_path(path, kv_dtype):
+    """The whole forward (attention, norms, rotary, SwiGLU and int4 products) is the same on each path, over float
+    caches and half ones (--kv-dtype f16: the F16C conversions of the x86-64-v3 builds round as the portable one)."""
     args = TINY["qwen"]
     w = TensorWeights(args, random_tensors(args, seed=4), fmt="int4")
     toks = torch.tensor([5, 77, 200, 12, 9, 150, 151, 2, 64, 33, 260, 101])
 
     def logits():
         model = Transformer(args, w)
+        model.kv_dtype = kv_dtype
         assert model.fused
         return model.forward(toks, torch.arange(len(toks)), model.new_cache(32))
 
@@ -112,9 +115,10 @@ def test_a_tiny_model_gives_the_same_logits_on_every_path(path):
         assert torch.equal(logits(), ref)
 
 
-def test_a_batch_of_generations_gives_each_its_logits_alone_on_every_path(path):
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+def test_a_batch_of_generations_gives_each_its_logits_alone_on_every_path(path, kv_dtype):
     """A batch's layer in one call over several caches (csrc/layer.cpp `cad_layer_many`): every generation's logits
-    are its forward's alone, on each path, and the same as the portable path's."""
+    are its forward's alone, on each path, and the same as the portable path's; over float caches and half ones."""
     from models import layer_kernel
     from models.batch import Rows, forward_many_steps
     from models.weights import drive
@@ -125,12 +129,14 @@ def test_a_batch_of_generations_gives_each_its_logits_alone_on_every_path(path):
 
     def batched():
         model = Transformer(args, w)
+        model.kv_dtype = kv_dtype
         assert model.layer_calls and layer_kernel.record(w.layer(0), args) is not None  # the one call takes it
         rows = [Rows(t, torch.arange(len(t)), model.new_cache(32)) for t in prompts]
         return drive(forward_many_steps(model, rows), w)
 
     def alone():
         model = Transformer(args, w)
+        model.kv_dtype = kv_dtype
         return [model.forward(t, torch.arange(len(t)), model.new_cache(32)) for t in prompts]
 
     with kernels.using(kernels.load("portable")):

@@ -12,6 +12,7 @@ from models.convert import convert
 from models.source_hf import HFSource
 from models.store import WeightStore
 from speculative.drafter import LocalDraft
+from speculative.generate import generate_speculative, generate_target
 from speculative.tree import TokenTree
 from speculative.verify import Verifier, verify_many
 from tests.models.families import tiny_hf
@@ -64,13 +65,34 @@ def test_a_batch_through_the_separate_calls_gives_the_same_verdicts(tmp_path, mt
     _batch_against_alone(tmp_path, mt, v, one_call=False)
 
 
-def _batch_against_alone(tmp_path, mt, v, one_call: bool):
+# a family of each kind of cache: a plain one, sliding windows, a convolution's rows, delta-net and Mamba-2 states
+# beside attention, keys shared between layers
+HALF = [FAMILIES[i] for i in (0, 3, 11, 12, 15, 16)]
+
+
+@pytest.mark.parametrize("mt,v", HALF)
+def test_half_caches_give_the_target_alone_at_f16_and_each_generation_its_own_verdicts(tmp_path, mt, v):
+    """--kv-dtype f16 in every cache (the target's and the draft's): a tree writes what the target alone writes at
+    f16, token for token, and a batch gives each generation its verdicts alone, keys and values to the bit."""
+    target_store, draft_store = _stores(tmp_path, mt, v)
+    target, draft = loading.load_store(target_store), loading.load_store(draft_store)
+    target.model.kv_dtype = draft.model.kv_dtype = "f16"
+    for prompt in _prompts():
+        want = generate_target(target, prompt, 24, SamplingConfig(), stop_at_eos=False)
+        got = generate_speculative(target, draft, prompt, 24, SamplingConfig(), TreeConfig(width=6), stop_at_eos=False)
+        assert got.new_ids == want.new_ids
+    _batch_against_alone(tmp_path, mt, v, one_call=True, kv_dtype="f16")
+
+
+def _batch_against_alone(tmp_path, mt, v, one_call: bool, kv_dtype: str = "f32"):
     """Three generations verified alone (through the one-call layer kernel), and in batches (through
     `cad_layer_many`, or the separate calls): the same verdicts, tokens, keys and values."""
     target_store, draft_store = _stores(tmp_path, mt, v)
     target, draft = loading.load_store(target_store).model, loading.load_store(draft_store).model
     batch_target = loading.load_store(target_store).model
     batch_target.layer_calls = one_call
+    for m in (target, draft, batch_target):
+        m.kv_dtype = kv_dtype
     drafts = [target, draft, target]  # the target drafting for itself: its trees are taken whole
     alone = [_Generation(target, d, p) for d, p in zip(drafts, _prompts())]
     batched = [_Generation(batch_target, d, p) for d, p in zip(drafts, _prompts())]
@@ -94,6 +116,8 @@ def _batch_against_alone(tmp_path, mt, v, one_call: bool):
             ka, va, _ = a.verifier.cache.kv(i)
             kb, vb, _ = b.verifier.cache.kv(i)
             assert torch.equal(ka, kb) and (va is vb is None or torch.equal(va, vb))  # a convolution: rows, None
+            keys = a.verifier.cache.index[i][0] in ("full", "sliding")  # (a recurrent layer's rows: float32)
+            assert ka.dtype == (torch.float16 if kv_dtype == "f16" and keys else torch.float32)
 
 
 def test_a_batch_mixes_sampled_and_greedy_generations_but_not_models(tmp_path):

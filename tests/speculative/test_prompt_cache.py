@@ -109,3 +109,29 @@ def test_a_restored_cache_is_the_kept_one_for_every_kind_of_layer(mt, v, tmp_pat
     again = loop.generate(nxt, NEW, set())
     assert again.stats["reused_prompt_tokens"] >= len(a), mt
     assert again.new_ids == fresh.generate(nxt, NEW, set(), reuse=False).new_ids, mt
+
+
+def test_a_new_prompt_s_cache_is_made_once_the_last_one_is_freed(int4_pair, monkeypatch):
+    """The plan counts one KV cache a slot: a prompt that does not continue the last one's text gets its cache only
+    once nothing holds the last one (else both are held at once, 112 MiB over the plan for the 1.5B at 2048 tokens,
+    and a cgroup at the budget kills the verifier on the second prompt). The draft's caches alike."""
+    import weakref
+
+    target, draft = int4_pair
+    made = []
+    for model in (target, draft):
+        real = model.new_cache
+
+        def new_cache(capacity, storage=None, real=real, model=model):
+            alive = [r for m, r in made if m is model and r() is not None]
+            assert not alive, "a new KV cache was made while the last one was still held"
+            cache = real(capacity, storage)
+            made.append((model, weakref.ref(cache)))
+            return cache
+
+        monkeypatch.setattr(model, "new_cache", new_cache)
+    loop = _loop(target, draft)
+    g = torch.Generator().manual_seed(4)
+    for _ in range(3):  # unrelated prompts: nothing of the last one is kept
+        loop.generate(torch.randint(3, 300, (20,), generator=g).tolist(), NEW, set())
+    assert len(made) >= 6
