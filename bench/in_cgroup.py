@@ -34,7 +34,7 @@ from engine.options import argv
 from engine.inputs import tree_pair
 from engine.machine import ThisMachine
 from engine.prompts import Prompt
-from models.shapes import KV_ITEMSIZE
+from models.shapes import KV_DTYPES
 from bench.report import label, lossless
 
 MODES = ("std", "stdpl", "chain", "tree", "nodraft", "fdraft", "flash")  # flash@D: --mode flash --ffn-density D
@@ -184,7 +184,7 @@ def bench_cgroup(cfg: RunConfig, prompts: list[Prompt], opts, c: CgroupOptions):
     from engine.decide import prepare_drafts
 
     bad = [m for m in opts.modes if m.partition(":")[0].partition("@")[0] not in MODES]
-    bad += [m for m in opts.modes if m.partition(":")[2] not in ("", *KV_ITEMSIZE)]
+    bad += [m for m in opts.modes if m.partition(":")[2] not in ("", *KV_DTYPES)]
     if bad:
         raise CadenceError(
             f"mode {bad[0]} cannot run under --cgroup; use {', '.join(MODES)}, each with :f16 for half KV caches"

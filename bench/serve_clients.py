@@ -68,11 +68,14 @@ def send(url: str, prompts: list[dict], clients: int, max_tokens: int) -> dict:
     return dict(wall_s=time.perf_counter() - t0, rows=rows)
 
 
-def run(budget: str | None, slots: int, clients: int, draft: str, prompts: list[dict], max_tokens: int) -> dict:
-    """One server (`--parallel slots --draft draft`) and `clients` clients: the figures and the plan it printed."""
+def run(
+    budget: str | None, slots: int, clients: int, draft: str, prompts: list[dict], max_tokens: int, kv: str = "f32"
+) -> dict:
+    """One server (`--parallel slots --draft draft --kv-dtype kv`) and `clients` clients: the figures and the plan it
+    printed."""
     from common.units import parse_bytes
 
-    args = ["--parallel", str(slots), "--draft", draft, "--no-trace", "--quiet", "--no-monitor"]
+    args = ["--parallel", str(slots), "--draft", draft, "--kv-dtype", kv, "--no-trace", "--quiet", "--no-monitor"]
     args += ["--memory-budget", budget] if budget else []
     with tempfile.TemporaryFile("w+") as log:
         with server(args, parse_bytes(budget) if budget else None, pair_files(), log) as (url, cg):
@@ -81,7 +84,7 @@ def run(budget: str | None, slots: int, clients: int, draft: str, prompts: list[
         log.seek(0)
         out["plan"] = [ln.strip() for ln in log.read().splitlines() if not ln.startswith("launch serve")][:3]
     tokens = sum(r["tokens"] for r in out["rows"].values())
-    out.update(slots=slots, clients=clients, draft=draft, tokens=tokens, tok_s=tokens / out["wall_s"])
+    out.update(slots=slots, clients=clients, draft=draft, kv=kv, tokens=tokens, tok_s=tokens / out["wall_s"])
     return out
 
 
@@ -113,8 +116,10 @@ def main(argv=None) -> None:
     p.add_argument("--gguf", default=None, help="the GGUF it runs (default: the pulled default target's)")
     p.add_argument("--llama-clients", default=None, help="llama-server's -np values (default: 1 and --clients)")
     p.add_argument("--ours-from", default=None, help="our rows from an earlier --out (llama-server's runs only)")
+    p.add_argument("--kv-dtypes", default="f32", help="the servers' --kv-dtype, each run of several clients at each")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
+    kvs = a.kv_dtypes.split(",")
     prompts = [json.loads(ln) for ln in HELDOUT.read_text().splitlines() if ln.strip()][: a.limit]
     ns = [int(n) for n in a.clients.split(",")]
     if a.ours_from:
@@ -122,9 +127,9 @@ def main(argv=None) -> None:
         singles, many = got["singles"], got["many"]
     else:
         singles = [run(a.memory_budget, 1, 1, d, prompts, a.max_tokens) for d in a.single_drafts.split(",")]
-        many = [run(a.memory_budget, n, n, "auto", prompts, a.max_tokens) for n in ns]
+        many = [run(a.memory_budget, n, n, "auto", prompts, a.max_tokens, kv) for n in ns for kv in kvs]
         if a.serve_default:  # the most clients against serve's own choice of slots (--parallel 0)
-            many.append(run(a.memory_budget, 0, max(ns), "auto", prompts, a.max_tokens))
+            many += [run(a.memory_budget, 0, max(ns), "auto", prompts, a.max_tokens, kv) for kv in kvs]
     llama = []
     if a.llama_server:
         from models.pull import model_path
@@ -144,12 +149,13 @@ def table(a, prompts, singles, many, llama) -> None:
     print(f"{'':<44}{'tok/s':>8}{'x one':>7}{'TTFT med':>10}{'peak held':>11}  equal  plan")
     for r in singles + many + llama:
         ours = not r["draft"].startswith("llama")
+        kv = f", --kv-dtype {r['kv']}" if r.get("kv", "f32") != "f32" else ""
         label = f"{r['clients']} client(s), " + (
-            f"--parallel {r['slots']}, --draft {r['draft']}" if ours else r["draft"]
+            f"--parallel {r['slots']}, --draft {r['draft']}{kv}" if ours else r["draft"]
         )
         ttft = statistics.median(x["ttft_s"] for x in r["rows"].values() if x["ttft_s"] is not None)
         peak = f"{r['peak_held'] / 2**20:.0f} MiB" if r["peak_held"] else "-"
-        same = all(r["rows"][k]["text"] == best["rows"][k]["text"] for k in best["rows"]) if ours else "-"
+        same = all(r["rows"][k]["text"] == best["rows"][k]["text"] for k in best["rows"]) if ours and not kv else "-"
         print(
             f"{label:<44}{r['tok_s']:>8.2f}{r['tok_s'] / best['tok_s']:>7.2f}{ttft:>9.2f}s{peak:>11}  {same!s:<5}  "
             f"{' | '.join(r['plan'])[:120]}"

@@ -18,7 +18,7 @@ from models.grammar import grammar_of
 from common.settings import SAMPLING_FIELDS, ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit, check_format
 from engine.options import AUTO_AHEAD, BY_NAME, DEFAULTS, RUNTIMES
 from common.units import parse_bytes
-from models.shapes import KV_ITEMSIZE
+from models.shapes import KV_DTYPES
 
 
 DEFAULT_NEW_TOKENS = 1024  # what `launch run` and `launch chat` write at most where --max-new-tokens is not given (a
@@ -64,8 +64,12 @@ class RunConfig:
         checks = (
             (self.runtime in RUNTIMES, f"runtime '{self.runtime}' is not known; use one of {', '.join(RUNTIMES)}"),
             (
-                self.kv_dtype in KV_ITEMSIZE,
-                f"--kv-dtype {self.kv_dtype} is not known; use one of {', '.join(KV_ITEMSIZE)}",
+                self.kv_dtype in KV_DTYPES,
+                f"--kv-dtype {self.kv_dtype} is not known; use one of {', '.join(KV_DTYPES)}",
+            ),
+            (
+                not (self.kv_dtype == "q8" and self.device != "cpu"),
+                "--kv-dtype q8 runs on cadence's CPU kernels; use --kv-dtype f16 with --device cuda",
             ),
             (
                 self.max_new_tokens is None or self.max_new_tokens >= 1,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from common.modes import MODES
 from common.settings import FORMATS, GROWTHS, PROMPT_WINDOW, WIDER, TreeConfig
 from models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from models.shapes import KV_ITEMSIZE
+from models.shapes import KV_DTYPES
 
 RUNTIMES = ("actors", "inproc")
 AUTO_AHEAD = 4  # --draft-ahead auto: at most this many draft steps per verification
@@ -230,9 +230,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "kv_dtype",
         "f32",
-        "the KV caches' keys and values: f32, or f16 (half their memory, rounded to nearest; the draft's too); "
-        "every speculative mode writes what the target alone writes at the same dtype",
-        choices=tuple(KV_ITEMSIZE),
+        "every KV cache's keys and values (the draft's too): f32; f16, half their memory, rounded to nearest; q8, "
+        "as llama.cpp's q8_0 (blocks of 32 int8 and a half scale), 0.27 of it; every speculative mode writes what "
+        "the target alone writes at the same dtype",
+        choices=KV_DTYPES,
         group=MEMORY,
     ),
     Option(

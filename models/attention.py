@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from common.errors import CadenceError
 from models import kernels
 
 
@@ -68,6 +69,30 @@ class Visibility:
     def depths(self) -> torch.Tensor:
         """Number of keys each row sees minus one: its position if the context starts at 0."""
         return (self.ptr[1:] - self.ptr[:-1]).long() + self.n_shared - 1
+
+
+def store(cache: torch.Tensor, slot0: int, rows: torch.Tensor) -> None:
+    """Keys or values rows [T, Hkv, D] (floats) into a layer's cache [Hkv, cap, ...] at slots slot0.., in the cache's
+    dtype (--kv-dtype): rounded to nearest into halves, or quantized into q8_0 blocks by the kernels (as
+    csrc/ops.cpp's fused write does, to the bit)."""
+    T = rows.shape[0]
+    if cache.dtype != torch.uint8:
+        cache[:, slot0 : slot0 + T] = rows.transpose(0, 1)
+        return
+    if not kernels.available():
+        raise CadenceError("--kv-dtype q8 runs on cadence's CPU kernels; use --kv-dtype f16 here")
+    for h in range(cache.shape[0]):
+        kernels.q8_rows(rows[:, h].float().contiguous(), cache[h, slot0 : slot0 + T])
+
+
+def floats(cache: torch.Tensor, d: int, n: int | None = None) -> torch.Tensor:
+    """A layer's cache [Hkv, cap, ...] (its first n slots) as floats [Hkv, n, d], whatever its dtype."""
+    part = cache[:, :n] if n is not None else cache
+    if cache.dtype != torch.uint8:
+        return part.float()
+    if not kernels.available():
+        raise CadenceError("--kv-dtype q8 runs on cadence's CPU kernels; use --kv-dtype f16 here")
+    return torch.stack([kernels.q8_floats(part[h].contiguous(), d) for h in range(part.shape[0])])
 
 
 def lanes(fn, x: torch.Tensor, group: int = 1) -> torch.Tensor:
@@ -130,8 +155,8 @@ def attend(
     n = max(n, vis.n_shared)
     mask = vis.dense_mask(n).to(q.device)
     rep = H // k_cache.shape[0]
-    k = k_cache[:, :n].to(q.dtype).repeat_interleave(rep, 0)  # (a half cache, --kv-dtype f16, read as floats)
-    v = v_cache[:, :n].to(q.dtype).repeat_interleave(rep, 0)
+    k = floats(k_cache, D, n).to(q.dtype).repeat_interleave(rep, 0)  # (a cache of halves or q8: read as floats)
+    v = floats(v_cache, D, n).to(q.dtype).repeat_interleave(rep, 0)
     if softcap or sinks is not None:  # SDPA has neither a cap nor sinks: the scores by hand
         s = q.transpose(0, 1) @ k.transpose(1, 2) * scale
         s = (torch.tanh(s / softcap) * softcap if softcap else s).masked_fill(~mask, float("-inf"))

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from models.attention import lanes
+from models.attention import floats, lanes, store
 
 
 def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -34,8 +34,8 @@ def norm_keys(model, at, T: int, i: int) -> None:
     `Place`), in place."""
     a = model.args
     if a.qk_norm == "l2" and i not in a.nope_layers:
-        rows = at.k[:, at.slot0 : at.slot0 + T]
-        rows.copy_(l2_norm(rows.float(), a.norm_eps))
+        rows = floats(at.k[:, at.slot0 : at.slot0 + T], a.head_dim_at(i))
+        store(at.k, at.slot0, l2_norm(rows, a.norm_eps).transpose(0, 1))
 
 
 def ple_inputs(model, tokens: torch.Tensor, x: torch.Tensor, w0, norm) -> torch.Tensor | None:

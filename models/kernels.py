@@ -37,6 +37,8 @@ _SIGNATURES = {
     "cad_flash_ffn": [_P, _I, _I, _P, ctypes.c_long, _P, _I, _P, _I, _I],
     "cad_layer": [_P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I, _I],
     "cad_layer_many": [_P, _P, _I, _P, _I, _P, ctypes.c_float, ctypes.c_float, _I],
+    "cad_q8_rows": [_P, _P, _I, _I],
+    "cad_q8_floats": [_P, _P, _I, _I],
     "cad_fence": [],
     "cad_init": [_I],
 }
@@ -99,11 +101,29 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def half(cache: torch.Tensor) -> int:
-    """1 where a KV cache holds IEEE halves (--kv-dtype f16), 0 where floats: the kernels' `half` argument."""
-    if cache.dtype not in (torch.float32, torch.float16):
-        raise CadenceError(f"a KV cache of {cache.dtype} is not one the kernels read; use --kv-dtype f32 or f16")
-    return int(cache.dtype == torch.float16)
+KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.uint8: 2}  # the kernels' `kv` argument (csrc/vec.hpp KV_*)
+
+
+def kv_kind(cache: torch.Tensor) -> int:
+    """What a KV cache holds, as the kernels read it: floats, IEEE halves (--kv-dtype f16) or q8_0 rows (q8)."""
+    if cache.dtype not in KV_KINDS:
+        raise CadenceError(f"a KV cache of {cache.dtype} is not one the kernels read; use --kv-dtype f32, f16 or q8")
+    return KV_KINDS[cache.dtype]
+
+
+def q8_rows(x: torch.Tensor, out: torch.Tensor) -> None:
+    """Float rows x [n, d] quantized into q8_0 rows `out` [n, d / 32 * 34] (uint8, rows contiguous)."""
+    n, d = x.shape
+    assert x.dtype == torch.float32 and x.is_contiguous() and out.dtype == torch.uint8 and out.stride(-1) == 1
+    assert out.shape[0] == n and (n <= 1 or out.stride(0) == out.shape[1])
+    lib().cad_q8_rows(_ptr(x), _ptr(out), n, d)
+
+
+def q8_floats(rows: torch.Tensor, d: int) -> torch.Tensor:
+    """q8_0 rows [n, d / 32 * 34] (uint8, contiguous) as floats [n, d], exactly as the attention reads them."""
+    out = torch.empty(rows.shape[0], d)
+    lib().cad_q8_floats(_ptr(rows.contiguous()), _ptr(out), rows.shape[0], d)
+    return out
 
 
 def attention(
@@ -119,7 +139,7 @@ def attention(
 ):
     """Attention of T query rows over a cache.
 
-    q [T, H, D] fp32; k_cache, v_cache [Hkv, cap, D] fp32 or fp16; row r sees slots [0, n_shared) then
+    q [T, H, D] fp32; k_cache, v_cache [Hkv, cap, D] fp32 or fp16, or q8_0 rows [Hkv, cap, D / 32 * 34]; row r sees slots [0, n_shared) then
     idx[ptr[r]:ptr[r+1]] (int32, in position order). Returns out [T, H, D] (and lse [T, H]).
     `softcap` > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2).
     """
@@ -131,7 +151,7 @@ def attention(
     lse = torch.empty(T, H, dtype=torch.float32) if want_lse else None
     tensors = map(_ptr, (q, k_cache, v_cache, out, lse))
     shape = (T, H, Hkv, D, cap, n_shared, _ptr(ptr), _ptr(idx))
-    lib().cad_attention(*tensors, *shape, scale, softcap, half(k_cache), torch.get_num_threads())
+    lib().cad_attention(*tensors, *shape, scale, softcap, kv_kind(k_cache), torch.get_num_threads())
     return (out, lse) if want_lse else out
 
 
@@ -215,7 +235,7 @@ def attn_dense(
         state = (torch.full((T, H), float("-inf")), torch.zeros(T, H), torch.zeros(T, H, D))
     m, l, o = state
     tensors = map(_ptr, (q.contiguous(), k_cache, v_cache, m, l, o))
-    lib().cad_attn_dense(*tensors, T, H, Hkv, D, cap, c0, c1, scale, half(k_cache), torch.get_num_threads())
+    lib().cad_attn_dense(*tensors, T, H, Hkv, D, cap, c0, c1, scale, kv_kind(k_cache), torch.get_num_threads())
     return state
 
 
@@ -264,7 +284,7 @@ def attn_chunks(
         k0,
         maxc,
         scale,
-        half(k_cache),
+        kv_kind(k_cache),
         torch.get_num_threads(),
     )
     return ch, nch
@@ -301,7 +321,8 @@ def qkv_rope(
     """Split qkv [T, (H + 2 Hkv) hd], add the bias, rotate q and k; k, v go into the layer's cache at
     slots slot0.. ; returns q [T, H, hd]."""
     T = qkv.shape[0]
-    hkv, cap, hd = k_cache.shape
+    hkv, cap = k_cache.shape[:2]
+    hd = qkv.shape[1] // (n_heads + 2 * hkv)  # (a q8 cache's rows are bytes)
     assert hd <= 1024 and pos.dtype == torch.int64 and qkv.is_contiguous()
     q = torch.empty(T, n_heads, hd, dtype=torch.float32)
     lib().cad_qkv_rope(
@@ -319,7 +340,7 @@ def qkv_rope(
         hd,
         cap,
         slot0,
-        half(k_cache),
+        kv_kind(k_cache),
     )
     return q
 

@@ -25,10 +25,11 @@ import torch
 from common.errors import CadenceError
 from models.attention import Visibility
 from models.args import ModelArgs
-from models.shapes import WINDOW_REWIND as REWIND
+from models.shapes import WINDOW_REWIND as REWIND, kv_row_bytes
 from models.recurrent import fold
 
-KV_DTYPES = {"f32": torch.float32, "f16": torch.float16}  # --kv-dtype: the keys' and values' element
+# --kv-dtype: the keys' and values' element (q8: a row's bytes, blocks of llama.cpp's q8_0: models/csrc/vec.hpp)
+KV_DTYPES = {"f32": torch.float32, "f16": torch.float16, "q8": torch.uint8}
 
 
 class KVCache:
@@ -44,15 +45,17 @@ class KVCache:
         dtype: str = "f32",
     ):
         """`storage`: a float32 tensor of `KVCache.numel(args, capacity, dtype)` elements to live in (shared memory).
-        `dtype`: the keys' and values' (--kv-dtype: f32, or f16 rounded to nearest); recurrent rows and states
-        stay float32."""
+        `dtype`: the keys' and values' (--kv-dtype: f32; f16 rounded to nearest; q8, each row llama.cpp's q8_0 blocks,
+        [.., rows, its bytes]); recurrent rows and states stay float32."""
         self.args, self.capacity, self.device, self.dtype = args, capacity, device, dtype
         self.window = args.sliding_window if args.sliding_layers else 0
         n_slide, n_rec = args.n_sliding, len(args.rec_layers)
         self.rows = args.window_rows(capacity)
         self.owned = storage is None
-        full = (args.full_kv_heads or args.n_kv_heads, capacity, args.full_head_dim or args.head_dim)
-        shapes = [(2, args.n_full, *full), (2, n_slide, args.n_kv_heads, self.rows, args.head_dim)]
+        d_full, q8 = args.full_head_dim or args.head_dim, dtype == "q8"  # q8: each row its bytes (models/shapes.py)
+        full = (args.full_kv_heads or args.n_kv_heads, capacity, kv_row_bytes(d_full, dtype) if q8 else d_full)
+        slide = (args.n_kv_heads, self.rows, kv_row_bytes(args.head_dim, dtype) if q8 and n_slide else args.head_dim)
+        shapes = [(2, args.n_full, *full), (2, n_slide, *slide)]
         shapes += [(n_rec, args.rec_rows(capacity), args.rec_width), (n_rec, *args.rec_state)]
         dtypes = [KV_DTYPES[dtype]] * 2 + [torch.float32] * 2
         if storage is None:
@@ -115,13 +118,6 @@ class KVCache:
         """The j-th recurrent layer's rows [rec_rows, rec_width], state (None: a convolution has none) and the global
         slot of its row 0."""
         return self.rec[j], self.state[j] if self.args.rec_kind != "conv" else None, self.rbase
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        # k, v: [T, Hkv, D] -> slots [end, end + T)
-        kc, vc, base = self.kv(layer)
-        T, e = k.shape[0], self.end - base
-        kc[:, e : e + T] = k.transpose(0, 1)
-        vc[:, e : e + T] = v.transpose(0, 1)
 
     def reserve(self, positions: torch.Tensor):
         """Room for a forward of these rows' positions: sliding rows no query can see any more are dropped

@@ -78,7 +78,7 @@ def run(rec: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, at, scale: 
         vis.idx.data_ptr(),
         scale,
         eps,
-        kernels.half(at.k),
+        kernels.kv_kind(at.k),
         torch.get_num_threads(),
     )
     return x
@@ -96,7 +96,7 @@ def run_many(
         assert at.k.is_contiguous() and at.v.is_contiguous()
         rot = at.rotary
         gens += (lo, hi, rot.cos.data_ptr(), rot.sin.data_ptr(), at.k.data_ptr(), at.v.data_ptr(), at.k.shape[1])
-        gens += (at.slot0, vis.n_shared, vis.ptr.data_ptr(), vis.idx.data_ptr(), kernels.half(at.k))
+        gens += (at.slot0, vis.n_shared, vis.ptr.data_ptr(), vis.idx.data_ptr(), kernels.kv_kind(at.k))
     table = torch.tensor(gens, dtype=torch.int64)
     kernels.lib().cad_layer_many(
         rec.data_ptr(),

@@ -6,11 +6,25 @@ from __future__ import annotations
 
 import math
 
+from common.errors import CadenceError
 from common.settings import PREFILL_CHUNK
 
 # committed rows a sliding-window layer keeps past its window (models/kvcache.py): a rewind by up to this many works
 WINDOW_REWIND = 64
-KV_ITEMSIZE = {"f32": 4, "f16": 2}  # bytes of a key or value element per --kv-dtype (models/kvcache.py)
+KV_DTYPES = ("f32", "f16", "q8")  # --kv-dtype: a key's or value's element (models/kvcache.py)
+Q8_BLOCK, Q8_BYTES = 32, 34  # q8 as llama.cpp's q8_0: blocks of 32 int8 with a half scale ahead of them
+
+
+def kv_row_bytes(d: int, dtype: str) -> int:
+    """Bytes of a key or value row of `d` elements in a cache of `dtype`."""
+    if dtype == "q8":
+        if d % Q8_BLOCK:
+            raise CadenceError(
+                f"--kv-dtype q8 keeps a head's keys in blocks of {Q8_BLOCK}, and this model's heads are {d} wide; "
+                "use --kv-dtype f16"
+            )
+        return d // Q8_BLOCK * Q8_BYTES
+    return d * {"f32": 4, "f16": 2}[dtype]
 
 
 class Shapes:
@@ -99,11 +113,12 @@ class Shapes:
         """Bytes of the KV cache for a context of `capacity` tokens, its keys and values of `dtype` (--kv-dtype): a
         sliding layer keeps its window only; a recurrent layer its state and its recent tokens' rows
         (models/recurrent.py), in float32 whatever the keys' dtype."""
-        full = self.full_kv_heads or self.n_kv_heads, self.full_head_dim or self.head_dim
-        kv = 2 * self.n_full * capacity * math.prod(full)
-        kv += 2 * self.n_sliding * self.window_rows(capacity) * self.kv_dim
+        heads, d = self.full_kv_heads or self.n_kv_heads, self.full_head_dim or self.head_dim
+        kv = 2 * self.n_full * capacity * heads * kv_row_bytes(d, dtype) if self.n_full else 0
+        if self.n_sliding:
+            kv += 2 * self.n_sliding * self.window_rows(capacity) * self.n_kv_heads * kv_row_bytes(self.head_dim, dtype)
         rec = len(self.rec_layers) * (self.rec_rows(capacity) * self.rec_width + math.prod(self.rec_state))
-        return -(-kv * KV_ITEMSIZE[dtype] // 4) * 4 + rec * 4
+        return kv + rec * 4  # (a pair of rows of any dtype is a multiple of 4 bytes)
 
 
 def tensor_shape(args: "Shapes", name: str) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from common.errors import CadenceError
 from models import block_parts, moe
-from models.attention import attend
+from models.attention import attend, store
 from models.block_parts import l2_norm
 
 
@@ -45,8 +45,8 @@ def block(model, i: int, w, x: torch.Tensor, positions: torch.Tensor, at):
         k, v = qkv[:, q_dim:].split(hkv * hd, dim=-1)
         k = rope(k.reshape(T, hkv, hd), cos, sin)
         k = l2_norm(k, a.norm_eps) if a.qk_norm == "l2" and i not in a.nope_layers else k
-        at.k[:, at.slot0 : at.slot0 + T] = k.transpose(0, 1)
-        at.v[:, at.slot0 : at.slot0 + T] = v.reshape(T, hkv, hd).transpose(0, 1)
+        store(at.k, at.slot0, k)
+        store(at.v, at.slot0, v.reshape(T, hkv, hd))
     o = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap, w.attn_sinks)  # [T, H, D]
     x = x.clone() if at.rec is None else x  # (beside a mixer: cloned above)
     model.residual(x, w.attn_out, model.gated(o.reshape(T, -1), w, hn), w.attn_post_norm, rms_norm)

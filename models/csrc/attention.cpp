@@ -6,8 +6,8 @@
  * inside a tree therefore gets bit-for-bit the output it gets when decoded alone, whatever the
  * batch, the tree shape or the thread: the ground on which speculative decoding is lossless.
  *
- * Layouts: q, out [T, H, D]; k, v cache [Hkv, cap, D] of floats, or of IEEE halves (`half`: --kv-dtype f16,
- * widened to floats a chunk at a time: the same sums of the same floats); lse [T, H] (optional).
+ * Layouts: q, out [T, H, D]; k, v cache [Hkv, cap, D] of floats, or (`kv`: --kv-dtype) of IEEE halves or
+ * q8_0 rows, widened to floats a chunk at a time: the same sums of the same floats; lse [T, H] (optional).
  * Row r sees cache slots [0, n_shared) and then slots idx[ptr[r] .. ptr[r+1]), in that order.
  */
 #include "ops.hpp"
@@ -195,24 +195,24 @@ static void merge(float *m, float *l, float *o, ChunkState c, const float *oc, i
 static constexpr int RB = 4; /* rows per work item */
 
 /* Point kp, vp at the n keys and values of KV head kh at cache slots slot(0..n): into a float cache itself, or
- * (half) widened into `wide` (2 CH D floats). */
+ * (halves, q8_0: `kv`) widened into `wide` (2 CH D floats). */
 template <typename Slot>
-static void gather(const void *kc, const void *vc, bool half, int kh, int cap, int D, int n, Slot slot,
+static void gather(const void *kc, const void *vc, int kv, int kh, int cap, int D, int n, Slot slot,
                    const float **kp, const float **vp, float *wide) {
-    const size_t head = (size_t)kh * cap * D;
-    if (!half) {
-        const float *K = (const float *)kc + head, *V = (const float *)vc + head;
+    if (kv == KV_F32) {
+        const float *K = (const float *)kc + (size_t)kh * cap * D, *V = (const float *)vc + (size_t)kh * cap * D;
         for (int j = 0; j < n; j++) {
             kp[j] = K + (size_t)slot(j) * D;
             vp[j] = V + (size_t)slot(j) * D;
         }
         return;
     }
-    const _Float16 *K = (const _Float16 *)kc + head, *V = (const _Float16 *)vc + head;
+    const size_t row = kv_row_bytes(kv, D);
+    const char *K = (const char *)kc + (size_t)kh * cap * row, *V = (const char *)vc + (size_t)kh * cap * row;
     for (int j = 0; j < n; j++) {
         float *wk = wide + (size_t)j * D, *wv = wide + (size_t)(CH + j) * D;
-        widen(K + (size_t)slot(j) * D, wk, D);
-        widen(V + (size_t)slot(j) * D, wv, D);
+        kv_widen(kv, K + (size_t)slot(j) * row, wk, D);
+        kv_widen(kv, V + (size_t)slot(j) * row, wv, D);
         kp[j] = wk;
         vp[j] = wv;
     }
@@ -242,18 +242,18 @@ static void fold_chunk(const float *q, int H, int G, int kh, int r0, int s0, int
  * region (csrc/layer.cpp's, or cad_attention's own); on one thread outside any. */
 void attention_for(const float *q, const void *kc, const void *vc, float *out, float *lse, int T, int H, int Hkv,
                    int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx, float scale, float softcap,
-                   int half) {
+                   int kv) {
     const int G = H / Hkv;
     const int nblocks = (T + RB - 1) / RB;
     const int nfull = n_shared / CH;
 #pragma omp for schedule(dynamic)
     for (int item = 0; item < Hkv * nblocks; item++) {
         const int kh = item % Hkv, r0 = (item / Hkv) * RB, r1 = std::min(T, r0 + RB);
-        std::vector<float> m(RB * G), l(RB * G), o((size_t)RB * G * D), oc(2 * D), wide(half ? 2 * CH * D : 0);
+        std::vector<float> m(RB * G), l(RB * G), o((size_t)RB * G * D), oc(2 * D), wide(kv ? 2 * CH * D : 0);
         const float *kp[CH], *vp[CH];
         /* Chunks made only of shared keys: loaded once, used by every row and head of the item. */
         for (int c = 0; c < nfull; c++) {
-            gather(kc, vc, half, kh, cap, D, CH, [&](int j) { return c * CH + j; }, kp, vp, wide.data());
+            gather(kc, vc, kv, kh, cap, D, CH, [&](int j) { return c * CH + j; }, kp, vp, wide.data());
             fold_chunk(q, H, G, kh, r0, 0, (r1 - r0) * G, kp, vp, CH, D, scale, softcap, m.data(), l.data(),
                        o.data(), oc.data(), c == 0);
         }
@@ -265,7 +265,7 @@ void attention_for(const float *q, const void *kc, const void *vc, float *out, f
             for (int t = ptr[r]; t < ptr[r + 1]; t++) slots.push_back(idx[t]);
             for (size_t c0 = 0; c0 < slots.size(); c0 += CH) {
                 const int n = (int)std::min<size_t>(CH, slots.size() - c0);
-                gather(kc, vc, half, kh, cap, D, n, [&](int j) { return slots[c0 + j]; }, kp, vp, wide.data());
+                gather(kc, vc, kv, kh, cap, D, n, [&](int j) { return slots[c0 + j]; }, kp, vp, wide.data());
                 fold_chunk(q, H, G, kh, r0, (r - r0) * G, (r - r0 + 1) * G, kp, vp, n, D, scale, softcap, m.data(),
                            l.data(), o.data(), oc.data(), nfull == 0 && c0 == 0);
             }
@@ -282,9 +282,9 @@ void attention_for(const float *q, const void *kc, const void *vc, float *out, f
 
 extern "C" void cad_attention(const float *q, const void *kc, const void *vc, float *out, float *lse, int T, int H,
                               int Hkv, int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx,
-                              float scale, float softcap, int half, int nthreads) {
+                              float scale, float softcap, int kv, int nthreads) {
 #pragma omp parallel num_threads(nthreads)
-    attention_for(q, kc, vc, out, lse, T, H, Hkv, D, cap, n_shared, ptr, idx, scale, softcap, half);
+    attention_for(q, kc, vc, out, lse, T, H, Hkv, D, cap, n_shared, ptr, idx, scale, softcap, kv);
 }
 
 /* ---- The same attention, split in three (Ghidorah's dense / sparse parts, merged by online softmax).
@@ -303,16 +303,16 @@ static inline void fold(float *m, float *l, float *o, ChunkState cs, const float
 }
 
 extern "C" void cad_attn_dense(const float *q, const void *kc, const void *vc, float *st_m, float *st_l, float *st_o,
-                               int T, int H, int Hkv, int D, int cap, int c0, int c1, float scale, int half,
+                               int T, int H, int Hkv, int D, int cap, int c0, int c1, float scale, int kv,
                                int nthreads) {
     const int G = H / Hkv, nblocks = (T + RB - 1) / RB;
 #pragma omp parallel for schedule(dynamic) num_threads(nthreads)
     for (int item = 0; item < Hkv * nblocks; item++) {
         const int kh = item % Hkv, r0 = (item / Hkv) * RB, r1 = std::min(T, r0 + RB);
-        std::vector<float> oc(D), wide(half ? 2 * CH * D : 0);
+        std::vector<float> oc(D), wide(kv ? 2 * CH * D : 0);
         const float *kp[CH], *vp[CH];
         for (int c = c0; c < c1; c++) {
-            gather(kc, vc, half, kh, cap, D, CH, [&](int j) { return c * CH + j; }, kp, vp, wide.data());
+            gather(kc, vc, kv, kh, cap, D, CH, [&](int j) { return c * CH + j; }, kp, vp, wide.data());
             for (int r = r0; r < r1; r++)
                 for (int g = 0; g < G; g++) {
                     const size_t s = (size_t)r * H + kh * G + g;
@@ -325,7 +325,7 @@ extern "C" void cad_attn_dense(const float *q, const void *kc, const void *vc, f
 
 extern "C" void cad_attn_chunks(const float *q, const void *kc, const void *vc, float *ch, int32_t *nch, int T, int H,
                                 int Hkv, int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx, int k0,
-                                int maxc, float scale, int half, int nthreads) {
+                                int maxc, float scale, int kv, int nthreads) {
     const int G = H / Hkv;
 #pragma omp parallel for schedule(dynamic) num_threads(nthreads)
     for (int item = 0; item < Hkv * T; item++) {
@@ -337,10 +337,10 @@ extern "C" void cad_attn_chunks(const float *q, const void *kc, const void *vc, 
         const int n = (int)((slots.size() + CH - 1) / CH);
         if (kh == 0) nch[r] = n;
         const float *kp[CH], *vp[CH];
-        std::vector<float> wide(half ? 2 * CH * D : 0);
+        std::vector<float> wide(kv ? 2 * CH * D : 0);
         for (int c = 0; c < n && c < maxc; c++) {
             const int cnt = (int)std::min<size_t>(CH, slots.size() - (size_t)c * CH);
-            gather(kc, vc, half, kh, cap, D, cnt, [&](int j) { return slots[c * CH + j]; }, kp, vp, wide.data());
+            gather(kc, vc, kv, kh, cap, D, cnt, [&](int j) { return slots[c * CH + j]; }, kp, vp, wide.data());
             for (int g = 0; g < G; g++) {
                 const size_t s = (size_t)r * H + kh * G + g;
                 float *dst = ch + (s * maxc + c) * (D + 2);

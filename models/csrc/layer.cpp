@@ -69,10 +69,10 @@ void norm_qk(float *qkv, int T, int H, int Hkv, int hd, int kind, const float *q
 struct Gen {
     int64_t lo, hi;
     const float *cos_t, *sin_t;
-    void *kc, *vc; /* floats, or IEEE halves where `half` (--kv-dtype f16) */
+    void *kc, *vc; /* floats, halves or q8_0 rows, as `kv` says (--kv-dtype: csrc/vec.hpp KV_*) */
     int64_t cap, slot0, n_shared;
     const int32_t *ptr, *idx;
-    int64_t half;
+    int64_t kv;
 };
 static_assert(sizeof(Gen) == 12 * sizeof(int64_t), "a Gen is read from twelve int64s");
 
@@ -115,13 +115,13 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, int ngen, co
             for (int g = 0; g < ngen; g++) {
                 const Gen &e = gens[g];
                 cad_qkv_rope(yb + e.lo * nqkv, bias, pos + e.lo, e.cos_t, e.sin_t, hb + e.lo * qd, e.kc, e.vc,
-                             (int)(e.hi - e.lo), H, Hkv, hd, (int)e.cap, (int)e.slot0, (int)e.half);
+                             (int)(e.hi - e.lo), H, Hkv, hd, (int)e.cap, (int)e.slot0, (int)e.kv);
             }
         }
         for (int g = 0; g < ngen; g++) { /* each generation over its own cache, with its own visibility */
             const Gen &e = gens[g];
             attention_for(hb + e.lo * qd, e.kc, e.vc, ob + e.lo * qd, nullptr, (int)(e.hi - e.lo), H, Hkv, hd,
-                          (int)e.cap, (int)e.n_shared, e.ptr, e.idx, scale, softcap, (int)e.half);
+                          (int)e.cap, (int)e.n_shared, e.ptr, e.idx, scale, softcap, (int)e.kv);
         }
         q::qlinear_in(ob, T, out, plain_out ? x : yb, dim, plain_out, qa); /* x += o W_o^T */
 #pragma omp barrier
@@ -146,8 +146,8 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, int ngen, co
 
 extern "C" void cad_layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float *cos_t,
                           const float *sin_t, void *kc, void *vc, int cap, int slot0, int n_shared,
-                          const int32_t *ptr, const int32_t *idx, float scale, float eps, int half, int nthreads) {
-    const Gen one{0, T, cos_t, sin_t, kc, vc, cap, slot0, n_shared, ptr, idx, half};
+                          const int32_t *ptr, const int32_t *idx, float scale, float eps, int kv, int nthreads) {
+    const Gen one{0, T, cos_t, sin_t, kc, vc, cap, slot0, n_shared, ptr, idx, kv};
     layer(rec, x, T, pos, 1, &one, scale, eps, nthreads);
 }
 

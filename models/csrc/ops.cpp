@@ -42,7 +42,7 @@ static inline void rope_head(float *h, const float *cs, const float *sn, int hd)
  * the layer's cache kc, vc [Hkv, cap, hd] at slots slot0 .. slot0 + T. cos/sin tables [*, hd]. */
 extern "C" void cad_qkv_rope(const float *qkv, const float *bias, const int64_t *pos, const float *cos_t,
                              const float *sin_t, float *q_out, void *kc, void *vc, int T, int H, int Hkv, int hd,
-                             int cap, int slot0, int half) {
+                             int cap, int slot0, int kv) {
     const int width = (H + 2 * Hkv) * hd;
     float tmp[1024];
     for (int t = 0; t < T; t++) {
@@ -56,13 +56,9 @@ extern "C" void cad_qkv_rope(const float *qkv, const float *bias, const int64_t 
                 std::copy(tmp, tmp + hd, q_out + ((size_t)t * H + h) * hd);
                 continue;
             }
-            /* a key or a value: into its cache slot, a float or (half) rounded to the nearest half */
-            const size_t at = ((size_t)(h < H + Hkv ? h - H : h - H - Hkv) * cap + slot0 + t) * hd;
-            void *cache = h < H + Hkv ? kc : vc;
-            if (half)
-                narrow(tmp, (_Float16 *)cache + at, hd);
-            else
-                std::copy(tmp, tmp + hd, (float *)cache + at);
+            /* a key or a value: into its cache slot, as a float, a half or a q8_0 row (`kv`) */
+            const size_t at = (size_t)(h < H + Hkv ? h - H : h - H - Hkv) * cap + slot0 + t;
+            kv_narrow(kv, tmp, (char *)(h < H + Hkv ? kc : vc) + at * kv_row_bytes(kv, hd), hd);
         }
     }
 }
@@ -96,3 +92,13 @@ extern "C" void cad_glu(const float *gu, float *out, int T, int F, int act, int 
 /* A full memory fence: the sync words two processes share in the arena (actors/syncarea.py) are
  * written after, and read before, the data they hand over. */
 extern "C" void cad_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+/* n float rows of d into q8_0 rows (out: n d / 32 * 34 bytes), and back: a write to a q8 cache outside the fused
+ * one, and a read of one outside the attention (models/attention.py `store`, `floats`), the same bits as theirs. */
+extern "C" void cad_q8_rows(const float *x, uint8_t *out, int n, int d) {
+    for (int r = 0; r < n; r++) q8_narrow(x + (size_t)r * d, out + (size_t)r * kv_row_bytes(KV_Q8, d), d);
+}
+
+extern "C" void cad_q8_floats(const uint8_t *rows, float *out, int n, int d) {
+    for (int r = 0; r < n; r++) q8_widen(rows + (size_t)r * kv_row_bytes(KV_Q8, d), out + (size_t)r * d, d);
+}

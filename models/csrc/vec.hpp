@@ -74,9 +74,17 @@ static inline v8f v8_exp(v8f x) {
 
 static inline float scalar_exp(float x) { return v8_exp(v8_splat(x))[0]; }
 
-/* A KV cache's IEEE half row (--kv-dtype f16) as floats: exact, so what follows sums the same floats in the
- * same order as over a float cache holding the rounded values; the compiler's F16C conversions where the
- * build has them. */
+/* What a KV cache holds (--kv-dtype): floats, IEEE halves, or rows of llama.cpp's q8_0 blocks (a half scale d,
+ * then 32 int8 q; the value q d). A cache row of D values is D floats, D halves or D / 32 * 34 bytes. */
+enum { KV_F32 = 0, KV_F16 = 1, KV_Q8 = 2 };
+static constexpr int Q8_BLOCK = 32, Q8_BYTES = 34;
+
+static inline size_t kv_row_bytes(int kind, int D) {
+    return kind == KV_Q8 ? (size_t)D / Q8_BLOCK * Q8_BYTES : (size_t)D * (kind == KV_F16 ? 2 : 4);
+}
+
+/* A half cache row as floats: exact, so what follows sums the same floats in the same order as over a float
+ * cache holding the rounded values; the compiler's F16C conversions where the build has them. */
 static inline void widen(const _Float16 *src, float *dst, int n) {
     for (int i = 0; i < n; i++) dst[i] = (float)src[i];
 }
@@ -84,6 +92,47 @@ static inline void widen(const _Float16 *src, float *dst, int n) {
 /* Floats into a half cache row, rounded to nearest even (as torch's .half() rounds). */
 static inline void narrow(const float *src, _Float16 *dst, int n) {
     for (int i = 0; i < n; i++) dst[i] = (_Float16)src[i];
+}
+
+/* A q8_0 row as floats, as llama.cpp's dequantize_row_q8_0: q times the scale widened. */
+static inline void q8_widen(const uint8_t *src, float *dst, int n) {
+    for (int b = 0; b < n / Q8_BLOCK; b++, src += Q8_BYTES, dst += Q8_BLOCK) {
+        _Float16 h;
+        memcpy(&h, src, 2);
+        const float d = (float)h;
+        const int8_t *q = (const int8_t *)(src + 2);
+        for (int i = 0; i < Q8_BLOCK; i++) dst[i] = (float)q[i] * d;
+    }
+}
+
+/* Floats into a q8_0 row, as llama.cpp's quantize_row_q8_0_ref: d = max |x| / 127 kept as a half, each x
+ * rounded (half away from zero) to x / d, by the unrounded d. */
+static inline void q8_narrow(const float *src, uint8_t *dst, int n) {
+    for (int b = 0; b < n / Q8_BLOCK; b++, src += Q8_BLOCK, dst += Q8_BYTES) {
+        float amax = 0.0f;
+        for (int i = 0; i < Q8_BLOCK; i++) amax = fmaxf(amax, fabsf(src[i]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const _Float16 h = (_Float16)d;
+        memcpy(dst, &h, 2);
+        int8_t *q = (int8_t *)(dst + 2);
+        for (int i = 0; i < Q8_BLOCK; i++) q[i] = (int8_t)roundf(src[i] * id);
+    }
+}
+
+/* n cache values of a row (`kind`) as floats into dst, and floats into one. */
+static inline void kv_widen(int kind, const void *row, float *dst, int n) {
+    if (kind == KV_Q8)
+        q8_widen((const uint8_t *)row, dst, n);
+    else
+        widen((const _Float16 *)row, dst, n);
+}
+static inline void kv_narrow(int kind, const float *src, void *row, int n) {
+    if (kind == KV_Q8)
+        q8_narrow(src, (uint8_t *)row, n);
+    else if (kind == KV_F16)
+        narrow(src, (_Float16 *)row, n);
+    else
+        memcpy(row, src, (size_t)n * 4);
 }
 
 /* out[i] = silu(g[i]) * u[i] for one row of F: what cad_swiglu computes, shared with the expert kernel. */

@@ -492,12 +492,21 @@ def causal_lm(model_type: str):
     return AutoModelForCausalLM
 
 
-def tiny_hf(model_type: str, variant: str, folder: Path, spelling: int = 5, seed: int = 0) -> Path:
+def tiny_hf(
+    model_type: str, variant: str, folder: Path, spelling: int = 5, seed: int = 0, wide_heads: bool = False
+) -> Path:
     """A complete HF model directory of a tiny random model of the family: config.json spelled as transformers
-    `spelling` (4 or 5) wrote it, model.safetensors (float32), tokenizer.json and tokenizer_config.json."""
+    `spelling` (4 or 5) wrote it, model.safetensors (float32), tokenizer.json and tokenizer_config.json.
+    `wide_heads`: two attention heads of 32 (one KV head) instead of four of 16 (a q8 KV cache's blocks)."""
     if spelling not in (4, 5):
         raise ValueError(f"spelling is 4 or 5, not {spelling}")
     cfg = family_config(model_type, variant)
+    if wide_heads:
+        cfg.num_attention_heads, cfg.num_key_value_heads = 2, 1
+        cfg.allow_global_per_layer_attribute_access = True  # (Gemma 4: heads of their own size per kind of layer)
+        for name in ("head_dim", "global_head_dim"):
+            if getattr(cfg, name, None):
+                setattr(cfg, name, 32)
     torch.manual_seed(seed)
     cls = causal_lm(model_type)
     model = (cls.from_config if hasattr(cls, "from_config") else cls._from_config)(cfg, dtype=torch.float32)
@@ -506,6 +515,10 @@ def tiny_hf(model_type: str, variant: str, folder: Path, spelling: int = 5, seed
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     (folder / "generation_config.json").unlink(missing_ok=True)
+    if wide_heads:  # (set above to change the heads; transformers' own switch, no part of the model)
+        cfg5 = json.loads((folder / "config.json").read_text())
+        cfg5.pop("allow_global_per_layer_attribute_access", None)
+        (folder / "config.json").write_text(json.dumps(cfg5, indent=2, sort_keys=True) + "\n")
     if spelling == 4:
         cfg5 = json.loads((folder / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps(spell_4(cfg5), indent=2, sort_keys=True) + "\n")

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common.errors import CadenceError
 from models import kernels
 from models.attention import Visibility, attend
 
@@ -101,16 +102,30 @@ def test_from_mask_agrees_with_tree():
     assert torch.equal(attend(q, kc, vc, tree, 0.3), attend(q, kc, vc, again, 0.3))
 
 
-def test_torch_fallback_agrees_with_kernel(monkeypatch):
+def _as(kv: str, cache: torch.Tensor) -> torch.Tensor:
+    """A float cache [Hkv, cap, D] in --kv-dtype kv."""
+    if kv != "q8":
+        return cache.half() if kv == "f16" else cache
+    rows = torch.empty(*cache.shape[:2], cache.shape[2] // 32 * 34, dtype=torch.uint8)
+    for h in range(cache.shape[0]):
+        kernels.q8_rows(cache[h].contiguous(), rows[h])
+    return rows
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16", "q8"])
+def test_torch_fallback_agrees_with_kernel(monkeypatch, kv):
+    """The torch path (CUDA, no compiler) reads a float or half cache as the kernel does; a q8 cache, which only
+    the kernels read, is refused there in one sentence."""
     g = torch.Generator().manual_seed(3)
-    q, kc, vc = (
-        torch.randn(6, 4, 32, generator=g),
-        torch.randn(2, 30, 32, generator=g),
-        torch.randn(2, 30, 32, generator=g),
-    )
+    q = torch.randn(6, 4, 32, generator=g)
+    kc, vc = _as(kv, torch.randn(2, 30, 32, generator=g)), _as(kv, torch.randn(2, 30, 32, generator=g))
     vis = Visibility.tree(20, [-1, 0, 1, 0, 3, 3])
     fast = attend(q, kc, vc, vis, 0.2)
     monkeypatch.setattr(kernels, "available", lambda: False)
+    if kv == "q8":
+        with pytest.raises(CadenceError, match="q8 runs on cadence's CPU kernels"):
+            attend(q, kc, vc, vis, 0.2)
+        return
     slow = attend(q, kc, vc, vis, 0.2)
     assert (fast - slow).abs().max() < 1e-5
 
@@ -141,14 +156,34 @@ def test_a_half_cache_attends_as_a_float_cache_of_its_values():
     assert torch.equal(kh, kf.half()) and torch.equal(vh, vf.half()) and kh[:, 10:15].abs().sum() > 0
 
 
-def test_the_torch_fallback_reads_a_half_cache(monkeypatch):
-    g = torch.Generator().manual_seed(3)
-    q, kc, vc = (
-        torch.randn(6, 4, 32, generator=g),
-        torch.randn(2, 30, 32, generator=g),
-        torch.randn(2, 30, 32, generator=g),
-    )
-    vis = Visibility.tree(20, [-1, 0, 1, 0, 3, 3])
-    fast = attend(q, kc.half(), vc.half(), vis, 0.2)
-    monkeypatch.setattr(kernels, "available", lambda: False)
-    assert (fast - attend(q, kc.half(), vc.half(), vis, 0.2)).abs().max() < 1e-5
+def test_q8_rows_are_llama_cpp_s_q8_0_and_attend_as_their_values():
+    """--kv-dtype q8: a row is llama.cpp's q8_0 blocks to the byte (gguf-py's bit-exact copy of its reference
+    quantizer as the oracle), read back as its dequantized floats; the attention over a q8 cache is, to the bit,
+    the attention over a float cache of those values; the fused write quantizes as the kernels' own rows do."""
+    from gguf.quants import GGMLQuantizationType, quantize
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 100, 64, generator=g) * torch.rand(2, 100, 1, generator=g) * 4
+    x[0, 3, :32] = 0  # a block of zeros: scale 0
+    rows = torch.empty(2, 100, 68, dtype=torch.uint8)
+    for h in range(2):
+        kernels.q8_rows(x[h].contiguous(), rows[h])
+    ref = quantize(x.numpy(), GGMLQuantizationType.Q8_0)
+    assert torch.equal(rows, torch.from_numpy(ref).view(2, 100, 68))
+    values = torch.stack([kernels.q8_floats(rows[h], 64) for h in range(2)])
+    assert (values - x).abs().max() < x.abs().max() / 127
+    vrows = rows.flip(1).contiguous()  # other rows as the values
+    vvals = torch.stack([kernels.q8_floats(vrows[h], 64) for h in range(2)])
+    q, vis = torch.randn(5, 8, 64, generator=g), Visibility.tree(70, [-1, 0, 0, 1, 2])
+    assert torch.equal(attend(q, rows, vrows, vis, 0.125), attend(q, values, vvals, vis, 0.125))
+    qkv, pos = torch.randn(5, 12 * 64, generator=g), torch.arange(5, dtype=torch.int64) + 3
+    cos, sin = torch.randn(20, 64, generator=g), torch.randn(20, 64, generator=g)
+    kq, vq = torch.zeros(2, 100, 68, dtype=torch.uint8), torch.zeros(2, 100, 68, dtype=torch.uint8)
+    kf, vf = torch.zeros(2, 100, 64), torch.zeros(2, 100, 64)
+    kernels.qkv_rope(qkv, None, pos, cos, sin, kq, vq, 8, 10)
+    kernels.qkv_rope(qkv, None, pos, cos, sin, kf, vf, 8, 10)
+    for h in range(2):
+        for cache, floats in ((kq, kf), (vq, vf)):
+            want = torch.empty(5, 68, dtype=torch.uint8)
+            kernels.q8_rows(floats[h, 10:15].contiguous(), want)
+            assert torch.equal(cache[h, 10:15], want)

@@ -3,6 +3,7 @@ give the same bits on random shapes, odd ones included; a row alone is bit for b
 2..64 on every path; the AMX kernel's code runs on emulated tiles on any AVX-512 VNNI CPU; a path the CPU
 lacks is refused in one sentence, and skipped here with its name."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -95,11 +96,17 @@ def test_a_row_alone_equals_the_row_in_any_block(path, fmt, k):
             assert torch.equal(lin(x[i0 : i0 + m]), alone[i0 : i0 + m]), m
 
 
-@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+def _tiny(kv_dtype: str):
+    """The tiny Qwen 2, its heads 32 wide for q8 (its blocks are 32 keys' values)."""
+    return dataclasses.replace(TINY["qwen"], head_dim=32) if kv_dtype == "q8" else TINY["qwen"]
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "q8"])
 def test_a_tiny_model_gives_the_same_logits_on_every_path(path, kv_dtype):
     """The whole forward (attention, norms, rotary, SwiGLU and int4 products) is the same on each path, over float
-    caches and half ones (--kv-dtype f16: the F16C conversions of the x86-64-v3 builds round as the portable one)."""
-    args = TINY["qwen"]
+    caches, half ones and q8 ones (--kv-dtype: the F16C conversions of the x86-64-v3 builds round as the portable
+    one does, and q8_0 rows quantize alike)."""
+    args = _tiny(kv_dtype)
     w = TensorWeights(args, random_tensors(args, seed=4), fmt="int4")
     toks = torch.tensor([5, 77, 200, 12, 9, 150, 151, 2, 64, 33, 260, 101])
 
@@ -115,15 +122,15 @@ def test_a_tiny_model_gives_the_same_logits_on_every_path(path, kv_dtype):
         assert torch.equal(logits(), ref)
 
 
-@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "q8"])
 def test_a_batch_of_generations_gives_each_its_logits_alone_on_every_path(path, kv_dtype):
     """A batch's layer in one call over several caches (csrc/layer.cpp `cad_layer_many`): every generation's logits
-    are its forward's alone, on each path, and the same as the portable path's; over float caches and half ones."""
+    are its forward's alone, on each path, and the same as the portable path's; over float, half and q8 caches."""
     from models import layer_kernel
     from models.batch import Rows, forward_many_steps
     from models.weights import drive
 
-    args = TINY["qwen"]
+    args = _tiny(kv_dtype)
     w = TensorWeights(args, random_tensors(args, seed=4), fmt="int4")
     prompts = [torch.tensor([5, 77, 200, 12, 9]), torch.tensor([150, 151]), torch.tensor([2, 64, 33, 260, 101, 7, 8])]
 

@@ -21,11 +21,11 @@ from tests.scheduler.test_families_streamed import FAMILIES
 CYCLES = 8
 
 
-def _stores(tmp_path, mt, v):
+def _stores(tmp_path, mt, v, wide_heads: bool = False):
     """The target, and a draft of the same shape that agrees with it only in part (other weights)."""
     out = []
     for name, seed in (("target", 1), ("draft", 2)):
-        hf = tiny_hf(mt, v, tmp_path / f"hf-{name}", seed=seed)
+        hf = tiny_hf(mt, v, tmp_path / f"hf-{name}", seed=seed, wide_heads=wide_heads)
         out.append(WeightStore(convert(HFSource(hf), tmp_path / f"int4-{name}", "int4")))
     return out
 
@@ -70,24 +70,28 @@ def test_a_batch_through_the_separate_calls_gives_the_same_verdicts(tmp_path, mt
 HALF = [FAMILIES[i] for i in (0, 3, 11, 12, 15, 16)]
 
 
+@pytest.mark.parametrize("kv", ["f16", "q8"])
 @pytest.mark.parametrize("mt,v", HALF)
-def test_half_caches_give_the_target_alone_at_f16_and_each_generation_its_own_verdicts(tmp_path, mt, v):
-    """--kv-dtype f16 in every cache (the target's and the draft's): a tree writes what the target alone writes at
-    f16, token for token, and a batch gives each generation its verdicts alone, keys and values to the bit."""
-    target_store, draft_store = _stores(tmp_path, mt, v)
+def test_half_and_q8_caches_give_the_target_alone_at_their_dtype_and_each_generation_its_own_verdicts(
+    tmp_path, mt, v, kv
+):
+    """--kv-dtype f16 and q8 in every cache (the target's and the draft's): a tree writes what the target alone
+    writes at that dtype, token for token, and a batch gives each generation its verdicts alone, keys and values to
+    the bit."""
+    target_store, draft_store = _stores(tmp_path, mt, v, wide_heads=kv == "q8")
     target, draft = loading.load_store(target_store), loading.load_store(draft_store)
-    target.model.kv_dtype = draft.model.kv_dtype = "f16"
+    target.model.kv_dtype = draft.model.kv_dtype = kv
     for prompt in _prompts():
         want = generate_target(target, prompt, 24, SamplingConfig(), stop_at_eos=False)
         got = generate_speculative(target, draft, prompt, 24, SamplingConfig(), TreeConfig(width=6), stop_at_eos=False)
         assert got.new_ids == want.new_ids
-    _batch_against_alone(tmp_path, mt, v, one_call=True, kv_dtype="f16")
+    _batch_against_alone(tmp_path, mt, v, one_call=True, kv_dtype=kv)
 
 
 def _batch_against_alone(tmp_path, mt, v, one_call: bool, kv_dtype: str = "f32"):
     """Three generations verified alone (through the one-call layer kernel), and in batches (through
     `cad_layer_many`, or the separate calls): the same verdicts, tokens, keys and values."""
-    target_store, draft_store = _stores(tmp_path, mt, v)
+    target_store, draft_store = _stores(tmp_path / "batch", mt, v, wide_heads=kv_dtype == "q8")
     target, draft = loading.load_store(target_store).model, loading.load_store(draft_store).model
     batch_target = loading.load_store(target_store).model
     batch_target.layer_calls = one_call
@@ -117,7 +121,8 @@ def _batch_against_alone(tmp_path, mt, v, one_call: bool, kv_dtype: str = "f32")
             kb, vb, _ = b.verifier.cache.kv(i)
             assert torch.equal(ka, kb) and (va is vb is None or torch.equal(va, vb))  # a convolution: rows, None
             keys = a.verifier.cache.index[i][0] in ("full", "sliding")  # (a recurrent layer's rows: float32)
-            assert ka.dtype == (torch.float16 if kv_dtype == "f16" and keys else torch.float32)
+            want = {"f32": torch.float32, "f16": torch.float16, "q8": torch.uint8}[kv_dtype]
+            assert ka.dtype == (want if keys else torch.float32)
 
 
 def test_a_batch_mixes_sampled_and_greedy_generations_but_not_models(tmp_path):

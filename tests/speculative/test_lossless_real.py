@@ -194,12 +194,14 @@ def test_parallel_generations_over_actors_equal_target(reference, tmp_path, budg
         assert all(r["memory_plan"]["streamed_groups"] > 0 for r in rows)
 
 
-def test_half_kv_caches_over_actors_under_a_budget_equal_the_target_at_f16(pair, prompts, tmp_path):
-    """`--kv-dtype f16` at 768 MiB with two slots: the target streamed, the draft's caches, the slots' pool and the
-    verifier's all halves; each prompt's tokens are the target's alone with half caches, token for token."""
+@pytest.mark.parametrize("kv", ["f16", "q8"])
+def test_half_and_q8_kv_caches_over_actors_under_a_budget_equal_the_target_at_their_dtype(pair, prompts, tmp_path, kv):
+    """`--kv-dtype f16` (q8) at 768 MiB with two slots: the target streamed, the draft's caches, the slots' pool
+    and the verifier's all halves (q8_0 rows); each prompt's tokens are the target's alone with such caches, token
+    for token."""
     target, _ = pair
     chosen = [p for p in some_dev_prompts() if p["id"] in ("fib", "sql", "explain")]
-    target.model.kv_dtype = "f16"
+    target.model.kv_dtype = kv
     try:
         want = {p["id"]: generate_target(target, prompts[p["id"]], 48, SamplingConfig()).new_ids for p in chosen}
     finally:
@@ -209,9 +211,9 @@ def test_half_kv_caches_over_actors_under_a_budget_equal_the_target_at_f16(pair,
     env = dict(os.environ, CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
     cmd = [sys.executable, "-m", "launch.cli", "run", "--dtype", FMT, "--prompts", str(path), "--parallel", "2"]
     cmd += ["--max-new-tokens", "48", "--json", str(out), "--no-trace", "--memory-budget", "768MiB"]
-    p = subprocess.run(cmd + ["--kv-dtype", "f16"], capture_output=True, text=True, env=env, timeout=1800)
+    p = subprocess.run(cmd + ["--kv-dtype", kv], capture_output=True, text=True, env=env, timeout=1800)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert "kv_dtype=f16" in p.stdout + p.stderr
+    assert f"kv_dtype={kv}" in p.stdout + p.stderr
     rows = json.loads(out.read_text())
     assert {r["id"]: r["new_token_ids"] for r in rows} == want
     assert all(r["memory_plan"]["streamed_groups"] > 0 for r in rows) and sum(r["stats"]["accepted"] for r in rows) > 0
