@@ -116,7 +116,7 @@ def main(argv=None) -> None:
     p.add_argument("--gguf", default=None, help="the GGUF it runs (default: the pulled default target's)")
     p.add_argument("--llama-clients", default=None, help="llama-server's -np values (default: 1 and --clients)")
     p.add_argument("--ours-from", default=None, help="our rows from an earlier --out (llama-server's runs only)")
-    p.add_argument("--kv-dtypes", default="f32", help="the servers' --kv-dtype, each run of several clients at each")
+    p.add_argument("--kv-dtypes", default="f32", help="the servers' --kv-dtype: every run at each")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     kvs = a.kv_dtypes.split(",")
@@ -126,7 +126,8 @@ def main(argv=None) -> None:
         got = json.loads(Path(a.ours_from).read_text())
         singles, many = got["singles"], got["many"]
     else:
-        singles = [run(a.memory_budget, 1, 1, d, prompts, a.max_tokens) for d in a.single_drafts.split(",")]
+        drafts = a.single_drafts.split(",")
+        singles = [run(a.memory_budget, 1, 1, d, prompts, a.max_tokens, kv) for kv in kvs for d in drafts]
         many = [run(a.memory_budget, n, n, "auto", prompts, a.max_tokens, kv) for n in ns for kv in kvs]
         if a.serve_default:  # the most clients against serve's own choice of slots (--parallel 0)
             many += [run(a.memory_budget, 0, max(ns), "auto", prompts, a.max_tokens, kv) for kv in kvs]
@@ -145,6 +146,9 @@ def main(argv=None) -> None:
 
 def table(a, prompts, singles, many, llama) -> None:
     best = max(singles, key=lambda r: r["tok_s"])
+    first = {}  # each KV dtype's first single run: the text every run at that dtype must write
+    for r in singles:
+        first.setdefault(r.get("kv", "f32"), r)
     print(f"budget {a.memory_budget or 'none (resident)'}; {len(prompts)} prompts, {a.max_tokens} new tokens each")
     print(f"{'':<44}{'tok/s':>8}{'x one':>7}{'TTFT med':>10}{'peak held':>11}  equal  plan")
     for r in singles + many + llama:
@@ -155,7 +159,8 @@ def table(a, prompts, singles, many, llama) -> None:
         )
         ttft = statistics.median(x["ttft_s"] for x in r["rows"].values() if x["ttft_s"] is not None)
         peak = f"{r['peak_held'] / 2**20:.0f} MiB" if r["peak_held"] else "-"
-        same = all(r["rows"][k]["text"] == best["rows"][k]["text"] for k in best["rows"]) if ours and not kv else "-"
+        ref = first.get(r.get("kv", "f32")) if ours else None
+        same = all(r["rows"][k]["text"] == ref["rows"][k]["text"] for k in ref["rows"]) if ref else "-"
         print(
             f"{label:<44}{r['tok_s']:>8.2f}{r['tok_s'] / best['tok_s']:>7.2f}{ttft:>9.2f}s{peak:>11}  {same!s:<5}  "
             f"{' | '.join(r['plan'])[:120]}"
