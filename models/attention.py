@@ -79,8 +79,7 @@ def store(cache: torch.Tensor, slot0: int, rows: torch.Tensor) -> None:
     if cache.dtype != torch.uint8:
         cache[:, slot0 : slot0 + T] = rows.transpose(0, 1)
         return
-    if not kernels.available():
-        raise CadenceError("--kv-dtype q8 runs on cadence's CPU kernels; use --kv-dtype f16 here")
+    _q8_kernels()
     for h in range(cache.shape[0]):
         kernels.q8_rows(rows[:, h].float().contiguous(), cache[h, slot0 : slot0 + T])
 
@@ -90,9 +89,14 @@ def floats(cache: torch.Tensor, d: int, n: int | None = None) -> torch.Tensor:
     part = cache[:, :n] if n is not None else cache
     if cache.dtype != torch.uint8:
         return part.float()
+    _q8_kernels()
+    return torch.stack([kernels.q8_floats(part[h].contiguous(), d) for h in range(part.shape[0])])
+
+
+def _q8_kernels() -> None:
+    """A q8 cache is written and read by the kernels only (its blocks: csrc/vec.hpp)."""
     if not kernels.available():
         raise CadenceError("--kv-dtype q8 runs on cadence's CPU kernels; use --kv-dtype f16 here")
-    return torch.stack([kernels.q8_floats(part[h].contiguous(), d) for h in range(part.shape[0])])
 
 
 def lanes(fn, x: torch.Tensor, group: int = 1) -> torch.Tensor:
