@@ -20,10 +20,10 @@ Requests that leave `temperature` out get the server's own (0: greedy, the targe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import queue
-import sys
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -41,6 +41,8 @@ from common.errors import PromptError
 from serve import logprobs
 from serve.generator import Generator, Job
 from engine import tools
+from serve import choices
+from serve.metrics import AccessLog
 from serve.requests import Ask, ClientError, parse_json, read_ask
 from serve.structured import forced_call_grammar
 
@@ -68,34 +70,6 @@ class ServeConfig:
         """Names a request may give the served model by: its id, and for a file its name and stem."""
         p = Path(self.model)
         return {self.model, p.name, p.stem}
-
-
-class AccessLog:
-    """One line per request on stderr, after its response has gone (a stream's last event included): method,
-    path, status, the tokens it generated, seconds; as llama-server and uvicorn users expect to see."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        t0, status = time.perf_counter(), [0]
-        scope.setdefault("state", {})
-
-        async def sending(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            job = scope["state"].get("job")
-            tokens = f" {job.tokens} tokens" if job is not None and job.tokens is not None else ""
-            code = status[0] or 499  # no response started: the client left first
-            line = f"{scope['method']} {scope['path']} {code}{tokens} {time.perf_counter() - t0:.2f} s"
-            print(line, file=sys.stderr, flush=True)
 
 
 def error(e: ClientError) -> JSONResponse:
@@ -176,15 +150,13 @@ class Api:
         try:
             self._guard(request)
             self._loaded()
-            ask = read_ask(parse_json(await self._body(request)), chat, rid, self.cfg.aliases())
-            ask = await self._prepare(ask)
+            bodies, n = choices.split(parse_json(await self._body(request)), chat, self.gen.jobs.maxsize)
+            asks = [await self._prepare(read_ask(b, chat, rid, self.cfg.aliases())) for b in bodies]
         except ClientError as e:
             return error(e)
-        job = Job(ask, asyncio.get_running_loop())
-        request.state.job = job  # its tokens, for the access log
-        try:
-            self.gen.jobs.put_nowait(job)
-        except queue.Full:
+        jobs = [Job(ask, asyncio.get_running_loop()) for ask in asks]
+        request.state.job = jobs[0] if len(jobs) == 1 else choices.Jobs(jobs)  # its tokens, for the access log
+        if not self._queued(jobs):
             self.gen.stats.rejected += 1
             busy = error(
                 ClientError(
@@ -194,9 +166,29 @@ class Api:
             busy.headers["Retry-After"] = str(RETRY_AFTER_S)
             return busy
         self.gen.stats.requests += 1
-        if ask.stream:
-            return EventSourceResponse(self._events(job, rid), ping=15, send_timeout=30)
-        return await self._whole(request, job, rid)
+        if asks[0].stream:
+            events = self._events(jobs[0], rid) if len(jobs) == 1 else self._several_events(jobs, rid, n)
+            return EventSourceResponse(events, ping=15, send_timeout=30)
+        try:
+            answers = await choices.gathered([self._whole(request, job, rid) for job in jobs], JSONResponse)
+        finally:
+            for job in jobs:  # one choice failed, or the request's task was cancelled: the others stop too
+                self.gen.left(job)
+        if isinstance(answers, JSONResponse):
+            return answers
+        return JSONResponse(answers[0] if len(jobs) == 1 else choices.merge(answers, n))
+
+    def _queued(self, jobs: list[Job]) -> bool:
+        """All the request's generations queued, or none (the queue had no room for them all)."""
+        for i, job in enumerate(jobs):
+            try:
+                self.gen.jobs.put_nowait(job)
+            except queue.Full:
+                for put in jobs[:i]:  # taken back: not counted as cancelled by a client
+                    put.cancelled.set()
+                    self.gen.jobs.discard(put)
+                return False
+        return True
 
     def _loaded(self) -> None:
         if not self.gen.ready.is_set():
@@ -254,7 +246,7 @@ class Api:
                 return self._failed(kind, value, job)
             else:
                 done = value if kind == "done" else None
-                return JSONResponse(self._response(job, rid, done.text if done else value, done))
+                return self._response(job, rid, done.text if done else value, done)
 
     def _failed(self, kind: str, value, job: Job) -> JSONResponse:
         if kind == "client_error":
@@ -290,12 +282,34 @@ class Api:
             "usage": usage(done),
         }
 
-    async def _events(self, job: Job, rid: str):
+    async def _several_events(self, jobs: list[Job], rid: str, n: int):
+        """The choices' streams interleaved (serve/choices.py), then the usage summed where asked, one [DONE]."""
+        streams = [self._events(job, rid, i, alone=False) for i, job in enumerate(jobs)]
+        try:
+            async with contextlib.aclosing(choices.interleave(streams)) as events:
+                async for event in events:
+                    if event is choices.FAILED:
+                        return
+                    yield event
+                    if event["data"].startswith('{"error"'):
+                        return
+        finally:
+            for job in jobs:
+                self.gen.left(job)
+        if jobs[0].ask.include_usage:
+            head = {"id": rid, "object": "chat.completion.chunk" if jobs[0].ask.chat else "text_completion"}
+            head |= {"created": int(time.time()), "model": self.cfg.model, "system_fingerprint": self.cfg.fingerprint}
+            summed = choices.summed([usage(j.done) for j in jobs], n)
+            yield {"data": json.dumps(head | {"choices": [], "usage": summed})}
+        yield {"data": "[DONE]"}
+
+    async def _events(self, job: Job, rid: str, index: int = 0, alone: bool = True):
+        """A choice's server-sent events; `alone`: the request's only one, which ends the stream itself."""
         chat = job.ask.chat
         kind_name = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(delta: str | None, finish: str | None = None, role: bool = False, call: dict | None = None, lp=None):
-            c = {"index": 0, "finish_reason": finish, "logprobs": lp}
+            c = {"index": index, "finish_reason": finish, "logprobs": lp}
             if chat:
                 c["delta"] = ({"role": "assistant"} if role else {}) | ({"content": delta} if delta is not None else {})
                 c["delta"] |= {"tool_calls": [call]} if call is not None else {}
@@ -344,6 +358,8 @@ class Api:
                     }
                     return
                 elif kind == "cancelled":
+                    if not alone:  # the server stopping it: the whole stream ends, as a choice alone's does
+                        yield choices.FAILED
                     return
                 else:
                     for event in pieces(calls.finish()) if calls is not None else []:
@@ -351,6 +367,8 @@ class Api:
                     finish = value.finish_reason if kind == "done" else "stop"
                     lp = logprobs.of(job.ask, value if kind == "done" else None, self.gen.llm.runner.tokenizer)
                     yield {"data": chunk(None, "tool_calls" if made and finish == "stop" else finish, lp=lp)}
+                    if not alone:
+                        return
                     if job.ask.include_usage:
                         yield {"data": envelope([], usage=usage(value if kind == "done" else None))}
                     yield {"data": "[DONE]"}

@@ -34,10 +34,11 @@ class Job:
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     tokens: int | None = None  # the tokens it generated, once done (the access log's)
+    done: object = None  # its Completion, once done
 
     def put(self, kind: str, value=None) -> None:
         if kind == "done":
-            self.tokens = len(value.token_ids)
+            self.tokens, self.done = len(value.token_ids), value
         self.loop.call_soon_threadsafe(self.out.put_nowait, (kind, value))
 
 

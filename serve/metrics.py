@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import time
+
 from serve.generator import Generator
 
 
@@ -85,3 +88,31 @@ def run_info(plan) -> list[str]:
 
 def _escape(v) -> str:
     return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class AccessLog:
+    """One line per request on stderr, after its response has gone (a stream's last event included): method,
+    path, status, the tokens it generated, seconds; as llama-server and uvicorn users expect to see."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0, status = time.perf_counter(), [0]
+        scope.setdefault("state", {})
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            job = scope["state"].get("job")
+            tokens = f" {job.tokens} tokens" if job is not None and job.tokens is not None else ""
+            code = status[0] or 499  # no response started: the client left first
+            line = f"{scope['method']} {scope['path']} {code}{tokens} {time.perf_counter() - t0:.2f} s"
+            print(line, file=sys.stderr, flush=True)

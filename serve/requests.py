@@ -165,8 +165,8 @@ def read_ask(body: dict, chat: bool, rid: str, models: set[str]) -> Ask:
             "not_found_error",
         )
     _check_others(body, chat)
-    if body.get("n", 1) != 1:
-        raise ClientError(400, "n must be 1: one choice per request", "n")
+    if body.get("n", 1) not in (1, None):  # serve/choices.py makes one body a choice
+        raise ClientError(400, "n must be 1 here: one choice per generation", "n")
     tools, choice = _tools(body) if chat else ((), "auto")
     prompt = (
         Prompt(rid, "chat", "", chat=True, messages=tuple(_messages(body)), tools=tuple(tools))
@@ -320,14 +320,14 @@ def _text(s: str, where: str) -> str:
 
 def _completion_prompt(rid: str, body: dict) -> Prompt:
     """A completion's prompt: its text, or its token ids (a list of integers, as lm-evaluation-harness sends), or a
-    list of one of those."""
+    list of one of those (a list of several: one body each, serve/choices.py)."""
     p = body.get("prompt")
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]
     if isinstance(p, list) and p and all(_integer(t) and t >= 0 for t in p):
         return Prompt(rid, "complete", "", chat=False, ids=tuple(p))
     if not isinstance(p, str):
-        raise ClientError(400, "prompt must be a string or a list of token ids (one prompt per request)", "prompt")
+        raise ClientError(400, "prompt must be a string, a list of token ids, or a list of those", "prompt")
     return Prompt(rid, "complete", _text(p, "prompt"), chat=False)
 
 

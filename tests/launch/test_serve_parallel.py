@@ -129,6 +129,65 @@ def test_a_prompt_longer_than_a_slots_share_is_served_from_the_kv_pool(server):
     assert r.status_code == 400 and "prompt" in r.text, r.text
 
 
+def _post(base: str, path: str, body: dict) -> dict:
+    r = httpx.post(f"{base}{path}", headers=KEY, json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _streamed(base: str, body: dict) -> tuple[dict[int, str], list[str]]:
+    """A streamed request's text by choice index, and its data lines that were not chunks of a choice."""
+    texts: dict[int, str] = {}
+    others = []
+    with httpx.stream("POST", f"{base}/v1/completions", headers=KEY, json=body | {"stream": True}, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                data = line[5:].strip()
+                chunk = None if data == "[DONE]" else json.loads(data)
+                if chunk is None or not chunk["choices"]:
+                    others.append(data)
+                for c in chunk["choices"] if chunk else []:
+                    texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+    return texts, others
+
+
+def test_a_list_of_prompts_and_n_choices_are_each_what_one_request_gets(server):
+    """A completions `prompt` that is a list of prompts (texts and token ids), and `n` > 1: one generation a choice,
+    side by side in the slots; greedy, choice i is prompt i's text alone; sampled with a seed, the first of a
+    prompt's n is that prompt alone with the seed, the others differ, and the same request gives the same choices.
+    Streamed, the chunks carry their choice's index and one [DONE] ends them; the usage is summed."""
+    base, _, _ = server
+    ids = [17, 4, 99, 12]
+    prompts = [PROMPTS[0], PROMPTS[1], ids]
+    alone = [_post(base, "/v1/completions", {"prompt": p, "max_tokens": 12, "temperature": 0}) for p in prompts]
+    both = _post(base, "/v1/completions", {"prompt": prompts, "max_tokens": 12, "temperature": 0})
+    assert [c["index"] for c in both["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in both["choices"]] == [a["choices"][0]["text"] for a in alone]
+    for key in ("prompt_tokens", "completion_tokens"):
+        assert both["usage"][key] == sum(a["usage"][key] for a in alone)
+    texts, others = _streamed(
+        base, {"prompt": prompts, "max_tokens": 12, "temperature": 0, "stream_options": {"include_usage": True}}
+    )
+    assert texts == {i: a["choices"][0]["text"] for i, a in enumerate(alone)}
+    assert others[-1] == "[DONE]" and others.count("[DONE]") == 1
+    assert json.loads(others[-2])["usage"] == both["usage"]
+
+    sampled = {"max_tokens": 12, "temperature": 1.0, "seed": 5}
+    alone = [_post(base, "/v1/completions", sampled | {"prompt": PROMPTS[2], "seed": s}) for s in (5, 6)]
+    four = {"prompt": [PROMPTS[2], PROMPTS[3]], "n": 2}
+    got = [c["text"] for c in _post(base, "/v1/completions", sampled | four)["choices"]]
+    assert got[:2] == [a["choices"][0]["text"] for a in alone]  # prompt 0's two samples: seeds 5 and 6
+    assert got[0] != got[1] and got[2] != got[3]
+    assert [c["text"] for c in _post(base, "/v1/completions", sampled | four)["choices"]] == got
+    chat = _post(base, "/v1/chat/completions", sampled | {"messages": [{"role": "user", "content": "hi"}], "n": 3})
+    assert [c["index"] for c in chat["choices"]] == [0, 1, 2] and all(
+        c["message"]["role"] == "assistant" for c in chat["choices"]
+    )
+    r = httpx.post(f"{base}/v1/completions", headers=KEY, json={"prompt": "x", "n": 33, "max_tokens": 2}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "--queue" in r.text, r.text
+
+
 def test_sigterm_with_parallel_slots_leaves_nothing(server):
     base, p, before = server
     p.send_signal(signal.SIGTERM)
