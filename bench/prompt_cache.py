@@ -126,7 +126,7 @@ def pair_files() -> list[Path]:
     from engine.machine import ThisMachine
     from models.registry import DEFAULT_DRAFT
 
-    cfg, machine = RunConfig(), ThisMachine(lambda s: None)
+    cfg, machine = RunConfig.from_options(), ThisMachine(lambda s: None)
     stores = Path(machine.store(cfg.target, cfg.dtype).dir).parent
     return [p for m in (cfg.target, DEFAULT_DRAFT) for p in stores.glob(f"{m}-*/*.bin")]
 

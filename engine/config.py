@@ -55,7 +55,7 @@ class RunConfig:
     plan_sampling: bool = False  # plan room for sampling although the run's default is greedy (a server's requests)
     prompt_cache: str = "auto"  # auto, off, or a folder (speculative/prefixes.py; engine/memory.py `prompt_cache_of`)
     prompt_cache_ram: str | None = None  # its memory, e.g. "256MiB"; None: decide's
-    kv_dtype: str = "f32"  # the KV caches' keys and values: f32, f16 (half the rows' memory) or q8 (llama.cpp's q8_0)
+    kv_dtype: str = "f32"  # the engine's own (transformers' float caches); every door (engine/options.py) asks f16
 
     def __post_init__(self):
         if self.mode not in MODES:

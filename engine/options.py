@@ -229,10 +229,10 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "kv_dtype",
-        "f32",
-        "every KV cache's keys and values (the draft's too): f32; f16, half their memory, rounded to nearest; q8, "
-        "as llama.cpp's q8_0 (blocks of 32 int8 and a half scale), 0.27 of it; every speculative mode writes what "
-        "the target alone writes at the same dtype",
+        "f16",
+        "every KV cache's keys and values (the draft's too): f16, rounded to nearest, half the memory of f32 (as "
+        "llama.cpp's default); f32; q8, as llama.cpp's q8_0 (blocks of 32 int8 and a half scale), 0.27 of f32's; "
+        "every speculative mode writes what the target alone writes at the same dtype",
         choices=KV_DTYPES,
         group=MEMORY,
     ),

@@ -183,10 +183,11 @@ class RunPlan:
         new = f"up to {self.max_new_tokens} new" if self.max_new_tokens else "prompt and answer"
         head = f"{self.mode} {self.target_name} {self.format}{self.draft_words(fmt_=True)}"
         kv = "KV" if self.kv_dtype == "f32" else f"{self.kv_dtype} KV"  # (--kv-dtype)
+        pool = f"{'an' if self.kv_dtype == 'f16' else 'a'} {kv} pool"
         if self.parallel > 1:  # speculative/kvpool.py: each generation takes the rows it needs of the slots' pool
             most = min(self.target.args.context_length, self.parallel * self.context)
             return (
-                f"{head}; {self.parallel} slots (--parallel) sharing a {kv} pool of {self.parallel} x {self.context} "
+                f"{head}; {self.parallel} slots (--parallel) sharing {pool} of {self.parallel} x {self.context} "
                 f"tokens (a generation takes what it needs, up to {most}; {new})"
             )
         return f"{head}; {kv} caches for a context of {self.context} tokens ({new})"

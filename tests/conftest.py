@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -81,6 +82,27 @@ def real_model(name: str, fmt: str):
     if key not in _loaded:
         _loaded[key] = loading.load(name, fmt)
     return _loaded[key]
+
+
+def door_kv_dtype() -> str:
+    """The KV caches' dtype every door runs at unless told (--kv-dtype): what an in-process reference of a `launch`
+    run must use to be the target alone at the same dtype."""
+    from engine.config import RunConfig
+
+    return RunConfig.from_options().kv_dtype
+
+
+@contextlib.contextmanager
+def kv_dtype_of(models, dtype: str):
+    """`models` (loaded models, shared by the session) with caches of `dtype` for the block, then as they were."""
+    was = [m.model.kv_dtype for m in models]
+    for m in models:
+        m.model.kv_dtype = dtype
+    try:
+        yield models
+    finally:
+        for m, d in zip(models, was):
+            m.model.kv_dtype = d
 
 
 @pytest.fixture(scope="session")

@@ -108,7 +108,7 @@ def test_launch_plan_and_launch_run_decide_alike(tiny_gguf, tmp_path):
         "run", *opts, "--prompt", "a b c", "--max-new-tokens", "4", "--no-monitor", "--json", str(out), home=tmp_path
     )
     row = json.loads(out.read_text())[0]
-    assert f"tree {tiny_gguf} int4, draft {tiny_gguf} int4; KV caches for a context of 512 tokens" in printed
+    assert f"tree {tiny_gguf} int4, draft {tiny_gguf} int4; f16 KV caches for a context of 512 tokens" in printed
     assert "of 600 MiB budget" in printed and "resident: layer 0-1; head 0" in printed
     assert row["memory_budget_bytes"] == 600 << 20 and row["draft"] == str(tiny_gguf)
     assert row["memory_plan"]["resident_groups"] == 3 and row["memory_plan"]["streamed_groups"] == 0
@@ -123,7 +123,7 @@ def test_parallel_slots_each_have_their_kv_caches_in_the_plan(tiny_gguf, machine
     from engine.memory import batch_width, kv_rows
     from speculative.batch import WIDEST
 
-    assert four.parallel == 4 and four.memory.target_kv == 4 * four.target.args.kv_bytes(kv_rows(four))
+    assert four.parallel == 4 and four.memory.target_kv == 4 * four.target.args.kv_bytes(kv_rows(four), "f16")
     assert four.memory.target_kv > 4 * one.memory.target_kv > 0  # each slot's room for the widest tree it may get
     assert four.memory.draft_kv > 4 * one.memory.draft_kv
     # a slot's tree may take the others' rows (at most WIDEST); the draft runs on up to twice a tree's nodes
@@ -133,7 +133,7 @@ def test_parallel_slots_each_have_their_kv_caches_in_the_plan(tiny_gguf, machine
     assert kv_rows(four) == four.context + w + 2 and kv_rows(four, draft=True) == 64 + 8 + 2 * w + 2
     shared = decide(RunConfig.from_options(**base, parallel=4), machine)
     assert shared.context == min(shared.target.args.context_length, 512)  # 2048 rows a budget's default, shared
-    assert f"4 slots (--parallel) sharing a KV pool of 4 x {shared.context} tokens" in shared.headline()
+    assert f"4 slots (--parallel) sharing an f16 KV pool of 4 x {shared.context} tokens" in shared.headline()
     with pytest.raises(Exception, match="--parallel -1 must be at least 1"):
         RunConfig.from_options(**base, parallel=-1)
 

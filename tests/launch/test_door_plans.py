@@ -16,7 +16,7 @@ from tests.launch.conftest import launch, serve
 def _from_plan(out: str) -> dict:
     """What `launch plan` decided: the draft, the slots, each slot's context, the groups resident, the total."""
     head = next(ln for ln in out.splitlines() if ln.startswith("tree "))
-    slots = re.search(r"; (\d+) slots \(--parallel\) sharing a KV pool of \d+ x (\d+) tokens", head)
+    slots = re.search(r"; (\d+) slots \(--parallel\) sharing an? (?:\w+ )?KV pool of \d+ x (\d+) tokens", head)
     one = re.search(r"KV caches for a context of (\d+) tokens", head)
     total = re.search(r"^  total +(\d+) MiB of", out, re.M)
     resident = re.search(r"^  target resident \((\d+) groups?\)", out, re.M)

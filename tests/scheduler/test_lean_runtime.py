@@ -48,16 +48,17 @@ def flash_assets() -> None:
 
 @pytest.fixture(scope="module")
 def reference():
-    """The resident target's greedy tokens for the prompt, in this process."""
+    """The resident target's greedy tokens for the prompt, in this process, with the caches `launch run` writes."""
     from common.settings import SamplingConfig
     from engine.prompts import Prompt, encode_prompt
     from speculative.generate import generate_target
-    from tests.conftest import real_model
+    from tests.conftest import door_kv_dtype, kv_dtype_of, real_model
 
     target = real_model("qwen2.5-coder-1.5b", "int4")
     p = next(p for p in dev_prompts() if p["id"] == "fib")
     ids, _ = encode_prompt(target.tokenizer, Prompt(p["id"], p["kind"], p["prompt"]), "auto")
-    return generate_target(target, ids, N, SamplingConfig()).new_ids
+    with kv_dtype_of((target,), door_kv_dtype()):
+        return generate_target(target, ids, N, SamplingConfig()).new_ids
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from common.settings import SamplingConfig
 from scheduler.errors import ActorDead
 from speculative.generate import generate_target
 from tests.launch.conftest import launch
-from tests.conftest import dev_prompts, real_model, run_until_role_killed, shm_segments
+from tests.conftest import dev_prompts, door_kv_dtype, kv_dtype_of, real_model, run_until_role_killed, shm_segments
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 N = 16
@@ -34,9 +34,10 @@ def _prompts():
 def reference():
     target = real_model("qwen2.5-coder-1.5b", "int4")
     out = {}
-    for p in _prompts():
-        ids, _ = encode_prompt(target.tokenizer, p, "auto")
-        out[p.id] = generate_target(target, ids, N, SamplingConfig()).new_ids
+    with kv_dtype_of((target,), door_kv_dtype()):  # the target alone with the caches a run's door writes
+        for p in _prompts():
+            ids, _ = encode_prompt(target.tokenizer, p, "auto")
+            out[p.id] = generate_target(target, ids, N, SamplingConfig()).new_ids
     return out
 
 
@@ -113,7 +114,8 @@ def test_a_budget_too_small_for_the_auto_draft_takes_it_lean_or_the_trie_and_say
     row = json.loads(out.read_text())[0]
     target = real_model("qwen2.5-coder-1.5b", "int4")
     ids, _ = encode_prompt(target.tokenizer, p, "off")
-    assert row["new_token_ids"] == generate_target(target, ids, 8, SamplingConfig()).new_ids
+    with kv_dtype_of((target,), door_kv_dtype()):
+        assert row["new_token_ids"] == generate_target(target, ids, 8, SamplingConfig()).new_ids
     assert row["mode"] == "tree" and row["memory_budget_bytes"] == int(budget[:-3]) << 20
     (line,) = [s for s in run.stderr.splitlines() if s.startswith("draft: ")]
     if budget == "520MiB":

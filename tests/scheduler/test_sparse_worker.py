@@ -13,7 +13,7 @@ from engine.config import RunConfig
 from common.settings import SamplingConfig
 from scheduler.errors import ActorDead
 from speculative.generate import generate_target
-from tests.conftest import dev_prompts, real_model, run_until_role_killed, shm_segments
+from tests.conftest import dev_prompts, door_kv_dtype, kv_dtype_of, real_model, run_until_role_killed, shm_segments
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 N = 24
@@ -56,7 +56,8 @@ def test_tree_with_the_sparse_worker_is_lossless_on_each_kind_of_dev_prompt(tmp_
         assert "sparse" in runner.sched.actors
         for p in _prompts()[half::2]:
             ids, _ = encode_prompt(target.tokenizer, p, "auto")
-            ref = generate_target(target, ids, N, SamplingConfig()).new_ids
+            with kv_dtype_of((target,), door_kv_dtype()):  # the caches the run's door writes
+                ref = generate_target(target, ids, N, SamplingConfig()).new_ids
             row = runner.run(p).row
             assert row["new_token_ids"] == ref, p.id
     assert shm_segments() <= before

@@ -16,7 +16,7 @@ from engine.prompts import Prompt, encode_prompt
 from common.settings import SamplingConfig
 from common.settings import TreeConfig
 from speculative.generate import generate_speculative, generate_target
-from tests.conftest import real_model, some_dev_prompts
+from tests.conftest import door_kv_dtype, kv_dtype_of, real_model, some_dev_prompts
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 N = 64  # the lossless check on every dev prompt; 64 tokens hold several verifications each
@@ -25,7 +25,10 @@ FMT = "int4"
 
 @pytest.fixture(scope="module")
 def pair():
-    return real_model("qwen2.5-coder-1.5b", FMT), real_model("qwen2.5-coder-0.5b", FMT)
+    """The pair with the caches every door writes unless told (f16): the references are the target alone at the
+    dtype `launch run` uses."""
+    with kv_dtype_of((real_model("qwen2.5-coder-1.5b", FMT), real_model("qwen2.5-coder-0.5b", FMT)), door_kv_dtype()):
+        yield real_model("qwen2.5-coder-1.5b", FMT), real_model("qwen2.5-coder-0.5b", FMT)
 
 
 @pytest.fixture(scope="module")
@@ -194,18 +197,15 @@ def test_parallel_generations_over_actors_equal_target(reference, tmp_path, budg
         assert all(r["memory_plan"]["streamed_groups"] > 0 for r in rows)
 
 
-@pytest.mark.parametrize("kv", ["f16", "q8"])
-def test_half_and_q8_kv_caches_over_actors_under_a_budget_equal_the_target_at_their_dtype(pair, prompts, tmp_path, kv):
-    """`--kv-dtype f16` (q8) at 768 MiB with two slots: the target streamed, the draft's caches, the slots' pool
-    and the verifier's all halves (q8_0 rows); each prompt's tokens are the target's alone with such caches, token
-    for token."""
+def test_q8_kv_caches_over_actors_under_a_budget_equal_the_target_at_their_dtype(pair, prompts, tmp_path):
+    """`--kv-dtype q8` (the default f16 is every other test's here) at 768 MiB with two slots: the target streamed,
+    the draft's caches, the slots' pool and the verifier's all q8_0 rows; each prompt's tokens are the target's alone
+    with such caches, token for token."""
+    kv = "q8"
     target, _ = pair
     chosen = [p for p in some_dev_prompts() if p["id"] in ("fib", "sql", "explain")]
-    target.model.kv_dtype = kv
-    try:
+    with kv_dtype_of((target,), kv):
         want = {p["id"]: generate_target(target, prompts[p["id"]], 48, SamplingConfig()).new_ids for p in chosen}
-    finally:
-        target.model.kv_dtype = "f32"
     path, out = tmp_path / "three.jsonl", tmp_path / "rows.json"
     path.write_text("".join(json.dumps(p) + "\n" for p in chosen))
     env = dict(os.environ, CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
