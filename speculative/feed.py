@@ -146,11 +146,13 @@ class DraftFeed:
         argmax of (the same penalties on the same text, the same draw at the same position, the same grammar's mask:
         models/sampling.py).
         A draft with a cut head gives logits for the tokens below its `head_rows` only, and its candidates are
-        among them (a tree's distributions 64 KB a node, not 600)."""
+        among them (a tree's distributions 64 KB a node, not 600). Where the grammar allows none of those, the
+        row is all zeros: no candidate (a softmax over nothing is NaN, which would plant forbidden tokens and price
+        every draft budget at NaN)."""
         if self.sampling.plain:
             return torch.softmax(logits.float(), -1)
         allowed = self.constraint.allowed(text) if self.constraint is not None else None
-        return torch.softmax(scores(logits, self.sampling, text, CANDIDATES, allowed), -1).float()
+        return torch.softmax(scores(logits, self.sampling, text, CANDIDATES, allowed), -1).float().nan_to_num_(0.0)
 
     def commit(self, slots: list[int], held: int = 0) -> None:
         """After a verdict: keep the entries of the pending `slots` (ascending, in the text's order), drop the

@@ -91,7 +91,9 @@ class CostModel:
         old = self.shape.get(arm)
         new = (c.forwards, c.rows, c.depth)
         self.shape[arm] = new if old is None else tuple(self.keep * a + (1 - self.keep) * b for a, b in zip(old, new))
-        if c.worth:  # one tree tells what each smaller budget's best nodes are worth
+        if c.worth and all(
+            map(math.isfinite, c.worth)
+        ):  # one tree tells what each smaller budget's best nodes are worth
             total = 0.0
             for k, w in enumerate(c.worth, 1):
                 total += w
@@ -170,7 +172,7 @@ class Governor:
     def choose(self) -> Arm:
         """The arm for the next cycle."""
         self.cycles += 1
-        known = {a: r for a in self.arms if (r := self.estimate(a)) is not None}
+        known = {a: r for a in self.arms if (r := self.estimate(a)) is not None and math.isfinite(r)}
         if self.plain and PLAIN not in self.rate and self.cycles > 1:
             return PLAIN  # measure the plain step once, early: the bar speculation has to clear
         if not known:
