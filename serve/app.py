@@ -297,16 +297,19 @@ class Api:
             for job in jobs:
                 self.gen.left(job)
         if jobs[0].ask.include_usage:
-            head = {"id": rid, "object": "chat.completion.chunk" if jobs[0].ask.chat else "text_completion"}
-            head |= {"created": int(time.time()), "model": self.cfg.model, "system_fingerprint": self.cfg.fingerprint}
             summed = choices.summed([usage(j.done) for j in jobs], n)
-            yield {"data": json.dumps(head | {"choices": [], "usage": summed})}
+            yield {"data": self._chunk(jobs[0].ask.chat, rid, [], usage=summed)}
         yield {"data": "[DONE]"}
+
+    def _chunk(self, chat: bool, rid: str, parts: list, **more) -> str:
+        """A streamed chunk of the response `rid`: its choices' `parts` (and `more`, the usage)."""
+        kind, cfg = "chat.completion.chunk" if chat else "text_completion", self.cfg
+        head = {"id": rid, "object": kind, "created": int(time.time()), "model": cfg.model}
+        return json.dumps(head | {"system_fingerprint": cfg.fingerprint, "choices": parts} | more)
 
     async def _events(self, job: Job, rid: str, index: int = 0, alone: bool = True):
         """A choice's server-sent events; `alone`: the request's only one, which ends the stream itself."""
         chat = job.ask.chat
-        kind_name = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(delta: str | None, finish: str | None = None, role: bool = False, call: dict | None = None, lp=None):
             c = {"index": index, "finish_reason": finish, "logprobs": lp}
@@ -315,11 +318,7 @@ class Api:
                 c["delta"] |= {"tool_calls": [call]} if call is not None else {}
             else:
                 c["text"] = delta or ""
-            return envelope([c])
-
-        def envelope(choices: list, **more) -> str:
-            head = {"id": rid, "object": kind_name, "created": int(time.time()), "model": self.cfg.model}
-            return json.dumps(head | {"system_fingerprint": self.cfg.fingerprint, "choices": choices} | more)
+            return self._chunk(chat, rid, [c])
 
         calls = tools.CallStream(job.ask.calls, tools.names(job.ask.prompt.tools)) if job.ask.calls else None
         made = []  # the calls sent
@@ -370,7 +369,7 @@ class Api:
                     if not alone:
                         return
                     if job.ask.include_usage:
-                        yield {"data": envelope([], usage=usage(value if kind == "done" else None))}
+                        yield {"data": self._chunk(chat, rid, [], usage=usage(value if kind == "done" else None))}
                     yield {"data": "[DONE]"}
                     return
         finally:
