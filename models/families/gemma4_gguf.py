@@ -6,7 +6,9 @@ KV-sharing layers' count and the per-layer embeddings' width. The full layers' p
 tensor that divides the frequencies of the pairs that rotate by 1 and those of the others by 1e30 (llama.cpp rotates
 the whole head). Norms are stored as they are applied (w, not Gemma 3's 1 + w). What the keys do not say, the
 tensors a file holds do: a full layer with keys and no `attn_v` takes its keys as its values (`attention_k_eq_v`),
-a KV-sharing layer has queries alone, and the per-layer embeddings' table has a row per token."""
+a KV-sharing layer has queries alone, and the per-layer embeddings' table has a row per token. A file with no
+`final_logit_softcapping` has its logits capped at 30, as llama.cpp runs it (its Gemma 4 default; every released
+Gemma 4 writes 30)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ GGUF_KEYS = frozenset(
     "attention.shared_kv_layers embedding_length_per_layer_input attention.key_length_swa attention.value_length_swa "
     "rope.dimension_count_swa".split()
 )
+LLAMA_CPP_CAP = 30.0  # the final logits' cap llama.cpp gives a Gemma 4 GGUF that writes none
+
 GGUF_NAMES = {
     "ple_gate": ("inp_gate",),
     "ple_out": ("proj",),
@@ -108,7 +112,7 @@ def gguf_fields(key, a: dict) -> dict:
         "ple_dim": int(key("embedding_length_per_layer_input", 0)),
         "embed_scale": a["dim"] ** 0.5,
         "attn_scale": 1.0,
-        "final_softcap": float(key("final_logit_softcapping", 0.0) or 0.0),
+        "final_softcap": float(key("final_logit_softcapping", LLAMA_CPP_CAP)),
         "rope_local_base": float(key("rope.freq_base_swa", 10000.0)),
         "rope_scaling": _proportional(a.get("rope_scaling"), full_head_dim),
     }

@@ -33,6 +33,9 @@ NORM_AFTER_GATE_IN_GGUF = {("falcon_h1", "normed")}
 # llama.cpp's converter folds Falcon-H1's embedding and head multipliers into those tensors too (no key holds them),
 # and every other multiplier in float32 as the HF reader folds them in float64
 MUP_FOLDED_IN_GGUF = {"falcon_h1"}
+# ... nor a Gemma 4 cap of the logits where the config has none: llama.cpp caps those at 30 (a GGUF of a released
+# Gemma 4 writes 30): the GGUF is the HF model capped
+CAPPED_IN_GGUF = {("gemma4_text", "ple"), ("gemma4_text", "moe")}
 NO_GGUF = {"olmo_hybrid"}  # llama.cpp has no architecture for it: read from an HF directory only
 
 
@@ -110,6 +113,8 @@ def test_both_spellings_and_the_gguf_read_the_same_model(built, mt, v):
         expect = type(a)(**{**expect.to_dict(), "ssm_norm": "gated"})
     if mt in MUP_FOLDED_IN_GGUF:
         expect = type(a)(**{**expect.to_dict(), "embed_scale": 1.0, "logits_div": 1.0})
+    if (mt, v) in CAPPED_IN_GGUF:
+        expect = type(a)(**{**expect.to_dict(), "final_softcap": 30.0})
     differ = {k for k, x in a.to_dict().items() if g.args.to_dict()[k] != expect.to_dict()[k]}
     if mt == "mistral":  # llama.cpp writes Mistral as a Llama: the same block
         assert g.args.arch == "llama"
@@ -153,6 +158,11 @@ def test_fp32_logits_and_greedy_tokens_are_transformers_own(built, tmp_path, mt,
     if source == "gguf" and (mt, v) in NO_CHUNK_IN_GGUF:
         pytest.skip("llama.cpp runs every Llama 4 GGUF with chunks of 8192: another model than HF's")
     src = HFSource(d5) if source == "hf" else GGUFSource(gguf)
+    if source == "gguf" and (mt, v) in CAPPED_IN_GGUF:
+        hf = causal_lm(mt).from_pretrained(
+            d5, dtype=torch.float32, attn_implementation="eager", final_logit_softcapping=30.0
+        )
+        hf = hf.eval()
     model = ours(src, tmp_path / "store")
     ids = prompt_ids(d5)
     with torch.no_grad():
