@@ -27,13 +27,14 @@ _I = ctypes.c_int
 _SIGNATURES = {
     "cad_attention": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I, _I],
     "cad_linear": [_P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I],
-    "cad_experts": [_P, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I],
+    "cad_experts": [_P, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I, _P, _I, ctypes.c_float, ctypes.c_float, _I],
     "cad_attn_dense": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, ctypes.c_float, _I, _I],
     "cad_attn_chunks": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, ctypes.c_float, _I, _I],
     "cad_attn_merge": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I],
     "cad_rmsnorm": [_P, _P, _P, _I, _I, ctypes.c_float],
     "cad_qkv_rope": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I],
     "cad_glu": [_P, _P, _I, _I, _I, _I],
+    "cad_oai_glu": [_P, _P, _I, _I, ctypes.c_float, ctypes.c_float],
     "cad_flash_ffn": [_P, _I, _I, _P, ctypes.c_long, _P, _I, _P, _I, _I],
     "cad_layer": [_P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I, _I],
     "cad_layer_many": [_P, _P, _I, _P, _I, _P, ctypes.c_float, ctypes.c_float, _I],
@@ -184,36 +185,6 @@ def linear(
     if m:
         lib().cad_linear(_ptr(x), _ptr(y), m, fmt, n, k, _ptr(w), *a, row0, torch.get_num_threads(), int(acc), ldy)
     return y
-
-
-def experts(
-    h: torch.Tensor,
-    ids: torch.Tensor,
-    top: torch.Tensor,
-    expert_ids: torch.Tensor,
-    table: torch.Tensor,
-    out: torch.Tensor,
-) -> torch.Tensor:
-    """out [T, D] += each token's routed experts (ids, top [T, k]) among `expert_ids` (int32 [E], ascending),
-    weighted, in one call (csrc/experts.cpp); table int64 [E, 2, 9]: each one's gate_up and down
-    (`QuantLinear.record`)."""
-    T, D = h.shape
-    assert out.is_contiguous() and out.shape == (T, D) and table.dtype == torch.int64
-    ids, top = ids.to(torch.int32).contiguous(), top.float().contiguous()
-    lib().cad_experts(
-        _ptr(h.contiguous()),
-        T,
-        D,
-        _ptr(ids),
-        _ptr(top),
-        ids.shape[1],
-        _ptr(expert_ids),
-        expert_ids.numel(),
-        _ptr(table),
-        _ptr(out),
-        torch.get_num_threads(),
-    )
-    return out
 
 
 CHUNK = 32  # keys per chunk of the canonical attention (csrc/attention.cpp: CH)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models import kernels
+from models import expert_kernel, kernels
 from models.attention import lanes
 from models.block_parts import l2_norm
 from models.requests import NeedExperts
@@ -71,10 +71,12 @@ def moe(model, i: int, w, h: torch.Tensor, r: torch.Tensor | None = None):
         part = used[lo : lo + n]
         experts = yield NeedExperts(i, part, lookahead)
         a = model.args
-        plain = not (a.expert_bias or a.router_scales_input) and a.act == "silu"  # the kernel's SwiGLU experts
-        tables = [experts[e].table for e in part] if model.fused and plain else [None]
+        tables = [experts[e].table for e in part] if model.fused and a.act == "silu" else [None]
         if all(t is not None for t in tables):  # one kernel call for the part (csrc/experts.cpp)
-            kernels.experts(h, ids, top, torch.tensor(part, dtype=torch.int32), torch.stack(tables), out)
+            biases = torch.stack([experts[e].biases for e in part]) if a.expert_bias else None
+            oai = (a.swiglu_alpha, a.swiglu_limit) if a.swiglu_limit else None
+            ids32 = torch.tensor(part, dtype=torch.int32)
+            expert_kernel.experts(h, ids, top, ids32, torch.stack(tables), out, biases, oai, a.router_scales_input)
             continue
         for e in part:
             rows, k = (ids == e).nonzero(as_tuple=True)
@@ -88,6 +90,8 @@ def moe(model, i: int, w, h: torch.Tensor, r: torch.Tensor | None = None):
 
 def ffn(model, gate_up, down, h: torch.Tensor) -> torch.Tensor:
     a = model.args
+    if a.swiglu_limit and model.fused:  # gpt-oss's activation as the expert kernel computes it
+        return down(expert_kernel.oai_glu(gate_up(h), a.swiglu_alpha, a.swiglu_limit))
     if a.swiglu_limit:  # gpt-oss: biases, a clamped gate and up, (up + 1) * gate * sigmoid(alpha * gate)
         gate, up = gate_up(h).chunk(2, dim=-1)
         gate, up = gate.clamp(max=a.swiglu_limit), up.clamp(min=-a.swiglu_limit, max=a.swiglu_limit)

@@ -21,9 +21,20 @@ import torch.nn.functional as F
 from models.attention import Visibility, lanes, padded
 
 
+_LAST_TAPS: list = [None, 0, None]  # the last forward's (visibility, kernel, taps): its every recurrent layer's
+
+
 def taps(vis: Visibility, kernel: int) -> torch.Tensor:
     """int64 [T, kernel]: the global slot of each row's j-th nearest ancestor (j = 0: the row itself), -1 before
-    the start of the context."""
+    the start of the context. Every recurrent layer of a forward reads the same visibility: computed once a forward."""
+    last_vis, last_kernel, last = _LAST_TAPS
+    if last_vis is vis and last_kernel == kernel:
+        return last
+    _LAST_TAPS[:] = [vis, kernel, _taps(vis, kernel)]
+    return _LAST_TAPS[2]
+
+
+def _taps(vis: Visibility, kernel: int) -> torch.Tensor:
     ptr, idx = vis.ptr.long(), vis.idx.long()
     count = ptr[1:] - ptr[:-1]  # each row's own slots (ancestors in this forward or pending, itself last)
     j = torch.arange(kernel).view(1, -1)
@@ -179,7 +190,10 @@ def _levels(at, a, T: int):
             for slot in chain[j:-1]:  # ancestors from earlier forwards (this forward's are in the memo)
                 s = memo[slot] = step(s, rows[slot - base], a)
             starts.append(s)
-        states = step(torch.stack(starts), rows[end + r - base : end + e - base], a)
+        if e - r == 1:  # a row alone (a chain's, a decode step's) is stepped as the fold steps a row: the same bits
+            states = step(starts[0], rows[end + r - base], a).unsqueeze(0)
+        else:
+            states = step(torch.stack(starts), rows[end + r - base : end + e - base], a)
         for i in range(r, e):
             if children.get(end + i):
                 memo[end + i] = states[i - r]
@@ -190,6 +204,8 @@ def _levels(at, a, T: int):
                     memo.pop(p, None)
         yield r, states
         r = e
+    if at.chains is not None and _one_chain(at, T):  # a decode step's state kept for the fold: it is the fold's own
+        at.chains[rows.data_ptr()] = (at.folded, end + T, states[-1])
 
 
 def gated_delta_net(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:

@@ -122,6 +122,15 @@ class ExpertWeights:
             return None
         return torch.tensor([x.record() for x in lins], dtype=torch.int64)
 
+    @cached_property
+    def biases(self) -> torch.Tensor:
+        """The addresses of both matrices' biases as the fused expert kernel reads them (int64 [2], 0: none); the
+        biases float32 and contiguous (`Linear.bias`, kept alive by this expert)."""
+        for x in (self.gate_up, self.down):
+            if x.bias is not None and (x.bias.dtype != torch.float32 or not x.bias.is_contiguous()):
+                x.bias = x.bias.float().contiguous()
+        return torch.tensor([0 if x.bias is None else x.bias.data_ptr() for x in (self.gate_up, self.down)])
+
 
 @dataclass
 class HeadPart:

@@ -19,6 +19,7 @@ constexpr int REC = 9; /* per matrix: format, N, K, row0, q, a1 .. a4 */
 
 struct Job {
     q::QW gu, dn;
+    const float *bgu, *bdn;  /* the biases of gate_up and down, or null */
     std::vector<int> rows;   /* tokens routed to this expert, ascending */
     std::vector<float> w;    /* their routing weights */
     q::QA x, s;              /* the rows of h, the SwiGLU outputs, quantized */
@@ -51,12 +52,18 @@ void my_tiles(std::vector<Job> &jobs, bool down, Fn fn) {
 
 /* h [T, D]; ids, top [T, k]: each token's experts and routing weights; expert_ids [E] (ascending) with
  * table [E, 2, REC]: each expert's gate_up ([2F, D]) and down ([D, F]) as qlinear.hpp matrices;
- * out [T, D] += the routed experts' weighted outputs. Tokens routed to none of the E experts are untouched. */
+ * out [T, D] += the routed experts' weighted outputs. Tokens routed to none of the E experts are untouched.
+ * biases: null, or [E, 2] addresses of each expert's gate_up and down biases (gpt-oss; 0: none), each added to
+ * its product as `y + b` is; act 0: SwiGLU, 2: gpt-oss's clamped one (alpha, limit); scale_input: the routing
+ * weight scales the expert's input, not its output (Llama 4: out[t] += y, the input x w quantized). */
 extern "C" void cad_experts(const float *h, int T, int D, const int32_t *ids, const float *top, int k,
-                            const int32_t *expert_ids, int E, const int64_t *table, float *out, int nthreads) {
+                            const int32_t *expert_ids, int E, const int64_t *table, float *out, int nthreads,
+                            const int64_t *biases, int act, float alpha, float limit, int scale_input) {
     std::vector<Job> jobs;
     for (int e = 0; e < E; e++) {
-        Job j{matrix(table + (size_t)e * 2 * REC), matrix(table + (size_t)e * 2 * REC + REC), {}, {}, {}, {}, {}, {}, {}};
+        const float *bgu = biases ? (const float *)biases[2 * e] : nullptr;
+        const float *bdn = biases ? (const float *)biases[2 * e + 1] : nullptr;
+        Job j{matrix(table + (size_t)e * 2 * REC), matrix(table + (size_t)e * 2 * REC + REC), bgu, bdn, {}, {}, {}, {}, {}, {}, {}};
         for (int t = 0; t < T; t++)
             for (int i = 0; i < k; i++)
                 if (ids[(size_t)t * k + i] == expert_ids[e]) j.rows.push_back(t), j.w.push_back(top[(size_t)t * k + i]);
@@ -69,7 +76,14 @@ extern "C" void cad_experts(const float *h, int T, int D, const int32_t *ids, co
         for (int i = id; i < nj; i += nt) {
             Job &j = jobs[i];
             const int me = (int)j.rows.size();
-            q::quantize_rows(h, j.rows.data(), me, D, q::act_rows(me), j.x);
+            if (scale_input) { /* x w, row by row, as the expert-by-expert path scales its input */
+                std::vector<float> xs((size_t)me * D);
+                for (int r = 0; r < me; r++)
+                    for (int d = 0; d < D; d++) xs[(size_t)r * D + d] = h[(size_t)j.rows[r] * D + d] * j.w[r];
+                q::quantize(xs.data(), me, D, q::act_rows(me), j.x);
+            } else {
+                q::quantize_rows(h, j.rows.data(), me, D, q::act_rows(me), j.x);
+            }
             j.g.resize((size_t)me * j.gu.N);
             j.act.resize((size_t)me * j.dn.K);
             j.y.resize((size_t)me * D);
@@ -80,7 +94,16 @@ extern "C" void cad_experts(const float *h, int T, int D, const int32_t *ids, co
         for (int i = id; i < nj; i += nt) {
             Job &j = jobs[i];
             const int me = (int)j.rows.size(), F = j.dn.K;
-            for (int r = 0; r < me; r++) swiglu_row(&j.g[(size_t)r * 2 * F], &j.g[(size_t)r * 2 * F + F], &j.act[(size_t)r * F], F);
+            if (j.bgu)
+                for (int r = 0; r < me; r++)
+                    for (int n = 0; n < 2 * F; n++) j.g[(size_t)r * 2 * F + n] = j.g[(size_t)r * 2 * F + n] + j.bgu[n];
+            for (int r = 0; r < me; r++) {
+                const float *g = &j.g[(size_t)r * 2 * F];
+                if (act == 2)
+                    oai_row(g, g + F, &j.act[(size_t)r * F], F, alpha, limit);
+                else
+                    swiglu_row(g, g + F, &j.act[(size_t)r * F], F);
+            }
             q::quantize(j.act.data(), me, F, q::act_rows(me), j.s);
         }
 #pragma omp barrier
@@ -90,8 +113,11 @@ extern "C" void cad_experts(const float *h, int T, int D, const int32_t *ids, co
         for (Job &j : jobs) /* experts in order: each token's sum in the order of the expert-by-expert path */
             for (size_t r = 0; r < j.rows.size(); r++) {
                 float *o = out + (size_t)j.rows[r] * D;
-                const float *y = &j.y[r * D], w = j.w[r];
-                for (int d = d0; d < d1; d++) o[d] = o[d] + y[d] * w;
+                const float *y = &j.y[r * D], w = scale_input ? 1.0f : j.w[r]; /* y 1 is y: out + y */
+                if (j.bdn)
+                    for (int d = d0; d < d1; d++) o[d] = o[d] + (y[d] + j.bdn[d]) * w;
+                else
+                    for (int d = d0; d < d1; d++) o[d] = o[d] + y[d] * w;
             }
     }
 }

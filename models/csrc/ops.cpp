@@ -89,6 +89,11 @@ extern "C" void cad_glu(const float *gu, float *out, int T, int F, int act, int 
     glu_for(gu, out, T, F, act == 1);
 }
 
+/* out [T, F] = gpt-oss's clamped SwiGLU of gu [T, 2F] = [gate | up] (vec.hpp oai_row). */
+extern "C" void cad_oai_glu(const float *gu, float *out, int T, int F, float alpha, float limit) {
+    for (int t = 0; t < T; t++) oai_row(gu + (size_t)t * 2 * F, gu + (size_t)t * 2 * F + F, out + (size_t)t * F, F, alpha, limit);
+}
+
 /* A full memory fence: the sync words two processes share in the arena (actors/syncarea.py) are
  * written after, and read before, the data they hand over. */
 extern "C" void cad_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }

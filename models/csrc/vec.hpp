@@ -145,6 +145,22 @@ static inline void swiglu_row(const float *g, const float *u, float *o, int F) {
     for (; i < F; i++) o[i] = g[i] / (scalar_exp(-g[i]) + 1.0f) * u[i];
 }
 
+/* gpt-oss's clamped SwiGLU for one row of F: out[i] = (clamp(u, -L, L) + 1) * (g' / (exp(-alpha g') + 1)), g' = min(g,
+ * L) (a NaN stays a NaN, as torch's clamp keeps it), shared by cad_oai_glu and the expert kernel. */
+static inline void oai_row(const float *g, const float *u, float *o, int F, float alpha, float limit) {
+    float xs[8], us[8];
+    for (int i = 0; i < F; i += 8) {
+        const int n = F - i < 8 ? F - i : 8;
+        for (int j = 0; j < 8; j++) {
+            const float gj = j < n ? g[i + j] : 0.0f, uj = j < n ? u[i + j] : 0.0f;
+            xs[j] = gj > limit ? limit : gj;
+            us[j] = uj > limit ? limit : uj < -limit ? -limit : uj;
+        }
+        const v8f x = v8_load(xs), y = (v8_load(us) + 1.0f) * (x / (v8_exp(-(x * alpha)) + 1.0f));
+        for (int j = 0; j < n; j++) o[i + j] = y[j];
+    }
+}
+
 /* out[i] = gelu_tanh(g[i]) * u[i] (Gemma's GeGLU): 0.5 x (1 + tanh(y)) = x / (1 + exp(-2y)), with
  * y = sqrt(2 / pi) (x + 0.044715 x^3), the exp above. */
 static inline void geglu_row(const float *g, const float *u, float *o, int F) {

@@ -103,8 +103,8 @@ def test_nodes_fed_one_forward_at_a_time_read_their_pending_ancestors(model):
 
 def test_a_long_prompt_runs_chunked_and_speculation_on_it_stays_lossless(tmp_path):
     """A prompt's chunk of CHUNKED rows or more runs the delta rule's chunked form (models/recurrent.py
-    `chunk_rule`), its end state kept for the fold: close to stepping token by token, and `tree` and `chain` after it
-    are the target's own tokens (both prefill alike)."""
+    `chunk_rule`), its end state kept for the fold: close to stepping token by token (whose end state is kept too,
+    the fold's own bits), and `tree` and `chain` after it are the target's own tokens (both prefill alike)."""
     from common.settings import SamplingConfig, TreeConfig
     from models import recurrent
     from speculative.generate import generate_speculative, generate_target
@@ -121,7 +121,11 @@ def test_a_long_prompt_runs_chunked_and_speculation_on_it_stays_lossless(tmp_pat
         saved, recurrent.CHUNKED = recurrent.CHUNKED, recurrent.CHUNKED if chunked else 1 << 30
         try:
             runs.append(m.forward(prompt, torch.arange(len(prompt)), cache)[-1])
-            assert bool(cache.chains) == chunked  # each delta-net layer's end state, for the fold
+            assert len(cache.chains) == len(m.args.rec_layers)  # each delta-net's end state kept for the fold
+            for j in range(len(m.args.rec_layers)) if not chunked else ():  # stepped: the fold's own state, to the bit
+                s = torch.zeros_like(cache.state[j])
+                recurrent.fold(s, cache.rec[j, : len(prompt)], m.args)
+                assert torch.equal(cache.chains[cache.rec[j].data_ptr()][2], s)
             cache.commit()
             runs.append(m.forward(torch.tensor([7]), torch.tensor([len(prompt)]), cache)[0])  # after the fold
         finally:
