@@ -204,6 +204,11 @@ def activation_bytes(
             + a["dim"]
             + 3 * (a.get("shared_ffn_dim") or 0)
         )
+    gdn = a.get("gdn_v_heads", 0) * a.get("gdn_k_dim", 0) * a.get("gdn_v_dim", 0) if a.get("gdn_layers") else 0
+    ssm = a.get("ssm_heads", 0) * a.get("ssm_head_dim", 0) * a.get("ssm_state", 0) if a.get("ssm_layers") else 0
+    # recurrent states (models/recurrent.py): each node of a verification steps its own, and a forward keeps every
+    # layer's last for the next forward's fold
+    states = 4 * (gdn + ssm) * (rows_verify + len(a.get("gdn_layers") or a.get("ssm_layers") or ()))
     width = head_rows or a["vocab_size"]
     scoring = 0  # what choosing from one row's logits holds beside them (the rows are chosen one at a time)
     if not greedy:  # every row's logits; one row's penalized copy, fp64 log-probabilities, noise and nucleus at once
@@ -212,7 +217,7 @@ def activation_bytes(
         logits = 4 * head_part
     else:  # the logits and their softmax (a draft's confidence), as wide as the head
         logits = 8 * width
-    return align(max(rows_prefill * per_row + logits, rows_verify * (per_row + logits)) + scoring)
+    return align(max(rows_prefill * per_row + logits, rows_verify * (per_row + logits)) + scoring + states)
 
 
 def measure_overheads(

@@ -136,3 +136,23 @@ def test_a_long_prompt_runs_chunked_and_speculation_on_it_stays_lossless(tmp_pat
     for cfg in (TreeConfig(), TreeConfig(mode="chain")):
         got = generate_speculative(target, target, prompt.tolist(), 16, SamplingConfig(), cfg, stop_at_eos=False)
         assert got.new_ids == reference and got.stats["accepted"] > 0, cfg.mode
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "granitemoehybrid"])
+def test_the_states_a_forward_keeps_for_the_fold_are_counted_in_its_activations(tmp_path, model_type):
+    """A decode step keeps each recurrent layer's last state for the next forward's fold (the fold's own bits, not
+    stepped again): the plan's activations (scheduler/generation/footprint.py) count those bytes beside a
+    verification's nodes' states."""
+    from scheduler.generation.footprint import activation_bytes
+
+    hf = tiny_hf(model_type, "plain", tmp_path / "hf", seed=1)
+    m = loading.load_store(WeightStore(convert(HFSource(hf), tmp_path / "s", "fp32"))).model
+    cache = m.new_cache(32)
+    m.forward(torch.arange(3, 10), torch.arange(7), cache)
+    cache.commit()
+    m.forward(torch.tensor([5]), torch.tensor([7]), cache)
+    kept = sum(state.numel() * state.element_size() for *_, state in cache.chains.values())
+    assert len(cache.chains) == len(m.args.rec_layers) and kept > 0
+    a = m.args.to_dict()
+    attention_only = {k: v for k, v in a.items() if k not in ("gdn_layers", "ssm_layers")}
+    assert activation_bytes(a, 1, 1) - activation_bytes(attention_only, 1, 1) >= kept
