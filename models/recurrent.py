@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from models import kernels
 from models.attention import Visibility, lanes, padded
 
 
@@ -244,11 +245,20 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> Non
 # -- Mamba-2 ------------------------------------------------------------------------------------------------------
 
 
+def _ssm_kernel(state: torch.Tensor, a) -> bool:
+    """Whether Mamba-2's states step and are read in the CPU kernels (csrc/ops.cpp: the same steps, one pass)."""
+    return state.device.type == "cpu" and state.dtype == torch.float32 and a.ssm_state <= 1024 and kernels.available()
+
+
 def ssm_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
     """A Mamba-2 state [H, P, N] after one more token: h <- exp(dt A) h + (dt B) x (transformers' selective state
     update, in its float steps), from the row's x, B, dt and exp(dt A)."""
     H, P, N, G = a.ssm_heads, a.ssm_head_dim, a.ssm_state, a.ssm_groups
     lo = a.ssm_conv_dim
+    if _ssm_kernel(state, a):  # the same products and sum, each rounded alike, in one pass over the state
+        offsets = (lo, lo + H * P, lo + H * P + G * N, lo + H * P + G * N + H)
+        flat, rows = state.reshape(-1, H, P, N).contiguous(), row.reshape(-1, row.shape[-1]).contiguous()
+        return kernels.ssm_step(flat, rows, (H, P, N, G), offsets).view(state.shape)
     x = row[..., lo : lo + H * P].unflatten(-1, (H, P))
     lo += H * P
     B = row[..., lo : lo + G * N].unflatten(-1, (G, N)).repeat_interleave(H // G, -2)
@@ -275,9 +285,13 @@ def mamba2(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
     dt = lanes(F.softplus, dt_raw + w.ssm_dt)
     rows[s0 : s0 + T, conv_dim:] = torch.cat([xs, br, dt, lanes(torch.exp, dt * A)], dim=-1)
     ys = torch.empty(T, H, P, dtype=x.dtype)
-    cs = cs.reshape(T, G, N).repeat_interleave(H // G, 1)  # [T, H, N]
+    fused = _ssm_kernel(at.v, a)
+    heads = cs if fused else cs.reshape(T, G, N).repeat_interleave(H // G, 1)  # [T, G * N] or [T, H, N]
     for r, s in _levels(at, a, T):
-        ys[r : r + len(s)] = (s * cs[r : r + len(s)].unsqueeze(-2)).sum(-1)
+        if fused:  # y = h C, each state read in one pass
+            ys[r : r + len(s)] = kernels.ssm_read(s.contiguous(), heads[r : r + len(s)], (H, P, N, G))
+        else:
+            ys[r : r + len(s)] = (s * heads[r : r + len(s)].unsqueeze(-2)).sum(-1)
     y = lanes2(torch.add, ys.view(T, -1), (w.ssm_d.view(H, 1) * xs.reshape(T, H, P)).view(T, -1))
     gate = lambda u, g: u * F.silu(g)  # noqa: E731
     z, rms = z.contiguous(), lambda t: _rms(t, a.norm_eps)  # noqa: E731

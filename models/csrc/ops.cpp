@@ -94,6 +94,41 @@ extern "C" void cad_oai_glu(const float *gu, float *out, int T, int F, float alp
     for (int t = 0; t < T; t++) oai_row(gu + (size_t)t * 2 * F, gu + (size_t)t * 2 * F + F, out + (size_t)t * F, F, alpha, limit);
 }
 
+/* n Mamba-2 states [n, H, P, N] a token further, into out: h' = h da + (dt B) x, each product and the sum rounded as
+ * torch's separate ops round them (models/recurrent.py `ssm_step`: the same bits). rows [n, ldr]: x [H, P] at xo,
+ * B [G, N] at bo, dt [H] at dto and exp(dt A) [H] at dao; a state alone or n of a tree's level, each on its own. */
+extern "C" void cad_ssm_step(const float *s, const float *rows, int ldr, int n, int H, int P, int N, int G, int xo,
+                             int bo, int dto, int dao, float *out, int nthreads) {
+#pragma omp parallel for num_threads(n * H > 1 ? nthreads : 1) schedule(static)
+    for (int ih = 0; ih < n * H; ih++) {
+        const int i = ih / H, h = ih % H, g = h / (H / G);
+        const float *row = rows + (size_t)i * ldr, da = row[dao + h], dt = row[dto + h], *B = row + bo + (size_t)g * N;
+        float dtb[1024];
+        for (int j = 0; j < N; j++) dtb[j] = dt * B[j];
+        for (int p = 0; p < P; p++) {
+            const size_t at = ((size_t)ih * P + p) * N;
+            const float x = row[xo + h * P + p];
+            for (int j = 0; j < N; j++) out[at + j] = s[at + j] * da + dtb[j] * x;
+        }
+    }
+}
+
+/* y [n, H, P] = each state's [n, H, P, N] rows . C [n, G, N] (C's rows ldc apart), summed in order over N. */
+extern "C" void cad_ssm_read(const float *s, const float *C, int ldc, int n, int H, int P, int N, int G, float *y,
+                             int nthreads) {
+#pragma omp parallel for num_threads(n * H > 1 ? nthreads : 1) schedule(static)
+    for (int ih = 0; ih < n * H; ih++) {
+        const int i = ih / H, h = ih % H, g = h / (H / G);
+        const float *c = C + (size_t)i * ldc + (size_t)g * N;
+        for (int p = 0; p < P; p++) {
+            const float *st = s + ((size_t)ih * P + p) * N;
+            float acc = 0.0f;
+            for (int j = 0; j < N; j++) acc += st[j] * c[j];
+            y[(size_t)ih * P + p] = acc;
+        }
+    }
+}
+
 /* A full memory fence: the sync words two processes share in the arena (actors/syncarea.py) are
  * written after, and read before, the data they hand over. */
 extern "C" void cad_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }

@@ -9,6 +9,7 @@ import torch
 from models import loading
 from models.attention import Visibility
 from models.convert import convert
+from models.kernel_build import PATHS
 from models.recurrent import taps
 from models.source_hf import HFSource
 from models.store import WeightStore
@@ -156,3 +157,32 @@ def test_the_states_a_forward_keeps_for_the_fold_are_counted_in_its_activations(
     a = m.args.to_dict()
     attention_only = {k: v for k, v in a.items() if k not in ("gdn_layers", "ssm_layers")}
     assert activation_bytes(a, 1, 1) - activation_bytes(attention_only, 1, 1) >= kept
+
+
+@pytest.mark.parametrize("path_name", [p.name for p in PATHS])
+def test_mamba2_states_step_and_read_in_one_pass_with_torch_s_bits_on_every_path(monkeypatch, path_name):
+    """The CPU kernels' Mamba-2 step (csrc/ops.cpp `cad_ssm_step`) gives the new states torch's separate ops give, to the
+    bit, on every kernel path this host has; its read of y = h C is torch's within rounding; and a tree level's states
+    (several at once) each get what they get alone, stepped and read."""
+    from types import SimpleNamespace
+
+    from models import kernels, recurrent
+    from tests.models.test_kernel_paths import path_lib
+
+    so = path_lib(path_name)
+    H, P, N, G, conv = 8, 16, 32, 2, 24
+    a = SimpleNamespace(ssm_heads=H, ssm_head_dim=P, ssm_state=N, ssm_groups=G, ssm_conv_dim=conv, ssm_layers=(0,))
+    g = torch.Generator().manual_seed(3)
+    states = torch.randn(5, H, P, N, generator=g)
+    rows = torch.randn(5, conv + H * P + G * N + 2 * H, generator=g)
+    c = torch.randn(5, 3 * G * N, generator=g)[:, G * N : 2 * G * N]  # a view with rows apart, as the mixer's C is
+    with kernels.using(so):
+        stepped = recurrent.ssm_step(states, rows, a)
+        alone = torch.stack([recurrent.ssm_step(states[i], rows[i], a) for i in range(5)])
+        read = kernels.ssm_read(stepped, c, (H, P, N, G))
+        read_alone = torch.cat([kernels.ssm_read(stepped[i : i + 1], c[i : i + 1], (H, P, N, G)) for i in range(5)])
+    monkeypatch.setattr(recurrent, "_ssm_kernel", lambda *_: False)
+    assert torch.equal(stepped, recurrent.ssm_step(states, rows, a))  # torch's own ops, the same bits
+    assert torch.equal(stepped, alone) and torch.equal(read, read_alone)
+    by_torch = (stepped * c.reshape(5, G, N).repeat_interleave(H // G, 1).unsqueeze(-2)).sum(-1)
+    assert torch.allclose(read, by_torch, rtol=1e-5, atol=1e-5)
