@@ -23,10 +23,20 @@ def temper(model, q: torch.Tensor, positions: torch.Tensor, i: int) -> torch.Ten
     a = model.args
     if a.qk_norm == "l2" and i not in a.nope_layers:
         q.copy_(l2_norm(q, a.norm_eps))
-    if a.attn_temp_beta and (not a.attn_temp_layers or i in a.attn_temp_layers):
-        steps = torch.floor((positions.to(torch.float32).view(-1, 1) + a.attn_temp_offset) / a.attn_temp_scale)
-        q *= lanes(lambda s: 1 + a.attn_temp_beta * torch.log1p(s), steps).to(q.dtype).view(-1, 1, 1)
+    scales = query_scales(model, positions, i)
+    if scales is not None:
+        q *= scales.to(q.dtype).view(-1, 1, 1)
     return q
+
+
+def query_scales(model, positions: torch.Tensor, i: int) -> torch.Tensor | None:
+    """Layer i's factor on each row's queries (fp32 [T]: 1 + beta ln(1 + floor((pos + offset) / scale))), None where
+    the layer's queries are not scaled by position. The one-call layer kernel takes it as `temper` applies it."""
+    a = model.args
+    if not a.attn_temp_beta or (a.attn_temp_layers and i not in a.attn_temp_layers):
+        return None
+    steps = torch.floor((positions.to(torch.float32).view(-1, 1) + a.attn_temp_offset) / a.attn_temp_scale)
+    return lanes(lambda s: 1 + a.attn_temp_beta * torch.log1p(s), steps).view(-1).contiguous()
 
 
 def norm_keys(model, at, T: int, i: int) -> None:

@@ -55,10 +55,11 @@ def _bits(x: float) -> int:
     return struct.unpack("<q", struct.pack("<d", x))[0]
 
 
-def run(rec: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, at, scale: float, eps: float):
+def run(rec: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, at, scale: float, eps: float, qscale=None):
     """x [T, dim] (fp32, contiguous) through a layer in place; its keys and values go to the layer's cache
     rows from `at.slot0` (`at`: models/transformer.py `Place`; `positions`: int64 [T], the rotary tables
-    grown to cover them)."""
+    grown to cover them; `qscale`: fp32 [T], each row's factor on its queries, or None: models/block_parts.py
+    `query_scales`)."""
     vis = at.vis
     assert vis.ptr.dtype == torch.int32 and vis.idx.dtype == torch.int32 and vis.ptr.numel() == x.shape[0] + 1
     assert at.k.is_contiguous() and at.v.is_contiguous()
@@ -67,6 +68,7 @@ def run(rec: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, at, scale: 
         x.data_ptr(),
         x.shape[0],
         positions.data_ptr(),
+        _ptr(qscale, x.shape[0]),
         at.rotary.cos.data_ptr(),
         at.rotary.sin.data_ptr(),
         at.k.data_ptr(),
@@ -85,7 +87,14 @@ def run(rec: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, at, scale: 
 
 
 def run_many(
-    rec: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, places: list, spans: list, scale: float, eps: float
+    rec: torch.Tensor,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    places: list,
+    spans: list,
+    scale: float,
+    eps: float,
+    qscale=None,
 ):
     """`run` over several generations' rows at once (models/batch.py): x [T, dim] holds each generation's rows at
     its span (lo, hi), `positions` int64 [T] theirs, `places` each one's `Place` in this layer."""
@@ -103,6 +112,7 @@ def run_many(
         x.data_ptr(),
         x.shape[0],
         positions.data_ptr(),
+        _ptr(qscale, x.shape[0]),
         len(spans),
         table.data_ptr(),
         scale,
@@ -110,3 +120,11 @@ def run_many(
         torch.get_num_threads(),
     )
     return x
+
+
+def _ptr(qscale: torch.Tensor | None, T: int) -> int:
+    """The address of a row factor tensor (fp32 [T], contiguous), 0 for none."""
+    if qscale is None:
+        return 0
+    assert qscale.dtype == torch.float32 and qscale.is_contiguous() and qscale.numel() == T
+    return qscale.data_ptr()

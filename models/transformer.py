@@ -140,15 +140,11 @@ class Transformer:
     def block_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan: ForwardPlan | None):
         """A generator (see `forward_steps`): yields a `SplitAttention` when the plan splits attention."""
         a = self.args
-        if (
-            self.layer_calls
-            and self.ffn_inputs is None
-            and (plan is None or not plan.attn_split)
-            and not a.attn_temp_beta
-        ):
+        if self.layer_calls and self.ffn_inputs is None and (plan is None or not plan.attn_split):
             rec = layer_kernel.record(w, a)
             if rec is not None:  # the whole layer in one call, the same bits
-                return layer_kernel.run(rec, x, positions, at, self.scale, a.norm_eps)
+                scales = block_parts.query_scales(self, positions, i)
+                return layer_kernel.run(rec, x, positions, at, self.scale, a.norm_eps, scales)
         if at.rec is not None:  # both mixers on the layer's one normed input, their outputs added (Falcon-H1)
             h = self.pre(x, w.attn_norm, kernels.rmsnorm)
             h = x.clone() if h is x else h  # (a layer without a pre-norm: the mixer adds to x before attention reads)

@@ -14,7 +14,7 @@
  * GeGLU, bits 2-3: q/k norms 0 none, 1 per head, 2 over the whole projection), the addresses of q_norm,
  * k_norm, attn_post_norm and ffn_post_norm (0: none), the residual scale and the attention's soft cap (as
  * the bits of a double), then qkv, attn_out, gate_up and down as `QuantLinear.record` gives them (format,
- * n, k, row0 and five array addresses). */
+ * n, k, row0 and five array addresses). `qscale` (null: none) is each row's factor on its queries after RoPE. */
 #include "ops.hpp"
 #include "qlinear.hpp"
 
@@ -76,8 +76,8 @@ struct Gen {
 };
 static_assert(sizeof(Gen) == 12 * sizeof(int64_t), "a Gen is read from twelve int64s");
 
-void layer(const int64_t *rec, float *x, int T, const int64_t *pos, int ngen, const Gen *gens, float scale, float eps,
-           int nthreads) {
+void layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float *qscale, int ngen, const Gen *gens,
+           float scale, float eps, int nthreads) {
     const int dim = (int)rec[0], H = (int)rec[1], Hkv = (int)rec[2], hd = (int)rec[3], F = (int)rec[4];
     const float *attn_norm = (const float *)rec[5], *ffn_norm = (const float *)rec[6], *bias = (const float *)rec[7];
     const int flags = (int)rec[8], qk_kind = (flags >> 2) & 3;
@@ -117,6 +117,9 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, int ngen, co
                 cad_qkv_rope(yb + e.lo * nqkv, bias, pos + e.lo, e.cos_t, e.sin_t, hb + e.lo * qd, e.kc, e.vc,
                              (int)(e.hi - e.lo), H, Hkv, hd, (int)e.cap, (int)e.slot0, (int)e.kv);
             }
+            if (qscale) /* each row's queries by its position's factor (Ministral 3), as torch's q *= s */
+                for (int t = 0; t < T; t++)
+                    for (float *q = hb + (size_t)t * qd, *end = q + qd; q < end; q++) *q = *q * qscale[t];
         }
         for (int g = 0; g < ngen; g++) { /* each generation over its own cache, with its own visibility */
             const Gen &e = gens[g];
@@ -144,17 +147,17 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, int ngen, co
 
 }  // namespace
 
-extern "C" void cad_layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float *cos_t,
+extern "C" void cad_layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float *qscale, const float *cos_t,
                           const float *sin_t, void *kc, void *vc, int cap, int slot0, int n_shared,
                           const int32_t *ptr, const int32_t *idx, float scale, float eps, int kv, int nthreads) {
     const Gen one{0, T, cos_t, sin_t, kc, vc, cap, slot0, n_shared, ptr, idx, kv};
-    layer(rec, x, T, pos, 1, &one, scale, eps, nthreads);
+    layer(rec, x, T, pos, qscale, 1, &one, scale, eps, nthreads);
 }
 
 /* The layer over several generations' rows at once (issue 42's batch): the norms and products over all T rows
  * together, each generation's RoPE, cache writes and attention over its own cache (`gens`: `ngen` records of
  * twelve int64s, a Gen each, their rows in order). Each row gets the bits it gets through cad_layer alone. */
-extern "C" void cad_layer_many(const int64_t *rec, float *x, int T, const int64_t *pos, int ngen, const int64_t *gens,
-                               float scale, float eps, int nthreads) {
-    layer(rec, x, T, pos, ngen, reinterpret_cast<const Gen *>(gens), scale, eps, nthreads);
+extern "C" void cad_layer_many(const int64_t *rec, float *x, int T, const int64_t *pos, const float *qscale, int ngen,
+                               const int64_t *gens, float scale, float eps, int nthreads) {
+    layer(rec, x, T, pos, qscale, ngen, reinterpret_cast<const Gen *>(gens), scale, eps, nthreads);
 }

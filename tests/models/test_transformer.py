@@ -1,5 +1,7 @@
 """Our transformer on tiny random models: trees, caches and blocks give exactly the sequential result."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -118,12 +120,16 @@ def test_bad_keep_and_full_cache_are_refused(tiny_args):
         model.new_cache(tiny_args.context_length + 1)
 
 
+@pytest.mark.parametrize("tempered", [False, True], ids=["plain", "tempered"])
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_a_layer_in_one_kernel_call_gives_the_separate_calls_bits(tiny_args, fmt):
+def test_a_layer_in_one_kernel_call_gives_the_separate_calls_bits(tiny_args, fmt, tempered):
     """csrc/layer.cpp runs each layer in one call and one parallel region; `block_fused`'s ~10 calls are the
-    reference: the same logits bit for bit for a prompt, a token and a tree, on one thread and on two."""
+    reference: the same logits bit for bit for a prompt, a token and a tree, on one thread and on two. Queries
+    scaled by their positions (Ministral 3), their floor steps every 4 positions here, alike."""
     if not kernels.available():
         pytest.skip("no kernel library here (no C++ compiler)")
+    if tempered:
+        tiny_args = dataclasses.replace(tiny_args, attn_temp_beta=0.1, attn_temp_scale=4.0, attn_temp_offset=1)
     g = torch.Generator().manual_seed(5)
     model = _model(tiny_args, fmt)
     assert all(layer_kernel.record(model.weights.layer(i), tiny_args) is not None for i in range(tiny_args.n_layers))
@@ -152,6 +158,28 @@ def test_a_layer_in_one_kernel_call_gives_the_separate_calls_bits(tiny_args, fmt
                 assert torch.equal(a, b)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_batch_s_tempered_layers_in_one_call_give_each_generation_its_separate_calls_bits(tiny_args):
+    """`cad_layer_many` scales each generation's queries by that generation's positions (Ministral 3): every
+    generation's logits are those of its forward alone through the separate calls."""
+    if not kernels.available():
+        pytest.skip("no kernel library here (no C++ compiler)")
+    from models.batch import Rows, forward_many_steps
+    from models.weights import drive
+
+    args = dataclasses.replace(tiny_args, attn_temp_beta=0.1, attn_temp_scale=3.0, attn_temp_offset=1)
+    model = _model(args, "int4")
+    assert layer_kernel.record(model.weights.layer(0), args) is not None
+    prompts = [torch.tensor([5, 77, 200, 12, 9]), torch.tensor([150, 151]), torch.tensor([2, 64, 33, 260, 101, 7, 8])]
+    starts = [0, 9, 4]  # each generation at its own positions
+    pos = [torch.arange(len(t)) + s for t, s in zip(prompts, starts)]
+    got = drive(
+        forward_many_steps(model, [Rows(t, p, model.new_cache(32)) for t, p in zip(prompts, pos)]), model.weights
+    )
+    model.layer_calls = False
+    for g, t, p in zip(got, prompts, pos):
+        assert torch.equal(g, model.forward(t, p, model.new_cache(32)))
 
 
 def test_layers_the_one_call_cannot_take_go_through_the_separate_calls(tiny_args):
