@@ -37,6 +37,9 @@ _SIGNATURES = {
     "cad_oai_glu": [_P, _P, _I, _I, ctypes.c_float, ctypes.c_float],
     "cad_ssm_step": [_P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P, _I],
     "cad_ssm_read": [_P, _P, _I, _I, _I, _I, _I, _I, _P, _I],
+    "cad_conv_mix": [_P, _I, ctypes.c_int64, _P, _I, _I, _P, _I, _P, _I],
+    "cad_gdn_step": [_P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P, _I],
+    "cad_gdn_read": [_P, _P, _I, _I, _I, _I, _I, _P, _I],
     "cad_flash_ffn": [_P, _I, _I, _P, ctypes.c_long, _P, _I, _P, _I, _I],
     "cad_layer": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I, _I],
     "cad_layer_many": [_P, _P, _I, _P, _P, _I, _P, ctypes.c_float, ctypes.c_float, _I],
@@ -370,20 +373,3 @@ def flash_ffn(
         torch.get_num_threads(),
     )
     return out
-
-
-def ssm_step(state: torch.Tensor, rows: torch.Tensor, dims: tuple, offsets: tuple) -> torch.Tensor:
-    """n Mamba-2 states [n, H, P, N] (contiguous) a token further from their rows [n, W] (contiguous): a new tensor
-    (csrc/ops.cpp `cad_ssm_step`; dims (H, P, N, G); offsets of x, B, dt and exp(dt A) in a row)."""
-    out = torch.empty_like(state)
-    n = rows.shape[0]
-    lib().cad_ssm_step(_ptr(state), _ptr(rows), rows.shape[1], n, *dims, *offsets, _ptr(out), torch.get_num_threads())
-    return out
-
-
-def ssm_read(states: torch.Tensor, c: torch.Tensor, dims: tuple) -> torch.Tensor:
-    """y [n, H, P]: each state [n, H, P, N] (contiguous) read by its C [n, G * N] (rows contiguous)."""
-    n, (H, P, N, G) = states.shape[0], dims
-    y = torch.empty(n, H, P, dtype=torch.float32)
-    lib().cad_ssm_read(_ptr(states), _ptr(c), c.stride(0), n, H, P, N, G, _ptr(y), torch.get_num_threads())
-    return y

@@ -51,11 +51,22 @@ def conv_mix(rows: torch.Tensor, base: int, slots: torch.Tensor, weight: torch.T
     [T, channels]. `weight` [channels, K] as transformers' Conv1d holds it (tap K-1 on the row itself)."""
     kernel = weight.shape[1]
     width = weight.shape[0]
+    if _conv_kernel(rows, weight):  # the same products and sums, one pass over the taps (csrc/ops.cpp)
+        slots = slots.contiguous()
+        out = torch.empty(slots.shape[0], width, dtype=torch.float32)
+        args = (rows.data_ptr(), rows.stride(0), base, slots.data_ptr(), slots.shape[0], kernel, weight.data_ptr())
+        kernels.lib().cad_conv_mix(*args, width, out.data_ptr(), torch.get_num_threads())
+        return out
     got = rows[(slots - base).clamp(min=0), :width] * (slots >= 0).unsqueeze(-1).to(rows.dtype)  # [T, K, C]
     out = got[:, 0] * weight[:, kernel - 1]
     for j in range(1, kernel):  # tap by tap: each row's sum in the same order whatever the forward's rows
         out += got[:, j] * weight[:, kernel - 1 - j]
     return out
+
+
+def _conv_kernel(rows: torch.Tensor, weight: torch.Tensor) -> bool:
+    cpu = rows.device.type == "cpu" and rows.dtype == weight.dtype == torch.float32 and rows.stride(1) == 1
+    return cpu and weight.is_contiguous() and kernels.available()
 
 
 def short_conv(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
@@ -142,11 +153,14 @@ def gdn_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
     S <- e^g S; S <- S + k (beta (v - S^T k))^T (transformers' recurrent gated delta rule, in its float steps).
     Several states at once (a tree's level) get the bits each gets alone: a state's slab is whole vectors."""
     hk, dk, hv, dv = a.gdn_k_heads, a.gdn_k_dim, a.gdn_v_heads, a.gdn_v_dim
-    lo = a.gdn_conv_dim
-    k = row[..., lo : lo + hk * dk].unflatten(-1, (hk, dk)).repeat_interleave(hv // hk, -2)
-    lo += hk * dk
-    v = row[..., lo : lo + hv * dv].unflatten(-1, (hv, dv))
+    lo = a.gdn_conv_dim + hk * dk
+    if _gdn_kernel(state, a):  # the same products, each rounded alike, in one pass over the state
+        flat, rows = state.reshape(-1, hv, dk, dv).contiguous(), row.reshape(-1, row.shape[-1]).contiguous()
+        offsets = (a.gdn_conv_dim, lo, lo + hv * dv, lo + hv * (dv + 1))
+        return _gdn_step(flat, rows, (hv, dk, dv, hk), offsets).view(state.shape)
     decay, beta = row[..., lo + hv * dv : lo + hv * (dv + 1)], row[..., lo + hv * (dv + 1) : lo + hv * (dv + 2)]
+    k = row[..., a.gdn_conv_dim : lo].unflatten(-1, (hk, dk)).repeat_interleave(hv // hk, -2)
+    v = row[..., lo : lo + hv * dv].unflatten(-1, (hv, dv))
     state = state * decay[..., None, None]
     kv_mem = (state * k.unsqueeze(-1)).sum(-2)
     delta = (v - kv_mem) * beta.unsqueeze(-1)
@@ -235,8 +249,13 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> Non
         at.chains[at.k.data_ptr()] = (at.folded, at.base + at.slot0 + T, end)  # by the layer's rows
     else:
         o = torch.empty(T, hv, dv, dtype=x.dtype, device=x.device)
+        fused = _gdn_kernel(at.v, a)
+        q = q.contiguous() if fused else q
         for r, s in _levels(at, a, T):
-            o[r : r + len(s)] = (s * q[r : r + len(s)].unsqueeze(-1)).sum(-2)  # [n, Hv, Dv]
+            if fused:  # o = S^T q, each state read in one pass
+                o[r : r + len(s)] = gdn_read(s.contiguous(), q[r : r + len(s)])
+            else:
+                o[r : r + len(s)] = (s * q[r : r + len(s)].unsqueeze(-1)).sum(-2)  # [n, Hv, Dv]
     o = _heads(o.view(T, -1), dv, lambda t: _rms(t, a.gdn_norm_eps or a.norm_eps))
     o = lanes2(lambda y, g: y * F.silu(g), (o.view(T, hv, dv) * w.gdn_norm).view(T, -1), z)
     model.residual(x, w.gdn_out, o, None, norm)
@@ -258,7 +277,7 @@ def ssm_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
     if _ssm_kernel(state, a):  # the same products and sum, each rounded alike, in one pass over the state
         offsets = (lo, lo + H * P, lo + H * P + G * N, lo + H * P + G * N + H)
         flat, rows = state.reshape(-1, H, P, N).contiguous(), row.reshape(-1, row.shape[-1]).contiguous()
-        return kernels.ssm_step(flat, rows, (H, P, N, G), offsets).view(state.shape)
+        return _ssm_step(flat, rows, (H, P, N, G), offsets).view(state.shape)
     x = row[..., lo : lo + H * P].unflatten(-1, (H, P))
     lo += H * P
     B = row[..., lo : lo + G * N].unflatten(-1, (G, N)).repeat_interleave(H // G, -2)
@@ -289,7 +308,7 @@ def mamba2(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
     heads = cs if fused else cs.reshape(T, G, N).repeat_interleave(H // G, 1)  # [T, G * N] or [T, H, N]
     for r, s in _levels(at, a, T):
         if fused:  # y = h C, each state read in one pass
-            ys[r : r + len(s)] = kernels.ssm_read(s.contiguous(), heads[r : r + len(s)], (H, P, N, G))
+            ys[r : r + len(s)] = ssm_read(s.contiguous(), heads[r : r + len(s)], (H, P, N, G))
         else:
             ys[r : r + len(s)] = (s * heads[r : r + len(s)].unsqueeze(-2)).sum(-1)
     y = lanes2(torch.add, ys.view(T, -1), (w.ssm_d.view(H, 1) * xs.reshape(T, H, P)).view(T, -1))
@@ -303,3 +322,47 @@ def mamba2(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
 
 
 MIXERS = {"conv": short_conv, "gdn": gated_delta_net, "ssm": mamba2}
+
+
+# -- the states in the CPU kernels (csrc/ops.cpp): each step and each read one pass over a state --------------------
+
+
+def _gdn_kernel(state: torch.Tensor, a) -> bool:
+    """Whether delta-net states step and are read in the CPU kernels."""
+    return state.device.type == "cpu" and state.dtype == torch.float32 and a.gdn_v_dim <= 1024 and kernels.available()
+
+
+def _gdn_step(states: torch.Tensor, rows: torch.Tensor, dims: tuple, offsets: tuple) -> torch.Tensor:
+    """n delta-net states [n, Hv, Dk, Dv] (contiguous) a token further from their rows [n, W] (contiguous): a new
+    tensor (`cad_gdn_step`; dims (Hv, Dk, Dv, Hk); offsets of k, v, e^g and beta in a row)."""
+    out = torch.empty_like(states)
+    n, ldr, threads = rows.shape[0], rows.shape[1], torch.get_num_threads()
+    kernels.lib().cad_gdn_step(states.data_ptr(), rows.data_ptr(), ldr, n, *dims, *offsets, out.data_ptr(), threads)
+    return out
+
+
+def gdn_read(states: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """o [n, Hv, Dv]: each state [n, Hv, Dk, Dv] (contiguous) read by its queries q [n, Hv, Dk] (rows contiguous)."""
+    n, Hv, Dk, Dv = states.shape
+    o = torch.empty(n, Hv, Dv, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    kernels.lib().cad_gdn_read(states.data_ptr(), q.data_ptr(), q.stride(0), n, Hv, Dk, Dv, o.data_ptr(), threads)
+    return o
+
+
+def _ssm_step(states: torch.Tensor, rows: torch.Tensor, dims: tuple, offsets: tuple) -> torch.Tensor:
+    """n Mamba-2 states [n, H, P, N] (contiguous) a token further from their rows [n, W] (contiguous): a new tensor
+    (`cad_ssm_step`; dims (H, P, N, G); offsets of x, B, dt and exp(dt A) in a row)."""
+    out = torch.empty_like(states)
+    n, ldr, threads = rows.shape[0], rows.shape[1], torch.get_num_threads()
+    kernels.lib().cad_ssm_step(states.data_ptr(), rows.data_ptr(), ldr, n, *dims, *offsets, out.data_ptr(), threads)
+    return out
+
+
+def ssm_read(states: torch.Tensor, c: torch.Tensor, dims: tuple) -> torch.Tensor:
+    """y [n, H, P]: each Mamba-2 state [n, H, P, N] (contiguous) read by its C [n, G * N] (rows contiguous)."""
+    n, (H, P, N, G) = states.shape[0], dims
+    y = torch.empty(n, H, P, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    kernels.lib().cad_ssm_read(states.data_ptr(), c.data_ptr(), c.stride(0), n, H, P, N, G, y.data_ptr(), threads)
+    return y

@@ -129,6 +129,73 @@ extern "C" void cad_ssm_read(const float *s, const float *C, int ldc, int n, int
     }
 }
 
+/* out [T, C] = each row's causal depthwise convolution over its taps: slots [T, K] (global, -1 before the context;
+ * rows[s - base] holds slot s, rows ldr apart), w [C, K] (tap K-1 on the row itself). The taps' products and sums
+ * in models/recurrent.py `conv_mix`'s order, each rounded as torch's elementwise ops round it: the same bits. */
+extern "C" void cad_conv_mix(const float *rows, int ldr, int64_t base, const int64_t *slots, int T, int K,
+                             const float *w, int C, float *out, int nthreads) {
+    const int pieces = (C + 255) / 256;
+#pragma omp parallel for num_threads((int64_t)T * C > 65536 ? nthreads : 1) schedule(static)
+    for (int i = 0; i < T * pieces; i++) {
+        const int t = i / pieces, c0 = i % pieces * 256, c1 = std::min(C, c0 + 256);
+        float *o = out + (size_t)t * C;
+        for (int j = 0; j < K; j++) {
+            const int64_t slot = slots[(size_t)t * K + j];
+            const float *src = rows + (size_t)std::max<int64_t>(slot - base, 0) * ldr;
+            const float mask = slot >= 0 ? 1.0f : 0.0f;
+            for (int c = c0; c < c1; c++) {
+                const float y = src[c] * mask * w[(size_t)c * K + K - 1 - j];
+                o[c] = j ? o[c] + y : y;
+            }
+        }
+    }
+}
+
+/* n gated delta-net states [n, Hv, Dk, Dv] a token further, into out: S' = e^g S; mem = S'^T k; S' += k (beta (v -
+ * mem))^T, each product rounded as torch's separate ops round it (models/recurrent.py `gdn_step`), the sum over Dk in
+ * order. rows [n, ldr]: k [Hk, Dk] at ko (head h reads k head h / (Hv / Hk)), v [Hv, Dv] at vo, e^g [Hv] at go and
+ * beta [Hv] at bo; a state alone or n of a tree's level, each on its own. Dv <= 1024. */
+extern "C" void cad_gdn_step(const float *s, const float *rows, int ldr, int n, int Hv, int Dk, int Dv, int Hk, int ko,
+                             int vo, int go, int bo, float *out, int nthreads) {
+#pragma omp parallel for num_threads(n * Hv > 1 ? nthreads : 1) schedule(static)
+    for (int ih = 0; ih < n * Hv; ih++) {
+        const int i = ih / Hv, h = ih % Hv;
+        const float *row = rows + (size_t)i * ldr, *k = row + ko + (size_t)(h / (Hv / Hk)) * Dk, *v = row + vo + (size_t)h * Dv;
+        const float decay = row[go + h], beta = row[bo + h];
+        const float *S = s + (size_t)ih * Dk * Dv;
+        float *O = out + (size_t)ih * Dk * Dv;
+        float mem[1024], delta[1024];
+        for (int j = 0; j < Dv; j++) mem[j] = 0.0f;
+        for (int r = 0; r < Dk; r++) {
+            const float kr = k[r];
+            for (int j = 0; j < Dv; j++) {
+                const float d = S[(size_t)r * Dv + j] * decay;
+                O[(size_t)r * Dv + j] = d;
+                mem[j] += d * kr;
+            }
+        }
+        for (int j = 0; j < Dv; j++) delta[j] = (v[j] - mem[j]) * beta;
+        for (int r = 0; r < Dk; r++) {
+            const float kr = k[r];
+            for (int j = 0; j < Dv; j++) O[(size_t)r * Dv + j] = O[(size_t)r * Dv + j] + kr * delta[j];
+        }
+    }
+}
+
+/* o [n, Hv, Dv] = each state's [n, Hv, Dk, Dv] columns . q [n, Hv, Dk] (q's rows ldq apart), summed in order over Dk. */
+extern "C" void cad_gdn_read(const float *s, const float *q, int ldq, int n, int Hv, int Dk, int Dv, float *o,
+                             int nthreads) {
+#pragma omp parallel for num_threads(n * Hv > 1 ? nthreads : 1) schedule(static)
+    for (int ih = 0; ih < n * Hv; ih++) {
+        const int i = ih / Hv, h = ih % Hv;
+        const float *qh = q + (size_t)i * ldq + (size_t)h * Dk, *S = s + (size_t)ih * Dk * Dv;
+        float *oh = o + (size_t)ih * Dv;
+        for (int j = 0; j < Dv; j++) oh[j] = 0.0f;
+        for (int r = 0; r < Dk; r++)
+            for (int j = 0; j < Dv; j++) oh[j] += S[(size_t)r * Dv + j] * qh[r];
+    }
+}
+
 /* A full memory fence: the sync words two processes share in the arena (actors/syncarea.py) are
  * written after, and read before, the data they hand over. */
 extern "C" void cad_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }

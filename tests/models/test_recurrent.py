@@ -179,10 +179,60 @@ def test_mamba2_states_step_and_read_in_one_pass_with_torch_s_bits_on_every_path
     with kernels.using(so):
         stepped = recurrent.ssm_step(states, rows, a)
         alone = torch.stack([recurrent.ssm_step(states[i], rows[i], a) for i in range(5)])
-        read = kernels.ssm_read(stepped, c, (H, P, N, G))
-        read_alone = torch.cat([kernels.ssm_read(stepped[i : i + 1], c[i : i + 1], (H, P, N, G)) for i in range(5)])
+        read = recurrent.ssm_read(stepped, c, (H, P, N, G))
+        read_alone = torch.cat([recurrent.ssm_read(stepped[i : i + 1], c[i : i + 1], (H, P, N, G)) for i in range(5)])
     monkeypatch.setattr(recurrent, "_ssm_kernel", lambda *_: False)
     assert torch.equal(stepped, recurrent.ssm_step(states, rows, a))  # torch's own ops, the same bits
     assert torch.equal(stepped, alone) and torch.equal(read, read_alone)
     by_torch = (stepped * c.reshape(5, G, N).repeat_interleave(H // G, 1).unsqueeze(-2)).sum(-1)
     assert torch.allclose(read, by_torch, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path_name", [p.name for p in PATHS])
+def test_delta_net_states_step_and_read_in_one_pass_on_every_path(monkeypatch, path_name):
+    """The CPU kernels' gated delta-net step and read (csrc/ops.cpp `cad_gdn_step`, `cad_gdn_read`) give torch's
+    states and outputs within rounding, on every kernel path this host has; a tree level's states (several at once)
+    each get the bits they get alone, stepped and read."""
+    from types import SimpleNamespace
+
+    from models import kernels, recurrent
+    from tests.models.test_kernel_paths import path_lib
+
+    so = path_lib(path_name)
+    hk, dk, hv, dv, conv = 2, 16, 4, 24, 40
+    a = SimpleNamespace(gdn_k_heads=hk, gdn_k_dim=dk, gdn_v_heads=hv, gdn_v_dim=dv, gdn_conv_dim=conv, ssm_layers=())
+    g = torch.Generator().manual_seed(3)
+    states = torch.randn(5, hv, dk, dv, generator=g)
+    rows = torch.randn(5, conv + hk * dk + hv * (dv + 2), generator=g)
+    rows[:, -2 * hv : -hv] = torch.rand(5, hv, generator=g)  # e^g in (0, 1)
+    q = torch.randn(5, 2 * hv * dk, generator=g)[:, hv * dk :].unflatten(-1, (hv, dk))  # rows apart, as the mixer's
+    with kernels.using(so):
+        stepped = recurrent.gdn_step(states, rows, a)
+        alone = torch.stack([recurrent.gdn_step(states[i], rows[i], a) for i in range(5)])
+        read = recurrent.gdn_read(stepped, q)
+        read_alone = torch.cat([recurrent.gdn_read(stepped[i : i + 1], q[i : i + 1]) for i in range(5)])
+    assert torch.equal(stepped, alone) and torch.equal(read, read_alone)
+    monkeypatch.setattr(recurrent, "_gdn_kernel", lambda *_: False)
+    assert torch.allclose(stepped, recurrent.gdn_step(states, rows, a), rtol=1e-5, atol=1e-5)  # torch's own ops
+    assert torch.allclose(read, (stepped * q.unsqueeze(-1)).sum(-2), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path_name", [p.name for p in PATHS])
+def test_a_convolution_over_a_tree_s_taps_in_one_pass_gives_torch_s_bits_on_every_path(monkeypatch, path_name):
+    """The CPU kernels' causal depthwise convolution (csrc/ops.cpp `cad_conv_mix`) gives torch's separate ops' bits,
+    taps before the context (-1) included, over rows of a wider buffer, wide enough to run on several threads."""
+    from models import kernels, recurrent
+    from tests.models.test_kernel_paths import path_lib
+
+    so = path_lib(path_name)
+    g = torch.Generator().manual_seed(4)
+    for T, C in ((1, 40), (9, 8200)):
+        rows = torch.randn(20, C + 12, generator=g)[:, 5 : 5 + C]  # rows apart, as a layer's rows are
+        weight = torch.randn(C, 4, generator=g)
+        slots = torch.randint(-1, 20, (T, 4), generator=g) + 30  # base 30: slots 29 (before the rows: -1 here) .. 49
+        slots[slots == 29] = -1
+        with kernels.using(so):
+            got = recurrent.conv_mix(rows, 30, slots, weight)
+        with monkeypatch.context() as m:
+            m.setattr(recurrent, "_conv_kernel", lambda *_: False)
+            assert torch.equal(got, recurrent.conv_mix(rows, 30, slots, weight))
