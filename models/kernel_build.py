@@ -20,7 +20,16 @@ from common import paths
 from common.errors import CadenceError
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("attention.cpp", "linear.cpp", "qlinear.cpp", "experts.cpp", "ops.cpp", "flash.cpp", "layer.cpp")
+SOURCES = (
+    "attention.cpp",
+    "linear.cpp",
+    "qlinear.cpp",
+    "experts.cpp",
+    "ops.cpp",
+    "flash.cpp",
+    "layer.cpp",
+    "recurrent.cpp",
+)
 # no a * b + c contracted into an FMA unasked: every path then rounds the same way (csrc/vec.hpp)
 FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared", "-std=gnu++17", "-fno-math-errno", "-ffp-contract=off"]
 ENV_PATH = "CADENCE_KERNEL_PATH"

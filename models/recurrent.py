@@ -231,34 +231,58 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> Non
     pre, z, b, araw = w.gdn_in.matmul(h).split([C, hv * dv, hv, hv], dim=-1)
     rows, s0 = at.k, at.slot0
     rows[s0 : s0 + T, :C] = pre
-    slots = taps(at.vis, a.conv_kernel).to(x.device)
-    # Every elementwise op below over rows padded to whole vectors (`lanes`): a node gets the bits its path decoded
-    # alone gets (the products above and below are the kernels', row by row).
-    qkv = lanes(F.silu, conv_mix(rows, at.base, slots, w.gdn_conv))
-    qr, kr, vr = qkv.split([hk * dk, hk * dk, hv * dv], dim=-1)
-    q = _heads(qr, dk, lambda t: _l2norm(t) * dk**-0.5).reshape(T, hk, dk).repeat_interleave(hv // hk, 1)
-    k = _heads(kr.contiguous(), dk, _l2norm)
-    decay = lanes(torch.exp, lanes(F.softplus, araw + w.gdn_dt) * -w.gdn_a.exp())  # e^g, g = -e^A softplus(a + dt)
-    beta = lanes(lambda t: torch.sigmoid(t) * a.gdn_beta_scale, b.contiguous())
-    rows[s0 : s0 + T, C:] = torch.cat([k, vr, decay, beta], dim=-1)
+    conv = conv_mix(rows, at.base, taps(at.vis, a.conv_kernel).to(x.device), w.gdn_conv)
+    fused = _gdn_kernel(at.v, a) and rows.stride(1) == 1
+    q, g = (_front_kernel if fused else _front)(a, w, conv, b, araw, rows[s0 : s0 + T, C:])  # q [T, Hk, Dk]
     if T >= CHUNKED and _one_chain(at, T):  # a prompt's chunk: the chunked form, its end state kept for the fold
-        g = lanes(F.softplus, araw + w.gdn_dt) * -w.gdn_a.exp()
-        k_v = k.view(T, hk, dk).repeat_interleave(hv // hk, 1)
+        k, vr, _, beta = rows[s0 : s0 + T, C:].split([hk * dk, hv * dv, hv, hv], dim=-1)
+        k_v, q = (t.reshape(T, hk, dk).repeat_interleave(hv // hk, 1) for t in (k, q))
         o, end = chunk_rule(q, k_v, vr.reshape(T, hv, dv), g, beta, at.v)
         o = o.contiguous()
         at.chains[at.k.data_ptr()] = (at.folded, at.base + at.slot0 + T, end)  # by the layer's rows
     else:
         o = torch.empty(T, hv, dv, dtype=x.dtype, device=x.device)
-        fused = _gdn_kernel(at.v, a)
-        q = q.contiguous() if fused else q
+        q = q if fused else q.repeat_interleave(hv // hk, 1)
         for r, s in _levels(at, a, T):
             if fused:  # o = S^T q, each state read in one pass
-                o[r : r + len(s)] = gdn_read(s.contiguous(), q[r : r + len(s)])
+                o[r : r + len(s)] = gdn_read(s.contiguous(), q[r : r + len(s)], hk)
             else:
                 o[r : r + len(s)] = (s * q[r : r + len(s)].unsqueeze(-1)).sum(-2)  # [n, Hv, Dv]
-    o = _heads(o.view(T, -1), dv, lambda t: _rms(t, a.gdn_norm_eps or a.norm_eps))
-    o = lanes2(lambda y, g: y * F.silu(g), (o.view(T, hv, dv) * w.gdn_norm).view(T, -1), z)
+    eps = a.gdn_norm_eps or a.norm_eps
+    if fused and w.gdn_norm.is_contiguous():  # the gated norm in the CPU kernels
+        out = torch.empty(T, hv * dv, dtype=torch.float32)
+        args = (o.contiguous().data_ptr(), z.data_ptr(), z.stride(0), w.gdn_norm.data_ptr(), T, hv, dv, eps)
+        kernels.lib().cad_gdn_back(*args, out.data_ptr(), torch.get_num_threads())
+        o = out
+    else:
+        o = _heads(o.view(T, -1), dv, lambda t: _rms(t, eps))
+        o = lanes2(lambda y, g: y * F.silu(g), (o.view(T, hv, dv) * w.gdn_norm).view(T, -1), z)
     model.residual(x, w.gdn_out, o, None, norm)
+
+
+def _front(a, w, conv: torch.Tensor, b: torch.Tensor, araw: torch.Tensor, out: torch.Tensor):
+    """The delta-net's rows from its convolution: [k | v | e^g | beta] written to `out` [T, W - C] (the layer's rows);
+    (q [T, Hk, Dk], normed and scaled; g [T, Hv]). Every elementwise op over rows padded to whole vectors (`lanes`):
+    a node gets the bits its path decoded alone gets."""
+    T, hk, dk, hv, dv = conv.shape[0], a.gdn_k_heads, a.gdn_k_dim, a.gdn_v_heads, a.gdn_v_dim
+    qr, kr, vr = lanes(F.silu, conv).split([hk * dk, hk * dk, hv * dv], dim=-1)
+    q = _heads(qr, dk, lambda t: _l2norm(t) * dk**-0.5).reshape(T, hk, dk)
+    k = _heads(kr.contiguous(), dk, _l2norm)
+    g = lanes(F.softplus, araw + w.gdn_dt) * -w.gdn_a.exp()  # g = -e^A softplus(a + dt)
+    beta = lanes(lambda t: torch.sigmoid(t) * a.gdn_beta_scale, b.contiguous())
+    out.copy_(torch.cat([k, vr, lanes(torch.exp, g), beta], dim=-1))
+    return q, g
+
+
+def _front_kernel(a, w, conv: torch.Tensor, b: torch.Tensor, araw: torch.Tensor, out: torch.Tensor):
+    """`_front` in the CPU kernels (csrc/recurrent.cpp `cad_gdn_front`): each row in one pass, its own bits."""
+    T, hk, dk, hv, dv = conv.shape[0], a.gdn_k_heads, a.gdn_k_dim, a.gdn_v_heads, a.gdn_v_dim
+    q, g = torch.empty(T, hk, dk), torch.empty(T, hv)
+    A, dt = w.gdn_a.float().contiguous(), w.gdn_dt.float().contiguous()
+    args = (conv.contiguous().data_ptr(), b.data_ptr(), araw.data_ptr(), b.stride(0), A.data_ptr(), dt.data_ptr())
+    args += (T, hk, dk, hv, dv, a.gdn_beta_scale, q.data_ptr(), out.data_ptr(), out.stride(0), g.data_ptr())
+    kernels.lib().cad_gdn_front(*args, torch.get_num_threads())
+    return q, g
 
 
 # -- Mamba-2 ------------------------------------------------------------------------------------------------------
@@ -341,12 +365,13 @@ def _gdn_step(states: torch.Tensor, rows: torch.Tensor, dims: tuple, offsets: tu
     return out
 
 
-def gdn_read(states: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """o [n, Hv, Dv]: each state [n, Hv, Dk, Dv] (contiguous) read by its queries q [n, Hv, Dk] (rows contiguous)."""
+def gdn_read(states: torch.Tensor, q: torch.Tensor, hk: int) -> torch.Tensor:
+    """o [n, Hv, Dv]: each state [n, Hv, Dk, Dv] (contiguous) read by its queries q [n, Hk, Dk] (rows contiguous; head
+    h reads q head h / (Hv / Hk))."""
     n, Hv, Dk, Dv = states.shape
     o = torch.empty(n, Hv, Dv, dtype=torch.float32)
-    threads = torch.get_num_threads()
-    kernels.lib().cad_gdn_read(states.data_ptr(), q.data_ptr(), q.stride(0), n, Hv, Dk, Dv, o.data_ptr(), threads)
+    args = (states.data_ptr(), q.data_ptr(), q.stride(0), n, Hv, Dk, Dv, hk, o.data_ptr(), torch.get_num_threads())
+    kernels.lib().cad_gdn_read(*args)
     return o
 
 

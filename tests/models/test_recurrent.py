@@ -209,8 +209,8 @@ def test_delta_net_states_step_and_read_in_one_pass_on_every_path(monkeypatch, p
     with kernels.using(so):
         stepped = recurrent.gdn_step(states, rows, a)
         alone = torch.stack([recurrent.gdn_step(states[i], rows[i], a) for i in range(5)])
-        read = recurrent.gdn_read(stepped, q)
-        read_alone = torch.cat([recurrent.gdn_read(stepped[i : i + 1], q[i : i + 1]) for i in range(5)])
+        read = recurrent.gdn_read(stepped, q, hv)
+        read_alone = torch.cat([recurrent.gdn_read(stepped[i : i + 1], q[i : i + 1], hv) for i in range(5)])
     assert torch.equal(stepped, alone) and torch.equal(read, read_alone)
     monkeypatch.setattr(recurrent, "_gdn_kernel", lambda *_: False)
     assert torch.allclose(stepped, recurrent.gdn_step(states, rows, a), rtol=1e-5, atol=1e-5)  # torch's own ops
@@ -236,3 +236,32 @@ def test_a_convolution_over_a_tree_s_taps_in_one_pass_gives_torch_s_bits_on_ever
         with monkeypatch.context() as m:
             m.setattr(recurrent, "_conv_kernel", lambda *_: False)
             assert torch.equal(got, recurrent.conv_mix(rows, 30, slots, weight))
+
+
+def test_the_delta_net_s_work_around_its_state_in_the_cpu_kernels_is_torch_s_within_rounding():
+    """`cad_gdn_front` (SiLU, L2 norms, decays, betas: the rows a state steps from) and `cad_gdn_back` (the gated
+    RMS norm) against the same steps in torch ops, over rows of a wider projection as the mixer's are."""
+    from types import SimpleNamespace
+
+    from models import kernels, recurrent
+
+    if not kernels.available():
+        pytest.skip("no kernel library here (no C++ compiler)")
+    hk, dk, hv, dv, T = 2, 16, 4, 8, 3
+    C = 2 * hk * dk + hv * dv
+    a = SimpleNamespace(gdn_k_heads=hk, gdn_k_dim=dk, gdn_v_heads=hv, gdn_v_dim=dv, gdn_beta_scale=2.0)
+    g = torch.Generator().manual_seed(6)
+    w = SimpleNamespace(gdn_a=torch.randn(hv, generator=g), gdn_dt=torch.randn(hv, generator=g))
+    conv, proj = torch.randn(T, C, generator=g) * 3, torch.randn(T, hv * dv + 2 * hv + 5, generator=g) * 3
+    z, b, araw = proj[:, : hv * dv], proj[:, hv * dv : hv * dv + hv], proj[:, hv * dv + hv : hv * dv + 2 * hv]
+    rows = [torch.zeros(T, 7 + hk * dk + hv * (dv + 2)) for _ in range(2)]
+    got = recurrent._front_kernel(a, w, conv, b, araw, rows[0][:, 7:])
+    want = recurrent._front(a, w, conv, b, araw, rows[1][:, 7:])
+    for x, y in zip((*got, rows[0]), (*want, rows[1])):
+        assert torch.allclose(x, y, rtol=1e-5, atol=1e-6)
+    o, weight, out = torch.randn(T, hv, dv, generator=g), torch.randn(dv, generator=g), torch.empty(T, hv * dv)
+    kernels.lib().cad_gdn_back(
+        o.data_ptr(), z.data_ptr(), z.stride(0), weight.data_ptr(), T, hv, dv, 1e-6, out.data_ptr(), 1
+    )
+    by_torch = recurrent._rms(o, 1e-6) * weight * torch.nn.functional.silu(z.reshape(T, hv, dv))
+    assert torch.allclose(out, by_torch.reshape(T, -1), rtol=1e-5, atol=1e-6)

@@ -1,0 +1,176 @@
+/* The recurrent layers' kernels (models/recurrent.py): a causal depthwise convolution over a tree's taps, Mamba-2's
+ * and the gated delta-net's states stepped and read, and the delta-net's elementwise work before and after its
+ * state (SiLU, L2 norms, decays and betas; the gated RMS norm). Each row on its own, in an order that depends only
+ * on the row: a tree's node gets the bits its path decoded alone gets. A state step and a read are one pass each;
+ * where torch computes the same thing (the convolution, Mamba-2's step) the products and sums are rounded as torch's
+ * separate ops round them. */
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstddef>
+
+/* n Mamba-2 states [n, H, P, N] a token further, into out: h' = h da + (dt B) x, each product and the sum rounded as
+ * torch's separate ops round them (models/recurrent.py `ssm_step`: the same bits). rows [n, ldr]: x [H, P] at xo,
+ * B [G, N] at bo, dt [H] at dto and exp(dt A) [H] at dao; a state alone or n of a tree's level, each on its own. */
+extern "C" void cad_ssm_step(const float *s, const float *rows, int ldr, int n, int H, int P, int N, int G, int xo,
+                             int bo, int dto, int dao, float *out, int nthreads) {
+#pragma omp parallel for num_threads(n * H > 1 ? nthreads : 1) schedule(static)
+    for (int ih = 0; ih < n * H; ih++) {
+        const int i = ih / H, h = ih % H, g = h / (H / G);
+        const float *row = rows + (size_t)i * ldr, da = row[dao + h], dt = row[dto + h], *B = row + bo + (size_t)g * N;
+        float dtb[1024];
+        for (int j = 0; j < N; j++) dtb[j] = dt * B[j];
+        for (int p = 0; p < P; p++) {
+            const size_t at = ((size_t)ih * P + p) * N;
+            const float x = row[xo + h * P + p];
+            for (int j = 0; j < N; j++) out[at + j] = s[at + j] * da + dtb[j] * x;
+        }
+    }
+}
+
+/* y [n, H, P] = each state's [n, H, P, N] rows . C [n, G, N] (C's rows ldc apart), summed in order over N. */
+extern "C" void cad_ssm_read(const float *s, const float *C, int ldc, int n, int H, int P, int N, int G, float *y,
+                             int nthreads) {
+#pragma omp parallel for num_threads(n * H > 1 ? nthreads : 1) schedule(static)
+    for (int ih = 0; ih < n * H; ih++) {
+        const int i = ih / H, h = ih % H, g = h / (H / G);
+        const float *c = C + (size_t)i * ldc + (size_t)g * N;
+        for (int p = 0; p < P; p++) {
+            const float *st = s + ((size_t)ih * P + p) * N;
+            float acc = 0.0f;
+            for (int j = 0; j < N; j++) acc += st[j] * c[j];
+            y[(size_t)ih * P + p] = acc;
+        }
+    }
+}
+
+/* out [T, C] = each row's causal depthwise convolution over its taps: slots [T, K] (global, -1 before the context;
+ * rows[s - base] holds slot s, rows ldr apart), w [C, K] (tap K-1 on the row itself). The taps' products and sums
+ * in models/recurrent.py `conv_mix`'s order, each rounded as torch's elementwise ops round it: the same bits. */
+extern "C" void cad_conv_mix(const float *rows, int ldr, int64_t base, const int64_t *slots, int T, int K,
+                             const float *w, int C, float *out, int nthreads) {
+    const int pieces = (C + 255) / 256;
+#pragma omp parallel for num_threads((int64_t)T * C > 65536 ? nthreads : 1) schedule(static)
+    for (int i = 0; i < T * pieces; i++) {
+        const int t = i / pieces, c0 = i % pieces * 256, c1 = std::min(C, c0 + 256);
+        float *o = out + (size_t)t * C;
+        for (int j = 0; j < K; j++) {
+            const int64_t slot = slots[(size_t)t * K + j];
+            const float *src = rows + (size_t)std::max<int64_t>(slot - base, 0) * ldr;
+            const float mask = slot >= 0 ? 1.0f : 0.0f;
+            for (int c = c0; c < c1; c++) {
+                const float y = src[c] * mask * w[(size_t)c * K + K - 1 - j];
+                o[c] = j ? o[c] + y : y;
+            }
+        }
+    }
+}
+
+/* n gated delta-net states [n, Hv, Dk, Dv] a token further, into out: S' = e^g S; mem = S'^T k; S' += k (beta (v -
+ * mem))^T, each product rounded as torch's separate ops round it (models/recurrent.py `gdn_step`), the sum over Dk in
+ * order. rows [n, ldr]: k [Hk, Dk] at ko (head h reads k head h / (Hv / Hk)), v [Hv, Dv] at vo, e^g [Hv] at go and
+ * beta [Hv] at bo; a state alone or n of a tree's level, each on its own. Dv <= 1024. */
+extern "C" void cad_gdn_step(const float *s, const float *rows, int ldr, int n, int Hv, int Dk, int Dv, int Hk, int ko,
+                             int vo, int go, int bo, float *out, int nthreads) {
+#pragma omp parallel for num_threads(n * Hv > 1 ? nthreads : 1) schedule(static)
+    for (int ih = 0; ih < n * Hv; ih++) {
+        const int i = ih / Hv, h = ih % Hv;
+        const float *row = rows + (size_t)i * ldr, *k = row + ko + (size_t)(h / (Hv / Hk)) * Dk, *v = row + vo + (size_t)h * Dv;
+        const float decay = row[go + h], beta = row[bo + h];
+        const float *S = s + (size_t)ih * Dk * Dv;
+        float *O = out + (size_t)ih * Dk * Dv;
+        float mem[1024], delta[1024];
+        for (int j = 0; j < Dv; j++) mem[j] = 0.0f;
+        for (int r = 0; r < Dk; r++) {
+            const float kr = k[r];
+            for (int j = 0; j < Dv; j++) {
+                const float d = S[(size_t)r * Dv + j] * decay;
+                O[(size_t)r * Dv + j] = d;
+                mem[j] += d * kr;
+            }
+        }
+        for (int j = 0; j < Dv; j++) delta[j] = (v[j] - mem[j]) * beta;
+        for (int r = 0; r < Dk; r++) {
+            const float kr = k[r];
+            for (int j = 0; j < Dv; j++) O[(size_t)r * Dv + j] = O[(size_t)r * Dv + j] + kr * delta[j];
+        }
+    }
+}
+
+/* o [n, Hv, Dv] = each state's [n, Hv, Dk, Dv] columns . q [n, Hk, Dk] (head h reads q head h / (Hv / Hk); q's rows
+ * ldq apart), summed in order over Dk. */
+extern "C" void cad_gdn_read(const float *s, const float *q, int ldq, int n, int Hv, int Dk, int Dv, int Hk, float *o,
+                             int nthreads) {
+#pragma omp parallel for num_threads(n * Hv > 1 ? nthreads : 1) schedule(static)
+    for (int ih = 0; ih < n * Hv; ih++) {
+        const int i = ih / Hv, h = ih % Hv;
+        const float *qh = q + (size_t)i * ldq + (size_t)(h / (Hv / Hk)) * Dk, *S = s + (size_t)ih * Dk * Dv;
+        float *oh = o + (size_t)ih * Dv;
+        for (int j = 0; j < Dv; j++) oh[j] = 0.0f;
+        for (int r = 0; r < Dk; r++)
+            for (int j = 0; j < Dv; j++) oh[j] += S[(size_t)r * Dv + j] * qh[r];
+    }
+}
+
+namespace {
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); } /* torch's, threshold 20 */
+
+/* x [n] scaled to unit L2 norm (1e-6 under the root), times `scale`, in place. */
+void l2_unit(float *x, int n, float scale) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.0f / std::sqrt(ss + 1e-6f);
+    for (int i = 0; i < n; i++) x[i] = x[i] * r * scale;
+}
+
+}  // namespace
+
+/* The delta-net's rows from its convolved input: for each of T rows, conv [C] = [q | k | v] (SiLU'd here), b and a
+ * [Hv] (a's raw gate, `araw`): q's and k's heads of Dk L2-normed (q's times Dk^-1/2) into q [T, Hk * Dk]; into
+ * row [T, ldr] at k's offset: k [Hk * Dk], v [Hv * Dv], e^g [Hv] with g = -e^A softplus(a + dt), beta [Hv] =
+ * sigmoid(b) beta_scale; g itself into g [T, Hv] (a prompt's chunked form reads it). b and a rows ldb apart. */
+extern "C" void cad_gdn_front(const float *conv, const float *b, const float *araw, int ldb, const float *A,
+                              const float *dt, int T, int Hk, int Dk, int Hv, int Dv, float beta_scale, float *q,
+                              float *row, int ldr, float *g, int nthreads) {
+    const int C = 2 * Hk * Dk + Hv * Dv;
+#pragma omp parallel for num_threads(T > 1 ? nthreads : 1) schedule(static)
+    for (int t = 0; t < T; t++) {
+        const float *c = conv + (size_t)t * C;
+        float *qt = q + (size_t)t * Hk * Dk, *rt = row + (size_t)t * ldr, *kt = rt, *vt = rt + Hk * Dk;
+        for (int i = 0; i < Hk * Dk; i++) qt[i] = silu(c[i]);
+        for (int i = 0; i < Hk * Dk; i++) kt[i] = silu(c[Hk * Dk + i]);
+        for (int i = 0; i < Hv * Dv; i++) vt[i] = silu(c[2 * Hk * Dk + i]);
+        for (int h = 0; h < Hk; h++) {
+            l2_unit(qt + h * Dk, Dk, 1.0f / std::sqrt((float)Dk));
+            l2_unit(kt + h * Dk, Dk, 1.0f);
+        }
+        float *decay = vt + Hv * Dv, *beta = decay + Hv, *gt = g + (size_t)t * Hv;
+        const float *bt = b + (size_t)t * ldb, *at = araw + (size_t)t * ldb;
+        for (int h = 0; h < Hv; h++) {
+            gt[h] = softplus(at[h] + dt[h]) * -std::exp(A[h]);
+            decay[h] = std::exp(gt[h]);
+            beta[h] = sigmoid(bt[h]) * beta_scale;
+        }
+    }
+}
+
+/* The delta-net's output before its product: each of T rows' o [Hv * Dv], head by head RMS-normed (eps), times the
+ * norm's weight [Dv], times SiLU(z) (z rows ldz apart), into out [T, Hv * Dv]. */
+extern "C" void cad_gdn_back(const float *o, const float *z, int ldz, const float *weight, int T, int Hv, int Dv,
+                             float eps, float *out, int nthreads) {
+#pragma omp parallel for num_threads(T > 1 ? nthreads : 1) schedule(static)
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < Hv; h++) {
+            const float *x = o + ((size_t)t * Hv + h) * Dv, *zt = z + (size_t)t * ldz + (size_t)h * Dv;
+            float ss = 0.0f;
+            for (int j = 0; j < Dv; j++) ss += x[j] * x[j];
+            const float r = 1.0f / std::sqrt(ss / (float)Dv + eps);
+            float *y = out + ((size_t)t * Hv + h) * Dv;
+            for (int j = 0; j < Dv; j++) y[j] = x[j] * r * weight[j] * silu(zt[j]);
+        }
+}
