@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models import kernels
+from models import recurrent_kernels as rk
 from models.attention import Visibility, lanes, padded
 
 
@@ -51,22 +51,13 @@ def conv_mix(rows: torch.Tensor, base: int, slots: torch.Tensor, weight: torch.T
     [T, channels]. `weight` [channels, K] as transformers' Conv1d holds it (tap K-1 on the row itself)."""
     kernel = weight.shape[1]
     width = weight.shape[0]
-    if _conv_kernel(rows, weight):  # the same products and sums, one pass over the taps (csrc/ops.cpp)
-        slots = slots.contiguous()
-        out = torch.empty(slots.shape[0], width, dtype=torch.float32)
-        args = (rows.data_ptr(), rows.stride(0), base, slots.data_ptr(), slots.shape[0], kernel, weight.data_ptr())
-        kernels.lib().cad_conv_mix(*args, width, out.data_ptr(), torch.get_num_threads())
-        return out
+    if rk.conv_on(rows, weight):  # the same products and sums, one pass over the taps
+        return rk.conv_mix(rows, base, slots, weight)
     got = rows[(slots - base).clamp(min=0), :width] * (slots >= 0).unsqueeze(-1).to(rows.dtype)  # [T, K, C]
     out = got[:, 0] * weight[:, kernel - 1]
     for j in range(1, kernel):  # tap by tap: each row's sum in the same order whatever the forward's rows
         out += got[:, j] * weight[:, kernel - 1 - j]
     return out
-
-
-def _conv_kernel(rows: torch.Tensor, weight: torch.Tensor) -> bool:
-    cpu = rows.device.type == "cpu" and rows.dtype == weight.dtype == torch.float32 and rows.stride(1) == 1
-    return cpu and weight.is_contiguous() and kernels.available()
 
 
 def short_conv(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
@@ -154,10 +145,10 @@ def gdn_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
     Several states at once (a tree's level) get the bits each gets alone: a state's slab is whole vectors."""
     hk, dk, hv, dv = a.gdn_k_heads, a.gdn_k_dim, a.gdn_v_heads, a.gdn_v_dim
     lo = a.gdn_conv_dim + hk * dk
-    if _gdn_kernel(state, a):  # the same products, each rounded alike, in one pass over the state
+    if rk.gdn_on(state, a):  # the same products, each rounded alike, in one pass over the state
         flat, rows = state.reshape(-1, hv, dk, dv).contiguous(), row.reshape(-1, row.shape[-1]).contiguous()
         offsets = (a.gdn_conv_dim, lo, lo + hv * dv, lo + hv * (dv + 1))
-        return _gdn_step(flat, rows, (hv, dk, dv, hk), offsets).view(state.shape)
+        return rk.gdn_step(flat, rows, (hv, dk, dv, hk), offsets).view(state.shape)
     decay, beta = row[..., lo + hv * dv : lo + hv * (dv + 1)], row[..., lo + hv * (dv + 1) : lo + hv * (dv + 2)]
     k = row[..., a.gdn_conv_dim : lo].unflatten(-1, (hk, dk)).repeat_interleave(hv // hk, -2)
     v = row[..., lo : lo + hv * dv].unflatten(-1, (hv, dv))
@@ -232,8 +223,8 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> Non
     rows, s0 = at.k, at.slot0
     rows[s0 : s0 + T, :C] = pre
     conv = conv_mix(rows, at.base, taps(at.vis, a.conv_kernel).to(x.device), w.gdn_conv)
-    fused = _gdn_kernel(at.v, a) and rows.stride(1) == 1
-    q, g = (_front_kernel if fused else _front)(a, w, conv, b, araw, rows[s0 : s0 + T, C:])  # q [T, Hk, Dk]
+    fused = rk.gdn_on(at.v, a) and rows.stride(1) == 1
+    q, g = (rk.gdn_front if fused else _front)(a, w, conv, b, araw, rows[s0 : s0 + T, C:])  # q [T, Hk, Dk]
     if T >= CHUNKED and _one_chain(at, T):  # a prompt's chunk: the chunked form, its end state kept for the fold
         k, vr, _, beta = rows[s0 : s0 + T, C:].split([hk * dk, hv * dv, hv, hv], dim=-1)
         k_v, q = (t.reshape(T, hk, dk).repeat_interleave(hv // hk, 1) for t in (k, q))
@@ -245,15 +236,12 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> Non
         q = q if fused else q.repeat_interleave(hv // hk, 1)
         for r, s in _levels(at, a, T):
             if fused:  # o = S^T q, each state read in one pass
-                o[r : r + len(s)] = gdn_read(s.contiguous(), q[r : r + len(s)], hk)
+                o[r : r + len(s)] = rk.gdn_read(s.contiguous(), q[r : r + len(s)], hk)
             else:
                 o[r : r + len(s)] = (s * q[r : r + len(s)].unsqueeze(-1)).sum(-2)  # [n, Hv, Dv]
     eps = a.gdn_norm_eps or a.norm_eps
     if fused and w.gdn_norm.is_contiguous():  # the gated norm in the CPU kernels
-        out = torch.empty(T, hv * dv, dtype=torch.float32)
-        args = (o.contiguous().data_ptr(), z.data_ptr(), z.stride(0), w.gdn_norm.data_ptr(), T, hv, dv, eps)
-        kernels.lib().cad_gdn_back(*args, out.data_ptr(), torch.get_num_threads())
-        o = out
+        o = rk.gdn_back(o, z, w.gdn_norm, eps)
     else:
         o = _heads(o.view(T, -1), dv, lambda t: _rms(t, eps))
         o = lanes2(lambda y, g: y * F.silu(g), (o.view(T, hv, dv) * w.gdn_norm).view(T, -1), z)
@@ -274,23 +262,7 @@ def _front(a, w, conv: torch.Tensor, b: torch.Tensor, araw: torch.Tensor, out: t
     return q, g
 
 
-def _front_kernel(a, w, conv: torch.Tensor, b: torch.Tensor, araw: torch.Tensor, out: torch.Tensor):
-    """`_front` in the CPU kernels (csrc/recurrent.cpp `cad_gdn_front`): each row in one pass, its own bits."""
-    T, hk, dk, hv, dv = conv.shape[0], a.gdn_k_heads, a.gdn_k_dim, a.gdn_v_heads, a.gdn_v_dim
-    q, g = torch.empty(T, hk, dk), torch.empty(T, hv)
-    A, dt = w.gdn_a.float().contiguous(), w.gdn_dt.float().contiguous()
-    args = (conv.contiguous().data_ptr(), b.data_ptr(), araw.data_ptr(), b.stride(0), A.data_ptr(), dt.data_ptr())
-    args += (T, hk, dk, hv, dv, a.gdn_beta_scale, q.data_ptr(), out.data_ptr(), out.stride(0), g.data_ptr())
-    kernels.lib().cad_gdn_front(*args, torch.get_num_threads())
-    return q, g
-
-
 # -- Mamba-2 ------------------------------------------------------------------------------------------------------
-
-
-def _ssm_kernel(state: torch.Tensor, a) -> bool:
-    """Whether Mamba-2's states step and are read in the CPU kernels (csrc/ops.cpp: the same steps, one pass)."""
-    return state.device.type == "cpu" and state.dtype == torch.float32 and a.ssm_state <= 1024 and kernels.available()
 
 
 def ssm_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
@@ -298,10 +270,10 @@ def ssm_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
     update, in its float steps), from the row's x, B, dt and exp(dt A)."""
     H, P, N, G = a.ssm_heads, a.ssm_head_dim, a.ssm_state, a.ssm_groups
     lo = a.ssm_conv_dim
-    if _ssm_kernel(state, a):  # the same products and sum, each rounded alike, in one pass over the state
+    if rk.ssm_on(state, a):  # the same products and sum, each rounded alike, in one pass over the state
         offsets = (lo, lo + H * P, lo + H * P + G * N, lo + H * P + G * N + H)
         flat, rows = state.reshape(-1, H, P, N).contiguous(), row.reshape(-1, row.shape[-1]).contiguous()
-        return _ssm_step(flat, rows, (H, P, N, G), offsets).view(state.shape)
+        return rk.ssm_step(flat, rows, (H, P, N, G), offsets).view(state.shape)
     x = row[..., lo : lo + H * P].unflatten(-1, (H, P))
     lo += H * P
     B = row[..., lo : lo + G * N].unflatten(-1, (G, N)).repeat_interleave(H // G, -2)
@@ -311,8 +283,8 @@ def ssm_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
 
 
 def mamba2(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
-    """A Mamba-2 branch of h, the layer's normed input (Granite 4.0-H, Nemotron-H, Falcon-H1), added to x in place: in_proj -> z, x B C
-    (convolved with a bias, SiLU), dt; each row's state stepped from its parent's; y = C h + D x;
+    """A Mamba-2 branch of h, the layer's normed input (Granite 4.0-H, Nemotron-H, Falcon-H1), added to x in place:
+    in_proj -> z, x B C (convolved with a bias, SiLU), dt; each row's state stepped from its parent's; y = C h + D x;
     out_proj(group_norm(y * silu(z))) (or `ModelArgs.ssm_norm`'s other order, or no norm)."""
     a = model.args
     T, H, P, N, G = x.shape[0], a.ssm_heads, a.ssm_head_dim, a.ssm_state, a.ssm_groups
@@ -320,74 +292,38 @@ def mamba2(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
     z, pre, dt_raw = w.ssm_in.matmul(h).split([inner, conv_dim, H], dim=-1)
     rows, s0 = at.k, at.slot0
     rows[s0 : s0 + T, :conv_dim] = pre
-    slots = taps(at.vis, a.conv_kernel).to(x.device)
-    A = -w.ssm_a.exp()
-    xbc = conv_mix(rows, at.base, slots, w.ssm_conv)  # every elementwise op over whole vectors (`lanes`)
-    xbc = lanes(F.silu, xbc + w.ssm_conv_b if w.ssm_conv_b is not None else xbc)
-    xs, br, cs = xbc.split([inner, G * N, G * N], dim=-1)
-    dt = lanes(F.softplus, dt_raw + w.ssm_dt)
-    rows[s0 : s0 + T, conv_dim:] = torch.cat([xs, br, dt, lanes(torch.exp, dt * A)], dim=-1)
+    xbc = conv_mix(rows, at.base, taps(at.vis, a.conv_kernel).to(x.device), w.ssm_conv)
+    fused = rk.ssm_on(at.v, a) and rows.stride(1) == 1
+    if fused:  # the rows and C in the CPU kernels
+        cs = rk.ssm_front(a, w, xbc, dt_raw, rows[s0 : s0 + T, conv_dim:])
+    else:  # every elementwise op over whole vectors (`lanes`)
+        xbc = lanes(F.silu, xbc + w.ssm_conv_b if w.ssm_conv_b is not None else xbc)
+        xs, br, cs = xbc.split([inner, G * N, G * N], dim=-1)
+        dt = lanes(F.softplus, dt_raw + w.ssm_dt)
+        rows[s0 : s0 + T, conv_dim:] = torch.cat([xs, br, dt, lanes(torch.exp, dt * -w.ssm_a.exp())], dim=-1)
     ys = torch.empty(T, H, P, dtype=x.dtype)
-    fused = _ssm_kernel(at.v, a)
     heads = cs if fused else cs.reshape(T, G, N).repeat_interleave(H // G, 1)  # [T, G * N] or [T, H, N]
     for r, s in _levels(at, a, T):
         if fused:  # y = h C, each state read in one pass
-            ys[r : r + len(s)] = ssm_read(s.contiguous(), heads[r : r + len(s)], (H, P, N, G))
+            ys[r : r + len(s)] = rk.ssm_read(s.contiguous(), heads[r : r + len(s)], (H, P, N, G))
         else:
             ys[r : r + len(s)] = (s * heads[r : r + len(s)].unsqueeze(-2)).sum(-1)
+    if fused and (w.ssm_norm is None or w.ssm_norm.is_contiguous()):
+        o = rk.ssm_back(a, w, ys, rows[s0 : s0 + T, conv_dim : conv_dim + inner], z)
+    else:
+        o = _ssm_out(a, w, ys, rows[s0 : s0 + T, conv_dim : conv_dim + inner], z)
+    model.residual(x, w.ssm_out, o, None, norm)
+
+
+def _ssm_out(a, w, ys: torch.Tensor, xs: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """y = ys + D x, normed and gated as the model says (`rk.ssm_back` in torch ops, over whole vectors)."""
+    T, H, P, inner, G = ys.shape[0], a.ssm_heads, a.ssm_head_dim, a.ssm_inner, a.ssm_groups
     y = lanes2(torch.add, ys.view(T, -1), (w.ssm_d.view(H, 1) * xs.reshape(T, H, P)).view(T, -1))
     gate = lambda u, g: u * F.silu(g)  # noqa: E731
     z, rms = z.contiguous(), lambda t: _rms(t, a.norm_eps)  # noqa: E731
     if a.ssm_norm == "gated":
-        o = _heads(lanes2(gate, y, z), inner // G, rms) * w.ssm_norm
-    else:  # Falcon-H1's: no norm, or the norm before the gate
-        o = lanes2(gate, y if a.ssm_norm == "none" else _heads(y, inner // G, rms) * w.ssm_norm, z)
-    model.residual(x, w.ssm_out, o, None, norm)
+        return _heads(lanes2(gate, y, z), inner // G, rms) * w.ssm_norm
+    return lanes2(gate, y if a.ssm_norm == "none" else _heads(y, inner // G, rms) * w.ssm_norm, z)  # (Falcon-H1)
 
 
 MIXERS = {"conv": short_conv, "gdn": gated_delta_net, "ssm": mamba2}
-
-
-# -- the states in the CPU kernels (csrc/ops.cpp): each step and each read one pass over a state --------------------
-
-
-def _gdn_kernel(state: torch.Tensor, a) -> bool:
-    """Whether delta-net states step and are read in the CPU kernels."""
-    return state.device.type == "cpu" and state.dtype == torch.float32 and a.gdn_v_dim <= 1024 and kernels.available()
-
-
-def _gdn_step(states: torch.Tensor, rows: torch.Tensor, dims: tuple, offsets: tuple) -> torch.Tensor:
-    """n delta-net states [n, Hv, Dk, Dv] (contiguous) a token further from their rows [n, W] (contiguous): a new
-    tensor (`cad_gdn_step`; dims (Hv, Dk, Dv, Hk); offsets of k, v, e^g and beta in a row)."""
-    out = torch.empty_like(states)
-    n, ldr, threads = rows.shape[0], rows.shape[1], torch.get_num_threads()
-    kernels.lib().cad_gdn_step(states.data_ptr(), rows.data_ptr(), ldr, n, *dims, *offsets, out.data_ptr(), threads)
-    return out
-
-
-def gdn_read(states: torch.Tensor, q: torch.Tensor, hk: int) -> torch.Tensor:
-    """o [n, Hv, Dv]: each state [n, Hv, Dk, Dv] (contiguous) read by its queries q [n, Hk, Dk] (rows contiguous; head
-    h reads q head h / (Hv / Hk))."""
-    n, Hv, Dk, Dv = states.shape
-    o = torch.empty(n, Hv, Dv, dtype=torch.float32)
-    args = (states.data_ptr(), q.data_ptr(), q.stride(0), n, Hv, Dk, Dv, hk, o.data_ptr(), torch.get_num_threads())
-    kernels.lib().cad_gdn_read(*args)
-    return o
-
-
-def _ssm_step(states: torch.Tensor, rows: torch.Tensor, dims: tuple, offsets: tuple) -> torch.Tensor:
-    """n Mamba-2 states [n, H, P, N] (contiguous) a token further from their rows [n, W] (contiguous): a new tensor
-    (`cad_ssm_step`; dims (H, P, N, G); offsets of x, B, dt and exp(dt A) in a row)."""
-    out = torch.empty_like(states)
-    n, ldr, threads = rows.shape[0], rows.shape[1], torch.get_num_threads()
-    kernels.lib().cad_ssm_step(states.data_ptr(), rows.data_ptr(), ldr, n, *dims, *offsets, out.data_ptr(), threads)
-    return out
-
-
-def ssm_read(states: torch.Tensor, c: torch.Tensor, dims: tuple) -> torch.Tensor:
-    """y [n, H, P]: each Mamba-2 state [n, H, P, N] (contiguous) read by its C [n, G * N] (rows contiguous)."""
-    n, (H, P, N, G) = states.shape[0], dims
-    y = torch.empty(n, H, P, dtype=torch.float32)
-    threads = torch.get_num_threads()
-    kernels.lib().cad_ssm_read(states.data_ptr(), c.data_ptr(), c.stride(0), n, H, P, N, G, y.data_ptr(), threads)
-    return y

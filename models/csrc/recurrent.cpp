@@ -28,7 +28,9 @@ extern "C" void cad_ssm_step(const float *s, const float *rows, int ldr, int n, 
     }
 }
 
-/* y [n, H, P] = each state's [n, H, P, N] rows . C [n, G, N] (C's rows ldc apart), summed in order over N. */
+/* y [n, H, P] = each state's [n, H, P, N] rows . C [n, G, N] (C's rows ldc apart): each sum in 16 lanes (element j
+ * into lane j mod 16, in order), then the lanes halved pairwise: an order that depends only on N, and a loop the
+ * compiler vectorizes (one running sum is a chain of dependent adds: a third of a decode step's Mamba-2 time). */
 extern "C" void cad_ssm_read(const float *s, const float *C, int ldc, int n, int H, int P, int N, int G, float *y,
                              int nthreads) {
 #pragma omp parallel for num_threads(n * H > 1 ? nthreads : 1) schedule(static)
@@ -37,9 +39,14 @@ extern "C" void cad_ssm_read(const float *s, const float *C, int ldc, int n, int
         const float *c = C + (size_t)i * ldc + (size_t)g * N;
         for (int p = 0; p < P; p++) {
             const float *st = s + ((size_t)ih * P + p) * N;
-            float acc = 0.0f;
-            for (int j = 0; j < N; j++) acc += st[j] * c[j];
-            y[(size_t)ih * P + p] = acc;
+            float acc[16] = {};
+            int j = 0;
+            for (; j + 16 <= N; j += 16)
+                for (int l = 0; l < 16; l++) acc[l] += st[j + l] * c[j + l];
+            for (; j < N; j++) acc[j % 16] += st[j] * c[j];
+            for (int w = 8; w > 0; w /= 2)
+                for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+            y[(size_t)ih * P + p] = acc[0];
         }
     }
 }
@@ -173,4 +180,51 @@ extern "C" void cad_gdn_back(const float *o, const float *z, int ldz, const floa
             float *y = out + ((size_t)t * Hv + h) * Dv;
             for (int j = 0; j < Dv; j++) y[j] = x[j] * r * weight[j] * silu(zt[j]);
         }
+}
+
+/* Mamba-2's rows from its convolved input: for each of T rows, conv [inner + 2 G N] = [x | B | C] (plus the
+ * convolution's bias cb where it has one, 0: none; SiLU'd here): into row [T, ldr] x [inner], B [G N], dt [H] =
+ * softplus(dt_raw + dt_bias) and exp(dt A) [H], A = -e^a; C into c [T, G N]. dt_raw's rows ldd apart. */
+extern "C" void cad_ssm_front(const float *conv, const float *cb, const float *dt_raw, int ldd, const float *dt_bias,
+                              const float *a, int T, int inner, int GN, int H, float *row, int ldr, float *c,
+                              int nthreads) {
+    const int width = inner + 2 * GN;
+#pragma omp parallel for num_threads(T > 1 ? nthreads : 1) schedule(static)
+    for (int t = 0; t < T; t++) {
+        const float *x = conv + (size_t)t * width, *d = dt_raw + (size_t)t * ldd;
+        float *rt = row + (size_t)t * ldr, *ct = c + (size_t)t * GN;
+        for (int i = 0; i < inner + GN; i++) rt[i] = silu(cb ? x[i] + cb[i] : x[i]);
+        for (int i = inner + GN; i < width; i++) ct[i - inner - GN] = silu(cb ? x[i] + cb[i] : x[i]);
+        float *dt = rt + inner + GN, *da = dt + H;
+        for (int h = 0; h < H; h++) {
+            dt[h] = softplus(d[h] + dt_bias[h]);
+            da[h] = std::exp(dt[h] * -std::exp(a[h]));
+        }
+    }
+}
+
+/* Mamba-2's output before its product, each of T rows: y = ys + D x (ys [T, H, P], x the row's [H P], rows ldx apart),
+ * then by `norm`: 0 group-RMS-normed (groups of `group`, eps) after the gate SiLU(z), times weight; 1 the gate
+ * alone; 2 normed and weighted before the gate. z's rows ldz apart; into out [T, H P]. */
+extern "C" void cad_ssm_back(const float *ys, const float *x, int ldx, const float *D, const float *z, int ldz,
+                             const float *weight, int T, int H, int P, int group, int norm, float eps, float *out,
+                             int nthreads) {
+    const int inner = H * P;
+#pragma omp parallel for num_threads(T > 1 ? nthreads : 1) schedule(static)
+    for (int t = 0; t < T; t++) {
+        const float *yt = ys + (size_t)t * inner, *xt = x + (size_t)t * ldx, *zt = z + (size_t)t * ldz;
+        float *o = out + (size_t)t * inner;
+        for (int i = 0; i < inner; i++) o[i] = yt[i] + D[i / P] * xt[i];
+        if (norm == 0)
+            for (int i = 0; i < inner; i++) o[i] = o[i] * silu(zt[i]);
+        if (norm != 1)
+            for (int g0 = 0; g0 < inner; g0 += group) {
+                float ss = 0.0f;
+                for (int i = g0; i < g0 + group; i++) ss += o[i] * o[i];
+                const float r = 1.0f / std::sqrt(ss / (float)group + eps);
+                for (int i = g0; i < g0 + group; i++) o[i] = o[i] * r * weight[i];
+            }
+        if (norm != 0)
+            for (int i = 0; i < inner; i++) o[i] = o[i] * silu(zt[i]);
+    }
 }

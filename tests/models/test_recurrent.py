@@ -167,6 +167,7 @@ def test_mamba2_states_step_and_read_in_one_pass_with_torch_s_bits_on_every_path
     from types import SimpleNamespace
 
     from models import kernels, recurrent
+    from models import recurrent_kernels as rk
     from tests.models.test_kernel_paths import path_lib
 
     so = path_lib(path_name)
@@ -179,9 +180,9 @@ def test_mamba2_states_step_and_read_in_one_pass_with_torch_s_bits_on_every_path
     with kernels.using(so):
         stepped = recurrent.ssm_step(states, rows, a)
         alone = torch.stack([recurrent.ssm_step(states[i], rows[i], a) for i in range(5)])
-        read = recurrent.ssm_read(stepped, c, (H, P, N, G))
-        read_alone = torch.cat([recurrent.ssm_read(stepped[i : i + 1], c[i : i + 1], (H, P, N, G)) for i in range(5)])
-    monkeypatch.setattr(recurrent, "_ssm_kernel", lambda *_: False)
+        read = rk.ssm_read(stepped, c, (H, P, N, G))
+        read_alone = torch.cat([rk.ssm_read(stepped[i : i + 1], c[i : i + 1], (H, P, N, G)) for i in range(5)])
+    monkeypatch.setattr(rk, "ssm_on", lambda *_: False)
     assert torch.equal(stepped, recurrent.ssm_step(states, rows, a))  # torch's own ops, the same bits
     assert torch.equal(stepped, alone) and torch.equal(read, read_alone)
     by_torch = (stepped * c.reshape(5, G, N).repeat_interleave(H // G, 1).unsqueeze(-2)).sum(-1)
@@ -196,6 +197,7 @@ def test_delta_net_states_step_and_read_in_one_pass_on_every_path(monkeypatch, p
     from types import SimpleNamespace
 
     from models import kernels, recurrent
+    from models import recurrent_kernels as rk
     from tests.models.test_kernel_paths import path_lib
 
     so = path_lib(path_name)
@@ -209,10 +211,10 @@ def test_delta_net_states_step_and_read_in_one_pass_on_every_path(monkeypatch, p
     with kernels.using(so):
         stepped = recurrent.gdn_step(states, rows, a)
         alone = torch.stack([recurrent.gdn_step(states[i], rows[i], a) for i in range(5)])
-        read = recurrent.gdn_read(stepped, q, hv)
-        read_alone = torch.cat([recurrent.gdn_read(stepped[i : i + 1], q[i : i + 1], hv) for i in range(5)])
+        read = rk.gdn_read(stepped, q, hv)
+        read_alone = torch.cat([rk.gdn_read(stepped[i : i + 1], q[i : i + 1], hv) for i in range(5)])
     assert torch.equal(stepped, alone) and torch.equal(read, read_alone)
-    monkeypatch.setattr(recurrent, "_gdn_kernel", lambda *_: False)
+    monkeypatch.setattr(rk, "gdn_on", lambda *_: False)
     assert torch.allclose(stepped, recurrent.gdn_step(states, rows, a), rtol=1e-5, atol=1e-5)  # torch's own ops
     assert torch.allclose(read, (stepped * q.unsqueeze(-1)).sum(-2), rtol=1e-5, atol=1e-5)
 
@@ -222,6 +224,7 @@ def test_a_convolution_over_a_tree_s_taps_in_one_pass_gives_torch_s_bits_on_ever
     """The CPU kernels' causal depthwise convolution (csrc/ops.cpp `cad_conv_mix`) gives torch's separate ops' bits,
     taps before the context (-1) included, over rows of a wider buffer, wide enough to run on several threads."""
     from models import kernels, recurrent
+    from models import recurrent_kernels as rk
     from tests.models.test_kernel_paths import path_lib
 
     so = path_lib(path_name)
@@ -234,7 +237,7 @@ def test_a_convolution_over_a_tree_s_taps_in_one_pass_gives_torch_s_bits_on_ever
         with kernels.using(so):
             got = recurrent.conv_mix(rows, 30, slots, weight)
         with monkeypatch.context() as m:
-            m.setattr(recurrent, "_conv_kernel", lambda *_: False)
+            m.setattr(rk, "conv_on", lambda *_: False)
             assert torch.equal(got, recurrent.conv_mix(rows, 30, slots, weight))
 
 
@@ -244,6 +247,7 @@ def test_the_delta_net_s_work_around_its_state_in_the_cpu_kernels_is_torch_s_wit
     from types import SimpleNamespace
 
     from models import kernels, recurrent
+    from models import recurrent_kernels as rk
 
     if not kernels.available():
         pytest.skip("no kernel library here (no C++ compiler)")
@@ -255,7 +259,7 @@ def test_the_delta_net_s_work_around_its_state_in_the_cpu_kernels_is_torch_s_wit
     conv, proj = torch.randn(T, C, generator=g) * 3, torch.randn(T, hv * dv + 2 * hv + 5, generator=g) * 3
     z, b, araw = proj[:, : hv * dv], proj[:, hv * dv : hv * dv + hv], proj[:, hv * dv + hv : hv * dv + 2 * hv]
     rows = [torch.zeros(T, 7 + hk * dk + hv * (dv + 2)) for _ in range(2)]
-    got = recurrent._front_kernel(a, w, conv, b, araw, rows[0][:, 7:])
+    got = rk.gdn_front(a, w, conv, b, araw, rows[0][:, 7:])
     want = recurrent._front(a, w, conv, b, araw, rows[1][:, 7:])
     for x, y in zip((*got, rows[0]), (*want, rows[1])):
         assert torch.allclose(x, y, rtol=1e-5, atol=1e-6)
@@ -265,3 +269,37 @@ def test_the_delta_net_s_work_around_its_state_in_the_cpu_kernels_is_torch_s_wit
     )
     by_torch = recurrent._rms(o, 1e-6) * weight * torch.nn.functional.silu(z.reshape(T, hv, dv))
     assert torch.allclose(out, by_torch.reshape(T, -1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("norm", ["gated", "none", "before"])
+def test_mamba2_s_work_around_its_state_in_the_cpu_kernels_is_torch_s_within_rounding(norm):
+    """`cad_ssm_front` (SiLU with the convolution's bias, dt and exp(dt A): the rows a state steps from, and C) and
+    `cad_ssm_back` (y = ys + D x, normed and gated in each of `ModelArgs.ssm_norm`'s orders) against torch's ops."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+
+    from models import kernels, recurrent
+    from models import recurrent_kernels as rk
+
+    if not kernels.available():
+        pytest.skip("no kernel library here (no C++ compiler)")
+    H, P, N, G, T = 4, 8, 16, 2, 3
+    inner, GN = H * P, G * N
+    a = SimpleNamespace(ssm_heads=H, ssm_head_dim=P, ssm_state=N, ssm_groups=G, ssm_inner=inner, ssm_norm=norm)
+    a.norm_eps = 1e-5
+    g = torch.Generator().manual_seed(8)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    w = SimpleNamespace(ssm_conv_b=r(inner + 2 * GN), ssm_dt=r(H), ssm_a=r(H), ssm_d=r(H), ssm_norm=r(inner))
+    conv, proj = r(T, inner + 2 * GN) * 3, r(T, inner + H + 3) * 3
+    z, dt_raw = proj[:, :inner], proj[:, inner : inner + H]
+    rows = torch.zeros(T, 5 + inner + GN + 2 * H)
+    c = rk.ssm_front(a, w, conv, dt_raw, rows[:, 5:])
+    xbc = F.silu(conv + w.ssm_conv_b)
+    dt = F.softplus(dt_raw + w.ssm_dt)
+    want = torch.cat([xbc[:, : inner + GN], dt, torch.exp(dt * -w.ssm_a.exp())], dim=-1)
+    assert torch.allclose(rows[:, 5:], want, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(c, xbc[:, inner + GN :], rtol=1e-5, atol=1e-6)
+    ys, xs = r(T, H, P), rows[:, 5 : 5 + inner]
+    got = rk.ssm_back(a, w, ys, xs, z)
+    assert torch.allclose(got, recurrent._ssm_out(a, w, ys, xs, z), rtol=1e-5, atol=1e-5)
