@@ -42,6 +42,8 @@ _SIGNATURES = {
     "cad_gdn_read": [_P, _P, _I, _I, _I, _I, _I, _I, _P, _I],
     "cad_gdn_front": [_P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _P, _I, _P, _I],
     "cad_gdn_back": [_P, _P, _I, _P, _I, _I, _I, ctypes.c_float, _P, _I],
+    "cad_ssm_scan": [_P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I],
+    "cad_gdn_scan": [_P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I],
     "cad_ssm_front": [_P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I],
     "cad_ssm_back": [_P, _P, _I, _P, _P, _I, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _I],
     "cad_flash_ffn": [_P, _I, _I, _P, ctypes.c_long, _P, _I, _P, _I, _I],

@@ -90,6 +90,13 @@ def _one_chain(at, T: int) -> bool:
     return lens == list(range(1, T + 1)) and vis.idx[vis.ptr[-2] :].tolist() == list(range(at.folded, at.folded + T))
 
 
+def _keep(at, T: int, out: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """A one-chain forward's last state kept for the next forward's fold (`KVCache.chains`, by the layer's rows); out."""
+    if at.chains is not None:
+        at.chains[at.k.data_ptr()] = (at.folded, at.base + at.slot0 + T, end)
+    return out
+
+
 def chunk_rule(q, k, v, g, beta, state, chunk: int = 64):
     """The gated delta rule over a chain of T tokens at once (transformers' chunked WY form): q, k [T, H, Dk] (q
     normalised and scaled, k normalised), v [T, H, Dv], g (log decays) and beta [T, H], from `state` [H, Dk, Dv];
@@ -229,8 +236,10 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> Non
         k, vr, _, beta = rows[s0 : s0 + T, C:].split([hk * dk, hv * dv, hv, hv], dim=-1)
         k_v, q = (t.reshape(T, hk, dk).repeat_interleave(hv // hk, 1) for t in (k, q))
         o, end = chunk_rule(q, k_v, vr.reshape(T, hv, dv), g, beta, at.v)
-        o = o.contiguous()
-        at.chains[at.k.data_ptr()] = (at.folded, at.base + at.slot0 + T, end)  # by the layer's rows
+        o = _keep(at, T, o.contiguous(), end)
+    elif fused and T > 1 and _one_chain(at, T):  # a chain's rows (a short prompt's): stepped and read in one call
+        offsets = (C, C + hk * dk, C + hk * dk + hv * dv, C + hk * dk + hv * (dv + 1))
+        o = _keep(at, T, *rk.gdn_scan(at.v, rows[s0 : s0 + T], q, (hv, dk, dv, hk), offsets))
     else:
         o = torch.empty(T, hv, dv, dtype=x.dtype, device=x.device)
         q = q if fused else q.repeat_interleave(hv // hk, 1)
@@ -301,13 +310,17 @@ def mamba2(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
         xs, br, cs = xbc.split([inner, G * N, G * N], dim=-1)
         dt = lanes(F.softplus, dt_raw + w.ssm_dt)
         rows[s0 : s0 + T, conv_dim:] = torch.cat([xs, br, dt, lanes(torch.exp, dt * -w.ssm_a.exp())], dim=-1)
-    ys = torch.empty(T, H, P, dtype=x.dtype)
-    heads = cs if fused else cs.reshape(T, G, N).repeat_interleave(H // G, 1)  # [T, G * N] or [T, H, N]
-    for r, s in _levels(at, a, T):
-        if fused:  # y = h C, each state read in one pass
-            ys[r : r + len(s)] = rk.ssm_read(s.contiguous(), heads[r : r + len(s)], (H, P, N, G))
-        else:
-            ys[r : r + len(s)] = (s * heads[r : r + len(s)].unsqueeze(-2)).sum(-1)
+    if fused and T > 1 and _one_chain(at, T):  # a prompt's rows, a chain's: stepped and read in one call
+        offsets = (conv_dim, conv_dim + H * P, conv_dim + H * P + G * N, conv_dim + H * P + G * N + H)
+        ys = _keep(at, T, *rk.ssm_scan(at.v, rows[s0 : s0 + T], cs, (H, P, N, G), offsets))
+    else:
+        ys = torch.empty(T, H, P, dtype=x.dtype)
+        heads = cs if fused else cs.reshape(T, G, N).repeat_interleave(H // G, 1)  # [T, G * N] or [T, H, N]
+        for r, s in _levels(at, a, T):
+            if fused:  # y = h C, each state read in one pass
+                ys[r : r + len(s)] = rk.ssm_read(s.contiguous(), heads[r : r + len(s)], (H, P, N, G))
+            else:
+                ys[r : r + len(s)] = (s * heads[r : r + len(s)].unsqueeze(-2)).sum(-1)
     if fused and (w.ssm_norm is None or w.ssm_norm.is_contiguous()):
         o = rk.ssm_back(a, w, ys, rows[s0 : s0 + T, conv_dim : conv_dim + inner], z)
     else:

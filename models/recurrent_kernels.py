@@ -56,6 +56,17 @@ def gdn_read(states: torch.Tensor, q: torch.Tensor, hk: int) -> torch.Tensor:
     return o
 
 
+def gdn_scan(state: torch.Tensor, rows: torch.Tensor, q: torch.Tensor, dims: tuple, offsets: tuple):
+    """A chain of T rows [T, W] (rows contiguous) from a delta-net state [Hv, Dk, Dv]: (o [T, Hv, Dv], the last
+    state), the bits of T `gdn_step`s and `gdn_read`s (`cad_gdn_scan`; q [T, Hk, Dk], rows contiguous)."""
+    (T, ldr), (Hv, Dk, Dv, Hk) = (rows.shape[0], rows.stride(0)), dims
+    state = state.contiguous()
+    o, out = torch.empty(T, Hv, Dv), torch.empty_like(state)
+    args = (state.data_ptr(), rows.data_ptr(), ldr, T, *dims, *offsets, q.data_ptr(), q.stride(0), o.data_ptr())
+    kernels.lib().cad_gdn_scan(*args, out.data_ptr(), _threads())
+    return o, out
+
+
 def gdn_front(a, w, conv: torch.Tensor, b: torch.Tensor, araw: torch.Tensor, out: torch.Tensor):
     """models/recurrent.py `_front` (`cad_gdn_front`): [k | v | e^g | beta] into `out` (the layer's rows);
     (q [T, Hk, Dk], g [T, Hv]). Each row in one pass, its own bits."""
@@ -94,6 +105,17 @@ def ssm_read(states: torch.Tensor, c: torch.Tensor, dims: tuple) -> torch.Tensor
     args = (states.data_ptr(), c.data_ptr(), c.stride(0), n, H, P, N, G, y.data_ptr(), _threads())
     kernels.lib().cad_ssm_read(*args)
     return y
+
+
+def ssm_scan(state: torch.Tensor, rows: torch.Tensor, c: torch.Tensor, dims: tuple, offsets: tuple):
+    """A chain of T rows [T, W] (rows contiguous) from a Mamba-2 state [H, P, N]: (y [T, H, P], the last state), the
+    bits of T `ssm_step`s and `ssm_read`s (`cad_ssm_scan`; c [T, G * N], rows contiguous)."""
+    (T, ldr), (H, P, N, G) = (rows.shape[0], rows.stride(0)), dims
+    state = state.contiguous()
+    y, out = torch.empty(T, H, P), torch.empty_like(state)
+    args = (state.data_ptr(), rows.data_ptr(), ldr, T, *dims, *offsets, c.data_ptr(), c.stride(0), y.data_ptr())
+    kernels.lib().cad_ssm_scan(*args, out.data_ptr(), _threads())
+    return y, out
 
 
 def ssm_front(a, w, conv: torch.Tensor, dt_raw: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -9,44 +9,102 @@
 #include <cstdint>
 #include <cstddef>
 
-/* n Mamba-2 states [n, H, P, N] a token further, into out: h' = h da + (dt B) x, each product and the sum rounded as
- * torch's separate ops round them (models/recurrent.py `ssm_step`: the same bits). rows [n, ldr]: x [H, P] at xo,
- * B [G, N] at bo, dt [H] at dto and exp(dt A) [H] at dao; a state alone or n of a tree's level, each on its own. */
+namespace {
+
+/* One Mamba-2 head's state [P, N] a token further, into O (O may be S): h' = h da + (dt B) x, each product and the
+ * sum rounded as torch's separate ops round them (models/recurrent.py `ssm_step`: the same bits). row: x [H, P] at
+ * xo, B [G, N] at bo, dt [H] at dto and exp(dt A) [H] at dao. */
+void ssm_head_step(const float *S, const float *row, int h, int g, int P, int N, int xo, int bo, int dto, int dao,
+                   float *O) {
+    const float da = row[dao + h], dt = row[dto + h], *B = row + bo + (size_t)g * N;
+    float dtb[1024];
+    for (int j = 0; j < N; j++) dtb[j] = dt * B[j];
+    for (int p = 0; p < P; p++) {
+        const float x = row[xo + h * P + p];
+        for (int j = 0; j < N; j++) O[(size_t)p * N + j] = S[(size_t)p * N + j] * da + dtb[j] * x;
+    }
+}
+
+/* y [P] = one head's state [P, N] . c [N]: each sum in 16 lanes (element j into lane j mod 16, in order), then the
+ * lanes halved pairwise: an order that depends only on N, and a loop the compiler vectorizes (one running sum is a
+ * chain of dependent adds: a third of a decode step's Mamba-2 time). */
+void ssm_head_read(const float *S, const float *c, int P, int N, float *y) {
+    for (int p = 0; p < P; p++) {
+        const float *st = S + (size_t)p * N;
+        float acc[16] = {};
+        int j = 0;
+        for (; j + 16 <= N; j += 16)
+            for (int l = 0; l < 16; l++) acc[l] += st[j + l] * c[j + l];
+        for (; j < N; j++) acc[j % 16] += st[j] * c[j];
+        for (int w = 8; w > 0; w /= 2)
+            for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+        y[p] = acc[0];
+    }
+}
+
+/* One delta-net head's state [Dk, Dv] a token further, into O (O may be S): S' = e^g S; mem = S'^T k; S' += k (beta
+ * (v - mem))^T, each product rounded as torch's separate ops round it (models/recurrent.py `gdn_step`), the sum over
+ * Dk in order. k [Dk], v [Dv]. Dv <= 1024. */
+void gdn_head_step(const float *S, const float *k, const float *v, float decay, float beta, int Dk, int Dv, float *O) {
+    float mem[1024], delta[1024];
+    for (int j = 0; j < Dv; j++) mem[j] = 0.0f;
+    for (int r = 0; r < Dk; r++) {
+        const float kr = k[r];
+        for (int j = 0; j < Dv; j++) {
+            const float d = S[(size_t)r * Dv + j] * decay;
+            O[(size_t)r * Dv + j] = d;
+            mem[j] += d * kr;
+        }
+    }
+    for (int j = 0; j < Dv; j++) delta[j] = (v[j] - mem[j]) * beta;
+    for (int r = 0; r < Dk; r++) {
+        const float kr = k[r];
+        for (int j = 0; j < Dv; j++) O[(size_t)r * Dv + j] = O[(size_t)r * Dv + j] + kr * delta[j];
+    }
+}
+
+/* o [Dv] = one delta-net head's state [Dk, Dv] columns . q [Dk], summed in order over Dk. */
+void gdn_head_read(const float *S, const float *q, int Dk, int Dv, float *o) {
+    for (int j = 0; j < Dv; j++) o[j] = 0.0f;
+    for (int r = 0; r < Dk; r++)
+        for (int j = 0; j < Dv; j++) o[j] += S[(size_t)r * Dv + j] * q[r];
+}
+
+}  // namespace
+
+/* n Mamba-2 states [n, H, P, N] a token further, into out (`ssm_head_step`; rows [n, ldr]): a state alone or n of a
+ * tree's level, each on its own. */
 extern "C" void cad_ssm_step(const float *s, const float *rows, int ldr, int n, int H, int P, int N, int G, int xo,
                              int bo, int dto, int dao, float *out, int nthreads) {
 #pragma omp parallel for num_threads(n * H > 1 ? nthreads : 1) schedule(static)
     for (int ih = 0; ih < n * H; ih++) {
-        const int i = ih / H, h = ih % H, g = h / (H / G);
-        const float *row = rows + (size_t)i * ldr, da = row[dao + h], dt = row[dto + h], *B = row + bo + (size_t)g * N;
-        float dtb[1024];
-        for (int j = 0; j < N; j++) dtb[j] = dt * B[j];
-        for (int p = 0; p < P; p++) {
-            const size_t at = ((size_t)ih * P + p) * N;
-            const float x = row[xo + h * P + p];
-            for (int j = 0; j < N; j++) out[at + j] = s[at + j] * da + dtb[j] * x;
-        }
+        const int i = ih / H, h = ih % H;
+        const size_t at = (size_t)ih * P * N;
+        ssm_head_step(s + at, rows + (size_t)i * ldr, h, h / (H / G), P, N, xo, bo, dto, dao, out + at);
     }
 }
 
-/* y [n, H, P] = each state's [n, H, P, N] rows . C [n, G, N] (C's rows ldc apart): each sum in 16 lanes (element j
- * into lane j mod 16, in order), then the lanes halved pairwise: an order that depends only on N, and a loop the
- * compiler vectorizes (one running sum is a chain of dependent adds: a third of a decode step's Mamba-2 time). */
+/* y [n, H, P] = each state's [n, H, P, N] rows . C [n, G, N] (C's rows ldc apart; `ssm_head_read`). */
 extern "C" void cad_ssm_read(const float *s, const float *C, int ldc, int n, int H, int P, int N, int G, float *y,
                              int nthreads) {
 #pragma omp parallel for num_threads(n * H > 1 ? nthreads : 1) schedule(static)
     for (int ih = 0; ih < n * H; ih++) {
-        const int i = ih / H, h = ih % H, g = h / (H / G);
-        const float *c = C + (size_t)i * ldc + (size_t)g * N;
-        for (int p = 0; p < P; p++) {
-            const float *st = s + ((size_t)ih * P + p) * N;
-            float acc[16] = {};
-            int j = 0;
-            for (; j + 16 <= N; j += 16)
-                for (int l = 0; l < 16; l++) acc[l] += st[j + l] * c[j + l];
-            for (; j < N; j++) acc[j % 16] += st[j] * c[j];
-            for (int w = 8; w > 0; w /= 2)
-                for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-            y[(size_t)ih * P + p] = acc[0];
+        const int i = ih / H, h = ih % H;
+        ssm_head_read(s + (size_t)ih * P * N, C + (size_t)i * ldc + (size_t)(h / (H / G)) * N, P, N, y + (size_t)ih * P);
+    }
+}
+
+/* A chain of T rows from the state s [H, P, N] (a prompt's, a chain's verification): each row's state stepped from
+ * the last and read, y [T, H, P], the last state into out; the bits of T `cad_ssm_step`s and `cad_ssm_read`s, in
+ * one call (the rows' states are not kept: a chain's rows have no other children). */
+extern "C" void cad_ssm_scan(const float *s, const float *rows, int ldr, int T, int H, int P, int N, int G, int xo,
+                             int bo, int dto, int dao, const float *C, int ldc, float *y, float *out, int nthreads) {
+#pragma omp parallel for num_threads(H > 1 ? nthreads : 1) schedule(static)
+    for (int h = 0; h < H; h++) {
+        const size_t at = (size_t)h * P * N;
+        for (int t = 0; t < T; t++) {
+            ssm_head_step(t ? out + at : s + at, rows + (size_t)t * ldr, h, h / (H / G), P, N, xo, bo, dto, dao, out + at);
+            ssm_head_read(out + at, C + (size_t)t * ldc + (size_t)(h / (H / G)) * N, P, N, y + ((size_t)t * H + h) * P);
         }
     }
 }
@@ -73,49 +131,45 @@ extern "C" void cad_conv_mix(const float *rows, int ldr, int64_t base, const int
     }
 }
 
-/* n gated delta-net states [n, Hv, Dk, Dv] a token further, into out: S' = e^g S; mem = S'^T k; S' += k (beta (v -
- * mem))^T, each product rounded as torch's separate ops round it (models/recurrent.py `gdn_step`), the sum over Dk in
- * order. rows [n, ldr]: k [Hk, Dk] at ko (head h reads k head h / (Hv / Hk)), v [Hv, Dv] at vo, e^g [Hv] at go and
- * beta [Hv] at bo; a state alone or n of a tree's level, each on its own. Dv <= 1024. */
+/* n gated delta-net states [n, Hv, Dk, Dv] a token further, into out (`gdn_head_step`). rows [n, ldr]: k [Hk, Dk] at
+ * ko (head h reads k head h / (Hv / Hk)), v [Hv, Dv] at vo, e^g [Hv] at go and beta [Hv] at bo; a state alone or n
+ * of a tree's level, each on its own. */
 extern "C" void cad_gdn_step(const float *s, const float *rows, int ldr, int n, int Hv, int Dk, int Dv, int Hk, int ko,
                              int vo, int go, int bo, float *out, int nthreads) {
 #pragma omp parallel for num_threads(n * Hv > 1 ? nthreads : 1) schedule(static)
     for (int ih = 0; ih < n * Hv; ih++) {
         const int i = ih / Hv, h = ih % Hv;
-        const float *row = rows + (size_t)i * ldr, *k = row + ko + (size_t)(h / (Hv / Hk)) * Dk, *v = row + vo + (size_t)h * Dv;
-        const float decay = row[go + h], beta = row[bo + h];
-        const float *S = s + (size_t)ih * Dk * Dv;
-        float *O = out + (size_t)ih * Dk * Dv;
-        float mem[1024], delta[1024];
-        for (int j = 0; j < Dv; j++) mem[j] = 0.0f;
-        for (int r = 0; r < Dk; r++) {
-            const float kr = k[r];
-            for (int j = 0; j < Dv; j++) {
-                const float d = S[(size_t)r * Dv + j] * decay;
-                O[(size_t)r * Dv + j] = d;
-                mem[j] += d * kr;
-            }
-        }
-        for (int j = 0; j < Dv; j++) delta[j] = (v[j] - mem[j]) * beta;
-        for (int r = 0; r < Dk; r++) {
-            const float kr = k[r];
-            for (int j = 0; j < Dv; j++) O[(size_t)r * Dv + j] = O[(size_t)r * Dv + j] + kr * delta[j];
-        }
+        const float *row = rows + (size_t)i * ldr, *k = row + ko + (size_t)(h / (Hv / Hk)) * Dk;
+        const size_t at = (size_t)ih * Dk * Dv;
+        gdn_head_step(s + at, k, row + vo + (size_t)h * Dv, row[go + h], row[bo + h], Dk, Dv, out + at);
     }
 }
 
 /* o [n, Hv, Dv] = each state's [n, Hv, Dk, Dv] columns . q [n, Hk, Dk] (head h reads q head h / (Hv / Hk); q's rows
- * ldq apart), summed in order over Dk. */
+ * ldq apart; `gdn_head_read`). */
 extern "C" void cad_gdn_read(const float *s, const float *q, int ldq, int n, int Hv, int Dk, int Dv, int Hk, float *o,
                              int nthreads) {
 #pragma omp parallel for num_threads(n * Hv > 1 ? nthreads : 1) schedule(static)
     for (int ih = 0; ih < n * Hv; ih++) {
         const int i = ih / Hv, h = ih % Hv;
-        const float *qh = q + (size_t)i * ldq + (size_t)(h / (Hv / Hk)) * Dk, *S = s + (size_t)ih * Dk * Dv;
-        float *oh = o + (size_t)ih * Dv;
-        for (int j = 0; j < Dv; j++) oh[j] = 0.0f;
-        for (int r = 0; r < Dk; r++)
-            for (int j = 0; j < Dv; j++) oh[j] += S[(size_t)r * Dv + j] * qh[r];
+        const float *qh = q + (size_t)i * ldq + (size_t)(h / (Hv / Hk)) * Dk;
+        gdn_head_read(s + (size_t)ih * Dk * Dv, qh, Dk, Dv, o + (size_t)ih * Dv);
+    }
+}
+
+/* A chain of T rows from the state s [Hv, Dk, Dv]: each row's state stepped from the last and read by its q, o [T,
+ * Hv, Dv], the last state into out; the bits of T `cad_gdn_step`s and `cad_gdn_read`s, in one call. */
+extern "C" void cad_gdn_scan(const float *s, const float *rows, int ldr, int T, int Hv, int Dk, int Dv, int Hk, int ko,
+                             int vo, int go, int bo, const float *q, int ldq, float *o, float *out, int nthreads) {
+#pragma omp parallel for num_threads(Hv > 1 ? nthreads : 1) schedule(static)
+    for (int h = 0; h < Hv; h++) {
+        const size_t at = (size_t)h * Dk * Dv, kh = (size_t)(h / (Hv / Hk)) * Dk;
+        for (int t = 0; t < T; t++) {
+            const float *row = rows + (size_t)t * ldr;
+            gdn_head_step(t ? out + at : s + at, row + ko + kh, row + vo + (size_t)h * Dv, row[go + h], row[bo + h], Dk,
+                          Dv, out + at);
+            gdn_head_read(out + at, q + (size_t)t * ldq + kh, Dk, Dv, o + ((size_t)t * Hv + h) * Dv);
+        }
     }
 }
 

@@ -303,3 +303,33 @@ def test_mamba2_s_work_around_its_state_in_the_cpu_kernels_is_torch_s_within_rou
     ys, xs = r(T, H, P), rows[:, 5 : 5 + inner]
     got = rk.ssm_back(a, w, ys, xs, z)
     assert torch.allclose(got, recurrent._ssm_out(a, w, ys, xs, z), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path_name", [p.name for p in PATHS])
+def test_a_chain_s_rows_scanned_in_one_call_get_the_bits_of_a_row_at_a_time_on_every_path(path_name):
+    """`cad_ssm_scan` and `cad_gdn_scan` (a prompt's rows, a chain's: one call a layer) give each row's output and the
+    last state bit for bit as T steps and reads one row at a time do (a decode step's, a tree level's)."""
+    from models import kernels
+    from models import recurrent_kernels as rk
+    from tests.models.test_kernel_paths import path_lib
+
+    so = path_lib(path_name)
+    g = torch.Generator().manual_seed(9)
+    T, H, P, N, G, conv = 6, 4, 8, 32, 2, 10
+    rows = torch.randn(T + 2, conv + H * P + G * N + 2 * H, generator=g)[1 : T + 1]  # rows of a layer's buffer
+    c, state = torch.randn(T, G * N, generator=g), torch.randn(H, P, N, generator=g)
+    offsets = (conv, conv + H * P, conv + H * P + G * N, conv + H * P + G * N + H)
+    hk, dk, hv, dv = 2, 16, 4, 8
+    grows = torch.randn(T, conv + hk * dk + hv * (dv + 2), generator=g)
+    q, gstate = torch.randn(T, hk, dk, generator=g), torch.randn(hv, dk, dv, generator=g)
+    goffsets = (conv, conv + hk * dk, conv + hk * dk + hv * dv, conv + hk * dk + hv * (dv + 1))
+    with kernels.using(so):
+        ys, end = rk.ssm_scan(state, rows, c, (H, P, N, G), offsets)
+        o, gend = rk.gdn_scan(gstate, grows, q, (hv, dk, dv, hk), goffsets)
+        s, gs = state.unsqueeze(0), gstate.unsqueeze(0)
+        for t in range(T):
+            s = rk.ssm_step(s, rows[t : t + 1].contiguous(), (H, P, N, G), offsets)
+            assert torch.equal(ys[t], rk.ssm_read(s, c[t : t + 1], (H, P, N, G))[0])
+            gs = rk.gdn_step(gs, grows[t : t + 1], (hv, dk, dv, hk), goffsets)
+            assert torch.equal(o[t], rk.gdn_read(gs, q[t : t + 1], hk)[0])
+    assert torch.equal(end, s[0]) and torch.equal(gend, gs[0])
