@@ -59,7 +59,7 @@ def gdn_read(states: torch.Tensor, q: torch.Tensor, hk: int) -> torch.Tensor:
 def gdn_scan(state: torch.Tensor, rows: torch.Tensor, q: torch.Tensor, dims: tuple, offsets: tuple):
     """A chain of T rows [T, W] (rows contiguous) from a delta-net state [Hv, Dk, Dv]: (o [T, Hv, Dv], the last
     state), the bits of T `gdn_step`s and `gdn_read`s (`cad_gdn_scan`; q [T, Hk, Dk], rows contiguous)."""
-    (T, ldr), (Hv, Dk, Dv, Hk) = (rows.shape[0], rows.stride(0)), dims
+    T, ldr, Hv, Dv = rows.shape[0], rows.stride(0), dims[0], dims[2]
     state = state.contiguous()
     o, out = torch.empty(T, Hv, Dv), torch.empty_like(state)
     args = (state.data_ptr(), rows.data_ptr(), ldr, T, *dims, *offsets, q.data_ptr(), q.stride(0), o.data_ptr())
@@ -110,7 +110,7 @@ def ssm_read(states: torch.Tensor, c: torch.Tensor, dims: tuple) -> torch.Tensor
 def ssm_scan(state: torch.Tensor, rows: torch.Tensor, c: torch.Tensor, dims: tuple, offsets: tuple):
     """A chain of T rows [T, W] (rows contiguous) from a Mamba-2 state [H, P, N]: (y [T, H, P], the last state), the
     bits of T `ssm_step`s and `ssm_read`s (`cad_ssm_scan`; c [T, G * N], rows contiguous)."""
-    (T, ldr), (H, P, N, G) = (rows.shape[0], rows.stride(0)), dims
+    T, ldr, H, P = rows.shape[0], rows.stride(0), dims[0], dims[1]
     state = state.contiguous()
     y, out = torch.empty(T, H, P), torch.empty_like(state)
     args = (state.data_ptr(), rows.data_ptr(), ldr, T, *dims, *offsets, c.data_ptr(), c.stride(0), y.data_ptr())
