@@ -4,8 +4,9 @@ step; BENCHMARKS.md, "One kernel call a layer, and the attention's arithmetic"),
 are large.
 
 Layers it takes: quantized products (int8, int4, int2) with the kernel library and a dense FFN (not a mixture
-of experts, not LLM in a flash), of every family's block (norms before and/or after each branch, q/k norms,
-SwiGLU or GeGLU, a residual scale, soft-capped attention), full-attention or sliding-window alike. Others go
+of experts, not LLM in a flash), of every family's block (norms before and/or after each branch, q/k norms and
+Gemma 4's weightless v norm, SwiGLU or GeGLU, a residual scale, soft-capped attention, queries scaled by position,
+a layer's output scalar), full-attention or sliding-window alike, each layer at its own head size. Others go
 through the separate calls."""
 
 from __future__ import annotations
@@ -18,35 +19,48 @@ from models import kernels, linear
 from models.args import ModelArgs
 
 
-def record(w, args: ModelArgs) -> torch.Tensor | None:
-    """The layer as cad_layer reads it (int64), made once per weights object; None where it cannot take it."""
+def record(w, args: ModelArgs, i: int) -> torch.Tensor | None:
+    """Layer i as cad_layer reads it (int64), made once per weights object; None where it cannot take it."""
     rec = w.kernel_record
     if rec is None:
-        rec = w.kernel_record = _record(w, args)
+        rec = w.kernel_record = _record(w, args, i)
     return rec if rec.numel() else None
 
 
-def _record(w, args: ModelArgs) -> torch.Tensor:
+def _record(w, args: ModelArgs, i: int) -> torch.Tensor:
     lins = (w.qkv, w.attn_out, w.gate_up, w.down)
     # through the separate calls: a recurrent layer, an attention gated by its input (Qwen 3.5), q/k norms over a
     # biased projection (the kernel adds the bias after them), Llama 4's L2 norm and chunks, relu^2 MLPs
     biased_norm = args.qk_norm and w.qkv is not None and w.qkv.bias is not None
     dense = w.flash is None and w.router is None and not args.moe and w.attn_gate is None and args.act != "relu2"
     dense = dense and not biased_norm and args.qk_norm in ("", "head", "full") and not args.chunk_layers
-    dense = dense and not (args.v_norm or args.layer_scale or args.ple_dim or args.kv_shared)  # (Gemma 4)
+    dense = dense and not (args.ple_dim or args.kv_shared)  # (Gemma 4's per-layer embeddings, shared keys)
+    dense = dense and not (args.v_norm and not args.qk_norm)  # (the values are normed with the queries and keys)
     if not dense or not all(isinstance(x, linear.QuantLinear) and x.kernel for x in lins):
         return torch.empty(0, dtype=torch.int64)
-    norms = (w.attn_norm, w.ffn_norm, w.q_norm, w.k_norm, w.attn_post_norm, w.ffn_post_norm, w.qkv.bias)
+    norms = (w.attn_norm, w.ffn_norm, w.q_norm, w.k_norm, w.attn_post_norm, w.ffn_post_norm, w.qkv.bias, w.layer_scale)
     if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in norms):
         return torch.empty(0, dtype=torch.int64)
-    qkv = (args.n_heads + 2 * args.n_kv_heads) * args.head_dim
-    want = (args.dim, qkv, args.q_dim, args.dim, args.dim, 2 * w.down.k, args.dim)  # the shapes cad_layer assumes
+    hd, kv_heads = args.head_dim_at(i), args.kv_heads_at(i)  # (Gemma 4: a full-attention layer's own)
+    q_dim = args.n_heads * hd
+    want = (
+        args.dim,
+        q_dim + 2 * kv_heads * hd,
+        q_dim,
+        args.dim,
+        args.dim,
+        2 * w.down.k,
+        args.dim,
+    )  # cad_layer's shapes
     if (w.qkv.k, w.qkv.n, w.attn_out.k, w.attn_out.n, w.gate_up.k, w.gate_up.n, w.down.n) != want:
         return torch.empty(0, dtype=torch.int64)
+    if w.layer_scale is not None and w.layer_scale.numel() != 1:
+        return torch.empty(0, dtype=torch.int64)
     flags = (w.attn_norm is None) | (args.act == "gelu_tanh") << 1 | {"": 0, "head": 1, "full": 2}[args.qk_norm] << 2
+    flags |= bool(args.v_norm) << 4
     ptr = lambda t: 0 if t is None else t.data_ptr()
-    head = [args.dim, args.n_heads, args.n_kv_heads, args.head_dim, w.down.k, *map(ptr, norms[:2]), ptr(w.qkv.bias)]
-    head += [flags, *map(ptr, norms[2:6]), _bits(args.residual_scale), _bits(args.attn_softcap)]
+    head = [args.dim, args.n_heads, kv_heads, hd, w.down.k, *map(ptr, norms[:2]), ptr(w.qkv.bias)]
+    head += [flags, *map(ptr, norms[2:6]), _bits(args.residual_scale), _bits(args.attn_softcap), ptr(w.layer_scale)]
     return torch.tensor(head + [v for x in lins for v in x.record()], dtype=torch.int64)
 
 

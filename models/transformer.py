@@ -141,7 +141,7 @@ class Transformer:
         """A generator (see `forward_steps`): yields a `SplitAttention` when the plan splits attention."""
         a = self.args
         if self.layer_calls and self.ffn_inputs is None and (plan is None or not plan.attn_split):
-            rec = layer_kernel.record(w, a)
+            rec = layer_kernel.record(w, a, i)
             if rec is not None:  # the whole layer in one call, the same bits
                 scales = block_parts.query_scales(self, positions, i)
                 return layer_kernel.run(rec, x, positions, at, self.scale, a.norm_eps, scales)

@@ -11,9 +11,10 @@
  *
  * The layer's record (int64, models/layer_kernel.py writes it): dim, H, Hkv, hd, F, the addresses of
  * attn_norm, ffn_norm and the qkv bias (0: none), the flags (bit 0: no norms before the branches, bit 1:
- * GeGLU, bits 2-3: q/k norms 0 none, 1 per head, 2 over the whole projection), the addresses of q_norm,
+ * GeGLU, bits 2-3: q/k norms 0 none, 1 per head, 2 over the whole projection, bit 4: the values' weightless
+ * norm), the addresses of q_norm,
  * k_norm, attn_post_norm and ffn_post_norm (0: none), the residual scale and the attention's soft cap (as
- * the bits of a double), then qkv, attn_out, gate_up and down as `QuantLinear.record` gives them (format,
+ * the bits of a double), the address of the layer's output scalar (0: none), then qkv, attn_out, gate_up and down as `QuantLinear.record` gives them (format,
  * n, k, row0 and five array addresses). `qscale` (null: none) is each row's factor on its queries after RoPE. */
 #include "ops.hpp"
 #include "qlinear.hpp"
@@ -25,7 +26,7 @@
 
 namespace {
 
-constexpr int HEAD = 15, REC = 9;
+constexpr int HEAD = 16, REC = 9;
 constexpr size_t KEEP_FLOATS = 1 << 20; /* 4 MiB: the 1.5B's buffers for a 16-wide tree are ~2 MiB */
 
 q::QW qw(const int64_t *r) {
@@ -49,18 +50,22 @@ void add_branch(float *x, float *y, const float *post, float scale, int T, int d
     for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
 }
 
-/* The q/k norms, before RoPE: per head over hd (Qwen 3, Gemma 3) or over each whole projection (OLMo 2). */
-void norm_qk(float *qkv, int T, int H, int Hkv, int hd, int kind, const float *qn, const float *kn, float eps) {
+/* The q/k norms, before RoPE: per head over hd (Qwen 3, Gemma 3) or over each whole projection (OLMo 2); kind 0:
+ * none. The values' weightless norm per head where `ones` (hd of 1.0f) is given (Gemma 4), as `Transformer.norm_qk`
+ * does it: its weight of ones. */
+void norm_qkv(float *qkv, int T, int H, int Hkv, int hd, int kind, const float *qn, const float *kn, const float *ones,
+              float eps) {
     const int width = (H + 2 * Hkv) * hd;
     for (int t = 0; t < T; t++) {
         float *q = qkv + (size_t)t * width, *k = q + (size_t)H * hd;
         if (kind == 1) {
             cad_rmsnorm(q, qn, q, H, hd, eps);
             cad_rmsnorm(k, kn, k, Hkv, hd, eps);
-        } else {
+        } else if (kind == 2) {
             cad_rmsnorm(q, qn, q, 1, H * hd, eps);
             cad_rmsnorm(k, kn, k, 1, Hkv * hd, eps);
         }
+        if (ones) cad_rmsnorm(k + (size_t)Hkv * hd, ones, k + (size_t)Hkv * hd, Hkv, hd, eps);
     }
 }
 
@@ -85,6 +90,8 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float 
     const float *q_norm = (const float *)rec[9], *k_norm = (const float *)rec[10];
     const float *attn_post = (const float *)rec[11], *ffn_post = (const float *)rec[12];
     const float res_scale = (float)as_double(rec[13]), softcap = (float)as_double(rec[14]);
+    const float *layer_scale = (const float *)rec[15]; /* x times it at the layer's end (Gemma 4), or 0 */
+    const bool v_norm = flags & 16;
     const bool plain_out = !attn_post && res_scale == 1.0f, plain_down = !ffn_post && res_scale == 1.0f;
     const q::QW qkv = qw(rec + HEAD), out = qw(rec + HEAD + REC), gate_up = qw(rec + HEAD + 2 * REC),
                 down = qw(rec + HEAD + 3 * REC);
@@ -103,6 +110,9 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float 
     /* named here, outside the region: inside it a thread_local name would be each thread's own */
     float *hb = buf.data(), *yb = hb + nh, *ob = yb + ny, *ab = ob + no;
     q::QA &qa = narrow ? kept_a : own_a;
+    thread_local std::vector<float> ones;
+    if (v_norm && (int)ones.size() != hd) ones.assign(hd, 1.0f);
+    const float *ones_p = v_norm ? ones.data() : nullptr;
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp single
@@ -111,7 +121,7 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float 
 #pragma omp barrier
 #pragma omp single
         {
-            if (qk_kind) norm_qk(yb, T, H, Hkv, hd, qk_kind, q_norm, k_norm, eps);
+            if (qk_kind || v_norm) norm_qkv(yb, T, H, Hkv, hd, qk_kind, q_norm, k_norm, ones_p, eps);
             for (int g = 0; g < ngen; g++) {
                 const Gen &e = gens[g];
                 cad_qkv_rope(yb + e.lo * nqkv, bias, pos + e.lo, e.cos_t, e.sin_t, hb + e.lo * qd, e.kc, e.vc,
@@ -137,10 +147,14 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float 
 #pragma omp barrier
         glu_for(yb, ab, T, F, gelu);
         q::qlinear_in(ab, T, down, plain_down ? x : ob, dim, plain_down, qa); /* x += act W_down^T */
-        if (!plain_down) {
+        if (!plain_down || layer_scale) {
 #pragma omp barrier
 #pragma omp single
-            add_branch(x, ob, ffn_post, res_scale, T, dim, eps);
+            {
+                if (!plain_down) add_branch(x, ob, ffn_post, res_scale, T, dim, eps);
+                if (layer_scale) /* x *= the layer's scalar, as `block_parts.finish` */
+                    for (size_t i = 0, n = (size_t)T * dim; i < n; i++) x[i] = x[i] * *layer_scale;
+            }
         }
     }
 }

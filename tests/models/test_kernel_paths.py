@@ -137,7 +137,7 @@ def test_a_batch_of_generations_gives_each_its_logits_alone_on_every_path(path, 
     def batched():
         model = Transformer(args, w)
         model.kv_dtype = kv_dtype
-        assert model.layer_calls and layer_kernel.record(w.layer(0), args) is not None  # the one call takes it
+        assert model.layer_calls and layer_kernel.record(w.layer(0), args, 0) is not None  # the one call takes it
         rows = [Rows(t, torch.arange(len(t)), model.new_cache(32)) for t in prompts]
         return drive(forward_many_steps(model, rows), w)
 

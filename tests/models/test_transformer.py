@@ -132,7 +132,7 @@ def test_a_layer_in_one_kernel_call_gives_the_separate_calls_bits(tiny_args, fmt
         tiny_args = dataclasses.replace(tiny_args, attn_temp_beta=0.1, attn_temp_scale=4.0, attn_temp_offset=1)
     g = torch.Generator().manual_seed(5)
     model = _model(tiny_args, fmt)
-    assert all(layer_kernel.record(model.weights.layer(i), tiny_args) is not None for i in range(tiny_args.n_layers))
+    assert all(layer_kernel.record(model.weights.layer(i), tiny_args, i) is not None for i in range(tiny_args.n_layers))
     prefix = torch.randint(0, tiny_args.vocab_size, (37,), generator=g)
     parents = _random_tree(11, g)
     tree = torch.randint(0, tiny_args.vocab_size, (11,), generator=g)
@@ -170,7 +170,7 @@ def test_a_batch_s_tempered_layers_in_one_call_give_each_generation_its_separate
 
     args = dataclasses.replace(tiny_args, attn_temp_beta=0.1, attn_temp_scale=3.0, attn_temp_offset=1)
     model = _model(args, "int4")
-    assert layer_kernel.record(model.weights.layer(0), args) is not None
+    assert layer_kernel.record(model.weights.layer(0), args, 0) is not None
     prompts = [torch.tensor([5, 77, 200, 12, 9]), torch.tensor([150, 151]), torch.tensor([2, 64, 33, 260, 101, 7, 8])]
     starts = [0, 9, 4]  # each generation at its own positions
     pos = [torch.arange(len(t)) + s for t, s in zip(prompts, starts)]
@@ -185,6 +185,43 @@ def test_a_batch_s_tempered_layers_in_one_call_give_each_generation_its_separate
 def test_layers_the_one_call_cannot_take_go_through_the_separate_calls(tiny_args):
     """Dense weights (and q/k norms, experts, LLM in a flash) have no record: `block_fused` computes them."""
     model = _model(tiny_args, "fp32")
-    assert layer_kernel.record(model.weights.layer(0), tiny_args) is None
+    assert layer_kernel.record(model.weights.layer(0), tiny_args, 0) is None
     ids = torch.arange(6)
     assert torch.equal(model.forward(ids, torch.arange(6), model.new_cache(8)), _sequential_logits(model, ids.tolist()))
+
+
+@pytest.mark.parametrize("mt", ["gemma4_text", "ministral3"])
+def test_a_family_s_layers_in_one_kernel_call_give_the_separate_calls_bits(tmp_path, mt):
+    """Gemma 4's layers (the values' weightless norm, the layer's output scalar, full-attention layers with wider heads
+    and fewer KV heads of their own, proportional rope) and Ministral 3's (queries scaled by position) in the one-call
+    layer kernel: the separate calls' logits bit for bit, for a prompt, a token and a tree."""
+    if not kernels.available():
+        pytest.skip("no kernel library here (no C++ compiler)")
+    from models import loading
+    from models.convert import convert
+    from models.source_hf import HFSource
+    from tests.models.families import tiny_hf
+
+    store = convert(HFSource(tiny_hf(mt, "plain", tmp_path / "hf")), tmp_path / "int4", "int4")
+    model = loading.load_store(store).model
+    a = model.args
+    assert all(layer_kernel.record(model.weights.layer(i), a, i) is not None for i in range(a.n_layers))
+    g = torch.Generator().manual_seed(7)
+    prefix = torch.randint(3, 250, (21,), generator=g)
+    parents = _random_tree(9, g)
+    tree = torch.randint(3, 250, (9,), generator=g)
+    depth = [0] * 9
+    for i, p in enumerate(parents):
+        depth[i] = 0 if p < 0 else depth[p] + 1
+
+    def run(one_call: bool) -> list[torch.Tensor]:
+        model.layer_calls = one_call
+        cache = model.new_cache(40)
+        out = [model.forward(prefix, torch.arange(21), cache)]
+        cache.commit()
+        out.append(model.forward(torch.tensor([3]), torch.tensor([21]), cache))
+        cache.commit()
+        return out + [model.forward(tree, torch.tensor(depth) + 22, cache, Visibility.tree(22, parents))]
+
+    for x, y in zip(run(False), run(True)):
+        assert torch.equal(x, y)
