@@ -61,7 +61,7 @@ def forward_many_steps(model: Transformer, batch: list[Rows], argmax: bool = Fal
             raise CadenceError("a batch of generations does not run LLM in a flash's sparse FFN")
         rec = layer_kernel.record(w, a, i) if model.layer_calls and model.ffn_inputs is None else None
         if rec is not None:  # the whole layer in one call over every generation's rows, the same bits
-            scales = block_parts.query_scales(model, pos, i)
+            scales = block_parts.query_scales(model, pos, i) if a.attn_temp_beta else None
             layer_kernel.run_many(rec, x, pos, [p[i] for p in places], spans, model.scale, a.norm_eps, scales)
         else:
             block(model, i, w, x, positions, [p[i] for p in places], spans, None if ple is None else ple[:, i])

@@ -59,12 +59,16 @@ def gdn_read(states: torch.Tensor, q: torch.Tensor, hk: int) -> torch.Tensor:
 def gdn_scan(state: torch.Tensor, rows: torch.Tensor, q: torch.Tensor, dims: tuple, offsets: tuple):
     """A chain of T rows [T, W] (rows contiguous) from a delta-net state [Hv, Dk, Dv]: (o [T, Hv, Dv], the last
     state), the bits of T `gdn_step`s and `gdn_read`s (`cad_gdn_scan`; q [T, Hk, Dk], rows contiguous)."""
-    T, ldr, Hv, Dv = rows.shape[0], rows.stride(0), dims[0], dims[2]
-    state = state.contiguous()
-    o, out = torch.empty(T, Hv, Dv), torch.empty_like(state)
-    args = (state.data_ptr(), rows.data_ptr(), ldr, T, *dims, *offsets, q.data_ptr(), q.stride(0), o.data_ptr())
-    kernels.lib().cad_gdn_scan(*args, out.data_ptr(), _threads())
-    return o, out
+    return _scan("cad_gdn_scan", state, rows, q, dims, offsets, (dims[0], dims[2]))
+
+
+def _scan(name: str, state, rows, side, dims: tuple, offsets: tuple, each: tuple):
+    """A scan kernel's call: its outputs [T, *each] and the last state."""
+    state, T = state.contiguous(), rows.shape[0]
+    y, out = torch.empty(T, *each), torch.empty_like(state)
+    args = (state.data_ptr(), rows.data_ptr(), rows.stride(0), T, *dims, *offsets, side.data_ptr(), side.stride(0))
+    getattr(kernels.lib(), name)(*args, y.data_ptr(), out.data_ptr(), _threads())
+    return y, out
 
 
 def gdn_front(a, w, conv: torch.Tensor, b: torch.Tensor, araw: torch.Tensor, out: torch.Tensor):
@@ -110,12 +114,7 @@ def ssm_read(states: torch.Tensor, c: torch.Tensor, dims: tuple) -> torch.Tensor
 def ssm_scan(state: torch.Tensor, rows: torch.Tensor, c: torch.Tensor, dims: tuple, offsets: tuple):
     """A chain of T rows [T, W] (rows contiguous) from a Mamba-2 state [H, P, N]: (y [T, H, P], the last state), the
     bits of T `ssm_step`s and `ssm_read`s (`cad_ssm_scan`; c [T, G * N], rows contiguous)."""
-    T, ldr, H, P = rows.shape[0], rows.stride(0), dims[0], dims[1]
-    state = state.contiguous()
-    y, out = torch.empty(T, H, P), torch.empty_like(state)
-    args = (state.data_ptr(), rows.data_ptr(), ldr, T, *dims, *offsets, c.data_ptr(), c.stride(0), y.data_ptr())
-    kernels.lib().cad_ssm_scan(*args, out.data_ptr(), _threads())
-    return y, out
+    return _scan("cad_ssm_scan", state, rows, c, dims, offsets, (dims[0], dims[1]))
 
 
 def ssm_front(a, w, conv: torch.Tensor, dt_raw: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

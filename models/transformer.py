@@ -143,7 +143,7 @@ class Transformer:
         if self.layer_calls and self.ffn_inputs is None and (plan is None or not plan.attn_split):
             rec = layer_kernel.record(w, a, i)
             if rec is not None:  # the whole layer in one call, the same bits
-                scales = block_parts.query_scales(self, positions, i)
+                scales = block_parts.query_scales(self, positions, i) if a.attn_temp_beta else None
                 return layer_kernel.run(rec, x, positions, at, self.scale, a.norm_eps, scales)
         if at.rec is not None:  # both mixers on the layer's one normed input, their outputs added (Falcon-H1)
             h = self.pre(x, w.attn_norm, kernels.rmsnorm)

@@ -130,34 +130,41 @@ def test_a_layer_in_one_kernel_call_gives_the_separate_calls_bits(tiny_args, fmt
         pytest.skip("no kernel library here (no C++ compiler)")
     if tempered:
         tiny_args = dataclasses.replace(tiny_args, attn_temp_beta=0.1, attn_temp_scale=4.0, attn_temp_offset=1)
-    g = torch.Generator().manual_seed(5)
     model = _model(tiny_args, fmt)
-    assert all(layer_kernel.record(model.weights.layer(i), tiny_args, i) is not None for i in range(tiny_args.n_layers))
-    prefix = torch.randint(0, tiny_args.vocab_size, (37,), generator=g)
-    parents = _random_tree(11, g)
-    tree = torch.randint(0, tiny_args.vocab_size, (11,), generator=g)
-    depth = [0] * 11
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            _one_call_against_separate(model, 37, 11, 0, tiny_args.vocab_size, keys=True)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _one_call_against_separate(model, n: int, width: int, lo: int, hi: int, keys: bool = False) -> None:
+    """A prompt of n tokens, one more token and a random tree of `width` (token ids in [lo, hi)) through every layer in
+    one kernel call and through the separate calls: the same logits bit for bit (and cache rows, with `keys`)."""
+    a = model.args
+    assert all(layer_kernel.record(model.weights.layer(i), a, i) is not None for i in range(a.n_layers))
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(lo, hi, (n,), generator=g)
+    parents = _random_tree(width, g)
+    tree = torch.randint(lo, hi, (width,), generator=g)
+    depth = [0] * width
     for i, p in enumerate(parents):
         depth[i] = 0 if p < 0 else depth[p] + 1
 
     def run(one_call: bool) -> list[torch.Tensor]:
         model.layer_calls = one_call
-        cache = model.new_cache(64)
-        out = [model.forward(prefix, torch.arange(37), cache)]
+        cache = model.new_cache(n + width + 8)
+        out = [model.forward(prefix, torch.arange(n), cache)]
         cache.commit()
-        out.append(model.forward(torch.tensor([3]), torch.tensor([37]), cache))
+        out.append(model.forward(torch.tensor([3]), torch.tensor([n]), cache))
         cache.commit()
-        out.append(model.forward(tree, torch.tensor(depth) + 38, cache, Visibility.tree(38, parents)))
-        return out + [cache.k[:, :, :49], cache.v[:, :, :49]]
+        out.append(model.forward(tree, torch.tensor(depth) + n + 1, cache, Visibility.tree(n + 1, parents)))
+        return out + ([cache.k[:, :, : n + 1 + width], cache.v[:, :, : n + 1 + width]] if keys else [])
 
-    threads = torch.get_num_threads()
-    try:
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            for a, b in zip(run(False), run(True)):
-                assert torch.equal(a, b)
-    finally:
-        torch.set_num_threads(threads)
+    for x, y in zip(run(False), run(True)):
+        assert torch.equal(x, y)
 
 
 def test_a_batch_s_tempered_layers_in_one_call_give_each_generation_its_separate_calls_bits(tiny_args):
@@ -203,25 +210,4 @@ def test_a_family_s_layers_in_one_kernel_call_give_the_separate_calls_bits(tmp_p
     from tests.models.families import tiny_hf
 
     store = convert(HFSource(tiny_hf(mt, "plain", tmp_path / "hf")), tmp_path / "int4", "int4")
-    model = loading.load_store(store).model
-    a = model.args
-    assert all(layer_kernel.record(model.weights.layer(i), a, i) is not None for i in range(a.n_layers))
-    g = torch.Generator().manual_seed(7)
-    prefix = torch.randint(3, 250, (21,), generator=g)
-    parents = _random_tree(9, g)
-    tree = torch.randint(3, 250, (9,), generator=g)
-    depth = [0] * 9
-    for i, p in enumerate(parents):
-        depth[i] = 0 if p < 0 else depth[p] + 1
-
-    def run(one_call: bool) -> list[torch.Tensor]:
-        model.layer_calls = one_call
-        cache = model.new_cache(40)
-        out = [model.forward(prefix, torch.arange(21), cache)]
-        cache.commit()
-        out.append(model.forward(torch.tensor([3]), torch.tensor([21]), cache))
-        cache.commit()
-        return out + [model.forward(tree, torch.tensor(depth) + 22, cache, Visibility.tree(22, parents))]
-
-    for x, y in zip(run(False), run(True)):
-        assert torch.equal(x, y)
+    _one_call_against_separate(loading.load_store(store).model, 21, 9, 3, 250)
