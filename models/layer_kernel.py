@@ -43,15 +43,8 @@ def _record(w, args: ModelArgs, i: int) -> torch.Tensor:
         return torch.empty(0, dtype=torch.int64)
     hd, kv_heads = args.head_dim_at(i), args.kv_heads_at(i)  # (Gemma 4: a full-attention layer's own)
     q_dim = args.n_heads * hd
-    want = (
-        args.dim,
-        q_dim + 2 * kv_heads * hd,
-        q_dim,
-        args.dim,
-        args.dim,
-        2 * w.down.k,
-        args.dim,
-    )  # cad_layer's shapes
+    qkv_n = q_dim + 2 * kv_heads * hd
+    want = (args.dim, qkv_n, q_dim, args.dim, args.dim, 2 * w.down.k, args.dim)  # the shapes cad_layer assumes
     if (w.qkv.k, w.qkv.n, w.attn_out.k, w.attn_out.n, w.gate_up.k, w.gate_up.n, w.down.n) != want:
         return torch.empty(0, dtype=torch.int64)
     if w.layer_scale is not None and w.layer_scale.numel() != 1:

@@ -12,10 +12,10 @@
  * The layer's record (int64, models/layer_kernel.py writes it): dim, H, Hkv, hd, F, the addresses of
  * attn_norm, ffn_norm and the qkv bias (0: none), the flags (bit 0: no norms before the branches, bit 1:
  * GeGLU, bits 2-3: q/k norms 0 none, 1 per head, 2 over the whole projection, bit 4: the values' weightless
- * norm), the addresses of q_norm,
- * k_norm, attn_post_norm and ffn_post_norm (0: none), the residual scale and the attention's soft cap (as
- * the bits of a double), the address of the layer's output scalar (0: none), then qkv, attn_out, gate_up and down as `QuantLinear.record` gives them (format,
- * n, k, row0 and five array addresses). `qscale` (null: none) is each row's factor on its queries after RoPE. */
+ * norm), the addresses of q_norm, k_norm, attn_post_norm and ffn_post_norm (0: none), the residual scale and
+ * the attention's soft cap (as the bits of a double), the address of the layer's output scalar (0: none), then
+ * qkv, attn_out, gate_up and down as `QuantLinear.record` gives them (format, n, k, row0 and five array
+ * addresses). `qscale` (null: none) is each row's factor on its queries after RoPE. */
 #include "ops.hpp"
 #include "qlinear.hpp"
 
@@ -110,8 +110,8 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float 
     /* named here, outside the region: inside it a thread_local name would be each thread's own */
     float *hb = buf.data(), *yb = hb + nh, *ob = yb + ny, *ab = ob + no;
     q::QA &qa = narrow ? kept_a : own_a;
-    thread_local std::vector<float> ones;
-    if (v_norm && (int)ones.size() != hd) ones.assign(hd, 1.0f);
+    thread_local std::vector<float> ones; /* the widest head's: layers of two head sizes (Gemma 4) share it */
+    if (v_norm && (int)ones.size() < hd) ones.assign(hd, 1.0f);
     const float *ones_p = v_norm ? ones.data() : nullptr;
 #pragma omp parallel num_threads(nthreads)
     {
