@@ -331,6 +331,18 @@ class ModelArgs(Shapes):
         """The layer's FFN is a mixture of experts (not a dense layer of a mixture's model)."""
         return self.moe and layer not in self.dense_layers
 
+    def plain_block(self) -> bool:
+        """Llama's block: norms before each branch only, SwiGLU, no scales, caps or sliding windows. The sparse
+        worker's splits take these; the others run through the separate calls."""
+        return (
+            self.pre_norm
+            and not (self.post_norm or self.nope_layers or self.attn_temp_beta or self.rec_layers or self.attn_gate)
+            and not (self.no_mixer_layers or self.no_ffn_layers or self.attn_sinks or self.attn_out_bias)
+            and not (self.mla_kv_rank or self.attn_softcap or self.sliding_layers or self.v_norm or self.layer_end)
+            and self.act == "silu"
+            and self.residual_scale == 1.0
+        )
+
     def rope_kind(self, layer: int) -> str:
         """Which rotary tables a layer takes: "none" (NoPE), "local" (a sliding layer's own base, unscaled) or
         "full"."""

@@ -149,10 +149,7 @@ def attend(
     sum(e^s) / (sum(e^s) + e^sink) = sigmoid(lse - sink)."""
     if q.device.type == "cpu" and kernels.available():
         args = (q.contiguous(), k_cache, v_cache, vis.n_shared, vis.ptr, vis.idx, scale)
-        if sinks is None:
-            return kernels.attention(*args, softcap=softcap)
-        out, lse = kernels.attention(*args, want_lse=True, softcap=softcap)
-        return out * lanes(torch.sigmoid, lse - sinks).unsqueeze(-1)
+        return kernels.attention(*args, softcap=softcap, sinks=None if sinks is None else sinks.float().contiguous())
     # Elsewhere (CUDA, no compiler): torch's SDPA over a dense mask. Not batch-invariant.
     T, H, D = q.shape
     n = int(vis.idx.max().item()) + 1 if vis.idx.numel() else vis.n_shared

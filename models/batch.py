@@ -95,9 +95,8 @@ def block(model: Transformer, i: int, w, x: torch.Tensor, positions: list, place
         o = torch.empty(x.shape[0], a.q_dim_at(i), dtype=x.dtype)
         for (lo, hi), pos, at in zip(spans, positions, places):
             q = model.rotate(qkv[lo:hi], bias, pos, at, i)
-            if a.tempered:
-                block_parts.temper(model, q, pos, i)
-                block_parts.norm_keys(model, at, hi - lo, i)
+            if a.tempered:  # (Llama 4's L2 norms: by `rotate`)
+                block_parts.temper(model, q, pos, i, normed=True)
             o[lo:hi] = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap, w.attn_sinks).reshape(hi - lo, -1)
         model.residual(x, w.attn_out, model.gated(o, w, h), w.attn_post_norm, kernels.rmsnorm)
     if w.gate_up is None:  # a mixer-only layer (Nemotron-H)

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from models.attention import floats, lanes, store
+from models.attention import lanes
 
 
 def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -17,11 +17,12 @@ def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def temper(model, q: torch.Tensor, positions: torch.Tensor, i: int) -> torch.Tensor:
+def temper(model, q: torch.Tensor, positions: torch.Tensor, i: int, normed: bool = False) -> torch.Tensor:
     """Queries [T, H, D] of layer i scaled by their positions (Ministral 3, Llama 4's NoPE layers), in place;
-    each row by its own position, so a tree node gets what it gets decoded alone. Llama 4's L2 norm too."""
+    each row by its own position, so a tree node gets what it gets decoded alone. Llama 4's L2 norm first, unless
+    they are `normed` (the CPU kernels' RoPE norms them: models/kernels.py `qkv_rope`)."""
     a = model.args
-    if a.qk_norm == "l2" and i not in a.nope_layers:
+    if a.l2_at(i) and not normed:
         q.copy_(l2_norm(q, a.norm_eps))
     scales = query_scales(model, positions, i)
     if scales is not None:
@@ -37,15 +38,6 @@ def query_scales(model, positions: torch.Tensor, i: int) -> torch.Tensor | None:
         return None
     steps = torch.floor((positions.to(torch.float32).view(-1, 1) + a.attn_temp_offset) / a.attn_temp_scale)
     return lanes(lambda s: 1 + a.attn_temp_beta * torch.log1p(s), steps).view(-1).contiguous()
-
-
-def norm_keys(model, at, T: int, i: int) -> None:
-    """Llama 4's L2 norm of the keys RoPE's kernel wrote to the cache (rows slot0..slot0+T of `at`, layer i's
-    `Place`), in place."""
-    a = model.args
-    if a.qk_norm == "l2" and i not in a.nope_layers:
-        rows = floats(at.k[:, at.slot0 : at.slot0 + T], a.head_dim_at(i))
-        store(at.k, at.slot0, l2_norm(rows, a.norm_eps).transpose(0, 1))
 
 
 def ple_inputs(model, tokens: torch.Tensor, x: torch.Tensor, w0, norm) -> torch.Tensor | None:

@@ -25,14 +25,14 @@ from models.kernel_build import BY_NAME, ENV_PATH, PATHS, build, chosen_path, cp
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _SIGNATURES = {
-    "cad_attention": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I, _I],
+    "cad_attention": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I, _I],
     "cad_linear": [_P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I],
     "cad_experts": [_P, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I, _P, _I, ctypes.c_float, ctypes.c_float, _I],
     "cad_attn_dense": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, ctypes.c_float, _I, _I],
     "cad_attn_chunks": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, ctypes.c_float, _I, _I],
     "cad_attn_merge": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I],
     "cad_rmsnorm": [_P, _P, _P, _I, _I, ctypes.c_float],
-    "cad_qkv_rope": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I],
+    "cad_qkv_rope": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, ctypes.c_float],
     "cad_glu": [_P, _P, _I, _I, _I, _I],
     "cad_oai_glu": [_P, _P, _I, _I, ctypes.c_float, ctypes.c_float],
     "cad_ssm_step": [_P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P, _I],
@@ -49,6 +49,7 @@ _SIGNATURES = {
     "cad_flash_ffn": [_P, _I, _I, _P, ctypes.c_long, _P, _I, _P, _I, _I],
     "cad_layer": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I, _I],
     "cad_layer_many": [_P, _P, _I, _P, _P, _I, _P, ctypes.c_float, ctypes.c_float, _I],
+    "cad_head_argmax": [_P, _I, _P, _I, _P, _P, _I],
     "cad_q8_rows": [_P, _P, _I, _I],
     "cad_q8_floats": [_P, _P, _I, _I],
     "cad_fence": [],
@@ -148,12 +149,14 @@ def attention(
     scale: float,
     want_lse: bool = False,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ):
     """Attention of T query rows over a cache.
 
     q [T, H, D] fp32; k_cache, v_cache [Hkv, cap, D] fp32 or fp16, or q8_0 rows [Hkv, cap, D / 32 * 34]; row r sees slots [0, n_shared) then
     idx[ptr[r]:ptr[r+1]] (int32, in position order). Returns out [T, H, D] (and lse [T, H]).
-    `softcap` > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2).
+    `softcap` > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2). `sinks` (fp32 [H]): a logit per
+    head in each softmax's denominator only (gpt-oss): the output times 1 / (1 + e^(sink - lse)).
     """
     T, H, D = q.shape
     Hkv, cap, _ = k_cache.shape
@@ -161,7 +164,8 @@ def attention(
     assert ptr.dtype == torch.int32 and idx.dtype == torch.int32 and ptr.numel() == T + 1
     out = torch.empty_like(q)
     lse = torch.empty(T, H, dtype=torch.float32) if want_lse else None
-    tensors = map(_ptr, (q, k_cache, v_cache, out, lse))
+    assert sinks is None or (sinks.dtype == torch.float32 and sinks.is_contiguous() and sinks.numel() == H)
+    tensors = map(_ptr, (q, k_cache, v_cache, out, lse, sinks))
     shape = (T, H, Hkv, D, cap, n_shared, _ptr(ptr), _ptr(idx))
     lib().cad_attention(*tensors, *shape, scale, softcap, kv_kind(k_cache), torch.get_num_threads())
     return (out, lse) if want_lse else out
@@ -196,6 +200,15 @@ def linear(
     if m:
         lib().cad_linear(_ptr(x), _ptr(y), m, fmt, n, k, _ptr(w), *a, row0, torch.get_num_threads(), int(acc), ldy)
     return y
+
+
+def head_argmax(recs: list, x: torch.Tensor, best: torch.Tensor, ids: torch.Tensor) -> None:
+    """Fold parts of the output head (`recs`: each one's `HeadPart.fold_record()`, in token order) into each row's
+    running maximum `best` (fp32 [M]) and its token `ids` (int64 [M]), in place, in one call: what folding each part's
+    logits x W^T with `sampling.HeadArgmax.fold` gives (x: fp32 [M, k], the rows' normed input to the head)."""
+    assert x.dtype == torch.float32 and x.is_contiguous() and best.is_contiguous() and ids.dtype == torch.int64
+    table = torch.tensor(recs, dtype=torch.int64)
+    lib().cad_head_argmax(_ptr(table), len(recs), _ptr(x), x.shape[0], _ptr(best), _ptr(ids), torch.get_num_threads())
 
 
 CHUNK = 32  # keys per chunk of the canonical attention (csrc/attention.cpp: CH)
@@ -299,9 +312,11 @@ def qkv_rope(
     v_cache: torch.Tensor,
     n_heads: int,
     slot0: int,
+    l2_eps: float | None = None,
 ) -> torch.Tensor:
     """Split qkv [T, (H + 2 Hkv) hd], add the bias, rotate q and k; k, v go into the layer's cache at
-    slots slot0.. ; returns q [T, H, hd]."""
+    slots slot0.. ; returns q [T, H, hd]. `l2_eps`: each rotated query and key head divided by its RMS
+    (Llama 4's weightless norm) with that epsilon, before the key is stored."""
     T = qkv.shape[0]
     hkv, cap = k_cache.shape[:2]
     hd = qkv.shape[1] // (n_heads + 2 * hkv)  # (a q8 cache's rows are bytes)
@@ -323,6 +338,7 @@ def qkv_rope(
         cap,
         slot0,
         kv_kind(k_cache),
+        -1.0 if l2_eps is None else l2_eps,
     )
     return q
 

@@ -3,11 +3,12 @@
 step; BENCHMARKS.md, "One kernel call a layer, and the attention's arithmetic"), and costs nothing where they
 are large.
 
-Layers it takes: quantized products (int8, int4, int2) with the kernel library and a dense FFN (not a mixture
-of experts, not LLM in a flash), of every family's block (norms before and/or after each branch, q/k norms and
-Gemma 4's weightless v norm, SwiGLU or GeGLU, a residual scale, soft-capped attention, queries scaled by position,
-a layer's output scalar), full-attention or sliding-window alike, each layer at its own head size. Others go
-through the separate calls."""
+Layers it takes: quantized products (int8, int4, int2) with the kernel library and a dense FFN (not LLM in a
+flash), of every family's block (norms before and/or after each branch, q/k norms and Gemma 4's weightless v norm,
+SwiGLU or GeGLU, a residual scale, soft-capped attention, queries scaled by position and L2-normed, attention
+sinks and an output bias, a layer's output scalar), full-attention, sliding-window or chunked alike, each layer
+at its own head size. Of a layer of experts, its attention branch (the caller runs the experts: models/moe.py).
+Others go through the separate calls."""
 
 from __future__ import annotations
 
@@ -28,33 +29,39 @@ def record(w, args: ModelArgs, i: int) -> torch.Tensor | None:
 
 
 def _record(w, args: ModelArgs, i: int) -> torch.Tensor:
-    lins = (w.qkv, w.attn_out, w.gate_up, w.down)
+    experts = args.experts_at(i)  # a layer of experts: the kernel runs its attention, the caller its experts
+    lins = (w.qkv, w.attn_out) if experts else (w.qkv, w.attn_out, w.gate_up, w.down)
     # through the separate calls: a recurrent layer, an attention gated by its input (Qwen 3.5), q/k norms over a
-    # biased projection (the kernel adds the bias after them), Llama 4's L2 norm and chunks, relu^2 MLPs
-    biased_norm = args.qk_norm and w.qkv is not None and w.qkv.bias is not None
-    dense = w.flash is None and w.router is None and not args.moe and w.attn_gate is None and args.act != "relu2"
-    dense = dense and not biased_norm and args.qk_norm in ("", "head", "full") and not args.chunk_layers
-    dense = dense and not (args.ple_dim or args.kv_shared)  # (Gemma 4's per-layer embeddings, shared keys)
+    # biased projection (the kernel adds the bias after them), relu^2 MLPs, experts beside a dense MLP or a layer's
+    # ending (Gemma 4), Gemma 4's per-layer embeddings and shared keys
+    biased_norm = args.qk_norm in ("head", "full") and w.qkv is not None and w.qkv.bias is not None
+    ffn = (
+        (not args.experts_beside_dense and not args.layer_end) if experts else w.router is None and args.act != "relu2"
+    )
+    dense = ffn and w.flash is None and w.attn_gate is None and not biased_norm
+    dense = dense and not (args.ple_dim or args.kv_shared)
     dense = dense and not (args.v_norm and not args.qk_norm)  # (the values are normed with the queries and keys)
     if not dense or not all(isinstance(x, linear.QuantLinear) and x.kernel for x in lins):
         return torch.empty(0, dtype=torch.int64)
     norms = (w.attn_norm, w.ffn_norm, w.q_norm, w.k_norm, w.attn_post_norm, w.ffn_post_norm, w.qkv.bias, w.layer_scale)
+    norms += (w.attn_sinks, w.attn_out.bias)
     if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in norms):
         return torch.empty(0, dtype=torch.int64)
     hd, kv_heads = args.head_dim_at(i), args.kv_heads_at(i)  # (Gemma 4: a full-attention layer's own)
-    q_dim = args.n_heads * hd
-    qkv_n = q_dim + 2 * kv_heads * hd
-    want = (args.dim, qkv_n, q_dim, args.dim, args.dim, 2 * w.down.k, args.dim)  # the shapes cad_layer assumes
-    if (w.qkv.k, w.qkv.n, w.attn_out.k, w.attn_out.n, w.gate_up.k, w.gate_up.n, w.down.n) != want:
+    q_dim, F = args.n_heads * hd, 0 if experts else w.down.k
+    want = (args.dim, q_dim + 2 * kv_heads * hd, q_dim, args.dim, args.dim, 2 * F, args.dim)  # cad_layer's shapes
+    have = (w.qkv.k, w.qkv.n, w.attn_out.k, w.attn_out.n) + (
+        want[4:] if experts else (w.gate_up.k, w.gate_up.n, w.down.n)
+    )
+    if have != want or (w.layer_scale is not None and w.layer_scale.numel() != 1):
         return torch.empty(0, dtype=torch.int64)
-    if w.layer_scale is not None and w.layer_scale.numel() != 1:
-        return torch.empty(0, dtype=torch.int64)
-    flags = (w.attn_norm is None) | (args.act == "gelu_tanh") << 1 | {"": 0, "head": 1, "full": 2}[args.qk_norm] << 2
-    flags |= bool(args.v_norm) << 4
+    flags = (w.attn_norm is None) | (args.act == "gelu_tanh") << 1 | {"head": 1, "full": 2}.get(args.qk_norm, 0) << 2
+    flags |= bool(args.v_norm) << 4 | experts << 5 | args.l2_at(i) << 6
     ptr = lambda t: 0 if t is None else t.data_ptr()
-    head = [args.dim, args.n_heads, kv_heads, hd, w.down.k, *map(ptr, norms[:2]), ptr(w.qkv.bias)]
-    head += [flags, *map(ptr, norms[2:6]), _bits(args.residual_scale), _bits(args.attn_softcap), ptr(w.layer_scale)]
-    return torch.tensor(head + [v for x in lins for v in x.record()], dtype=torch.int64)
+    head = [args.dim, args.n_heads, kv_heads, hd, F, *map(ptr, norms[:2]), ptr(w.qkv.bias)]
+    head += [flags, *map(ptr, norms[2:6]), _bits(args.residual_scale), _bits(args.attn_softcap), *map(ptr, norms[7:])]
+    quants = [v for x in lins for v in x.record()] + [0] * (18 if experts else 0)  # (no FFN products: zeros)
+    return torch.tensor(head + quants, dtype=torch.int64)
 
 
 def _bits(x: float) -> int:

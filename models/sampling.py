@@ -149,9 +149,33 @@ class HeadArgmax:
     verification's answer without its [rows, vocabulary] logits (1.2 MB a row for a 152k vocabulary). The
     same token `argmax` gives over the whole row: the first of equal maxima, a NaN above every number."""
 
-    def __init__(self, rows: int, device):
+    def __init__(self, rows: int, device, kernel: bool = False):
+        """`kernel`: resident parts of quantized rows may be folded in one kernel call (`hold`): their logits are
+        the head's own (no scale or cap after the product) and on the CPU."""
         self.best = torch.full((rows,), float("-inf"), device=device)
         self.ids = torch.zeros(rows, dtype=torch.long, device=device)
+        self.kernel, self.held = kernel, []
+
+    def hold(self, part, resident: bool, h: torch.Tensor) -> bool:
+        """Keep a resident part of the head (a `models.weights.HeadPart` of quantized rows) to fold with the others
+        in one kernel call (`flush`). False where it is to be folded as its logits come (a streamed part, whose slot
+        is reused after it, and rows the kernel cannot take): the parts kept before it are folded first, in order
+        (`h`: the rows' normed input to the head)."""
+        rec = part.fold_record() if resident and self.kernel else None
+        if rec is None:
+            self.flush(h)
+            return False
+        self.held.append(rec)
+        return True
+
+    def flush(self, h: torch.Tensor) -> torch.Tensor:
+        """Fold the parts `hold` kept, in one call; the rows' tokens so far."""
+        if self.held:
+            from models import kernels
+
+            kernels.head_argmax(self.held, h.contiguous(), self.best, self.ids)
+            self.held = []
+        return self.ids
 
     def fold(self, logits: torch.Tensor, lo: int):
         """`logits` [rows, n]: the head's token rows [lo, lo + n)."""

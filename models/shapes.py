@@ -35,6 +35,10 @@ class Shapes:
         """Queries scaled by position or L2-normed (Ministral 3, Llama 4: models/block_parts.py `temper`)."""
         return bool(self.attn_temp_beta) or self.qk_norm == "l2"
 
+    def l2_at(self, layer: int) -> bool:
+        """The layer's rotated queries and keys are L2-normed (Llama 4's layers with rope)."""
+        return self.qk_norm == "l2" and layer not in self.nope_layers
+
     @property
     def layer_end(self) -> bool:
         """A layer ends with a per-layer embedding's branch or a scalar (Gemma 4: models/block_parts.py `finish`)."""

@@ -44,7 +44,7 @@ def block(model, i: int, w, x: torch.Tensor, positions: torch.Tensor, at):
     if not a.shares_kv(i):  # (Gemma 4's last layers attend over an earlier layer's keys and values)
         k, v = qkv[:, q_dim:].split(hkv * hd, dim=-1)
         k = rope(k.reshape(T, hkv, hd), cos, sin)
-        k = l2_norm(k, a.norm_eps) if a.qk_norm == "l2" and i not in a.nope_layers else k
+        k = l2_norm(k, a.norm_eps) if a.l2_at(i) else k
         store(at.k, at.slot0, k)
         store(at.v, at.slot0, v.reshape(T, hkv, hd))
     o = attend(q, at.k, at.v, at.vis, model.scale, a.attn_softcap, w.attn_sinks)  # [T, H, D]

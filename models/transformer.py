@@ -49,27 +49,6 @@ class Place(NamedTuple):
         return self._replace(ple=ple)
 
 
-def plain_block(a: ModelArgs) -> bool:
-    """Llama's block: norms before each branch only, SwiGLU, no scales, caps or sliding windows. The one-call
-    layer kernel and the sparse worker's splits take these; the others run through the separate calls."""
-    return (
-        a.pre_norm
-        and not a.post_norm
-        and not a.nope_layers
-        and not (a.attn_temp_beta or a.rec_layers)
-        and not a.attn_gate
-        and not a.no_mixer_layers
-        and not a.no_ffn_layers
-        and not (a.attn_sinks or a.attn_out_bias)
-        and not a.mla_kv_rank
-        and a.act == "silu"
-        and a.residual_scale == 1.0
-        and not a.attn_softcap
-        and not a.sliding_layers
-        and not (a.v_norm or a.layer_end)
-    )
-
-
 class Transformer:
     def __init__(self, args: ModelArgs, weights, device: str | torch.device = "cpu"):
         self.args, self.weights, self.device = args, weights, torch.device(device)
@@ -98,11 +77,9 @@ class Transformer:
         key = (kind, capacity if scaling is not None and scaling.kind in ("longrope", "dynamic") else 0)
         if key not in self.rotaries:
             hd = (a.full_head_dim or a.head_dim) if kind == "full" else a.head_dim  # (Gemma 4's full heads)
-            if kind == "none":
-                inv, factor = torch.zeros(hd // 2), 1.0
-            else:
-                base = a.rope_local_base if kind == "local" else a.rope_base
-                inv, factor = inv_freq(hd, base, scaling, a.rope_dim, key[1])
+            base = a.rope_local_base if kind == "local" else a.rope_base
+            none = (torch.zeros(hd // 2), 1.0)  # (NoPE: zero frequencies)
+            inv, factor = none if kind == "none" else inv_freq(hd, base, scaling, a.rope_dim, key[1])
             self.rotaries[key] = Rotary(inv, factor, self.device)
         return self.rotaries[key]
 
@@ -139,13 +116,17 @@ class Transformer:
 
     def block_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan: ForwardPlan | None):
         """A generator (see `forward_steps`): yields a `SplitAttention` when the plan splits attention."""
-        a = self.args
+        a, rec = self.args, None
         if self.layer_calls and self.ffn_inputs is None and (plan is None or not plan.attn_split):
             rec = layer_kernel.record(w, a, i)
-            if rec is not None:  # the whole layer in one call, the same bits
+            if rec is not None:  # the whole layer in one call (of a layer of experts, its attention), the same bits
                 scales = block_parts.query_scales(self, positions, i) if a.attn_temp_beta else None
-                return layer_kernel.run(rec, x, positions, at, self.scale, a.norm_eps, scales)
-        if at.rec is not None:  # both mixers on the layer's one normed input, their outputs added (Falcon-H1)
+                layer_kernel.run(rec, x, positions, at, self.scale, a.norm_eps, scales)
+                if not a.experts_at(i):
+                    return x
+        if rec is not None:
+            pass  # (its attention ran in the kernel)
+        elif at.rec is not None:  # both mixers on the layer's one normed input, their outputs added (Falcon-H1)
             h = self.pre(x, w.attn_norm, kernels.rmsnorm)
             h = x.clone() if h is x else h  # (a layer without a pre-norm: the mixer adds to x before attention reads)
             self.mixer(x, w, at.rec, kernels.rmsnorm, h)
@@ -177,11 +158,10 @@ class Transformer:
         h = self.pre(x, w.attn_norm, kernels.rmsnorm) if h is None else h
         qkv, bias = self.project(w, h, kernels.rmsnorm, i)
         q = self.rotate(qkv, bias, positions, at, i)
-        if a.tempered:
-            block_parts.temper(self, q, positions, i)
-            block_parts.norm_keys(self, at, q.shape[0], i)
+        if a.tempered:  # (Llama 4's L2 norms: by `rotate`)
+            block_parts.temper(self, q, positions, i, normed=True)
         if plan is not None and plan.attn_split:
-            if not plain_block(a):
+            if not a.plain_block():
                 raise CadenceError(f"the sparse worker does not split {a.arch}'s attention; run without --partition")
             o = yield SplitAttention(i, q, at.k, at.v, at.vis)
         else:
@@ -206,7 +186,8 @@ class Transformer:
         if a.shares_kv(i):
             cos, sin = at.rotary.tables(positions)
             return torch_block.rope(qkv.view(qkv.shape[0], a.n_heads, -1), cos, sin).contiguous()
-        return kernels.qkv_rope(qkv, bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0)
+        l2 = a.norm_eps if a.l2_at(i) else None  # (Llama 4's norms: after the rotation, before the cache)
+        return kernels.qkv_rope(qkv, bias, positions, at.rotary.cos, at.rotary.sin, at.k, at.v, a.n_heads, at.slot0, l2)
 
     def act(self, gu: torch.Tensor) -> torch.Tensor:
         """The FFN's activation of x W_gate_up on the CPU kernels: SwiGLU, GeGLU, or relu^2 of x W_up (Nemotron-H)."""
@@ -279,7 +260,7 @@ class Transformer:
         """`block_fused` with every linear layer handed out as a `SplitColumns` (see `ForwardPlan`):
         x, the inputs of the linears and their outputs live in the plan's shared buffers."""
         a = self.args
-        if a.moe or a.qk_norm or not plain_block(a):
+        if a.moe or a.qk_norm or not a.plain_block():
             raise CadenceError(
                 f"the sparse worker's column share does not split {a.arch} layers; run without --column-share"
             )
@@ -375,15 +356,18 @@ class Transformer:
         frequent tokens' rows) is skipped, and a draft's logits stop at the rows it keeps."""
         a = self.args
         width = getattr(self.weights, "head_rows", None) or a.vocab_size
-        top = HeadArgmax(x.shape[0], x.device) if argmax else None
+        plain = self.fused and a.logits_div == 1.0 and not a.final_softcap  # (a part's logits as the kernel gives them)
+        top = HeadArgmax(x.shape[0], x.device, plain) if argmax else None
         logits = None if argmax else torch.full((x.shape[0], width), float("-inf"), device=x.device)
-        h = None
+        h, stays = None, getattr(self.weights, "is_resident", lambda need: True)
         for need in self.head_needs:
             part = yield need
             if part is None:
                 continue
             if h is None:  # head.0 (rows from 0: every head keeps it) carries the final norm
                 h = (kernels.rmsnorm if self.fused else rms_norm)(x, part.norm, a.norm_eps)
+            if top is not None and top.hold(part, stays(need), h):  # resident parts: folded together, in one call
+                continue
             y = part.out(h)
             if a.logits_div != 1.0:  # Granite
                 y = y / a.logits_div
@@ -393,4 +377,4 @@ class Transformer:
                 top.fold(y, part.lo)
             else:
                 logits[:, part.lo : part.lo + part.out.n] = y
-        return top.ids if top is not None else logits
+        return top.flush(h) if top is not None else logits

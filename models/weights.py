@@ -139,6 +139,16 @@ class HeadPart:
     lo: int
     out: Linear
     norm: torch.Tensor | None = None
+    rec: list | None = None
+
+    def fold_record(self) -> list[int] | None:
+        """Its first token and its product's record, as the one-call head folds it (models/kernels.py
+        `head_argmax`); None where that kernel cannot take its rows (dense or biased ones, another device)."""
+        if self.rec is None:
+            out = self.out
+            ok = isinstance(out, linear.QuantLinear) and out.kernel and out.bias is None
+            self.rec = [self.lo, *out.record()] if ok else []
+        return self.rec or None
 
 
 def store_linear(store: WeightStore, name: str, arrays: dict[str, torch.Tensor], bias=None) -> Linear:

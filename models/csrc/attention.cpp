@@ -7,7 +7,8 @@
  * batch, the tree shape or the thread: the ground on which speculative decoding is lossless.
  *
  * Layouts: q, out [T, H, D]; k, v cache [Hkv, cap, D] of floats, or (`kv`: --kv-dtype) of IEEE halves or
- * q8_0 rows, widened to floats a chunk at a time: the same sums of the same floats; lse [T, H] (optional).
+ * q8_0 rows, widened to floats a chunk at a time: the same sums of the same floats; lse [T, H] (optional);
+ * sinks [H] (optional, gpt-oss): a logit per head that joins each softmax's denominator only.
  * Row r sees cache slots [0, n_shared) and then slots idx[ptr[r] .. ptr[r+1]), in that order.
  */
 #include "ops.hpp"
@@ -240,9 +241,9 @@ static void fold_chunk(const float *q, int H, int G, int kh, int r0, int s0, int
 
 /* The work items (a KV head and a block of rows each) shared among the threads of the enclosing parallel
  * region (csrc/layer.cpp's, or cad_attention's own); on one thread outside any. */
-void attention_for(const float *q, const void *kc, const void *vc, float *out, float *lse, int T, int H, int Hkv,
-                   int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx, float scale, float softcap,
-                   int kv) {
+void attention_for(const float *q, const void *kc, const void *vc, float *out, float *lse, const float *sinks, int T,
+                   int H, int Hkv, int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx, float scale,
+                   float softcap, int kv) {
     const int G = H / Hkv;
     const int nblocks = (T + RB - 1) / RB;
     const int nfull = n_shared / CH;
@@ -272,19 +273,24 @@ void attention_for(const float *q, const void *kc, const void *vc, float *out, f
             for (int g = 0; g < G; g++) {
                 const int s = (r - r0) * G + g, h = kh * G + g;
                 float *dst = out + ((size_t)r * H + h) * D;
-                const float inv = 1.0f / l[s];
+                const float inv = 1.0f / l[s], row_lse = m[s] + std::log(l[s]);
                 for (int d = 0; d < D; d++) dst[d] = o[(size_t)s * D + d] * inv;
-                if (lse) lse[(size_t)r * H + h] = m[s] + std::log(l[s]);
+                if (sinks) { /* the sink's logit in the denominator only: times sum e^s / (sum e^s + e^sink) */
+                    const float keep = 1.0f / (1.0f + std::exp(sinks[h] - row_lse));
+                    for (int d = 0; d < D; d++) dst[d] = dst[d] * keep;
+                }
+                if (lse) lse[(size_t)r * H + h] = row_lse;
             }
         }
     }
 }
 
-extern "C" void cad_attention(const float *q, const void *kc, const void *vc, float *out, float *lse, int T, int H,
-                              int Hkv, int D, int cap, int n_shared, const int32_t *ptr, const int32_t *idx,
-                              float scale, float softcap, int kv, int nthreads) {
+extern "C" void cad_attention(const float *q, const void *kc, const void *vc, float *out, float *lse,
+                              const float *sinks, int T, int H, int Hkv, int D, int cap, int n_shared,
+                              const int32_t *ptr, const int32_t *idx, float scale, float softcap, int kv,
+                              int nthreads) {
 #pragma omp parallel num_threads(nthreads)
-    attention_for(q, kc, vc, out, lse, T, H, Hkv, D, cap, n_shared, ptr, idx, scale, softcap, kv);
+    attention_for(q, kc, vc, out, lse, sinks, T, H, Hkv, D, cap, n_shared, ptr, idx, scale, softcap, kv);
 }
 
 /* ---- The same attention, split in three (Ghidorah's dense / sparse parts, merged by online softmax).

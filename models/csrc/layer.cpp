@@ -13,9 +13,12 @@
  * attn_norm, ffn_norm and the qkv bias (0: none), the flags (bit 0: no norms before the branches, bit 1:
  * GeGLU, bits 2-3: q/k norms 0 none, 1 per head, 2 over the whole projection, bit 4: the values' weightless
  * norm), the addresses of q_norm, k_norm, attn_post_norm and ffn_post_norm (0: none), the residual scale and
- * the attention's soft cap (as the bits of a double), the address of the layer's output scalar (0: none), then
- * qkv, attn_out, gate_up and down as `QuantLinear.record` gives them (format, n, k, row0 and five array
- * addresses). `qscale` (null: none) is each row's factor on its queries after RoPE. */
+ * the attention's soft cap (as the bits of a double), the addresses of the layer's output scalar, the attention
+ * sinks (gpt-oss) and the attention output's bias (0: none), then qkv, attn_out, gate_up and down as
+ * `QuantLinear.record` gives them (format, n, k, row0 and five array addresses; zeros for a layer of experts).
+ * Flag bit 5: the attention branch only (a layer of experts: its FFN is run by the caller, models/moe.py); bit 6:
+ * each rotated query and key head divided by its RMS (Llama 4's weightless norm, cad_qkv_rope's `l2_eps`).
+ * `qscale` (null: none) is each row's factor on its queries after RoPE. */
 #include "ops.hpp"
 #include "qlinear.hpp"
 
@@ -26,7 +29,7 @@
 
 namespace {
 
-constexpr int HEAD = 16, REC = 9;
+constexpr int HEAD = 18, REC = 9;
 constexpr size_t KEEP_FLOATS = 1 << 20; /* 4 MiB: the 1.5B's buffers for a 16-wide tree are ~2 MiB */
 
 q::QW qw(const int64_t *r) {
@@ -40,9 +43,12 @@ double as_double(int64_t bits) {
     return d;
 }
 
-/* x += y (through its post norm and the residual scale, where the layer has them): what `Transformer.residual`
- * does with torch's elementwise ops, one rounding each. */
-void add_branch(float *x, float *y, const float *post, float scale, int T, int dim, float eps) {
+/* x += y (plus its bias, through its post norm and the residual scale, where the layer has them): what
+ * `Transformer.residual` does with torch's elementwise ops, one rounding each. */
+void add_branch(float *x, float *y, const float *bias, const float *post, float scale, int T, int dim, float eps) {
+    if (bias)
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < dim; j++) y[(size_t)t * dim + j] = y[(size_t)t * dim + j] + bias[j];
     if (post) cad_rmsnorm(y, post, y, T, dim, eps);
     const size_t n = (size_t)T * dim;
     if (scale != 1.0f)
@@ -91,8 +97,9 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float 
     const float *attn_post = (const float *)rec[11], *ffn_post = (const float *)rec[12];
     const float res_scale = (float)as_double(rec[13]), softcap = (float)as_double(rec[14]);
     const float *layer_scale = (const float *)rec[15]; /* x times it at the layer's end (Gemma 4), or 0 */
-    const bool v_norm = flags & 16;
-    const bool plain_out = !attn_post && res_scale == 1.0f, plain_down = !ffn_post && res_scale == 1.0f;
+    const float *sinks = (const float *)rec[16], *out_bias = (const float *)rec[17];
+    const bool v_norm = flags & 16, attn_only = flags & 32, l2 = flags & 64;
+    const bool plain_out = !attn_post && res_scale == 1.0f && !out_bias, plain_down = !ffn_post && res_scale == 1.0f;
     const q::QW qkv = qw(rec + HEAD), out = qw(rec + HEAD + REC), gate_up = qw(rec + HEAD + 2 * REC),
                 down = qw(rec + HEAD + 3 * REC);
     const int nqkv = (H + 2 * Hkv) * hd, qd = H * hd;
@@ -125,7 +132,7 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float 
             for (int g = 0; g < ngen; g++) {
                 const Gen &e = gens[g];
                 cad_qkv_rope(yb + e.lo * nqkv, bias, pos + e.lo, e.cos_t, e.sin_t, hb + e.lo * qd, e.kc, e.vc,
-                             (int)(e.hi - e.lo), H, Hkv, hd, (int)e.cap, (int)e.slot0, (int)e.kv);
+                             (int)(e.hi - e.lo), H, Hkv, hd, (int)e.cap, (int)e.slot0, (int)e.kv, l2 ? eps : -1.0f);
             }
             if (qscale) /* each row's queries by its position's factor (Ministral 3), as torch's q *= s */
                 for (int t = 0; t < T; t++)
@@ -133,25 +140,27 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float 
         }
         for (int g = 0; g < ngen; g++) { /* each generation over its own cache, with its own visibility */
             const Gen &e = gens[g];
-            attention_for(hb + e.lo * qd, e.kc, e.vc, ob + e.lo * qd, nullptr, (int)(e.hi - e.lo), H, Hkv, hd,
+            attention_for(hb + e.lo * qd, e.kc, e.vc, ob + e.lo * qd, nullptr, sinks, (int)(e.hi - e.lo), H, Hkv, hd,
                           (int)e.cap, (int)e.n_shared, e.ptr, e.idx, scale, softcap, (int)e.kv);
         }
         q::qlinear_in(ob, T, out, plain_out ? x : yb, dim, plain_out, qa); /* x += o W_o^T */
 #pragma omp barrier
 #pragma omp single
         {
-            if (!plain_out) add_branch(x, yb, attn_post, res_scale, T, dim, eps);
-            if (pre) cad_rmsnorm(x, ffn_norm, hb, T, dim, eps);
+            if (!plain_out) add_branch(x, yb, out_bias, attn_post, res_scale, T, dim, eps);
+            if (pre && !attn_only) cad_rmsnorm(x, ffn_norm, hb, T, dim, eps);
         }
-        q::qlinear_in(pre ? hb : x, T, gate_up, yb, 2 * F, 0, qa);
+        if (!attn_only) { /* (every thread alike: a layer of experts ends here) */
+            q::qlinear_in(pre ? hb : x, T, gate_up, yb, 2 * F, 0, qa);
 #pragma omp barrier
-        glu_for(yb, ab, T, F, gelu);
-        q::qlinear_in(ab, T, down, plain_down ? x : ob, dim, plain_down, qa); /* x += act W_down^T */
-        if (!plain_down || layer_scale) {
+            glu_for(yb, ab, T, F, gelu);
+            q::qlinear_in(ab, T, down, plain_down ? x : ob, dim, plain_down, qa); /* x += act W_down^T */
+        }
+        if (!attn_only && (!plain_down || layer_scale)) {
 #pragma omp barrier
 #pragma omp single
             {
-                if (!plain_down) add_branch(x, ob, ffn_post, res_scale, T, dim, eps);
+                if (!plain_down) add_branch(x, ob, nullptr, ffn_post, res_scale, T, dim, eps);
                 if (layer_scale) /* x *= the layer's scalar, as `block_parts.finish` */
                     for (size_t i = 0, n = (size_t)T * dim; i < n; i++) x[i] = x[i] * *layer_scale;
             }

@@ -119,3 +119,35 @@ extern "C" void cad_linear(const float *x, float *y, int M, int fmt, int N, int 
         dense(x, y, M, fmt, N, K, w, nthreads, accumulate, ldy);
     }
 }
+
+/* The greedy answer of an output head in parts (models/transformer.py `head_steps`), in one parallel region: each
+ * part's logits as cad_linear makes them, then each row's first maximum, a NaN above every number (as
+ * models/sampling.py `HeadArgmax` folds torch's max), part after part in token order. `recs`: ten int64s a part,
+ * its first token then its product as `QuantLinear.record` gives it (int8, int4 or int2). best [M] and ids [M]: the
+ * running maximum and its token, updated in place. */
+extern "C" void cad_head_argmax(const int64_t *recs, int nparts, const float *x, int M, float *best, int64_t *ids,
+                                int nthreads) {
+    int widest = 0;
+    for (int p = 0; p < nparts; p++) widest = std::max(widest, (int)recs[(size_t)p * 10 + 2]);
+    std::vector<float> y((size_t)M * widest);
+    q::QA qa;
+#pragma omp parallel num_threads(nthreads)
+    for (int p = 0; p < nparts; p++) {
+        const int64_t *r = recs + (size_t)p * 10;
+        const q::QW w((int)r[1], (int)r[2], (int)r[3], (int)r[4], (const void *)r[5], (const void *)r[6],
+                      (const void *)r[7], (const void *)r[8], (const void *)r[9]);
+        q::qlinear_in(x, M, w, y.data(), w.N, 0, qa);
+#pragma omp barrier
+#pragma omp for
+        for (int m = 0; m < M; m++) { /* (the loop's own barrier: y is free for the next part after it) */
+            const float *row = y.data() + (size_t)m * w.N;
+            for (int j = 0; j < w.N; j++) {
+                const float v = row[j];
+                if (v != v ? best[m] == best[m] : v > best[m]) {
+                    best[m] = v;
+                    ids[m] = r[0] + j;
+                }
+            }
+        }
+    }
+}

@@ -7,21 +7,26 @@
 #include <algorithm>
 #include <cmath>
 
+/* 1 / rms(x), x of D floats, reduced in one fixed order. */
+static inline float inv_rms(const float *x, int D, float eps) {
+    v8f acc = v8_splat(0.0f);
+    int d = 0;
+    for (; d + 8 <= D; d += 8) {
+        const v8f v = v8_load(x + d);
+        acc += v * v;
+    }
+    float ss = v8_hsum(acc);
+    for (; d < D; d++) ss += x[d] * x[d];
+    return 1.0f / std::sqrt(ss / (float)D + eps);
+}
+
 /* out[t] = x[t] / rms(x[t]) * w, reduced in one fixed order. */
 extern "C" void cad_rmsnorm(const float *x, const float *w, float *out, int T, int D, float eps) {
     for (int t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * D;
         float *o = out + (size_t)t * D;
-        v8f acc = v8_splat(0.0f);
+        const float r = inv_rms(xr, D, eps);
         int d = 0;
-        for (; d + 8 <= D; d += 8) {
-            const v8f v = v8_load(xr + d);
-            acc += v * v;
-        }
-        float ss = v8_hsum(acc);
-        for (; d < D; d++) ss += xr[d] * xr[d];
-        const float r = 1.0f / std::sqrt(ss / (float)D + eps);
-        d = 0;
         const v8f vr = v8_splat(r);
         for (; d + 8 <= D; d += 8) v8_store(o + d, v8_load(xr + d) * vr * v8_load(w + d));
         for (; d < D; d++) o[d] = xr[d] * r * w[d];
@@ -39,10 +44,12 @@ static inline void rope_head(float *h, const float *cs, const float *sn, int hd)
 }
 
 /* qkv [T, (H + 2 Hkv) hd] (+ bias) -> rotated q into q_out [T, H, hd]; rotated k and v written to
- * the layer's cache kc, vc [Hkv, cap, hd] at slots slot0 .. slot0 + T. cos/sin tables [*, hd]. */
+ * the layer's cache kc, vc [Hkv, cap, hd] at slots slot0 .. slot0 + T. cos/sin tables [*, hd]. `l2_eps` >= 0:
+ * each rotated query and key head divided by its RMS (Llama 4's weightless "L2" norm, as cad_rmsnorm over a weight
+ * of ones), before the key is stored. */
 extern "C" void cad_qkv_rope(const float *qkv, const float *bias, const int64_t *pos, const float *cos_t,
                              const float *sin_t, float *q_out, void *kc, void *vc, int T, int H, int Hkv, int hd,
-                             int cap, int slot0, int kv) {
+                             int cap, int slot0, int kv, float l2_eps) {
     const int width = (H + 2 * Hkv) * hd;
     float tmp[1024];
     for (int t = 0; t < T; t++) {
@@ -52,6 +59,10 @@ extern "C" void cad_qkv_rope(const float *qkv, const float *bias, const int64_t 
             const float *src = row + (size_t)h * hd;
             for (int i = 0; i < hd; i++) tmp[i] = bias ? src[i] + bias[(size_t)h * hd + i] : src[i];
             if (h < H + Hkv) rope_head(tmp, cs, sn, hd);
+            if (h < H + Hkv && l2_eps >= 0.0f) {
+                const float r = inv_rms(tmp, hd, l2_eps);
+                for (int i = 0; i < hd; i++) tmp[i] = tmp[i] * r;
+            }
             if (h < H) {
                 std::copy(tmp, tmp + hd, q_out + ((size_t)t * H + h) * hd);
                 continue;

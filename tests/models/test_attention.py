@@ -56,6 +56,31 @@ def test_lse_is_log_of_softmax_denominator():
     assert (lse - ref).abs().max() < 1e-5
 
 
+def test_sinks_join_each_softmax_s_denominator_and_a_tree_row_keeps_its_alone_bits():
+    """gpt-oss's sinks: a logit per head in the softmax's denominator only, against the scores written out with the
+    sink as one more column; a tree's rows get the bits each gets decoded alone."""
+    g = torch.Generator().manual_seed(2)
+    H, Hkv, D, ctx, T = 4, 2, 16, 37, 6
+    kc, vc = torch.randn(Hkv, ctx + T, D, generator=g), torch.randn(Hkv, ctx + T, D, generator=g)
+    q, sinks = torch.randn(T, H, D, generator=g), torch.randn(H, generator=g) * 2
+    parents = [-1, 0, 0, 1, 3, 2]
+    vis = Visibility.tree(ctx, parents)
+    out = kernels.attention(q, kc, vc, vis.n_shared, vis.ptr, vis.idx, 0.25, sinks=sinks)
+    k, v = kc.repeat_interleave(H // Hkv, 0).double(), vc.repeat_interleave(H // Hkv, 0).double()
+    s = torch.einsum("thd,hsd->ths", q.double(), k) * 0.25
+    s = s.masked_fill(~vis.dense_mask(ctx + T)[:, None, :], float("-inf"))
+    p = torch.softmax(torch.cat([s, sinks.double().view(1, H, 1).expand(T, H, 1)], -1), -1)[..., :-1]
+    assert (out.double() - torch.einsum("ths,hsd->thd", p, v)).abs().max() < 1e-5
+    for r in range(T):  # row r alone: its path's keys, in order
+        path, at = [], r
+        while at >= 0:
+            path.insert(0, ctx + at)
+            at = parents[at]
+        one = Visibility(ctx, torch.tensor([0, len(path)], dtype=torch.int32), torch.tensor(path, dtype=torch.int32))
+        alone = kernels.attention(q[r : r + 1].contiguous(), kc, vc, one.n_shared, one.ptr, one.idx, 0.25, sinks=sinks)
+        assert torch.equal(alone[0], out[r])
+
+
 @pytest.mark.parametrize("H,Hkv,D", [(12, 2, 64), (14, 2, 128), (6, 2, 48)])
 def test_row_output_does_not_depend_on_the_batch(H, Hkv, D):
     """A tree node attended in a batch == the same node decoded alone on its path (bit for bit). Where D is a

@@ -197,11 +197,16 @@ def test_layers_the_one_call_cannot_take_go_through_the_separate_calls(tiny_args
     assert torch.equal(model.forward(ids, torch.arange(6), model.new_cache(8)), _sequential_logits(model, ids.tolist()))
 
 
-@pytest.mark.parametrize("mt", ["gemma4_text", "ministral3"])
-def test_a_family_s_layers_in_one_kernel_call_give_the_separate_calls_bits(tmp_path, mt):
+ONE_CALL = [("gemma4_text", "plain"), ("ministral3", "plain"), ("gpt_oss", "plain"), ("glm4_moe", "air")]
+
+
+@pytest.mark.parametrize("mt,variant", ONE_CALL + [("llama4_text", "plain")])
+def test_a_family_s_layers_in_one_kernel_call_give_the_separate_calls_bits(tmp_path, mt, variant):
     """Gemma 4's layers (the values' weightless norm, the layer's output scalar, full-attention layers with wider heads
-    and fewer KV heads of their own, proportional rope) and Ministral 3's (queries scaled by position) in the one-call
-    layer kernel: the separate calls' logits bit for bit, for a prompt, a token and a tree."""
+    and fewer KV heads of their own, proportional rope), Ministral 3's (queries scaled by position), and the attention
+    of the layers of experts of gpt-oss (sinks, the output's bias, sliding windows), GLM-4.5 (partial rope) and
+    Llama 4 (L2 norms, chunks, NoPE layers with tempered queries) in the one-call layer kernel: the separate calls'
+    logits bit for bit, for a prompt, a token and a tree."""
     if not kernels.available():
         pytest.skip("no kernel library here (no C++ compiler)")
     from models import loading
@@ -209,5 +214,5 @@ def test_a_family_s_layers_in_one_kernel_call_give_the_separate_calls_bits(tmp_p
     from models.source_hf import HFSource
     from tests.models.families import tiny_hf
 
-    store = convert(HFSource(tiny_hf(mt, "plain", tmp_path / "hf")), tmp_path / "int4", "int4")
+    store = convert(HFSource(tiny_hf(mt, variant, tmp_path / "hf")), tmp_path / "int4", "int4")
     _one_call_against_separate(loading.load_store(store).model, 21, 9, 3, 250)
