@@ -39,7 +39,7 @@ def _record(w, args: ModelArgs, i: int) -> torch.Tensor:
         (not args.experts_beside_dense and not args.layer_end) if experts else w.router is None and args.act != "relu2"
     )
     dense = ffn and w.flash is None and w.attn_gate is None and not biased_norm
-    dense = dense and not (args.ple_dim or args.kv_shared)
+    dense = dense and not (args.ple_dim or args.kv_shared or args.recurrent(i))  # (Falcon-H1: a mixer beside it)
     dense = dense and not (args.v_norm and not args.qk_norm)  # (the values are normed with the queries and keys)
     if not dense or not all(isinstance(x, linear.QuantLinear) and x.kernel for x in lins):
         return torch.empty(0, dtype=torch.int64)

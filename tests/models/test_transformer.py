@@ -216,3 +216,24 @@ def test_a_family_s_layers_in_one_kernel_call_give_the_separate_calls_bits(tmp_p
 
     store = convert(HFSource(tiny_hf(mt, variant, tmp_path / "hf")), tmp_path / "int4", "int4")
     _one_call_against_separate(loading.load_store(store).model, 21, 9, 3, 250)
+
+
+def test_falcon_h1_s_layers_keep_their_mamba_mixer_beside_the_one_call_attention(tmp_path):
+    """Falcon-H1's layers attend and run Mamba-2 side by side: the one-call kernel (attention and FFN only) must not
+    take them, or the mixer is skipped. The logits with the one-call kernel allowed equal those without it."""
+    if not kernels.available():
+        pytest.skip("no kernel library here (no C++ compiler)")
+    from models import loading
+    from models.convert import convert
+    from models.source_hf import HFSource
+    from tests.models.families import tiny_hf
+
+    model = loading.load_store(
+        convert(HFSource(tiny_hf("falcon_h1", "plain", tmp_path / "hf")), tmp_path / "q", "int4")
+    ).model
+    ids = torch.randint(3, 250, (12,), generator=torch.Generator().manual_seed(1))
+    out = []
+    for one_call in (False, True):
+        model.layer_calls = one_call
+        out.append(model.forward(ids, torch.arange(12), model.new_cache(16)))
+    assert torch.equal(out[0], out[1])
