@@ -10,8 +10,8 @@ import torch
 from actors.base import Actor, ActorContext
 from common.heap import trim_heap
 from actors.calls import Advanced, Trees
-from models.loading import load_store
-from models.store import WeightStore
+from formats.loading import load_store
+from formats.store import WeightStore
 from common.settings import SamplingConfig
 from speculative.drafter import LocalDraft
 from common.settings import TreeConfig
@@ -31,7 +31,7 @@ class DraftActor(Actor):
             # every group but the embedding table; the head's frequent-token rows only where `head_rows` says
             rows, flash = init.get("head_rows") or None, init.get("flash")
             if flash:  # --draft flash: the target's attention and head, its FFN from neuron caches
-                from models.flash.sparse_target import streamed_flash_draft
+                from flash.sparse_target import streamed_flash_draft
 
                 store = WeightStore(init["store"])
                 model = streamed_flash_draft(store, flash["density"], flash["predictor"], flash["capacity"], rows)

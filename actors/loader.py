@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from actors.base import Actor
 from actors.calls import GroupSizes, Loaded
-from models.store import WeightStore
+from formats.store import WeightStore
 from shm.desc import TensorDesc
 from shm.dio import DEFAULT_CHUNK, DirectReader
 

@@ -28,9 +28,9 @@ from actors.executor import WorkerShare
 from actors.syncarea import Clock, SyncArea
 from models import kernels
 from models.args import ModelArgs
-from models.store import WeightStore
+from formats.store import WeightStore
 from models.kvcache import KVCache
-from models.weights import layer_from_views
+from formats.weights import layer_from_views
 
 
 class SparseAttnActor(Actor):

@@ -20,12 +20,13 @@ from actors.base import Actor, ActorContext
 from actors.calls import AwaitExperts, AwaitGroup, Batched, Token, signature
 from actors.executor import SplitExecutor
 from actors.syncarea import Clock
-from models.loading import load_store
+from formats.loading import load_store
 from models.requests import NeedExperts, NeedWeights
 from common.settings import SamplingConfig
-from models.store import WeightStore, expert_group
+from formats.store import WeightStore, expert_group
 from models.transformer import Transformer
-from models.weights import StreamingWeights, drive, weights_for
+from formats.weights import StreamingWeights
+from models.requests import drive, weights_for
 from speculative.tree import TokenTree, Tree, Verdict
 from speculative.prefixes import prompt_cache
 from speculative.slots import Slots

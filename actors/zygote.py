@@ -35,11 +35,11 @@ REPARENT_WAIT_S = 5.0
 
 def preload(modules: list[str]) -> None:
     """Import the actors' modules (and load the CPU kernels if they use them) into the shared pages; an entry
-    `vocabulary:DIR:ROWS` makes a grammar's view of that vocabulary there too (models/grammar.py `PRELOAD`)."""
+    `vocabulary:DIR:ROWS` makes a grammar's view of that vocabulary there too (speculative/grammar.py `PRELOAD`)."""
     for name in modules:
         try:
             if name.startswith("vocabulary:"):
-                importlib.import_module("models.grammar").preload(name)
+                importlib.import_module("speculative.grammar").preload(name)
                 continue
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the actor's own import reports it, as a DEAD frame

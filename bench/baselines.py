@@ -12,7 +12,7 @@ import json
 import time
 
 from engine.rows import make_row, peak_rss_bytes
-from models.convert import resolve
+from formats.convert import resolve
 
 HF_MODES = ("hf", "hf-assisted", "hf-prompt-lookup")
 
@@ -175,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     from common.errors import CadenceError
-    from models.convert import ensure_store
-    from models.tokenizer import TextTokenizer
+    from formats.convert import ensure_store
+    from text.tokenizer import TextTokenizer
 
     p = argparse.ArgumentParser(prog="python -m bench.baselines")
     p.add_argument("--target", required=True)

@@ -16,8 +16,8 @@ import time
 import torch
 
 from common.settings import SamplingConfig
-from models import loading
-from models.convert import ensure_store
+from formats import loading
+from formats.convert import ensure_store
 from speculative.tree import TokenTree
 from speculative.verify import Verifier, verify_many
 

@@ -52,7 +52,7 @@ def plain_read(path: str, dest: mmap.mmap, nbytes: int) -> float:
 def read_curve(path: str, out: str, depth: int, mib: int) -> int:
     from pathlib import Path
 
-    from models.flash.costmodel import ReadCurve, curve_path
+    from flash.costmodel import ReadCurve, curve_path
     from shm.readcurve import measure
 
     rows = measure(path, threads=depth, cell_bytes=mib * MiB)

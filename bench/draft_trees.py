@@ -64,8 +64,8 @@ def main() -> None:
     import torch
 
     from engine.prompts import load_prompts
-    from models import loading
-    from models.convert import ensure_store
+    from formats import loading
+    from formats.convert import ensure_store
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b", help="a model name, file or weight store")

@@ -58,8 +58,8 @@ def replay(
 
 def main(argv=None) -> int:
     from engine.prompts import load_prompts
-    from models import loading
-    from models.convert import ensure_store
+    from formats import loading
+    from formats.convert import ensure_store
 
     p = argparse.ArgumentParser(prog="python -m bench.expert_replay")
     p.add_argument("--target", required=True)

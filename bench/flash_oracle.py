@@ -29,14 +29,15 @@ from engine.config import RunConfig
 from engine.prompts import load_prompts
 from engine.inputs import read_inputs
 from engine.machine import ThisMachine
-from models import loading, kernels
-from models.convert import ensure_store
-from models.flash import records
-from models.flash.sparse_target import with_ffn
-from models.flash.predictor import Predictor
-from models.flash.weights import DENSE_ROWS
+from models import kernels
+from formats import loading
+from formats.convert import ensure_store
+from models import flash_records as records
+from flash.sparse_target import with_ffn
+from flash.predictor import Predictor
+from flash.weights import DENSE_ROWS
 from models.transformer import Transformer
-from models.weights import LayerWeights
+from formats.weights import LayerWeights
 
 
 class Shared:

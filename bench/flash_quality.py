@@ -96,9 +96,9 @@ def main(argv=None) -> int:
     from engine.prompts import load_prompts
     from engine.inputs import read_inputs
     from engine.machine import ThisMachine
-    from models import loading
-    from models.flash.predictor import Predictor
-    from models.flash.weights import FlashWeights
+    from formats import loading
+    from flash.predictor import Predictor
+    from flash.weights import FlashWeights
 
     ap = argparse.ArgumentParser(prog="python -m bench.flash_quality", description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=RunConfig().target)

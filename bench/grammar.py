@@ -112,8 +112,8 @@ def _llama_cpp(n: int) -> dict:
 
     from bench.baselines import LlamaCppBaseline
     from engine.prompts import Prompt, encode_prompt
-    from models.convert import ensure_store
-    from models.tokenizer import TextTokenizer
+    from formats.convert import ensure_store
+    from text.tokenizer import TextTokenizer
 
     target = "qwen2.5-coder-1.5b"
     tok = TextTokenizer(ensure_store(target, "int4").tokenizer_info)

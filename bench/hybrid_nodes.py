@@ -20,9 +20,9 @@ import torch
 
 from common.paths import home
 from models.attention import Visibility
-from models.convert import convert
-from models.source_hf import HFSource
-from models.store import WeightStore
+from formats.convert import convert
+from formats.source_hf import HFSource
+from formats.store import WeightStore
 
 
 def _shapes(layers: int, dim: int, hybrid: bool) -> dict:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--dim", type=int, default=1024)
     a = p.parse_args(argv)
-    from models import loading
+    from formats import loading
 
     widths = [int(w) for w in a.widths.split(",")]
     torch.manual_seed(1)

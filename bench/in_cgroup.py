@@ -109,7 +109,7 @@ def _run_argv(cfg: RunConfig, mode: str, budget: int, variant: tuple[str, ...] |
 def _budgets(cfg: RunConfig, c: CgroupOptions, r, machine) -> tuple[int, int, Path]:
     """(the modes' limit, llama.cpp's limit, its GGUF file)."""
     from engine.memory import memory_plan
-    from models.convert import resolve as source
+    from formats.convert import resolve as source
     from common.units import parse_bytes
 
     budget = (

@@ -23,7 +23,7 @@ import time
 # The arm's side, as a script: it runs against either checkout, so it uses only what both have.
 WORKER = r"""
 import sys, time, torch
-from models import loading
+from formats import loading
 from models.attention import Visibility
 model_name, fmt, context = sys.argv[1], sys.argv[2], int(sys.argv[3])
 lm = loading.load(model_name, fmt)

@@ -52,7 +52,7 @@ def score(lm, ids: list[int], kv: str) -> tuple[float, list[int]]:
 
 
 def main(argv=None) -> None:
-    from models import loading
+    from formats import loading
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="qwen2.5-coder-1.5b")

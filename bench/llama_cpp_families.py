@@ -158,7 +158,7 @@ def cadence_logits(gguf: Path, ids: list[int], work: Path) -> np.ndarray:
     """cadence's fp32 forward of `ids` from the GGUF (tests/models/test_families.py's `ours`)."""
     import torch
 
-    from models.source import GGUFSource
+    from formats.source import GGUFSource
     from tests.models.test_families import ours
 
     model = ours(GGUFSource(gguf), work / "store")

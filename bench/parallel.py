@@ -151,8 +151,8 @@ def main(argv=None) -> None:
             if a and b:
                 print(f"  N={n}: {_agg(a):.2f} / {_agg(b):.2f} = {_agg(a) / _agg(b):.2f}")
     if args.llama_server and base:
-        from models.pull import model_path
-        from models.registry import DEFAULT_TARGET, spec
+        from pulls.wheels import model_path
+        from pulls.registry import DEFAULT_TARGET, spec
 
         gguf = args.gguf or str(model_path(spec(DEFAULT_TARGET)))
         ids = dict(list(base["prompt_ids"].items())[: args.llama_limit])

@@ -124,7 +124,7 @@ def pair_files() -> list[Path]:
     budgeted run."""
     from engine.config import RunConfig
     from engine.machine import ThisMachine
-    from models.registry import DEFAULT_DRAFT
+    from pulls.registry import DEFAULT_DRAFT
 
     cfg, machine = RunConfig.from_options(), ThisMachine(lambda s: None)
     stores = Path(machine.store(cfg.target, cfg.dtype).dir).parent

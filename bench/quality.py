@@ -8,7 +8,7 @@ import time
 import torch
 
 from models.attention import Visibility
-from models.loading import LoadedModel
+from formats.loading import LoadedModel
 from models.transformer import Transformer
 
 # A short text besides the prompts, for the mean log-likelihood: code and prose.

@@ -133,8 +133,8 @@ def main(argv=None) -> None:
             many += [run(a.memory_budget, 0, max(ns), "auto", prompts, a.max_tokens, kv) for kv in kvs]
     llama = []
     if a.llama_server:
-        from models.pull import model_path
-        from models.registry import DEFAULT_TARGET, spec
+        from pulls.wheels import model_path
+        from pulls.registry import DEFAULT_TARGET, spec
 
         gguf = a.gguf or str(model_path(spec(DEFAULT_TARGET)))
         ls = [int(n) for n in (a.llama_clients or ",".join(map(str, sorted({1, *ns})))).split(",")]

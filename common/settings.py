@@ -38,7 +38,9 @@ class SamplingConfig:
     frequency_penalty: float = 0.0  # subtracted once for each time it is in the window
     repetition_penalty: float = 1.0  # a windowed token's logit divided by it (multiplied where negative)
     repeat_last_n: int = 64  # the window the penalties look at: the text's last this many tokens (-1: all)
-    grammar: str = ""  # what follows the prompt is held to it: an llguidance grammar (models/grammar.py `grammar_of`)
+    grammar: str = (
+        ""  # what follows the prompt is held to it: an llguidance grammar (speculative/grammar.py `grammar_of`)
+    )
     logprobs: int = -1  # with each token its log-probability and this many likeliest tokens' (-1: none)
     prompt_logprobs: bool = False  # ... and with each prompt token's too (its whole prompt prefilled, none reused)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from common.errors import CadenceError
 from common.modes import MODES, Mode
-from models.grammar import grammar_of
+from speculative.grammar import grammar_of
 from common.settings import SAMPLING_FIELDS, ExpertOptions, SamplingConfig, TreeConfig, WorkerSplit, check_format
 from engine.options import AUTO_AHEAD, BY_NAME, DEFAULTS, RUNTIMES
 from common.units import parse_bytes

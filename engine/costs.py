@@ -19,7 +19,7 @@ from pathlib import Path
 
 from common.calibration import busy_reason, cached, child_json, keep, machine_load
 from models.kernel_build import cpu_flags, cpu_model, sources_digest  # no torch
-from models.store import WeightStore
+from formats.store import WeightStore
 from speculative.arca import interpolate
 
 ROWS = (1, 2, 3, 5, 9, 17, 33)  # a token, or a tree of 1..32 tokens and its root
@@ -161,7 +161,7 @@ def measure(target: WeightStore, draft: WeightStore | None) -> Costs:
     import torch
 
     from common.timing import best_time
-    from models.weights import StreamingWeights
+    from formats.weights import StreamingWeights
     from shm.dio import DirectReader
 
     torch.set_num_threads(max(1, torch.get_num_threads()))

@@ -20,7 +20,7 @@ from common.settings import WIDER, WorkerSplit
 from common.units import parse_bytes
 from engine.config import RunConfig
 from engine.drafts import auto_draft
-from models.grammar import PRELOAD
+from speculative.grammar import PRELOAD
 from engine.memory import (
     DRAFT_VOCAB,
     draft_rows,
@@ -35,7 +35,7 @@ from engine.memory import (
 )
 from engine.plan import DraftKind, DraftPlan, Mode, Runtime, RunPlan
 from engine.profiles import parse_partition
-from models.store import WeightStore
+from formats.store import WeightStore
 
 DEFAULT_CONTEXT = 4096  # tokens a generation holds when nothing says how many (ollama and llama-cli take as many)
 BUDGET_CONTEXT = 2048  # ... under a memory budget, where every token's KV rows are memory the target could use
@@ -129,7 +129,7 @@ def _plan(asked: RunConfig, c: _Choice, machine, memory, budget: int | None, not
         preload = (
             *ACTOR_MODULES,
             *(("actors.sparse",) if cfg.worker else ()),
-            *(("models.flash.sparse_target",) if flash else ()),  # imported once, not in the draft's own pages
+            *(("flash.sparse_target",) if flash else ()),  # imported once, not in the draft's own pages
             *((f"{PRELOAD}{target.dir}:{target.args.vocab_size}",) if memory and memory.overheads.grammar else ()),
         )
         scheduler = runtime_config(cfg, target, memory, preload)

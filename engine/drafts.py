@@ -1,4 +1,4 @@
-"""Which models can draft for which, from their vocabularies (models/vocab.py), before anything converts.
+"""Which models can draft for which, from their vocabularies (formats/vocab.py), before anything converts.
 
 A draft must give every token id the token its target gives it, and be the smaller model. `--draft NAME` is
 checked against the target before either is converted or loaded; `--draft auto` takes the default draft where
@@ -12,9 +12,9 @@ from pathlib import Path
 
 from common.modes import Mode
 from common.errors import CadenceError
-from models import hub, registry
-from models.pull import is_pulled, model_path, pull
-from models.vocab import Vocab, vocab_of
+from pulls import hub, registry
+from pulls.wheels import is_pulled, model_path, pull
+from formats.vocab import Vocab, vocab_of
 
 
 def source_of(model: str) -> Path:

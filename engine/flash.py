@@ -1,4 +1,4 @@
-"""`--mode flash`: LLM in a flash (models/flash), APPROXIMATE, in this process.
+"""`--mode flash`: LLM in a flash (flash), APPROXIMATE, in this process.
 
 The target's attention, norms and head stay resident; each layer's FFN computes only the neurons the
 trained predictor picks (`--ffn-density` of them), from a neuron cache per layer that loads the bundles it
@@ -15,7 +15,7 @@ from common.errors import CadenceError
 from common.units import fmt as fmt_bytes
 from engine.memory import kv_rows
 from engine.plan import RunPlan
-from models.flash.footprint import CACHE_TOKENS, predictor_bytes, predictors, top_k
+from flash.footprint import CACHE_TOKENS, predictor_bytes, predictors, top_k
 
 MARGIN = 96 << 20  # activations, read buffers, allocator slack (85 MiB measured in a cgroup)
 
@@ -46,7 +46,7 @@ class FlashPlan:
 
 
 def plan(run: RunPlan, process: int) -> FlashPlan:
-    """The best predictor (models/flash/footprint.py `predictors`) that leaves caches of at least a token's
+    """The best predictor (flash/footprint.py `predictors`) that leaves caches of at least a token's
     neurons, and the caches' share of the budget: what is left once this process holds everything else (its
     bytes now, `process`, measured, and the predictor's), the KV cache and a pass's activations. `auto`: caches
     that hold CACHE_TOKENS tokens' neurons beside the best predictor. Where none fits, the sentence of the
@@ -61,7 +61,7 @@ def plan(run: RunPlan, process: int) -> FlashPlan:
 
 
 def _plan(run: RunPlan, process: int, predictor: str) -> FlashPlan:
-    from models.flash import records
+    from models import flash_records as records
 
     a, density = run.target.args, run.ffn_density
     per_neuron = a.n_layers * records.record_bytes(a.dim)
@@ -99,8 +99,8 @@ class FlashSession:
     def __init__(self, run: RunPlan):
         import torch
 
-        from models.flash.predictor import Predictor
-        from models.flash.weights import FlashWeights
+        from flash.predictor import Predictor
+        from flash.weights import FlashWeights
         from models.transformer import Transformer
 
         if run.device != "cpu":

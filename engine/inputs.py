@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from common.errors import PromptError
 from engine.config import RunConfig
 from engine.prompts import Prompt, encode_prompt
-from models.store import WeightStore
-from models.tokenizer import TextTokenizer
+from formats.store import WeightStore
+from text.tokenizer import TextTokenizer
 
 
 @dataclass

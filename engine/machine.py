@@ -16,7 +16,7 @@ from typing import Callable
 
 from common.errors import CadenceError
 from common.units import machine_memory
-from models.store import WeightStore
+from formats.store import WeightStore
 
 
 def _stderr(line: str) -> None:
@@ -41,7 +41,7 @@ class ThisMachine:
         """`model`'s weight store in format `fmt` (converted now, with progress bars, on first use)."""
         key = (model, fmt)
         if key not in self._stores:
-            from models.convert import ensure_store
+            from formats.convert import ensure_store
 
             self._stores[key] = ensure_store(model, fmt)
         return self._stores[key]

@@ -18,7 +18,7 @@ from common.settings import PromptCacheConfig
 from common.units import fmt
 
 from engine.config import RunConfig
-from models.store import WeightStore
+from formats.store import WeightStore
 from scheduler.runtime_config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
 from speculative.loop import slack
 
@@ -57,15 +57,15 @@ def draft_rows(cfg: RunConfig, draft: WeightStore | None) -> int:
 
 
 def uses_flash_draft(cfg: RunConfig) -> bool:
-    """`--draft flash`: the target's own sparse FFN drafts (models/flash/sparse_target.py)."""
+    """`--draft flash`: the target's own sparse FFN drafts (flash/sparse_target.py)."""
     return cfg.speculative and cfg.draft == "flash"
 
 
 def flash_choices(cfg: RunConfig, target: WeightStore) -> list[tuple[str, int]]:
     """(predictor, neurons a layer its caches hold) that a budgeted `--draft flash` tries, best first: the
-    store's predictors from the best (models/flash/footprint.py `predictors`), each with caches of CACHE_TOKENS
+    store's predictors from the best (flash/footprint.py `predictors`), each with caches of CACHE_TOKENS
     tokens' neurons, then of one token's (the least a draft step computes from)."""
-    from models.flash.footprint import CACHE_TOKENS, predictors, top_k
+    from flash.footprint import CACHE_TOKENS, predictors, top_k
 
     f = target.args.ffn_dim
     k = top_k(cfg.ffn_density, f)
@@ -75,7 +75,7 @@ def flash_choices(cfg: RunConfig, target: WeightStore) -> list[tuple[str, int]]:
 
 def least_flash_choice(cfg: RunConfig, target: WeightStore) -> tuple[str, int]:
     """The flash draft's smallest choice: the smallest predictor, one token's neurons cached."""
-    from models.flash.footprint import predictor_bytes
+    from flash.footprint import predictor_bytes
 
     return min(flash_choices(cfg, target), key=lambda c: (predictor_bytes(target, c[0]), c[1]))
 
@@ -89,8 +89,8 @@ def plan_inputs(
     groups = {g: target.groups[g].nbytes for g in target.group_names() if g != "embed" and not g.startswith("expert.")}
     experts = {g: target.groups[g].nbytes for g in target.group_names() if g.startswith("expert.")}
     draft_w = rows = 0
-    if uses_flash_draft(cfg):  # the target's attention, head rows, predictor and caches (models/flash/sparse_target.py)
-        from models.flash.footprint import draft_bytes
+    if uses_flash_draft(cfg):  # the target's attention, head rows, predictor and caches (flash/sparse_target.py)
+        from flash.footprint import draft_bytes
 
         draft, rows = target, draft_rows(cfg, target)
         draft_w = draft_bytes(target, *(flash or flash_choices(cfg, target)[0]), rows or None)
@@ -166,11 +166,11 @@ def prompt_cache_words(pc: PromptCacheConfig, token_bytes: int) -> str:
 
 def grammar_bytes(cfg: RunConfig, target: WeightStore, draft: WeightStore | None) -> int:
     """What a run that may match grammars (one given, or requests that may send one) holds for them
-    (models/grammar.py): one view of the vocabulary for the model actors (the zygote makes it before they fork), one
+    (speculative/grammar.py): one view of the vocabulary for the model actors (the zygote makes it before they fork), one
     more for a scheduler whose trie drafts alone."""
     if not (cfg.sampling.grammar or cfg.plan_sampling):
         return 0
-    from models.grammar import vocabulary_bytes
+    from speculative.grammar import vocabulary_bytes
 
     copies = 1 + (draft is None and cfg.speculative and not uses_flash_draft(cfg))
     return copies * vocabulary_bytes(str(target.dir), target.args.vocab_size)
@@ -202,7 +202,7 @@ def flash_choice(cfg: RunConfig, target: WeightStore, plan) -> tuple[str, int]:
     """(predictor, neurons a layer its caches hold) of the flash draft: the choice `memory_plan` made under a
     plan; with none, the best predictor and every neuron of a layer (a resident run: the caches may keep all
     they ever load). One sentence where the target cannot have a flash draft (no bundles, no predictor)."""
-    from models.flash.footprint import best_predictor, check
+    from flash.footprint import best_predictor, check
 
     check(target)
     return plan.draft_choice if plan is not None else (best_predictor(target), target.args.ffn_dim)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from common.modes import MODES
 from common.settings import FORMATS, GROWTHS, PROMPT_WINDOW, WIDER, TreeConfig
-from models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from pulls.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from models.shapes import KV_DTYPES
 
 RUNTIMES = ("actors", "inproc")

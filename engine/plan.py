@@ -21,14 +21,14 @@ from common.modes import Mode
 from common.settings import ExpertOptions, PromptCacheConfig, SamplingConfig, TreeConfig, WorkerSplit
 from engine.config import RunConfig
 from engine.options import DEFAULTS
-from models.store import WeightStore
+from formats.store import WeightStore
 from scheduler.runtime_config import RuntimeConfig
 
 
 class DraftKind(StrEnum):
     MODEL = "model"  # a draft model, in the format asked (or the target's)
     LEAN = "lean"  # the draft `auto` picked, made leaner (int2 FFN, a cut head) to fit the budget
-    FLASH = "flash"  # the target's own sparse FFN drafts (models/flash/sparse_target.py)
+    FLASH = "flash"  # the target's own sparse FFN drafts (flash/sparse_target.py)
     TRIE = "trie"  # no draft model: the n-gram trie of the prompt and the output proposes
     NONE = "none"  # a target-only mode drafts nothing
 

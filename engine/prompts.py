@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import CadenceError, PromptError
-from models.textcheck import TooLong
+from text.textcheck import TooLong
 
 # The development prompt set: bench and profile default to it. The shared folder beside the checkout
 # holds the team's copy; the package carries one (engine/assets) for a checkout or wheel anywhere else.
@@ -129,7 +129,7 @@ def encode_prompt(tokenizer, prompt: Prompt, chat_mode: str, limit: int | None =
 
 def own_template(tokenizer) -> bool:
     """Whether the model's files carry a chat template (an instruct model), not just the family's default."""
-    from models.tokenizer_gguf import FAMILY_TEMPLATES
+    from text.tokenizer_gguf import FAMILY_TEMPLATES
 
     template = tokenizer.info.chat_template
     return bool(template) and template not in FAMILY_TEMPLATES

@@ -31,7 +31,7 @@ from engine.prompts import Prompt
 from engine.rows import Chunk, Completion, make_row, peak_rss_bytes
 from engine.sessions import open_session
 from speculative.loop import limits
-from models.tokenizer import StreamDecoder
+from text.tokenizer import StreamDecoder
 
 
 class Runner:

@@ -73,7 +73,7 @@ class LocalSession(_Quiet):
     def __init__(self, plan: RunPlan):
         import torch
 
-        from models import loading
+        from formats import loading
         from speculative.drafter import LocalDraft
         from speculative.lookup import TrieDraft
 
@@ -84,8 +84,8 @@ class LocalSession(_Quiet):
         self.target.model.kv_dtype = plan.kv_dtype
         d = plan.draft
         self._drafts = lambda slot: None  # a draft side of its own for each slot of a batch
-        if d.kind is DraftKind.FLASH:  # the target's own sparse FFN (models/flash/sparse_target.py)
-            from models.flash.sparse_target import flash_draft
+        if d.kind is DraftKind.FLASH:  # the target's own sparse FFN (flash/sparse_target.py)
+            from flash.sparse_target import flash_draft
 
             model = flash_draft(self.target.model, plan.target, plan.ffn_density)
             model.kv_dtype = plan.kv_dtype

@@ -87,7 +87,7 @@ END = {"hermes": "\n</tool_call>", "mistral": "]", "list": "]", "llama3": ""}  #
 
 
 def call_grammar(fmt: Format, choice, tools, parallel: bool = True) -> str:
-    """The grammar (Lark, for models/grammar.py) of what follows `forced_start(fmt, choice)`: the call's name among
+    """The grammar (Lark, for speculative/grammar.py) of what follows `forced_start(fmt, choice)`: the call's name among
     the tools' (`choice` "required") and its arguments valid under that function's `parameters` schema, then the
     call's close; with `parallel`, in the hermes format, more whole calls may follow. Nothing after them."""
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}

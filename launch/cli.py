@@ -2,6 +2,9 @@
 
 Each subcommand is a module with `add_parser(subparsers)` that sets `func` on its parser;
 `func(args)` returns an exit code. A `CadenceError` anywhere ends in one readable sentence.
+The product's commands are launch/cmd_*.py; other packages add theirs as plugins (entry points of the
+group `launch.commands`): `bench`, `profile` and `runtime-bench` come from bench/, which the product
+never imports.
 """
 
 from __future__ import annotations
@@ -17,8 +20,14 @@ import sys
 
 from common.errors import CadenceError, Terminated, UsageError, stop_on_sigterm
 
-# subcommand module names, in the order `launch --help` lists them
-COMMANDS = ("models", "run", "chat", "serve", "plan", "calibrate", "bench", "profile", "trace", "runtime_bench")
+# subcommand module names, in the order `launch --help` lists them (the plugins' follow)
+COMMANDS = ("models", "run", "chat", "serve", "plan", "calibrate", "trace")
+PLUGINS = "launch.commands"  # the entry-point group of commands from outside the product: name -> module
+
+
+def plugins() -> dict[str, str]:
+    """The commands other installed packages add, by name (`bench` -> `bench.cmd_bench`)."""
+    return {e.name: e.value for e in importlib.metadata.entry_points(group=PLUGINS)}
 
 
 class _Help(argparse.HelpFormatter):
@@ -59,13 +68,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="launch", description="cadence: run models larger than memory")
     parser.add_argument("--version", action="version", version=f"cadence {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMANDS:
+    modules = {name: f"launch.cmd_{name}" for name in COMMANDS} | plugins()
+    for name, module in modules.items():
         if only is not None and name != only:
             continue
         try:
-            mod = importlib.import_module(f"launch.cmd_{name}")
+            mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
-            if e.name == f"launch.cmd_{name}":
+            if e.name == module:
                 continue
             raise
         mod.add_parser(sub)
@@ -78,7 +88,7 @@ def _command(argv: list[str]) -> str | None:
     if first is None or argv.index(first) != 0:
         return None
     name = first.replace("-", "_")
-    return name if name in COMMANDS else None
+    return name if name in COMMANDS or name in plugins() else None
 
 
 def main(argv: list[str] | None = None) -> int:

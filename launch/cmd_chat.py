@@ -66,7 +66,7 @@ def _tools(path: str | None) -> list[dict] | None:
     from pathlib import Path
 
     from engine.tools import check_tools
-    from models.files import read_text
+    from common.files import read_text
 
     try:
         tools = json.loads(read_text(Path(path), "write it as a JSON list of tools"))

@@ -10,9 +10,10 @@ from rich.table import Table
 
 from common import paths
 from common.errors import CadenceError
-from models import hub, linear, registry
-from models.convert import ensure_store, known_stores
-from models.pull import is_pulled, model_path, progress_bar, pull
+from models import linear
+from pulls import hub, registry
+from formats.convert import ensure_store, known_stores
+from pulls.wheels import is_pulled, model_path, progress_bar, pull
 from launch.models_flash import add_flash
 from launch.options import add_calibration
 
@@ -152,7 +153,7 @@ def cmd_profile_experts(args) -> int:
 
     from engine.prompts import DEFAULT_PROMPTS, load_prompts
     from scheduler.generation.expert_policy import PATHS_FILE
-    from models import loading
+    from formats import loading
     from models.routing import trace_paths
     from scheduler.generation.expert_policy import PathStats
 
@@ -174,13 +175,13 @@ def cmd_profile_experts(args) -> int:
 
 
 def cmd_expert_bits(args) -> int:
-    """EdgeMoE §3.2 offline (models/bitwidth.py), then a store with the chosen formats beside the plain one."""
+    """EdgeMoE §3.2 offline (formats/bitwidth.py), then a store with the chosen formats beside the plain one."""
     import json
     import time
 
-    from models.bitwidth import LEVELS
-    from models.convert import convert, resolve, store_dir
-    from models.convert import open_source
+    from formats.bitwidth import LEVELS
+    from formats.convert import convert, resolve, store_dir
+    from formats.convert import open_source
 
     if not 0 <= args.loss < 1:
         raise CadenceError(f"--loss {args.loss} is a share of positions in [0, 1), e.g. 0.05")
@@ -232,10 +233,10 @@ def _choose_bitwidths(base, source, levels: tuple[str, ...], args):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from engine.prompts import DEFAULT_PROMPTS, load_prompts
-    from models.bitwidth import MixedExperts, choose_bitwidths, quantize_experts
-    from models.tokenizer import TextTokenizer
+    from formats.bitwidth import MixedExperts, choose_bitwidths, quantize_experts
+    from text.tokenizer import TextTokenizer
     from models.transformer import Transformer
-    from models.weights import StreamingWeights
+    from formats.weights import StreamingWeights
 
     a = base.args
     with Progress(

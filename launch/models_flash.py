@@ -7,9 +7,9 @@ import sys
 from rich.console import Console
 
 from common.errors import CadenceError
-from models import registry
-from models.convert import ensure_store
-from models.flash.footprint import KINDS
+from pulls import registry
+from formats.convert import ensure_store
+from flash.footprint import KINDS
 from launch.options import add_calibration
 
 
@@ -58,11 +58,11 @@ def add_flash(msub) -> None:
 
 
 def cmd_train_predictor(args) -> int:
-    """LLM in a flash §3.1: models/flash/train.py on the prompts' token ids (encoded here: models/ reads no prompts)."""
+    """LLM in a flash §3.1: flash/train.py on the prompts' token ids (encoded here: models/ reads no prompts)."""
     from engine.prompts import DEFAULT_PROMPTS, encode_prompt, load_prompts
-    from models import loading
-    from models.flash.footprint import INT2
-    from models.flash.train import FitConfig, fit
+    from formats import loading
+    from flash.footprint import INT2
+    from flash.train import FitConfig, fit
 
     kind = args.kind or ("lowrank" if args.rank is not None else INT2)
     cfg = FitConfig(kind=kind, rank=args.rank, density=args.density, tokens=args.tokens)  # refuses bad values
@@ -89,12 +89,12 @@ def cmd_train_predictor(args) -> int:
 
 
 def cmd_bundle(args) -> int:
-    """LLM in a flash §3.2: the bundled FFN layout beside the store (models/flash/bundles.py)."""
+    """LLM in a flash §3.2: the bundled FFN layout beside the store (flash/bundles.py)."""
     import time
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from models.flash import bundles
+    from flash import bundles
 
     st = ensure_store(args.name, "int4")
     bundles.check_store(st)
@@ -120,7 +120,7 @@ def cmd_bundle(args) -> int:
 
 
 def cmd_read_curve(args) -> int:
-    from models.flash.costmodel import curve_path, measure_curve
+    from flash.costmodel import curve_path, measure_curve
 
     st = ensure_store(args.name, "int4")
     curve = measure_curve(st.path, say=lambda line: print(line, file=sys.stderr))

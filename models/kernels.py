@@ -361,10 +361,10 @@ def swiglu(gu: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
 def flash_ffn(
     h: torch.Tensor, matrix: torch.Tensor, slots: torch.Tensor, out: torch.Tensor, accumulate: bool = True
 ) -> torch.Tensor:
-    """out [T, dim] (+)= the FFN of the neurons whose records (models/flash/records.py) are the rows `slots`
+    """out [T, dim] (+)= the FFN of the neurons whose records (models/flash_records.py) are the rows `slots`
     (int32 [n], summed in that order) of `matrix` (uint8 [cap, R]), on h [T, dim] fp32 (csrc/flash.cpp).
     Without the kernel library, the same in torch (equal within float rounding, not bit for bit)."""
-    from models.flash import records
+    from models import flash_records as records
 
     T, dim = h.shape
     records.check_dim(dim)

@@ -9,7 +9,7 @@ other rows of the batch; elsewhere (CUDA) in torch. Formats:
                      (llama.cpp's Q4_K layout, with 8-bit instead of 6-bit sub-scales)
   int2               as int4 with 2-bit codes (models/linear_int2.py): a single expert's format (expert-wise
                      bitwidths), or a model's FFN products in the model format int2, whose attention and
-                     head stay int4 (models/convert.py `linear_format`: in 2 bits they cost a draft most
+                     head stay int4 (formats/convert.py `linear_format`: in 2 bits they cost a draft most
                      of its agreement with the target, its FFN a little)
 Quantized formats multiply in integers: activations are rounded to int8 per block of 256 per row.
 Their arrays are stored in tiles of 16 output rows (models/tiles.py), the layout the kernels read.

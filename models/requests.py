@@ -84,3 +84,21 @@ class SplitColumns:
     x: torch.Tensor  # [T, linear.k]
     y: torch.Tensor  # [T, linear.n]
     accumulate: bool
+
+
+def weights_for(weights, need):
+    """What `Transformer.forward_steps` asked for: a layer or a head part (`models.requests.NeedWeights`), or
+    a layer's experts ({expert: ExpertWeights}, for a `models.requests.NeedExperts`)."""
+    if not hasattr(need, "head"):
+        return weights.experts(need)
+    return weights.head_part(need.index) if need.head else weights.layer(need.index)
+
+
+def drive(steps, weights):
+    """Run a `Transformer.forward_steps`-style generator to the end with weights from `weights`."""
+    need = next(steps)
+    try:
+        while True:
+            need = steps.send(weights_for(weights, need))
+    except StopIteration as done:
+        return done.value

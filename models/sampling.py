@@ -113,7 +113,7 @@ def scores(
     """What the token after `text` is the argmax of: the penalized logits under greedy, else the kept
     log-probabilities plus the noise of position len(text). `candidates`: only the likeliest this many get their
     noise, the rest -inf (a draft's guess at the target's choice, not the choice itself). `allowed`: a bool mask of
-    the tokens a grammar allows there (models/grammar.py), the others -inf before anything else."""
+    the tokens a grammar allows there (speculative/grammar.py), the others -inf before anything else."""
     x = penalize(logits.float(), cfg, text)
     if allowed is not None:
         x = x.masked_fill(~allowed[: x.shape[-1]].to(x.device), float("-inf"))
@@ -157,7 +157,7 @@ class HeadArgmax:
         self.kernel, self.held = kernel, []
 
     def hold(self, part, resident: bool, h: torch.Tensor) -> bool:
-        """Keep a resident part of the head (a `models.weights.HeadPart` of quantized rows) to fold with the others
+        """Keep a resident part of the head (a `formats.weights.HeadPart` of quantized rows) to fold with the others
         in one kernel call (`flush`). False where it is to be folded as its logits come (a streamed part, whose slot
         is reused after it, and rows the kernel cannot take): the parts kept before it are folded first, in order
         (`h`: the rows' normed input to the head)."""

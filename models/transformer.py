@@ -25,7 +25,7 @@ from models.rope import Rotary, inv_freq
 from models import block_parts, mla, moe, recurrent, torch_block
 from models.torch_block import rms_norm
 from models.sampling import HeadArgmax
-from models.requests import ForwardPlan, NeedWeights, SplitAttention, SplitColumns
+from models.requests import ForwardPlan, NeedWeights, SplitAttention, SplitColumns, drive
 
 
 class Place(NamedTuple):
@@ -145,7 +145,7 @@ class Transformer:
             x += yield from moe.beside_dense(self, i, w, x, h, kernels.rmsnorm)
         elif a.experts_at(i):
             x += yield from moe.moe(self, i, w, h)
-        elif w.flash is not None:  # LLM in a flash: the predicted neurons only (models/flash)
+        elif w.flash is not None:  # LLM in a flash: the predicted neurons only (flash)
             w.flash(h, x)
         else:
             self.residual(x, w.down, self.act(w.gate_up.matmul(h)), w.ffn_post_norm, kernels.rmsnorm)
@@ -299,8 +299,6 @@ class Transformer:
         The block's keys/values land in cache slots [cache.end, cache.end + T) as pending entries;
         call `cache.commit(keep)` afterwards. `vis` defaults to causal over the whole cache.
         """
-        from models.weights import drive
-
         return drive(self.forward_steps(tokens, positions, cache, vis, logits_rows, argmax=argmax), self.weights)
 
     def forward_steps(

@@ -1,4 +1,4 @@
-"""What a request holds its output to (models/grammar.py): OpenAI's `response_format` (json_object, json_schema),
+"""What a request holds its output to (speculative/grammar.py): OpenAI's `response_format` (json_object, json_schema),
 llama-server's `json_schema` (a schema) and `grammar` (a GBNF or Lark text). A client's text is never read as a
 path (`files=False`): it names no file of the server's."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from common.errors import CadenceError, PromptError
-from models.grammar import grammar_of, json_grammar
+from speculative.grammar import grammar_of, json_grammar
 
 GRAMMARS = ("response_format", "json_schema", "grammar")
 

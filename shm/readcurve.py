@@ -3,7 +3,7 @@
 Small random reads pay a latency to first byte that large ones amortise; with enough of them in flight the
 device overlaps them. `measure` reads a file at random 4 KiB-aligned offsets, in reads of each size, through
 `DirectReader.read_ranges` (the reader that loads neuron bundles), after dropping the file from the page
-cache, and gives GB/s and reads per second per size. `models/flash/costmodel.py` prices reads with it.
+cache, and gives GB/s and reads per second per size. `flash/costmodel.py` prices reads with it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from models.batch import forward_many_steps
 from models.transformer import Transformer
-from models.weights import drive
+from models.requests import drive
 from speculative.feed import run_here
 
 

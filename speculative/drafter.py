@@ -249,7 +249,7 @@ class LocalDraft:
         return self.drafter.ahead_steps, self.drafter.ahead_reused
 
     def take_stats(self) -> dict:
-        """Since the last call: the tokens a grammar forced, and a flash draft's reads (models/flash/weights.py
+        """Since the last call: the tokens a grammar forced, and a flash draft's reads (flash/weights.py
         `FlashStats`)."""
         out = {}
         if self.drafter is not None and self.drafter.forced:

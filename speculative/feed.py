@@ -16,7 +16,7 @@ import torch
 from common.settings import CATCH_UP, SamplingConfig
 from models.attention import Visibility
 from models.batch import Rows
-from models.grammar import Constraint, source_of
+from speculative.grammar import Constraint, source_of
 from models.sampling import CANDIDATES, scores
 from models.transformer import Transformer
 from speculative.tree import TokenTree

@@ -8,7 +8,7 @@ actors or, in one process, over the same sides as here.
 from __future__ import annotations
 
 from common.settings import Generation, SamplingConfig, TreeConfig
-from models.loading import LoadedModel
+from formats.loading import LoadedModel
 from speculative.drafter import LocalDraft
 from speculative.lookup import TrieDraft
 from speculative.loop import Speculation

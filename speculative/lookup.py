@@ -20,7 +20,7 @@ class PromptLookup:
         self.max_nodes = max_nodes
         self.trie = TokenTrie(capacity=capacity)
         self.context: list[int] = []
-        self.constraint = None  # a grammar's (models/grammar.py): the candidates it forbids are not proposed
+        self.constraint = None  # a grammar's (speculative/grammar.py): the candidates it forbids are not proposed
         self.forced = 0  # tokens proposed because the grammar allowed them alone (each certain)
 
     def start(self, prompt_ids: list[int], first: list[int], constraint=None):
@@ -66,7 +66,7 @@ class TrieDraft:
     def start(self, prompt_ids: list[int], capacity: int, first: int, cfg, sampling) -> None:
         constraint = None
         if sampling.grammar:
-            from models.grammar import Constraint
+            from speculative.grammar import Constraint
 
             store, rows = self.vocabulary or (None, 0)
             constraint = Constraint.of(sampling, store, rows, len(prompt_ids))

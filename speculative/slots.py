@@ -9,7 +9,7 @@ import torch
 
 from models.kvcache import KVCache
 from models.transformer import Transformer
-from models.weights import drive
+from models.requests import drive
 from speculative.prefixes import PrefixCache
 from speculative.tree import TokenTree, Verdict
 from speculative.verify import Prefill, Verifier, many_steps

@@ -127,7 +127,7 @@ def _path(tokens: list[int], parents: list[int], i: int) -> list[int]:
 
 
 def grammar_keep(constraint, context: list[int]):
-    """`retrieve`'s `keep` under a grammar (models/grammar.py `Constraint`; None: every candidate kept): the runs it
+    """`retrieve`'s `keep` under a grammar (speculative/grammar.py `Constraint`; None: every candidate kept): the runs it
     allows after `context`."""
     if constraint is None:
         return None

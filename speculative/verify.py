@@ -17,11 +17,11 @@ from common.errors import CadenceError
 from models.attention import Visibility
 from models.batch import Rows, forward_many_steps
 from common.settings import PREFILL_CHUNK, PROMPT_LOGPROBS_CHUNK
-from models.grammar import Constraint, source_of
+from speculative.grammar import Constraint, source_of
 from models.sampling import choose, token_logprobs
 from common.settings import SamplingConfig
 from models.transformer import Transformer
-from models.weights import drive
+from models.requests import drive
 from speculative.loop import Proposal
 from speculative.prefixes import MIN_TOKENS, PrefixCache
 from speculative.tree import TokenTree, Verdict, longest_accepted_path

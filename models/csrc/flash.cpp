@@ -1,5 +1,5 @@
-/* The FFN of a set of neurons whose records (models/flash/records.py) sit in the rows of a matrix (the
- * sliding-window cache, models/flash/cache.py): out[t] += sum_j silu(gate_j . h[t]) (up_j . h[t]) down_j.
+/* The FFN of a set of neurons whose records (models/flash_records.py) sit in the rows of a matrix (the
+ * sliding-window cache, flash/cache.py): out[t] += sum_j silu(gate_j . h[t]) (up_j . h[t]) down_j.
  *
  * A record holds neuron j's gate row, up row and down column, int4 along the model dimension K: codes
  * 0..15 per weight, per group of 32 an 8-bit sc and mn, per super-block of 256 an fp16 s and m, and

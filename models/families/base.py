@@ -4,7 +4,7 @@ and where its tensors are in an HF directory and in a GGUF file. Everything else
 fields every family has, rotary scaling in both spellings, which layers slide, and the tensor transforms
 (llama.cpp's q/k row order, a partial rotary's lanes, Gemma's `1 + w` norms).
 
-A field, key or tensor a family does not know is never ignored: models/source.py and source_hf.py refuse
+A field, key or tensor a family does not know is never ignored: formats/source.py and source_hf.py refuse
 it in one sentence that names it (a model that loads and computes wrong is the worst outcome).
 """
 
@@ -69,7 +69,7 @@ COMMON_GGUF_KEYS = frozenset(
     "rope.scaling.finetuned rope.scaling.attn_factor rope.scaling.yarn_beta_fast rope.scaling.yarn_beta_slow "
     "rope.scaling.yarn_log_multiplier".split()
 )
-# what the mixtures of experts' configs say of their experts (models/source_hf.py reads and checks each)
+# what the mixtures of experts' configs say of their experts (formats/source_hf.py reads and checks each)
 MOE_HF_KEYS = frozenset(
     "num_experts num_local_experts num_experts_per_tok moe_intermediate_size shared_expert_intermediate_size "
     "norm_topk_prob decoder_sparse_step mlp_only_layers router_aux_loss_coef output_router_logits "

@@ -1,7 +1,7 @@
 """GLM-4 (dense, GLM-4-0414): a norm before and after both the attention and the FFN (plain w), q/k/v biases,
 gate and up in one matrix (gate first), and a partial rotary (half of each head) whose pairs are interleaved
 (2i, 2i + 1) in both an HF directory and a GGUF (llama.cpp's NORM rope): the source moves them to the front halves
-(models/source.py `qkv_layout`)."""
+(formats/source.py `qkv_layout`)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (models/attention.py `attend`), sliding-window layers (128) alternating with full ones, YaRN without truncation;
 a mixture of experts whose router (with a bias) softmaxes its top k logits, and whose experts have biases and a
 clamped SwiGLU, (up + 1) * gate * sigmoid(1.702 gate). The released checkpoints keep the experts in MXFP4 blocks
-(dequantized as read: models/source_hf.py `mxfp4`), fused [experts, in, out] with gate and up interleaved. From
+(dequantized as read: formats/source_hf.py `mxfp4`), fused [experts, in, out] with gate and up interleaved. From
 llama.cpp's GGUF (`gpt-oss`; bench/hf_gguf_gptoss.py writes one as its converter does): the experts split into gate
 and up, in MXFP4 blocks gguf dequantizes; every other layer sliding, the first among them; YaRN untruncated, as the
 model was trained (a GGUF does not say)."""

@@ -95,7 +95,7 @@ _SOFTMAX = 1  # llama.cpp's expert_gating_func for softmax scores (its DeepSeek-
 
 
 def _gguf(key, a: dict) -> dict:
-    """The fields of llama.cpp's mistral4 keys (models/source.py reads the heads' sizes from the `_mla` keys)."""
+    """The fields of llama.cpp's mistral4 keys (formats/source.py reads the heads' sizes from the `_mla` keys)."""
     if not key("attention.q_lora_rank", 0):
         raise CadenceError("a mistral4 GGUF without attention.q_lora_rank (one query projection) is not run yet")
     if int(key("expert_gating_func", _SOFTMAX)) != _SOFTMAX:

@@ -59,7 +59,7 @@ OLMO2 = Family(
 OLMO3 = Family(
     "olmo3",
     hf_types=("olmo3",),
-    gguf_archs=(),  # llama.cpp writes OLMo 3 as `olmo2` with a window (models/source.py tells them apart)
+    gguf_archs=(),  # llama.cpp writes OLMo 3 as `olmo2` with a window (formats/source.py tells them apart)
     block={"pre_norm": False, "post_norm": True, "qk_norm": "full"},
     hf_defaults={"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "sliding_window": 4096},
     hf_fields=_olmo3_hf,

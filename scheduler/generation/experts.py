@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from common.errors import CadenceError
 from common.settings import ExpertOptions
-from models.store import expert_group
+from formats.store import expert_group
 from scheduler.errors import ActorDead, ActorError, RequestTimeout
 from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.generation.expert_policy import PathStats, make_eviction

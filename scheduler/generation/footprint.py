@@ -85,7 +85,7 @@ if pid == 0:
     from common.heap import trim_heap
     from models.args import ModelArgs
     from models.transformer import Transformer
-    from models.weights import TensorWeights, random_tensors
+    from formats.weights import TensorWeights, random_tensors
     ctx = zmq.Context(); sock = ctx.socket(zmq.DEALER)
     torch.set_num_threads(max(2, os.cpu_count() or 1))
     # what an actor does before and between its ops: a tiny int4 model's forwards, the wire, the tracer
@@ -243,7 +243,7 @@ def measure_overheads(
     --parallel, the other generations' tree rows that ride in a forward with a prompt's chunk
     (speculative/batch.py: the prompts a cycle admits fill at most a chunk). `greedy`: each token a plain argmax
     (models/sampling.py), where a verification holds one head part's logits at a time, not every row's. `grammar`:
-    what the processes that match grammars hold of the vocabulary (models/grammar.py `vocabulary_bytes`);
+    what the processes that match grammars hold of the vocabulary (speculative/grammar.py `vocabulary_bytes`);
     `prompt_cache`: the prompt cache's memory (speculative/prefixes.py)."""
     fp = footprint()
     rows = min(width, 256) + 1 + 4  # a tree (or a batch of trees), its root and trie candidates

@@ -4,7 +4,7 @@
       + target groups kept resident + streaming slots  <=  budget
 
 Target groups are `layer.0 .. layer.N-1` and the output head's parts `head.0 .. head.P-1`, each
-about a layer's bytes (models/convert.py); the embedding table stays on disk (rows are read per
+about a layer's bytes (formats/convert.py); the embedding table stays on disk (rows are read per
 token). As many groups as fit stay resident beside two or three streaming slots sized for the
 largest group still streamed, spread between the streamed ones so that the loader reads while the
 verifier computes a resident group (see `_spread`). A budget that cannot hold the fixed part and
@@ -52,7 +52,7 @@ class Overheads:
     draft_activations: int = 16 * MiB  # the same for the draft, and its n-gram trie
     code: int = 32 * MiB  # page cache for the processes' code (libtorch, libpython, kernels): not theirs to lose
     grammar: int = 0  # where requests may hold their output to a grammar: its view of the vocabulary, in each process
-    # that matches one (models/grammar.py: the actors share the zygote's; a scheduler whose trie drafts holds its own)
+    # that matches one (speculative/grammar.py: the actors share the zygote's; a scheduler whose trie drafts holds its own)
     prompt_cache: int = 0  # the prompt cache's entries in the verifier's memory (speculative/prefixes.py)
 
     def held(self, draft: bool, streamed: bool) -> int:

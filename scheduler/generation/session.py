@@ -151,7 +151,7 @@ class ActorSession:
                 "tree": asdict(spec.tree),
                 "head_rows": spec.draft_rows or None,
             }
-            if spec.flash:  # the target's own sparse FFN (models/flash/sparse_target.py), from the target's store
+            if spec.flash:  # the target's own sparse FFN (flash/sparse_target.py), from the target's store
                 dinit.update(store=spec.target_store, flash=dict(zip(("density", "predictor", "capacity"), spec.flash)))
             sched.spawn("draft", actors["draft"], dinit, wait=False)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from common import paths
-from models.weights import random_tensors
+from formats.weights import random_tensors
 from tests.conftest import TINY
 from tests.models.tiny_files import write_gguf
 

@@ -13,7 +13,7 @@ import pytest
 from common import paths
 from common.errors import CadenceError
 from engine.rows import ROW_FIELDS, write_rows
-from models.weights import random_tensors
+from formats.weights import random_tensors
 from tests.conftest import TINY
 from tests.launch.conftest import launch, one_clear_line
 from tests.models.tiny_files import write_gguf
@@ -265,7 +265,7 @@ def test_help_lists_the_common_options_and_help_all_every_one(tmp_path):
 
 
 def test_models_rm(tiny_gguf, tmp_path):
-    from models import registry
+    from pulls import registry
 
     home = tmp_path / "home"
     spec = registry.spec("smollm2-135m")

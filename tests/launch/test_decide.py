@@ -207,7 +207,7 @@ def test_a_plan_that_may_match_grammars_counts_their_vocabulary(tiny_gguf, machi
     """A grammar given, or requests that may send one (a server's, `cadence.LLM`'s): the plan counts the grammar's
     view of the vocabulary as measured, once for the model actors (the zygote makes it before they fork: its
     preload says so) and once more for a scheduler whose trie drafts alone."""
-    from models.grammar import PRELOAD, vocabulary_bytes
+    from speculative.grammar import PRELOAD, vocabulary_bytes
     from scheduler.generation.memplan import align
 
     base = OPTION_SETS["draft"](str(tiny_gguf))

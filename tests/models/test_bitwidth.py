@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from models.bitwidth import LEVELS, MixedExperts, choose_bitwidths, quantize_experts
+from formats.bitwidth import LEVELS, MixedExperts, choose_bitwidths, quantize_experts
 from models.transformer import Transformer
-from models.weights import TensorWeights, random_tensors
+from formats.weights import TensorWeights, random_tensors
 from tests.models.tiny_moe import ARCHS
 
 ARGS = dataclasses.replace(

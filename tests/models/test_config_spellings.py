@@ -10,11 +10,11 @@ import shutil
 import pytest
 import torch
 
-from models.convert import convert
-from models.source_hf import HFSource
-from models.store import WeightStore
+from formats.convert import convert
+from formats.source_hf import HFSource
+from formats.store import WeightStore
 from models.transformer import Transformer
-from models.weights import ResidentWeights, random_tensors
+from formats.weights import ResidentWeights, random_tensors
 from tests.conftest import TINY
 from tests.models.tiny_files import write_hf_dir
 from tests.models.tiny_moe import ARCHS, write_hf

@@ -1,6 +1,6 @@
 """Issue 24: two processes converting one model at once both failed (one traceback, one "delete the store"),
 sharing one `.partial` folder. Now the second waits for the first and uses its store, saying so in one line;
-a lock left by a converter killed mid-way is taken over. Real processes: `python -m models.convert`, what
+a lock left by a converter killed mid-way is taken over. Real processes: `python -m formats.convert`, what
 `ensure_store` runs in a child."""
 
 import os
@@ -12,9 +12,9 @@ import time
 import pytest
 
 from common import paths
-from models.source import sha256_file
-from models.store import WeightStore
-from models.weights import random_tensors
+from formats.source import sha256_file
+from formats.store import WeightStore
+from formats.weights import random_tensors
 from tests.conftest import TINY
 from tests.models.tiny_files import write_gguf
 
@@ -27,7 +27,7 @@ def gguf(tmp_path_factory):
 def converter(gguf, home) -> subprocess.Popen:
     env = dict(os.environ, CADENCE_HOME=str(home), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
     return subprocess.Popen(
-        [sys.executable, "-m", "models.convert", str(gguf), "fp32", "32"],
+        [sys.executable, "-m", "formats.convert", str(gguf), "fp32", "32"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -115,7 +115,7 @@ def test_a_conversion_killed_for_memory_says_so_and_what_to_do(gguf, tmp_path):
 
     memory_cgroup_or_skip()
     code = (
-        "import sys\nfrom common.errors import CadenceError\nfrom models.convert import ensure_store\n"
+        "import sys\nfrom common.errors import CadenceError\nfrom formats.convert import ensure_store\n"
         f"try:\n    ensure_store({str(gguf)!r}, 'fp32')\nexcept CadenceError as e:\n    print(e)\n"
         "assert 'torch' not in sys.modules\n"
     )

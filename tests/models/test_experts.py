@@ -9,7 +9,7 @@ import torch
 
 from models import expert_kernel, kernels, linear
 from models.transformer import Transformer
-from models.weights import ExpertWeights, TensorWeights, random_tensors
+from formats.weights import ExpertWeights, TensorWeights, random_tensors
 from tests.models.test_kernel_paths import NAMES, path_lib
 from tests.models.tiny_moe import ARCHS
 

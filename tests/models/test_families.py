@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from common.errors import CadenceError
-from models.convert import convert
-from models.source import GGUFSource
-from models.source_hf import HFSource
-from models.store import WeightStore
+from formats.convert import convert
+from formats.source import GGUFSource
+from formats.source_hf import HFSource
+from formats.store import WeightStore
 from models.transformer import Transformer
-from models.weights import ResidentWeights
+from formats.weights import ResidentWeights
 from tests.models.families import PROMPT, VARIANTS, causal_lm, tiny_hf, write_gguf_like_llama_cpp
 
 CASES = [(mt, v) for mt, vs in VARIANTS.items() for v in vs]
@@ -136,7 +136,7 @@ def test_both_spellings_and_the_gguf_read_the_same_model(built, mt, v):
 
 
 def _names(args):
-    from models.source import canonical_names
+    from formats.source import canonical_names
 
     return canonical_names(args)
 

@@ -12,11 +12,11 @@ import pytest
 
 from common import paths
 from common.errors import CadenceError
-from models.convert import convert
-from models.source_hf import HFSource
-from models.store import FORMAT_VERSION, WeightStore
-from models.tokenizer import TextTokenizer
-from models.weights import random_tensors
+from formats.convert import convert
+from formats.source_hf import HFSource
+from formats.store import FORMAT_VERSION, WeightStore
+from text.tokenizer import TextTokenizer
+from formats.weights import random_tensors
 from tests.conftest import TINY
 from tests.models.tiny_files import write_gguf, write_hf_dir
 

@@ -8,7 +8,7 @@ import torch
 
 from common.settings import SamplingConfig
 from engine.prompts import Prompt, encode_prompt
-from models import loading
+from formats import loading
 from speculative.generate import generate_target
 
 pytestmark = [pytest.mark.real, pytest.mark.gemma, pytest.mark.slow]

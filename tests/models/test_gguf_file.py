@@ -5,8 +5,8 @@ import random
 import pytest
 
 from common.errors import CadenceError
-from models.source import GGUFSource
-from models.weights import random_tensors
+from formats.source import GGUFSource
+from formats.weights import random_tensors
 from tests.conftest import TINY
 from tests.models.tiny_files import write_gguf
 

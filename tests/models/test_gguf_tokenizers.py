@@ -1,11 +1,11 @@
-"""Tokenizers read from GGUF files (models/tokenizer_gguf.py) against the reference tokenizers of their families.
+"""Tokenizers read from GGUF files (text/tokenizer_gguf.py) against the reference tokenizers of their families.
 
 Each kind is trained small here (sentencepiece for SentencePiece BPE; the tokenizers library, with the family's
 own pre-tokenizer, for byte-level BPE), its GGUF written as llama.cpp's converter writes it
 (tests/models/gguf_tokenizer_files.py), and our ids compared with the reference's over a few thousand varied
 texts (tests/models/text_corpus.py); decode(encode(x)) must give x back. A SentencePiece vocabulary is compared
-twice: as cadence encodes it (models/spm.py, decoding from a byte table) and as the `tokenizers` pipeline of
-models/tokenizer_gguf.py (`spm_tokenizer`) does, which tests/models/test_spm.py holds the two to, id for id.
+twice: as cadence encodes it (text/spm.py, decoding from a byte table) and as the `tokenizers` pipeline of
+text/tokenizer_gguf.py (`spm_tokenizer`) does, which tests/models/test_spm.py holds the two to, id for id.
 The real Gemma 3 270M file is compared with transformers' and llama.cpp's own GGUF tokenizers where it has
 been pulled.
 """
@@ -22,8 +22,8 @@ import pytest
 
 from common import paths
 from common.errors import CadenceError
-from models.tokenizer import TextTokenizer, TokenizerInfo
-from models.tokenizer_gguf import GEMMA_CHAT_TEMPLATE, info_from_gguf, spm_tokenizer
+from text.tokenizer import TextTokenizer, TokenizerInfo
+from text.tokenizer_gguf import GEMMA_CHAT_TEMPLATE, info_from_gguf, spm_tokenizer
 from tests.models.gguf_tokenizer_files import bpe_vocab, spm_vocab, write_tokenizer_gguf
 from tests.models.text_corpus import corpus
 
@@ -79,7 +79,7 @@ def _mismatches(ours: TextTokenizer, reference, texts: list[str]) -> list[str]:
 
 def pipeline_of(info: TokenizerInfo) -> TokenizerInfo:
     """A SentencePiece vocabulary's tokenizer as the `tokenizers` pipeline (`spm_tokenizer`) rather than
-    models/spm.py's encoder: the same ids, BOS, stop tokens and chat template."""
+    text/spm.py's encoder: the same ids, BOS, stop tokens and chat template."""
     v = info.spm
     tok = spm_tokenizer(
         [t.decode() for t in v.tokens],
@@ -124,7 +124,7 @@ def spm_gemma(tmp_path_factory):
     return _spm_case("gemma", tmp_path_factory.mktemp("spm-gemma"))
 
 
-ENCODERS = ("spm", "tokenizers")  # cadence's SentencePiece encoder (models/spm.py), the `tokenizers` pipeline
+ENCODERS = ("spm", "tokenizers")  # cadence's SentencePiece encoder (text/spm.py), the `tokenizers` pipeline
 
 
 @pytest.fixture(params=[(m, e) for m in sorted(SPM_MODELS) for e in ENCODERS], ids="-".join)
@@ -211,7 +211,7 @@ def test_sentencepiece_control_tokens_stay_whole(spm_case):
 def test_sentencepiece_streams_and_bounds(spm_case):
     """Streamed token by token, a text's pieces (characters cut across `<0xNN>` bytes held back) join into what
     decoding it whole gives; and the length bound never refuses a text that fits."""
-    from models.tokenizer import StreamDecoder
+    from text.tokenizer import StreamDecoder
 
     _, _, _, ours = spm_case
     for text in CORPUS[::5]:
@@ -245,7 +245,7 @@ def test_sentencepiece_byte_table_decodes_as_the_tokenizer(model, request):
 def test_sentencepiece_encoder_is_the_tokenizers_pipeline(model, request):
     """cadence's encoder gives the `tokenizers` pipeline's ids on every text, control tokens read as such or as
     text (the pipeline's `encode_special_tokens`), and the same stop ids, vocabulary size and length bound."""
-    from models.textcheck import token_bound
+    from text.textcheck import token_bound
 
     *_, ours, pipeline = request.getfixturevalue(f"spm_{model}")
     assert ours.tok is None and ids_of(ours, CORPUS) == ids_of(pipeline, CORPUS)
@@ -412,7 +412,7 @@ def test_end_of_turn_tokens_stop_generation(family):
 def gemma3():
     """The real Gemma 3 270M GGUF (which carries no chat template) where `launch models pull gemma-3-270m` puts it;
     its tests are skipped where it is not (and left out by `-m "not gemma"`)."""
-    from models.gguf_file import GGUFFile
+    from formats.gguf_file import GGUFFile
 
     path = paths.models_dir() / "gemma-3-270m-q4_k_m.gguf"
     if not path.exists():
@@ -476,7 +476,7 @@ def test_real_gemma3_ids_are_llama_cpps(gemma3_encoder):
 def test_real_gemma3_encoder_is_the_tokenizers_pipeline(gemma3, gemma3_pipeline):
     """cadence's encoder gives the `tokenizers` pipeline's ids on every text, control tokens read as such or as
     text (the pipeline's `encode_special_tokens`), and the same stop ids, vocabulary size and length bound."""
-    from models.textcheck import token_bound
+    from text.textcheck import token_bound
 
     _, ours = gemma3
     ref = gemma3_pipeline.tok

@@ -13,7 +13,7 @@ import torch
 from common.errors import CadenceError
 from models import kernels, linear
 from models.transformer import Transformer
-from models.weights import TensorWeights, random_tensors
+from formats.weights import TensorWeights, random_tensors
 from tests.conftest import TINY
 
 EMULATED = "amx-emulated"  # the AMX kernel on software tiles (csrc/amx_tiles.hpp), from 2 rows up
@@ -128,7 +128,7 @@ def test_a_batch_of_generations_gives_each_its_logits_alone_on_every_path(path, 
     are its forward's alone, on each path, and the same as the portable path's; over float, half and q8 caches."""
     from models import layer_kernel
     from models.batch import Rows, forward_many_steps
-    from models.weights import drive
+    from models.requests import drive
 
     args = _tiny(kv_dtype)
     w = TensorWeights(args, random_tensors(args, seed=4), fmt="int4")

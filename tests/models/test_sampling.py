@@ -29,7 +29,7 @@ def test_resident_parts_folded_in_one_kernel_call_give_the_part_by_part_fold(fmt
     part's logits, ties across parts to the first, a row of zeros (every logit equal) to token 0, a streamed part
     between resident ones folded in order."""
     from models import kernels, linear
-    from models.weights import HeadPart
+    from formats.weights import HeadPart
 
     if not kernels.available():
         pytest.skip("no kernel library here (no C++ compiler)")

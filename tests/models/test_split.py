@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from models.weights import weights_for
+from models.requests import weights_for
 
 from models import kernels, linear
 from models.attention import Visibility
@@ -68,7 +68,7 @@ def test_a_forward_with_every_linear_split_by_columns_equals_the_unsplit_one(tin
     """The transformer hands each linear of a multi-token block out; here the two "units" take the
     columns [0, n0) and [n0, N) one after the other (the second first), into the shared buffers."""
     from models.transformer import Transformer
-    from models.weights import TensorWeights, random_tensors
+    from formats.weights import TensorWeights, random_tensors
 
     model = Transformer(tiny_args, TensorWeights(tiny_args, random_tensors(tiny_args, 0), fmt))
     if not model.fused:

@@ -1,4 +1,4 @@
-"""The SentencePiece encoder (models/spm.py): id for id the `tokenizers` pipeline of the same vocabulary on random
+"""The SentencePiece encoder (text/spm.py): id for id the `tokenizers` pipeline of the same vocabulary on random
 vocabularies (score ties, two splits of one piece, missing byte tokens, no unknown token, duplicates), its
 whole-token matcher, the weight store's `tokenizer.spm` (a GGUF converted, read back, damaged), letting it go,
 and, for the real Gemma 3 270M, its memory. The trained and real vocabularies' comparisons with sentencepiece,
@@ -16,9 +16,9 @@ import pytest
 
 from common import paths
 from common.errors import CadenceError
-from models.spm import BYTE, CONTROL, FILE, NORMAL, UNKNOWN, USER_DEFINED, SpmEncoder, SpmVocab, whole_matcher
-from models.tokenizer import TextTokenizer, TokenizerInfo
-from models.tokenizer_gguf import info_from_gguf, spm_tokenizer
+from text.spm import BYTE, CONTROL, FILE, NORMAL, UNKNOWN, USER_DEFINED, SpmEncoder, SpmVocab, whole_matcher
+from text.tokenizer import TextTokenizer, TokenizerInfo
+from text.tokenizer_gguf import info_from_gguf, spm_tokenizer
 
 SPACE = "\u2581"
 REPO = Path(__file__).resolve().parents[2]
@@ -131,9 +131,9 @@ def _add_spm_tokenizer(w, vocab_size: int) -> None:
 @pytest.fixture(scope="module")
 def spm_store(tmp_path_factory):
     """(the GGUF, a weight store converted from it): a tiny Llama with a SentencePiece tokenizer."""
-    from models.convert import convert
-    from models.source import GGUFSource
-    from models.weights import random_tensors
+    from formats.convert import convert
+    from formats.source import GGUFSource
+    from formats.weights import random_tensors
     from tests.conftest import TINY
     from tests.models.tiny_files import write_gguf
 
@@ -154,9 +154,9 @@ def test_a_store_keeps_the_vocabulary_and_not_a_tokenizer_json(spm_store):
     """The converted store holds tokenizer.spm (named in its manifest), no tokenizer.json; the tokenizer read
     back encodes and decodes as the GGUF's, with no `tokenizers` object, and the vocabulary's fingerprint is
     the GGUF's."""
-    from models import vocab
-    from models.gguf_file import GGUFFile
-    from models.store import WeightStore
+    from formats import vocab
+    from formats.gguf_file import GGUFFile
+    from formats.store import WeightStore
 
     gguf, path = spm_store
     st = WeightStore(path)
@@ -190,7 +190,7 @@ def test_a_store_keeps_the_vocabulary_and_not_a_tokenizer_json(spm_store):
     ids=["not-one", "cut-short", "no-count"],
 )
 def test_a_damaged_vocabulary_is_one_sentence(spm_store, tmp_path, data, says):
-    from models.store import WeightStore
+    from formats.store import WeightStore
 
     path = _copy(spm_store[1], tmp_path)
     f = path / FILE
@@ -201,7 +201,7 @@ def test_a_damaged_vocabulary_is_one_sentence(spm_store, tmp_path, data, says):
 
 
 def test_a_manifest_naming_no_tokenizer_file_is_one_sentence(spm_store, tmp_path):
-    from models.store import WeightStore
+    from formats.store import WeightStore
 
     path = _copy(spm_store[1], tmp_path)
     manifest = json.loads((path / "manifest.json").read_text())
@@ -227,7 +227,7 @@ def test_the_file_round_trips_every_field():
 
 
 def test_letting_the_encoder_go_keeps_decoding_and_refuses_to_encode(spm_store):
-    from models.store import WeightStore
+    from formats.store import WeightStore
 
     tok = TextTokenizer(WeightStore(spm_store[1]).tokenizer_info)
     ids = tok.encode("hello  hello")
@@ -254,8 +254,8 @@ def test_no_bound_where_a_character_may_come_to_no_token():
 _MEASURE = """
 import json, resource, sys, time
 from pathlib import Path
-from models.tokenizer import TextTokenizer, read_info
-import models.tokenizer_gguf  # everything a run imports first
+from text.tokenizer import TextTokenizer, read_info
+import text.tokenizer_gguf  # everything a run imports first
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
 tok = TextTokenizer(read_info(Path(sys.argv[1]), {"file": "tokenizer.spm", "eos_ids": [1], "bos_id": 2}, "x"))
@@ -275,7 +275,7 @@ def test_real_gemma3_tokenizer_fits_in_a_small_budget(tmp_path):
     """Gemma 3's 262k vocabulary, read from a store's tokenizer.spm and encoding a 4,000-character prompt,
     peaks at ~43 MiB above the imports (the `tokenizers` pipeline: ~415 MiB), loads in a fraction of a second
     and encodes in milliseconds."""
-    from models.gguf_file import GGUFFile
+    from formats.gguf_file import GGUFFile
 
     path = paths.models_dir() / "gemma-3-270m-q4_k_m.gguf"
     if not path.exists():

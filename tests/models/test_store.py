@@ -7,12 +7,12 @@ import torch
 
 from common.errors import CadenceError
 from models import linear
-from models.convert import convert, ensure_store
-from models.source import GGUFSource, canonical_names
-from models.source_hf import HFSource
-from models.store import ALIGN, WeightStore
+from formats.convert import convert, ensure_store
+from formats.source import GGUFSource, canonical_names
+from formats.source_hf import HFSource
+from formats.store import ALIGN, WeightStore
 from models.transformer import Transformer
-from models.weights import ResidentWeights, TensorWeights, random_tensors
+from formats.weights import ResidentWeights, TensorWeights, random_tensors
 from tests.models.tiny_files import write_gguf, write_hf_dir
 
 
@@ -58,7 +58,7 @@ def _wide_head(args):
 
 @pytest.mark.parametrize("fmt", ["fp32", "int4"])
 def test_a_head_in_parts_gives_the_whole_heads_logits_and_argmax_and_a_cut_head_stops_at_the_cut(tiny, tmp_path, fmt):
-    from models.weights import StreamingWeights
+    from formats.weights import StreamingWeights
 
     args = _wide_head(tiny[0])
     t = random_tensors(args, seed=3)

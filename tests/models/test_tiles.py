@@ -65,10 +65,10 @@ def test_column_split_falls_on_tile_boundaries():
 def test_store_reads_the_head_rows_in_whole_tiles(tmp_path):
     """FR-Spec's head of the frequent tokens: the tiles holding rows below the cut are read, the
     linear keeps exactly those rows."""
-    from models.convert import convert
-    from models.source_hf import HFSource
-    from models.store import WeightStore
-    from models.weights import StreamingWeights, random_tensors
+    from formats.convert import convert
+    from formats.source_hf import HFSource
+    from formats.store import WeightStore
+    from formats.weights import StreamingWeights, random_tensors
     from tests.conftest import TINY
     from tests.models.tiny_files import write_hf_dir
 

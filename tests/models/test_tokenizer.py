@@ -3,10 +3,10 @@
 import pytest
 
 from common.errors import CadenceError
-from models.convert import resolve
-from models.source import GGUFSource
-from models.textcheck import NFC_SHRINK, TooLong
-from models.tokenizer import StreamDecoder, TextTokenizer, TokenizerInfo, tokenizer_from_gguf_fields
+from formats.convert import resolve
+from formats.source import GGUFSource
+from text.textcheck import NFC_SHRINK, TooLong
+from text.tokenizer import StreamDecoder, TextTokenizer, TokenizerInfo, tokenizer_from_gguf_fields
 from tests.conftest import dev_prompts
 from tests.models.tiny_files import tokenizer_fields
 
@@ -223,7 +223,7 @@ def test_non_utf8_piped_to_launch_run_is_one_sentence(tmp_path):
     import sys
 
     from common import paths
-    from models.weights import random_tensors
+    from formats.weights import random_tensors
     from tests.conftest import TINY
     from tests.models.tiny_files import write_gguf
 

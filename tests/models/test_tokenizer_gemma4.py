@@ -1,4 +1,4 @@
-"""Gemma 4's GGUF tokenizer (`tokenizer.ggml.model` = `gemma4`; models/spm.py's `MergesEncoder`) against the
+"""Gemma 4's GGUF tokenizer (`tokenizer.ggml.model` = `gemma4`; text/spm.py's `MergesEncoder`) against the
 model's own tokenizer.json and against llama.cpp.
 
 Gemma 4's tokenizer.json is a BPE with byte fallback behind `Replace(" ", "▁")`, decoded by `Replace("▁", " ")`,
@@ -25,9 +25,9 @@ import pytest
 
 from common import paths
 from common.errors import CadenceError
-from models.spm import MergesEncoder, SpmVocab
-from models.tokenizer import StreamDecoder, TextTokenizer, read_info
-from models.tokenizer_gguf import info_from_gguf
+from text.spm import MergesEncoder, SpmVocab
+from text.tokenizer import StreamDecoder, TextTokenizer, read_info
+from text.tokenizer_gguf import info_from_gguf
 from tests.models.gguf_tokenizer_files import GEMMA4_VISIBLE, gemma4_vocab, write_tokenizer_gguf
 from tests.models.text_corpus import corpus
 
@@ -100,7 +100,7 @@ def _gemma3(folder) -> None:
     """Gemma 3 270M's vocabulary made Gemma 4's shape (see the module's docstring)."""
     from transformers.tokenization_utils_base import generate_merges
 
-    from models.gguf_file import GGUFFile
+    from formats.gguf_file import GGUFFile
 
     path = paths.models_dir() / "gemma-3-270m-q4_k_m.gguf"
     if not path.exists():

@@ -9,7 +9,7 @@ from common.errors import CadenceError
 from models import kernels, layer_kernel
 from models.attention import Visibility
 from models.transformer import Transformer
-from models.weights import TensorWeights, random_tensors
+from formats.weights import TensorWeights, random_tensors
 
 
 def _model(args, fmt="fp32", seed=0):
@@ -173,7 +173,7 @@ def test_a_batch_s_tempered_layers_in_one_call_give_each_generation_its_separate
     if not kernels.available():
         pytest.skip("no kernel library here (no C++ compiler)")
     from models.batch import Rows, forward_many_steps
-    from models.weights import drive
+    from models.requests import drive
 
     args = dataclasses.replace(tiny_args, attn_temp_beta=0.1, attn_temp_scale=3.0, attn_temp_offset=1)
     model = _model(args, "int4")
@@ -209,9 +209,9 @@ def test_a_family_s_layers_in_one_kernel_call_give_the_separate_calls_bits(tmp_p
     logits bit for bit, for a prompt, a token and a tree."""
     if not kernels.available():
         pytest.skip("no kernel library here (no C++ compiler)")
-    from models import loading
-    from models.convert import convert
-    from models.source_hf import HFSource
+    from formats import loading
+    from formats.convert import convert
+    from formats.source_hf import HFSource
     from tests.models.families import tiny_hf
 
     store = convert(HFSource(tiny_hf(mt, variant, tmp_path / "hf")), tmp_path / "int4", "int4")
@@ -223,9 +223,9 @@ def test_falcon_h1_s_layers_keep_their_mamba_mixer_beside_the_one_call_attention
     take them, or the mixer is skipped. The logits with the one-call kernel allowed equal those without it."""
     if not kernels.available():
         pytest.skip("no kernel library here (no C++ compiler)")
-    from models import loading
-    from models.convert import convert
-    from models.source_hf import HFSource
+    from formats import loading
+    from formats.convert import convert
+    from formats.source_hf import HFSource
     from tests.models.families import tiny_hf
 
     model = loading.load_store(

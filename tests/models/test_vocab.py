@@ -1,4 +1,4 @@
-"""A model's vocabulary fingerprint (models/vocab.py): the same from a GGUF file, the HF directory of the same
+"""A model's vocabulary fingerprint (formats/vocab.py): the same from a GGUF file, the HF directory of the same
 tokenizer and a weight store converted from either; different where one id has another token; llama.cpp's
 padding left out; cached; and, for the real models, what the registry records before they are pulled."""
 
@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from models import registry
-from models.vocab import from_tokens, tokens_of_json, vocab_of
-from models.weights import random_tensors
+from pulls import registry
+from formats.vocab import from_tokens, tokens_of_json, vocab_of
+from formats.weights import random_tensors
 from tests.conftest import TINY
 from tests.models.tiny_files import write_gguf, write_hf_dir
 
@@ -23,7 +23,7 @@ def home(tmp_path, monkeypatch):
 
 
 def test_a_gguf_its_hf_directory_and_their_stores_share_one_fingerprint(tmp_path, home):
-    from models.convert import ensure_store
+    from formats.convert import ensure_store
 
     args = TINY["qwen"]
     t = random_tensors(args, seed=1)
@@ -71,7 +71,7 @@ def test_the_fingerprint_is_cached_by_path_size_and_mtime(tmp_path, home):
 
 @pytest.mark.real
 def test_the_registry_records_each_pulled_models_fingerprint():
-    from models.pull import is_pulled, model_path
+    from pulls.wheels import is_pulled, model_path
 
     pulled = [s for s in registry.MODELS.values() if is_pulled(s)]
     assert pulled, "no registry model is pulled here (./setup.sh pulls them)"

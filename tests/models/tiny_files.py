@@ -15,7 +15,7 @@ BYTE_TOKENS = None
 
 def byte_vocab() -> list[str]:
     """GPT-2's printable spelling of the 256 bytes, plus a few merges' results and specials."""
-    from models.bytetable import byte_alphabet
+    from text.bytetable import byte_alphabet
 
     return [ch for _, ch in byte_alphabet()]
 
@@ -123,7 +123,7 @@ def write_hf_dir(path: Path, args: ModelArgs, t: dict[str, torch.Tensor]) -> Pat
     """config.json + model.safetensors (bf16) + tokenizer.json, as transformers saves them."""
     from safetensors.torch import save_file
 
-    from models.tokenizer import tokenizer_from_gguf_fields
+    from text.tokenizer import tokenizer_from_gguf_fields
 
     path.mkdir(parents=True, exist_ok=True)
     cfg = {

@@ -187,7 +187,7 @@ def hf_state_dict(a: ModelArgs, t: dict[str, torch.Tensor]) -> dict[str, torch.T
 def write_hf(path: Path, a: ModelArgs, t: dict[str, torch.Tensor]) -> Path:
     from safetensors.torch import save_file
 
-    from models.tokenizer import tokenizer_from_gguf_fields
+    from text.tokenizer import tokenizer_from_gguf_fields
 
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(hf_config(a)))

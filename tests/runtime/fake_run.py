@@ -21,7 +21,7 @@ from scheduler.generation.session import ActorSession, SessionSpec
 
 VOCAB = 64
 CONTEXT = 4096  # tokens a generation holds (the fake model's own context is far longer)
-# the target: eight layers and a head in two parts, in forward order (models/convert.py's groups)
+# the target: eight layers and a head in two parts, in forward order (formats/convert.py's groups)
 GROUPS = {**{f"layer.{i}": 48 * KiB for i in range(8)}, "head.0": 64 * KiB, "head.1": 64 * KiB}
 NO_OVERHEADS = Overheads(
     scheduler=0, watchdog=0, runtime=0, actor=0, exchange=64 * KiB, verifier_activations=0, draft_activations=0, code=0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from launch import cmd_runtime_bench
+from bench import cmd_runtime_bench
 
 
 def test_runtime_bench_smoke(tmp_path, capsys):

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from models.args import ModelArgs
-from models.store import StoreWriter
-from models.tokenizer import TokenizerInfo
+from formats.store import StoreWriter
+from text.tokenizer import TokenizerInfo
 from scheduler.runtime_config import GiB, KiB, MemoryConfig, PipelineConfig, RuntimeConfig, Timeouts, TraceConfig
 from scheduler.errors import ActorDead, ActorError
 from scheduler.runtime import Runtime

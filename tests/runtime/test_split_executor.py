@@ -13,7 +13,8 @@ from models import kernels
 from models.attention import Visibility
 from models.requests import NeedWeights
 from models.transformer import Transformer
-from models.weights import TensorWeights, random_tensors, weights_for
+from formats.weights import TensorWeights, random_tensors
+from models.requests import weights_for
 
 ROWS, CTX = 16, 70
 PARENTS = [-1, 0, 0, 1, 2, 2, 3, 4, 5]

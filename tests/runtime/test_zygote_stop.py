@@ -13,9 +13,9 @@ import psutil
 import pytest
 
 from common import paths
-from models.convert import convert
-from models.source import GGUFSource
-from models.weights import random_tensors
+from formats.convert import convert
+from formats.source import GGUFSource
+from formats.weights import random_tensors
 from shm.arena import SEGMENT_NAME
 from tests.conftest import TINY
 from tests.models.tiny_files import write_gguf

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from engine.costs import Costs, costs, draft_pays
-from models.convert import convert
-from models.source_hf import HFSource
-from models.store import WeightStore
-from models.weights import random_tensors
+from formats.convert import convert
+from formats.source_hf import HFSource
+from formats.store import WeightStore
+from formats.weights import random_tensors
 from tests.conftest import TINY
 from tests.models.tiny_files import write_hf_dir
 

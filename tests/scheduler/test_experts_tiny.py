@@ -11,12 +11,12 @@ import torch
 
 from common.errors import CadenceError
 from common.settings import ExpertOptions, SamplingConfig, TreeConfig
-from models import loading
-from models.convert import convert
+from formats import loading
+from formats.convert import convert
 from models.routing import trace_paths
-from models.source_hf import HFSource
-from models.store import WeightStore
-from models.weights import random_tensors
+from formats.source_hf import HFSource
+from formats.store import WeightStore
+from formats.weights import random_tensors
 from scheduler.runtime_config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
 from scheduler.generation.expert_policy import PathStats
 from scheduler.generation.memplan import Overheads, plan_memory

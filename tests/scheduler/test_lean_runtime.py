@@ -31,9 +31,9 @@ def flash_assets() -> None:
     run takes the best predictor the budget holds beside the target, this one where it holds no other."""
     from common.errors import CadenceError
     from engine.prompts import Prompt, encode_prompt
-    from models.flash import bundles
-    from models.flash.footprint import file_name
-    from models.flash.train import FitConfig, fit
+    from flash import bundles
+    from flash.footprint import file_name
+    from flash.train import FitConfig, fit
     from tests.conftest import real_model
 
     lm = real_model("qwen2.5-coder-1.5b", "int4")

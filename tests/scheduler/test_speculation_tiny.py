@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from common.settings import SamplingConfig, TreeConfig
-from models import loading
-from models.convert import convert
-from models.source import GGUFSource
-from models.store import WeightStore
-from models.weights import random_tensors
+from formats import loading
+from formats.convert import convert
+from formats.source import GGUFSource
+from formats.store import WeightStore
+from formats.weights import random_tensors
 from scheduler.runtime_config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
 from scheduler.generation.memplan import Overheads, plan_memory
 from scheduler.runtime import Runtime

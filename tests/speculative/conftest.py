@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from models import loading
-from models.convert import convert
-from models.source_hf import HFSource
-from models.store import WeightStore
+from formats import loading
+from formats.convert import convert
+from formats.source_hf import HFSource
+from formats.store import WeightStore
 from tests.models.families import tiny_hf
 
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from common.settings import SamplingConfig, TreeConfig
-from models import loading
-from models.convert import convert
-from models.source_hf import HFSource
-from models.store import WeightStore
+from formats import loading
+from formats.convert import convert
+from formats.source_hf import HFSource
+from formats.store import WeightStore
 from speculative.drafter import LocalDraft
 from speculative.generate import generate_speculative, generate_target
 from speculative.tree import TokenTree

@@ -8,7 +8,7 @@ import torch
 
 from common.settings import TOP_K, SamplingConfig, TreeConfig
 from models.transformer import Transformer
-from models.weights import TensorWeights, random_tensors
+from formats.weights import TensorWeights, random_tensors
 from speculative.drafter import Drafter
 from speculative.tree import ROOT, TokenTree
 from tests.conftest import TINY

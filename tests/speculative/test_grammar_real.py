@@ -12,7 +12,7 @@ import pytest
 from common import paths
 from common.settings import SamplingConfig, TreeConfig
 from engine.prompts import Prompt, encode_prompt
-from models.grammar import grammar_of
+from speculative.grammar import grammar_of
 from speculative.generate import generate_speculative, generate_target
 from tests.conftest import real_model
 from bench.grammar import SCHEMAS

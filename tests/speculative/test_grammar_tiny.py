@@ -1,4 +1,4 @@
-"""Grammars (models/grammar.py) on tiny random models with a real byte-level vocabulary in a weight store: what a
+"""Grammars (speculative/grammar.py) on tiny random models with a real byte-level vocabulary in a weight store: what a
 grammar is read from (a JSON schema, Lark, GBNF, a file) and the sentence a bad one gets; the tokens a constraint
 allows after a text; and speculation under a grammar, greedy and sampled: tree (best first and paced), chain, the
 trie alone and a batch write the target's own tokens, every one allowed; the trie's forbidden candidates never
@@ -15,12 +15,12 @@ import torch
 
 from common.errors import CadenceError
 from common.settings import SamplingConfig, TreeConfig
-from models.convert import convert
-from models.grammar import Constraint, grammar_of, source_of, vocabulary
-from models.source_hf import HFSource
-from models.store import WeightStore
+from formats.convert import convert
+from speculative.grammar import Constraint, grammar_of, source_of, vocabulary
+from formats.source_hf import HFSource
+from formats.store import WeightStore
 from models.transformer import Transformer
-from models.weights import ResidentWeights, random_tensors
+from formats.weights import ResidentWeights, random_tensors
 from speculative.batch import Lockstep, run_all
 from speculative.drafter import LocalDraft
 from speculative.lookup import TrieDraft
@@ -182,7 +182,7 @@ def test_a_draft_whose_head_holds_no_token_the_grammar_allows_proposes_none(tmp_
     distribution there is empty, not a softmax over nothing (NaN), so no forbidden token is planted and every draft
     budget keeps a finite price; the governor, which had priced every budget at NaN and so played the plain step
     (a 768 MiB server at a fifth of its speed after one JSON answer), plays the draft where it earns most."""
-    from models import loading
+    from formats import loading
 
     grammar = grammar_of(RECORD)
     target = _store(tmp_path / "t", 1)

@@ -12,7 +12,7 @@ from common.settings import SamplingConfig, TreeConfig
 from models.args import ModelArgs
 from models.sampling import choose, noise
 from models.transformer import Transformer
-from models.weights import TensorWeights, random_tensors
+from formats.weights import TensorWeights, random_tensors
 from speculative.batch import Lockstep, run_all
 from speculative.drafter import Drafter, LocalDraft
 from speculative.loop import Speculation
@@ -177,10 +177,10 @@ def test_speculative_sampling_matches_the_target_joint_distribution(pair):
 def test_a_draft_with_a_cut_head_proposes_its_rows_alone(tmp_path, greedy):
     """A draft keeping its head's first `cut` rows (FR-Spec) gives logits that wide, and its trees stay inside them,
     greedy or sampled (its candidates ranked by the scores the target's choice is the argmax of)."""
-    from models.convert import convert
-    from models.source_hf import HFSource
-    from models.store import WeightStore
-    from models.weights import StreamingWeights
+    from formats.convert import convert
+    from formats.source_hf import HFSource
+    from formats.store import WeightStore
+    from formats.weights import StreamingWeights
     from tests.conftest import TINY
     from tests.models.tiny_files import write_hf_dir
 

@@ -279,7 +279,7 @@ def test_a_draft_far_behind_catches_up_on_the_recent_tokens_only():
     (the prompt itself it always runs whole), and drafts on from there."""
     from common.settings import SamplingConfig
     from models.transformer import Transformer
-    from models.weights import TensorWeights, random_tensors
+    from formats.weights import TensorWeights, random_tensors
     from speculative.drafter import Drafter
     from common.settings import CATCH_UP, TreeConfig
     from tests.conftest import TINY
@@ -308,7 +308,7 @@ def test_prompt_lookup_proposes_the_tries_continuation_without_a_draft_forward()
     draft model never run (its cache stays as it was; the verdict is taken like a plain step's)."""
     from common.settings import SamplingConfig
     from models.transformer import Transformer
-    from models.weights import TensorWeights, random_tensors
+    from formats.weights import TensorWeights, random_tensors
     from speculative.drafter import Drafter
     from common.settings import TreeConfig
     from tests.conftest import TINY
@@ -347,7 +347,7 @@ def test_the_draft_runs_on_the_prompts_last_window_only():
     trie still holds the whole prompt, and a window of 0 feeds it all."""
     from common.settings import SamplingConfig
     from models.transformer import Transformer
-    from models.weights import TensorWeights, random_tensors
+    from formats.weights import TensorWeights, random_tensors
     from speculative.drafter import Drafter
     from common.settings import TreeConfig
     from tests.conftest import TINY

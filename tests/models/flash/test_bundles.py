@@ -1,4 +1,4 @@
-"""models/flash/bundles.py and reader.py: a tiny int4 store's FFN bundles, written from its real GGUF, read back
+"""flash/bundles.py and reader.py: a tiny int4 store's FFN bundles, written from its real GGUF, read back
 through real direct reads of the real file; the dense store untouched; damaged input in one sentence."""
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ import torch
 
 from common.errors import CadenceError
 from models import linear
-from models.convert import convert
-from models.flash import bundles, records
-from models.flash.costmodel import ReadCurve
-from models.flash.reader import BundleReader
-from models.source import GGUFSource
-from models.store import WeightStore
+from formats.convert import convert
+from flash import bundles
+from models import flash_records as records
+from flash.costmodel import ReadCurve
+from flash.reader import BundleReader
+from formats.source import GGUFSource
+from formats.store import WeightStore
 from models.transformer import Transformer
-from models.weights import ResidentWeights, layer_from_views, random_tensors
+from formats.weights import ResidentWeights, layer_from_views, random_tensors
 from shm.dio import MEMORY_FS, cached_bytes, evict_page_cache, fs_type
 from tests.conftest import TINY
 from tests.models.tiny_files import write_gguf

@@ -1,4 +1,4 @@
-"""models/flash/cache.py: the preallocated matrix with swap-delete keeps exactly the window's neurons. Random
+"""flash/cache.py: the preallocated matrix with swap-delete keeps exactly the window's neurons. Random
 sequences of steps (admit + insert) and of bare touch / evict / make_room are checked, after every operation,
 against a plain Python model of the window: a dict of neuron -> last active step."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from common.errors import CadenceError
-from models.flash.cache import NeuronCache
+from flash.cache import NeuronCache
 
 R = 40  # bytes per record here: the cache does not read them
 

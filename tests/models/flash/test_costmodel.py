@@ -1,4 +1,4 @@
-"""models/flash/costmodel.py: the read curve's interpolation, merged reads, the bundles-or-layer choice and
+"""flash/costmodel.py: the read curve's interpolation, merged reads, the bundles-or-layer choice and
 the chunk size a curve favours, on hand-made curves whose answers can be worked out by hand."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from common.errors import CadenceError
-from models.flash.costmodel import (
+from flash.costmodel import (
     ReadCurve,
     aligned,
     best_chunk_neurons,

@@ -11,10 +11,10 @@ import torch
 
 from common.errors import CadenceError
 from models import kernels, linear
-from models.flash import records
-from models.flash.cache import NeuronCache
+from models import flash_records as records
+from flash.cache import NeuronCache
 from models.transformer import Transformer
-from models.weights import TensorWeights, random_tensors
+from formats.weights import TensorWeights, random_tensors
 from tests.conftest import TINY
 
 

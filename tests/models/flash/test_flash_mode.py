@@ -14,17 +14,17 @@ from engine.config import RunConfig
 from engine.memory import kv_rows
 from engine.prompts import Prompt
 from engine.runner import Runner
-from models import loading
-from models.convert import convert
-from models.flash import bundles
-from models.flash.footprint import predictor_bytes, predictors, top_k
-from models.flash.predictor import Predictor
-from models.flash.train import FitConfig, fit
-from models.flash.weights import FlashWeights
-from models.source import GGUFSource
-from models.store import WeightStore
+from formats import loading
+from formats.convert import convert
+from flash import bundles
+from flash.footprint import predictor_bytes, predictors, top_k
+from flash.predictor import Predictor
+from flash.train import FitConfig, fit
+from flash.weights import FlashWeights
+from formats.source import GGUFSource
+from formats.store import WeightStore
 from models.transformer import Transformer
-from models.weights import random_tensors
+from formats.weights import random_tensors
 from serve.app import ServeConfig
 from tests.conftest import TINY
 from tests.models.tiny_files import write_gguf
@@ -77,7 +77,7 @@ def test_density_one_is_the_dense_target_bit_for_bit(store):
 @pytest.mark.parametrize("predictor", ["int2", "r16"])
 def test_sparse_passes_compute_the_predicted_neurons_from_the_cache(store, predictor):
     """A step's FFN over the cached predicted neurons equals the reference FFN over exactly those records."""
-    from models.flash import records
+    from models import flash_records as records
 
     w = FlashWeights(store, Predictor.load(store, predictor), 0.5)
     w.allocate(ARGS.ffn_dim // 2 + 16)
@@ -123,7 +123,7 @@ def test_the_plan_takes_the_best_predictor_that_leaves_a_tokens_neurons(store):
     from engine.decide import decide
     from engine.flash import MARGIN, plan
     from engine.machine import ThisMachine
-    from models.flash import records
+    from models import flash_records as records
 
     names = predictors(store)
     size = {n: predictor_bytes(store, n) for n in names}
@@ -165,7 +165,7 @@ def test_a_budget_too_small_and_a_missing_predictor_end_in_one_sentence(store, t
     [("tree", "inproc", None), ("chain", "inproc", None), ("tree", "actors", None), ("tree", "actors", "auto")],
 )
 def test_draft_flash_is_lossless(store, mode, runtime, budget):
-    """The target's own sparse FFN drafts (models/flash/sparse_target.py), the dense target verifies: the target's
+    """The target's own sparse FFN drafts (flash/sparse_target.py), the dense target verifies: the target's
     tokens, in one process, over the actors, and over the actors under a budget's plan that holds the draft's caches."""
     p = Prompt("p", "complete", "def f(x): return x + 1")
     rows = {}

@@ -1,4 +1,4 @@
-"""models/flash/predictor.py and train.py on tiny random int4 stores: the FFN-input tap, the fit's recall
+"""flash/predictor.py and train.py on tiny random int4 stores: the FFN-input tap, the fit's recall
 against the model's own per-token top neurons, the file's round trip and its refusals."""
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import pytest
 import torch
 
 from common.errors import CadenceError
-from models import loading, linear
-from models.convert import convert
-from models.flash.footprint import top_k
-from models.flash.footprint import best_predictor, file_name, predictor_bytes, predictors
-from models.flash.predictor import Int2Predictor, LowRankPredictor, Predictor, activations, gate_up_scores, top_mask
-from models.flash.train import FitConfig, capture, fit
-from models.source import GGUFSource
-from models.weights import random_tensors
+from models import linear
+from formats import loading
+from formats.convert import convert
+from flash.footprint import top_k
+from flash.footprint import best_predictor, file_name, predictor_bytes, predictors
+from flash.predictor import Int2Predictor, LowRankPredictor, Predictor, activations, gate_up_scores, top_mask
+from flash.train import FitConfig, capture, fit
+from formats.source import GGUFSource
+from formats.weights import random_tensors
 from tests.conftest import TINY
 from tests.models.tiny_files import write_gguf
 
