@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.errors import PromptError
+from common.modes import Mode
 from engine.config import RunConfig
 from engine.prompts import Prompt, encode_prompt
 from formats.store import WeightStore
@@ -72,7 +73,7 @@ def tree_pair(cfg: RunConfig, machine, prompts: list[Prompt]) -> Pair:
     even where a budget would settle on none: chain needs one), the context sized to the prompts."""
     from engine.decide import context
 
-    tree = cfg.with_mode("tree")
+    tree = cfg.with_mode(Mode.TREE)
     inputs = read_inputs(tree, machine, prompts)
     inputs.tokenizer.release_encoder()  # as each run's scheduler does before its plan measures it
     picked = (machine.pick_draft(cfg.target)[0] or "none") if tree.draft == "auto" else tree.draft

@@ -186,7 +186,26 @@ def group_from_views(store: WeightStore, group: str, views: dict):
     return layer_from_views(store, int(group.split(".")[1]), views)
 
 
-class ResidentWeights:
+class HeldWeights:
+    """Weights all held in memory (`layers`, `expert` by (layer, expert), `head` parts): a forward's requests
+    answered from them (models/requests.py `weights_for`)."""
+
+    layers: list[LayerWeights]
+    expert: dict[tuple[int, int], ExpertWeights]
+    head: list[HeadPart]
+
+    def layer(self, i: int) -> LayerWeights:
+        return self.layers[i]
+
+    def experts(self, need) -> dict[int, ExpertWeights]:
+        """`need`: a `models.requests.NeedExperts`."""
+        return {e: self.expert[need.layer, e] for e in need.experts}
+
+    def head_part(self, j: int) -> HeadPart:
+        return self.head[j]
+
+
+class ResidentWeights(HeldWeights):
     """Every layer and head part in RAM: the weights file read into one buffer, arrays viewed out of it.
     On the CPU the embedding table stays on disk (`EmbeddingRows`): a forward needs a few of its rows; so does
     a table of per-layer embeddings (`ple`, Gemma 4)."""
@@ -219,21 +238,11 @@ class ResidentWeights:
         self.head_groups = store.head_groups()
         self.head = [head_part_from_views(store, g, group(g)) for g in self.head_groups]
 
-    def layer(self, i: int) -> LayerWeights:
-        return self.layers[i]
-
-    def experts(self, need) -> dict[int, ExpertWeights]:
-        """`need`: a `models.requests.NeedExperts`."""
-        return {e: self.expert[need.layer, e] for e in need.experts}
-
-    def head_part(self, j: int) -> HeadPart:
-        return self.head[j]
-
     def nbytes(self) -> int:
         return self.buffer.numel()
 
 
-class TensorWeights:
+class TensorWeights(HeldWeights):
     """Weights from float tensors in memory, by canonical name (tests, tiny models), in any format."""
 
     def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor], fmt: str = "fp32", group_size: int = 32):
@@ -263,15 +272,6 @@ class TensorWeights:
         self.head_groups = ["head.0"]
         hf = linear_format("head", fmt)
         self.head = [HeadPart(0, linear.decode(hf, *linear.encode(head, hf, group_size)), tensors["out_norm"].float())]
-
-    def layer(self, i: int) -> LayerWeights:
-        return self.layers[i]
-
-    def experts(self, need) -> dict[int, ExpertWeights]:
-        return {e: self.expert[need.layer, e] for e in need.experts}
-
-    def head_part(self, j: int) -> HeadPart:
-        return self.head[j]
 
 
 def random_tensors(args: ModelArgs, seed: int = 0, scale: float = 0.5) -> dict[str, torch.Tensor]:

@@ -92,6 +92,17 @@ def sources_digest() -> str:
     return h.hexdigest()
 
 
+@lru_cache(maxsize=1)
+def numerics_digest() -> str:
+    """What a forward's numbers depend on besides the weights and the kernel path: the kernels' sources and the
+    math's Python (models/), hashed. What outlives a run (the prompt cache's rows on disk) is keyed by it, so a
+    cadence whose math changed computes them afresh rather than reading rows another one wrote."""
+    h = hashlib.sha256(sources_digest().encode())
+    for f in sorted(CSRC.parent.rglob("*.py")):
+        h.update(str(f.relative_to(CSRC.parent)).encode() + f.read_bytes())
+    return h.hexdigest()
+
+
 def host_paths() -> list[str]:
     """The paths this CPU can run, best first."""
     have = cpu_flags()

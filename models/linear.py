@@ -26,7 +26,7 @@ from models import kernels, linear_int2, tiles
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _KERNEL_FMT = {torch.float32: kernels.F32, torch.bfloat16: kernels.BF16, torch.float16: kernels.F16}
-GROUP_SIZES = (32, 64)  # int4 quantization groups; 64 shares one sub-scale across two groups of 32
+GROUP_SIZES = linear_int2.GROUP_SIZES  # int4 quantization groups; 64 shares one sub-scale across two groups of 32
 SUB, SUPER = 32, 256  # int4 sub-block and super-block; activations are quantized per super-block
 ACT_BLOCK = SUPER
 
@@ -211,12 +211,7 @@ def quantize_int8(w: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict]:
 def quantize_int4(w: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor], dict]:
     """w ~ S sc q - M mn: codes q 0..15 per weight, 8-bit sc, mn per group of 32, fp16 S, M per 256."""
     n, k = w.shape
-    if group not in GROUP_SIZES:
-        raise CadenceError(f"int4 group size {group} is not supported; use 32 or 64")
-    if k % group:
-        raise CadenceError(
-            f"int4 with groups of {group} needs the input width ({k}) to be a multiple of {group}; try --group-size 32"
-        )
+    linear_int2.check_group("int4", group, k)
     ng = k // SUB
     wg = w.view(n, k // group, group)
     lo = wg.amin(-1).clamp(max=0)

@@ -15,7 +15,7 @@ import torch
 from common.errors import CadenceError
 
 QG, SUPER = 32, 256  # group (sub-block), super-block
-GROUP_SIZES = (32, 64)  # as int4: 64 shares one sub-scale and minimum across two groups of 32
+GROUP_SIZES = (32, 64)  # int2 and int4 groups: 64 shares one sub-scale and minimum across two groups of 32
 LEVELS = 3  # codes 0..3
 # the search: fractions of a group's span cut from each end (a 7 x 7 grid of 0 .. 0.3 gave 0.2950 relative
 # error on gaussian weights, this 3 x 3 one 0.2964, in a fifth of the time: a 7B mixture's experts in minutes)
@@ -62,15 +62,20 @@ def two_level(t: torch.Tensor, n: int, ng: int) -> tuple[torch.Tensor, torch.Ten
     return q8.to(torch.uint8).contiguous(), sup.contiguous(), sup_g * q8
 
 
+def check_group(fmt: str, group: int, k: int) -> None:
+    """One sentence where a quantized format's group size is not one it has, or does not divide the input width."""
+    if group not in GROUP_SIZES:
+        raise CadenceError(f"{fmt} group size {group} is not supported; use 32 or 64")
+    if k % group:
+        raise CadenceError(
+            f"{fmt} with groups of {group} needs the input width ({k}) to be a multiple of {group}; try --group-size 32"
+        )
+
+
 def quantize_int2(w: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor], dict]:
     """w [N, K] float -> the int2 arrays (layout above) and metadata."""
     n, k = w.shape
-    if group not in GROUP_SIZES:
-        raise CadenceError(f"int2 group size {group} is not supported; use 32 or 64")
-    if k % group:
-        raise CadenceError(
-            f"int2 with groups of {group} needs the input width ({k}) to be a multiple of {group}; try --group-size 32"
-        )
+    check_group("int2", group, k)
     ng = k // QG
     scale, offset = search_range(w.float().view(n, k // group, group))
     scale, offset = scale.repeat_interleave(group // QG, dim=1), offset.repeat_interleave(group // QG, dim=1)

@@ -12,7 +12,7 @@ the target's own. The draft proposes under the same mask, the trie's candidates 
 verification, and where it allows one run of tokens only, the draft plants it without a forward of its own.
 
 Torch-free at import (the scheduler filters the trie's candidates); `allowed` imports torch. A process that matches
-grammars holds a view of the vocabulary (64 MiB for 152k tokens): a memory plan that expects grammars counts it
+grammars holds a view of the vocabulary (19 MiB for Qwen's 152k tokens): a memory plan that expects grammars counts it
 (`vocabulary_bytes`), once for the actors, which fork after the zygote made it (`PRELOAD`), and once more for a
 scheduler whose trie drafts alone.
 """
@@ -98,8 +98,8 @@ def _stop_ids(info) -> list[int]:
 
 def vocabulary(store_dir: str, rows: int) -> "llguidance.LLTokenizer":
     """llguidance's view of a weight store's vocabulary, `rows` the model's output rows: made once a process for
-    each vocabulary (a draft and its target share theirs), the first time a grammar arrives (0.7 s and 64 MiB for a
-    152k vocabulary), or before the actors fork where a memory plan counts it (`PRELOAD`: then they share it)."""
+    each vocabulary (a draft and its target share theirs), the first time a grammar arrives (19 MiB for Qwen's 152k
+    tokens), or before the actors fork where a memory plan counts it (`PRELOAD`: then they share it)."""
     key = (_digest(store_dir), rows)
     if key not in _VOCABULARIES:
         _VOCABULARIES[key] = _vocabulary(store_dir, rows)
@@ -121,14 +121,17 @@ def _vocabulary(store_dir: str, rows: int) -> "llguidance.LLTokenizer":
 
     info = WeightStore(store_dir).tokenizer_info
     stops = _stop_ids(info)
-    source = info.tokenizer_json if info.spm is None else _SpmTokens(info, stops)
+    source = _SpmTokens(info, stops) if info.spm is not None else _ByteLevelTokens.of(info.tokenizer_json, stops, rows)
     # no slices (llguidance's precomputed token sets for common lexemes): 45 MiB less, masks ~25% slower
-    made = llguidance.LLTokenizer(source, n_vocab=rows, eos_token=stops, slices=[])
+    made = llguidance.LLTokenizer(source or info.tokenizer_json, n_vocab=rows, eos_token=stops, slices=[])
+    if source is not None:
+        source.view, source.tokens = made, []
     del info, source
     trim_heap()  # the tokenizer's JSON, read and parsed, left its heap behind
     return made
 
 
+VIEW = "bytes"  # how `_vocabulary` makes a view (a byte-level vocabulary's from its bytes): part of what is measured
 PRELOAD = "vocabulary:"  # a zygote's preload entry (actors/zygote.py): PRELOAD + store directory + ":" + rows
 
 
@@ -158,7 +161,7 @@ def vocabulary_bytes(store_dir: str, rows: int) -> int:
     from common.calibration import cached, child_json
 
     version = llguidance.get_version().split()[0].replace("@", "")
-    key = f"{_digest(store_dir)}-{rows}-{version}"
+    key = f"{_digest(store_dir)}-{rows}-{version}-{VIEW}"
     return cached(
         "grammar-vocabulary",
         key,
@@ -191,6 +194,49 @@ class _SpmTokens:
 
     def __call__(self, text: str | bytes) -> list[int]:
         return self._encoder.encode(text.decode() if isinstance(text, bytes) else text, special=False)
+
+
+class _ByteLevelTokens:
+    """A byte-level BPE vocabulary (GPT-2's alphabet: Qwen, Llama 3, SmolLM) as llguidance's `TokenizerWrapper` reads
+    one, its tokens' bytes read from the tokenizer's JSON with no `tokenizers` object behind them: a view of 152k
+    tokens in 19 MiB where one made from the JSON holds a whole tokenizer (61 MiB). Added tokens are special to it
+    (behind 0xFF), as they are to a view made from the JSON, so its masks are that view's, bit for bit. A text is
+    encoded by the view's own longest-match tokenizer (the tokens a grammar forces, which the target verifies)."""
+
+    is_tokenizer_wrapper = True
+
+    def __init__(self, tokens: list[bytes], special: list[int], stops: list[int]):
+        self.tokens, self.special_token_ids = tokens, special
+        self.eos_token_id, self.bos_token_id = stops[0] if stops else 0, None
+        self.view: "llguidance.LLTokenizer | None" = None  # set once made
+
+    @classmethod
+    def of(cls, tokenizer_json: str, stops: list[int], rows: int) -> "_ByteLevelTokens | None":
+        """The vocabulary of a byte-level BPE tokenizer's JSON, as many tokens as the model's `rows` at least (a view
+        made from tokens is as long as they are; the rows past the tokenizer's, an HF Qwen's 271, are tokens of no
+        bytes, as a view made from the JSON pads them); None for any other kind (its view is made from the JSON)."""
+        from text.bytetable import byte_alphabet
+
+        spec = json.loads(tokenizer_json)
+        model, decoder = spec.get("model") or {}, spec.get("decoder") or {}
+        if model.get("type") != "BPE" or decoder.get("type") != "ByteLevel" or not model.get("vocab"):
+            return None
+        added = spec.get("added_tokens", [])
+        tokens = [b""] * max(rows, max([*model["vocab"].values(), *(a["id"] for a in added)]) + 1)
+        to_byte = {ch: b for b, ch in byte_alphabet()}
+        try:
+            for piece, i in model["vocab"].items():
+                tokens[i] = bytes(to_byte[c] for c in piece)
+        except KeyError:  # a token outside the byte alphabet: read from the JSON instead
+            return None
+        for a in added:
+            tokens[a["id"]] = b"\xff" + a["content"].encode()
+        return cls(tokens, [a["id"] for a in added], stops)
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if self.view is None:
+            raise CadenceError("a grammar's vocabulary was asked to encode a text before it was made")
+        return self.view.greedy_tokenize(text.decode(errors="replace") if isinstance(text, bytes) else text)
 
 
 def source_of(model) -> str | None:

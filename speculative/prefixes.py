@@ -25,7 +25,9 @@ from pathlib import Path
 
 import torch
 
+from common.errors import CadenceError
 from common.settings import PromptCacheConfig
+from models import kernel_build
 from shm.dio import ALIGN, DirectReader
 
 MIN_TOKENS = 32  # a shorter text is not worth a copy: its prefill is as quick
@@ -216,14 +218,25 @@ def _safe(key: str) -> str:
     return hashlib.sha1(key.encode()).hexdigest()[:16] if key else "model"
 
 
-def prompt_cache(config: dict | None, store: str, kv_dtype: str = "f32") -> PrefixCache | None:
-    """The prompt cache a run's options ask for (`PromptCacheConfig` as a dict: `ram_bytes`, `dir`, `disk_bytes`) for
-    the target in weight store `store` (its entries on disk are the store's own: keyed by its folder and its
-    manifest, and by the caches' --kv-dtype: rows are read back as the bytes they were), or None where they ask for
-    none."""
-    if not config or not (config.get("ram_bytes") or config.get("dir")):
-        return None
+def cache_key(store: str, kv_dtype: str = "f32") -> str:
+    """Whose rows an entry on disk holds: the weight store's (its folder, its manifest's time), at --kv-dtype, as
+    this kernel path and this cadence's math compute them (models/kernel_build.py `numerics_digest`)."""
     manifest = Path(store) / "manifest.json"
     key = f"{Path(store).resolve().name}:{manifest.stat().st_mtime_ns if manifest.exists() else 0}"
     key += "" if kv_dtype == "f32" else f":{kv_dtype}"
+    try:
+        path = kernel_build.chosen_path()
+    except CadenceError:  # a $CADENCE_KERNEL_PATH this CPU refuses: the kernels say so where they load (not on CUDA)
+        path = os.environ.get(kernel_build.ENV_PATH, "")
+    return f"{key}:{path}:{kernel_build.numerics_digest()[:16]}"
+
+
+def prompt_cache(config: dict | None, store: str, kv_dtype: str = "f32") -> PrefixCache | None:
+    """The prompt cache a run's options ask for (`PromptCacheConfig` as a dict: `ram_bytes`, `dir`, `disk_bytes`) for
+    the target in weight store `store` (its entries on disk are the store's own: keyed by its folder and its
+    manifest, by the caches' --kv-dtype, since rows are read back as the bytes they were, and by the kernel path
+    and the math that computed them, `cache_key`), or None where they ask for none."""
+    if not config or not (config.get("ram_bytes") or config.get("dir")):
+        return None
+    key = cache_key(store, kv_dtype)
     return PrefixCache(int(config.get("ram_bytes") or 0), config.get("dir"), key, int(config.get("disk_bytes") or 0))

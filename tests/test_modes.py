@@ -8,9 +8,9 @@ import ast
 from common.modes import MODES, Mode
 from common.settings import TreeConfig
 from engine.config import RunConfig
-from tests.test_layout import _modules
+from tests.test_layout import PACKAGES, _modules
 
-PRODUCT = ("common", "shm", "models", "speculative", "actors", "scheduler", "engine", "cadence", "serve", "launch")
+PRODUCT = tuple(p for p in PACKAGES if p != "bench")
 
 
 def _name(node) -> str | None:

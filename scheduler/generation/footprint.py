@@ -31,7 +31,8 @@ MiB = 1 << 20
 VERSION = 2
 # the modules the model actors need; the zygote imports them before the first fork
 ACTOR_MODULES = ("actors.verifier", "actors.draft", "actors.loader")
-_SOURCES = ("actors", "models", "speculative", "cadence", "shm", "scheduler")
+_SOURCES = ("actors", "common", "text", "pulls", "models", "formats", "flash", "speculative", "cadence", "shm")
+_SOURCES += ("scheduler",)
 
 
 @dataclass(frozen=True)

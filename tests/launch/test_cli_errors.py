@@ -228,15 +228,16 @@ def test_version(tmp_path):
 
 
 def test_every_help_shows_defaults():
-    """Each option that has a default shows it, in every command this checkout has."""
+    """Each option that has a default shows it, in every command this checkout has, the plugins' too."""
     import argparse
 
     import launch as launch_pkg
-    from launch.cli import COMMANDS, _has_default, build_parser
+    from launch.cli import COMMANDS, _has_default, build_parser, plugins
     from launch.options import show_all
 
     here = Path(launch_pkg.__file__).parent
-    names = [n for n in COMMANDS if (here / f"cmd_{n}.py").is_file()]
+    names = [n for n in COMMANDS if (here / f"cmd_{n}.py").is_file()] + list(plugins())
+    assert {"bench", "profile", "runtime_bench"} <= set(names)  # bench/'s, found as plugins
     show_all(True)  # as `--help-all`: every option listed
     for name in names:
         parsers = [build_parser(name)]

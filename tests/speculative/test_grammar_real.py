@@ -71,3 +71,56 @@ def test_a_schema_over_actors_under_a_budget_is_the_target_alone(pair, tmp_path)
     assert row["new_token_ids"] == alone.new_ids
     assert row["memory_plan"]["streamed_groups"] > 0 and row["stats"]["verifications"] > 0
     jsonschema.validate(_answer(target, alone), schema)
+
+
+_JSON_VIEW = """
+import gc, sys
+import llguidance
+from formats.store import WeightStore
+from scheduler.generation.footprint import own_anon_bytes
+from speculative.grammar import _stop_ids
+info = WeightStore(sys.argv[1]).tokenizer_info
+stops = _stop_ids(info)
+gc.collect()
+before = own_anon_bytes()
+view = llguidance.LLTokenizer(info.tokenizer_json, n_vocab=int(sys.argv[2]), eos_token=stops, slices=[])
+del info
+gc.collect()
+print(own_anon_bytes() - before)
+"""
+
+
+def test_the_vocabulary_s_view_is_the_tokenizer_s_mask_for_mask_in_under_half_the_memory(pair):
+    """A byte-level vocabulary's view for llguidance is made from its tokens' bytes (speculative/grammar.py
+    `_ByteLevelTokens`), with no tokenizer behind it: on the real Qwen vocabulary every mask along a schema's answer
+    (accents, CJK; the added tokens, special to both, where a string may hold any text) and every run of tokens the grammar forces is what a view
+    made from the tokenizer's JSON computes, and a process holds under half of what that one holds."""
+    import llguidance
+
+    from speculative import grammar
+
+    target, _ = pair
+    store, rows = str(target.store.dir), target.args.vocab_size
+    view = grammar.vocabulary(store, rows)
+    info = target.store.tokenizer_info
+    stops = grammar._stop_ids(info)
+    ref = llguidance.LLTokenizer(info.tokenizer_json, n_vocab=rows, eos_token=stops, slices=[])
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "tags": {"type": "array", "items": {"enum": ["a<b>", "b"]}},
+            "n": {"type": "integer"},
+        },
+        "required": ["name", "tags", "n"],
+    }
+    g = grammar_of(schema)
+    text = '{"name": "Ada Lovelace, née Byron, 日本", "tags": ["a<b>", "b"], "n": 1815}'
+    ours, theirs = llguidance.LLMatcher(view, g, log_level=0), llguidance.LLMatcher(ref, g, log_level=0)
+    for t in ref.tokenize_str(text) + stops[:1]:
+        assert bytes(ours.compute_bitmask()) == bytes(theirs.compute_bitmask()), t
+        assert ours.compute_ff_tokens() == theirs.compute_ff_tokens(), t
+        assert ours.consume_token(t) and theirs.consume_token(t), t
+    assert ours.is_accepting()
+    p = subprocess.run([sys.executable, "-c", _JSON_VIEW, store, str(rows)], capture_output=True, text=True, check=True)
+    assert grammar.vocabulary_bytes(store, rows) < int(p.stdout) / 2

@@ -108,6 +108,16 @@ def test_a_constraint_allows_what_the_grammar_allows_after_any_text(pair):
         Constraint.of(SamplingConfig(grammar=grammar_of(RECORD)), None, ARGS.vocab_size, 0)
 
 
+def test_a_model_with_more_rows_than_its_tokenizer_has_tokens_gets_a_mask_of_every_row(pair):
+    """An HF Qwen has 151,936 output rows and 151,665 tokens: the view is padded to the rows with tokens of no bytes,
+    which no grammar allows, so a mask covers every row of the logits it is applied to."""
+    target, _ = pair
+    rows = ARGS.vocab_size + 100
+    c = Constraint.of(SamplingConfig(grammar=grammar_of(RECORD)), source_of(target), rows, len(PROMPT))
+    mask = c.allowed(PROMPT + c.forced(PROMPT))
+    assert mask.shape == (rows,) and mask.any() and not mask[ARGS.vocab_size :].any()
+
+
 def test_the_trie_passes_over_the_candidates_a_grammar_forbids(pair):
     target, _ = pair
     c = Constraint.of(SamplingConfig(grammar=grammar_of(RECORD)), source_of(target), ARGS.vocab_size, 0)

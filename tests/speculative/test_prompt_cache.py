@@ -16,7 +16,8 @@ from formats.store import WeightStore
 from speculative.batch import Lockstep, run_all
 from speculative.drafter import LocalDraft
 from speculative.loop import Speculation
-from speculative.prefixes import MIN_TOKENS, PrefixCache
+from models import kernel_build
+from speculative.prefixes import MIN_TOKENS, PrefixCache, prompt_cache
 from speculative.slots import LocalBatch
 from speculative.verify import LocalTarget
 from tests.models.families import tiny_hf
@@ -77,6 +78,26 @@ def test_four_conversations_over_two_slots_prefill_only_their_new_tokens(int4_pa
         first, reused = t.start(prompt, CONTEXT, SamplingConfig())
         assert reused >= 40  # at least the system prompt
         assert first == LocalTarget(target).start(prompt, CONTEXT, SamplingConfig())[0]
+
+
+def test_rows_on_disk_are_found_only_by_the_math_that_wrote_them(int4_pair, tmp_path, monkeypatch):
+    """Entries on disk are keyed by the kernel path and the math (models/ and its C++) that computed them, beside the
+    store and the --kv-dtype: a later run of the same cadence finds them, one whose math changed finds none (and
+    computes the rows afresh rather than read another math's)."""
+    target, _ = int4_pair
+    store, config = tmp_path / "store", {"dir": str(tmp_path / "pc")}
+    store.mkdir()
+    prompt = _conversations()["c0"]
+    t = LocalTarget(target, prompt_cache(config, str(store)))
+    t.start(prompt, CONTEXT, SamplingConfig())
+    t.start(list(range(100, 140)), CONTEXT, SamplingConfig())  # another text: the first one's rows are kept
+    later = prompt_cache(config, str(store))
+    assert len(later.disk) == 1
+    assert LocalTarget(target, later).start(prompt, CONTEXT, SamplingConfig())[1] == len(prompt) - 1
+    monkeypatch.setattr(kernel_build, "numerics_digest", lambda: "0" * 64)
+    changed = prompt_cache(config, str(store))
+    assert not changed.disk
+    assert LocalTarget(target, changed).start(prompt, CONTEXT, SamplingConfig())[1] == 0
 
 
 def test_a_short_text_is_not_kept_and_the_bound_holds(int4_pair):
