@@ -124,8 +124,16 @@ class Transformer:
                 layer_kernel.run(rec, x, positions, at, self.scale, a.norm_eps, scales)
                 if not a.experts_at(i):
                     return x
-        if rec is None:
-            yield from self.mixers(i, w, x, positions, at, plan)
+        if rec is None:  # (else the kernel ran the layer's mixer, its attention)
+            if at.rec is not None:  # both mixers on the layer's one normed input, their outputs added (Falcon-H1)
+                h = self.pre(x, w.attn_norm, kernels.rmsnorm)
+                h = x.clone() if h is x else h  # (no pre-norm: the mixer adds to x before attention reads it)
+                self.mixer(x, w, at.rec, kernels.rmsnorm, h)
+                yield from self.attention_fused(i, w, x, positions, at, plan, h)
+            elif a.recurrent(i):
+                self.mixer(x, w, at, kernels.rmsnorm)
+            elif a.mixes(i):
+                yield from self.attention_fused(i, w, x, positions, at, plan)
         if not a.has_ffn(i):
             return x
         h = self.pre(x, w.ffn_norm, kernels.rmsnorm)
@@ -141,20 +149,6 @@ class Transformer:
         else:
             self.residual(x, w.down, self.act(w.gate_up.matmul(h)), w.ffn_post_norm, kernels.rmsnorm)
         return x if end is None else block_parts.finish(self, x, end, at.ple, kernels.rmsnorm)
-
-    def mixers(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan: ForwardPlan | None):
-        """Layer i's token mixers added to x in place, where the one-call kernel did not run them: attention, a
-        recurrent mixer, or both on the layer's one normed input (Falcon-H1). A generator, as `block_fused`."""
-        a = self.args
-        if at.rec is not None:  # both mixers on the layer's one normed input, their outputs added (Falcon-H1)
-            h = self.pre(x, w.attn_norm, kernels.rmsnorm)
-            h = x.clone() if h is x else h  # (a layer without a pre-norm: the mixer adds to x before attention reads)
-            self.mixer(x, w, at.rec, kernels.rmsnorm, h)
-            yield from self.attention_fused(i, w, x, positions, at, plan, h)
-        elif a.recurrent(i):
-            self.mixer(x, w, at, kernels.rmsnorm)
-        elif a.mixes(i):
-            yield from self.attention_fused(i, w, x, positions, at, plan)
 
     def attention_fused(self, i: int, w, x: torch.Tensor, positions: torch.Tensor, at: Place, plan, h=None):
         """The attention branch of `block_fused`, added to x in place (a generator: a plan may split it); `h`: its

@@ -12,7 +12,7 @@ the target's own. The draft proposes under the same mask, the trie's candidates 
 verification, and where it allows one run of tokens only, the draft plants it without a forward of its own.
 
 Torch-free at import (the scheduler filters the trie's candidates); `allowed` imports torch. A process that matches
-grammars holds a view of the vocabulary (19 MiB for Qwen's 152k tokens): a memory plan that expects grammars counts it
+grammars holds a view of the vocabulary (24 MiB for Qwen's 152k tokens): a memory plan that expects grammars counts it
 (`vocabulary_bytes`), once for the actors, which fork after the zygote made it (`PRELOAD`), and once more for a
 scheduler whose trie drafts alone.
 """
@@ -98,7 +98,7 @@ def _stop_ids(info) -> list[int]:
 
 def vocabulary(store_dir: str, rows: int) -> "llguidance.LLTokenizer":
     """llguidance's view of a weight store's vocabulary, `rows` the model's output rows: made once a process for
-    each vocabulary (a draft and its target share theirs), the first time a grammar arrives (19 MiB for Qwen's 152k
+    each vocabulary (a draft and its target share theirs), the first time a grammar arrives (24 MiB for Qwen's 152k
     tokens), or before the actors fork where a memory plan counts it (`PRELOAD`: then they share it)."""
     key = (_digest(store_dir), rows)
     if key not in _VOCABULARIES:
@@ -124,8 +124,8 @@ def _vocabulary(store_dir: str, rows: int) -> "llguidance.LLTokenizer":
     source = _SpmTokens(info, stops) if info.spm is not None else _ByteLevelTokens.of(info.tokenizer_json, stops, rows)
     # no slices (llguidance's precomputed token sets for common lexemes): 45 MiB less, masks ~25% slower
     made = llguidance.LLTokenizer(source or info.tokenizer_json, n_vocab=rows, eos_token=stops, slices=[])
-    if source is not None:
-        source.view, source.tokens = made, []
+    if isinstance(source, _ByteLevelTokens):
+        source.view, source.tokens = made, []  # it encodes with the view; its bytes were copied into it
     del info, source
     trim_heap()  # the tokenizer's JSON, read and parsed, left its heap behind
     return made
@@ -199,7 +199,7 @@ class _SpmTokens:
 class _ByteLevelTokens:
     """A byte-level BPE vocabulary (GPT-2's alphabet: Qwen, Llama 3, SmolLM) as llguidance's `TokenizerWrapper` reads
     one, its tokens' bytes read from the tokenizer's JSON with no `tokenizers` object behind them: a view of 152k
-    tokens in 19 MiB where one made from the JSON holds a whole tokenizer (61 MiB). Added tokens are special to it
+    tokens in 24 MiB where one made from the JSON holds a whole tokenizer (61-68 MiB). Added tokens are special to it
     (behind 0xFF), as they are to a view made from the JSON, so its masks are that view's, bit for bit. A text is
     encoded by the view's own longest-match tokenizer (the tokens a grammar forces, which the target verifies)."""
 
@@ -215,7 +215,7 @@ class _ByteLevelTokens:
         """The vocabulary of a byte-level BPE tokenizer's JSON, as many tokens as the model's `rows` at least (a view
         made from tokens is as long as they are; the rows past the tokenizer's, an HF Qwen's 271, are tokens of no
         bytes, as a view made from the JSON pads them); None for any other kind (its view is made from the JSON)."""
-        from text.bytetable import byte_alphabet
+        from text.bytetable import byte_level_bytes
 
         spec = json.loads(tokenizer_json)
         model, decoder = spec.get("model") or {}, spec.get("decoder") or {}
@@ -223,10 +223,9 @@ class _ByteLevelTokens:
             return None
         added = spec.get("added_tokens", [])
         tokens = [b""] * max(rows, max([*model["vocab"].values(), *(a["id"] for a in added)]) + 1)
-        to_byte = {ch: b for b, ch in byte_alphabet()}
         try:
             for piece, i in model["vocab"].items():
-                tokens[i] = bytes(to_byte[c] for c in piece)
+                tokens[i] = byte_level_bytes(piece)
         except KeyError:  # a token outside the byte alphabet: read from the JSON instead
             return None
         for a in added:

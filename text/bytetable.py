@@ -41,6 +41,9 @@ def byte_alphabet() -> list[tuple[int, str]]:
     return [(b, chr(c)) for b, c in zip(bs, cs)]
 
 
+_TO_BYTE = {ch: b for b, ch in byte_alphabet()}  # a byte-level BPE spelling's character -> its byte
+
+
 def fallback_byte(piece: str) -> int | None:
     """The byte a `<0xNN>` token stands for (what `decoders.ByteFallback` reads), else None."""
     if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
@@ -140,15 +143,19 @@ def _fallback_text(run: bytearray) -> str:
         return "\ufffd" * len(run)
 
 
+def byte_level_bytes(piece: str) -> bytes:
+    """A byte-level BPE token's bytes from its spelling in GPT-2's alphabet; KeyError for a character outside it."""
+    return bytes(_TO_BYTE[c] for c in piece)
+
+
 def _byte_level(tok: Tokenizer, added: dict, vocab: int) -> list[bytes] | None:
-    to_byte = {ch: b for b, ch in byte_alphabet()}
     pieces = []
     for i in range(vocab):
         if i in added:  # added tokens decode to their text as it is
             pieces.append(added[i]["content"].encode())
             continue
         try:
-            pieces.append(bytes(to_byte[c] for c in tok.id_to_token(i) or ""))
+            pieces.append(byte_level_bytes(tok.id_to_token(i) or ""))
         except KeyError:  # a token outside the byte alphabet: this table cannot stand in
             return None
     return pieces
