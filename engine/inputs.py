@@ -43,6 +43,16 @@ class Inputs:
             raise got
         return got or encode_prompt(self.tokenizer, prompt, self.chat, self.context)
 
+    def hold_tokenizer(self, encodes_more: bool) -> None:
+        """The tokenizer as the run's process holds it from now on, before its plan measures that process: a run
+        whose prompts are all encoded decodes from a table of the tokens' bytes and gives its encoder's pages to the
+        target; a door that keeps encoding (serve, chat, cadence.LLM) keeps an encoder a fifth the size of
+        `tokenizers`' (text/bytebpe.py) where the vocabulary is one it reads."""
+        if encodes_more:
+            self.tokenizer.compact_encoder()
+        else:
+            self.tokenizer.release_encoder()
+
 
 def read_inputs(cfg: RunConfig, machine, prompts: list[Prompt] | None = None) -> Inputs:
     """The target's store and tokenizer, and `prompts` (if known) encoded; a bad profile or a draft that cannot

@@ -48,10 +48,7 @@ class Runner:
         # the target converted once, with progress bars, before any actor; the prompts encoded
         self.inputs = read_inputs(cfg, machine, prompts)
         self.tokenizer = self.inputs.tokenizer
-        if cfg.memory_budget and prompts:
-            # every prompt is encoded: decode from a table of token bytes and give the tokenizer's pages
-            # (~45 MiB) to the target, before the plan measures this process
-            self.tokenizer.release_encoder()
+        self.inputs.hold_tokenizer(encodes_more=not (cfg.memory_budget and prompts))
         self.plan: RunPlan = decide(cfg, machine, self.inputs.lengths())
         self.inputs.context = self.plan.context
         for line in self.plan.notes:

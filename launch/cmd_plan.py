@@ -91,8 +91,7 @@ def cmd_plan(args) -> int:
     cfg = door_config(args)
     machine = ThisMachine(print)
     inputs = read_inputs(cfg, machine, prompts)  # the tokenizer is held as a run's scheduler holds it
-    if args.door == "run" and cfg.memory_budget:  # as a run does once its prompts are encoded; an LLM, a chat and a
-        inputs.tokenizer.release_encoder()  # server keep their encoder for what comes (~45 MiB for a 152k vocabulary)
+    inputs.hold_tokenizer(encodes_more=not (args.door == "run" and cfg.memory_budget))  # as that door's run holds it
     failed = None
     try:
         run = decide(cfg, machine, inputs.lengths())  # as a run decides: the `auto` draft, the width, the plan
@@ -130,7 +129,8 @@ def _served(args, prompts: list[Prompt], run: RunPlan) -> None:
     cfg = door_config(argparse.Namespace(**{**vars(args), "door": "serve"}))
     machine = ThisMachine(lambda line: None)  # its own process's memory, measured again
     try:
-        held = read_inputs(cfg, machine, prompts)  # the tokenizer with its encoder, as a server keeps it
+        held = read_inputs(cfg, machine, prompts)
+        held.hold_tokenizer(encodes_more=True)  # as a server keeps it
         other = decide(cfg, machine, held.lengths())
     except CadenceError as e:  # the budget refused, or a prompt longer than a slot holds
         print(f"  `launch serve` with these options (room for sampled requests and grammars): {e}")

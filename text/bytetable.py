@@ -82,9 +82,10 @@ class ByteTable:
         self.strip = strip
 
     @classmethod
-    def of(cls, tok: Tokenizer, tokenizer_json: str, vocab: int) -> "ByteTable | None":
-        """The table of a byte-level BPE or SentencePiece BPE tokenizer; None for any other (it keeps its tokenizer)."""
-        spec = json.loads(tokenizer_json)
+    def of(cls, tok: Tokenizer, tokenizer_json: str | dict, vocab: int) -> "ByteTable | None":
+        """The table of a byte-level BPE or SentencePiece BPE tokenizer (its JSON, or that parsed); None for any other
+        (it keeps its tokenizer)."""
+        spec = json.loads(tokenizer_json) if isinstance(tokenizer_json, str) else tokenizer_json
         if spec["model"].get("type") != "BPE":
             return None
         decoder = spec.get("decoder") or {}

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
@@ -30,6 +31,9 @@ from text.tokenizer_bpe import GGUF_PRE_TOKENIZERS, tokenizer_from_gguf_fields  
 from common.files import read_bytes, read_text
 from text.spm import CONTROL, FILE as SPM_FILE, UNKNOWN, SpmEncoder, SpmVocab, encoder
 from text.textcheck import TooLong, check_strings, checked_text, token_bound
+
+if TYPE_CHECKING:
+    from text.bytebpe import ByteBpe
 
 # End-of-turn tokens by name: ChatML's (Qwen, SmolLM, Phi-4), Llama 3's (and its tool call's end), Granite's and
 # OLMo 2's end of text, Gemma's, Phi-3's and Phi-4-mini's, Gemma 4's (and the tool response it waits for after a
@@ -88,6 +92,7 @@ class TextTokenizer:
         self.info = info
         self.tok: Tokenizer | None = None
         self.spm: SpmEncoder | None = None  # a SentencePiece vocabulary's encoder, which decodes from `table`
+        self.bpe: ByteBpe | None = None  # a byte-level BPE vocabulary's encoder (in `tok`'s place), `table` decodes
         self.table: ByteTable | None = None
         if info.spm is not None:
             self.spm, kinds = encoder(info.spm), info.spm.types
@@ -112,28 +117,50 @@ class TextTokenizer:
         self._bound: tuple[int, int] | None = None  # (longest token's bytes, the normalizer's shrink): see min_tokens
         trim_heap()  # parsing the JSON left ~90 MiB of freed heap behind
 
+    def compact_encoder(self) -> bool:
+        """Where the vocabulary is byte-level BPE that text/bytebpe.py reads (Qwen's, Llama 3's, SmolLM's...), encode
+        with it (the same ids from 2.4 MiB of merges for Qwen's 152k tokens) and decode from a table of the tokens'
+        bytes: the `tokenizers` object (~46 MiB) and the JSON text (~9 MiB) go. What a process that keeps encoding
+        does (`launch serve`, chat, cadence.LLM: under a budget its pages are the target's); a run whose prompts are
+        all encoded lets the encoder go instead (`release_encoder`). False where the tokenizer stays as it is."""
+        if self.tok is None:
+            return self.bpe is not None
+        from text.bytebpe import ByteBpe  # numpy and regex: only in a process that keeps encoding
+
+        spec = json.loads(self.info.tokenizer_json)
+        bpe = ByteBpe.of(spec)
+        table = ByteTable.of(self.tok, spec, self.vocab_size) if bpe is not None else None
+        if table is None:
+            return False
+        self._bound = token_bound(self.tok)
+        self.tok, self.bpe, self.table, self.info = None, bpe, table, replace(self.info, tokenizer_json="")
+        del spec
+        trim_heap()
+        return True
+
     def token_id(self, token: str) -> int | None:
         """The id of a token (the first, where the vocabulary spells two alike), None where it is none."""
         if self.spm is not None:
             return self.spm.token_id(token)
         if self.tok is None:
-            raise CadenceError(_RELEASED)
+            raise CadenceError(_RELEASED if self.bpe is None else f"{token!r} cannot be looked up by name here")
         return self.tok.token_to_id(token)
 
     def release_encoder(self) -> bool:
-        """Drop the `tokenizers` object (~45 MiB for a 152k vocabulary) or the SentencePiece encoder (~35 MiB for
-        Gemma's 262k) and decode from a table of each token's bytes (a few MiB) instead. A run whose prompts are
+        """Drop the encoder (a byte-level BPE's merges, 2-3 MiB; the SentencePiece encoder, ~35 MiB for Gemma's 262k;
+        a `tokenizers` object, for a vocabulary neither reads) and decode from a table of each token's bytes (a few MiB) instead. A run whose prompts are
         all encoded already (`launch run`, `launch bench` under a memory budget) gives those pages to the target.
         Byte-level and SentencePiece BPE decode this way (text/bytetable.py); anything else keeps its
         tokenizer (returns False). `encode` then refuses."""
-        if self.tok is None and self.spm is None:
+        if self.tok is None and self.spm is None and self.bpe is None:
             return True
         table = (
             self.table if self.table is not None else ByteTable.of(self.tok, self.info.tokenizer_json, self.vocab_size)
         )
         if table is None:
             return False
-        self.tok, self.spm, self.table, self.info = (
+        self.tok, self.spm, self.bpe, self.table, self.info = (
+            None,
             None,
             None,
             table,
@@ -156,14 +183,19 @@ class TextTokenizer:
           length in O(1) (and from its UTF-8 bytes, which the check above computes anyway): a 50 MB string is
           refused at once, and never a text that would fit. What passes the bound is counted exactly.
         """
-        if self.tok is None and self.spm is None:
+        if self.tok is None and self.spm is None and self.bpe is None:
             raise CadenceError(_RELEASED)
         if limit is not None:  # O(1): a str's length in characters is a lower bound of its bytes
             self.check_length(len(text), limit, name, ascii=isinstance(text, str) and text.isascii())
         text, n_bytes = checked_text(text, name)
         if limit is not None and n_bytes > len(text):
             self.check_length(n_bytes, limit, name)
-        ids = self.spm.encode(text) if self.spm is not None else self.tok.encode(text, add_special_tokens=False).ids
+        if self.spm is not None:
+            ids = self.spm.encode(text)
+        elif self.bpe is not None:
+            ids = self.bpe.encode(text)
+        else:
+            ids = self.tok.encode(text, add_special_tokens=False).ids
         if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
             # a chat template that writes `{{ bos_token }}` (Gemma's, Llama 3's) has given the text its BOS already
             ids = [self.bos_id] + ids

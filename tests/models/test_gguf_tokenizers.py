@@ -66,10 +66,12 @@ SPM_MODELS = {
 
 
 def ids_of(ours: TextTokenizer, texts: list[str]) -> list[list[int]]:
-    """The ids of each text, no BOS, as `ours` encodes them (its SentencePiece encoder, or its `tokenizers`
-    object, which encodes a batch on all cores)."""
+    """The ids of each text, no BOS, as `ours` encodes them (its SentencePiece or byte-level BPE encoder, or its
+    `tokenizers` object, which encodes a batch on all cores)."""
     if ours.spm is not None:
         return [ours.spm.encode(t) for t in texts]
+    if ours.bpe is not None:
+        return [ours.bpe.encode(t) for t in texts]
     return [e.ids for e in ours.tok.encode_batch(texts, add_special_tokens=False)]
 
 
@@ -383,6 +385,9 @@ def test_byte_level_ids_are_the_familys(family):
     assert [t for t in CORPUS if ours.decode(ours.encode(t)) != (unicodedata.normalize("NFC", t) if nfc else t)] == []
     for special in [*FAMILIES[pre][3], "<think>"]:
         assert ours.encode(f"a{special}b")[1:-1] == [hf.convert_tokens_to_ids(special)]
+    served = TextTokenizer(ours.info)  # what a server keeps: text/bytebpe.py in the `tokenizers` object's place
+    assert served.compact_encoder() and served.tok is None
+    assert _mismatches(served, lambda b: hf(b, add_special_tokens=False)["input_ids"], CORPUS) == []
 
 
 def test_an_unknown_tokenizer_is_one_sentence_naming_the_file(tmp_path):
