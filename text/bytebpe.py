@@ -12,12 +12,14 @@ training made them).
 It reads the pipelines of the byte-level vocabularies models ship (Qwen, Llama 3, SmolLM, GPT-2 and their
 kin) and returns None from `of` for anything else, which then keeps its `tokenizers` object:
 - normalizer: none, or NFC;
-- pre-tokenizer: `Split` by a regex or a string (isolated, not inverted), `Digits`, `ByteLevel` (GPT-2's
-  split or none, no prefix space), alone or in a `Sequence`;
-- model: BPE without dropout, unknown token, word prefix or suffix, or byte fallback; with `ignore_merges`
-  (Llama 3) a piece that is a token is that token;
+- pre-tokenizer: `Split` by a regex or a string (isolated, not inverted) and `Digits`, then `ByteLevel` last
+  (GPT-2's split or none, no prefix space), alone or in a `Sequence`;
+- model: BPE without dropout, unknown token, word prefix or suffix, or byte fallback, its merges in the order
+  training made them (a merge after those that make its parts; a pair listed twice merges at its last rank); with
+  `ignore_merges` (Llama 3) a piece that is a token is that token;
 - added tokens, found in the raw text (or the normalized text, for a normalized one), the longest at the
-  leftmost place first, none stripping spaces or matching single words only.
+  leftmost place first, none stripping spaces or matching single words only, none a model token of another id;
+- no truncation or padding.
 `tests/models/test_bytebpe.py` checks the ids against `tokenizers` on real vocabularies and on random text.
 """
 
@@ -61,8 +63,8 @@ def _splits(spec: dict | None) -> list[regex.Pattern] | None:
                 return None
         else:
             return None
-    if not any(s.get("type") == "ByteLevel" for s in steps):
-        return None  # a BPE that is not byte-level
+    if steps[-1].get("type") != "ByteLevel" or sum(s.get("type") == "ByteLevel" for s in steps) != 1:
+        return None  # not byte-level, or a step after it (which would read the byte-level characters, not the text)
     return out
 
 
@@ -100,9 +102,17 @@ class ByteBpe:
         made = np.fromiter((vocab[a + b] for a, b in merges), np.int64, len(merges))
         order = np.argsort(keys, kind="stable")
         keys = keys[order]
-        first = np.ones(len(keys), bool)  # a pair listed twice merges at its first rank
-        first[1:] = keys[1:] != keys[:-1]
-        self.keys, self.ranks, self.made = keys[first], order[first].astype(np.int64), made[order][first]
+        last = np.ones(len(keys), bool)  # a pair listed twice merges at its last rank, as `tokenizers`' map keeps it
+        last[:-1] = keys[1:] != keys[:-1]
+        self.keys, self.ranks, self.made = keys[last], order[last].astype(np.int64), made[order][last]
+        # merges in the order training made them: a merge ranks after every merge that makes one of its parts. Then
+        # a pair that a merge forms never outranks it, and merging a rank's every occurrence in a round is what
+        # `tokenizers`' queue does (a file where this does not hold keeps `tokenizers`)
+        newest = np.full(self.rows, -1, np.int64)
+        np.maximum.at(newest, self.made, self.ranks)
+        parts = self.keys // self.rows, self.keys % self.rows
+        if not all((newest[p] < self.ranks).all() for p in parts):
+            raise ValueError("merges out of training order")
         self.whole = None  # ignore_merges: (hashes of the tokens' bytes, sorted; their ids)
         if model.get("ignore_merges"):
             to_byte = {ch: b for b, ch in byte_alphabet()}
@@ -125,16 +135,19 @@ class ByteBpe:
             return None
         if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
             return None
-        if norm is not None and norm.get("type") != "NFC":
+        if norm is not None and norm.get("type") != "NFC" or spec.get("truncation") or spec.get("padding"):
             return None
         if any(a.get(k) for a in spec.get("added_tokens") or [] for k in ("lstrip", "rstrip", "single_word")):
             return None
         splits = _splits(spec.get("pre_tokenizer"))
         if splits is None:
             return None
+        vocab = model.get("vocab") or {}
+        if any(vocab.get(a["content"], a["id"]) != a["id"] for a in spec.get("added_tokens") or []):
+            return None  # an added token that is also a token of the model's under another id
         try:
             return cls(spec, splits)
-        except KeyError:  # a merge whose parts or product are not tokens
+        except (KeyError, ValueError):  # a merge whose parts or product are not tokens, or out of training order
             return None
 
     def _normal(self, text: str) -> str:

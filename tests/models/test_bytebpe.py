@@ -151,3 +151,36 @@ def test_a_tokenizer_it_does_not_read_stays_as_it_is():
     js["normalizer"] = {"type": "Lowercase"}
     t = TextTokenizer(TokenizerInfo(json.dumps(js), None, []))
     assert not t.compact_encoder() and t.tok is not None and t.encode("ABC") == [97, 256]
+
+
+def _spec(merges, pre=None, **top) -> dict:
+    """A tokenizer.json of the byte alphabet and `merges`' products (each a new id, in order)."""
+    from text.bytetable import byte_alphabet
+
+    vocab = {ch: i for i, (_, ch) in enumerate(sorted(byte_alphabet()))}
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None}
+    model |= {"end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False}
+    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None}
+    spec |= {"pre_tokenizer": pre or byte_level, "post_processor": None, "decoder": None}
+    return spec | {"model": model | {"vocab": vocab, "merges": [list(m) for m in merges]}} | top
+
+
+def test_a_pair_listed_twice_merges_at_its_last_rank_and_merges_out_of_order_keep_tokenizers():
+    """Found in review: `tokenizers` keeps a pair's last rank; a merge that ranks before the merge making one of
+    its parts (a file converted from tiktoken may have one) is merged by its queue at once, which rounds of one
+    rank cannot follow: that file keeps `tokenizers`. A step after `ByteLevel`, truncation and an added token
+    that is a model token of another id are not read either."""
+    twice = _spec([("a", "b"), ("b", "c"), ("x", "y"), ("a", "b")])
+    assert ByteBpe.of(twice).encode("abc") == Tokenizer.from_str(json.dumps(twice)).encode("abc").ids
+    assert ByteBpe.of(_spec([("x", "y"), ("ab", "a"), ("a", "b")])) is None
+    split = {"type": "Split", "pattern": {"String": " "}, "behavior": "Isolated", "invert": False}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+    assert ByteBpe.of(_spec([("a", "Ġ")], {"type": "Sequence", "pretokenizers": [byte_level, split]})) is None
+    assert ByteBpe.of(_spec([("a", "b")], {"type": "Sequence", "pretokenizers": [split, byte_level]})) is not None
+    truncated = {"max_length": 2, "stride": 0, "strategy": "LongestFirst", "direction": "Right"}
+    assert ByteBpe.of(_spec([("a", "b")], truncation=truncated)) is None
+    other = {"id": 999, "content": "ab", "single_word": False, "lstrip": False, "rstrip": False}
+    assert ByteBpe.of(_spec([("a", "b")], added_tokens=[other | {"normalized": False, "special": True}])) is None
