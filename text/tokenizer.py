@@ -147,9 +147,10 @@ class TextTokenizer:
         return self.tok.token_to_id(token)
 
     def release_encoder(self) -> bool:
-        """Drop the encoder (a byte-level BPE's merges, 2-3 MiB; the SentencePiece encoder, ~35 MiB for Gemma's 262k;
-        a `tokenizers` object, for a vocabulary neither reads) and decode from a table of each token's bytes (a few MiB) instead. A run whose prompts are
-        all encoded already (`launch run`, `launch bench` under a memory budget) gives those pages to the target.
+        """Drop the encoder (a `tokenizers` object, ~46 MiB for a 152k vocabulary; a compacted byte-level BPE's merges,
+        2-3 MiB; the SentencePiece encoder, ~35 MiB for Gemma's 262k) and decode from a table of each token's bytes (a
+        few MiB) instead. A run whose prompts are all encoded already (`launch run`, `launch bench` under a memory
+        budget) gives those pages to the target.
         Byte-level and SentencePiece BPE decode this way (text/bytetable.py); anything else keeps its
         tokenizer (returns False). `encode` then refuses."""
         if self.tok is None and self.spm is None and self.bpe is None:
