@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from common.calibration import busy_reason, cached, child_json, keep, machine_load
+from engine.acceptance import TOKENS_PER_VERIFICATION
 from models.kernel_build import cpu_flags, cpu_model, sources_digest  # no torch
 from formats.store import WeightStore
 from speculative.arca import interpolate
@@ -202,9 +203,6 @@ def _layer(w, x, h, a) -> None:
     w.down.matmul(h)
 
 
-TOKENS_PER_VERIFICATION = 2.5  # what a draft of the same family gives, at the least, on varied text (BENCHMARKS.md)
-
-
 def draft_pays(
     costs_: Costs,
     target: WeightStore,
@@ -213,14 +211,16 @@ def draft_pays(
     read_without: int,
     width: int,
     tokens_per_verification: float = TOKENS_PER_VERIFICATION,
+    tokens_without: float = 1.0,
 ) -> bool:
     """Whether the draft, which leaves `read_with` bytes to read per target forward where the target alone
     reads `read_without`, should give more tokens per second: a verification of `width` draft tokens (and a
-    draft forward per level of the tree) against a plain step, at `tokens_per_verification`."""
+    draft forward per level of the tree) writing `tokens_per_verification`, against a forward of the target
+    alone writing `tokens_without` (the trie's guesses: engine/acceptance.py, where measured here)."""
     n, depth = target.args.n_layers, max(1, width // 2)
     plain = costs_.forward_s(n, 1, read_without)
     tree = costs_.forward_s(n, width + 1, read_with) + depth * costs_.draft_step_s(draft)
-    return tree / tokens_per_verification < plain
+    return tree / tokens_per_verification < plain / tokens_without
 
 
 def repeated(target: WeightStore, draft: WeightStore | None) -> dict:

@@ -235,6 +235,7 @@ def _settle_draft(c: _Choice, machine, notes: list[str]) -> _Choice:
     else tree mode runs with the n-gram trie alone, whose plan is the target's alone, and says so in one line."""
     if not c.picked or c.target.args.moe:
         return c  # a mixture of experts: its expert buffer, not its layers, is what the draft's memory takes
+    from engine.acceptance import expected
     from engine.costs import draft_pays
     from scheduler.generation.memplan import plan_memory
 
@@ -256,12 +257,15 @@ def _settle_draft(c: _Choice, machine, notes: list[str]) -> _Choice:
     if costs is None:
         return c
     _priced(costs, notes)
-    if draft_pays(costs, c.target, c.draft, with_draft.read_per_forward, without.read_per_forward, c.cfg.tree.width):
+    gives, alone_gives, said = expected(c.target.dir, c.draft.dir, draft_rows(c.cfg, c.draft))
+    notes.append(said)
+    reads = with_draft.read_per_forward, without.read_per_forward
+    if draft_pays(costs, c.target, c.draft, *reads, c.cfg.tree.width, gives, alone_gives):
         return c
     notes.append(
         f"draft: none (under {with_draft.budget / 2**30:.2f} GiB the draft {c.cfg.draft} would push "
-        f"{(with_draft.read_per_forward - without.read_per_forward) / 2**20:.0f} MiB more of the target to disk "
-        "every forward than it saves here; --draft NAME keeps it)"
+        f"{(reads[0] - reads[1]) / 2**20:.0f} MiB more of the target to disk every forward than its "
+        f"{gives:.2f} tokens a verification save here; --draft NAME keeps it)"
     )
     return dataclasses.replace(c, cfg=alone, draft=None, picked=False, lean=False, budget=budget)
 

@@ -22,11 +22,12 @@ from typing import Callable, Iterable, Iterator
 
 from common.errors import CadenceError
 from common.settings import SamplingConfig
+from engine import acceptance
 from engine.config import RunConfig
 from engine.decide import decide
 from engine.inputs import read_inputs
 from engine.machine import ThisMachine
-from engine.plan import Mode, RunPlan
+from engine.plan import DraftKind, Mode, RunPlan
 from engine.prompts import Prompt
 from engine.rows import Chunk, Completion, make_row, peak_rss_bytes
 from engine.sessions import open_session
@@ -54,6 +55,7 @@ class Runner:
         for line in self.plan.notes:
             say(line)
         self.session = open_session(self.plan)
+        self._measured = acceptance.Acceptance()  # what this run's trees gave (engine/acceptance.py)
         self._open = True
         if self.plan.parallel > 1:  # a generation may take more than a slot's share of the KV pool
             self.inputs.context = self.batch().most_context()
@@ -78,6 +80,7 @@ class Runner:
         try:
             self.session.close()  # the loader's figures stay with the streamer
             self._refresh_costs()
+            acceptance.record(acceptance.of_plan(self.plan), self._measured)
         finally:
             if self.session.sched is not None:
                 self.trace_path = self.session.sched.trace_path
@@ -223,10 +226,20 @@ class Runner:
             run = run.with_mode(mode)
         return run.for_generation(max_new_tokens, sampling)
 
+    def _learn(self, gen) -> None:
+        """A tree generation's figures added to the run's; kept (engine/acceptance.py) as the run closes, and on a
+        long run (a server's) every FLUSH forwards."""
+        self._measured = self._measured.add(gen.stats, len(gen.new_ids) - 1)  # the first token: the prompt's
+        if self._measured.forwards >= acceptance.FLUSH:
+            acceptance.record(acceptance.of_plan(self.plan), self._measured)
+            self._measured = acceptance.Acceptance()
+
     def _completion(self, prompt: Prompt, run: RunPlan, chat: bool, gen, text: str) -> Completion:
         stop = self.tokenizer.stop_ids
         finish = "stop" if gen.new_ids and gen.new_ids[-1] in stop else "length"
         d = run.draft if run.speculative else None
+        if run.mode is Mode.TREE and d.kind is not DraftKind.FLASH:
+            self._learn(gen)
         row = make_row(
             id=prompt.id,
             kind=prompt.kind,

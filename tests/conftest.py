@@ -17,6 +17,9 @@ REPO = Path(__file__).resolve().parent.parent
 DEV_PROMPTS = DEFAULT_PROMPTS  # the shared folder's copy beside the checkout, else the package's
 
 torch.set_num_threads(os.cpu_count() or 1)
+# plans from the rule of thumb, not from what the suite's earlier runs measured (engine/acceptance.py): a test's plan
+# must not depend on the tests before it; tests/scheduler/test_acceptance.py turns it on
+os.environ.setdefault("CADENCE_LEARN", "0")
 
 
 def dev_prompts() -> list[dict]:

@@ -61,6 +61,8 @@ def test_the_draft_pays_unless_it_pushes_too_much_of_the_target_to_disk(tmp_path
     assert not draft_pays(c, target, draft, 450 * MiB, 150 * MiB, width=8)
     # the same reads with a draft that accepts more (measured elsewhere) pay again
     assert draft_pays(c, target, draft, 450 * MiB, 150 * MiB, width=8, tokens_per_verification=4.0)
+    # ... unless the trie alone writes nearly as many a forward (a workload that copies its prompt: measured here)
+    assert not draft_pays(c, target, draft, 450 * MiB, 150 * MiB, 8, tokens_per_verification=4.0, tokens_without=2.0)
 
 
 def test_costs_are_measured_once_in_a_child_and_then_read_from_the_cache(tmp_path, monkeypatch):

@@ -1,0 +1,138 @@
+"""engine/acceptance.py: what this machine's tree runs measured each draft to give, kept across runs, and the plan
+under a budget priced with it (issue 56 item 4: choices from what is measured, not from a rule a measurement
+contradicts). The suite plans without these records (tests/conftest.py: CADENCE_LEARN=0); these tests turn them on."""
+
+from __future__ import annotations
+
+import pytest
+
+from common import paths
+from engine import acceptance
+from engine.acceptance import KEEP, MIN_VERIFICATIONS, TOKENS_PER_VERIFICATION, Acceptance
+
+PAIR = ("/stores/target", "/stores/draft", 0)
+
+
+@pytest.fixture
+def learning(tmp_path, monkeypatch):
+    monkeypatch.setenv("CADENCE_LEARN", "1")
+    monkeypatch.setenv("CADENCE_HOME", str(tmp_path / "home"))
+
+
+def test_a_runs_figures_add_to_what_was_kept_and_the_older_weigh_less(learning):
+    k = acceptance.key(*PAIR)
+    assert acceptance.read(k) == Acceptance()  # nothing kept yet
+    run = Acceptance().add({"verifications": 40, "accepted": 60, "plain_steps": 10}, 100)
+    assert (run.verifications, run.accepted, run.forwards, run.tokens) == (40, 60, 50, 100)
+    kept = acceptance.record(k, run)
+    assert acceptance.read(k) == kept and kept.runs == 1 and kept.updated
+    assert not kept.speaks  # 40 verifications: too few to speak for the pair
+    assert acceptance.expected(*PAIR)[0] == TOKENS_PER_VERIFICATION
+    kept = acceptance.record(k, run)
+    assert kept.speaks and kept.verifications == 80 >= MIN_VERIFICATIONS and kept.runs == 2
+    assert kept.per_verification() == 1 + 60 / 40 and kept.per_forward() == 100 / 50
+    gives, alone, said = acceptance.expected(*PAIR)
+    assert gives == 2.5 and alone == 1.0  # the trie alone measured nothing: a forward writes one token
+    assert said.startswith("acceptance: the draft 2.50 tokens a verification, measured over 80 verifications of 2")
+    # a long history: its worth held at KEEP verifications, a new run's figures weighing as much as they measure
+    big = Acceptance(10 * KEEP, 10 * KEEP, 10 * KEEP, 20 * KEEP)
+    acceptance.record(k, big)
+    weak = acceptance.record(k, Acceptance(KEEP, 0, KEEP, KEEP))
+    assert weak.forwards == pytest.approx(KEEP) and weak.verifications == pytest.approx(KEEP, rel=1e-3)
+    assert 1.4 < weak.per_verification() < 1.6  # half the worth is the weak run's: 1 + (1 + 0) / 2
+
+
+def test_the_trie_alone_and_each_draft_are_pairs_of_their_own(learning):
+    acceptance.record(acceptance.key("/t", None, 0), Acceptance(0, 0, 200, 300))  # plain steps and trie guesses
+    acceptance.record(acceptance.key("/t", "/d-int4", 32768), Acceptance(100, 400, 100, 500))
+    assert acceptance.expected("/t", "/d-int4", 32768)[:2] == (5.0, 1.5)
+    assert acceptance.expected("/t", "/d-int2", 32768)[:2] == (TOKENS_PER_VERIFICATION, 1.5)  # int2: not measured
+    assert acceptance.expected("/t", "/d-int4", 0)[0] == TOKENS_PER_VERIFICATION  # another head: another pair
+
+
+def test_without_learning_nothing_is_kept_or_read(learning, monkeypatch):
+    k = acceptance.key(*PAIR)
+    acceptance.record(k, Acceptance(100, 100, 100, 200))
+    monkeypatch.setenv("CADENCE_LEARN", "0")
+    assert acceptance.read(k) == Acceptance()
+    acceptance.record(k, Acceptance(100, 0, 100, 100))
+    monkeypatch.setenv("CADENCE_LEARN", "1")
+    assert acceptance.read(k).runs == 1  # the second run kept nothing
+
+
+def test_a_record_that_cannot_be_read_is_none(learning):
+    k = acceptance.key(*PAIR)
+    acceptance.record(k, Acceptance(100, 100, 100, 200))
+    path = paths.home() / "calibration" / f"accept-{k}.json"
+    for damaged in ('{"verifications": 100, "accepted"', '{"verifications": "many"}', '{"tokens_per_s": 3}', "[]"):
+        path.write_text(damaged)
+        assert acceptance.read(k) == Acceptance(), damaged
+    assert acceptance.record(k, Acceptance(100, 100, 100, 200)).runs == 1  # written afresh
+
+
+@pytest.fixture
+def kept_apart(tmp_path, monkeypatch):
+    """Records in a folder of their own, the models and costs in the session's home."""
+    monkeypatch.setenv("CADENCE_LEARN", "1")
+    monkeypatch.setattr(acceptance, "_path", lambda k: tmp_path / f"accept-{k}.json")
+
+
+@pytest.mark.real
+def test_a_real_tree_run_keeps_what_it_measured(kept_apart):
+    """The default pair, resident, two prompts: the record of the pair is the sum of the generations' figures."""
+    from engine.config import RunConfig
+    from engine.prompts import Prompt
+    from engine.runner import Runner
+    from tests.conftest import dev_prompts
+
+    prompts = [Prompt(p["id"], p["kind"], p["prompt"]) for p in dev_prompts() if p["id"] in ("fib", "explain")]
+    cfg = RunConfig.from_options(runtime="inproc", mode="tree", max_new_tokens=24, chat="off", no_trace=True)
+    with Runner(cfg) as runner:
+        done = [runner.run(p) for p in prompts]
+        k = acceptance.of_plan(runner.plan)
+        assert acceptance.read(k) == Acceptance()  # kept as the run closes
+    kept = acceptance.read(k)
+    assert k == acceptance.key(runner.plan.target.dir, runner.plan.draft.store.dir, runner.plan.draft.head_rows)
+    assert kept.runs == 1 and kept.verifications == sum(c.stats["verifications"] for c in done) > 0
+    assert kept.accepted == sum(c.stats["accepted"] for c in done) > 0
+    steps = sum(c.stats["verifications"] + c.stats["plain_steps"] for c in done)
+    assert kept.forwards == steps and kept.tokens == sum(len(c.token_ids) - 1 for c in done)
+
+
+@pytest.fixture
+def home_records(tmp_path, monkeypatch):
+    """`launch plan` in a process of its own reads the session home's records: those there set aside meanwhile."""
+    monkeypatch.setenv("CADENCE_LEARN", "1")
+    home = paths.home() / "calibration"
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for f in home.glob("accept-*.json"):
+        f.rename(aside / f.name)
+    yield
+    for f in home.glob("accept-*.json"):
+        f.unlink()
+    for f in aside.iterdir():
+        f.rename(home / f.name)
+
+
+@pytest.mark.real
+def test_a_budgeted_plan_prices_the_draft_with_what_runs_measured(home_records):
+    """At 768 MiB `launch plan` keeps the default pair's int4 draft on the rule of thumb (2.5 tokens a
+    verification); where this machine's runs measured it to give 1.2, the same command plans the trie alone and
+    says why in figures."""
+    from engine.machine import ThisMachine
+    from engine.memory import DRAFT_VOCAB
+    from tests.launch.conftest import launch
+
+    plan = ["plan", "--memory-budget", "768MiB", "--max-new-tokens", "64"]
+    first = launch(*plan, home=paths.home(), check=True).stdout
+    assert "draft qwen2.5-coder-0.5b int4;" in first, first
+    assert "acceptance: the draft 2.5 tokens a verification (assumed" in first, first
+    machine = ThisMachine(lambda s: None)
+    target, draft = (machine.store(name, "int4").dir for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"))
+    acceptance.record(acceptance.key(target, draft, DRAFT_VOCAB), Acceptance(200, 40, 200, 240))
+    second = launch(*plan, home=paths.home(), check=True).stdout
+    assert "no draft model" in second, second
+    (line,) = [n for n in second.splitlines() if n.startswith("draft: none")]
+    assert "than its 1.20 tokens a verification save here" in line, line
+    assert "the draft 1.20 tokens a verification, measured over 200 verifications of 1 run here" in second
