@@ -7,6 +7,7 @@ same rows as `launch run --json`, each with its `mode`; other measurements go to
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -97,6 +98,9 @@ def baselines(arg: str) -> tuple[str, ...]:
 
 
 def cmd_bench(args) -> int:
+    # each mode's plan from the rule of thumb, not from what the modes run before it measured (engine/acceptance.py);
+    # CADENCE_LEARN=1 in the environment measures the plans this machine's history makes
+    os.environ.setdefault("CADENCE_LEARN", "0")
     if args.json_out:
         check_output(args.json_out, "--json")
     prompts = load_prompts(args.prompts)

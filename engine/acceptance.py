@@ -8,7 +8,7 @@ verifications weighing less as newer ones come (KEEP).
 measured over MIN_VERIFICATIONS or more, in place of the rule of thumb (TOKENS_PER_VERIFICATION) that a weak draft
 (BENCHMARKS.md: the int2 draft accepts a third of what int4 does) or a repetitive workload contradicts.
 `CADENCE_LEARN=0` in the environment: plans from the rule of thumb, and nothing kept (plans that do not depend on
-the runs before them: the test suite's, a benchmark's)."""
+the runs before them: the test suite's; `launch bench`'s unless the environment says otherwise)."""
 
 from __future__ import annotations
 
@@ -22,17 +22,20 @@ from common import paths
 from common.calibration import keep
 
 TOKENS_PER_VERIFICATION = 2.5  # what a draft of the same family gives, at the least, on varied text (BENCHMARKS.md)
-MIN_VERIFICATIONS = 64  # a record speaks for a pair from this many verifications on
+MIN_VERIFICATIONS = 128  # a record speaks for a pair from this many verifications on (a few runs: not one odd one)
 KEEP = 4096  # target forwards' worth a record holds: past it, the older weigh less (the workload changes)
 FLUSH = 512  # a long run (a server's) adds its figures every this many target forwards, and as it closes
+FIELDS = ("verifications", "accepted", "forwards", "tokens", "drafted", "draft_forwards")
 
 
 @dataclass(frozen=True)
 class Acceptance:
     verifications: float = 0.0
-    accepted: float = 0.0  # draft tokens the target confirmed in them
+    accepted: float = 0.0  # draft tokens the target confirmed in them (a grammar's forced tokens left out)
     forwards: float = 0.0  # target forwards while generating (verifications and plain steps)
-    tokens: float = 0.0  # tokens written meanwhile
+    tokens: float = 0.0  # tokens written meanwhile (forced ones left out)
+    drafted: float = 0.0  # tree nodes the verifications checked
+    draft_forwards: float = 0.0  # draft forwards that grew them
     runs: int = 0
     updated: str = ""
 
@@ -42,38 +45,55 @@ class Acceptance:
 
     def per_verification(self) -> float:
         """Tokens a verification writes: the accepted draft tokens and the target's own next one."""
-        return 1 + self.accepted / max(self.verifications, 1)
+        return 1 + max(0.0, self.accepted) / max(self.verifications, 1)
 
     def per_forward(self) -> float:
-        """Tokens a target forward writes, plain steps counted."""
-        return self.tokens / max(self.forwards, 1)
+        """Tokens a target forward writes, plain steps counted (one at the least)."""
+        return max(1.0, self.tokens / max(self.forwards, 1))
+
+    def shape(self) -> tuple[float, float] | None:
+        """(rows a verification checked, the root's with its tree's; draft forwards it took), as measured; None
+        where no tree was counted."""
+        v = max(self.verifications, 1)
+        return (1 + self.drafted / v, max(0.0, self.draft_forwards) / v) if self.drafted > 0 else None
 
     def describe(self, what: str, forward: bool = False) -> str:
         """`what` gives so many tokens a verification (`forward`: a forward), measured over how many, when."""
-        n, figure = (
-            (f"{self.forwards:.0f} forwards", f"{self.per_forward():.2f} tokens a forward")
-            if forward
-            else (f"{self.verifications:.0f} verifications", f"{self.per_verification():.2f} tokens a verification")
-        )
-        return f"{what} {figure}, measured over {n} of {self.runs} run{'' if self.runs == 1 else 's'} here (last {self.updated})"
+        if forward:
+            n, figure = f"{self.forwards:.0f} forwards", f"{self.per_forward():.2f} tokens a forward"
+        else:
+            n, figure = (
+                f"{self.verifications:.0f} verifications",
+                f"{self.per_verification():.2f} tokens a verification",
+            )
+            if self.shape():
+                figure += " of {:.0f} rows after {:.1f} draft forwards".format(*self.shape())
+        runs = f"{self.runs} run{'' if self.runs == 1 else 's'}"
+        return f"{what} {figure}, measured over {n} of {runs} here (last {self.updated})"
 
     def plus(self, other: "Acceptance", runs: int = 0, updated: str = "") -> "Acceptance":
         """Both together, scaled down to KEEP forwards' worth where they hold more (the older weigh less)."""
         s = min(1.0, KEEP / max(self.forwards + other.forwards, 1))
-        return Acceptance(
-            (self.verifications + other.verifications) * s,
-            (self.accepted + other.accepted) * s,
-            (self.forwards + other.forwards) * s,
-            (self.tokens + other.tokens) * s,
-            self.runs + runs,
-            updated or self.updated,
-        )
+        summed = {f: (getattr(self, f) + getattr(other, f)) * s for f in FIELDS}
+        return Acceptance(**summed, runs=self.runs + runs, updated=updated or self.updated)
 
     def add(self, stats: dict, new_tokens: int) -> "Acceptance":
-        """This record with a generation's `stats` (common/settings.py SpecStats.as_dict) added."""
+        """This record with a generation's `stats` (common/settings.py SpecStats.as_dict) added; tokens a grammar
+        forced (always accepted, whatever the draft) are left out."""
         v = stats.get("verifications", 0)
         forwards = v + stats.get("plain_steps", 0)
-        return self.plus(Acceptance(v, stats.get("accepted", 0), forwards, new_tokens)) if forwards else self
+        if not forwards:
+            return self
+        forced = stats.get("forced", 0)
+        got = Acceptance(
+            v,
+            stats.get("accepted", 0) - forced,
+            forwards,
+            new_tokens - forced,
+            stats.get("drafted", 0),
+            stats.get("draft_forwards", 0),
+        )
+        return self.plus(got)
 
 
 def learning() -> bool:
@@ -85,19 +105,32 @@ def key(target_dir, draft_dir, head_rows: int) -> str:
     return hashlib.sha256(f"{target_dir} {draft_dir or ''} {head_rows}".encode()).hexdigest()[:16]
 
 
-def expected(target_dir, draft_dir, head_rows: int) -> tuple[float, float, str]:
-    """(tokens a verification writes with the draft, tokens a forward writes with the trie alone, the line a plan
-    says of them): as measured here where enough was, else TOKENS_PER_VERIFICATION and one."""
+@dataclass(frozen=True)
+class Expected:
+    """What a plan prices a draft's tree with: the tokens a verification writes, its rows and draft forwards (None:
+    the width's), and the tokens a forward of the trie alone writes; `said`: the line a plan says of them."""
+
+    gives: float
+    alone_gives: float
+    shape: tuple[float, float] | None
+    said: str
+
+
+def expected(target_dir, draft_dir, head_rows: int) -> Expected:
+    """As measured here where enough was, else TOKENS_PER_VERIFICATION at the run's width, and one token a forward
+    for the trie alone."""
     got, alone = read(key(target_dir, draft_dir, head_rows)), read(key(target_dir, None, 0))
     lines = [
         got.describe("the draft")
         if got.speaks
         else f"the draft {TOKENS_PER_VERIFICATION} tokens a verification (assumed: too few measured here yet)"
     ]
-    lines += [alone.describe("the trie alone", forward=True)] if alone.forwards >= MIN_VERIFICATIONS else []
-    return (
+    alone_speaks = alone.forwards >= MIN_VERIFICATIONS
+    lines += [alone.describe("the trie alone", forward=True)] if alone_speaks else []
+    return Expected(
         got.per_verification() if got.speaks else TOKENS_PER_VERIFICATION,
-        alone.per_forward() if alone.forwards >= MIN_VERIFICATIONS else 1.0,
+        alone.per_forward() if alone_speaks else 1.0,
+        got.shape() if got.speaks else None,  # None: the width's
         "acceptance: " + "; ".join(lines),
     )
 
@@ -118,17 +151,18 @@ def read(k: str) -> Acceptance:
         return Acceptance()
     try:
         got = Acceptance(**json.loads(_path(k).read_text()))
-        got.per_verification() + got.per_forward() + got.runs  # figures, not text
+        sum(float(getattr(got, f)) for f in FIELDS) + int(got.runs)  # figures, not text
         return got
     except (OSError, ValueError, TypeError):
         return Acceptance()
 
 
-def record(k: str, measured: Acceptance) -> Acceptance:
-    """A run's figures (a server's since the last) for the pair added to what is kept, and kept (a home that cannot be written keeps nothing)."""
+def record(k: str, measured: Acceptance, ended: bool = True) -> Acceptance:
+    """A run's figures (a server's since the last) for the pair added to what is kept, and kept (a home that cannot
+    be written keeps nothing); `ended`: the run is over (it counts as one more)."""
     if not (measured.forwards and learning()):
         return read(k)
-    out = read(k).plus(measured, runs=1, updated=time.strftime("%Y-%m-%d %H:%M"))
+    out = read(k).plus(measured, runs=int(ended), updated=time.strftime("%Y-%m-%d %H:%M"))
     try:
         keep(_path(k), asdict(out))
     except OSError:

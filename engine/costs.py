@@ -212,14 +212,17 @@ def draft_pays(
     width: int,
     tokens_per_verification: float = TOKENS_PER_VERIFICATION,
     tokens_without: float = 1.0,
+    shape: tuple[float, float] | None = None,
 ) -> bool:
     """Whether the draft, which leaves `read_with` bytes to read per target forward where the target alone
     reads `read_without`, should give more tokens per second: a verification of `width` draft tokens (and a
-    draft forward per level of the tree) writing `tokens_per_verification`, against a forward of the target
-    alone writing `tokens_without` (the trie's guesses: engine/acceptance.py, where measured here)."""
-    n, depth = target.args.n_layers, max(1, width // 2)
+    draft forward per level of the tree; `shape`: the rows and draft forwards measured instead) writing
+    `tokens_per_verification`, against a forward of the target alone writing `tokens_without` (the trie's
+    guesses: engine/acceptance.py, where measured here)."""
+    n = target.args.n_layers
+    rows, depth = shape or (width + 1, max(1, width // 2))
     plain = costs_.forward_s(n, 1, read_without)
-    tree = costs_.forward_s(n, width + 1, read_with) + depth * costs_.draft_step_s(draft)
+    tree = costs_.forward_s(n, max(1, round(rows)), read_with) + depth * costs_.draft_step_s(draft)
     return tree / tokens_per_verification < plain / tokens_without
 
 

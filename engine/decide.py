@@ -257,15 +257,15 @@ def _settle_draft(c: _Choice, machine, notes: list[str]) -> _Choice:
     if costs is None:
         return c
     _priced(costs, notes)
-    gives, alone_gives, said = expected(c.target.dir, c.draft.dir, draft_rows(c.cfg, c.draft))
-    notes.append(said)
+    got = expected(c.target.dir, c.draft.dir, draft_rows(c.cfg, c.draft))
+    notes.append(got.said)
     reads = with_draft.read_per_forward, without.read_per_forward
-    if draft_pays(costs, c.target, c.draft, *reads, c.cfg.tree.width, gives, alone_gives):
+    if draft_pays(costs, c.target, c.draft, *reads, c.cfg.tree.width, got.gives, got.alone_gives, got.shape):
         return c
     notes.append(
         f"draft: none (under {with_draft.budget / 2**30:.2f} GiB the draft {c.cfg.draft} would push "
         f"{(reads[0] - reads[1]) / 2**20:.0f} MiB more of the target to disk every forward than its "
-        f"{gives:.2f} tokens a verification save here; --draft NAME keeps it)"
+        f"{got.gives:.2f} tokens a verification save here; --draft NAME keeps it)"
     )
     return dataclasses.replace(c, cfg=alone, draft=None, picked=False, lean=False, budget=budget)
 

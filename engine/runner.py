@@ -231,7 +231,7 @@ class Runner:
         long run (a server's) every FLUSH forwards."""
         self._measured = self._measured.add(gen.stats, len(gen.new_ids) - 1)  # the first token: the prompt's
         if self._measured.forwards >= acceptance.FLUSH:
-            acceptance.record(acceptance.of_plan(self.plan), self._measured)
+            acceptance.record(acceptance.of_plan(self.plan), self._measured, ended=False)
             self._measured = acceptance.Acceptance()
 
     def _completion(self, prompt: Prompt, run: RunPlan, chat: bool, gen, text: str) -> Completion:

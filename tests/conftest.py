@@ -19,7 +19,7 @@ DEV_PROMPTS = DEFAULT_PROMPTS  # the shared folder's copy beside the checkout, e
 torch.set_num_threads(os.cpu_count() or 1)
 # plans from the rule of thumb, not from what the suite's earlier runs measured (engine/acceptance.py): a test's plan
 # must not depend on the tests before it; tests/scheduler/test_acceptance.py turns it on
-os.environ.setdefault("CADENCE_LEARN", "0")
+os.environ["CADENCE_LEARN"] = "0"
 
 
 def dev_prompts() -> list[dict]:
