@@ -14,12 +14,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from bench import arca_profile
 from bench.measure import machine
 from common.paths import check_output
 from engine.prompts import DEFAULT_PROMPTS, load_prompts
-from formats import loading
 from pulls import registry
+from speculative.arca import WIDTHS
 
 
 def add_parser(sub):
@@ -36,6 +35,9 @@ def add_parser(sub):
 def cmd_profile(args) -> int:
     check_output(args.out, "--out")
     prompts = load_prompts(args.prompts)
+    from bench import arca_profile  # torch: not for `launch --help`
+    from formats import loading
+
     target, draft = loading.load(args.target, args.fmt), loading.load(args.draft, args.fmt)
     with Progress(console=Console(stderr=True)) as progress:
         m = arca_profile.measure(target, draft, prompts, args.tokens, progress)
@@ -96,7 +98,7 @@ def _print(m: dict, ctx: int, fmt: str) -> None:
     for c in ("rows", "linear 2 cores", "linear 1 core", "dense 1 core", "sparse 1 core"):
         units.add_column(c)
     both, one = m["both"], m["one"]
-    for width in arca_profile.arca.WIDTHS:
+    for width in WIDTHS:
         rows = width + 1
         units.add_row(
             str(rows),

@@ -13,6 +13,7 @@ from common.errors import CadenceError
 # weight formats of a store (models/linear.py); int2: the FFN's weights in 2 bits, the rest in int4 (a draft
 # model for a tight budget: the 0.5B's weights 215 -> 142 MiB)
 FORMATS = ("fp32", "bf16", "fp16", "int8", "int4", "int2")
+GROUP_SIZES = (32, 64)  # int2 and int4 groups: 64 shares one sub-scale and minimum across two groups of 32
 
 
 def check_format(fmt: str) -> str:

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from common import paths
 from common.errors import CadenceError
-from models import linear
+from common.settings import FORMATS, GROUP_SIZES
 from pulls import hub, registry
 from formats.convert import ensure_store, known_stores
 from pulls.wheels import is_pulled, model_path, progress_bar, pull
@@ -36,7 +36,7 @@ def add_parser(sub):
     pl.set_defaults(func=cmd_list)
     pc = msub.add_parser("convert", help="convert a model into a weight store")
     pc.add_argument("name", help="a default model name, hf:OWNER/REPO[:FILE], a .gguf file or an HF model directory")
-    pc.add_argument("--dtype", "--format", dest="fmt", default="bf16", help=f"one of {', '.join(linear.FORMATS)}")
+    pc.add_argument("--dtype", "--format", dest="fmt", default="bf16", help=f"one of {', '.join(FORMATS)}")
     pc.add_argument("--group-size", type=int, default=32, help="int4 quantization group (32 or 64)")
     pc.set_defaults(func=cmd_convert)
     pe = msub.add_parser(
@@ -137,9 +137,9 @@ def cmd_list(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    if args.fmt in ("int4", "int2") and args.group_size not in linear.GROUP_SIZES:  # before a model is read
+    if args.fmt in ("int4", "int2") and args.group_size not in GROUP_SIZES:  # before a model is read
         raise CadenceError(
-            f"--group-size {args.group_size} is not supported for {args.fmt}; use {' or '.join(map(str, linear.GROUP_SIZES))}"
+            f"--group-size {args.group_size} is not supported for {args.fmt}; use {' or '.join(map(str, GROUP_SIZES))}"
         )
     st = ensure_store(args.name, args.fmt, args.group_size)
     print(f"{st.dir} ({st.manifest['file_bytes'] / 1e6:.0f} MB)")

@@ -26,7 +26,6 @@ from models import kernels, linear_int2, tiles
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _KERNEL_FMT = {torch.float32: kernels.F32, torch.bfloat16: kernels.BF16, torch.float16: kernels.F16}
-GROUP_SIZES = linear_int2.GROUP_SIZES  # int4 quantization groups; 64 shares one sub-scale across two groups of 32
 SUB, SUPER = 32, 256  # int4 sub-block and super-block; activations are quantized per super-block
 ACT_BLOCK = SUPER
 

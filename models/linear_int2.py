@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from common.errors import CadenceError
+from common.settings import GROUP_SIZES
 
 QG, SUPER = 32, 256  # group (sub-block), super-block
-GROUP_SIZES = (32, 64)  # int2 and int4 groups: 64 shares one sub-scale and minimum across two groups of 32
 LEVELS = 3  # codes 0..3
 # the search: fractions of a group's span cut from each end (a 7 x 7 grid of 0 .. 0.3 gave 0.2950 relative
 # error on gaussian weights, this 3 x 3 one 0.2964, in a fifth of the time: a 7B mixture's experts in minutes)

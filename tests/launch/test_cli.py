@@ -131,6 +131,30 @@ def test_models_list(tmp_path):
     assert "qwen2.5-coder-1.5b" in p.stdout
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["models", "list"], ["models", "pull", "hf:nope"], ["plan", "--help"]])
+def test_the_commands_that_load_no_model_import_no_torch(argv, tmp_path):
+    """`launch --help` builds every command's options, `launch models ...` lists and fetches: none of it needs
+    torch, whose import alone takes seconds (4.4 s for `launch models pull` here before, 0.6 s without)."""
+    import os
+    import subprocess
+    import sys
+
+    from common import paths
+    from shm.watchdog import REPO_ROOT
+
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['launch', *{argv!r}]\n"
+        "try:\n    runpy.run_module('launch.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, file=sys.stderr)\n"
+    )
+    env = dict(os.environ, CADENCE_HOME=str(tmp_path), CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=120
+    )
+    assert p.stderr.splitlines()[-1] == "False", p.stderr
+
+
 def test_bench_cgroup_runs_each_mode_under_the_budget(tiny_gguf, tmp_path):
     """`launch bench --memory-budget auto --cgroup`: every mode in its own cgroup of the budget,
     rows carry the budget and the cgroup's peak, which stays under it; streamed modes stay lossless."""
