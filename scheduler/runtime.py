@@ -39,8 +39,8 @@ from scheduler.procs import DEAD, READY, ActorProc, sigint_deferred
 from scheduler.pump import MessagePump
 from scheduler.runtime_config import RuntimeConfig
 from scheduler.supervisor import Supervisor
-from scheduler.trace import TraceSink
-from shm.arena import new_run_id, segment_name, sweep_dead_segments
+from scheduler.trace import SPILL_NAME, TraceSink
+from shm.arena import new_run_id, segment_name, sweep_dead, sweep_dead_segments
 from shm.watchdog import Watchdog
 
 log = logging.getLogger("cadence.scheduler")
@@ -89,6 +89,8 @@ class Runtime:
         mem = self.config.memory
         self.plan = self.ledger.plan(mem.role_bytes, mem.arena_bytes)  # refuse before creating anything
         sweep_dead_segments()
+        if self.config.trace.enabled and self.config.trace.path.is_dir():
+            sweep_dead(self.config.trace.path, SPILL_NAME, 1)  # a trace cut short by SIGKILL: its spill
         set_process_name("cad-scheduler")
         self._started = True
         self.ledger.watch("scheduler", self.pid)

@@ -22,10 +22,13 @@ import itertools
 import json
 import math
 import os
+import re
 from collections import defaultdict
 from pathlib import Path
 
 from scheduler.runtime_config import TraceConfig
+
+SPILL_NAME = re.compile(r"\.(\d+)x[0-9a-f]+\.spill\Z")  # a run's spill file: .<run id>.spill, the id's pid first
 
 _PHASES = {"X", "M", "C", "s", "f", "i"}
 _FIELDS = {"ph", "name", "cat", "ts", "dur", "tid", "args", "id", "bp", "s"}

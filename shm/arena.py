@@ -136,17 +136,28 @@ def _run_is_dead(pid: int, created: float) -> bool:
 
 def sweep_dead_segments(shm_dir: str = SHM_DIR) -> list[str]:
     """Unlink the segments of runs whose scheduler is gone. Returns the names removed."""
+    return sweep_dead(shm_dir, SEGMENT_NAME, 2)
+
+
+def sweep_dead(folder, pattern: re.Pattern, pid_group: int) -> list[str]:
+    """Unlink the files in `folder` that `pattern` names (its group `pid_group`: the run's pid) of runs whose
+    scheduler is gone: a run killed outright leaves its segments, and a trace's spill file, behind. Returns the
+    names removed."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []  # a folder this user cannot read: nothing of its runs' to sweep
     removed = []
-    for name in sorted(os.listdir(shm_dir)):
-        m = SEGMENT_NAME.match(name)
+    for name in names:
+        m = pattern.match(name)
         if not m:
             continue
-        path = os.path.join(shm_dir, name)
+        path = os.path.join(folder, name)
         try:
             created = os.stat(path).st_ctime
         except FileNotFoundError:
             continue
-        if _run_is_dead(int(m.group(2)), created):
+        if _run_is_dead(int(m.group(pid_group)), created):
             try:
                 os.unlink(path)
                 removed.append(name)

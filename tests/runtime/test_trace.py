@@ -228,3 +228,22 @@ def test_a_spilling_sink_holds_what_is_in_flight_not_what_the_run_did(tmp_path):
     evs = obj["traceEvents"]
     assert sum(1 for e in evs if e["ph"] == "s" and e.get("cat") == "tree") == 1500  # every link resolved
     assert sum(1 for e in evs if e["ph"] == "f" and e.get("cat") != "tree") == 3000  # every request's flow
+
+
+def test_a_run_sweeps_the_spill_files_of_runs_killed_outright(tmp_path):
+    """A run killed outright (SIGKILL: the OOM killer, `kill -9`, a cgroup torn down) cannot remove its trace's
+    spill file; the next run that traces to that folder does, and leaves a live run's and anything else alone."""
+    import os
+    import subprocess
+    import sys
+
+    d = tmp_path / "traces"
+    d.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale, live, other = d / f".{dead.pid}x0a0b0c.spill", d / f".{os.getpid()}x0d0e0f.spill", d / "notes.spill"
+    for f in (stale, live, other):
+        f.write_text('{"ph":"X"}\n')
+    with Runtime(small_config(d)) as s:
+        assert not stale.exists() and live.exists() and other.exists()
+    assert (d / f"{s.run_id}.json").exists()
