@@ -39,7 +39,7 @@ from scheduler.procs import DEAD, READY, ActorProc, sigint_deferred
 from scheduler.pump import MessagePump
 from scheduler.runtime_config import RuntimeConfig
 from scheduler.supervisor import Supervisor
-from scheduler.trace import SPILL_NAME, TraceSink
+from scheduler.trace import LEFT_BEHIND, TraceSink
 from shm.arena import new_run_id, segment_name, sweep_dead, sweep_dead_segments
 from shm.watchdog import Watchdog
 
@@ -90,7 +90,7 @@ class Runtime:
         self.plan = self.ledger.plan(mem.role_bytes, mem.arena_bytes)  # refuse before creating anything
         sweep_dead_segments()
         if self.config.trace.enabled and self.config.trace.path.is_dir():
-            sweep_dead(self.config.trace.path, SPILL_NAME, 1)  # a trace cut short by SIGKILL: its spill
+            sweep_dead(self.config.trace.path, LEFT_BEHIND, 1)  # what a trace cut short by SIGKILL left
         set_process_name("cad-scheduler")
         self._started = True
         self.ledger.watch("scheduler", self.pid)

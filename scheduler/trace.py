@@ -28,7 +28,9 @@ from pathlib import Path
 
 from scheduler.runtime_config import TraceConfig
 
-SPILL_NAME = re.compile(r"\.(\d+)x[0-9a-f]+\.spill\Z")  # a run's spill file: .<run id>.spill, the id's pid first
+# what a run killed outright leaves in its trace folder: its spill file (.<run id>.spill) and a trace it was writing
+# (<run id>.json.tmp), the run id's pid first
+LEFT_BEHIND = re.compile(r"\.?(\d+)x[0-9a-f]+\.(?:spill|json\.tmp)\Z")
 
 _PHASES = {"X", "M", "C", "s", "f", "i"}
 _FIELDS = {"ph", "name", "cat", "ts", "dur", "tid", "args", "id", "bp", "s"}

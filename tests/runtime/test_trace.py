@@ -241,9 +241,10 @@ def test_a_run_sweeps_the_spill_files_of_runs_killed_outright(tmp_path):
     d.mkdir()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale, live, other = d / f".{dead.pid}x0a0b0c.spill", d / f".{os.getpid()}x0d0e0f.spill", d / "notes.spill"
-    for f in (stale, live, other):
+    stale = [d / f".{dead.pid}x0a0b0c.spill", d / f"{dead.pid}x0a0b0c.json.tmp"]  # a spill, a trace half written
+    kept = [d / f".{os.getpid()}x0d0e0f.spill", d / f"{os.getpid()}x0d0e0f.json.tmp", d / "notes.spill"]
+    for f in stale + kept:
         f.write_text('{"ph":"X"}\n')
     with Runtime(small_config(d)) as s:
-        assert not stale.exists() and live.exists() and other.exists()
+        assert not any(f.exists() for f in stale) and all(f.exists() for f in kept)
     assert (d / f"{s.run_id}.json").exists()
