@@ -2,11 +2,12 @@
 model (its accepted tokens and the target's own), and with the n-gram trie alone, per target forward. Kept under
 $CADENCE_HOME/calibration/accept-<key>.json for the pair (the target's store, the draft's store and the rows its
 head keeps: an int2 draft or a cut head is another pair), added to by every tree run that uses it, the older
-verifications weighing less as newer ones come (KEEP).
+figures weighing less as newer ones come (KEEP forwards' worth).
 
 `--draft auto` under a budget prices the draft with it (engine/costs.py `draft_pays`): a figure this machine
-measured over MIN_VERIFICATIONS or more, in place of the rule of thumb (TOKENS_PER_VERIFICATION) that a weak draft
-(BENCHMARKS.md: the int2 draft accepts a third of what int4 does) or a repetitive workload contradicts.
+measured over MIN_VERIFICATIONS or more, in place of the rule of thumb (TOKENS_PER_VERIFICATION) that a strong
+draft (BENCHMARKS.md: the int4 0.5B draft writes 5 tokens a verification under a budget), a weak one or a
+repetitive workload contradicts.
 `CADENCE_LEARN=0` in the environment: plans from the rule of thumb, and nothing kept (plans that do not depend on
 the runs before them: the test suite's; `launch bench`'s unless the environment says otherwise)."""
 
@@ -16,7 +17,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from common import paths
 from common.calibration import keep
@@ -151,8 +152,7 @@ def read(k: str) -> Acceptance:
         return Acceptance()
     try:
         got = Acceptance(**json.loads(_path(k).read_text()))
-        sum(float(getattr(got, f)) for f in FIELDS) + int(got.runs)  # figures, not text
-        return got
+        return replace(got, **{f: float(getattr(got, f)) for f in FIELDS}, runs=int(got.runs))  # figures, not text
     except (OSError, ValueError, TypeError):
         return Acceptance()
 
