@@ -26,7 +26,7 @@ from speculative.arca import interpolate
 ROWS = (1, 2, 3, 5, 9, 17, 33)  # a token, or a tree of 1..32 tokens and its root
 DISK_BYTES = 256 << 20  # read to measure the disk (less if the store is smaller)
 READ_PIECE = 32 << 20  # ... in pieces of about a layer's size, as the loader reads
-VERSION = 3  # 3: checked before kept (figures cached by 2 may have been taken on a busy machine)
+VERSION = 4  # 3: checked before kept (figures cached by 2 may have been taken on a busy machine); 4: the target named
 MAX_SPREAD = 0.50  # two measurements' compute further apart than this is not kept (quiet hosts here: up to 40%)
 MAX_DISK_SPREAD = 1.0  # ... their disk rates, a factor of two (a quiet host's disk moves that much within minutes)
 SPREAD_BYTES, SPREAD_S = 64 << 20, 2e-4  # ... among the figures long enough to time
@@ -45,6 +45,8 @@ class Costs:
     disk_spread: float = 0.0  # ... and their disk rates
     kept: bool = True  # False: measured now on a machine too busy, or too noisy, to keep the figures
     refreshed: str = ""  # where a run's reads raised the disk's figure since: when, and how much they read
+    target: str = ""  # the target's store (a run's forwards refresh the figures of its target: `refresh_compute`)
+    compute_refreshed: str = ""  # where a run's forwards lowered the row figures since: when, by how much
 
     def describe(self) -> str:
         """When and how the figures were measured, for `launch plan`."""
@@ -54,6 +56,9 @@ class Costs:
             f"apart{'' if self.kept else ', used for this run only, not kept'}"
         )
         how += f"; the disk's rate since raised by a run's reads ({self.refreshed})" if self.refreshed else ""
+        how += f"; the rows' figures since lowered by a run's forwards ({self.compute_refreshed})" * bool(
+            self.compute_refreshed
+        )
         return f"costs: disk {self.disk_gbps:.2f} GB/s, a target layer of 9 rows {self.layer_s[9] * 1e3:.2f} ms ({how})"
 
     def forward_s(self, n_layers: int, rows: int, read_bytes: int) -> float:
@@ -83,7 +88,7 @@ def costs(target: WeightStore, draft: WeightStore | None, say=None, fresh: bool 
         if say:
             say("measuring this machine's forward costs and disk once (a few seconds; cached)")
         got = child_json(cmd, "measuring this machine's forward costs")
-        return {**got, "load": load, "measured_at": time.strftime("%Y-%m-%d %H:%M")}
+        return {**got, "load": load, "measured_at": time.strftime("%Y-%m-%d %H:%M"), "target": str(target.dir)}
 
     why = []
 
@@ -143,6 +148,76 @@ def refresh_disk(nbytes: int, seconds: float, say=None) -> list[Path]:
         say(
             f"this run read the disk at {gbps:.2f} GB/s, faster than the {min(was):.2f} GB/s kept for it: the plans "
             "that follow price it so"
+        )
+    return changed
+
+
+REFRESH_FORWARDS = 16  # a run's target forwards enough to speak for the compute (noise only slows a forward)
+
+
+@dataclass
+class Forwards:
+    """A run's target forwards, as its generations counted them (engine/runner.py): those of one row (plain steps, a
+    target-only run's decode), the verifications and their rows together, and the seconds all took."""
+
+    plain: int = 0
+    verifications: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+
+    def add(self, stats: dict, new_tokens: int, decode_s: float) -> None:
+        """A generation's: a speculative one's verifications and plain steps (its `stats`, common/settings.py
+        SpecStats.as_dict), else a forward a token after the prompt's in its `decode_s`."""
+        v, plain = stats.get("verifications", 0), stats.get("plain_steps", 0)
+        if v or plain:
+            self.plain, self.verifications = self.plain + plain, self.verifications + v
+            self.rows += v + stats.get("drafted", 0)
+            self.seconds += stats.get("verify_s", 0.0)
+        elif new_tokens > 1 and decode_s > 0:
+            self.plain, self.seconds = self.plain + new_tokens - 1, self.seconds + decode_s
+
+    @property
+    def count(self) -> int:
+        return self.plain + self.verifications
+
+
+def refresh_compute(target: WeightStore, ran: Forwards, say=None) -> list[Path]:
+    """A run's target forwards (`ran`) took so many seconds, attention, the calls between processes and any wait
+    for the disk included: never less than their linear work. Where the figures kept for `target` price that linear
+    work alone at REFRESH_GAIN times or more what the whole forwards took, the figures were measured on a busy
+    machine: each width's (a target layer's and the head's) scaled down to what the run measured, said in one line,
+    and the plans that follow price the compute so (a wider tree, the draft). A run at or above the kept figures
+    changes nothing: its forwards do more than the linear work. The files changed."""
+    from common import paths
+
+    if ran.count < REFRESH_FORWARDS or ran.seconds <= 0:
+        return []
+    changed, factors = [], []
+    for path in sorted((paths.home() / "calibration").glob("costs-*.json")):
+        try:
+            kept = json.loads(path.read_text())
+            if kept.get("target") != str(target.dir):
+                continue
+            c = Costs(**{**kept, "layer_s": _rows(kept["layer_s"]), "head_s": _rows(kept["head_s"])})
+            n = target.args.n_layers
+            priced = ran.plain * c.forward_s(n, 1, 0)
+            if ran.verifications:
+                priced += ran.verifications * c.forward_s(n, ran.rows / ran.verifications, 0)
+            if ran.seconds * REFRESH_GAIN > priced:
+                continue
+            f = ran.seconds / priced
+            scaled = {k: {r: t * f for r, t in kept[k].items()} for k in ("layer_s", "head_s")}
+            when = f"{time.strftime('%Y-%m-%d %H:%M')}, {ran.count} forwards {1 / f:.1f}x faster"
+            keep(path, {**kept, **scaled, "compute_refreshed": when})
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+            continue
+        changed.append(path)
+        factors.append(f)
+    if changed and say:
+        say(
+            f"this run's target forwards took {ran.seconds / ran.count * 1e3:.1f} ms each, whole, where the figures "
+            f"kept for them priced their linear work alone {1 / max(factors):.1f}x that: they were measured on a busy "
+            "machine, and the plans that follow price the compute as this run measured it"
         )
     return changed
 

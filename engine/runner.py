@@ -24,6 +24,7 @@ from common.errors import CadenceError
 from common.settings import SamplingConfig
 from engine import acceptance
 from engine.config import RunConfig
+from engine.costs import Forwards
 from engine.decide import decide
 from engine.inputs import read_inputs
 from engine.machine import ThisMachine
@@ -56,6 +57,7 @@ class Runner:
             say(line)
         self.session = open_session(self.plan)
         self._measured = acceptance.Acceptance()  # what this run's trees gave (engine/acceptance.py)
+        self._forwards = Forwards()  # ... and what its target forwards took (engine/costs.py)
         self._open = True
         if self.plan.parallel > 1:  # a generation may take more than a slot's share of the KV pool
             self.inputs.context = self.batch().most_context()
@@ -86,12 +88,15 @@ class Runner:
                 self.trace_path = self.session.sched.trace_path
 
     def _refresh_costs(self) -> None:
-        """What the run's loader read, kept as the disk's rate where it shows the kept figure too slow."""
+        """What the run's loader read, kept as the disk's rate where it shows the kept figure too slow; what its
+        target forwards took, as the rows' figures where it shows them too high."""
+        from engine.costs import refresh_compute, refresh_disk
+
         streamer = getattr(getattr(self.session, "target", None), "streamer", None)  # --mode flash: no target side
         if streamer is not None and streamer.total.direct:
-            from engine.costs import refresh_disk
-
             refresh_disk(streamer.total.bytes, streamer.total.seconds, self._say)
+        if acceptance.learning():
+            refresh_compute(self.plan.target, self._forwards, self._say)
 
     # -- generating -----------------------------------------------------------------------------------
 
@@ -240,6 +245,8 @@ class Runner:
         d = run.draft if run.speculative else None
         if run.mode is Mode.TREE and d.kind is not DraftKind.FLASH:
             self._learn(gen)
+        if self._batch is None and not (d and d.kind is DraftKind.FLASH) and not self.plan.target.args.moe:
+            self._forwards.add(gen.stats, len(gen.new_ids), gen.wall_s - gen.prefill_s)  # whole forwards of all rows
         row = make_row(
             id=prompt.id,
             kind=prompt.kind,

@@ -214,3 +214,58 @@ def test_launch_calibrate_measures_again_whatever_is_cached(tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert again.returncode == 0 and "costs: disk 123.00" not in again.stdout, again.stdout
     assert json.loads(kept.read_text())["disk_gbps"] != 123.0
+
+
+def test_a_runs_forwards_lower_row_figures_kept_too_high_and_nothing_else(tmp_path, monkeypatch):
+    """Row figures kept from a busy moment (here a thousand times what was measured) are lowered by a real run whose
+    whole target forwards (16 and more) took less than the kept figures price their linear work alone: said, kept
+    with when, scaled to what the run measured, and the next plan's figures. A run no faster than the figures kept
+    (the same model again) changes nothing; nor do the figures of another target, or a run without learning."""
+    from common import paths
+    from engine.config import RunConfig
+    from engine.costs import refresh_compute
+    from engine.prompts import Prompt
+    from engine.runner import Runner
+
+    monkeypatch.setenv("CADENCE_KERNELS_DIR", str(paths.kernels_dir()))
+    monkeypatch.setenv("CADENCE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CADENCE_LEARN", "1")
+    for name, value in (("busy_reason", lambda load: None), ("MAX_SPREAD", 1e9), ("MAX_DISK_SPREAD", 1e9)):
+        monkeypatch.setattr(f"engine.costs.{name}", value)
+    hf = write_hf_dir(tmp_path / "hf", TINY["qwen"], random_tensors(TINY["qwen"], seed=3))
+    cfg = RunConfig.from_options(
+        target=str(hf), draft="none", mode="target", runtime="inproc", dtype="int4", max_new_tokens=80, no_trace=True
+    )
+    prompt = Prompt("p", "raw", "one two three four")
+
+    def run(said: list):
+        with Runner(cfg, say=said.append) as runner:
+            done = runner.run(prompt, reuse=False)
+            assert len(done.token_ids) == 80, done.finish_reason
+            return runner.plan.target, costs(runner.plan.target, None)  # measured or read before the run closes
+
+    said = []
+    target, _ = run(said)
+    assert not any("busy machine" in s for s in said), said  # the figures just measured: the run is no faster
+    (path,) = (tmp_path / "home" / "calibration").glob("costs-*.json")
+    other = path.with_name("costs-another.json")  # another target's figures: not this run's to change
+    high = {**json.loads(path.read_text())}
+    high.update({k: {r: t * 1000 for r, t in high[k].items()} for k in ("layer_s", "head_s")})
+    path.write_text(json.dumps(high))
+    other.write_text(json.dumps({**high, "target": str(tmp_path / "elsewhere")}))
+    monkeypatch.setenv("CADENCE_LEARN", "0")
+    _, kept = run([])
+    assert kept.layer_s == {int(r): t for r, t in high["layer_s"].items()}  # nothing learned
+    monkeypatch.setenv("CADENCE_LEARN", "1")
+    said = []
+    run(said)
+    assert any("measured on a busy machine" in s for s in said), said
+    lowered = costs(target, None)
+    assert lowered.layer_s[9] < high["layer_s"]["9"] / 2 and "lowered by a run's forwards" in lowered.describe()
+    assert json.loads(other.read_text())["layer_s"] == high["layer_s"]
+    said = []
+    run(said)
+    assert costs(target, None).layer_s == lowered.layer_s and not any("busy machine" in s for s in said), said
+    from engine.costs import Forwards
+
+    assert refresh_compute(target, Forwards(plain=15, seconds=1e-9)) == []  # too few forwards to speak
