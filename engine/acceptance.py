@@ -8,6 +8,9 @@ figures weighing less as newer ones come (KEEP forwards' worth).
 measured over MIN_VERIFICATIONS or more, in place of the rule of thumb (TOKENS_PER_VERIFICATION) that a strong
 draft (BENCHMARKS.md: the int4 0.5B draft writes 5 tokens a verification under a budget), a weak one or a
 repetitive workload contradicts.
+A plan that drops a draft on its record never measures it again, and the workload may change: once the trie alone
+has run RETRY forwards since the draft's record last grew, the draft is priced by the rule once more (said), and
+where the rule keeps it the run measures it again.
 `CADENCE_LEARN=0` in the environment: plans from the rule of thumb, and nothing kept (plans that do not depend on
 the runs before them: the test suite's; `launch bench`'s unless the environment says otherwise)."""
 
@@ -27,6 +30,7 @@ MIN_VERIFICATIONS = 128  # a record speaks for a pair from this many verificatio
 KEEP = 4096  # target forwards' worth a record holds: past it, the older weigh less (the workload changes)
 FLUSH = 512  # a long run (a server's) adds its figures every this many target forwards, and as it closes
 FIELDS = ("verifications", "accepted", "forwards", "tokens", "drafted", "draft_forwards")
+RETRY = KEEP  # forwards of the trie alone, since a draft was last measured, after which a plan measures it again
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ class Acceptance:
     draft_forwards: float = 0.0  # draft forwards that grew them
     runs: int = 0
     updated: str = ""
+    total: float = 0.0  # target forwards ever counted (not decayed): the trie alone's is a clock for its drafts
+    alone_at: float = 0.0  # a draft's record: the trie alone's `total` when this record last grew
 
     @property
     def speaks(self) -> bool:
@@ -76,7 +82,9 @@ class Acceptance:
         """Both together, scaled down to KEEP forwards' worth where they hold more (the older weigh less)."""
         s = min(1.0, KEEP / max(self.forwards + other.forwards, 1))
         summed = {f: (getattr(self, f) + getattr(other, f)) * s for f in FIELDS}
-        return Acceptance(**summed, runs=self.runs + runs, updated=updated or self.updated)
+        return replace(
+            self, **summed, runs=self.runs + runs, updated=updated or self.updated, total=self.total + other.forwards
+        )
 
     def add(self, stats: dict, new_tokens: int) -> "Acceptance":
         """This record with a generation's `stats` (common/settings.py SpecStats.as_dict) added; tokens a grammar
@@ -115,24 +123,35 @@ class Expected:
     alone_gives: float
     shape: tuple[float, float] | None
     said: str
+    stale: bool = False  # the record speaks, but the trie alone ran RETRY forwards or more since: measure it again
 
 
 def expected(target_dir, draft_dir, head_rows: int) -> Expected:
     """As measured here where enough was, else TOKENS_PER_VERIFICATION at the run's width, and one token a forward
-    for the trie alone."""
+    for the trie alone. A draft's record that the trie alone has run RETRY forwards past since it last grew (a plan
+    that dropped the draft on it never measures it again, and the workload may have changed) prices by the rule
+    once more: where the rule keeps the draft, the run measures it again."""
     got, alone = read(key(target_dir, draft_dir, head_rows)), read(key(target_dir, None, 0))
-    lines = [
-        got.describe("the draft")
-        if got.speaks
-        else f"the draft {TOKENS_PER_VERIFICATION} tokens a verification (assumed: too few measured here yet)"
-    ]
+    stale = got.speaks and alone.total - got.alone_at >= RETRY
+    if not got.speaks:
+        lines = [f"the draft {TOKENS_PER_VERIFICATION} tokens a verification (assumed: too few measured here yet)"]
+    elif stale:
+        lines = [
+            got.describe("the draft")
+            + f", before the trie alone ran {alone.total - got.alone_at:.0f} forwards here: priced as assumed "
+            f"({TOKENS_PER_VERIFICATION} tokens a verification), to be measured again"
+        ]
+    else:
+        lines = [got.describe("the draft")]
     alone_speaks = alone.forwards >= MIN_VERIFICATIONS
     lines += [alone.describe("the trie alone", forward=True)] if alone_speaks else []
+    fresh = got.speaks and not stale
     return Expected(
-        got.per_verification() if got.speaks else TOKENS_PER_VERIFICATION,
+        got.per_verification() if fresh else TOKENS_PER_VERIFICATION,
         alone.per_forward() if alone_speaks else 1.0,
-        got.shape() if got.speaks else None,  # None: the width's
+        got.shape() if fresh else None,  # None: the width's
         "acceptance: " + "; ".join(lines),
+        stale,
     )
 
 
@@ -140,6 +159,11 @@ def of_plan(plan) -> str:
     """The key of a run's pair (engine/plan.py RunPlan)."""
     d = plan.draft
     return key(plan.target.dir, d.store.dir if d.model else None, d.head_rows)
+
+
+def alone_of(plan) -> str | None:
+    """Where a run's pair has a draft model, the key of its target's trie alone (`record`'s `alone`)."""
+    return key(plan.target.dir, None, 0) if plan.draft.model else None
 
 
 def _path(k: str):
@@ -152,17 +176,20 @@ def read(k: str) -> Acceptance:
         return Acceptance()
     try:
         got = Acceptance(**json.loads(_path(k).read_text()))
-        return replace(got, **{f: float(getattr(got, f)) for f in FIELDS}, runs=int(got.runs))  # figures, not text
+        figures = {f: float(getattr(got, f)) for f in (*FIELDS, "total", "alone_at")}
+        return replace(got, **figures, runs=int(got.runs))  # figures, not text
     except (OSError, ValueError, TypeError):
         return Acceptance()
 
 
-def record(k: str, measured: Acceptance, ended: bool = True) -> Acceptance:
+def record(k: str, measured: Acceptance, ended: bool = True, alone: str | None = None) -> Acceptance:
     """A run's figures (a server's since the last) for the pair added to what is kept, and kept (a home that cannot
-    be written keeps nothing); `ended`: the run is over (it counts as one more)."""
+    be written keeps nothing); `ended`: the run is over (it counts as one more); `alone`: a draft's pair, the key of
+    its target's trie alone (whose forwards since tell when to measure the draft again: `expected`)."""
     if not (measured.forwards and learning()):
         return read(k)
     out = read(k).plus(measured, runs=int(ended), updated=time.strftime("%Y-%m-%d %H:%M"))
+    out = replace(out, alone_at=read(alone).total) if alone else out
     try:
         keep(_path(k), asdict(out))
     except OSError:

@@ -82,7 +82,7 @@ class Runner:
         try:
             self.session.close()  # the loader's figures stay with the streamer
             self._refresh_costs()
-            acceptance.record(acceptance.of_plan(self.plan), self._measured)
+            acceptance.record(acceptance.of_plan(self.plan), self._measured, alone=acceptance.alone_of(self.plan))
         finally:
             if self.session.sched is not None:
                 self.trace_path = self.session.sched.trace_path
@@ -236,7 +236,9 @@ class Runner:
         long run (a server's) every FLUSH forwards."""
         self._measured = self._measured.add(gen.stats, len(gen.new_ids) - 1)  # the first token: the prompt's
         if self._measured.forwards >= acceptance.FLUSH:
-            acceptance.record(acceptance.of_plan(self.plan), self._measured, ended=False)
+            acceptance.record(
+                acceptance.of_plan(self.plan), self._measured, ended=False, alone=acceptance.alone_of(self.plan)
+            )
             self._measured = acceptance.Acceptance()
 
     def _completion(self, prompt: Prompt, run: RunPlan, chat: bool, gen, text: str) -> Completion:

@@ -57,6 +57,30 @@ def test_the_trie_alone_and_each_draft_are_pairs_of_their_own(learning):
     assert acceptance.expected("/t", "/d-int4", 0).gives == TOKENS_PER_VERIFICATION  # another head: another pair
 
 
+def test_a_draft_the_trie_alone_has_long_run_past_is_priced_by_the_rule_to_be_measured_again(learning):
+    """A draft measured to give 1.2 tokens a verification, then RETRY forwards of the trie alone since (the plans
+    that dropped the draft on its record never measure it again; the workload may have changed): priced by the rule
+    once more, said; a run with the draft after that makes its record speak again."""
+    from engine.acceptance import RETRY
+
+    draft, alone = acceptance.key("/t", "/d", 0), acceptance.key("/t", None, 0)
+    acceptance.record(alone, Acceptance(0, 0, 100, 100))
+    acceptance.record(draft, Acceptance(200, 40, 200, 240), alone=alone)
+    assert acceptance.read(draft).alone_at == 100 and acceptance.read(alone).total == 100
+    got = acceptance.expected("/t", "/d", 0)
+    assert (got.gives, got.stale) == (1.2, False)
+    acceptance.record(alone, Acceptance(0, 0, RETRY - 1, RETRY - 1))  # a forward short
+    assert acceptance.expected("/t", "/d", 0).gives == 1.2
+    acceptance.record(alone, Acceptance(0, 0, 1, 1))
+    assert acceptance.read(alone).total == RETRY + 100 and acceptance.read(alone).forwards == pytest.approx(KEEP)
+    got = acceptance.expected("/t", "/d", 0)
+    assert (got.gives, got.shape, got.stale) == (TOKENS_PER_VERIFICATION, None, True)
+    assert f"before the trie alone ran {RETRY} forwards here: priced as assumed" in got.said, got.said
+    acceptance.record(draft, Acceptance(200, 500, 200, 700), alone=alone)  # the draft measured again
+    got = acceptance.expected("/t", "/d", 0)
+    assert not got.stale and got.gives == pytest.approx(1 + 540 / 400)
+
+
 def test_without_learning_nothing_is_kept_or_read(learning, monkeypatch):
     k = acceptance.key(*PAIR)
     acceptance.record(k, Acceptance(200, 100, 200, 300))
@@ -149,3 +173,7 @@ def test_a_budgeted_plan_prices_the_draft_with_what_runs_measured(home_records):
     (line,) = [n for n in second.splitlines() if n.startswith("draft: none")]
     assert "than its 1.20 tokens a verification save here" in line, line
     assert "the draft 1.20 tokens a verification, measured over 200 verifications of 1 run here" in second, second
+    alone = acceptance.key(target, None, 0)  # the trie alone's runs since: the draft is priced by the rule again
+    acceptance.record(alone, Acceptance(0, 0, acceptance.RETRY, acceptance.RETRY))
+    third = launch(*plan, home=home_records, check=True).stdout
+    assert "draft qwen2.5-coder-0.5b int4;" in third and "to be measured again" in third, third
