@@ -27,11 +27,9 @@ def gemma(gemma_270m):
 
 @pytest.fixture(scope="module")
 def hf(gemma_270m):
-    from transformers import AutoModelForCausalLM
+    from tests.models.hf_cache import hf_model
 
-    return AutoModelForCausalLM.from_pretrained(
-        gemma_270m.parent, gguf_file=gemma_270m.name, dtype=torch.float32
-    ).eval()
+    return hf_model(gemma_270m)  # transformers' own GGUF loader (its build kept)
 
 
 def _ids(lm, p: Prompt) -> list[int]:

@@ -440,11 +440,10 @@ def gemma3_encoder(request, gemma3):
 
 @pytest.fixture(scope="module")
 def gemma3_hf(gemma3):
-    """transformers' own tokenizer of the GGUF (ten seconds to build)."""
-    from transformers import AutoTokenizer
+    """transformers' own tokenizer of the GGUF (its build kept: tests/models/hf_cache.py)."""
+    from tests.models.hf_cache import hf_tokenizer
 
-    path = gemma3[0]
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return hf_tokenizer(gemma3[0])
 
 
 @pytest.mark.real

@@ -46,11 +46,11 @@ def test_stream_decoder_reassembles_multibyte_characters(tok):
 
 
 def test_qwen_matches_transformers_gguf_tokenizer():
-    from transformers import AutoTokenizer
+    from tests.models.hf_cache import hf_tokenizer
 
     _, path, sha = resolve("qwen2.5-coder-0.5b")
     ours = TextTokenizer(GGUFSource(path, sha).tokenizer)
-    hf = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    hf = hf_tokenizer(path)
     for text in TEXTS:
         assert ours.encode(text) == hf.encode(text, add_special_tokens=False)
 

@@ -98,22 +98,41 @@ def _small(folder) -> None:
 
 def _gemma3(folder) -> None:
     """Gemma 3 270M's vocabulary made Gemma 4's shape (see the module's docstring)."""
+    import shutil
+
     from transformers.tokenization_utils_base import generate_merges
 
     from formats.gguf_file import GGUFFile
+    from tests.models.hf_cache import kept
 
     path = paths.models_dir() / "gemma-3-270m-q4_k_m.gguf"
     if not path.exists():
         pytest.skip(f"{path} is not there (launch models pull gemma-3-270m): its vocabulary stands in for Gemma 4's")
-    fields = GGUFFile(path).fields
-    tokens, types = list(fields["tokenizer.ggml.tokens"]), fields["tokenizer.ggml.token_type"]
-    renamed = dict(zip((105, 106, 98, 46, 47, 100, 101, 48, 49, 50, 51, 52), SPECIALS[5:]))
-    tokens = [renamed.get(i, SPACE * len(t) if t and not t.strip(" ") else t) for i, t in enumerate(tokens)]
-    vocab = {t: i for i, t in enumerate(tokens)}
-    merges = generate_merges(vocab, {t: -i for i, t in enumerate(tokens)})  # as transformers' Gemma GGUF reader
-    merges = [(a, b) for a, b in merges if "\n" not in a + b]
-    controls = [t for t, k in zip(tokens, types) if k == 3 and t not in SPECIALS]  # `<unused0>`...: not named
-    write_folder(folder, vocab, merges, SPECIALS + controls, [t for t in tokens if t and not t.strip("\n")])
+
+    def build(into) -> None:  # the folder and the GGUF the converter writes for 262k tokens: most of a minute,
+        # built once (tests/models/hf_cache.py)
+        fields = GGUFFile(path).fields
+        tokens, types = list(fields["tokenizer.ggml.tokens"]), fields["tokenizer.ggml.token_type"]
+        renamed = dict(zip((105, 106, 98, 46, 47, 100, 101, 48, 49, 50, 51, 52), SPECIALS[5:]))
+        tokens = [renamed.get(i, SPACE * len(t) if t and not t.strip(" ") else t) for i, t in enumerate(tokens)]
+        vocab = {t: i for i, t in enumerate(tokens)}
+        merges = generate_merges(vocab, {t: -i for i, t in enumerate(tokens)})  # as transformers' Gemma GGUF reader
+        merges = [(a, b) for a, b in merges if "\n" not in a + b]
+        controls = [t for t, k in zip(tokens, types) if k == 3 and t not in SPECIALS]  # `<unused0>`...: not named
+        write_folder(into, vocab, merges, SPECIALS + controls, [t for t in tokens if t and not t.strip("\n")])
+        _write_gguf(into)
+
+    shutil.copytree(
+        kept(path, "gemma4-shape", build), folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns("done")
+    )
+
+
+def _write_gguf(folder) -> None:
+    """The GGUF llama.cpp's converter writes for the folder's tokenizer (t.gguf beside it)."""
+    tokens, scores, types = gemma4_vocab(folder)
+    write_tokenizer_gguf(
+        folder / "t.gguf", folder, "gemma4", "gemma4", tokens, types, scores=scores, space_prefix=False
+    )
 
 
 @pytest.fixture(scope="module", params=["small", pytest.param("gemma3", marks=[pytest.mark.real, pytest.mark.gemma])])
@@ -121,13 +140,15 @@ def case(request, tmp_path_factory):
     """(the tokenizer.json's `tokenizers` Tokenizer, ours from the GGUF the converter writes for it, the GGUF)."""
     from tokenizers import Tokenizer
 
+    from formats.gguf_file import GGUFFile
+
     folder = tmp_path_factory.mktemp(f"gemma4-{request.param}")
-    (_small if request.param == "small" else _gemma3)(folder)
-    tokens, scores, types = gemma4_vocab(folder)
-    fields = write_tokenizer_gguf(
-        folder / "t.gguf", folder, "gemma4", "gemma4", tokens, types, scores=scores, space_prefix=False
-    )
-    ours = TextTokenizer(info_from_gguf(fields, "t.gguf", "gemma4"))
+    if request.param == "small":
+        _small(folder)
+        _write_gguf(folder)
+    else:
+        _gemma3(folder)
+    ours = TextTokenizer(info_from_gguf(GGUFFile(folder / "t.gguf").fields, "t.gguf", "gemma4"))
     return Tokenizer.from_file(str(folder / "tokenizer.json")), ours, folder / "t.gguf"
 
 

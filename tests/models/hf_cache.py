@@ -1,0 +1,97 @@
+"""transformers' own builds from a GGUF, the outside reference the model tests compare with, kept under
+$CADENCE_HOME/hf-reference: its GGUF loader dequantizes a model or rebuilds a tokenizer's vocabulary in Python
+(10 to 60 s each), while what it built loads again in a second or two. Each is keyed by the GGUF's sha256 and
+transformers' version, the two things it depends on; a build is written to a folder of its own and moved into
+place whole, so a build that was cut short is never read."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from common import paths
+
+
+def kept(gguf: Path, what: str, build: Callable[[Path], None]) -> Path:
+    """The folder `build(folder)` writes for `gguf`'s `what`, built here the first time."""
+    import transformers
+
+    h = hashlib.sha256()
+    with open(gguf, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    name = f"{gguf.stem}-{what}-{h.hexdigest()[:12]}-transformers{transformers.__version__}"
+    folder = paths.home() / "hf-reference" / name
+    if (folder / "done").exists():
+        return folder
+    tmp = folder.with_name(f"{name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    build(tmp)
+    (tmp / "done").write_text("")
+    shutil.rmtree(folder, ignore_errors=True)  # a build cut short before its `done`
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another process moved its build in first: the same files
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def hf_model(gguf: Path):
+    """transformers' model of `gguf`, dequantized to fp32, in eval mode."""
+    import torch
+    from safetensors.torch import load_model, save_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    def build(folder: Path) -> None:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (folder / "config.json").write_text(json.dumps(config))
+        save_model(model, folder / "model.safetensors")
+
+    folder = kept(gguf, "fp32", build)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float32)
+    load_model(model, folder / "model.safetensors")
+    return model.eval()
+
+
+def hf_tokenizer(gguf: Path):
+    """transformers' own tokenizer of `gguf`."""
+    from transformers import AutoTokenizer
+
+    def build(folder: Path) -> None:
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
+
+    return AutoTokenizer.from_pretrained(kept(gguf, "tokenizer", build))
+
+
+def hf_greedy(gguf: Path, model, seqs: list[list[int]], n: int) -> list[list[int]]:
+    """`model`'s (transformers' own, of `gguf`) greedy `n` new tokens for each of `seqs`, generated in one
+    left-padded batch (its positions come from the attention mask), no stop token, and kept (with torch's version
+    and the prompts in the key)."""
+    import torch
+
+    key = hashlib.sha256(json.dumps([seqs, n, torch.__version__]).encode()).hexdigest()[:12]
+
+    def build(folder: Path) -> None:
+        width = max(map(len, seqs))
+        inp = torch.tensor([[0] * (width - len(x)) + x for x in seqs])
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in seqs])
+        with torch.no_grad():
+            out = model.generate(
+                inp,
+                attention_mask=mask,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        (folder / "ids.json").write_text(json.dumps(out[:, width:].tolist()))
+
+    return json.loads((kept(gguf, f"greedy-{key}", build) / "ids.json").read_text())
