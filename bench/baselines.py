@@ -41,11 +41,11 @@ class HFBaseline:
         self.target, self.draft_name, self.target_name = load(target), draft, target
         self.draft = load(draft) if draft else None
 
-    def run(self, mode: str, prompt, ids: list[int], chat: bool, max_new: int, stop_ids: set[int], decode) -> dict:
+    def run(self, peer: str, prompt, ids: list[int], chat: bool, max_new: int, stop_ids: set[int], decode) -> dict:
         kwargs = {}
-        if mode == "hf-assisted":
+        if peer == "hf-assisted":
             kwargs["assistant_model"] = self.draft
-        elif mode == "hf-prompt-lookup":
+        elif peer == "hf-prompt-lookup":
             kwargs["prompt_lookup_num_tokens"] = 10
         import torch
 
@@ -63,8 +63,8 @@ class HFBaseline:
             )
         wall = time.perf_counter() - t0
         new = out[0, len(ids) :].tolist()
-        draft = self.draft_name if mode == "hf-assisted" else None
-        return _row(prompt, mode, self.target_name, draft, f"hf-{self.dtype_name}", chat, ids, new, decode, wall)
+        draft = self.draft_name if peer == "hf-assisted" else None
+        return _row(prompt, peer, self.target_name, draft, f"hf-{self.dtype_name}", chat, ids, new, decode, wall)
 
 
 class LlamaCppBaseline:

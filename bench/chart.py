@@ -17,12 +17,14 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from common.modes import Mode
+
 COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1")
 MiB = 1 << 20
 
 
 def _label(row: dict) -> str:
-    if row["mode"] == "tree" and row.get("draft") is None and row.get("memory_budget_bytes"):
+    if row["mode"] == Mode.TREE and row.get("draft") is None and row.get("memory_budget_bytes"):
         return "tree (no draft)"
     return (
         row["mode"]

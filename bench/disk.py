@@ -92,15 +92,15 @@ def main(argv=None) -> int:
     dest = mmap.mmap(-1, nbytes)
     dest.write(b"\0" * nbytes)  # fault the pages in now: the arena's are, too
     rows = []
-    for mode in [m for m in a.modes.split(",") if m]:
+    for how in [m for m in a.modes.split(",") if m]:
         for t in threads:
             for c in chunks:
                 evict_page_cache([a.file])
-                with DirectReader(a.file, threads=t, chunk_bytes=c, direct=mode == "direct") as r:
+                with DirectReader(a.file, threads=t, chunk_bytes=c, direct=how == "direct") as r:
                     st = r.read_into(0, nbytes, dest)
                 rows.append(
                     {
-                        "mode": "direct" if mode == "direct" else "buffered+drop",
+                        "mode": "direct" if how == "direct" else "buffered+drop",
                         "threads": t,
                         "chunk": c,
                         "gbps": round(st.gbps, 3),

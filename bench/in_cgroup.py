@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import CadenceError
+from common.modes import Mode
 from common.settings import ExpertOptions
 from engine.config import RunConfig
 from engine.options import argv
@@ -97,7 +98,9 @@ def _run_argv(cfg: RunConfig, mode: str, budget: int, variant: tuple[str, ...] |
         m = m.replace(ffn_density=float(density))
     if mode in DRAFTS:
         m = m.replace(draft=DRAFTS[mode])
-    elif mode == "tree" and c.tree_draft == "auto":  # each run settles `auto` as `launch run` does (engine/memory.py)
+    elif (
+        mode == Mode.TREE and c.tree_draft == "auto"
+    ):  # each run settles `auto` as `launch run` does (engine/memory.py)
         m = m.replace(draft="auto")
     if variant is not None:
         m = m.replace(experts=ExpertOptions(variant[0], variant[1], cfg.experts.preload_k))
@@ -193,7 +196,11 @@ def bench_cgroup(cfg: RunConfig, prompts: list[Prompt], opts, c: CgroupOptions):
     machine = ThisMachine(say)
     r = tree_pair(cfg, machine, prompts)
     budget, base, gguf = _budgets(cfg, c, r, machine)
-    if r.draft is not None and not r.target.args.moe and {"tree", "chain"} & {m.partition(":")[0] for m in opts.modes}:
+    if (
+        r.draft is not None
+        and not r.target.args.moe
+        and any(m.partition(":")[0] in (Mode.TREE, Mode.CHAIN) for m in opts.modes)
+    ):
         prepare_drafts(cfg.with_mode("tree"), machine)  # here, outside the limit (each run still decides itself)
     print(
         f"cgroup bench: {budget / MiB:.0f} MiB for every mode; target store {r.target.path.stat().st_size / MiB:.0f} "

@@ -7,6 +7,8 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
+from common.modes import Mode
+
 
 def print_table(console: Console, title: str, table: list[list]) -> None:
     """A table on the terminal; piped, as Markdown with nothing cut (BENCHMARKS.md takes it as it is)."""
@@ -48,14 +50,16 @@ def summary_table(rows: list[dict]) -> list[list]:
         cells = []
         for kind in kinds:
             r, base = rate.get((mode, fmt, target, kind)), rate.get(("target", fmt, target, kind))
-            cells.append("" if r is None else f"{r:.2f}" + (f" ({r / base:.2f}x)" if base and mode != "target" else ""))
+            cells.append(
+                "" if r is None else f"{r:.2f}" + (f" ({r / base:.2f}x)" if base and mode != Mode.TARGET else "")
+            )
         every = groups[(mode, fmt, target, "all")]
         n = sum(len(r["new_token_ids"]) for r in every)
         st = {
             k: sum(r["stats"].get(k, 0) for r in every) for k in ("verifications", "accepted", "wasted", "ahead_reused")
         }
         ver = max(st["verifications"], 1)
-        spec = mode in ("chain", "tree")
+        spec = mode in (Mode.CHAIN, Mode.TREE)
         out.append(
             [
                 mode,
@@ -94,7 +98,7 @@ def label(row: dict) -> str:
     if row.get("run"):
         return row["run"]
     mode = row["mode"]
-    if mode == "tree" and row.get("draft") in (None, "flash"):
+    if mode == Mode.TREE and row.get("draft") in (None, "flash"):
         mode = "nodraft" if row.get("draft") is None else "fdraft"
     return f"{mode}/{row['experts']}" if row.get("experts") and row["mode"] != "llama.cpp" else mode
 

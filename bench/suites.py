@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 
 from bench.peers import peer_of, start_peers
+from common.modes import Mode
 from engine.config import RunConfig
 from engine.prompts import Prompt
 from engine.runner import Runner
@@ -32,7 +33,7 @@ WIDTHS = (1, 4, 16, 64)
 
 @dataclass(frozen=True)
 class BenchOptions:
-    modes: tuple[str, ...] = ("target", "chain", "tree")
+    modes: tuple[str, ...] = (Mode.TARGET, Mode.CHAIN, Mode.TREE)
     baselines: tuple[str, ...] = ()
     hf_dtype: str = "bf16"
     formats: tuple[str, ...] = ("fp32", "bf16", "int8", "int4")
@@ -64,7 +65,7 @@ def _close(peers: dict) -> None:
 def modes(cfg: RunConfig, prompts: list[Prompt], opts: BenchOptions):
     """Our modes on one runner (the models loaded once) and the other engines, prompt by prompt."""
     rows = []
-    run_mode = "tree" if any(m not in ("target", "std", "stdpl") for m in opts.modes) else opts.modes[0]
+    run_mode = Mode.TREE if any(m not in (Mode.TARGET, Mode.STD, Mode.STDPL) for m in opts.modes) else opts.modes[0]
     with Runner(cfg.with_mode(run_mode), prompts) as runner:
         peers = _peers(runner.plan.asked.replace(draft=runner.plan.options()["draft"]), opts.baselines, opts)
         try:
@@ -87,7 +88,7 @@ def lossless_check(rows: list[dict], ref_mode: str = "target") -> dict:
     ref = {r["id"]: r["new_token_ids"] for r in rows if r["mode"] == ref_mode}
     out = {}
     for r in rows:
-        if r["mode"] in ("chain", "tree", "stdpl") and r["mode"] != ref_mode and r["id"] in ref:
+        if r["mode"] in (Mode.CHAIN, Mode.TREE, Mode.STDPL) and r["mode"] != ref_mode and r["id"] in ref:
             out.setdefault(r["mode"], []).append(r["new_token_ids"] == ref[r["id"]])
     return {m: all(v) for m, v in out.items()}
 

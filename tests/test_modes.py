@@ -10,7 +10,7 @@ from common.settings import TreeConfig
 from engine.config import RunConfig
 from tests.test_layout import PACKAGES, _modules
 
-PRODUCT = tuple(p for p in PACKAGES if p != "bench")
+PRODUCT = PACKAGES
 
 
 def _name(node) -> str | None:
