@@ -17,6 +17,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from bench.report import LLAMA_CPP
 from common.modes import Mode
 
 COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1")
@@ -26,11 +27,7 @@ MiB = 1 << 20
 def _label(row: dict) -> str:
     if row["mode"] == Mode.TREE and row.get("draft") is None and row.get("memory_budget_bytes"):
         return "tree (no draft)"
-    return (
-        row["mode"]
-        if row["mode"] in ("llama.cpp",) or row.get("format") == "int4"
-        else f"{row['mode']} {row['format']}"
-    )
+    return row["mode"] if row["mode"] == LLAMA_CPP or row.get("format") == "int4" else f"{row['mode']} {row['format']}"
 
 
 def _budget(row: dict) -> str:
@@ -106,7 +103,7 @@ def page(rows: list[dict], title: str = "cadence benchmark") -> str:
     for r in rows:
         by_budget[_budget(r)].append(r)
     charts = [f"<figure>{chart_svg(rs, budget)}</figure>" for budget, rs in by_budget.items()]
-    models = sorted({f"{r['target']} ({r['format']})" for r in rows if r["mode"] != "llama.cpp"})
+    models = sorted({f"{r['target']} ({r['format']})" for r in rows if r["mode"] != LLAMA_CPP})
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>

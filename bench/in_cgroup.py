@@ -36,9 +36,17 @@ from engine.inputs import tree_pair
 from engine.machine import ThisMachine
 from engine.prompts import Prompt
 from models.shapes import KV_DTYPES
-from bench.report import label, lossless
+from bench.report import LLAMA_CPP, label, lossless
 
-MODES = ("std", "stdpl", "chain", "tree", "nodraft", "fdraft", "flash")  # flash@D: --mode flash --ffn-density D
+MODES = (
+    Mode.STD,
+    Mode.STDPL,
+    Mode.CHAIN,
+    Mode.TREE,
+    "nodraft",
+    "fdraft",
+    Mode.FLASH,
+)  # flash@D: --mode flash --ffn-density D
 DRAFTS = {"nodraft": "none", "fdraft": "flash"}  # tree mode with this --draft
 MiB = 1 << 20
 
@@ -269,8 +277,10 @@ def speed_table(rows: list[dict], names: list[str]) -> list[list]:
         for n in names
         for k in [*kinds, "all"]
     }
-    first = next((n for n in names if n != "llama.cpp"), "stdpl")
-    ref = "stdpl" if "stdpl" in names else first  # a mixture of experts: its first variant (on demand, where it ran)
+    first = next((n for n in names if n != LLAMA_CPP), Mode.STDPL)
+    ref = (
+        Mode.STDPL if Mode.STDPL in names else first
+    )  # a mixture of experts: its first variant (on demand, where it ran)
     out = [["run", *kinds, "all", f"/ {ref}", "/ llama.cpp", "accepted / verification"]]
     for n in names:
         rs = [r for r in rows if label(r) == n]

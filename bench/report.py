@@ -9,6 +9,8 @@ from rich.table import Table
 
 from common.modes import Mode
 
+LLAMA_CPP = "llama.cpp"  # a row of llama.cpp's: its `mode` names the engine, not a mode of ours
+
 
 def print_table(console: Console, title: str, table: list[list]) -> None:
     """A table on the terminal; piped, as Markdown with nothing cut (BENCHMARKS.md takes it as it is)."""
@@ -100,17 +102,17 @@ def label(row: dict) -> str:
     mode = row["mode"]
     if mode == Mode.TREE and row.get("draft") in (None, "flash"):
         mode = "nodraft" if row.get("draft") is None else "fdraft"
-    return f"{mode}/{row['experts']}" if row.get("experts") and row["mode"] != "llama.cpp" else mode
+    return f"{mode}/{row['experts']}" if row.get("experts") and row["mode"] != LLAMA_CPP else mode
 
 
 def lossless(rows: list[dict]) -> dict:
     """Per run: did it give std's token ids (stdpl's when std did not run; the first run of a mixture of
     experts) on every prompt? A run with half KV caches (`tree:f16`) against the same at f16 (`stdpl:f16`)."""
     out: dict[str, list[bool]] = {}
-    for kv in dict.fromkeys(label(r).partition(":")[2] for r in rows if r["mode"] != "llama.cpp"):
-        at = [r for r in rows if r["mode"] != "llama.cpp" and label(r).partition(":")[2] == kv]
+    for kv in dict.fromkeys(label(r).partition(":")[2] for r in rows if r["mode"] != LLAMA_CPP):
+        at = [r for r in rows if r["mode"] != LLAMA_CPP and label(r).partition(":")[2] == kv]
         names = list(dict.fromkeys(label(r).partition(":")[0] for r in at))
-        ref_mode = "std" if "std" in names else "stdpl" if "stdpl" in names else names[0]
+        ref_mode = Mode.STD if Mode.STD in names else Mode.STDPL if Mode.STDPL in names else names[0]
         ref_mode += f":{kv}" if kv else ""
         ref = {r["id"]: r["new_token_ids"] for r in at if label(r) == ref_mode}
         for r in at:

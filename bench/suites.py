@@ -82,7 +82,7 @@ def modes(cfg: RunConfig, prompts: list[Prompt], opts: BenchOptions):
     return rows, {"lossless": lossless_check(rows)}
 
 
-def lossless_check(rows: list[dict], ref_mode: str = "target") -> dict:
+def lossless_check(rows: list[dict], ref_mode: str = Mode.TARGET) -> dict:
     """Per mode: does every mode of ours give the reference mode's token ids on every prompt (greedy, or sampled with
     the same seed and controls: models/sampling.py)?"""
     ref = {r["id"]: r["new_token_ids"] for r in rows if r["mode"] == ref_mode}

@@ -9,8 +9,8 @@ measured over MIN_VERIFICATIONS or more, in place of the rule of thumb (TOKENS_P
 draft (BENCHMARKS.md: the int4 0.5B draft writes 5 tokens a verification under a budget), a weak one or a
 repetitive workload contradicts.
 A plan that drops a draft on its record never measures it again, and the workload may change: once the trie alone
-has run RETRY forwards since the draft's record last grew, the draft is priced by the rule once more (said), and
-where the rule keeps it the run measures it again.
+has run RETRY forwards since the draft's record last grew, the draft is priced by the rule once more where its
+record measured less (said), and the run that keeps it measures it afresh (the old figures dropped).
 `CADENCE_LEARN=0` in the environment: plans from the rule of thumb, and nothing kept (plans that do not depend on
 the runs before them: the test suite's; `launch bench`'s unless the environment says otherwise)."""
 
@@ -83,7 +83,11 @@ class Acceptance:
         s = min(1.0, KEEP / max(self.forwards + other.forwards, 1))
         summed = {f: (getattr(self, f) + getattr(other, f)) * s for f in FIELDS}
         return replace(
-            self, **summed, runs=self.runs + runs, updated=updated or self.updated, total=self.total + other.forwards
+            self,
+            **summed,
+            runs=self.runs + runs,
+            updated=updated or self.updated,
+            total=self.total + max(other.total, other.forwards),  # a run's own count, before its figures decayed
         )
 
     def add(self, stats: dict, new_tokens: int) -> "Acceptance":
@@ -138,18 +142,23 @@ def expected(target_dir, draft_dir, head_rows: int) -> Expected:
     elif stale:
         lines = [
             got.describe("the draft")
-            + f", before the trie alone ran {alone.total - got.alone_at:.0f} forwards here: priced as assumed "
-            f"({TOKENS_PER_VERIFICATION} tokens a verification), to be measured again"
+            + f", before the trie alone ran {alone.total - got.alone_at:.0f} forwards here: to be measured again"
+            + (
+                f", priced as assumed ({TOKENS_PER_VERIFICATION} tokens a verification) meanwhile"
+                if got.per_verification() < TOKENS_PER_VERIFICATION
+                else ""
+            )
         ]
     else:
         lines = [got.describe("the draft")]
     alone_speaks = alone.forwards >= MIN_VERIFICATIONS
     lines += [alone.describe("the trie alone", forward=True)] if alone_speaks else []
-    fresh = got.speaks and not stale
+    # a stale record only ever makes the draft likelier to run: its figure where it measured more than the rule
+    measured = got.speaks and (not stale or got.per_verification() >= TOKENS_PER_VERIFICATION)
     return Expected(
-        got.per_verification() if fresh else TOKENS_PER_VERIFICATION,
+        got.per_verification() if measured else TOKENS_PER_VERIFICATION,
         alone.per_forward() if alone_speaks else 1.0,
-        got.shape() if fresh else None,  # None: the width's
+        got.shape() if measured else None,  # None: the width's
         "acceptance: " + "; ".join(lines),
         stale,
     )
@@ -188,8 +197,11 @@ def record(k: str, measured: Acceptance, ended: bool = True, alone: str | None =
     its target's trie alone (whose forwards since tell when to measure the draft again: `expected`)."""
     if not (measured.forwards and learning()):
         return read(k)
-    out = read(k).plus(measured, runs=int(ended), updated=time.strftime("%Y-%m-%d %H:%M"))
-    out = replace(out, alone_at=read(alone).total) if alone else out
+    old, clock = read(k), read(alone).total if alone else 0.0
+    if alone and old.speaks and clock - old.alone_at >= RETRY:  # measured again after long: the old figures go
+        old = Acceptance(runs=old.runs, total=old.total)
+    out = old.plus(measured, runs=int(ended), updated=time.strftime("%Y-%m-%d %H:%M"))
+    out = replace(out, alone_at=clock) if alone else out
     try:
         keep(_path(k), asdict(out))
     except OSError:

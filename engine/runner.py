@@ -241,13 +241,25 @@ class Runner:
             )
             self._measured = acceptance.Acceptance()
 
+    def _dense_cpu(self, run: RunPlan) -> bool:
+        """A generation whose forwards are the calibration's: one at a time, the target's whole layers on the CPU
+        (not a batch's, a sparse FFN's, a mixture's few experts or a GPU's), for engine/costs.py `refresh_compute`."""
+        d = run.draft if run.speculative else None
+        return (
+            self._batch is None
+            and run.device == "cpu"
+            and Mode.FLASH not in (run.mode, self.plan.mode)
+            and not (d and d.kind is DraftKind.FLASH)
+            and not self.plan.target.args.moe
+        )
+
     def _completion(self, prompt: Prompt, run: RunPlan, chat: bool, gen, text: str) -> Completion:
         stop = self.tokenizer.stop_ids
         finish = "stop" if gen.new_ids and gen.new_ids[-1] in stop else "length"
         d = run.draft if run.speculative else None
         if run.mode is Mode.TREE and d.kind is not DraftKind.FLASH:
             self._learn(gen)
-        if self._batch is None and not (d and d.kind is DraftKind.FLASH) and not self.plan.target.args.moe:
+        if self._dense_cpu(run):
             self._forwards.add(gen.stats, len(gen.new_ids), gen.wall_s - gen.prefill_s)  # whole forwards of all rows
         row = make_row(
             id=prompt.id,

@@ -14,7 +14,16 @@ PRODUCT = PACKAGES
 
 
 def _name(node) -> str | None:
+    """A name, an attribute's, or a subscript's string key (`row["mode"]`)."""
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+        return node.slice.value
     return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def _is_mode(node) -> bool:
+    """`mode`, `run_mode`, `self.mode`, `row["mode"]`...: what holds a run's mode (not `chat_mode`: a template's)."""
+    name = _name(node) or ""
+    return name == "mode" or (name.endswith("_mode") and name != "chat_mode")
 
 
 def _strings(node) -> list[str]:
@@ -38,7 +47,7 @@ def test_no_product_code_compares_a_mode_to_a_string():
         for node in ast.walk(tree):
             if isinstance(node, ast.Compare):
                 operands = [node.left, *node.comparators]
-                if any(_name(x) == "mode" for x in operands) and any(_strings(x) for x in operands):
+                if any(map(_is_mode, operands)) and any(_strings(x) for x in operands):
                     found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
     assert not found, found
 

@@ -16,29 +16,42 @@ from typing import Callable
 from common import paths
 
 
-def kept(gguf: Path, what: str, build: Callable[[Path], None]) -> Path:
-    """The folder `build(folder)` writes for `gguf`'s `what`, built here the first time."""
-    import transformers
+def kept(gguf: Path, what: str, build: Callable[[Path], None], depends: str = "") -> Path:
+    """The folder `build(folder)` writes for `gguf`'s `what`, built here the first time. The key: the GGUF's sha256,
+    the versions of the packages that read it (transformers, tokenizers, gguf) and `depends` (what else the build
+    depends on, e.g. the sources of the code that writes it)."""
+    from importlib.metadata import version
 
     h = hashlib.sha256()
     with open(gguf, "rb") as f:
         for block in iter(lambda: f.read(1 << 24), b""):
             h.update(block)
-    name = f"{gguf.stem}-{what}-{h.hexdigest()[:12]}-transformers{transformers.__version__}"
+    h.update(" ".join([depends, *(version(p) for p in ("transformers", "tokenizers", "gguf"))]).encode())
+    name = f"{gguf.stem}-{what}-{h.hexdigest()[:16]}"
     folder = paths.home() / "hf-reference" / name
     if (folder / "done").exists():
         return folder
     tmp = folder.with_name(f"{name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    build(tmp)
-    (tmp / "done").write_text("")
-    shutil.rmtree(folder, ignore_errors=True)  # a build cut short before its `done`
     try:
+        build(tmp)
+        (tmp / "done").write_text("")
+        if (folder / "done").exists():  # another process finished the same build first
+            return folder
+        shutil.rmtree(folder, ignore_errors=True)  # a build cut short before its `done`
         os.replace(tmp, folder)
-    except OSError:  # another process moved its build in first: the same files
-        shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:
+        if not (folder / "done").exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a build that failed, or lost the race, leaves nothing
     return folder
+
+
+def sources(*files: Path) -> str:
+    """The sha256 of these files' text: a build's `depends` where code of the suite writes it."""
+    return hashlib.sha256(b"".join(Path(f).read_bytes() for f in files)).hexdigest()
 
 
 def hf_model(gguf: Path):
@@ -60,14 +73,29 @@ def hf_model(gguf: Path):
     return model.eval()
 
 
+PROBES = ("Cafe\u0301 na\u0131ve \ufb01le", "  def f(x):\n\treturn x**2  # \u00e9t\u00e9", "\u4f60\u597d, world! 123")
+
+
 def hf_tokenizer(gguf: Path):
-    """transformers' own tokenizer of `gguf`."""
-    from transformers import AutoTokenizer
+    """transformers' own tokenizer of `gguf`: its `tokenizers` pipeline as transformers built it from the GGUF, kept
+    as that pipeline's JSON and wrapped again (transformers' tokenizer classes add steps of their own when they load
+    a folder: Qwen2's an NFC normalizer the GGUF's has not). The build checks the kept one encodes as the built one,
+    decomposed text (NFD) included."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    def wrap(folder: Path):
+        return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(folder / "tokenizer.json")))
 
     def build(folder: Path) -> None:
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
+        built = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        built.backend_tokenizer.save(str(folder / "tokenizer.json"))
+        again = wrap(folder)
+        for text in PROBES:
+            want = built(text, add_special_tokens=False)["input_ids"]
+            assert again(text, add_special_tokens=False)["input_ids"] == want, f"the kept tokenizer differs on {text!r}"
 
-    return AutoTokenizer.from_pretrained(kept(gguf, "tokenizer", build))
+    return wrap(kept(gguf, "tokenizer", build))
 
 
 def hf_greedy(gguf: Path, model, seqs: list[list[int]], n: int) -> list[list[int]]:

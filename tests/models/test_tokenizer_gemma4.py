@@ -18,6 +18,7 @@ installed.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import random
 import re
 
@@ -103,7 +104,7 @@ def _gemma3(folder) -> None:
     from transformers.tokenization_utils_base import generate_merges
 
     from formats.gguf_file import GGUFFile
-    from tests.models.hf_cache import kept
+    from tests.models.hf_cache import kept, sources
 
     path = paths.models_dir() / "gemma-3-270m-q4_k_m.gguf"
     if not path.exists():
@@ -122,9 +123,9 @@ def _gemma3(folder) -> None:
         write_folder(into, vocab, merges, SPECIALS + controls, [t for t in tokens if t and not t.strip("\n")])
         _write_gguf(into)
 
-    shutil.copytree(
-        kept(path, "gemma4-shape", build), folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns("done")
-    )
+    depends = sources(__file__, Path(__file__).with_name("gguf_tokenizer_files.py"))  # the code that writes it
+    done = kept(path, "gemma4-shape", build, depends)
+    shutil.copytree(done, folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns("done"))
 
 
 def _write_gguf(folder) -> None:

@@ -75,10 +75,14 @@ def test_a_draft_the_trie_alone_has_long_run_past_is_priced_by_the_rule_to_be_me
     assert acceptance.read(alone).total == RETRY + 100 and acceptance.read(alone).forwards == pytest.approx(KEEP)
     got = acceptance.expected("/t", "/d", 0)
     assert (got.gives, got.shape, got.stale) == (TOKENS_PER_VERIFICATION, None, True)
-    assert f"before the trie alone ran {RETRY} forwards here: priced as assumed" in got.said, got.said
-    acceptance.record(draft, Acceptance(200, 500, 200, 700), alone=alone)  # the draft measured again
+    assert f"before the trie alone ran {RETRY} forwards here: to be measured again, priced as assumed" in got.said
+    acceptance.record(draft, Acceptance(200, 500, 200, 700), alone=alone)  # measured afresh: the old figures go
     got = acceptance.expected("/t", "/d", 0)
-    assert not got.stale and got.gives == pytest.approx(1 + 540 / 400)
+    assert not got.stale and got.gives == pytest.approx(1 + 500 / 200) and acceptance.read(draft).runs == 2
+    # a strong draft's record gone stale keeps its figure: staleness only makes a plan likelier to run the draft
+    acceptance.record(alone, Acceptance(0, 0, RETRY, RETRY))
+    got = acceptance.expected("/t", "/d", 0)
+    assert got.stale and got.gives == pytest.approx(3.5) and got.shape is None  # no tree counted: the width's
 
 
 def test_without_learning_nothing_is_kept_or_read(learning, monkeypatch):

@@ -265,9 +265,23 @@ def test_a_runs_forwards_lower_row_figures_kept_too_high_and_nothing_else(tmp_pa
     lowered = costs(target, None)
     assert lowered.layer_s[9] < high["layer_s"]["9"] / 2 and "lowered by a run's forwards" in lowered.describe()
     assert json.loads(other.read_text())["layer_s"] == high["layer_s"]
-    said = []
-    run(said)
-    assert costs(target, None).layer_s == lowered.layer_s and not any("busy machine" in s for s in said), said
     from engine.costs import Forwards
 
+    one = lowered.forward_s(target.args.n_layers, 1, 0)  # what a forward of one row now prices at: the run's
+    assert refresh_compute(target, Forwards(plain=80, seconds=80 * one / 1.2)) == []  # not 1.25x faster
     assert refresh_compute(target, Forwards(plain=15, seconds=1e-9)) == []  # too few forwards to speak
+    assert costs(target, None).layer_s == lowered.layer_s
+
+
+def test_a_generations_forwards_count_their_rows_and_seconds():
+    """A speculative generation's plain steps (one row) and verifications (their trees' rows and the root's), in
+    the seconds its loop timed them; a target-only one's tokens after the prompt's, in its decode time."""
+    from engine.costs import Forwards
+
+    f = Forwards()
+    f.add({"verifications": 10, "plain_steps": 4, "drafted": 80, "verify_s": 1.5}, 40, 9.0)
+    assert (f.plain, f.verifications, f.rows, f.seconds, f.count) == (4, 10, 90, 1.5, 14)  # 9 rows a verification
+    f.add({}, 33, 0.8)  # a target-only generation: 32 forwards after the prompt's
+    assert (f.plain, f.verifications, f.seconds) == (36, 10, pytest.approx(2.3))
+    f.add({}, 1, 0.1)  # the prompt's token alone: no forward after it
+    assert f.count == 46
