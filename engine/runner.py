@@ -24,7 +24,7 @@ from common.errors import CadenceError
 from common.settings import SamplingConfig
 from engine import acceptance
 from engine.config import RunConfig
-from engine.costs import Forwards
+from engine.costs import Forwards, refresh_compute, refresh_disk
 from engine.decide import decide
 from engine.inputs import read_inputs
 from engine.machine import ThisMachine
@@ -90,8 +90,6 @@ class Runner:
     def _refresh_costs(self) -> None:
         """What the run's loader read, kept as the disk's rate where it shows the kept figure too slow; what its
         target forwards took, as the rows' figures where it shows them too high."""
-        from engine.costs import refresh_compute, refresh_disk
-
         streamer = getattr(getattr(self.session, "target", None), "streamer", None)  # --mode flash: no target side
         if streamer is not None and streamer.total.direct:
             refresh_disk(streamer.total.bytes, streamer.total.seconds, self._say)
