@@ -239,10 +239,10 @@ class Runner:
             )
             self._measured = acceptance.Acceptance()
 
-    def _dense_cpu(self, run: RunPlan) -> bool:
-        """A generation whose forwards are the calibration's: one at a time, the target's whole layers on the CPU
-        (not a batch's, a sparse FFN's, a mixture's few experts or a GPU's), for engine/costs.py `refresh_compute`."""
-        d = run.draft if run.speculative else None
+    def _dense_cpu(self, run: RunPlan, d) -> bool:
+        """A generation (its plan, its draft or None) whose forwards are the calibration's: one at a time, the target's
+        whole layers on the CPU (not a batch's, a sparse FFN's, a mixture's few experts or a GPU's), for
+        engine/costs.py `refresh_compute`."""
         return (
             self._batch is None
             and run.device == "cpu"
@@ -257,7 +257,7 @@ class Runner:
         d = run.draft if run.speculative else None
         if run.mode is Mode.TREE and d.kind is not DraftKind.FLASH:
             self._learn(gen)
-        if self._dense_cpu(run):
+        if self._dense_cpu(run, d):
             self._forwards.add(gen.stats, len(gen.new_ids), gen.wall_s - gen.prefill_s)  # whole forwards of all rows
         row = make_row(
             id=prompt.id,

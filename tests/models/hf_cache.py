@@ -22,10 +22,9 @@ def kept(gguf: Path, what: str, build: Callable[[Path], None], depends: str = ""
     depends on, e.g. the sources of the code that writes it)."""
     from importlib.metadata import version
 
-    h = hashlib.sha256()
-    with open(gguf, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
+    from formats.source import sha256_file
+
+    h = hashlib.sha256(sha256_file(gguf).encode())
     h.update(" ".join([depends, *(version(p) for p in ("transformers", "tokenizers", "gguf"))]).encode())
     name = f"{gguf.stem}-{what}-{h.hexdigest()[:16]}"
     folder = paths.home() / "hf-reference" / name
