@@ -74,7 +74,7 @@ def server(args: list[str], budget: int | None, evict: list[Path], log=None, com
             url, end = f"http://127.0.0.1:{port}", time.monotonic() + 900
             while time.monotonic() < end:
                 if proc.poll() is not None:
-                    raise SystemExit(f"{argv[0]} exited with {proc.returncode} before it was ready")
+                    raise SystemExit(f"{argv[0]} exited with {proc.returncode} before it was ready{_said(log)}")
                 with contextlib.suppress(httpx.HTTPError):
                     if httpx.get(url + "/health", timeout=2).status_code == 200:
                         break
@@ -86,6 +86,16 @@ def server(args: list[str], budget: int | None, evict: list[Path], log=None, com
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def _said(log) -> str:
+    """The last lines a server wrote to `log` (a file this process can read back), to say why it stopped."""
+    if log is None or not hasattr(log, "seek") or not log.seekable():
+        return ""
+    log.flush()
+    log.seek(0)
+    tail = [ln.rstrip() for ln in log.read().splitlines() if ln.strip()][-5:]
+    return ":\n" + "\n".join(tail) if tail else ""
 
 
 def talk(url: str, turns: int, max_tokens: int) -> list[dict]:

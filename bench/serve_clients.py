@@ -69,7 +69,7 @@ def send(url: str, prompts: list[dict], clients: int, max_tokens: int) -> dict:
 
 
 def run(
-    budget: str | None, slots: int, clients: int, draft: str, prompts: list[dict], max_tokens: int, kv: str = "f32"
+    budget: str | None, slots: int, clients: int, draft: str, prompts: list[dict], max_tokens: int, kv: str = "f16"
 ) -> dict:
     """One server (`--parallel slots --draft draft --kv-dtype kv`) and `clients` clients: the figures and the plan it
     printed."""
@@ -116,7 +116,9 @@ def main(argv=None) -> None:
     p.add_argument("--gguf", default=None, help="the GGUF it runs (default: the pulled default target's)")
     p.add_argument("--llama-clients", default=None, help="llama-server's -np values (default: 1 and --clients)")
     p.add_argument("--ours-from", default=None, help="our rows from an earlier --out (llama-server's runs only)")
-    p.add_argument("--kv-dtypes", default="f32", help="the servers' --kv-dtype: every run at each")
+    p.add_argument(
+        "--kv-dtypes", default="f16", help="the servers' --kv-dtype, every run at each (default: the doors' own)"
+    )
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     kvs = a.kv_dtypes.split(",")
@@ -153,7 +155,7 @@ def table(a, prompts, singles, many, llama) -> None:
     print(f"{'':<44}{'tok/s':>8}{'x one':>7}{'TTFT med':>10}{'peak held':>11}  equal  plan")
     for r in singles + many + llama:
         ours = not r["draft"].startswith("llama")
-        kv = f", --kv-dtype {r['kv']}" if r.get("kv", "f32") != "f32" else ""
+        kv = f", --kv-dtype {r['kv']}" if r.get("kv", "f32") != "f16" else ""
         label = f"{r['clients']} client(s), " + (
             f"--parallel {r['slots']}, --draft {r['draft']}{kv}" if ours else r["draft"]
         )

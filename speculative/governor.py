@@ -70,9 +70,11 @@ class CostModel:
     verify_s: dict[int, float] = field(default_factory=dict)  # rows -> one verification
     shape: dict[Arm, tuple[float, float, float]] = field(default_factory=dict)  # arm -> forwards, rows, depth
     worth_priced: bool = False  # a budget's tokens from the trees' worths (best-first trees), else the chain's
-    worth: dict[int, float] = field(default_factory=dict)  # k -> the summed worth of a tree's best k nodes
-    accepted: float | None = None  # draft tokens a verification accepted ...
-    predicted: float | None = None  # ... and the summed worth of the trees verified (moving averages)
+    worth: dict[int, float] = field(default_factory=dict)  # k -> the worth of a tree's k-th best node (moving
+    # averages, each rank its own: a narrow tree leaves the wider ranks as the last wide one measured them)
+    accepted: float = PRIOR_HITS  # draft tokens the verifications accepted ...
+    predicted: float = PRIOR_TRIES  # ... and the summed worth of the trees verified: sums that fade as `hits` and
+    # `tries` do, from the same prior (one tree that missed must not price every budget at nothing)
     keep: float = 0.7
 
     @property
@@ -91,23 +93,21 @@ class CostModel:
         old = self.shape.get(arm)
         new = (c.forwards, c.rows, c.depth)
         self.shape[arm] = new if old is None else tuple(self.keep * a + (1 - self.keep) * b for a, b in zip(old, new))
-        if c.worth and all(
-            map(math.isfinite, c.worth)
-        ):  # one tree tells what each smaller budget's best nodes are worth
-            total = 0.0
-            for k, w in enumerate(c.worth, 1):
-                total += w
-                self.worth[k] = _ema(self.worth.get(k), total, self.keep)
-            self.accepted = _ema(self.accepted, c.accepted, self.keep)
-            self.predicted = _ema(self.predicted, total, self.keep)
+        if c.worth and all(map(math.isfinite, c.worth)):  # one tree tells what each smaller budget's nodes are worth
+            for k, w in enumerate(c.worth, 1):  # (plain averages: a worth that rises is news, not a stall)
+                old = self.worth.get(k)
+                self.worth[k] = w if old is None else self.keep * old + (1 - self.keep) * w
+            self.accepted = fade * self.accepted + c.accepted
+            self.predicted = fade * self.predicted + sum(c.worth)
 
     def expected(self, size: int, depth: float) -> float:
         """Draft tokens a verification of a tree of `size` nodes and `depth` accepts: the summed worth of the best
         `size` nodes of the trees drafted (a node is accepted about as often as the draft believes its whole path,
         scaled by how the draft's beliefs fared), where trees that large were seen; else a chain's, from the
         acceptance per depth."""
-        if self.worth_priced and self.predicted:  # self.worth holds k = 1 .. the largest tree seen
-            return self.worth[min(size, len(self.worth))] * self.accepted / self.predicted
+        if self.worth_priced and self.worth:  # self.worth holds k = 1 .. the largest tree seen
+            best = sum(self.worth[k] for k in range(1, min(size, len(self.worth)) + 1))
+            return best * self.accepted / max(self.predicted, 1e-9)
         return sum(self.p**i for i in range(1, max(1, round(depth)) + 1))
 
     def verification(self, rows: float) -> float | None:
