@@ -219,36 +219,22 @@ def plan_memory(
     everything = sum(sizes.values())
     fixed = data + o.held(draft, streamed=False)
     if fixed + everything <= budget:  # all resident: nothing streams
-        return MemoryPlan(
-            budget,
-            draft_weights,
-            draft_kv,
-            target_kv,
-            fixed,
-            tuple(names),
-            (),
-            everything,
-            0,
-            0,
-            o,
-            smallest=fixed + everything,
-            group_bytes=sizes,
-        )
-    fixed = data + o.held(draft, streamed=True)
-    smallest = fixed + 2 * max(sizes.values())
-    if budget < smallest:
-        raise CadenceError(
-            f"a memory budget of {fmt(budget)} is too small: it must hold "
-            f"{f'the draft ({fmt(draft_weights)}), ' if draft else ''}the KV "
-            f"caches ({fmt(draft_kv + target_kv)}), the runtime's processes, activations and code "
-            f"({fmt(fixed - draft_weights - draft_kv - target_kv)}) and two streaming slots "
-            f"({fmt(2 * max(sizes.values()))}); the smallest budget that works is {fmt(smallest)}"
-        )
-    resident = _resident(names, sizes, budget - fixed)
-    held = sum(sizes[n] for n in resident)
-    streamed = [n for n in names if n not in resident]  # in the order a forward needs them
-    slot = max(sizes[n] for n in streamed)
-    n_slots = 3 if max_slots >= 3 and fixed + held + 3 * slot <= budget and len(streamed) >= 3 else 2
+        resident, smallest, slot, n_slots = names, fixed + everything, 0, 0
+    else:
+        fixed = data + o.held(draft, streamed=True)
+        smallest = fixed + 2 * max(sizes.values())
+        if budget < smallest:
+            raise CadenceError(
+                f"a memory budget of {fmt(budget)} is too small: it must hold "
+                f"{f'the draft ({fmt(draft_weights)}), ' if draft else ''}the KV "
+                f"caches ({fmt(draft_kv + target_kv)}), the runtime's processes, activations and code "
+                f"({fmt(fixed - draft_weights - draft_kv - target_kv)}) and two streaming slots "
+                f"({fmt(2 * max(sizes.values()))}); the smallest budget that works is {fmt(smallest)}"
+            )
+        resident = _resident(names, sizes, budget - fixed)
+        held = sum(sizes[n] for n in resident)
+        slot = max(sizes[n] for n in names if n not in resident)
+        n_slots = 3 if max_slots >= 3 and fixed + held + 3 * slot <= budget and len(names) - len(resident) >= 3 else 2
     return MemoryPlan(
         budget,
         draft_weights,
@@ -256,8 +242,8 @@ def plan_memory(
         target_kv,
         fixed,
         tuple(n for n in names if n in resident),
-        tuple(streamed),
-        held,
+        tuple(n for n in names if n not in resident),  # in the order a forward needs them
+        sum(sizes[n] for n in resident),
         slot,
         n_slots,
         o,
