@@ -113,9 +113,14 @@ def learning() -> bool:
     return os.environ.get("CADENCE_LEARN", "1") != "0"
 
 
+RECORDS = 2  # the records' generation: those of 1 were written by runs whose governor, after a first tree that
+# missed, could step plainly to the end (speculative/governor.py before 2026-11-30), measuring a draft far below what
+# it gives; they are not read
+
+
 def key(target_dir, draft_dir, head_rows: int) -> str:
     """The pair: the target's store, the draft's (None: the trie alone) and the token rows its head keeps."""
-    return hashlib.sha256(f"{target_dir} {draft_dir or ''} {head_rows}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{target_dir} {draft_dir or ''} {head_rows} {RECORDS}".encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
