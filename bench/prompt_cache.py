@@ -90,11 +90,16 @@ def server(args: list[str], budget: int | None, evict: list[Path], log=None, com
 
 def _said(log) -> str:
     """The last lines a server wrote to `log` (a file this process can read back), to say why it stopped."""
-    if log is None or not hasattr(log, "seek") or not log.seekable():
+    if not (hasattr(log, "seekable") and log.seekable() and log.readable()) or log in (sys.stderr, sys.stdout):
         return ""
-    log.flush()
-    log.seek(0)
-    tail = [ln.rstrip() for ln in log.read().splitlines() if ln.strip()][-5:]
+    try:
+        log.flush()
+        log.seek(0)
+        text = log.read()
+    except (OSError, ValueError):
+        return ""
+    text = text.decode(errors="replace") if isinstance(text, bytes) else text
+    tail = [ln.rstrip() for ln in text.splitlines() if ln.strip()][-5:]
     return ":\n" + "\n".join(tail) if tail else ""
 
 

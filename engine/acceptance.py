@@ -120,7 +120,8 @@ RECORDS = 2  # the records' generation: those of 1 were written by runs whose go
 
 def key(target_dir, draft_dir, head_rows: int) -> str:
     """The pair: the target's store, the draft's (None: the trie alone) and the token rows its head keeps."""
-    return hashlib.sha256(f"{target_dir} {draft_dir or ''} {head_rows} {RECORDS}".encode()).hexdigest()[:16]
+    generation = f" {RECORDS}" if draft_dir else ""  # the trie alone's records stand: no draft budget priced them
+    return hashlib.sha256(f"{target_dir} {draft_dir or ''} {head_rows}{generation}".encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ class CostModel:
         acceptance per depth."""
         if self.worth_priced and self.worth:  # self.worth holds k = 1 .. the largest tree seen
             best = sum(self.worth[k] for k in range(1, min(size, len(self.worth)) + 1))
-            return best * self.accepted / max(self.predicted, 1e-9)
+            return min(size, best * self.accepted / max(self.predicted, 1e-9))
         return sum(self.p**i for i in range(1, max(1, round(depth)) + 1))
 
     def verification(self, rows: float) -> float | None:

@@ -429,25 +429,26 @@ def test_one_stalled_cycle_does_not_price_drafting_out():
 
 
 def test_a_first_tree_that_missed_does_not_price_drafting_out():
-    """Under the wall a forward costs the disk's 0.7 s whatever its rows. The first best-first tree of 16 (its
-    nodes worth 3.7 tokens) has its first token wrong; the trees after it are accepted as their worths say. One
-    miss once priced every budget at nothing for good (the average of what was accepted started at 0, and a
-    sample above an average of 0 never moved it) and the governor stepped plainly, a token a forward: it plays
-    wide trees again at once, and keeps them."""
+    """Under the wall a forward costs the disk's 0.7 s whatever its rows. A best-first tree of 16 nodes is a chain
+    of 8 the draft believes (each node's path 0.9^k) and 8 side branches it doubts; the first tree has its first
+    token wrong, the trees after it are accepted as their worths say. One miss once priced every budget at nothing
+    for good (the average of what was accepted started at 0, and a sample above an average of 0 never moved it)
+    and the governor stepped plainly, a token a forward: it plays the widest tree again at once, and keeps it."""
     from speculative.governor import CostModel, Cycle, Governor
 
     sizes = (2, 4, 8, 16)
-    worth = tuple(0.95**k for k in range(1, 17))  # a tree's nodes, greatest first
+    worth = sorted([0.9**k for k in range(1, 9)] + [0.08 * 0.9**k for k in range(1, 9)], reverse=True)
 
     def cycle(n: int, accepted: int) -> Cycle:
-        return Cycle(0.01 * n / 2, 0.7, n // 2, n + 1, 8, accepted, worth[:n])
+        return Cycle(0.01 * n / 2, 0.7, n // 2, n + 1, min(n, 8), accepted, tuple(worth[:n]))
 
     g = Governor((PLAIN, *(Arm("draft", n) for n in sizes)), Arm("draft", 16), model=CostModel(worth_priced=True))
     assert g.choose() == Arm("draft", 16)
     g.record(Arm("draft", 16), 1, 0.78, cycle(16, 0))
-    chosen = play(g, 24, 0.7, lambda a: cycle(a.size, round(sum(worth[: a.size]) * 0.9)))
+    chosen = play(g, 24, 0.7, lambda a: cycle(a.size, min(a.size, 8, round(sum(worth[: a.size])))))
     assert chosen[0] == PLAIN and chosen[1] == Arm("draft", 16), chosen  # the bar measured, then the tree again
     assert sum(a.size >= 8 for a in chosen[-12:] if a.kind == "draft") >= 10, chosen
+    assert g.model.expected(16, 8) <= 16
 
 
 def test_the_cost_model_interpolates_verification_by_rows():
