@@ -181,7 +181,9 @@ class Governor:
         if self.cycles - self.last_try >= self.gap:
             drafts = [a for a in known if a.kind == "draft"]
             if best.kind == "draft":  # refresh what drafting competes with, the least recently judged first
-                others = [a for a in (LOOKUP, PLAIN) if a in self.arms] or [a for a in self.arms if a != best]
+                others = [a for a in (LOOKUP, PLAIN) if a in self.arms]
+                if not others and self.model.rate(best) is None:  # budgets judged apart (a streamed batch's)
+                    others = [a for a in self.arms if a != best]  # (the model prices every budget from one)
             else:  # only drafting measures the draft's acceptance
                 others = [max(drafts, key=known.get)] if drafts else [a for a in self.arms if a.kind == "draft"][:1]
             others = [a for a in others if a != best]

@@ -249,11 +249,7 @@ class Speculation:
             window = min(len(prompt_ids), cfg.prompt_window or len(prompt_ids))
             draft.start(prompt_ids, self.capacity(min(context, window + max_new), cfg, True), first, cfg, sampling)
         t_prefill = time.perf_counter() - t0
-        governor = (
-            self._governor(mode, cfg, draft, self.governors if governors is None else governors)
-            if speculative
-            else None
-        )
+        governor = self._governor(mode, cfg, draft, governors, target) if speculative else None
         stats = SpecStats()
         out = [first]
         outcome = CycleOutcome([first])
@@ -299,15 +295,19 @@ class Speculation:
     def _finished(out: list[int], max_new: int, stop: set[int]) -> bool:
         return len(out) >= max_new or out[-1] in stop
 
-    def _governor(self, mode: Mode, cfg: TreeConfig, draft: DraftSide, governors: dict) -> Governor | None:
-        """What speculation earned on earlier prompts carries over. No draft model: the trie or a plain step."""
+    def _governor(self, mode: Mode, cfg: TreeConfig, draft: DraftSide, kept: dict | None, target) -> Governor | None:
+        """What speculation earned on earlier prompts carries over (`kept`, else this run's). No draft model: the
+        trie or a plain step. Where the target streams, a forward is one read whatever its rows, and a draft's tree
+        (the trie's candidates in it) earns at least what a plain step or the trie would for it: tree sizes only,
+        no read spent measuring those."""
         if not (cfg.adaptive or not draft.has_model):
             return None
-        choices = arms(cfg, draft.has_model)
+        wall = (target or self.target).streamed and draft.has_model
+        choices = tuple(a for a in arms(cfg, draft.has_model) if a.kind == "draft" or not wall)
         start = Arm("draft", cfg.budget) if draft.has_model else LOOKUP
-        governor = governors.setdefault(
-            (mode, choices), Governor(choices, start, model=CostModel(worth_priced=cfg.growth == "best"))
-        )
+        model = CostModel(worth_priced=cfg.growth == "best")
+        kept = self.governors if kept is None else kept
+        governor = kept.setdefault((mode, choices), Governor(choices, start, plain=not wall, model=model))
         governor.new_text()
         return governor
 

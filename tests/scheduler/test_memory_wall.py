@@ -71,6 +71,9 @@ def test_every_mode_under_the_budget_equals_the_resident_target(reference, tmp_p
                 assert row["stats"]["loads"] > 0 and row["stats"]["bytes_read"] > 0
                 if mode in ("tree", "chain") and row["stats"]["verifications"]:  # drafting during verification
                     ahead_steps += row["stats"]["ahead_steps"]
+                if mode in ("tree", "chain"):  # a forward is a read whatever its rows: none spent on a token alone
+                    arms = row["stats"]["arm_hist"]  # (but the last, where one token was left to write)
+                    assert "lookup" not in arms and arms.get("plain", 0) <= 1, arms
         assert ahead_steps > 0
         sched = runner.sched
         loader = sched.call("loader", "stats").result

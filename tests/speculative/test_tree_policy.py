@@ -2,7 +2,7 @@
 
 import pytest
 
-from speculative.governor import CATCH_UP, TRY_SHARE, CatchUp, Governor
+from speculative.governor import CATCH_UP, TRY_SHARE, CatchUp, Cycle, Governor
 from speculative.loop import Call, Proposal
 from common.settings import LOOKUP, PLAIN, Arm, arms
 from speculative.policy import AdaptiveThreshold, branch_candidates, pace
@@ -449,6 +449,29 @@ def test_a_first_tree_that_missed_does_not_price_drafting_out():
     assert chosen[0] == PLAIN and chosen[1] == Arm("draft", 16), chosen  # the bar measured, then the tree again
     assert sum(a.size >= 8 for a in chosen[-12:] if a.kind == "draft") >= 10, chosen
     assert g.model.expected(16, 8) <= 16
+
+
+def test_under_the_wall_a_generation_plays_trees_only():
+    """Where the target streams, a forward is one read whatever its rows, and a tree (the trie's candidates in it)
+    earns at least what a plain step or the trie alone would for that read: a generation's governor there chooses
+    among tree sizes only, and never tries another size once one measured cycle priced them all. Resident, the
+    plain step and lookup stay arms."""
+    from types import SimpleNamespace
+
+    from common.modes import Mode
+    from common.settings import TreeConfig
+    from speculative.loop import Speculation
+
+    run, draft, cfg = SimpleNamespace(governors={}, target=None), SimpleNamespace(has_model=True), TreeConfig(width=16)
+    streamed, resident = SimpleNamespace(streamed=True), SimpleNamespace(streamed=False)
+    g = Speculation._governor(run, Mode.TREE, cfg, draft, {}, streamed)
+    assert g.arms and all(a.kind == "draft" for a in g.arms) and not g.plain
+    worth = tuple(0.9**k for k in range(1, 9))
+    chosen = play(
+        g, 30, 0.7, lambda a: Cycle(0.01 * a.size, 0.7, a.size, a.size + 1, min(a.size, 8), 5, worth[: a.size])
+    )
+    assert all(a.kind == "draft" for a in chosen) and len(set(chosen[10:])) == 1, chosen  # no tries
+    assert {LOOKUP, PLAIN} <= set(Speculation._governor(run, Mode.TREE, cfg, draft, {}, resident).arms)
 
 
 def test_the_cost_model_interpolates_verification_by_rows():
