@@ -219,7 +219,7 @@ def plan_memory(
     everything = sum(sizes.values())
     fixed = data + o.held(draft, streamed=False)
     if fixed + everything <= budget:  # all resident: nothing streams
-        resident, smallest, slot, n_slots = names, fixed + everything, 0, 0
+        resident, held, smallest, slot, n_slots = names, everything, fixed + everything, 0, 0
     else:
         fixed = data + o.held(draft, streamed=True)
         smallest = fixed + 2 * max(sizes.values())
@@ -243,7 +243,7 @@ def plan_memory(
         fixed,
         tuple(n for n in names if n in resident),
         tuple(n for n in names if n not in resident),  # in the order a forward needs them
-        sum(sizes[n] for n in resident),
+        held,
         slot,
         n_slots,
         o,

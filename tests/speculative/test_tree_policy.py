@@ -434,7 +434,7 @@ def test_a_first_tree_that_missed_does_not_price_drafting_out():
     token wrong, the trees after it are accepted as their worths say. One miss once priced every budget at nothing
     for good (the average of what was accepted started at 0, and a sample above an average of 0 never moved it)
     and the governor stepped plainly, a token a forward: it plays the widest tree again at once, and keeps it."""
-    from speculative.governor import CostModel, Cycle, Governor
+    from speculative.governor import CostModel
 
     sizes = (2, 4, 8, 16)
     worth = sorted([0.9**k for k in range(1, 9)] + [0.08 * 0.9**k for k in range(1, 9)], reverse=True)
