@@ -15,7 +15,7 @@ import torch
 from models import linear
 from models.args import ModelArgs
 from models.linear import Linear
-from formats.store import EmbeddingRows, WeightStore, expert_group
+from formats.store import EmbeddingRows, WeightStore, expert_group, weights_buffer
 
 
 # LayerWeights field -> the canonical tensor it is made of ("blk.<i>." + name), and whether it is a product (a
@@ -318,7 +318,7 @@ class StreamingWeights:
                     self.head[int(name.split(".")[1])] = _read_head_rows(store, name, f, head_rows, self.buffers)
                     continue
                 g = store.groups[name]
-                buf = torch.empty(g.nbytes, dtype=torch.uint8)
+                buf = weights_buffer(g.nbytes)
                 f.seek(g.offset)
                 f.readinto(memoryview(buf.numpy()))
                 self.buffers[name] = buf
@@ -367,7 +367,7 @@ def _read_head_rows(store: WeightStore, group: str, f, rows: int, buffers: dict)
         return None
     views: dict[str, dict[str, torch.Tensor]] = {}
     for name, key, a, nbytes in store.head_arrays(group, rows):
-        buf = torch.empty(nbytes, dtype=torch.uint8)
+        buf = weights_buffer(nbytes)
         f.seek(a["offset"])
         f.readinto(memoryview(buf.numpy()))
         buffers[f"{group}:{name}.{key}"] = buf

@@ -175,3 +175,59 @@ def test_missing_and_unknown_models_are_refused(tmp_path):
         GGUFSource(tmp_path / "absent.gguf")
     with pytest.raises(CadenceError, match="config.json"):
         HFSource(tmp_path)
+
+
+def _mapping(ptr: int) -> dict[str, int]:
+    """The /proc/self/smaps entry of the mapping that holds address `ptr`: its fields in kB."""
+    out, inside = {}, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            if inside:
+                break
+            inside = lo <= ptr < hi
+        elif inside and line.split()[-1] == "kB":
+            out[head.rstrip(":")] = int(line.split()[1])
+    return out
+
+
+@pytest.fixture
+def huge_or_skip():
+    from formats.store import huge_pages
+
+    huge_pages.cache_clear()
+    if not huge_pages():
+        pytest.skip("this kernel gives no transparent huge pages on request (THP 'never', or not Linux)")
+    yield
+    huge_pages.cache_clear()
+
+
+def test_weights_read_once_sit_on_huge_pages_and_hold_no_more_memory_than_plain_pages(huge_or_skip):
+    from formats.store import HUGE_PAGE, weights_buffer
+
+    n = 5 * HUGE_PAGE + 12345
+    buf = weights_buffer(n)
+    buf.fill_(1)
+    m = _mapping(buf.data_ptr())
+    assert m["AnonHugePages"] == 5 * HUGE_PAGE // 1024  # its whole pages inside, asked for before the first touch
+    assert m["Rss"] * 1024 <= n + 4096  # and nothing past the bytes asked for: no more memory than plain pages
+    assert buf.numel() == n and int(buf.sum()) == n
+
+
+@pytest.mark.real
+def test_a_resident_models_weights_sit_on_huge_pages_and_its_logits_are_the_plain_pages_ones(huge_or_skip, monkeypatch):
+    from formats.loading import load_store
+    from formats.store import huge_pages
+    from models.kvcache import KVCache
+
+    store = ensure_store("qwen2.5-coder-0.5b", "int4")
+    huge = load_store(store, tokenizer=False).model
+    monkeypatch.setenv("CADENCE_HUGE_PAGES", "0")  # the way back, for a comparison
+    huge_pages.cache_clear()
+    plain = load_store(store, tokenizer=False).model
+    assert _mapping(huge.weights.buffer.data_ptr())["AnonHugePages"] >= 64 * 1024  # the weights' pages: most of them
+    assert _mapping(plain.weights.buffer.data_ptr()).get("AnonHugePages", 0) == 0
+    tokens = torch.arange(100, 120)
+    logits = [m.forward(tokens, torch.arange(20), KVCache(m.args, 32)) for m in (huge, plain)]
+    assert torch.equal(*logits)
