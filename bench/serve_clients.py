@@ -141,9 +141,9 @@ def main(argv=None) -> None:
         gguf = a.gguf or str(model_path(spec(DEFAULT_TARGET)))
         ls = [int(n) for n in (a.llama_clients or ",".join(map(str, sorted({1, *ns})))).split(",")]
         llama = [run_llama(a.llama_server, gguf, a.memory_budget, n, prompts, a.max_tokens) for n in ls]
-    table(a, prompts, singles, many, llama)
-    if a.out:
+    if a.out:  # (before the table: a run's rows are never lost to it)
         Path(a.out).write_text(json.dumps(dict(singles=singles, many=many, llama=llama), indent=1))
+    table(a, prompts, singles, many, llama)
 
 
 def table(a, prompts, singles, many, llama) -> None:
@@ -155,7 +155,7 @@ def table(a, prompts, singles, many, llama) -> None:
     print(f"{'':<44}{'tok/s':>8}{'x one':>7}{'TTFT med':>10}{'peak held':>11}  equal  plan")
     for r in singles + many + llama:
         ours = not r["draft"].startswith("llama")
-        kv = f", --kv-dtype {r['kv']}" if r.get("kv", "f32") != "f16" else ""
+        kv = f", --kv-dtype {r['kv']}" if ours and r.get("kv", "f32") != "f16" else ""
         label = f"{r['clients']} client(s), " + (
             f"--parallel {r['slots']}, --draft {r['draft']}{kv}" if ours else r["draft"]
         )

@@ -71,6 +71,9 @@ class KVCache:
         self.folded = 0  # the slots its state holds
         # a layer's rows (data_ptr) -> (first slot, end slot, the state there): a prompt chunk's, computed at once
         self.chains: dict = {}
+        # a recurrent layer's second state buffer (`spare`), and its state where that buffer holds it, not the storage
+        self.spares: dict[int, torch.Tensor] = {}
+        self.now: dict[int, torch.Tensor] = {}
         # layer i -> (kind, its index among its kind's layers)
         index, count = [], {"full": 0, "sliding": 0, "rec": 0, "none": 0}
         for i in range(args.n_layers):
@@ -117,7 +120,19 @@ class KVCache:
     def rec_kv(self, j: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         """The j-th recurrent layer's rows [rec_rows, rec_width], state (None: a convolution has none) and the global
         slot of its row 0."""
-        return self.rec[j], self.state[j] if self.args.rec_kind != "conv" else None, self.rbase
+        return self.rec[j], self.now.get(j, self.state[j]) if self.args.rec_kind != "conv" else None, self.rbase
+
+    def spare(self, j: int) -> torch.Tensor | None:
+        """The j-th recurrent layer's free state buffer: a forward of one chain from its state (a decode step, a prompt
+        chunk) writes the chain's end state there, and the next fold has the two buffers change roles, with no copy.
+        None: a convolution keeps no state."""
+        if self.args.rec_kind == "conv":
+            return None
+        if j in self.now:
+            return self.state[j]
+        if j not in self.spares:
+            self.spares[j] = torch.empty_like(self.state[j])
+        return self.spares[j]
 
     def reserve(self, positions: torch.Tensor):
         """Room for a forward of these rows' positions: sliding rows no query can see any more are dropped
@@ -160,10 +175,10 @@ class KVCache:
             lo, hi = self.folded - self.rbase, self.length - self.rbase
             for j in range(len(a.rec_layers)):
                 chain = self.chains.get(self.rec[j].data_ptr())
-                if chain is not None and chain[:2] == (self.folded, self.length):  # a prompt chunk's, kept whole
-                    self.state[j].copy_(chain[2])
+                if chain is not None and chain[:2] == (self.folded, self.length):  # a chain's end state, kept whole
+                    self._take(j, chain[2])
                 else:
-                    fold(self.state[j], self.rec[j, lo:hi], a)
+                    fold(self.rec_kv(j)[1], self.rec[j, lo:hi], a)
         self.chains.clear()
         self.folded = self.length
         cap = self.rec.shape[1]
@@ -181,6 +196,16 @@ class KVCache:
                     f"a forward of {T} rows does not fit the recurrent layers' {cap} rows; feed at most {cap - n} at a time"
                 )
             self.rec = torch.cat([self.rec, self.rec.new_zeros(self.rec.shape[0], n + T - cap, self.rec.shape[2])], 1)
+
+    def _take(self, j: int, end: torch.Tensor) -> None:
+        """The j-th recurrent layer's state becomes `end`: where the chain wrote it into the spare, the two buffers
+        change roles; else it is copied in."""
+        if j in self.now and end.data_ptr() == self.state[j].data_ptr():
+            del self.now[j]
+        elif j not in self.now and j in self.spares and end.data_ptr() == self.spares[j].data_ptr():
+            self.now[j] = self.spares[j]
+        else:
+            self.rec_kv(j)[1].copy_(end)
 
     def window_vis(self, vis: Visibility, positions: torch.Tensor) -> Visibility:
         """The sliding layers' visibility: row r sees the slots of `vis` whose positions lie in its window
@@ -269,7 +294,9 @@ class KVCache:
             n = L - marks["base"]
             parts.update(wk=self.wk[:, :, :n], wv=self.wv[:, :, :n], pos=self.pos[:L])
         if self.args.rec_layers:
-            parts.update(rec=self.rec[:, : L - marks["rbase"]], state=self.state)
+            state = self.state  # (where a spare holds a state: the states as they are, copied)
+            state = torch.stack([self.rec_kv(j)[1] for j in range(len(state))]) if self.now else state
+            parts.update(rec=self.rec[:, : L - marks["rbase"]], state=state)
         return parts
 
     def fits(self, marks: dict, n: int) -> bool:
@@ -287,6 +314,7 @@ class KVCache:
         """This cache made the one `marks` (of `committed`) describe, but for its parts' values: the views to copy
         them into (`fits` must hold)."""
         self.base, self.rbase, self.folded = marks["base"], marks["rbase"], marks["folded"]
+        self.now = {}  # (the states copied into the storage)
         views = self._parts(marks)
         self.chains = {}
         for j, (first, end) in marks["chains"].items():

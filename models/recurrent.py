@@ -141,12 +141,14 @@ def _heads(x: torch.Tensor, d: int, fn) -> torch.Tensor:
     return lanes(lambda p: fn(p.view(p.shape[0], -1, d)).reshape(p.shape), x, d)
 
 
-def step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
-    """A recurrent state after one more token, from its row (the model's kind of layer)."""
-    return (ssm_step if a.ssm_layers else gdn_step)(state, row, a)
+def step(state: torch.Tensor, row: torch.Tensor, a, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A recurrent state after one more token, from its row (the model's kind of layer): a new tensor, or `out` (a
+    buffer of the state's shape, not `state`)."""
+    got = (ssm_step if a.ssm_layers else gdn_step)(state, row, a, out)
+    return got if out is None or got.data_ptr() == out.data_ptr() else out.copy_(got)
 
 
-def gdn_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
+def gdn_step(state: torch.Tensor, row: torch.Tensor, a, out: torch.Tensor | None = None) -> torch.Tensor:
     """A delta-net state [..., Hv, Dk, Dv] after one more token, from its row's [..., W] k, v, decay e^g and beta:
     S <- e^g S; S <- S + k (beta (v - S^T k))^T (transformers' recurrent gated delta rule, in its float steps).
     Several states at once (a tree's level) get the bits each gets alone: a state's slab is whole vectors."""
@@ -155,7 +157,8 @@ def gdn_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
     if rk.gdn_on(state, a):  # the same products, each rounded alike, in one pass over the state
         flat, rows = state.reshape(-1, hv, dk, dv).contiguous(), row.reshape(-1, row.shape[-1]).contiguous()
         offsets = (a.gdn_conv_dim, lo, lo + hv * dv, lo + hv * (dv + 1))
-        return rk.gdn_step(flat, rows, (hv, dk, dv, hk), offsets).view(state.shape)
+        into = None if out is None else out.view(flat.shape)
+        return rk.gdn_step(flat, rows, (hv, dk, dv, hk), offsets, into).view(state.shape)
     decay, beta = row[..., lo + hv * dv : lo + hv * (dv + 1)], row[..., lo + hv * (dv + 1) : lo + hv * (dv + 2)]
     k = row[..., a.gdn_conv_dim : lo].unflatten(-1, (hk, dk)).repeat_interleave(hv // hk, -2)
     v = row[..., lo : lo + hv * dv].unflatten(-1, (hv, dv))
@@ -188,6 +191,7 @@ def _levels(at, a, T: int):
         if p is not None:
             children[p] = children.get(p, 0) + 1
     memo: dict[int, torch.Tensor] = {}
+    kept = at.chains is not None and _one_chain(at, T)  # its end state kept for the fold (a decode step's: the spare)
     r = 0
     while r < T:
         e = r + 1
@@ -204,7 +208,7 @@ def _levels(at, a, T: int):
                 s = memo[slot] = step(s, rows[slot - base], a)
             starts.append(s)
         if e - r == 1:  # a row alone (a chain's, a decode step's) is stepped as the fold steps a row: the same bits
-            states = step(starts[0], rows[end + r - base], a).unsqueeze(0)
+            states = step(starts[0], rows[end + r - base], a, at.spare if kept and T == 1 else None).unsqueeze(0)
         else:
             states = step(torch.stack(starts), rows[end + r - base : end + e - base], a)
         for i in range(r, e):
@@ -217,7 +221,7 @@ def _levels(at, a, T: int):
                     memo.pop(p, None)
         yield r, states
         r = e
-    if at.chains is not None and _one_chain(at, T):  # a decode step's state kept for the fold: it is the fold's own
+    if kept:  # a decode step's state kept for the fold: it is the fold's own
         at.chains[rows.data_ptr()] = (at.folded, end + T, states[-1])
 
 
@@ -239,7 +243,7 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> Non
         o = _keep(at, T, o.contiguous(), end)
     elif fused and T > 1 and _one_chain(at, T):  # a chain's rows (a short prompt's): stepped and read in one call
         offsets = (C, C + hk * dk, C + hk * dk + hv * dv, C + hk * dk + hv * (dv + 1))
-        o = _keep(at, T, *rk.gdn_scan(at.v, rows[s0 : s0 + T], q, (hv, dk, dv, hk), offsets))
+        o = _keep(at, T, *rk.gdn_scan(at.v, rows[s0 : s0 + T], q, (hv, dk, dv, hk), offsets, at.spare))
     else:
         o = torch.empty(T, hv, dv, dtype=x.dtype, device=x.device)
         q = q if fused else q.repeat_interleave(hv // hk, 1)
@@ -274,7 +278,7 @@ def _front(a, w, conv: torch.Tensor, b: torch.Tensor, araw: torch.Tensor, out: t
 # -- Mamba-2 ------------------------------------------------------------------------------------------------------
 
 
-def ssm_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
+def ssm_step(state: torch.Tensor, row: torch.Tensor, a, out: torch.Tensor | None = None) -> torch.Tensor:
     """A Mamba-2 state [H, P, N] after one more token: h <- exp(dt A) h + (dt B) x (transformers' selective state
     update, in its float steps), from the row's x, B, dt and exp(dt A)."""
     H, P, N, G = a.ssm_heads, a.ssm_head_dim, a.ssm_state, a.ssm_groups
@@ -282,7 +286,8 @@ def ssm_step(state: torch.Tensor, row: torch.Tensor, a) -> torch.Tensor:
     if rk.ssm_on(state, a):  # the same products and sum, each rounded alike, in one pass over the state
         offsets = (lo, lo + H * P, lo + H * P + G * N, lo + H * P + G * N + H)
         flat, rows = state.reshape(-1, H, P, N).contiguous(), row.reshape(-1, row.shape[-1]).contiguous()
-        return rk.ssm_step(flat, rows, (H, P, N, G), offsets).view(state.shape)
+        into = None if out is None else out.view(flat.shape)
+        return rk.ssm_step(flat, rows, (H, P, N, G), offsets, into).view(state.shape)
     x = row[..., lo : lo + H * P].unflatten(-1, (H, P))
     lo += H * P
     B = row[..., lo : lo + G * N].unflatten(-1, (G, N)).repeat_interleave(H // G, -2)
@@ -312,7 +317,7 @@ def mamba2(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
         rows[s0 : s0 + T, conv_dim:] = torch.cat([xs, br, dt, lanes(torch.exp, dt * -w.ssm_a.exp())], dim=-1)
     if fused and T > 1 and _one_chain(at, T):  # a prompt's rows, a chain's: stepped and read in one call
         offsets = (conv_dim, conv_dim + H * P, conv_dim + H * P + G * N, conv_dim + H * P + G * N + H)
-        ys = _keep(at, T, *rk.ssm_scan(at.v, rows[s0 : s0 + T], cs, (H, P, N, G), offsets))
+        ys = _keep(at, T, *rk.ssm_scan(at.v, rows[s0 : s0 + T], cs, (H, P, N, G), offsets, at.spare))
     else:
         ys = torch.empty(T, H, P, dtype=x.dtype)
         heads = cs if fused else cs.reshape(T, G, N).repeat_interleave(H // G, 1)  # [T, G * N] or [T, H, N]

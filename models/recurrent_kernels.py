@@ -37,10 +37,11 @@ def conv_mix(rows: torch.Tensor, base: int, slots: torch.Tensor, weight: torch.T
     return out
 
 
-def gdn_step(states: torch.Tensor, rows: torch.Tensor, dims: tuple, offsets: tuple) -> torch.Tensor:
+def gdn_step(states: torch.Tensor, rows: torch.Tensor, dims: tuple, offsets: tuple, out=None) -> torch.Tensor:
     """n delta-net states [n, Hv, Dk, Dv] (contiguous) a token further from their rows [n, W] (contiguous): a new
-    tensor (`cad_gdn_step`; dims (Hv, Dk, Dv, Hk); offsets of k, v, e^g and beta in a row)."""
-    out = torch.empty_like(states)
+    tensor, or `out` (contiguous, not `states`) (`cad_gdn_step`; dims (Hv, Dk, Dv, Hk); offsets of k, v, e^g and beta
+    in a row)."""
+    out = torch.empty_like(states) if out is None else out
     n, ldr = rows.shape
     kernels.lib().cad_gdn_step(states.data_ptr(), rows.data_ptr(), ldr, n, *dims, *offsets, out.data_ptr(), _threads())
     return out
@@ -56,16 +57,17 @@ def gdn_read(states: torch.Tensor, q: torch.Tensor, hk: int) -> torch.Tensor:
     return o
 
 
-def gdn_scan(state: torch.Tensor, rows: torch.Tensor, q: torch.Tensor, dims: tuple, offsets: tuple):
+def gdn_scan(state: torch.Tensor, rows: torch.Tensor, q: torch.Tensor, dims: tuple, offsets: tuple, out=None):
     """A chain of T rows [T, W] (rows contiguous) from a delta-net state [Hv, Dk, Dv]: (o [T, Hv, Dv], the last
-    state), the bits of T `gdn_step`s and `gdn_read`s (`cad_gdn_scan`; q [T, Hk, Dk], rows contiguous)."""
-    return _scan("cad_gdn_scan", state, rows, q, dims, offsets, (dims[0], dims[2]))
+    state: a new tensor, or `out`), the bits of T `gdn_step`s and `gdn_read`s (`cad_gdn_scan`; q [T, Hk, Dk], rows
+    contiguous)."""
+    return _scan("cad_gdn_scan", state, rows, q, dims, offsets, (dims[0], dims[2]), out)
 
 
-def _scan(name: str, state, rows, side, dims: tuple, offsets: tuple, each: tuple):
-    """A scan kernel's call: its outputs [T, *each] and the last state."""
+def _scan(name: str, state, rows, side, dims: tuple, offsets: tuple, each: tuple, out=None):
+    """A scan kernel's call: its outputs [T, *each] and the last state (into `out`, contiguous, where given)."""
     state, T = state.contiguous(), rows.shape[0]
-    y, out = torch.empty(T, *each), torch.empty_like(state)
+    y, out = torch.empty(T, *each), torch.empty_like(state) if out is None else out
     args = (state.data_ptr(), rows.data_ptr(), rows.stride(0), T, *dims, *offsets, side.data_ptr(), side.stride(0))
     getattr(kernels.lib(), name)(*args, y.data_ptr(), out.data_ptr(), _threads())
     return y, out
@@ -93,10 +95,11 @@ def gdn_back(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float)
     return out
 
 
-def ssm_step(states: torch.Tensor, rows: torch.Tensor, dims: tuple, offsets: tuple) -> torch.Tensor:
-    """n Mamba-2 states [n, H, P, N] (contiguous) a token further from their rows [n, W] (contiguous): a new tensor
-    (`cad_ssm_step`; dims (H, P, N, G); offsets of x, B, dt and exp(dt A) in a row)."""
-    out = torch.empty_like(states)
+def ssm_step(states: torch.Tensor, rows: torch.Tensor, dims: tuple, offsets: tuple, out=None) -> torch.Tensor:
+    """n Mamba-2 states [n, H, P, N] (contiguous) a token further from their rows [n, W] (contiguous): a new tensor,
+    or `out` (contiguous, not `states`) (`cad_ssm_step`; dims (H, P, N, G); offsets of x, B, dt and exp(dt A) in a
+    row)."""
+    out = torch.empty_like(states) if out is None else out
     n, ldr = rows.shape
     kernels.lib().cad_ssm_step(states.data_ptr(), rows.data_ptr(), ldr, n, *dims, *offsets, out.data_ptr(), _threads())
     return out
@@ -111,10 +114,10 @@ def ssm_read(states: torch.Tensor, c: torch.Tensor, dims: tuple) -> torch.Tensor
     return y
 
 
-def ssm_scan(state: torch.Tensor, rows: torch.Tensor, c: torch.Tensor, dims: tuple, offsets: tuple):
-    """A chain of T rows [T, W] (rows contiguous) from a Mamba-2 state [H, P, N]: (y [T, H, P], the last state), the
-    bits of T `ssm_step`s and `ssm_read`s (`cad_ssm_scan`; c [T, G * N], rows contiguous)."""
-    return _scan("cad_ssm_scan", state, rows, c, dims, offsets, (dims[0], dims[1]))
+def ssm_scan(state: torch.Tensor, rows: torch.Tensor, c: torch.Tensor, dims: tuple, offsets: tuple, out=None):
+    """A chain of T rows [T, W] (rows contiguous) from a Mamba-2 state [H, P, N]: (y [T, H, P], the last state: a new
+    tensor, or `out`), the bits of T `ssm_step`s and `ssm_read`s (`cad_ssm_scan`; c [T, G * N], rows contiguous)."""
+    return _scan("cad_ssm_scan", state, rows, c, dims, offsets, (dims[0], dims[1]), out)
 
 
 def ssm_front(a, w, conv: torch.Tensor, dt_raw: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -102,6 +102,36 @@ def test_nodes_fed_one_forward_at_a_time_read_their_pending_ancestors(model):
         assert torch.equal(one, whole[n]), n
 
 
+def test_a_decode_step_writes_its_state_into_the_spare_and_the_fold_swaps_the_two_buffers(model):
+    """A forward of one chain from the folded state (a decode step) writes each recurrent layer's end state into
+    the layer's second buffer, and the next forward's fold has the buffers change roles: no state is copied, and
+    the logits are those of the same tokens in one forward (a chain's scan, written into the spare too)."""
+    if model.args.rec_kind == "conv":
+        pytest.skip("a convolution keeps rows, not a state")
+    g = torch.Generator().manual_seed(8)
+    tokens = torch.randint(3, 300, (12,), generator=g)
+    cache = model.new_cache(32)
+    model.forward(tokens[:6], torch.arange(6), cache)
+    cache.commit()
+    n = len(model.args.rec_layers)
+    read, written = [], []  # each step's: the states it stepped from, and where it wrote the new ones
+    for t in range(6, 11):
+        step = model.forward(tokens[t : t + 1], torch.tensor([t]), cache)[0]
+        cache.commit()
+        read.append([cache.rec_kv(j)[1].data_ptr() for j in range(n)])
+        written.append([cache.chains[cache.rec[j].data_ptr()][2].data_ptr() for j in range(n)])
+        assert written[-1] == [cache.spare(j).data_ptr() for j in range(n)]  # into the layer's second buffer
+    assert all(w == r for w, r in zip(written, read[1:]))  # the next step read them there: swapped, not copied
+    assert all(w != r for w, r in zip(written, read))
+    assert len({p for ps in read + written for p in ps}) == 2 * n  # two buffers a layer, no new one
+    whole = model.new_cache(32)
+    logits = model.forward(tokens[:11], torch.arange(11), whole)
+    assert torch.allclose(step, logits[10], atol=1e-4)  # (a chain of 11 in one forward: a scan's bits, not a step's)
+    marks, views = cache.committed()  # a prompt cache's copy of it: the states as they are, wherever they sit
+    for j in range(n):
+        assert torch.equal(views["state"][j], cache.rec_kv(j)[1])
+
+
 def test_a_long_prompt_runs_chunked_and_speculation_on_it_stays_lossless(tmp_path):
     """A prompt's chunk of CHUNKED rows or more runs the delta rule's chunked form (models/recurrent.py
     `chunk_rule`), its end state kept for the fold: close to stepping token by token (whose end state is kept too,
