@@ -18,6 +18,7 @@ keys in the window, in order, in their rows).
 from __future__ import annotations
 
 import math
+import mmap
 from typing import Sequence
 
 import torch
@@ -58,6 +59,10 @@ class KVCache:
         shapes = [(2, args.n_full, *full), (2, n_slide, *slide)]
         shapes += [(n_rec, args.rec_rows(capacity), args.rec_width), (n_rec, *args.rec_state)]
         dtypes = [KV_DTYPES[dtype]] * 2 + [torch.float32] * 2
+        if storage is None and torch.device(device).type == "cpu":
+            # a mapping of its own, whose pages the kernel zero-fills as forwards first write them: zeros written over
+            # the whole cache cost each new prompt a page fault every 4 KiB, rows it never reaches included
+            storage = _zero_pages(sum(math.prod(shape) * t.itemsize for shape, t in zip(shapes, dtypes)))
         if storage is None:
             parts = [torch.zeros(shape, device=device, dtype=t) for shape, t in zip(shapes, dtypes)]
         else:
@@ -322,3 +327,11 @@ class KVCache:
             self.chains[self.rec[int(j)].data_ptr()] = (first, end, state)
         self.length, self.pending = marks["length"], 0
         return views
+
+
+def _zero_pages(nbytes: int) -> torch.Tensor:
+    """A cache's zeros: a private anonymous mapping, its pages zero-filled by the kernel as they are first touched
+    (the rows a generation never reaches are never touched), freed with the tensor."""
+    if nbytes == 0:
+        return torch.zeros(0, dtype=torch.uint8)
+    return torch.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=torch.uint8)

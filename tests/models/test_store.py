@@ -231,3 +231,25 @@ def test_a_resident_models_weights_sit_on_huge_pages_and_its_logits_are_the_plai
     tokens = torch.arange(100, 120)
     logits = [m.forward(tokens, torch.arange(20), KVCache(m.args, 32)) for m in (huge, plain)]
     assert torch.equal(*logits)
+
+
+def test_a_new_kv_cache_holds_only_the_pages_its_forwards_write_and_reads_as_zeros(tiny_args):
+    """A cache in this process is a mapping of its own whose pages the kernel zero-fills as they are first written:
+    a new prompt no longer writes zeros over every row of the context, and rows it never reaches hold no memory."""
+    from models.kvcache import KVCache
+
+    args, capacity = tiny_args, 8192
+    cache = KVCache(args, capacity)
+    total = KVCache.numel(args, capacity) * 4
+    assert total >= 2 << 20
+    before = _mapping(cache.k.data_ptr())["Rss"] * 1024
+    assert before <= total // 8  # (nothing written yet)
+    model = Transformer(args, TensorWeights(args, random_tensors(args, seed=3)))
+    model.forward(torch.arange(3, 11), torch.arange(8), cache)
+    cache.commit()
+    assert _mapping(cache.k.data_ptr())["Rss"] * 1024 < total // 2  # 8 of 8192 rows written
+    assert int(cache.k[:, :, 8:].count_nonzero()) == 0 and int(cache.k[:, :, :8].count_nonzero()) > 0
+    fresh = KVCache(args, 64)  # the same bits as a cache of zeros written: a forward gives the same logits
+    zeros = KVCache(args, 64, storage=torch.zeros(KVCache.numel(args, 64)))
+    x = torch.arange(5, 12)
+    assert torch.equal(model.forward(x, torch.arange(7), fresh), model.forward(x, torch.arange(7), zeros))
