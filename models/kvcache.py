@@ -62,7 +62,7 @@ class KVCache:
         if storage is None and torch.device(device).type == "cpu":
             # a mapping of its own, whose pages the kernel zero-fills as forwards first write them: zeros written over
             # the whole cache cost each new prompt a page fault every 4 KiB, rows it never reaches included
-            storage = _zero_pages(sum(math.prod(shape) * t.itemsize for shape, t in zip(shapes, dtypes)))
+            storage = zero_pages(sum(math.prod(shape) * t.itemsize for shape, t in zip(shapes, dtypes)))
         if storage is None:
             parts = [torch.zeros(shape, device=device, dtype=t) for shape, t in zip(shapes, dtypes)]
         else:
@@ -329,7 +329,7 @@ class KVCache:
         return views
 
 
-def _zero_pages(nbytes: int) -> torch.Tensor:
+def zero_pages(nbytes: int) -> torch.Tensor:
     """A cache's zeros: a private anonymous mapping, its pages zero-filled by the kernel as they are first touched
     (the rows a generation never reaches are never touched), freed with the tensor."""
     if nbytes == 0:
