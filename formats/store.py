@@ -56,7 +56,10 @@ def weights_buffer(nbytes: int):
     m = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # (private: shared is tmpfs)
     raw = torch.frombuffer(m, dtype=torch.uint8)  # (it keeps the mapping alive)
     start = -raw.data_ptr() % HUGE_PAGE
-    m.madvise(mmap.MADV_HUGEPAGE, start, nbytes // HUGE_PAGE * HUGE_PAGE)
+    try:
+        m.madvise(mmap.MADV_HUGEPAGE, start, nbytes // HUGE_PAGE * HUGE_PAGE)
+    except OSError:  # (a kernel or a sandbox that refuses it: plain pages, as before)
+        pass
     return raw[start : start + nbytes]
 
 
@@ -265,10 +268,13 @@ class WeightStore:
             out[name] = arrays
         return out
 
-    def read_all(self, start: int = 0):
-        """The weights file from byte `start` (a group's offset) to its end, in one uint8 tensor."""
+    def read_all(self, start: int = 0, huge: bool = True):
+        """The weights file from byte `start` (a group's offset) to its end, in one uint8 tensor (`huge`: on huge
+        pages where the kernel gives them; False: a buffer read once, on its way to a GPU)."""
+        import torch
 
-        buf = weights_buffer(self.manifest["file_bytes"] - start)
+        n = self.manifest["file_bytes"] - start
+        buf = weights_buffer(n) if huge else torch.empty(n, dtype=torch.uint8)
         with open(self.path, "rb", buffering=0) as f:
             f.seek(start)
             mv = memoryview(buf.numpy())

@@ -214,7 +214,7 @@ class ResidentWeights(HeldWeights):
         self.store = store
         self.args: ModelArgs = store.args
         first = min((g.offset for n, g in store.groups.items() if n != "embed"), default=0) if device == "cpu" else 0
-        buf = store.read_all(first)
+        buf = store.read_all(first, huge=device == "cpu")
         if device != "cpu":
             buf = buf.to(device)
 

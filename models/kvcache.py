@@ -60,10 +60,11 @@ class KVCache:
         shapes += [(n_rec, args.rec_rows(capacity), args.rec_width), (n_rec, *args.rec_state)]
         dtypes = [KV_DTYPES[dtype]] * 2 + [torch.float32] * 2
         if storage is None and torch.device(device).type == "cpu":
-            # a mapping of its own, whose pages the kernel zero-fills as forwards first write them: zeros written over
-            # the whole cache cost each new prompt a page fault every 4 KiB, rows it never reaches included
-            storage = zero_pages(sum(math.prod(shape) * t.itemsize for shape, t in zip(shapes, dtypes)))
-        if storage is None:
+            # each part a mapping of its own, whose pages the kernel zero-fills as forwards first write them: zeros
+            # written over the whole cache cost each new prompt a page fault every 4 KiB, rows it never reaches
+            # included (and a part that grows frees its old mapping)
+            parts = [zero_pages(math.prod(shape) * t.itemsize).view(t).view(shape) for shape, t in zip(shapes, dtypes)]
+        elif storage is None:
             parts = [torch.zeros(shape, device=device, dtype=t) for shape, t in zip(shapes, dtypes)]
         else:
             flat, parts, lo = storage.view(torch.uint8), [], 0
@@ -184,6 +185,8 @@ class KVCache:
                     self._take(j, chain[2])
                 else:
                     fold(self.rec_kv(j)[1], self.rec[j, lo:hi], a)
+                    if j not in self.now:  # (trees verified: a spare of its own goes until a chain asks again)
+                        self.spares.pop(j, None)
         self.chains.clear()
         self.folded = self.length
         cap = self.rec.shape[1]
@@ -332,6 +335,6 @@ class KVCache:
 def zero_pages(nbytes: int) -> torch.Tensor:
     """A cache's zeros: a private anonymous mapping, its pages zero-filled by the kernel as they are first touched
     (the rows a generation never reaches are never touched), freed with the tensor."""
-    if nbytes == 0:
-        return torch.zeros(0, dtype=torch.uint8)
+    if nbytes == 0 or not hasattr(mmap, "MAP_PRIVATE"):  # (MAP_PRIVATE: not on Windows)
+        return torch.zeros(nbytes, dtype=torch.uint8)
     return torch.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=torch.uint8)

@@ -208,7 +208,8 @@ def _levels(at, a, T: int):
                 s = memo[slot] = step(s, rows[slot - base], a)
             starts.append(s)
         if e - r == 1:  # a row alone (a chain's, a decode step's) is stepped as the fold steps a row: the same bits
-            states = step(starts[0], rows[end + r - base], a, at.spare if kept and T == 1 else None).unsqueeze(0)
+            into = at.spare() if kept and T == 1 and at.spare else None
+            states = step(starts[0], rows[end + r - base], a, into).unsqueeze(0)
         else:
             states = step(torch.stack(starts), rows[end + r - base : end + e - base], a)
         for i in range(r, e):
@@ -243,7 +244,8 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> Non
         o = _keep(at, T, o.contiguous(), end)
     elif fused and T > 1 and _one_chain(at, T):  # a chain's rows (a short prompt's): stepped and read in one call
         offsets = (C, C + hk * dk, C + hk * dk + hv * dv, C + hk * dk + hv * (dv + 1))
-        o = _keep(at, T, *rk.gdn_scan(at.v, rows[s0 : s0 + T], q, (hv, dk, dv, hk), offsets, at.spare))
+        spare = at.spare() if at.spare else None
+        o = _keep(at, T, *rk.gdn_scan(at.v, rows[s0 : s0 + T], q, (hv, dk, dv, hk), offsets, spare))
     else:
         o = torch.empty(T, hv, dv, dtype=x.dtype, device=x.device)
         q = q if fused else q.repeat_interleave(hv // hk, 1)
@@ -317,7 +319,8 @@ def mamba2(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
         rows[s0 : s0 + T, conv_dim:] = torch.cat([xs, br, dt, lanes(torch.exp, dt * -w.ssm_a.exp())], dim=-1)
     if fused and T > 1 and _one_chain(at, T):  # a prompt's rows, a chain's: stepped and read in one call
         offsets = (conv_dim, conv_dim + H * P, conv_dim + H * P + G * N, conv_dim + H * P + G * N + H)
-        ys = _keep(at, T, *rk.ssm_scan(at.v, rows[s0 : s0 + T], cs, (H, P, N, G), offsets, at.spare))
+        spare = at.spare() if at.spare else None
+        ys = _keep(at, T, *rk.ssm_scan(at.v, rows[s0 : s0 + T], cs, (H, P, N, G), offsets, spare))
     else:
         ys = torch.empty(T, H, P, dtype=x.dtype)
         heads = cs if fused else cs.reshape(T, G, N).repeat_interleave(H // G, 1)  # [T, G * N] or [T, H, N]

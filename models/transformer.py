@@ -11,7 +11,8 @@ tokens route to once its router has answered (`NeedExperts`), so they can be str
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +45,9 @@ class Place(NamedTuple):
     chains: dict | None = None  # a recurrent layer's state at the end of a long chain it ran (KVCache.chains)
     rec: "Place | None" = None  # an attending layer's recurrent mixer's, where the two run side by side (Falcon-H1)
     ple: torch.Tensor | None = None  # the layer's per-layer embeddings of the forward's rows [T, ple_dim] (Gemma 4)
-    spare: torch.Tensor | None = None  # a recurrent layer's free state buffer (KVCache.spare), for a chain's end state
+    spare: Callable | None = (
+        None  # a recurrent layer's free state buffer (KVCache.spare), asked for a chain's end state
+    )
 
     def with_ple(self, ple: torch.Tensor) -> "Place":  # (models/block_parts.py)
         return self._replace(ple=ple)
@@ -111,9 +114,9 @@ class Transformer:
             rec, (kind, j) = None, cache.index[i]
             if i in cache.rec_index:
                 rows, state, rbase = cache.rec_kv(cache.rec_index[i])
-                spare = cache.spare(cache.rec_index[i])
+                spare = functools.partial(cache.spare, cache.rec_index[i])
                 rec = Place(rows, state, cache.end - rbase, vis, rot, rbase, cache.folded, cache.chains, spare=spare)
-            spare = cache.spare(j) if kind == "rec" else None
+            spare = functools.partial(cache.spare, j) if kind == "rec" else None
             out.append(Place(k, v, cache.end - base, lvis, rot, base, cache.folded, cache.chains, rec, spare=spare))
         return out
 

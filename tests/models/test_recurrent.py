@@ -127,9 +127,12 @@ def test_a_decode_step_writes_its_state_into_the_spare_and_the_fold_swaps_the_tw
     whole = model.new_cache(32)
     logits = model.forward(tokens[:11], torch.arange(11), whole)
     assert torch.allclose(step, logits[10], atol=1e-4)  # (a chain of 11 in one forward: a scan's bits, not a step's)
-    marks, views = cache.committed()  # a prompt cache's copy of it: the states as they are, wherever they sit
-    for j in range(n):
-        assert torch.equal(views["state"][j], cache.rec_kv(j)[1])
+    marks, views = cache.committed()  # a prompt cache's copy of it, into a new cache: the same next token's bits
+    again = model.new_cache(32)
+    for name, into in again.adopt(marks).items():
+        into.copy_(views[name])
+    nxt = tokens[11:12], torch.tensor([11])
+    assert torch.equal(model.forward(*nxt, cache)[0], model.forward(*nxt, again)[0])
 
 
 def test_a_long_prompt_runs_chunked_and_speculation_on_it_stays_lossless(tmp_path):

@@ -203,15 +203,29 @@ def huge_or_skip():
     huge_pages.cache_clear()
 
 
+def _resident(t: torch.Tensor) -> int:
+    """The bytes of a tensor's whole storage (its mapping) held in memory now (mincore)."""
+    import ctypes
+    import mmap
+
+    ptr, n, page = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), mmap.PAGESIZE
+    lo = ptr - ptr % page
+    vec = (ctypes.c_ubyte * ((ptr + n - lo + page - 1) // page))()
+    mincore = ctypes.CDLL(None, use_errno=True).mincore
+    mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    assert mincore(lo, ptr + n - lo, vec) == 0, ctypes.get_errno()
+    return sum(b & 1 for b in vec) * page
+
+
 def test_weights_read_once_sit_on_huge_pages_and_hold_no_more_memory_than_plain_pages(huge_or_skip):
     from formats.store import HUGE_PAGE, weights_buffer
 
     n = 5 * HUGE_PAGE + 12345
     buf = weights_buffer(n)
+    assert _resident(buf) == 0
     buf.fill_(1)
-    m = _mapping(buf.data_ptr())
-    assert m["AnonHugePages"] == 5 * HUGE_PAGE // 1024  # its whole pages inside, asked for before the first touch
-    assert m["Rss"] * 1024 <= n + 4096  # and nothing past the bytes asked for: no more memory than plain pages
+    assert _mapping(buf.data_ptr())["AnonHugePages"] == 5 * HUGE_PAGE // 1024  # its whole pages, asked for before
+    assert _resident(buf) <= n + 4096  # and nothing of its mapping past the bytes asked for: no more than plain pages
     assert buf.numel() == n and int(buf.sum()) == n
 
 
@@ -227,7 +241,8 @@ def test_a_resident_models_weights_sit_on_huge_pages_and_its_logits_are_the_plai
     huge_pages.cache_clear()
     plain = load_store(store, tokenizer=False).model
     assert _mapping(huge.weights.buffer.data_ptr())["AnonHugePages"] >= 64 * 1024  # the weights' pages: most of them
-    assert _mapping(plain.weights.buffer.data_ptr()).get("AnonHugePages", 0) == 0
+    if "[madvise]" in open("/sys/kernel/mm/transparent_hugepage/enabled").read():  # ("always": both on huge pages)
+        assert _mapping(plain.weights.buffer.data_ptr()).get("AnonHugePages", 0) == 0
     tokens = torch.arange(100, 120)
     logits = [m.forward(tokens, torch.arange(20), KVCache(m.args, 32)) for m in (huge, plain)]
     assert torch.equal(*logits)
@@ -242,12 +257,11 @@ def test_a_new_kv_cache_holds_only_the_pages_its_forwards_write_and_reads_as_zer
     cache = KVCache(args, capacity)
     total = KVCache.numel(args, capacity) * 4
     assert total >= 2 << 20
-    before = _mapping(cache.k.data_ptr())["Rss"] * 1024
-    assert before <= total // 8  # (nothing written yet)
+    assert _resident(cache.k) == 0  # (nothing written yet)
     model = Transformer(args, TensorWeights(args, random_tensors(args, seed=3)))
     model.forward(torch.arange(3, 11), torch.arange(8), cache)
     cache.commit()
-    assert _mapping(cache.k.data_ptr())["Rss"] * 1024 < total // 2  # 8 of 8192 rows written
+    assert _resident(cache.k) < cache.k.numel() * cache.k.element_size() // 2  # 8 of 8192 rows written
     assert int(cache.k[:, :, 8:].count_nonzero()) == 0 and int(cache.k[:, :, :8].count_nonzero()) > 0
     fresh = KVCache(args, 64)  # the same bits as a cache of zeros written: a forward gives the same logits
     zeros = KVCache(args, 64, storage=torch.zeros(KVCache.numel(args, 64)))
