@@ -32,7 +32,7 @@ def _load(store, huge: bool):
     return model
 
 
-class _Decode:
+class Decode:
     """One copy's generation: its cache, its last token and its steps' seconds."""
 
     def __init__(self, model, prompt: int = 32):
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     print("|---:|---:|---:|---:|---:|---:|")
     ratios = []
     for r in range(a.rounds):
-        x, y = _Decode(plain), _Decode(huge)
+        x, y = Decode(plain), Decode(huge)
         for _ in range(a.steps):
             x.step()
             y.step()

@@ -69,6 +69,9 @@ class LayerWeights:
     ffn_post_norm: torch.Tensor | None = None
     flash: object | None = None  # LLM in a flash: the layer's FFN (flash/weights.py `FlashFFN`)
     kernel_record: torch.Tensor | None = None  # the layer as one kernel call takes it (models/layer_kernel.py)
+    ssm_record: torch.Tensor | None = (
+        None  # its Mamba-2 branch as one kernel call takes it (models/recurrent_kernels.py)
+    )
     conv_in: Linear | None = None  # a short-convolution layer: [B | C | x~] from x, its taps [dim, K], its output
     conv_w: torch.Tensor | None = None
     conv_out: Linear | None = None

@@ -29,6 +29,7 @@ SOURCES = (
     "flash.cpp",
     "layer.cpp",
     "recurrent.cpp",
+    "ssm_layer.cpp",
 )
 # no a * b + c contracted into an FMA unasked: every path then rounds the same way (csrc/vec.hpp)
 FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared", "-std=gnu++17", "-fno-math-errno", "-ffp-contract=off"]

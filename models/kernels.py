@@ -46,10 +46,11 @@ _SIGNATURES = {
     "cad_gdn_scan": [_P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I],
     "cad_ssm_front": [_P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I],
     "cad_ssm_back": [_P, _P, _I, _P, _P, _I, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _I],
+    "cad_ssm_layer": [_P, _P, _P, _I, _P, _I, ctypes.c_int64, _I, _P, _P, _P, _I],
     "cad_flash_ffn": [_P, _I, _I, _P, ctypes.c_long, _P, _I, _P, _I, _I],
     "cad_layer": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P, ctypes.c_float, ctypes.c_float, _I, _I],
     "cad_layer_many": [_P, _P, _I, _P, _P, _I, _P, ctypes.c_float, ctypes.c_float, _I],
-    "cad_head_argmax": [_P, _I, _P, _I, _P, _P, _I],
+    "cad_head_argmax": [_P, _I, _P, _I, ctypes.c_float, _P, _P, _I],
     "cad_q8_rows": [_P, _P, _I, _I],
     "cad_q8_floats": [_P, _P, _I, _I],
     "cad_fence": [],
@@ -202,13 +203,14 @@ def linear(
     return y
 
 
-def head_argmax(recs: list, x: torch.Tensor, best: torch.Tensor, ids: torch.Tensor) -> None:
+def head_argmax(recs: list, x: torch.Tensor, best: torch.Tensor, ids: torch.Tensor, div: float = 1.0) -> None:
     """Fold parts of the output head (`recs`: each one's `HeadPart.fold_record()`, in token order) into each row's
     running maximum `best` (fp32 [M]) and its token `ids` (int64 [M]), in place, in one call: what folding each part's
-    logits x W^T with `sampling.HeadArgmax.fold` gives (x: fp32 [M, k], the rows' normed input to the head)."""
+    logits x W^T (divided by `div`, Granite's logit scale) with `sampling.HeadArgmax.fold` gives (x: fp32 [M, k], the
+    rows' normed input to the head)."""
     assert x.dtype == torch.float32 and x.is_contiguous() and best.is_contiguous() and ids.dtype == torch.int64
-    table = torch.tensor(recs, dtype=torch.int64)
-    lib().cad_head_argmax(_ptr(table), len(recs), _ptr(x), x.shape[0], _ptr(best), _ptr(ids), torch.get_num_threads())
+    table, threads = torch.tensor(recs, dtype=torch.int64), torch.get_num_threads()
+    lib().cad_head_argmax(_ptr(table), len(recs), _ptr(x), x.shape[0], div, _ptr(best), _ptr(ids), threads)
 
 
 CHUNK = 32  # keys per chunk of the canonical attention (csrc/attention.cpp: CH)

@@ -59,12 +59,18 @@ def _record(w, args: ModelArgs, i: int) -> torch.Tensor:
     flags |= bool(args.v_norm) << 4 | experts << 5 | args.l2_at(i) << 6
     ptr = lambda t: 0 if t is None else t.data_ptr()
     head = [args.dim, args.n_heads, kv_heads, hd, F, *map(ptr, norms[:2]), ptr(w.qkv.bias)]
-    head += [flags, *map(ptr, norms[2:6]), _bits(args.residual_scale), _bits(args.attn_softcap), *map(ptr, norms[7:])]
+    head += [
+        flags,
+        *map(ptr, norms[2:6]),
+        double_bits(args.residual_scale),
+        double_bits(args.attn_softcap),
+        *map(ptr, norms[7:]),
+    ]
     quants = [v for x in lins for v in x.record()] + [0] * (18 if experts else 0)  # (no FFN products: zeros)
     return torch.tensor(head + quants, dtype=torch.int64)
 
 
-def _bits(x: float) -> int:
+def double_bits(x: float) -> int:
     """A float as the int64 of its double's bits (the record is int64; cad_layer reads it back)."""
     return struct.unpack("<q", struct.pack("<d", x))[0]
 

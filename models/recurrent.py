@@ -23,6 +23,7 @@ from models.attention import Visibility, lanes, padded
 
 
 _LAST_TAPS: list = [None, 0, None]  # the last forward's (visibility, kernel, taps): its every recurrent layer's
+_LAST_CHAIN: list = [None, None, False]  # the last forward's (visibility, (rows, folded), whether one chain)
 
 
 def taps(vis: Visibility, kernel: int) -> torch.Tensor:
@@ -86,8 +87,15 @@ def _one_chain(at, T: int) -> bool:
     vis = at.vis
     if vis.n_shared != at.folded or at.base + at.slot0 != at.folded:
         return False
-    lens = (vis.ptr[1:] - vis.ptr[:-1]).tolist()
-    return lens == list(range(1, T + 1)) and vis.idx[vis.ptr[-2] :].tolist() == list(range(at.folded, at.folded + T))
+    if _LAST_CHAIN[0] is not vis or _LAST_CHAIN[1] != (T, at.folded):  # every recurrent layer of a forward asks alike
+        lens = (vis.ptr[1:] - vis.ptr[:-1]).tolist()
+        rows = vis.idx[vis.ptr[-2] :].tolist()
+        _LAST_CHAIN[:] = [
+            vis,
+            (T, at.folded),
+            lens == list(range(1, T + 1)) and rows == list(range(at.folded, at.folded + T)),
+        ]
+    return _LAST_CHAIN[2]
 
 
 def _keep(at, T: int, out: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
@@ -242,7 +250,9 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> Non
         k_v, q = (t.reshape(T, hk, dk).repeat_interleave(hv // hk, 1) for t in (k, q))
         o, end = chunk_rule(q, k_v, vr.reshape(T, hv, dv), g, beta, at.v)
         o = _keep(at, T, o.contiguous(), end)
-    elif fused and T > 1 and _one_chain(at, T):  # a chain's rows (a short prompt's): stepped and read in one call
+    elif fused and _one_chain(
+        at, T
+    ):  # a chain's rows (a short prompt's, a decode step's): stepped and read in one call
         offsets = (C, C + hk * dk, C + hk * dk + hv * dv, C + hk * dk + hv * (dv + 1))
         spare = at.spare() if at.spare else None
         o = _keep(at, T, *rk.gdn_scan(at.v, rows[s0 : s0 + T], q, (hv, dk, dv, hk), offsets, spare))
@@ -305,11 +315,18 @@ def mamba2(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
     a = model.args
     T, H, P, N, G = x.shape[0], a.ssm_heads, a.ssm_head_dim, a.ssm_state, a.ssm_groups
     inner, conv_dim = a.ssm_inner, a.ssm_conv_dim
-    z, pre, dt_raw = w.ssm_in.matmul(h).split([inner, conv_dim, H], dim=-1)
     rows, s0 = at.k, at.slot0
+    fused = rk.ssm_on(at.v, a) and rows.stride(1) == 1
+    if fused and _one_chain(at, T) and _whole(x, h, at) and rk.conv_on(rows, w.ssm_conv):
+        rec = rk.ssm_record(w, a)
+        if rec is not None:  # the branch in one call (a decode step's row, a prompt's): the same bits
+            end = at.spare() if at.spare else torch.empty_like(at.v)
+            rk.ssm_layer(rec, x, h, at, taps(at.vis, a.conv_kernel).contiguous(), end)
+            _keep(at, T, x, end)
+            return
+    z, pre, dt_raw = w.ssm_in.matmul(h).split([inner, conv_dim, H], dim=-1)
     rows[s0 : s0 + T, :conv_dim] = pre
     xbc = conv_mix(rows, at.base, taps(at.vis, a.conv_kernel).to(x.device), w.ssm_conv)
-    fused = rk.ssm_on(at.v, a) and rows.stride(1) == 1
     if fused:  # the rows and C in the CPU kernels
         cs = rk.ssm_front(a, w, xbc, dt_raw, rows[s0 : s0 + T, conv_dim:])
     else:  # every elementwise op over whole vectors (`lanes`)
@@ -317,7 +334,7 @@ def mamba2(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
         xs, br, cs = xbc.split([inner, G * N, G * N], dim=-1)
         dt = lanes(F.softplus, dt_raw + w.ssm_dt)
         rows[s0 : s0 + T, conv_dim:] = torch.cat([xs, br, dt, lanes(torch.exp, dt * -w.ssm_a.exp())], dim=-1)
-    if fused and T > 1 and _one_chain(at, T):  # a prompt's rows, a chain's: stepped and read in one call
+    if fused and _one_chain(at, T):  # a prompt's rows, a chain's, a decode step's: stepped and read in one call
         offsets = (conv_dim, conv_dim + H * P, conv_dim + H * P + G * N, conv_dim + H * P + G * N + H)
         spare = at.spare() if at.spare else None
         ys = _keep(at, T, *rk.ssm_scan(at.v, rows[s0 : s0 + T], cs, (H, P, N, G), offsets, spare))
@@ -334,6 +351,11 @@ def mamba2(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
     else:
         o = _ssm_out(a, w, ys, rows[s0 : s0 + T, conv_dim : conv_dim + inner], z)
     model.residual(x, w.ssm_out, o, None, norm)
+
+
+def _whole(x: torch.Tensor, h: torch.Tensor, at) -> bool:
+    """x, h and the layer's state as one kernel call takes them: fp32, contiguous."""
+    return all(t.dtype == torch.float32 and t.is_contiguous() for t in (x, h, at.v))
 
 
 def _ssm_out(a, w, ys: torch.Tensor, xs: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from models import kernels
+from models import kernels, linear
+from models.layer_kernel import double_bits
 
 
 def conv_on(rows: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -147,3 +148,47 @@ def ssm_back(a, w, ys: torch.Tensor, xs: torch.Tensor, z: torch.Tensor) -> torch
     args += (weight.data_ptr(), T, H, P, a.ssm_inner // a.ssm_groups, SSM_NORMS[a.ssm_norm], a.norm_eps)
     kernels.lib().cad_ssm_back(*args, out.data_ptr(), _threads())
     return out
+
+
+def ssm_record(w, a) -> torch.Tensor | None:
+    """A Mamba-2 branch as `cad_ssm_layer` reads it (int64), made once per weights object; None where it cannot take
+    it: products outside the quantized kernels or with a bias, tensors not fp32 and contiguous."""
+    rec = w.ssm_record
+    if rec is None:
+        rec = w.ssm_record = _ssm_record(w, a)
+    return rec if rec.numel() else None
+
+
+def _ssm_record(w, a) -> torch.Tensor:
+    H, P, N, G, inner, width, K = (
+        a.ssm_heads,
+        a.ssm_head_dim,
+        a.ssm_state,
+        a.ssm_groups,
+        a.ssm_inner,
+        a.ssm_conv_dim,
+        a.conv_kernel,
+    )
+    lins = (w.ssm_in, w.ssm_out)
+    tensors = (w.ssm_conv, w.ssm_conv_b, w.ssm_dt, w.ssm_a, w.ssm_d, w.ssm_norm)
+    plain = all(isinstance(x, linear.QuantLinear) and x.kernel and x.bias is None for x in lins)
+    plain = plain and all(t is None or (t.dtype == torch.float32 and t.is_contiguous()) for t in tensors)
+    if not plain or (w.ssm_in.n, w.ssm_out.k, tuple(w.ssm_conv.shape)) != (inner + width + H, inner, (width, K)):
+        return torch.empty(0, dtype=torch.int64)
+    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+    head = [H, P, N, G, inner, width, K, SSM_NORMS[a.ssm_norm], *map(ptr, tensors[:5])]
+    head += [
+        ptr(w.ssm_norm if w.ssm_norm is not None else w.ssm_d),
+        double_bits(a.residual_scale),
+        double_bits(a.norm_eps),
+    ]
+    return torch.tensor(head + w.ssm_in.record() + w.ssm_out.record(), dtype=torch.int64)
+
+
+def ssm_layer(rec: torch.Tensor, x: torch.Tensor, h: torch.Tensor, at, slots: torch.Tensor, end: torch.Tensor) -> None:
+    """x [T, dim] += the Mamba-2 branch of h (the layer's normed input; both fp32, contiguous) over a chain of T rows
+    from the layer's state (`at`: models/transformer.py `Place`; `slots` int64 [T, K] the rows' taps), the last state
+    into `end` (contiguous, not the state): models/recurrent.py `mamba2`'s separate calls in one (`cad_ssm_layer`)."""
+    rows, T = at.k, x.shape[0]
+    args = (rec.data_ptr(), x.data_ptr(), h.data_ptr(), T, rows.data_ptr(), rows.stride(0), at.base, at.slot0)
+    kernels.lib().cad_ssm_layer(*args, slots.data_ptr(), at.v.data_ptr(), end.data_ptr(), _threads())

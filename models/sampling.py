@@ -149,12 +149,12 @@ class HeadArgmax:
     verification's answer without its [rows, vocabulary] logits (1.2 MB a row for a 152k vocabulary). The
     same token `argmax` gives over the whole row: the first of equal maxima, a NaN above every number."""
 
-    def __init__(self, rows: int, device, kernel: bool = False):
+    def __init__(self, rows: int, device, kernel: bool = False, div: float = 1.0):
         """`kernel`: resident parts of quantized rows may be folded in one kernel call (`hold`): their logits are
-        the head's own (no scale or cap after the product) and on the CPU."""
+        the head's own divided by `div` (Granite's logit scale; no cap after the product) and on the CPU."""
         self.best = torch.full((rows,), float("-inf"), device=device)
         self.ids = torch.zeros(rows, dtype=torch.long, device=device)
-        self.kernel, self.held = kernel, []
+        self.kernel, self.div, self.held = kernel, div, []
 
     def hold(self, part, resident: bool, h: torch.Tensor) -> bool:
         """Keep a resident part of the head (a `formats.weights.HeadPart` of quantized rows) to fold with the others
@@ -173,7 +173,7 @@ class HeadArgmax:
         if self.held:
             from models import kernels
 
-            kernels.head_argmax(self.held, h.contiguous(), self.best, self.ids)
+            kernels.head_argmax(self.held, h.contiguous(), self.best, self.ids, self.div)
             self.held = []
         return self.ids
 

@@ -359,8 +359,8 @@ class Transformer:
         frequent tokens' rows) is skipped, and a draft's logits stop at the rows it keeps."""
         a = self.args
         width = getattr(self.weights, "head_rows", None) or a.vocab_size
-        plain = self.fused and a.logits_div == 1.0 and not a.final_softcap  # (a part's logits as the kernel gives them)
-        top = HeadArgmax(x.shape[0], x.device, plain) if argmax else None
+        plain = self.fused and not a.final_softcap  # (a part's logits as the kernel gives them)
+        top = HeadArgmax(x.shape[0], x.device, plain, a.logits_div) if argmax else None
         logits = None if argmax else torch.full((x.shape[0], width), float("-inf"), device=x.device)
         h, stays = None, getattr(self.weights, "is_resident", lambda need: True)
         for need in self.head_needs:

@@ -124,9 +124,10 @@ extern "C" void cad_linear(const float *x, float *y, int M, int fmt, int N, int 
  * part's logits as cad_linear makes them, then each row's first maximum, a NaN above every number (as
  * models/sampling.py `HeadArgmax` folds torch's max), part after part in token order. `recs`: ten int64s a part,
  * its first token then its product as `QuantLinear.record` gives it (int8, int4 or int2). best [M] and ids [M]: the
- * running maximum and its token, updated in place. */
-extern "C" void cad_head_argmax(const int64_t *recs, int nparts, const float *x, int M, float *best, int64_t *ids,
-                                int nthreads) {
+ * running maximum and its token, updated in place. `div`: the logits divided by it first (Granite's logit scale), as
+ * torch divides them. */
+extern "C" void cad_head_argmax(const int64_t *recs, int nparts, const float *x, int M, float div, float *best,
+                                int64_t *ids, int nthreads) {
     int widest = 0;
     for (int p = 0; p < nparts; p++) widest = std::max(widest, (int)recs[(size_t)p * 10 + 2]);
     std::vector<float> y((size_t)M * widest);
@@ -142,7 +143,7 @@ extern "C" void cad_head_argmax(const int64_t *recs, int nparts, const float *x,
         for (int m = 0; m < M; m++) { /* (the loop's own barrier: y is free for the next part after it) */
             const float *row = y.data() + (size_t)m * w.N;
             for (int j = 0; j < w.N; j++) {
-                const float v = row[j];
+                const float v = div == 1.0f ? row[j] : row[j] / div;
                 if (v != v ? best[m] == best[m] : v > best[m]) {
                     best[m] = v;
                     ids[m] = r[0] + j;

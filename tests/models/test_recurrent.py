@@ -10,6 +10,7 @@ from formats import loading
 from models.attention import Visibility
 from formats.convert import convert
 from models.kernel_build import PATHS
+from models import recurrent_kernels as rk
 from models.recurrent import taps
 from formats.source_hf import HFSource
 from formats.store import WeightStore
@@ -366,3 +367,27 @@ def test_a_chain_s_rows_scanned_in_one_call_get_the_bits_of_a_row_at_a_time_on_e
             gs = rk.gdn_step(gs, grows[t : t + 1], (hv, dk, dv, hk), goffsets)
             assert torch.equal(o[t], rk.gdn_read(gs, q[t : t + 1], hk)[0])
     assert torch.equal(end, s[0]) and torch.equal(gend, gs[0])
+
+
+def test_a_mamba2_branch_in_one_call_gets_the_bits_of_its_separate_calls(model):
+    """`cad_ssm_layer` (a chain's rows: a prompt's, a decode step's) gives the logits and the states of the branch's
+    separate calls (models/recurrent.py `mamba2`), bit for bit."""
+    if model.args.rec_kind != "ssm":
+        pytest.skip("Mamba-2 layers only")
+    layers = [model.weights.layer(i) for i in model.args.rec_layers]
+    assert all(rk.ssm_record(w, model.args) is not None for w in layers)  # the one call is taken
+    tokens = torch.randint(3, 300, (12,), generator=torch.Generator().manual_seed(10))
+    runs = []
+    for one_call in (True, False):
+        for w in layers:
+            w.ssm_record = None if one_call else torch.empty(0, dtype=torch.int64)
+        cache = model.new_cache(32)
+        out = [model.forward(tokens[:8], torch.arange(8), cache)]
+        for t in range(8, 12):
+            cache.commit()
+            out.append(model.forward(tokens[t : t + 1], torch.tensor([t]), cache))
+        runs.append((out, [cache.chains[cache.rec[j].data_ptr()][2] for j in range(len(layers))]))
+    for w in layers:
+        w.ssm_record = None
+    (a, sa), (b, sb) = runs
+    assert all(torch.equal(x, y) for x, y in zip(a + sa, b + sb))

@@ -23,11 +23,11 @@ def test_head_argmax_over_parts_is_the_whole_rows_argmax(seed):
     assert torch.equal(top.ids, logits.argmax(-1))
 
 
-@pytest.mark.parametrize("fmt", ["int4", "int8", "int2"])
-def test_resident_parts_folded_in_one_kernel_call_give_the_part_by_part_fold(fmt):
+@pytest.mark.parametrize("fmt,div", [("int4", 1.0), ("int8", 1.0), ("int2", 1.0), ("int4", 6.0), ("int8", 3.0)])
+def test_resident_parts_folded_in_one_kernel_call_give_the_part_by_part_fold(fmt, div):
     """`HeadArgmax.hold` and `flush` (models/kernels.py `head_argmax`): the same tokens and maxima as folding each
-    part's logits, ties across parts to the first, a row of zeros (every logit equal) to token 0, a streamed part
-    between resident ones folded in order."""
+    part's logits (divided by Granite's logit scale where `div`), ties across parts to the first, a row of zeros
+    (every logit equal) to token 0, a streamed part between resident ones folded in order."""
     from models import kernels, linear
     from formats.weights import HeadPart
 
@@ -45,10 +45,10 @@ def test_resident_parts_folded_in_one_kernel_call_give_the_part_by_part_fold(fmt
     x[2] = 0.0
     ref = HeadArgmax(rows, "cpu")
     for p in parts:
-        ref.fold(p.out(x), p.lo)
+        ref.fold(p.out(x) / div, p.lo)
     assert ref.ids[1] == 90 and ref.ids[2] == 0
-    top = HeadArgmax(rows, "cpu", kernel=True)
+    top = HeadArgmax(rows, "cpu", kernel=True, div=div)
     held = [top.hold(p, j != 2, x) for j, p in enumerate(parts)]  # part 2 streamed
     assert held == [True, True, False, True, True]
-    top.fold(parts[2].out(x), parts[2].lo)
+    top.fold(parts[2].out(x) / div, parts[2].lo)
     assert torch.equal(top.flush(x), ref.ids) and torch.equal(top.best, ref.best)
