@@ -94,6 +94,17 @@ def convert(
         return _write_store(source, out_dir, fmt, group_size, label, progress, expert_formats, encoded)
 
 
+def count_bar() -> Progress:
+    """A bar of steps done out of a count, on stderr (stdout is for results: the generated text, paths)."""
+    return Progress(
+        TextColumn("{task.description:<40}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )
+
+
 def _write_store(
     source,
     out_dir: Path,
@@ -118,13 +129,7 @@ def _write_store(
     tmp.parent.mkdir(parents=True, exist_ok=True)
     writer = StoreWriter(tmp)
     own = progress is None
-    progress = progress or Progress(
-        TextColumn("{task.description:<40}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-    )  # stdout is the generated text
+    progress = progress or count_bar()
     task = progress.add_task(f"convert {label or out_dir.name} -> {fmt}", total=len(names) + len(starts))
     t0 = time.time()
     try:

@@ -12,10 +12,10 @@ from common import paths
 from common.errors import CadenceError
 from common.settings import FORMATS, GROUP_SIZES
 from pulls import hub, registry
-from formats.convert import ensure_store, known_stores
+from formats.convert import count_bar, ensure_store, known_stores
 from pulls.wheels import is_pulled, model_path, progress_bar, pull
 from launch.models_flash import add_flash
-from launch.options import add_calibration
+from launch.options import add_calibration, add_model_action
 
 
 def add_parser(sub):
@@ -34,25 +34,28 @@ def add_parser(sub):
     pp.set_defaults(func=cmd_pull)
     pl = msub.add_parser("list", help="models and weight stores on this machine")
     pl.set_defaults(func=cmd_list)
-    pc = msub.add_parser("convert", help="convert a model into a weight store")
-    pc.add_argument("name", help="a default model name, hf:OWNER/REPO[:FILE], a .gguf file or an HF model directory")
+    any_model = "a default model name, hf:OWNER/REPO[:FILE], a .gguf file or an HF model directory"
+    pc = add_model_action(msub, "convert", "convert a model into a weight store", any_model, cmd_convert)
     pc.add_argument("--dtype", "--format", dest="fmt", default="bf16", help=f"one of {', '.join(FORMATS)}")
     pc.add_argument("--group-size", type=int, default=32, help="int4 quantization group (32 or 64)")
-    pc.set_defaults(func=cmd_convert)
-    pe = msub.add_parser(
+    moe = "a .gguf file or an HF model directory holding a mixture of experts"
+    pe = add_model_action(
+        msub,
         "profile-experts",
-        help="a mixture of experts: record its routing on calibration prompts and "
-        "write EdgeMoE's path statistics beside its weight store",
+        "a mixture of experts: record its routing on calibration prompts and write EdgeMoE's path statistics beside "
+        "its weight store",
+        moe,
+        cmd_profile_experts,
     )
-    pe.add_argument("name", help="a .gguf file or an HF model directory holding a mixture of experts")
     add_calibration(pe, "the weight store to profile (as --dtype of run)", "their paths count too")
-    pe.set_defaults(func=cmd_profile_experts)
-    pb = msub.add_parser(
+    pb = add_model_action(
+        msub,
         "expert-bits",
-        help="a mixture of experts: choose each expert's bitwidth (INT2/4/8) within a "
-        "tolerable accuracy loss (EdgeMoE) and write a weight store with them",
+        "a mixture of experts: choose each expert's bitwidth (INT2/4/8) within a tolerable accuracy loss (EdgeMoE) "
+        "and write a weight store with them",
+        moe,
+        cmd_expert_bits,
     )
-    pb.add_argument("name", help="a .gguf file or an HF model directory holding a mixture of experts")
     pb.add_argument(
         "--loss",
         type=float,
@@ -69,7 +72,6 @@ def add_parser(sub):
         help="the bitwidths to choose from, fewest bits first; the last is the reference the loss is measured "
         "against (int2,int4: against the int4 store, in half the memory: every expert is held at each level)",
     )
-    pb.set_defaults(func=cmd_expert_bits)
     add_flash(msub)
     pr = msub.add_parser("rm", help="remove a pulled model and its weight stores, or one weight store")
     pr.add_argument(
@@ -230,7 +232,6 @@ def _choose_bitwidths(base, source, levels: tuple[str, ...], args):
     """Every expert quantized at every level, then EdgeMoE's choice within the tolerated loss on calibration
     text: (the choice, the encoded experts, the calibration token ids)."""
     import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from engine.prompts import DEFAULT_PROMPTS, load_prompts
     from formats.bitwidth import MixedExperts, choose_bitwidths, quantize_experts
@@ -239,13 +240,7 @@ def _choose_bitwidths(base, source, levels: tuple[str, ...], args):
     from formats.weights import StreamingWeights
 
     a = base.args
-    with Progress(
-        TextColumn("{task.description:<40}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-    ) as bar:
+    with count_bar() as bar:
         task = bar.add_task(f"experts at {', '.join(levels)}", total=a.n_layers * a.n_experts)
         variants, encoded = quantize_experts(
             lambda n: torch.from_numpy(source.get(n)), a, levels, progress=lambda: bar.advance(task)

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import sys
 
-from rich.console import Console
 
 from common.errors import CadenceError
 from pulls import registry
-from formats.convert import ensure_store
+from formats.convert import count_bar, ensure_store
 from flash.footprint import KINDS
-from launch.options import add_calibration
+from launch.options import add_calibration, add_model_action
 
 
 def add_flash(msub) -> None:
     """LLM in a flash: the predictor, the bundles and the read curve."""
-    pt = msub.add_parser(
+    pt = add_model_action(
+        msub,
         "train-predictor",
-        help="a dense SwiGLU model: make LLM in a flash's activation predictor (int2: the FFN's own gate and up "
-        "weights in 2 bits; lowrank: fitted on calibration prompts), measure its recall and write it beside the "
-        "weight store",
+        "a dense SwiGLU model: make LLM in a flash's activation predictor (int2: the FFN's own gate and up weights "
+        "in 2 bits; lowrank: fitted on calibration prompts), measure its recall and write it beside the weight store",
+        "a default model name, a .gguf file or an HF model directory",
+        cmd_train_predictor,
     )
-    pt.add_argument("name", help="a default model name, a .gguf file or an HF model directory")
     add_calibration(pt, "the weight store (as --dtype of run)", "recorded too")
     pt.add_argument(
         "--heldout", default=None, help="prompts to measure recall on (JSONL; default: every 4th calibration prompt)"
@@ -34,20 +34,20 @@ def add_flash(msub) -> None:
     )
     pt.add_argument("--rank", type=int, default=None, help="a low-rank predictor's rank (default 128; implies lowrank)")
     pt.add_argument("--density", type=float, default=0.3, help="the share of neurons per token recall is measured at")
-    pt.set_defaults(func=cmd_train_predictor)
-    pf = msub.add_parser(
+    pf = add_model_action(
+        msub,
         "bundle",
-        help="LLM in a flash: write an int4 store's FFN bundles (each neuron's gate row, up row and down column "
-        "together) beside its dense layout",
+        "LLM in a flash: write an int4 store's FFN bundles (each neuron's gate row, up row and down column together) "
+        "beside its dense layout",
+        "a default model name, a .gguf file, an HF model directory or an int4 weight store",
+        cmd_bundle,
     )
-    pf.add_argument("name", help="a default model name, a .gguf file, an HF model directory or an int4 weight store")
     pf.add_argument(
         "--chunk-neurons",
         type=int,
         default=None,
         help="neurons per chunk (default: the size this machine's read curve favours)",
     )
-    pf.set_defaults(func=cmd_bundle)
     pv = msub.add_parser(
         "read-curve", help="measure this machine's random-read throughput by read size (the flash cost model's)"
     )
@@ -92,8 +92,6 @@ def cmd_bundle(args) -> int:
     """LLM in a flash §3.2: the bundled FFN layout beside the store (flash/bundles.py)."""
     import time
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from flash import bundles
 
     st = ensure_store(args.name, "int4")
@@ -103,13 +101,7 @@ def cmd_bundle(args) -> int:
     say = lambda line: print(line, file=sys.stderr)
     chunk = args.chunk_neurons or bundles.favoured_chunk_neurons(st, say)
     t0 = time.time()
-    with Progress(
-        TextColumn("{task.description:<40}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-    ) as bar:
+    with count_bar() as bar:
         task = bar.add_task(f"bundles of {st.dir.name}", total=st.args.n_layers)
         lay = bundles.write(st, chunk, progress=lambda: bar.advance(task))
     print(

@@ -65,6 +65,15 @@ def run_config(args: argparse.Namespace, **override) -> RunConfig:
     return RunConfig.from_options(**{**options_of(args), **override})
 
 
+def add_model_action(msub, name: str, help: str, model: str, func):
+    """A `launch models` action on one model: its parser, with the model as the positional `name` (`model` says
+    what it may be) and `func` set; the caller adds the action's own options."""
+    p = msub.add_parser(name, help=help)
+    p.add_argument("name", help=model)
+    p.set_defaults(func=func)
+    return p
+
+
 def add_calibration(p, store_help: str, tokens_note: str) -> None:
     """The options of a command that runs a model on calibration prompts: its store, the prompts, the tokens."""
     p.add_argument("--dtype", "--format", dest="fmt", default="int4", help=store_help)

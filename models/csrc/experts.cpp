@@ -27,11 +27,6 @@ struct Job {
     std::vector<float> act;  /* SwiGLU [Me, F] */
 };
 
-q::QW matrix(const int64_t *r) {
-    return q::QW((int)r[0], (int)r[1], (int)r[2], (int)r[3], (const void *)r[4], (const void *)r[5], (const void *)r[6],
-                 (const void *)r[7], (const void *)r[8]);
-}
-
 /* This thread's share [lo, hi) of all jobs' tiles of one matrix (gate_up or down), in job order. */
 template <typename Fn>
 void my_tiles(std::vector<Job> &jobs, bool down, Fn fn) {
@@ -63,7 +58,8 @@ extern "C" void cad_experts(const float *h, int T, int D, const int32_t *ids, co
     for (int e = 0; e < E; e++) {
         const float *bgu = biases ? (const float *)biases[2 * e] : nullptr;
         const float *bdn = biases ? (const float *)biases[2 * e + 1] : nullptr;
-        Job j{matrix(table + (size_t)e * 2 * REC), matrix(table + (size_t)e * 2 * REC + REC), bgu, bdn, {}, {}, {}, {}, {}, {}, {}};
+        const int64_t *r = table + (size_t)e * 2 * REC;
+        Job j{q::record_qw(r), q::record_qw(r + REC), bgu, bdn, {}, {}, {}, {}, {}, {}, {}};
         for (int t = 0; t < T; t++)
             for (int i = 0; i < k; i++)
                 if (ids[(size_t)t * k + i] == expert_ids[e]) j.rows.push_back(t), j.w.push_back(top[(size_t)t * k + i]);

@@ -32,17 +32,6 @@ namespace {
 constexpr int HEAD = 18, REC = 9;
 constexpr size_t KEEP_FLOATS = 1 << 20; /* 4 MiB: the 1.5B's buffers for a 16-wide tree are ~2 MiB */
 
-q::QW qw(const int64_t *r) {
-    return q::QW((int)r[0], (int)r[1], (int)r[2], (int)r[3], (const void *)r[4], (const void *)r[5],
-                 (const void *)r[6], (const void *)r[7], (const void *)r[8]);
-}
-
-double as_double(int64_t bits) {
-    double d;
-    std::memcpy(&d, &bits, sizeof d);
-    return d;
-}
-
 /* x += y (plus its bias, through its post norm and the residual scale, where the layer has them): what
  * `Transformer.residual` does with torch's elementwise ops, one rounding each. */
 void add_branch(float *x, float *y, const float *bias, const float *post, float scale, int T, int dim, float eps) {
@@ -95,13 +84,13 @@ void layer(const int64_t *rec, float *x, int T, const int64_t *pos, const float 
     const bool pre = !(flags & 1), gelu = flags & 2;
     const float *q_norm = (const float *)rec[9], *k_norm = (const float *)rec[10];
     const float *attn_post = (const float *)rec[11], *ffn_post = (const float *)rec[12];
-    const float res_scale = (float)as_double(rec[13]), softcap = (float)as_double(rec[14]);
+    const float res_scale = (float)q::record_double(rec[13]), softcap = (float)q::record_double(rec[14]);
     const float *layer_scale = (const float *)rec[15]; /* x times it at the layer's end (Gemma 4), or 0 */
     const float *sinks = (const float *)rec[16], *out_bias = (const float *)rec[17];
     const bool v_norm = flags & 16, attn_only = flags & 32, l2 = flags & 64;
     const bool plain_out = !attn_post && res_scale == 1.0f && !out_bias, plain_down = !ffn_post && res_scale == 1.0f;
-    const q::QW qkv = qw(rec + HEAD), out = qw(rec + HEAD + REC), gate_up = qw(rec + HEAD + 2 * REC),
-                down = qw(rec + HEAD + 3 * REC);
+    const q::QW qkv = q::record_qw(rec + HEAD), out = q::record_qw(rec + HEAD + REC);
+    const q::QW gate_up = q::record_qw(rec + HEAD + 2 * REC), down = q::record_qw(rec + HEAD + 3 * REC);
     const int nqkv = (H + 2 * Hkv) * hd, qd = H * hd;
     /* the stages' buffers: kept by the calling thread from call to call for the narrow passes of decoding;
      * a wide one (a prompt's pass) gets its own, given back when it returns, so no peak outlives its pass */

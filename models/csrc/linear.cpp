@@ -135,8 +135,7 @@ extern "C" void cad_head_argmax(const int64_t *recs, int nparts, const float *x,
 #pragma omp parallel num_threads(nthreads)
     for (int p = 0; p < nparts; p++) {
         const int64_t *r = recs + (size_t)p * 10;
-        const q::QW w((int)r[1], (int)r[2], (int)r[3], (int)r[4], (const void *)r[5], (const void *)r[6],
-                      (const void *)r[7], (const void *)r[8], (const void *)r[9]);
+        const q::QW w = q::record_qw(r + 1);
         q::qlinear_in(x, M, w, y.data(), w.N, 0, qa);
 #pragma omp barrier
 #pragma omp for

@@ -32,6 +32,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <vector>
 
 /* The kernels' building blocks are inlined whatever the compiler's budget: passed out of line, their
@@ -121,6 +122,18 @@ static inline float half_to_float(uint16_t h) {
 /* y[m, n] (+)= x W^T for x [M, K]: the rows rounded to int8, then the tiles, by `nthreads` threads;
  * y's rows are ldy floats apart. */
 void qlinear(const float *x, int M, const QW &W, float *y, int ldy, int accumulate, int nthreads);
+/* A product as `QuantLinear.record` writes it into a record (models/linear.py): format, n, k, row0 and its five
+ * arrays' addresses, nine int64s. */
+inline QW record_qw(const int64_t *r) {
+    return QW((int)r[0], (int)r[1], (int)r[2], (int)r[3], (const void *)r[4], (const void *)r[5], (const void *)r[6],
+              (const void *)r[7], (const void *)r[8]);
+}
+/* A record's float field: the double whose bits the int64 holds (models/layer_kernel.py `double_bits`). */
+inline double record_double(int64_t bits) {
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
 /* The same inside an OpenMP parallel region, its work shared among the region's threads (`a`: the
  * activations' buffers, shared by them; reused from call to call). y is complete once every thread
  * has passed a barrier after it. */

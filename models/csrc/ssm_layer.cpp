@@ -28,17 +28,6 @@ namespace {
 
 constexpr int HEAD = 16, REC = 9;
 
-q::QW qw(const int64_t *r) {
-    return q::QW((int)r[0], (int)r[1], (int)r[2], (int)r[3], (const void *)r[4], (const void *)r[5],
-                 (const void *)r[6], (const void *)r[7], (const void *)r[8]);
-}
-
-double as_double(int64_t bits) {
-    double d;
-    std::memcpy(&d, &bits, sizeof d);
-    return d;
-}
-
 const float *f(int64_t address) { return (const float *)address; }
 
 }  // namespace
@@ -50,8 +39,8 @@ extern "C" void cad_ssm_layer(const int64_t *rec, float *x, const float *h, int 
                               int slot0, const int64_t *slots, const float *state, float *end, int nthreads) {
     const int H = (int)rec[0], P = (int)rec[1], N = (int)rec[2], G = (int)rec[3], inner = (int)rec[4];
     const int width = (int)rec[5], K = (int)rec[6], norm = (int)rec[7];
-    const float scale = (float)as_double(rec[14]), eps = (float)as_double(rec[15]);
-    const q::QW in = qw(rec + HEAD), out = qw(rec + HEAD + REC);
+    const float scale = (float)q::record_double(rec[14]), eps = (float)q::record_double(rec[15]);
+    const q::QW in = q::record_qw(rec + HEAD), out = q::record_qw(rec + HEAD + REC);
     const int wide = inner + width + H, GN = G * N, xo = width;
     std::vector<float> zxd((size_t)T * wide), conv((size_t)T * width), c((size_t)T * GN), ys((size_t)T * H * P);
     std::vector<float> o((size_t)T * inner);
