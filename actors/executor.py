@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from actors.syncarea import ABANDONED, END, FORWARD, VERIFIER, WORKER, Clock, SyncArea
-from models import kernels
+from models import split_attention
 from models.attention import Visibility
 from models.args import ModelArgs
 from models.linear import column_split
@@ -49,7 +49,7 @@ class SplitPlan:
 
     T: int
     n_shared: int
-    k0: int  # the worker's attention: each row's keys from k0 on (a multiple of kernels.CHUNK)
+    k0: int  # the worker's attention: each row's keys from k0 on (a multiple of split_attention.CHUNK)
     maxc: int  # chunk states a row of the worker's can have
     scale: float
     n0: tuple[int, ...] | None  # per LINEARS: the worker's first column; None: the linears are not split
@@ -101,14 +101,16 @@ def plan_split(
     of every row, and with `column_share` > 0 the last share of every linear layer's columns. `ch_room`:
     the fp32 values its chunk states may fill; a long context leaves it fewer dense chunks to fit them
     (any split gives the same bits)."""
-    c_star = vis.n_shared // kernels.CHUNK
-    k0 = int(c_star * (1.0 - share)) * kernels.CHUNK  # ours: keys [0, k0); the worker's: the rest
+    c_star = vis.n_shared // split_attention.CHUNK
+    k0 = int(c_star * (1.0 - share)) * split_attention.CHUNK  # ours: keys [0, k0); the worker's: the rest
     if ch_room is not None:
         fit = ch_room // (vis.rows * args.n_heads * (args.head_dim + 2))  # chunk states a row may have
         longest = int((vis.ptr[1:] - vis.ptr[:-1]).max()) if vis.rows else 0
-        least = -(-(vis.n_shared + longest - fit * kernels.CHUNK) // kernels.CHUNK) * kernels.CHUNK
-        k0 = min(max(k0, least), c_star * kernels.CHUNK)
-    maxc = kernels.max_chunks(vis.n_shared, vis.ptr, k0)
+        least = (
+            -(-(vis.n_shared + longest - fit * split_attention.CHUNK) // split_attention.CHUNK) * split_attention.CHUNK
+        )
+        k0 = min(max(k0, least), c_star * split_attention.CHUNK)
+    maxc = split_attention.max_chunks(vis.n_shared, vis.ptr, k0)
     if ch_room is not None and vis.rows * args.n_heads * maxc * (args.head_dim + 2) > ch_room:
         raise ValueError(f"the worker's chunk states of {vis.rows} rows do not fit its slot of {ch_room * 4} bytes")
     n0 = tuple(column_split(n, column_share) for n in linear_widths(args)) if column_share > 0 else None
@@ -165,11 +167,11 @@ class SplitExecutor:
         T, H, D = q.shape
         self.q[: q.numel()].copy_(q.reshape(-1))
         self._post()  # Q is in the arena: the worker starts its chunks
-        with self.trace.span(f"dense:layer.{i}", cat="attention", args={"chunks": sp.k0 // kernels.CHUNK}):
-            state = kernels.attn_dense(q, req.k, req.v, 0, sp.k0 // kernels.CHUNK, sp.scale)
+        with self.trace.span(f"dense:layer.{i}", cat="attention", args={"chunks": sp.k0 // split_attention.CHUNK}):
+            state = split_attention.attn_dense(q, req.k, req.v, 0, sp.k0 // split_attention.CHUNK, sp.scale)
         self._wait(i, "attn")
         ch = self.ch[: T * H * sp.maxc * (D + 2)].view(T, H, sp.maxc, D + 2)
-        return kernels.attn_merge(state, ch, torch.from_numpy(self.area.nch[:T]))
+        return split_attention.attn_merge(state, ch, torch.from_numpy(self.area.nch[:T]))
 
     def _columns(self, req: SplitColumns) -> None:
         i, lin, x = req.layer, req.linear, req.x
@@ -240,7 +242,7 @@ class WorkerShare:
         T, H, D = plan.T, self.args.n_heads, self.args.head_dim
         q = self.q[: T * H * D].view(T, H, D)
         with self.trace.span(f"sparse:layer.{i}", cat="attention", args={"rows": T, "k0": plan.k0}):
-            _, nch = kernels.attn_chunks(
+            _, nch = split_attention.attn_chunks(
                 q,
                 *self.cache.kv(i)[:2],
                 plan.n_shared,

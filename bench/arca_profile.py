@@ -16,7 +16,7 @@ from common.timing import median_time
 from common.settings import SamplingConfig
 from engine.profiles import partition_name
 from engine.prompts import encode_prompt
-from models import kernels
+from models import split_attention
 from models.attention import Visibility
 from speculative import arca
 from speculative.generate import generate_target
@@ -69,11 +69,13 @@ def unit_times(lm, widths, threads: int) -> dict:
             )
             q = torch.randn(rows, a.n_heads, a.head_dim)
             vis = Visibility.tree(ctx, [-1] + list(range(rows - 1)))
-            c_star = ctx // kernels.CHUNK
-            out[("dense", rows, ctx)] = median_time(lambda: kernels.attn_dense(q, kc, vc, 0, c_star, model.scale))
+            c_star = ctx // split_attention.CHUNK
+            out[("dense", rows, ctx)] = median_time(
+                lambda: split_attention.attn_dense(q, kc, vc, 0, c_star, model.scale)
+            )
             out[("sparse", rows, ctx)] = median_time(
-                lambda: kernels.attn_chunks(
-                    q, kc, vc, vis.n_shared, vis.ptr, vis.idx, c_star * kernels.CHUNK, model.scale
+                lambda: split_attention.attn_chunks(
+                    q, kc, vc, vis.n_shared, vis.ptr, vis.idx, c_star * split_attention.CHUNK, model.scale
                 )
             )
     return out

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from common.timing import median_time
 from models import kernels
+from models import split_attention
 from models.attention import Visibility
 
 WIDTHS = (4, 8, 16, 32, 64)
@@ -86,14 +87,16 @@ def split_pass(q, kc, vc, vis: Visibility, c_star: int, share: float, scale: flo
 
     def worker():
         torch.set_num_threads(1)
-        res["w"] = kernels.attn_chunks(q, kc, vc, vis.n_shared, vis.ptr, vis.idx, cut * kernels.CHUNK, scale)
+        res["w"] = split_attention.attn_chunks(
+            q, kc, vc, vis.n_shared, vis.ptr, vis.idx, cut * split_attention.CHUNK, scale
+        )
 
     t = threading.Thread(target=worker)
     t.start()
     torch.set_num_threads(1)
-    mine = kernels.attn_dense(q, kc, vc, 0, cut, scale)
+    mine = split_attention.attn_dense(q, kc, vc, 0, cut, scale)
     t.join()
-    return kernels.attn_merge(mine, *res["w"])
+    return split_attention.attn_merge(mine, *res["w"])
 
 
 def run(model_args, rtt_s: float, threads: int, seed: int = 0, progress=None) -> list[list[str]]:
@@ -125,7 +128,7 @@ def run(model_args, rtt_s: float, threads: int, seed: int = 0, progress=None) ->
             mask = vis.dense_mask(n)
             rep = H // Hkv
             kr, vr = kc.repeat_interleave(rep, 0), vc.repeat_interleave(rep, 0)
-            c_star = ctx // kernels.CHUNK
+            c_star = ctx // split_attention.CHUNK
             all_cores = lambda fn: _with_threads(threads, fn)  # noqa: E731
             one = lambda fn: _with_threads(1, fn)  # noqa: E731
             sdpa = _median_us(
@@ -134,11 +137,11 @@ def run(model_args, rtt_s: float, threads: int, seed: int = 0, progress=None) ->
                 )
             )
             fused = _median_us(all_cores(lambda: kernels.attention(q, kc, vc, vis.n_shared, vis.ptr, vis.idx, scale)))
-            naive = _median_us(one(lambda: naive_sparse(q, kc, vc, vis, c_star * kernels.CHUNK, scale)))
+            naive = _median_us(one(lambda: naive_sparse(q, kc, vc, vis, c_star * split_attention.CHUNK, scale)))
             sparse = _median_us(
                 one(
-                    lambda: kernels.attn_chunks(
-                        q, kc, vc, vis.n_shared, vis.ptr, vis.idx, c_star * kernels.CHUNK, scale
+                    lambda: split_attention.attn_chunks(
+                        q, kc, vc, vis.n_shared, vis.ptr, vis.idx, c_star * split_attention.CHUNK, scale
                     )
                 )
             )

@@ -12,10 +12,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from common import paths
+from common.bars import count_bar
 from common.errors import CadenceError
 from common.settings import check_format
 from pulls import registry
@@ -92,17 +92,6 @@ def convert(
     (formats/bitwidth.py), written as they are."""
     with store_lock(out_dir):
         return _write_store(source, out_dir, fmt, group_size, label, progress, expert_formats, encoded)
-
-
-def count_bar() -> Progress:
-    """A bar of steps done out of a count, on stderr (stdout is for results: the generated text, paths)."""
-    return Progress(
-        TextColumn("{task.description:<40}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-    )
 
 
 def _write_store(

@@ -12,8 +12,9 @@ from common import paths
 from common.errors import CadenceError
 from common.settings import FORMATS, GROUP_SIZES
 from pulls import hub, registry
-from formats.convert import count_bar, ensure_store, known_stores
-from pulls.wheels import is_pulled, model_path, progress_bar, pull
+from common.bars import count_bar, download_bar
+from formats.convert import ensure_store, known_stores
+from pulls.wheels import is_pulled, model_path, pull
 from launch.models_flash import add_flash
 from launch.options import add_calibration, add_model_action
 
@@ -86,7 +87,7 @@ def add_parser(sub):
 def cmd_pull(args) -> int:
     names = args.names or registry.DEFAULTS
     wanted = [hub.parse(n) if hub.is_ref(n) else registry.spec(n) for n in names]  # all checked before any fetch
-    with progress_bar() as progress:
+    with download_bar() as progress:
         got = [hub.pull(w, progress) if isinstance(w, hub.HubRef) else pull(w, progress) for w in wanted]
     for w, p in zip(wanted, got):
         print(f"{w.name}: {p}")

@@ -7,7 +7,8 @@ import sys
 
 from common.errors import CadenceError
 from pulls import registry
-from formats.convert import count_bar, ensure_store
+from common.bars import count_bar
+from formats.convert import ensure_store
 from flash.footprint import KINDS
 from launch.options import add_calibration, add_model_action
 

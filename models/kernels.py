@@ -111,7 +111,7 @@ def available() -> bool:
         return False
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
+def address(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
@@ -130,13 +130,13 @@ def q8_rows(x: torch.Tensor, out: torch.Tensor) -> None:
     n, d = x.shape
     assert x.dtype == torch.float32 and x.is_contiguous() and out.dtype == torch.uint8 and out.stride(-1) == 1
     assert out.shape[0] == n and (n <= 1 or out.stride(0) == out.shape[1])
-    lib().cad_q8_rows(_ptr(x), _ptr(out), n, d)
+    lib().cad_q8_rows(address(x), address(out), n, d)
 
 
 def q8_floats(rows: torch.Tensor, d: int) -> torch.Tensor:
     """q8_0 rows [n, d / 32 * 34] (uint8, contiguous) as floats [n, d], exactly as the attention reads them."""
     out = torch.empty(rows.shape[0], d)
-    lib().cad_q8_floats(_ptr(rows.contiguous()), _ptr(out), rows.shape[0], d)
+    lib().cad_q8_floats(address(rows.contiguous()), address(out), rows.shape[0], d)
     return out
 
 
@@ -166,8 +166,8 @@ def attention(
     out = torch.empty_like(q)
     lse = torch.empty(T, H, dtype=torch.float32) if want_lse else None
     assert sinks is None or (sinks.dtype == torch.float32 and sinks.is_contiguous() and sinks.numel() == H)
-    tensors = map(_ptr, (q, k_cache, v_cache, out, lse, sinks))
-    shape = (T, H, Hkv, D, cap, n_shared, _ptr(ptr), _ptr(idx))
+    tensors = map(address, (q, k_cache, v_cache, out, lse, sinks))
+    shape = (T, H, Hkv, D, cap, n_shared, address(ptr), address(idx))
     lib().cad_attention(*tensors, *shape, scale, softcap, kv_kind(k_cache), torch.get_num_threads())
     return (out, lse) if want_lse else out
 
@@ -197,9 +197,11 @@ def linear(
     ldy = y.stride(0) if y.dim() == 2 else n
     assert y.stride(-1) == 1 and y.shape[-1] == n
     m = x.numel() // k
-    a = [_ptr(t) for t in extra] + [None] * (4 - len(extra))
+    a = [address(t) for t in extra] + [None] * (4 - len(extra))
     if m:
-        lib().cad_linear(_ptr(x), _ptr(y), m, fmt, n, k, _ptr(w), *a, row0, torch.get_num_threads(), int(acc), ldy)
+        lib().cad_linear(
+            address(x), address(y), m, fmt, n, k, address(w), *a, row0, torch.get_num_threads(), int(acc), ldy
+        )
     return y
 
 
@@ -210,97 +212,14 @@ def head_argmax(recs: list, x: torch.Tensor, best: torch.Tensor, ids: torch.Tens
     rows' normed input to the head)."""
     assert x.dtype == torch.float32 and x.is_contiguous() and best.is_contiguous() and ids.dtype == torch.int64
     table, threads = torch.tensor(recs, dtype=torch.int64), torch.get_num_threads()
-    lib().cad_head_argmax(_ptr(table), len(recs), _ptr(x), x.shape[0], div, _ptr(best), _ptr(ids), threads)
-
-
-CHUNK = 32  # keys per chunk of the canonical attention (csrc/attention.cpp: CH)
-
-
-def attn_dense(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    c0: int,
-    c1: int,
-    scale: float,
-    state: tuple | None = None,
-) -> tuple:
-    """Running states (m [T, H], l [T, H], o [T, H, D]) over shared-prefix chunks [c0, c1)."""
-    T, H, D = q.shape
-    Hkv, cap, _ = k_cache.shape
-    if state is None:
-        state = (torch.full((T, H), float("-inf")), torch.zeros(T, H), torch.zeros(T, H, D))
-    m, l, o = state
-    tensors = map(_ptr, (q.contiguous(), k_cache, v_cache, m, l, o))
-    lib().cad_attn_dense(*tensors, T, H, Hkv, D, cap, c0, c1, scale, kv_kind(k_cache), torch.get_num_threads())
-    return state
-
-
-def max_chunks(n_shared: int, ptr: torch.Tensor, k0: int) -> int:
-    """How many chunk states a row can have from key index k0 on."""
-    longest = int((ptr[1:] - ptr[:-1]).max()) if ptr.numel() > 1 else 0
-    return max(1, -(-(max(n_shared - k0, 0) + longest) // CHUNK))
-
-
-def attn_chunks(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    n_shared: int,
-    ptr: torch.Tensor,
-    idx: torch.Tensor,
-    k0: int,
-    scale: float,
-    maxc: int | None = None,
-    out: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's chunk states from key index k0 on: ([T, H, maxc, D + 2], counts [T]); `out`: where to write them."""
-    T, H, D = q.shape
-    Hkv, cap, _ = k_cache.shape
-    maxc = maxc or max_chunks(n_shared, ptr, k0)
-    ch = (
-        torch.empty(T, H, maxc, D + 2)
-        if out is None
-        else out.view(torch.float32)[: T * H * maxc * (D + 2)].view(T, H, maxc, D + 2)
-    )
-    nch = torch.zeros(T, dtype=torch.int32)
-    lib().cad_attn_chunks(
-        _ptr(q.contiguous()),
-        _ptr(k_cache),
-        _ptr(v_cache),
-        _ptr(ch),
-        _ptr(nch),
-        T,
-        H,
-        Hkv,
-        D,
-        cap,
-        n_shared,
-        _ptr(ptr),
-        _ptr(idx),
-        k0,
-        maxc,
-        scale,
-        kv_kind(k_cache),
-        torch.get_num_threads(),
-    )
-    return ch, nch
-
-
-def attn_merge(state: tuple, ch: torch.Tensor, nch: torch.Tensor) -> torch.Tensor:
-    """Fold chunk states into the running states in order and normalise: the attention output [T, H, D]."""
-    m, l, o = state
-    T, H, D = o.shape
-    out = torch.empty(T, H, D)
-    lib().cad_attn_merge(_ptr(m), _ptr(l), _ptr(o), _ptr(ch.contiguous()), _ptr(nch), _ptr(out), T, H, D, ch.shape[2])
-    return out
+    lib().cad_head_argmax(address(table), len(recs), address(x), x.shape[0], div, address(best), address(ids), threads)
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """`out`: a contiguous [T, dim] tensor to write into (a shared buffer a second unit reads)."""
     x = x.contiguous()
     out = torch.empty_like(x) if out is None else out
-    lib().cad_rmsnorm(_ptr(x), _ptr(w), _ptr(out), x.numel() // x.shape[-1], x.shape[-1], eps)
+    lib().cad_rmsnorm(address(x), address(w), address(out), x.numel() // x.shape[-1], x.shape[-1], eps)
     return out
 
 
@@ -325,14 +244,14 @@ def qkv_rope(
     assert hd <= 1024 and pos.dtype == torch.int64 and qkv.is_contiguous()
     q = torch.empty(T, n_heads, hd, dtype=torch.float32)
     lib().cad_qkv_rope(
-        _ptr(qkv),
-        _ptr(bias),
-        _ptr(pos),
-        _ptr(cos),
-        _ptr(sin),
-        _ptr(q),
-        _ptr(k_cache),
-        _ptr(v_cache),
+        address(qkv),
+        address(bias),
+        address(pos),
+        address(cos),
+        address(sin),
+        address(q),
+        address(k_cache),
+        address(v_cache),
         T,
         n_heads,
         hkv,
@@ -352,7 +271,7 @@ def glu(gu: torch.Tensor, act: str = "silu", out: torch.Tensor | None = None) ->
     """gu [T, 2F] = [gate | up] -> act(gate) * up [T, F]: SwiGLU (silu) or GeGLU (tanh gelu)."""
     T, f2 = gu.shape
     out = torch.empty(T, f2 // 2, dtype=torch.float32) if out is None else out
-    lib().cad_glu(_ptr(gu.contiguous()), _ptr(out), T, f2 // 2, GLU_ACTS[act], torch.get_num_threads())
+    lib().cad_glu(address(gu.contiguous()), address(out), T, f2 // 2, GLU_ACTS[act], torch.get_num_threads())
     return out
 
 
@@ -385,14 +304,14 @@ def flash_ffn(
         return out.add_(y) if accumulate else out.copy_(y)
     h = h.float().contiguous()
     lib().cad_flash_ffn(
-        _ptr(h),
+        address(h),
         T,
         dim,
-        _ptr(matrix),
+        address(matrix),
         matrix.stride(0),
-        _ptr(slots),
+        address(slots),
         slots.numel(),
-        _ptr(out),
+        address(out),
         int(accumulate),
         torch.get_num_threads(),
     )

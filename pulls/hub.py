@@ -181,9 +181,9 @@ def pull(ref: HubRef, progress=None) -> Path:
     staging = paths.writable_dir(hub_root() / ".partial" / ref.repo)
     own = progress is None
     if own:
-        from pulls.wheels import progress_bar
+        from common.bars import download_bar
 
-        progress = progress_bar()
+        progress = download_bar()
         progress.start()
     try:
         with _locked(staging):

@@ -16,10 +16,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import Progress
 
 from common import paths
+from common.bars import download_bar
 from common.errors import CadenceError
 from pulls.registry import ModelSpec
 
@@ -87,7 +87,7 @@ def pull(spec: ModelSpec, progress: Progress | None = None) -> Path:
             f"not enough free disk under {dest.parent} for {spec.name}: it needs about {2 * spec.size / 1e9:.1f} GB"
         )
     own = progress is None
-    progress = progress or progress_bar()
+    progress = progress or download_bar()
     task = progress.add_task(spec.name, total=spec.size)
     digest = hashlib.sha256()
     written = 0
@@ -128,15 +128,3 @@ def pull(spec: ModelSpec, progress: Progress | None = None) -> Path:
         if own:
             progress.stop()
     return dest
-
-
-def progress_bar() -> Progress:
-    return Progress(
-        TextColumn("{task.description:<48}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        transient=False,
-        console=Console(stderr=True),  # stdout is for results (`launch run` text, pulled paths)
-    )

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from common.errors import CadenceError
 from models import kernels
+from models import split_attention
 from models.attention import Visibility, attend
 
 
@@ -164,11 +165,15 @@ def test_a_half_cache_attends_as_a_float_cache_of_its_values():
     kc, vc = torch.randn(2, 100, 64, generator=g).half(), torch.randn(2, 100, 64, generator=g).half()
     vis = Visibility.tree(70, [-1, 0, 0, 1, 2])
     assert torch.equal(attend(q, kc, vc, vis, 0.125), attend(q, kc.float(), vc.float(), vis, 0.125))
-    half, full = kernels.attn_dense(q, kc, vc, 0, 2, 0.125), kernels.attn_dense(q, kc.float(), vc.float(), 0, 2, 0.125)
+    half, full = (
+        split_attention.attn_dense(q, kc, vc, 0, 2, 0.125),
+        split_attention.attn_dense(q, kc.float(), vc.float(), 0, 2, 0.125),
+    )
     assert all(torch.equal(a, b) for a, b in zip(half, full))
     args = (70, vis.ptr, vis.idx, 64, 0.125)
     assert torch.equal(
-        kernels.attn_chunks(q, kc, vc, *args)[0], kernels.attn_chunks(q, kc.float(), vc.float(), *args)[0]
+        split_attention.attn_chunks(q, kc, vc, *args)[0],
+        split_attention.attn_chunks(q, kc.float(), vc.float(), *args)[0],
     )
     qkv, pos = torch.randn(5, 12 * 64, generator=g), torch.arange(5, dtype=torch.int64) + 3
     cos, sin = torch.randn(20, 64, generator=g), torch.randn(20, 64, generator=g)

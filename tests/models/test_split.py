@@ -8,6 +8,7 @@ import torch
 from models.requests import weights_for
 
 from models import kernels, linear
+from models import split_attention
 from models.attention import Visibility
 from models.requests import ForwardPlan, SplitColumns
 
@@ -35,11 +36,13 @@ def test_dense_plus_sparse_equals_dense_masked_attention(ctx, T):
         .float()
     )
     fused = kernels.attention(q, kc, vc, vis.n_shared, vis.ptr, vis.idx, scale)
-    c_star = vis.n_shared // kernels.CHUNK
+    c_star = vis.n_shared // split_attention.CHUNK
     for c in sorted({0, c_star // 2, c_star}):  # the worker takes the sparse part and the dense chunks from c on
-        state = kernels.attn_dense(q, kc, vc, 0, c, scale)
-        ch, nch = kernels.attn_chunks(q, kc, vc, vis.n_shared, vis.ptr, vis.idx, c * kernels.CHUNK, scale)
-        merged = kernels.attn_merge(state, ch, nch)
+        state = split_attention.attn_dense(q, kc, vc, 0, c, scale)
+        ch, nch = split_attention.attn_chunks(
+            q, kc, vc, vis.n_shared, vis.ptr, vis.idx, c * split_attention.CHUNK, scale
+        )
+        merged = split_attention.attn_merge(state, ch, nch)
         assert (merged - ref).abs().max() < 1e-5
         assert torch.equal(merged, fused)  # and bit for bit what one unit computes alone
 

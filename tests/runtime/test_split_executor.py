@@ -9,7 +9,7 @@ import torch
 from actors.executor import SplitExecutor, WorkerShare, plan_split
 from actors.syncarea import STOP, Abandoned, Clock, SyncArea
 from actors.tracing import Tracer
-from models import kernels
+from models import split_attention
 from models.attention import Visibility
 from models.requests import NeedWeights
 from models.transformer import Transformer
@@ -97,7 +97,7 @@ def test_a_plan_gives_the_worker_fewer_dense_chunks_when_its_states_would_not_fi
     free = plan_split(vis, a, 0.5, 0.0, 1.0)
     room = len(PARENTS) * a.n_heads * 4 * (a.head_dim + 2)  # 4 chunk states a row
     tight = plan_split(vis, a, 0.5, 0.0, 1.0, room)
-    assert free.maxc > 4 and tight.maxc <= 4 and tight.k0 > free.k0 and tight.k0 % kernels.CHUNK == 0
+    assert free.maxc > 4 and tight.maxc <= 4 and tight.k0 > free.k0 and tight.k0 % split_attention.CHUNK == 0
 
 
 def test_a_worker_that_fails_ends_the_verifiers_wait_at_once(tiny_args):
