@@ -1,11 +1,13 @@
-"""What one kernel call a Mamba-2 branch (models/recurrent_kernels.py `ssm_layer`) and a scaled head's argmax in the
-kernel (Granite's logit scale: models/sampling.py `HeadArgmax`) give a hybrid's decode step: one model, two
-generations whose steps alternate token by token, one through the separate calls (as before), one through the one
-call, so that a host whose speed moves from minute to minute moves both alike. Each round prefills 32 tokens into
-each generation's own cache, then runs `--steps` greedy decode steps on each; the figures are each one's median and
-fastest step and the ratio of the medians. Both give the same tokens (checked).
+"""A hybrid's decode step as it ran before and as it runs now, one model, two generations whose steps alternate
+token by token, so that a host whose speed moves from minute to minute moves both alike. Before: a Mamba-2 branch
+in its separate calls, each recurrent layer's end state written into its second buffer, a scaled head (Granite's)
+folded part by part in torch. Now: the branch in one kernel call (models/recurrent_kernels.py `ssm_layer`), the
+state stepped in place where the step's row is sure to be kept (`KVCache.whole`), the head's scale divided in its
+argmax kernel. Each round prefills 32 tokens into each generation's own cache, then runs `--steps` greedy decode
+steps on each; the figures are each one's median and fastest step and the ratio of the medians. Both give the same
+tokens (checked).
 
-    python -m bench.one_call --model /work/synth2/granitehybrid-q4_k_m.gguf --rounds 4
+    python -m bench.hybrid_step --model /work/synth2/granitehybrid-q4_k_m.gguf --rounds 4
 """
 
 from __future__ import annotations
@@ -21,18 +23,16 @@ from bench.huge_pages import Decode
 class _Way:
     """The model's Mamba-2 layers and head as one way runs them: `use()` before each of its steps."""
 
-    def __init__(self, model, one_call: bool):
+    def __init__(self, model, now: bool):
         import models.transformer as tr
         from models import recurrent_kernels as rk
         from models.sampling import HeadArgmax
 
         a = model.args
         self.layers = [model.weights.layer(i) for i in a.rec_layers] if a.rec_kind == "ssm" else []
-        self.records = [rk.ssm_record(w, a) if one_call else torch.empty(0, dtype=torch.int64) for w in self.layers]
-        self.head = (
-            HeadArgmax if one_call else lambda rows, dev, plain, div: HeadArgmax(rows, dev, plain and div == 1.0)
-        )
-        self.tr = tr
+        self.records = [rk.ssm_record(w, a) if now else torch.empty(0, dtype=torch.int64) for w in self.layers]
+        self.head = HeadArgmax if now else lambda rows, dev, plain, div: HeadArgmax(rows, dev, plain and div == 1.0)
+        self.tr, self.now = tr, now
 
     def use(self) -> None:
         for w, rec in zip(self.layers, self.records):
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     from formats.convert import ensure_store
     from formats.loading import load_store
 
-    p = argparse.ArgumentParser(prog="python -m bench.one_call", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.hybrid_step", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a hybrid's GGUF, HF directory or weight store")
     p.add_argument("--dtype", default="int4")
     p.add_argument("--rounds", type=int, default=4)
@@ -55,15 +55,15 @@ def main(argv=None) -> int:
     model = load_store(ensure_store(a.model, a.dtype), tokenizer=False).model
     model.kv_dtype = "f16"
     ways = [_Way(model, False), _Way(model, True)]
-    print(f"{a.model} {a.dtype}, {a.threads} threads: decode step ms, separate calls and one call alternating")
-    print("| round | separate median | separate fastest | one call median | one call fastest | one / separate |")
+    print(f"{a.model} {a.dtype}, {a.threads} threads: decode step ms, before and now alternating")
+    print("| round | before median | before fastest | now median | now fastest | now / before |")
     print("|---:|---:|---:|---:|---:|---:|")
     ratios = []
     for r in range(a.rounds):
         gens = []
         for way in ways:
             way.use()
-            gens.append(Decode(model))
+            gens.append(Decode(model, whole=way.now))
         tokens = [[], []]
         for _ in range(a.steps):
             for way, gen, seen in zip(ways, gens, tokens):
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         ratios.append(my / mx)
         print(f"| {r} | {mx:.2f} | {tx[0] * 1e3:.2f} | {my:.2f} | {ty[0] * 1e3:.2f} | {my / mx:.3f} |")
     ways[1].use()
-    print(f"one call / separate, median of the rounds: {sorted(ratios)[len(ratios) // 2]:.3f}")
+    print(f"now / before, median of the rounds: {sorted(ratios)[len(ratios) // 2]:.3f}")
     return 0
 
 
