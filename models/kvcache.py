@@ -138,8 +138,8 @@ class KVCache:
         None: a convolution keeps no state."""
         if self.args.rec_kind == "conv":
             return None
-        if self.whole:  # every row is to be kept: the chain's end state written over the state itself
-            return self.rec_kv(j)[1]
+        if self.whole and self.folded:  # every row is to be kept: the chain's end state written over the state itself
+            return self.rec_kv(j)[1]  # (not a new cache's first: its pages, never touched, would fault twice each)
         if j in self.now:
             return self.state[j]
         if j not in self.spares:

@@ -42,6 +42,34 @@ void ssm_head_read(const float *S, const float *c, int P, int N, float *y) {
     }
 }
 
+/* `ssm_head_step` then `ssm_head_read` of the new state by c, in one pass: each element read back in register as
+ * it is written, summed into the same lanes in the same order: the bits of the two. */
+void ssm_head_step_read(const float *S, const float *row, const float *c, int h, int g, int P, int N, int xo, int bo,
+                        int dto, int dao, float *O, float *y) {
+    const float da = row[dao + h], dt = row[dto + h], *B = row + bo + (size_t)g * N;
+    float dtb[1024];
+    for (int j = 0; j < N; j++) dtb[j] = dt * B[j];
+    for (int p = 0; p < P; p++) {
+        const float x = row[xo + h * P + p], *st = S + (size_t)p * N;
+        float *o = O + (size_t)p * N, acc[16] = {};
+        int j = 0;
+        for (; j + 16 <= N; j += 16) {  // (a block of 16 computed whole before it is stored: O may be S)
+            float v[16];
+            for (int l = 0; l < 16; l++) v[l] = st[j + l] * da + dtb[j + l] * x;
+            for (int l = 0; l < 16; l++) acc[l] += v[l] * c[j + l];
+            for (int l = 0; l < 16; l++) o[j + l] = v[l];
+        }
+        for (; j < N; j++) {
+            const float v = st[j] * da + dtb[j] * x;
+            o[j] = v;
+            acc[j % 16] += v * c[j];
+        }
+        for (int w = 8; w > 0; w /= 2)
+            for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+        y[p] = acc[0];
+    }
+}
+
 /* One delta-net head's state [Dk, Dv] a token further, into O (O may be S): S' = e^g S; mem = S'^T k; S' += k (beta
  * (v - mem))^T, each product rounded as torch's separate ops round it (models/recurrent.py `gdn_step`), the sum over
  * Dk in order. k [Dk], v [Dv]. Dv <= 1024. */
@@ -61,6 +89,36 @@ void gdn_head_step(const float *S, const float *k, const float *v, float decay, 
         const float kr = k[r];
         for (int j = 0; j < Dv; j++) O[(size_t)r * Dv + j] = O[(size_t)r * Dv + j] + kr * delta[j];
     }
+}
+
+/* `gdn_head_step` then `gdn_head_read` of the new state by q [Dk], in one pass over the state for the update and the
+ * read (the read's sums over Dk in the same order, each element read back in register as it is written): the bits
+ * of the two. */
+void gdn_head_step_read(const float *S, const float *k, const float *v, float decay, float beta, const float *q, int Dk,
+                        int Dv, float *O, float *o) {
+    float mem[1024], delta[1024];
+    for (int j = 0; j < Dv; j++) mem[j] = 0.0f;
+    for (int r = 0; r < Dk; r++) {
+        const float kr = k[r];
+        for (int j = 0; j < Dv; j++) {
+            const float d = S[(size_t)r * Dv + j] * decay;
+            O[(size_t)r * Dv + j] = d;
+            mem[j] += d * kr;
+        }
+    }
+    for (int j = 0; j < Dv; j++) delta[j] = (v[j] - mem[j]) * beta;
+    float *read = mem;  // (mem is spent: the read's sums here, then out)
+    for (int j = 0; j < Dv; j++) read[j] = 0.0f;
+    for (int r = 0; r < Dk; r++) {
+        const float kr = k[r], qr = q[r];
+        float *row = O + (size_t)r * Dv;
+        for (int j = 0; j < Dv; j++) {
+            const float u = row[j] + kr * delta[j];
+            row[j] = u;
+            read[j] += u * qr;
+        }
+    }
+    for (int j = 0; j < Dv; j++) o[j] = read[j];
 }
 
 /* o [Dv] = one delta-net head's state [Dk, Dv] columns . q [Dk], summed in order over Dk. */
@@ -102,10 +160,9 @@ extern "C" void cad_ssm_scan(const float *s, const float *rows, int ldr, int T, 
 #pragma omp parallel for num_threads(H > 1 ? nthreads : 1) schedule(static)
     for (int h = 0; h < H; h++) {
         const size_t at = (size_t)h * P * N;
-        for (int t = 0; t < T; t++) {
-            ssm_head_step(t ? out + at : s + at, rows + (size_t)t * ldr, h, h / (H / G), P, N, xo, bo, dto, dao, out + at);
-            ssm_head_read(out + at, C + (size_t)t * ldc + (size_t)(h / (H / G)) * N, P, N, y + ((size_t)t * H + h) * P);
-        }
+        for (int t = 0; t < T; t++)
+            ssm_head_step_read(t ? out + at : s + at, rows + (size_t)t * ldr, C + (size_t)t * ldc + (size_t)(h / (H / G)) * N,
+                               h, h / (H / G), P, N, xo, bo, dto, dao, out + at, y + ((size_t)t * H + h) * P);
     }
 }
 
@@ -166,9 +223,8 @@ extern "C" void cad_gdn_scan(const float *s, const float *rows, int ldr, int T, 
         const size_t at = (size_t)h * Dk * Dv, kh = (size_t)(h / (Hv / Hk)) * Dk;
         for (int t = 0; t < T; t++) {
             const float *row = rows + (size_t)t * ldr;
-            gdn_head_step(t ? out + at : s + at, row + ko + kh, row + vo + (size_t)h * Dv, row[go + h], row[bo + h], Dk,
-                          Dv, out + at);
-            gdn_head_read(out + at, q + (size_t)t * ldq + kh, Dk, Dv, o + ((size_t)t * Hv + h) * Dv);
+            gdn_head_step_read(t ? out + at : s + at, row + ko + kh, row + vo + (size_t)h * Dv, row[go + h], row[bo + h],
+                               q + (size_t)t * ldq + kh, Dk, Dv, out + at, o + ((size_t)t * Hv + h) * Dv);
         }
     }
 }
