@@ -192,7 +192,7 @@ def _todo(cfg: RunConfig, r, prompts_file: Path, opts, c: CgroupOptions, budget:
 
 def bench_cgroup(cfg: RunConfig, prompts: list[Prompt], opts, c: CgroupOptions):
     from bench.cgroup import run_in_cgroup
-    from engine.decide import prepare_drafts
+    from engine.budget_choice import prepare_drafts
 
     bad = [m for m in opts.modes if m.partition(":")[0].partition("@")[0] not in MODES]
     bad += [m for m in opts.modes if m.partition(":")[2] not in ("", *KV_DTYPES)]

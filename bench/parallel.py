@@ -167,7 +167,7 @@ def _prepare(args) -> None:
     """The weight stores and this machine's costs the runs read, made here, outside the cgroups: a first run's
     conversion holds the unquantized weights, more than a small budget, and would be killed inside one."""
     from engine.config import RunConfig
-    from engine.decide import prepare_drafts
+    from engine.budget_choice import prepare_drafts
     from engine.inputs import tree_pair
     from engine.machine import ThisMachine
     from engine.prompts import load_prompts

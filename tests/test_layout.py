@@ -253,7 +253,15 @@ def test_ruff_finds_nothing_to_change(check):
 
 # where a run's options (engine/config.py `RunConfig`) may be read: the front doors, and the engine up to `decide`
 # (engine/decide.py), which makes every choice once; after it, everything reads the `RunPlan` (engine/plan.py)
-READS_OPTIONS = ("engine.config", "engine.options", "engine.inputs", "engine.decide", "engine.memory", "engine.plan")
+READS_OPTIONS = (
+    "engine.config",
+    "engine.options",
+    "engine.inputs",
+    "engine.decide",
+    "engine.budget_choice",
+    "engine.memory",
+)
+READS_OPTIONS += ("engine.plan",)
 READS_OPTIONS += ("engine.runner", "cadence", "bench", "launch")
 
 

@@ -186,7 +186,7 @@ def test_parallel_n_that_leaves_no_room_for_the_draft_says_how_many_slots_keep_i
     """`--parallel N` given by hand, under a budget that holds the picked draft beside one slot but not beside N:
     the plan drops the draft (each generation on the n-gram trie alone) and says which fewer slots keep it."""
     base = dict(target="qwen2.5-coder-1.5b", context=256, max_new_tokens=64)
-    from engine.decide import LEAN_FORMAT, LEAN_VOCAB
+    from engine.budget_choice import LEAN_FORMAT, LEAN_VOCAB
 
     lean = dict(draft_dtype=LEAN_FORMAT, draft_vocab=LEAN_VOCAB)  # the leanest draft the plan would go to
     budget = str(decide(RunConfig.from_options(**base, **lean, memory_budget="auto"), machine).memory.smallest)
