@@ -70,11 +70,11 @@ void ssm_head_step_read(const float *S, const float *row, const float *c, int h,
     }
 }
 
-/* One delta-net head's state [Dk, Dv] a token further, into O (O may be S): S' = e^g S; mem = S'^T k; S' += k (beta
- * (v - mem))^T, each product rounded as torch's separate ops round it (models/recurrent.py `gdn_step`), the sum over
- * Dk in order. k [Dk], v [Dv]. Dv <= 1024. */
-void gdn_head_step(const float *S, const float *k, const float *v, float decay, float beta, int Dk, int Dv, float *O) {
-    float mem[1024], delta[1024];
+/* A delta-net step's first pass over one head's state [Dk, Dv], into O (O may be S): O = e^g S; mem = O^T k, summed
+ * over Dk in order; delta [Dv] = beta (v - mem). Dv <= 1024. */
+void gdn_head_decay(const float *S, const float *k, const float *v, float decay, float beta, int Dk, int Dv, float *O,
+                    float *delta) {
+    float mem[1024];
     for (int j = 0; j < Dv; j++) mem[j] = 0.0f;
     for (int r = 0; r < Dk; r++) {
         const float kr = k[r];
@@ -85,29 +85,27 @@ void gdn_head_step(const float *S, const float *k, const float *v, float decay, 
         }
     }
     for (int j = 0; j < Dv; j++) delta[j] = (v[j] - mem[j]) * beta;
+}
+
+/* One delta-net head's state [Dk, Dv] a token further, into O (O may be S): S' = e^g S; mem = S'^T k; S' += k (beta
+ * (v - mem))^T, each product rounded as torch's separate ops round it (models/recurrent.py `gdn_step`), the sum over
+ * Dk in order. k [Dk], v [Dv]. Dv <= 1024. */
+void gdn_head_step(const float *S, const float *k, const float *v, float decay, float beta, int Dk, int Dv, float *O) {
+    float delta[1024];
+    gdn_head_decay(S, k, v, decay, beta, Dk, Dv, O, delta);
     for (int r = 0; r < Dk; r++) {
         const float kr = k[r];
         for (int j = 0; j < Dv; j++) O[(size_t)r * Dv + j] = O[(size_t)r * Dv + j] + kr * delta[j];
     }
 }
 
-/* `gdn_head_step` then `gdn_head_read` of the new state by q [Dk], in one pass over the state for the update and the
- * read (the read's sums over Dk in the same order, each element read back in register as it is written): the bits
- * of the two. */
+/* `gdn_head_step` then `gdn_head_read` of the new state by q [Dk], the update's second pass and the read in one (the
+ * read's sums over Dk in the same order, each element read back in register as it is written): the bits of the
+ * two. */
 void gdn_head_step_read(const float *S, const float *k, const float *v, float decay, float beta, const float *q, int Dk,
                         int Dv, float *O, float *o) {
-    float mem[1024], delta[1024];
-    for (int j = 0; j < Dv; j++) mem[j] = 0.0f;
-    for (int r = 0; r < Dk; r++) {
-        const float kr = k[r];
-        for (int j = 0; j < Dv; j++) {
-            const float d = S[(size_t)r * Dv + j] * decay;
-            O[(size_t)r * Dv + j] = d;
-            mem[j] += d * kr;
-        }
-    }
-    for (int j = 0; j < Dv; j++) delta[j] = (v[j] - mem[j]) * beta;
-    float *read = mem;  // (mem is spent: the read's sums here, then out)
+    float delta[1024], read[1024];
+    gdn_head_decay(S, k, v, decay, beta, Dk, Dv, O, delta);
     for (int j = 0; j < Dv; j++) read[j] = 0.0f;
     for (int r = 0; r < Dk; r++) {
         const float kr = k[r], qr = q[r];
