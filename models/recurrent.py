@@ -250,9 +250,7 @@ def gated_delta_net(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> Non
         k_v, q = (t.reshape(T, hk, dk).repeat_interleave(hv // hk, 1) for t in (k, q))
         o, end = chunk_rule(q, k_v, vr.reshape(T, hv, dv), g, beta, at.v)
         o = _keep(at, T, o.contiguous(), end)
-    elif fused and _one_chain(
-        at, T
-    ):  # a chain's rows (a short prompt's, a decode step's): stepped and read in one call
+    elif fused and _one_chain(at, T):  # a chain's rows (a short prompt's, a step's): stepped and read in one call
         offsets = (C, C + hk * dk, C + hk * dk + hv * dv, C + hk * dk + hv * (dv + 1))
         spare = at.spare() if at.spare else None
         o = _keep(at, T, *rk.gdn_scan(at.v, rows[s0 : s0 + T], q, (hv, dk, dv, hk), offsets, spare))
@@ -317,7 +315,7 @@ def mamba2(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
     inner, conv_dim = a.ssm_inner, a.ssm_conv_dim
     rows, s0 = at.k, at.slot0
     fused = rk.ssm_on(at.v, a) and rows.stride(1) == 1
-    if fused and _one_chain(at, T) and _whole(x, h, at) and rk.conv_on(rows, w.ssm_conv):
+    if fused and _one_chain(at, T) and _one_call_takes(x, h, at) and rk.conv_on(rows, w.ssm_conv):
         rec = rk.ssm_record(w, a)
         if rec is not None:  # the branch in one call (a decode step's row, a prompt's): the same bits
             end = at.spare() if at.spare else torch.empty_like(at.v)
@@ -353,7 +351,7 @@ def mamba2(model, x: torch.Tensor, w, at, norm, h: torch.Tensor) -> None:
     model.residual(x, w.ssm_out, o, None, norm)
 
 
-def _whole(x: torch.Tensor, h: torch.Tensor, at) -> bool:
+def _one_call_takes(x: torch.Tensor, h: torch.Tensor, at) -> bool:
     """x, h and the layer's state as one kernel call takes them: fp32, contiguous."""
     return all(t.dtype == torch.float32 and t.is_contiguous() for t in (x, h, at.v))
 
