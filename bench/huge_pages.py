@@ -35,10 +35,12 @@ def _load(store, huge: bool):
 class Decode:
     """One copy's generation: its cache, its last token and its steps' seconds."""
 
-    def __init__(self, model, prompt: int = 32):
+    def __init__(self, model, prompt: int = 32, whole: bool = False):
+        """`whole`: each forward's rows said to be kept (`KVCache.whole`), as a generation's prefill and steps are."""
         from models.kvcache import KVCache
 
-        self.model, self.cache = model, KVCache(model.args, 512, dtype="f16")
+        self.model, self.cache, self.whole = model, KVCache(model.args, 512, dtype="f16"), whole
+        self.cache.whole = whole
         out = model.forward(
             torch.arange(100, 100 + prompt), torch.arange(prompt), self.cache, logits_rows=slice(-1, None), argmax=True
         )
@@ -47,6 +49,7 @@ class Decode:
 
     def step(self) -> None:
         t0 = time.perf_counter()
+        self.cache.whole = self.whole
         out = self.model.forward(torch.tensor([self.token]), torch.tensor([self.pos]), self.cache, argmax=True)
         self.cache.commit()
         self.times.append(time.perf_counter() - t0)

@@ -1,10 +1,11 @@
 """A hybrid's decode step as it ran before and as it runs now, one model, two generations whose steps alternate
 token by token, so that a host whose speed moves from minute to minute moves both alike. Before: a Mamba-2 branch
-in its separate calls, a scaled head (Granite's) folded part by part in torch. Now: the branch in one kernel call
-(models/recurrent_kernels.py `ssm_layer`), the head's scale divided in its argmax kernel. (Both run the scans as they
-are now: a decode step's scan in one pass, its end state written past the caches.) Each round prefills 32 tokens
-into each generation's own cache, then runs `--steps` greedy decode steps on each; the figures are each one's median
-and fastest step and the ratio of the medians. Both give the same tokens (checked).
+in its separate calls, each recurrent layer's end state written into its second buffer, a scaled head (Granite's)
+folded part by part in torch. Now: the branch in one kernel call (models/recurrent_kernels.py `ssm_layer`), the
+state stepped in place where the step's row is sure to be kept (`KVCache.whole`), the head's scale divided in its
+argmax kernel. Each round prefills 32 tokens into each generation's own cache, then runs `--steps` greedy decode
+steps on each; the figures are each one's median and fastest step and the ratio of the medians. Both give the same
+tokens (checked).
 
     python -m bench.hybrid_step --model /work/synth2/granitehybrid-q4_k_m.gguf --rounds 4
 """
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
         gens = []
         for way in ways:
             way.use()
-            gens.append(Decode(model))
+            gens.append(Decode(model, whole=way.now))
         tokens = [[], []]
         for _ in range(a.steps):
             for way, gen, seen in zip(ways, gens, tokens):

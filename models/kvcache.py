@@ -80,6 +80,10 @@ class KVCache:
         # a recurrent layer's second state buffer (`spare`), and its state where that buffer holds it, not the storage
         self.spares: dict[int, torch.Tensor] = {}
         self.now: dict[int, torch.Tensor] = {}
+        # the next forward's rows are all to be kept (a decode step's, a prompt chunk's): a chain from the state
+        # steps it in place, and the commit folds it (`spare`); a cache left so by a forward that never committed
+        # holds a state past its text, and is not to be used again
+        self.whole = False
         # layer i -> (kind, its index among its kind's layers)
         index, count = [], {"full": 0, "sliding": 0, "rec": 0, "none": 0}
         for i in range(args.n_layers):
@@ -134,6 +138,8 @@ class KVCache:
         None: a convolution keeps no state."""
         if self.args.rec_kind == "conv":
             return None
+        if self.whole and self.folded:  # every row is to be kept: the chain's end state written over the state itself
+            return self.rec_kv(j)[1]  # (not a new cache's first: its pages, never touched, would fault twice each)
         if j in self.now:
             return self.state[j]
         if j not in self.spares:
@@ -195,8 +201,8 @@ class KVCache:
             self.rec = torch.cat([self.rec, self.rec.new_zeros(self.rec.shape[0], n + T - cap, self.rec.shape[2])], 1)
 
     def _fold(self) -> None:
-        """The committed rows folded into the recurrent states: a chain's end state kept whole where one was (in the
-        spare or apart), else the rows stepped."""
+        """The committed rows folded into the recurrent states: a chain's end state kept whole where one was (in
+        place, in the spare or apart), else the rows stepped."""
         a = self.args
         if a.rec_kind != "conv" and self.length > self.folded:
             lo, hi = self.folded - self.rbase, self.length - self.rbase
@@ -213,7 +219,9 @@ class KVCache:
 
     def _take(self, j: int, end: torch.Tensor) -> None:
         """The j-th recurrent layer's state becomes `end`: where the chain wrote it into the spare, the two buffers
-        change roles; else it is copied in."""
+        change roles; where it wrote it over the state (`whole`), nothing is left to do; else it is copied in."""
+        if end.data_ptr() == self.rec_kv(j)[1].data_ptr():
+            return
         if j in self.now and end.data_ptr() == self.state[j].data_ptr():
             del self.now[j]
         elif j not in self.now and j in self.spares and end.data_ptr() == self.spares[j].data_ptr():
@@ -249,7 +257,12 @@ class KVCache:
         if keep is None:
             self.length += self.pending
             self.pending = 0
+            if self.whole:  # the chains stepped the states in place: they hold the text now
+                self.whole = False
+                self._fold()
             return
+        if self.whole:  # a forward said to keep every row stepped the states in place, then failed before its commit
+            raise CadenceError("this cache's recurrent states were left mid-forward; start the generation again")
         keep = list(keep)
         if any(b <= a for a, b in zip(keep, keep[1:])) or (keep and not 0 <= keep[0] <= keep[-1] < self.pending):
             raise ValueError(f"keep={keep} must be ascending indices into the {self.pending} pending entries")

@@ -64,8 +64,8 @@ class PrefixCache:
 
     def keep(self, tokens: list[int], cache) -> None:
         """The committed rows of `cache` (the text `tokens` holds) kept before the cache is overwritten."""
-        if not self.enabled or cache is None or cache.length < MIN_TOKENS:
-            return
+        if not self.enabled or cache is None or cache.length < MIN_TOKENS or cache.whole:
+            return  # (`whole`: a forward that never committed left its states past its text)
         text = tuple(tokens[: cache.length])
         if len(text) < cache.length:
             return

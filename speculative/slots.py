@@ -67,7 +67,7 @@ class Slots:
         last cache is continued where the slot kept its range (`reuse`); the idle caches the new range overwrites,
         and the slot's last one where it is not continued, go to the prompt cache first."""
         v = self.verifiers.get(slot)
-        if v is not None and v.prefilling:
+        if v is not None and v.prefilling and not v.cache.whole:  # (`whole`: a chunk's forward failed half-way)
             return v
         kept = reuse and (placed is None or bool(placed[3]))
         storage = self.pool.view(placed, capacity)

@@ -75,6 +75,7 @@ class Verifier:
         the rest of the prompt to prefill a chunk at a time (`next_chunk`, `chunk_done`): in forwards of its own,
         or riding in a batch's forwards beside other generations' trees (`many_steps`)."""
         c, keep, every = self.cache, 0, self.sampling.prompt_logprobs  # `every`: each prompt row's logits wanted
+        c = None if c is not None and c.whole else c  # a forward that never committed left its states past its text
         if c is not None and c.capacity >= capacity and (storage is None or storage.data_ptr() == c.k.data_ptr()):
             keep = next(
                 (i for i, (a, b) in enumerate(zip(self.tokens, prompt_ids)) if a != b),
@@ -110,6 +111,7 @@ class Verifier:
         """The prompt's next chunk's rows (only the last row's output wanted). `explicit`: with its causal
         visibility spelled out (a planner splits it)."""
         c, dev = self.cache, self.model.device
+        c.whole = True  # every row of a prompt's chunk is kept
         chunk = torch.tensor(self.chunks[0], device=dev)
         pos = torch.arange(c.length, c.length + len(chunk), device=dev)
         vis = Visibility.causal(c.end, len(chunk)) if explicit else None
@@ -131,6 +133,7 @@ class Verifier:
     def step_steps(self, root: int):
         """A plain decode step on the root."""
         c, dev = self.cache, self.model.device
+        c.whole = True  # the step's row is kept
         out = yield from self.model.forward_steps(
             torch.tensor([root], device=dev), torch.tensor([c.length], device=dev), c, argmax=self.sampling.plain
         )
@@ -244,6 +247,7 @@ def many_steps(jobs: list[tuple["Verifier", object]]):
             tokens, r = v.tree_rows(what)
         else:
             c, dev = v.cache, model.device
+            c.whole = True  # a plain step's row is kept
             tokens, r = [what], Rows(torch.tensor([what], device=dev), torch.tensor([c.length], device=dev), c)
         rows.append(tokens)
         parts.append(r)

@@ -8,32 +8,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstddef>
-#if defined(__AVX__)
-#include <immintrin.h>
-#endif
 
 namespace {
-
-/* 16 floats from v to o, past the caches where `far` (a chain's last state: the next token reads it after every
- * layer's weights have gone through the caches, so writing it there first would only read its old lines in) and o
- * is aligned for it; the same values either way. `fence()` orders such stores before the kernel returns. */
-inline void put16(float *o, const float *v, bool far) {
-#if defined(__AVX512F__)
-    if (far && !((uintptr_t)o & 63)) return _mm512_stream_ps(o, _mm512_loadu_ps(v));
-#elif defined(__AVX__)
-    if (far && !((uintptr_t)o & 31)) {
-        _mm256_stream_ps(o, _mm256_loadu_ps(v));
-        return _mm256_stream_ps(o + 8, _mm256_loadu_ps(v + 8));
-    }
-#endif
-    for (int l = 0; l < 16; l++) o[l] = v[l];
-}
-
-inline void fence() {
-#if defined(__AVX__)
-    _mm_sfence();
-#endif
-}
 
 /* One Mamba-2 head's state [P, N] a token further, into O (O may be S): h' = h da + (dt B) x, each product and the
  * sum rounded as torch's separate ops round them (models/recurrent.py `ssm_step`: the same bits). row: x [H, P] at
@@ -67,10 +43,9 @@ void ssm_head_read(const float *S, const float *c, int P, int N, float *y) {
 }
 
 /* `ssm_head_step` then `ssm_head_read` of the new state by c, in one pass: each element read back in register as
- * it is written, summed into the same lanes in the same order: the bits of the two. `far`: O past the caches
- * (`put16`). */
+ * it is written, summed into the same lanes in the same order: the bits of the two. */
 void ssm_head_step_read(const float *S, const float *row, const float *c, int h, int g, int P, int N, int xo, int bo,
-                        int dto, int dao, float *O, float *y, bool far) {
+                        int dto, int dao, float *O, float *y) {
     const float da = row[dao + h], dt = row[dto + h], *B = row + bo + (size_t)g * N;
     float dtb[1024];
     for (int j = 0; j < N; j++) dtb[j] = dt * B[j];
@@ -82,7 +57,7 @@ void ssm_head_step_read(const float *S, const float *row, const float *c, int h,
             float v[16];
             for (int l = 0; l < 16; l++) v[l] = st[j + l] * da + dtb[j + l] * x;
             for (int l = 0; l < 16; l++) acc[l] += v[l] * c[j + l];
-            put16(o + j, v, far);
+            for (int l = 0; l < 16; l++) o[j + l] = v[l];
         }
         for (; j < N; j++) {
             const float v = st[j] * da + dtb[j] * x;
@@ -95,8 +70,8 @@ void ssm_head_step_read(const float *S, const float *row, const float *c, int h,
     }
 }
 
-/* A delta-net step's first pass over one head's state [Dk, Dv]: O = e^g S (O may be S; null: not written); mem =
- * (e^g S)^T k, summed over Dk in order; delta [Dv] = beta (v - mem). Dv <= 1024. */
+/* A delta-net step's first pass over one head's state [Dk, Dv], into O (O may be S): O = e^g S; mem = O^T k, summed
+ * over Dk in order; delta [Dv] = beta (v - mem). Dv <= 1024. */
 void gdn_head_decay(const float *S, const float *k, const float *v, float decay, float beta, int Dk, int Dv, float *O,
                     float *delta) {
     float mem[1024];
@@ -105,7 +80,7 @@ void gdn_head_decay(const float *S, const float *k, const float *v, float decay,
         const float kr = k[r];
         for (int j = 0; j < Dv; j++) {
             const float d = S[(size_t)r * Dv + j] * decay;
-            if (O) O[(size_t)r * Dv + j] = d;
+            O[(size_t)r * Dv + j] = d;
             mem[j] += d * kr;
         }
     }
@@ -124,30 +99,19 @@ void gdn_head_step(const float *S, const float *k, const float *v, float decay, 
     }
 }
 
-/* `gdn_head_step` then `gdn_head_read` of the new state by q [Dk]: a first pass for mem alone, then the state's
- * update and the read in one (e^g S computed again, rounded as the step rounds it, the read's sums over Dk in the
- * same order, each element read back in register as it is written): the bits of the two, the state written once.
- * `far`: O past the caches (`put16`). */
+/* `gdn_head_step` then `gdn_head_read` of the new state by q [Dk], the update's second pass and the read in one (the
+ * read's sums over Dk in the same order, each element read back in register as it is written): the bits of the
+ * two. */
 void gdn_head_step_read(const float *S, const float *k, const float *v, float decay, float beta, const float *q, int Dk,
-                        int Dv, float *O, float *o, bool far) {
+                        int Dv, float *O, float *o) {
     float delta[1024], read[1024];
-    gdn_head_decay(S, k, v, decay, beta, Dk, Dv, nullptr, delta);
+    gdn_head_decay(S, k, v, decay, beta, Dk, Dv, O, delta);
     for (int j = 0; j < Dv; j++) read[j] = 0.0f;
     for (int r = 0; r < Dk; r++) {
-        const float kr = k[r], qr = q[r], *st = S + (size_t)r * Dv;
+        const float kr = k[r], qr = q[r];
         float *row = O + (size_t)r * Dv;
-        int j = 0;
-        for (; j + 16 <= Dv; j += 16) {  // (a block of 16 computed whole before it is stored: O may be S)
-            float u[16];
-            for (int l = 0; l < 16; l++) {
-                const float d = st[j + l] * decay;
-                u[l] = d + kr * delta[j + l];
-            }
-            for (int l = 0; l < 16; l++) read[j + l] += u[l] * qr;
-            put16(row + j, u, far);
-        }
-        for (; j < Dv; j++) {
-            const float d = st[j] * decay, u = d + kr * delta[j];
+        for (int j = 0; j < Dv; j++) {
+            const float u = row[j] + kr * delta[j];
             row[j] = u;
             read[j] += u * qr;
         }
@@ -196,8 +160,7 @@ extern "C" void cad_ssm_scan(const float *s, const float *rows, int ldr, int T, 
         const size_t at = (size_t)h * P * N;
         for (int t = 0; t < T; t++)
             ssm_head_step_read(t ? out + at : s + at, rows + (size_t)t * ldr, C + (size_t)t * ldc + (size_t)(h / (H / G)) * N,
-                               h, h / (H / G), P, N, xo, bo, dto, dao, out + at, y + ((size_t)t * H + h) * P, t == T - 1);
-        fence();
+                               h, h / (H / G), P, N, xo, bo, dto, dao, out + at, y + ((size_t)t * H + h) * P);
     }
 }
 
@@ -259,9 +222,8 @@ extern "C" void cad_gdn_scan(const float *s, const float *rows, int ldr, int T, 
         for (int t = 0; t < T; t++) {
             const float *row = rows + (size_t)t * ldr;
             gdn_head_step_read(t ? out + at : s + at, row + ko + kh, row + vo + (size_t)h * Dv, row[go + h], row[bo + h],
-                               q + (size_t)t * ldq + kh, Dk, Dv, out + at, o + ((size_t)t * Hv + h) * Dv, t == T - 1);
+                               q + (size_t)t * ldq + kh, Dk, Dv, out + at, o + ((size_t)t * Hv + h) * Dv);
         }
-        fence();
     }
 }
 

@@ -29,12 +29,14 @@ def test_a_new_cache_over_memory_an_older_one_used_starts_from_zero_states(model
     old = Verifier(model, SamplingConfig())
     drive(old.start_steps(first, 32, storage), model.weights)
     old.step(5)  # (its state past the prompt, in the storage's state buffer or the spare)
+    storage.normal_(generator=g)  # the old cache's bytes, whatever it left there (its states, its rows)
     again, fresh = Verifier(model, SamplingConfig(), previous=old), Verifier(model, SamplingConfig())
     token = drive(again.start_steps(second, 32, storage), model.weights)  # over the slot's own bytes, not zeroed
     assert token == fresh.start(second, 32)
     assert again.reused == 0
 
-    def ends(c):  # each layer's state after the prompt (its chain's end, until the next forward folds it)
-        return [c.chains[c.rec[j].data_ptr()][2] for j in range(len(model.args.rec_layers))]
+    def ends(c):  # each layer's state after the prompt (folded as the next forward would)
+        c.reserve(torch.tensor([c.length]))
+        return [c.rec_kv(j)[1] for j in range(len(model.args.rec_layers))]
 
     assert all(torch.equal(a, b) for a, b in zip(ends(again.cache), ends(fresh.cache)))
