@@ -1,7 +1,8 @@
 """A forward whose rows are all to be kept (a decode step's, a prompt chunk's: `KVCache.whole`) steps each recurrent
 layer's state in place, where a forward that may be rejected writes it into the layer's second buffer (as does a new
 cache's first forward: its state's pages, never touched, would each fault twice): the same bits, the state folded at
-the commit, and a cache whose forward never committed not used again."""
+the commit, and a cache whose forward never committed not used again. A new cache over memory an older one used
+starts from zero states."""
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ from formats import loading
 from formats.convert import convert
 from formats.source_hf import HFSource
 from formats.store import WeightStore
+from models.kvcache import KVCache
+from models.requests import drive
 from speculative.verify import Verifier
 from tests.models.families import tiny_hf
 
@@ -73,3 +76,25 @@ def test_a_cache_left_mid_forward_is_neither_kept_by_the_prompt_cache_nor_verifi
     assert prefixes.kept == 0
     with pytest.raises(CadenceError, match="left mid-forward"):
         v.cache.commit([0])
+
+
+def test_a_new_cache_over_memory_an_older_one_used_starts_from_zero_states(model):
+    """A batch slot that keeps its range but not its text (its next prompt shares none of it) builds its new cache over
+    the old one's bytes, unzeroed: its states start from zeros all the same, as a cache of its own does."""
+    storage = torch.zeros(KVCache.numel(model.args, 32, model.kv_dtype))
+    g = torch.Generator().manual_seed(13)
+    first, second = (torch.randint(3, 300, (9,), generator=g).tolist() for _ in range(2))
+    old = Verifier(model, SamplingConfig())
+    drive(old.start_steps(first, 32, storage), model.weights)
+    old.step(5)  # (its state past the prompt, in the storage's state buffer or the spare)
+    storage.normal_(generator=g)  # the old cache's bytes, whatever it left there (its states, its rows)
+    again, fresh = Verifier(model, SamplingConfig(), previous=old), Verifier(model, SamplingConfig())
+    token = drive(again.start_steps(second, 32, storage), model.weights)  # over the slot's own bytes, not zeroed
+    assert token == fresh.start(second, 32)
+    assert again.reused == 0
+
+    def ends(c):  # each layer's state after the prompt (folded as the next forward would)
+        c.reserve(torch.tensor([c.length]))
+        return [c.rec_kv(j)[1] for j in range(len(model.args.rec_layers))]
+
+    assert all(torch.equal(a, b) for a, b in zip(ends(again.cache), ends(fresh.cache)))
