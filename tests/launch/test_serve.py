@@ -206,14 +206,17 @@ def test_a_full_queue_answers_429_and_every_accepted_request_completes(server):
     base, _, _ = server
     h = {"Authorization": "Bearer sekret"}
     codes, waits = [], []
+    together = threading.Barrier(5)  # the five posted at once (a tiny model's 32 tokens outrun threads started apart)
 
     def ask():
-        r = httpx.post(
-            f"{base}/v1/completions",
-            json={"prompt": "once upon a time", "max_tokens": 400, "temperature": 0},
-            headers=h,
-            timeout=120,
-        )
+        with httpx.Client(timeout=120) as client:
+            client.get(f"{base}/health")  # (the connection made before the barrier)
+            together.wait()
+            r = client.post(
+                f"{base}/v1/completions",
+                json={"prompt": "once upon a time", "max_tokens": 400, "temperature": 0},
+                headers=h,
+            )
         codes.append(r.status_code)
         if r.status_code == 429:
             waits.append(r.headers.get("retry-after"))
