@@ -25,7 +25,7 @@ from formats import loading
 from formats.convert import ensure_store
 from speculative import bestfirst
 from speculative.drafter import Drafter
-from speculative.loop import slack
+from speculative.sides import slack
 from speculative.tree import ROOT, best_branch
 
 PROMPTS = ("engine/assets/heldout.jsonl", "engine/assets/dev.jsonl")

@@ -20,7 +20,7 @@ from common.units import fmt
 from engine.config import RunConfig
 from formats.store import WeightStore
 from scheduler.runtime_config import MemoryConfig, PipelineConfig, RuntimeConfig, TraceConfig
-from speculative.loop import slack
+from speculative.sides import slack
 
 DRAFT_VOCAB = 32768  # FR-Spec: the draft's head keeps this many of the most frequent tokens
 TRACE_EVENTS = 16384  # trace events the scheduler holds before it spills them to disk (scheduler/trace.py)

@@ -16,6 +16,7 @@ this process.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import sys
 from typing import Callable, Iterable, Iterator
@@ -32,7 +33,7 @@ from engine.plan import DraftKind, Mode, RunPlan
 from engine.prompts import Prompt
 from engine.rows import Chunk, Completion, make_row, peak_rss_bytes
 from engine.sessions import open_session
-from speculative.loop import limits
+from speculative.sides import limits
 from text.tokenizer import StreamDecoder
 
 
@@ -46,6 +47,7 @@ class Runner:
         self.trace_path = None
         self._batch = None  # the `--parallel` slots, made at the first ask (`batch`)
         self._joined: dict = {}  # a generation in the batch: its prompt, plan, chat and text decoder
+        self._keys = itertools.count()  # `stream_many`'s keys for its generations
         machine = ThisMachine(say)
         # the target converted once, with progress bars, before any actor; the prompts encoded
         self.inputs = read_inputs(cfg, machine, prompts)
@@ -115,33 +117,29 @@ class Runner:
         sampling: SamplingConfig | None = None,
         reuse: bool = True,
     ) -> Iterator[Chunk]:
-        """The generation for `prompt`, a chunk per cycle (stop tokens are never part of the text). A
-        consumer may stop early between chunks (a client that went away): each ends a cycle, where the
-        models agree with the text, and the next generation starts afresh. `mode` (another of the modes
-        the loaded models run), `max_new_tokens` and `sampling` override the run's for this generation. `reuse` False: the
-        whole prompt is prefilled (a benchmark comparing modes on one prompt: each pays its own prefill)."""
-        run = self.for_generation(mode, max_new_tokens, sampling)
-        ids, chat = self.inputs.prompt_ids(prompt)
-        tok, stop = self.tokenizer, self.tokenizer.stop_ids
-        decoder = StreamDecoder(tok)
-        self.session.start_generation()
-        cycles = self.session.loop.stream(ids, run.max_new_tokens, stop, run.mode, run.tree, run.sampling, reuse)
-        for c in cycles:
-            text = decoder.push([t for t in c.tokens if t not in stop])
-            if c.result:
-                text += decoder.finish()
-            done = self._completion(prompt, run, chat, c.result, decoder.text()) if c.result else None
-            yield Chunk(text, c.tokens, c.accepted, c.alpha, c.finish_reason, done)
+        """The generation for `prompt`, a chunk per cycle (stop tokens are never part of the text), as a member of
+        the run's batch (`stream_many` of one prompt); a prompt that cannot run raises its error. A consumer may
+        stop early between chunks (a client that went away): each ends a cycle, where the models agree with the
+        text, and the next generation starts afresh. `mode` (another of the modes the loaded models run),
+        `max_new_tokens` and `sampling` override the run's for this generation. `reuse` False: the whole prompt
+        is prefilled (a benchmark comparing modes on one prompt: each pays its own prefill)."""
+        for _, chunk in self.stream_many([prompt], mode, max_new_tokens, sampling, reuse):
+            if isinstance(chunk, BaseException):
+                raise chunk
+            yield chunk
 
     def take_io(self) -> dict:
         """The loader's (and an expert buffer's) figures since the last ask: a batch's, which no one generation's
-        row holds (a server adds them to its metrics each cycle)."""
-        return self.session.target.take_stats()
+        row holds (a server adds them to its metrics each cycle). One generation at a time: {} (its row has them)."""
+        return self.session.target.take_stats() if self.plan.parallel > 1 else {}
 
     def batch(self):
-        """The run's batch of `--parallel` slots (speculative/batch.py `Lockstep`), made at the first ask."""
+        """The run's batch (speculative/batch.py `Lockstep`), made at the first ask: of `--parallel` slots, or of one
+        generation over the session's own sides (`Speculation.alone`)."""
         if self._batch is None:
-            self._batch = self.session.batch(self.plan.parallel)
+            self._batch = (
+                self.session.batch(self.plan.parallel) if self.plan.parallel > 1 else self.session.loop.alone()
+            )
         return self._batch
 
     def stream_many(
@@ -150,20 +148,27 @@ class Runner:
         mode: str | None = None,
         max_new_tokens: int | None = None,
         sampling: SamplingConfig | None = None,
+        reuse: bool = True,
     ) -> Iterator[tuple[Prompt, Chunk | CadenceError]]:
         """Every prompt's generation, `--parallel` at a time together (each prompt joins as a slot frees): (the
         prompt, a chunk of its generation) as each cycle ends, in the order the generations move; a prompt that
-        cannot run gets its error instead (the others go on). Each greedy generation's tokens are those `stream`
-        would give it alone."""
+        cannot run gets its error instead (the others go on). Each greedy generation's tokens are those it would
+        get alone. A consumer that stops early ends the generations under way at the cycle boundary."""
         from speculative.batch import run_all
 
         prompts = list(prompts)
-        join = lambda i, p: self.join(i, p, mode, max_new_tokens, sampling)  # noqa: E731
-        for i, outcome in run_all(self.batch(), enumerate(prompts), join):
-            if i in self._joined:
-                yield prompts[i], self.chunk(i, outcome)
-            else:  # it could not join
-                yield prompts[i], outcome
+        keys = {next(self._keys): p for p in prompts}
+        join = lambda key, p: self.join(key, p, mode, max_new_tokens, sampling, reuse)  # noqa: E731
+        try:
+            for key, outcome in run_all(self.batch(), iter(keys.items()), join):
+                if key in self._joined:
+                    yield keys[key], self.chunk(key, outcome)
+                elif key in keys:  # it could not join
+                    yield keys[key], outcome
+        finally:
+            for key in keys:
+                if key in self._joined:
+                    self.leave(key)
 
     def join(
         self,
@@ -172,14 +177,18 @@ class Runner:
         mode: str | None = None,
         max_new_tokens: int | None = None,
         sampling: SamplingConfig | None = None,
+        reuse: bool = True,
     ) -> None:
         """`prompt`'s generation joins the batch at its next cycle (a free slot needed: `batch().free`), under
-        `key`; `chunk` turns its outcomes into chunks."""
+        `key`; `chunk` turns its outcomes into chunks. One at a time, the session's per-generation figures start
+        afresh."""
         run = self.for_generation(mode, max_new_tokens, sampling)
         ids, chat = self.inputs.prompt_ids(prompt)
         stop = self.tokenizer.stop_ids
-        self.batch().join(key, ids, run.max_new_tokens, stop, run.mode, run.tree, run.sampling)
+        self.batch().join(key, ids, run.max_new_tokens, stop, run.mode, run.tree, run.sampling, reuse)
         self._joined[key] = (prompt, run, chat, StreamDecoder(self.tokenizer))
+        if self.plan.parallel <= 1:
+            self.session.start_generation()
 
     def chunk(self, key, outcome) -> Chunk | CadenceError:
         """A batch's outcome for `key` as the generation's next chunk (the last with its `Completion`), or the error
@@ -244,7 +253,7 @@ class Runner:
         whole layers on the CPU (not a batch's, a sparse FFN's, a mixture's few experts or a GPU's), for
         engine/costs.py `refresh_compute`."""
         return (
-            self._batch is None
+            self.plan.parallel <= 1
             and run.device == "cpu"
             and Mode.FLASH not in (run.mode, self.plan.mode)
             and not (d and d.kind is DraftKind.FLASH)

@@ -99,7 +99,7 @@ def cmd_run(args) -> int:
 
 
 def _generate(args, runner: Runner, prompts: list[Prompt], rows: list[dict]) -> int:
-    """Every prompt in turn; the number skipped."""
+    """Every prompt, with the monitor; the number skipped."""
     run = runner.plan
     print(_run_line(runner), file=sys.stderr, flush=True)
     title = f"{run.mode} {run.target_name} {run.format}"
@@ -109,56 +109,43 @@ def _generate(args, runner: Runner, prompts: list[Prompt], rows: list[dict]) -> 
     else:
         feed = MonitorFeed(None, title=title)
     mon = open_monitor(feed, args.monitor)
-    skipped = 0
     mon.start()
     try:
-        if run.parallel > 1:
-            return _generate_parallel(args, runner, prompts, rows, feed, mon)
-        for p in prompts:
-            if len(prompts) > 1 and not mon.shows_text:
-                print(f"\n── {p.id} ({p.kind})", flush=True)
-            try:
-                done = runner.run(p, on_chunk=lambda c: _show(c, feed, mon))
-            except PromptError as e:
-                if len(prompts) == 1:
-                    raise
-                skipped += 1
-                print(f"\nlaunch run: prompt {p.id} skipped: {e}", file=sys.stderr, flush=True)
-                continue
-            rows.append(done.row)
-            if args.json_out:
-                write_rows(args.json_out, rows)  # atomically, each time: a killed run keeps what finished
-            if not mon.shows_text:
-                print(flush=True)  # the text ends its line
-            print(_row_line(done.row, runner), file=sys.stderr, flush=True)
-            bounded(args.max_new_tokens, done, "launch run")
+        return _each(args, runner, prompts, rows, feed, mon)
     finally:
         mon.stop()
         feed.close()
-    return skipped
 
 
-def _generate_parallel(args, runner: Runner, prompts: list[Prompt], rows: list[dict], feed, mon) -> int:
-    """`--parallel N`: N prompts at a time together; each one's text and row written as it finishes, in the order
-    they finish (each row has its prompt's id)."""
-    skipped = 0
+def _each(args, runner: Runner, prompts: list[Prompt], rows: list[dict], feed, mon) -> int:
+    """Every prompt through the run's batch (`--parallel N`: N at a time together); the number skipped. One at a
+    time, each one's text is written as it comes; several at a time, each one's whole text as it finishes, in the
+    order they finish (each row has its prompt's id)."""
+    skipped, live = 0, runner.plan.parallel <= 1
+    started = None  # one at a time: the prompt whose text is being written
     for p, c in runner.stream_many(prompts):
         if isinstance(c, PromptError):
             if len(prompts) == 1:
                 raise c
             skipped += 1
-            print(f"launch run: prompt {p.id} skipped: {c}", file=sys.stderr, flush=True)
+            print(f"\nlaunch run: prompt {p.id} skipped: {c}", file=sys.stderr, flush=True)
             continue
         if isinstance(c, CadenceError):
             raise c
-        feed.on_tokens(len(c.tokens), c.accepted, c.alpha)  # the texts of several generations do not make one
+        if live:
+            if started is not p and len(prompts) > 1 and not mon.shows_text:
+                print(f"\n── {p.id} ({p.kind})", flush=True)
+            started = p
+            _show(c, feed, mon)
+        else:
+            feed.on_tokens(len(c.tokens), c.accepted, c.alpha)  # the texts of several generations do not make one
         if c.completion is None:
             continue
         rows.append(c.completion.row)
         if args.json_out:
-            write_rows(args.json_out, rows)
-        if not mon.shows_text:
-            print(f"\n── {p.id} ({p.kind})\n{c.completion.text}", flush=True)
+            write_rows(args.json_out, rows)  # atomically, each time: a killed run keeps what finished
+        if not mon.shows_text:  # one at a time the text ends its line; several: it is written whole now
+            print("" if live else f"\n── {p.id} ({p.kind})\n{c.completion.text}", flush=True)
         print(_row_line(c.completion.row, runner), file=sys.stderr, flush=True)
         bounded(args.max_new_tokens, c.completion, "launch run")
     return skipped

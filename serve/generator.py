@@ -1,6 +1,6 @@
-"""The one thread that owns the models: it loads them, then runs the generations from a bounded queue: one at a
-time, or with `--parallel N` up to N together (speculative/batch.py: each joins at the next cycle as a slot frees,
-every cycle's trees verified in one forward). A job's pieces go back to its request's event loop; a client that
+"""The one thread that owns the models: it loads them, then runs the generations from a bounded queue through the
+run's batch: one at a time, or with `--parallel N` up to N together (speculative/batch.py: each joins at the next
+cycle as a slot frees, every cycle's trees verified in one forward). A job's pieces go back to its request's event loop; a client that
 goes away sets `cancelled`, and its generation stops at the next cycle boundary (where the models agree with the
 text), its slot free at once."""
 
@@ -113,7 +113,7 @@ class JobQueue(queue.Queue):
 
 
 class Generator(threading.Thread):
-    """Owns the model pair: loads it, then serves one job at a time from a bounded queue."""
+    """Owns the model pair: loads it, then serves the jobs of a bounded queue, as many at once as the batch has slots."""
 
     def __init__(self, make_llm, queue_size: int):
         super().__init__(name="cadence-generator", daemon=True)
@@ -135,15 +135,7 @@ class Generator(threading.Thread):
             return
         self.ready.set()
         try:
-            if self.llm.plan.parallel > 1:
-                self._serve_batch()
-                return
-            while (job := self.jobs.get()) is not None:
-                self.busy = 1
-                try:
-                    self._serve(job)
-                finally:
-                    self.busy = 0
+            self._serve_batch()
         finally:
             self.llm.close()
 
@@ -156,7 +148,8 @@ class Generator(threading.Thread):
         return dataclasses.replace(self.llm.plan.sampling, **given)
 
     def _serve_batch(self) -> None:
-        """`--parallel`: jobs join the batch as slots free, between cycles; each cycle moves every one of them."""
+        """Jobs join the batch (of `--parallel` slots, or of one) as slots free, between cycles; each cycle moves
+        every one of them."""
         runner = self.llm.runner
         batch = runner.batch()
         live: dict[int, list] = {}  # id(job) -> [job, the text so far, its slot]
@@ -261,42 +254,6 @@ class Generator(threading.Thread):
         _, _, slot = live.pop(key)
         self.slots.pop(slot, None)
         runner.leave(key)
-
-    def _serve(self, job: Job) -> None:
-        if job.cancelled.is_set():  # its client left as the slot freed
-            self.stats.cancelled += 1
-            job.put("cancelled")
-            return
-        ask = job.ask
-        try:
-            self._generate(
-                job, self.llm.runner.stream(ask.prompt, max_new_tokens=ask.max_new_tokens, sampling=self._sampling(ask))
-            )
-        except PromptError as e:  # the client's prompt, found wanting only now
-            job.put("client_error", e)
-        except CadenceError as e:
-            job.put("error", str(e))
-        except Exception as e:  # noqa: BLE001 - an actor died or failed: this request fails with the reason
-            log.exception("generation failed")
-            self.error = f"{type(e).__name__}: {e}"
-            job.put("error", self.error)
-
-    def _generate(self, job: Job, chunks) -> None:
-        text = ""
-        self.stats.start()
-        for chunk in chunks:
-            self.stats.chunk(chunk)
-            if self.on_chunk is not None:
-                self.on_chunk(chunk)
-            text += chunk.text
-            if self._pass_on(job, text, chunk):
-                chunks.close()
-                return
-            if job.cancelled.is_set():
-                chunks.close()  # at a cycle boundary: the models agree with the text; the next job starts afresh
-                self.stats.cancelled += 1
-                job.put("cancelled")
-                return
 
     def left(self, job: Job) -> bool:
         """A client left: its generation stops at the next cycle, or, while it still waits for a slot, it gives

@@ -24,35 +24,15 @@ import dataclasses
 import functools
 import time
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterator, Protocol
+from typing import Callable, Hashable, Iterator
 
 from common.errors import CadenceError
 from common.settings import PLAIN, PREFILL_CHUNK, Arm, SamplingConfig, TreeConfig
 from speculative.governor import CatchUp, Governor, resident_batch_governor
 from speculative.kvpool import KVPool, Placed, SlotTexts
-from speculative.loop import Call, CycleOutcome, DraftSide, Speculation, slack
+from speculative.sides import Alone, BatchTarget, Call, CycleOutcome, DraftSide, NoAhead, slack
 
 WIDEST = 32  # the widest tree a generation of a batch verifies (the widest a budgeted run alone tries: WIDER)
-
-
-class BatchTarget(Protocol):
-    streamed: bool  # layers come from disk during a forward: a forward costs one read whatever its rows
-
-    def answer(self, calls: list[tuple[int, Call]]) -> list:
-        """Each (slot, call) answered as a target side of that slot's generation alone would answer it."""
-
-    def release(self, slot: int) -> None:
-        """The slot's generation was cancelled: its cache goes."""
-
-    def take_stats(self, slot: int) -> dict: ...
-
-
-class _NoAhead:
-    """What a batched generation's I/O-wait rule reads: nobody drafts ahead of a batch's verification (the draft
-    side grows the next generation's tree meanwhile)."""
-
-    streamed = False
-    io_wait = None
 
 
 @dataclass
@@ -76,7 +56,7 @@ class NoRoom(CadenceError):
 class Lockstep:
     def __init__(
         self,
-        loop: Speculation,
+        loop,
         target: BatchTarget,
         drafts: Callable[[int], DraftSide | None],
         slots: int,
@@ -153,11 +133,12 @@ class Lockstep:
         if slot not in self.drafts:
             self.drafts[slot] = self._new_draft(slot)
         cfg = cfg or self.loop.cfg
-        if cfg.ahead or cfg.ahead_auto:  # nothing drafts ahead of a batch (`_NoAhead`), nor needs the rows for it
+        alone = isinstance(self.target, Alone)  # one generation over the run's own sides: as its own governor says
+        if not alone and (cfg.ahead or cfg.ahead_auto):  # nothing drafts ahead of a batch, nor needs the rows for it
             cfg = dataclasses.replace(cfg, ahead=0, ahead_auto=False)
         draft = self.drafts[slot]
         size = None
-        if self.target.streamed and draft is not None and draft.has_model:
+        if not alone and self.target.streamed and draft is not None and draft.has_model:
             # under the wall a forward costs one read of the streamed layers whatever its rows, and the rows the plan
             # holds go to the generations there are (`width`); but the trees are drafted while the read waits, so
             # one governor for the batch weighs narrower trees (less drafting) against the plan's from what the
@@ -168,7 +149,7 @@ class Lockstep:
                 self.governor = Governor(tuple(Arm("draft", n) for n in sizes), Arm("draft", cfg.budget), plain=False)
             size = functools.partial(self.width, cfg)
             cfg = dataclasses.replace(cfg, adaptive=False, width=widest)
-        elif draft is not None and draft.has_model and cfg.adaptive:
+        elif not alone and draft is not None and draft.has_model and cfg.adaptive:
             # resident, rows cost compute: while the batch holds several generations, a governor for that many
             # picks every one's tree (or a plain step) from what the batch's cycles measure, tokens per second of
             # them all (`cycle`); one generation alone runs as alone, its own governor choosing (`size` None)
@@ -180,7 +161,7 @@ class Lockstep:
             placed = self.pool.place(slot, self.loop.capacity(context, cfg))
             if placed is None:
                 raise NoRoom(f"the KV pool cannot hold {context} more tokens while {len(self.gens)} generations run")
-        governors = self.governors.setdefault(slot, {})
+        governors = None if alone else self.governors.setdefault(slot, {})  # alone: the run's own, kept across prompts
         steps = self.loop.steps(
             prompt_ids,
             max_new,
@@ -191,7 +172,7 @@ class Lockstep:
             reuse,
             draft=draft,
             governors=governors,
-            target=_NoAhead(),
+            target=self.target if alone else NoAhead(),
             size=size,
             context=context,
         )

@@ -18,7 +18,7 @@ from speculative.ahead import DraftingAhead
 from speculative.bestfirst import grow_best_first
 from speculative.feed import DraftFeed, run_here
 from speculative.growth import PacedGrowth, fill_shape
-from speculative.loop import Proposal
+from speculative.sides import Proposal
 from speculative.policy import AdaptiveThreshold
 from speculative.tree import ROOT, DraftTree, TokenTree, best_branch
 from speculative.trie import TokenTrie, grammar_keep

@@ -279,7 +279,7 @@ class CatchUp:
         return seconds
 
     def answered(self, calls: list[tuple[object, object, int]], seconds: float) -> None:
-        """A forward of `seconds` answered these generations' calls (key, speculative/loop.py `Call`, rows): a
+        """A forward of `seconds` answered these generations' calls (key, speculative/sides.py `Call`, rows): a
         verification of a drafted tree leaves its draft behind by the target's next token alone, a plain step (or
         the trie's candidates, which the draft did not run on) a token further; prompts price a row."""
         for key, call, _ in calls:

@@ -10,7 +10,7 @@ scheduler, so `--draft none` starts no draft actor at all.
 
 from __future__ import annotations
 
-from speculative.loop import Proposal
+from speculative.sides import Proposal
 from speculative.tree import TokenTree, Tree
 from speculative.trie import TokenTrie, grammar_keep
 

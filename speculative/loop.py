@@ -1,12 +1,8 @@
 """The speculation cycle, written once: draft, verify, keep the accepted path, repeat.
 
-`Speculation` runs against two small interfaces, the draft side and the target side; what they
-wrap decides where the work happens:
-
-    in one process    speculative/drafter.py, verify.py    LocalDraft, LocalTarget: the models themselves
-    over the actors   scheduler/generation/draft_side.py     ActorDraft: the draft actor
-                      scheduler/generation/target_side.py    ActorTarget: the verifier actor (streamed layers)
-    either            speculative/lookup.py                  TrieDraft: the n-gram trie alone (`--draft none`)
+`Speculation.steps` is one generation's cycle against the two sides (speculative/sides.py), every forward it needs
+yielded as a `Call`. Who answers the calls is always a batch (speculative/batch.py `Lockstep`): of the run's slots,
+or, for `stream`, of one generation over the run's own sides (`Alone`), which answers each call as it comes.
 
 Target-only modes (target, std, stdpl) are the same loop with no draft. The governor, the lookup
 arm, stop tokens, the KV capacity and the stats live here and nowhere else. `stream` yields one
@@ -17,133 +13,16 @@ scheduler process runs this loop.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
-from common.errors import PromptError
 from common.modes import Mode
-from common.settings import DRAFT_ROWS, LOOKUP, PLAIN, Arm, Generation, SamplingConfig, SpecStats, TreeConfig, arms
+from common.settings import LOOKUP, PLAIN, Arm, Generation, SamplingConfig, SpecStats, TreeConfig, arms
+from speculative.batch import Alone, Lockstep
 from speculative.governor import CostModel, Cycle, Governor
-from speculative.tree import Tree
+from speculative.sides import Call, CycleOutcome, DraftSide, TargetSide, limits, slack
 
 AHEAD_WAIT = 0.2  # draft ahead while the verifier waits on I/O for more than this share of a verification
-
-
-@dataclass
-class Proposal:
-    """Candidates for one verification: what the target side verifies (`tree`), and what the draft side
-    keeps of it until the verdict (`draft`: a DraftTree in process, nothing over the wire: the actor has it)."""
-
-    tree: Tree
-    drafted: bool = (
-        True  # the draft model ran on it (False: the trie's candidates alone, `advance` takes a plain verdict)
-    )
-    draft: object = None
-    req: int | None = None  # over the wire: the draft's request that built it (the trace's arrow to its verification)
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.tree.tokens
-
-
-@dataclass(frozen=True)
-class CycleOutcome:
-    """One cycle: the tokens it committed (a stop token, if reached, is the last), the draft tokens the
-    target accepted and alpha after it (None for the prefill and a plain step). The last outcome of a
-    generation also says why it ended ("stop": a stop token; "length": the token limit or the context)
-    and carries the `Generation`."""
-
-    tokens: list[int]
-    accepted: int | None = None
-    alpha: float | None = None
-    finish_reason: str | None = None
-    result: Generation | None = None
-
-
-@dataclass(frozen=True)
-class Call:
-    """What a generation asks for a forward (`Speculation.steps` yields it): of the target side (`side` "target":
-    `kind` start, step or verify) or of the draft side ("draft": propose), with that method's arguments. One
-    generation alone has it answered at once; a batch of generations has every generation's calls of a cycle
-    answered in shared forwards (speculative/batch.py)."""
-
-    kind: str
-    args: tuple
-    side: str = "target"
-
-
-def answer(target: "TargetSide", call: Call):
-    """A call answered by a side of one generation."""
-    return getattr(target, call.kind)(*call.args)
-
-
-class TargetSide(Protocol):
-    streamed: bool  # layers come from disk during a forward (the I/O-wait rule applies)
-    io_wait: float | None  # measured share of a verification spent waiting for layers
-
-    def start(
-        self, prompt_ids: list[int], capacity: int, sampling: SamplingConfig, reuse: bool = True
-    ) -> tuple[int, int]:
-        """Prefill; (the first token, prompt tokens found in the cache from the last generation, which
-        `reuse` False forgets: the whole prompt prefilled)."""
-
-    def step(self, root: int) -> int:
-        """A plain decode step on the root."""
-
-    def verify(self, p: Proposal) -> tuple[list[int], int]:
-        """One pass over the root and the tree: (accepted node path, the target's own next token)."""
-
-    def take_stats(self) -> dict:
-        """What the target side measured since the last call (I/O), for the JSON row."""
-
-
-class DraftSide(Protocol):
-    has_model: bool  # False: the trie alone (tree mode only; the governor plays the lookup arm)
-
-    def start(
-        self, prompt_ids: list[int], capacity: int, first: int, cfg: TreeConfig, sampling: SamplingConfig
-    ) -> None: ...
-
-    def propose(self, budget: int) -> Proposal | None:
-        """A draft tree of at most `budget` tokens, or None."""
-
-    def lookup(self, max_nodes: int) -> Proposal | None:
-        """The trie's candidates alone (prompt lookup, no draft forward), or None."""
-
-    def ahead(self, p: Proposal, steps: int) -> None:
-        """Draft on from the tree while the target verifies it, until the verdict (LLMCad 3.4)."""
-
-    def advance(self, p: Proposal | None, path: list[int], new: list[int]) -> float | None:
-        """The verdict (p None: a plain step, or candidates the draft did not run on); alpha after it."""
-
-    def ahead_counts(self) -> tuple[int, int]:
-        """(draft forwards run ahead, tree nodes that reused them) in this generation so far."""
-
-    def take_stats(self) -> dict:
-        """What the draft side measured since the last call (a flash draft's reads), for the JSON row."""
-
-
-def slack(cfg: TreeConfig, draft: bool = False) -> int:
-    """KV rows past the text: a tree in verification (the draft's: every node it ran on, at most DRAFT_ROWS times
-    the budget; the target's, the default: the budget's nodes), the chain drafted ahead, root and bonus token."""
-    return (DRAFT_ROWS if draft else 1) * cfg.budget + cfg.ahead + 2
-
-
-def limits(context: int, n_prompt: int, max_new: int | None, bound: int | None = None) -> int:
-    """The most new tokens for a prompt of `n_prompt` tokens in a context of `context`: `max_new`, or
-    (None) up to the context's end or `bound`, whichever comes first. One sentence when the prompt leaves no
-    room."""
-    if n_prompt == 0:
-        raise PromptError("the prompt is empty after tokenization; give some text")
-    room = context - n_prompt
-    if room < 1 or (max_new is not None and max_new > room):
-        asked = f" and {max_new} new tokens were asked for" if max_new is not None else ""
-        raise PromptError(
-            f"the prompt has {n_prompt} tokens{asked}, but the context holds {context}; shorten the "
-            "prompt, lower --max-new-tokens or give a larger --context",
-            "max_tokens" if room >= 1 else "prompt",
-        )
-    return max_new if max_new is not None else min(room, bound or room)
+STREAM = "stream"  # the key of `stream`'s generation in its batch of one
 
 
 class Speculation:
@@ -168,6 +47,7 @@ class Speculation:
         self.counter = counter or (lambda name, values: None)
         self.governors: dict[tuple, Governor] = {}  # per mode and arm set, kept across prompts
         self.bound: int | None = None  # the most new tokens of a generation that asks no number (run, chat)
+        self._alone: Lockstep | None = None
 
     def generate(
         self,
@@ -197,19 +77,24 @@ class Speculation:
         a `CycleOutcome` after the prefill and after each cycle. Each is a cycle boundary, where both models'
         caches agree with the text: a consumer may stop there (a client that went away), and the next
         generation starts afresh. `max_new` None: up to the context's end. `reuse` False: the prompt is
-        prefilled whole, none of it taken from the last generation's cache."""
-        steps = self.steps(prompt_ids, max_new, stop, mode, cfg, sampling, reuse)
-        reply = None
-        while True:
-            try:
-                item = steps.send(reply)
-            except StopIteration:
-                return
-            if isinstance(item, Call):
-                reply = answer(self.target if item.side == "target" else self.draft, item)
-            else:
-                reply = None
-                yield item
+        prefilled whole, none of it taken from the last generation's cache. One generation is a batch of one
+        (`alone`): the batch's cycle, over this run's own sides."""
+        batch = self.alone()
+        batch.join(STREAM, prompt_ids, max_new, stop, mode, cfg, sampling, reuse)
+        try:
+            while batch.active:
+                for _, outcome in batch.cycle():
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                    yield outcome
+        finally:
+            batch.leave(STREAM)
+
+    def alone(self) -> Lockstep:
+        """The batch of one generation over this run's target and draft sides (made at the first ask)."""
+        if self._alone is None:
+            self._alone = Lockstep(self, Alone(self.target), lambda slot: self.draft, 1)
+        return self._alone
 
     def steps(
         self,

@@ -22,7 +22,7 @@ from models.sampling import choose, token_logprobs
 from common.settings import SamplingConfig
 from models.transformer import Transformer
 from models.requests import drive
-from speculative.loop import Proposal
+from speculative.sides import Proposal
 from speculative.prefixes import MIN_TOKENS, PrefixCache
 from speculative.tree import TokenTree, Verdict, longest_accepted_path
 

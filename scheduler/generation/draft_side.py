@@ -12,7 +12,7 @@ from common.settings import SamplingConfig, TreeConfig
 from scheduler.errors import ActorError
 from scheduler.remote import Remote
 from scheduler.runtime import Runtime
-from speculative.loop import Proposal
+from speculative.sides import Proposal
 from speculative.tree import Tree
 
 

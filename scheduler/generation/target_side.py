@@ -25,7 +25,7 @@ from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.procs import DEAD
 from scheduler.remote import Remote
 from scheduler.runtime import Runtime
-from speculative.loop import Proposal
+from speculative.sides import Proposal
 
 SPLIT_SLOTS = ("sync", "q", "ch", "x", "xin", "y", "kv")  # what the worker maps of a job's tensors
 WORKER_WAIT, VERIFIER_WAIT = 0.8, 2.0  # of timeouts.request_s: how long each side of a split waits for the other

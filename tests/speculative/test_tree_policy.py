@@ -3,7 +3,7 @@
 import pytest
 
 from speculative.governor import CATCH_UP, TRY_SHARE, CatchUp, Cycle, Governor
-from speculative.loop import Call, Proposal
+from speculative.sides import Call, Proposal
 from common.settings import LOOKUP, PLAIN, Arm, arms
 from speculative.policy import AdaptiveThreshold, branch_candidates, pace
 from speculative.tree import ROOT, TokenTree, Tree, best_branch, longest_accepted_path
