@@ -9,7 +9,8 @@
                                 streamed, code blocks drawn, a stop button, the run's live figures from /metrics
 
 The models load once, in one generation thread that owns the runtime (serve/generator.py). Requests
-wait in a bounded queue, one generation at a time: a full queue answers 429. A request is read and
+wait in a bounded queue for a slot of the run's batch (one, or `--parallel N`): a full queue answers 429. What
+goes back, a whole response or its server-sent events, is shaped by serve/answers.py. A request is read and
 checked before it queues (serve/requests.py): what a client got wrong is a 4xx in OpenAI's error
 shape naming the parameter (400; 404 for a model not served; 413 for a body over `max_body`), never
 a 500. A client that goes away stops its generation at the next cycle boundary. With an API key,
@@ -20,9 +21,7 @@ Requests that leave `temperature` out get the server's own (0: greedy, the targe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
-import json
 import queue
 import time
 import uuid
@@ -38,10 +37,10 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from common.errors import PromptError
-from serve import logprobs
 from serve.generator import Generator, Job
 from engine import tools
 from serve import choices
+from serve.answers import Answers, error
 from serve.metrics import AccessLog
 from serve.requests import Ask, ClientError, parse_json, read_ask
 from serve.structured import forced_call_grammar
@@ -72,14 +71,11 @@ class ServeConfig:
         return {self.model, p.name, p.stem}
 
 
-def error(e: ClientError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
-
-
 class Api:
     def __init__(self, gen: Generator, cfg: ServeConfig):
         self.gen, self.cfg, self.created = gen, cfg, int(time.time())
         self.page = PAGE.read_text()
+        self.answers: Answers | None = None  # made once the models are loaded (the tokenizer is theirs)
 
     async def chat_page(self, request: Request):
         """The chat page: it holds no secret (the API key, where one is wanted, is typed into it)."""
@@ -154,6 +150,7 @@ class Api:
             asks = [await self._prepare(read_ask(b, chat, rid, self.cfg.aliases())) for b in bodies]
         except ClientError as e:
             return error(e)
+        out = self._answers()
         jobs = [Job(ask, asyncio.get_running_loop()) for ask in asks]
         request.state.job = jobs[0] if len(jobs) == 1 else choices.Jobs(jobs)  # its tokens, for the access log
         if not self._queued(jobs):
@@ -167,16 +164,22 @@ class Api:
             return busy
         self.gen.stats.requests += 1
         if asks[0].stream:
-            events = self._events(jobs[0], rid) if len(jobs) == 1 else self._several_events(jobs, rid, n)
+            events = out.events(jobs[0], rid) if len(jobs) == 1 else out.several_events(jobs, rid, n)
             return EventSourceResponse(events, ping=15, send_timeout=30)
         try:
-            answers = await choices.gathered([self._whole(request, job, rid) for job in jobs], JSONResponse)
+            answers = await choices.gathered([out.whole(request, job, rid) for job in jobs], JSONResponse)
         finally:
             for job in jobs:  # one choice failed, or the request's task was cancelled: the others stop too
                 self.gen.left(job)
         if isinstance(answers, JSONResponse):
             return answers
         return JSONResponse(answers[0] if len(jobs) == 1 else choices.merge(answers, n))
+
+    def _answers(self) -> Answers:
+        if self.answers is None:
+            runner = self.gen.llm.runner
+            self.answers = Answers(self.cfg.model, self.cfg.fingerprint, runner.tokenizer, self.gen.left)
+        return self.answers
 
     def _queued(self, jobs: list[Job]) -> bool:
         """All the request's generations queued, or none (the queue had no room for them all)."""
@@ -230,157 +233,6 @@ class Api:
         except PromptError as e:
             raise ClientError(400, str(e), "messages" if ask.chat and e.param == "prompt" else e.param) from None
         return replace(ask, prompt=prompt, calls=calls)
-
-    async def _whole(self, request: Request, job: Job, rid: str):
-        text = ""
-        while True:
-            try:
-                kind, value = await asyncio.wait_for(job.out.get(), timeout=0.25)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected() and self.gen.left(job):  # the client left while it waited
-                    return self._failed("cancelled", None, job)
-                continue
-            if kind == "piece":
-                text += value
-            elif kind in ("error", "client_error", "cancelled"):
-                return self._failed(kind, value, job)
-            else:
-                done = value if kind == "done" else None
-                return self._response(job, rid, done.text if done else value, done)
-
-    def _failed(self, kind: str, value, job: Job) -> JSONResponse:
-        if kind == "client_error":
-            return error(ClientError(400, str(value), value.param))
-        if kind == "cancelled":
-            return error(ClientError(499, "the client closed the request", None, "cancelled"))
-        return error(ClientError(500, value, None, "server_error"))
-
-    def _response(self, job: Job, rid: str, text: str, done) -> dict:
-        chat, ask = job.ask.chat, job.ask
-        text, done = logprobs.echo(ask, done, text, self.gen.llm.runner.tokenizer)
-        choice = {
-            "index": 0,
-            "finish_reason": done.finish_reason if done else "stop",
-            "logprobs": logprobs.of(job.ask, done, self.gen.llm.runner.tokenizer),
-        }
-        message = {"role": "assistant", "content": text}
-        if ask.calls is not None:  # the answer's tool calls read out of it
-            content, calls = tools.parse(ask.prompt.start + text, ask.calls, tools.names(ask.prompt.tools))
-            calls = calls if ask.parallel_tool_calls else calls[:1]
-            if calls:
-                message = {"role": "assistant", "content": content.strip() or None}
-                message["tool_calls"] = [c.openai() for c in calls]
-                choice["finish_reason"] = "tool_calls" if choice["finish_reason"] == "stop" else choice["finish_reason"]
-        choice.update({"message": message} if chat else {"text": text})
-        return {
-            "id": rid,
-            "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()),
-            "model": self.cfg.model,
-            "system_fingerprint": self.cfg.fingerprint,
-            "choices": [choice],
-            "usage": usage(done),
-        }
-
-    async def _several_events(self, jobs: list[Job], rid: str, n: int):
-        """The choices' streams interleaved (serve/choices.py), then the usage summed where asked, one [DONE]."""
-        streams = [self._events(job, rid, i, alone=False) for i, job in enumerate(jobs)]
-        try:
-            async with contextlib.aclosing(choices.interleave(streams)) as events:
-                async for event in events:
-                    if event is choices.FAILED:
-                        return
-                    yield event
-                    if event["data"].startswith('{"error"'):
-                        return
-        finally:
-            for job in jobs:
-                self.gen.left(job)
-        if jobs[0].ask.include_usage:
-            summed = choices.summed([usage(j.done) for j in jobs], n)
-            yield {"data": self._chunk(jobs[0].ask.chat, rid, [], usage=summed)}
-        yield {"data": "[DONE]"}
-
-    def _chunk(self, chat: bool, rid: str, parts: list, **more) -> str:
-        """A streamed chunk of the response `rid`: its choices' `parts` (and `more`, the usage)."""
-        kind, cfg = "chat.completion.chunk" if chat else "text_completion", self.cfg
-        head = {"id": rid, "object": kind, "created": int(time.time()), "model": cfg.model}
-        return json.dumps(head | {"system_fingerprint": cfg.fingerprint, "choices": parts} | more)
-
-    async def _events(self, job: Job, rid: str, index: int = 0, alone: bool = True):
-        """A choice's server-sent events; `alone`: the request's only one, which ends the stream itself."""
-        chat = job.ask.chat
-
-        def chunk(delta: str | None, finish: str | None = None, role: bool = False, call: dict | None = None, lp=None):
-            c = {"index": index, "finish_reason": finish, "logprobs": lp}
-            if chat:
-                c["delta"] = ({"role": "assistant"} if role else {}) | ({"content": delta} if delta is not None else {})
-                c["delta"] |= {"tool_calls": [call]} if call is not None else {}
-            else:
-                c["text"] = delta or ""
-            return self._chunk(chat, rid, [c])
-
-        calls = tools.CallStream(job.ask.calls, tools.names(job.ask.prompt.tools)) if job.ask.calls else None
-        made = []  # the calls sent
-
-        def pieces(events) -> list[dict]:
-            out = []
-            for kind, v in events:
-                if kind == "text" and v:
-                    out.append({"data": chunk(v)})
-                elif kind == "call" and (job.ask.parallel_tool_calls or not made):
-                    out.append({"data": chunk(None, call=v.openai(len(made)))})
-                    made.append(v)
-            return out
-
-        try:
-            if chat:
-                yield {"data": chunk("", role=True)}
-            elif job.ask.echo:  # the prompt first, as it was sent (its ids' text where ids were sent)
-                yield {"data": chunk(logprobs.prompt_text(job.ask, self.gen.llm.runner.tokenizer))}
-            if calls is not None:
-                for event in pieces(calls.push(job.ask.prompt.start)):
-                    yield event
-            while True:
-                kind, value = await job.out.get()
-                if kind == "piece":
-                    events = pieces(calls.push(value)) if calls is not None else [{"data": chunk(value)}] * bool(value)
-                    for event in events:
-                        yield event
-                elif kind in ("error", "client_error"):
-                    yield {
-                        "data": json.dumps(
-                            ClientError(
-                                400 if kind == "client_error" else 500, str(value), getattr(value, "param", None)
-                            ).body()
-                        )
-                    }
-                    return
-                elif kind == "cancelled":
-                    if not alone:  # the server stopping it: the whole stream ends, as a choice alone's does
-                        yield choices.FAILED
-                    return
-                else:
-                    for event in pieces(calls.finish()) if calls is not None else []:
-                        yield event
-                    finish = value.finish_reason if kind == "done" else "stop"
-                    lp = logprobs.of(job.ask, value if kind == "done" else None, self.gen.llm.runner.tokenizer)
-                    yield {"data": chunk(None, "tool_calls" if made and finish == "stop" else finish, lp=lp)}
-                    if not alone:
-                        return
-                    if job.ask.include_usage:
-                        yield {"data": self._chunk(chat, rid, [], usage=usage(value if kind == "done" else None))}
-                    yield {"data": "[DONE]"}
-                    return
-        finally:
-            self.gen.left(job)  # a client that left mid-stream (or any end): its generation stops at the next cycle
-
-
-def usage(done) -> dict:
-    if done is None:
-        return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-    n = len(done.token_ids)
-    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": n, "total_tokens": done.prompt_tokens + n}
 
 
 def make_app(gen: Generator, cfg: ServeConfig) -> Starlette:

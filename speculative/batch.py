@@ -30,7 +30,19 @@ from common.errors import CadenceError
 from common.settings import PLAIN, PREFILL_CHUNK, Arm, SamplingConfig, TreeConfig
 from speculative.governor import CatchUp, Governor, resident_batch_governor
 from speculative.kvpool import KVPool, Placed, SlotTexts
-from speculative.sides import Alone, BatchTarget, Call, CycleOutcome, DraftSide, NoAhead, slack
+from speculative.sides import (
+    Alone,
+    BatchTarget,
+    Call,
+    CycleOutcome,
+    DraftSide,
+    NoAhead,
+    Propose,
+    Start,
+    TakeStats,
+    Verify,
+    slack,
+)
 
 WIDEST = 32  # the widest tree a generation of a batch verifies (the widest a budgeted run alone tries: WIDER)
 
@@ -229,10 +241,10 @@ class Lockstep:
                     self._failed(g, e, outcomes)
                     continue
                 if call is not None:
-                    (asks if call.side == "draft" else calls).append((g, call))
+                    (asks if isinstance(call, Propose) else calls).append((g, call))
             if asks:
                 try:
-                    trees = self.propose([(g.draft, c.args[0]) for g, c in asks])
+                    trees = self.propose([(g.draft, c.budget) for g, c in asks])
                 except BaseException:
                     for g, _ in asks + calls:
                         self.leave(g.key)
@@ -249,17 +261,17 @@ class Lockstep:
                 for g, _ in calls:
                     self.leave(g.key)
                 raise
-            rows = [(g.key, c, min(g.rows, PREFILL_CHUNK) if c.kind == "start" else 1) for g, c in calls]
+            rows = [(g.key, c, min(g.rows, PREFILL_CHUNK) if isinstance(c, Start) else 1) for g, c in calls]
             self.catchup.answered(rows, time.perf_counter() - t0)
             for (g, c), r in zip(calls, replies):
                 # each answered generation takes its answer now: its tokens go out with this cycle, and one that
                 # ended frees its slot for a job to join before the next (a long prompt's start waits for its chunks)
-                g.waiting = c if c.kind == "start" and r is None else None
+                g.waiting = c if isinstance(c, Start) and r is None else None
                 if g.waiting is None:
                     self._settle(g, r, outcomes)
-            if governor is not None and all(c.kind != "start" for _, c in calls):
+            if governor is not None and not any(isinstance(c, Start) for _, c in calls):
                 # a cycle of the batch's arm alone (a prompt's pass would price it wrong): the tokens it committed
-                made = sum(len(r[0]) + 1 if c.kind == "verify" else 1 for (_, c), r in zip(calls, replies))
+                made = sum(len(r[0]) + 1 if isinstance(c, Verify) else 1 for (_, c), r in zip(calls, replies))
                 # (drafts that missed the text while plain steps ran catch up first: a try of drafting is judged
                 # without that forward, which drafting on would not pay again, and a lost try's cost counts it)
                 governor.record(self.arm, made, time.perf_counter() - t0, catchup_s=catchup)
@@ -313,8 +325,8 @@ class Lockstep:
                 self._ended(g)
                 return None
             g.called, reply = True, None
-            if isinstance(item, Call):
-                if item.kind == "take_stats":  # answered here: nothing to compute
+            if not isinstance(item, CycleOutcome):  # a call
+                if isinstance(item, TakeStats):  # answered here: nothing to compute
                     reply = self.target.take_stats(g.slot)
                     continue
                 return item
@@ -341,14 +353,11 @@ class Lockstep:
 
 
 def _placed(call: Call, placed: Placed | None) -> Call:
-    """A start call as a batch's target side takes it: with where its cache goes in the pool (None: no pool), the
-    range's rows (the slot's last cache reused only where it kept its range: `Placed.kept`)."""
-    if call.kind != "start":
+    """A start call with where its cache goes in the pool (None: no pool) and the range's rows (the slot's last cache
+    reused only where it kept its range: `Placed.kept`)."""
+    if not isinstance(call, Start) or placed is None:
         return call
-    prompt_ids, capacity, sampling, reuse = call.args
-    if placed is not None:
-        capacity = placed.capacity
-    return Call("start", (prompt_ids, capacity, sampling, reuse, placed), call.side)
+    return dataclasses.replace(call, capacity=placed.capacity, placed=placed)
 
 
 def run_all(

@@ -32,6 +32,7 @@ from typing import Callable, Iterable
 
 from common.settings import CATCH_UP, LOOKUP, PLAIN, Arm, TreeConfig
 from speculative.arca import interpolate
+from speculative.sides import Start, Verify
 
 PRIOR_HITS, PRIOR_TRIES = 4.0, 5.0  # p = 0.8 before any verification (a draft of the target's family),
 # worth five draft tokens of evidence: one early miss must not talk the governor out of drafting
@@ -279,16 +280,16 @@ class CatchUp:
         return seconds
 
     def answered(self, calls: list[tuple[object, object, int]], seconds: float) -> None:
-        """A forward of `seconds` answered these generations' calls (key, speculative/sides.py `Call`, rows): a
+        """A forward of `seconds` answered these generations' calls (key, its `Start`, `Step` or `Verify`, rows): a
         verification of a drafted tree leaves its draft behind by the target's next token alone, a plain step (or
         the trie's candidates, which the draft did not run on) a token further; prompts price a row."""
         for key, call, _ in calls:
             n, drafted = self.behind.get(key, (0, False))
-            if call.kind == "verify" and call.args[0].drafted:
+            if isinstance(call, Verify) and call.proposal.drafted:
                 self.behind[key] = (1, True)
-            elif call.kind != "start":
+            elif not isinstance(call, Start):
                 self.behind[key] = (n + 1, drafted)
-        if seconds > 0 and any(call.kind == "start" for _, call, _ in calls):
+        if seconds > 0 and any(isinstance(call, Start) for _, call, _ in calls):
             self.prompt_row_s = _ema(self.prompt_row_s, seconds / sum(r for *_, r in calls), self.keep)
 
 

@@ -19,7 +19,19 @@ from common.modes import Mode
 from common.settings import LOOKUP, PLAIN, Arm, Generation, SamplingConfig, SpecStats, TreeConfig, arms
 from speculative.batch import Alone, Lockstep
 from speculative.governor import CostModel, Cycle, Governor
-from speculative.sides import Call, CycleOutcome, DraftSide, TargetSide, limits, slack
+from speculative.sides import (
+    Call,
+    CycleOutcome,
+    DraftSide,
+    Propose,
+    Start,
+    Step,
+    TakeStats,
+    TargetSide,
+    Verify,
+    limits,
+    slack,
+)
 
 AHEAD_WAIT = 0.2  # draft ahead while the verifier waits on I/O for more than this share of a verification
 STREAM = "stream"  # the key of `stream`'s generation in its batch of one
@@ -129,7 +141,7 @@ class Speculation:
         context = context or self.context
         max_new = limits(context, len(prompt_ids), max_new, self.bound)
         t0 = time.perf_counter()
-        first, reused = yield Call("start", (prompt_ids, self.capacity(context, cfg), sampling, reuse))
+        first, reused = yield Start(prompt_ids, self.capacity(context, cfg), sampling, reuse)
         if speculative:
             window = min(len(prompt_ids), cfg.prompt_window or len(prompt_ids))
             draft.start(prompt_ids, self.capacity(min(context, window + max_new), cfg, True), first, cfg, sampling)
@@ -164,7 +176,7 @@ class Speculation:
             st["ahead_steps"], st["ahead_reused"] = draft.ahead_counts()
             st.update(draft.take_stats())
         st["reused_prompt_tokens"] = reused  # found in the KV cache from the last generation
-        st.update((yield Call("take_stats", ())))
+        st.update((yield TakeStats()))
         if "logprobs" in st:  # a verification's tokens past a stop or the limit were never committed
             st["logprobs"] = st["logprobs"][: len(out)]
         result = Generation(prompt_ids, out, time.perf_counter() - t0, t_prefill, st)
@@ -228,14 +240,14 @@ class Speculation:
         t = time.perf_counter()
         drafting = 0.0
         if arm.kind == "draft":
-            p = yield Call("propose", (arm.size,), "draft")
+            p = yield Propose(arm.size)
             drafting = time.perf_counter() - t
             stats.draft_s += drafting
         elif arm.kind == "lookup":
             p = draft.lookup(min(cfg.width, room))
         t = time.perf_counter()
         if p is None or not p.tokens:
-            nxt = yield Call("step", (root,))
+            nxt = yield Step(root)
             stats.plain_steps += 1
             if draft is not None:
                 draft.advance(p if arm.kind == "draft" else None, [], [nxt])
@@ -243,7 +255,7 @@ class Speculation:
             return [nxt], None, None, None
         if arm.kind == "draft" and sampling.plain and (n := self.ahead_steps(cfg, target)):
             draft.ahead(p, n)  # the draft drafts on while the target verifies; the verdict interrupts it
-        path, nxt = yield Call("verify", (p,))
+        path, nxt = yield Verify(p)
         new = [p.tokens[i] for i in path] + [nxt]
         alpha = draft.advance(p if p.drafted else None, path, new)
         verifying = time.perf_counter() - t

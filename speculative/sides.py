@@ -16,10 +16,11 @@ Torch-free: the scheduler process runs the cycle.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from common.errors import PromptError
 from common.settings import DRAFT_ROWS, Generation, SamplingConfig, TreeConfig
+from speculative.kvpool import Placed
 from speculative.tree import Tree
 
 
@@ -54,21 +55,55 @@ class CycleOutcome:
     result: Generation | None = None
 
 
+# What a generation asks of a side (`Speculation.steps` yields it): of the target side a prefill (`Start`), a plain
+# step (`Step`) or a verification (`Verify`), of the draft side a tree (`Propose`), of either its figures
+# (`TakeStats`). A batch (speculative/batch.py) answers every generation's calls of a cycle in shared forwards; one
+# generation's own side, `Alone`, each as it comes. `op`: the verifier's name for it over the wire.
+
+
 @dataclass(frozen=True)
-class Call:
-    """What a generation asks for a forward (`Speculation.steps` yields it): of the target side (`side` "target":
-    `kind` start, step or verify) or of the draft side ("draft": propose), with that method's arguments. One
-    generation alone has it answered at once; a batch of generations has every generation's calls of a cycle
-    answered in shared forwards (speculative/batch.py)."""
+class Start:
+    """Prefill `prompt_ids` into a cache of `capacity` rows: (the first token, tokens of the prompt found cached).
+    `placed`: its range of a batch's KV pool (speculative/kvpool.py), None where the side keeps a cache of its own."""
 
-    kind: str
-    args: tuple
-    side: str = "target"
+    prompt_ids: list[int]
+    capacity: int
+    sampling: SamplingConfig
+    reuse: bool = True
+    placed: Placed | None = None
+    op: ClassVar[str] = "start"
 
 
-def answer(target: "TargetSide", call: Call):
-    """A call answered by a side of one generation."""
-    return getattr(target, call.kind)(*call.args)
+@dataclass(frozen=True)
+class Step:
+    """A plain decode step on `root`: the next token."""
+
+    root: int
+    op: ClassVar[str] = "step"
+
+
+@dataclass(frozen=True)
+class Verify:
+    """One pass over the root and `proposal`'s tree: (the accepted node path, the target's own next token)."""
+
+    proposal: Proposal
+    op: ClassVar[str] = "verify"
+
+
+@dataclass(frozen=True)
+class Propose:
+    """The draft side's tree of at most `budget` tokens, or None."""
+
+    budget: int
+
+
+@dataclass(frozen=True)
+class TakeStats:
+    """What the target side measured for this generation (answered without a forward)."""
+
+
+TargetCall = Start | Step | Verify
+Call = Start | Step | Verify | Propose | TakeStats
 
 
 class TargetSide(Protocol):
@@ -120,7 +155,7 @@ class DraftSide(Protocol):
 class BatchTarget(Protocol):
     streamed: bool  # layers come from disk during a forward: a forward costs one read whatever its rows
 
-    def answer(self, calls: list[tuple[int, Call]]) -> list:
+    def answer(self, calls: list[tuple[int, TargetCall]]) -> list:
         """Each (slot, call) answered as a target side of that slot's generation alone would answer it."""
 
     def release(self, slot: int) -> None:
@@ -144,9 +179,18 @@ class Alone:
     def io_wait(self) -> float | None:
         return self.side.io_wait
 
-    def answer(self, calls: list[tuple[int, Call]]) -> list:
-        """Each call answered by the side (a start without the range of a pool it has none of: `_placed`)."""
-        return [answer(self.side, Call(c.kind, c.args[:4]) if c.kind == "start" else c) for _, c in calls]
+    def answer(self, calls: list[tuple[int, TargetCall]]) -> list:
+        """Each call answered by the side, in turn."""
+        return [self._one(c) for _, c in calls]
+
+    def _one(self, c: TargetCall):
+        if isinstance(c, Verify):
+            return self.side.verify(c.proposal)
+        if isinstance(c, Step):
+            return self.side.step(c.root)
+        if isinstance(c, Start):
+            return self.side.start(c.prompt_ids, c.capacity, c.sampling, c.reuse)
+        raise TypeError(f"a target side answers a Start, Step or Verify, not {c!r}")
 
     def release(self, slot: int) -> None:
         """Nothing to drop: the side's next generation starts afresh where this one stopped."""

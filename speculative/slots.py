@@ -11,6 +11,7 @@ from models.kvcache import KVCache
 from models.transformer import Transformer
 from models.requests import drive
 from speculative.prefixes import PrefixCache
+from speculative.sides import Start, Step, Verify
 from speculative.tree import TokenTree, Verdict
 from speculative.verify import Prefill, Verifier, many_steps
 
@@ -31,10 +32,9 @@ class LocalBatch:
         plain step and verification in one forward."""
         jobs = []
         for slot, call in calls:
-            if call.kind == "start":
-                prompt_ids, capacity, sampling, reuse, placed = call.args
-                v = self.slots.begin(slot, prompt_ids, capacity, sampling, reuse, placed)
-                jobs.append((v, Prefill(prompt_ids, capacity)))
+            if isinstance(call, Start):
+                v = self.slots.begin(slot, call.prompt_ids, call.capacity, call.sampling, call.reuse, call.placed)
+                jobs.append((v, Prefill(call.prompt_ids, call.capacity)))
             else:
                 jobs.append(_job(self.slots.verifiers[slot], call))
         done = drive(many_steps(jobs), self.model.weights) if jobs else []
@@ -115,11 +115,11 @@ class Arena:
         return self.memory[offset : offset + KVCache.numel(self.model.args, capacity, self.model.kv_dtype)]
 
 
-def _job(v: Verifier, call) -> tuple:
-    """A step or verify `Call` as a `many_steps` job."""
-    if call.kind == "step":
-        return v, call.args[0]
-    return v, TokenTree.of(call.args[0].tree)
+def _job(v: Verifier, call: Step | Verify) -> tuple:
+    """A plain step or a verification as a `many_steps` job."""
+    if isinstance(call, Step):
+        return v, call.root
+    return v, TokenTree.of(call.proposal.tree)
 
 
 def reply(r):

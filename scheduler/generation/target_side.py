@@ -25,7 +25,7 @@ from scheduler.events import DeadEvent, ReplyEvent
 from scheduler.procs import DEAD
 from scheduler.remote import Remote
 from scheduler.runtime import Runtime
-from speculative.sides import Proposal
+from speculative.sides import Proposal, Start, Step, Verify
 
 SPLIT_SLOTS = ("sync", "q", "ch", "x", "xin", "y", "kv")  # what the worker maps of a job's tensors
 WORKER_WAIT, VERIFIER_WAIT = 0.8, 2.0  # of timeouts.request_s: how long each side of a split waits for the other
@@ -269,21 +269,22 @@ class ActorBatch:
     def answer(self, calls: list) -> list:
         wire, links, starts = [], [], 0
         for slot, call in calls:
-            if call.kind == "start":
-                prompt_ids, capacity, sampling, reuse, placed = call.args
-                args = dict(prompt_ids=prompt_ids, capacity=capacity, sampling=asdict(sampling), reuse=reuse)
+            if isinstance(call, Start):
+                sampling = call.sampling
+                args = dict(prompt_ids=call.prompt_ids, capacity=call.capacity, sampling=asdict(sampling))
+                args["reuse"] = call.reuse
                 (self.logprobs.add if sampling.logprobs >= 0 else self.logprobs.discard)(slot)
-                if placed is not None:  # its range of the batch's KV pool (speculative/kvpool.py)
-                    args["placed"] = list(placed)
-                starts += 1 + len(prompt_ids) // PREFILL_CHUNK
-            elif call.kind == "step":
-                args = dict(root=call.args[0])
+                if call.placed is not None:  # its range of the batch's KV pool (speculative/kvpool.py)
+                    args["placed"] = list(call.placed)
+                starts += 1 + len(call.prompt_ids) // PREFILL_CHUNK
+            elif isinstance(call, Step):
+                args = dict(root=call.root)
             else:
-                p = call.args[0]
+                p = call.proposal
                 args = dict(tree=asdict(p.tree))
                 if p.req is not None:
                     links.append(p.req)
-            wire.append(dict(slot=slot, kind=call.kind, args=args))
+            wire.append(dict(slot=slot, kind=call.op, args=args))
         limit = self.s.config.timeouts.request_s
         timeout = limit * (1 + starts) if self.target.streamer is None else None  # resident: prefills in the one op
         results = self.target.run("batch", dict(calls=wire), None, timeout).results
@@ -293,7 +294,11 @@ class ActorBatch:
                 (s.actors["draft"].pid, req), (s.actors["verifier"].pid, self.target.job_req), "draft tree", "tree"
             )
         return [
-            (None if r is None else tuple(r)) if c.kind == "start" else (list(r[0]), r[1]) if c.kind == "verify" else r
+            (None if r is None else tuple(r))
+            if isinstance(c, Start)
+            else (list(r[0]), r[1])
+            if isinstance(c, Verify)
+            else r
             for (_, c), r in zip(calls, results)
         ]
 

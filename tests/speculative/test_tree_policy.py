@@ -3,7 +3,7 @@
 import pytest
 
 from speculative.governor import CATCH_UP, TRY_SHARE, CatchUp, Cycle, Governor
-from speculative.sides import Call, Proposal
+from speculative.sides import Proposal, Start, Step, Verify
 from common.settings import LOOKUP, PLAIN, Arm, arms
 from speculative.policy import AdaptiveThreshold, branch_candidates, pace
 from speculative.tree import ROOT, TokenTree, Tree, best_branch, longest_accepted_path
@@ -179,11 +179,11 @@ def test_a_try_is_judged_without_the_drafts_catch_up_and_a_lost_one_counts_it():
     assert lost.gap >= (0.3 - 0.03) / (0.03 * 0.03)  # the whole 0.3 s it took, not its own 0.05 s
 
 
-START, STEP = Call("start", ([], 0, None, True)), Call("step", (0,))
+START, STEP = Start([], 0, None, True), Step(0)
 
 
-def _verify(drafted: bool) -> Call:
-    return Call("verify", (Proposal(Tree(0, [1], [-1], [0.9]), drafted),))
+def _verify(drafted: bool) -> Verify:
+    return Verify(Proposal(Tree(0, [1], [-1], [0.9]), drafted))
 
 
 def test_a_resident_batch_tries_drafting_only_while_its_drafts_catch_up_is_a_small_share():
