@@ -135,7 +135,7 @@ class Generator(threading.Thread):
             return
         self.ready.set()
         try:
-            self._serve_batch()
+            self._serve()
         finally:
             self.llm.close()
 
@@ -147,7 +147,7 @@ class Generator(threading.Thread):
             given["seed"] = secrets.randbits(63)
         return dataclasses.replace(self.llm.plan.sampling, **given)
 
-    def _serve_batch(self) -> None:
+    def _serve(self) -> None:
         """Jobs join the batch (of `--parallel` slots, or of one) as slots free, between cycles; each cycle moves
         every one of them."""
         runner = self.llm.runner
