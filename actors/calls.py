@@ -82,7 +82,7 @@ class Signature:
         kwargs = dict(args)
         for name, kind, _ in self.params:
             if name in kwargs:
-                kwargs[name] = _check(self.op, name, kind, kwargs[name])
+                kwargs[name] = _check(f"op {self.op!r}", name, kind, kwargs[name])
         if self.takes_tensors:
             kwargs["tensors"] = tensors
         return kwargs
@@ -100,18 +100,36 @@ def _accepted(hint) -> tuple:
     return (typing.get_origin(hint) or hint,)
 
 
-def _check(op: str, name: str, kind: tuple, value):
+def _check(what: str, name: str, kind: tuple, value):
+    """`value` as argument `name` of `what` (an op, an actor's start) takes it: one of the types in `kind`, a dataclass
+    from the map of its fields; else one sentence that names it."""
     if object in kind or type(value) in kind:
         return value
     if type(value) is int and float in kind:
         return float(value)
     record = next((t for t in kind if dataclasses.is_dataclass(t)), None)
     if record is not None and isinstance(value, dict):
-        return _read(record, value, f"op {op!r}: argument {name!r} ({record.__name__})")
+        return _read(record, value, f"{what}: argument {name!r} ({record.__name__})")
     if record is not None and isinstance(value, record):
         return value
     want = " or ".join(f"a map of {t.__name__}'s fields" if dataclasses.is_dataclass(t) else t.__name__ for t in kind)
-    raise ValueError(f"op {op!r}: argument {name!r} must be {want}, got {type(value).__name__}")
+    raise ValueError(f"{what}: argument {name!r} must be {want}, got {type(value).__name__}")
+
+
+def record(cls, args: dict, what: str):
+    """A map off the wire (an actor's start: actors/starts.py) as the dataclass `cls`: its names checked, then each
+    field against its annotation, a dataclass field from the map of its fields; one sentence that names what is
+    wrong."""
+    names, required = _fields(cls)
+    if not (args.keys() <= names and required <= args.keys()):
+        raise ValueError(f"{what} takes {', '.join(sorted(names))}: {_why(args, names, required)}")
+    hints = _hints(cls)
+    return cls(**{k: _check(what, k, _accepted(hints[k]), v) for k, v in args.items()})
+
+
+@functools.cache
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
 
 
 @functools.cache

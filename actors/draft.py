@@ -9,7 +9,8 @@ import torch
 
 from actors.base import Actor, ActorContext
 from common.heap import trim_heap
-from actors.calls import Advanced, Trees
+from actors.calls import Advanced, Trees, record
+from actors.starts import DraftStart
 from formats.loading import load_store
 from formats.store import WeightStore
 from common.settings import SamplingConfig
@@ -26,21 +27,22 @@ class DraftActor(Actor):
 
     def __init__(self, init: dict, ctx: ActorContext):
         super().__init__(init, ctx)
-        torch.set_num_threads(int(init.get("threads") or torch.get_num_threads()))
+        start = record(DraftStart, init, "the draft's start")
+        torch.set_num_threads(start.threads or torch.get_num_threads())
         with self.trace.span("load draft", cat="setup"):
             # every group but the embedding table; the head's frequent-token rows only where `head_rows` says
-            rows, flash = init.get("head_rows") or None, init.get("flash")
+            rows, flash = start.head_rows or None, start.flash
             if flash:  # --draft flash: the target's attention and head, its FFN from neuron caches
                 from flash.sparse_target import streamed_flash_draft
 
-                store = WeightStore(init["store"])
-                model = streamed_flash_draft(store, flash["density"], flash["predictor"], flash["capacity"], rows)
+                store = WeightStore(start.store)
+                model = streamed_flash_draft(store, flash.density, flash.predictor, flash.capacity, rows)
             else:
-                model = load_store(init["store"], init.get("name", ""), head_rows=rows, tokenizer=False).model
-        self.base_sampling = SamplingConfig(**init["sampling"])
-        self.cfg = TreeConfig(**init["tree"])
+                model = load_store(start.store, start.name, head_rows=rows, tokenizer=False).model
+        self.base_sampling = start.sampling
+        self.cfg = start.tree
         self.model = model
-        model.kv_dtype = init.get("kv_dtype") or "f32"  # its caches' keys and values (--kv-dtype)
+        model.kv_dtype = start.kv_dtype  # its caches' keys and values (--kv-dtype)
         self.slots = {0: LocalDraft(model)}  # a batch of generations: a draft side (its own cache) per slot
         self.flash = bool(flash)
         self.last: dict[int, object] = {}  # a slot's proposal of its last `build`, until `advance`

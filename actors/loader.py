@@ -13,7 +13,8 @@ init: store_dir (required), threads (4), chunk_bytes (4 MiB), direct (true), and
 from __future__ import annotations
 
 from actors.base import Actor
-from actors.calls import GroupSizes, Loaded
+from actors.calls import GroupSizes, Loaded, record
+from actors.starts import LoaderStart
 from formats.store import WeightStore
 from shm.desc import TensorDesc
 from shm.dio import DEFAULT_CHUNK, DirectReader
@@ -24,14 +25,15 @@ class LoaderActor(Actor):
 
     def __init__(self, init: dict, ctx):
         super().__init__(init, ctx)
-        self.store = WeightStore(init["store_dir"])
-        self.region = init.get("stream_bytes")
+        start = record(LoaderStart, init, "the loader's start")
+        self.store = WeightStore(start.store_dir)
+        self.region = start.stream_bytes
         warnings = []
         self.reader = DirectReader(
             self.store.path,
-            threads=int(init.get("threads", 4)),
-            chunk_bytes=int(init.get("chunk_bytes", DEFAULT_CHUNK)),
-            direct=bool(init.get("direct", True)),
+            threads=start.threads,
+            chunk_bytes=start.chunk_bytes or DEFAULT_CHUNK,
+            direct=start.direct,
             warn=warnings.append,
         )
         for w in warnings:  # once per run: the reader warns once, at open

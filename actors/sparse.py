@@ -24,6 +24,8 @@ import warnings
 import torch
 
 from actors.base import Actor, ActorContext
+from actors.calls import record
+from actors.starts import SparseStart
 from actors.executor import WorkerShare
 from actors.syncarea import Clock, SyncArea
 from models import kernels
@@ -38,11 +40,12 @@ class SparseAttnActor(Actor):
 
     def __init__(self, init: dict, ctx: ActorContext):
         super().__init__(init, ctx)
-        torch.set_num_threads(int(init.get("threads") or 1))
-        self.args = ModelArgs.from_dict(init["model"])
+        start = record(SparseStart, init, "the sparse worker's start")
+        torch.set_num_threads(start.threads)
+        self.args = ModelArgs.from_dict(start.model)
         self.cache = None  # the verifier's KV cache, mapped at each prompt's start
-        self.kv_dtype = init.get("kv_dtype") or "f32"  # its keys' and values' (--kv-dtype)
-        self.layers = self._map_layers(init["store"]) if float(init.get("columns") or 0.0) > 0 else None
+        self.kv_dtype = start.kv_dtype  # its keys' and values' (--kv-dtype)
+        self.layers = self._map_layers(start.store) if start.columns > 0 else None
         kernels.lib()  # build or load the kernels now, not during the first verification
 
     def _map_layers(self, store_dir: str) -> list:

@@ -14,11 +14,14 @@ serves the same job, in the arena's sync area: no message per layer.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from actors.base import Actor, ActorContext
-from actors.calls import AwaitExperts, AwaitGroup, Batched, Token, signature
+from actors.calls import AwaitExperts, AwaitGroup, Batched, Token, record, signature
 from actors.executor import SplitExecutor
+from actors.starts import VerifierStart
 from actors.syncarea import Clock
 from formats.loading import load_store
 from models.requests import NeedExperts, NeedWeights
@@ -41,29 +44,28 @@ class VerifierActor(Actor):
 
     def __init__(self, init: dict, ctx: ActorContext):
         super().__init__(init, ctx)
-        torch.set_num_threads(int(init.get("threads") or torch.get_num_threads()))
-        self.streaming = init.get("resident") is not None
+        start = record(VerifierStart, init, "the verifier's start")
+        torch.set_num_threads(start.threads or torch.get_num_threads())
+        self.streaming = start.resident is not None
         with self.trace.span("load target", cat="setup"):
             if self.streaming:
-                store = WeightStore(init["store"])
-                self.weights = StreamingWeights(store, set(init["resident"]))
+                store = WeightStore(start.store)
+                self.weights = StreamingWeights(store, set(start.resident))
                 self.model = Transformer(store.args, self.weights)
-                moe = init.get("experts") or {}  # {"batch": experts per request, "lookahead": bool}
-                self.model.expert_batch = int(moe.get("batch") or 0)
-                self.model.lookahead = bool(moe.get("lookahead"))
+                if start.experts is not None:  # a request for experts never asks for more than the buffer holds
+                    self.model.expert_batch = start.experts.batch
+                    self.model.lookahead = start.experts.lookahead
             else:
-                self.model = load_store(init["store"], init.get("name", "")).model
+                self.model = load_store(start.store, start.name).model
                 self.weights = self.model.weights
-        self.model.kv_dtype = init.get("kv_dtype") or "f32"  # its caches' keys and values (--kv-dtype)
-        worker = init.get("worker")  # {"share": dense share, "columns": column share} given to the sparse worker
+        self.model.kv_dtype = start.kv_dtype  # its caches' keys and values (--kv-dtype)
         self.executor = None
-        if worker is not None:
-            self.executor = SplitExecutor(
-                self.model, float(worker["share"]), float(worker.get("columns") or 0.0), self.trace
-            )
-        self.sampling = SamplingConfig(**init["sampling"])
+        if start.worker is not None:  # the dense share and the column share given to the sparse worker
+            self.executor = SplitExecutor(self.model, start.worker.share, start.worker.columns, self.trace)
+        self.sampling = start.sampling
         self.verifier = None
-        self.prefixes = prompt_cache(init.get("prompt_cache"), init["store"], self.model.kv_dtype)  # or None
+        pc = None if start.prompt_cache is None else dataclasses.asdict(start.prompt_cache)
+        self.prefixes = prompt_cache(pc, start.store, self.model.kv_dtype)  # or None
         self.batch = Slots(self.model, self.prefixes)  # a batch of generations (op `batch`): each slot's verifier
         self.job = None  # job mode: the job under way (a generator) and what it waits for
         self.need = None

@@ -9,8 +9,9 @@ scheduler/generation/draft_side.py for the draft, or the trie alone in this proc
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
+from actors.starts import DraftStart, ExpertRequests, FlashDraft, LoaderStart, SparseStart, VerifierStart
 from common.modes import Mode
 from common.settings import ExpertOptions, PromptCacheConfig, SamplingConfig, TreeConfig, WorkerSplit
 from models.args import ModelArgs
@@ -114,46 +115,28 @@ class ActorSession:
 
     @staticmethod
     def _spawn(sched: Runtime, spec: SessionSpec, actors: dict[str, str]) -> None:
+        """Each actor with its start (actors/starts.py), sent as the map of its fields."""
         plan, moe = spec.plan, spec.plan is not None and spec.plan.expert_buffer > 0
-        common = {"sampling": asdict(spec.sampling), "threads": spec.threads, "kv_dtype": spec.kv_dtype}
-        vinit = {**common, "store": spec.target_store}
-        if spec.prompt_cache is not None:
-            vinit["prompt_cache"] = asdict(spec.prompt_cache)
+        threads = 1 if spec.worker is not None else spec.threads  # the verifier and the worker: a core each
+        verifier = VerifierStart(
+            spec.target_store, spec.sampling, spec.kv_dtype, threads, worker=spec.worker, prompt_cache=spec.prompt_cache
+        )
         if spec.worker is not None:
-            vinit.update(threads=1, worker=asdict(spec.worker))
-            sched.spawn(
-                "sparse",
-                actors["sparse"],
-                {
-                    "threads": 1,
-                    "model": asdict(spec.model),
-                    "store": spec.target_store,
-                    "columns": spec.worker.columns,
-                    "kv_dtype": spec.kv_dtype,
-                },
-                wait=False,
-            )
+            worker = SparseStart(asdict(spec.model), spec.target_store, spec.worker.columns, spec.kv_dtype)
+            sched.spawn("sparse", actors["sparse"], asdict(worker), wait=False)
         if plan is not None and (plan.streamed or moe):
-            vinit["resident"] = list(plan.resident)
-            if moe:  # a request for experts never asks for more than the buffer holds
-                vinit["experts"] = {"batch": max(1, plan.expert_slots), "lookahead": spec.experts.preload == "router"}
-            sched.spawn(
-                "loader",
-                actors["loader"],
-                {"store_dir": spec.target_store, "stream_bytes": plan.stream_bytes},
-                wait=False,
-            )
-        sched.spawn("verifier", actors["verifier"], vinit, wait=False)
+            experts = ExpertRequests(max(1, plan.expert_slots), spec.experts.preload == "router") if moe else None
+            verifier = replace(verifier, resident=list(plan.resident), experts=experts)
+            loader = LoaderStart(spec.target_store, plan.stream_bytes)
+            sched.spawn("loader", actors["loader"], asdict(loader), wait=False)
+        sched.spawn("verifier", actors["verifier"], asdict(verifier), wait=False)
         if spec.mode.speculative and (spec.draft_store or spec.flash):
-            dinit = {
-                **common,
-                "store": spec.draft_store,
-                "tree": asdict(spec.tree),
-                "head_rows": spec.draft_rows or None,
-            }
+            draft = DraftStart(
+                spec.draft_store, spec.sampling, spec.tree, spec.kv_dtype, spec.threads, spec.draft_rows or None
+            )
             if spec.flash:  # the target's own sparse FFN (flash/sparse_target.py), from the target's store
-                dinit.update(store=spec.target_store, flash=dict(zip(("density", "predictor", "capacity"), spec.flash)))
-            sched.spawn("draft", actors["draft"], dinit, wait=False)
+                draft = replace(draft, store=spec.target_store, flash=FlashDraft(*spec.flash))
+            sched.spawn("draft", actors["draft"], asdict(draft), wait=False)
 
     @property
     def experts(self):

@@ -102,6 +102,25 @@ def loader_init(store_path: str, s: Runtime, **kw) -> dict:
     }
 
 
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"threads": "four"}, "argument 'threads' must be int, got str"),
+        ({"stream_byte": 1}, "unknown argument\\(s\\) stream_byte"),
+        ({"store_dir": None}, "argument 'store_dir' must be str, got NoneType"),
+    ],
+)
+def test_a_start_the_loader_cannot_read_fails_in_one_sentence_that_names_it(store, tmp_path, bad, match):
+    """An actor's start is typed (actors/starts.py) and read at the boundary as an op's arguments are: a field of the
+    wrong type, one it does not take, is said by name, not met later as a traceback deep in its setup."""
+    path, _ = store
+    with Runtime(config(4 << 20, tmp_path)) as s:
+        with pytest.raises(
+            ActorDead, match=f"the loader actor failed during setup: ValueError: the loader's start.*{match}"
+        ):
+            s.spawn("loader", LOADER, loader_init(path, s, **bad))
+
+
 def test_every_group_lands_in_its_slot_byte_for_byte(store, tmp_path):
     path, groups = store
     weights = os.path.join(path, "weights.bin")
