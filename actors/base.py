@@ -1,12 +1,14 @@
 """The one shape every actor has: heavy setup in `__init__`, one `run()` loop, one process entry.
 
-An actor is a class with a `role` and handlers named `op_<name>`: a request for op "build" runs
-`op_build` (`handle` below) with the request's arguments as keyword arguments, checked against the
+An actor is a class with a `role` and handlers named `op_<name>`: a request for op "cycle" runs
+`op_cycle` (`handle` below) with the request's arguments as keyword arguments, checked against the
 handler's signature as they arrive (actors/calls.py: the one typed path across the boundary; a parameter
 named `tensors` takes the request's tensor map). A handler returns a result (a reply dataclass of
 actors/calls.py, or a dict), `(result, tensors)`, or None; tensors go back as arena descriptors (or
-inline when tiny). An exception in a handler fails that request only (the caller gets the error
-text) and the actor keeps serving; `ActorFatal` ends the actor with a DEAD frame instead.
+inline when tiny); work the reply need not wait for goes in `after_reply`, run once the reply has gone
+(the draft drafting ahead while the target verifies its tree). An exception in a handler fails that request
+only (the caller gets the error text) and the actor keeps serving; `ActorFatal` ends the actor with a DEAD
+frame instead.
 
 Process life, driven by `actor_main` (run as `python -m actors '<json spec>'`):
   import the class -> HELLO -> wait INIT -> attach arenas -> `cls(init, ctx)` -> READY -> run()
@@ -23,6 +25,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import zmq
 
@@ -76,6 +79,7 @@ class Actor:
         self._signatures = {name: signature(getattr(type(self), "op_" + name), name) for name in self._ops}
         self._bad_frames = 0
         self._errors_received = 0
+        self.after_reply: Callable[[], None] | None = None  # set by a handler: run once its reply has gone
 
     @classmethod
     def ops(cls) -> list[str]:
@@ -156,6 +160,7 @@ class Actor:
                 raise
             except Exception as e:
                 self.log.warning("op %s (request %d) failed: %s: %s", req.op, req.req_id, type(e).__name__, e)
+                self.after_reply = None
                 return wire.Reply(req.req_id, False, {}, {}, f"{type(e).__name__}: {e}")
 
     def run(self) -> None:
@@ -199,6 +204,9 @@ class Actor:
                     )
                 )
             wire.send(self.ctx.sock, frames)
+            then, self.after_reply = self.after_reply, None
+            if then is not None:  # work the reply need not wait for (drafting ahead), until a message arrives
+                then()
         elif isinstance(msg, wire.Stop):
             self.ctx.stop.requested = True
         elif isinstance(msg, wire.Error):

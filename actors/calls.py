@@ -2,15 +2,15 @@
 imports it).
 
 A request is an op's name, its arguments as a msgpack map and its tensors as arena descriptors
-(actors/wire.py `Request`). An actor serves op `build` with its method `op_build`, whose signature is the
+(actors/wire.py `Request`). An actor serves op `cycle` with its method `op_cycle`, whose signature is the
 op's type: each argument a keyword parameter, checked against its annotation as it arrives (int, float,
 bool, str, list, dict, None, or a dataclass sent as the map of its fields, e.g. speculative/tree.py `Tree`);
 a parameter named `tensors` takes the request's tensor map. A map with an argument missing, one the op does
 not take or a value of the wrong type fails the request with one sentence that names it (`bind`).
 
     # the scheduler side (scheduler/remote.py)        # the actor side (actors/draft.py)
-    draft = Remote(sched, "draft")                      def op_build(self, budget: int, tensors: dict): ...
-    tree = draft.build(budget=4)
+    draft = Remote(sched, "draft")                      def op_cycle(self, cycles: list): ...
+    drafted = draft.cycle(cycles=[{"budget": 4}])
 
 A handler may answer with a reply dataclass (REPLIES: `Token`, `Tree`, `AwaitGroup`, ...); it travels as its
 fields plus `"reply": <kind>`, and `Reply.value` (actors/wire.py) gives the dataclass back.
@@ -196,12 +196,31 @@ class AwaitExperts:
 
 
 @dataclass(frozen=True)
-class Advanced:
-    """The draft took a verdict: alpha after it, and drafting ahead's counts so far this generation."""
+class DraftCycle:
+    """One generation's cycle on the draft actor, in one message (op `cycle`, a batch's in one list): the verdict on
+    the last tree it grew (`path`: the accepted nodes, `new`: the tokens committed; `path` None: no tree of the
+    draft's was verified since), the tokens committed since without a tree of its own (`behind`: plain steps, the
+    trie's candidates), then the next tree: at most `budget` nodes (0: none, the verdict alone), the trie's
+    candidates alone where `lookup`, and at most `ahead` draft forwards run on from it after the reply, while the
+    target verifies it, until the next message arrives (LLMCad 3.4)."""
 
-    alpha: float
-    ahead_steps: int
-    ahead_reused: int
+    slot: int = 0
+    path: list | None = None
+    new: list = dataclasses.field(default_factory=list)
+    behind: list = dataclasses.field(default_factory=list)
+    budget: int = 0
+    lookup: bool = False
+    ahead: int = 0
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """The draft actor's answer to a batch's cycles (op `cycle`), in the order asked: each the map of its `Tree`'s
+    fields (None where no tree was asked), and drafting ahead's counts so far in that generation (forwards run
+    ahead, tree nodes that reused them)."""
+
+    trees: list
+    ahead: list
 
 
 @dataclass(frozen=True)
@@ -231,22 +250,14 @@ class Batched:
     results: list
 
 
-@dataclass(frozen=True)
-class Trees:
-    """A batch's draft trees (op `build_many`), each as the map of a `Tree`'s fields, in the order asked."""
-
-    trees: list
-
-
 REPLIES: dict[str, type] = {
     "token": Token,
     "batched": Batched,
-    "trees": Trees,
+    "drafted": Drafted,
     "verdict": Verdict,
     "await_group": AwaitGroup,
     "await_experts": AwaitExperts,
     "tree": Tree,
-    "advanced": Advanced,
     "group_sizes": GroupSizes,
     "loaded": Loaded,
 }

@@ -4,12 +4,13 @@ draft side (speculative/drafter.py `LocalDraft`), so both runtimes draft with th
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
 from actors.base import Actor, ActorContext
 from common.heap import trim_heap
-from actors.calls import Advanced, Trees, record
+from actors.calls import DraftCycle, Drafted, record
 from actors.starts import DraftStart
 from formats.loading import load_store
 from formats.store import WeightStore
@@ -45,7 +46,8 @@ class DraftActor(Actor):
         model.kv_dtype = start.kv_dtype  # its caches' keys and values (--kv-dtype)
         self.slots = {0: LocalDraft(model)}  # a batch of generations: a draft side (its own cache) per slot
         self.flash = bool(flash)
-        self.last: dict[int, object] = {}  # a slot's proposal of its last `build`, until `advance`
+        self.last: dict[int, object] = {}  # a slot's proposal of its last tree, until its verdict
+        self.ahead_error: Exception | None = None
 
     def _slot(self, slot: int) -> LocalDraft:
         if slot not in self.slots:
@@ -67,35 +69,46 @@ class DraftActor(Actor):
         self._slot(slot).start(list(prompt_ids), capacity, first, tree or self.cfg, sampling)
         return {}
 
-    def _catch_up(self, slot: int, behind: list | None) -> None:
-        """`behind`: what plain steps committed since the last op (the scheduler sends them with the next)."""
-        if behind:
-            self._slot(slot).advance(None, [], list(behind))
+    def op_cycle(self, cycles: list):
+        """A batch's cycles (actors/calls.py `DraftCycle`, each checked here): every generation's verdict and
+        tokens behind taken, then the trees asked for grown, a batch's together in shared draft forwards
+        (speculative/draft_batch.py), each the tree its generation grows alone. Drafting ahead runs after the
+        reply, until the next message (`Actor.after_reply`)."""
+        asks = [record(DraftCycle, c, "a draft cycle") if isinstance(c, dict) else c for c in cycles]
+        if len({a.slot for a in asks}) != len(asks) or not all(isinstance(a, DraftCycle) for a in asks):
+            raise ValueError("op 'cycle' takes one DraftCycle map for each of distinct slots")
+        if self.ahead_error is not None:  # the last cycle's drafting ahead failed: say so with this one
+            e, self.ahead_error = self.ahead_error, None
+            raise e
+        for a in asks:
+            self._verdict(a)
+        grow = [a for a in asks if a.budget > 0 and not a.lookup]
+        grown = LocalDraft.propose_many([(self._slot(a.slot), a.budget, 0) for a in grow])
+        trees = {}
+        for a, p in zip(grow, grown):
+            self.last[a.slot] = p
+            trees[a.slot] = self._reply(p)
+        for a in asks:
+            if a.lookup:  # the trie's candidates: the draft runs on none of them, so no tree is kept for the verdict
+                self.last.pop(a.slot, None)
+                trees[a.slot] = self._reply(self._slot(a.slot).lookup(a.budget))
+        for a in asks:
+            self._give_heap_back(a.slot)
+        ahead = [(a.slot, a.ahead) for a in grow if a.ahead > 0 and self.last[a.slot] and self.last[a.slot].tokens]
+        if ahead:
+            self.after_reply = functools.partial(self._ahead, ahead)
+        return Drafted(
+            [dataclasses.asdict(trees[a.slot]) if a.slot in trees else None for a in asks],
+            [list(self._slot(a.slot).ahead_counts()) for a in asks],
+        )
 
-    def op_build(self, budget: int, slot: int = 0, behind: list | None = None):
-        """A tree of at most `budget` tokens (speculative/tree.py `Tree`; none: no tokens). `behind`: tokens plain
-        steps committed since the draft last heard (every op on a generation's text takes them)."""
-        self._catch_up(slot, behind)
-        self.last[slot] = p = self._slot(slot).propose(budget)
-        self._give_heap_back(slot)
-        return self._reply(p)
-
-    def op_build_many(self, slots: list, budgets: list, behind: list | None = None):
-        """A batch's trees, one for each of `slots` of at most its `budgets` tokens, grown in shared draft forwards
-        (speculative/draft_batch.py): each the tree `build` grows for that slot alone. `behind`: each slot's tokens
-        from plain steps since the draft last heard."""
-        behind = behind or [[] for _ in slots]
-        if not (len(slots) == len(budgets) == len(behind)) or len(set(slots)) != len(slots):
-            raise ValueError("build_many takes one budget (and one list behind) for each of distinct slots")
-        for s, b in zip(slots, behind):
-            self._catch_up(int(s), b)
-        ps = LocalDraft.propose_many([(self._slot(int(s)), int(b)) for s, b in zip(slots, budgets)])
-        trees = []
-        for s, p in zip(slots, ps):
-            self.last[s] = p
-            self._give_heap_back(s)
-            trees.append(dataclasses.asdict(self._reply(p)))
-        return Trees(trees)
+    def _verdict(self, a: DraftCycle) -> None:
+        """The verdict on the slot's last tree (the accepted nodes it ran on kept), then the tokens behind."""
+        local = self._slot(a.slot)
+        if a.path is not None:
+            local.advance(self.last.pop(a.slot, None), list(a.path), list(a.new))
+        if a.behind:
+            local.advance(None, [], list(a.behind))
 
     def _give_heap_back(self, slot: int):
         """A forward over the prompt (the first tree's, or ahead of it) freed its activations, and a flash draft
@@ -106,34 +119,23 @@ class DraftActor(Actor):
         if self.slots[slot].fed_prompt() or self.flash:
             trim_heap()
 
-    def op_lookup(self, max_nodes: int, slot: int = 0, behind: list | None = None):
-        """Prompt lookup: a tree of the trie's candidates alone, no draft forward. The draft ran on none of
-        it, so no tree is kept for `advance` (it takes the verdict as a plain step's)."""
-        self._catch_up(slot, behind)
-        self.last.pop(slot, None)
-        return self._reply(self._slot(slot).lookup(max_nodes))
-
     @staticmethod
     def _reply(p):
         return NO_TREE if p is None else p.tree
 
-    def op_ahead(self, steps: int, slot: int = 0):
-        """Draft on while the target verifies the last tree, at most `steps` forwards, until the verdict arrives
-        (LLMCad 3.4)."""
-        steps = self._slot(slot).ahead(self.last.get(slot), steps, stop=self.interrupted)
-        self._give_heap_back(slot)
-        return {"steps": steps}
+    def _ahead(self, asks: list) -> None:
+        """Draft on from each slot's tree while the target verifies it, at most its steps, until a message arrives
+        (LLMCad 3.4); a failure is said with the next cycle."""
+        try:
+            for slot, steps in asks:
+                if self.interrupted():
+                    return
+                with self.trace.span("ahead", cat=self.role, args={"slot": slot}):
+                    self._slot(slot).ahead(self.last.get(slot), steps, stop=self.interrupted)
+                self._give_heap_back(slot)
+        except Exception as e:  # noqa: BLE001 (the next cycle's reply carries it)
+            self.ahead_error = e
 
     def op_take_stats(self, slot: int = 0):
         """What the draft measured since the last ask (a flash draft's reads), for the generation's row."""
         return self._slot(slot).take_stats()
-
-    def op_advance(self, path: list, new: list, tree: bool = True, slot: int = 0, behind: list | None = None):
-        """The verdict: the accepted nodes of the last tree and the committed tokens (`tree` false: a plain step,
-        or the trie's candidates, which the draft did not run on)."""
-        self._catch_up(slot, behind)
-        p = self.last.pop(slot, None)
-        p = p if tree else None
-        local = self._slot(slot)
-        alpha = local.advance(p, list(path), list(new))
-        return Advanced(alpha, *local.ahead_counts())

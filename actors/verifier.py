@@ -96,7 +96,7 @@ class VerifierActor(Actor):
         return Token(self.verifier.step(root))
 
     def op_verify(self, tree: Tree):
-        """Verify a token tree (what the draft's `build` and `lookup` answer)."""
+        """Verify a token tree (what the draft's `cycle` answers)."""
         return self.verifier.verify_tree(TokenTree.of(tree))
 
     # -- a batch of generations ---------------------------------------------------------------

@@ -1,5 +1,5 @@
 """What the draft's trees cost a batch: N generations' trees of width W grown in shared draft forwards
-(speculative/drafter.py `LocalDraft.propose_many`, what the draft actor's `build_many` runs), in this process, on this
+(speculative/drafter.py `LocalDraft.propose_many`, what the draft actor's `cycle` runs for a batch), in this process, on this
 machine's CPU kernels (issue 42: at eight slots under a budget the trees are a quarter of a cycle, BENCHMARKS.md).
 
     python -m bench.draft_trees [--draft qwen2.5-coder-0.5b] [--prompts FILE] [--slots 1,4,8] [--widths 8,16]
@@ -48,7 +48,7 @@ def measure(model, prompts: list[list[int]], width: int, cycles: int) -> tuple[f
     seconds, forwards = [], []
     for _ in range(cycles):
         t0 = time.perf_counter()
-        ps = LocalDraft.propose_many([(d, width) for d in drafts])
+        ps = LocalDraft.propose_many([(d, width, 0) for d in drafts])
         seconds.append(time.perf_counter() - t0)
         forwards.append(max((p.draft.forwards for p in ps if p is not None), default=0))
         for d, p, ids in zip(drafts, ps, prompts):

@@ -116,9 +116,9 @@ def _propose(asks: list) -> list:
     """A batch's trees: grown in shared draft forwards where every side is a draft model in this process."""
     from speculative.drafter import LocalDraft
 
-    if all(isinstance(d, LocalDraft) for d, _ in asks):
+    if all(isinstance(d, LocalDraft) for d, _, _ in asks):
         return LocalDraft.propose_many(asks)
-    return [d.propose(budget) for d, budget in asks]
+    return [d.propose(budget, ahead) for d, budget, ahead in asks]
 
 
 class ActorsSession(_Quiet):

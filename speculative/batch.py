@@ -84,7 +84,7 @@ class Lockstep:
         if slots < 1:
             raise CadenceError(f"a batch needs at least one slot, not {slots}")
         self.loop, self.target, self.slots = loop, target, slots
-        self.propose = propose or (lambda asks: [d.propose(budget) for d, budget in asks])
+        self.propose = propose or (lambda asks: [d.propose(budget, ahead) for d, budget, ahead in asks])
         self.drafts: dict[int, DraftSide | None] = {}
         self._new_draft = drafts
         self.gens: dict[Hashable, _Generation] = {}
@@ -244,7 +244,7 @@ class Lockstep:
                     (asks if isinstance(call, Propose) else calls).append((g, call))
             if asks:
                 try:
-                    trees = self.propose([(g.draft, c.budget) for g, c in asks])
+                    trees = self.propose([(g.draft, c.budget, c.ahead) for g, c in asks])
                 except BaseException:
                     for g, _ in asks + calls:
                         self.leave(g.key)

@@ -199,24 +199,33 @@ class LocalDraft:
         self.drafter.start(prompt_ids, capacity)
         self.drafter.push([first])
 
-    def propose(self, budget: int) -> Proposal | None:
-        return self._proposal(self.drafter.build_tree(budget))
+    def propose(self, budget: int, ahead: int = 0) -> Proposal | None:
+        """A tree of at most `budget` tokens; then (in this process, before the verification, not beside it) up to
+        `ahead` draft forwards on from it."""
+        p = self._proposal(self.drafter.build_tree(budget))
+        if ahead and p is not None and p.tokens:
+            self.ahead(p, ahead)
+        return p
 
     @staticmethod
-    def propose_many(asks: list[tuple["LocalDraft", int]]) -> list[Proposal | None]:
-        """Several generations' trees (each its draft side and budget) grown together, their draft forwards shared
-        (speculative/draft_batch.py); each tree the one its `propose` grows alone."""
+    def propose_many(asks: list[tuple["LocalDraft", int, int]]) -> list[Proposal | None]:
+        """Several generations' trees (each its draft side, budget and forwards ahead) grown together, their draft
+        forwards shared (speculative/draft_batch.py); each tree the one its `propose` grows alone."""
         from speculative.draft_batch import grow_together, shares_forwards
 
-        drafts = [d for d, _ in asks]
-        if not drafts or any(d.model is not drafts[0].model for d in drafts):
-            return [d.propose(b) for d, b in asks]
-        trees = grow_together(drafts[0].model, [d.drafter.build_tree_steps(b) for d, b in asks])
-        if len(asks) > 1 and shares_forwards(drafts[0].model):  # their catch-ups were one forward: each its share
+        drafts = [d for d, _, _ in asks]
+        if len(drafts) < 2 or any(d.model is not drafts[0].model for d in drafts):
+            return [d.propose(b, a) for d, b, a in asks]
+        trees = grow_together(drafts[0].model, [d.drafter.build_tree_steps(b) for d, b, _ in asks])
+        if shares_forwards(drafts[0].model):  # their catch-ups were one forward: each its share
             caught = [t for t in trees if t is not None and t.catchup_s > 0]
             for t in caught:
                 t.catchup_s /= len(caught)
-        return [d._proposal(t) for d, t in zip(drafts, trees)]
+        out = [d._proposal(t) for d, t in zip(drafts, trees)]
+        for (d, _, a), p in zip(asks, out):
+            if a and p is not None and p.tokens:
+                d.ahead(p, a)
+        return out
 
     def lookup(self, max_nodes: int) -> Proposal | None:
         """The trie's candidates alone: the draft runs on none of them."""

@@ -72,15 +72,12 @@ class TrieDraft:
             constraint = Constraint.of(sampling, store, rows, len(prompt_ids))
         self.trie.start(prompt_ids, [first], constraint)
 
-    def propose(self, budget: int) -> Proposal | None:
+    def propose(self, budget: int, ahead: int = 0) -> Proposal | None:
         return None  # no draft model: the governor plays lookup or a plain step
 
     def lookup(self, max_nodes: int) -> Proposal | None:
         tree = self.trie.tree(max_nodes)
         return Proposal(tree, drafted=False) if tree is not None else None
-
-    def ahead(self, p, steps: int) -> None:
-        pass
 
     def advance(self, p, path: list[int], new: list[int]) -> None:
         self.trie.push(new)

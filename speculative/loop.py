@@ -239,8 +239,8 @@ class Speculation:
         p = None
         t = time.perf_counter()
         drafting = 0.0
-        if arm.kind == "draft":
-            p = yield Propose(arm.size)
+        if arm.kind == "draft":  # drafting on while the target verifies: the verdict interrupts it
+            p = yield Propose(arm.size, self.ahead_steps(cfg, target) if sampling.plain else 0)
             drafting = time.perf_counter() - t
             stats.draft_s += drafting
         elif arm.kind == "lookup":
@@ -253,8 +253,6 @@ class Speculation:
                 draft.advance(p if arm.kind == "draft" else None, [], [nxt])
             stats.verify_s += time.perf_counter() - t
             return [nxt], None, None, None
-        if arm.kind == "draft" and sampling.plain and (n := self.ahead_steps(cfg, target)):
-            draft.ahead(p, n)  # the draft drafts on while the target verifies; the verdict interrupts it
         path, nxt = yield Verify(p)
         new = [p.tokens[i] for i in path] + [nxt]
         alpha = draft.advance(p if p.drafted else None, path, new)

@@ -30,9 +30,7 @@ class Proposal:
     keeps of it until the verdict (`draft`: a DraftTree in process, nothing over the wire: the actor has it)."""
 
     tree: Tree
-    drafted: bool = (
-        True  # the draft model ran on it (False: the trie's candidates alone, `advance` takes a plain verdict)
-    )
+    drafted: bool = True  # the draft model ran on it (False: the trie's candidates alone, the draft takes its verdict as a plain step's)
     draft: object = None
     req: int | None = None  # over the wire: the draft's request that built it (the trace's arrow to its verification)
 
@@ -92,9 +90,11 @@ class Verify:
 
 @dataclass(frozen=True)
 class Propose:
-    """The draft side's tree of at most `budget` tokens, or None."""
+    """The draft side's tree of at most `budget` tokens, or None; then at most `ahead` draft forwards on from it
+    while the target verifies it (LLMCad 3.4), where the tree has tokens."""
 
     budget: int
+    ahead: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,14 +133,12 @@ class DraftSide(Protocol):
         self, prompt_ids: list[int], capacity: int, first: int, cfg: TreeConfig, sampling: SamplingConfig
     ) -> None: ...
 
-    def propose(self, budget: int) -> Proposal | None:
-        """A draft tree of at most `budget` tokens, or None."""
+    def propose(self, budget: int, ahead: int = 0) -> Proposal | None:
+        """A draft tree of at most `budget` tokens, or None; then up to `ahead` draft forwards on from it while the
+        target verifies it, until the verdict (LLMCad 3.4)."""
 
     def lookup(self, max_nodes: int) -> Proposal | None:
         """The trie's candidates alone (prompt lookup, no draft forward), or None."""
-
-    def ahead(self, p: Proposal, steps: int) -> None:
-        """Draft on from the tree while the target verifies it, until the verdict (LLMCad 3.4)."""
 
     def advance(self, p: Proposal | None, path: list[int], new: list[int]) -> float | None:
         """The verdict (p None: a plain step, or candidates the draft did not run on); alpha after it."""

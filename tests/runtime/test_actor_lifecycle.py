@@ -34,11 +34,11 @@ def run(config=None, **timeouts):
 def test_handshake_ping_and_clean_exit():
     with run() as s:
         proc = s.spawn("draft", FakeDraftActor, {"seed": 1})
-        assert proc.actor == "FakeDraftActor" and "build" in proc.ops and "ping" in proc.ops
+        assert proc.actor == "FakeDraftActor" and "cycle" in proc.ops and "ping" in proc.ops
         assert s.call("draft", "ping", {"x": [1, "two"]}).result == {"x": [1, "two"]}
         draft = Remote(s, "draft")
         draft.start(prompt_ids=[1, 2], capacity=12, first=3)
-        assert len(draft.build(budget=4).tokens) == 4
+        assert len(draft.cycle(cycles=[{"budget": 4}]).trees[0]["tokens"]) == 4
     assert proc.popen.returncode == 0  # it stopped when asked, it was not killed
     assert proc.said == "stopped when asked"  # its last word, after its last trace batch, was waited for
     assert_clean(s.run_id, [proc.pid])
@@ -49,12 +49,14 @@ def test_failed_op_answers_the_caller_and_the_actor_keeps_serving():
         s.spawn("draft", FakeDraftActor)
         with pytest.raises(ActorError, match=r"the draft actor failed 'fail' \(request \d+\): ValueError: bad weights"):
             s.call("draft", "fail", {"message": "bad weights"})
-        with pytest.raises(ActorError, match="has no op 'nope'; it serves .*build"):
+        with pytest.raises(ActorError, match="has no op 'nope'; it serves .*cycle"):
             s.call("draft", "nope")
-        with pytest.raises(ActorError, match="op 'build' takes budget, behind: unknown argument\\(s\\) width"):
-            s.call("draft", "build", {"width": 4})  # an argument the op does not take (actors/calls.py)
-        with pytest.raises(ActorError, match="argument 'budget' must be int, got str"):
-            s.call("draft", "build", {"budget": "four"})
+        with pytest.raises(ActorError, match="op 'cycle' takes cycles: unknown argument\\(s\\) width"):
+            s.call("draft", "cycle", {"width": 4})  # an argument the op does not take (actors/calls.py)
+        with pytest.raises(ActorError, match="a draft cycle: argument 'budget' must be int, got str"):
+            s.call("draft", "cycle", {"cycles": [{"budget": "four"}]})  # a cycle's field, checked as it arrives
+        with pytest.raises(ActorError, match="a draft cycle takes .*: unknown argument\\(s\\) width"):
+            s.call("draft", "cycle", {"cycles": [{"width": 4}]})
         assert s.call("draft", "ping").ok
     assert_clean(s.run_id)
 

@@ -30,7 +30,7 @@ from tests.runtime.conftest import alive, assert_clean, wait_until
 from tests.runtime.fake_run import VOCAB, fake_model, fake_plan, prompt, small_config, speculation
 
 # where each role is hit: the op it serves most in a streamed tree run with the worker
-OPS = {"verifier": "layer", "draft": "build", "loader": "load", "sparse": "serve"}
+OPS = {"verifier": "layer", "draft": "cycle", "loader": "load", "sparse": "serve"}
 WORKER = WorkerSplit(0.3, 0.2)
 
 

@@ -151,7 +151,7 @@ def test_fake_run_writes_one_valid_trace(tmp_path):
     by_pid = {e["pid"] for e in evs if e["ph"] == "X"}
     assert by_pid == set(pids.values()) | {s.pid}, (pids, by_pid, s.pid)  # every process recorded spans
     ops = {e["name"] for e in evs if e["ph"] == "X"}
-    assert {"build", "advance", "begin", "layer", "load", "serve", "send load", "send serve"} <= ops
+    assert {"cycle", "begin", "layer", "load", "serve", "send load", "send serve"} <= ops
     assert any(n.startswith("compute:layer.") for n in ops) and any(n.startswith("load:layer.") for n in ops)
     assert any(n.startswith("attn:layer.") for n in ops) and any(
         n.startswith("sparse:attn") for n in ops

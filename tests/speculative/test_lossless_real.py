@@ -218,3 +218,37 @@ def test_q8_kv_caches_over_actors_under_a_budget_equal_the_target_at_their_dtype
     rows = json.loads(out.read_text())
     assert {r["id"]: r["new_token_ids"] for r in rows} == want
     assert all(r["memory_plan"]["streamed_groups"] > 0 for r in rows) and sum(r["stats"]["accepted"] for r in rows) > 0
+
+
+def _tree_rows(runtime: str, ahead: str, tmp_path) -> list[dict]:
+    from engine.config import RunConfig
+    from engine.prompts import load_prompts
+    from engine.runner import Runner
+
+    cfg = RunConfig.from_options(
+        runtime=runtime, mode="tree", fixed_width=True, draft_ahead=ahead, max_new_tokens=N, no_trace=True
+    )
+    with Runner(cfg) as runner:
+        return [
+            {"id": p.id, "new_token_ids": c.completion.token_ids, "stats": c.completion.stats}
+            for p, c in runner.stream_many(load_prompts(_prompt_file(tmp_path)))
+            if c.completion is not None
+        ]
+
+
+def test_one_message_a_cycle_to_the_draft_actor_keeps_what_the_draft_reckons(reference, tmp_path):
+    """The draft actor hears each verdict with the next cycle's message (actors/calls.py `DraftCycle`), so the
+    scheduler reckons alpha after a verdict as the draft does: over the actors, the tokens, the trees' acceptance
+    and every alpha are the in-process run's, where the draft itself reckons them (fixed widths: no governor's
+    timing). Drafting ahead after the cycle's reply, until the verdict, changes no token, and its counts arrive."""
+    inproc = {r["id"]: r for r in _tree_rows("inproc", "0", tmp_path)}
+    actors = {r["id"]: r for r in _tree_rows("actors", "0", tmp_path)}
+    for pid, r in actors.items():
+        assert r["new_token_ids"] == inproc[pid]["new_token_ids"] == reference[pid], pid
+        for key in ("alpha", "accepted_hist", "verifications", "drafted"):
+            assert r["stats"][key] == inproc[pid]["stats"][key], (pid, key)
+    assert any(len(set(r["stats"]["alpha"])) > 2 for r in actors.values())  # alphas that moved, verdict by verdict
+    ahead = _tree_rows("actors", "2", tmp_path)
+    for r in ahead:
+        assert r["new_token_ids"] == reference[r["id"]], r["id"]
+    assert sum(r["stats"]["ahead_steps"] for r in ahead) > 0

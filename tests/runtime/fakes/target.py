@@ -5,13 +5,14 @@ None of them imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 
 from common.settings import PREFILL_CHUNK
 from tests.runtime.fakes.actors import LOG_ENTRIES, FakeActor, FakeSync, check_slot, slot_bytes, target_next
 from actors.syncarea import VERIFIER as VERIFIER_WORD, WORKER as WORKER_WORD
-from actors.calls import Advanced, AwaitGroup, Token, signature
+from actors.calls import AwaitGroup, DraftCycle, Drafted, Token, record, signature
 from speculative.tree import Tree, Verdict
 
 NO_TREE = Tree(-1, [], [], [])  # no candidates
@@ -190,7 +191,6 @@ class FakeDraftActor(FakeActor):
         self.tree = dict(init.get("tree", {}))
         self.text: list[int] = []
         self.depth = 0  # of the last tree built
-        self.alpha = 0.5
 
     def op_start(self, prompt_ids: list, capacity: int, first: int, tree: dict | None = None, sampling=None):
         self.tree = dict(tree or self.tree)
@@ -225,34 +225,36 @@ class FakeDraftActor(FakeActor):
             "tc": tc,
         }  # a Tree's fields
 
-    def op_build(self, budget: int, tensors: dict, behind: list | None = None):
-        self.text += list(behind or [])  # what plain steps committed since the last op
-        self.work("build")
-        chain = self.tree.get("mode") == "chain"
-        tree = self._grow(budget, chain, int(self.tree.get("max_depth", 8)))
-        return Tree(**tree, forwards=self.depth, trie_nodes=0)
+    def op_cycle(self, cycles: list):
+        """One generation's cycle (actors/calls.py `DraftCycle`): the verdict on the last tree and the tokens behind
+        taken, then a tree (the trie's candidates: sometimes none, else a short chain), then drafting ahead after
+        the reply until the next message."""
+        (c,) = [record(DraftCycle, c, "a draft cycle") for c in cycles]
+        if c.path is not None:
+            self.text += list(c.new)
+        self.text += list(c.behind)
+        tree = None
+        if c.lookup:
+            tree = NO_TREE if self.rng.random() < 0.5 else self._lookup(c.budget)
+        elif c.budget:
+            self.work("build")
+            chain = self.tree.get("mode") == "chain"
+            t = self._grow(c.budget, chain, int(self.tree.get("max_depth", 8)))
+            tree = Tree(**t, forwards=self.depth, trie_nodes=0)
+            if c.ahead and tree.tokens:
+                self.after_reply = lambda: self._ahead(c.ahead)
+        return Drafted([None if tree is None else dataclasses.asdict(tree)], [[0, 0]])
 
-    def op_lookup(self, max_nodes: int, tensors: dict, behind: list | None = None):
-        """The trie's candidates: sometimes none, else a short chain."""
-        self.text += list(behind or [])
-        if self.rng.random() < 0.5:
-            return NO_TREE
+    def _lookup(self, max_nodes: int) -> Tree:
         tree = self._grow(min(2, max_nodes), True, 2)
         return Tree(**tree, forwards=0, trie_nodes=len(tree["tokens"]))
 
-    def op_ahead(self, steps: int):
-        done, steps = steps, 0
-        while steps < done and not self.interrupted():
+    def _ahead(self, steps: int) -> None:
+        self.calls["ahead"] = self.calls.get("ahead", 0) + 1  # drafting ahead ran (after a cycle's reply)
+        done = 0
+        while done < steps and not self.interrupted():
             self.work("ahead")
-            steps += 1
-        return {"steps": steps}
+            done += 1
 
     def op_take_stats(self):
         return {}  # a fake draft reads nothing
-
-    def op_advance(self, path: list, new: list, tree: bool = True, behind: list | None = None):
-        path, new = list(path), list(new)
-        self.text += list(behind or []) + new
-        if tree and self.depth:
-            self.alpha = 0.8 * self.alpha + 0.2 * len(path) / self.depth
-        return Advanced(round(self.alpha, 6), 0, 0)
