@@ -4,9 +4,9 @@ tensors as arena descriptors; the actor checks them against its handler's signat
 dataclass or a map.
 
     draft = Remote(sched, "draft")
-    tree = draft.build(budget=4)                               # the reply's value
-    reply = draft.call("build", {"slot": desc}, budget=4)      # the whole Reply: its tensors and request id too
-    req = draft.send("ahead", steps=4)                         # queued; its reply taken later
+    drafted = draft.cycle(cycles=[{"budget": 4}])              # the reply's value
+    reply = draft.call("cycle", None, cycles=[{"budget": 4}])  # the whole Reply: its tensors and request id too
+    req = Remote(sched, "loader").send("load", {"slot": desc}, group="layer.3")  # queued; its reply taken later
 """
 
 from __future__ import annotations
