@@ -26,7 +26,7 @@ from formats.convert import ensure_store
 from speculative import bestfirst
 from speculative.drafter import Drafter
 from speculative.sides import slack
-from speculative.tree import ROOT, best_branch
+from speculative.tree import ROOT
 
 PROMPTS = ("engine/assets/heldout.jsonl", "engine/assets/dev.jsonl")
 
@@ -56,7 +56,7 @@ def accepted(
                 path.append(node)
             new = cont[at : at + len(path) + 1]
             d.advance(tree, path, new)
-            d.update_threshold(tree, *best_branch(t, path))
+            d.update_threshold(tree, path)
             acc, verifications, forwards = acc + len(path), verifications + 1, forwards + tree.forwards
             at += len(new)
     return acc / verifications, forwards / verifications

@@ -20,7 +20,7 @@ from speculative.feed import DraftFeed, run_here
 from speculative.growth import PacedGrowth, fill_shape
 from speculative.sides import Proposal
 from speculative.policy import AdaptiveThreshold
-from speculative.tree import ROOT, DraftTree, TokenTree, best_branch
+from speculative.tree import ROOT, DraftTree, TokenTree
 from speculative.trie import TokenTrie, grammar_keep
 
 
@@ -175,9 +175,10 @@ class Drafter:
         self.feed.commit(fed + slots, held)  # pending slots were filled in feed order: the accepted ones, in order
         self.feed.push(new_tokens[len(fed) + n :])
 
-    def update_threshold(self, d: DraftTree, n_all: int, n_correct: int):
+    def update_threshold(self, d: DraftTree, path: list[int]):
+        """The fallback's alpha after a verdict that accepted `path` of `d` (tree mode only)."""
         if self.cfg.mode is Mode.TREE:
-            self.threshold.update(d.tc, n_all, n_correct)
+            self.threshold.take(d.tc, d.tree, path)
 
 
 PROMPT_ROWS = 32  # a forward of more rows than this ran over a prompt (a tree's catch-up feeds a few)
@@ -247,7 +248,7 @@ class LocalDraft:
         d = p.draft if p is not None else None
         self.drafter.advance(d, path, new)
         if d is not None:
-            self.drafter.update_threshold(d, *best_branch(d.tree, path))
+            self.drafter.update_threshold(d, path)
         return self.drafter.threshold.alpha
 
     def fed_prompt(self) -> bool:

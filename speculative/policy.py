@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speculative.tree import TokenTree
+from speculative.tree import TokenTree, best_branch
 
 
 def pace(tree: TokenTree, tips: list[int]) -> int:
@@ -33,6 +33,12 @@ class AdaptiveThreshold:
 
     def should_verify(self, tc: float) -> bool:
         return tc < self.alpha
+
+    def take(self, tc: float, tree: TokenTree, path: list[int]) -> float:
+        """alpha after a verdict on a tree of confidence `tc` that accepted `path`: its most matching branch
+        (`best_branch`) against what was accepted of it. The draft and, over the wire, the scheduler's side of it
+        both reckon it here."""
+        return self.update(tc, *best_branch(tree, path))
 
     def update(self, tc: float, n_all: int, n_correct: int) -> float:
         if n_all <= 0 or n_correct >= n_all:

@@ -14,7 +14,7 @@ from scheduler.remote import Remote
 from scheduler.runtime import Runtime
 from speculative.sides import Proposal
 from speculative.policy import AdaptiveThreshold
-from speculative.tree import Tree, TokenTree, best_branch
+from speculative.tree import Tree, TokenTree
 
 
 class ActorDraft:
@@ -27,7 +27,7 @@ class ActorDraft:
 
     def __init__(self, sched: Runtime, slot: int = 0):
         """`slot`: a batch's generation (speculative/batch.py): the draft actor keeps a draft cache for each."""
-        self.s, self.slot = sched, slot
+        self.slot = slot
         self.draft = Remote(sched, "draft")  # the draft actor's ops (actors/draft.py)
         self.at = {"slot": slot} if slot else {}  # what `start` and `take_stats` are sent with
         self.counts = (0, 0)
@@ -72,7 +72,7 @@ class ActorDraft:
             raise RuntimeError("a verdict on the draft's tree came before the draft heard the last one")
         self.verdict = {"path": list(path), "new": list(new)}
         if self.threshold is not None:
-            self.alpha = self.threshold.update(p.tree.tc, *best_branch(TokenTree.of(p.tree), path))
+            self.alpha = self.threshold.take(p.tree.tc, TokenTree.of(p.tree), path)
         return self.alpha
 
     def ahead_counts(self) -> tuple[int, int]:
