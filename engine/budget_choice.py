@@ -18,6 +18,7 @@ from formats.store import WeightStore
 
 LEAN_FORMAT = "int2"  # the draft's FFN in 2 bits: the 0.5B's weights 215 -> 142 MiB, top-1 agreement 0.87 -> 0.80
 LEAN_VOCAB = DRAFT_VOCAB // 2  # and its head half the rows: 8 MiB less, agreement 0.78 (BENCHMARKS.md)
+LEAN_KV = "q8"  # then its KV caches as q8_0, 0.53 of f16's (a slot's 2048 rows: 24 -> 13 MiB); it only proposes
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,9 @@ def _may_go_lean(cfg: RunConfig) -> bool:
 
 def _leaner_draft(c: Choice, machine, notes: list[str]):
     """The budget cannot hold the draft `--draft auto` picked: the same draft leaner where its format and head
-    were not given (its FFN in int2, then its head cut to LEAN_VOCAB rows), the first whose plan fits, said in
+    were not given (its FFN in int2, then its head cut to LEAN_VOCAB rows; where none of those fits, the same again
+    with its KV caches in q8 unless --draft-kv-dtype was given: the draft only proposes, so the text stays the
+    target's), the first whose plan fits, said in
     one line. Where the run may widen its tree (`settle_width`), the first that leaves room for the widest tree
     comes first: a wider best-first tree is worth more than the head's rarest tokens (BENCHMARKS.md).
     (the choice, its plan, None) or (the choice, None, why the leanest does not fit; None where none was tried).
@@ -111,9 +114,11 @@ def _leaner_draft(c: Choice, machine, notes: list[str]):
         return c, None, None
     store = machine.store(cfg.draft, LEAN_FORMAT)
     widths = [w for w in WIDER if w > cfg.tree.width] if _widens(c) else []
-    for width, vocab in [(w, v) for w in widths + [0] for v in (None, LEAN_VOCAB)]:
-        lean = cfg.replace(draft_dtype=LEAN_FORMAT, draft_vocab=vocab)
+    kvs = [None] + ([LEAN_KV] if cfg.device == "cpu" and cfg.draft_kv_dtype is None and cfg.kv_dtype != LEAN_KV else [])
+    for kv, width, vocab in [(k, w, v) for k in kvs for w in widths + [0] for v in (None, LEAN_VOCAB)]:
+        lean = cfg.replace(draft_dtype=LEAN_FORMAT, draft_vocab=vocab, draft_kv_dtype=kv)
         head = f", its head the {vocab} most frequent tokens" if vocab else ""
+        head += f", its KV caches in {kv}" if kv else ""
         try:
             if width:  # room for the wider tree; the run keeps the default width until `settle_width`
                 c.plan(machine, lean.replace(tree=dataclasses.replace(cfg.tree, width=width, width_auto=False)), store)
@@ -124,7 +129,7 @@ def _leaner_draft(c: Choice, machine, notes: list[str]):
         room = f", room for a {width}-wide tree" if width and vocab else ""
         notes.append(
             f"draft: {cfg.draft} {LEAN_FORMAT} (its FFN in 2 bits{head}{room}: {plan.budget / 2**20:.0f} MiB cannot "
-            f"hold it in {cfg.draft_format}; --draft-dtype F keeps a format)"
+            f"hold it in {cfg.draft_format}; --draft-dtype F keeps a format{', --draft-kv-dtype D the caches' if kv else ''})"
         )
         return dataclasses.replace(c, cfg=lean, draft=store, lean=True), plan, None
     return c, None, refused

@@ -56,6 +56,7 @@ class RunConfig:
     prompt_cache: str = "auto"  # auto, off, or a folder (speculative/prefixes.py; engine/memory.py `prompt_cache_of`)
     prompt_cache_ram: str | None = None  # its memory, e.g. "256MiB"; None: decide's
     kv_dtype: str = "f32"  # the engine's own (transformers' float caches); every door (engine/options.py) asks f16
+    draft_kv_dtype: str | None = None  # the draft's caches' (None: kv_dtype's; a budget too small may make them q8)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -63,14 +64,8 @@ class RunConfig:
         object.__setattr__(self, "mode", Mode(self.mode))
         checks = (
             (self.runtime in RUNTIMES, f"runtime '{self.runtime}' is not known; use one of {', '.join(RUNTIMES)}"),
-            (
-                self.kv_dtype in KV_DTYPES,
-                f"--kv-dtype {self.kv_dtype} is not known; use one of {', '.join(KV_DTYPES)}",
-            ),
-            (
-                not (self.kv_dtype == "q8" and self.device != "cpu"),
-                "--kv-dtype q8 runs on cadence's CPU kernels; use --kv-dtype f16 with --device cuda",
-            ),
+            *_kv_checks("--kv-dtype", self.kv_dtype, self.device),
+            *_kv_checks("--draft-kv-dtype", self.draft_kv, self.device),
             (
                 self.max_new_tokens is None or self.max_new_tokens >= 1,
                 f"--max-new-tokens={self.max_new_tokens} must be at least 1",
@@ -189,6 +184,7 @@ class RunConfig:
             prompt_cache=o["prompt_cache"],
             prompt_cache_ram=o["prompt_cache_ram"],
             kv_dtype=o["kv_dtype"],
+            draft_kv_dtype=o["draft_kv_dtype"],
         )
 
     def options(self) -> dict:
@@ -208,6 +204,7 @@ class RunConfig:
             "threads": self.threads,
             "parallel": self.parallel,
             "kv_dtype": self.kv_dtype,
+            "draft_kv_dtype": self.draft_kv_dtype,
             "device": self.device,
             "runtime": self.runtime,
             "ffn_density": self.ffn_density,
@@ -257,6 +254,22 @@ class RunConfig:
     @property
     def draft_format(self) -> str:
         return self.draft_dtype or self.dtype
+
+    @property
+    def draft_kv(self) -> str:
+        """The draft's KV caches' keys and values: --draft-kv-dtype, else --kv-dtype's."""
+        return self.draft_kv_dtype or self.kv_dtype
+
+
+def _kv_checks(flag: str, dtype: str, device: str) -> tuple:
+    """(ok, why) of a KV caches' dtype option: one cadence knows, and q8 only on its CPU kernels."""
+    return (
+        (dtype in KV_DTYPES, f"{flag} {dtype} is not known; use one of {', '.join(KV_DTYPES)}"),
+        (
+            not (dtype == "q8" and device != "cpu"),
+            f"{flag} q8 runs on cadence's CPU kernels; use f16 with --device cuda",
+        ),
+    )
 
 
 def _ahead(value) -> int:

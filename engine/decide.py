@@ -86,11 +86,11 @@ def _plan(asked: RunConfig, c: Choice, machine, memory, budget: int | None, note
     cfg, target, draft = c.cfg, c.target, c.draft
     flash = uses_flash_draft(cfg)
     if flash:
-        d = DraftPlan(DraftKind.FLASH, store=target, head_rows=draft_rows(cfg, target))
+        d = DraftPlan(DraftKind.FLASH, store=target, head_rows=draft_rows(cfg, target), kv_dtype=cfg.draft_kv)
         d = dataclasses.replace(d, flash=(cfg.ffn_density, *flash_choice(cfg, target, memory)))
     elif draft is not None:
         kind = DraftKind.LEAN if c.lean else DraftKind.MODEL
-        d = DraftPlan(kind, cfg.draft, draft, cfg.draft_format, draft_rows(cfg, draft))
+        d = DraftPlan(kind, cfg.draft, draft, cfg.draft_format, draft_rows(cfg, draft), kv_dtype=cfg.draft_kv)
     else:
         d = DraftPlan(DraftKind.TRIE if cfg.speculative else DraftKind.NONE)
     scheduler = None

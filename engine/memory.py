@@ -119,7 +119,7 @@ def plan_inputs(
     return {
         "target_groups": groups,
         "draft_weights": draft_w,
-        "draft_kv": n * draft.args.kv_bytes(kv_rows(cfg, draft=True), cfg.kv_dtype) if draft else 0,
+        "draft_kv": n * draft.args.kv_bytes(kv_rows(cfg, draft=True), cfg.draft_kv) if draft else 0,
         "target_kv": n * target.args.kv_bytes(kv_rows(cfg), cfg.kv_dtype),
         "overheads": o,
         **({"experts": experts, "experts_used": target.args.n_experts_used} if experts else {}),

@@ -237,6 +237,14 @@ OPTIONS: tuple[Option, ...] = (
         group=MEMORY,
     ),
     Option(
+        "draft_kv_dtype",
+        None,
+        "the draft model's KV caches (default: --kv-dtype's; under a budget too small for the draft, q8 where that "
+        "keeps it): the draft only proposes, so the text is the target's whatever they hold",
+        choices=KV_DTYPES,
+        group=MEMORY,
+    ),
+    Option(
         "ffn_density",
         0.3,
         "--mode flash: the share of each layer's FFN neurons a token computes (1.0: all of them, exactly the target)",

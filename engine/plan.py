@@ -46,6 +46,7 @@ class DraftPlan:
     format: str | None = None  # its weight format
     head_rows: int = 0  # FR-Spec: the token rows its head keeps (0: all)
     flash: tuple[float, str, int] | None = None  # FLASH: (FFN density, predictor, neurons a layer cached)
+    kv_dtype: str = "f32"  # its KV caches' keys and values (--draft-kv-dtype, else the run's --kv-dtype)
 
     @property
     def model(self) -> bool:
@@ -150,7 +151,8 @@ class RunPlan:
         if not self.speculative:
             return ""
         if d.model:
-            return f", draft {d.name}" + (f" {d.format}" if fmt_ else "")
+            kv = f" (its KV in {d.kv_dtype})" if fmt_ and d.kv_dtype != self.kv_dtype else ""
+            return f", draft {d.name}" + (f" {d.format}{kv}" if fmt_ else "")
         if d.kind is DraftKind.FLASH:
             return f", draft flash (the target's own FFN at density {self.ffn_density:g})"
         return ", no draft model"

@@ -88,11 +88,11 @@ class LocalSession(_Quiet):
             from flash.sparse_target import flash_draft
 
             model = flash_draft(self.target.model, plan.target, plan.ffn_density)
-            model.kv_dtype = plan.kv_dtype
+            model.kv_dtype = d.kv_dtype
             self._drafts = lambda slot: LocalDraft(model)
         elif d.model:
             self.draft = loading.load_store(d.store, d.name, plan.device, d.head_rows)
-            self.draft.model.kv_dtype = plan.kv_dtype
+            self.draft.model.kv_dtype = d.kv_dtype
             self._drafts = lambda slot: LocalDraft(self.draft.model)
         elif d.kind is DraftKind.TRIE:
             vocab = (str(self.target.store.dir), self.target.args.vocab_size)
@@ -174,5 +174,6 @@ def _actor_session(sched, plan: RunPlan):
         flash=d.flash,
         prompt_cache=plan.prompt_cache,
         kv_dtype=plan.kv_dtype,
+        draft_kv_dtype=d.kv_dtype,
     )
     return ActorSession(sched, spec)

@@ -49,6 +49,7 @@ class SessionSpec:
     flash: tuple[float, str, int] | None = None  # --draft flash: (FFN density, predictor, neurons a layer cached)
     prompt_cache: PromptCacheConfig | None = None  # the verifier's prompt cache (speculative/prefixes.py)
     kv_dtype: str = "f32"  # every KV cache's keys and values (--kv-dtype; models/kvcache.py)
+    draft_kv_dtype: str | None = None  # the draft's (None: kv_dtype's)
 
     def __post_init__(self):
         object.__setattr__(self, "mode", Mode(self.mode))  # a mode's text (a test's, a message's) as the member
@@ -132,7 +133,12 @@ class ActorSession:
         sched.spawn("verifier", actors["verifier"], asdict(verifier), wait=False)
         if spec.mode.speculative and (spec.draft_store or spec.flash):
             draft = DraftStart(
-                spec.draft_store, spec.sampling, spec.tree, spec.kv_dtype, spec.threads, spec.draft_rows or None
+                spec.draft_store,
+                spec.sampling,
+                spec.tree,
+                spec.draft_kv_dtype or spec.kv_dtype,
+                spec.threads,
+                spec.draft_rows or None,
             )
             if spec.flash:  # the target's own sparse FFN (flash/sparse_target.py), from the target's store
                 draft = replace(draft, store=spec.target_store, flash=FlashDraft(*spec.flash))

@@ -203,6 +203,28 @@ def test_parallel_n_that_leaves_no_room_for_the_draft_says_how_many_slots_keep_i
     assert not any(n.startswith("slots:") for n in one.notes)
 
 
+@pytest.mark.real
+def test_a_budget_that_holds_the_lean_draft_only_with_its_caches_in_q8_keeps_it_so(machine):
+    """Eight slots under a budget that holds the leanest draft (int2, its head cut) only with its own KV caches in
+    q8: the plan keeps it so and says so in one line, the target's caches stay f16 (the text is the target's), and
+    the draft's caches are counted at q8; with `--draft-kv-dtype f16` given, the same budget drops the draft."""
+    from engine.budget_choice import LEAN_FORMAT, LEAN_KV, LEAN_VOCAB
+    from engine.memory import kv_rows
+
+    base = dict(target="qwen2.5-coder-1.5b", parallel=8, context=512)
+    lean = dict(base, draft_dtype=LEAN_FORMAT, draft_vocab=LEAN_VOCAB, memory_budget="auto")
+    q8 = decide(RunConfig.from_options(**lean, draft_kv_dtype=LEAN_KV), machine).memory.smallest
+    assert q8 < decide(RunConfig.from_options(**lean), machine).memory.smallest
+    plan = decide(RunConfig.from_options(**base, memory_budget=str(q8)), machine)
+    assert plan.draft.model and plan.draft.kv_dtype == LEAN_KV and plan.kv_dtype == "f16"
+    assert plan.memory.draft_kv == 8 * plan.draft.store.args.kv_bytes(kv_rows(plan, draft=True), LEAN_KV)
+    (line,) = [n for n in plan.notes if n.startswith("draft: ")]
+    assert "its KV caches in q8" in line and "--draft-kv-dtype D" in line
+    assert "(its KV in q8)" in plan.headline()
+    kept = decide(RunConfig.from_options(**base, memory_budget=str(q8), draft_kv_dtype="f16"), machine)
+    assert not kept.draft.model
+
+
 def test_a_plan_that_may_match_grammars_counts_their_vocabulary(tiny_gguf, machine):
     """A grammar given, or requests that may send one (a server's, `cadence.LLM`'s): the plan counts the grammar's
     view of the vocabulary as measured, once for the model actors (the zygote makes it before they fork: its

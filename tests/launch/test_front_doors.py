@@ -52,6 +52,7 @@ OPTION_SETS = [
         threads=1,
         parallel=3,
         kv_dtype="f32",
+        draft_kv_dtype="q8",
         width=6,
         chain_k=3,
         branch_threshold=0.2,

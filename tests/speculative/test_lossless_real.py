@@ -179,16 +179,19 @@ def test_parallel_generations_over_actors_equal_target(reference, tmp_path, budg
     trees verified in one forward; resident, and under a budget where each streamed layer is read once for all of
     them. Each prompt's tokens are the target's alone. Resident, the trees are fixed (`--fixed-width`): there a
     batch of four tries drafting only once its drafts' catch-up is a small share of its time (`CatchUp`), which a
-    run this short never reaches on a 2-core CPU."""
+    run this short never reaches on a 2-core CPU. Under the budget the draft's own caches are q8 (`--draft-kv-dtype`,
+    what a plan too small for the draft in f16 picks): it only proposes, so the text is still the target's with f16
+    caches."""
     chosen = some_dev_prompts()
     prompts = _prompt_file(tmp_path)
     out = tmp_path / "rows.json"
     env = dict(os.environ, CADENCE_KERNELS_DIR=str(paths.kernels_dir()))
     cmd = [sys.executable, "-m", "launch.cli", "run", "--dtype", FMT, "--prompts", prompts, "--parallel", "4"]
     cmd += ["--max-new-tokens", str(N), "--json", str(out), "--no-trace"]
-    cmd += ["--memory-budget", budget] if budget else ["--fixed-width"]
+    cmd += ["--memory-budget", budget, "--draft-kv-dtype", "q8"] if budget else ["--fixed-width"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     assert p.returncode == 0, p.stderr[-2000:]
+    assert ("draft_kv_dtype=q8" in p.stdout + p.stderr) == bool(budget)
     rows = json.loads(out.read_text())
     assert sorted(r["id"] for r in rows) == sorted(p["id"] for p in chosen)
     for r in rows:
