@@ -206,23 +206,41 @@ def test_parallel_n_that_leaves_no_room_for_the_draft_says_how_many_slots_keep_i
 @pytest.mark.real
 def test_a_budget_that_holds_the_lean_draft_only_with_its_caches_in_q8_keeps_it_so(machine):
     """Eight slots under a budget that holds the leanest draft (int2, its head cut) only with its own KV caches in
-    q8: the plan keeps it so and says so in one line, the target's caches stay f16 (the text is the target's), and
-    the draft's caches are counted at q8; with `--draft-kv-dtype f16` given, the same budget drops the draft."""
+    q8: given so by hand, the plan holds it, the target's caches stay f16 (the text is the target's) and the
+    draft's caches are counted at q8; `--draft auto` reaches the same draft down its leaner-draft ladder and says so
+    in one line, then keeps it where this machine's measured costs and acceptance say it pays (engine/costs.py,
+    engine/acceptance.py: measured here, so either way) and else drops it for its reads, not for its room; with
+    `--draft-kv-dtype f16` given, the same budget has no room for the draft."""
     from engine.budget_choice import LEAN_FORMAT, LEAN_KV, LEAN_VOCAB
     from engine.memory import kv_rows
 
     base = dict(target="qwen2.5-coder-1.5b", parallel=8, context=512)
-    lean = dict(base, draft_dtype=LEAN_FORMAT, draft_vocab=LEAN_VOCAB, memory_budget="auto")
+    name = machine.pick_draft("qwen2.5-coder-1.5b")[0]
+    lean = dict(base, draft=name, draft_dtype=LEAN_FORMAT, draft_vocab=LEAN_VOCAB, memory_budget="auto")
     q8 = decide(RunConfig.from_options(**lean, draft_kv_dtype=LEAN_KV), machine).memory.smallest
     assert q8 < decide(RunConfig.from_options(**lean), machine).memory.smallest
+    given = decide(RunConfig.from_options(**lean | dict(memory_budget=str(q8), draft_kv_dtype=LEAN_KV)), machine)
+    assert given.draft.model and given.draft.kv_dtype == LEAN_KV and given.kv_dtype == "f16"
+    assert given.memory.draft_kv == 8 * given.draft.store.args.kv_bytes(kv_rows(given, draft=True), LEAN_KV)
+    assert "(its KV in q8)" in given.headline()
     plan = decide(RunConfig.from_options(**base, memory_budget=str(q8)), machine)
-    assert plan.draft.model and plan.draft.kv_dtype == LEAN_KV and plan.kv_dtype == "f16"
-    assert plan.memory.draft_kv == 8 * plan.draft.store.args.kv_bytes(kv_rows(plan, draft=True), LEAN_KV)
-    (line,) = [n for n in plan.notes if n.startswith("draft: ")]
-    assert "its KV caches in q8" in line and "--draft-kv-dtype D" in line
-    assert "(its KV in q8)" in plan.headline()
-    kept = decide(RunConfig.from_options(**base, memory_budget=str(q8), draft_kv_dtype="f16"), machine)
-    assert not kept.draft.model
+    ladder, *dropped = [n for n in plan.notes if n.startswith("draft: ")]
+    assert ladder.startswith(f"draft: {name} {LEAN_FORMAT} (") and "its KV caches in q8" in ladder
+    assert "--draft-kv-dtype D" in ladder
+    if plan.draft.model:
+        assert not dropped and (plan.draft.store, plan.draft.kv_dtype, plan.kv_dtype) == (
+            given.draft.store,
+            "q8",
+            "f16",
+        )
+        assert plan.memory.draft_kv == given.memory.draft_kv and "(its KV in q8)" in plan.headline()
+    else:
+        (why,) = dropped
+        assert why.startswith("draft: none (under") and "would push" in why
+    f16 = decide(RunConfig.from_options(**base, memory_budget=str(q8), draft_kv_dtype="f16"), machine)
+    assert not f16.draft.model
+    (room,) = [n for n in f16.notes if n.startswith("draft: ")]
+    assert room.startswith(f"draft: none (with the draft {name}, even in {LEAN_FORMAT}")
 
 
 def test_a_plan_that_may_match_grammars_counts_their_vocabulary(tiny_gguf, machine):
