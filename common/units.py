@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 
@@ -12,6 +13,14 @@ MiB = 1 << 20
 
 def fmt(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / MiB:.0f} MiB"
+
+
+def fmt_up(n: int) -> str:
+    """`n` bytes as `fmt` shows them, rounded up: a budget named as the smallest that works works as typed (676.1 MiB
+    shown as 676 MiB would be refused again in the same words)."""
+    if n >= 2**30:
+        return f"{math.ceil(n / 2**30 * 100 - 1e-9) / 100:.2f} GiB"
+    return f"{math.ceil(n / MiB - 1e-9)} MiB"
 
 
 # Units of a memory size, matched case-insensitively: binary (KiB, k, K) and decimal (KB) spellings.

@@ -21,7 +21,7 @@ from engine.memory import least_flash_choice, plan_inputs, prompt_cache_words, u
 from engine.plan import RunPlan
 from engine.prompts import Prompt, load_prompts
 from launch.options import add_run_options, run_config
-from common.units import fmt
+from common.units import fmt, fmt_up
 from scheduler.generation.memplan import smallest_budget
 
 
@@ -199,6 +199,6 @@ def _smallest(cfg: RunConfig, machine: ThisMachine, run: RunPlan) -> None:
         label = f"{mode} --draft {name}" if mode is Mode.TREE and name in ("none", "flash") else mode
         try:
             choice = least_flash_choice(m, target) if uses_flash_draft(m) else ()  # --draft flash: its smallest
-            print(f"  {label:<20} {fmt(smallest_budget(**plan_inputs(m, target, d, machine, flash=choice))):>10}")
+            print(f"  {label:<20} {fmt_up(smallest_budget(**plan_inputs(m, target, d, machine, flash=choice))):>10}")
         except CadenceError as e:
             print(f"  {label:<20} {e}")

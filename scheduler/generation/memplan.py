@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from common.errors import CadenceError
-from common.units import fmt
+from common.units import fmt, fmt_up
 
 MiB = 1 << 20
 ALIGN = 4096
@@ -229,7 +229,7 @@ def plan_memory(
                 f"{f'the draft ({fmt(draft_weights)}), ' if draft else ''}the KV "
                 f"caches ({fmt(draft_kv + target_kv)}), the runtime's processes, activations and code "
                 f"({fmt(fixed - draft_weights - draft_kv - target_kv)}) and two streaming slots "
-                f"({fmt(2 * max(sizes.values()))}); the smallest budget that works is {fmt(smallest)}"
+                f"({fmt(2 * max(sizes.values()))}); the smallest budget that works is {fmt_up(smallest)}"
             )
         resident = _resident(names, sizes, budget - fixed)
         held = sum(sizes[n] for n in resident)
@@ -311,7 +311,7 @@ def _plan_moe(
             f"a memory budget of {fmt(budget)} is too small: it must hold {f'the draft ({fmt(draft_weights)}), ' if draft_weights else ''}"
             f"the KV caches ({fmt(draft_kv + target_kv)}), the runtime's processes, activations and code "
             f"({fmt(fixed - draft_weights - draft_kv - target_kv)}), two streaming slots ({fmt(2 * max(dense.values()))}) "
-            f"and one token's experts ({fmt(minimum)}); the smallest budget that works is {fmt(smallest)}"
+            f"and one token's experts ({fmt(minimum)}); the smallest budget that works is {fmt_up(smallest)}"
         )
     plan = plan_memory(budget - minimum, target_groups, draft_weights, draft_kv, target_kv, o, max_slots)
     buffer = minimum + max(0, budget - minimum - plan.total) // ALIGN * ALIGN

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from common.errors import CadenceError
-from common.units import parse_bytes
+from common.units import fmt, fmt_up, parse_bytes
 from scheduler.generation.footprint import activation_bytes
 from scheduler.generation.memplan import Overheads, plan_memory
 
@@ -80,8 +80,15 @@ def test_budget_too_small_names_the_shortfall_and_the_smallest_that_works():
     assert "too small" in msg and "draft (300 MiB)" in msg and "two streaming slots" in msg
     smallest = msg.rsplit("works is ", 1)[1]
     budget = parse_bytes(smallest.replace(" ", ""))
-    p = plan_memory(budget + MiB, GROUPS, 300 * MiB, 30 * MiB, 60 * MiB, O)  # that budget does work
+    p = plan_memory(budget, GROUPS, 300 * MiB, 30 * MiB, 60 * MiB, O)  # that budget works as typed ...
     assert p.n_slots >= 2
+    with pytest.raises(CadenceError, match="too small"):  # ... and is the smallest in whole MiB
+        plan_memory(budget - MiB, GROUPS, 300 * MiB, 30 * MiB, 60 * MiB, O)
+
+
+def test_a_size_named_as_a_smallest_budget_rounds_up():
+    assert (fmt_up(676 * MiB), fmt_up(676 * MiB + 1), fmt(676 * MiB + 1)) == ("676 MiB", "677 MiB", "676 MiB")
+    assert (fmt_up(3 << 29), fmt_up((3 << 29) + 1), fmt_up(2**30 - 1)) == ("1.50 GiB", "1.51 GiB", "1024 MiB")
 
 
 def test_activations_grow_with_the_rows_and_sampling_keeps_probabilities():
